@@ -1,0 +1,167 @@
+/*
+ * This file contains Nereid's backend ABI: what a backend shared library
+ * (libnereid_<name>.so) exports, and the functions the core exports to it.
+ *
+ * A backend is loaded with dlopen(RTLD_NOW | RTLD_LOCAL). The core looks up
+ * these entry points with dlsym; only nereid_backend_execute is required:
+ *
+ *   uint32_t        nereid_backend_abi_version(void);   NEREID_BACKEND_ABI_VERSION
+ *   nereid_error_t *nereid_backend_init(nereid_backend_t *);
+ *   nereid_error_t *nereid_backend_fini(nereid_backend_t *);
+ *   nereid_error_t *nereid_backend_model_init(nereid_model_t *);
+ *   nereid_error_t *nereid_backend_model_fini(nereid_model_t *);
+ *   nereid_error_t *nereid_backend_instance_init(nereid_instance_t *);
+ *   nereid_error_t *nereid_backend_instance_fini(nereid_instance_t *);
+ *   nereid_error_t *nereid_backend_execute(nereid_instance_t *, nereid_batch_t *);
+ *
+ * Without nereid_backend_abi_version the library is taken as ABI 1.0. The
+ * core accepts a backend whose major version equals its own and whose minor
+ * version is not newer.
+ *
+ * Threads: backend init/fini run once per process; model init/fini on a
+ * repository thread; instance init/fini and execute on the instance's own
+ * execution thread. execute is never called concurrently for one instance,
+ * but different instances (and models) run concurrently.
+ *
+ * Memory: never free across the boundary. Errors returned to the core are
+ * made with nereid_error_new and owned by the core afterwards.
+ */
+#ifndef NEREID_BACKEND_H
+#define NEREID_BACKEND_H
+
+#include "nereid/server.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define NEREID_BACKEND_ABI_MAJOR 1u
+#define NEREID_BACKEND_ABI_MINOR 0u
+#define NEREID_BACKEND_ABI_VERSION ((NEREID_BACKEND_ABI_MAJOR << 16) | NEREID_BACKEND_ABI_MINOR)
+
+typedef struct nereid_backend nereid_backend_t;   /* one per loaded library */
+typedef struct nereid_model nereid_model_t;       /* one per loaded model version */
+typedef struct nereid_instance nereid_instance_t; /* one per model instance */
+typedef struct nereid_batch nereid_batch_t;       /* requests of one execute call */
+
+typedef enum nereid_instance_kind {
+    NEREID_INSTANCE_KIND_AUTO = 0,
+    NEREID_INSTANCE_KIND_GPU = 1,
+    NEREID_INSTANCE_KIND_CPU = 2,
+    NEREID_INSTANCE_KIND_MODEL = 3,
+} nereid_instance_kind_t;
+
+/* ---- Backend ---- */
+NEREID_EXPORT const char *nereid_backend_name(const nereid_backend_t *backend);
+NEREID_EXPORT void nereid_backend_set_state(nereid_backend_t *backend, void *state);
+NEREID_EXPORT void *nereid_backend_state(const nereid_backend_t *backend);
+
+/* ---- Model (borrowed strings live as long as the model) ---- */
+NEREID_EXPORT nereid_backend_t *nereid_model_backend(const nereid_model_t *model);
+NEREID_EXPORT const char *nereid_model_name(const nereid_model_t *model);
+NEREID_EXPORT int64_t nereid_model_version(const nereid_model_t *model);
+/* The model's directory (<repository>/<model>). */
+NEREID_EXPORT const char *nereid_model_directory(const nereid_model_t *model);
+/* The version's model file: <dir>/<version>/<default_model_filename or the
+ * backend's default, e.g. "model.onnx">; the backend's default filename is
+ * passed because only the backend knows it. Caller frees with free(). */
+NEREID_EXPORT char *nereid_model_file_path(const nereid_model_t *model,
+                                           const char *backend_default_filename);
+/* Normalized config as JSON (Triton's form). */
+NEREID_EXPORT const char *nereid_model_config_json(const nereid_model_t *model);
+/* config.parameters[key].string_value, or NULL. */
+NEREID_EXPORT const char *nereid_model_parameter(const nereid_model_t *model, const char *key);
+NEREID_EXPORT int64_t nereid_model_max_batch_size(const nereid_model_t *model);
+NEREID_EXPORT size_t nereid_model_input_count(const nereid_model_t *model);
+NEREID_EXPORT size_t nereid_model_output_count(const nereid_model_t *model);
+/* Config input/output i: name, datatype, dims (without the batch dimension;
+ * -1 = variable). reshape dims, when present, are returned instead when
+ * use_reshape is true. */
+NEREID_EXPORT void nereid_model_input(const nereid_model_t *model, size_t i, const char **name,
+                                      nereid_datatype_t *datatype, const int64_t **dims,
+                                      size_t *rank);
+NEREID_EXPORT void nereid_model_output(const nereid_model_t *model, size_t i, const char **name,
+                                       nereid_datatype_t *datatype, const int64_t **dims,
+                                       size_t *rank);
+/* Autofill (only inside nereid_backend_model_init, and only when the server
+ * allows auto-complete): replaces the model config with config_json (Triton
+ * JSON form); the core validates and normalizes it again. */
+NEREID_EXPORT nereid_error_t *nereid_model_set_config(nereid_model_t *model,
+                                                      const char *config_json);
+/* True when the config may be autofilled (not strict, not disabled). */
+NEREID_EXPORT bool nereid_model_autocomplete_allowed(const nereid_model_t *model);
+NEREID_EXPORT void nereid_model_set_state(nereid_model_t *model, void *state);
+NEREID_EXPORT void *nereid_model_state(const nereid_model_t *model);
+
+/* ---- Instance ---- */
+NEREID_EXPORT nereid_model_t *nereid_instance_model(const nereid_instance_t *instance);
+NEREID_EXPORT const char *nereid_instance_name(const nereid_instance_t *instance);
+NEREID_EXPORT nereid_instance_kind_t nereid_instance_kind(const nereid_instance_t *instance);
+NEREID_EXPORT int nereid_instance_device_id(const nereid_instance_t *instance);
+NEREID_EXPORT void nereid_instance_set_state(nereid_instance_t *instance, void *state);
+NEREID_EXPORT void *nereid_instance_state(const nereid_instance_t *instance);
+
+/* ---- Batch: valid only during nereid_backend_execute ---- */
+NEREID_EXPORT size_t nereid_batch_request_count(const nereid_batch_t *batch);
+/* Total batch size: sum of the requests' first dimensions when the model
+ * batches (max_batch_size > 0), else 1 per request. */
+NEREID_EXPORT int64_t nereid_batch_size(const nereid_batch_t *batch);
+
+/* The named input over the whole batch as one contiguous buffer: for batching
+ * models the shape's first dimension is the batch total; for a batch of one
+ * request the data is the request's own memory (no copy); otherwise the core
+ * gathers into a buffer it frees after execute. Includes inputs the core
+ * injects (sequence controls, implicit state). NOT_FOUND if absent. */
+NEREID_EXPORT nereid_error_t *nereid_batch_input(nereid_batch_t *batch, const char *name,
+                                                 nereid_datatype_t *datatype,
+                                                 const int64_t **shape, size_t *rank,
+                                                 const void **data, size_t *byte_size);
+NEREID_EXPORT size_t nereid_batch_input_count(const nereid_batch_t *batch);
+/* Name of input i of the first request (all requests share input names). */
+NEREID_EXPORT const char *nereid_batch_input_name(const nereid_batch_t *batch, size_t i);
+
+/* True if any request of the batch wants this output (or it is implicit state). */
+NEREID_EXPORT bool nereid_batch_output_requested(const nereid_batch_t *batch, const char *name);
+/* A buffer for the named output over the whole batch (shape's first dimension
+ * is the batch total for batching models). For fixed-size types byte_size
+ * must equal the element count times the element size; for BYTES it is the
+ * serialized size (4-byte LE length prefix per element). The core splits it
+ * back to the requests after execute returns; for a single request the buffer
+ * is the response's own memory. Outputs nobody requested return a scratch
+ * buffer. Owned by the core. */
+NEREID_EXPORT nereid_error_t *nereid_batch_output(nereid_batch_t *batch, const char *name,
+                                                  nereid_datatype_t datatype,
+                                                  const int64_t *shape, size_t rank,
+                                                  size_t byte_size, void **buffer);
+
+/* Per-request view, for backends that handle requests one by one. */
+NEREID_EXPORT const char *nereid_batch_request_id(const nereid_batch_t *batch, size_t r);
+NEREID_EXPORT nereid_error_t *nereid_batch_request_input(nereid_batch_t *batch, size_t r,
+                                                         const char *name,
+                                                         nereid_datatype_t *datatype,
+                                                         const int64_t **shape, size_t *rank,
+                                                         const void **data, size_t *byte_size);
+NEREID_EXPORT nereid_error_t *nereid_batch_request_output(nereid_batch_t *batch, size_t r,
+                                                          const char *name,
+                                                          nereid_datatype_t datatype,
+                                                          const int64_t *shape, size_t rank,
+                                                          size_t byte_size, void **buffer);
+/* Request parameter lookups; false when absent or of another type. */
+NEREID_EXPORT bool nereid_batch_request_parameter_int(const nereid_batch_t *batch, size_t r,
+                                                      const char *key, int64_t *value);
+NEREID_EXPORT const char *nereid_batch_request_parameter_string(const nereid_batch_t *batch,
+                                                                size_t r, const char *key);
+/* Fails request r with err (takes ownership); other requests are unaffected. */
+NEREID_EXPORT void nereid_batch_set_request_error(nereid_batch_t *batch, size_t r,
+                                                  nereid_error_t *err);
+/* Optional timing report (CLOCK_MONOTONIC ns) splitting execute into
+ * compute_input / compute_infer / compute_output for statistics. */
+NEREID_EXPORT void nereid_batch_report_compute(nereid_batch_t *batch, uint64_t input_end_ns,
+                                               uint64_t infer_end_ns);
+/* CLOCK_MONOTONIC in ns, the clock statistics use. */
+NEREID_EXPORT uint64_t nereid_now_ns(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

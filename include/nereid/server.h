@@ -1,0 +1,285 @@
+/*
+ * This file contains Nereid's in-process server API: the only interface the
+ * frontends (HTTP, gRPC, metrics) and embedding programs may call. It covers
+ * errors, datatypes, server lifecycle, metadata, readiness, statistics and
+ * asynchronous inference with a caller-supplied output allocator.
+ *
+ * Threads: unless a declaration says otherwise, every function may be called
+ * from any thread. Callbacks run on Nereid's threads and must return quickly.
+ */
+#ifndef NEREID_SERVER_H
+#define NEREID_SERVER_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define NEREID_EXPORT __attribute__((visibility("default")))
+
+/* ---- Errors ------------------------------------------------------------ */
+
+/* X(enum, Triton's code name as printed in reasons) */
+#define NEREID_ERROR_CODE_MAP(X)                                                                   \
+    X(UNKNOWN, "Unknown")                                                                          \
+    X(INTERNAL, "Internal")                                                                        \
+    X(NOT_FOUND, "Not found")                                                                      \
+    X(INVALID_ARG, "Invalid argument")                                                             \
+    X(UNAVAILABLE, "Unavailable")                                                                  \
+    X(UNSUPPORTED, "Unsupported")                                                                  \
+    X(ALREADY_EXISTS, "Already exists")                                                            \
+    X(CANCELLED, "Cancelled")
+
+typedef enum nereid_error_code {
+#define X(e, s) NEREID_ERROR_##e,
+    NEREID_ERROR_CODE_MAP(X)
+#undef X
+} nereid_error_code_t;
+
+typedef struct nereid_error nereid_error_t;
+
+/* A new error with a printf-formatted message. Caller frees with
+ * nereid_error_free. Never returns NULL (falls back to a static error). */
+NEREID_EXPORT nereid_error_t *nereid_error_new(nereid_error_code_t code, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+NEREID_EXPORT nereid_error_code_t nereid_error_code(const nereid_error_t *err);
+/* Borrowed until the error is freed. */
+NEREID_EXPORT const char *nereid_error_message(const nereid_error_t *err);
+/* Triton's name for the code ("Invalid argument", ...); static. */
+NEREID_EXPORT const char *nereid_error_code_name(nereid_error_code_t code);
+/* Frees err; NULL is fine. */
+NEREID_EXPORT void nereid_error_free(nereid_error_t *err);
+
+/* ---- Datatypes --------------------------------------------------------- */
+
+/* X(enum, protocol name, element byte size (0 = variable), config name) */
+#define NEREID_DATATYPE_MAP(X)                                                                     \
+    X(BOOL, "BOOL", 1, "TYPE_BOOL")                                                                \
+    X(UINT8, "UINT8", 1, "TYPE_UINT8")                                                             \
+    X(UINT16, "UINT16", 2, "TYPE_UINT16")                                                          \
+    X(UINT32, "UINT32", 4, "TYPE_UINT32")                                                          \
+    X(UINT64, "UINT64", 8, "TYPE_UINT64")                                                          \
+    X(INT8, "INT8", 1, "TYPE_INT8")                                                                \
+    X(INT16, "INT16", 2, "TYPE_INT16")                                                             \
+    X(INT32, "INT32", 4, "TYPE_INT32")                                                             \
+    X(INT64, "INT64", 8, "TYPE_INT64")                                                             \
+    X(FP16, "FP16", 2, "TYPE_FP16")                                                                \
+    X(FP32, "FP32", 4, "TYPE_FP32")                                                                \
+    X(FP64, "FP64", 8, "TYPE_FP64")                                                                \
+    X(BYTES, "BYTES", 0, "TYPE_STRING")                                                            \
+    X(BF16, "BF16", 2, "TYPE_BF16")
+
+typedef enum nereid_datatype {
+    NEREID_TYPE_INVALID = 0,
+#define X(e, name, size, cfg) NEREID_TYPE_##e,
+    NEREID_DATATYPE_MAP(X)
+#undef X
+} nereid_datatype_t;
+
+/* "FP32" etc.; "INVALID" for an unknown value. Static. */
+NEREID_EXPORT const char *nereid_datatype_name(nereid_datatype_t dt);
+/* Parses a protocol name ("FP32"); NEREID_TYPE_INVALID when unknown. */
+NEREID_EXPORT nereid_datatype_t nereid_datatype_from_name(const char *name);
+/* Parses a config name ("TYPE_FP32"); NEREID_TYPE_INVALID when unknown. */
+NEREID_EXPORT nereid_datatype_t nereid_datatype_from_config_name(const char *name);
+/* Element size in bytes; 0 for BYTES (variable) and INVALID. */
+NEREID_EXPORT size_t nereid_datatype_byte_size(nereid_datatype_t dt);
+
+/* ---- Server ------------------------------------------------------------ */
+
+typedef enum nereid_model_control_mode {
+    NEREID_MODEL_CONTROL_NONE,
+    NEREID_MODEL_CONTROL_POLL,
+    NEREID_MODEL_CONTROL_EXPLICIT,
+} nereid_model_control_mode_t;
+
+typedef struct nereid_server_options {
+    const char *const *model_repositories; /* borrowed during nereid_server_new */
+    size_t n_model_repositories;
+    const char *backend_directory; /* NULL = the build's backends folder */
+    nereid_model_control_mode_t model_control_mode;
+    const char *const *load_models; /* explicit mode start-up models; "*" = all */
+    size_t n_load_models;
+    int repository_poll_secs;         /* poll mode period, default 15 */
+    bool strict_model_config;         /* default false: autofill allowed */
+    bool disable_auto_complete_config; /* default false */
+    bool exit_on_error;               /* default true: a failed model load fails start-up */
+    bool strict_readiness;            /* default true */
+    int log_verbose;                  /* 0 = quiet */
+    const char *server_id;            /* default "triton" */
+    int model_load_thread_count;      /* default 4 */
+} nereid_server_options_t;
+
+typedef struct nereid_server nereid_server_t;
+
+/* Fills opts with Triton's defaults. */
+NEREID_EXPORT void nereid_server_options_init(nereid_server_options_t *opts);
+
+/* Creates a server, scans the repositories and loads models (in parallel).
+ * On success *out is the server; caller frees with nereid_server_free.
+ * On failure *out is NULL (e.g. exit_on_error and a model failed). */
+NEREID_EXPORT nereid_error_t *nereid_server_new(const nereid_server_options_t *opts,
+                                                nereid_server_t **out);
+/* Stops accepting requests; queued and running requests complete or fail
+ * (UNAVAILABLE); every completion callback has been called when it returns. */
+NEREID_EXPORT void nereid_server_stop(nereid_server_t *server);
+/* Stops (if needed) and frees the server and every model. */
+NEREID_EXPORT void nereid_server_free(nereid_server_t *server);
+
+NEREID_EXPORT bool nereid_server_is_live(nereid_server_t *server);
+/* True when started and every model that should be loaded is ready. */
+NEREID_EXPORT bool nereid_server_is_ready(nereid_server_t *server);
+
+/* JSON documents: *json_out is NUL-terminated, caller frees with free(). */
+
+/* {"name","version","extensions":[...]} */
+NEREID_EXPORT nereid_error_t *nereid_server_metadata(nereid_server_t *server, char **json_out);
+/* version < 0 (or 0) means "latest ready" / all ready versions as Triton does.
+ * {"name","versions":[..],"platform","inputs":[..],"outputs":[..]} */
+NEREID_EXPORT nereid_error_t *nereid_server_model_metadata(nereid_server_t *server,
+                                                           const char *model, int64_t version,
+                                                           char **json_out);
+/* The normalized model config as Triton's model config endpoint prints it. */
+NEREID_EXPORT nereid_error_t *nereid_server_model_config(nereid_server_t *server,
+                                                         const char *model, int64_t version,
+                                                         char **json_out);
+/* The normalized model config as a serialized inference.ModelConfig protobuf;
+ * *bytes_out is freed by the caller with free(). */
+NEREID_EXPORT nereid_error_t *nereid_server_model_config_proto(nereid_server_t *server,
+                                                               const char *model, int64_t version,
+                                                               void **bytes_out,
+                                                               size_t *byte_size_out);
+/* *ready_out is false (and NULL returned) for a known but not-ready model;
+ * errors (NOT_FOUND, ...) for an unknown model/version. */
+NEREID_EXPORT nereid_error_t *nereid_server_model_is_ready(nereid_server_t *server,
+                                                           const char *model, int64_t version,
+                                                           bool *ready_out);
+/* {"model_stats":[...]} (seed 003). model NULL or "" = all models. */
+NEREID_EXPORT nereid_error_t *nereid_server_model_statistics(nereid_server_t *server,
+                                                             const char *model, int64_t version,
+                                                             char **json_out);
+/* [{"name","version","state","reason"}...] for every model in the repositories. */
+NEREID_EXPORT nereid_error_t *nereid_server_repository_index(nereid_server_t *server,
+                                                             bool ready_only, char **json_out);
+/* Prometheus text exposition of Triton's metric families. */
+NEREID_EXPORT nereid_error_t *nereid_server_metrics(nereid_server_t *server, char **text_out);
+
+/* Explicit model control. config_json may be NULL (use the repository's
+ * config.pbtxt). files: n_files (relative path, content, size) overrides. */
+NEREID_EXPORT nereid_error_t *nereid_server_load_model(nereid_server_t *server, const char *model,
+                                                       const char *config_json,
+                                                       const char *const *file_paths,
+                                                       const void *const *file_contents,
+                                                       const size_t *file_sizes, size_t n_files);
+NEREID_EXPORT nereid_error_t *nereid_server_unload_model(nereid_server_t *server,
+                                                         const char *model,
+                                                         bool unload_dependents);
+
+/* ---- Inference --------------------------------------------------------- */
+
+typedef struct nereid_request nereid_request_t;
+typedef struct nereid_response nereid_response_t;
+
+/* A new request for model/version (version <= 0: latest). The model is
+ * resolved when the request is submitted. Caller frees with
+ * nereid_request_free unless nereid_server_infer_async took it. */
+NEREID_EXPORT nereid_error_t *nereid_request_new(nereid_server_t *server, const char *model,
+                                                 int64_t version, nereid_request_t **out);
+NEREID_EXPORT void nereid_request_free(nereid_request_t *req);
+/* Copies id. */
+NEREID_EXPORT nereid_error_t *nereid_request_set_id(nereid_request_t *req, const char *id);
+/* Adds an input. name and shape are copied; data is borrowed until the
+ * completion callback has been called (or the request is freed). */
+NEREID_EXPORT nereid_error_t *nereid_request_add_input(nereid_request_t *req, const char *name,
+                                                       nereid_datatype_t datatype,
+                                                       const int64_t *shape, size_t rank,
+                                                       const void *data, size_t byte_size);
+/* Asks for one output (none asked = all outputs). class_count > 0 asks for
+ * classification (top-k) of that output; the frontend formats it with
+ * nereid_response_classify. */
+NEREID_EXPORT nereid_error_t *nereid_request_add_requested_output(nereid_request_t *req,
+                                                                  const char *name,
+                                                                  uint32_t class_count);
+NEREID_EXPORT void nereid_request_set_priority(nereid_request_t *req, uint64_t priority);
+NEREID_EXPORT void nereid_request_set_timeout_us(nereid_request_t *req, uint64_t timeout_us);
+NEREID_EXPORT void nereid_request_set_correlation_id(nereid_request_t *req, uint64_t id);
+/* Copies id (at most 128 bytes; longer is UNSUPPORTED as in Triton). */
+NEREID_EXPORT nereid_error_t *nereid_request_set_correlation_id_string(nereid_request_t *req,
+                                                                      const char *id);
+NEREID_EXPORT void nereid_request_set_sequence_flags(nereid_request_t *req, bool start, bool end);
+/* Free-form parameters (copied); backends can read them. */
+NEREID_EXPORT nereid_error_t *nereid_request_set_parameter_string(nereid_request_t *req,
+                                                                  const char *key,
+                                                                  const char *value);
+NEREID_EXPORT nereid_error_t *nereid_request_set_parameter_int(nereid_request_t *req,
+                                                               const char *key, int64_t value);
+NEREID_EXPORT nereid_error_t *nereid_request_set_parameter_bool(nereid_request_t *req,
+                                                                const char *key, bool value);
+NEREID_EXPORT nereid_error_t *nereid_request_set_parameter_double(nereid_request_t *req,
+                                                                  const char *key, double value);
+
+/* Output allocation: called on a backend thread once per output with its
+ * final datatype, shape and byte size. Set *buffer to byte_size writable bytes
+ * (byte_size may be 0) and *buffer_userp to anything release_fn needs.
+ * Returning an error fails the request with it. */
+typedef nereid_error_t *(*nereid_alloc_fn)(void *userp, const char *output_name,
+                                           nereid_datatype_t datatype, const int64_t *shape,
+                                           size_t rank, size_t byte_size, void **buffer,
+                                           void **buffer_userp);
+/* Releases a buffer from alloc_fn when the response is freed. */
+typedef void (*nereid_release_fn)(void *userp, void *buffer, void *buffer_userp, size_t byte_size);
+
+typedef struct nereid_response_allocator {
+    nereid_alloc_fn alloc_fn;     /* NULL = Nereid allocates with malloc */
+    nereid_release_fn release_fn; /* may be NULL when alloc_fn needs no release */
+    void *userp;
+} nereid_response_allocator_t;
+
+/* Called once per submitted request, on a Nereid thread, with the response
+ * (success or error); the callee owns response and frees it with
+ * nereid_response_free. When it is called the request's input memory is no
+ * longer used. */
+typedef void (*nereid_complete_fn)(nereid_response_t *response, void *userp);
+
+/* Submits req. On success ownership of req moves to the server and done_fn
+ * will be called exactly once. On failure (unknown model, bad input, queue
+ * full, ...) the caller keeps req and done_fn is never called.
+ * allocator is copied; NULL means malloc'ed outputs. */
+NEREID_EXPORT nereid_error_t *nereid_server_infer_async(nereid_server_t *server,
+                                                        nereid_request_t *req,
+                                                        const nereid_response_allocator_t *allocator,
+                                                        nereid_complete_fn done_fn,
+                                                        void *done_userp);
+
+/* Response accessors; everything returned is borrowed until
+ * nereid_response_free. */
+NEREID_EXPORT const nereid_error_t *nereid_response_error(const nereid_response_t *resp);
+NEREID_EXPORT const char *nereid_response_id(const nereid_response_t *resp);
+NEREID_EXPORT const char *nereid_response_model_name(const nereid_response_t *resp);
+NEREID_EXPORT int64_t nereid_response_model_version(const nereid_response_t *resp);
+NEREID_EXPORT size_t nereid_response_output_count(const nereid_response_t *resp);
+/* Outputs are in the order they were requested (or config order when all). */
+NEREID_EXPORT void nereid_response_output(const nereid_response_t *resp, size_t index,
+                                          const char **name, nereid_datatype_t *datatype,
+                                          const int64_t **shape, size_t *rank, const void **data,
+                                          size_t *byte_size, void **buffer_userp);
+/* class_count asked for output index (0 = not a classification output). */
+NEREID_EXPORT uint32_t nereid_response_output_class_count(const nereid_response_t *resp,
+                                                          size_t index);
+/* Top-k of output index as Triton formats it ("value:index[:label]" per
+ * batch item, descending), serialized as a BYTES tensor (4-byte LE length
+ * prefixes). *bytes_out caller frees with free(); shape_out has room for 2. */
+NEREID_EXPORT nereid_error_t *nereid_response_classify(const nereid_response_t *resp,
+                                                       size_t index, uint32_t k,
+                                                       char **bytes_out, size_t *byte_size_out,
+                                                       int64_t *shape_out, size_t *rank_out);
+NEREID_EXPORT void nereid_response_free(nereid_response_t *resp);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
