@@ -13,6 +13,8 @@
  * outputs whose shape is known before the run (static dims plus the batch
  * dimension) are bound to the core's output buffers so ONNX Runtime writes
  * straight into them, other outputs are allocated by ONNX Runtime and copied.
+ * Should a model's declared output shape prove wrong, that run fails and the
+ * instance stops binding outputs.
  */
 #include <errno.h>
 #include <limits.h>
@@ -989,21 +991,11 @@ NEREID_EXPORT nereid_error_t *nereid_backend_execute(nereid_instance_t *instance
         }
     }
     err = run(s, batch, n_out, !s->no_prebind);
-    if (err && !s->no_prebind) {
-        bool any_bound = false;
+    if (err) {
+        /* A bound output whose real shape differs from the model's declared
+         * one fails the run; later runs let ORT allocate such outputs. */
         for (size_t k = 0; k < n_out; k++)
-            any_bound |= s->out_bound[k];
-        if (any_bound) { /* the model's declared output shape may be wrong: retry unbound */
-            release_values(api, s->out_values, n_out);
-            nereid_error_t *retry = run(s, batch, n_out, false);
-            if (!retry) {
-                nereid_error_free(err);
-                err = NULL;
-                s->no_prebind = true;
-            } else {
-                nereid_error_free(retry);
-            }
-        }
+            if (s->out_bound[k]) s->no_prebind = true;
     }
     if (err) goto done;
     uint64_t infer_end_ns = nereid_now_ns();
