@@ -75,6 +75,7 @@ max_batch_size: 8
 input [ {{ name: "INPUT0" data_type: TYPE_{dt} dims: {dims} }} ]
 output [ {{ name: "OUTPUT0" data_type: TYPE_{dt} dims: {dims} }} ]
 instance_group [ {{ count: 1 kind: KIND_CPU }} ]
+parameters {{ key: "intra_op_thread_count" value: {{ string_value: "1" }} }}
 """
 
 
@@ -103,8 +104,10 @@ def test_models():
     models += [
         ("identity_var", lambda: identity("FP32", (-1, -1)),
          _identity_config("identity_var", "FP32", "[ -1 ]")),
-        ("add_sub", lambda: add_sub((-1, 16)), _add_sub_config("add_sub")),
-        ("add_sub_nobatch", lambda: add_sub((16,)), _add_sub_config("add_sub_nobatch", mbs=0)),
+        ("add_sub", lambda: add_sub((-1, 16)),
+         _add_sub_config("add_sub", _params(intra_op_thread_count="1"))),
+        ("add_sub_nobatch", lambda: add_sub((16,)),
+         _add_sub_config("add_sub_nobatch", _params(intra_op_thread_count="1"), mbs=0)),
         ("params_ok", lambda: add_sub((-1, 16)), _add_sub_config(
             "params_ok", _params(intra_op_thread_count="1", inter_op_thread_count="1",
                                  execution_mode="1", enable_mem_arena="false") +
