@@ -148,10 +148,13 @@ static int write_numeric_array(sbuf_t *b, nereid_datatype_t dt, const char *p, s
         if (i) *o++ = ',';
         switch (dt) {
         case NEREID_TYPE_BOOL:
-            if (*p)
-                o = memcpy(o, "true", 4), o + 4;
-            else
-                o = memcpy(o, "false", 5), o + 5;
+            if (*p) {
+                memcpy(o, "true", 4);
+                o += 4;
+            } else {
+                memcpy(o, "false", 5);
+                o += 5;
+            }
             break;
         case NEREID_TYPE_UINT8:
             o = write_u64(o, *(const uint8_t *)p);
