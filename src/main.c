@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "config/config.h"
+#include "grpc/grpc_server.h"
 #include "nereid/server.h"
 
 #define MAX_LIST 64
@@ -235,10 +236,25 @@ int main(int argc, char **argv)
     }
     int exit_code = 0;
 
+    grpc_frontend_t *grpc_fe = NULL;
+    if (cli.allow_grpc) {
+        grpc_options_t gopts = {cli.grpc_address, cli.grpc_port, cli.grpc_infer_thread_count};
+        err = grpc_frontend_start(server, &gopts, &grpc_fe);
+        if (err) {
+            fprintf(stderr, "error: %s\n", nereid_error_message(err));
+            nereid_error_free(err);
+            nereid_server_free(server);
+            return 1;
+        }
+        fprintf(stderr, "Started GRPCInferenceService at %s:%d\n", cli.grpc_address,
+                grpc_frontend_port(grpc_fe));
+    }
+
     fprintf(stderr, "nereid ready\n");
     int sig;
     sigwait(&sigs, &sig);
     fprintf(stderr, "Signal (%d) received.\n", sig);
+    grpc_frontend_stop(grpc_fe);
     nereid_server_free(server);
     return exit_code;
 }
