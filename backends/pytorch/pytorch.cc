@@ -169,9 +169,7 @@ long named_index(const std::string &name)
 struct TensorSpec {
     std::string name;
     nereid_datatype_t datatype = NEREID_TYPE_INVALID;
-    std::vector<int64_t> dims;    /* without the batch dimension */
-    std::vector<int64_t> reshape; /* framework shape, when has_reshape */
-    bool has_reshape = false;
+    std::vector<int64_t> dims; /* without the batch dimension; reshape dims if any */
 };
 
 struct StateSpec {
@@ -262,43 +260,10 @@ void parse_parameters(nereid_model_t *model, ModelState *ms)
     }
 }
 
-std::vector<int64_t> json_dims(json_t *arr)
-{
-    std::vector<int64_t> dims;
-    size_t i;
-    json_t *v;
-    json_array_foreach(arr, i, v)
-    {
-        if (json_is_integer(v))
-            dims.push_back(json_integer_value(v));
-        else if (json_is_string(v)) /* int64 printed as a JSON string */
-            dims.push_back(std::atoll(json_string_value(v)));
-    }
-    return dims;
-}
-
 const char *json_str(json_t *obj, const char *key)
 {
     json_t *v = json_object_get(obj, key);
     return json_is_string(v) ? json_string_value(v) : "";
-}
-
-/* Reads reshape entries from the config JSON into specs (matched by name). */
-void read_reshapes(json_t *arr, std::vector<TensorSpec> *specs)
-{
-    size_t i;
-    json_t *io;
-    json_array_foreach(arr, i, io)
-    {
-        json_t *reshape = json_object_get(io, "reshape");
-        if (!json_is_object(reshape)) continue;
-        std::string name = json_str(io, "name");
-        for (TensorSpec &s : *specs) {
-            if (s.name != name) continue;
-            s.has_reshape = true;
-            s.reshape = json_dims(json_object_get(reshape, "shape"));
-        }
-    }
 }
 
 /* Sequence controls and implicit state, from the config JSON. */
@@ -309,8 +274,6 @@ void read_config_json(nereid_model_t *model, ModelState *ms)
     json_error_t jerr;
     std::unique_ptr<json_t, void (*)(json_t *)> root(json_loads(text, 0, &jerr), json_decref);
     if (!root) fail(NEREID_ERROR_INTERNAL, std::string("model config JSON: ") + jerr.text);
-    read_reshapes(json_object_get(root.get(), "input"), &ms->inputs);
-    read_reshapes(json_object_get(root.get(), "output"), &ms->outputs);
     json_t *seq = json_object_get(root.get(), "sequence_batching");
     if (!json_is_object(seq)) return;
     size_t i;
@@ -339,8 +302,7 @@ void check_io_type(const ModelState *ms, const TensorSpec &s, const char *kind)
                                         " for " + kind + " '" + s.name + "' for model '" +
                                         ms->name + "'");
     if (s.datatype == NEREID_TYPE_BYTES) {
-        const std::vector<int64_t> &dims = s.has_reshape ? s.reshape : s.dims;
-        if (dims.size() + (ms->max_batch_size > 0 ? 1 : 0) > 1)
+        if (s.dims.size() + (ms->max_batch_size > 0 ? 1 : 0) > 1)
             fail(NEREID_ERROR_INTERNAL, std::string("Triton only supports 1 dimensional List of "
                                                     "String as ") +
                                             kind + " for '" + s.name + "' for model '" + ms->name +
@@ -398,7 +360,6 @@ struct OutputSlot {
     std::string name;
     size_t index = 0; /* position in the model's outputs */
     nereid_datatype_t datatype = NEREID_TYPE_INVALID;
-    const TensorSpec *spec = nullptr; /* config output, or null for state-only */
 };
 
 struct InstanceState {
@@ -408,7 +369,6 @@ struct InstanceState {
     size_t n_args = 0;
     std::unordered_map<std::string, size_t> input_index; /* name -> forward() position */
     std::vector<OutputSlot> outputs;
-    std::vector<const TensorSpec *> input_specs_by_index; /* reshape lookups */
 };
 
 bool file_exists(const std::string &path)
@@ -522,9 +482,6 @@ void map_inputs(InstanceState *is)
                                                    " which another input also uses");
             used[kv.second] = true;
         }
-        is->input_specs_by_index.assign(is->n_args, nullptr);
-        for (const TensorSpec &s : ms->inputs)
-            is->input_specs_by_index[is->input_index[s.name]] = &s;
     }
 }
 
@@ -551,7 +508,6 @@ void map_outputs(InstanceState *is)
         o.name = ms->outputs[i].name;
         o.index = named ? static_cast<size_t>(named_index(o.name)) : i;
         o.datatype = ms->outputs[i].datatype;
-        o.spec = &ms->outputs[i];
         is->outputs.push_back(o);
     }
     for (const StateSpec &s : ms->states) {
@@ -613,26 +569,6 @@ int64_t element_count(const std::vector<int64_t> &shape)
     return n;
 }
 
-/* Applies a config reshape to a batch shape: keeps the batch dimension of a
- * batching model and resolves one -1 from the element count. */
-std::vector<int64_t> apply_reshape(const std::vector<int64_t> &shape,
-                                   const std::vector<int64_t> &reshape, bool batching)
-{
-    std::vector<int64_t> out;
-    if (batching && !shape.empty()) out.push_back(shape[0]);
-    out.insert(out.end(), reshape.begin(), reshape.end());
-    int64_t total = element_count(shape), known = 1;
-    int unknown = -1;
-    for (size_t i = 0; i < out.size(); i++) {
-        if (out[i] < 0)
-            unknown = static_cast<int>(i);
-        else
-            known *= out[i];
-    }
-    if (unknown >= 0 && known > 0) out[unknown] = total / known;
-    return out;
-}
-
 c10::List<std::string> read_strings(const std::string &name, const int64_t *shape, size_t rank,
                                     const void *data, size_t byte_size)
 {
@@ -691,10 +627,6 @@ std::vector<torch::jit::IValue> gather_inputs(InstanceState *is, nereid_batch_t 
                                                    nereid_datatype_name(dt) + " for input '" +
                                                    name + "'");
             std::vector<int64_t> dims(shape, shape + rank);
-            const TensorSpec *spec =
-                is->dict_input ? nullptr : is->input_specs_by_index[it->second];
-            if (spec != nullptr && spec->has_reshape)
-                dims = apply_reshape(dims, spec->reshape, ms->max_batch_size > 0);
             if (byte_size != static_cast<size_t>(element_count(dims)) * c10::elementSize(t))
                 fail(NEREID_ERROR_INVALID_ARG, std::string("input byte size mismatch for input '") +
                                                    name + "' for model '" + ms->name + "'");
@@ -804,10 +736,6 @@ void write_outputs(InstanceState *is, nereid_batch_t *batch,
                 fail(NEREID_ERROR_INVALID_ARG,
                      "output '" + o.name + "' is a scalar which is not supported.");
             std::vector<int64_t> shape(t.sizes().begin(), t.sizes().end());
-            if (o.spec != nullptr && o.spec->has_reshape) {
-                std::vector<int64_t> dims = o.spec->dims;
-                shape = apply_reshape(shape, dims, batching);
-            }
             size_t bytes = static_cast<size_t>(t.numel()) * t.element_size();
             void *buf = output_buffer(batch, o.name, dt, shape, bytes);
             if (bytes > 0) std::memcpy(buf, t.data_ptr(), bytes);
