@@ -1,0 +1,136 @@
+/*
+ * This file contains the backend loader (see loader.h).
+ */
+#include "backend/loader.h"
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/util.h"
+
+static pthread_mutex_t loader_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct nereid_backend **loaded;
+static size_t n_loaded;
+
+static nereid_error_t *open_library(const char *dir, const char *name, struct nereid_backend *b)
+{
+    char *candidates[2] = {xasprintf("%s/%s/libnereid_%s.so", dir, name, name),
+                           xasprintf("%s/libnereid_%s.so", dir, name)};
+    nereid_error_t *err = NULL;
+    for (int i = 0; i < 2 && !b->lib.handle; i++) {
+        if (access(candidates[i], R_OK) != 0) continue;
+        b->lib.handle = dlopen(candidates[i], RTLD_NOW | RTLD_LOCAL);
+        if (!b->lib.handle) {
+            err = nereid_error_new(NEREID_ERROR_INVALID_ARG, "unable to load backend '%s': %s",
+                                   name, dlerror());
+            break;
+        }
+        b->lib.path = xstrdup(candidates[i]);
+    }
+    if (!b->lib.handle && !err)
+        err = nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                               "unable to find backend library for backend '%s', searched '%s' "
+                               "and '%s'",
+                               name, candidates[0], candidates[1]);
+    free(candidates[0]);
+    free(candidates[1]);
+    return err;
+}
+
+static nereid_error_t *resolve(struct nereid_backend *b)
+{
+    void *h = b->lib.handle;
+    uint32_t (*version)(void) = (uint32_t(*)(void))dlsym(h, "nereid_backend_abi_version");
+    uint32_t v = version ? version() : (1u << 16);
+    if ((v >> 16) != NEREID_BACKEND_ABI_MAJOR || (v & 0xffff) > NEREID_BACKEND_ABI_MINOR)
+        return nereid_error_new(
+            NEREID_ERROR_INVALID_ARG, "backend '%s' uses ABI %u.%u, server supports %u.%u",
+            b->lib.name, v >> 16, v & 0xffff, NEREID_BACKEND_ABI_MAJOR, NEREID_BACKEND_ABI_MINOR);
+    b->lib.fini = (backend_fn)dlsym(h, "nereid_backend_fini");
+    b->lib.model_init = (model_fn)dlsym(h, "nereid_backend_model_init");
+    b->lib.model_fini = (model_fn)dlsym(h, "nereid_backend_model_fini");
+    b->lib.instance_init = (instance_fn)dlsym(h, "nereid_backend_instance_init");
+    b->lib.instance_fini = (instance_fn)dlsym(h, "nereid_backend_instance_fini");
+    b->lib.execute = (execute_fn)dlsym(h, "nereid_backend_execute");
+    if (!b->lib.execute)
+        return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                "backend '%s' does not export nereid_backend_execute", b->lib.name);
+    backend_fn init = (backend_fn)dlsym(h, "nereid_backend_init");
+    return init ? init(b) : NULL;
+}
+
+nereid_error_t *backend_acquire(const char *dir, const char *name, backend_lib_t **out)
+{
+    *out = NULL;
+    pthread_mutex_lock(&loader_lock);
+    for (size_t i = 0; i < n_loaded; i++)
+        if (strcmp(loaded[i]->lib.name, name) == 0) {
+            loaded[i]->lib.refcount++;
+            *out = &loaded[i]->lib;
+            pthread_mutex_unlock(&loader_lock);
+            return NULL;
+        }
+    struct nereid_backend *b = xcalloc(1, sizeof *b);
+    b->lib.name = xstrdup(name);
+    nereid_error_t *err = open_library(dir, name, b);
+    if (!err) err = resolve(b);
+    if (err) {
+        if (b->lib.handle) dlclose(b->lib.handle);
+        free(b->lib.name);
+        free(b->lib.path);
+        free(b);
+        pthread_mutex_unlock(&loader_lock);
+        return err;
+    }
+    b->lib.refcount = 1;
+    loaded = xrealloc(loaded, (n_loaded + 1) * sizeof *loaded);
+    loaded[n_loaded++] = b;
+    *out = &b->lib;
+    pthread_mutex_unlock(&loader_lock);
+    LOG_INFO("backend", "loaded backend '%s' from %s", name, b->lib.path);
+    return NULL;
+}
+
+void backend_release(backend_lib_t *lib)
+{
+    if (!lib) return;
+    pthread_mutex_lock(&loader_lock);
+    if (--lib->refcount > 0) {
+        pthread_mutex_unlock(&loader_lock);
+        return;
+    }
+    struct nereid_backend *b = (struct nereid_backend *)lib;
+    for (size_t i = 0; i < n_loaded; i++)
+        if (loaded[i] == b) {
+            loaded[i] = loaded[--n_loaded];
+            break;
+        }
+    if (n_loaded == 0) {
+        free(loaded);
+        loaded = NULL;
+    }
+    pthread_mutex_unlock(&loader_lock);
+    if (lib->fini) nereid_error_free(lib->fini(b));
+    if (!getenv("NEREID_NO_DLCLOSE")) dlclose(lib->handle);
+    free(lib->name);
+    free(lib->path);
+    free(b);
+}
+
+const char *nereid_backend_name(const nereid_backend_t *backend)
+{
+    return backend->lib.name;
+}
+
+void nereid_backend_set_state(nereid_backend_t *backend, void *state)
+{
+    backend->lib.state = state;
+}
+
+void *nereid_backend_state(const nereid_backend_t *backend)
+{
+    return backend->lib.state;
+}

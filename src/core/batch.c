@@ -1,0 +1,397 @@
+/*
+ * This file contains batch execution: the functions a backend calls during
+ * execute (nereid_batch_* in backend.h), gathering inputs across requests,
+ * allocating outputs (straight into the response for a batch of one),
+ * scattering batched outputs back to the requests, and batch statistics.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/loader.h"
+#include "core/core.h"
+#include "core/util.h"
+
+void batch_add(batch_t *batch, nereid_request_t *req)
+{
+    if (batch->n_reqs == batch->cap_reqs) {
+        batch->cap_reqs = batch->cap_reqs ? 2 * batch->cap_reqs : 8;
+        batch->reqs = xrealloc(batch->reqs, batch->cap_reqs * sizeof *batch->reqs);
+    }
+    batch->reqs[batch->n_reqs++] = req;
+    batch->total_batch += req->batch_size;
+}
+
+static void free_tensors(batch_tensor_t *t, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        free(t[i].name);
+        if (t[i].owned) free(t[i].data);
+    }
+    free(t);
+}
+
+void batch_reset(batch_t *batch)
+{
+    free_tensors(batch->inputs, batch->n_inputs);
+    free_tensors(batch->outputs, batch->n_outputs);
+    batch->inputs = batch->outputs = NULL;
+    batch->n_inputs = batch->n_outputs = 0;
+    batch->n_reqs = 0;
+    batch->total_batch = 0;
+    batch->timing_reported = false;
+    batch->t_start_ns = batch->t_input_end_ns = batch->t_infer_end_ns = batch->t_end_ns = 0;
+}
+
+void batch_destroy(batch_t *batch)
+{
+    batch_reset(batch);
+    free(batch->reqs);
+    batch->reqs = NULL;
+    batch->cap_reqs = 0;
+}
+
+static batch_tensor_t *push_tensor(batch_tensor_t **arr, size_t *n, const char *name)
+{
+    *arr = xrealloc(*arr, (*n + 1) * sizeof **arr);
+    batch_tensor_t *t = &(*arr)[(*n)++];
+    memset(t, 0, sizeof *t);
+    t->name = xstrdup(name);
+    return t;
+}
+
+static batch_tensor_t *find_tensor(batch_tensor_t *arr, size_t n, const char *name)
+{
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(arr[i].name, name) == 0) return &arr[i];
+    return NULL;
+}
+
+/* ---- Inputs ---- */
+
+size_t nereid_batch_request_count(const nereid_batch_t *batch)
+{
+    return batch->n_reqs;
+}
+
+int64_t nereid_batch_size(const nereid_batch_t *batch)
+{
+    return batch->total_batch;
+}
+
+size_t nereid_batch_input_count(const nereid_batch_t *batch)
+{
+    return batch->n_reqs ? batch->reqs[0]->n_inputs : 0;
+}
+
+const char *nereid_batch_input_name(const nereid_batch_t *batch, size_t i)
+{
+    if (!batch->n_reqs || i >= batch->reqs[0]->n_inputs) return NULL;
+    return batch->reqs[0]->inputs[i].name;
+}
+
+nereid_error_t *nereid_batch_input(nereid_batch_t *batch, const char *name,
+                                   nereid_datatype_t *datatype, const int64_t **shape, size_t *rank,
+                                   const void **data, size_t *byte_size)
+{
+    if (batch->n_reqs == 1)
+        return nereid_batch_request_input(batch, 0, name, datatype, shape, rank, data, byte_size);
+    batch_tensor_t *t = find_tensor(batch->inputs, batch->n_inputs, name);
+    if (!t) {
+        model_t *m = batch->instance->model;
+        size_t total = 0;
+        req_input_t *first = NULL;
+        for (size_t r = 0; r < batch->n_reqs; r++) {
+            req_input_t *in = request_find_input(batch->reqs[r], name);
+            if (!in)
+                return nereid_error_new(NEREID_ERROR_NOT_FOUND,
+                                        "input '%s' is missing from request %zu of the batch", name,
+                                        r);
+            if (!first) first = in;
+            total += in->byte_size;
+        }
+        if (m->max_batch_size <= 0 || first->rank == 0)
+            return nereid_error_new(NEREID_ERROR_INTERNAL,
+                                    "cannot batch input '%s' of a non-batching model", name);
+        t = push_tensor(&batch->inputs, &batch->n_inputs, name);
+        t->datatype = first->datatype;
+        t->rank = first->rank;
+        memcpy(t->shape, first->shape, first->rank * sizeof *first->shape);
+        t->shape[0] = batch->total_batch;
+        t->data = xmalloc(total);
+        t->owned = true;
+        t->byte_size = total;
+        size_t off = 0;
+        for (size_t r = 0; r < batch->n_reqs; r++) {
+            req_input_t *in = request_find_input(batch->reqs[r], name);
+            if (in->byte_size) memcpy((char *)t->data + off, in->data, in->byte_size);
+            off += in->byte_size;
+        }
+    }
+    if (datatype) *datatype = t->datatype;
+    if (shape) *shape = t->shape;
+    if (rank) *rank = t->rank;
+    if (data) *data = t->data;
+    if (byte_size) *byte_size = t->byte_size;
+    return NULL;
+}
+
+nereid_error_t *nereid_batch_request_input(nereid_batch_t *batch, size_t r, const char *name,
+                                           nereid_datatype_t *datatype, const int64_t **shape,
+                                           size_t *rank, const void **data, size_t *byte_size)
+{
+    if (r >= batch->n_reqs)
+        return nereid_error_new(NEREID_ERROR_INVALID_ARG, "request index %zu out of range", r);
+    req_input_t *in = request_find_input(batch->reqs[r], name);
+    if (!in) return nereid_error_new(NEREID_ERROR_NOT_FOUND, "input '%s' not found", name);
+    if (datatype) *datatype = in->datatype;
+    if (shape) *shape = in->shape;
+    if (rank) *rank = in->rank;
+    if (data) *data = in->data;
+    if (byte_size) *byte_size = in->byte_size;
+    return NULL;
+}
+
+const char *nereid_batch_request_id(const nereid_batch_t *batch, size_t r)
+{
+    return r < batch->n_reqs && batch->reqs[r]->id ? batch->reqs[r]->id : "";
+}
+
+static const req_param_t *find_param(const nereid_batch_t *batch, size_t r, const char *key)
+{
+    if (r >= batch->n_reqs) return NULL;
+    const nereid_request_t *req = batch->reqs[r];
+    for (size_t i = 0; i < req->n_params; i++)
+        if (strcmp(req->params[i].key, key) == 0) return &req->params[i];
+    return NULL;
+}
+
+bool nereid_batch_request_parameter_int(const nereid_batch_t *batch, size_t r, const char *key,
+                                        int64_t *value)
+{
+    const req_param_t *p = find_param(batch, r, key);
+    if (!p || p->type != PARAM_INT) return false;
+    *value = p->i;
+    return true;
+}
+
+const char *nereid_batch_request_parameter_string(const nereid_batch_t *batch, size_t r,
+                                                  const char *key)
+{
+    const req_param_t *p = find_param(batch, r, key);
+    return p && p->type == PARAM_STRING ? p->s : NULL;
+}
+
+void nereid_batch_set_request_error(nereid_batch_t *batch, size_t r, nereid_error_t *err)
+{
+    if (r >= batch->n_reqs) {
+        nereid_error_free(err);
+        return;
+    }
+    nereid_response_t *resp = batch->reqs[r]->response;
+    if (resp->error)
+        nereid_error_free(err);
+    else
+        resp->error = err;
+}
+
+void nereid_batch_report_compute(nereid_batch_t *batch, uint64_t input_end_ns,
+                                 uint64_t infer_end_ns)
+{
+    batch->t_input_end_ns = input_end_ns;
+    batch->t_infer_end_ns = infer_end_ns;
+    batch->timing_reported = true;
+}
+
+/* ---- Outputs ---- */
+
+bool nereid_batch_output_requested(const nereid_batch_t *batch, const char *name)
+{
+    for (size_t r = 0; r < batch->n_reqs; r++)
+        if (request_find_output(batch->reqs[r], name)) return true;
+    return false;
+}
+
+static nereid_error_t *alloc_output(nereid_request_t *req, resp_output_t *o, nereid_datatype_t dt,
+                                    const int64_t *shape, size_t rank, size_t byte_size)
+{
+    if (o->filled)
+        return nereid_error_new(NEREID_ERROR_INTERNAL, "output '%s' produced twice", o->name);
+    o->datatype = dt;
+    o->rank = rank;
+    memcpy(o->shape, shape, rank * sizeof *shape);
+    o->byte_size = byte_size;
+    if (o->internal || !req->alloc.alloc_fn) {
+        o->data = xmalloc(byte_size);
+    } else {
+        nereid_error_t *err = req->alloc.alloc_fn(req->alloc.userp, o->name, dt, shape, rank,
+                                                  byte_size, &o->data, &o->buffer_userp);
+        if (err) return err;
+        if (!o->data && byte_size)
+            return nereid_error_new(NEREID_ERROR_INTERNAL,
+                                    "response allocator returned no buffer for output '%s'",
+                                    o->name);
+    }
+    o->allocated = true;
+    o->filled = true;
+    return NULL;
+}
+
+nereid_error_t *nereid_batch_request_output(nereid_batch_t *batch, size_t r, const char *name,
+                                            nereid_datatype_t datatype, const int64_t *shape,
+                                            size_t rank, size_t byte_size, void **buffer)
+{
+    *buffer = NULL;
+    if (r >= batch->n_reqs)
+        return nereid_error_new(NEREID_ERROR_INVALID_ARG, "request index %zu out of range", r);
+    if (rank > NEREID_MAX_RANK)
+        return nereid_error_new(NEREID_ERROR_INVALID_ARG, "output '%s' rank too large", name);
+    size_t esize = nereid_datatype_byte_size(datatype);
+    if (esize) {
+        uint64_t count = 1;
+        for (size_t i = 0; i < rank; i++)
+            count *= (uint64_t)(shape[i] < 0 ? 0 : shape[i]);
+        if (count * esize != byte_size)
+            return nereid_error_new(NEREID_ERROR_INTERNAL,
+                                    "output '%s' byte size %zu does not match its shape", name,
+                                    byte_size);
+    }
+    nereid_request_t *req = batch->reqs[r];
+    resp_output_t *o = request_find_output(req, name);
+    if (!o) {
+        /* Nobody asked for it: give scratch memory the batch frees. */
+        batch_tensor_t *t = push_tensor(&batch->outputs, &batch->n_outputs, name);
+        t->data = xmalloc(byte_size);
+        t->owned = true;
+        *buffer = t->data;
+        return NULL;
+    }
+    nereid_error_t *err = alloc_output(req, o, datatype, shape, rank, byte_size);
+    if (!err) *buffer = o->data;
+    return err;
+}
+
+nereid_error_t *nereid_batch_output(nereid_batch_t *batch, const char *name,
+                                    nereid_datatype_t datatype, const int64_t *shape, size_t rank,
+                                    size_t byte_size, void **buffer)
+{
+    *buffer = NULL;
+    if (batch->n_reqs == 1)
+        return nereid_batch_request_output(batch, 0, name, datatype, shape, rank, byte_size,
+                                           buffer);
+    if (rank == 0 || rank > NEREID_MAX_RANK || shape[0] != batch->total_batch)
+        return nereid_error_new(NEREID_ERROR_INTERNAL,
+                                "batched output '%s' must have the batch size %lld as its first "
+                                "dimension",
+                                name, (long long)batch->total_batch);
+    if (find_tensor(batch->outputs, batch->n_outputs, name))
+        return nereid_error_new(NEREID_ERROR_INTERNAL, "output '%s' produced twice", name);
+    batch_tensor_t *t = push_tensor(&batch->outputs, &batch->n_outputs, name);
+    t->datatype = datatype;
+    t->rank = rank;
+    memcpy(t->shape, shape, rank * sizeof *shape);
+    t->byte_size = byte_size;
+    t->data = xmalloc(byte_size);
+    t->owned = true;
+    *buffer = t->data;
+    return NULL;
+}
+
+/* Byte offset of element index `elem` in a serialized BYTES buffer. */
+static size_t bytes_offset(const uint8_t *p, size_t size, size_t from_off, size_t n_elems)
+{
+    size_t off = from_off;
+    for (size_t i = 0; i < n_elems && off + 4 <= size; i++) {
+        uint32_t len;
+        memcpy(&len, p + off, 4);
+        off += 4 + len;
+    }
+    return off > size ? size : off;
+}
+
+/* Splits batched outputs back into each request's response. */
+static void scatter_outputs(batch_t *batch)
+{
+    for (size_t t = 0; t < batch->n_outputs; t++) {
+        batch_tensor_t *bt = &batch->outputs[t];
+        if (bt->rank == 0) continue; /* scratch for an unrequested single-request output */
+        size_t esize = nereid_datatype_byte_size(bt->datatype);
+        int64_t per_item_elems = 1;
+        for (size_t d = 1; d < bt->rank; d++)
+            per_item_elems *= bt->shape[d];
+        size_t off = 0;
+        for (size_t r = 0; r < batch->n_reqs; r++) {
+            nereid_request_t *req = batch->reqs[r];
+            size_t n_elems = (size_t)(req->batch_size * per_item_elems);
+            size_t len =
+                esize ? n_elems * esize : bytes_offset(bt->data, bt->byte_size, off, n_elems) - off;
+            if (off + len > bt->byte_size) len = off < bt->byte_size ? bt->byte_size - off : 0;
+            resp_output_t *o = request_find_output(req, bt->name);
+            if (o && !req->response->error) {
+                int64_t shape[NEREID_MAX_RANK];
+                memcpy(shape, bt->shape, bt->rank * sizeof *shape);
+                shape[0] = req->batch_size;
+                nereid_error_t *err = alloc_output(req, o, bt->datatype, shape, bt->rank, len);
+                if (err)
+                    req->response->error = err;
+                else if (len)
+                    memcpy(o->data, (char *)bt->data + off, len);
+            }
+            off += len;
+        }
+    }
+}
+
+void batch_execute(model_instance_t *inst, batch_t *batch)
+{
+    model_t *m = inst->model;
+    batch->instance = inst;
+    batch->t_start_ns = util_now_ns();
+    for (size_t r = 0; r < batch->n_reqs; r++)
+        batch->reqs[r]->t_compute_start_ns = batch->t_start_ns;
+    nereid_error_t *err = m->backend->execute((nereid_instance_t *)inst, batch);
+    uint64_t exec_end = util_now_ns();
+    if (err) {
+        for (size_t r = 0; r < batch->n_reqs; r++) {
+            nereid_response_t *resp = batch->reqs[r]->response;
+            if (!resp->error)
+                resp->error =
+                    nereid_error_new(nereid_error_code(err), "%s", nereid_error_message(err));
+        }
+        nereid_error_free(err);
+    } else if (batch->n_reqs > 1) {
+        scatter_outputs(batch);
+    }
+    batch->t_end_ns = util_now_ns();
+    if (!batch->timing_reported) {
+        batch->t_input_end_ns = batch->t_start_ns;
+        batch->t_infer_end_ns = exec_end;
+    }
+}
+
+void batch_finish(batch_t *batch)
+{
+    model_t *m = batch->instance->model;
+    model_stats_t *s = &m->stats;
+    uint64_t in_ns = batch->t_input_end_ns - batch->t_start_ns;
+    uint64_t infer_ns = batch->t_infer_end_ns - batch->t_input_end_ns;
+    uint64_t out_ns = batch->t_end_ns - batch->t_infer_end_ns;
+    atomic_fetch_add(&s->execution_count, 1);
+    atomic_fetch_add(&s->inference_count, (uint64_t)batch->total_batch);
+    atomic_store(&s->last_inference_ms, util_wall_ms());
+    if (batch->total_batch > 0 && (size_t)batch->total_batch < s->n_batch) {
+        batch_stat_t *b = &s->batch[batch->total_batch];
+        stats_add(&b->compute_input, in_ns);
+        stats_add(&b->compute_infer, infer_ns);
+        stats_add(&b->compute_output, out_ns);
+    }
+    for (size_t r = 0; r < batch->n_reqs; r++) {
+        nereid_request_t *req = batch->reqs[r];
+        if (!req->response->error) {
+            stats_add(&s->compute_input, in_ns);
+            stats_add(&s->compute_infer, infer_ns);
+            stats_add(&s->compute_output, out_ns);
+        }
+        request_finish(req, NULL, FAILURE_BACKEND);
+    }
+    batch_reset(batch);
+}

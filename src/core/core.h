@@ -1,0 +1,273 @@
+/*
+ * This file contains the core's internal types shared by src/core, src/sched
+ * and src/backend: loaded models and their instances, requests and responses,
+ * batches, and statistics. Frontends never include it (they use server.h).
+ */
+#ifndef NEREID_CORE_H
+#define NEREID_CORE_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+
+#include "config/config.h"
+#include "nereid/backend.h"
+#include "nereid/server.h"
+
+#define NEREID_MAX_RANK 16
+
+struct scheduler;
+struct backend_lib;
+
+/* ---- Statistics (lock-free counters) ---- */
+
+typedef struct stat_duration {
+    _Atomic uint64_t count;
+    _Atomic uint64_t ns;
+} stat_duration_t;
+
+typedef struct batch_stat {
+    stat_duration_t compute_input, compute_infer, compute_output;
+} batch_stat_t;
+
+typedef enum failure_reason {
+    FAILURE_REJECTED,
+    FAILURE_CANCELED,
+    FAILURE_BACKEND,
+    FAILURE_OTHER,
+    FAILURE_N
+} failure_reason_t;
+
+typedef struct model_stats {
+    _Atomic uint64_t last_inference_ms;
+    _Atomic uint64_t inference_count; /* batch elements executed */
+    _Atomic uint64_t execution_count; /* backend executions */
+    stat_duration_t success, fail, queue, compute_input, compute_infer, compute_output;
+    stat_duration_t cache_hit, cache_miss;
+    _Atomic uint64_t failures[FAILURE_N];
+    _Atomic int64_t pending; /* requests queued, not yet executing */
+    batch_stat_t *batch;     /* index = batch size, 1..n_batch-1 */
+    size_t n_batch;
+} model_stats_t;
+
+/* ---- Model ---- */
+
+typedef struct model_io {
+    char *name;
+    nereid_datatype_t datatype;
+    int64_t dims[NEREID_MAX_RANK]; /* config dims, without batch dimension */
+    size_t rank;
+    bool has_reshape;
+    int64_t reshape[NEREID_MAX_RANK];
+    size_t reshape_rank;
+    bool optional;
+    char **labels; /* outputs: lines of label_filename, or NULL */
+    size_t n_labels;
+} model_io_t;
+
+typedef enum model_state {
+    MODEL_UNKNOWN_STATE, /* on disk, never loaded (explicit mode) */
+    MODEL_LOADING,
+    MODEL_READY,
+    MODEL_UNAVAILABLE,
+    MODEL_UNLOADING,
+} model_state_t;
+
+typedef struct model_instance {
+    struct model *model;
+    char *name;
+    nereid_instance_kind_t kind;
+    int device_id;
+    size_t index; /* 0..n_instances-1 within the model */
+    pthread_t thread;
+    bool thread_started;
+    void *backend_state;
+    nereid_error_t *init_error; /* set by the thread if instance init failed */
+    bool init_done;
+    void *sched_state; /* for the scheduler's per-instance data */
+} model_instance_t;
+
+/* A loaded model version. nereid_model_t (backend.h) is this struct. */
+typedef struct model {
+    nereid_server_t *server;
+    char *name;
+    int64_t version;
+    char *dir; /* <repository>/<name> */
+    model_config_t *config;
+    char *config_json;
+    char *backend_name; /* NULL for ensembles */
+    struct backend_lib *backend;
+    void *backend_state;
+    model_io_t *inputs;
+    size_t n_inputs;
+    model_io_t *outputs;
+    size_t n_outputs;
+    int64_t max_batch_size;
+    model_instance_t **instances;
+    size_t n_instances;
+    struct scheduler *sched;
+    model_stats_t stats;
+    _Atomic int refcount;
+    bool in_model_init; /* nereid_model_set_config allowed */
+    bool autocomplete_allowed;
+    bool config_replaced;
+    bool model_initialized; /* backend model_init succeeded: model_fini owed */
+    pthread_mutex_t lock;   /* guards instance init handshake */
+    pthread_cond_t cond;
+} model_t;
+
+/* ---- Requests and responses ---- */
+
+typedef struct req_input {
+    char *name;
+    nereid_datatype_t datatype;
+    int64_t shape[NEREID_MAX_RANK]; /* as the backend sees it (after reshape) */
+    size_t rank;
+    const void *data;
+    size_t byte_size;
+    bool owned; /* data malloc'ed by the core (controls, state), freed with the request */
+} req_input_t;
+
+typedef enum param_type { PARAM_STRING, PARAM_INT, PARAM_BOOL, PARAM_DOUBLE } param_type_t;
+
+typedef struct req_param {
+    char *key;
+    param_type_t type;
+    char *s;
+    int64_t i;
+    bool b;
+    double d;
+} req_param_t;
+
+typedef struct resp_output {
+    char *name;
+    nereid_datatype_t datatype;
+    int64_t shape[NEREID_MAX_RANK];
+    size_t rank;
+    void *data;
+    size_t byte_size;
+    void *buffer_userp;
+    bool allocated; /* data came from the allocator (release it) */
+    bool filled;    /* the backend produced it */
+    bool internal;  /* captured for the core/scheduler, not returned to the client */
+    uint32_t class_count;
+    model_io_t *io; /* config output, for labels */
+} resp_output_t;
+
+struct nereid_response {
+    nereid_error_t *error;
+    char *id;
+    char *model_name;
+    int64_t model_version;
+    resp_output_t *outputs;
+    size_t n_outputs;
+    nereid_response_allocator_t alloc;
+    model_t *model; /* reference held for labels; NULL on early errors */
+};
+
+struct nereid_request {
+    nereid_server_t *server;
+    char *model_name;
+    int64_t version_req;
+    char *id;
+    req_input_t *inputs;
+    size_t n_inputs, cap_inputs;
+    char **out_names;
+    uint32_t *out_class_counts;
+    size_t n_out_names;
+    req_param_t *params;
+    size_t n_params;
+    uint64_t priority;
+    uint64_t timeout_us;
+    uint64_t corr_id;
+    char *corr_id_str; /* string correlation id, or NULL */
+    bool seq_start, seq_end;
+
+    /* Set at submission. */
+    model_t *model;     /* reference held until the request is finished */
+    int64_t batch_size; /* first dimension for batching models, else 1 */
+    uint64_t t_request_ns, t_queue_start_ns, t_compute_start_ns;
+    nereid_response_allocator_t alloc;
+    nereid_complete_fn done_fn;
+    void *done_userp;
+    nereid_response_t *response;
+    struct nereid_request *next; /* queue link, owned by whichever queue holds it */
+    void *sched_data;            /* scheduler-private */
+};
+
+/* ---- Batches: nereid_batch_t (backend.h) is this struct ---- */
+
+typedef struct batch_tensor {
+    char *name;
+    nereid_datatype_t datatype;
+    int64_t shape[NEREID_MAX_RANK];
+    size_t rank;
+    void *data;
+    size_t byte_size;
+    bool owned;  /* data malloc'ed here */
+    bool direct; /* output buffer is the single request's response memory */
+} batch_tensor_t;
+
+struct nereid_batch {
+    model_instance_t *instance;
+    nereid_request_t **reqs;
+    size_t n_reqs, cap_reqs;
+    int64_t total_batch;
+    batch_tensor_t *inputs; /* gathered inputs (n_reqs > 1) */
+    size_t n_inputs;
+    batch_tensor_t *outputs;
+    size_t n_outputs;
+    uint64_t t_start_ns, t_input_end_ns, t_infer_end_ns, t_end_ns;
+    bool timing_reported;
+};
+typedef struct nereid_batch batch_t;
+
+/* ---- Functions shared inside the core ---- */
+
+/* Model references: requests hold one while in flight. */
+void model_ref(model_t *m);
+void model_unref(model_t *m);
+
+/* Finishes a request: records statistics, builds and delivers the response
+ * through its completion callback, frees the request. err (owned) non-NULL
+ * fails it; reason classifies the failure for metrics. Thread: any. */
+void request_finish(nereid_request_t *req, nereid_error_t *err, failure_reason_t reason);
+/* Creates req->response with one slot per output the client gets. */
+void request_prepare_response(nereid_request_t *req);
+/* Frees a request that was never submitted or whose submission failed. */
+void request_free(nereid_request_t *req);
+/* Adds a core-owned input (takes ownership of data, malloc'ed). */
+void request_add_owned_input(nereid_request_t *req, const char *name, nereid_datatype_t dt,
+                             const int64_t *shape, size_t rank, void *data, size_t byte_size);
+/* Finds an input by name, or NULL. */
+req_input_t *request_find_input(nereid_request_t *req, const char *name);
+/* Marks output name as captured for the core (not returned unless the client
+ * asked for it); returns its response slot. */
+resp_output_t *request_capture_output(nereid_request_t *req, const char *name);
+resp_output_t *request_find_output(nereid_request_t *req, const char *name);
+
+/* Runs one batch on an instance: backend execute, output scatter, timing.
+ * Does not finish the requests. Thread: the instance's thread. */
+void batch_execute(model_instance_t *inst, batch_t *batch);
+/* Records batch-level statistics (one execution) and finishes every request. */
+void batch_finish(batch_t *batch);
+/* Resets a batch for reuse (frees gathered buffers; keeps the reqs array). */
+void batch_reset(batch_t *batch);
+void batch_add(batch_t *batch, nereid_request_t *req);
+void batch_destroy(batch_t *batch);
+
+/* Statistics hooks. */
+void stats_init(model_stats_t *s, int64_t max_batch_size);
+void stats_destroy(model_stats_t *s);
+void stats_add(stat_duration_t *d, uint64_t ns);
+
+/* Resolves model/version (<= 0: latest ready) and takes a reference;
+ * Triton's lookup error texts. */
+nereid_error_t *server_lookup_model(nereid_server_t *s, const char *name, int64_t version,
+                                    model_t **out);
+
+/* Validates req against model m and fills req->batch_size; shapes are
+ * rewritten to reshape dims. Triton's error texts. */
+nereid_error_t *request_validate(nereid_request_t *req, model_t *m);
+
+#endif

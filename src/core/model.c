@@ -1,0 +1,457 @@
+/*
+ * This file contains a loaded model version: picking and initializing its
+ * backend, its input/output tables, its instances (one execution thread
+ * each) and its scheduler; and the model/instance functions the core exports
+ * to backends (nereid_model_*, nereid_instance_*).
+ */
+#include "core/model.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/loader.h"
+#include "core/util.h"
+#include "sched/scheduler.h"
+
+_Static_assert((int)NEREID_TYPE_BYTES == (int)INFERENCE__DATA_TYPE__TYPE_STRING &&
+                   (int)NEREID_TYPE_FP32 == (int)INFERENCE__DATA_TYPE__TYPE_FP32 &&
+                   (int)NEREID_TYPE_BF16 == (int)INFERENCE__DATA_TYPE__TYPE_BF16,
+               "datatype enums must agree");
+
+const char *model_backend_for(const model_config_t *cfg)
+{
+    if (strcmp(cfg->platform, "onnxruntime_onnx") == 0) return "onnxruntime";
+    if (strcmp(cfg->platform, "pytorch_libtorch") == 0) return "pytorch";
+    if (strcmp(cfg->platform, "ensemble") == 0) return NULL;
+    return cfg->backend[0] ? cfg->backend : NULL;
+}
+
+static void free_io(model_io_t *ios, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        free(ios[i].name);
+        for (size_t l = 0; l < ios[i].n_labels; l++)
+            free(ios[i].labels[l]);
+        free(ios[i].labels);
+    }
+    free(ios);
+}
+
+static void copy_dims(int64_t *dst, size_t *rank, const int64_t *src, size_t n)
+{
+    *rank = n < NEREID_MAX_RANK ? n : NEREID_MAX_RANK;
+    if (*rank) memcpy(dst, src, *rank * sizeof *src);
+}
+
+static nereid_error_t *read_labels(model_t *m, model_io_t *io, const char *file)
+{
+    char *path = xasprintf("%s/%s", m->dir, file);
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        nereid_error_t *err =
+            nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                             "unable to open label file '%s' for output '%s'", path, io->name);
+        free(path);
+        return err;
+    }
+    free(path);
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t n;
+    while ((n = getline(&line, &cap, f)) >= 0) {
+        while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r'))
+            line[--n] = 0;
+        io->labels = xrealloc(io->labels, (io->n_labels + 1) * sizeof *io->labels);
+        io->labels[io->n_labels++] = xstrdup(line);
+    }
+    free(line);
+    fclose(f);
+    return NULL;
+}
+
+/* (Re)builds the io tables from m->config. */
+static nereid_error_t *build_io(model_t *m)
+{
+    model_config_t *c = m->config;
+    free_io(m->inputs, m->n_inputs);
+    free_io(m->outputs, m->n_outputs);
+    m->inputs = xcalloc(c->n_input, sizeof *m->inputs);
+    m->n_inputs = c->n_input;
+    for (size_t i = 0; i < c->n_input; i++) {
+        Inference__ModelInput *in = c->input[i];
+        model_io_t *io = &m->inputs[i];
+        io->name = xstrdup(in->name);
+        io->datatype = (nereid_datatype_t)in->data_type;
+        copy_dims(io->dims, &io->rank, in->dims, in->n_dims);
+        io->optional = in->optional;
+        if (in->reshape) {
+            io->has_reshape = true;
+            copy_dims(io->reshape, &io->reshape_rank, in->reshape->shape, in->reshape->n_shape);
+        }
+    }
+    m->outputs = xcalloc(c->n_output, sizeof *m->outputs);
+    m->n_outputs = c->n_output;
+    for (size_t i = 0; i < c->n_output; i++) {
+        Inference__ModelOutput *out = c->output[i];
+        model_io_t *io = &m->outputs[i];
+        io->name = xstrdup(out->name);
+        io->datatype = (nereid_datatype_t)out->data_type;
+        copy_dims(io->dims, &io->rank, out->dims, out->n_dims);
+        if (out->reshape) {
+            io->has_reshape = true;
+            copy_dims(io->reshape, &io->reshape_rank, out->reshape->shape, out->reshape->n_shape);
+        }
+        if (out->label_filename && out->label_filename[0]) {
+            nereid_error_t *err = read_labels(m, io, out->label_filename);
+            if (err) return err;
+        }
+    }
+    m->max_batch_size = c->max_batch_size;
+    return NULL;
+}
+
+/* ---- Instances ---- */
+
+static void *instance_main(void *arg)
+{
+    model_instance_t *inst = arg;
+    model_t *m = inst->model;
+    nereid_error_t *err = NULL;
+    if (m->backend->instance_init) err = m->backend->instance_init((nereid_instance_t *)inst);
+    pthread_mutex_lock(&m->lock);
+    inst->init_error = err;
+    inst->init_done = true;
+    pthread_cond_broadcast(&m->cond);
+    pthread_mutex_unlock(&m->lock);
+    if (err) return NULL;
+    scheduler_t *s = m->sched;
+    batch_t batch = {0};
+    while (s->ops->next_batch(s, inst, &batch)) {
+        batch_execute(inst, &batch);
+        if (s->ops->batch_done)
+            s->ops->batch_done(s, inst, &batch);
+        else
+            batch_finish(&batch);
+    }
+    batch_destroy(&batch);
+    if (m->backend->instance_fini)
+        nereid_error_free(m->backend->instance_fini((nereid_instance_t *)inst));
+    return NULL;
+}
+
+static nereid_error_t *create_instances(model_t *m)
+{
+    model_config_t *c = m->config;
+    size_t total = 0;
+    for (size_t g = 0; g < c->n_instance_group; g++) {
+        Inference__ModelInstanceGroup *grp = c->instance_group[g];
+        if (grp->kind == INFERENCE__MODEL_INSTANCE_GROUP__KIND__KIND_GPU)
+            return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                    "instance group %s of model %s specifies KIND_GPU but no GPUs "
+                                    "are available",
+                                    grp->name, m->name);
+        total += grp->count > 0 ? (size_t)grp->count : 1;
+    }
+    if (total == 0) total = 1;
+    m->instances = xcalloc(total, sizeof *m->instances);
+    size_t k = 0;
+    for (size_t g = 0; g < c->n_instance_group || (g == 0 && c->n_instance_group == 0); g++) {
+        Inference__ModelInstanceGroup *grp = c->n_instance_group ? c->instance_group[g] : NULL;
+        size_t count = grp && grp->count > 0 ? (size_t)grp->count : 1;
+        for (size_t i = 0; i < count; i++) {
+            model_instance_t *inst = xcalloc(1, sizeof *inst);
+            inst->model = m;
+            inst->index = k;
+            inst->name = xasprintf("%s_%zu", grp && grp->name[0] ? grp->name : m->name, i);
+            inst->kind = grp && grp->kind == INFERENCE__MODEL_INSTANCE_GROUP__KIND__KIND_MODEL
+                             ? NEREID_INSTANCE_KIND_MODEL
+                             : NEREID_INSTANCE_KIND_CPU;
+            inst->device_id = grp && grp->n_gpus ? grp->gpus[0] : 0;
+            m->instances[k++] = inst;
+        }
+    }
+    m->n_instances = k;
+    for (size_t i = 0; i < k; i++) {
+        if (pthread_create(&m->instances[i]->thread, NULL, instance_main, m->instances[i]) != 0)
+            return nereid_error_new(NEREID_ERROR_INTERNAL, "unable to start instance thread");
+        m->instances[i]->thread_started = true;
+    }
+    nereid_error_t *err = NULL;
+    pthread_mutex_lock(&m->lock);
+    for (size_t i = 0; i < k; i++) {
+        while (!m->instances[i]->init_done)
+            pthread_cond_wait(&m->cond, &m->lock);
+        if (m->instances[i]->init_error && !err) {
+            err = m->instances[i]->init_error;
+            m->instances[i]->init_error = NULL;
+        }
+    }
+    pthread_mutex_unlock(&m->lock);
+    return err;
+}
+
+/* Stops the scheduler and joins every instance thread (they drain first). */
+static void stop_instances(model_t *m)
+{
+    if (m->sched) m->sched->ops->stop(m->sched);
+    for (size_t i = 0; i < m->n_instances; i++) {
+        model_instance_t *inst = m->instances[i];
+        if (inst->thread_started) pthread_join(inst->thread, NULL);
+        inst->thread_started = false;
+    }
+}
+
+/* ---- Lifecycle ---- */
+
+nereid_error_t *model_load(nereid_server_t *server, const model_load_args_t *args, model_t **out)
+{
+    *out = NULL;
+    model_t *m = xcalloc(1, sizeof *m);
+    m->server = server;
+    m->name = xstrdup(args->name);
+    m->version = args->version;
+    m->dir = xstrdup(args->dir);
+    m->config = config_copy(args->config);
+    m->config_json = config_to_json(m->config);
+    m->autocomplete_allowed = args->autocomplete_allowed;
+    atomic_store(&m->refcount, 1);
+    pthread_mutex_init(&m->lock, NULL);
+    pthread_cond_init(&m->cond, NULL);
+    nereid_error_t *err = NULL;
+    const char *bname = model_backend_for(m->config);
+    if (!bname && strcmp(m->config->platform, "ensemble") != 0) {
+        err = nereid_error_new(NEREID_ERROR_INVALID_ARG, "unexpected platform type '%s' for %s",
+                               m->config->platform, m->name);
+        goto fail;
+    }
+    if (bname) {
+        m->backend_name = xstrdup(bname);
+        err = backend_acquire(args->backend_dir, bname, &m->backend);
+        if (err) goto fail;
+        if (m->backend->model_init) {
+            m->in_model_init = true;
+            err = m->backend->model_init((nereid_model_t *)m);
+            m->in_model_init = false;
+            if (err) goto fail;
+        }
+        m->model_initialized = true;
+        if (m->config_replaced) {
+            free(m->config_json);
+            m->config_json = config_to_json(m->config);
+        }
+    }
+    err = build_io(m);
+    if (err) goto fail;
+    stats_init(&m->stats, m->max_batch_size);
+    err = scheduler_create(m, &m->sched);
+    if (err) goto fail;
+    if (m->backend) {
+        err = create_instances(m);
+        if (err) goto fail;
+    }
+    *out = m;
+    return NULL;
+fail:
+    model_unref(m);
+    return err;
+}
+
+void model_unload(model_t *m)
+{
+    stop_instances(m);
+    model_unref(m);
+}
+
+void model_ref(model_t *m)
+{
+    atomic_fetch_add(&m->refcount, 1);
+}
+
+static void model_free(model_t *m)
+{
+    stop_instances(m);
+    if (m->sched) m->sched->ops->destroy(m->sched);
+    for (size_t i = 0; i < m->n_instances; i++) {
+        nereid_error_free(m->instances[i]->init_error);
+        free(m->instances[i]->name);
+        free(m->instances[i]);
+    }
+    free(m->instances);
+    if (m->backend) {
+        if (m->backend->model_fini && m->model_initialized)
+            nereid_error_free(m->backend->model_fini((nereid_model_t *)m));
+        backend_release(m->backend);
+    }
+    free_io(m->inputs, m->n_inputs);
+    free_io(m->outputs, m->n_outputs);
+    stats_destroy(&m->stats);
+    config_free(m->config);
+    free(m->config_json);
+    free(m->backend_name);
+    free(m->name);
+    free(m->dir);
+    pthread_mutex_destroy(&m->lock);
+    pthread_cond_destroy(&m->cond);
+    free(m);
+}
+
+void model_unref(model_t *m)
+{
+    if (atomic_fetch_sub(&m->refcount, 1) == 1) model_free(m);
+}
+
+/* ---- Exported to backends ---- */
+
+nereid_backend_t *nereid_model_backend(const nereid_model_t *model)
+{
+    const model_t *m = (const model_t *)model;
+    return (nereid_backend_t *)m->backend;
+}
+
+const char *nereid_model_name(const nereid_model_t *model)
+{
+    return ((const model_t *)model)->name;
+}
+
+int64_t nereid_model_version(const nereid_model_t *model)
+{
+    return ((const model_t *)model)->version;
+}
+
+const char *nereid_model_directory(const nereid_model_t *model)
+{
+    return ((const model_t *)model)->dir;
+}
+
+char *nereid_model_file_path(const nereid_model_t *model, const char *backend_default_filename)
+{
+    const model_t *m = (const model_t *)model;
+    const char *file = m->config->default_model_filename[0] ? m->config->default_model_filename
+                                                            : backend_default_filename;
+    return xasprintf("%s/%lld/%s", m->dir, (long long)m->version, file ? file : "");
+}
+
+const char *nereid_model_config_json(const nereid_model_t *model)
+{
+    return ((const model_t *)model)->config_json;
+}
+
+const char *nereid_model_parameter(const nereid_model_t *model, const char *key)
+{
+    const model_config_t *c = ((const model_t *)model)->config;
+    for (size_t i = 0; i < c->n_parameters; i++)
+        if (strcmp(c->parameters[i]->key, key) == 0 && c->parameters[i]->value)
+            return c->parameters[i]->value->string_value;
+    return NULL;
+}
+
+int64_t nereid_model_max_batch_size(const nereid_model_t *model)
+{
+    return ((const model_t *)model)->config->max_batch_size;
+}
+
+size_t nereid_model_input_count(const nereid_model_t *model)
+{
+    return ((const model_t *)model)->config->n_input;
+}
+
+size_t nereid_model_output_count(const nereid_model_t *model)
+{
+    return ((const model_t *)model)->config->n_output;
+}
+
+void nereid_model_input(const nereid_model_t *model, size_t i, const char **name,
+                        nereid_datatype_t *datatype, const int64_t **dims, size_t *rank)
+{
+    const Inference__ModelInput *in = ((const model_t *)model)->config->input[i];
+    bool reshape = in->reshape != NULL;
+    if (name) *name = in->name;
+    if (datatype) *datatype = (nereid_datatype_t)in->data_type;
+    if (dims) *dims = reshape ? in->reshape->shape : in->dims;
+    if (rank) *rank = reshape ? in->reshape->n_shape : in->n_dims;
+}
+
+void nereid_model_output(const nereid_model_t *model, size_t i, const char **name,
+                         nereid_datatype_t *datatype, const int64_t **dims, size_t *rank)
+{
+    const Inference__ModelOutput *out = ((const model_t *)model)->config->output[i];
+    bool reshape = out->reshape != NULL;
+    if (name) *name = out->name;
+    if (datatype) *datatype = (nereid_datatype_t)out->data_type;
+    if (dims) *dims = reshape ? out->reshape->shape : out->dims;
+    if (rank) *rank = reshape ? out->reshape->n_shape : out->n_dims;
+}
+
+bool nereid_model_autocomplete_allowed(const nereid_model_t *model)
+{
+    return ((const model_t *)model)->autocomplete_allowed;
+}
+
+nereid_error_t *nereid_model_set_config(nereid_model_t *model, const char *config_json)
+{
+    model_t *m = (model_t *)model;
+    if (!m->in_model_init)
+        return nereid_error_new(NEREID_ERROR_UNSUPPORTED,
+                                "model config can only be set during model initialization");
+    char *errors = NULL;
+    model_config_t *cfg = config_from_json(config_json, strlen(config_json), &errors);
+    config_options_t opts = {.gpus_available = false, .allow_missing_io = false};
+    if (cfg && config_normalize(cfg, m->name, "config.pbtxt", &opts, &errors) != 0) {
+        config_free(cfg);
+        cfg = NULL;
+    }
+    if (!cfg) {
+        nereid_error_t *err = nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                               "autofilled config for model '%s' is invalid: %s",
+                                               m->name, errors ? errors : "");
+        free(errors);
+        return err;
+    }
+    config_free(m->config);
+    free(m->config_json);
+    m->config = cfg;
+    m->config_json = config_to_json(cfg);
+    m->config_replaced = true;
+    return NULL;
+}
+
+void nereid_model_set_state(nereid_model_t *model, void *state)
+{
+    ((model_t *)model)->backend_state = state;
+}
+
+void *nereid_model_state(const nereid_model_t *model)
+{
+    return ((const model_t *)model)->backend_state;
+}
+
+nereid_model_t *nereid_instance_model(const nereid_instance_t *instance)
+{
+    return (nereid_model_t *)((const model_instance_t *)instance)->model;
+}
+
+const char *nereid_instance_name(const nereid_instance_t *instance)
+{
+    return ((const model_instance_t *)instance)->name;
+}
+
+nereid_instance_kind_t nereid_instance_kind(const nereid_instance_t *instance)
+{
+    return ((const model_instance_t *)instance)->kind;
+}
+
+int nereid_instance_device_id(const nereid_instance_t *instance)
+{
+    return ((const model_instance_t *)instance)->device_id;
+}
+
+void nereid_instance_set_state(nereid_instance_t *instance, void *state)
+{
+    ((model_instance_t *)instance)->backend_state = state;
+}
+
+void *nereid_instance_state(const nereid_instance_t *instance)
+{
+    return ((const model_instance_t *)instance)->backend_state;
+}

@@ -1,0 +1,732 @@
+/*
+ * This file contains inference requests and responses: building a request
+ * through server.h, validating it against the model config with Triton's
+ * error texts, and finishing it (statistics, response delivery, cleanup).
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/core.h"
+#include "core/util.h"
+
+#define MAX_STRING_CORRID 128
+
+nereid_error_t *nereid_request_new(nereid_server_t *server, const char *model, int64_t version,
+                                   nereid_request_t **out)
+{
+    *out = NULL;
+    if (!server || !model)
+        return nereid_error_new(NEREID_ERROR_INVALID_ARG, "server and model name are required");
+    nereid_request_t *req = xcalloc(1, sizeof *req);
+    req->server = server;
+    req->model_name = xstrdup(model);
+    req->version_req = version;
+    *out = req;
+    return NULL;
+}
+
+void request_free(nereid_request_t *req)
+{
+    if (!req) return;
+    for (size_t i = 0; i < req->n_inputs; i++) {
+        free(req->inputs[i].name);
+        if (req->inputs[i].owned) free((void *)req->inputs[i].data);
+    }
+    free(req->inputs);
+    for (size_t i = 0; i < req->n_out_names; i++)
+        free(req->out_names[i]);
+    free(req->out_names);
+    free(req->out_class_counts);
+    for (size_t i = 0; i < req->n_params; i++) {
+        free(req->params[i].key);
+        free(req->params[i].s);
+    }
+    free(req->params);
+    free(req->model_name);
+    free(req->id);
+    free(req->corr_id_str);
+    if (req->response) nereid_response_free(req->response);
+    if (req->model) model_unref(req->model);
+    free(req);
+}
+
+void nereid_request_free(nereid_request_t *req)
+{
+    request_free(req);
+}
+
+nereid_error_t *nereid_request_set_id(nereid_request_t *req, const char *id)
+{
+    free(req->id);
+    req->id = id && *id ? xstrdup(id) : NULL;
+    return NULL;
+}
+
+static req_input_t *push_input(nereid_request_t *req)
+{
+    if (req->n_inputs == req->cap_inputs) {
+        req->cap_inputs = req->cap_inputs ? 2 * req->cap_inputs : 4;
+        req->inputs = xrealloc(req->inputs, req->cap_inputs * sizeof *req->inputs);
+    }
+    req_input_t *in = &req->inputs[req->n_inputs++];
+    memset(in, 0, sizeof *in);
+    return in;
+}
+
+req_input_t *request_find_input(nereid_request_t *req, const char *name)
+{
+    for (size_t i = 0; i < req->n_inputs; i++)
+        if (strcmp(req->inputs[i].name, name) == 0) return &req->inputs[i];
+    return NULL;
+}
+
+nereid_error_t *nereid_request_add_input(nereid_request_t *req, const char *name,
+                                         nereid_datatype_t datatype, const int64_t *shape,
+                                         size_t rank, const void *data, size_t byte_size)
+{
+    if (!name) return nereid_error_new(NEREID_ERROR_INVALID_ARG, "input name is required");
+    if (rank > NEREID_MAX_RANK)
+        return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                "input '%s' has rank %zu, more than the supported %d", name, rank,
+                                NEREID_MAX_RANK);
+    if (request_find_input(req, name))
+        return nereid_error_new(NEREID_ERROR_INVALID_ARG, "input '%s' already exists in request",
+                                name);
+    req_input_t *in = push_input(req);
+    in->name = xstrdup(name);
+    in->datatype = datatype;
+    in->rank = rank;
+    if (rank) memcpy(in->shape, shape, rank * sizeof *shape);
+    in->data = data;
+    in->byte_size = byte_size;
+    return NULL;
+}
+
+void request_add_owned_input(nereid_request_t *req, const char *name, nereid_datatype_t dt,
+                             const int64_t *shape, size_t rank, void *data, size_t byte_size)
+{
+    req_input_t *in = request_find_input(req, name);
+    if (in) {
+        if (in->owned) free((void *)in->data);
+    } else {
+        in = push_input(req);
+        in->name = xstrdup(name);
+    }
+    in->datatype = dt;
+    in->rank = rank;
+    memcpy(in->shape, shape, rank * sizeof *shape);
+    in->data = data;
+    in->byte_size = byte_size;
+    in->owned = true;
+}
+
+nereid_error_t *nereid_request_add_requested_output(nereid_request_t *req, const char *name,
+                                                    uint32_t class_count)
+{
+    if (!name) return nereid_error_new(NEREID_ERROR_INVALID_ARG, "output name is required");
+    for (size_t i = 0; i < req->n_out_names; i++)
+        if (strcmp(req->out_names[i], name) == 0)
+            return nereid_error_new(NEREID_ERROR_INVALID_ARG, "output '%s' already requested",
+                                    name);
+    req->out_names = xrealloc(req->out_names, (req->n_out_names + 1) * sizeof *req->out_names);
+    req->out_class_counts =
+        xrealloc(req->out_class_counts, (req->n_out_names + 1) * sizeof *req->out_class_counts);
+    req->out_names[req->n_out_names] = xstrdup(name);
+    req->out_class_counts[req->n_out_names] = class_count;
+    req->n_out_names++;
+    return NULL;
+}
+
+void nereid_request_set_priority(nereid_request_t *req, uint64_t priority)
+{
+    req->priority = priority;
+}
+
+void nereid_request_set_timeout_us(nereid_request_t *req, uint64_t timeout_us)
+{
+    req->timeout_us = timeout_us;
+}
+
+void nereid_request_set_correlation_id(nereid_request_t *req, uint64_t id)
+{
+    free(req->corr_id_str);
+    req->corr_id_str = NULL;
+    req->corr_id = id;
+}
+
+nereid_error_t *nereid_request_set_correlation_id_string(nereid_request_t *req, const char *id)
+{
+    if (strlen(id) > MAX_STRING_CORRID)
+        return nereid_error_new(NEREID_ERROR_UNSUPPORTED,
+                                "string correlation ID cannot be longer than 128 characters");
+    free(req->corr_id_str);
+    req->corr_id_str = xstrdup(id);
+    req->corr_id = 0;
+    return NULL;
+}
+
+void nereid_request_set_sequence_flags(nereid_request_t *req, bool start, bool end)
+{
+    req->seq_start = start;
+    req->seq_end = end;
+}
+
+static req_param_t *push_param(nereid_request_t *req, const char *key, param_type_t type)
+{
+    for (size_t i = 0; i < req->n_params; i++)
+        if (strcmp(req->params[i].key, key) == 0) {
+            free(req->params[i].s);
+            req->params[i].s = NULL;
+            req->params[i].type = type;
+            return &req->params[i];
+        }
+    req->params = xrealloc(req->params, (req->n_params + 1) * sizeof *req->params);
+    req_param_t *p = &req->params[req->n_params++];
+    memset(p, 0, sizeof *p);
+    p->key = xstrdup(key);
+    p->type = type;
+    return p;
+}
+
+nereid_error_t *nereid_request_set_parameter_string(nereid_request_t *req, const char *key,
+                                                    const char *value)
+{
+    push_param(req, key, PARAM_STRING)->s = xstrdup(value);
+    return NULL;
+}
+
+nereid_error_t *nereid_request_set_parameter_int(nereid_request_t *req, const char *key,
+                                                 int64_t value)
+{
+    push_param(req, key, PARAM_INT)->i = value;
+    return NULL;
+}
+
+nereid_error_t *nereid_request_set_parameter_bool(nereid_request_t *req, const char *key,
+                                                  bool value)
+{
+    push_param(req, key, PARAM_BOOL)->b = value;
+    return NULL;
+}
+
+nereid_error_t *nereid_request_set_parameter_double(nereid_request_t *req, const char *key,
+                                                    double value)
+{
+    push_param(req, key, PARAM_DOUBLE)->d = value;
+    return NULL;
+}
+
+/* ---- Validation ---- */
+
+static void format_dims(char *buf, size_t cap, const int64_t *dims, size_t rank, bool batch)
+{
+    size_t n = 0;
+    n += (size_t)snprintf(buf + n, cap - n, "[");
+    if (batch && n < cap) n += (size_t)snprintf(buf + n, cap - n, rank ? "-1," : "-1");
+    for (size_t i = 0; i < rank && n < cap; i++)
+        n += (size_t)snprintf(buf + n, cap - n, i ? ",%" PRId64 : "%" PRId64, dims[i]);
+    if (n < cap) snprintf(buf + n, cap - n, "]");
+}
+
+static const char *req_id(const nereid_request_t *req)
+{
+    return req->id ? req->id : "<id_unknown>";
+}
+
+static nereid_error_t *input_count_error(nereid_request_t *req, model_t *m)
+{
+    size_t required = 0;
+    for (size_t i = 0; i < m->n_inputs; i++)
+        required += !m->inputs[i].optional;
+    char got[1024] = "", missing[1024] = "";
+    size_t g = 0, mi = 0;
+    for (size_t i = 0; i < req->n_inputs && g < sizeof got; i++)
+        g += (size_t)snprintf(got + g, sizeof got - g, "%s'%s'", i ? "," : "", req->inputs[i].name);
+    for (size_t i = 0; i < m->n_inputs && mi < sizeof missing; i++) {
+        if (m->inputs[i].optional || request_find_input(req, m->inputs[i].name)) continue;
+        mi += (size_t)snprintf(missing + mi, sizeof missing - mi, "%s'%s'", mi ? "," : "",
+                               m->inputs[i].name);
+    }
+    if (required == m->n_inputs)
+        return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                "[request id: %s] expected %zu inputs but got %zu inputs for model "
+                                "'%s'. Got input(s) [%s], but missing required input(s) [%s]. "
+                                "Please provide all required input(s).",
+                                req_id(req), m->n_inputs, req->n_inputs, m->name, got, missing);
+    return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                            "[request id: %s] expected number of inputs between %zu and %zu but "
+                            "got %zu inputs for model '%s'. Got input(s) [%s], but missing "
+                            "required input(s) [%s]. Please provide all required input(s).",
+                            req_id(req), required, m->n_inputs, req->n_inputs, m->name, got,
+                            missing);
+}
+
+static const model_io_t *find_io(const model_io_t *ios, size_t n, const char *name)
+{
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(ios[i].name, name) == 0) return &ios[i];
+    return NULL;
+}
+
+static bool dims_match(const int64_t *want, size_t want_rank, const int64_t *got, size_t got_rank)
+{
+    if (want_rank != got_rank) return false;
+    for (size_t i = 0; i < want_rank; i++)
+        if (want[i] != -1 && want[i] != got[i]) return false;
+    return true;
+}
+
+/* Checks a BYTES buffer holds exactly n well-formed length-prefixed elements. */
+static bool bytes_well_formed(const uint8_t *p, size_t size, int64_t n)
+{
+    size_t off = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (size - off < 4) return false;
+        uint32_t len;
+        memcpy(&len, p + off, 4);
+        off += 4;
+        if (size - off < len) return false;
+        off += len;
+    }
+    return off == size;
+}
+
+nereid_error_t *request_validate(nereid_request_t *req, model_t *m)
+{
+    const char *rid = req_id(req);
+    size_t required = 0;
+    for (size_t i = 0; i < m->n_inputs; i++)
+        required += !m->inputs[i].optional;
+    for (size_t i = 0; i < req->n_inputs; i++)
+        if (!find_io(m->inputs, m->n_inputs, req->inputs[i].name))
+            return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                    "unexpected inference input '%s' for model '%s'",
+                                    req->inputs[i].name, m->name);
+    if (req->n_inputs < required || req->n_inputs > m->n_inputs) return input_count_error(req, m);
+    for (size_t i = 0; i < m->n_inputs; i++)
+        if (!m->inputs[i].optional && !request_find_input(req, m->inputs[i].name))
+            return input_count_error(req, m);
+
+    bool batching = m->max_batch_size > 0;
+    int64_t batch = -1;
+    for (size_t i = 0; i < req->n_inputs; i++) {
+        req_input_t *in = &req->inputs[i];
+        const model_io_t *io = find_io(m->inputs, m->n_inputs, in->name);
+        char want[512], got[512];
+        if (in->datatype != io->datatype)
+            return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                    "[request id: %s] inference input '%s' data-type is '%s', but "
+                                    "model '%s' expects '%s'",
+                                    rid, in->name, nereid_datatype_name(in->datatype), m->name,
+                                    nereid_datatype_name(io->datatype));
+        for (size_t d = 0; d < in->rank; d++)
+            if (in->shape[d] < 0) {
+                format_dims(got, sizeof got, in->shape, in->rank, false);
+                return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                        "[request id: %s] All input dimensions should be specified "
+                                        "for input '%s' for model '%s', got %s",
+                                        rid, in->name, m->name, got);
+            }
+        const int64_t *dims = in->shape;
+        size_t rank = in->rank;
+        if (batching) {
+            if (rank == 0)
+                return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                        "[request id: %s] input '%s' has no shape but model "
+                                        "requires batch dimension for '%s'",
+                                        rid, in->name, m->name);
+            if (batch < 0)
+                batch = in->shape[0];
+            else if (batch != in->shape[0])
+                return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                        "[request id: %s] input '%s' batch size does not match "
+                                        "other inputs for '%s'",
+                                        rid, in->name, m->name);
+            dims++;
+            rank--;
+        }
+        if (!dims_match(io->dims, io->rank, dims, rank)) {
+            format_dims(want, sizeof want, io->dims, io->rank, batching);
+            format_dims(got, sizeof got, in->shape, in->rank, false);
+            return nereid_error_new(
+                NEREID_ERROR_INVALID_ARG,
+                "[request id: %s] unexpected shape for input '%s' for model '%s'. Expected %s, got "
+                "%s. %s",
+                rid, in->name, m->name, want, got,
+                batching ? "NOTE: Setting a non-zero max_batch_size in the model config requires "
+                           "a batch dimension to be prepended to each input shape. If you want to "
+                           "specify the full shape including the batch dim in your input dims "
+                           "config, try setting max_batch_size to zero. See the model "
+                           "configuration docs for more info on max_batch_size."
+                         : "");
+        }
+        int64_t count = 1;
+        for (size_t d = 0; d < in->rank; d++) {
+            if (in->shape[d] != 0 && count > INT64_MAX / in->shape[d])
+                return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                        "[request id: %s] input '%s' shape is too large", rid,
+                                        in->name);
+            count *= in->shape[d];
+        }
+        size_t esize = nereid_datatype_byte_size(in->datatype);
+        if (esize) {
+            if ((uint64_t)count > SIZE_MAX / esize || (size_t)count * esize != in->byte_size)
+                return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                        "[request id: %s] input byte size mismatch for input '%s' "
+                                        "for model '%s'. Expected %" PRId64 ", got %zu",
+                                        rid, in->name, m->name, count * (int64_t)esize,
+                                        in->byte_size);
+        } else if (!bytes_well_formed(in->data, in->byte_size, count)) {
+            return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                    "[request id: %s] input byte size mismatch for input '%s' for "
+                                    "model '%s'. Expected %" PRId64
+                                    " length-prefixed BYTES elements in %zu bytes",
+                                    rid, in->name, m->name, count, in->byte_size);
+        }
+        if (io->has_reshape) {
+            /* The backend sees the reshape dims; a -1 takes the remaining count. */
+            int64_t per_item = count / (batching && in->shape[0] ? in->shape[0] : 1);
+            int64_t known = 1;
+            int var = -1;
+            for (size_t d = 0; d < io->reshape_rank; d++) {
+                if (io->reshape[d] == -1)
+                    var = (int)d;
+                else
+                    known *= io->reshape[d];
+            }
+            size_t r = 0;
+            int64_t newshape[NEREID_MAX_RANK];
+            if (batching) newshape[r++] = in->shape[0];
+            for (size_t d = 0; d < io->reshape_rank && r < NEREID_MAX_RANK; d++)
+                newshape[r++] = (int)d == var ? (known ? per_item / known : 0) : io->reshape[d];
+            memcpy(in->shape, newshape, r * sizeof *newshape);
+            in->rank = r;
+        }
+    }
+    if (batching) {
+        if (batch < 0) batch = 1; /* only optional inputs absent: treat as 1 */
+        if (batch > m->max_batch_size)
+            return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                    "[request id: %s] inference request batch-size must be <= "
+                                    "%" PRId64 " for '%s'",
+                                    rid, m->max_batch_size, m->name);
+        req->batch_size = batch;
+    } else {
+        req->batch_size = 1;
+    }
+    for (size_t i = 0; i < req->n_out_names; i++)
+        if (!find_io(m->outputs, m->n_outputs, req->out_names[i]))
+            return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                    "unexpected inference output '%s' for model '%s'",
+                                    req->out_names[i], m->name);
+    return NULL;
+}
+
+/* ---- Responses ---- */
+
+static resp_output_t *push_output(nereid_response_t *resp, const char *name)
+{
+    resp->outputs = xrealloc(resp->outputs, (resp->n_outputs + 1) * sizeof *resp->outputs);
+    resp_output_t *o = &resp->outputs[resp->n_outputs++];
+    memset(o, 0, sizeof *o);
+    o->name = xstrdup(name);
+    return o;
+}
+
+/* Creates the response with one slot per output the client will get. */
+void request_prepare_response(nereid_request_t *req)
+{
+    model_t *m = req->model;
+    nereid_response_t *resp = xcalloc(1, sizeof *resp);
+    resp->alloc = req->alloc;
+    resp->model_name = xstrdup(m->name);
+    resp->model_version = m->version;
+    resp->id = req->id ? xstrdup(req->id) : NULL;
+    if (req->n_out_names) {
+        for (size_t i = 0; i < req->n_out_names; i++) {
+            resp_output_t *o = push_output(resp, req->out_names[i]);
+            o->class_count = req->out_class_counts[i];
+        }
+    } else {
+        for (size_t i = 0; i < m->n_outputs; i++)
+            push_output(resp, m->outputs[i].name);
+    }
+    for (size_t i = 0; i < resp->n_outputs; i++)
+        resp->outputs[i].io =
+            (model_io_t *)find_io(m->outputs, m->n_outputs, resp->outputs[i].name);
+    req->response = resp;
+}
+
+resp_output_t *request_find_output(nereid_request_t *req, const char *name)
+{
+    nereid_response_t *resp = req->response;
+    for (size_t i = 0; resp && i < resp->n_outputs; i++)
+        if (strcmp(resp->outputs[i].name, name) == 0) return &resp->outputs[i];
+    return NULL;
+}
+
+resp_output_t *request_capture_output(nereid_request_t *req, const char *name)
+{
+    resp_output_t *o = request_find_output(req, name);
+    if (o) return o;
+    o = push_output(req->response, name);
+    o->internal = true;
+    return o;
+}
+
+static void release_output(nereid_response_t *resp, resp_output_t *o)
+{
+    if (o->allocated) {
+        if (resp->alloc.alloc_fn && !o->internal) {
+            if (resp->alloc.release_fn)
+                resp->alloc.release_fn(resp->alloc.userp, o->data, o->buffer_userp, o->byte_size);
+        } else {
+            free(o->data);
+        }
+    }
+    o->allocated = false;
+    o->data = NULL;
+}
+
+void nereid_response_free(nereid_response_t *resp)
+{
+    if (!resp) return;
+    for (size_t i = 0; i < resp->n_outputs; i++) {
+        release_output(resp, &resp->outputs[i]);
+        free(resp->outputs[i].name);
+    }
+    free(resp->outputs);
+    free(resp->id);
+    free(resp->model_name);
+    nereid_error_free(resp->error);
+    if (resp->model) model_unref(resp->model);
+    free(resp);
+}
+
+/* Drops internal and unfilled slots so the client sees only its outputs. */
+static void compact_outputs(nereid_response_t *resp)
+{
+    size_t w = 0;
+    for (size_t i = 0; i < resp->n_outputs; i++) {
+        resp_output_t *o = &resp->outputs[i];
+        if (o->internal || !o->filled || resp->error) {
+            release_output(resp, o);
+            free(o->name);
+            continue;
+        }
+        resp->outputs[w++] = *o;
+    }
+    resp->n_outputs = w;
+}
+
+void request_finish(nereid_request_t *req, nereid_error_t *err, failure_reason_t reason)
+{
+    model_t *m = req->model;
+    nereid_response_t *resp = req->response;
+    uint64_t now = util_now_ns();
+    if (!err && resp->error) {
+        err = resp->error;
+        resp->error = NULL;
+        reason = FAILURE_BACKEND;
+    }
+    model_stats_t *s = &m->stats;
+    uint64_t start = req->t_request_ns;
+    if (err) {
+        stats_add(&s->fail, now - start);
+        atomic_fetch_add(&s->failures[reason], 1);
+        nereid_error_free(resp->error);
+        resp->error = err;
+    } else {
+        stats_add(&s->success, now - start);
+        uint64_t cs = req->t_compute_start_ns ? req->t_compute_start_ns : now;
+        stats_add(&s->queue, cs - req->t_queue_start_ns);
+    }
+    compact_outputs(resp);
+    req->response = NULL;
+    resp->model = req->model;
+    req->model = NULL;
+    nereid_complete_fn done = req->done_fn;
+    void *userp = req->done_userp;
+    request_free(req);
+    done(resp, userp);
+}
+
+/* ---- Response accessors ---- */
+
+const nereid_error_t *nereid_response_error(const nereid_response_t *resp)
+{
+    return resp->error;
+}
+
+const char *nereid_response_id(const nereid_response_t *resp)
+{
+    return resp->id ? resp->id : "";
+}
+
+const char *nereid_response_model_name(const nereid_response_t *resp)
+{
+    return resp->model_name;
+}
+
+int64_t nereid_response_model_version(const nereid_response_t *resp)
+{
+    return resp->model_version;
+}
+
+size_t nereid_response_output_count(const nereid_response_t *resp)
+{
+    return resp->n_outputs;
+}
+
+void nereid_response_output(const nereid_response_t *resp, size_t index, const char **name,
+                            nereid_datatype_t *datatype, const int64_t **shape, size_t *rank,
+                            const void **data, size_t *byte_size, void **buffer_userp)
+{
+    const resp_output_t *o = &resp->outputs[index];
+    if (name) *name = o->name;
+    if (datatype) *datatype = o->datatype;
+    if (shape) *shape = o->shape;
+    if (rank) *rank = o->rank;
+    if (data) *data = o->data;
+    if (byte_size) *byte_size = o->byte_size;
+    if (buffer_userp) *buffer_userp = o->buffer_userp;
+}
+
+uint32_t nereid_response_output_class_count(const nereid_response_t *resp, size_t index)
+{
+    return index < resp->n_outputs ? resp->outputs[index].class_count : 0;
+}
+
+/* ---- Classification ---- */
+
+typedef struct class_entry {
+    double value;
+    size_t index;
+    bool is_int;
+    int64_t ivalue;
+    uint64_t uvalue;
+    bool is_unsigned;
+} class_entry_t;
+
+static int cmp_class(const void *a, const void *b)
+{
+    const class_entry_t *x = a, *y = b;
+    if (x->value > y->value) return -1;
+    if (x->value < y->value) return 1;
+    return x->index < y->index ? -1 : x->index > y->index;
+}
+
+static bool read_element(nereid_datatype_t dt, const void *data, size_t i, class_entry_t *e)
+{
+    const uint8_t *p = data;
+    e->is_int = true;
+    e->is_unsigned = false;
+    switch (dt) {
+#define INT_CASE(T, ctype, uns)                                                                    \
+    case NEREID_TYPE_##T: {                                                                        \
+        ctype v;                                                                                   \
+        memcpy(&v, p + i * sizeof v, sizeof v);                                                    \
+        e->value = (double)v;                                                                      \
+        e->is_unsigned = uns;                                                                      \
+        if (uns)                                                                                   \
+            e->uvalue = (uint64_t)v;                                                               \
+        else                                                                                       \
+            e->ivalue = (int64_t)v;                                                                \
+        return true;                                                                               \
+    }
+        INT_CASE(UINT8, uint8_t, true)
+        INT_CASE(UINT16, uint16_t, true)
+        INT_CASE(UINT32, uint32_t, true)
+        INT_CASE(UINT64, uint64_t, true)
+        INT_CASE(INT8, int8_t, false)
+        INT_CASE(INT16, int16_t, false)
+        INT_CASE(INT32, int32_t, false)
+        INT_CASE(INT64, int64_t, false)
+#undef INT_CASE
+    case NEREID_TYPE_FP32: {
+        float v;
+        memcpy(&v, p + i * 4, 4);
+        e->value = v;
+        e->is_int = false;
+        return true;
+    }
+    case NEREID_TYPE_FP64: {
+        double v;
+        memcpy(&v, p + i * 8, 8);
+        e->value = v;
+        e->is_int = false;
+        return true;
+    }
+    default:
+        return false;
+    }
+}
+
+nereid_error_t *nereid_response_classify(const nereid_response_t *resp, size_t index, uint32_t k,
+                                         char **bytes_out, size_t *byte_size_out,
+                                         int64_t *shape_out, size_t *rank_out)
+{
+    *bytes_out = NULL;
+    *byte_size_out = 0;
+    *rank_out = 0;
+    const resp_output_t *o = &resp->outputs[index];
+    class_entry_t probe;
+    if (!read_element(o->datatype, &(uint64_t){0}, 0, &probe))
+        return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                "class result not available for output due to unsupported type "
+                                "'%s'",
+                                nereid_datatype_name(o->datatype));
+    bool batching = resp->model && resp->model->max_batch_size > 0 && o->rank > 0;
+    size_t esize = nereid_datatype_byte_size(o->datatype);
+    size_t total = o->byte_size / esize;
+    size_t n_batch = batching ? (size_t)o->shape[0] : 1;
+    size_t per = n_batch ? total / n_batch : 0;
+    size_t kk = k < per ? k : per;
+    class_entry_t *entries = xmalloc((per ? per : 1) * sizeof *entries);
+    size_t cap = 256, len = 0;
+    char *out = xmalloc(cap);
+    const model_io_t *io = o->io;
+    for (size_t b = 0; b < n_batch; b++) {
+        for (size_t i = 0; i < per; i++) {
+            read_element(o->datatype, o->data, b * per + i, &entries[i]);
+            entries[i].index = i;
+        }
+        qsort(entries, per, sizeof *entries, cmp_class);
+        for (size_t i = 0; i < kk; i++) {
+            char val[64], item[1024];
+            const class_entry_t *e = &entries[i];
+            if (e->is_int && e->is_unsigned)
+                snprintf(val, sizeof val, "%" PRIu64, e->uvalue);
+            else if (e->is_int)
+                snprintf(val, sizeof val, "%" PRId64, e->ivalue);
+            else
+                snprintf(val, sizeof val, "%f", e->value);
+            int n;
+            if (io && io->labels && e->index < io->n_labels)
+                n = snprintf(item, sizeof item, "%s:%zu:%s", val, e->index, io->labels[e->index]);
+            else
+                n = snprintf(item, sizeof item, "%s:%zu", val, e->index);
+            uint32_t l = (uint32_t)((size_t)n < sizeof item ? (size_t)n : sizeof item - 1);
+            while (len + 4 + l > cap)
+                cap *= 2;
+            out = xrealloc(out, cap);
+            memcpy(out + len, &l, 4);
+            memcpy(out + len + 4, item, l);
+            len += 4 + l;
+        }
+    }
+    free(entries);
+    if (batching) {
+        shape_out[0] = (int64_t)n_batch;
+        shape_out[1] = (int64_t)kk;
+        *rank_out = 2;
+    } else {
+        shape_out[0] = (int64_t)kk;
+        *rank_out = 1;
+    }
+    *bytes_out = out;
+    *byte_size_out = len;
+    return NULL;
+}

@@ -1,0 +1,157 @@
+/*
+ * This file contains model statistics: lock-free counters updated on the
+ * hot path, and their two readings — the statistics extension's JSON
+ * (seed 003) and Prometheus metrics with Triton's names.
+ */
+#include "core/stats.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/util.h"
+
+void stats_init(model_stats_t *s, int64_t max_batch_size)
+{
+    s->n_batch = (size_t)(max_batch_size > 0 ? max_batch_size : 1) + 1;
+    s->batch = xcalloc(s->n_batch, sizeof *s->batch);
+}
+
+void stats_destroy(model_stats_t *s)
+{
+    free(s->batch);
+    s->batch = NULL;
+}
+
+void stats_add(stat_duration_t *d, uint64_t ns)
+{
+    atomic_fetch_add_explicit(&d->count, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&d->ns, ns, memory_order_relaxed);
+}
+
+static json_t *duration_json(const stat_duration_t *d)
+{
+    return json_pack("{s:I,s:I}", "count", (json_int_t)atomic_load(&d->count), "ns",
+                     (json_int_t)atomic_load(&d->ns));
+}
+
+json_t *stats_model_json(const model_t *m)
+{
+    const model_stats_t *s = &m->stats;
+    char version[32];
+    snprintf(version, sizeof version, "%lld", (long long)m->version);
+    json_t *batches = json_array();
+    for (size_t b = 1; b < s->n_batch; b++) {
+        const batch_stat_t *bs = &s->batch[b];
+        if (!atomic_load(&bs->compute_infer.count)) continue;
+        json_array_append_new(batches,
+                              json_pack("{s:I,s:o,s:o,s:o}", "batch_size", (json_int_t)b,
+                                        "compute_input", duration_json(&bs->compute_input),
+                                        "compute_infer", duration_json(&bs->compute_infer),
+                                        "compute_output", duration_json(&bs->compute_output)));
+    }
+    json_t *inf = json_pack(
+        "{s:o,s:o,s:o,s:o,s:o,s:o,s:o,s:o}", "success", duration_json(&s->success), "fail",
+        duration_json(&s->fail), "queue", duration_json(&s->queue), "compute_input",
+        duration_json(&s->compute_input), "compute_infer", duration_json(&s->compute_infer),
+        "compute_output", duration_json(&s->compute_output), "cache_hit",
+        duration_json(&s->cache_hit), "cache_miss", duration_json(&s->cache_miss));
+    return json_pack("{s:s,s:s,s:I,s:I,s:I,s:o,s:o,s:o,s:o}", "name", m->name, "version", version,
+                     "last_inference", (json_int_t)atomic_load(&s->last_inference_ms),
+                     "inference_count", (json_int_t)atomic_load(&s->inference_count),
+                     "execution_count", (json_int_t)atomic_load(&s->execution_count),
+                     "inference_stats", inf, "response_stats", json_object(), "batch_stats",
+                     batches, "memory_usage", json_array());
+}
+
+/* ---- Prometheus text ---- */
+
+typedef struct metric_family {
+    const char *name, *type, *help;
+} metric_family_t;
+
+static const metric_family_t families[] = {
+    {"nv_inference_request_success", "counter",
+     "Number of successful inference requests, all batch sizes"},
+    {"nv_inference_request_failure", "counter",
+     "Number of failed inference requests, all batch sizes"},
+    {"nv_inference_count", "counter",
+     "Number of inferences performed (does not include cached requests)"},
+    {"nv_inference_exec_count", "counter",
+     "Number of model executions performed (does not include cached requests)"},
+    {"nv_inference_request_duration_us", "counter",
+     "Cumulative inference request duration in microseconds (includes cached requests)"},
+    {"nv_inference_queue_duration_us", "counter",
+     "Cumulative inference queuing duration in microseconds (includes cached requests)"},
+    {"nv_inference_compute_input_duration_us", "counter",
+     "Cumulative compute input duration in microseconds (does not include cached requests)"},
+    {"nv_inference_compute_infer_duration_us", "counter",
+     "Cumulative compute inference duration in microseconds (does not include cached requests)"},
+    {"nv_inference_compute_output_duration_us", "counter",
+     "Cumulative inference compute output duration in microseconds (does not include cached "
+     "requests)"},
+    {"nv_inference_pending_request_count", "gauge",
+     "Instantaneous number of pending requests awaiting execution per-model."},
+};
+
+static const char *failure_names[FAILURE_N] = {"REJECTED", "CANCELED", "BACKEND", "OTHER"};
+
+static void labels(char *buf, size_t cap, const model_t *m)
+{
+    size_t n =
+        (size_t)snprintf(buf, cap, "model=\"%s\",version=\"%lld\"", m->name, (long long)m->version);
+    const model_config_t *c = m->config;
+    for (size_t i = 0; i < c->n_metric_tags && n < cap; i++)
+        n += (size_t)snprintf(buf + n, cap - n, ",_%s=\"%s\"", c->metric_tags[i]->key,
+                              c->metric_tags[i]->value);
+}
+
+static uint64_t family_value(const model_t *m, size_t f)
+{
+    const model_stats_t *s = &m->stats;
+    switch (f) {
+    case 0:
+        return atomic_load(&s->success.count);
+    case 2:
+        return atomic_load(&s->inference_count);
+    case 3:
+        return atomic_load(&s->execution_count);
+    case 4:
+        return (atomic_load(&s->success.ns) + atomic_load(&s->fail.ns)) / 1000;
+    case 5:
+        return atomic_load(&s->queue.ns) / 1000;
+    case 6:
+        return atomic_load(&s->compute_input.ns) / 1000;
+    case 7:
+        return atomic_load(&s->compute_infer.ns) / 1000;
+    case 8:
+        return atomic_load(&s->compute_output.ns) / 1000;
+    default:
+        return 0;
+    }
+}
+
+void stats_metrics_text(FILE *out, const model_t *const *models, size_t n_models)
+{
+    char lab[1024];
+    for (size_t f = 0; f < ARRAY_LEN(families); f++) {
+        fprintf(out, "# HELP %s %s\n# TYPE %s %s\n", families[f].name, families[f].help,
+                families[f].name, families[f].type);
+        for (size_t i = 0; i < n_models; i++) {
+            const model_t *m = models[i];
+            labels(lab, sizeof lab, m);
+            if (f == 1) {
+                for (int r = 0; r < FAILURE_N; r++)
+                    fprintf(out, "%s{%s,reason=\"%s\"} %llu\n", families[f].name, lab,
+                            failure_names[r],
+                            (unsigned long long)atomic_load(&m->stats.failures[r]));
+            } else if (f == 9) {
+                int64_t p = atomic_load(&m->stats.pending);
+                fprintf(out, "%s{%s} %lld\n", families[f].name, lab, (long long)(p < 0 ? 0 : p));
+            } else {
+                fprintf(out, "%s{%s} %llu\n", families[f].name, lab,
+                        (unsigned long long)family_value(m, f));
+            }
+        }
+    }
+}

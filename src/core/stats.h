@@ -1,0 +1,18 @@
+/*
+ * This file contains the readings of model statistics (counters live in
+ * model_stats_t, core.h).
+ */
+#ifndef NEREID_STATS_H
+#define NEREID_STATS_H
+
+#include <jansson.h>
+#include <stdio.h>
+
+#include "core/core.h"
+
+/* One model_stats entry of the statistics extension (new reference). */
+json_t *stats_model_json(const model_t *m);
+/* Appends Triton's per-model metric families for these models. */
+void stats_metrics_text(FILE *out, const model_t *const *models, size_t n_models);
+
+#endif

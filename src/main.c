@@ -1,0 +1,244 @@
+/*
+ * This file contains nereid's entry point: Triton-compatible command-line
+ * flags, creating the server, starting the frontends, and waiting for a
+ * signal to shut down. Subcommand: `nereid check-config <path>...`.
+ */
+#include <errno.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "config/config.h"
+#include "nereid/server.h"
+
+#define MAX_LIST 64
+
+typedef struct cli {
+    nereid_server_options_t server;
+    const char *repos[MAX_LIST];
+    size_t n_repos;
+    const char *load_models[MAX_LIST];
+    size_t n_load_models;
+    bool allow_http, allow_grpc, allow_metrics;
+    const char *http_address, *grpc_address, *metrics_address;
+    int http_port, grpc_port, metrics_port;
+    int http_thread_count, grpc_infer_thread_count;
+    long long http_max_input_size;
+} cli_t;
+
+typedef enum flag_kind {
+    FLAG_STR,
+    FLAG_INT,
+    FLAG_BOOL,
+    FLAG_SWITCH,
+    FLAG_LIST,
+    FLAG_MODE
+} flag_kind_t;
+
+typedef struct flag {
+    const char *name;
+    flag_kind_t kind;
+    size_t offset;
+    const char *help;
+} flag_t;
+
+#define F(name, kind, field, help)                                                                 \
+    {                                                                                              \
+        name, kind, offsetof(cli_t, field), help                                                   \
+    }
+static const flag_t flags[] = {
+    F("model-repository", FLAG_LIST, repos, "Path to a model repository (repeatable)."),
+    F("model-store", FLAG_LIST, repos, "Alias of --model-repository."),
+    F("model-control-mode", FLAG_MODE, server.model_control_mode,
+      "none|poll|explicit (default none)."),
+    F("load-model", FLAG_LIST, load_models,
+      "Model to load at start-up in explicit mode; '*' = all."),
+    F("repository-poll-secs", FLAG_INT, server.repository_poll_secs,
+      "Poll period in poll mode (15)."),
+    F("strict-model-config", FLAG_BOOL, server.strict_model_config,
+      "Require complete config.pbtxt (false)."),
+    F("disable-auto-complete-config", FLAG_SWITCH, server.disable_auto_complete_config,
+      "Turn off backend autofill."),
+    F("exit-on-error", FLAG_BOOL, server.exit_on_error,
+      "Fail start-up if a model fails to load (true)."),
+    F("strict-readiness", FLAG_BOOL, server.strict_readiness,
+      "Ready only when every model is ready (true)."),
+    F("model-load-thread-count", FLAG_INT, server.model_load_thread_count,
+      "Models loaded in parallel (4)."),
+    F("backend-directory", FLAG_STR, server.backend_directory,
+      "Where libnereid_<name>.so backends live."),
+    F("log-verbose", FLAG_INT, server.log_verbose, "Verbose logging level (0)."),
+    F("id", FLAG_STR, server.server_id, "Server name in metadata (triton)."),
+    F("allow-http", FLAG_BOOL, allow_http, "Serve HTTP/REST (true)."),
+    F("http-port", FLAG_INT, http_port, "HTTP port (8000)."),
+    F("http-address", FLAG_STR, http_address, "HTTP address (0.0.0.0)."),
+    F("http-thread-count", FLAG_INT, http_thread_count, "HTTP threads (8)."),
+    F("allow-grpc", FLAG_BOOL, allow_grpc, "Serve gRPC (true)."),
+    F("grpc-port", FLAG_INT, grpc_port, "gRPC port (8001)."),
+    F("grpc-address", FLAG_STR, grpc_address, "gRPC address (0.0.0.0)."),
+    F("grpc-infer-thread-count", FLAG_INT, grpc_infer_thread_count,
+      "gRPC completion-queue threads (2)."),
+    F("allow-metrics", FLAG_BOOL, allow_metrics, "Serve Prometheus metrics (true)."),
+    F("metrics-port", FLAG_INT, metrics_port, "Metrics port (8002)."),
+    F("metrics-address", FLAG_STR, metrics_address, "Metrics address (the HTTP address)."),
+};
+#undef F
+
+static void usage(FILE *out)
+{
+    fprintf(out, "Usage: nereid [--flag=value ...]\n       nereid check-config "
+                 "<model-dir-or-repository>...\n\n");
+    for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++)
+        fprintf(out, "  --%-30s %s\n", flags[i].name, flags[i].help);
+    fprintf(out, "  --%-30s %s\n", "help", "Show this help.");
+}
+
+static int parse_bool(const char *v, bool *out)
+{
+    if (!strcmp(v, "true") || !strcmp(v, "1") || !strcmp(v, "on") || !strcmp(v, "yes"))
+        *out = true;
+    else if (!strcmp(v, "false") || !strcmp(v, "0") || !strcmp(v, "off") || !strcmp(v, "no"))
+        *out = false;
+    else
+        return -1;
+    return 0;
+}
+
+static int apply_flag(cli_t *cli, const flag_t *f, const char *value)
+{
+    char *field = (char *)cli + f->offset;
+    switch (f->kind) {
+    case FLAG_STR:
+        *(const char **)field = value;
+        return 0;
+    case FLAG_INT: {
+        char *end;
+        errno = 0;
+        long long v = strtoll(value, &end, 10);
+        if (errno || *end || end == value || v < INT_MIN || v > INT_MAX) return -1;
+        *(int *)field = (int)v;
+        return 0;
+    }
+    case FLAG_BOOL:
+        return parse_bool(value, (bool *)field);
+    case FLAG_SWITCH:
+        *(bool *)field = true;
+        return 0;
+    case FLAG_LIST: {
+        const char **list = (const char **)field;
+        size_t *n = f->offset == offsetof(cli_t, repos) ? &cli->n_repos : &cli->n_load_models;
+        if (*n >= MAX_LIST) return -1;
+        list[(*n)++] = value;
+        return 0;
+    }
+    case FLAG_MODE:
+        if (!strcasecmp(value, "none"))
+            cli->server.model_control_mode = NEREID_MODEL_CONTROL_NONE;
+        else if (!strcasecmp(value, "poll"))
+            cli->server.model_control_mode = NEREID_MODEL_CONTROL_POLL;
+        else if (!strcasecmp(value, "explicit"))
+            cli->server.model_control_mode = NEREID_MODEL_CONTROL_EXPLICIT;
+        else
+            return -1;
+        return 0;
+    }
+    return -1;
+}
+
+/* Returns 0 to run, 1 for --help (exit 0), -1 on a bad flag (message printed). */
+static int parse_args(cli_t *cli, int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++) {
+        const char *arg = argv[i];
+        if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) return 1;
+        if (strncmp(arg, "--", 2) != 0) {
+            fprintf(stderr, "nereid: unexpected argument '%s' (see --help)\n", arg);
+            return -1;
+        }
+        const char *name = arg + 2, *eq = strchr(name, '=');
+        size_t len = eq ? (size_t)(eq - name) : strlen(name);
+        const flag_t *f = NULL;
+        for (size_t k = 0; k < sizeof flags / sizeof flags[0]; k++)
+            if (strlen(flags[k].name) == len && !strncmp(flags[k].name, name, len)) f = &flags[k];
+        if (!f) {
+            fprintf(stderr, "nereid: unrecognized flag '--%.*s' (see --help)\n", (int)len, name);
+            return -1;
+        }
+        const char *value = eq ? eq + 1 : NULL;
+        if (f->kind == FLAG_SWITCH) {
+            if (value) {
+                fprintf(stderr, "nereid: --%s takes no value\n", f->name);
+                return -1;
+            }
+        } else if (!value) {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "nereid: --%s needs a value\n", f->name);
+                return -1;
+            }
+            value = argv[++i];
+        }
+        if (apply_flag(cli, f, value) != 0) {
+            fprintf(stderr, "nereid: invalid argument for --%s: '%s'\n", f->name, value);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc > 1 && strcmp(argv[1], "check-config") == 0)
+        return config_check_main(argc - 1, argv + 1);
+    cli_t cli = {0};
+    nereid_server_options_init(&cli.server);
+    cli.allow_http = cli.allow_grpc = cli.allow_metrics = true;
+    cli.http_address = cli.grpc_address = "0.0.0.0";
+    cli.http_port = 8000;
+    cli.grpc_port = 8001;
+    cli.metrics_port = 8002;
+    cli.http_thread_count = 8;
+    cli.grpc_infer_thread_count = 2;
+    cli.http_max_input_size = 67108864;
+    int rc = parse_args(&cli, argc, argv);
+    if (rc == 1) {
+        usage(stdout);
+        return 0;
+    }
+    if (rc < 0) return 2;
+    if (cli.n_repos == 0) {
+        fprintf(stderr, "nereid: --model-repository must be specified\n");
+        return 2;
+    }
+    if (!cli.metrics_address) cli.metrics_address = cli.http_address;
+    cli.server.model_repositories = cli.repos;
+    cli.server.n_model_repositories = cli.n_repos;
+    cli.server.load_models = cli.load_models;
+    cli.server.n_load_models = cli.n_load_models;
+
+    /* Block the shutdown signals in every thread; main waits for them. */
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    nereid_server_t *server;
+    nereid_error_t *err = nereid_server_new(&cli.server, &server);
+    if (err) {
+        fprintf(stderr, "error: creating server: %s - %s\n",
+                nereid_error_code_name(nereid_error_code(err)), nereid_error_message(err));
+        nereid_error_free(err);
+        return 1;
+    }
+    int exit_code = 0;
+
+    fprintf(stderr, "nereid ready\n");
+    int sig;
+    sigwait(&sigs, &sig);
+    fprintf(stderr, "Signal (%d) received.\n", sig);
+    nereid_server_free(server);
+    return exit_code;
+}

@@ -1,0 +1,46 @@
+/*
+ * This file contains the scheduler interface. A model's config picks one
+ * scheduler (default, dynamic batcher, sequence batcher, ensemble). Requests
+ * enter with enqueue; each model instance's execution thread pulls batches
+ * with next_batch, executes them, then calls batch_done (or, when the
+ * scheduler has none, the core finishes every request of the batch).
+ */
+#ifndef NEREID_SCHEDULER_H
+#define NEREID_SCHEDULER_H
+
+#include "core/core.h"
+
+typedef struct scheduler scheduler_t;
+
+typedef struct scheduler_ops {
+    const char *name;
+    /* Takes ownership of req on success (NULL return); on error the caller
+     * keeps req. Thread: any (frontend threads). */
+    nereid_error_t *(*enqueue)(scheduler_t *s, nereid_request_t *req);
+    /* Blocks until a batch for inst is ready and fills batch (batch_add).
+     * Returns false when the scheduler is stopped and has nothing left for
+     * inst. Thread: inst's execution thread. NULL for schedulers that run
+     * no instances (ensemble). */
+    bool (*next_batch)(scheduler_t *s, model_instance_t *inst, batch_t *batch);
+    /* Optional: called after batch_execute. When set, the scheduler owns
+     * finishing the batch (batch_finish or request_finish per request). */
+    void (*batch_done)(scheduler_t *s, model_instance_t *inst, batch_t *batch);
+    /* Stops taking requests; queued requests are still handed out by
+     * next_batch (drain) or failed. Wakes every waiter. */
+    void (*stop)(scheduler_t *s);
+    /* Frees the scheduler after every instance thread has exited. */
+    void (*destroy)(scheduler_t *s);
+} scheduler_ops_t;
+
+struct scheduler {
+    const scheduler_ops_t *ops;
+    model_t *model;
+};
+
+/* Creates the scheduler the model's config asks for. */
+nereid_error_t *scheduler_create(model_t *m, scheduler_t **out);
+
+/* Per-scheduler constructors. */
+nereid_error_t *default_scheduler_create(model_t *m, scheduler_t **out);
+
+#endif
