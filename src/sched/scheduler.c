@@ -8,8 +8,6 @@
 nereid_error_t *scheduler_create(model_t *m, scheduler_t **out)
 {
     *out = NULL;
-    if (strcmp(m->config->platform, "ensemble") == 0)
-        return nereid_error_new(NEREID_ERROR_UNSUPPORTED,
-                                "ensemble models are not supported yet (model '%s')", m->name);
+    if (strcmp(m->config->platform, "ensemble") == 0) return ensemble_scheduler_create(m, out);
     return default_scheduler_create(m, out);
 }
