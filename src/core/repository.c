@@ -781,10 +781,20 @@ static void unload_model(nereid_server_t *s, const char *name, bool dependents, 
         ve->reason = NULL;
     }
     if (e->n_versions) e->state = MODEL_UNLOADING;
-    char **deps = e->deps;
-    size_t n_deps = e->n_deps;
-    e->deps = NULL;
-    e->n_deps = 0;
+    /* Dependents: the composing models of an ensemble (Triton unloads them
+     * unless another loaded ensemble still uses them). */
+    char **deps = NULL;
+    size_t n_deps = 0;
+    const Inference__ModelEnsembling *es = is_ensemble(e->config) ? e->config->ensemble_scheduling
+                                                                  : NULL;
+    for (size_t k = 0; es && k < es->n_step; k++) {
+        bool have = false;
+        for (size_t j = 0; j < n_deps; j++)
+            have |= strcmp(deps[j], es->step[k]->model_name) == 0;
+        if (have) continue;
+        deps = xrealloc(deps, (n_deps + 1) * sizeof *deps);
+        deps[n_deps++] = xstrdup(es->step[k]->model_name);
+    }
     pthread_rwlock_unlock(&s->lock);
 
     for (size_t i = 0; i < n_drain; i++)
