@@ -58,7 +58,13 @@ nereid_error_t *nereid_server_new(const nereid_server_options_t *opts, nereid_se
     s->opts.load_models = NULL;
     s->opts.model_repositories = NULL;
     log_verbose_level = opts->log_verbose;
-    pthread_rwlock_init(&s->lock, NULL);
+    /* Readers first: an ensemble's steps take the read lock again while the
+     * ensemble request holds it (nereid_server_infer_async). */
+    pthread_rwlockattr_t attr;
+    pthread_rwlockattr_init(&attr);
+    pthread_rwlockattr_setkind_np(&attr, PTHREAD_RWLOCK_PREFER_READER_NP);
+    pthread_rwlock_init(&s->lock, &attr);
+    pthread_rwlockattr_destroy(&attr);
     s->opts.load_models = opts->load_models;
     nereid_error_t *err = repository_start(s);
     s->opts.load_models = NULL;

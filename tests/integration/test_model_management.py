@@ -359,3 +359,55 @@ def test_poll_mode(nereid_server, tmp_path):
     assert wait_for(lambda: infer(s, "added").status_code == 200)
     shutil.rmtree(os.path.join(repo, "other"))
     assert wait_for(lambda: infer(s, "other").status_code == 404)
+
+
+def rss_bytes(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def test_unload_returns_memory(nereid_server, tmp_path):
+    """An ONNX model holding a 64 MB weight: RSS grows on load and drops on unload."""
+    import pytest
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper, numpy_helper
+    rows = 4 * 1024 * 1024  # 4M x 4 FP32 = 64 MB
+    w = numpy_helper.from_array(np.random.default_rng(0).random((rows, 4), dtype=np.float32),
+                                "W")
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["W", "I"], ["Y"], axis=0)], "big",
+        [helper.make_tensor_value_info("I", TensorProto.INT64, [1])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1, 4])], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 7
+    repo = str(tmp_path / "models")
+    os.makedirs(os.path.join(repo, "big", "1"))
+    onnx.save(model, os.path.join(repo, "big", "1", "model.onnx"))
+    with open(os.path.join(repo, "big", "config.pbtxt"), "w") as f:
+        f.write('platform: "onnxruntime_onnx" max_batch_size: 0\n'
+                'input [ { name: "I" data_type: TYPE_INT64 dims: [ 1 ] } ]\n'
+                'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1, 4 ] } ]\n')
+    s = nereid_server(repo, "--model-control-mode=explicit")
+    pid = s.proc.pid
+    base = rss_bytes(pid)
+    r = post(s, "/v2/repository/models/big/load")
+    if r.status_code != 200:
+        pytest.skip(f"onnxruntime backend unavailable: {r.text}")
+    body = {"inputs": [{"name": "I", "datatype": "INT64", "shape": [1], "data": [7]}]}
+    r = requests.post(s.http_url + "/v2/models/big/infer", json=body, timeout=30)
+    assert r.status_code == 200, r.text
+    assert np.allclose(r.json()["outputs"][0]["data"], w_row(model, 7))
+    loaded = rss_bytes(pid)
+    assert post(s, "/v2/repository/models/big/unload").status_code == 200
+    unloaded = rss_bytes(pid)
+    print(f"RSS base {base >> 20} MB, loaded {loaded >> 20} MB, unloaded {unloaded >> 20} MB")
+    assert loaded - base > 48 << 20
+    assert loaded - unloaded > 48 << 20
+
+
+def w_row(model, i):
+    from onnx import numpy_helper
+    return numpy_helper.to_array(model.graph.initializer[0])[i].tolist()

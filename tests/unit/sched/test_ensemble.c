@@ -178,7 +178,13 @@ static void test_client_allocator(nereid_server_t *s)
     nereid_response_allocator_t alloc = {count_alloc, count_release, &c};
     waiter_t w;
     waiter_init(&w);
-    CHECK(nereid_server_infer_async(s, req, &alloc, on_done, &w) == NULL);
+    nereid_error_t *err = nereid_server_infer_async(s, req, &alloc, on_done, &w);
+    CHECK(err == NULL);
+    if (err) {
+        nereid_error_free(err);
+        nereid_request_free(req);
+        return;
+    }
     waiter_wait(&w, 1);
     CHECK(w.resp && !nereid_response_error(w.resp));
     CHECK(nereid_response_output_count(w.resp) == 1);
