@@ -198,3 +198,27 @@ def test_churn_streams_opened_and_cancelled(server, stub):
     out = list(stub.ModelStreamInfer(iter([body]), timeout=10))
     assert len(out) == 1 and out[0].error_message == ""
     assert server.proc.poll() is None
+
+
+def test_shutdown_with_calls_in_flight(nereid_server, tmp_path):
+    s = nereid_server(identity_repo(str(tmp_path / "models")), wait_port="grpc")
+    hold = threading.Event()
+
+    def requests():
+        for i in range(4):
+            yield slow(400, f"f{i}")
+        hold.wait()
+
+    with grpc.insecure_channel(s.grpc_addr) as ch:
+        stub = pbg.GRPCInferenceServiceStub(ch)
+        stream = stub.ModelStreamInfer(requests(), timeout=30)
+        unary = [stub.ModelInfer.future(slow(400, f"u{i}"), timeout=30) for i in range(4)]
+        time.sleep(0.15)
+        t0 = time.time()
+        assert s.stop() == 0  # SIGINT with work in flight: clean exit
+        assert time.time() - t0 < 20
+        hold.set()
+        with pytest.raises(grpc.RpcError):
+            list(stream)
+        for f in unary:
+            assert f.exception(timeout=10) is not None or f.result().id.startswith("u")
