@@ -200,7 +200,7 @@ def test_started_message_and_disable(nereid_server, tmp_path):
     off = nereid_server(repo, "--allow-grpc=false", wait_port=None)
     deadline = time.time() + 30
     while "nereid ready" not in off.output():
-        assert off.proc.poll() is None and time.time() < deadline
+        assert off.proc.poll() is None and time.time() < deadline, off.output()
         time.sleep(0.02)
     assert "GRPCInferenceService" not in off.output()
     with socket.socket() as sock:
