@@ -175,15 +175,16 @@ def test_deadline_on_stream(stub):
 def test_churn_streams_opened_and_cancelled(server, stub):
     n = 1000
     body = fp32("id_fp32", 1, "x")
+    busy = slow(2, "busy")  # still running on the backend when its stream is cancelled
     hold = threading.Event()
 
-    def requests():
-        yield body
+    def requests(first):
+        yield first
         hold.wait()
 
     calls = []
     for i in range(n):
-        call = stub.ModelStreamInfer(requests(), timeout=60)
+        call = stub.ModelStreamInfer(requests(busy if i % 4 == 1 else body), timeout=60)
         if i % 2 == 0:
             next(call)  # half of them cancelled after a response, half possibly before
         calls.append(call)
