@@ -264,3 +264,12 @@ def test_64_in_flight(stub):
     for i, (rid, out) in enumerate(results):
         assert rid == str(i) and np.all(out == i)
     assert sorted(f.result().id for f in futures) == sorted(f"s{i}" for i in range(32))
+
+
+def test_gzip_compressed_request(server):
+    with grpc.insecure_channel(server.grpc_addr, compression=grpc.Compression.Gzip) as ch:
+        stub = pbg.GRPCInferenceServiceStub(ch)
+        x = np.zeros(100000, np.float32)
+        r = stub.ModelInfer(infer_request(pb, "id_fp32", [("INPUT0", "FP32", [x.size], x)]),
+                            timeout=30, compression=grpc.Compression.Gzip)
+        assert r.raw_output_contents[0] == x.tobytes()
