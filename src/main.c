@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "config/config.h"
+#include "grpc/grpc_server.h"
 #include "http/http_server.h"
 #include "metrics/metrics_server.h"
 #include "nereid/server.h"
@@ -249,6 +250,7 @@ int main(int argc, char **argv)
     int exit_code = 0;
     http_server_t *http = NULL;
     metrics_server_t *metrics = NULL;
+    grpc_frontend_t *grpc_fe = NULL;
     if (cli.allow_http) {
         http_options_t ho;
         http_options_init(&ho);
@@ -269,12 +271,20 @@ int main(int argc, char **argv)
                 metrics_server_port(metrics));
     }
 
+    if (cli.allow_grpc) {
+        grpc_options_t gopts = {cli.grpc_address, cli.grpc_port, cli.grpc_infer_thread_count};
+        if ((err = grpc_frontend_start(server, &gopts, &grpc_fe))) goto frontend_failed;
+        fprintf(stderr, "Started GRPCInferenceService at %s:%d\n", cli.grpc_address,
+                grpc_frontend_port(grpc_fe));
+    }
+
     fprintf(stderr, "nereid ready\n");
     int sig;
     sigwait(&sigs, &sig);
     fprintf(stderr, "Signal (%d) received.\n", sig);
     http_server_stop(http); /* waits for in-flight inferences; the core still runs */
     metrics_server_stop(metrics);
+    grpc_frontend_stop(grpc_fe);
     nereid_server_free(server);
     return exit_code;
 
@@ -283,6 +293,7 @@ frontend_failed:
     nereid_error_free(err);
     http_server_stop(http);
     metrics_server_stop(metrics);
+    grpc_frontend_stop(grpc_fe);
     nereid_server_free(server);
     return 1;
 }

@@ -1,0 +1,1442 @@
+/*
+ * This file contains config_normalize: Triton's server-side auto-complete
+ * of backend fields, its defaults (version policy, preferred batch sizes,
+ * sequence idle time, pinned memory, instance groups) and its validation
+ * rules, with Triton's error texts. Each error is reported at the position
+ * of the offending field when the text-format parser recorded one. Checks
+ * in independent areas all run, so one pass reports every problem.
+ */
+#include <dirent.h>
+#include <libgen.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "config/config_internal.h"
+
+#define WILDCARD_DIM (-1)
+
+typedef struct nctx {
+    model_config_t *cfg;
+    const char *filename;
+    const char *name; /* cfg->name, for messages */
+    cfg_buf_t err;
+    int n_errors;
+} nctx_t;
+
+static void nerr(nctx_t *c, const void *msg, const char *field, int index, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+
+static void nerr(nctx_t *c, const void *msg, const char *field, int index, const char *fmt, ...)
+{
+    uint32_t line = 0, col = 0;
+    bool have = false;
+    if (msg) {
+        const ProtobufCMessage *m = msg;
+        uint32_t id = 0;
+        if (field) {
+            const ProtobufCFieldDescriptor *f = cfg_field_by_name(m->descriptor, field,
+                                                                  strlen(field));
+            if (f) id = f->id;
+        }
+        have = cfg_pos_find(c->cfg, msg, id, index, &line, &col);
+    }
+    if (have)
+        cfg_buf_printf(&c->err, "%s:%u:%u: ", c->filename, line, col);
+    else
+        cfg_buf_printf(&c->err, "%s: ", c->filename);
+    va_list ap;
+    va_start(ap, fmt);
+    cfg_buf_vprintf(&c->err, fmt, ap);
+    va_end(ap);
+    cfg_buf_puts(&c->err, "\n");
+    c->n_errors++;
+}
+
+static bool streq(const char *a, const char *b)
+{
+    return strcmp(a ? a : "", b ? b : "") == 0;
+}
+
+static bool empty(const char *s)
+{
+    return !s || !*s;
+}
+
+static const char *enum_name(const ProtobufCEnumDescriptor *d, int v)
+{
+    const ProtobufCEnumValue *ev = protobuf_c_enum_descriptor_get_value(d, v);
+    return ev ? ev->name : "<unknown>";
+}
+
+static bool valid_datatype(int v)
+{
+    return protobuf_c_enum_descriptor_get_value(&inference__data_type__descriptor, v) != NULL;
+}
+
+/* ---- auto-complete of backend fields ---- */
+
+typedef struct model_dir {
+    bool has_version;
+    char version_path[4096];
+} model_dir_t;
+
+static int cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Finds the model directory's first subdirectory (sorted by name), the one
+ * Triton inspects to guess the backend. */
+static void inspect_model_dir(const char *filename, model_dir_t *md)
+{
+    md->has_version = false;
+    if (!filename) return;
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s", filename);
+    const char *dir = dirname(tmp);
+    DIR *dp = opendir(dir);
+    if (!dp) return;
+    char *names[256];
+    size_t n = 0;
+    struct dirent *e;
+    while ((e = readdir(dp)) && n < 256) {
+        if (e->d_name[0] == '.') continue;
+        char p[4096];
+        struct stat st;
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        if (stat(p, &st) == 0 && S_ISDIR(st.st_mode)) {
+            names[n] = strdup(e->d_name);
+            if (names[n]) n++;
+        }
+    }
+    closedir(dp);
+    if (n) {
+        qsort(names, n, sizeof names[0], cmp_str);
+        md->has_version = true;
+        snprintf(md->version_path, sizeof md->version_path, "%s/%s", dir, names[0]);
+    }
+    for (size_t i = 0; i < n; i++) free(names[i]);
+}
+
+/* 1 = file, 2 = directory, 0 = absent */
+static int version_entry(const model_dir_t *md, const char *name)
+{
+    if (!md->has_version) return 0;
+    char p[8192];
+    struct stat st;
+    snprintf(p, sizeof p, "%s/%s", md->version_path, name);
+    if (stat(p, &st) != 0) return 0;
+    return S_ISDIR(st.st_mode) ? 2 : 1;
+}
+
+static int set_str(char **slot, const char *v)
+{
+    return cfg_set_string(slot, v);
+}
+
+/* Triton's AutoCompleteBackendFields. Returns false on error. */
+static bool autocomplete_backend(nctx_t *c, const char *model_name, const model_dir_t *md)
+{
+    model_config_t *cfg = c->cfg;
+    bool no_file = empty(cfg->default_model_filename);
+    if (empty(cfg->platform) && (empty(cfg->backend) || streq(cfg->backend, "tensorflow"))) {
+        if (streq(cfg->default_model_filename, "model.savedmodel"))
+            set_str(&cfg->platform, "tensorflow_savedmodel");
+        else if (streq(cfg->default_model_filename, "model.graphdef"))
+            set_str(&cfg->platform, "tensorflow_graphdef");
+        else if (no_file && version_entry(md, "model.savedmodel") == 2)
+            set_str(&cfg->platform, "tensorflow_savedmodel");
+        else if (no_file && version_entry(md, "model.graphdef") == 1)
+            set_str(&cfg->platform, "tensorflow_graphdef");
+    }
+    if (streq(cfg->platform, "tensorflow_savedmodel") || streq(cfg->platform, "tensorflow_graphdef")) {
+        if (empty(cfg->backend)) set_str(&cfg->backend, "tensorflow");
+        if (empty(cfg->default_model_filename))
+            set_str(&cfg->default_model_filename, streq(cfg->platform, "tensorflow_savedmodel")
+                                                       ? "model.savedmodel"
+                                                       : "model.graphdef");
+        return true;
+    }
+    static const struct {
+        const char *backend, *platform, *file;
+        int kind; /* required entry kind: 1 file, 3 file or directory */
+    } simple[] = {
+        {"tensorrt", "tensorrt_plan", "model.plan", 1},
+        {"onnxruntime", "onnxruntime_onnx", "model.onnx", 3},
+        {"openvino", NULL, "model.xml", 3},
+    };
+    for (size_t i = 0; i < sizeof simple / sizeof simple[0]; i++) {
+        if (empty(cfg->backend)) {
+            if ((simple[i].platform && streq(cfg->platform, simple[i].platform)) ||
+                streq(cfg->default_model_filename, simple[i].file)) {
+                set_str(&cfg->backend, simple[i].backend);
+            } else if (empty(cfg->platform) && no_file) {
+                int k = version_entry(md, simple[i].file);
+                if (k && (k & simple[i].kind)) set_str(&cfg->backend, simple[i].backend);
+            }
+        }
+        if (streq(cfg->backend, simple[i].backend)) {
+            if (simple[i].platform && empty(cfg->platform))
+                set_str(&cfg->platform, simple[i].platform);
+            if (empty(cfg->default_model_filename))
+                set_str(&cfg->default_model_filename, simple[i].file);
+            return true;
+        }
+    }
+    if (empty(cfg->backend)) {
+        if (streq(cfg->platform, "pytorch_libtorch") || streq(cfg->platform, "libtorch") ||
+            streq(cfg->default_model_filename, "model.pt")) {
+            set_str(&cfg->backend, "pytorch");
+        } else if (streq(cfg->platform, "torch_aoti") ||
+                   streq(cfg->default_model_filename, "model.pt2")) {
+            set_str(&cfg->backend, "pytorch");
+        } else if (md->has_version && no_file && empty(cfg->platform)) {
+            if (version_entry(md, "model.pt") == 1) {
+                set_str(&cfg->backend, "pytorch");
+                set_str(&cfg->platform, "pytorch_libtorch");
+            } else if (version_entry(md, "model.pt2") == 1) {
+                set_str(&cfg->backend, "pytorch");
+                set_str(&cfg->platform, "torch_aoti");
+            }
+        }
+    }
+    if (streq(cfg->backend, "pytorch")) {
+        if (empty(cfg->platform)) {
+            set_str(&cfg->platform, "pytorch_libtorch");
+            if (empty(cfg->default_model_filename))
+                set_str(&cfg->default_model_filename, "model.pt");
+        } else if (streq(cfg->platform, "torch_aoti") && empty(cfg->default_model_filename)) {
+            set_str(&cfg->default_model_filename, "model.pt2");
+        }
+        return true;
+    }
+    if (empty(cfg->backend)) {
+        if (streq(cfg->default_model_filename, "model.py"))
+            set_str(&cfg->backend, "python");
+        else if (empty(cfg->platform) && no_file && version_entry(md, "model.py"))
+            set_str(&cfg->backend, "python");
+    }
+    if (streq(cfg->backend, "python")) {
+        if (empty(cfg->default_model_filename)) set_str(&cfg->default_model_filename, "model.py");
+        return true;
+    }
+    if (empty(cfg->backend) && empty(cfg->platform) && empty(cfg->default_model_filename)) {
+        const char *dot = strchr(model_name, '.');
+        if (!dot) {
+            nerr(c, NULL, NULL, -1,
+                 "Invalid model name: Could not determine backend for model '%s' with no backend "
+                 "in model configuration. Expected model name of the form 'model.<backend_name>'.",
+                 model_name);
+            return false;
+        }
+        set_str(&cfg->backend, dot + 1);
+        char file[512];
+        snprintf(file, sizeof file, "model.%s", dot + 1);
+        set_str(&cfg->default_model_filename, file);
+    }
+    return true;
+}
+
+/* ---- defaults ---- */
+
+static bool append_int32(ProtobufCMessage *m, const char *field, int32_t v)
+{
+    const ProtobufCFieldDescriptor *f = cfg_field_by_name(m->descriptor, field, strlen(field));
+    int32_t *slot = f ? cfg_repeated_append(m, f) : NULL;
+    if (!slot) return false;
+    *slot = v;
+    return true;
+}
+
+static Inference__ModelOptimizationPolicy__PinnedMemoryBuffer *pinned_enabled(void)
+{
+    Inference__ModelOptimizationPolicy__PinnedMemoryBuffer *p = malloc(sizeof *p);
+    if (p) {
+        inference__model_optimization_policy__pinned_memory_buffer__init(p);
+        p->enable = 1;
+    }
+    return p;
+}
+
+static bool fill_defaults(nctx_t *c)
+{
+    model_config_t *cfg = c->cfg;
+    if (!cfg->version_policy) {
+        Inference__ModelVersionPolicy *vp = malloc(sizeof *vp);
+        Inference__ModelVersionPolicy__Latest *latest = malloc(sizeof *latest);
+        if (!vp || !latest) {
+            free(vp);
+            free(latest);
+            return false;
+        }
+        inference__model_version_policy__init(vp);
+        inference__model_version_policy__latest__init(latest);
+        latest->num_versions = 1;
+        vp->policy_choice_case = INFERENCE__MODEL_VERSION_POLICY__POLICY_CHOICE_LATEST;
+        vp->latest = latest;
+        cfg->version_policy = vp;
+    }
+    if (cfg->scheduling_choice_case == INFERENCE__MODEL_CONFIG__SCHEDULING_CHOICE_DYNAMIC_BATCHING &&
+        cfg->dynamic_batching) {
+        if (cfg->dynamic_batching->n_preferred_batch_size == 0 && cfg->max_batch_size > 0)
+            if (!append_int32(&cfg->dynamic_batching->base, "preferred_batch_size",
+                              cfg->max_batch_size))
+                return false;
+    }
+    if (cfg->scheduling_choice_case ==
+            INFERENCE__MODEL_CONFIG__SCHEDULING_CHOICE_SEQUENCE_BATCHING &&
+        cfg->sequence_batching) {
+        Inference__ModelSequenceBatching *sb = cfg->sequence_batching;
+        if (sb->max_sequence_idle_microseconds == 0) sb->max_sequence_idle_microseconds = 1000000;
+        if (sb->strategy_choice_case ==
+                INFERENCE__MODEL_SEQUENCE_BATCHING__STRATEGY_CHOICE_OLDEST &&
+            sb->oldest && sb->oldest->n_preferred_batch_size == 0 && cfg->max_batch_size > 0)
+            if (!append_int32(&sb->oldest->base, "preferred_batch_size", cfg->max_batch_size))
+                return false;
+    }
+    if (cfg->scheduling_choice_case !=
+        INFERENCE__MODEL_CONFIG__SCHEDULING_CHOICE_ENSEMBLE_SCHEDULING) {
+        if (!cfg->optimization) {
+            cfg->optimization = malloc(sizeof *cfg->optimization);
+            if (!cfg->optimization) return false;
+            inference__model_optimization_policy__init(cfg->optimization);
+        }
+        if (!cfg->optimization->input_pinned_memory)
+            cfg->optimization->input_pinned_memory = pinned_enabled();
+        if (!cfg->optimization->output_pinned_memory)
+            cfg->optimization->output_pinned_memory = pinned_enabled();
+        if (!cfg->optimization->input_pinned_memory || !cfg->optimization->output_pinned_memory)
+            return false;
+    }
+    return true;
+}
+
+static bool normalize_instance_groups(nctx_t *c, const config_options_t *opts)
+{
+    model_config_t *cfg = c->cfg;
+    if (cfg->scheduling_choice_case ==
+        INFERENCE__MODEL_CONFIG__SCHEDULING_CHOICE_ENSEMBLE_SCHEDULING)
+        return true;
+    if (cfg->n_instance_group == 0) {
+        const ProtobufCFieldDescriptor *f =
+            cfg_field_by_name(cfg->base.descriptor, "instance_group", 14);
+        Inference__ModelInstanceGroup **slot = cfg_repeated_append(&cfg->base, f);
+        if (!slot) return false;
+        *slot = malloc(sizeof **slot);
+        if (!*slot) {
+            cfg->n_instance_group--;
+            return false;
+        }
+        inference__model_instance_group__init(*slot);
+        if (set_str(&(*slot)->name, cfg->name) != 0) return false;
+    }
+    for (size_t i = 0; i < cfg->n_instance_group; i++) {
+        Inference__ModelInstanceGroup *g = cfg->instance_group[i];
+        if (empty(g->name)) {
+            char name[1024];
+            snprintf(name, sizeof name, "%s_%zu", cfg->name, i);
+            if (set_str(&g->name, name) != 0) return false;
+        }
+        if (g->kind == INFERENCE__MODEL_INSTANCE_GROUP__KIND__KIND_AUTO)
+            g->kind = (opts && opts->gpus_available)
+                          ? INFERENCE__MODEL_INSTANCE_GROUP__KIND__KIND_GPU
+                          : INFERENCE__MODEL_INSTANCE_GROUP__KIND__KIND_CPU;
+        if (g->count < 1) {
+            g->count = 1;
+            if (g->kind == INFERENCE__MODEL_INSTANCE_GROUP__KIND__KIND_CPU &&
+                (streq(cfg->backend, "tensorflow") || streq(cfg->backend, "onnxruntime")))
+                g->count = 2;
+        }
+    }
+    return true;
+}
+
+/* ---- validation ---- */
+
+/* Element count of dims: -1 when any dimension is variable. */
+static int64_t element_count(const int64_t *dims, size_t n)
+{
+    int64_t cnt = 1;
+    for (size_t i = 0; i < n; i++) {
+        if (dims[i] == WILDCARD_DIM) return -1;
+        if (dims[i] > 0 && cnt > INT64_MAX / dims[i]) return -2; /* overflow */
+        cnt *= dims[i];
+    }
+    return cnt;
+}
+
+/* Triton's ValidateIOShape. prefix is "model input " or "model output ". */
+static bool validate_io_shape(nctx_t *c, const ProtobufCMessage *io, const char *name, int dtype,
+                              const int64_t *dims, size_t n_dims,
+                              const Inference__ModelTensorReshape *reshape, const char *prefix)
+{
+    const char *mn = c->name;
+    if (empty(name)) {
+        nerr(c, io, "name", -1, "%smust specify 'name' for %s", prefix, mn);
+        return false;
+    }
+    if (dtype == INFERENCE__DATA_TYPE__TYPE_INVALID) {
+        nerr(c, io, "data_type", -1, "%s'%s' must specify 'data_type' for %s", prefix, name, mn);
+        return false;
+    }
+    if (!valid_datatype(dtype)) {
+        nerr(c, io, "data_type", -1, "%s'%s' has unknown data type %d for %s", prefix, name,
+             dtype, mn);
+        return false;
+    }
+    if (n_dims == 0) {
+        nerr(c, io, "dims", -1, "%s'%s' must specify 'dims' for %s", prefix, name, mn);
+        return false;
+    }
+    if (reshape && reshape->n_shape == 0 && c->cfg->max_batch_size == 0) {
+        nerr(c, io, "reshape", -1,
+             "%s'%s' cannot have empty reshape for non-batching model as scalar tensors are not "
+             "supported for %s",
+             prefix, name, mn);
+        return false;
+    }
+    for (size_t i = 0; i < n_dims; i++) {
+        if (dims[i] < 1 && dims[i] != WILDCARD_DIM) {
+            nerr(c, io, "dims", (int)i,
+                 "%s'%s' dimension must be integer >= 1, or -1 to indicate a variable-size "
+                 "dimension for %s",
+                 prefix, name, mn);
+            return false;
+        }
+    }
+    if (!reshape) return true;
+    for (size_t i = 0; i < reshape->n_shape; i++) {
+        if (reshape->shape[i] < 1 && reshape->shape[i] != WILDCARD_DIM) {
+            nerr(c, reshape, "shape", (int)i,
+                 "%s'%s' reshape dimensions must be integer >= 1, or -1 to indicate a "
+                 "variable-size dimension for %s",
+                 prefix, name, mn);
+            return false;
+        }
+    }
+    int64_t dims_size = element_count(dims, n_dims);
+    int64_t reshape_size = element_count(reshape->shape, reshape->n_shape);
+    if (dims_size == -2 || reshape_size == -2) {
+        nerr(c, io, "reshape", -1, "%s'%s' has too many elements in dims or reshape for %s",
+             prefix, name, mn);
+        return false;
+    }
+    if (reshape->n_shape == 0) reshape_size = 0;
+    if (dims_size != reshape_size && (reshape_size != 0 || dims_size != 1)) {
+        nerr(c, io, "reshape", -1, "%s'%s' has different size for dims and reshape for %s",
+             prefix, name, mn);
+        return false;
+    }
+    if (dims_size == -1) {
+        /* compare the element counts of the runs between variable dims */
+        int64_t a[64], b[64];
+        size_t na = 0, nb = 0;
+        int64_t cur = 1;
+        for (size_t i = 0; i < n_dims && na < 63; i++) {
+            if (dims[i] != WILDCARD_DIM)
+                cur *= dims[i];
+            else {
+                a[na++] = cur;
+                cur = 1;
+            }
+        }
+        a[na++] = cur;
+        cur = 1;
+        for (size_t i = 0; i < reshape->n_shape && nb < 63; i++) {
+            if (reshape->shape[i] != WILDCARD_DIM)
+                cur *= reshape->shape[i];
+            else {
+                b[nb++] = cur;
+                cur = 1;
+            }
+        }
+        b[nb++] = cur;
+        if (na != nb) {
+            nerr(c, io, "reshape", -1,
+                 "%s'%s' has different number of variable-size dimensions for dims and reshape "
+                 "for %s",
+                 prefix, name, mn);
+            return false;
+        }
+        for (size_t i = 0; i < na; i++) {
+            if (a[i] != b[i]) {
+                nerr(c, io, "reshape", -1,
+                     "%s'%s' has different size for dims and reshape for %s", prefix, name, mn);
+                return false;
+            }
+        }
+    }
+    return true;
+}
+
+static void validate_io(nctx_t *c, const config_options_t *opts)
+{
+    model_config_t *cfg = c->cfg;
+    bool is_trt = streq(cfg->platform, "tensorrt_plan");
+    for (size_t i = 0; i < cfg->n_input; i++) {
+        Inference__ModelInput *io = cfg->input[i];
+        if (!validate_io_shape(c, &io->base, io->name, io->data_type, io->dims, io->n_dims,
+                               io->reshape, "model input "))
+            continue;
+        if ((io->format == INFERENCE__MODEL_INPUT__FORMAT__FORMAT_NHWC ||
+             io->format == INFERENCE__MODEL_INPUT__FORMAT__FORMAT_NCHW) &&
+            io->n_dims != 3) {
+            nerr(c, io, "format", -1, "model input NHWC/NCHW require 3 dims for %s", c->name);
+            continue;
+        }
+        if (!is_trt && io->is_shape_tensor) {
+            nerr(c, io, "is_shape_tensor", -1,
+                 "shape tensors are only supported for TensorRT platform for %s", c->name);
+            continue;
+        }
+        if (io->is_non_linear_format_io && !is_trt) {
+            nerr(c, io, "is_non_linear_format_io", -1,
+                 "Non-linear IO format is only supported for the TensorRT platform for %s",
+                 c->name);
+            continue;
+        }
+        for (size_t j = 0; j < i; j++) {
+            if (streq(cfg->input[j]->name, io->name)) {
+                nerr(c, io, "name", -1, "model input '%s' is specified more than once for %s",
+                     io->name, c->name);
+                break;
+            }
+        }
+    }
+    for (size_t i = 0; i < cfg->n_output; i++) {
+        Inference__ModelOutput *io = cfg->output[i];
+        if (!validate_io_shape(c, &io->base, io->name, io->data_type, io->dims, io->n_dims,
+                               io->reshape, "model output "))
+            continue;
+        if (!is_trt && io->is_shape_tensor) {
+            nerr(c, io, "is_shape_tensor", -1,
+                 "shape tensors are only supported for TensorRT platform for %s", c->name);
+            continue;
+        }
+        if (io->is_non_linear_format_io && !is_trt) {
+            nerr(c, io, "is_non_linear_format_io", -1,
+                 "Non-linear IO format is only supported for the TensorRT platform for %s",
+                 c->name);
+            continue;
+        }
+        for (size_t j = 0; j < i; j++) {
+            if (streq(cfg->output[j]->name, io->name)) {
+                nerr(c, io, "name", -1, "model output '%s' is specified more than once for %s",
+                     io->name, c->name);
+                break;
+            }
+        }
+    }
+    if (!(opts && opts->allow_missing_io)) {
+        if (cfg->n_input == 0)
+            nerr(c, cfg, NULL, -1, "model configuration must specify at least one 'input' for %s",
+                 c->name);
+        if (cfg->n_output == 0)
+            nerr(c, cfg, NULL, -1,
+                 "model configuration must specify at least one 'output' for %s", c->name);
+    }
+    /* batch inputs and outputs */
+    for (size_t i = 0; i < cfg->n_batch_input; i++) {
+        Inference__BatchInput *bi = cfg->batch_input[i];
+        if (!protobuf_c_enum_descriptor_get_value(&inference__batch_input__kind__descriptor,
+                                                  bi->kind)) {
+            nerr(c, bi, "kind", -1, "unknown batch input kind '%d' for %s", bi->kind, c->name);
+            return;
+        }
+        if (bi->n_source_input != 1) {
+            nerr(c, bi, "source_input", -1,
+                 "batch input kind '%s' expects 1 source input, got %zu for %s",
+                 enum_name(&inference__batch_input__kind__descriptor, bi->kind),
+                 bi->n_source_input, c->name);
+            return;
+        }
+        if (bi->data_type != INFERENCE__DATA_TYPE__TYPE_INT32 &&
+            bi->data_type != INFERENCE__DATA_TYPE__TYPE_FP32) {
+            nerr(c, bi, "data_type", -1,
+                 "batch input data type must be TYPE_INT32 or TYPE_FP32 for %s", c->name);
+            return;
+        }
+        for (size_t k = 0; k < bi->n_source_input; k++) {
+            bool found = false;
+            for (size_t j = 0; j < cfg->n_input && !found; j++)
+                found = streq(cfg->input[j]->name, bi->source_input[k]);
+            if (!found) {
+                nerr(c, bi, "source_input", (int)k, "unknown source input name '%s' for %s",
+                     bi->source_input[k], c->name);
+                return;
+            }
+        }
+    }
+    for (size_t i = 0; i < cfg->n_batch_output; i++) {
+        Inference__BatchOutput *bo = cfg->batch_output[i];
+        if (bo->kind != INFERENCE__BATCH_OUTPUT__KIND__BATCH_SCATTER_WITH_INPUT_SHAPE) {
+            nerr(c, bo, "kind", -1, "unknown batch output kind '%d' for %s", bo->kind, c->name);
+            return;
+        }
+        if (bo->n_source_input != 1) {
+            nerr(c, bo, "source_input", -1,
+                 "batch output kind 'BATCH_SCATTER_WITH_INPUT_SHAPE' expects 1 source input, got "
+                 "%zu for %s",
+                 bo->n_source_input, c->name);
+            return;
+        }
+        for (size_t k = 0; k < bo->n_source_input; k++) {
+            bool found = false;
+            for (size_t j = 0; j < cfg->n_input && !found; j++)
+                found = streq(cfg->input[j]->name, bo->source_input[k]);
+            if (!found) {
+                nerr(c, bo, "source_input", (int)k, "unknown source input name '%s' for %s",
+                     bo->source_input[k], c->name);
+                return;
+            }
+        }
+        for (size_t k = 0; k < bo->n_target_name; k++) {
+            bool found = false;
+            for (size_t j = 0; j < cfg->n_output && !found; j++)
+                found = streq(cfg->output[j]->name, bo->target_name[k]);
+            if (!found) {
+                nerr(c, bo, "target_name", (int)k, "unknown target output name '%s' for %s",
+                     bo->target_name[k], c->name);
+                return;
+            }
+            for (size_t j = 0; j < k; j++) {
+                if (streq(bo->target_name[j], bo->target_name[k])) {
+                    nerr(c, bo, "target_name", (int)k,
+                         "target output name '%s' can only be specified once for %s",
+                         bo->target_name[k], c->name);
+                    return;
+                }
+            }
+        }
+    }
+}
+
+static const char *control_kind_name(int kind)
+{
+    return enum_name(&inference__model_sequence_batching__control__kind__descriptor, kind);
+}
+
+/* Triton's Get{Boolean,Typed}SequenceControlProperties checks for one kind. */
+static bool validate_control_kind(nctx_t *c, const Inference__ModelSequenceBatching *sb, int kind,
+                                  bool typed, int *corrid_type, const void **corrid_at)
+{
+    bool seen = false;
+    for (size_t i = 0; i < sb->n_control_input; i++) {
+        const Inference__ModelSequenceBatching__ControlInput *ci = sb->control_input[i];
+        if (empty(ci->name)) {
+            nerr(c, ci, "name", -1, "sequence batching control tensor must have a name for %s",
+                 c->name);
+            return false;
+        }
+        for (size_t j = 0; j < i; j++) {
+            if (streq(sb->control_input[j]->name, ci->name)) {
+                nerr(c, ci, "name", -1,
+                     "sequence batching control tensor '%s' is specified for multiple control "
+                     "kinds for %s",
+                     ci->name, c->name);
+                return false;
+            }
+        }
+        for (size_t k = 0; k < ci->n_control; k++) {
+            const Inference__ModelSequenceBatching__Control *ctl = ci->control[k];
+            if ((int)ctl->kind != kind) continue;
+            if (seen) {
+                nerr(c, ctl, "kind", -1, "sequence batching specifies multiple %s tensors for %s",
+                     control_kind_name(kind), c->name);
+                return false;
+            }
+            seen = true;
+            size_t ni = ctl->n_int32_false_true, nf = ctl->n_fp32_false_true,
+                   nb = ctl->n_bool_false_true;
+            if (typed) {
+                if (ni || nf || nb) {
+                    nerr(c, ctl, ni ? "int32_false_true" : nf ? "fp32_false_true" : "bool_false_true",
+                         -1,
+                         "sequence batching must not specify either 'int32_false_true', "
+                         "'fp32_false_true' or 'bool_false_true' for %s for %s",
+                         control_kind_name(kind), c->name);
+                    return false;
+                }
+                *corrid_type = ctl->data_type;
+                *corrid_at = ctl;
+                continue;
+            }
+            if (!ni && !nf && !nb) {
+                nerr(c, ctl, NULL, -1,
+                     "sequence batching must specify either 'int32_false_true', "
+                     "'fp32_false_true' or 'bool_false_true' for %s for %s",
+                     control_kind_name(kind), c->name);
+                return false;
+            }
+            if ((ni && nf) || (ni && nb) || (nf && nb)) {
+                nerr(c, ctl, nf ? "fp32_false_true" : "bool_false_true", -1,
+                     "sequence batching specifies more than one from 'int32_false_true', "
+                     "'fp32_false_true' and 'bool_false_true' for %s for %s",
+                     control_kind_name(kind), c->name);
+                return false;
+            }
+            const char *which = ni ? "int32_false_true" : nf ? "fp32_false_true" : "bool_false_true";
+            size_t cnt = ni ? ni : nf ? nf : nb;
+            if (cnt != 2) {
+                nerr(c, ctl, which, -1,
+                     "sequence batching control '%s' must have exactly 2 entries for %s for %s",
+                     which, control_kind_name(kind), c->name);
+                return false;
+            }
+        }
+    }
+    return true;
+}
+
+static void validate_sequence_batching(nctx_t *c)
+{
+    model_config_t *cfg = c->cfg;
+    Inference__ModelSequenceBatching *sb = cfg->sequence_batching;
+    if (cfg->response_cache && cfg->response_cache->enable) {
+        nerr(c, cfg->response_cache, "enable", -1,
+             "Response Cache does not currently support model %s with sequence batching "
+             "scheduler. Please disable the response cache.",
+             c->name);
+        return;
+    }
+    int corrid_type = 0;
+    const void *corrid_at = NULL;
+    if (!validate_control_kind(c, sb, INFERENCE__MODEL_SEQUENCE_BATCHING__CONTROL__KIND__CONTROL_SEQUENCE_START,
+                               false, &corrid_type, &corrid_at) ||
+        !validate_control_kind(c, sb, INFERENCE__MODEL_SEQUENCE_BATCHING__CONTROL__KIND__CONTROL_SEQUENCE_END,
+                               false, &corrid_type, &corrid_at) ||
+        !validate_control_kind(c, sb, INFERENCE__MODEL_SEQUENCE_BATCHING__CONTROL__KIND__CONTROL_SEQUENCE_READY,
+                               false, &corrid_type, &corrid_at) ||
+        !validate_control_kind(c, sb, INFERENCE__MODEL_SEQUENCE_BATCHING__CONTROL__KIND__CONTROL_SEQUENCE_CORRID,
+                               true, &corrid_type, &corrid_at))
+        return;
+    if (corrid_at && corrid_type != INFERENCE__DATA_TYPE__TYPE_UINT64 &&
+        corrid_type != INFERENCE__DATA_TYPE__TYPE_INT64 &&
+        corrid_type != INFERENCE__DATA_TYPE__TYPE_UINT32 &&
+        corrid_type != INFERENCE__DATA_TYPE__TYPE_INT32 &&
+        corrid_type != INFERENCE__DATA_TYPE__TYPE_STRING) {
+        nerr(c, corrid_at, "data_type", -1,
+             "unexpected data type for control CONTROL_SEQUENCE_CORRID for %s. Allowed data "
+             "types are TYPE_UINT64, TYPE_INT64, TYPE_UINT32, TYPE_INT32 and TYPE_STRING",
+             c->name);
+        return;
+    }
+    for (size_t i = 0; i < sb->n_control_input; i++) {
+        const Inference__ModelSequenceBatching__ControlInput *ci = sb->control_input[i];
+        for (size_t k = 0; k < ci->n_control; k++) {
+            if (!protobuf_c_enum_descriptor_get_value(
+                    &inference__model_sequence_batching__control__kind__descriptor,
+                    ci->control[k]->kind)) {
+                nerr(c, ci->control[k], "kind", -1, "unknown sequence batching control kind %d for %s",
+                     ci->control[k]->kind, c->name);
+                return;
+            }
+        }
+    }
+    if (sb->strategy_choice_case == INFERENCE__MODEL_SEQUENCE_BATCHING__STRATEGY_CHOICE_OLDEST &&
+        sb->oldest) {
+        for (size_t i = 0; i < sb->oldest->n_preferred_batch_size; i++) {
+            int32_t size = sb->oldest->preferred_batch_size[i];
+            if (size <= 0) {
+                nerr(c, sb->oldest, "preferred_batch_size", (int)i,
+                     "sequence batching preferred batch size must be positive for %s", c->name);
+                return;
+            }
+            if (size > cfg->max_batch_size) {
+                nerr(c, sb->oldest, "preferred_batch_size", (int)i,
+                     "sequence batching preferred batch size must be <= max batch size for %s",
+                     c->name);
+                return;
+            }
+        }
+    }
+    if (sb->strategy_choice_case == INFERENCE__MODEL_SEQUENCE_BATCHING__STRATEGY_CHOICE_DIRECT &&
+        sb->direct) {
+        float u = sb->direct->minimum_slot_utilization;
+        if (!(u >= 0.0f && u <= 1.0f)) {
+            nerr(c, sb->direct, "minimum_slot_utilization", -1,
+                 "sequence batching minimum slot utilization must be in range (0.0, 1.0] for %s",
+                 c->name);
+            return;
+        }
+    }
+    /* implicit state */
+    for (size_t i = 0; i < sb->n_state; i++) {
+        const Inference__ModelSequenceBatching__State *st = sb->state[i];
+        if (empty(st->input_name)) {
+            nerr(c, st, "input_name", -1, "sequence batching state must specify 'input_name' for %s",
+                 c->name);
+            continue;
+        }
+        if (empty(st->output_name)) {
+            nerr(c, st, "output_name", -1,
+                 "sequence batching state '%s' must specify 'output_name' for %s", st->input_name,
+                 c->name);
+            continue;
+        }
+        if (st->data_type == INFERENCE__DATA_TYPE__TYPE_INVALID || !valid_datatype(st->data_type)) {
+            nerr(c, st, "data_type", -1,
+                 "sequence batching state '%s' must specify a valid 'data_type' for %s",
+                 st->input_name, c->name);
+            continue;
+        }
+        if (st->n_dims == 0) {
+            nerr(c, st, "dims", -1, "sequence batching state '%s' must specify 'dims' for %s",
+                 st->input_name, c->name);
+            continue;
+        }
+        bool bad = false;
+        for (size_t d = 0; d < st->n_dims && !bad; d++) {
+            if (st->dims[d] < 1 && st->dims[d] != WILDCARD_DIM) {
+                nerr(c, st, "dims", (int)d,
+                     "sequence batching state '%s' dimension must be integer >= 1, or -1 to "
+                     "indicate a variable-size dimension for %s",
+                     st->input_name, c->name);
+                bad = true;
+            }
+        }
+        for (size_t j = 0; j < i && !bad; j++) {
+            if (streq(sb->state[j]->input_name, st->input_name)) {
+                nerr(c, st, "input_name", -1,
+                     "sequence batching state input name '%s' is specified more than once for %s",
+                     st->input_name, c->name);
+                bad = true;
+            } else if (streq(sb->state[j]->output_name, st->output_name)) {
+                nerr(c, st, "output_name", -1,
+                     "sequence batching state output name '%s' is specified more than once for %s",
+                     st->output_name, c->name);
+                bad = true;
+            }
+        }
+        if (bad) continue;
+        if (st->use_growable_memory && !st->use_same_buffer_for_input_output) {
+            nerr(c, st, "use_growable_memory", -1,
+                 "sequence batching state '%s' can only use growable memory together with "
+                 "'use_same_buffer_for_input_output' for %s",
+                 st->input_name, c->name);
+            continue;
+        }
+        for (size_t k = 0; k < st->n_initial_state; k++) {
+            const Inference__ModelSequenceBatching__InitialState *is = st->initial_state[k];
+            if (empty(is->name)) {
+                nerr(c, is, "name", -1,
+                     "initial state of sequence batching state '%s' must specify 'name' for %s",
+                     st->input_name, c->name);
+                break;
+            }
+            if (is->state_data_case ==
+                INFERENCE__MODEL_SEQUENCE_BATCHING__INITIAL_STATE__STATE_DATA__NOT_SET) {
+                nerr(c, is, NULL, -1,
+                     "initial state '%s' must specify either 'zero_data' or 'data_file' for %s",
+                     is->name, c->name);
+                break;
+            }
+            if (is->state_data_case ==
+                    INFERENCE__MODEL_SEQUENCE_BATCHING__INITIAL_STATE__STATE_DATA_DATA_FILE &&
+                empty(is->data_file)) {
+                nerr(c, is, "data_file", -1, "initial state '%s' has an empty 'data_file' for %s",
+                     is->name, c->name);
+                break;
+            }
+            if (is->data_type != st->data_type) {
+                nerr(c, is, "data_type", -1,
+                     "initial state '%s' data type %s does not match the state data type %s for "
+                     "%s",
+                     is->name, enum_name(&inference__data_type__descriptor, is->data_type),
+                     enum_name(&inference__data_type__descriptor, st->data_type), c->name);
+                break;
+            }
+            bool dims_ok = is->n_dims == st->n_dims;
+            for (size_t d = 0; d < is->n_dims && dims_ok; d++) {
+                if (is->dims[d] < 1) dims_ok = false;
+                else if (st->dims[d] != WILDCARD_DIM && st->dims[d] != is->dims[d])
+                    dims_ok = false;
+            }
+            if (!dims_ok) {
+                nerr(c, is, "dims", -1,
+                     "initial state '%s' dims must be fixed (>= 1) and match the dims of state "
+                     "'%s' for %s",
+                     is->name, st->input_name, c->name);
+                break;
+            }
+        }
+    }
+}
+
+static void validate_dynamic_batching(nctx_t *c)
+{
+    model_config_t *cfg = c->cfg;
+    Inference__ModelDynamicBatching *db = cfg->dynamic_batching;
+    for (size_t i = 0; i < db->n_preferred_batch_size; i++) {
+        int32_t size = db->preferred_batch_size[i];
+        if (size <= 0) {
+            nerr(c, db, "preferred_batch_size", (int)i,
+                 "dynamic batching preferred size must be positive for %s", c->name);
+            return;
+        }
+        if (size > cfg->max_batch_size) {
+            nerr(c, db, "preferred_batch_size", (int)i,
+                 "dynamic batching preferred size must be <= max batch size for %s", c->name);
+            return;
+        }
+    }
+    uint64_t levels = db->priority_levels;
+    if (levels != 0) {
+        if (db->default_priority_level == 0 || db->default_priority_level > levels) {
+            nerr(c, db, "default_priority_level", -1,
+                 "default priority level must be in range [1, %llu] for %s",
+                 (unsigned long long)levels, c->name);
+            return;
+        }
+        for (size_t i = 0; i < db->n_priority_queue_policy; i++) {
+            uint64_t key = db->priority_queue_policy[i]->key;
+            if (key == 0 || key > levels) {
+                nerr(c, db, "priority_queue_policy", (int)i,
+                     "priority queue policy must have priority level in range [1, %llu] for %s",
+                     (unsigned long long)levels, c->name);
+                return;
+            }
+        }
+    } else if (db->n_priority_queue_policy > 0) {
+        nerr(c, db, "priority_queue_policy", 0,
+             "priority queue policy must have priority level in range [1, 0] for %s (set "
+             "'priority_levels' to use priority queue policies)",
+             c->name);
+        return;
+    }
+    for (size_t i = 0; i < db->n_priority_queue_policy; i++) {
+        for (size_t j = 0; j < i; j++) {
+            if (db->priority_queue_policy[j]->key == db->priority_queue_policy[i]->key) {
+                nerr(c, db, "priority_queue_policy", (int)i,
+                     "priority queue policy for priority level %llu is specified more than once "
+                     "for %s",
+                     (unsigned long long)db->priority_queue_policy[i]->key, c->name);
+                return;
+            }
+        }
+    }
+    if (db->preserve_ordering) {
+        if (levels > 1) {
+            nerr(c, db, "preserve_ordering", -1,
+                 "Only one priority level is allowed when 'preserve_ordering' is true for %s",
+                 c->name);
+            return;
+        }
+        const Inference__ModelQueuePolicy *dp = db->default_queue_policy;
+        if (dp && dp->default_timeout_microseconds != 0 &&
+            dp->timeout_action == INFERENCE__MODEL_QUEUE_POLICY__TIMEOUT_ACTION__DELAY) {
+            nerr(c, dp, "timeout_action", -1,
+                 "Queue policy can not have DELAY as timeout action when 'preserve_ordering' is "
+                 "true for %s",
+                 c->name);
+            return;
+        }
+        for (size_t i = 0; i < db->n_priority_queue_policy; i++) {
+            const Inference__ModelQueuePolicy *qp = db->priority_queue_policy[i]->value;
+            if (qp && qp->default_timeout_microseconds != 0 &&
+                qp->timeout_action == INFERENCE__MODEL_QUEUE_POLICY__TIMEOUT_ACTION__DELAY) {
+                nerr(c, qp, "timeout_action", -1,
+                     "Queue policy can not have DELAY as timeout action when 'preserve_ordering' "
+                     "is true for %s",
+                     c->name);
+                return;
+            }
+        }
+    }
+}
+
+/* ---- ensembles ---- */
+
+typedef struct ens_tensor {
+    const char *name;
+    bool is_output; /* produced by some step */
+    bool ready;
+    size_t *prev, n_prev; /* tensors this one depends on */
+    size_t *next, n_next;
+} ens_tensor_t;
+
+typedef struct ens_graph {
+    ens_tensor_t *t;
+    size_t n, cap;
+} ens_graph_t;
+
+static size_t ens_find(const ens_graph_t *g, const char *name)
+{
+    for (size_t i = 0; i < g->n; i++)
+        if (strcmp(g->t[i].name, name) == 0) return i;
+    return (size_t)-1;
+}
+
+static size_t ens_add(ens_graph_t *g, const char *name, bool is_output)
+{
+    if (g->n == g->cap) {
+        size_t cap = g->cap ? g->cap * 2 : 16;
+        ens_tensor_t *p = realloc(g->t, cap * sizeof *p);
+        if (!p) return (size_t)-1;
+        g->t = p;
+        g->cap = cap;
+    }
+    g->t[g->n] = (ens_tensor_t){.name = name, .is_output = is_output};
+    return g->n++;
+}
+
+static bool push_idx(size_t **arr, size_t *n, size_t v)
+{
+    size_t *p = realloc(*arr, (*n + 1) * sizeof *p);
+    if (!p) return false;
+    *arr = p;
+    p[(*n)++] = v;
+    return true;
+}
+
+static void ens_free(ens_graph_t *g)
+{
+    for (size_t i = 0; i < g->n; i++) {
+        free(g->t[i].prev);
+        free(g->t[i].next);
+    }
+    free(g->t);
+}
+
+static void validate_ensemble(nctx_t *c)
+{
+    model_config_t *cfg = c->cfg;
+    Inference__ModelEnsembling *es = cfg->ensemble_scheduling;
+    if (!streq(cfg->platform, "ensemble")) {
+        nerr(c, es, NULL, -1,
+             "ensemble scheduling cannot be set for model '%s' whose platform is not ensemble",
+             c->name);
+        return;
+    }
+    if (cfg->n_instance_group != 0) {
+        nerr(c, cfg, "instance_group", -1,
+             "instance group should not be specified for ensemble '%s'", c->name);
+        return;
+    }
+    if (cfg->optimization) {
+        nerr(c, cfg, "optimization", -1, "optimization should not be specified for ensemble '%s'",
+             c->name);
+        return;
+    }
+    if (cfg->n_model_warmup != 0) {
+        nerr(c, cfg, "model_warmup", -1, "model_warmup can not be specified for ensemble '%s'",
+             c->name);
+        return;
+    }
+    if (es->n_step == 0) {
+        nerr(c, es, NULL, -1, "must specify 'step' for ensemble '%s'", c->name);
+        return;
+    }
+    ens_graph_t g = {0};
+    bool ok = true;
+    for (size_t s = 0; s < es->n_step && ok; s++) {
+        const Inference__ModelEnsembling__Step *st = es->step[s];
+        if (empty(st->model_name)) {
+            nerr(c, st, NULL, -1, "must specify 'model_name' in step %zu of ensemble '%s'", s,
+                 c->name);
+            ok = false;
+            break;
+        }
+        if (st->n_input_map == 0) {
+            nerr(c, st, NULL, -1, "must specify 'input_map' in step %zu of ensemble '%s'", s,
+                 c->name);
+            ok = false;
+            break;
+        }
+        if (st->n_output_map == 0) {
+            nerr(c, st, NULL, -1, "must specify 'output_map' in step %zu of ensemble '%s'", s,
+                 c->name);
+            ok = false;
+            break;
+        }
+        size_t outs[256];
+        size_t n_outs = 0;
+        for (size_t k = 0; k < st->n_output_map && ok; k++) {
+            const char *tn = st->output_map[k]->value;
+            size_t idx = ens_find(&g, tn);
+            if (idx != (size_t)-1) {
+                if (g.t[idx].is_output) {
+                    nerr(c, st, "output_map", (int)k,
+                         "ensemble tensor '%s' can appear in an output map only once for "
+                         "ensemble '%s' step %zu",
+                         tn, c->name, s);
+                    ok = false;
+                    break;
+                }
+                g.t[idx].is_output = true;
+            } else {
+                idx = ens_add(&g, tn, true);
+                if (idx == (size_t)-1) ok = false;
+            }
+            if (ok && n_outs < 256) outs[n_outs++] = idx;
+        }
+        for (size_t k = 0; k < st->n_input_map && ok; k++) {
+            for (size_t j = 0; j < k; j++) {
+                if (streq(st->input_map[j]->key, st->input_map[k]->key)) {
+                    nerr(c, st, "input_map", (int)k,
+                         "input '%s' in model '%s' is mapped to multiple ensemble tensors for "
+                         "ensemble '%s' step %zu",
+                         st->input_map[k]->key, st->model_name, c->name, s);
+                    ok = false;
+                    break;
+                }
+            }
+            if (!ok) break;
+            const char *tn = st->input_map[k]->value;
+            size_t idx = ens_find(&g, tn);
+            if (idx == (size_t)-1) idx = ens_add(&g, tn, false);
+            if (idx == (size_t)-1) {
+                ok = false;
+                break;
+            }
+            for (size_t o = 0; o < n_outs && ok; o++) {
+                ok = push_idx(&g.t[outs[o]].prev, &g.t[outs[o]].n_prev, idx) &&
+                     push_idx(&g.t[idx].next, &g.t[idx].n_next, outs[o]);
+            }
+        }
+    }
+    if (!ok) goto done;
+    /* propagate readiness from the ensemble inputs */
+    size_t *queue = malloc((g.n + 1) * sizeof *queue);
+    if (!queue) goto done;
+    size_t qh = 0, qt = 0;
+    for (size_t i = 0; i < cfg->n_input; i++) {
+        size_t idx = ens_find(&g, cfg->input[i]->name);
+        if (idx == (size_t)-1) {
+            nerr(c, cfg->input[i], "name", -1, "ensemble input '%s' for ensemble %s' is not used",
+                 cfg->input[i]->name, c->name);
+            free(queue);
+            goto done;
+        }
+        if (!g.t[idx].ready) {
+            g.t[idx].ready = true;
+            queue[qt++] = idx;
+        }
+    }
+    while (qh < qt) {
+        ens_tensor_t *r = &g.t[queue[qh++]];
+        for (size_t k = 0; k < r->n_next; k++) {
+            ens_tensor_t *nx = &g.t[r->next[k]];
+            if (nx->ready) continue;
+            bool all = true;
+            for (size_t j = 0; j < nx->n_prev && all; j++) all = g.t[nx->prev[j]].ready;
+            if (all) {
+                nx->ready = true;
+                queue[qt++] = r->next[k];
+            }
+        }
+    }
+    free(queue);
+    for (size_t i = 0; i < cfg->n_output; i++) {
+        size_t idx = ens_find(&g, cfg->output[i]->name);
+        if (idx == (size_t)-1) {
+            nerr(c, cfg->output[i], "name", -1, "ensemble output '%s' for ensemble %s' is not used",
+                 cfg->output[i]->name, c->name);
+            goto done;
+        }
+        if (!g.t[idx].ready) {
+            /* walk back to a tensor nothing produces, for a helpful message */
+            size_t last = idx, cur = idx;
+            size_t guard = 0;
+            for (;;) {
+                size_t found = (size_t)-1;
+                for (size_t j = 0; j < g.t[cur].n_prev; j++) {
+                    size_t pv = g.t[cur].prev[j];
+                    if (!g.t[pv].ready && pv != idx && pv != last) {
+                        found = pv;
+                        break;
+                    }
+                }
+                if (found == (size_t)-1 || ++guard > g.n) break;
+                last = cur = found;
+            }
+            if (last != idx)
+                nerr(c, cfg->output[i], "name", -1,
+                     "output '%s' for ensemble '%s' is not written: at least one of its "
+                     "depending tensors, '%s', is not connected",
+                     cfg->output[i]->name, c->name, g.t[last].name);
+            else
+                nerr(c, cfg->output[i], "name", -1, "output '%s' for ensemble '%s' is not written",
+                     cfg->output[i]->name, c->name);
+            goto done;
+        }
+    }
+    for (size_t i = 0; i < g.n; i++) {
+        bool is_ens_output = false;
+        for (size_t k = 0; k < cfg->n_output && !is_ens_output; k++)
+            is_ens_output = streq(cfg->output[k]->name, g.t[i].name);
+        if (is_ens_output) continue;
+        if (!g.t[i].ready || g.t[i].n_next == 0) {
+            nerr(c, es, NULL, -1, "ensemble tensor '%s' is unused in ensemble '%s'", g.t[i].name,
+                 c->name);
+            goto done;
+        }
+    }
+done:
+    ens_free(&g);
+}
+
+static void validate_instance_groups(nctx_t *c, const config_options_t *opts)
+{
+    model_config_t *cfg = c->cfg;
+    if (cfg->scheduling_choice_case ==
+        INFERENCE__MODEL_CONFIG__SCHEDULING_CHOICE_ENSEMBLE_SCHEDULING)
+        return;
+    for (size_t i = 0; i < cfg->n_instance_group; i++) {
+        const Inference__ModelInstanceGroup *g = cfg->instance_group[i];
+        switch (g->kind) {
+        case INFERENCE__MODEL_INSTANCE_GROUP__KIND__KIND_MODEL:
+            if (g->n_gpus > 0) {
+                nerr(c, g, "gpus", -1,
+                     "instance group %s of model %s has kind KIND_MODEL but specifies one or more "
+                     "GPUs",
+                     g->name, c->name);
+                continue;
+            }
+            break;
+        case INFERENCE__MODEL_INSTANCE_GROUP__KIND__KIND_GPU:
+            if (!(opts && opts->gpus_available)) {
+                nerr(c, g, "kind", -1,
+                     "instance group %s of model %s has kind KIND_GPU but server does not "
+                     "support GPUs",
+                     g->name, c->name);
+                continue;
+            }
+            break;
+        case INFERENCE__MODEL_INSTANCE_GROUP__KIND__KIND_CPU:
+            if (g->n_gpus > 0) {
+                nerr(c, g, "gpus", -1,
+                     "instance group %s of model %s has kind KIND_CPU but specifies one or more "
+                     "GPUs",
+                     g->name, c->name);
+                continue;
+            }
+            break;
+        default:
+            nerr(c, g, "kind", -1, "instance group %s of model %s has unexpected kind %d",
+                 g->name, c->name, g->kind);
+            continue;
+        }
+        if (!streq(cfg->platform, "tensorrt_plan") && g->n_profile > 0) {
+            nerr(c, g, "profile", -1,
+                 "instance group %s of model %s and platform %sspecifies profile field which is "
+                 "only supported for TensorRT models",
+                 g->name, c->name, cfg->platform);
+            continue;
+        }
+        for (size_t k = 0; k < g->n_secondary_devices; k++) {
+            if (g->secondary_devices[k]->kind !=
+                INFERENCE__MODEL_INSTANCE_GROUP__SECONDARY_DEVICE__SECONDARY_DEVICE_KIND__KIND_NVDLA) {
+                nerr(c, g->secondary_devices[k], "kind", -1,
+                     "instance group %s of model %s has unknown secondary device kind", g->name,
+                     c->name);
+                break;
+            }
+        }
+    }
+}
+
+static void validate_model_metrics(nctx_t *c)
+{
+    const Inference__ModelMetrics *mm = c->cfg->model_metrics;
+    for (size_t i = 0; i < mm->n_metric_control; i++) {
+        const Inference__ModelMetrics__MetricControl *mc = mm->metric_control[i];
+        if (!mc->metric_identifier) {
+            nerr(c, mc, NULL, -1, "metric control must specify 'metric_identifier'");
+            return;
+        }
+        if (empty(mc->metric_identifier->family)) {
+            nerr(c, mc->metric_identifier, "family", -1,
+                 "metric identifier must specify non-empty 'family'");
+            return;
+        }
+        if (mc->metric_options_case !=
+                INFERENCE__MODEL_METRICS__METRIC_CONTROL__METRIC_OPTIONS_HISTOGRAM_OPTIONS ||
+            !mc->histogram_options) {
+            nerr(c, mc, NULL, -1, "metric control must specify 'histogram_options'");
+            return;
+        }
+        if (mc->histogram_options->n_buckets == 0) {
+            nerr(c, mc->histogram_options, NULL, -1,
+                 "histogram options must specify non-empty 'buckets'");
+            return;
+        }
+    }
+}
+
+static void validate_warmup(nctx_t *c)
+{
+    model_config_t *cfg = c->cfg;
+    for (size_t i = 0; i < cfg->n_model_warmup; i++) {
+        const Inference__ModelWarmup *w = cfg->model_warmup[i];
+        if (w->batch_size == 0) {
+            nerr(c, w, "batch_size", -1,
+                 "model warmup setting '%s' must specify a 'batch_size' >= 1 for %s", w->name,
+                 c->name);
+            continue;
+        }
+        if ((cfg->max_batch_size == 0 && w->batch_size != 1) ||
+            (cfg->max_batch_size > 0 && w->batch_size > (uint32_t)cfg->max_batch_size)) {
+            nerr(c, w, "batch_size", -1,
+                 "model warmup setting '%s' has 'batch_size' %u larger than the model allows "
+                 "for %s",
+                 w->name, w->batch_size, c->name);
+            continue;
+        }
+        for (size_t k = 0; k < w->n_inputs; k++) {
+            const Inference__ModelWarmup__Input *in = w->inputs[k]->value;
+            if (!in || in->input_data_type_case ==
+                           INFERENCE__MODEL_WARMUP__INPUT__INPUT_DATA_TYPE__NOT_SET) {
+                nerr(c, w, "inputs", (int)k,
+                     "model warmup input '%s' of setting '%s' must specify one of 'zero_data', "
+                     "'random_data' or 'input_data_file' for %s",
+                     w->inputs[k]->key, w->name, c->name);
+                break;
+            }
+            if (in->data_type == INFERENCE__DATA_TYPE__TYPE_INVALID ||
+                !valid_datatype(in->data_type)) {
+                nerr(c, w, "inputs", (int)k,
+                     "model warmup input '%s' of setting '%s' must specify a valid 'data_type' "
+                     "for %s",
+                     w->inputs[k]->key, w->name, c->name);
+                break;
+            }
+        }
+    }
+}
+
+/* Triton's ValidateModelConfig (and the checks that go with it). */
+static void validate_model_config(nctx_t *c)
+{
+    model_config_t *cfg = c->cfg;
+    if (empty(cfg->backend)) {
+        if (!streq(cfg->platform, "ensemble")) {
+            nerr(c, cfg, "platform", -1, "unexpected platform type '%s' for %s", cfg->platform,
+                 c->name);
+            return;
+        }
+    } else if (streq(cfg->platform, "ensemble")) {
+        nerr(c, cfg, "backend", -1,
+             "Ensemble model '%s' must have platform type '%s' and empty backend type", c->name,
+             cfg->platform);
+        return;
+    }
+    /* a known backend must be paired with its own platform */
+    static const struct {
+        const char *backend;
+        const char *platforms[3];
+    } known[] = {
+        {"tensorflow", {"tensorflow_graphdef", "tensorflow_savedmodel", NULL}},
+        {"tensorrt", {"tensorrt_plan", NULL, NULL}},
+        {"onnxruntime", {"onnxruntime_onnx", NULL, NULL}},
+        {"pytorch", {"pytorch_libtorch", "libtorch", "torch_aoti"}},
+    };
+    for (size_t i = 0; i < sizeof known / sizeof known[0]; i++) {
+        if (!streq(cfg->backend, known[i].backend)) continue;
+        bool match = false;
+        for (size_t k = 0; k < 3 && known[i].platforms[k]; k++)
+            match |= streq(cfg->platform, known[i].platforms[k]);
+        if (!match)
+            nerr(c, cfg, "platform", -1, "unexpected 'platform' and 'backend' pair, got:%s, %s",
+                 cfg->platform, cfg->backend);
+        break;
+    }
+    if (cfg->max_batch_size < 0)
+        nerr(c, cfg, "max_batch_size", -1, "'max_batch_size' must be non-negative value for %s",
+             c->name);
+    if (cfg->version_policy) {
+        const Inference__ModelVersionPolicy *vp = cfg->version_policy;
+        if (vp->policy_choice_case == INFERENCE__MODEL_VERSION_POLICY__POLICY_CHOICE__NOT_SET)
+            nerr(c, vp, NULL, -1,
+                 "version_policy must specify one of 'latest', 'all' or 'specific' for %s",
+                 c->name);
+        else if (vp->policy_choice_case == INFERENCE__MODEL_VERSION_POLICY__POLICY_CHOICE_LATEST &&
+                 vp->latest && vp->latest->num_versions == 0)
+            nerr(c, vp->latest, "num_versions", -1,
+                 "version_policy latest 'num_versions' must be >= 1 for %s", c->name);
+        else if (vp->policy_choice_case ==
+                     INFERENCE__MODEL_VERSION_POLICY__POLICY_CHOICE_SPECIFIC &&
+                 vp->specific) {
+            for (size_t i = 0; i < vp->specific->n_versions; i++) {
+                if (vp->specific->versions[i] < 0) {
+                    nerr(c, vp->specific, "versions", (int)i,
+                         "version_policy specific versions must be non-negative for %s", c->name);
+                    break;
+                }
+            }
+        }
+    }
+    switch (cfg->scheduling_choice_case) {
+    case INFERENCE__MODEL_CONFIG__SCHEDULING_CHOICE_DYNAMIC_BATCHING:
+        if (cfg->dynamic_batching) validate_dynamic_batching(c);
+        break;
+    case INFERENCE__MODEL_CONFIG__SCHEDULING_CHOICE_SEQUENCE_BATCHING:
+        if (cfg->sequence_batching) validate_sequence_batching(c);
+        break;
+    case INFERENCE__MODEL_CONFIG__SCHEDULING_CHOICE_ENSEMBLE_SCHEDULING:
+        if (cfg->ensemble_scheduling) validate_ensemble(c);
+        break;
+    default:
+        if (streq(cfg->platform, "ensemble"))
+            nerr(c, cfg, "platform", -1,
+                 "ensemble scheduling must be set for ensemble %s whose platform is ensemble",
+                 c->name);
+        break;
+    }
+    if (cfg->model_transaction_policy && cfg->model_transaction_policy->decoupled &&
+        cfg->response_cache && cfg->response_cache->enable)
+        nerr(c, cfg->response_cache, "enable", -1,
+             "Response Cache does not currently support model %s with 'decoupled' transaction "
+             "policy. Please disable the response cache.",
+             c->name);
+    if (cfg->model_metrics) validate_model_metrics(c);
+}
+
+int config_normalize(model_config_t *cfg, const char *model_name, const char *filename,
+                     const config_options_t *opts, char **errors)
+{
+    if (errors) *errors = NULL;
+    nctx_t c = {.cfg = cfg, .filename = filename ? filename : "<config>"};
+    if (!cfg) return -1;
+    if (model_name && *model_name) {
+        if (empty(cfg->name)) {
+            if (set_str(&cfg->name, model_name) != 0) goto oom;
+        } else if (!streq(cfg->name, model_name)) {
+            nerr(&c, cfg, "name", -1,
+                 "unexpected directory name '%s' for model '%s', directory name must equal "
+                 "model name",
+                 model_name, cfg->name);
+        }
+    }
+    c.name = cfg->name ? cfg->name : "";
+    if (empty(cfg->name)) {
+        nerr(&c, NULL, NULL, -1, "model configuration must specify 'name'");
+        goto out;
+    }
+    model_dir_t md;
+    inspect_model_dir(filename, &md);
+    if (!autocomplete_backend(&c, model_name && *model_name ? model_name : cfg->name, &md))
+        goto out;
+    if (!fill_defaults(&c) || !normalize_instance_groups(&c, opts)) goto oom;
+    validate_model_config(&c);
+    validate_instance_groups(&c, opts);
+    validate_io(&c, opts);
+    if (cfg->scheduling_choice_case !=
+        INFERENCE__MODEL_CONFIG__SCHEDULING_CHOICE_ENSEMBLE_SCHEDULING)
+        validate_warmup(&c);
+    goto out;
+oom:
+    nerr(&c, NULL, NULL, -1, "out of memory");
+out:
+    if (c.n_errors == 0 && !c.err.oom) {
+        cfg_buf_free(&c.err);
+        return 0;
+    }
+    if (errors)
+        *errors = cfg_buf_take(&c.err);
+    else
+        cfg_buf_free(&c.err);
+    return -1;
+}
