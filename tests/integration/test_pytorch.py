@@ -213,3 +213,36 @@ def test_load_failures(tmp_path):
     finally:
         rc = s.stop()
     assert rc == 0, s.output()
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+HAVE_SEQUENCE_BATCHER = bool(
+    [f for f in os.listdir(os.path.join(ROOT, "src", "sched")) if f.startswith("sequence")])
+
+
+@pytest.mark.skipif(not HAVE_SEQUENCE_BATCHER, reason="sequence batcher not in this tree yet")
+@pytest.mark.parametrize("model", ["pt_seq_accumulator", "pt_seq_state"])
+def test_sequence_models(tmp_path, model):
+    """START/READY come from sequence_batching; pt_seq_state also carries
+    its sum in implicit state (ACC_IN__3 -> ACC_OUT__1)."""
+    repo = str(tmp_path / "seq")
+    pytorch_models.write_sequence(repo)
+    s = Server(repo, [])
+    try:
+        def step(seq, value, start=False, end=False):
+            doc = {"parameters": {"sequence_id": seq, "sequence_start": start,
+                                  "sequence_end": end},
+                   "inputs": [{"name": "INPUT__0", "datatype": "INT32", "shape": [1],
+                               "data": [value]}]}
+            r = requests.post(f"{s.http_url}/v2/models/{model}/infer", json=doc, timeout=30)
+            assert r.status_code == 200, r.text
+            return r.json()["outputs"][0]["data"]
+
+        assert step(7, 3, start=True) == [3]
+        assert step(7, 4) == [7]
+        assert step(7, 5, end=True) == [12]
+        assert step(8, 10, start=True) == [10]
+        assert step(8, 1, end=True) == [11]
+    finally:
+        rc = s.stop()
+    assert rc == 0, s.output()
