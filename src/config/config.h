@@ -21,7 +21,7 @@ typedef Inference__ModelConfig model_config_t;
 
 /* Options that change defaults and validation. */
 typedef struct config_options {
-    bool gpus_available; /* false on this machine: KIND_AUTO -> KIND_CPU, KIND_GPU is an error */
+    bool gpus_available;   /* false on this machine: KIND_AUTO -> KIND_CPU, KIND_GPU is an error */
     bool allow_missing_io; /* true when the backend may autofill inputs/outputs */
 } config_options_t;
 
