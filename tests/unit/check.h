@@ -1,0 +1,41 @@
+/*
+ * This file contains the unit tests' tiny assertion helpers: CHECK records a
+ * failure and continues; check_summary prints "N passed, N failed".
+ */
+#ifndef NEREID_CHECK_H
+#define NEREID_CHECK_H
+
+#include <stdio.h>
+#include <string.h>
+
+static int check_passed, check_failed;
+
+#define CHECK(cond)                                                                                \
+    do {                                                                                           \
+        if (cond) {                                                                                \
+            check_passed++;                                                                        \
+        } else {                                                                                   \
+            check_failed++;                                                                        \
+            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);               \
+        }                                                                                          \
+    } while (0)
+
+#define CHECK_STR_CONTAINS(hay, needle)                                                            \
+    do {                                                                                           \
+        const char *h_ = (hay), *n_ = (needle);                                                    \
+        if (h_ && strstr(h_, n_)) {                                                                \
+            check_passed++;                                                                        \
+        } else {                                                                                   \
+            check_failed++;                                                                        \
+            fprintf(stderr, "%s:%d: expected '%s' to contain '%s'\n", __FILE__, __LINE__,          \
+                    h_ ? h_ : "(null)", n_);                                                       \
+        }                                                                                          \
+    } while (0)
+
+static inline int check_summary(void)
+{
+    printf("%d passed, %d failed\n", check_passed, check_failed);
+    return check_failed ? 1 : 0;
+}
+
+#endif
