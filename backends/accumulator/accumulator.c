@@ -212,14 +212,17 @@ static nereid_error_t *execute_controls(acc_instance_t *a, nereid_batch_t *batch
                                 "accumulator: INPUT must be int32 with one element per row");
     if (!a->by_corrid && (size_t)rows > a->n_slots)
         return nereid_error_new(NEREID_ERROR_INTERNAL, "accumulator: more rows than slots");
+    /* shape points into the batch's tensor table, which later
+     * nereid_batch_input calls may move: copy it first. */
+    int64_t oshape[NEREID_MAX_RANK_ACC];
+    if (rank > NEREID_MAX_RANK_ACC) rank = NEREID_MAX_RANK_ACC;
+    memcpy(oshape, shape, rank * sizeof *shape);
     const int32_t *in = data;
     ctl_tensor_t start, end, ready, corrid;
     get_ctl(batch, "START", &start);
     get_ctl(batch, "END", &end);
     get_ctl(batch, "READY", &ready);
     get_ctl(batch, "CORRID", &corrid);
-    int64_t oshape[NEREID_MAX_RANK_ACC];
-    memcpy(oshape, shape, rank * sizeof *shape);
     int32_t *out;
     err = nereid_batch_output(batch, "OUTPUT", NEREID_TYPE_INT32, oshape, rank, (size_t)rows * 4,
                               (void **)&out);
