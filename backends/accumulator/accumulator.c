@@ -293,6 +293,21 @@ static nereid_error_t *execute_controls(acc_instance_t *a, nereid_batch_t *batch
 static nereid_error_t *execute_state(acc_instance_t *a, nereid_batch_t *batch)
 {
     size_t n = nereid_batch_request_count(batch);
+    /* The scheduler must only batch states of one shape: check the gathered
+     * tensor is consistent, as a batched backend would need. */
+    nereid_datatype_t gdt;
+    const int64_t *gshape;
+    size_t grank, gbytes;
+    const void *gdata;
+    nereid_error_t *gerr =
+        nereid_batch_input(batch, "INPUT_STATE", &gdt, &gshape, &grank, &gdata, &gbytes);
+    if (gerr) return gerr;
+    int64_t gcount = 1;
+    for (size_t d = 0; d < grank; d++)
+        gcount *= gshape[d];
+    if (gdt == NEREID_TYPE_INT32 && (size_t)gcount * 4 != gbytes)
+        return nereid_error_new(NEREID_ERROR_INTERNAL,
+                                "accumulator: batched INPUT_STATE of mixed shapes");
     for (size_t r = 0; r < n; r++) {
         nereid_datatype_t dt, sdt;
         const int64_t *shape, *sshape;

@@ -192,6 +192,38 @@ static bool same_client_shapes(const nereid_request_t *a, const nereid_request_t
     return true;
 }
 
+/* The shape request req of sequence s will get for state i. */
+static void state_shape(const seq_sched_t *q, const seq_t *s, const nereid_request_t *req, size_t i,
+                        const int64_t **shape, size_t *rank)
+{
+    const state_buf_t *b = &s->states[i];
+    if (req->seq_start || !b->valid) {
+        *shape = q->states[i].init_shape;
+        *rank = q->states[i].init_rank;
+    } else {
+        *shape = b->shape;
+        *rank = b->rank;
+    }
+}
+
+/* True when b's head request can share a batch with request a of sequence
+ * sa: same client input shapes and same state shapes (inputs are gathered
+ * into one tensor per name). */
+static bool batchable(const seq_sched_t *q, const seq_t *sa, const nereid_request_t *a,
+                      const seq_t *sb)
+{
+    const nereid_request_t *b = sb->qhead;
+    if (!same_client_shapes(a, b)) return false;
+    for (size_t i = 0; i < q->n_states; i++) {
+        const int64_t *x, *y;
+        size_t rx, ry;
+        state_shape(q, sa, a, i, &x, &rx);
+        state_shape(q, sb, b, i, &y, &ry);
+        if (rx != ry || memcmp(x, y, rx * sizeof *x) != 0) return false;
+    }
+    return true;
+}
+
 /* ---- Sequence lifetime (lock held) ---- */
 
 /* Gives a free position (inst, slot) to the oldest backlogged sequence. */
@@ -549,12 +581,14 @@ static bool direct_next_batch(seq_sched_t *q, seq_inst_t *si, batch_t *batch)
         pthread_cond_wait(&si->cond, &q->lock);
     }
     const nereid_request_t *first = NULL;
+    const seq_t *first_seq = NULL;
     size_t rows = 0;
     for (size_t k = 0; k < si->n_slots; k++) {
         si->rows[k] = NULL;
         seq_t *s = si->slots[k];
         if (!s || !s->qhead || s->in_flight) continue;
-        if (first && !same_client_shapes(first, s->qhead)) continue;
+        if (first && !batchable(q, first_seq, first, s)) continue;
+        if (!first) first_seq = s;
         si->rows[k] = pop_head(q, s);
         if (!first) first = si->rows[k];
         rows = k + 1;
@@ -604,9 +638,11 @@ static bool oldest_next_batch(seq_sched_t *q, seq_inst_t *si, batch_t *batch)
     }
     size_t taken = 0;
     const nereid_request_t *first = NULL;
+    const seq_t *first_seq = NULL;
     for (size_t j = 0; j < n && taken < (size_t)q->max_rows; j++) {
         seq_t *s = si->ready[j];
-        if (first && !same_client_shapes(first, s->qhead)) continue;
+        if (first && !batchable(q, first_seq, first, s)) continue;
+        if (!first) first_seq = s;
         si->rows[taken] = pop_head(q, s);
         if (!first) first = si->rows[taken];
         taken++;

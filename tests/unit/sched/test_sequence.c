@@ -77,63 +77,64 @@ static void make_repo(void)
                 "backend: \"accumulator\" max_batch_size: 1\n" IO_CONTROLS
                 "sequence_batching { max_sequence_idle_microseconds: 200000 " CTLS_INT32 " }\n");
     /* encodings: fp32 START, bool READY, int32 END with non-zero false, uint32 CORRID */
-    write_model("acc_enc", "backend: \"accumulator\" max_batch_size: 2\n" IO_CONTROLS
-                           "sequence_batching { control_input [\n" CTL("START", "CONTROL_SEQUENCE_START", "fp32_false_true: [ 0, 2.5 ]") ",\n" CTL(
-                               "READY", "CONTROL_SEQUENCE_READY",
-                               "bool_false_true: [ false, true ]") ",\n" CTL("END",
-                                                                             "CONTROL_SEQUENCE_END",
-                                                                             "int32_false_true: [ "
-                                                                             "3, 9 ]") ",\n" CTL("C"
-                                                                                                 "O"
-                                                                                                 "R"
-                                                                                                 "R"
-                                                                                                 "I"
-                                                                                                 "D",
-                                                                                                 "C"
-                                                                                                 "O"
-                                                                                                 "N"
-                                                                                                 "T"
-                                                                                                 "R"
-                                                                                                 "O"
-                                                                                                 "L"
-                                                                                                 "_"
-                                                                                                 "S"
-                                                                                                 "E"
-                                                                                                 "Q"
-                                                                                                 "U"
-                                                                                                 "E"
-                                                                                                 "N"
-                                                                                                 "C"
-                                                                                                 "E"
-                                                                                                 "_"
-                                                                                                 "C"
-                                                                                                 "O"
-                                                                                                 "R"
-                                                                                                 "R"
-                                                                                                 "I"
-                                                                                                 "D",
-                                                                                                 "d"
-                                                                                                 "a"
-                                                                                                 "t"
-                                                                                                 "a"
-                                                                                                 "_"
-                                                                                                 "t"
-                                                                                                 "y"
-                                                                                                 "p"
-                                                                                                 "e"
-                                                                                                 ":"
-                                                                                                 " "
-                                                                                                 "T"
-                                                                                                 "Y"
-                                                                                                 "P"
-                                                                                                 "E"
-                                                                                                 "_"
-                                                                                                 "U"
-                                                                                                 "I"
-                                                                                                 "N"
-                                                                                                 "T"
-                                                                                                 "3"
-                                                                                                 "2") " ] }\n");
+    write_model(
+        "acc_enc",
+        "backend: \"accumulator\" max_batch_size: 2\n" IO_CONTROLS
+        "sequence_batching { control_input [\n" CTL("START", "CONTROL_SEQUENCE_START", "fp32_false_true: [ 0, 2.5 ]") ",\n" CTL(
+            "READY", "CONTROL_SEQUENCE_READY",
+            "bool_false_true: [ false, true ]") ",\n" CTL("END", "CONTROL_SEQUENCE_END",
+                                                          "int32_false_true: [ "
+                                                          "3, 9 ]") ",\n" CTL("C"
+                                                                              "O"
+                                                                              "R"
+                                                                              "R"
+                                                                              "I"
+                                                                              "D",
+                                                                              "C"
+                                                                              "O"
+                                                                              "N"
+                                                                              "T"
+                                                                              "R"
+                                                                              "O"
+                                                                              "L"
+                                                                              "_"
+                                                                              "S"
+                                                                              "E"
+                                                                              "Q"
+                                                                              "U"
+                                                                              "E"
+                                                                              "N"
+                                                                              "C"
+                                                                              "E"
+                                                                              "_"
+                                                                              "C"
+                                                                              "O"
+                                                                              "R"
+                                                                              "R"
+                                                                              "I"
+                                                                              "D",
+                                                                              "d"
+                                                                              "a"
+                                                                              "t"
+                                                                              "a"
+                                                                              "_"
+                                                                              "t"
+                                                                              "y"
+                                                                              "p"
+                                                                              "e"
+                                                                              ":"
+                                                                              " "
+                                                                              "T"
+                                                                              "Y"
+                                                                              "P"
+                                                                              "E"
+                                                                              "_"
+                                                                              "U"
+                                                                              "I"
+                                                                              "N"
+                                                                              "T"
+                                                                              "3"
+                                                                              "2") " ] }\n");
     /* non-batching model, INT64 CORRID */
     write_model("acc_nobatch",
                 "backend: \"accumulator\" max_batch_size: 0\n" IO_CONTROLS
@@ -212,6 +213,16 @@ static void make_repo(void)
     write_model("acc_state_grow",
                 "backend: \"accumulator\" max_batch_size: 4\n" IO_STATE
                 "parameters { key: \"state_op\" value { string_value: \"append\" } }\n"
+                "sequence_batching { control_input [ " CTL(
+                    "READY", "CONTROL_SEQUENCE_READY",
+                    "int32_false_true: [ 0, 1 ]") " ]\n"
+                                                  "state [ { input_name: \"INPUT_STATE\" "
+                                                  "output_name: \"OUTPUT_STATE\" "
+                                                  "data_type: TYPE_INT32 dims: [ -1 ] } ] }\n");
+    write_model("acc_state_slow",
+                "backend: \"accumulator\" max_batch_size: 4\n" IO_STATE
+                "parameters [ { key: \"state_op\" value { string_value: \"append\" } },\n"
+                "  { key: \"execute_delay_ms\" value { string_value: \"20\" } } ]\n"
                 "sequence_batching { control_input [ " CTL(
                     "READY", "CONTROL_SEQUENCE_READY",
                     "int32_false_true: [ 0, 1 ]") " ]\n"
@@ -678,6 +689,36 @@ static void test_state(nereid_server_t *s)
     }
 }
 
+static void test_state_mixed_shapes(nereid_server_t *s)
+{
+    /* Growing states of different lengths are never gathered into one batch
+     * tensor (the backend fails such a batch). Each step a blocker sequence
+     * keeps the instance busy for 20 ms while the two others queue up. */
+    int32_t total[3] = {0, 1, 0};
+    /* sequence 21 starts one step earlier, so its state is longer */
+    seq_req_t pre = {.model = "acc_state_slow", .id = 21, .start = true, .value = 1};
+    CHECK(call(s, &pre, NULL, 0) == 1);
+    for (int k = 0; k < 4; k++) {
+        call_t *c[3];
+        for (int q = 0; q < 3; q++) {
+            int id = q == 0 ? 23 : 20 + q; /* blocker first */
+            int32_t v = 10 * (q + 1) + k;
+            seq_req_t r = {.model = "acc_state_slow",
+                           .id = (uint64_t)id,
+                           .start = k == 0 && q != 1,
+                           .end = k == 3,
+                           .value = v};
+            total[q] += v;
+            c[q] = submit(s, &r);
+        }
+        for (int q = 0; q < 3; q++) {
+            CHECK(call_result(c[q]) == total[q]);
+            if (c[q]->err[0]) fprintf(stderr, "mixed: %s\n", c[q]->err);
+            call_free(c[q]);
+        }
+    }
+}
+
 /* 64 sequences of random length (1..8) submitted at once over 2 instances. */
 static void stress(nereid_server_t *s, const char *model)
 {
@@ -752,6 +793,7 @@ int main(void)
     test_idle_timeout(s);
     test_oldest(s);
     test_state(s);
+    test_state_mixed_shapes(s);
     stress(s, "acc_stress");
     stress(s, "acc_stress_oldest");
     nereid_server_stop(s);
