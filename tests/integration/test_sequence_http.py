@@ -126,3 +126,44 @@ def test_sequence_errors_over_http(nereid_server, tmp_path):
     assert r.status_code == 400
     assert r.json()["error"] == ("inference request to model 'acc_direct' must specify "
                                  "batch-size 1 due to requirements of sequence batcher")
+
+
+def test_onnx_accumulator_implicit_state(nereid_server, tmp_path):
+    """The seed's ONNX accumulator: state and START live in the server."""
+    import shutil
+    import sys
+    from conftest import EXAMPLES, ROOT
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    import make_models
+    repo = os.path.join(str(tmp_path), "models")
+    shutil.copytree(os.path.join(EXAMPLES, "accumulator_onnx"),
+                    os.path.join(repo, "accumulator_onnx"),
+                    ignore=shutil.ignore_patterns("*.onnx"))
+    os.makedirs(os.path.join(repo, "accumulator_onnx", "1"), exist_ok=True)
+    with open(os.path.join(repo, "accumulator_onnx", "1", "model.onnx"), "wb") as f:
+        f.write(make_models.accumulator().SerializeToString())
+    server = nereid_server(repo)
+    results, lock = {}, threading.Lock()
+
+    def run(q):
+        total, got = 0, []
+        for k in range(6):
+            v = q * 10 + k + 1
+            total += v
+            got.append((output(infer(server, "accumulator_onnx", v, 100 + q, k == 0, k == 5))[0],
+                        total))
+        with lock:
+            results[q] = got
+
+    threads = [threading.Thread(target=run, args=(q,)) for q in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(results) == 8
+    for got in results.values():
+        assert all(a == b for a, b in got), got
+    # a restart resets the sum
+    assert output(infer(server, "accumulator_onnx", 4, 7, start=True)) == [4]
+    assert output(infer(server, "accumulator_onnx", 5, 7)) == [9]
+    assert output(infer(server, "accumulator_onnx", 6, 7, start=True, end=True)) == [6]
