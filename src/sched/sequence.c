@@ -739,15 +739,37 @@ static void *reaper_main(void *arg)
 
 /* ---- Stop and destroy ---- */
 
+/* Instances drain the requests of sequences that hold a position; requests
+ * of backlogged sequences would never run (and would keep the model
+ * referenced), so they fail now. */
 static void seq_stop(scheduler_t *base)
 {
     seq_sched_t *q = (seq_sched_t *)base;
+    nereid_request_t *failed = NULL, **tail = &failed;
     pthread_mutex_lock(&q->lock);
     q->stopped = true;
+    while (q->backlog_head) {
+        seq_t *s = q->backlog_head;
+        for (nereid_request_t *r = s->qhead; r; r = r->next) {
+            r->sched_data = NULL;
+            atomic_fetch_sub(&base->model->stats.pending, 1);
+        }
+        *tail = s->qhead;
+        if (s->qtail) tail = &s->qtail->next;
+        s->qhead = s->qtail = NULL;
+        seq_release(q, s);
+    }
     for (size_t i = 0; i < q->n_insts; i++)
         pthread_cond_broadcast(&q->insts[i].cond);
     pthread_cond_broadcast(&q->reaper_cond);
     pthread_mutex_unlock(&q->lock);
+    while (failed) {
+        nereid_request_t *r = failed;
+        failed = r->next;
+        r->next = NULL;
+        request_finish(r, nereid_error_new(NEREID_ERROR_UNAVAILABLE, "Server not ready"),
+                       FAILURE_OTHER);
+    }
 }
 
 static void free_config(seq_sched_t *q)

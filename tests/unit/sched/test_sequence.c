@@ -796,7 +796,18 @@ int main(void)
     test_state_mixed_shapes(s);
     stress(s, "acc_stress");
     stress(s, "acc_stress_oldest");
+    /* shutdown with a live sequence holding state, and one in the backlog:
+     * the backlogged request fails, state is freed (LSan checks) */
+    seq_req_t live = {.model = "acc_state", .id = 990, .start = true, .value = 1};
+    CHECK(call(s, &live, NULL, 0) == 1);
+    seq_req_t a = {.model = "acc_one", .id = 991, .start = true, .value = 1};
+    CHECK(call(s, &a, NULL, 0) == 1);
+    seq_req_t b = {.model = "acc_one", .id = 992, .start = true, .value = 1};
+    call_t *cb = submit(s, &b);
     nereid_server_stop(s);
+    call_wait(cb);
+    CHECK_STR_CONTAINS(cb->err, "Server not ready");
+    call_free(cb);
     nereid_server_free(s);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", repo);
