@@ -33,6 +33,8 @@
 #include "core/util.h"
 
 #define N_BUCKETS 256
+#define STOPPING_TEXT                                                                              \
+    "Server is stopping, scheduler for model has stopped accepting new inference requests"
 
 enum {
     CTL_START = INFERENCE__MODEL_SEQUENCE_BATCHING__CONTROL__KIND__CONTROL_SEQUENCE_START,
@@ -78,6 +80,7 @@ typedef struct seq {
     int in_flight;          /* requests handed to the instance, not yet done */
     bool ending;            /* the last queued request has END */
     uint64_t idle_since_ns; /* 0 unless idle (nothing queued or in flight) */
+    uint64_t expire_ns;     /* backlog only: earliest request timeout, 0 = none */
     state_buf_t *states;
 } seq_t;
 
@@ -234,6 +237,7 @@ static void give_position(seq_sched_t *q, int inst, int slot)
     q->backlog_head = b->bnext;
     if (!q->backlog_head) q->backlog_tail = NULL;
     b->bnext = NULL;
+    b->expire_ns = 0;
     b->inst = inst;
     b->slot = slot;
     q->insts[inst].slots[slot] = b;
@@ -342,7 +346,7 @@ static nereid_error_t *seq_enqueue(scheduler_t *base, nereid_request_t *req)
     pthread_mutex_lock(&q->lock);
     if (q->stopped) {
         pthread_mutex_unlock(&q->lock);
-        return nereid_error_new(NEREID_ERROR_UNAVAILABLE, "Server not ready");
+        return nereid_error_new(NEREID_ERROR_UNAVAILABLE, STOPPING_TEXT);
     }
     seq_t *s = seq_find(q, sid, req->corr_id);
     if (!req->seq_start && (!s || s->ending)) {
@@ -366,6 +370,11 @@ static nereid_error_t *seq_enqueue(scheduler_t *base, nereid_request_t *req)
     }
     s->ending = req->seq_end;
     s->idle_since_ns = 0;
+    if (s->inst < 0 && req->timeout_us) {
+        uint64_t exp = util_now_ns() + req->timeout_us * 1000u;
+        if (!s->expire_ns || exp < s->expire_ns) s->expire_ns = exp;
+        pthread_cond_signal(&q->reaper_cond);
+    }
     req->sched_data = s;
     req->next = NULL;
     if (s->qtail)
@@ -703,12 +712,58 @@ static void seq_batch_done(scheduler_t *base, model_instance_t *inst, batch_t *b
 
 /* ---- Idle sequences ---- */
 
+/* Fails every queued request of backlogged sequences whose request timeout
+ * expired (Triton's backlog timeout); returns the next expiry. Lock held;
+ * the failed requests are appended to *failed for finishing unlocked. */
+static uint64_t expire_backlog(seq_sched_t *q, uint64_t now, nereid_request_t ***failed_tail)
+{
+    uint64_t next = UINT64_MAX;
+    seq_t *s = q->backlog_head;
+    while (s) {
+        seq_t *after = s->bnext;
+        if (s->expire_ns && s->expire_ns <= now) {
+            for (nereid_request_t *r = s->qhead; r; r = r->next) {
+                r->sched_data = NULL;
+                atomic_fetch_sub(&q->base.model->stats.pending, 1);
+            }
+            **failed_tail = s->qhead;
+            if (s->qtail) *failed_tail = &s->qtail->next;
+            s->qhead = s->qtail = NULL;
+            seq_release(q, s);
+        } else if (s->expire_ns && s->expire_ns < next) {
+            next = s->expire_ns;
+        }
+        s = after;
+    }
+    return next;
+}
+
+static void finish_all(nereid_request_t *list, nereid_error_code_t code, const char *msg,
+                       failure_reason_t reason)
+{
+    while (list) {
+        nereid_request_t *r = list;
+        list = r->next;
+        r->next = NULL;
+        request_finish(r, nereid_error_new(code, "%s", msg), reason);
+    }
+}
+
 static void *reaper_main(void *arg)
 {
     seq_sched_t *q = arg;
     pthread_mutex_lock(&q->lock);
     while (!q->stopped) {
-        uint64_t now = util_now_ns(), next = UINT64_MAX;
+        uint64_t now = util_now_ns();
+        nereid_request_t *failed = NULL, **tail = &failed;
+        uint64_t next = expire_backlog(q, now, &tail);
+        if (failed) {
+            pthread_mutex_unlock(&q->lock);
+            finish_all(failed, NEREID_ERROR_UNAVAILABLE,
+                       "timeout of the corresponding sequence has been expired", FAILURE_REJECTED);
+            pthread_mutex_lock(&q->lock);
+            continue;
+        }
         for (size_t b = 0; b < N_BUCKETS; b++) {
             seq_t *s = q->buckets[b];
             while (s) {
@@ -763,13 +818,7 @@ static void seq_stop(scheduler_t *base)
         pthread_cond_broadcast(&q->insts[i].cond);
     pthread_cond_broadcast(&q->reaper_cond);
     pthread_mutex_unlock(&q->lock);
-    while (failed) {
-        nereid_request_t *r = failed;
-        failed = r->next;
-        r->next = NULL;
-        request_finish(r, nereid_error_new(NEREID_ERROR_UNAVAILABLE, "Server not ready"),
-                       FAILURE_OTHER);
-    }
+    finish_all(failed, NEREID_ERROR_UNAVAILABLE, STOPPING_TEXT, FAILURE_OTHER);
 }
 
 static void free_config(seq_sched_t *q)
@@ -833,6 +882,40 @@ static size_t instance_count(const model_config_t *c)
     return total ? total : 1;
 }
 
+/* Triton's GenerateInitialStateData checks. */
+static nereid_error_t *check_initial_state(const Inference__ModelSequenceBatching__State *st)
+{
+    if (st->n_initial_state > 1)
+        return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                "initial_state field for state input '%s' must contain exactly one "
+                                "or zero element. Found '%zu' elements.",
+                                st->input_name, st->n_initial_state);
+    const Inference__ModelSequenceBatching__InitialState *is = st->initial_state[0];
+    if (is->data_type != st->data_type)
+        return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                "The data type used for 'initial_state' field of state '%s' does "
+                                "not match the state data type.",
+                                st->input_name);
+    if (is->n_dims != st->n_dims)
+        return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                "Number of dimensions in 'initial_state' doesn't match the size of "
+                                "'state' dimensions for state input '%s'. %zu != %zu",
+                                st->input_name, is->n_dims, st->n_dims);
+    for (size_t d = 0; d < is->n_dims; d++) {
+        if (is->dims[d] == -1)
+            return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                    "'initial_state' field for state input name '%s' contains "
+                                    "variable dimensions.",
+                                    st->input_name);
+        if (st->dims[d] != -1 && is->dims[d] != st->dims[d])
+            return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                    "'initial_state' dim for input name '%s' doesn't match 'state' "
+                                    "dim description. %lld != %lld",
+                                    st->input_name, (long long)is->dims[d], (long long)st->dims[d]);
+    }
+    return NULL;
+}
+
 static nereid_error_t *read_initial_state(model_t *m, seq_state_cfg_t *st,
                                           const Inference__ModelSequenceBatching__InitialState *is)
 {
@@ -863,15 +946,15 @@ static nereid_error_t *read_initial_state(model_t *m, seq_state_cfg_t *st,
         if (len == cap) buf = xrealloc(buf, cap *= 2);
     }
     fclose(f);
-    if (st->datatype != NEREID_TYPE_BYTES && len != want) {
+    if (st->datatype != NEREID_TYPE_BYTES && len < want) {
         err = nereid_error_new(NEREID_ERROR_INVALID_ARG,
-                               "initial state '%s' of model '%s' expects %zu bytes in '%s', got "
-                               "%zu",
-                               is->name, m->name, want, path, len);
+                               "initial_state setting expects %zu bytes, but the data provided "
+                               "from %sonly has %zu bytes.",
+                               want, is->data_file, len);
         free(buf);
     } else {
         st->init_data = buf;
-        st->init_bytes = len;
+        st->init_bytes = st->datatype == NEREID_TYPE_BYTES ? len : want;
     }
     free(path);
     return err;
@@ -955,7 +1038,8 @@ nereid_error_t *sequence_batcher_create(model_t *m, scheduler_t **out)
         sc->output_name = st->output_name;
         sc->datatype = (nereid_datatype_t)st->data_type;
         if (st->n_initial_state > 0) {
-            nereid_error_t *err = read_initial_state(m, sc, st->initial_state[0]);
+            nereid_error_t *err = check_initial_state(st);
+            if (!err) err = read_initial_state(m, sc, st->initial_state[0]);
             if (err) {
                 q->n_states = i + 1;
                 free_config(q);

@@ -237,6 +237,18 @@ static void make_repo(void)
                 "  initial_state: { data_type: TYPE_INT32 dims: [ 2 ] data_file: \"init\" "
                 "name: \"short\" } } ] }\n");
     write_file("acc_state_badfile/initial_state/init", &init, sizeof init);
+    write_model("acc_state_badtype",
+                "backend: \"accumulator\" max_batch_size: 4\n" IO_STATE
+                "sequence_batching { state [ { input_name: \"INPUT_STATE\" "
+                "output_name: \"OUTPUT_STATE\" data_type: TYPE_INT32 dims: [ -1 ]\n"
+                "  initial_state: { data_type: TYPE_FP32 dims: [ 1 ] zero_data: true "
+                "name: \"fp\" } } ] }\n");
+    write_model("acc_state_baddims",
+                "backend: \"accumulator\" max_batch_size: 4\n" IO_STATE
+                "sequence_batching { state [ { input_name: \"INPUT_STATE\" "
+                "output_name: \"OUTPUT_STATE\" data_type: TYPE_INT32 dims: [ 3 ]\n"
+                "  initial_state: { data_type: TYPE_INT32 dims: [ 2 ] zero_data: true "
+                "name: \"two\" } } ] }\n");
 }
 
 /* ---- Asynchronous calls ---- */
@@ -574,6 +586,36 @@ static void test_backlog(nereid_server_t *s)
     call_free(cc);
 }
 
+static void test_backlog_timeout(nereid_server_t *s)
+{
+    /* a backlogged sequence whose request timeout expires is rejected */
+    seq_req_t a = {.model = "acc_one", .id = 81, .start = true, .value = 2};
+    CHECK(call(s, &a, NULL, 0) == 2);
+    nereid_request_t *req;
+    nereid_request_new(s, "acc_one", 0, &req);
+    nereid_request_set_correlation_id(req, 82);
+    nereid_request_set_sequence_flags(req, true, false);
+    nereid_request_set_timeout_us(req, 50000);
+    int32_t v = 1;
+    int64_t shape[2] = {1, 1};
+    nereid_request_add_input(req, "INPUT", NEREID_TYPE_INT32, shape, 2, &v, 4);
+    call_t *c = calloc(1, sizeof *c);
+    pthread_mutex_init(&c->lock, NULL);
+    pthread_cond_init(&c->cond, NULL);
+    nereid_error_t *err = nereid_server_infer_async(s, req, NULL, on_done, c);
+    CHECK(err == NULL);
+    call_wait(c);
+    CHECK_STR_CONTAINS(c->err, "timeout of the corresponding sequence has been expired");
+    call_free(c);
+    char msg[600];
+    seq_req_t b = {.model = "acc_one", .id = 82, .value = 1};
+    CHECK(call(s, &b, msg, sizeof msg) == INT32_MIN);
+    CHECK_STR_CONTAINS(msg, "must specify the START flag");
+    a.start = false;
+    a.end = true;
+    CHECK(call(s, &a, NULL, 0) == 4);
+}
+
 static void test_idle_timeout(nereid_server_t *s)
 {
     /* A holds the only slot and goes idle; after 200 ms it is aborted and
@@ -782,7 +824,11 @@ int main(void)
     CHECK(nereid_server_model_is_ready(s, "acc_direct", 0, &ready) == NULL && ready);
     char *json = NULL;
     CHECK(nereid_server_repository_index(s, false, &json) == NULL);
-    CHECK_STR_CONTAINS(json, "initial state 'short' of model 'acc_state_badfile' expects 8 bytes");
+    CHECK_STR_CONTAINS(json, "initial_state setting expects 8 bytes, but the data provided from "
+                             "initonly has 4 bytes.");
+    /* (config validation rejects these before the scheduler sees them) */
+    CHECK_STR_CONTAINS(json, "\"name\":\"acc_state_badtype\",\"state\":\"UNAVAILABLE\"");
+    CHECK_STR_CONTAINS(json, "\"name\":\"acc_state_baddims\",\"state\":\"UNAVAILABLE\"");
     free(json);
     test_direct_interleaved(s);
     test_ready_and_fillers(s);
@@ -790,6 +836,7 @@ int main(void)
     test_string_ids(s);
     test_errors(s);
     test_backlog(s);
+    test_backlog_timeout(s);
     test_idle_timeout(s);
     test_oldest(s);
     test_state(s);
@@ -806,7 +853,8 @@ int main(void)
     call_t *cb = submit(s, &b);
     nereid_server_stop(s);
     call_wait(cb);
-    CHECK_STR_CONTAINS(cb->err, "Server not ready");
+    CHECK_STR_CONTAINS(cb->err, "Server is stopping, scheduler for model has stopped accepting "
+                                "new inference requests");
     call_free(cb);
     nereid_server_free(s);
     char cmd[300];
