@@ -1059,3 +1059,23 @@ nereid_error_t *sequence_batcher_create(model_t *m, scheduler_t **out)
     *out = &q->base;
     return NULL;
 }
+
+void sequence_batcher_prepare_warmup(const model_t *m, nereid_request_t *req)
+{
+    const model_config_t *c = m->config;
+    if (c->scheduling_choice_case != INFERENCE__MODEL_CONFIG__SCHEDULING_CHOICE_SEQUENCE_BATCHING ||
+        !c->sequence_batching)
+        return;
+    const Inference__ModelSequenceBatching *sb = c->sequence_batching;
+    bool string_id = false;
+    for (size_t i = 0; i < sb->n_control_input; i++)
+        for (size_t k = 0; k < sb->control_input[i]->n_control; k++) {
+            const Inference__ModelSequenceBatching__Control *ctl = sb->control_input[i]->control[k];
+            if ((int)ctl->kind == CTL_CORRID && ctl->data_type == INFERENCE__DATA_TYPE__TYPE_STRING)
+                string_id = true;
+        }
+    free(req->corr_id_str);
+    req->corr_id_str = string_id ? xstrdup("<warmup>") : NULL;
+    req->corr_id = string_id ? 0 : UINT64_MAX;
+    req->seq_start = req->seq_end = true;
+}

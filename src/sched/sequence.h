@@ -14,4 +14,9 @@
  * Errors: an unreadable or mis-sized initial_state data_file. */
 nereid_error_t *sequence_batcher_create(model_t *m, scheduler_t **out);
 
+/* Makes a warmup request acceptable to the sequence batcher: a one-request
+ * sequence (START and END) with a correlation id of the model's CORRID
+ * type. No-op for models without sequence batching. */
+void sequence_batcher_prepare_warmup(const model_t *m, nereid_request_t *req);
+
 #endif

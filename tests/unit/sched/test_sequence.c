@@ -175,6 +175,12 @@ static void make_repo(void)
                 "sequence_batching { oldest { max_candidate_sequences: 3 "
                 "preferred_batch_size: [ 3 ] max_queue_delay_microseconds: 2000 }\n" CTLS_INT32
                 " }\n");
+    /* warmup through the sequence batcher */
+    write_model("acc_warm", "backend: \"accumulator\" max_batch_size: 4\n" IO_CONTROLS
+                            "sequence_batching { " CTLS_INT32 " }\n"
+                            "model_warmup [ { name: \"w\" batch_size: 1 count: 2 inputs { key: "
+                            "\"INPUT\" value: { data_type: TYPE_INT32 dims: [ 1 ] zero_data: true "
+                            "} } } ]\n");
     /* stress: 2 instances x 8 slots (direct) */
     write_model("acc_stress", "backend: \"accumulator\" max_batch_size: 8\n" IO_CONTROLS
                               "instance_group [ { count: 2 kind: KIND_CPU } ]\n"
@@ -822,6 +828,8 @@ int main(void)
     if (!s) return check_summary();
     bool ready = false;
     CHECK(nereid_server_model_is_ready(s, "acc_direct", 0, &ready) == NULL && ready);
+    ready = false;
+    CHECK(nereid_server_model_is_ready(s, "acc_warm", 0, &ready) == NULL && ready);
     char *json = NULL;
     CHECK(nereid_server_repository_index(s, false, &json) == NULL);
     CHECK_STR_CONTAINS(json, "initial_state setting expects 8 bytes, but the data provided from "
