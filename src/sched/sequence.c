@@ -115,6 +115,7 @@ typedef struct seq_sched {
     pthread_t reaper;
     bool reaper_started;
     pthread_cond_t reaper_cond;
+    uint64_t reaper_wake_ns; /* when the reaper wakes next; UINT64_MAX: only when signalled */
 } seq_sched_t;
 
 /* ---- Helpers ---- */
@@ -373,7 +374,7 @@ static nereid_error_t *seq_enqueue(scheduler_t *base, nereid_request_t *req)
     if (s->inst < 0 && req->timeout_us) {
         uint64_t exp = util_now_ns() + req->timeout_us * 1000u;
         if (!s->expire_ns || exp < s->expire_ns) s->expire_ns = exp;
-        pthread_cond_signal(&q->reaper_cond);
+        if (exp < q->reaper_wake_ns) pthread_cond_signal(&q->reaper_cond);
     }
     req->sched_data = s;
     req->next = NULL;
@@ -702,7 +703,8 @@ static void seq_batch_done(scheduler_t *base, model_instance_t *inst, batch_t *b
                 seq_release(q, s);
             } else {
                 s->idle_since_ns = now;
-                pthread_cond_signal(&q->reaper_cond);
+                /* deadlines only grow: wake the reaper only if it sleeps for good */
+                if (q->reaper_wake_ns == UINT64_MAX) pthread_cond_signal(&q->reaper_cond);
             }
         }
     }
@@ -783,6 +785,7 @@ static void *reaper_main(void *arg)
                 s = after;
             }
         }
+        q->reaper_wake_ns = next;
         if (next == UINT64_MAX)
             pthread_cond_wait(&q->reaper_cond, &q->lock);
         else
@@ -970,6 +973,7 @@ nereid_error_t *sequence_batcher_create(model_t *m, scheduler_t **out)
     q->base.model = m;
     pthread_mutex_init(&q->lock, NULL);
     cond_init_monotonic(&q->reaper_cond);
+    q->reaper_wake_ns = UINT64_MAX;
     q->batching = c->max_batch_size > 0;
     q->max_rows = q->batching ? c->max_batch_size : 1;
     q->idle_ns =
