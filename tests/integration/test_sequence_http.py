@@ -51,13 +51,14 @@ def make_repo(root):
     return repo
 
 
-def infer(server, model, value, seq_id, start=False, end=False, outputs=None):
+def infer(server, model, value, seq_id, start=False, end=False, outputs=None, name="INPUT",
+          shape=(1, 1)):
     params = {"sequence_id": seq_id}
     if start:
         params["sequence_start"] = True
     if end:
         params["sequence_end"] = True
-    body = {"inputs": [{"name": "INPUT", "datatype": "INT32", "shape": [1, 1],
+    body = {"inputs": [{"name": name, "datatype": "INT32", "shape": list(shape),
                         "data": [value]}], "parameters": params}
     if outputs:
         body["outputs"] = [{"name": n} for n in outputs]
@@ -167,3 +168,32 @@ def test_onnx_accumulator_implicit_state(nereid_server, tmp_path):
     assert output(infer(server, "accumulator_onnx", 4, 7, start=True)) == [4]
     assert output(infer(server, "accumulator_onnx", 5, 7)) == [9]
     assert output(infer(server, "accumulator_onnx", 6, 7, start=True, end=True)) == [6]
+
+
+def test_pytorch_sequence_models(nereid_server, tmp_path):
+    """LibTorch models get START/READY controls and implicit state by name."""
+    import subprocess
+    import sys
+    from conftest import BUILD, ROOT
+    if not os.path.exists(os.path.join(BUILD, "backends", "libnereid_pytorch.so")):
+        import pytest
+        pytest.skip("pytorch backend not built")
+    repo = os.path.join(str(tmp_path), "models")
+    subprocess.run([sys.executable, os.path.join(ROOT, "tests", "integration", "pytorch_models.py"),
+                    repo, "--sequence"], check=True)
+    server = nereid_server(repo)
+
+    def pt(model, value, seq_id, start=False, end=False):
+        r = infer(server, model, value, seq_id, start, end, name="INPUT__0", shape=(1,))
+        return output(r, "OUTPUT__0")
+
+    # implicit state (one instance, no batching: one slot, sequences in turn)
+    assert pt("pt_seq_state", 5, 1, start=True) == [5]
+    assert pt("pt_seq_state", 1, 1) == [6]
+    assert pt("pt_seq_state", 4, 1, end=True) == [10]
+    assert pt("pt_seq_state", 7, 2, start=True) == [7]
+    assert pt("pt_seq_state", 1, 2, end=True) == [8]
+    # state inside the model (one slot): START resets it
+    assert pt("pt_seq_accumulator", 3, 9, start=True) == [3]
+    assert pt("pt_seq_accumulator", 4, 9, end=True) == [7]
+    assert pt("pt_seq_accumulator", 2, 10, start=True, end=True) == [2]
