@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "sched/scheduler.h"
+#include "sched/sequence.h"
 
 nereid_error_t *scheduler_create(model_t *m, scheduler_t **out)
 {
@@ -11,5 +12,9 @@ nereid_error_t *scheduler_create(model_t *m, scheduler_t **out)
     if (strcmp(m->config->platform, "ensemble") == 0)
         return nereid_error_new(NEREID_ERROR_UNSUPPORTED,
                                 "ensemble models are not supported yet (model '%s')", m->name);
+    if (m->config->scheduling_choice_case ==
+            INFERENCE__MODEL_CONFIG__SCHEDULING_CHOICE_SEQUENCE_BATCHING &&
+        m->config->sequence_batching)
+        return sequence_batcher_create(m, out);
     return default_scheduler_create(m, out);
 }
