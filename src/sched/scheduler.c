@@ -11,5 +11,9 @@ nereid_error_t *scheduler_create(model_t *m, scheduler_t **out)
     if (strcmp(m->config->platform, "ensemble") == 0)
         return nereid_error_new(NEREID_ERROR_UNSUPPORTED,
                                 "ensemble models are not supported yet (model '%s')", m->name);
+    if (m->config->scheduling_choice_case ==
+            INFERENCE__MODEL_CONFIG__SCHEDULING_CHOICE_DYNAMIC_BATCHING &&
+        m->config->dynamic_batching)
+        return dynamic_batcher_create(m, out);
     return default_scheduler_create(m, out);
 }
