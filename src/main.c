@@ -11,6 +11,9 @@
 #include <string.h>
 
 #include "config/config.h"
+#include "grpc/grpc_server.h"
+#include "http/http_server.h"
+#include "metrics/metrics_server.h"
 #include "nereid/server.h"
 
 #define MAX_LIST 64
@@ -34,7 +37,8 @@ typedef enum flag_kind {
     FLAG_BOOL,
     FLAG_SWITCH,
     FLAG_LIST,
-    FLAG_MODE
+    FLAG_MODE,
+    FLAG_LLONG
 } flag_kind_t;
 
 typedef struct flag {
@@ -75,6 +79,8 @@ static const flag_t flags[] = {
     F("http-port", FLAG_INT, http_port, "HTTP port (8000)."),
     F("http-address", FLAG_STR, http_address, "HTTP address (0.0.0.0)."),
     F("http-thread-count", FLAG_INT, http_thread_count, "HTTP threads (8)."),
+    F("http-max-input-size", FLAG_LLONG, http_max_input_size,
+      "Maximum HTTP request input size in bytes (67108864)."),
     F("allow-grpc", FLAG_BOOL, allow_grpc, "Serve gRPC (true)."),
     F("grpc-port", FLAG_INT, grpc_port, "gRPC port (8001)."),
     F("grpc-address", FLAG_STR, grpc_address, "gRPC address (0.0.0.0)."),
@@ -119,6 +125,14 @@ static int apply_flag(cli_t *cli, const flag_t *f, const char *value)
         long long v = strtoll(value, &end, 10);
         if (errno || *end || end == value || v < INT_MIN || v > INT_MAX) return -1;
         *(int *)field = (int)v;
+        return 0;
+    }
+    case FLAG_LLONG: {
+        char *end;
+        errno = 0;
+        long long v = strtoll(value, &end, 10);
+        if (errno || *end || end == value || v <= 0) return -1;
+        *(long long *)field = v;
         return 0;
     }
     case FLAG_BOOL:
@@ -234,11 +248,52 @@ int main(int argc, char **argv)
         return 1;
     }
     int exit_code = 0;
+    http_server_t *http = NULL;
+    metrics_server_t *metrics = NULL;
+    grpc_frontend_t *grpc_fe = NULL;
+    if (cli.allow_http) {
+        http_options_t ho;
+        http_options_init(&ho);
+        ho.address = cli.http_address;
+        ho.port = cli.http_port;
+        ho.thread_count = cli.http_thread_count;
+        ho.max_input_size = (size_t)cli.http_max_input_size;
+        if ((err = http_server_start(server, &ho, &http))) goto frontend_failed;
+        fprintf(stderr, "Started HTTPService at %s:%d\n", ho.address, http_server_port(http));
+    }
+    if (cli.allow_metrics) {
+        metrics_options_t mo;
+        metrics_options_init(&mo);
+        mo.address = cli.metrics_address;
+        mo.port = cli.metrics_port;
+        if ((err = metrics_server_start(server, &mo, &metrics))) goto frontend_failed;
+        fprintf(stderr, "Started Metrics Service at %s:%d\n", mo.address,
+                metrics_server_port(metrics));
+    }
+
+    if (cli.allow_grpc) {
+        grpc_options_t gopts = {cli.grpc_address, cli.grpc_port, cli.grpc_infer_thread_count};
+        if ((err = grpc_frontend_start(server, &gopts, &grpc_fe))) goto frontend_failed;
+        fprintf(stderr, "Started GRPCInferenceService at %s:%d\n", cli.grpc_address,
+                grpc_frontend_port(grpc_fe));
+    }
 
     fprintf(stderr, "nereid ready\n");
     int sig;
     sigwait(&sigs, &sig);
     fprintf(stderr, "Signal (%d) received.\n", sig);
+    http_server_stop(http); /* waits for in-flight inferences; the core still runs */
+    metrics_server_stop(metrics);
+    grpc_frontend_stop(grpc_fe);
     nereid_server_free(server);
     return exit_code;
+
+frontend_failed:
+    fprintf(stderr, "error: %s\n", nereid_error_message(err));
+    nereid_error_free(err);
+    http_server_stop(http);
+    metrics_server_stop(metrics);
+    grpc_frontend_stop(grpc_fe);
+    nereid_server_free(server);
+    return 1;
 }

@@ -8,11 +8,13 @@
  * Input accepts that form and the proto3 JSON mapping (lowerCamel names,
  * enum names or numbers, integers as numbers or strings).
  */
+#include <errno.h>
 #include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include <jansson.h>
 
@@ -406,7 +408,7 @@ static bool json_parse_message(jctx_t *c, json_t *obj, ProtobufCMessage *m, cons
                                int depth);
 
 /* Integer from a JSON number or string. */
-static bool json_integer_value(json_t *v, bool is_unsigned, bool *neg, uint64_t *mag)
+static bool json_to_integer(json_t *v, bool is_unsigned, bool *neg, uint64_t *mag)
 {
     if (json_is_integer(v)) {
         json_int_t i = json_integer_value(v);
@@ -458,7 +460,7 @@ static bool json_scalar(jctx_t *c, json_t *v, const ProtobufCFieldDescriptor *f,
                            f->type == PROTOBUF_C_TYPE_UINT64 || f->type == PROTOBUF_C_TYPE_FIXED64;
         bool neg;
         uint64_t mag;
-        if (!json_integer_value(v, is_unsigned, &neg, &mag)) {
+        if (!json_to_integer(v, is_unsigned, &neg, &mag)) {
             jfail(c, path, "expected an integer for field \"%s\"", f->name);
             return false;
         }

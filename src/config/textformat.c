@@ -445,6 +445,36 @@ static const char *type_name(ProtobufCType t)
     return "?";
 }
 
+static bool valid_utf8(const unsigned char *s, size_t n)
+{
+    size_t i = 0;
+    while (i < n) {
+        unsigned c = s[i];
+        size_t len;
+        uint32_t cp, min;
+        if (c < 0x80) {
+            i++;
+            continue;
+        } else if ((c & 0xE0) == 0xC0) {
+            len = 2, cp = c & 0x1F, min = 0x80;
+        } else if ((c & 0xF0) == 0xE0) {
+            len = 3, cp = c & 0x0F, min = 0x800;
+        } else if ((c & 0xF8) == 0xF0) {
+            len = 4, cp = c & 0x07, min = 0x10000;
+        } else {
+            return false;
+        }
+        if (i + len > n) return false;
+        for (size_t k = 1; k < len; k++) {
+            if ((s[i + k] & 0xC0) != 0x80) return false;
+            cp = (cp << 6) | (s[i + k] & 0x3F);
+        }
+        if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
+        i += len;
+    }
+    return true;
+}
+
 /* Parses the current token as a scalar of field f and stores it at dst. */
 static bool parse_scalar(parser_t *p, const ProtobufCFieldDescriptor *f, void *dst)
 {
@@ -575,6 +605,15 @@ static bool parse_scalar(parser_t *p, const ProtobufCFieldDescriptor *f, void *d
     case PROTOBUF_C_TYPE_STRING: {
         if (t->kind != TOK_STRING) {
             expected(p, "string");
+            return false;
+        }
+        if (p->strval.len && memchr(p->strval.data, '\0', p->strval.len)) {
+            fail_at(p, t->line, t->col, "String field \"%s\" contains a NUL character", f->name);
+            return false;
+        }
+        if (!valid_utf8((const unsigned char *)p->strval.data, p->strval.len)) {
+            fail_at(p, t->line, t->col, "String field \"%s\" contains invalid UTF-8 data",
+                    f->name);
             return false;
         }
         char *s = malloc(p->strval.len + 1);

@@ -259,6 +259,10 @@ void batch_reset(batch_t *batch);
 void batch_add(batch_t *batch, nereid_request_t *req);
 void batch_destroy(batch_t *batch);
 
+/* Runs the config's ModelWarmup samples through the model (before it is
+ * served); an error fails the load. */
+nereid_error_t *model_warmup(model_t *m);
+
 /* Statistics hooks. */
 void stats_init(model_stats_t *s, int64_t max_batch_size);
 void stats_destroy(model_stats_t *s);

@@ -248,6 +248,7 @@ nereid_error_t *model_load(nereid_server_t *server, const model_load_args_t *arg
     if (err) goto fail;
     if (m->backend) {
         err = create_instances(m);
+        if (!err) err = model_warmup(m);
         if (err) goto fail;
     }
     *out = m;

@@ -112,6 +112,13 @@ static size_t list_versions(const char *dir, int64_t **out)
     return n;
 }
 
+/* Replaces a protobuf-c string field (which may hold the static empty string). */
+static void set_pb_string(char **field, const char *value)
+{
+    if (*field && *field != protobuf_c_empty_string) free(*field);
+    *field = xstrdup(value);
+}
+
 /* Infers platform/backend from the files of the first version directory. */
 static void infer_platform(model_config_t *cfg, const char *dir)
 {
@@ -128,10 +135,8 @@ static void infer_platform(model_config_t *cfg, const char *dir)
             bool found = is_file(path) || is_dir(path);
             free(path);
             if (found) {
-                free(cfg->platform);
-                cfg->platform = xstrdup(known[k].platform);
-                free(cfg->backend);
-                cfg->backend = xstrdup(known[k].backend);
+                set_pb_string(&cfg->platform, known[k].platform);
+                set_pb_string(&cfg->backend, known[k].backend);
                 free(versions);
                 return;
             }
@@ -165,10 +170,7 @@ static void entry_read_config(nereid_server_t *s, model_entry_t *e)
         cfg = config_from_json("{}", 2, &errors);
     }
     if (cfg) {
-        if (!cfg->name[0]) {
-            free(cfg->name);
-            cfg->name = xstrdup(e->name);
-        }
+        if (!cfg->name[0]) set_pb_string(&cfg->name, e->name);
         infer_platform(cfg, e->dir);
         bool autofill = !s->opts.strict_model_config && !s->opts.disable_auto_complete_config;
         config_options_t opts = {.gpus_available = false, .allow_missing_io = autofill};

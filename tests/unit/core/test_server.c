@@ -172,12 +172,12 @@ static nereid_error_t *submit_bad(nereid_server_t *s, const char *model, int64_t
                                   const char *in_name, nereid_datatype_t dt, const int64_t *shape,
                                   size_t rank, size_t bytes, const char *out_name)
 {
-    static int32_t data[64];
+    static int32_t data[64 * 9];
     nereid_request_t *req;
     nereid_request_new(s, model, version, &req);
     nereid_request_add_input(req, in_name, dt, shape, rank, data, bytes);
     if (strcmp(in_name, "INPUT0") == 0)
-        nereid_request_add_input(req, "INPUT1", NEREID_TYPE_INT32, (int64_t[]){1, 4}, 2, data, 16);
+        nereid_request_add_input(req, "INPUT1", NEREID_TYPE_INT32, shape, rank, data, bytes);
     if (out_name) nereid_request_add_requested_output(req, out_name, 0);
     nereid_error_t *err;
     nereid_response_t *resp = infer(s, req, &err);

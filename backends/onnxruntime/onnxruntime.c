@@ -1,0 +1,1011 @@
+/*
+ * This file contains the onnxruntime backend: it serves platform
+ * "onnxruntime_onnx" models on ONNX Runtime's CPU execution provider, the way
+ * Triton's onnxruntime backend does. The runtime library is dlopened at
+ * backend init (NEREID_ORT_LIBRARY, else libonnxruntime.so.1 next to this
+ * backend, else the source tree's third_party copy, else the system's), so
+ * the server builds and runs without it; model loads then fail with the
+ * reason.
+ *
+ * One OrtEnv per backend, one OrtSession per instance (the session made at
+ * model init to read the model's inputs and outputs is handed to the first
+ * instance). Inputs are wrapped around the core's buffers without a copy;
+ * outputs whose shape is known before the run (static dims plus the batch
+ * dimension) are bound to the core's output buffers so ONNX Runtime writes
+ * straight into them, other outputs are allocated by ONNX Runtime and copied.
+ * Should a model's declared output shape prove wrong, that run fails and the
+ * instance stops binding outputs.
+ */
+#include <errno.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <strings.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "nereid/backend.h"
+#include "ort_api.h"
+
+#define ORT_DEFAULT_FILENAME "model.onnx"
+#define ORT_LIBRARY_NAME "libonnxruntime.so.1"
+#define ORT_DEFAULT_MAX_BATCH_SIZE 4 /* Triton's default-max-batch-size */
+
+typedef struct ort_backend {
+    ort_api_t api;
+    OrtEnv *env;
+    OrtMemoryInfo *cpu_info;
+    OrtAllocator *allocator; /* ORT's default CPU allocator (not owned) */
+    char load_error[1024];   /* non-empty when the runtime is unavailable */
+} ort_backend_t;
+
+/* One model input or output as the session declares it. */
+typedef struct ort_tensor {
+    char *name;
+    int elem_type; /* ORT_ELEM_* */
+    int64_t *dims; /* model dims, -1 for symbolic/unknown */
+    size_t rank;
+} ort_tensor_t;
+
+/* A config output bound to the session. */
+typedef struct ort_output {
+    const char *name; /* borrowed from the model's config */
+    nereid_datatype_t datatype;
+    int elem_type;
+    const int64_t *config_dims; /* config dims (for scalar model outputs) */
+    size_t config_rank;
+    bool shape_known; /* all dims static apart from the batch dimension */
+    int64_t *dims;    /* model dims; dims[0] replaced by the batch size */
+    size_t rank;
+} ort_output_t;
+
+typedef struct ort_model {
+    ort_backend_t *backend;
+    char *path; /* the .onnx file */
+    OrtSessionOptions *options;
+    int64_t max_batch_size;
+    size_t n_inputs, n_outputs;
+    const char **input_names; /* borrowed from the model's config */
+    nereid_datatype_t *input_datatypes;
+    int *input_elem_types;
+    ort_output_t *outputs;
+    pthread_mutex_t lock;
+    OrtSession *spare; /* session from model init, taken by the first instance */
+} ort_model_t;
+
+typedef struct ort_instance {
+    ort_model_t *model;
+    OrtSession *session;
+    bool no_prebind; /* a bound output's shape once disagreed: let ORT allocate */
+    /* Per-execute scratch, grown as needed and reused. */
+    OrtValue **in_values;
+    const char **out_names;
+    OrtValue **out_values;
+    size_t *out_index;
+    bool *out_bound;
+    char *strings; /* NUL-terminated copies of BYTES elements */
+    size_t strings_cap;
+    const char **string_ptrs;
+    size_t string_ptrs_cap;
+    size_t *offsets;
+    size_t offsets_cap;
+} ort_instance_t;
+
+/* ---- helpers ------------------------------------------------------------ */
+
+static const struct {
+    nereid_datatype_t datatype;
+    int elem_type;
+} type_map[] = {
+    {NEREID_TYPE_BOOL, ORT_ELEM_BOOL},     {NEREID_TYPE_UINT8, ORT_ELEM_UINT8},
+    {NEREID_TYPE_UINT16, ORT_ELEM_UINT16}, {NEREID_TYPE_UINT32, ORT_ELEM_UINT32},
+    {NEREID_TYPE_UINT64, ORT_ELEM_UINT64}, {NEREID_TYPE_INT8, ORT_ELEM_INT8},
+    {NEREID_TYPE_INT16, ORT_ELEM_INT16},   {NEREID_TYPE_INT32, ORT_ELEM_INT32},
+    {NEREID_TYPE_INT64, ORT_ELEM_INT64},   {NEREID_TYPE_FP16, ORT_ELEM_FLOAT16},
+    {NEREID_TYPE_FP32, ORT_ELEM_FLOAT},    {NEREID_TYPE_FP64, ORT_ELEM_DOUBLE},
+    {NEREID_TYPE_BYTES, ORT_ELEM_STRING},  {NEREID_TYPE_BF16, ORT_ELEM_BFLOAT16},
+};
+
+static int elem_from_datatype(nereid_datatype_t dt)
+{
+    for (size_t i = 0; i < sizeof(type_map) / sizeof(type_map[0]); i++)
+        if (type_map[i].datatype == dt) return type_map[i].elem_type;
+    return ORT_ELEM_UNDEFINED;
+}
+
+static nereid_datatype_t datatype_from_elem(int elem)
+{
+    for (size_t i = 0; i < sizeof(type_map) / sizeof(type_map[0]); i++)
+        if (type_map[i].elem_type == elem) return type_map[i].datatype;
+    return NEREID_TYPE_INVALID;
+}
+
+/* "TYPE_FP32" for an ORT element type ("TYPE_INVALID" when unmapped). */
+static const char *config_type_name(int elem)
+{
+    static const char *const names[] = {
+#define X(e, name, size, cfg) [NEREID_TYPE_##e] = cfg,
+        NEREID_DATATYPE_MAP(X)
+#undef X
+    };
+    nereid_datatype_t dt = datatype_from_elem(elem);
+    return dt == NEREID_TYPE_INVALID ? "TYPE_INVALID" : names[dt];
+}
+
+/* Converts an ORT status to a Nereid error (Triton's "onnx runtime error"
+ * wording) and releases the status. NULL stays NULL. */
+static nereid_error_t *ort_error(const ort_api_t *api, OrtStatus *status)
+{
+    if (!status) return NULL;
+    nereid_error_t *err = nereid_error_new(NEREID_ERROR_INTERNAL, "onnx runtime error %d: %s",
+                                           api->GetErrorCode(status), api->GetErrorMessage(status));
+    api->ReleaseStatus(status);
+    return err;
+}
+
+#define ORT_TRY(api, call)                                                                         \
+    do {                                                                                           \
+        nereid_error_t *err_ = ort_error((api), (call));                                           \
+        if (err_) return err_;                                                                     \
+    } while (0)
+
+/* Appends "[d0,d1,...]" to buf. */
+static void shape_string(char *buf, size_t size, const int64_t *dims, size_t rank)
+{
+    size_t n = 0;
+    n += (size_t)snprintf(buf + n, size - n, "[");
+    for (size_t i = 0; i < rank && n < size; i++)
+        n += (size_t)snprintf(buf + n, size - n, "%s%lld", i ? "," : "", (long long)dims[i]);
+    if (n < size) snprintf(buf + n, size - n, "]");
+}
+
+static void *grow(void *p, size_t *cap, size_t need, size_t elem_size)
+{
+    if (need <= *cap) return p;
+    size_t n = *cap ? *cap : 16;
+    while (n < need)
+        n *= 2;
+    void *q = realloc(p, n * elem_size);
+    if (!q) return NULL;
+    *cap = n;
+    return q;
+}
+
+/* ---- backend ------------------------------------------------------------ */
+
+static int try_load(ort_backend_t *b, const char *path, char *why, size_t why_size)
+{
+    return ort_api_load(&b->api, path, why, why_size);
+}
+
+/* Finds and loads the runtime: NEREID_ORT_LIBRARY, this backend's directory,
+ * the source tree's third_party copy, then the dynamic linker's search. */
+static void load_runtime(ort_backend_t *b)
+{
+    char why[512] = "";
+    const char *env = getenv("NEREID_ORT_LIBRARY");
+    if (env && *env) {
+        if (try_load(b, env, why, sizeof(why)) != 0)
+            snprintf(b->load_error, sizeof(b->load_error), "%s (from NEREID_ORT_LIBRARY)", why);
+        return;
+    }
+    char candidates[3][PATH_MAX];
+    size_t n = 0;
+    Dl_info info;
+    if (dladdr((void *)load_runtime, &info) && info.dli_fname) {
+        const char *slash = strrchr(info.dli_fname, '/');
+        int len = slash ? (int)(slash - info.dli_fname) : 1;
+        snprintf(candidates[n++], PATH_MAX, "%.*s/%s", len, slash ? info.dli_fname : ".",
+                 ORT_LIBRARY_NAME);
+    }
+#ifdef NEREID_ORT_FALLBACK_PATH
+    snprintf(candidates[n++], PATH_MAX, "%s", NEREID_ORT_FALLBACK_PATH);
+#endif
+    for (size_t i = 0; i < n; i++)
+        if (access(candidates[i], R_OK) == 0 && try_load(b, candidates[i], why, sizeof(why)) == 0)
+            return;
+    if (try_load(b, ORT_LIBRARY_NAME, why, sizeof(why)) == 0) return;
+    snprintf(b->load_error, sizeof(b->load_error),
+             "ONNX Runtime library not found (looked for %s next to the backend%s and in the "
+             "system paths; run scripts/setup.sh or set NEREID_ORT_LIBRARY): %s",
+             ORT_LIBRARY_NAME,
+#ifdef NEREID_ORT_FALLBACK_PATH
+             " and at " NEREID_ORT_FALLBACK_PATH,
+#else
+             "",
+#endif
+             why);
+}
+
+NEREID_EXPORT uint32_t nereid_backend_abi_version(void)
+{
+    return NEREID_BACKEND_ABI_VERSION;
+}
+
+NEREID_EXPORT nereid_error_t *nereid_backend_init(nereid_backend_t *backend)
+{
+    ort_backend_t *b = calloc(1, sizeof(*b));
+    if (!b) return nereid_error_new(NEREID_ERROR_INTERNAL, "out of memory");
+    nereid_backend_set_state(backend, b);
+    load_runtime(b);
+    if (b->load_error[0]) return NULL; /* model loads report it */
+    const ort_api_t *api = &b->api;
+    nereid_error_t *err = ort_error(api, api->CreateEnv(ORT_LOG_WARNING, "nereid", &b->env));
+    if (!err)
+        err = ort_error(
+            api, api->CreateCpuMemoryInfo(ORT_ARENA_ALLOCATOR, ORT_MEM_TYPE_DEFAULT, &b->cpu_info));
+    if (!err) err = ort_error(api, api->GetAllocatorWithDefaultOptions(&b->allocator));
+    if (err) {
+        snprintf(b->load_error, sizeof(b->load_error), "ONNX Runtime initialization failed: %s",
+                 nereid_error_message(err));
+        nereid_error_free(err);
+    }
+    return NULL;
+}
+
+NEREID_EXPORT nereid_error_t *nereid_backend_fini(nereid_backend_t *backend)
+{
+    ort_backend_t *b = nereid_backend_state(backend);
+    if (!b) return NULL;
+    if (b->api.dl) {
+        if (b->cpu_info) b->api.ReleaseMemoryInfo(b->cpu_info);
+        if (b->env) b->api.ReleaseEnv(b->env);
+        /* The library stays loaded: ONNX Runtime keeps thread-local and
+         * static state that does not survive dlclose. */
+    }
+    free(b);
+    nereid_backend_set_state(backend, NULL);
+    return NULL;
+}
+
+/* ---- model: session options from the config ----------------------------- */
+
+/* Triton's ParseIntValue. */
+static nereid_error_t *parse_int(const char *value, int *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(value, &end, 10);
+    if (end == value || errno || v < INT_MIN || v > INT_MAX)
+        return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                "failed to convert '%s' to integral number", value);
+    *out = (int)v;
+    return NULL;
+}
+
+/* Triton's ParseBoolValue. */
+static nereid_error_t *parse_bool(const char *value, bool *out)
+{
+    if (!strcasecmp(value, "true") || !strcasecmp(value, "on") || !strcmp(value, "1")) {
+        *out = true;
+        return NULL;
+    }
+    if (!strcasecmp(value, "false") || !strcasecmp(value, "off") || !strcmp(value, "0")) {
+        *out = false;
+        return NULL;
+    }
+    return nereid_error_new(NEREID_ERROR_INVALID_ARG, "failed to convert '%s' to boolean value",
+                            value);
+}
+
+/* config.optimization.graph.level, 0 when absent. */
+static int graph_level(const nereid_model_t *model)
+{
+    const char *text = nereid_model_config_json(model);
+    json_t *root = text ? json_loads(text, 0, NULL) : NULL;
+    json_t *level =
+        json_object_get(json_object_get(json_object_get(root, "optimization"), "graph"), "level");
+    int v = 0;
+    if (json_is_integer(level))
+        v = (int)json_integer_value(level);
+    else if (json_is_string(level))
+        v = atoi(json_string_value(level));
+    json_decref(root);
+    return v;
+}
+
+static nereid_error_t *make_session_options(ort_model_t *m, nereid_model_t *model)
+{
+    const ort_api_t *api = &m->backend->api;
+    ORT_TRY(api, api->CreateSessionOptions(&m->options));
+
+    int level = graph_level(model);
+    int ort_level = level == -1  ? ORT_ENABLE_BASIC
+                    : level == 1 ? ORT_ENABLE_EXTENDED
+                    : level == 2 ? ORT_DISABLE_ALL
+                                 : ORT_ENABLE_ALL;
+    ORT_TRY(api, api->SetSessionGraphOptimizationLevel(m->options, ort_level));
+
+    const char *v;
+    int n;
+    nereid_error_t *err;
+    if ((v = nereid_model_parameter(model, "intra_op_thread_count"))) {
+        if ((err = parse_int(v, &n))) return err;
+        ORT_TRY(api, api->SetIntraOpNumThreads(m->options, n));
+    }
+    if ((v = nereid_model_parameter(model, "inter_op_thread_count"))) {
+        if ((err = parse_int(v, &n))) return err;
+        ORT_TRY(api, api->SetInterOpNumThreads(m->options, n));
+    }
+    if ((v = nereid_model_parameter(model, "execution_mode"))) {
+        if ((err = parse_int(v, &n))) return err;
+        if (n != 0 && n != 1)
+            return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                    "Invalid configuration value provided. Expected values for  "
+                                    "execution_mode are 0 or 1 but got %s .",
+                                    v);
+        ORT_TRY(api, api->SetSessionExecutionMode(m->options, n ? ORT_PARALLEL : ORT_SEQUENTIAL));
+    }
+    bool on;
+    if ((v = nereid_model_parameter(model, "enable_mem_arena"))) {
+        if ((err = parse_bool(v, &on))) return err;
+        ORT_TRY(api, on ? api->EnableCpuMemArena(m->options) : api->DisableCpuMemArena(m->options));
+    }
+    if ((v = nereid_model_parameter(model, "enable_mem_pattern"))) {
+        if ((err = parse_bool(v, &on))) return err;
+        ORT_TRY(api, on ? api->EnableMemPattern(m->options) : api->DisableMemPattern(m->options));
+    }
+    return NULL;
+}
+
+/* ---- model: reading the session's inputs and outputs --------------------- */
+
+static void tensors_free(ort_tensor_t *t, size_t n)
+{
+    for (size_t i = 0; t && i < n; i++) {
+        free(t[i].name);
+        free(t[i].dims);
+    }
+    free(t);
+}
+
+static nereid_error_t *type_info_read(const ort_api_t *api, OrtTypeInfo *ti, ort_tensor_t *t)
+{
+    int onnx_type = 0;
+    ORT_TRY(api, api->GetOnnxTypeFromTypeInfo(ti, &onnx_type));
+    if (onnx_type != ORT_TYPE_TENSOR)
+        return nereid_error_new(NEREID_ERROR_UNSUPPORTED,
+                                "model input/output '%s' is not a tensor (ONNX type %d)", t->name,
+                                onnx_type);
+    const OrtTensorTypeAndShapeInfo *info;
+    ORT_TRY(api, api->CastTypeInfoToTensorInfo(ti, &info));
+    ORT_TRY(api, api->GetTensorElementType(info, &t->elem_type));
+    ORT_TRY(api, api->GetDimensionsCount(info, &t->rank));
+    t->dims = calloc(t->rank + 1, sizeof(int64_t));
+    if (!t->dims) return nereid_error_new(NEREID_ERROR_INTERNAL, "out of memory");
+    ORT_TRY(api, api->GetDimensions(info, t->dims, t->rank));
+    for (size_t i = 0; i < t->rank; i++)
+        if (t->dims[i] < 0) t->dims[i] = -1;
+    return NULL;
+}
+
+/* Reads the session's inputs (is_output false) or outputs. */
+static nereid_error_t *session_tensors(ort_backend_t *b, OrtSession *session, bool is_output,
+                                       ort_tensor_t **out, size_t *n_out)
+{
+    const ort_api_t *api = &b->api;
+    size_t n = 0;
+    *out = NULL;
+    *n_out = 0;
+    ORT_TRY(api, is_output ? api->SessionGetOutputCount(session, &n)
+                           : api->SessionGetInputCount(session, &n));
+    ort_tensor_t *t = calloc(n + 1, sizeof(*t));
+    if (!t) return nereid_error_new(NEREID_ERROR_INTERNAL, "out of memory");
+    nereid_error_t *err = NULL;
+    for (size_t i = 0; i < n && !err; i++) {
+        char *name = NULL;
+        err = ort_error(api, is_output ? api->SessionGetOutputName(session, i, b->allocator, &name)
+                                       : api->SessionGetInputName(session, i, b->allocator, &name));
+        if (err) break;
+        t[i].name = strdup(name);
+        OrtStatus *st = api->AllocatorFree(b->allocator, name);
+        if (st) api->ReleaseStatus(st);
+        if (!t[i].name) {
+            err = nereid_error_new(NEREID_ERROR_INTERNAL, "out of memory");
+            break;
+        }
+        OrtTypeInfo *ti = NULL;
+        err = ort_error(api, is_output ? api->SessionGetOutputTypeInfo(session, i, &ti)
+                                       : api->SessionGetInputTypeInfo(session, i, &ti));
+        if (!err) err = type_info_read(api, ti, &t[i]);
+        if (ti) api->ReleaseTypeInfo(ti);
+    }
+    if (err) {
+        tensors_free(t, n);
+        return err;
+    }
+    *out = t;
+    *n_out = n;
+    return NULL;
+}
+
+static const ort_tensor_t *tensor_find(const ort_tensor_t *t, size_t n, const char *name)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!strcmp(t[i].name, name)) return &t[i];
+    return NULL;
+}
+
+/* ---- model: autofill ------------------------------------------------------ */
+
+static bool batching_supported(const ort_tensor_t *in, size_t n_in, const ort_tensor_t *out,
+                               size_t n_out)
+{
+    for (size_t i = 0; i < n_in; i++)
+        if (in[i].rank == 0 || in[i].dims[0] != -1) return false;
+    for (size_t i = 0; i < n_out; i++)
+        if (out[i].rank == 0 || out[i].dims[0] != -1) return false;
+    return true;
+}
+
+static json_t *io_json(const ort_tensor_t *t, size_t n, bool batching)
+{
+    json_t *arr = json_array();
+    for (size_t i = 0; i < n; i++) {
+        json_t *io = json_object();
+        json_object_set_new(io, "name", json_string(t[i].name));
+        json_object_set_new(io, "data_type", json_string(config_type_name(t[i].elem_type)));
+        json_t *dims = json_array();
+        for (size_t d = batching ? 1 : 0; d < t[i].rank; d++)
+            json_array_append_new(dims, json_integer(t[i].dims[d]));
+        if (json_array_size(dims) == 0) {
+            json_array_append_new(dims, json_integer(1));
+            if (batching) {
+                json_t *reshape = json_object();
+                json_object_set_new(reshape, "shape", json_array());
+                json_object_set_new(io, "reshape", reshape);
+            }
+        }
+        json_object_set_new(io, "dims", dims);
+        json_array_append_new(arr, io);
+    }
+    return arr;
+}
+
+/* Triton's onnxruntime auto-complete: fills max_batch_size and missing
+ * inputs/outputs from the model. */
+static nereid_error_t *autofill(nereid_model_t *model, const ort_tensor_t *in, size_t n_in,
+                                const ort_tensor_t *out, size_t n_out)
+{
+    const char *name = nereid_model_name(model);
+    const char *text = nereid_model_config_json(model);
+    json_error_t jerr;
+    json_t *cfg = json_loads(text ? text : "{}", 0, &jerr);
+    if (!json_is_object(cfg)) {
+        json_decref(cfg);
+        return nereid_error_new(NEREID_ERROR_INTERNAL, "autofill failed for model '%s': %s", name,
+                                "cannot parse the model configuration");
+    }
+    int64_t mbs = nereid_model_max_batch_size(model);
+    if (batching_supported(in, n_in, out, n_out)) {
+        if (mbs == 0) {
+            mbs = ORT_DEFAULT_MAX_BATCH_SIZE;
+            json_object_set_new(cfg, "max_batch_size", json_integer(mbs));
+            fprintf(stderr,
+                    "W onnxruntime: autofilled max_batch_size to %lld for model '%s' since "
+                    "batching is supporrted but no max_batch_size is specified in model "
+                    "configuration. Must specify max_batch_size to utilize autofill with a "
+                    "larger max batch size\n",
+                    (long long)mbs, name);
+            if (mbs > 1 && !json_object_get(cfg, "dynamic_batching") &&
+                !json_object_get(cfg, "sequence_batching"))
+                json_object_set_new(cfg, "dynamic_batching", json_object());
+        }
+    } else if (mbs != 0) {
+        json_decref(cfg);
+        return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                "autofill failed for model '%s': model does not support batching "
+                                "while non-zero max_batch_size is specified",
+                                name);
+    }
+    if (json_array_size(json_object_get(cfg, "input")) == 0)
+        json_object_set_new(cfg, "input", io_json(in, n_in, mbs > 0));
+    if (json_array_size(json_object_get(cfg, "output")) == 0)
+        json_object_set_new(cfg, "output", io_json(out, n_out, mbs > 0));
+    char *new_text = json_dumps(cfg, JSON_COMPACT);
+    json_decref(cfg);
+    if (!new_text) return nereid_error_new(NEREID_ERROR_INTERNAL, "out of memory");
+    nereid_error_t *err = nereid_model_set_config(model, new_text);
+    free(new_text);
+    return err;
+}
+
+/* ---- model: validation against the session ------------------------------- */
+
+static nereid_error_t *not_allowed(const char *what, const char *name, const ort_tensor_t *t,
+                                   size_t n)
+{
+    char list[1024] = "";
+    size_t len = 0;
+    for (size_t i = 0; i < n && len < sizeof(list); i++)
+        len += (size_t)snprintf(list + len, sizeof(list) - len, "%s%s", i ? ", " : "", t[i].name);
+    return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                            "unexpected inference %s '%s', allowed %ss are: %s", what, name, what,
+                            list);
+}
+
+/* Triton's CompareDimsSupported. */
+static nereid_error_t *compare_dims(const char *model_name, const char *name, const ort_tensor_t *t,
+                                    const int64_t *dims, size_t rank, int64_t mbs, bool exact)
+{
+    char model_shape[256], config_shape[256];
+    shape_string(model_shape, sizeof(model_shape), t->dims, t->rank);
+    if (t->rank == 0) { /* scalar in the model: config dims must all be 1 */
+        for (size_t i = 0; i < rank; i++) {
+            if (dims[i] != 1) {
+                shape_string(config_shape, sizeof(config_shape), dims, rank);
+                return nereid_error_new(
+                    NEREID_ERROR_INVALID_ARG,
+                    "unable to load model '%s', scalar tensor '%s', should only provide 1 in the "
+                    "model configuration when the model doesn't support batching. Model "
+                    "configuration provided: %s.",
+                    model_name, name, config_shape);
+            }
+        }
+        return NULL;
+    }
+    int64_t full[65] = {0};
+    size_t full_rank = 0;
+    if (rank > 63) rank = 63;
+    if (mbs > 0) {
+        if (t->dims[0] != -1)
+            return nereid_error_new(
+                NEREID_ERROR_INVALID_ARG,
+                "model '%s', tensor '%s': for the model to support batching the shape should have "
+                "at least 1 dimension and the first dimension must be -1; but shape expected by "
+                "the model is %s",
+                model_name, name, model_shape);
+        full[full_rank++] = -1;
+    }
+    for (size_t i = 0; i < rank; i++)
+        full[full_rank++] = dims[i];
+    bool ok = t->rank == full_rank;
+    for (size_t i = 0; ok && i < full_rank; i++)
+        if (exact || t->dims[i] != -1) ok = t->dims[i] == full[i];
+    if (ok) return NULL;
+    shape_string(config_shape, sizeof(config_shape), full, full_rank);
+    return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                            "model '%s', tensor '%s': the model expects %zu dimensions (shape %s) "
+                            "but the model configuration specifies %zu dimensions (%s%s)",
+                            model_name, name, t->rank, model_shape, full_rank,
+                            mbs > 0 ? "an initial batch dimension because max_batch_size > 0 "
+                                      "followed by the explicit tensor shape, making complete "
+                                      "shape "
+                                    : "shape ",
+                            config_shape);
+}
+
+static nereid_error_t *check_io(const char *model_name, const char *what, const char *name,
+                                nereid_datatype_t dt, const int64_t *dims, size_t rank, int64_t mbs,
+                                const ort_tensor_t *all, size_t n_all)
+{
+    const ort_tensor_t *t = tensor_find(all, n_all, name);
+    if (!t) return not_allowed(what, name, all, n_all);
+    int elem = elem_from_datatype(dt);
+    if (elem == ORT_ELEM_UNDEFINED)
+        return nereid_error_new(NEREID_ERROR_INTERNAL,
+                                "unsupported datatype %s for %s '%s' for model '%s'",
+                                nereid_datatype_name(dt), what, name, model_name);
+    if (elem != t->elem_type) {
+        const char *cfg_name = config_type_name(elem);
+        return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                "unable to load model '%s', configuration expects datatype %s for "
+                                "%s '%s', model provides %s",
+                                model_name, cfg_name, what, name, config_type_name(t->elem_type));
+    }
+    return compare_dims(model_name, name, t, dims, rank, mbs, !strcmp(what, "output"));
+}
+
+/* ---- model lifecycle ------------------------------------------------------ */
+
+static void model_free(ort_model_t *m)
+{
+    if (!m) return;
+    const ort_api_t *api = &m->backend->api;
+    if (m->spare) api->ReleaseSession(m->spare);
+    if (m->options) api->ReleaseSessionOptions(m->options);
+    for (size_t i = 0; m->outputs && i < m->n_outputs; i++)
+        free(m->outputs[i].dims);
+    free(m->outputs);
+    free(m->input_names);
+    free(m->input_datatypes);
+    free(m->input_elem_types);
+    free(m->path);
+    pthread_mutex_destroy(&m->lock);
+    free(m);
+}
+
+static nereid_error_t *create_session(ort_model_t *m, OrtSession **out)
+{
+    const ort_api_t *api = &m->backend->api;
+    return ort_error(api, api->CreateSession(m->backend->env, m->path, m->options, out));
+}
+
+/* Binds the (possibly autofilled) config's inputs and outputs to the model. */
+static nereid_error_t *bind_config(ort_model_t *m, nereid_model_t *model, const ort_tensor_t *in,
+                                   size_t n_in, const ort_tensor_t *out, size_t n_out)
+{
+    const char *name = nereid_model_name(model);
+    m->max_batch_size = nereid_model_max_batch_size(model);
+    m->n_inputs = nereid_model_input_count(model);
+    m->n_outputs = nereid_model_output_count(model);
+    if (m->n_inputs != n_in)
+        return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                "unable to load model '%s', configuration expects %zu inputs, "
+                                "model provides %zu",
+                                name, m->n_inputs, n_in);
+    m->input_names = calloc(m->n_inputs + 1, sizeof(*m->input_names));
+    m->input_datatypes = calloc(m->n_inputs + 1, sizeof(*m->input_datatypes));
+    m->input_elem_types = calloc(m->n_inputs + 1, sizeof(*m->input_elem_types));
+    m->outputs = calloc(m->n_outputs + 1, sizeof(*m->outputs));
+    if (!m->input_names || !m->input_datatypes || !m->input_elem_types || !m->outputs)
+        return nereid_error_new(NEREID_ERROR_INTERNAL, "out of memory");
+    for (size_t i = 0; i < m->n_inputs; i++) {
+        const int64_t *dims;
+        size_t rank;
+        nereid_model_input(model, i, &m->input_names[i], &m->input_datatypes[i], &dims, &rank);
+        nereid_error_t *err = check_io(name, "input", m->input_names[i], m->input_datatypes[i],
+                                       dims, rank, m->max_batch_size, in, n_in);
+        if (err) return err;
+        m->input_elem_types[i] = elem_from_datatype(m->input_datatypes[i]);
+    }
+    for (size_t i = 0; i < m->n_outputs; i++) {
+        ort_output_t *o = &m->outputs[i];
+        nereid_model_output(model, i, &o->name, &o->datatype, &o->config_dims, &o->config_rank);
+        nereid_error_t *err = check_io(name, "output", o->name, o->datatype, o->config_dims,
+                                       o->config_rank, m->max_batch_size, out, n_out);
+        if (err) return err;
+        const ort_tensor_t *t = tensor_find(out, n_out, o->name);
+        o->elem_type = t->elem_type;
+        o->rank = t->rank;
+        o->dims = calloc(t->rank + 1, sizeof(int64_t));
+        if (!o->dims) return nereid_error_new(NEREID_ERROR_INTERNAL, "out of memory");
+        memcpy(o->dims, t->dims, t->rank * sizeof(int64_t));
+        o->shape_known = o->elem_type != ORT_ELEM_STRING && t->rank > 0;
+        for (size_t d = m->max_batch_size > 0 ? 1 : 0; d < t->rank; d++)
+            if (t->dims[d] < 0) o->shape_known = false;
+    }
+    return NULL;
+}
+
+NEREID_EXPORT nereid_error_t *nereid_backend_model_init(nereid_model_t *model)
+{
+    ort_backend_t *b = nereid_backend_state(nereid_model_backend(model));
+    const char *name = nereid_model_name(model);
+    if (!b || b->load_error[0])
+        return nereid_error_new(NEREID_ERROR_UNAVAILABLE,
+                                "unable to load model '%s': onnxruntime backend unavailable: %s",
+                                name, b ? b->load_error : "not initialized");
+    ort_model_t *m = calloc(1, sizeof(*m));
+    if (!m) return nereid_error_new(NEREID_ERROR_INTERNAL, "out of memory");
+    m->backend = b;
+    pthread_mutex_init(&m->lock, NULL);
+
+    nereid_error_t *err = NULL;
+    ort_tensor_t *in = NULL, *out = NULL;
+    size_t n_in = 0, n_out = 0;
+    struct stat st;
+
+    m->path = nereid_model_file_path(model, ORT_DEFAULT_FILENAME);
+    if (!m->path) {
+        err = nereid_error_new(NEREID_ERROR_INTERNAL, "out of memory");
+        goto fail;
+    }
+    if (stat(m->path, &st) == 0 && S_ISDIR(st.st_mode)) { /* <file>.onnx/model.onnx layout */
+        char *p;
+        if (asprintf(&p, "%s/%s", m->path, ORT_DEFAULT_FILENAME) < 0) {
+            err = nereid_error_new(NEREID_ERROR_INTERNAL, "out of memory");
+            goto fail;
+        }
+        free(m->path);
+        m->path = p;
+    }
+    if (access(m->path, R_OK) != 0) {
+        err = nereid_error_new(NEREID_ERROR_UNAVAILABLE, "unable to find '%s' for model '%s'",
+                               m->path, name);
+        goto fail;
+    }
+    if ((err = make_session_options(m, model))) goto fail;
+    if ((err = create_session(m, &m->spare))) goto fail;
+    if ((err = session_tensors(b, m->spare, false, &in, &n_in))) goto fail;
+    if ((err = session_tensors(b, m->spare, true, &out, &n_out))) goto fail;
+
+    if (nereid_model_autocomplete_allowed(model) &&
+        (nereid_model_input_count(model) == 0 || nereid_model_output_count(model) == 0))
+        if ((err = autofill(model, in, n_in, out, n_out))) goto fail;
+    if ((err = bind_config(m, model, in, n_in, out, n_out))) goto fail;
+
+    tensors_free(in, n_in);
+    tensors_free(out, n_out);
+    nereid_model_set_state(model, m);
+    return NULL;
+fail:
+    tensors_free(in, n_in);
+    tensors_free(out, n_out);
+    model_free(m);
+    return err;
+}
+
+NEREID_EXPORT nereid_error_t *nereid_backend_model_fini(nereid_model_t *model)
+{
+    model_free(nereid_model_state(model));
+    nereid_model_set_state(model, NULL);
+    return NULL;
+}
+
+/* ---- instance ------------------------------------------------------------- */
+
+static void instance_free(ort_instance_t *s)
+{
+    if (!s) return;
+    if (s->session) s->model->backend->api.ReleaseSession(s->session);
+    free(s->in_values);
+    free(s->out_names);
+    free(s->out_values);
+    free(s->out_index);
+    free(s->out_bound);
+    free(s->strings);
+    free(s->string_ptrs);
+    free(s->offsets);
+    free(s);
+}
+
+NEREID_EXPORT nereid_error_t *nereid_backend_instance_init(nereid_instance_t *instance)
+{
+    ort_model_t *m = nereid_model_state(nereid_instance_model(instance));
+    if (!m) return nereid_error_new(NEREID_ERROR_INTERNAL, "onnxruntime model state missing");
+    ort_instance_t *s = calloc(1, sizeof(*s));
+    if (!s) return nereid_error_new(NEREID_ERROR_INTERNAL, "out of memory");
+    s->model = m;
+    size_t n = m->n_outputs + 1;
+    s->in_values = calloc(m->n_inputs + 1, sizeof(*s->in_values));
+    s->out_names = calloc(n, sizeof(*s->out_names));
+    s->out_values = calloc(n, sizeof(*s->out_values));
+    s->out_index = calloc(n, sizeof(*s->out_index));
+    s->out_bound = calloc(n, sizeof(*s->out_bound));
+    if (!s->in_values || !s->out_names || !s->out_values || !s->out_index || !s->out_bound) {
+        instance_free(s);
+        return nereid_error_new(NEREID_ERROR_INTERNAL, "out of memory");
+    }
+    pthread_mutex_lock(&m->lock);
+    s->session = m->spare;
+    m->spare = NULL;
+    pthread_mutex_unlock(&m->lock);
+    if (!s->session) {
+        nereid_error_t *err = create_session(m, &s->session);
+        if (err) {
+            instance_free(s);
+            return err;
+        }
+    }
+    nereid_instance_set_state(instance, s);
+    return NULL;
+}
+
+NEREID_EXPORT nereid_error_t *nereid_backend_instance_fini(nereid_instance_t *instance)
+{
+    instance_free(nereid_instance_state(instance));
+    nereid_instance_set_state(instance, NULL);
+    return NULL;
+}
+
+/* ---- execute -------------------------------------------------------------- */
+
+/* Builds a STRING tensor from a BYTES buffer (4-byte LE length per element). */
+static nereid_error_t *string_input(ort_instance_t *s, const char *name, const int64_t *shape,
+                                    size_t rank, const uint8_t *data, size_t byte_size,
+                                    OrtValue **out)
+{
+    const ort_backend_t *b = s->model->backend;
+    const ort_api_t *api = &b->api;
+    size_t count = 1;
+    for (size_t i = 0; i < rank; i++)
+        count *= (size_t)(shape[i] < 0 ? 0 : shape[i]);
+    size_t need = byte_size + count + 1;
+    char *strings = grow(s->strings, &s->strings_cap, need, 1);
+    const char **ptrs = grow(s->string_ptrs, &s->string_ptrs_cap, count + 1, sizeof(char *));
+    if (strings) s->strings = strings;
+    if (ptrs) s->string_ptrs = ptrs;
+    if (!strings || !ptrs) return nereid_error_new(NEREID_ERROR_INTERNAL, "out of memory");
+    size_t pos = 0, w = 0;
+    for (size_t i = 0; i < count; i++) {
+        uint32_t len;
+        if (byte_size - pos < 4) goto malformed;
+        memcpy(&len, data + pos, 4); /* little-endian hosts only (x86_64, aarch64) */
+        pos += 4;
+        if (byte_size - pos < len) goto malformed;
+        memcpy(strings + w, data + pos, len);
+        strings[w + len] = '\0';
+        ptrs[i] = strings + w;
+        w += (size_t)len + 1;
+        pos += len;
+    }
+    if (pos != byte_size) goto malformed;
+    ORT_TRY(api, api->CreateTensorAsOrtValue(b->allocator, shape, rank, ORT_ELEM_STRING, out));
+    nereid_error_t *err = ort_error(api, api->FillStringTensor(*out, ptrs, count));
+    if (err) {
+        api->ReleaseValue(*out);
+        *out = NULL;
+    }
+    return err;
+malformed:
+    return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                            "input '%s': malformed BYTES data for %zu elements in %zu bytes", name,
+                            count, byte_size);
+}
+
+/* Copies ORT's STRING output into the core's buffer, length-prefixed. */
+static nereid_error_t *string_output(ort_instance_t *s, nereid_batch_t *batch, const char *name,
+                                     OrtValue *value, const int64_t *shape, size_t rank,
+                                     size_t count)
+{
+    const ort_api_t *api = &s->model->backend->api;
+    size_t data_len = 0;
+    ORT_TRY(api, api->GetStringTensorDataLength(value, &data_len));
+    char *strings = grow(s->strings, &s->strings_cap, data_len + 1, 1);
+    size_t *offsets = grow(s->offsets, &s->offsets_cap, count + 1, sizeof(size_t));
+    if (strings) s->strings = strings;
+    if (offsets) s->offsets = offsets;
+    if (!strings || !offsets) return nereid_error_new(NEREID_ERROR_INTERNAL, "out of memory");
+    if (count > 0)
+        ORT_TRY(api, api->GetStringTensorContent(value, strings, data_len, offsets, count));
+    void *buf = NULL;
+    nereid_error_t *err = nereid_batch_output(batch, name, NEREID_TYPE_BYTES, shape, rank,
+                                              data_len + 4 * count, &buf);
+    if (err) return err;
+    uint8_t *p = buf;
+    for (size_t i = 0; i < count; i++) {
+        size_t end = i + 1 < count ? offsets[i + 1] : data_len;
+        uint32_t len = (uint32_t)(end - offsets[i]);
+        memcpy(p, &len, 4);
+        memcpy(p + 4, strings + offsets[i], len);
+        p += 4 + len;
+    }
+    return NULL;
+}
+
+/* Copies an ORT-allocated output into the core's buffer. */
+static nereid_error_t *read_output(ort_instance_t *s, nereid_batch_t *batch, const ort_output_t *o,
+                                   OrtValue *value)
+{
+    const ort_api_t *api = &s->model->backend->api;
+    OrtTensorTypeAndShapeInfo *info = NULL;
+    ORT_TRY(api, api->GetTensorTypeAndShape(value, &info));
+    int elem = 0;
+    size_t rank = 0, count = 0;
+    int64_t shape[64];
+    nereid_error_t *err = ort_error(api, api->GetTensorElementType(info, &elem));
+    if (!err) err = ort_error(api, api->GetDimensionsCount(info, &rank));
+    if (!err && rank > 64)
+        err = nereid_error_new(NEREID_ERROR_UNSUPPORTED, "output '%s' has rank %zu", o->name, rank);
+    if (!err) err = ort_error(api, api->GetDimensions(info, shape, rank));
+    if (!err) err = ort_error(api, api->GetTensorShapeElementCount(info, &count));
+    api->ReleaseTensorTypeAndShapeInfo(info);
+    if (err) return err;
+    if (elem != o->elem_type)
+        return nereid_error_new(NEREID_ERROR_INTERNAL,
+                                "output '%s': model produced %s, configuration expects %s", o->name,
+                                config_type_name(elem), config_type_name(o->elem_type));
+    const int64_t *out_shape = shape;
+    if (rank == 0) { /* scalar model output: report the config's dims ([1]) */
+        out_shape = o->config_dims;
+        rank = o->config_rank;
+    }
+    if (elem == ORT_ELEM_STRING)
+        return string_output(s, batch, o->name, value, out_shape, rank, count);
+    size_t byte_size = count * nereid_datatype_byte_size(o->datatype);
+    void *src = NULL, *dst = NULL;
+    ORT_TRY(api, api->GetTensorMutableData(value, &src));
+    err = nereid_batch_output(batch, o->name, o->datatype, out_shape, rank, byte_size, &dst);
+    if (err) return err;
+    if (byte_size) memcpy(dst, src, byte_size);
+    return NULL;
+}
+
+static void release_values(const ort_api_t *api, OrtValue **v, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (v[i]) api->ReleaseValue(v[i]);
+        v[i] = NULL;
+    }
+}
+
+static const uint8_t empty_buffer[8];
+
+/* Runs the session; outputs with a known shape are bound to the core's
+ * buffers first (unless bind is false). */
+static nereid_error_t *run(ort_instance_t *s, nereid_batch_t *batch, size_t n_out, bool bind)
+{
+    ort_model_t *m = s->model;
+    const ort_backend_t *b = m->backend;
+    const ort_api_t *api = &b->api;
+    int64_t batch_size = nereid_batch_size(batch);
+    for (size_t k = 0; k < n_out; k++) {
+        const ort_output_t *o = &m->outputs[s->out_index[k]];
+        s->out_bound[k] = false;
+        if (!bind || !o->shape_known) continue;
+        int64_t shape[64];
+        size_t rank = o->rank < 64 ? o->rank : 64;
+        size_t count = 1;
+        for (size_t d = 0; d < rank; d++) {
+            shape[d] = (d == 0 && m->max_batch_size > 0) ? batch_size : o->dims[d];
+            count *= (size_t)shape[d];
+        }
+        size_t byte_size = count * nereid_datatype_byte_size(o->datatype);
+        void *buf = NULL;
+        nereid_error_t *err =
+            nereid_batch_output(batch, o->name, o->datatype, shape, rank, byte_size, &buf);
+        if (err) return err;
+        ORT_TRY(api, api->CreateTensorWithDataAsOrtValue(
+                         b->cpu_info, buf ? buf : (void *)empty_buffer, byte_size, shape, rank,
+                         o->elem_type, &s->out_values[k]));
+        s->out_bound[k] = true;
+    }
+    return ort_error(api, api->Run(s->session, NULL, m->input_names,
+                                   (const OrtValue *const *)s->in_values, m->n_inputs, s->out_names,
+                                   n_out, s->out_values));
+}
+
+NEREID_EXPORT nereid_error_t *nereid_backend_execute(nereid_instance_t *instance,
+                                                     nereid_batch_t *batch)
+{
+    ort_instance_t *s = nereid_instance_state(instance);
+    ort_model_t *m = s->model;
+    const ort_backend_t *b = m->backend;
+    const ort_api_t *api = &b->api;
+    nereid_error_t *err = NULL;
+    size_t n_out = 0;
+
+    for (size_t i = 0; i < m->n_inputs && !err; i++) {
+        nereid_datatype_t dt;
+        const int64_t *shape;
+        size_t rank, byte_size;
+        const void *data;
+        err = nereid_batch_input(batch, m->input_names[i], &dt, &shape, &rank, &data, &byte_size);
+        if (err) break;
+        if (dt == NEREID_TYPE_BYTES) {
+            err =
+                string_input(s, m->input_names[i], shape, rank, data, byte_size, &s->in_values[i]);
+        } else {
+            err = ort_error(api,
+                            api->CreateTensorWithDataAsOrtValue(
+                                b->cpu_info, data ? (void *)data : (void *)empty_buffer, byte_size,
+                                shape, rank, m->input_elem_types[i], &s->in_values[i]));
+        }
+    }
+    if (err) goto done;
+    uint64_t input_end_ns = nereid_now_ns();
+
+    for (size_t o = 0; o < m->n_outputs; o++) {
+        if (!nereid_batch_output_requested(batch, m->outputs[o].name)) continue;
+        s->out_names[n_out] = m->outputs[o].name;
+        s->out_index[n_out++] = o;
+    }
+    if (n_out == 0) { /* nothing requested: still run (statistics, side effects) */
+        for (size_t o = 0; o < m->n_outputs; o++) {
+            s->out_names[n_out] = m->outputs[o].name;
+            s->out_index[n_out++] = o;
+        }
+    }
+    err = run(s, batch, n_out, !s->no_prebind);
+    if (err) {
+        /* A bound output whose real shape differs from the model's declared
+         * one fails the run; later runs let ORT allocate such outputs. */
+        for (size_t k = 0; k < n_out; k++)
+            if (s->out_bound[k]) s->no_prebind = true;
+    }
+    if (err) goto done;
+    uint64_t infer_end_ns = nereid_now_ns();
+
+    for (size_t k = 0; k < n_out && !err; k++)
+        if (!s->out_bound[k])
+            err = read_output(s, batch, &m->outputs[s->out_index[k]], s->out_values[k]);
+    if (!err) nereid_batch_report_compute(batch, input_end_ns, infer_end_ns);
+done:
+    release_values(api, s->in_values, m->n_inputs);
+    release_values(api, s->out_values, n_out);
+    return err;
+}

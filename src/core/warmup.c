@@ -1,0 +1,159 @@
+/*
+ * This file contains model warmup (ModelWarmup in the config): before a
+ * model version is served, each warmup sample is run `count` times through
+ * the model's own scheduler and instances; any failure fails the load.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/core.h"
+#include "core/util.h"
+#include "sched/scheduler.h"
+
+typedef struct warmup_wait {
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    bool done;
+    nereid_error_t *err;
+} warmup_wait_t;
+
+static void on_warmup_done(nereid_response_t *resp, void *userp)
+{
+    warmup_wait_t *w = userp;
+    pthread_mutex_lock(&w->lock);
+    const nereid_error_t *e = nereid_response_error(resp);
+    if (e) w->err = nereid_error_new(nereid_error_code(e), "%s", nereid_error_message(e));
+    w->done = true;
+    pthread_cond_signal(&w->cond);
+    pthread_mutex_unlock(&w->lock);
+    nereid_response_free(resp);
+}
+
+static nereid_error_t *read_data_file(model_t *m, const char *file, size_t want, bool bytes,
+                                      void **out, size_t *size)
+{
+    if (strstr(file, "..") || file[0] == '/')
+        return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                "warmup input_data_file '%s' must be a file under warmup/", file);
+    char *path = xasprintf("%s/warmup/%s", m->dir, file);
+    FILE *f = fopen(path, "rb");
+    nereid_error_t *err = NULL;
+    if (!f) {
+        err = nereid_error_new(NEREID_ERROR_INVALID_ARG, "unable to open warmup data file '%s'",
+                               path);
+        free(path);
+        return err;
+    }
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    void *buf = xmalloc(n > 0 ? (size_t)n : 1);
+    if (n < 0 || fread(buf, 1, (size_t)n, f) != (size_t)n || (!bytes && (size_t)n < want)) {
+        err =
+            nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                             "warmup data file '%s' holds %ld bytes, expected %zu", path, n, want);
+        free(buf);
+    } else {
+        *out = buf;
+        *size = bytes ? (size_t)n : want;
+    }
+    fclose(f);
+    free(path);
+    return err;
+}
+
+/* Builds one warmup request for sample w (inputs owned by the request). */
+static nereid_error_t *build_request(model_t *m, const Inference__ModelWarmup *w,
+                                     nereid_request_t **out)
+{
+    nereid_request_t *req;
+    nereid_error_t *err = nereid_request_new(m->server, m->name, m->version, &req);
+    if (err) return err;
+    char *id = xasprintf("warmup_%s", w->name);
+    nereid_request_set_id(req, id);
+    free(id);
+    for (size_t i = 0; i < w->n_inputs && !err; i++) {
+        const Inference__ModelWarmup__Input *in = w->inputs[i]->value;
+        if (!in) continue;
+        int64_t shape[NEREID_MAX_RANK];
+        size_t rank = 0;
+        if (m->max_batch_size > 0) shape[rank++] = w->batch_size ? w->batch_size : 1;
+        int64_t count = rank ? shape[0] : 1;
+        for (size_t d = 0; d < in->n_dims && rank < NEREID_MAX_RANK; d++) {
+            shape[rank++] = in->dims[d];
+            count *= in->dims[d] > 0 ? in->dims[d] : 0;
+        }
+        nereid_datatype_t dt = (nereid_datatype_t)in->data_type;
+        size_t esize = nereid_datatype_byte_size(dt);
+        bool bytes = dt == NEREID_TYPE_BYTES;
+        size_t size = bytes ? (size_t)count * 4 : (size_t)count * esize;
+        void *data = NULL;
+        if (in->input_data_type_case ==
+            INFERENCE__MODEL_WARMUP__INPUT__INPUT_DATA_TYPE_INPUT_DATA_FILE) {
+            err = read_data_file(m, in->input_data_file, size, bytes, &data, &size);
+            if (err) break;
+        } else {
+            data = xcalloc(1, size ? size : 1);
+            if (in->input_data_type_case ==
+                    INFERENCE__MODEL_WARMUP__INPUT__INPUT_DATA_TYPE_RANDOM_DATA &&
+                !bytes && dt != NEREID_TYPE_BOOL)
+                for (size_t b = 0; b < size; b++)
+                    ((uint8_t *)data)[b] = (uint8_t)rand();
+        }
+        request_add_owned_input(req, w->inputs[i]->key, dt, shape, rank, data, size);
+    }
+    if (err) {
+        nereid_request_free(req);
+        return err;
+    }
+    *out = req;
+    return NULL;
+}
+
+nereid_error_t *model_warmup(model_t *m)
+{
+    for (size_t i = 0; i < m->config->n_model_warmup; i++) {
+        const Inference__ModelWarmup *w = m->config->model_warmup[i];
+        uint32_t count = w->count ? w->count : 1;
+        for (uint32_t c = 0; c < count; c++) {
+            nereid_request_t *req;
+            nereid_error_t *err = build_request(m, w, &req);
+            if (err) return err;
+            model_ref(m);
+            req->model = m;
+            err = request_validate(req, m);
+            warmup_wait_t wait = {.done = false, .err = NULL};
+            pthread_mutex_init(&wait.lock, NULL);
+            pthread_cond_init(&wait.cond, NULL);
+            if (!err) {
+                uint64_t now = util_now_ns();
+                req->t_request_ns = req->t_queue_start_ns = now;
+                req->done_fn = on_warmup_done;
+                req->done_userp = &wait;
+                request_prepare_response(req);
+                err = m->sched->ops->enqueue(m->sched, req);
+            }
+            if (err) {
+                request_free(req);
+            } else {
+                pthread_mutex_lock(&wait.lock);
+                while (!wait.done)
+                    pthread_cond_wait(&wait.cond, &wait.lock);
+                pthread_mutex_unlock(&wait.lock);
+                err = wait.err;
+            }
+            pthread_mutex_destroy(&wait.lock);
+            pthread_cond_destroy(&wait.cond);
+            if (err) {
+                nereid_error_t *wrapped = nereid_error_new(
+                    nereid_error_code(err), "warmup '%s' failed for model '%s': %s", w->name,
+                    m->name, nereid_error_message(err));
+                nereid_error_free(err);
+                return wrapped;
+            }
+        }
+    }
+    return NULL;
+}

@@ -1,0 +1,577 @@
+/*
+ * This file contains the gRPC handlers for every RPC except inference:
+ * health, metadata, model config, statistics, repository and the RPCs Nereid
+ * does not support (shared memory, trace and log settings). Documents the
+ * core returns as JSON are parsed with jansson into the protobuf replies.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "grpc/grpc_internal.h"
+#include "grpc/infer_codec.h"
+#include "grpc_service.pb-c.h"
+#include "health.pb-c.h"
+
+/* Allocations of one reply, freed together after it is packed. */
+typedef struct arena {
+    void **ptrs;
+    size_t n;
+    bool failed;
+} arena_t;
+
+static void *arena_calloc(arena_t *a, size_t n, size_t size)
+{
+    void *p = calloc(n > 0 ? n : 1, size);
+    void **ptrs = p != NULL ? realloc(a->ptrs, (a->n + 1) * sizeof(*ptrs)) : NULL;
+    if (ptrs == NULL) {
+        free(p);
+        a->failed = true;
+        return NULL;
+    }
+    a->ptrs = ptrs;
+    a->ptrs[a->n++] = p;
+    return p;
+}
+
+static void arena_free(arena_t *a)
+{
+    for (size_t i = 0; i < a->n; i++)
+        free(a->ptrs[i]);
+    free(a->ptrs);
+}
+
+static void finish_malformed(gfe_unary_call_t *c, const char *what)
+{
+    char msg[160];
+    snprintf(msg, sizeof(msg), "failed to parse the %s message", what);
+    gfe_unary_finish_status(c, GRPC_STATUS_INVALID_ARGUMENT, msg, NULL);
+}
+
+static void finish_bad_json(gfe_unary_call_t *c)
+{
+    gfe_unary_finish_status(c, GRPC_STATUS_INTERNAL, "failed to parse the server's JSON reply",
+                            NULL);
+}
+
+static const char *jstr(const json_t *obj, const char *key)
+{
+    const char *s = json_string_value(json_object_get(obj, key));
+    return s != NULL ? s : "";
+}
+
+static uint64_t juint(const json_t *obj, const char *key)
+{
+    json_t *v = json_object_get(obj, key);
+    if (json_is_integer(v)) return (uint64_t)json_integer_value(v);
+    if (json_is_string(v)) return strtoull(json_string_value(v), NULL, 10);
+    if (json_is_real(v)) return (uint64_t)json_real_value(v);
+    return 0;
+}
+
+/* ---- Health ------------------------------------------------------------- */
+
+void gfe_server_live(gfe_unary_call_t *c, const uint8_t *data, size_t len)
+{
+    (void)data;
+    (void)len;
+    Inference__ServerLiveResponse r = INFERENCE__SERVER_LIVE_RESPONSE__INIT;
+    r.live = nereid_server_is_live(c->fe->server);
+    gfe_unary_finish_msg(c, &r.base);
+}
+
+void gfe_server_ready(gfe_unary_call_t *c, const uint8_t *data, size_t len)
+{
+    (void)data;
+    (void)len;
+    Inference__ServerReadyResponse r = INFERENCE__SERVER_READY_RESPONSE__INIT;
+    r.ready = nereid_server_is_ready(c->fe->server);
+    gfe_unary_finish_msg(c, &r.base);
+}
+
+void gfe_health_check(gfe_unary_call_t *c, const uint8_t *data, size_t len)
+{
+    Grpc__Health__V1__HealthCheckRequest *req =
+        grpc__health__v1__health_check_request__unpack(NULL, len, data);
+    if (req == NULL) {
+        finish_malformed(c, "HealthCheckRequest");
+        return;
+    }
+    grpc__health__v1__health_check_request__free_unpacked(req, NULL);
+    Grpc__Health__V1__HealthCheckResponse r = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
+    r.status = nereid_server_is_ready(c->fe->server)
+                   ? GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING
+                   : GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING;
+    gfe_unary_finish_msg(c, &r.base);
+}
+
+void gfe_model_ready(gfe_unary_call_t *c, const uint8_t *data, size_t len)
+{
+    Inference__ModelReadyRequest *req = inference__model_ready_request__unpack(NULL, len, data);
+    if (req == NULL) {
+        finish_malformed(c, "ModelReadyRequest");
+        return;
+    }
+    Inference__ModelReadyResponse r = INFERENCE__MODEL_READY_RESPONSE__INIT;
+    int64_t version;
+    bool ready = false;
+    nereid_error_t *err = infer_codec_version(req->version, &version);
+    if (err == NULL) err = nereid_server_model_is_ready(c->fe->server, req->name, version, &ready);
+    inference__model_ready_request__free_unpacked(req, NULL);
+    r.ready = err == NULL && ready;
+    if (err != NULL) { /* Triton sends ready:false together with the lookup error */
+        gfe_unary_finish_status(c, gfe_status_from_error(err), nereid_error_message(err),
+                                gfe_buffer_from_msg(&r.base));
+        nereid_error_free(err);
+        return;
+    }
+    gfe_unary_finish_msg(c, &r.base);
+}
+
+/* ---- Metadata ----------------------------------------------------------- */
+
+void gfe_server_metadata(gfe_unary_call_t *c, const uint8_t *data, size_t len)
+{
+    (void)data;
+    (void)len;
+    char *text;
+    nereid_error_t *err = nereid_server_metadata(c->fe->server, &text);
+    if (err != NULL) {
+        gfe_unary_finish_error(c, err);
+        return;
+    }
+    json_t *doc = json_loads(text, 0, NULL);
+    free(text);
+    if (doc == NULL) {
+        finish_bad_json(c);
+        return;
+    }
+    arena_t a = {0};
+    Inference__ServerMetadataResponse r = INFERENCE__SERVER_METADATA_RESPONSE__INIT;
+    r.name = (char *)jstr(doc, "name");
+    r.version = (char *)jstr(doc, "version");
+    json_t *ext = json_object_get(doc, "extensions");
+    r.extensions = arena_calloc(&a, json_array_size(ext), sizeof(char *));
+    for (size_t i = 0; r.extensions != NULL && i < json_array_size(ext); i++) {
+        const char *s = json_string_value(json_array_get(ext, i));
+        r.extensions[r.n_extensions++] = (char *)(s != NULL ? s : "");
+    }
+    if (a.failed)
+        gfe_unary_finish_status(c, GRPC_STATUS_INTERNAL, "out of memory", NULL);
+    else
+        gfe_unary_finish_msg(c, &r.base);
+    arena_free(&a);
+    json_decref(doc);
+}
+
+static Inference__ModelMetadataResponse__TensorMetadata **tensors(arena_t *a, json_t *arr,
+                                                                  size_t *n_out)
+{
+    size_t n = json_array_size(arr);
+    *n_out = 0;
+    Inference__ModelMetadataResponse__TensorMetadata **list = arena_calloc(a, n, sizeof(*list));
+    Inference__ModelMetadataResponse__TensorMetadata *items = arena_calloc(a, n, sizeof(*items));
+    if (list == NULL || items == NULL) return NULL;
+    for (size_t i = 0; i < n; i++) {
+        json_t *t = json_array_get(arr, i);
+        Inference__ModelMetadataResponse__TensorMetadata init =
+            INFERENCE__MODEL_METADATA_RESPONSE__TENSOR_METADATA__INIT;
+        items[i] = init;
+        items[i].name = (char *)jstr(t, "name");
+        items[i].datatype = (char *)jstr(t, "datatype");
+        json_t *shape = json_object_get(t, "shape");
+        items[i].shape = arena_calloc(a, json_array_size(shape), sizeof(int64_t));
+        for (size_t d = 0; items[i].shape != NULL && d < json_array_size(shape); d++)
+            items[i].shape[items[i].n_shape++] = json_integer_value(json_array_get(shape, d));
+        list[i] = &items[i];
+    }
+    *n_out = n;
+    return list;
+}
+
+void gfe_model_metadata(gfe_unary_call_t *c, const uint8_t *data, size_t len)
+{
+    Inference__ModelMetadataRequest *req =
+        inference__model_metadata_request__unpack(NULL, len, data);
+    if (req == NULL) {
+        finish_malformed(c, "ModelMetadataRequest");
+        return;
+    }
+    int64_t version;
+    char *text = NULL;
+    nereid_error_t *err = infer_codec_version(req->version, &version);
+    if (err == NULL) err = nereid_server_model_metadata(c->fe->server, req->name, version, &text);
+    inference__model_metadata_request__free_unpacked(req, NULL);
+    if (err != NULL) {
+        gfe_unary_finish_error(c, err);
+        return;
+    }
+    json_t *doc = json_loads(text, 0, NULL);
+    free(text);
+    if (doc == NULL) {
+        finish_bad_json(c);
+        return;
+    }
+    arena_t a = {0};
+    Inference__ModelMetadataResponse r = INFERENCE__MODEL_METADATA_RESPONSE__INIT;
+    r.name = (char *)jstr(doc, "name");
+    r.platform = (char *)jstr(doc, "platform");
+    json_t *versions = json_object_get(doc, "versions");
+    r.versions = arena_calloc(&a, json_array_size(versions), sizeof(char *));
+    for (size_t i = 0; r.versions != NULL && i < json_array_size(versions); i++) {
+        const char *s = json_string_value(json_array_get(versions, i));
+        r.versions[r.n_versions++] = (char *)(s != NULL ? s : "");
+    }
+    r.inputs = tensors(&a, json_object_get(doc, "inputs"), &r.n_inputs);
+    r.outputs = tensors(&a, json_object_get(doc, "outputs"), &r.n_outputs);
+    if (a.failed)
+        gfe_unary_finish_status(c, GRPC_STATUS_INTERNAL, "out of memory", NULL);
+    else
+        gfe_unary_finish_msg(c, &r.base);
+    arena_free(&a);
+    json_decref(doc);
+}
+
+void gfe_model_config(gfe_unary_call_t *c, const uint8_t *data, size_t len)
+{
+    Inference__ModelConfigRequest *req = inference__model_config_request__unpack(NULL, len, data);
+    if (req == NULL) {
+        finish_malformed(c, "ModelConfigRequest");
+        return;
+    }
+    int64_t version;
+    void *bytes = NULL;
+    size_t n_bytes = 0;
+    nereid_error_t *err = infer_codec_version(req->version, &version);
+    if (err == NULL)
+        err = nereid_server_model_config_proto(c->fe->server, req->name, version, &bytes, &n_bytes);
+    inference__model_config_request__free_unpacked(req, NULL);
+    if (err != NULL) {
+        gfe_unary_finish_error(c, err);
+        return;
+    }
+    /* ModelConfigResponse { ModelConfig config = 1; } around the core's bytes. */
+    grpc_slice s = grpc_slice_malloc(n_bytes + 11);
+    uint8_t *p = GRPC_SLICE_START_PTR(s);
+    size_t pos = 0;
+    p[pos++] = 0x0a;
+    uint64_t v = n_bytes;
+    while (v >= 0x80) {
+        p[pos++] = (uint8_t)(v | 0x80);
+        v >>= 7;
+    }
+    p[pos++] = (uint8_t)v;
+    if (n_bytes > 0) memcpy(p + pos, bytes, n_bytes);
+    pos += n_bytes;
+    free(bytes);
+    grpc_slice body = grpc_slice_sub(s, 0, pos);
+    grpc_slice_unref(s);
+    grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&body, 1);
+    grpc_slice_unref(body);
+    gfe_unary_finish(c, bb);
+}
+
+/* ---- Statistics --------------------------------------------------------- */
+
+static Inference__StatisticDuration *duration(arena_t *a, const json_t *obj, const char *key)
+{
+    Inference__StatisticDuration *d = arena_calloc(a, 1, sizeof(*d));
+    if (d == NULL) return NULL;
+    Inference__StatisticDuration init = INFERENCE__STATISTIC_DURATION__INIT;
+    *d = init;
+    json_t *v = json_object_get(obj, key);
+    d->count = juint(v, "count");
+    d->ns = juint(v, "ns");
+    return d;
+}
+
+static void fill_model_stats(arena_t *a, Inference__ModelStatistics *m, json_t *j)
+{
+    Inference__ModelStatistics init = INFERENCE__MODEL_STATISTICS__INIT;
+    *m = init;
+    m->name = (char *)jstr(j, "name");
+    m->version = (char *)jstr(j, "version");
+    m->last_inference = juint(j, "last_inference");
+    m->inference_count = juint(j, "inference_count");
+    m->execution_count = juint(j, "execution_count");
+
+    json_t *is = json_object_get(j, "inference_stats");
+    Inference__InferStatistics *st = arena_calloc(a, 1, sizeof(*st));
+    if (st != NULL) {
+        Inference__InferStatistics sinit = INFERENCE__INFER_STATISTICS__INIT;
+        *st = sinit;
+        st->success = duration(a, is, "success");
+        st->fail = duration(a, is, "fail");
+        st->queue = duration(a, is, "queue");
+        st->compute_input = duration(a, is, "compute_input");
+        st->compute_infer = duration(a, is, "compute_infer");
+        st->compute_output = duration(a, is, "compute_output");
+        st->cache_hit = duration(a, is, "cache_hit");
+        st->cache_miss = duration(a, is, "cache_miss");
+        m->inference_stats = st;
+    }
+
+    json_t *bs = json_object_get(j, "batch_stats");
+    size_t nb = json_array_size(bs);
+    m->batch_stats = arena_calloc(a, nb, sizeof(*m->batch_stats));
+    Inference__InferBatchStatistics *bitems = arena_calloc(a, nb, sizeof(*bitems));
+    for (size_t i = 0; m->batch_stats != NULL && bitems != NULL && i < nb; i++) {
+        json_t *b = json_array_get(bs, i);
+        Inference__InferBatchStatistics binit = INFERENCE__INFER_BATCH_STATISTICS__INIT;
+        bitems[i] = binit;
+        bitems[i].batch_size = juint(b, "batch_size");
+        bitems[i].compute_input = duration(a, b, "compute_input");
+        bitems[i].compute_infer = duration(a, b, "compute_infer");
+        bitems[i].compute_output = duration(a, b, "compute_output");
+        m->batch_stats[m->n_batch_stats++] = &bitems[i];
+    }
+
+    json_t *mu = json_object_get(j, "memory_usage");
+    size_t nm = json_array_size(mu);
+    m->memory_usage = arena_calloc(a, nm, sizeof(*m->memory_usage));
+    Inference__MemoryUsage *mitems = arena_calloc(a, nm, sizeof(*mitems));
+    for (size_t i = 0; m->memory_usage != NULL && mitems != NULL && i < nm; i++) {
+        json_t *u = json_array_get(mu, i);
+        Inference__MemoryUsage minit = INFERENCE__MEMORY_USAGE__INIT;
+        mitems[i] = minit;
+        mitems[i].type = (char *)jstr(u, "type");
+        mitems[i].id = (int64_t)juint(u, "id");
+        mitems[i].byte_size = juint(u, "byte_size");
+        m->memory_usage[m->n_memory_usage++] = &mitems[i];
+    }
+
+    json_t *rs = json_object_get(j, "response_stats");
+    size_t nr = json_object_size(rs);
+    m->response_stats = arena_calloc(a, nr, sizeof(*m->response_stats));
+    Inference__ModelStatistics__ResponseStatsEntry *entries = arena_calloc(a, nr, sizeof(*entries));
+    Inference__InferResponseStatistics *ritems = arena_calloc(a, nr, sizeof(*ritems));
+    const char *key;
+    json_t *val;
+    if (m->response_stats == NULL || entries == NULL || ritems == NULL) return;
+    json_object_foreach(rs, key, val)
+    {
+        size_t i = m->n_response_stats;
+        Inference__ModelStatistics__ResponseStatsEntry einit =
+            INFERENCE__MODEL_STATISTICS__RESPONSE_STATS_ENTRY__INIT;
+        Inference__InferResponseStatistics rinit = INFERENCE__INFER_RESPONSE_STATISTICS__INIT;
+        entries[i] = einit;
+        ritems[i] = rinit;
+        ritems[i].compute_infer = duration(a, val, "compute_infer");
+        ritems[i].compute_output = duration(a, val, "compute_output");
+        ritems[i].success = duration(a, val, "success");
+        ritems[i].fail = duration(a, val, "fail");
+        ritems[i].empty_response = duration(a, val, "empty_response");
+        ritems[i].cancel = duration(a, val, "cancel");
+        entries[i].key = (char *)key;
+        entries[i].value = &ritems[i];
+        m->response_stats[m->n_response_stats++] = &entries[i];
+    }
+}
+
+void gfe_model_statistics(gfe_unary_call_t *c, const uint8_t *data, size_t len)
+{
+    Inference__ModelStatisticsRequest *req =
+        inference__model_statistics_request__unpack(NULL, len, data);
+    if (req == NULL) {
+        finish_malformed(c, "ModelStatisticsRequest");
+        return;
+    }
+    int64_t version;
+    char *text = NULL;
+    nereid_error_t *err = infer_codec_version(req->version, &version);
+    if (err == NULL) err = nereid_server_model_statistics(c->fe->server, req->name, version, &text);
+    inference__model_statistics_request__free_unpacked(req, NULL);
+    if (err != NULL) {
+        gfe_unary_finish_error(c, err);
+        return;
+    }
+    json_t *doc = json_loads(text, 0, NULL);
+    free(text);
+    if (doc == NULL) {
+        finish_bad_json(c);
+        return;
+    }
+    arena_t a = {0};
+    Inference__ModelStatisticsResponse r = INFERENCE__MODEL_STATISTICS_RESPONSE__INIT;
+    json_t *list = json_object_get(doc, "model_stats");
+    size_t n = json_array_size(list);
+    r.model_stats = arena_calloc(&a, n, sizeof(*r.model_stats));
+    Inference__ModelStatistics *items = arena_calloc(&a, n, sizeof(*items));
+    for (size_t i = 0; r.model_stats != NULL && items != NULL && i < n; i++) {
+        fill_model_stats(&a, &items[i], json_array_get(list, i));
+        r.model_stats[r.n_model_stats++] = &items[i];
+    }
+    if (a.failed)
+        gfe_unary_finish_status(c, GRPC_STATUS_INTERNAL, "out of memory", NULL);
+    else
+        gfe_unary_finish_msg(c, &r.base);
+    arena_free(&a);
+    json_decref(doc);
+}
+
+/* ---- Repository --------------------------------------------------------- */
+
+void gfe_repository_index(gfe_unary_call_t *c, const uint8_t *data, size_t len)
+{
+    Inference__RepositoryIndexRequest *req =
+        inference__repository_index_request__unpack(NULL, len, data);
+    if (req == NULL) {
+        finish_malformed(c, "RepositoryIndexRequest");
+        return;
+    }
+    char *text = NULL;
+    nereid_error_t *err = nereid_server_repository_index(c->fe->server, req->ready, &text);
+    inference__repository_index_request__free_unpacked(req, NULL);
+    if (err != NULL) {
+        gfe_unary_finish_error(c, err);
+        return;
+    }
+    json_t *doc = json_loads(text, 0, NULL);
+    free(text);
+    if (doc == NULL) {
+        finish_bad_json(c);
+        return;
+    }
+    arena_t a = {0};
+    Inference__RepositoryIndexResponse r = INFERENCE__REPOSITORY_INDEX_RESPONSE__INIT;
+    size_t n = json_array_size(doc);
+    r.models = arena_calloc(&a, n, sizeof(*r.models));
+    Inference__RepositoryIndexResponse__ModelIndex *items = arena_calloc(&a, n, sizeof(*items));
+    for (size_t i = 0; r.models != NULL && items != NULL && i < n; i++) {
+        json_t *m = json_array_get(doc, i);
+        Inference__RepositoryIndexResponse__ModelIndex init =
+            INFERENCE__REPOSITORY_INDEX_RESPONSE__MODEL_INDEX__INIT;
+        items[i] = init;
+        items[i].name = (char *)jstr(m, "name");
+        items[i].version = (char *)jstr(m, "version");
+        items[i].state = (char *)jstr(m, "state");
+        items[i].reason = (char *)jstr(m, "reason");
+        r.models[r.n_models++] = &items[i];
+    }
+    if (a.failed)
+        gfe_unary_finish_status(c, GRPC_STATUS_INTERNAL, "out of memory", NULL);
+    else
+        gfe_unary_finish_msg(c, &r.base);
+    arena_free(&a);
+    json_decref(doc);
+}
+
+void gfe_repository_load(gfe_unary_call_t *c, const uint8_t *data, size_t len)
+{
+    Inference__RepositoryModelLoadRequest *req =
+        inference__repository_model_load_request__unpack(NULL, len, data);
+    if (req == NULL) {
+        finish_malformed(c, "RepositoryModelLoadRequest");
+        return;
+    }
+    const char *config = NULL;
+    size_t n = req->n_parameters, n_files = 0;
+    const char **paths = calloc(n + 1, sizeof(*paths));
+    const void **contents = calloc(n + 1, sizeof(*contents));
+    size_t *sizes = calloc(n + 1, sizeof(*sizes));
+    nereid_error_t *err = NULL;
+    if (paths == NULL || contents == NULL || sizes == NULL)
+        err = nereid_error_new(NEREID_ERROR_INTERNAL, "out of memory");
+    for (size_t i = 0; err == NULL && i < n; i++) {
+        const char *key = req->parameters[i]->key;
+        const Inference__ModelRepositoryParameter *v = req->parameters[i]->value;
+        Inference__ModelRepositoryParameter__ParameterChoiceCase pc =
+            v != NULL ? v->parameter_choice_case
+                      : INFERENCE__MODEL_REPOSITORY_PARAMETER__PARAMETER_CHOICE__NOT_SET;
+        if (strcmp(key, "config") == 0) {
+            if (pc != INFERENCE__MODEL_REPOSITORY_PARAMETER__PARAMETER_CHOICE_STRING_PARAM)
+                err = nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                       "invalid value type for load parameter '%s', expected "
+                                       "string_param.",
+                                       key);
+            else
+                config = v->string_param;
+        } else if (strncmp(key, "file:", 5) == 0) {
+            if (pc != INFERENCE__MODEL_REPOSITORY_PARAMETER__PARAMETER_CHOICE_BYTES_PARAM) {
+                err = nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                       "invalid value type for load parameter '%s', expected "
+                                       "bytes_param.",
+                                       key);
+            } else {
+                paths[n_files] = key + 5;
+                contents[n_files] = v->bytes_param.data;
+                sizes[n_files] = v->bytes_param.len;
+                n_files++;
+            }
+        }
+    }
+    if (err == NULL)
+        err = nereid_server_load_model(c->fe->server, req->model_name, config, paths, contents,
+                                       sizes, n_files);
+    free(paths);
+    free(contents);
+    free(sizes);
+    inference__repository_model_load_request__free_unpacked(req, NULL);
+    if (err != NULL) {
+        gfe_unary_finish_error(c, err);
+        return;
+    }
+    Inference__RepositoryModelLoadResponse r = INFERENCE__REPOSITORY_MODEL_LOAD_RESPONSE__INIT;
+    gfe_unary_finish_msg(c, &r.base);
+}
+
+void gfe_repository_unload(gfe_unary_call_t *c, const uint8_t *data, size_t len)
+{
+    Inference__RepositoryModelUnloadRequest *req =
+        inference__repository_model_unload_request__unpack(NULL, len, data);
+    if (req == NULL) {
+        finish_malformed(c, "RepositoryModelUnloadRequest");
+        return;
+    }
+    bool dependents = false;
+    nereid_error_t *err = NULL;
+    for (size_t i = 0; err == NULL && i < req->n_parameters; i++) {
+        const Inference__ModelRepositoryParameter *v = req->parameters[i]->value;
+        if (strcmp(req->parameters[i]->key, "unload_dependents") != 0) continue;
+        if (v == NULL || v->parameter_choice_case !=
+                             INFERENCE__MODEL_REPOSITORY_PARAMETER__PARAMETER_CHOICE_BOOL_PARAM)
+            err = nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                   "invalid value type for 'unload_dependents' parameter, "
+                                   "expected bool_param.");
+        else
+            dependents = v->bool_param != 0;
+    }
+    if (err == NULL) err = nereid_server_unload_model(c->fe->server, req->model_name, dependents);
+    inference__repository_model_unload_request__free_unpacked(req, NULL);
+    if (err != NULL) {
+        gfe_unary_finish_error(c, err);
+        return;
+    }
+    Inference__RepositoryModelUnloadResponse r = INFERENCE__REPOSITORY_MODEL_UNLOAD_RESPONSE__INIT;
+    gfe_unary_finish_msg(c, &r.base);
+}
+
+/* ---- Not supported ------------------------------------------------------ */
+
+void gfe_unsupported(gfe_unary_call_t *c, const uint8_t *data, size_t len)
+{
+    (void)data;
+    (void)len;
+    const char *what;
+    switch (c->method) {
+    case GFE_M_SYSTEM_SHM_STATUS:
+    case GFE_M_SYSTEM_SHM_REGISTER:
+    case GFE_M_SYSTEM_SHM_UNREGISTER:
+        what = "system shared memory is not supported by this server";
+        break;
+    case GFE_M_CUDA_SHM_STATUS:
+    case GFE_M_CUDA_SHM_REGISTER:
+    case GFE_M_CUDA_SHM_UNREGISTER:
+        what = "CUDA shared memory is not supported by this server (CPU only)";
+        break;
+    case GFE_M_TRACE_SETTING:
+        what = "trace settings are not supported by this server";
+        break;
+    default:
+        what = "log settings are not supported by this server";
+        break;
+    }
+    gfe_unary_finish_status(c, GRPC_STATUS_UNIMPLEMENTED, what, NULL);
+}

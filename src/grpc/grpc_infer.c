@@ -1,0 +1,456 @@
+/*
+ * This file contains the gRPC inference RPCs. ModelInfer is finished by the
+ * backend thread that completes the request. ModelStreamInfer is a small
+ * state machine per stream: one read at a time, many requests in flight,
+ * responses through a write queue (one SEND_MESSAGE in flight), errors as
+ * stream messages, and a reference count over outstanding gRPC operations
+ * and inferences so a cancelled stream is freed only when everything that
+ * points at it has finished.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "grpc/grpc_internal.h"
+#include "grpc/infer_codec.h"
+
+/* ---- ModelInfer --------------------------------------------------------- */
+
+typedef struct unary_infer {
+    gfe_unary_call_t *call;
+    Inference__ModelInferRequest *msg;
+    infer_scratch_t scratch;
+} unary_infer_t;
+
+static void unary_infer_free(unary_infer_t *u)
+{
+    if (u->msg != NULL) inference__model_infer_request__free_unpacked(u->msg, NULL);
+    infer_scratch_free(&u->scratch);
+    free(u);
+}
+
+static void unary_infer_done(nereid_response_t *resp, void *userp)
+{
+    unary_infer_t *u = userp;
+    gfe_unary_call_t *c = u->call;
+    unary_infer_free(u); /* input memory is no longer used */
+    const nereid_error_t *rerr = nereid_response_error(resp);
+    if (rerr != NULL) {
+        gfe_unary_finish_status(c, gfe_status_from_error(rerr), nereid_error_message(rerr), NULL);
+        nereid_response_free(resp);
+        return;
+    }
+    nereid_error_t *err;
+    grpc_byte_buffer *bb = infer_codec_response(resp, false, &err);
+    if (bb == NULL)
+        gfe_unary_finish_error(c, err);
+    else
+        gfe_unary_finish(c, bb);
+}
+
+void gfe_model_infer(gfe_unary_call_t *c, const uint8_t *data, size_t len)
+{
+    unary_infer_t *u = calloc(1, sizeof(*u));
+    if (u == NULL) {
+        gfe_unary_finish_status(c, GRPC_STATUS_INTERNAL, "out of memory", NULL);
+        return;
+    }
+    u->call = c;
+    nereid_error_t *err;
+    nereid_request_t *req = NULL;
+    u->msg = infer_codec_parse(data, len, &err);
+    if (u->msg != NULL) err = infer_codec_request(c->fe->server, u->msg, &u->scratch, &req);
+    if (err == NULL) {
+        err = nereid_server_infer_async(c->fe->server, req, NULL, unary_infer_done, u);
+        if (err == NULL) return; /* unary_infer_done finishes the call */
+        nereid_request_free(req);
+    }
+    unary_infer_free(u);
+    gfe_unary_finish_error(c, err);
+}
+
+/* ---- ModelStreamInfer --------------------------------------------------- */
+
+typedef struct stream_write {
+    struct stream_write *next;
+    grpc_byte_buffer *bb;
+} stream_write_t;
+
+typedef struct gfe_stream {
+    grpc_frontend_t *fe;
+    grpc_call *call;
+    pthread_mutex_t mu;
+    int refs; /* outstanding gRPC batches + inferences in flight */
+    gfe_tag_t read_tag, write_tag, close_tag, status_tag;
+    grpc_byte_buffer *recv;
+    bool reading;     /* a RECV_MESSAGE is outstanding */
+    bool read_closed; /* the client half-closed, or reading stopped */
+    bool writing;     /* a SEND_MESSAGE is outstanding */
+    grpc_byte_buffer *in_write;
+    stream_write_t *head, *tail;
+    bool md_sent;        /* initial metadata went with an earlier batch */
+    bool status_started; /* the final status is on its way */
+    bool dead;           /* cancelled or broken: nothing more is sent */
+    int cancelled;       /* from RECV_CLOSE_ON_SERVER */
+    size_t n_inflight;
+    bool error_closes; /* client metadata triton_grpc_error: true */
+    bool failing;      /* an error closes the stream once writes drain */
+    grpc_status_code fail_code;
+    grpc_slice status_details;
+} gfe_stream_t;
+
+typedef struct stream_infer {
+    gfe_stream_t *s;
+    Inference__ModelInferRequest *msg;
+    infer_scratch_t scratch;
+} stream_infer_t;
+
+static void stream_destroy(gfe_stream_t *s)
+{
+    grpc_frontend_t *fe = s->fe;
+    for (stream_write_t *w = s->head, *next; w != NULL; w = next) {
+        next = w->next;
+        grpc_byte_buffer_destroy(w->bb);
+        free(w);
+    }
+    if (s->recv != NULL) grpc_byte_buffer_destroy(s->recv);
+    if (s->in_write != NULL) grpc_byte_buffer_destroy(s->in_write);
+    grpc_slice_unref(s->status_details);
+    grpc_call_unref(s->call);
+    pthread_mutex_destroy(&s->mu);
+    free(s);
+    gfe_live_release(fe);
+}
+
+/* Drops one reference; returns true when the caller must destroy s (after
+ * unlocking). Called with s->mu held. */
+static bool stream_unref_locked(gfe_stream_t *s)
+{
+    return --s->refs == 0;
+}
+
+static void stream_drop_queue_locked(gfe_stream_t *s)
+{
+    for (stream_write_t *w = s->head, *next; w != NULL; w = next) {
+        next = w->next;
+        grpc_byte_buffer_destroy(w->bb);
+        free(w);
+    }
+    s->head = s->tail = NULL;
+}
+
+static void stream_start_read_locked(gfe_stream_t *s)
+{
+    if (s->reading || s->read_closed || s->status_started || s->dead) return;
+    grpc_op op;
+    memset(&op, 0, sizeof(op));
+    op.op = GRPC_OP_RECV_MESSAGE;
+    op.data.recv_message.recv_message = &s->recv;
+    s->reading = true;
+    s->refs++;
+    if (grpc_call_start_batch(s->call, &op, 1, &s->read_tag, NULL) != GRPC_CALL_OK) {
+        s->reading = false;
+        s->read_closed = true;
+        s->refs--;
+    }
+}
+
+static void stream_pump_writes_locked(gfe_stream_t *s)
+{
+    if (s->writing || s->head == NULL || s->status_started || s->dead) return;
+    stream_write_t *w = s->head;
+    s->head = w->next;
+    if (s->head == NULL) s->tail = NULL;
+    s->in_write = w->bb;
+    free(w);
+    grpc_op ops[2];
+    size_t n = 0;
+    memset(ops, 0, sizeof(ops));
+    if (!s->md_sent) {
+        ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
+        s->md_sent = true;
+    }
+    ops[n].op = GRPC_OP_SEND_MESSAGE;
+    ops[n].data.send_message.send_message = s->in_write;
+    n++;
+    s->writing = true;
+    s->refs++;
+    if (grpc_call_start_batch(s->call, ops, n, &s->write_tag, NULL) != GRPC_CALL_OK) {
+        s->writing = false;
+        s->refs--;
+        s->dead = true;
+        grpc_byte_buffer_destroy(s->in_write);
+        s->in_write = NULL;
+        stream_drop_queue_locked(s);
+    }
+}
+
+/* Sends the final status once nothing more can be written: the client
+ * half-closed and every request answered, or an error closes the stream. */
+static void stream_maybe_finish_locked(gfe_stream_t *s)
+{
+    if (s->status_started || s->dead || s->writing || s->head != NULL) return;
+    bool done = s->failing || (s->read_closed && !s->reading && s->n_inflight == 0);
+    if (!done) return;
+    grpc_op ops[2];
+    size_t n = 0;
+    memset(ops, 0, sizeof(ops));
+    if (!s->md_sent) {
+        ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
+        s->md_sent = true;
+    }
+    ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+    ops[n].data.send_status_from_server.status = s->failing ? s->fail_code : GRPC_STATUS_OK;
+    ops[n].data.send_status_from_server.status_details = s->failing ? &s->status_details : NULL;
+    n++;
+    s->status_started = true;
+    s->refs++;
+    if (grpc_call_start_batch(s->call, ops, n, &s->status_tag, NULL) != GRPC_CALL_OK) s->refs--;
+}
+
+/* Queues a reply (takes bb); called with s->mu held. */
+static void stream_enqueue_locked(gfe_stream_t *s, grpc_byte_buffer *bb)
+{
+    stream_write_t *w = s->status_started || s->dead ? NULL : malloc(sizeof(*w));
+    if (w == NULL) {
+        grpc_byte_buffer_destroy(bb);
+        return;
+    }
+    w->bb = bb;
+    w->next = NULL;
+    if (s->tail != NULL)
+        s->tail->next = w;
+    else
+        s->head = w;
+    s->tail = w;
+    stream_pump_writes_locked(s);
+}
+
+/* An error for one request: a message on the stream, or (with
+ * triton_grpc_error) the stream's final status. Called with s->mu held. */
+static void stream_error_locked(gfe_stream_t *s, grpc_status_code code, const char *message,
+                                const char *id, const char *model, const char *version, bool final)
+{
+    if (s->error_closes) {
+        if (!s->failing) {
+            s->failing = true;
+            s->fail_code = code;
+            grpc_slice_unref(s->status_details);
+            s->status_details = grpc_slice_from_copied_string(message);
+        }
+        return;
+    }
+    stream_enqueue_locked(s, infer_codec_stream_error(message, id, model, version, final));
+}
+
+static void stream_infer_free(stream_infer_t *si)
+{
+    if (si->msg != NULL) inference__model_infer_request__free_unpacked(si->msg, NULL);
+    infer_scratch_free(&si->scratch);
+    free(si);
+}
+
+static void stream_infer_done(nereid_response_t *resp, void *userp)
+{
+    stream_infer_t *si = userp;
+    gfe_stream_t *s = si->s;
+    stream_infer_free(si);
+    pthread_mutex_lock(&s->mu);
+    bool drop = s->status_started || s->dead;
+    pthread_mutex_unlock(&s->mu);
+
+    grpc_byte_buffer *bb = NULL;
+    const nereid_error_t *rerr = nereid_response_error(resp);
+    grpc_status_code code = GRPC_STATUS_OK;
+    char *message = NULL, *id = NULL, *model = NULL;
+    char version[32] = "";
+    if (!drop && rerr != NULL) {
+        code = gfe_status_from_error(rerr);
+        message = strdup(nereid_error_message(rerr));
+        const char *rid = nereid_response_id(resp), *rmodel = nereid_response_model_name(resp);
+        id = rid != NULL ? strdup(rid) : NULL;
+        model = rmodel != NULL ? strdup(rmodel) : NULL;
+        if (nereid_response_model_version(resp) > 0)
+            snprintf(version, sizeof(version), "%" PRId64, nereid_response_model_version(resp));
+        nereid_response_free(resp);
+    } else if (!drop) {
+        nereid_error_t *err;
+        bb = infer_codec_response(resp, true, &err);
+        if (bb == NULL) {
+            code = gfe_status_from_error(err);
+            message = strdup(nereid_error_message(err));
+            nereid_error_free(err);
+        }
+    } else {
+        nereid_response_free(resp);
+    }
+
+    pthread_mutex_lock(&s->mu);
+    if (bb != NULL)
+        stream_enqueue_locked(s, bb);
+    else if (code != GRPC_STATUS_OK)
+        stream_error_locked(s, code, message != NULL ? message : "out of memory", id, model,
+                            version, true);
+    s->n_inflight--;
+    stream_maybe_finish_locked(s);
+    bool destroy = stream_unref_locked(s);
+    pthread_mutex_unlock(&s->mu);
+    free(message);
+    free(id);
+    free(model);
+    if (destroy) stream_destroy(s);
+}
+
+/* Submits one request read from the stream. Called without s->mu. */
+static void stream_handle(gfe_stream_t *s, grpc_byte_buffer *bb)
+{
+    grpc_slice body = gfe_buffer_read(bb);
+    nereid_error_t *err;
+    nereid_request_t *req = NULL;
+    stream_infer_t *si = calloc(1, sizeof(*si));
+    if (si == NULL) {
+        grpc_slice_unref(body);
+        pthread_mutex_lock(&s->mu);
+        stream_error_locked(s, GRPC_STATUS_INTERNAL, "out of memory", NULL, NULL, NULL, false);
+        pthread_mutex_unlock(&s->mu);
+        return;
+    }
+    si->s = s;
+    si->msg = infer_codec_parse(GRPC_SLICE_START_PTR(body), GRPC_SLICE_LENGTH(body), &err);
+    grpc_slice_unref(body);
+    if (si->msg != NULL) err = infer_codec_request(s->fe->server, si->msg, &si->scratch, &req);
+    if (err == NULL) {
+        pthread_mutex_lock(&s->mu);
+        s->n_inflight++;
+        s->refs++;
+        pthread_mutex_unlock(&s->mu);
+        err = nereid_server_infer_async(s->fe->server, req, NULL, stream_infer_done, si);
+        if (err == NULL) return;
+        nereid_request_free(req);
+        pthread_mutex_lock(&s->mu);
+        s->n_inflight--;
+        s->refs--; /* the read in progress still holds s */
+        pthread_mutex_unlock(&s->mu);
+    }
+    pthread_mutex_lock(&s->mu);
+    stream_error_locked(s, gfe_status_from_error(err), nereid_error_message(err),
+                        si->msg != NULL ? si->msg->id : NULL, NULL, NULL, false);
+    pthread_mutex_unlock(&s->mu);
+    nereid_error_free(err);
+    stream_infer_free(si);
+}
+
+static void stream_read_done(gfe_tag_t *tag, bool ok)
+{
+    gfe_stream_t *s = GFE_CONTAINER_OF(tag, gfe_stream_t, read_tag);
+    pthread_mutex_lock(&s->mu);
+    grpc_byte_buffer *bb = s->recv;
+    s->recv = NULL;
+    if (!ok || bb == NULL) s->read_closed = true; /* NULL message: the client half-closed */
+    bool skip = s->status_started || s->dead;
+    pthread_mutex_unlock(&s->mu);
+
+    if (bb != NULL) {
+        if (!skip) stream_handle(s, bb);
+        grpc_byte_buffer_destroy(bb);
+    }
+
+    pthread_mutex_lock(&s->mu);
+    s->reading = false;
+    stream_start_read_locked(s);
+    stream_maybe_finish_locked(s);
+    bool destroy = stream_unref_locked(s);
+    pthread_mutex_unlock(&s->mu);
+    if (destroy) stream_destroy(s);
+}
+
+static void stream_write_done(gfe_tag_t *tag, bool ok)
+{
+    gfe_stream_t *s = GFE_CONTAINER_OF(tag, gfe_stream_t, write_tag);
+    pthread_mutex_lock(&s->mu);
+    s->writing = false;
+    grpc_byte_buffer_destroy(s->in_write);
+    s->in_write = NULL;
+    if (!ok) {
+        s->dead = true;
+        stream_drop_queue_locked(s);
+    }
+    stream_pump_writes_locked(s);
+    stream_maybe_finish_locked(s);
+    bool destroy = stream_unref_locked(s);
+    pthread_mutex_unlock(&s->mu);
+    if (destroy) stream_destroy(s);
+}
+
+static void stream_close_done(gfe_tag_t *tag, bool ok)
+{
+    (void)ok;
+    gfe_stream_t *s = GFE_CONTAINER_OF(tag, gfe_stream_t, close_tag);
+    pthread_mutex_lock(&s->mu);
+    if (s->cancelled || !s->status_started) {
+        s->dead = true;
+        stream_drop_queue_locked(s);
+    }
+    bool destroy = stream_unref_locked(s);
+    pthread_mutex_unlock(&s->mu);
+    if (destroy) stream_destroy(s);
+}
+
+static void stream_status_done(gfe_tag_t *tag, bool ok)
+{
+    (void)ok;
+    gfe_stream_t *s = GFE_CONTAINER_OF(tag, gfe_stream_t, status_tag);
+    pthread_mutex_lock(&s->mu);
+    bool destroy = stream_unref_locked(s);
+    pthread_mutex_unlock(&s->mu);
+    if (destroy) stream_destroy(s);
+}
+
+static bool metadata_true(const grpc_metadata_array *md, const char *key)
+{
+    for (size_t i = 0; i < md->count; i++) {
+        const grpc_slice k = md->metadata[i].key, v = md->metadata[i].value;
+        if (GRPC_SLICE_LENGTH(k) == strlen(key) &&
+            memcmp(GRPC_SLICE_START_PTR(k), key, strlen(key)) == 0)
+            return GRPC_SLICE_LENGTH(v) == 4 && memcmp(GRPC_SLICE_START_PTR(v), "true", 4) == 0;
+    }
+    return false;
+}
+
+void gfe_stream_start(grpc_frontend_t *fe, grpc_call *call, grpc_metadata_array *request_md)
+{
+    gfe_stream_t *s = calloc(1, sizeof(*s));
+    if (s == NULL) {
+        grpc_call_cancel(call, NULL);
+        grpc_call_unref(call);
+        return;
+    }
+    s->fe = fe;
+    s->call = call;
+    pthread_mutex_init(&s->mu, NULL);
+    s->read_tag.fn = stream_read_done;
+    s->write_tag.fn = stream_write_done;
+    s->close_tag.fn = stream_close_done;
+    s->status_tag.fn = stream_status_done;
+    s->status_details = grpc_empty_slice();
+    s->error_closes = metadata_true(request_md, "triton_grpc_error");
+    gfe_live_add(fe);
+
+    grpc_op op;
+    memset(&op, 0, sizeof(op));
+    op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+    op.data.recv_close_on_server.cancelled = &s->cancelled;
+    pthread_mutex_lock(&s->mu);
+    s->refs = 1; /* held until the end of this function */
+    s->refs++;
+    if (grpc_call_start_batch(call, &op, 1, &s->close_tag, NULL) != GRPC_CALL_OK) {
+        s->refs--;
+        s->dead = true;
+    }
+    stream_start_read_locked(s);
+    if (atomic_load(&fe->stopping)) grpc_call_cancel(call, NULL);
+    bool destroy = stream_unref_locked(s);
+    pthread_mutex_unlock(&s->mu);
+    if (destroy) stream_destroy(s);
+}

@@ -1,0 +1,156 @@
+/*
+ * This file contains the gRPC frontend's private shapes: completion-queue
+ * tags, the frontend object, the unary call object and the helpers the
+ * handler files share. Only src/grpc/ includes it.
+ */
+#ifndef NEREID_GRPC_INTERNAL_H
+#define NEREID_GRPC_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+
+#include <grpc/grpc.h>
+#include <protobuf-c/protobuf-c.h>
+
+#include "grpc/grpc_server.h"
+#include "nereid/server.h"
+
+#define GFE_CONTAINER_OF(ptr, type, member) ((type *)((char *)(ptr)-offsetof(type, member)))
+
+/* Every pointer handed to grpc as a tag is a gfe_tag_t; the completion-queue
+ * thread calls fn with the event's success bit. */
+typedef struct gfe_tag {
+    void (*fn)(struct gfe_tag *tag, bool ok);
+} gfe_tag_t;
+
+typedef enum gfe_kind { GFE_UNARY, GFE_STREAM } gfe_kind_t;
+
+struct gfe_unary_call;
+typedef void (*gfe_unary_fn)(struct gfe_unary_call *c, const uint8_t *data, size_t len);
+
+/* X(enum, method path, handler, kind, calls pre-posted per queue) */
+#define GFE_METHOD_MAP(X)                                                                          \
+    X(SERVER_LIVE, "/inference.GRPCInferenceService/ServerLive", gfe_server_live, GFE_UNARY, 8)    \
+    X(SERVER_READY, "/inference.GRPCInferenceService/ServerReady", gfe_server_ready, GFE_UNARY, 2) \
+    X(MODEL_READY, "/inference.GRPCInferenceService/ModelReady", gfe_model_ready, GFE_UNARY, 2)    \
+    X(SERVER_METADATA, "/inference.GRPCInferenceService/ServerMetadata", gfe_server_metadata,      \
+      GFE_UNARY, 2)                                                                                \
+    X(MODEL_METADATA, "/inference.GRPCInferenceService/ModelMetadata", gfe_model_metadata,         \
+      GFE_UNARY, 2)                                                                                \
+    X(MODEL_INFER, "/inference.GRPCInferenceService/ModelInfer", gfe_model_infer, GFE_UNARY, 16)   \
+    X(MODEL_STREAM_INFER, "/inference.GRPCInferenceService/ModelStreamInfer", NULL, GFE_STREAM, 4) \
+    X(MODEL_CONFIG, "/inference.GRPCInferenceService/ModelConfig", gfe_model_config, GFE_UNARY, 2) \
+    X(MODEL_STATISTICS, "/inference.GRPCInferenceService/ModelStatistics", gfe_model_statistics,   \
+      GFE_UNARY, 2)                                                                                \
+    X(REPOSITORY_INDEX, "/inference.GRPCInferenceService/RepositoryIndex", gfe_repository_index,   \
+      GFE_UNARY, 2)                                                                                \
+    X(REPOSITORY_MODEL_LOAD, "/inference.GRPCInferenceService/RepositoryModelLoad",                \
+      gfe_repository_load, GFE_UNARY, 2)                                                           \
+    X(REPOSITORY_MODEL_UNLOAD, "/inference.GRPCInferenceService/RepositoryModelUnload",            \
+      gfe_repository_unload, GFE_UNARY, 2)                                                         \
+    X(SYSTEM_SHM_STATUS, "/inference.GRPCInferenceService/SystemSharedMemoryStatus",               \
+      gfe_unsupported, GFE_UNARY, 1)                                                               \
+    X(SYSTEM_SHM_REGISTER, "/inference.GRPCInferenceService/SystemSharedMemoryRegister",           \
+      gfe_unsupported, GFE_UNARY, 1)                                                               \
+    X(SYSTEM_SHM_UNREGISTER, "/inference.GRPCInferenceService/SystemSharedMemoryUnregister",       \
+      gfe_unsupported, GFE_UNARY, 1)                                                               \
+    X(CUDA_SHM_STATUS, "/inference.GRPCInferenceService/CudaSharedMemoryStatus", gfe_unsupported,  \
+      GFE_UNARY, 1)                                                                                \
+    X(CUDA_SHM_REGISTER, "/inference.GRPCInferenceService/CudaSharedMemoryRegister",               \
+      gfe_unsupported, GFE_UNARY, 1)                                                               \
+    X(CUDA_SHM_UNREGISTER, "/inference.GRPCInferenceService/CudaSharedMemoryUnregister",           \
+      gfe_unsupported, GFE_UNARY, 1)                                                               \
+    X(TRACE_SETTING, "/inference.GRPCInferenceService/TraceSetting", gfe_unsupported, GFE_UNARY,   \
+      1)                                                                                           \
+    X(LOG_SETTINGS, "/inference.GRPCInferenceService/LogSettings", gfe_unsupported, GFE_UNARY, 1)  \
+    X(HEALTH_CHECK, "/grpc.health.v1.Health/Check", gfe_health_check, GFE_UNARY, 2)
+
+typedef enum gfe_method {
+#define X(e, path, fn, kind, n) GFE_M_##e,
+    GFE_METHOD_MAP(X)
+#undef X
+        GFE_N_METHODS
+} gfe_method_t;
+
+struct grpc_frontend {
+    nereid_server_t *server;
+    grpc_server *grpc;
+    int port;
+    int n_queues;
+    grpc_completion_queue **queues;
+    pthread_t *threads;
+    void *method_handles[GFE_N_METHODS];
+
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    atomic_bool stopping;
+    bool shutdown_done; /* the server's shutdown tag completed */
+    long n_live;        /* call objects alive (posted, running or finishing) */
+    gfe_tag_t shutdown_tag;
+};
+
+/* A unary call from request to final status. */
+typedef struct gfe_unary_call {
+    gfe_tag_t arrive_tag; /* the requested call arrived (or failed at shutdown) */
+    gfe_tag_t done_tag;   /* the final batch completed */
+    grpc_frontend_t *fe;
+    int queue;
+    gfe_method_t method;
+    grpc_call *call;
+    gpr_timespec deadline;
+    grpc_metadata_array request_md;
+    grpc_byte_buffer *payload;
+    int cancelled;
+    grpc_slice status_details;
+    grpc_byte_buffer *reply;
+    void *userp; /* handler state (ModelInfer: its request context) */
+} gfe_unary_call_t;
+
+/* Handlers (one per RPC); each must finish the call exactly once, now or
+ * later from any thread. */
+void gfe_server_live(gfe_unary_call_t *c, const uint8_t *data, size_t len);
+void gfe_server_ready(gfe_unary_call_t *c, const uint8_t *data, size_t len);
+void gfe_model_ready(gfe_unary_call_t *c, const uint8_t *data, size_t len);
+void gfe_server_metadata(gfe_unary_call_t *c, const uint8_t *data, size_t len);
+void gfe_model_metadata(gfe_unary_call_t *c, const uint8_t *data, size_t len);
+void gfe_model_infer(gfe_unary_call_t *c, const uint8_t *data, size_t len);
+void gfe_model_config(gfe_unary_call_t *c, const uint8_t *data, size_t len);
+void gfe_model_statistics(gfe_unary_call_t *c, const uint8_t *data, size_t len);
+void gfe_repository_index(gfe_unary_call_t *c, const uint8_t *data, size_t len);
+void gfe_repository_load(gfe_unary_call_t *c, const uint8_t *data, size_t len);
+void gfe_repository_unload(gfe_unary_call_t *c, const uint8_t *data, size_t len);
+void gfe_unsupported(gfe_unary_call_t *c, const uint8_t *data, size_t len);
+void gfe_health_check(gfe_unary_call_t *c, const uint8_t *data, size_t len);
+
+/* Finishing a unary call; any thread, exactly once per call. */
+/* OK with reply (takes ownership; NULL = empty message). */
+void gfe_unary_finish(gfe_unary_call_t *c, grpc_byte_buffer *reply);
+/* OK with msg packed. */
+void gfe_unary_finish_msg(gfe_unary_call_t *c, const ProtobufCMessage *msg);
+/* A status; reply (may be NULL) is sent before it. */
+void gfe_unary_finish_status(gfe_unary_call_t *c, grpc_status_code code, const char *details,
+                             grpc_byte_buffer *reply);
+/* err's mapped status and message; frees err. */
+void gfe_unary_finish_error(gfe_unary_call_t *c, nereid_error_t *err);
+
+/* Starts the stream state machine for a freshly arrived ModelStreamInfer
+ * call (grpc_infer.c). Takes the call reference. */
+void gfe_stream_start(grpc_frontend_t *fe, grpc_call *call, grpc_metadata_array *request_md);
+
+/* Object accounting so stop waits for every call object to be freed. */
+void gfe_live_add(grpc_frontend_t *fe);
+void gfe_live_release(grpc_frontend_t *fe);
+
+/* Triton error code -> gRPC status (protocol-facts §7). */
+grpc_status_code gfe_status_from_error(const nereid_error_t *err);
+/* A byte buffer over a copy of n bytes. */
+grpc_byte_buffer *gfe_buffer_from_bytes(const void *data, size_t n);
+/* A byte buffer with msg packed into it. */
+grpc_byte_buffer *gfe_buffer_from_msg(const ProtobufCMessage *msg);
+/* bb's bytes as one contiguous slice (no copy when bb holds one slice);
+ * caller unrefs with grpc_slice_unref. NULL bb gives an empty slice. */
+grpc_slice gfe_buffer_read(grpc_byte_buffer *bb);
+
+#endif

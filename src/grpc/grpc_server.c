@@ -1,0 +1,427 @@
+/*
+ * This file contains the gRPC frontend's engine: server start-up and
+ * shutdown, one completion-queue thread per queue, the pre-posted calls for
+ * every registered method, the generic call that answers unknown methods
+ * UNIMPLEMENTED, and the plumbing that finishes a unary call from any thread.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <grpc/byte_buffer_reader.h>
+#include <grpc/grpc_security.h>
+#include <grpc/support/time.h>
+
+#include "grpc/grpc_internal.h"
+
+static const struct {
+    const char *path;
+    gfe_unary_fn fn;
+    gfe_kind_t kind;
+    int n_posted;
+} gfe_methods[GFE_N_METHODS] = {
+#define X(e, p, f, k, n) [GFE_M_##e] = {p, f, k, n},
+    GFE_METHOD_MAP(X)
+#undef X
+};
+
+/* A call to a method that is not registered: answered UNIMPLEMENTED. */
+typedef struct gfe_generic_call {
+    gfe_tag_t arrive_tag;
+    gfe_tag_t done_tag;
+    grpc_frontend_t *fe;
+    int queue;
+    grpc_call *call;
+    grpc_call_details details;
+    grpc_metadata_array request_md;
+    int cancelled;
+    grpc_slice status_details;
+} gfe_generic_call_t;
+
+static void post_unary(grpc_frontend_t *fe, int queue, gfe_method_t method);
+static void post_generic(grpc_frontend_t *fe, int queue);
+
+/* ---- Helpers ------------------------------------------------------------ */
+
+void gfe_live_add(grpc_frontend_t *fe)
+{
+    pthread_mutex_lock(&fe->mu);
+    fe->n_live++;
+    pthread_mutex_unlock(&fe->mu);
+}
+
+void gfe_live_release(grpc_frontend_t *fe)
+{
+    pthread_mutex_lock(&fe->mu);
+    if (--fe->n_live == 0) pthread_cond_broadcast(&fe->cv);
+    pthread_mutex_unlock(&fe->mu);
+}
+
+grpc_status_code gfe_status_from_error(const nereid_error_t *err)
+{
+    switch (nereid_error_code(err)) {
+    case NEREID_ERROR_INTERNAL:
+        return GRPC_STATUS_INTERNAL;
+    case NEREID_ERROR_NOT_FOUND:
+        return GRPC_STATUS_NOT_FOUND;
+    case NEREID_ERROR_INVALID_ARG:
+        return GRPC_STATUS_INVALID_ARGUMENT;
+    case NEREID_ERROR_UNAVAILABLE:
+        return GRPC_STATUS_UNAVAILABLE;
+    case NEREID_ERROR_UNSUPPORTED:
+        return GRPC_STATUS_UNIMPLEMENTED;
+    case NEREID_ERROR_ALREADY_EXISTS:
+        return GRPC_STATUS_ALREADY_EXISTS;
+    case NEREID_ERROR_CANCELLED:
+        return GRPC_STATUS_CANCELLED;
+    default:
+        return GRPC_STATUS_UNKNOWN;
+    }
+}
+
+grpc_byte_buffer *gfe_buffer_from_bytes(const void *data, size_t n)
+{
+    grpc_slice s = grpc_slice_from_copied_buffer(data, n);
+    grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&s, 1);
+    grpc_slice_unref(s);
+    return bb;
+}
+
+grpc_byte_buffer *gfe_buffer_from_msg(const ProtobufCMessage *msg)
+{
+    size_t n = protobuf_c_message_get_packed_size(msg);
+    grpc_slice s = grpc_slice_malloc(n);
+    protobuf_c_message_pack(msg, GRPC_SLICE_START_PTR(s));
+    grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&s, 1);
+    grpc_slice_unref(s);
+    return bb;
+}
+
+grpc_slice gfe_buffer_read(grpc_byte_buffer *bb)
+{
+    if (bb == NULL) return grpc_empty_slice();
+    grpc_byte_buffer_reader reader;
+    if (!grpc_byte_buffer_reader_init(&reader, bb)) return grpc_empty_slice();
+    grpc_slice s = grpc_byte_buffer_reader_readall(&reader);
+    grpc_byte_buffer_reader_destroy(&reader);
+    return s;
+}
+
+/* ---- Unary calls -------------------------------------------------------- */
+
+static void unary_free(gfe_unary_call_t *c)
+{
+    grpc_frontend_t *fe = c->fe;
+    if (c->call != NULL) grpc_call_unref(c->call);
+    grpc_metadata_array_destroy(&c->request_md);
+    if (c->payload != NULL) grpc_byte_buffer_destroy(c->payload);
+    if (c->reply != NULL) grpc_byte_buffer_destroy(c->reply);
+    grpc_slice_unref(c->status_details);
+    free(c);
+    gfe_live_release(fe);
+}
+
+static void unary_done(gfe_tag_t *tag, bool ok)
+{
+    (void)ok;
+    unary_free(GFE_CONTAINER_OF(tag, gfe_unary_call_t, done_tag));
+}
+
+void gfe_unary_finish_status(gfe_unary_call_t *c, grpc_status_code code, const char *details,
+                             grpc_byte_buffer *reply)
+{
+    grpc_op ops[4];
+    size_t n = 0;
+    memset(ops, 0, sizeof(ops));
+    ops[n].op = GRPC_OP_SEND_INITIAL_METADATA;
+    n++;
+    if (reply != NULL) {
+        c->reply = reply;
+        ops[n].op = GRPC_OP_SEND_MESSAGE;
+        ops[n].data.send_message.send_message = reply;
+        n++;
+    }
+    grpc_slice_unref(c->status_details);
+    c->status_details = grpc_slice_from_copied_string(details != NULL ? details : "");
+    ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+    ops[n].data.send_status_from_server.status = code;
+    ops[n].data.send_status_from_server.status_details =
+        code == GRPC_STATUS_OK ? NULL : &c->status_details;
+    n++;
+    ops[n].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+    ops[n].data.recv_close_on_server.cancelled = &c->cancelled;
+    n++;
+    c->done_tag.fn = unary_done;
+    if (grpc_call_start_batch(c->call, ops, n, &c->done_tag, NULL) != GRPC_CALL_OK) unary_free(c);
+}
+
+void gfe_unary_finish(gfe_unary_call_t *c, grpc_byte_buffer *reply)
+{
+    if (reply == NULL) reply = gfe_buffer_from_bytes("", 0);
+    gfe_unary_finish_status(c, GRPC_STATUS_OK, NULL, reply);
+}
+
+void gfe_unary_finish_msg(gfe_unary_call_t *c, const ProtobufCMessage *msg)
+{
+    gfe_unary_finish(c, gfe_buffer_from_msg(msg));
+}
+
+void gfe_unary_finish_error(gfe_unary_call_t *c, nereid_error_t *err)
+{
+    gfe_unary_finish_status(c, gfe_status_from_error(err), nereid_error_message(err), NULL);
+    nereid_error_free(err);
+}
+
+static void unary_arrived(gfe_tag_t *tag, bool ok)
+{
+    gfe_unary_call_t *c = GFE_CONTAINER_OF(tag, gfe_unary_call_t, arrive_tag);
+    grpc_frontend_t *fe = c->fe;
+    if (!ok) { /* the server is shutting down: no call came */
+        unary_free(c);
+        return;
+    }
+    if (!atomic_load(&fe->stopping)) post_unary(fe, c->queue, c->method);
+    if (gfe_methods[c->method].kind == GFE_STREAM) {
+        grpc_call *call = c->call;
+        c->call = NULL;
+        gfe_stream_start(fe, call, &c->request_md);
+        unary_free(c);
+        return;
+    }
+    grpc_slice body = gfe_buffer_read(c->payload);
+    gfe_methods[c->method].fn(c, GRPC_SLICE_START_PTR(body), GRPC_SLICE_LENGTH(body));
+    grpc_slice_unref(body);
+}
+
+static void post_unary(grpc_frontend_t *fe, int queue, gfe_method_t method)
+{
+    gfe_unary_call_t *c = calloc(1, sizeof(*c));
+    if (c == NULL) return;
+    c->fe = fe;
+    c->queue = queue;
+    c->method = method;
+    c->arrive_tag.fn = unary_arrived;
+    c->status_details = grpc_empty_slice();
+    grpc_metadata_array_init(&c->request_md);
+    gfe_live_add(fe);
+    grpc_completion_queue *cq = fe->queues[queue];
+    grpc_call_error rc = grpc_server_request_registered_call(
+        fe->grpc, fe->method_handles[method], &c->call, &c->deadline, &c->request_md,
+        gfe_methods[method].kind == GFE_UNARY ? &c->payload : NULL, cq, cq, &c->arrive_tag);
+    if (rc != GRPC_CALL_OK) unary_free(c);
+}
+
+/* ---- Unknown methods ---------------------------------------------------- */
+
+static void generic_free(gfe_generic_call_t *g)
+{
+    grpc_frontend_t *fe = g->fe;
+    if (g->call != NULL) grpc_call_unref(g->call);
+    grpc_call_details_destroy(&g->details);
+    grpc_metadata_array_destroy(&g->request_md);
+    grpc_slice_unref(g->status_details);
+    free(g);
+    gfe_live_release(fe);
+}
+
+static void generic_done(gfe_tag_t *tag, bool ok)
+{
+    (void)ok;
+    generic_free(GFE_CONTAINER_OF(tag, gfe_generic_call_t, done_tag));
+}
+
+static void generic_arrived(gfe_tag_t *tag, bool ok)
+{
+    gfe_generic_call_t *g = GFE_CONTAINER_OF(tag, gfe_generic_call_t, arrive_tag);
+    if (!ok) {
+        generic_free(g);
+        return;
+    }
+    if (!atomic_load(&g->fe->stopping)) post_generic(g->fe, g->queue);
+    grpc_slice_unref(g->status_details);
+    g->status_details = grpc_slice_from_static_string("");
+    grpc_op ops[3];
+    memset(ops, 0, sizeof(ops));
+    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[1].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+    ops[1].data.send_status_from_server.status = GRPC_STATUS_UNIMPLEMENTED;
+    ops[1].data.send_status_from_server.status_details = &g->status_details;
+    ops[2].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+    ops[2].data.recv_close_on_server.cancelled = &g->cancelled;
+    g->done_tag.fn = generic_done;
+    if (grpc_call_start_batch(g->call, ops, 3, &g->done_tag, NULL) != GRPC_CALL_OK) generic_free(g);
+}
+
+static void post_generic(grpc_frontend_t *fe, int queue)
+{
+    gfe_generic_call_t *g = calloc(1, sizeof(*g));
+    if (g == NULL) return;
+    g->fe = fe;
+    g->queue = queue;
+    g->arrive_tag.fn = generic_arrived;
+    g->status_details = grpc_empty_slice();
+    grpc_call_details_init(&g->details);
+    grpc_metadata_array_init(&g->request_md);
+    gfe_live_add(fe);
+    grpc_completion_queue *cq = fe->queues[queue];
+    if (grpc_server_request_call(fe->grpc, &g->call, &g->details, &g->request_md, cq, cq,
+                                 &g->arrive_tag) != GRPC_CALL_OK)
+        generic_free(g);
+}
+
+/* ---- Lifecycle ---------------------------------------------------------- */
+
+static void *queue_thread(void *arg)
+{
+    grpc_completion_queue *cq = arg;
+    for (;;) {
+        grpc_event ev = grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+        if (ev.type == GRPC_QUEUE_SHUTDOWN) break;
+        if (ev.type == GRPC_OP_COMPLETE) ((gfe_tag_t *)ev.tag)->fn(ev.tag, ev.success != 0);
+    }
+    return NULL;
+}
+
+static void shutdown_done(gfe_tag_t *tag, bool ok)
+{
+    (void)ok;
+    grpc_frontend_t *fe = GFE_CONTAINER_OF(tag, grpc_frontend_t, shutdown_tag);
+    pthread_mutex_lock(&fe->mu);
+    fe->shutdown_done = true;
+    pthread_cond_broadcast(&fe->cv);
+    pthread_mutex_unlock(&fe->mu);
+}
+
+void grpc_options_init(grpc_options_t *opts)
+{
+    opts->address = "0.0.0.0";
+    opts->port = 8001;
+    opts->infer_thread_count = 2;
+}
+
+int grpc_frontend_port(const grpc_frontend_t *fe)
+{
+    return fe->port;
+}
+
+/* Frees queues and the frontend after the server is gone (or never ran). */
+static void destroy_queues(grpc_frontend_t *fe, int n_threads)
+{
+    for (int i = 0; i < fe->n_queues; i++)
+        grpc_completion_queue_shutdown(fe->queues[i]);
+    for (int i = 0; i < n_threads; i++)
+        pthread_join(fe->threads[i], NULL);
+    for (int i = 0; i < fe->n_queues; i++) {
+        if (n_threads == 0) { /* drain what a never-started server left */
+            grpc_event ev;
+            do {
+                ev = grpc_completion_queue_next(fe->queues[i], gpr_inf_future(GPR_CLOCK_REALTIME),
+                                                NULL);
+            } while (ev.type != GRPC_QUEUE_SHUTDOWN);
+        }
+        grpc_completion_queue_destroy(fe->queues[i]);
+    }
+    free(fe->queues);
+    free(fe->threads);
+    pthread_mutex_destroy(&fe->mu);
+    pthread_cond_destroy(&fe->cv);
+    free(fe);
+    grpc_shutdown();
+}
+
+nereid_error_t *grpc_frontend_start(nereid_server_t *server, const grpc_options_t *opts,
+                                    grpc_frontend_t **out)
+{
+    *out = NULL;
+    grpc_options_t defaults;
+    grpc_options_init(&defaults);
+    if (opts == NULL) opts = &defaults;
+    const char *address = opts->address != NULL ? opts->address : defaults.address;
+    int n_queues = opts->infer_thread_count;
+    if (n_queues <= 0) {
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        n_queues = cores > 0 ? (int)cores : 1;
+    }
+    if (opts->port < 0 || opts->port > 65535)
+        return nereid_error_new(NEREID_ERROR_INVALID_ARG, "invalid gRPC port %d", opts->port);
+
+    grpc_init();
+    grpc_frontend_t *fe = calloc(1, sizeof(*fe));
+    if (fe == NULL) {
+        grpc_shutdown();
+        return nereid_error_new(NEREID_ERROR_INTERNAL, "out of memory");
+    }
+    fe->server = server;
+    fe->n_queues = n_queues;
+    pthread_mutex_init(&fe->mu, NULL);
+    pthread_cond_init(&fe->cv, NULL);
+    fe->shutdown_tag.fn = shutdown_done;
+    fe->queues = calloc((size_t)n_queues, sizeof(*fe->queues));
+    fe->threads = calloc((size_t)n_queues, sizeof(*fe->threads));
+
+    /* No 4 MiB limit; no SO_REUSEPORT, so a taken port fails start-up. */
+    grpc_arg args[3];
+    memset(args, 0, sizeof(args));
+    args[0].type = GRPC_ARG_INTEGER;
+    args[0].key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
+    args[0].value.integer = -1;
+    args[1].type = GRPC_ARG_INTEGER;
+    args[1].key = GRPC_ARG_MAX_SEND_MESSAGE_LENGTH;
+    args[1].value.integer = -1;
+    args[2].type = GRPC_ARG_INTEGER;
+    args[2].key = GRPC_ARG_ALLOW_REUSEPORT;
+    args[2].value.integer = 0;
+    grpc_channel_args channel_args = {3, args};
+    fe->grpc = grpc_server_create(&channel_args, NULL);
+    for (int i = 0; i < n_queues; i++) {
+        fe->queues[i] = grpc_completion_queue_create_for_next(NULL);
+        grpc_server_register_completion_queue(fe->grpc, fe->queues[i], NULL);
+    }
+    for (int m = 0; m < GFE_N_METHODS; m++)
+        fe->method_handles[m] = grpc_server_register_method(
+            fe->grpc, gfe_methods[m].path, NULL,
+            gfe_methods[m].kind == GFE_UNARY ? GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER
+                                             : GRPC_SRM_PAYLOAD_NONE,
+            0);
+
+    char target[300];
+    bool v6 = strchr(address, ':') != NULL && address[0] != '[';
+    snprintf(target, sizeof(target), v6 ? "[%s]:%d" : "%s:%d", address, opts->port);
+    grpc_server_credentials *creds = grpc_insecure_server_credentials_create();
+    fe->port = grpc_server_add_http2_port(fe->grpc, target, creds);
+    grpc_server_credentials_release(creds);
+    if (fe->port == 0) {
+        grpc_server_destroy(fe->grpc);
+        destroy_queues(fe, 0);
+        return nereid_error_new(NEREID_ERROR_UNAVAILABLE,
+                                "failed to start GRPC service: unable to bind address '%s'",
+                                target);
+    }
+    grpc_server_start(fe->grpc);
+    for (int i = 0; i < n_queues; i++)
+        pthread_create(&fe->threads[i], NULL, queue_thread, fe->queues[i]);
+    for (int i = 0; i < n_queues; i++) {
+        for (int m = 0; m < GFE_N_METHODS; m++)
+            for (int k = 0; k < gfe_methods[m].n_posted; k++)
+                post_unary(fe, i, (gfe_method_t)m);
+        post_generic(fe, i);
+        post_generic(fe, i);
+    }
+    *out = fe;
+    return NULL;
+}
+
+void grpc_frontend_stop(grpc_frontend_t *fe)
+{
+    if (fe == NULL) return;
+    atomic_store(&fe->stopping, true);
+    grpc_server_shutdown_and_notify(fe->grpc, fe->queues[0], &fe->shutdown_tag);
+    grpc_server_cancel_all_calls(fe->grpc);
+    pthread_mutex_lock(&fe->mu);
+    while (!fe->shutdown_done || fe->n_live > 0)
+        pthread_cond_wait(&fe->cv, &fe->mu);
+    pthread_mutex_unlock(&fe->mu);
+    grpc_server_destroy(fe->grpc);
+    destroy_queues(fe, fe->n_queues);
+}

@@ -1,0 +1,35 @@
+/*
+ * This file contains the gRPC frontend's interface: it serves Triton's
+ * inference.GRPCInferenceService (and grpc.health.v1.Health/Check) with the
+ * gRPC core C API, calling only include/nereid/server.h.
+ */
+#ifndef NEREID_GRPC_SERVER_H
+#define NEREID_GRPC_SERVER_H
+
+#include "nereid/server.h"
+
+typedef struct grpc_options {
+    const char *address;    /* "0.0.0.0" when NULL */
+    int port;               /* 8001 in Triton; 0 picks a free port */
+    int infer_thread_count; /* completion-queue threads; <= 0 means one per core */
+} grpc_options_t;
+
+typedef struct grpc_frontend grpc_frontend_t;
+
+/* Fills opts with Triton's defaults (0.0.0.0:8001, 2 threads). */
+void grpc_options_init(grpc_options_t *opts);
+
+/* Binds address:port and starts serving server (borrowed: it must outlive
+ * the frontend). On success *out is the frontend; stop it with
+ * grpc_frontend_stop. Fails (UNAVAILABLE) when the port cannot be bound,
+ * including when another process already listens on it. */
+nereid_error_t *grpc_frontend_start(nereid_server_t *server, const grpc_options_t *opts,
+                                    grpc_frontend_t **out);
+/* The port actually bound (useful with port 0). */
+int grpc_frontend_port(const grpc_frontend_t *fe);
+/* Stops accepting calls, cancels open calls, waits until every in-flight
+ * inference callback has run, and frees fe. Call it before
+ * nereid_server_free. NULL is fine. */
+void grpc_frontend_stop(grpc_frontend_t *fe);
+
+#endif

@@ -1,0 +1,895 @@
+/*
+ * This file contains the KServe v2 HTTP/REST frontend on libmicrohttpd: the
+ * route table, the per-connection state machine (headers, body, dispatch),
+ * the handlers of every endpoint and the asynchronous inference path.
+ *
+ * Inference: the body is accumulated in our own buffer (capped by
+ * --http-max-input-size, checked first from the headers), parsed into a
+ * nereid_request_t that borrows it, and submitted with
+ * nereid_server_infer_async while the connection is suspended. The response
+ * allocator gives every output its own malloc'ed buffer; the completion
+ * callback only stores the response and resumes the connection, and the MHD
+ * thread then replies with an iovec response (JSON header + output buffers,
+ * no copy of tensor data) whose free callback releases everything.
+ *
+ * MHD rules kept here: no response is queued on the first handler call
+ * except the early body-size refusal (which should close the connection);
+ * suspended connections are all resumed before MHD_stop_daemon.
+ */
+#include "http/http_server.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "http/compress.h"
+#include "http/http_common.h"
+#include "http/infer_parse.h"
+#include "http/infer_reply.h"
+
+#define HEADER_IHCL "Inference-Header-Content-Length"
+
+/* X(id, method, path pattern, handler). Patterns match whole paths segment by
+ * segment; {m} is a non-empty segment (model), {v} digits (version), {r} a
+ * non-empty segment (repository or region). The first pattern that matches
+ * the path decides; a method mismatch there is 405. */
+#define HTTP_ROUTE_MAP(X)                                                                          \
+    X(SERVER_METADATA, "GET", "/v2", handle_server_metadata)                                       \
+    X(HEALTH_LIVE, "GET", "/v2/health/live", handle_health)                                        \
+    X(HEALTH_READY, "GET", "/v2/health/ready", handle_health)                                      \
+    X(MODELS_STATS, "GET", "/v2/models/stats", handle_stats)                                       \
+    X(MODEL_METADATA, "GET", "/v2/models/{m}", handle_model_metadata)                              \
+    X(MODEL_METADATA_V, "GET", "/v2/models/{m}/versions/{v}", handle_model_metadata)               \
+    X(MODEL_READY, "GET", "/v2/models/{m}/ready", handle_model_ready)                              \
+    X(MODEL_READY_V, "GET", "/v2/models/{m}/versions/{v}/ready", handle_model_ready)               \
+    X(MODEL_CONFIG, "GET", "/v2/models/{m}/config", handle_model_config)                           \
+    X(MODEL_CONFIG_V, "GET", "/v2/models/{m}/versions/{v}/config", handle_model_config)            \
+    X(MODEL_STATS, "GET", "/v2/models/{m}/stats", handle_stats)                                    \
+    X(MODEL_STATS_V, "GET", "/v2/models/{m}/versions/{v}/stats", handle_stats)                     \
+    X(MODEL_INFER, "POST", "/v2/models/{m}/infer", handle_infer)                                   \
+    X(MODEL_INFER_V, "POST", "/v2/models/{m}/versions/{v}/infer", handle_infer)                    \
+    X(REPO_INDEX, "POST", "/v2/repository/index", handle_repository_index)                         \
+    X(REPO_LOAD, "POST", "/v2/repository/models/{m}/load", handle_load)                            \
+    X(REPO_UNLOAD, "POST", "/v2/repository/models/{m}/unload", handle_unload)                      \
+    X(REPO_INDEX_NAMED, "POST", "/v2/repository/{r}/index", handle_repository_index)               \
+    X(REPO_LOAD_NAMED, "POST", "/v2/repository/{r}/models/{m}/load", handle_named_repository)      \
+    X(REPO_UNLOAD_NAMED, "POST", "/v2/repository/{r}/models/{m}/unload", handle_named_repository)  \
+    X(SYS_SHM_STATUS, "GET", "/v2/systemsharedmemory/status", handle_shm)                          \
+    X(SYS_SHM_REGION_STATUS, "GET", "/v2/systemsharedmemory/region/{r}/status", handle_shm)        \
+    X(SYS_SHM_REGISTER, "POST", "/v2/systemsharedmemory/region/{r}/register", handle_shm)          \
+    X(SYS_SHM_UNREGISTER, "POST", "/v2/systemsharedmemory/unregister", handle_shm)                 \
+    X(SYS_SHM_REGION_UNREGISTER, "POST", "/v2/systemsharedmemory/region/{r}/unregister",           \
+      handle_shm)                                                                                  \
+    X(CUDA_SHM_STATUS, "GET", "/v2/cudasharedmemory/status", handle_shm)                           \
+    X(CUDA_SHM_REGION_STATUS, "GET", "/v2/cudasharedmemory/region/{r}/status", handle_shm)         \
+    X(CUDA_SHM_REGISTER, "POST", "/v2/cudasharedmemory/region/{r}/register", handle_shm)           \
+    X(CUDA_SHM_UNREGISTER, "POST", "/v2/cudasharedmemory/unregister", handle_shm)                  \
+    X(CUDA_SHM_REGION_UNREGISTER, "POST", "/v2/cudasharedmemory/region/{r}/unregister", handle_shm)
+
+typedef enum http_route {
+#define X(id, method, path, fn) ROUTE_##id,
+    HTTP_ROUTE_MAP(X)
+#undef X
+        N_ROUTES,
+    ROUTE_NOT_FOUND = -1,
+    ROUTE_BAD_METHOD = -2,
+} http_route_t;
+
+struct http_server {
+    nereid_server_t *core;
+    struct MHD_Daemon *daemon;
+    size_t max_input_size;
+    pthread_mutex_t lock;
+    pthread_cond_t idle;
+    size_t n_inflight; /* submitted inferences whose connection is suspended */
+    bool stopping;
+};
+
+/* One output buffer from the response allocator; data follows the header. */
+typedef struct out_buf {
+    struct out_buf *next;
+    size_t byte_size;
+} out_buf_t;
+
+typedef struct http_conn {
+    http_server_t *srv;
+    struct MHD_Connection *mhd;
+    http_route_t route;
+    char *path; /* owned copy of the URL; captures point into it */
+    const char *model, *version_str, *name;
+    int64_t version;
+    sbuf_t body;
+    size_t limit;          /* body cap */
+    nereid_error_t *error; /* decided before dispatch (size, encoding) */
+    bool unsupported_encoding;
+    bool refused; /* replied before reading the body */
+    http_encoding_t encoding;
+    size_t header_len; /* Inference-Header-Content-Length or NONE */
+    /* inference */
+    bool submitted;
+    nereid_error_t *submit_error; /* infer_async refused after the suspend */
+    char *inflated;
+    size_t inflated_len;
+    infer_parsed_t parsed;
+    char *raw_input_name;
+    _Atomic(out_buf_t *) outs;
+    nereid_response_t *response;
+} http_conn_t;
+
+/* Everything an infer reply keeps alive until MHD has sent it. */
+typedef struct reply_hold {
+    nereid_response_t *response;
+    infer_reply_t reply;
+    out_buf_t *outs;
+} reply_hold_t;
+
+/* ---- Routing -------------------------------------------------------------- */
+
+static const struct {
+    const char *method, *path;
+} routes[N_ROUTES] = {
+#define X(id, method, path, fn) {method, path},
+    HTTP_ROUTE_MAP(X)
+#undef X
+};
+
+static bool all_digits(const char *s, size_t n)
+{
+    if (n == 0) return false;
+    for (size_t i = 0; i < n; i++)
+        if (s[i] < '0' || s[i] > '9') return false;
+    return true;
+}
+
+/* Matches path against pattern; on a match fills captures (pointers into
+ * path, whose '/' separators the caller later replaces by NULs). */
+static bool route_match(const char *pattern, const char *path, const char **cap_m,
+                        const char **cap_v, const char **cap_r)
+{
+    const char *p = pattern, *s = path;
+    while (*p && *s) {
+        if (*p != '/' || *s != '/') return false;
+        p++, s++;
+        const char *pe = strchr(p, '/'), *se = strchr(s, '/');
+        size_t pn = pe ? (size_t)(pe - p) : strlen(p), sn = se ? (size_t)(se - s) : strlen(s);
+        if (pn == 3 && p[0] == '{') {
+            if (sn == 0 || (p[1] == 'v' && !all_digits(s, sn))) return false;
+            *(p[1] == 'm' ? cap_m : p[1] == 'v' ? cap_v : cap_r) = s;
+        } else if (pn != sn || memcmp(p, s, pn)) {
+            return false;
+        }
+        p += pn, s += sn;
+    }
+    return !*p && !*s;
+}
+
+static void route_resolve(http_conn_t *c, const char *url, const char *method)
+{
+    c->route = ROUTE_NOT_FOUND;
+    c->path = strdup(url);
+    if (!c->path) return;
+    const char *m = NULL, *v = NULL, *r = NULL;
+    for (int i = 0; i < N_ROUTES; i++) {
+        if (!route_match(routes[i].path, c->path, &m, &v, &r)) {
+            m = v = r = NULL;
+            continue;
+        }
+        c->route = strcmp(method, routes[i].method) ? ROUTE_BAD_METHOD : (http_route_t)i;
+        break;
+    }
+    /* Cut the captured segments out of the owned path copy. */
+    for (char *q = c->path; *q; q++)
+        if (*q == '/') *q = '\0';
+    c->model = m;
+    c->version_str = v;
+    c->name = r;
+    c->version = 0;
+    if (v) {
+        errno = 0;
+        long long x = strtoll(v, NULL, 10);
+        c->version = errno ? -2 : (int64_t)x;
+    }
+}
+
+/* ---- Small handlers ------------------------------------------------------- */
+
+static enum MHD_Result reply_json_or_error(struct MHD_Connection *mc, nereid_error_t *err,
+                                           char *json)
+{
+    if (err) {
+        free(json);
+        return http_queue_nereid_error(mc, err);
+    }
+    return http_queue_json_owned(mc, 200, json);
+}
+
+static enum MHD_Result version_error(http_conn_t *c)
+{
+    return http_queue_error(c->mhd, 400,
+                            "failed to get model version from specified version "
+                            "string (details: out of range), version should be an "
+                            "integral value > 0");
+}
+
+static enum MHD_Result handle_server_metadata(http_conn_t *c)
+{
+    char *json = NULL;
+    nereid_error_t *err = nereid_server_metadata(c->srv->core, &json);
+    return reply_json_or_error(c->mhd, err, json);
+}
+
+static enum MHD_Result handle_health(http_conn_t *c)
+{
+    bool ok = c->route == ROUTE_HEALTH_LIVE ? nereid_server_is_live(c->srv->core)
+                                            : nereid_server_is_ready(c->srv->core);
+    return http_queue_text(c->mhd, ok ? 200 : 400, NULL, NULL, 0);
+}
+
+static enum MHD_Result handle_model_metadata(http_conn_t *c)
+{
+    if (c->version < -1) return version_error(c);
+    char *json = NULL;
+    nereid_error_t *err = nereid_server_model_metadata(c->srv->core, c->model, c->version, &json);
+    return reply_json_or_error(c->mhd, err, json);
+}
+
+static enum MHD_Result handle_model_config(http_conn_t *c)
+{
+    if (c->version < -1) return version_error(c);
+    char *json = NULL;
+    nereid_error_t *err = nereid_server_model_config(c->srv->core, c->model, c->version, &json);
+    return reply_json_or_error(c->mhd, err, json);
+}
+
+static enum MHD_Result handle_model_ready(http_conn_t *c)
+{
+    bool ready = false;
+    nereid_error_t *err =
+        c->version < -1 ? NULL
+                        : nereid_server_model_is_ready(c->srv->core, c->model, c->version, &ready);
+    /* Triton answers an unknown model or version as "not ready". */
+    if (err) {
+        nereid_error_code_t code = nereid_error_code(err);
+        if (code != NEREID_ERROR_NOT_FOUND && code != NEREID_ERROR_UNAVAILABLE)
+            return http_queue_nereid_error(c->mhd, err);
+        nereid_error_free(err);
+    }
+    if (!ready) return http_queue_error(c->mhd, 400, "Model version not ready");
+    return http_queue_text(c->mhd, 200, NULL, NULL, 0);
+}
+
+static enum MHD_Result handle_stats(http_conn_t *c)
+{
+    if (c->version < -1) return version_error(c);
+    char *json = NULL;
+    nereid_error_t *err = nereid_server_model_statistics(c->srv->core, c->model, c->version, &json);
+    return reply_json_or_error(c->mhd, err, json);
+}
+
+static json_t *parse_body_json(http_conn_t *c, nereid_error_t **err)
+{
+    *err = NULL;
+    if (c->body.len == 0) return NULL;
+    json_error_t jerr;
+    json_t *root = json_loadb(c->body.data, c->body.len, 0, &jerr);
+    if (!root)
+        *err = nereid_error_new(NEREID_ERROR_INTERNAL,
+                                "failed to parse the request JSON buffer: %s at %d", jerr.text,
+                                jerr.position);
+    return root;
+}
+
+static enum MHD_Result handle_repository_index(http_conn_t *c)
+{
+    nereid_error_t *err;
+    json_t *root = parse_body_json(c, &err);
+    if (err) return http_queue_nereid_error(c->mhd, err);
+    bool ready_only = false;
+    if (root) {
+        json_t *ready = json_is_object(root) ? json_object_get(root, "ready") : NULL;
+        if (ready && !json_is_boolean(ready)) {
+            json_decref(root);
+            return http_queue_error(c->mhd, 400, "Invalid value for 'ready': expected a boolean");
+        }
+        ready_only = ready && json_is_true(ready);
+        json_decref(root);
+    }
+    char *json = NULL;
+    err = nereid_server_repository_index(c->srv->core, ready_only, &json);
+    return reply_json_or_error(c->mhd, err, json);
+}
+
+static const signed char b64_table[256] = {
+#define R(x) [x] = (signed char)
+    ['A'] = 0,  ['B'] = 1,  ['C'] = 2,  ['D'] = 3,  ['E'] = 4,  ['F'] = 5,  ['G'] = 6,  ['H'] = 7,
+    ['I'] = 8,  ['J'] = 9,  ['K'] = 10, ['L'] = 11, ['M'] = 12, ['N'] = 13, ['O'] = 14, ['P'] = 15,
+    ['Q'] = 16, ['R'] = 17, ['S'] = 18, ['T'] = 19, ['U'] = 20, ['V'] = 21, ['W'] = 22, ['X'] = 23,
+    ['Y'] = 24, ['Z'] = 25, ['a'] = 26, ['b'] = 27, ['c'] = 28, ['d'] = 29, ['e'] = 30, ['f'] = 31,
+    ['g'] = 32, ['h'] = 33, ['i'] = 34, ['j'] = 35, ['k'] = 36, ['l'] = 37, ['m'] = 38, ['n'] = 39,
+    ['o'] = 40, ['p'] = 41, ['q'] = 42, ['r'] = 43, ['s'] = 44, ['t'] = 45, ['u'] = 46, ['v'] = 47,
+    ['w'] = 48, ['x'] = 49, ['y'] = 50, ['z'] = 51, ['0'] = 52, ['1'] = 53, ['2'] = 54, ['3'] = 55,
+    ['4'] = 56, ['5'] = 57, ['6'] = 58, ['7'] = 59, ['8'] = 60, ['9'] = 61, ['+'] = 62, ['/'] = 63,
+#undef R
+};
+
+/* Decodes standard base64 (padding optional). Returns the length or -1. */
+static long b64_decode(const char *in, size_t n, unsigned char *out)
+{
+    unsigned acc = 0;
+    int bits = 0;
+    long len = 0;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char ch = (unsigned char)in[i];
+        if (ch == '=') break;
+        if (ch != 'A' && b64_table[ch] == 0) return -1;
+        acc = (acc << 6) | (unsigned)b64_table[ch];
+        bits += 6;
+        if (bits >= 8) {
+            bits -= 8;
+            out[len++] = (unsigned char)(acc >> bits);
+        }
+    }
+    return len;
+}
+
+static enum MHD_Result handle_load(http_conn_t *c)
+{
+    nereid_error_t *err;
+    json_t *root = parse_body_json(c, &err);
+    if (err) return http_queue_nereid_error(c->mhd, err);
+    const char *config = NULL;
+    size_t n = 0, cap = 0;
+    const char **paths = NULL;
+    void **contents = NULL;
+    size_t *sizes = NULL;
+    json_t *params = root && json_is_object(root) ? json_object_get(root, "parameters") : NULL;
+    if (params && json_is_object(params)) {
+        cap = json_object_size(params);
+        paths = calloc(cap + 1, sizeof *paths);
+        contents = calloc(cap + 1, sizeof *contents);
+        sizes = calloc(cap + 1, sizeof *sizes);
+        const char *key;
+        json_t *v;
+        json_object_foreach(params, key, v)
+        {
+            if (!json_is_string(v)) {
+                err = nereid_error_new(NEREID_ERROR_INTERNAL,
+                                       "unexpected error on creating Triton parameter");
+                break;
+            }
+            if (!strcmp(key, "config")) {
+                config = json_string_value(v);
+            } else if (!strncmp(key, "file:", 5)) {
+                size_t len = json_string_length(v);
+                unsigned char *buf = malloc(len / 4 * 3 + 4);
+                long dl = buf ? b64_decode(json_string_value(v), len, buf) : -1;
+                if (dl < 0) {
+                    free(buf);
+                    err = nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                           "failed to decode base64 content of '%s'", key);
+                    break;
+                }
+                paths[n] = key + 5;
+                contents[n] = buf;
+                sizes[n++] = (size_t)dl;
+            }
+        }
+    }
+    if (!err)
+        err = nereid_server_load_model(c->srv->core, c->model, config, paths,
+                                       (const void *const *)contents, sizes, n);
+    for (size_t i = 0; i < n; i++)
+        free(contents[i]);
+    free(paths);
+    free(contents);
+    free(sizes);
+    if (root) json_decref(root);
+    if (err) return http_queue_nereid_error(c->mhd, err);
+    return http_queue_text(c->mhd, 200, NULL, NULL, 0);
+}
+
+static enum MHD_Result handle_unload(http_conn_t *c)
+{
+    nereid_error_t *err;
+    json_t *root = parse_body_json(c, &err);
+    if (err) return http_queue_nereid_error(c->mhd, err);
+    bool dependents = false;
+    json_t *params = root && json_is_object(root) ? json_object_get(root, "parameters") : NULL;
+    json_t *v =
+        params && json_is_object(params) ? json_object_get(params, "unload_dependents") : NULL;
+    if (v && !json_is_boolean(v))
+        err = nereid_error_new(NEREID_ERROR_INTERNAL,
+                               "Unable to parse 'unload_dependents': attempt to access JSON "
+                               "non-boolean as boolean");
+    dependents = v && json_is_true(v);
+    if (root) json_decref(root);
+    if (!err) err = nereid_server_unload_model(c->srv->core, c->model, dependents);
+    if (err) return http_queue_nereid_error(c->mhd, err);
+    return http_queue_text(c->mhd, 200, NULL, NULL, 0);
+}
+
+static enum MHD_Result handle_named_repository(http_conn_t *c)
+{
+    return http_queue_error(c->mhd, 501, "'repository_name' specification is not supported");
+}
+
+/* Client shared memory is off (Triton's default --allow-client-shm=false):
+ * nothing is ever registered. */
+static enum MHD_Result handle_shm(http_conn_t *c)
+{
+    switch (c->route) {
+    case ROUTE_SYS_SHM_STATUS:
+    case ROUTE_CUDA_SHM_STATUS:
+        return http_queue_text(c->mhd, 200, "application/json", "[]", 2);
+    case ROUTE_SYS_SHM_REGION_STATUS:
+    case ROUTE_CUDA_SHM_REGION_STATUS: {
+        char msg[512];
+        snprintf(msg, sizeof msg, "Unable to find shared memory region: '%.400s'", c->name);
+        return http_queue_error(c->mhd, 404, msg);
+    }
+    default:
+        return http_queue_error(c->mhd, 501,
+                                "Client shared memory is disabled. Start the server with "
+                                "'--allow-client-shm=true' to enable.");
+    }
+}
+
+/* ---- Inference ------------------------------------------------------------ */
+
+static void out_bufs_free(out_buf_t *b)
+{
+    while (b) {
+        out_buf_t *next = b->next;
+        free(b);
+        b = next;
+    }
+}
+
+static nereid_error_t *alloc_output(void *userp, const char *name, nereid_datatype_t dt,
+                                    const int64_t *shape, size_t rank, size_t byte_size,
+                                    void **buffer, void **buffer_userp)
+{
+    (void)dt, (void)shape, (void)rank;
+    http_conn_t *c = userp;
+    out_buf_t *b = malloc(sizeof *b + (byte_size ? byte_size : 1));
+    if (!b) {
+        *buffer = NULL;
+        return nereid_error_new(NEREID_ERROR_INTERNAL, "out of memory for output '%s'", name);
+    }
+    b->byte_size = byte_size;
+    b->next = atomic_load(&c->outs);
+    while (!atomic_compare_exchange_weak(&c->outs, &b->next, b))
+        ;
+    *buffer = b + 1;
+    *buffer_userp = b;
+    return NULL;
+}
+
+/* Buffers are released with the reply (or the connection), not here: the
+ * reply outlives the nereid_response. */
+static void release_output(void *userp, void *buffer, void *buffer_userp, size_t byte_size)
+{
+    (void)userp, (void)buffer, (void)buffer_userp, (void)byte_size;
+}
+
+static void infer_done(nereid_response_t *response, void *userp)
+{
+    http_conn_t *c = userp;
+    http_server_t *srv = c->srv;
+    c->response = response;
+    MHD_resume_connection(c->mhd);
+    pthread_mutex_lock(&srv->lock);
+    if (--srv->n_inflight == 0) pthread_cond_broadcast(&srv->idle);
+    pthread_mutex_unlock(&srv->lock);
+}
+
+static void reply_hold_free(void *cls)
+{
+    reply_hold_t *h = cls;
+    infer_reply_free(&h->reply);
+    if (h->response) nereid_response_free(h->response);
+    out_bufs_free(h->outs);
+    free(h);
+}
+
+/* Reads max_batch_size and the first input of the model config for a raw
+ * request. */
+static nereid_error_t *raw_model_info(http_conn_t *c, infer_raw_model_t *info, int64_t *dims,
+                                      size_t max_dims)
+{
+    char *json = NULL;
+    nereid_error_t *err = nereid_server_model_config(c->srv->core, c->model, c->version, &json);
+    if (err) return err;
+    json_t *root = json_loads(json, 0, NULL);
+    free(json);
+    json_t *inputs = root ? json_object_get(root, "input") : NULL;
+    memset(info, 0, sizeof *info);
+    info->model = c->model;
+    info->n_inputs = json_array_size(inputs);
+    json_t *mbs = root ? json_object_get(root, "max_batch_size") : NULL;
+    info->batching = mbs && json_number_value(mbs) > 0;
+    json_t *in = json_array_get(inputs, 0);
+    if (in) {
+        json_t *name = json_object_get(in, "name");
+        free(c->raw_input_name);
+        c->raw_input_name = strdup(json_is_string(name) ? json_string_value(name) : "");
+        info->input_name = c->raw_input_name ? c->raw_input_name : "";
+        json_t *dt = json_object_get(in, "data_type");
+        info->datatype =
+            nereid_datatype_from_config_name(json_is_string(dt) ? json_string_value(dt) : "");
+        json_t *jd = json_object_get(in, "dims");
+        for (size_t i = 0; i < json_array_size(jd) && i < max_dims; i++) {
+            json_t *d = json_array_get(jd, i);
+            dims[i] = json_is_string(d) ? strtoll(json_string_value(d), NULL, 10)
+                                        : (int64_t)json_number_value(d);
+            info->n_dims++;
+        }
+        info->dims = dims;
+    }
+    if (root) json_decref(root);
+    return NULL;
+}
+
+/* Parses and submits the request; on success the connection is suspended. */
+static nereid_error_t *infer_submit(http_conn_t *c)
+{
+    http_server_t *srv = c->srv;
+    const char *body = c->body.data ? c->body.data : "";
+    size_t len = c->body.len;
+    nereid_error_t *err;
+    if (c->encoding != HTTP_ENCODING_IDENTITY) {
+        err = http_decompress(c->encoding, body, len, srv->max_input_size, &c->inflated,
+                              &c->inflated_len);
+        if (err) return err;
+        body = c->inflated;
+        len = c->inflated_len;
+    }
+    if (c->header_len == 0) {
+        if (len > srv->max_input_size)
+            return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                    "Raw input has a byte_size (%zu bytes) that exceeds the "
+                                    "maximum allowed value of %zu bytes. Use "
+                                    "--http-max-input-size to increase the limit.",
+                                    len, srv->max_input_size);
+        infer_raw_model_t info;
+        int64_t dims[64];
+        if ((err = raw_model_info(c, &info, dims, 64))) return err;
+        err = infer_parse_raw(body, len, &info, &c->parsed);
+    } else {
+        err = infer_parse(body, len, c->header_len, c->model, srv->max_input_size, &c->parsed);
+    }
+    if (err) return err;
+    nereid_request_t *req;
+    if ((err = infer_parsed_to_request(srv->core, c->model, c->version, &c->parsed, &req)))
+        return err;
+
+    pthread_mutex_lock(&srv->lock);
+    if (srv->stopping) {
+        pthread_mutex_unlock(&srv->lock);
+        nereid_request_free(req);
+        return nereid_error_new(NEREID_ERROR_UNAVAILABLE, "Server not ready");
+    }
+    srv->n_inflight++;
+    pthread_mutex_unlock(&srv->lock);
+
+    MHD_suspend_connection(c->mhd);
+    nereid_response_allocator_t alloc = {alloc_output, release_output, c};
+    err = nereid_server_infer_async(srv->core, req, &alloc, infer_done, c);
+    if (err) {
+        nereid_request_free(req);
+        c->submit_error = err;
+        MHD_resume_connection(c->mhd);
+        pthread_mutex_lock(&srv->lock);
+        if (--srv->n_inflight == 0) pthread_cond_broadcast(&srv->idle);
+        pthread_mutex_unlock(&srv->lock);
+    }
+    return NULL;
+}
+
+static enum MHD_Result infer_reply(http_conn_t *c)
+{
+    nereid_response_t *resp = c->response;
+    c->response = NULL;
+    const nereid_error_t *rerr = nereid_response_error(resp);
+    if (rerr) {
+        enum MHD_Result ret = http_queue_error(
+            c->mhd, http_status_from_code(nereid_error_code(rerr)), nereid_error_message(rerr));
+        nereid_response_free(resp);
+        return ret;
+    }
+    reply_hold_t *h = calloc(1, sizeof *h);
+    if (!h) {
+        nereid_response_free(resp);
+        return http_queue_error(c->mhd, 500, "out of memory");
+    }
+    h->response = resp;
+    h->outs = atomic_exchange(&c->outs, NULL);
+    nereid_error_t *err = infer_reply_build(resp, &c->parsed, &h->reply);
+    if (err) {
+        reply_hold_free(h);
+        return http_queue_nereid_error(c->mhd, err);
+    }
+
+    struct MHD_Response *r = NULL;
+    const char *ce = NULL;
+    http_encoding_t accept = http_accept_encoding(
+        MHD_lookup_connection_value(c->mhd, MHD_HEADER_KIND, MHD_HTTP_HEADER_ACCEPT_ENCODING));
+    if (accept != HTTP_ENCODING_IDENTITY) {
+        char *z;
+        size_t zlen;
+        if (!http_compress(accept, h->reply.chunks, h->reply.n_chunks, &z, &zlen)) {
+            r = MHD_create_response_from_buffer(zlen, z, MHD_RESPMEM_MUST_FREE);
+            if (!r) free(z);
+            ce = accept == HTTP_ENCODING_GZIP ? "gzip" : "deflate";
+        }
+    }
+    char ihcl[24];
+    snprintf(ihcl, sizeof ihcl, "%zu", h->reply.json_len);
+    bool binary = h->reply.binary;
+    if (r) {
+        reply_hold_free(h);
+    } else {
+        struct MHD_IoVec iov[h->reply.n_chunks];
+        for (size_t i = 0; i < h->reply.n_chunks; i++)
+            iov[i] = (struct MHD_IoVec){h->reply.chunks[i].data, h->reply.chunks[i].byte_size};
+        r = MHD_create_response_from_iovec(iov, (unsigned)h->reply.n_chunks, reply_hold_free, h);
+        if (!r) {
+            reply_hold_free(h);
+            return MHD_NO;
+        }
+    }
+    if (binary) {
+        MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "application/octet-stream");
+        MHD_add_response_header(r, HEADER_IHCL, ihcl);
+    } else {
+        MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
+    }
+    if (ce) MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_ENCODING, ce);
+    enum MHD_Result ret = MHD_queue_response(c->mhd, 200, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
+static enum MHD_Result handle_infer(http_conn_t *c)
+{
+    if (c->submit_error) {
+        nereid_error_t *err = c->submit_error;
+        c->submit_error = NULL;
+        return http_queue_nereid_error(c->mhd, err);
+    }
+    if (c->submitted) return infer_reply(c);
+    if (c->version < -1) return version_error(c);
+    nereid_error_t *err = infer_submit(c);
+    if (err) return http_queue_nereid_error(c->mhd, err);
+    c->submitted = true;
+    return MHD_YES;
+}
+
+/* Reads the framing headers of an infer request and checks the declared
+ * sizes before any body byte is read. */
+static void infer_headers(http_conn_t *c)
+{
+    size_t max = c->srv->max_input_size;
+    const char *ce =
+        MHD_lookup_connection_value(c->mhd, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_ENCODING);
+    c->encoding = http_encoding_parse(ce);
+    if (c->encoding == HTTP_ENCODING_UNSUPPORTED) {
+        c->unsupported_encoding = true;
+        c->error = nereid_error_new(NEREID_ERROR_UNSUPPORTED, "Unsupported compression type");
+        return;
+    }
+    c->header_len = INFER_HEADER_LENGTH_NONE;
+    const char *ih = MHD_lookup_connection_value(c->mhd, MHD_HEADER_KIND, HEADER_IHCL);
+    if (ih) {
+        char *end;
+        errno = 0;
+        unsigned long long v = strtoull(ih, &end, 10);
+        if (errno || end == ih || *end || ih[0] == '-') {
+            c->error = nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                        "Unable to parse Inference-Header-Content-Length '%s': "
+                                        "expected a non-negative integer",
+                                        ih);
+            return;
+        }
+        c->header_len = (size_t)v;
+        if (c->header_len > max) {
+            c->error = nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                        "request JSON size of %zu bytes exceeds the maximum "
+                                        "allowed input size of %zu bytes. Use "
+                                        "--http-max-input-size to increase the limit.",
+                                        c->header_len, max);
+            return;
+        }
+    }
+    const char *cl =
+        MHD_lookup_connection_value(c->mhd, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+    unsigned long long declared = cl ? strtoull(cl, NULL, 10) : 0;
+    if (cl && c->header_len != INFER_HEADER_LENGTH_NONE && c->header_len > declared &&
+        c->encoding == HTTP_ENCODING_IDENTITY) {
+        c->error = nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                    "Inference-Header-Content-Length (%zu) exceeds the request "
+                                    "Content-Length (%llu)",
+                                    c->header_len, declared);
+        return;
+    }
+    if (cl && declared > max)
+        c->error = nereid_error_new(
+            NEREID_ERROR_INVALID_ARG,
+            c->header_len == 0 ? "Raw input has a byte_size (%llu bytes) that exceeds the maximum "
+                                 "allowed value of %zu bytes. Use --http-max-input-size to "
+                                 "increase the limit."
+                               : "request JSON size of %llu bytes exceeds the maximum allowed "
+                                 "input size of %zu bytes. Use --http-max-input-size to "
+                                 "increase the limit.",
+            declared, max);
+}
+
+/* ---- MHD callbacks -------------------------------------------------------- */
+
+typedef enum MHD_Result (*route_fn)(http_conn_t *);
+
+static const route_fn route_handlers[N_ROUTES] = {
+#define X(id, method, path, fn) fn,
+    HTTP_ROUTE_MAP(X)
+#undef X
+};
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const char *url,
+                                  const char *method, const char *version, const char *upload_data,
+                                  size_t *upload_data_size, void **con_cls)
+{
+    (void)version;
+    http_server_t *srv = cls;
+    http_conn_t *c = *con_cls;
+    if (!c) {
+        c = calloc(1, sizeof *c);
+        if (!c) return MHD_NO;
+        c->srv = srv;
+        c->mhd = mc;
+        c->limit = srv->max_input_size;
+        *con_cls = c;
+        route_resolve(c, url, method);
+        if (c->route == ROUTE_MODEL_INFER || c->route == ROUTE_MODEL_INFER_V) {
+            infer_headers(c);
+            /* A declared body over the limit is refused now, unread: MHD then
+             * closes the connection after the reply. */
+            if (c->error && !c->unsupported_encoding) {
+                nereid_error_t *err = c->error;
+                c->error = NULL;
+                c->refused = true;
+                return http_queue_nereid_error(mc, err);
+            }
+        }
+        return MHD_YES;
+    }
+    if (*upload_data_size) {
+        size_t n = *upload_data_size;
+        *upload_data_size = 0;
+        if (c->route < 0 || c->error || c->refused) return MHD_YES; /* discard */
+        if (c->body.len + n > c->limit) {
+            size_t max = srv->max_input_size;
+            c->error = nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                        "request size exceeds the maximum allowed input size of "
+                                        "%zu bytes. Use --http-max-input-size to increase the "
+                                        "limit.",
+                                        max);
+            free(c->body.data);
+            c->body = (sbuf_t){0};
+            return MHD_YES;
+        }
+        if (sbuf_append(&c->body, upload_data, n)) {
+            c->error = nereid_error_new(NEREID_ERROR_INTERNAL, "out of memory");
+            return MHD_YES;
+        }
+        return MHD_YES;
+    }
+    if (c->refused) return MHD_YES;
+    if (c->route == ROUTE_NOT_FOUND) return http_queue_error(mc, 404, "Not Found");
+    if (c->route == ROUTE_BAD_METHOD) return http_queue_error(mc, 405, "Method Not Allowed");
+    if (c->error) {
+        nereid_error_t *err = c->error;
+        c->error = NULL;
+        if (c->unsupported_encoding) {
+            struct MHD_Response *r;
+            const char *body = "{\"error\":\"Unsupported compression type\"}";
+            nereid_error_free(err);
+            r = MHD_create_response_from_buffer(strlen(body), (void *)body, MHD_RESPMEM_PERSISTENT);
+            MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
+            MHD_add_response_header(r, MHD_HTTP_HEADER_ACCEPT_ENCODING, "gzip, deflate");
+            enum MHD_Result ret = MHD_queue_response(mc, 501, r);
+            MHD_destroy_response(r);
+            return ret;
+        }
+        return http_queue_nereid_error(mc, err);
+    }
+    return route_handlers[c->route](c);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
+                         enum MHD_RequestTerminationCode toe)
+{
+    (void)cls, (void)mc, (void)toe;
+    http_conn_t *c = *con_cls;
+    if (!c) return;
+    *con_cls = NULL;
+    if (c->response) nereid_response_free(c->response);
+    out_bufs_free(atomic_load(&c->outs));
+    if (c->error) nereid_error_free(c->error);
+    if (c->submit_error) nereid_error_free(c->submit_error);
+    infer_parsed_free(&c->parsed);
+    free(c->inflated);
+    free(c->raw_input_name);
+    free(c->body.data);
+    free(c->path);
+    free(c);
+}
+
+/* ---- Lifecycle ------------------------------------------------------------ */
+
+void http_options_init(http_options_t *opts)
+{
+    opts->address = "0.0.0.0";
+    opts->port = 8000;
+    opts->thread_count = 8;
+    opts->max_input_size = 67108864;
+}
+
+nereid_error_t *http_server_start(nereid_server_t *core, const http_options_t *opts,
+                                  http_server_t **out)
+{
+    *out = NULL;
+    struct sockaddr_storage ss;
+    bool ipv6 = false;
+    if (http_resolve(opts->address, opts->port, &ss, &ipv6))
+        return nereid_error_new(NEREID_ERROR_INVALID_ARG, "invalid HTTP address '%s'",
+                                opts->address);
+    http_server_t *srv = calloc(1, sizeof *srv);
+    if (!srv) return nereid_error_new(NEREID_ERROR_INTERNAL, "out of memory");
+    srv->core = core;
+    srv->max_input_size = opts->max_input_size;
+    pthread_mutex_init(&srv->lock, NULL);
+    pthread_cond_init(&srv->idle, NULL);
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    unsigned threads = opts->thread_count > 0 ? (unsigned)opts->thread_count : 1;
+    if (ncpu > 0 && threads > (unsigned)ncpu) threads = (unsigned)ncpu;
+    unsigned flags = MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
+    if (ipv6) flags |= MHD_USE_IPv6;
+    srv->daemon =
+        MHD_start_daemon(flags, (uint16_t)opts->port, NULL, NULL, on_request, srv,
+                         MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss, MHD_OPTION_NOTIFY_COMPLETED,
+                         on_completed, srv, MHD_OPTION_THREAD_POOL_SIZE, threads, MHD_OPTION_END);
+    if (!srv->daemon) {
+        pthread_mutex_destroy(&srv->lock);
+        pthread_cond_destroy(&srv->idle);
+        free(srv);
+        return nereid_error_new(NEREID_ERROR_UNAVAILABLE, "failed to start HTTP service at %s:%d",
+                                opts->address, opts->port);
+    }
+    *out = srv;
+    return NULL;
+}
+
+int http_server_port(const http_server_t *srv)
+{
+    return http_daemon_port(srv->daemon);
+}
+
+void http_server_stop(http_server_t *srv)
+{
+    if (!srv) return;
+    pthread_mutex_lock(&srv->lock);
+    srv->stopping = true;
+    while (srv->n_inflight)
+        pthread_cond_wait(&srv->idle, &srv->lock);
+    pthread_mutex_unlock(&srv->lock);
+    MHD_stop_daemon(srv->daemon);
+    pthread_mutex_destroy(&srv->lock);
+    pthread_cond_destroy(&srv->idle);
+    free(srv);
+}

@@ -1,0 +1,38 @@
+/*
+ * This file contains the HTTP/REST frontend's interface: a KServe v2 server
+ * with Triton's extensions on libmicrohttpd, calling only nereid/server.h.
+ */
+#ifndef NEREID_HTTP_SERVER_H
+#define NEREID_HTTP_SERVER_H
+
+#include <stddef.h>
+
+#include "nereid/server.h"
+
+typedef struct http_options {
+    const char *address;   /* "0.0.0.0", "127.0.0.1", "::" ... */
+    int port;              /* 0 = any free port (see http_server_port) */
+    int thread_count;      /* MHD worker threads; capped at the online CPUs */
+    size_t max_input_size; /* --http-max-input-size, bytes */
+} http_options_t;
+
+typedef struct http_server http_server_t;
+
+/* Fills opts with Triton's defaults (0.0.0.0:8000, 8 threads, 64 MiB). */
+void http_options_init(http_options_t *opts);
+
+/* Starts serving core (borrowed until http_server_stop returns). On success
+ * *out is the running server; on failure (e.g. the port is taken) an
+ * UNAVAILABLE error and *out is NULL. */
+nereid_error_t *http_server_start(nereid_server_t *core, const http_options_t *opts,
+                                  http_server_t **out);
+
+/* The bound port (useful with port 0). */
+int http_server_port(const http_server_t *server);
+
+/* Stops accepting work, waits until every suspended inference has completed
+ * (the core must still be running or have been stopped, which completes
+ * them), stops the daemon and frees the server. NULL is fine. */
+void http_server_stop(http_server_t *server);
+
+#endif

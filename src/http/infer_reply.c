@@ -1,0 +1,374 @@
+/*
+ * This file contains the inference reply builder: a hand-written JSON writer
+ * for the response header (numeric arrays are the hot part, so they are
+ * written straight from the output buffers, without a JSON tree), binary
+ * outputs as borrowed chunks, and classification through
+ * nereid_response_classify.
+ */
+#include "http/infer_reply.h"
+
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- Growable buffer ------------------------------------------------------ */
+
+int sbuf_reserve(sbuf_t *b, size_t extra)
+{
+    if (b->len + extra + 1 <= b->cap) return 0;
+    size_t cap = b->cap ? b->cap : 256;
+    while (cap < b->len + extra + 1)
+        cap *= 2;
+    char *p = realloc(b->data, cap);
+    if (!p) return -1;
+    b->data = p;
+    b->cap = cap;
+    return 0;
+}
+
+int sbuf_append(sbuf_t *b, const char *s, size_t n)
+{
+    if (sbuf_reserve(b, n)) return -1;
+    memcpy(b->data + b->len, s, n);
+    b->len += n;
+    b->data[b->len] = '\0';
+    return 0;
+}
+
+int sbuf_append_str(sbuf_t *b, const char *s)
+{
+    return sbuf_append(b, s, strlen(s));
+}
+
+int sbuf_append_json_string(sbuf_t *b, const char *s, size_t n)
+{
+    static const char hex[] = "0123456789abcdef";
+    if (sbuf_reserve(b, n * 6 + 2)) return -1;
+    char *o = b->data + b->len;
+    *o++ = '"';
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c == '"' || c == '\\') {
+            *o++ = '\\';
+            *o++ = (char)c;
+        } else if (c < 0x20) {
+            *o++ = '\\';
+            switch (c) {
+            case '\n':
+                *o++ = 'n';
+                break;
+            case '\r':
+                *o++ = 'r';
+                break;
+            case '\t':
+                *o++ = 't';
+                break;
+            case '\b':
+                *o++ = 'b';
+                break;
+            case '\f':
+                *o++ = 'f';
+                break;
+            default:
+                *o++ = 'u';
+                *o++ = '0';
+                *o++ = '0';
+                *o++ = hex[c >> 4];
+                *o++ = hex[c & 15];
+            }
+        } else {
+            *o++ = (char)c;
+        }
+    }
+    *o++ = '"';
+    b->len = (size_t)(o - b->data);
+    b->data[b->len] = '\0';
+    return 0;
+}
+
+/* ---- Numbers -------------------------------------------------------------- */
+
+static char *write_u64(char *o, uint64_t v)
+{
+    char tmp[24];
+    int n = 0;
+    do {
+        tmp[n++] = (char)('0' + v % 10);
+        v /= 10;
+    } while (v);
+    while (n)
+        *o++ = tmp[--n];
+    return o;
+}
+
+static char *write_i64(char *o, int64_t v)
+{
+    if (v < 0) {
+        *o++ = '-';
+        return write_u64(o, (uint64_t)0 - (uint64_t)v);
+    }
+    return write_u64(o, (uint64_t)v);
+}
+
+/* The shortest of %.15g/%.16g/%.17g that reads back as v, with ".0" added to
+ * integral values and NaN/Infinity spelled as Triton writes them. */
+static char *write_double(char *o, double v)
+{
+    if (isnan(v)) return memcpy(o, "NaN", 3), o + 3;
+    if (isinf(v)) {
+        if (v < 0) return memcpy(o, "-Infinity", 9), o + 9;
+        return memcpy(o, "Infinity", 8), o + 8;
+    }
+    char tmp[40];
+    int n = 0;
+    for (int prec = 15; prec <= 17; prec++) {
+        n = snprintf(tmp, sizeof tmp, "%.*g", prec, v);
+        if (prec == 17 || strtod(tmp, NULL) == v) break;
+    }
+    memcpy(o, tmp, (size_t)n);
+    o += n;
+    if (!memchr(tmp, '.', (size_t)n) && !memchr(tmp, 'e', (size_t)n)) {
+        *o++ = '.';
+        *o++ = '0';
+    }
+    return o;
+}
+
+/* Writes the flat JSON array of n elements of a fixed-size datatype. */
+static int write_numeric_array(sbuf_t *b, nereid_datatype_t dt, const char *p, size_t n)
+{
+    /* Longest element: 24 chars for doubles, "-Infinity", 20 digits for u64. */
+    if (sbuf_reserve(b, n * 28 + 2)) return -1;
+    char *o = b->data + b->len;
+    *o++ = '[';
+    size_t es = nereid_datatype_byte_size(dt);
+    for (size_t i = 0; i < n; i++, p += es) {
+        if (i) *o++ = ',';
+        switch (dt) {
+        case NEREID_TYPE_BOOL:
+            if (*p) {
+                memcpy(o, "true", 4);
+                o += 4;
+            } else {
+                memcpy(o, "false", 5);
+                o += 5;
+            }
+            break;
+        case NEREID_TYPE_UINT8:
+            o = write_u64(o, *(const uint8_t *)p);
+            break;
+        case NEREID_TYPE_UINT16: {
+            uint16_t v;
+            memcpy(&v, p, 2);
+            o = write_u64(o, v);
+            break;
+        }
+        case NEREID_TYPE_UINT32: {
+            uint32_t v;
+            memcpy(&v, p, 4);
+            o = write_u64(o, v);
+            break;
+        }
+        case NEREID_TYPE_UINT64: {
+            uint64_t v;
+            memcpy(&v, p, 8);
+            o = write_u64(o, v);
+            break;
+        }
+        case NEREID_TYPE_INT8:
+            o = write_i64(o, *(const int8_t *)p);
+            break;
+        case NEREID_TYPE_INT16: {
+            int16_t v;
+            memcpy(&v, p, 2);
+            o = write_i64(o, v);
+            break;
+        }
+        case NEREID_TYPE_INT32: {
+            int32_t v;
+            memcpy(&v, p, 4);
+            o = write_i64(o, v);
+            break;
+        }
+        case NEREID_TYPE_INT64: {
+            int64_t v;
+            memcpy(&v, p, 8);
+            o = write_i64(o, v);
+            break;
+        }
+        case NEREID_TYPE_FP32: {
+            float v;
+            memcpy(&v, p, 4);
+            o = write_double(o, (double)v);
+            break;
+        }
+        case NEREID_TYPE_FP64: {
+            double v;
+            memcpy(&v, p, 8);
+            o = write_double(o, v);
+            break;
+        }
+        default:
+            return -1;
+        }
+    }
+    *o++ = ']';
+    b->len = (size_t)(o - b->data);
+    b->data[b->len] = '\0';
+    return 0;
+}
+
+/* Writes a serialized BYTES tensor (4-byte LE length prefixes) as strings. */
+static nereid_error_t *write_bytes_array(sbuf_t *b, const char *p, size_t byte_size,
+                                         const char *name)
+{
+    if (sbuf_append(b, "[", 1)) return nereid_error_new(NEREID_ERROR_INTERNAL, "out of memory");
+    size_t off = 0;
+    bool first = true;
+    while (off < byte_size) {
+        uint32_t n;
+        if (byte_size - off < 4) goto bad;
+        memcpy(&n, p + off, 4);
+        off += 4;
+        if (n > byte_size - off) goto bad;
+        if ((!first && sbuf_append(b, ",", 1)) || sbuf_append_json_string(b, p + off, n))
+            return nereid_error_new(NEREID_ERROR_INTERNAL, "out of memory");
+        first = false;
+        off += n;
+    }
+    if (sbuf_append(b, "]", 1)) return nereid_error_new(NEREID_ERROR_INTERNAL, "out of memory");
+    return NULL;
+bad:
+    return nereid_error_new(NEREID_ERROR_INTERNAL, "output '%s' holds malformed BYTES data", name);
+}
+
+/* ---- Reply ---------------------------------------------------------------- */
+
+static const infer_output_t *find_requested(const infer_parsed_t *parsed, const char *name)
+{
+    for (size_t i = 0; i < parsed->n_outputs; i++)
+        if (!strcmp(parsed->outputs[i].name, name)) return &parsed->outputs[i];
+    return NULL;
+}
+
+static int write_shape(sbuf_t *b, const int64_t *shape, size_t rank)
+{
+    if (sbuf_reserve(b, rank * 21 + 2)) return -1;
+    char *o = b->data + b->len;
+    *o++ = '[';
+    for (size_t d = 0; d < rank; d++) {
+        if (d) *o++ = ',';
+        o = write_i64(o, shape[d]);
+    }
+    *o++ = ']';
+    b->len = (size_t)(o - b->data);
+    b->data[b->len] = '\0';
+    return 0;
+}
+
+nereid_error_t *infer_reply_build(const nereid_response_t *resp, const infer_parsed_t *parsed,
+                                  infer_reply_t *out)
+{
+    memset(out, 0, sizeof *out);
+    size_t n_outputs = nereid_response_output_count(resp);
+    sbuf_t b = {0};
+    nereid_error_t *err = NULL;
+    out->chunks = calloc(n_outputs + 1, sizeof *out->chunks);
+    out->owned = calloc(n_outputs + 1, sizeof *out->owned);
+    if (!out->chunks || !out->owned) goto oom;
+    out->n_chunks = 1;
+
+    char num[32];
+    const char *id = nereid_response_id(resp);
+    if (sbuf_append_str(&b, "{")) goto oom;
+    if (id && id[0] &&
+        (sbuf_append_str(&b, "\"id\":") || sbuf_append_json_string(&b, id, strlen(id)) ||
+         sbuf_append_str(&b, ",")))
+        goto oom;
+    const char *model = nereid_response_model_name(resp);
+    snprintf(num, sizeof num, "%" PRId64, nereid_response_model_version(resp));
+    if (sbuf_append_str(&b, "\"model_name\":") ||
+        sbuf_append_json_string(&b, model ? model : "", model ? strlen(model) : 0) ||
+        sbuf_append_str(&b, ",\"model_version\":\"") || sbuf_append_str(&b, num) ||
+        sbuf_append_str(&b, "\",\"outputs\":["))
+        goto oom;
+
+    for (size_t i = 0; i < n_outputs; i++) {
+        const char *name;
+        nereid_datatype_t dt;
+        const int64_t *shape;
+        size_t rank, byte_size;
+        const void *data;
+        void *buffer_userp;
+        nereid_response_output(resp, i, &name, &dt, &shape, &rank, &data, &byte_size,
+                               &buffer_userp);
+        const infer_output_t *req = find_requested(parsed, name);
+        bool binary = req ? req->binary : (parsed->binary_data_output || parsed->raw);
+        uint32_t k = req ? req->class_count : nereid_response_output_class_count(resp, i);
+        int64_t cls_shape[2];
+        if (k > 0) {
+            char *bytes;
+            size_t cls_size;
+            err = nereid_response_classify(resp, i, k, &bytes, &cls_size, cls_shape, &rank);
+            if (err) goto fail;
+            out->owned[out->n_owned++] = bytes;
+            dt = NEREID_TYPE_BYTES;
+            shape = cls_shape;
+            data = bytes;
+            byte_size = cls_size;
+        }
+        if ((i && sbuf_append_str(&b, ",")) || sbuf_append_str(&b, "{\"name\":") ||
+            sbuf_append_json_string(&b, name, strlen(name)) ||
+            sbuf_append_str(&b, ",\"datatype\":\"") ||
+            sbuf_append_str(&b, nereid_datatype_name(dt)) || sbuf_append_str(&b, "\",\"shape\":") ||
+            write_shape(&b, shape, rank))
+            goto oom;
+        if (binary) {
+            snprintf(num, sizeof num, "%zu", byte_size);
+            if (sbuf_append_str(&b, ",\"parameters\":{\"binary_data_size\":") ||
+                sbuf_append_str(&b, num) || sbuf_append_str(&b, "}}"))
+                goto oom;
+            out->chunks[out->n_chunks++] = (reply_chunk_t){data, byte_size};
+            out->binary = true;
+            continue;
+        }
+        if (dt == NEREID_TYPE_FP16 || dt == NEREID_TYPE_BF16) {
+            err = nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                   "sending %s data via JSON is not supported. Please use the "
+                                   "binary data format for output",
+                                   nereid_datatype_name(dt));
+            goto fail;
+        }
+        if (sbuf_append_str(&b, ",\"data\":")) goto oom;
+        if (dt == NEREID_TYPE_BYTES) {
+            if ((err = write_bytes_array(&b, data, byte_size, name))) goto fail;
+        } else {
+            size_t es = nereid_datatype_byte_size(dt);
+            if (es == 0 || write_numeric_array(&b, dt, data, byte_size / es)) goto oom;
+        }
+        if (sbuf_append_str(&b, "}")) goto oom;
+    }
+    if (sbuf_append_str(&b, "]}")) goto oom;
+    out->json = b.data;
+    out->json_len = b.len;
+    out->chunks[0] = (reply_chunk_t){out->json, out->json_len};
+    return NULL;
+oom:
+    err = nereid_error_new(NEREID_ERROR_INTERNAL, "out of memory building the response");
+fail:
+    free(b.data);
+    infer_reply_free(out);
+    return err;
+}
+
+void infer_reply_free(infer_reply_t *reply)
+{
+    for (size_t i = 0; i < reply->n_owned; i++)
+        free(reply->owned[i]);
+    free(reply->owned);
+    free(reply->chunks);
+    free(reply->json);
+    memset(reply, 0, sizeof *reply);
+}

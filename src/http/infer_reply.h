@@ -1,0 +1,50 @@
+/*
+ * This file contains the inference reply builder of the HTTP frontend: the
+ * response JSON (Triton's key order, JSON or binary outputs, classification)
+ * and the list of body chunks that follow it. Binary outputs are referenced in
+ * place (the buffers the core wrote into), never copied.
+ */
+#ifndef NEREID_HTTP_INFER_REPLY_H
+#define NEREID_HTTP_INFER_REPLY_H
+
+#include <stddef.h>
+
+#include "http/infer_parse.h"
+#include "nereid/server.h"
+
+typedef struct reply_chunk {
+    const void *data; /* borrowed: the response's output buffer or reply memory */
+    size_t byte_size;
+} reply_chunk_t;
+
+typedef struct infer_reply {
+    char *json; /* owned, NUL-terminated */
+    size_t json_len;
+    reply_chunk_t *chunks; /* chunks[0] is the JSON; binary outputs follow in order */
+    size_t n_chunks;
+    bool binary;  /* any binary output: octet-stream + Inference-Header-Content-Length */
+    void **owned; /* classification buffers the chunks point into */
+    size_t n_owned;
+} infer_reply_t;
+
+/* Builds the reply for resp (which must carry no error) to the request
+ * parsed. Chunks borrow resp's output buffers: keep them alive until the reply
+ * is sent. On failure returns the error and *out is zeroed. */
+nereid_error_t *infer_reply_build(const nereid_response_t *resp, const infer_parsed_t *parsed,
+                                  infer_reply_t *out);
+
+void infer_reply_free(infer_reply_t *reply);
+
+/* Appends s as a JSON string literal (quotes and escapes) to a growable
+ * buffer; used by the frontend for small documents. Returns 0 or -1 (OOM). */
+typedef struct sbuf {
+    char *data;
+    size_t len, cap;
+} sbuf_t;
+
+int sbuf_reserve(sbuf_t *b, size_t extra);
+int sbuf_append(sbuf_t *b, const char *s, size_t n);
+int sbuf_append_str(sbuf_t *b, const char *s);
+int sbuf_append_json_string(sbuf_t *b, const char *s, size_t n);
+
+#endif
