@@ -38,13 +38,13 @@ typedef struct dyn_queue {
 } dyn_queue_t;
 
 typedef struct dyn_level {
-    dyn_queue_t queue;     /* requests within their timeout, FIFO */
-    dyn_queue_t delayed;   /* timed-out requests under timeout_action DELAY */
-    size_t n_queued;       /* both queues */
+    dyn_queue_t queue;       /* requests within their timeout, FIFO */
+    dyn_queue_t delayed;     /* timed-out requests under timeout_action DELAY */
+    size_t n_queued;         /* both queues */
     uint32_t max_queue_size; /* 0 = unbounded */
-    uint64_t timeout_us;   /* default_timeout_microseconds, 0 = none */
-    bool delay_on_timeout; /* timeout_action DELAY (else REJECT) */
-    bool allow_override;   /* a request timeout may shorten timeout_us */
+    uint64_t timeout_us;     /* default_timeout_microseconds, 0 = none */
+    bool delay_on_timeout;   /* timeout_action DELAY (else REJECT) */
+    bool allow_override;     /* a request timeout may shorten timeout_us */
 } dyn_level_t;
 
 typedef struct dynamic_batcher {
@@ -224,8 +224,8 @@ static size_t plan_batch(dynamic_batcher_t *d, uint64_t now, uint64_t *wait_unti
         dyn_queue_t *queues[2] = {&d->levels[l].queue, &d->levels[l].delayed};
         for (int q = 0; q < 2; q++) {
             for (dyn_node_t *n = queues[q]->head; n; n = n->next) {
-                if (first && (total + n->batch_size > d->max_batch_size ||
-                              !compatible(d, first, n->req))) {
+                if (first &&
+                    (total + n->batch_size > d->max_batch_size || !compatible(d, first, n->req))) {
                     can_grow = false;
                     goto planned;
                 }
@@ -294,7 +294,8 @@ static void fail_rejected(dyn_queue_t *rejected)
 {
     dyn_node_t *n;
     while ((n = queue_pop(rejected))) {
-        request_finish(n->req, nereid_error_new(NEREID_ERROR_UNAVAILABLE, "Request timeout expired"),
+        request_finish(n->req,
+                       nereid_error_new(NEREID_ERROR_UNAVAILABLE, "Request timeout expired"),
                        FAILURE_REJECTED);
         free(n);
     }
@@ -439,7 +440,8 @@ static void set_policy(dyn_level_t *lv, const Inference__ModelQueuePolicy *p)
     if (!p) return;
     lv->max_queue_size = p->max_queue_size;
     lv->timeout_us = p->default_timeout_microseconds;
-    lv->delay_on_timeout = p->timeout_action == INFERENCE__MODEL_QUEUE_POLICY__TIMEOUT_ACTION__DELAY;
+    lv->delay_on_timeout =
+        p->timeout_action == INFERENCE__MODEL_QUEUE_POLICY__TIMEOUT_ACTION__DELAY;
     lv->allow_override = p->allow_timeout_override;
 }
 
@@ -480,7 +482,8 @@ nereid_error_t *dynamic_batcher_create(model_t *m, scheduler_t **out)
         char *end;
         errno = 0;
         unsigned long long v = strtoull(hold, &end, 10);
-        if (!errno && !*end) d->hold = (size_t)v;
+        if (!errno && !*end)
+            d->hold = (size_t)v;
         else
             LOG_WARN("dynamic_batcher", "ignoring NEREID_DELAY_SCHEDULER='%s' (not a count)", hold);
     }
