@@ -182,6 +182,7 @@ struct nereid_request {
     uint64_t corr_id;
     char *corr_id_str; /* string correlation id, or NULL */
     bool seq_start, seq_end;
+    bool warmup; /* model warmup sample: schedulers' test hooks must not hold it */
 
     /* Set at submission. */
     model_t *model;     /* reference held until the request is finished */

@@ -308,6 +308,19 @@ static uint64_t earliest(uint64_t a, uint64_t b)
     return a < b ? a : b;
 }
 
+/* Warmup runs before the model serves anyone, one sample at a time: the
+ * NEREID_DELAY_SCHEDULER hold must not stop it. */
+static bool warmup_queued(const dynamic_batcher_t *d)
+{
+    for (size_t l = 0; l < d->n_levels; l++) {
+        const dyn_level_t *lv = &d->levels[l];
+        if ((lv->queue.head && lv->queue.head->req->warmup) ||
+            (lv->delayed.head && lv->delayed.head->req->warmup))
+            return true;
+    }
+    return false;
+}
+
 static bool dynamic_next_batch(scheduler_t *s, model_instance_t *inst, batch_t *batch)
 {
     (void)inst;
@@ -333,7 +346,7 @@ static bool dynamic_next_batch(scheduler_t *s, model_instance_t *inst, batch_t *
             wait_until_ns(d, &d->work_cond, wake);
             continue;
         }
-        if (d->hold && d->n_queued < d->hold && !d->stopped) {
+        if (d->hold && d->n_queued < d->hold && !d->stopped && !warmup_queued(d)) {
             wait_until_ns(d, &d->work_cond, wake);
             continue;
         }

@@ -679,6 +679,28 @@ static void test_zero_delay(void)
     collector_destroy(&c);
 }
 
+/* Model warmup runs through the batcher before the model serves; the
+ * NEREID_DELAY_SCHEDULER hold does not stop it and still holds the first
+ * client batch. */
+static void test_warmup_not_held(void)
+{
+    nereid_server_t *s =
+        start(8,
+              "dynamic_batching { }\n"
+              "model_warmup [ { name: \"w\" batch_size: 1 inputs { key: \"INPUT0\" "
+              "value: { data_type: TYPE_FP32 dims: [ 4 ] zero_data: true } } } ]",
+              2);
+    if (!s) return finish(s);
+    collector_t c;
+    collector_init(&c);
+    submit_ok(s, &c, "w1", (opts_t){0});
+    submit_ok(s, &c, "w2", (opts_t){0});
+    CHECK(collector_wait(&c, 2));
+    CHECK(batch_count(s, 2) == 1);
+    finish(s);
+    collector_destroy(&c);
+}
+
 int main(void)
 {
     test_preferred_sizes();
@@ -694,5 +716,6 @@ int main(void)
     test_timeout_override();
     test_preserve_ordering();
     test_zero_delay();
+    test_warmup_not_held();
     return check_summary();
 }
