@@ -287,6 +287,27 @@ static long batch_count(nereid_server_t *s, int size)
     return count;
 }
 
+/* A top-level count of the model's statistics ("execution_count", ...) or,
+ * with sub, inference_stats.<key>.<sub>. */
+static long model_stat(nereid_server_t *s, const char *key, const char *sub)
+{
+    char *text = NULL;
+    nereid_error_t *err = nereid_server_model_statistics(s, "m", 0, &text);
+    if (err) {
+        nereid_error_free(err);
+        return -1;
+    }
+    json_t *doc = json_loads(text, 0, NULL);
+    free(text);
+    json_t *m = json_array_get(json_object_get(doc, "model_stats"), 0);
+    json_t *v =
+        sub ? json_object_get(json_object_get(json_object_get(m, "inference_stats"), key), sub)
+            : json_object_get(m, key);
+    long r = v ? (long)json_integer_value(v) : -1;
+    json_decref(doc);
+    return r;
+}
+
 /* The model's number of distinct batch sizes executed. */
 static size_t batch_kinds(nereid_server_t *s)
 {
@@ -340,6 +361,10 @@ static void test_preferred_sizes(void)
     CHECK(batch_count(s, 4) == 1);
     CHECK(batch_count(s, 2) == 1);
     CHECK(batch_kinds(s) == 2);
+    CHECK(model_stat(s, "execution_count", NULL) == 2);
+    CHECK(model_stat(s, "inference_count", NULL) == 6);
+    CHECK(model_stat(s, "queue", "count") == 6);
+    CHECK(model_stat(s, "success", "count") == 6);
     for (int i = 0; i < 6; i++) {
         const result_t *r = find_result(&c, ids[i]);
         CHECK(r && !r->failed && r->output_ok);
@@ -543,6 +568,8 @@ static void test_reject_timeout(void)
     CHECK(busy && !busy->failed);
     CHECK(late && late->failed && late->code == NEREID_ERROR_UNAVAILABLE);
     if (late) CHECK(strcmp(late->msg, "Request timeout expired") == 0);
+    CHECK(model_stat(s, "fail", "count") == 1);
+    CHECK(model_stat(s, "execution_count", NULL) == 1);
     CHECK(batch_count(s, 1) == 1);
     CHECK(pending(s) == 0);
     finish(s);
