@@ -65,6 +65,12 @@ typedef struct dynamic_batcher {
     size_t n_ragged;
     size_t hold; /* NEREID_DELAY_SCHEDULER: queued requests awaited before the first batch */
     bool forming, stopped;
+    /* Levels with a timeout: a thread fails REJECT requests on time even
+     * while every instance is busy. */
+    pthread_t reaper;
+    bool has_reaper;
+    pthread_cond_t reaper_cond;
+    uint64_t reaper_wake_ns; /* when the reaper wakes next, 0 = not waiting on a deadline */
     /* preserve_ordering: dispatched requests in dispatch order. */
     pthread_mutex_t order_lock;
     dyn_node_t *order_head, *order_tail;
@@ -132,7 +138,11 @@ static nereid_error_t *dynamic_enqueue(scheduler_t *s, nereid_request_t *req)
     n->req = req;
     n->batch_size = req->batch_size > 0 ? req->batch_size : 1;
     uint64_t timeout_us = timeout_us_for(lv, req);
-    if (timeout_us) n->deadline_ns = req->t_queue_start_ns + timeout_us * 1000;
+    if (timeout_us) {
+        n->deadline_ns = req->t_queue_start_ns + timeout_us * 1000;
+        if (d->has_reaper && (!d->reaper_wake_ns || n->deadline_ns < d->reaper_wake_ns))
+            pthread_cond_signal(&d->reaper_cond);
+    }
     queue_push(&lv->queue, n);
     lv->n_queued++;
     d->n_queued++;
@@ -321,6 +331,28 @@ static bool warmup_queued(const dynamic_batcher_t *d)
     return false;
 }
 
+/* The reaper thread: applies queue timeouts as they fall due. */
+static void *reaper_main(void *arg)
+{
+    dynamic_batcher_t *d = arg;
+    pthread_mutex_lock(&d->lock);
+    while (!d->stopped) {
+        dyn_queue_t rejected = {0};
+        uint64_t next = expire_timeouts(d, util_now_ns(), &rejected);
+        if (rejected.head) {
+            pthread_mutex_unlock(&d->lock);
+            fail_rejected(&rejected);
+            pthread_mutex_lock(&d->lock);
+            continue;
+        }
+        d->reaper_wake_ns = next;
+        wait_until_ns(d, &d->reaper_cond, next);
+        d->reaper_wake_ns = 0;
+    }
+    pthread_mutex_unlock(&d->lock);
+    return NULL;
+}
+
 static bool dynamic_next_batch(scheduler_t *s, model_instance_t *inst, batch_t *batch)
 {
     (void)inst;
@@ -403,6 +435,7 @@ static void dynamic_stop(scheduler_t *s)
     dynamic_batcher_t *d = (dynamic_batcher_t *)s;
     pthread_mutex_lock(&d->lock);
     d->stopped = true;
+    pthread_cond_broadcast(&d->reaper_cond);
     pthread_cond_broadcast(&d->work_cond);
     pthread_cond_broadcast(&d->slot_cond);
     pthread_mutex_unlock(&d->lock);
@@ -411,6 +444,10 @@ static void dynamic_stop(scheduler_t *s)
 static void dynamic_destroy(scheduler_t *s)
 {
     dynamic_batcher_t *d = (dynamic_batcher_t *)s;
+    if (d->has_reaper) {
+        dynamic_stop(s);
+        pthread_join(d->reaper, NULL);
+    }
     /* Instances drained the queues before exiting; anything left fails. */
     for (size_t l = 0; l < d->n_levels; l++) {
         dyn_node_t *n;
@@ -436,6 +473,7 @@ static void dynamic_destroy(scheduler_t *s)
     pthread_mutex_destroy(&d->order_lock);
     pthread_cond_destroy(&d->work_cond);
     pthread_cond_destroy(&d->slot_cond);
+    pthread_cond_destroy(&d->reaper_cond);
     free(d);
 }
 
@@ -507,7 +545,19 @@ nereid_error_t *dynamic_batcher_create(model_t *m, scheduler_t **out)
     pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
     pthread_cond_init(&d->work_cond, &attr);
     pthread_cond_init(&d->slot_cond, &attr);
+    pthread_cond_init(&d->reaper_cond, &attr);
     pthread_condattr_destroy(&attr);
+    bool timeouts = false;
+    for (size_t l = 0; l < d->n_levels; l++)
+        timeouts |= d->levels[l].timeout_us != 0;
+    if (timeouts) {
+        if (pthread_create(&d->reaper, NULL, reaper_main, d) != 0) {
+            dynamic_destroy(&d->base);
+            return nereid_error_new(NEREID_ERROR_INTERNAL,
+                                    "unable to start the dynamic batcher's timeout thread");
+        }
+        d->has_reaper = true;
+    }
     *out = &d->base;
     return NULL;
 }

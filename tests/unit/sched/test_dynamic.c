@@ -550,7 +550,8 @@ static void test_max_queue_size(void)
     collector_destroy(&c);
 }
 
-/* REJECT: a request that waits past its timeout fails with Triton's text. */
+/* REJECT: a request that waits past its timeout fails with Triton's text,
+ * on time: while the only instance is still busy. */
 static void test_reject_timeout(void)
 {
     nereid_server_t *s = start(1,
@@ -560,12 +561,13 @@ static void test_reject_timeout(void)
     if (!s) return finish(s);
     collector_t c;
     collector_init(&c);
-    submit_ok(s, &c, "busy", (opts_t){.delay_ms = 600});
+    submit_ok(s, &c, "busy", (opts_t){.delay_ms = 1500});
     CHECK(wait_pending(s, 0));
     submit_ok(s, &c, "late", (opts_t){0});
     CHECK(collector_wait(&c, 2));
     const result_t *busy = find_result(&c, "busy"), *late = find_result(&c, "late");
     CHECK(busy && !busy->failed);
+    CHECK(position(&c, "late") == 0);
     CHECK(late && late->failed && late->code == NEREID_ERROR_UNAVAILABLE);
     if (late) CHECK(strcmp(late->msg, "Request timeout expired") == 0);
     CHECK(model_stat(s, "fail", "count") == 1);
