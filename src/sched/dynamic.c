@@ -98,6 +98,14 @@ static dyn_node_t *queue_pop(dyn_queue_t *q)
     return n;
 }
 
+/* Microseconds to nanoseconds, capped (~146 years) so that sums with
+ * monotonic timestamps cannot overflow. */
+static uint64_t us_to_ns(uint64_t us)
+{
+    const uint64_t cap_ns = UINT64_MAX / 4;
+    return us > cap_ns / 1000 ? cap_ns : us * 1000;
+}
+
 static const char *req_id(const nereid_request_t *req)
 {
     return req->id ? req->id : "<id_unknown>";
@@ -139,7 +147,7 @@ static nereid_error_t *dynamic_enqueue(scheduler_t *s, nereid_request_t *req)
     n->batch_size = req->batch_size > 0 ? req->batch_size : 1;
     uint64_t timeout_us = timeout_us_for(lv, req);
     if (timeout_us) {
-        n->deadline_ns = req->t_queue_start_ns + timeout_us * 1000;
+        n->deadline_ns = req->t_queue_start_ns + us_to_ns(timeout_us);
         if (d->has_reaper && (!d->reaper_wake_ns || n->deadline_ns < d->reaper_wake_ns))
             pthread_cond_signal(&d->reaper_cond);
     }
@@ -160,6 +168,7 @@ static uint64_t expire_timeouts(dynamic_batcher_t *d, uint64_t now, dyn_queue_t 
     uint64_t next = 0;
     for (size_t l = 0; l < d->n_levels; l++) {
         dyn_level_t *lv = &d->levels[l];
+        if (!lv->timeout_us) continue; /* no request of this level has a deadline */
         dyn_node_t **link = &lv->queue.head, *prev = NULL;
         while (*link) {
             dyn_node_t *n = *link;
@@ -378,11 +387,14 @@ static bool dynamic_next_batch(scheduler_t *s, model_instance_t *inst, batch_t *
             wait_until_ns(d, &d->work_cond, wake);
             continue;
         }
-        if (d->hold && d->n_queued < d->hold && !d->stopped && !warmup_queued(d)) {
-            wait_until_ns(d, &d->work_cond, wake);
-            continue;
+        if (d->hold && d->n_queued < d->hold && !d->stopped) {
+            if (!warmup_queued(d)) {
+                wait_until_ns(d, &d->work_cond, wake);
+                continue;
+            }
+        } else {
+            d->hold = 0;
         }
-        d->hold = 0;
         uint64_t delay_end;
         size_t n = plan_batch(d, now, &delay_end);
         if (n) {
@@ -503,7 +515,7 @@ nereid_error_t *dynamic_batcher_create(model_t *m, scheduler_t **out)
     d->base.ops = &dynamic_ops;
     d->base.model = m;
     d->max_batch_size = m->max_batch_size;
-    d->max_delay_ns = db->max_queue_delay_microseconds * 1000;
+    d->max_delay_ns = us_to_ns(db->max_queue_delay_microseconds);
     d->preserve_ordering = db->preserve_ordering;
     d->preferred = xcalloc(db->n_preferred_batch_size + 1, sizeof *d->preferred);
     for (size_t i = 0; i < db->n_preferred_batch_size; i++) {
