@@ -211,19 +211,42 @@ bool nereid_batch_output_requested(const nereid_batch_t *batch, const char *name
     return false;
 }
 
+/* The shape the client sees: backends produce the reshape dims of an output
+ * that has `reshape`; clients get the config dims (batch dimension kept, a
+ * -1 dimension takes the remaining element count). */
+static void output_client_shape(const model_t *m, const model_io_t *io, const int64_t *shape,
+                                size_t rank, int64_t *out, size_t *out_rank)
+{
+    if (!io || !io->has_reshape) {
+        memcpy(out, shape, rank * sizeof *shape);
+        *out_rank = rank;
+        return;
+    }
+    bool batching = m->max_batch_size > 0 && rank > 0;
+    int64_t count = 1, known = 1;
+    for (size_t d = batching ? 1 : 0; d < rank; d++)
+        count *= shape[d];
+    size_t r = 0;
+    if (batching) out[r++] = shape[0];
+    for (size_t d = 0; d < io->rank; d++)
+        if (io->dims[d] != -1) known *= io->dims[d];
+    for (size_t d = 0; d < io->rank && r < NEREID_MAX_RANK; d++)
+        out[r++] = io->dims[d] == -1 ? (known ? count / known : 0) : io->dims[d];
+    *out_rank = r;
+}
+
 static nereid_error_t *alloc_output(nereid_request_t *req, resp_output_t *o, nereid_datatype_t dt,
                                     const int64_t *shape, size_t rank, size_t byte_size)
 {
     if (o->filled)
         return nereid_error_new(NEREID_ERROR_INTERNAL, "output '%s' produced twice", o->name);
     o->datatype = dt;
-    o->rank = rank;
-    memcpy(o->shape, shape, rank * sizeof *shape);
+    output_client_shape(req->model, o->io, shape, rank, o->shape, &o->rank);
     o->byte_size = byte_size;
     if (o->internal || !req->alloc.alloc_fn) {
         o->data = xmalloc(byte_size);
     } else {
-        nereid_error_t *err = req->alloc.alloc_fn(req->alloc.userp, o->name, dt, shape, rank,
+        nereid_error_t *err = req->alloc.alloc_fn(req->alloc.userp, o->name, dt, o->shape, o->rank,
                                                   byte_size, &o->data, &o->buffer_userp);
         if (err) return err;
         if (!o->data && byte_size)
