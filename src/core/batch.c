@@ -391,7 +391,7 @@ void batch_execute(model_instance_t *inst, batch_t *batch)
     }
 }
 
-void batch_finish(batch_t *batch)
+void batch_record(batch_t *batch)
 {
     model_t *m = batch->instance->model;
     model_stats_t *s = &m->stats;
@@ -414,7 +414,13 @@ void batch_finish(batch_t *batch)
             stats_add(&s->compute_infer, infer_ns);
             stats_add(&s->compute_output, out_ns);
         }
-        request_finish(req, NULL, FAILURE_BACKEND);
     }
+}
+
+void batch_finish(batch_t *batch)
+{
+    batch_record(batch);
+    for (size_t r = 0; r < batch->n_reqs; r++)
+        request_finish(batch->reqs[r], NULL, FAILURE_BACKEND);
     batch_reset(batch);
 }

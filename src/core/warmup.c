@@ -133,6 +133,7 @@ nereid_error_t *model_warmup(model_t *m)
                 uint64_t now = util_now_ns();
                 req->t_request_ns = req->t_queue_start_ns = now;
                 req->done_fn = on_warmup_done;
+                req->warmup = true;
                 req->done_userp = &wait;
                 request_prepare_response(req);
                 err = m->sched->ops->enqueue(m->sched, req);

@@ -42,5 +42,6 @@ nereid_error_t *scheduler_create(model_t *m, scheduler_t **out);
 
 /* Per-scheduler constructors. */
 nereid_error_t *default_scheduler_create(model_t *m, scheduler_t **out);
+nereid_error_t *dynamic_batcher_create(model_t *m, scheduler_t **out);
 
 #endif
