@@ -21,11 +21,12 @@ void batch_add(batch_t *batch, nereid_request_t *req)
     batch->total_batch += req->batch_size;
 }
 
-static void free_tensors(batch_tensor_t *t, size_t n)
+static void free_tensors(batch_tensor_t **t, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
-        free(t[i].name);
-        if (t[i].owned) free(t[i].data);
+        free(t[i]->name);
+        if (t[i]->owned) free(t[i]->data);
+        free(t[i]);
     }
     free(t);
 }
@@ -50,19 +51,21 @@ void batch_destroy(batch_t *batch)
     batch->cap_reqs = 0;
 }
 
-static batch_tensor_t *push_tensor(batch_tensor_t **arr, size_t *n, const char *name)
+/* Tensors are allocated one by one so pointers handed to a backend (shape,
+ * data) stay valid while later tensors are added. */
+static batch_tensor_t *push_tensor(batch_tensor_t ***arr, size_t *n, const char *name)
 {
     *arr = xrealloc(*arr, (*n + 1) * sizeof **arr);
-    batch_tensor_t *t = &(*arr)[(*n)++];
-    memset(t, 0, sizeof *t);
+    batch_tensor_t *t = xcalloc(1, sizeof *t);
+    (*arr)[(*n)++] = t;
     t->name = xstrdup(name);
     return t;
 }
 
-static batch_tensor_t *find_tensor(batch_tensor_t *arr, size_t n, const char *name)
+static batch_tensor_t *find_tensor(batch_tensor_t **arr, size_t n, const char *name)
 {
     for (size_t i = 0; i < n; i++)
-        if (strcmp(arr[i].name, name) == 0) return &arr[i];
+        if (strcmp(arr[i]->name, name) == 0) return arr[i];
     return NULL;
 }
 
@@ -335,7 +338,7 @@ static size_t bytes_offset(const uint8_t *p, size_t size, size_t from_off, size_
 static void scatter_outputs(batch_t *batch)
 {
     for (size_t t = 0; t < batch->n_outputs; t++) {
-        batch_tensor_t *bt = &batch->outputs[t];
+        batch_tensor_t *bt = batch->outputs[t];
         if (bt->rank == 0) continue; /* scratch for an unrequested single-request output */
         size_t esize = nereid_datatype_byte_size(bt->datatype);
         int64_t per_item_elems = 1;

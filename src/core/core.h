@@ -214,9 +214,9 @@ struct nereid_batch {
     nereid_request_t **reqs;
     size_t n_reqs, cap_reqs;
     int64_t total_batch;
-    batch_tensor_t *inputs; /* gathered inputs (n_reqs > 1) */
+    batch_tensor_t **inputs; /* gathered inputs (n_reqs > 1); stable addresses */
     size_t n_inputs;
-    batch_tensor_t *outputs;
+    batch_tensor_t **outputs;
     size_t n_outputs;
     uint64_t t_start_ns, t_input_end_ns, t_infer_end_ns, t_end_ns;
     bool timing_reported;
