@@ -40,7 +40,7 @@ test-asan: setup models
 	@cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DNEREID_SANITIZE=ON $(CMAKE_FLAGS) >/dev/null
 	@cmake --build $(ASAN_BUILD) -j $(JOBS)
 	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1 LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp ctest --output-on-failure -j $(JOBS)
-	NEREID_BUILD=$(ASAN_BUILD) NEREID_SANITIZE=1 $(PY) -m pytest -q tests/integration
+	NEREID_BUILD=$(ASAN_BUILD) NEREID_SANITIZE=1 LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp $(PY) -m pytest -q tests/integration
 
 fuzz: setup
 	@cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DNEREID_FUZZ=ON >/dev/null

@@ -258,6 +258,11 @@ int main(int argc, char **argv)
                percentile_us(tb, n, 0.9), percentile_us(tb, n, 0.99));
         printf("  ratio %.2fx, server overhead %.2f us (target < 5 us)\n", ms / mr, ms - mr);
     }
+    char *stats = NULL;
+    nereid_error_t *serr = nereid_server_model_statistics(server, MODEL, -1, &stats);
+    if (!rc && !serr && getenv("BENCH_STATS")) printf("%s\n", stats);
+    nereid_error_free(serr);
+    free(stats);
     free(ts);
     free(tr);
     free(tb);

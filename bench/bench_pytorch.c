@@ -3,7 +3,8 @@
  * model ([16] FP32 inputs, (a+b, a-b) outputs) called raw through the
  * backend's nereid_pytorch_raw_forward helper and through the whole server
  * (nereid_server_infer_async, default scheduler, one request at a time), in
- * one run, with the ratio printed.
+ * one run, with the ratio printed. The C add_sub backend through the server
+ * is measured too, as the floor the core itself costs.
  *
  *   build/bench/bench_pytorch [iterations]      (default 20000)
  */
@@ -67,15 +68,15 @@ static nereid_server_t *server;
 static float a[16], b[16];
 
 /* One add_sub request through the server; 0 on success. */
-static int server_call(waiter_t *w)
+static int server_call(waiter_t *w, const char *const *model)
 {
     nereid_request_t *req = NULL;
     int64_t shape[] = {16};
-    nereid_error_t *err = nereid_request_new(server, "pt_add_sub", -1, &req);
+    nereid_error_t *err = nereid_request_new(server, model[0], -1, &req);
     if (!err)
-        err = nereid_request_add_input(req, "INPUT__0", NEREID_TYPE_FP32, shape, 1, a, sizeof a);
+        err = nereid_request_add_input(req, model[1], NEREID_TYPE_FP32, shape, 1, a, sizeof a);
     if (!err)
-        err = nereid_request_add_input(req, "INPUT__1", NEREID_TYPE_FP32, shape, 1, b, sizeof b);
+        err = nereid_request_add_input(req, model[2], NEREID_TYPE_FP32, shape, 1, b, sizeof b);
     w->resp = NULL;
     if (!err) err = nereid_server_infer_async(server, req, NULL, on_done, w);
     if (err) {
@@ -114,6 +115,19 @@ int main(int argc, char **argv)
         return 1;
     }
     snprintf(model_path, sizeof model_path, "%s/pt_add_sub/1/model.pt", dir);
+    char c_dir[4200];
+    snprintf(c_dir, sizeof c_dir, "%s/c_add_sub/1", dir);
+    snprintf(cmd, sizeof cmd, "mkdir -p %s", c_dir);
+    snprintf(c_dir, sizeof c_dir, "%s/c_add_sub/config.pbtxt", dir);
+    FILE *cfg = system(cmd) == 0 ? fopen(c_dir, "w") : NULL;
+    if (!cfg) return 1;
+    fputs("name: \"c_add_sub\"\nbackend: \"add_sub\"\nmax_batch_size: 0\n"
+          "input [ { name: \"INPUT0\" data_type: TYPE_FP32 dims: [ 16 ] },\n"
+          "        { name: \"INPUT1\" data_type: TYPE_FP32 dims: [ 16 ] } ]\n"
+          "output [ { name: \"OUTPUT0\" data_type: TYPE_FP32 dims: [ 16 ] },\n"
+          "         { name: \"OUTPUT1\" data_type: TYPE_FP32 dims: [ 16 ] } ]\n",
+          cfg);
+    fclose(cfg);
     for (int i = 0; i < 16; i++)
         a[i] = (float)i, b[i] = 1.0f;
 
@@ -168,24 +182,33 @@ int main(int argc, char **argv)
     waiter_t w;
     pthread_mutex_init(&w.mu, NULL);
     pthread_cond_init(&w.cv, NULL);
-    for (size_t i = 0; i < iters / 10; i++)
-        server_call(&w);
-    for (size_t i = 0; i < iters; i++) {
-        uint64_t t0 = now_ns();
-        if (server_call(&w) != 0) return 1;
-        ns[i] = now_ns() - t0;
+    /* The PyTorch model, then the C add_sub backend as the core's floor. */
+    static const char *const models[2][3] = {{"pt_add_sub", "INPUT__0", "INPUT__1"},
+                                             {"c_add_sub", "INPUT0", "INPUT1"}};
+    summary_t srv[2];
+    for (int m = 0; m < 2; m++) {
+        for (size_t i = 0; i < iters / 10; i++)
+            server_call(&w, models[m]);
+        for (size_t i = 0; i < iters; i++) {
+            uint64_t t0 = now_ns();
+            if (server_call(&w, models[m]) != 0) return 1;
+            ns[i] = now_ns() - t0;
+        }
+        srv[m] = summarize(ns, iters);
     }
-    summary_t srv_s = summarize(ns, iters);
+    summary_t srv_s = srv[0];
     nereid_server_free(server);
     dlclose(h);
 
     printf("pytorch add_sub [16] FP32, %zu sequential calls\n", iters);
-    printf("  raw forward():           median %7.2f us  p99 %7.2f us  mean %7.2f us\n",
+    printf("  raw forward():             median %7.2f us  p99 %7.2f us  mean %7.2f us\n",
            raw_s.median_us, raw_s.p99_us, raw_s.mean_us);
     printf("  nereid_server_infer_async: median %7.2f us  p99 %7.2f us  mean %7.2f us\n",
            srv_s.median_us, srv_s.p99_us, srv_s.mean_us);
-    printf("  ratio server/raw (median): %.2fx  (overhead %.2f us)\n",
-           srv_s.median_us / raw_s.median_us, srv_s.median_us - raw_s.median_us);
+    printf("  C add_sub via the server:  median %7.2f us  p99 %7.2f us  mean %7.2f us\n",
+           srv[1].median_us, srv[1].p99_us, srv[1].mean_us);
+    printf("  ratio server/raw (median): %.2fx  (overhead %.2f us; core floor %.2f us)\n",
+           srv_s.median_us / raw_s.median_us, srv_s.median_us - raw_s.median_us, srv[1].median_us);
     free(ns);
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     if (system(cmd) != 0) return 1;

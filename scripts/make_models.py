@@ -56,9 +56,27 @@ def identity(elem, dims=(-1, 4)):
     return _model(graph)
 
 
+def accumulator():
+    """Triton's implicit-state accumulator: OUTPUT = OUTPUT_STATE = INPUT when
+    START, else INPUT + INPUT_STATE (INPUT_STATE / START are fed by the
+    sequence batcher, not by clients)."""
+    from onnx import helper
+    t = ONNX_TYPES["INT32"]
+    io = lambda n: helper.make_tensor_value_info(n, t, [None, None if "STATE" in n else 1])
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["INPUT", "INPUT_STATE"], ["SUM"]),
+         helper.make_node("Cast", ["START"], ["IS_START"], to=ONNX_TYPES["BOOL"]),
+         helper.make_node("Where", ["IS_START", "INPUT", "SUM"], ["OUTPUT_STATE"]),
+         helper.make_node("Identity", ["OUTPUT_STATE"], ["OUTPUT"])],
+        "accumulator", [io("INPUT"), io("START"), io("INPUT_STATE")],
+        [io("OUTPUT"), io("OUTPUT_STATE")])
+    return _model(graph)
+
+
 # Example models: (path under the repository, generator).
 EXAMPLES = [
     ("add_sub_onnx/1/model.onnx", lambda: add_sub((-1, 16))),
+    ("accumulator_onnx/1/model.onnx", accumulator),
 ]
 
 # Test repository: (model name, generator or None for no model file,

@@ -74,6 +74,8 @@ typedef struct ort_model {
     ort_output_t *outputs;
     pthread_mutex_t lock;
     OrtSession *spare; /* session from model init, taken by the first instance */
+    char **seq_names;  /* owned names of sequence control/state tensors */
+    size_t n_seq_names;
 } ort_model_t;
 
 typedef struct ort_instance {
@@ -614,6 +616,9 @@ static void model_free(ort_model_t *m)
     free(m->input_datatypes);
     free(m->input_elem_types);
     free(m->path);
+    for (size_t i = 0; i < m->n_seq_names; i++)
+        free(m->seq_names[i]);
+    free(m->seq_names);
     pthread_mutex_destroy(&m->lock);
     free(m);
 }
@@ -624,6 +629,70 @@ static nereid_error_t *create_session(ort_model_t *m, OrtSession **out)
     return ort_error(api, api->CreateSession(m->backend->env, m->path, m->options, out));
 }
 
+static bool config_has_io(const nereid_model_t *model, bool input, const char *name)
+{
+    size_t n = input ? nereid_model_input_count(model) : nereid_model_output_count(model);
+    for (size_t i = 0; i < n; i++) {
+        const char *io;
+        if (input)
+            nereid_model_input(model, i, &io, NULL, NULL, NULL);
+        else
+            nereid_model_output(model, i, &io, NULL, NULL, NULL);
+        if (strcmp(io, name) == 0) return true;
+    }
+    return false;
+}
+
+static int add_seq_name(ort_model_t *m, const char *name)
+{
+    for (size_t i = 0; i < m->n_seq_names; i++)
+        if (strcmp(m->seq_names[i], name) == 0) return 0;
+    char **v = realloc(m->seq_names, (m->n_seq_names + 1) * sizeof(*v));
+    if (!v) return -1;
+    m->seq_names = v;
+    if (!(v[m->n_seq_names] = strdup(name))) return -1;
+    m->n_seq_names++;
+    return 0;
+}
+
+/* Sequence batching: the control inputs and implicit state inputs the core
+ * injects into every request (and the state outputs it captures) are model
+ * tensors that config.pbtxt does not list as input/output. Collects those
+ * the session has into m->seq_names: *n_seq_in inputs, then outputs. */
+static int sequence_names(ort_model_t *m, const nereid_model_t *model, const ort_tensor_t *in,
+                          size_t n_in, const ort_tensor_t *out, size_t n_out, size_t *n_seq_in)
+{
+    *n_seq_in = 0;
+    json_t *cfg = json_loads(nereid_model_config_json(model), 0, NULL);
+    json_t *sb = json_object_get(cfg, "sequence_batching");
+    int rc = 0;
+    for (int pass = 0; pass < 2 && sb && rc == 0; pass++) {
+        size_t i;
+        json_t *v;
+        if (pass == 0) {
+            json_array_foreach(json_object_get(sb, "control_input"), i, v)
+            {
+                const char *n = json_string_value(json_object_get(v, "name"));
+                if (n && tensor_find(in, n_in, n) && !config_has_io(model, true, n))
+                    rc |= add_seq_name(m, n);
+            }
+        }
+        json_array_foreach(json_object_get(sb, "state"), i, v)
+        {
+            const char *n =
+                json_string_value(json_object_get(v, pass == 0 ? "input_name" : "output_name"));
+            if (!n) continue;
+            if (pass == 0 && tensor_find(in, n_in, n) && !config_has_io(model, true, n))
+                rc |= add_seq_name(m, n);
+            if (pass == 1 && tensor_find(out, n_out, n) && !config_has_io(model, false, n))
+                rc |= add_seq_name(m, n);
+        }
+        if (pass == 0) *n_seq_in = m->n_seq_names;
+    }
+    json_decref(cfg);
+    return rc;
+}
+
 /* Binds the (possibly autofilled) config's inputs and outputs to the model. */
 static nereid_error_t *bind_config(ort_model_t *m, nereid_model_t *model, const ort_tensor_t *in,
                                    size_t n_in, const ort_tensor_t *out, size_t n_out)
@@ -632,6 +701,11 @@ static nereid_error_t *bind_config(ort_model_t *m, nereid_model_t *model, const 
     m->max_batch_size = nereid_model_max_batch_size(model);
     m->n_inputs = nereid_model_input_count(model);
     m->n_outputs = nereid_model_output_count(model);
+    size_t n_cfg_in = m->n_inputs, n_cfg_out = m->n_outputs, n_seq_in = 0;
+    if (sequence_names(m, model, in, n_in, out, n_out, &n_seq_in) != 0)
+        return nereid_error_new(NEREID_ERROR_INTERNAL, "out of memory");
+    m->n_inputs += n_seq_in;
+    m->n_outputs += m->n_seq_names - n_seq_in;
     if (m->n_inputs != n_in)
         return nereid_error_new(NEREID_ERROR_INVALID_ARG,
                                 "unable to load model '%s', configuration expects %zu inputs, "
@@ -646,6 +720,13 @@ static nereid_error_t *bind_config(ort_model_t *m, nereid_model_t *model, const 
     for (size_t i = 0; i < m->n_inputs; i++) {
         const int64_t *dims;
         size_t rank;
+        if (i >= n_cfg_in) { /* injected by the sequence batcher */
+            const ort_tensor_t *t = tensor_find(in, n_in, m->seq_names[i - n_cfg_in]);
+            m->input_names[i] = m->seq_names[i - n_cfg_in];
+            m->input_elem_types[i] = t->elem_type;
+            m->input_datatypes[i] = datatype_from_elem(t->elem_type);
+            continue;
+        }
         nereid_model_input(model, i, &m->input_names[i], &m->input_datatypes[i], &dims, &rank);
         nereid_error_t *err = check_io(name, "input", m->input_names[i], m->input_datatypes[i],
                                        dims, rank, m->max_batch_size, in, n_in);
@@ -654,11 +735,18 @@ static nereid_error_t *bind_config(ort_model_t *m, nereid_model_t *model, const 
     }
     for (size_t i = 0; i < m->n_outputs; i++) {
         ort_output_t *o = &m->outputs[i];
-        nereid_model_output(model, i, &o->name, &o->datatype, &o->config_dims, &o->config_rank);
-        nereid_error_t *err = check_io(name, "output", o->name, o->datatype, o->config_dims,
-                                       o->config_rank, m->max_batch_size, out, n_out);
-        if (err) return err;
-        const ort_tensor_t *t = tensor_find(out, n_out, o->name);
+        const ort_tensor_t *t;
+        if (i >= n_cfg_out) { /* an implicit state output the core captures */
+            o->name = m->seq_names[n_seq_in + i - n_cfg_out];
+            t = tensor_find(out, n_out, o->name);
+            o->datatype = datatype_from_elem(t->elem_type);
+        } else {
+            nereid_model_output(model, i, &o->name, &o->datatype, &o->config_dims, &o->config_rank);
+            nereid_error_t *err = check_io(name, "output", o->name, o->datatype, o->config_dims,
+                                           o->config_rank, m->max_batch_size, out, n_out);
+            if (err) return err;
+            t = tensor_find(out, n_out, o->name);
+        }
         o->elem_type = t->elem_type;
         o->rank = t->rank;
         o->dims = calloc(t->rank + 1, sizeof(int64_t));

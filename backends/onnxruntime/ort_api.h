@@ -151,7 +151,9 @@ static inline int ort_api_load(ort_api_t *api, const char *path, char *err, size
     memset(api, 0, sizeof(*api));
     void *dl = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     if (!dl) {
-        snprintf(err, err_size, "cannot load ONNX Runtime library '%s': %s", path, dlerror());
+        if (snprintf(err, err_size, "cannot load ONNX Runtime library '%s': %s", path, dlerror()) <
+            0)
+            err[0] = '\0';
         return -1;
     }
     const ort_api_base_t *(*get_base)(void);
@@ -159,9 +161,10 @@ static inline int ort_api_load(ort_api_t *api, const char *path, char *err, size
     const ort_api_base_t *base = get_base ? get_base() : NULL;
     const ort_any_fn *table = base ? base->get_api(ORT_API_VERSION_USED) : NULL;
     if (!table) {
-        snprintf(err, err_size,
-                 "'%s' is not a usable ONNX Runtime library (no OrtGetApiBase or API v%u)", path,
-                 ORT_API_VERSION_USED);
+        if (snprintf(err, err_size,
+                     "'%s' is not a usable ONNX Runtime library (no OrtGetApiBase or API v%u)",
+                     path, ORT_API_VERSION_USED) < 0)
+            err[0] = '\0';
         dlclose(dl);
         return -1;
     }

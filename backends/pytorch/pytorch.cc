@@ -426,6 +426,14 @@ void map_inputs(InstanceState *is)
             found = found || a == s.name;
         if (!found) convention = NAMED_INDEX;
     }
+    /* Implicit state needs index names; forward() arguments that are
+     * themselves called INPUT__0 etc. must not block that (Triton refuses). */
+    if (!ms->states.empty()) {
+        bool all_indexed = true;
+        for (const TensorSpec &s : ms->inputs)
+            all_indexed = all_indexed && named_index(s.name) >= 0;
+        if (all_indexed) convention = NAMED_INDEX;
+    }
     if (convention == NAMED_INDEX) {
         for (const TensorSpec &s : ms->inputs) {
             if (named_index(s.name) < 0) {

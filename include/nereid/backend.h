@@ -75,8 +75,9 @@ NEREID_EXPORT int64_t nereid_model_max_batch_size(const nereid_model_t *model);
 NEREID_EXPORT size_t nereid_model_input_count(const nereid_model_t *model);
 NEREID_EXPORT size_t nereid_model_output_count(const nereid_model_t *model);
 /* Config input/output i: name, datatype, dims (without the batch dimension;
- * -1 = variable). reshape dims, when present, are returned instead when
- * use_reshape is true. */
+ * -1 = variable). When the config has `reshape` for it, the reshape dims are
+ * returned: those are the shapes the backend receives and must produce (the
+ * core converts outputs back to the config dims for the client). */
 NEREID_EXPORT void nereid_model_input(const nereid_model_t *model, size_t i, const char **name,
                                       nereid_datatype_t *datatype, const int64_t **dims,
                                       size_t *rank);

@@ -31,7 +31,8 @@ static int check_model_dir(const char *dir)
 {
     char path[4096];
     size_t dl = strlen(dir);
-    while (dl > 1 && dir[dl - 1] == '/') dl--;
+    while (dl > 1 && dir[dl - 1] == '/')
+        dl--;
     snprintf(path, sizeof path, "%.*s/config.pbtxt", (int)dl, dir);
     char tmp[4096];
     snprintf(tmp, sizeof tmp, "%.*s", (int)dl, dir);
@@ -78,7 +79,8 @@ static bool has_version_dir(const char *dir)
     while (!found && (e = readdir(dp))) {
         const char *s = e->d_name;
         if (!*s) continue;
-        while (*s >= '0' && *s <= '9') s++;
+        while (*s >= '0' && *s <= '9')
+            s++;
         if (*s) continue;
         char p[4096];
         snprintf(p, sizeof p, "%s/%s", dir, e->d_name);

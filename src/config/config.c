@@ -16,7 +16,8 @@ void cfg_buf_append(cfg_buf_t *b, const char *s, size_t n)
     if (b->oom) return;
     if (b->len + n + 1 > b->cap) {
         size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->len + n + 1) cap *= 2;
+        while (cap < b->len + n + 1)
+            cap *= 2;
         char *p = realloc(b->data, cap);
         if (!p) {
             b->oom = true;
@@ -146,7 +147,8 @@ bool cfg_pos_find(const void *root, const void *msg, uint32_t field_id, int32_t 
     bool found = false;
     pthread_mutex_lock(&g_pos_lock);
     const pos_root_t *r = g_pos_roots;
-    while (r && r->root != root) r = r->next;
+    while (r && r->root != root)
+        r = r->next;
     if (r) {
         /* Best match: exact index, then the whole field, then the message. */
         int best = 0;
@@ -249,8 +251,8 @@ bool cfg_is_map_entry(const ProtobufCMessageDescriptor *d)
 {
     size_t n = strlen(d->name);
     return d->n_fields == 2 && n > 5 && strcmp(d->name + n - 5, "Entry") == 0 &&
-           d->fields[0].id == 1 && strcmp(d->fields[0].name, "key") == 0 &&
-           d->fields[1].id == 2 && strcmp(d->fields[1].name, "value") == 0;
+           d->fields[0].id == 1 && strcmp(d->fields[0].name, "key") == 0 && d->fields[1].id == 2 &&
+           strcmp(d->fields[1].name, "value") == 0;
 }
 
 /* ---- copy / free ---- */

@@ -21,7 +21,7 @@ typedef Inference__ModelConfig model_config_t;
 
 /* Options that change defaults and validation. */
 typedef struct config_options {
-    bool gpus_available; /* false on this machine: KIND_AUTO -> KIND_CPU, KIND_GPU is an error */
+    bool gpus_available;   /* false on this machine: KIND_AUTO -> KIND_CPU, KIND_GPU is an error */
     bool allow_missing_io; /* true when the backend may autofill inputs/outputs */
 } config_options_t;
 
@@ -34,7 +34,11 @@ model_config_t *config_parse_file(const char *path, char **errors);
 
 /* Fills Triton's defaults and validates cfg in place for the model directory
  * named model_name. filename is used in error lines (positions are given for
- * errors the parser recorded a location for). Returns 0 or -1 with *errors. */
+ * errors the parser recorded a location for); when it names a file inside a
+ * real model directory, that directory's first version subdirectory is
+ * inspected (like Triton) to infer backend/platform from model.onnx,
+ * model.pt, model.plan, ... Returns 0 or -1 with *errors (every error found,
+ * one per line). */
 int config_normalize(model_config_t *cfg, const char *model_name, const char *filename,
                      const config_options_t *opts, char **errors);
 

@@ -82,12 +82,14 @@ static unsigned field_order(const ProtobufCMessageDescriptor *d,
             const ProtobufCFieldDescriptor *f = cfg_field_by_name(d, s, len);
             if (f && n < d->n_fields) order[n++] = f;
             s += len;
-            while (*s == ' ') s++;
+            while (*s == ' ')
+                s++;
         }
         if (n == d->n_fields) return n;
         break; /* table out of date: fall back to number order */
     }
-    for (unsigned i = 0; i < d->n_fields; i++) order[i] = &d->fields[i];
+    for (unsigned i = 0; i < d->n_fields; i++)
+        order[i] = &d->fields[i];
     return d->n_fields;
 }
 
@@ -114,13 +116,27 @@ static void put_json_string(cfg_buf_t *b, const char *s)
     cfg_buf_puts(b, "\"");
     for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
         switch (*p) {
-        case '"': cfg_buf_puts(b, "\\\""); break;
-        case '\\': cfg_buf_puts(b, "\\\\"); break;
-        case '\b': cfg_buf_puts(b, "\\b"); break;
-        case '\f': cfg_buf_puts(b, "\\f"); break;
-        case '\n': cfg_buf_puts(b, "\\n"); break;
-        case '\r': cfg_buf_puts(b, "\\r"); break;
-        case '\t': cfg_buf_puts(b, "\\t"); break;
+        case '"':
+            cfg_buf_puts(b, "\\\"");
+            break;
+        case '\\':
+            cfg_buf_puts(b, "\\\\");
+            break;
+        case '\b':
+            cfg_buf_puts(b, "\\b");
+            break;
+        case '\f':
+            cfg_buf_puts(b, "\\f");
+            break;
+        case '\n':
+            cfg_buf_puts(b, "\\n");
+            break;
+        case '\r':
+            cfg_buf_puts(b, "\\r");
+            break;
+        case '\t':
+            cfg_buf_puts(b, "\\t");
+            break;
         default:
             if (*p < 0x20)
                 cfg_buf_printf(b, "\\u%04X", *p);
@@ -329,8 +345,7 @@ static void put_message(cfg_buf_t *b, const ProtobufCMessage *m, char *path, siz
             }
             cfg_buf_puts(b, is_map ? "}" : "]");
         } else if (f->type == PROTOBUF_C_TYPE_MESSAGE) {
-            put_message(b, *(ProtobufCMessage *const *)(base + f->offset), path, new_len,
-                        path_cap);
+            put_message(b, *(ProtobufCMessage *const *)(base + f->offset), path, new_len, path_cap);
         } else {
             put_value(b, f, base + f->offset, path);
         }
@@ -466,7 +481,8 @@ static bool json_scalar(jctx_t *c, json_t *v, const ProtobufCFieldDescriptor *f,
         }
         uint64_t max_pos = is_unsigned ? (is64 ? UINT64_MAX : UINT32_MAX)
                                        : (is64 ? (uint64_t)INT64_MAX : (uint64_t)INT32_MAX);
-        uint64_t max_neg = is_unsigned ? 0 : (is64 ? (uint64_t)INT64_MAX + 1 : (uint64_t)INT32_MAX + 1);
+        uint64_t max_neg =
+            is_unsigned ? 0 : (is64 ? (uint64_t)INT64_MAX + 1 : (uint64_t)INT32_MAX + 1);
         if ((neg && mag > max_neg) || (!neg && mag > max_pos)) {
             jfail(c, path, "integer out of range for field \"%s\"", f->name);
             return false;
@@ -573,8 +589,8 @@ static bool json_scalar(jctx_t *c, json_t *v, const ProtobufCFieldDescriptor *f,
 }
 
 /* Converts a JSON object key to a map key of field kf. */
-static bool json_map_key(jctx_t *c, const char *key, const ProtobufCFieldDescriptor *kf,
-                         void *dst, const char *path)
+static bool json_map_key(jctx_t *c, const char *key, const ProtobufCFieldDescriptor *kf, void *dst,
+                         const char *path)
 {
     if (kf->type == PROTOBUF_C_TYPE_STRING) {
         json_t *s = json_string(key);
@@ -601,8 +617,8 @@ static bool json_map_key(jctx_t *c, const char *key, const ProtobufCFieldDescrip
     return ok;
 }
 
-static bool json_field(jctx_t *c, json_t *v, ProtobufCMessage *m,
-                       const ProtobufCFieldDescriptor *f, const char *path, int depth)
+static bool json_field(jctx_t *c, json_t *v, ProtobufCMessage *m, const ProtobufCFieldDescriptor *f,
+                       const char *path, int depth)
 {
     char *base = (char *)m;
     if (json_is_null(v)) return true;

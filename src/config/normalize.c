@@ -36,8 +36,8 @@ static void nerr(nctx_t *c, const void *msg, const char *field, int index, const
         const ProtobufCMessage *m = msg;
         uint32_t id = 0;
         if (field) {
-            const ProtobufCFieldDescriptor *f = cfg_field_by_name(m->descriptor, field,
-                                                                  strlen(field));
+            const ProtobufCFieldDescriptor *f =
+                cfg_field_by_name(m->descriptor, field, strlen(field));
             if (f) id = f->id;
         }
         have = cfg_pos_find(c->cfg, msg, id, index, &line, &col);
@@ -117,7 +117,8 @@ static void inspect_model_dir(const char *filename, model_dir_t *md)
         md->has_version = true;
         snprintf(md->version_path, sizeof md->version_path, "%s/%s", dir, names[0]);
     }
-    for (size_t i = 0; i < n; i++) free(names[i]);
+    for (size_t i = 0; i < n; i++)
+        free(names[i]);
 }
 
 /* 1 = file, 2 = directory, 0 = absent */
@@ -151,12 +152,13 @@ static bool autocomplete_backend(nctx_t *c, const char *model_name, const model_
         else if (no_file && version_entry(md, "model.graphdef") == 1)
             set_str(&cfg->platform, "tensorflow_graphdef");
     }
-    if (streq(cfg->platform, "tensorflow_savedmodel") || streq(cfg->platform, "tensorflow_graphdef")) {
+    if (streq(cfg->platform, "tensorflow_savedmodel") ||
+        streq(cfg->platform, "tensorflow_graphdef")) {
         if (empty(cfg->backend)) set_str(&cfg->backend, "tensorflow");
         if (empty(cfg->default_model_filename))
             set_str(&cfg->default_model_filename, streq(cfg->platform, "tensorflow_savedmodel")
-                                                       ? "model.savedmodel"
-                                                       : "model.graphdef");
+                                                      ? "model.savedmodel"
+                                                      : "model.graphdef");
         return true;
     }
     static const struct {
@@ -278,7 +280,8 @@ static bool fill_defaults(nctx_t *c)
         vp->latest = latest;
         cfg->version_policy = vp;
     }
-    if (cfg->scheduling_choice_case == INFERENCE__MODEL_CONFIG__SCHEDULING_CHOICE_DYNAMIC_BATCHING &&
+    if (cfg->scheduling_choice_case ==
+            INFERENCE__MODEL_CONFIG__SCHEDULING_CHOICE_DYNAMIC_BATCHING &&
         cfg->dynamic_batching) {
         if (cfg->dynamic_batching->n_preferred_batch_size == 0 && cfg->max_batch_size > 0)
             if (!append_int32(&cfg->dynamic_batching->base, "preferred_batch_size",
@@ -382,8 +385,8 @@ static bool validate_io_shape(nctx_t *c, const ProtobufCMessage *io, const char 
         return false;
     }
     if (!valid_datatype(dtype)) {
-        nerr(c, io, "data_type", -1, "%s'%s' has unknown data type %d for %s", prefix, name,
-             dtype, mn);
+        nerr(c, io, "data_type", -1, "%s'%s' has unknown data type %d for %s", prefix, name, dtype,
+             mn);
         return false;
     }
     if (n_dims == 0) {
@@ -419,14 +422,14 @@ static bool validate_io_shape(nctx_t *c, const ProtobufCMessage *io, const char 
     int64_t dims_size = element_count(dims, n_dims);
     int64_t reshape_size = element_count(reshape->shape, reshape->n_shape);
     if (dims_size == -2 || reshape_size == -2) {
-        nerr(c, io, "reshape", -1, "%s'%s' has too many elements in dims or reshape for %s",
-             prefix, name, mn);
+        nerr(c, io, "reshape", -1, "%s'%s' has too many elements in dims or reshape for %s", prefix,
+             name, mn);
         return false;
     }
     if (reshape->n_shape == 0) reshape_size = 0;
     if (dims_size != reshape_size && (reshape_size != 0 || dims_size != 1)) {
-        nerr(c, io, "reshape", -1, "%s'%s' has different size for dims and reshape for %s",
-             prefix, name, mn);
+        nerr(c, io, "reshape", -1, "%s'%s' has different size for dims and reshape for %s", prefix,
+             name, mn);
         return false;
     }
     if (dims_size == -1) {
@@ -462,8 +465,8 @@ static bool validate_io_shape(nctx_t *c, const ProtobufCMessage *io, const char 
         }
         for (size_t i = 0; i < na; i++) {
             if (a[i] != b[i]) {
-                nerr(c, io, "reshape", -1,
-                     "%s'%s' has different size for dims and reshape for %s", prefix, name, mn);
+                nerr(c, io, "reshape", -1, "%s'%s' has different size for dims and reshape for %s",
+                     prefix, name, mn);
                 return false;
             }
         }
@@ -534,8 +537,8 @@ static void validate_io(nctx_t *c, const config_options_t *opts)
             nerr(c, cfg, NULL, -1, "model configuration must specify at least one 'input' for %s",
                  c->name);
         if (cfg->n_output == 0)
-            nerr(c, cfg, NULL, -1,
-                 "model configuration must specify at least one 'output' for %s", c->name);
+            nerr(c, cfg, NULL, -1, "model configuration must specify at least one 'output' for %s",
+                 c->name);
     }
     /* batch inputs and outputs */
     for (size_t i = 0; i < cfg->n_batch_input; i++) {
@@ -548,8 +551,8 @@ static void validate_io(nctx_t *c, const config_options_t *opts)
         if (bi->n_source_input != 1) {
             nerr(c, bi, "source_input", -1,
                  "batch input kind '%s' expects 1 source input, got %zu for %s",
-                 enum_name(&inference__batch_input__kind__descriptor, bi->kind),
-                 bi->n_source_input, c->name);
+                 enum_name(&inference__batch_input__kind__descriptor, bi->kind), bi->n_source_input,
+                 c->name);
             return;
         }
         if (bi->data_type != INFERENCE__DATA_TYPE__TYPE_INT32 &&
@@ -652,7 +655,10 @@ static bool validate_control_kind(nctx_t *c, const Inference__ModelSequenceBatch
                    nb = ctl->n_bool_false_true;
             if (typed) {
                 if (ni || nf || nb) {
-                    nerr(c, ctl, ni ? "int32_false_true" : nf ? "fp32_false_true" : "bool_false_true",
+                    nerr(c, ctl,
+                         ni   ? "int32_false_true"
+                         : nf ? "fp32_false_true"
+                              : "bool_false_true",
                          -1,
                          "sequence batching must not specify either 'int32_false_true', "
                          "'fp32_false_true' or 'bool_false_true' for %s for %s",
@@ -677,7 +683,9 @@ static bool validate_control_kind(nctx_t *c, const Inference__ModelSequenceBatch
                      control_kind_name(kind), c->name);
                 return false;
             }
-            const char *which = ni ? "int32_false_true" : nf ? "fp32_false_true" : "bool_false_true";
+            const char *which = ni   ? "int32_false_true"
+                                : nf ? "fp32_false_true"
+                                     : "bool_false_true";
             size_t cnt = ni ? ni : nf ? nf : nb;
             if (cnt != 2) {
                 nerr(c, ctl, which, -1,
@@ -703,14 +711,18 @@ static void validate_sequence_batching(nctx_t *c)
     }
     int corrid_type = 0;
     const void *corrid_at = NULL;
-    if (!validate_control_kind(c, sb, INFERENCE__MODEL_SEQUENCE_BATCHING__CONTROL__KIND__CONTROL_SEQUENCE_START,
-                               false, &corrid_type, &corrid_at) ||
-        !validate_control_kind(c, sb, INFERENCE__MODEL_SEQUENCE_BATCHING__CONTROL__KIND__CONTROL_SEQUENCE_END,
-                               false, &corrid_type, &corrid_at) ||
-        !validate_control_kind(c, sb, INFERENCE__MODEL_SEQUENCE_BATCHING__CONTROL__KIND__CONTROL_SEQUENCE_READY,
-                               false, &corrid_type, &corrid_at) ||
-        !validate_control_kind(c, sb, INFERENCE__MODEL_SEQUENCE_BATCHING__CONTROL__KIND__CONTROL_SEQUENCE_CORRID,
-                               true, &corrid_type, &corrid_at))
+    if (!validate_control_kind(
+            c, sb, INFERENCE__MODEL_SEQUENCE_BATCHING__CONTROL__KIND__CONTROL_SEQUENCE_START, false,
+            &corrid_type, &corrid_at) ||
+        !validate_control_kind(
+            c, sb, INFERENCE__MODEL_SEQUENCE_BATCHING__CONTROL__KIND__CONTROL_SEQUENCE_END, false,
+            &corrid_type, &corrid_at) ||
+        !validate_control_kind(
+            c, sb, INFERENCE__MODEL_SEQUENCE_BATCHING__CONTROL__KIND__CONTROL_SEQUENCE_READY, false,
+            &corrid_type, &corrid_at) ||
+        !validate_control_kind(
+            c, sb, INFERENCE__MODEL_SEQUENCE_BATCHING__CONTROL__KIND__CONTROL_SEQUENCE_CORRID, true,
+            &corrid_type, &corrid_at))
         return;
     if (corrid_at && corrid_type != INFERENCE__DATA_TYPE__TYPE_UINT64 &&
         corrid_type != INFERENCE__DATA_TYPE__TYPE_INT64 &&
@@ -729,8 +741,9 @@ static void validate_sequence_batching(nctx_t *c)
             if (!protobuf_c_enum_descriptor_get_value(
                     &inference__model_sequence_batching__control__kind__descriptor,
                     ci->control[k]->kind)) {
-                nerr(c, ci->control[k], "kind", -1, "unknown sequence batching control kind %d for %s",
-                     ci->control[k]->kind, c->name);
+                nerr(c, ci->control[k], "kind", -1,
+                     "unknown sequence batching control kind %d for %s", ci->control[k]->kind,
+                     c->name);
                 return;
             }
         }
@@ -766,8 +779,8 @@ static void validate_sequence_batching(nctx_t *c)
     for (size_t i = 0; i < sb->n_state; i++) {
         const Inference__ModelSequenceBatching__State *st = sb->state[i];
         if (empty(st->input_name)) {
-            nerr(c, st, "input_name", -1, "sequence batching state must specify 'input_name' for %s",
-                 c->name);
+            nerr(c, st, "input_name", -1,
+                 "sequence batching state must specify 'input_name' for %s", c->name);
             continue;
         }
         if (empty(st->output_name)) {
@@ -850,7 +863,8 @@ static void validate_sequence_batching(nctx_t *c)
             }
             bool dims_ok = is->n_dims == st->n_dims;
             for (size_t d = 0; d < is->n_dims && dims_ok; d++) {
-                if (is->dims[d] < 1) dims_ok = false;
+                if (is->dims[d] < 1)
+                    dims_ok = false;
                 else if (st->dims[d] != WILDCARD_DIM && st->dims[d] != is->dims[d])
                     dims_ok = false;
             }
@@ -1105,7 +1119,7 @@ static void validate_ensemble(nctx_t *c)
     for (size_t i = 0; i < cfg->n_input; i++) {
         size_t idx = ens_find(&g, cfg->input[i]->name);
         if (idx == (size_t)-1) {
-            nerr(c, cfg->input[i], "name", -1, "ensemble input '%s' for ensemble %s' is not used",
+            nerr(c, cfg->input[i], "name", -1, "ensemble input '%s' for ensemble '%s' is not used",
                  cfg->input[i]->name, c->name);
             free(queue);
             goto done;
@@ -1121,7 +1135,8 @@ static void validate_ensemble(nctx_t *c)
             ens_tensor_t *nx = &g.t[r->next[k]];
             if (nx->ready) continue;
             bool all = true;
-            for (size_t j = 0; j < nx->n_prev && all; j++) all = g.t[nx->prev[j]].ready;
+            for (size_t j = 0; j < nx->n_prev && all; j++)
+                all = g.t[nx->prev[j]].ready;
             if (all) {
                 nx->ready = true;
                 queue[qt++] = r->next[k];
@@ -1132,8 +1147,9 @@ static void validate_ensemble(nctx_t *c)
     for (size_t i = 0; i < cfg->n_output; i++) {
         size_t idx = ens_find(&g, cfg->output[i]->name);
         if (idx == (size_t)-1) {
-            nerr(c, cfg->output[i], "name", -1, "ensemble output '%s' for ensemble %s' is not used",
-                 cfg->output[i]->name, c->name);
+            nerr(c, cfg->output[i], "name", -1,
+                 "ensemble output '%s' for ensemble '%s' is not used", cfg->output[i]->name,
+                 c->name);
             goto done;
         }
         if (!g.t[idx].ready) {
@@ -1215,13 +1231,13 @@ static void validate_instance_groups(nctx_t *c, const config_options_t *opts)
             }
             break;
         default:
-            nerr(c, g, "kind", -1, "instance group %s of model %s has unexpected kind %d",
-                 g->name, c->name, g->kind);
+            nerr(c, g, "kind", -1, "instance group %s of model %s has unexpected kind %d", g->name,
+                 c->name, g->kind);
             continue;
         }
         if (!streq(cfg->platform, "tensorrt_plan") && g->n_profile > 0) {
             nerr(c, g, "profile", -1,
-                 "instance group %s of model %s and platform %sspecifies profile field which is "
+                 "instance group %s of model %s and platform %s specifies profile field which is "
                  "only supported for TensorRT models",
                  g->name, c->name, cfg->platform);
             continue;

@@ -111,7 +111,8 @@ static void skip_space(parser_t *p)
         if (c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v') {
             advance(p);
         } else if (c == '#') {
-            while (peekc(p, 0) != -1 && peekc(p, 0) != '\n') advance(p);
+            while (peekc(p, 0) != -1 && peekc(p, 0) != '\n')
+                advance(p);
         } else {
             return;
         }
@@ -172,17 +173,39 @@ static bool lex_string_literal(parser_t *p)
         c = peekc(p, 0);
         char ch;
         switch (c) {
-        case 'n': ch = '\n'; break;
-        case 't': ch = '\t'; break;
-        case 'r': ch = '\r'; break;
-        case 'a': ch = '\a'; break;
-        case 'b': ch = '\b'; break;
-        case 'f': ch = '\f'; break;
-        case 'v': ch = '\v'; break;
-        case '\\': ch = '\\'; break;
-        case '\'': ch = '\''; break;
-        case '"': ch = '"'; break;
-        case '?': ch = '?'; break;
+        case 'n':
+            ch = '\n';
+            break;
+        case 't':
+            ch = '\t';
+            break;
+        case 'r':
+            ch = '\r';
+            break;
+        case 'a':
+            ch = '\a';
+            break;
+        case 'b':
+            ch = '\b';
+            break;
+        case 'f':
+            ch = '\f';
+            break;
+        case 'v':
+            ch = '\v';
+            break;
+        case '\\':
+            ch = '\\';
+            break;
+        case '\'':
+            ch = '\'';
+            break;
+        case '"':
+            ch = '"';
+            break;
+        case '?':
+            ch = '?';
+            break;
         case 'x':
         case 'X': {
             advance(p);
@@ -206,8 +229,8 @@ static bool lex_string_literal(parser_t *p)
             uint32_t cp = 0;
             for (int i = 0; i < digits; i++) {
                 if (!is_hex(peekc(p, 0))) {
-                    fail_at(p, eline, ecol, "invalid escape sequence: \\%c needs %d hex digits",
-                            c, digits);
+                    fail_at(p, eline, ecol, "invalid escape sequence: \\%c needs %d hex digits", c,
+                            digits);
                     return false;
                 }
                 cp = cp * 16 + (uint32_t)hex_val(peekc(p, 0));
@@ -258,7 +281,8 @@ static void next_token(parser_t *p)
     }
     size_t start = p->pos;
     if (is_ident_start(c)) {
-        while (is_ident_char(peekc(p, 0))) advance(p);
+        while (is_ident_char(peekc(p, 0)))
+            advance(p);
         t->kind = TOK_IDENT;
     } else if ((c >= '0' && c <= '9') || c == '.' ||
                (c == '-' && (is_ident_char(peekc(p, 1)) || peekc(p, 1) == '.'))) {
@@ -411,8 +435,7 @@ static bool parse_float_text(const char *s, size_t len, double *out)
     }
     for (size_t i = 0; i < len; i++) {
         char c = tmp[i];
-        if (!((c >= '0' && c <= '9') || c == '.' || c == 'e' || c == 'E' || c == '-' ||
-              c == '+'))
+        if (!((c >= '0' && c <= '9') || c == '.' || c == 'e' || c == 'E' || c == '-' || c == '+'))
             return false;
     }
     char *end;
@@ -424,23 +447,40 @@ static bool parse_float_text(const char *s, size_t len, double *out)
 static const char *type_name(ProtobufCType t)
 {
     switch (t) {
-    case PROTOBUF_C_TYPE_INT32: return "int32";
-    case PROTOBUF_C_TYPE_SINT32: return "sint32";
-    case PROTOBUF_C_TYPE_SFIXED32: return "sfixed32";
-    case PROTOBUF_C_TYPE_UINT32: return "uint32";
-    case PROTOBUF_C_TYPE_FIXED32: return "fixed32";
-    case PROTOBUF_C_TYPE_INT64: return "int64";
-    case PROTOBUF_C_TYPE_SINT64: return "sint64";
-    case PROTOBUF_C_TYPE_SFIXED64: return "sfixed64";
-    case PROTOBUF_C_TYPE_UINT64: return "uint64";
-    case PROTOBUF_C_TYPE_FIXED64: return "fixed64";
-    case PROTOBUF_C_TYPE_FLOAT: return "float";
-    case PROTOBUF_C_TYPE_DOUBLE: return "double";
-    case PROTOBUF_C_TYPE_BOOL: return "bool";
-    case PROTOBUF_C_TYPE_ENUM: return "enum";
-    case PROTOBUF_C_TYPE_STRING: return "string";
-    case PROTOBUF_C_TYPE_BYTES: return "bytes";
-    case PROTOBUF_C_TYPE_MESSAGE: return "message";
+    case PROTOBUF_C_TYPE_INT32:
+        return "int32";
+    case PROTOBUF_C_TYPE_SINT32:
+        return "sint32";
+    case PROTOBUF_C_TYPE_SFIXED32:
+        return "sfixed32";
+    case PROTOBUF_C_TYPE_UINT32:
+        return "uint32";
+    case PROTOBUF_C_TYPE_FIXED32:
+        return "fixed32";
+    case PROTOBUF_C_TYPE_INT64:
+        return "int64";
+    case PROTOBUF_C_TYPE_SINT64:
+        return "sint64";
+    case PROTOBUF_C_TYPE_SFIXED64:
+        return "sfixed64";
+    case PROTOBUF_C_TYPE_UINT64:
+        return "uint64";
+    case PROTOBUF_C_TYPE_FIXED64:
+        return "fixed64";
+    case PROTOBUF_C_TYPE_FLOAT:
+        return "float";
+    case PROTOBUF_C_TYPE_DOUBLE:
+        return "double";
+    case PROTOBUF_C_TYPE_BOOL:
+        return "bool";
+    case PROTOBUF_C_TYPE_ENUM:
+        return "enum";
+    case PROTOBUF_C_TYPE_STRING:
+        return "string";
+    case PROTOBUF_C_TYPE_BYTES:
+        return "bytes";
+    case PROTOBUF_C_TYPE_MESSAGE:
+        return "message";
     }
     return "?";
 }
@@ -511,7 +551,8 @@ static bool parse_scalar(parser_t *p, const ProtobufCFieldDescriptor *f, void *d
                            f->type == PROTOBUF_C_TYPE_UINT64 || f->type == PROTOBUF_C_TYPE_FIXED64;
         uint64_t max_pos = is_unsigned ? (is64 ? UINT64_MAX : UINT32_MAX)
                                        : (is64 ? (uint64_t)INT64_MAX : (uint64_t)INT32_MAX);
-        uint64_t max_neg = is_unsigned ? 0 : (is64 ? (uint64_t)INT64_MAX + 1 : (uint64_t)INT32_MAX + 1);
+        uint64_t max_neg =
+            is_unsigned ? 0 : (is64 ? (uint64_t)INT64_MAX + 1 : (uint64_t)INT32_MAX + 1);
         if ((neg && mag > max_neg) || (!neg && mag > max_pos)) {
             fail_at(p, t->line, t->col, "Integer out of range (%.*s) for %s field \"%s\"",
                     (int)t->len, t->text, type_name(f->type), f->name);
@@ -545,17 +586,16 @@ static bool parse_scalar(parser_t *p, const ProtobufCFieldDescriptor *f, void *d
     }
     case PROTOBUF_C_TYPE_BOOL: {
         protobuf_c_boolean v;
-        if (t->kind == TOK_IDENT &&
-            ((t->len == 4 && memcmp(t->text, "true", 4) == 0) ||
-             (t->len == 4 && memcmp(t->text, "True", 4) == 0) ||
-             (t->len == 1 && t->text[0] == 't'))) {
+        if (t->kind == TOK_IDENT && ((t->len == 4 && memcmp(t->text, "true", 4) == 0) ||
+                                     (t->len == 4 && memcmp(t->text, "True", 4) == 0) ||
+                                     (t->len == 1 && t->text[0] == 't'))) {
             v = 1;
-        } else if (t->kind == TOK_IDENT &&
-                   ((t->len == 5 && memcmp(t->text, "false", 5) == 0) ||
-                    (t->len == 5 && memcmp(t->text, "False", 5) == 0) ||
-                    (t->len == 1 && t->text[0] == 'f'))) {
+        } else if (t->kind == TOK_IDENT && ((t->len == 5 && memcmp(t->text, "false", 5) == 0) ||
+                                            (t->len == 5 && memcmp(t->text, "False", 5) == 0) ||
+                                            (t->len == 1 && t->text[0] == 'f'))) {
             v = 0;
-        } else if (t->kind == TOK_NUMBER && t->len == 1 && (t->text[0] == '0' || t->text[0] == '1')) {
+        } else if (t->kind == TOK_NUMBER && t->len == 1 &&
+                   (t->text[0] == '0' || t->text[0] == '1')) {
             v = t->text[0] == '1';
         } else {
             char got[64];
@@ -612,8 +652,7 @@ static bool parse_scalar(parser_t *p, const ProtobufCFieldDescriptor *f, void *d
             return false;
         }
         if (!valid_utf8((const unsigned char *)p->strval.data, p->strval.len)) {
-            fail_at(p, t->line, t->col, "String field \"%s\" contains invalid UTF-8 data",
-                    f->name);
+            fail_at(p, t->line, t->col, "String field \"%s\" contains invalid UTF-8 data", f->name);
             return false;
         }
         char *s = malloc(p->strval.len + 1);
@@ -659,7 +698,8 @@ static size_t edit_distance(const char *a, size_t la, const char *b)
     size_t lb = strlen(b);
     if (la > 64 || lb > 64) return 99;
     size_t prev[65], cur[65];
-    for (size_t j = 0; j <= lb; j++) prev[j] = j;
+    for (size_t j = 0; j <= lb; j++)
+        prev[j] = j;
     for (size_t i = 1; i <= la; i++) {
         cur[0] = i;
         for (size_t j = 1; j <= lb; j++) {
@@ -678,6 +718,11 @@ static void unknown_field(parser_t *p, const ProtobufCMessageDescriptor *d, cons
     size_t best_d = 3;
     for (unsigned i = 0; i < d->n_fields; i++) {
         size_t dist = edit_distance(t->text, t->len, d->fields[i].name);
+        size_t fl = strlen(d->fields[i].name);
+        if (t->len >= 3 && dist >= best_d &&
+            ((fl > t->len && memcmp(d->fields[i].name, t->text, t->len) == 0) ||
+             (t->len > fl && memcmp(t->text, d->fields[i].name, fl) == 0)))
+            dist = best_d - 1; /* a prefix of the real name (or the reverse) */
         if (dist < best_d) {
             best_d = dist;
             best = d->fields[i].name;
@@ -685,8 +730,8 @@ static void unknown_field(parser_t *p, const ProtobufCMessageDescriptor *d, cons
     }
     if (best) {
         fail_at(p, t->line, t->col,
-                "Message type \"%s\" has no field named \"%.*s\" (did you mean \"%s\"?)",
-                d->name, (int)t->len, t->text, best);
+                "Message type \"%s\" has no field named \"%.*s\" (did you mean \"%s\"?)", d->name,
+                (int)t->len, t->text, best);
     } else {
         fail_at(p, t->line, t->col, "Message type \"%s\" has no field named \"%.*s\"", d->name,
                 (int)t->len, t->text);
@@ -697,8 +742,7 @@ static void unknown_field(parser_t *p, const ProtobufCMessageDescriptor *d, cons
 static bool parse_message_value(parser_t *p, ProtobufCMessage *sub, int depth)
 {
     if (depth >= MAX_DEPTH) {
-        fail_at(p, p->tok.line, p->tok.col, "Message is too deep (more than %d levels)",
-                MAX_DEPTH);
+        fail_at(p, p->tok.line, p->tok.col, "Message is too deep (more than %d levels)", MAX_DEPTH);
         return false;
     }
     char close;
@@ -879,8 +923,8 @@ static bool parse_fields(parser_t *p, ProtobufCMessage *m, char close, int depth
         }
         bool repeated = f->label == PROTOBUF_C_LABEL_REPEATED;
         if (!repeated && seen_check_add(&seen, f->id)) {
-            fail_at(p, name.line, name.col, "Non-repeated field \"%s\" is specified multiple times.",
-                    f->name);
+            fail_at(p, name.line, name.col,
+                    "Non-repeated field \"%s\" is specified multiple times.", f->name);
             return false;
         }
         if (f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF) {
@@ -902,8 +946,7 @@ static bool parse_fields(parser_t *p, ProtobufCMessage *m, char close, int depth
         if (tok_is(p, '[')) {
             if (!repeated) {
                 fail_at(p, p->tok.line, p->tok.col,
-                        "Field \"%s\" is not repeated and cannot take a list value [...]",
-                        f->name);
+                        "Field \"%s\" is not repeated and cannot take a list value [...]", f->name);
                 return false;
             }
             if (f->type != PROTOBUF_C_TYPE_MESSAGE && !colon) {
@@ -932,12 +975,10 @@ static bool parse_fields(parser_t *p, ProtobufCMessage *m, char close, int depth
             if (f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF) {
                 clear_oneof(m, f);
                 *(uint32_t *)((char *)m + f->quantifier_offset) = f->id;
-                if (f->type == PROTOBUF_C_TYPE_STRING)
-                    *(char **)((char *)m + f->offset) = NULL;
+                if (f->type == PROTOBUF_C_TYPE_STRING) *(char **)((char *)m + f->offset) = NULL;
             }
             if (!parse_one_value(p, m, f, repeated ? (int32_t)*count : -1, depth)) {
-                if ((f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF) &&
-                    f->type == PROTOBUF_C_TYPE_STRING &&
+                if ((f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF) && f->type == PROTOBUF_C_TYPE_STRING &&
                     !*(char **)((char *)m + f->offset))
                     *(uint32_t *)((char *)m + f->quantifier_offset) = 0;
                 return false;
@@ -980,8 +1021,7 @@ ProtobufCMessage *cfg_parse_message(const ProtobufCMessageDescriptor *d, const c
     return m;
 }
 
-model_config_t *config_parse_text(const char *text, size_t len, const char *filename,
-                                  char **errors)
+model_config_t *config_parse_text(const char *text, size_t len, const char *filename, char **errors)
 {
     return (model_config_t *)cfg_parse_message(&inference__model_config__descriptor, text, len,
                                                filename, errors);
@@ -1002,7 +1042,8 @@ model_config_t *config_parse_file(const char *path, char **errors)
     cfg_buf_t b = {0};
     char chunk[8192];
     size_t n;
-    while ((n = fread(chunk, 1, sizeof chunk, fp)) > 0) cfg_buf_append(&b, chunk, n);
+    while ((n = fread(chunk, 1, sizeof chunk, fp)) > 0)
+        cfg_buf_append(&b, chunk, n);
     bool read_error = ferror(fp);
     fclose(fp);
     if (read_error || b.oom) {

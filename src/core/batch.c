@@ -21,11 +21,12 @@ void batch_add(batch_t *batch, nereid_request_t *req)
     batch->total_batch += req->batch_size;
 }
 
-static void free_tensors(batch_tensor_t *t, size_t n)
+static void free_tensors(batch_tensor_t **t, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
-        free(t[i].name);
-        if (t[i].owned) free(t[i].data);
+        free(t[i]->name);
+        if (t[i]->owned) free(t[i]->data);
+        free(t[i]);
     }
     free(t);
 }
@@ -50,19 +51,21 @@ void batch_destroy(batch_t *batch)
     batch->cap_reqs = 0;
 }
 
-static batch_tensor_t *push_tensor(batch_tensor_t **arr, size_t *n, const char *name)
+/* Tensors are allocated one by one so pointers handed to a backend (shape,
+ * data) stay valid while later tensors are added. */
+static batch_tensor_t *push_tensor(batch_tensor_t ***arr, size_t *n, const char *name)
 {
     *arr = xrealloc(*arr, (*n + 1) * sizeof **arr);
-    batch_tensor_t *t = &(*arr)[(*n)++];
-    memset(t, 0, sizeof *t);
+    batch_tensor_t *t = xcalloc(1, sizeof *t);
+    (*arr)[(*n)++] = t;
     t->name = xstrdup(name);
     return t;
 }
 
-static batch_tensor_t *find_tensor(batch_tensor_t *arr, size_t n, const char *name)
+static batch_tensor_t *find_tensor(batch_tensor_t **arr, size_t n, const char *name)
 {
     for (size_t i = 0; i < n; i++)
-        if (strcmp(arr[i].name, name) == 0) return &arr[i];
+        if (strcmp(arr[i]->name, name) == 0) return arr[i];
     return NULL;
 }
 
@@ -211,19 +214,42 @@ bool nereid_batch_output_requested(const nereid_batch_t *batch, const char *name
     return false;
 }
 
+/* The shape the client sees: backends produce the reshape dims of an output
+ * that has `reshape`; clients get the config dims (batch dimension kept, a
+ * -1 dimension takes the remaining element count). */
+static void output_client_shape(const model_t *m, const model_io_t *io, const int64_t *shape,
+                                size_t rank, int64_t *out, size_t *out_rank)
+{
+    if (!io || !io->has_reshape) {
+        memcpy(out, shape, rank * sizeof *shape);
+        *out_rank = rank;
+        return;
+    }
+    bool batching = m->max_batch_size > 0 && rank > 0;
+    int64_t count = 1, known = 1;
+    for (size_t d = batching ? 1 : 0; d < rank; d++)
+        count *= shape[d];
+    size_t r = 0;
+    if (batching) out[r++] = shape[0];
+    for (size_t d = 0; d < io->rank; d++)
+        if (io->dims[d] != -1) known *= io->dims[d];
+    for (size_t d = 0; d < io->rank && r < NEREID_MAX_RANK; d++)
+        out[r++] = io->dims[d] == -1 ? (known ? count / known : 0) : io->dims[d];
+    *out_rank = r;
+}
+
 static nereid_error_t *alloc_output(nereid_request_t *req, resp_output_t *o, nereid_datatype_t dt,
                                     const int64_t *shape, size_t rank, size_t byte_size)
 {
     if (o->filled)
         return nereid_error_new(NEREID_ERROR_INTERNAL, "output '%s' produced twice", o->name);
     o->datatype = dt;
-    o->rank = rank;
-    memcpy(o->shape, shape, rank * sizeof *shape);
+    output_client_shape(req->model, o->io, shape, rank, o->shape, &o->rank);
     o->byte_size = byte_size;
     if (o->internal || !req->alloc.alloc_fn) {
         o->data = xmalloc(byte_size);
     } else {
-        nereid_error_t *err = req->alloc.alloc_fn(req->alloc.userp, o->name, dt, shape, rank,
+        nereid_error_t *err = req->alloc.alloc_fn(req->alloc.userp, o->name, dt, o->shape, o->rank,
                                                   byte_size, &o->data, &o->buffer_userp);
         if (err) return err;
         if (!o->data && byte_size)
@@ -312,7 +338,7 @@ static size_t bytes_offset(const uint8_t *p, size_t size, size_t from_off, size_
 static void scatter_outputs(batch_t *batch)
 {
     for (size_t t = 0; t < batch->n_outputs; t++) {
-        batch_tensor_t *bt = &batch->outputs[t];
+        batch_tensor_t *bt = batch->outputs[t];
         if (bt->rank == 0) continue; /* scratch for an unrequested single-request output */
         size_t esize = nereid_datatype_byte_size(bt->datatype);
         int64_t per_item_elems = 1;
@@ -368,7 +394,7 @@ void batch_execute(model_instance_t *inst, batch_t *batch)
     }
 }
 
-void batch_finish(batch_t *batch)
+void batch_record(batch_t *batch)
 {
     model_t *m = batch->instance->model;
     model_stats_t *s = &m->stats;
@@ -396,7 +422,13 @@ void batch_finish(batch_t *batch)
                 stats_add(&req->parent_stats->compute_output, out_ns);
             }
         }
-        request_finish(req, NULL, FAILURE_BACKEND);
     }
+}
+
+void batch_finish(batch_t *batch)
+{
+    batch_record(batch);
+    for (size_t r = 0; r < batch->n_reqs; r++)
+        request_finish(batch->reqs[r], NULL, FAILURE_BACKEND);
     batch_reset(batch);
 }

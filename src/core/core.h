@@ -182,6 +182,7 @@ struct nereid_request {
     uint64_t corr_id;
     char *corr_id_str; /* string correlation id, or NULL */
     bool seq_start, seq_end;
+    bool warmup; /* model warmup sample: schedulers' test hooks must not hold it */
 
     /* Set at submission. */
     model_t *model;     /* reference held until the request is finished */
@@ -216,9 +217,9 @@ struct nereid_batch {
     nereid_request_t **reqs;
     size_t n_reqs, cap_reqs;
     int64_t total_batch;
-    batch_tensor_t *inputs; /* gathered inputs (n_reqs > 1) */
+    batch_tensor_t **inputs; /* gathered inputs (n_reqs > 1); stable addresses */
     size_t n_inputs;
-    batch_tensor_t *outputs;
+    batch_tensor_t **outputs;
     size_t n_outputs;
     uint64_t t_start_ns, t_input_end_ns, t_infer_end_ns, t_end_ns;
     bool timing_reported;
@@ -254,6 +255,9 @@ resp_output_t *request_find_output(nereid_request_t *req, const char *name);
 void batch_execute(model_instance_t *inst, batch_t *batch);
 /* Records batch-level statistics (one execution) and finishes every request. */
 void batch_finish(batch_t *batch);
+/* Records batch_finish's statistics only; the caller finishes the requests
+ * (schedulers that hold completions, e.g. to preserve ordering). */
+void batch_record(batch_t *batch);
 /* Resets a batch for reuse (frees gathered buffers; keeps the reqs array). */
 void batch_reset(batch_t *batch);
 void batch_add(batch_t *batch, nereid_request_t *req);

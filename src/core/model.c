@@ -398,10 +398,12 @@ nereid_error_t *nereid_model_set_config(nereid_model_t *model, const char *confi
     char *errors = NULL;
     model_config_t *cfg = config_from_json(config_json, strlen(config_json), &errors);
     config_options_t opts = {.gpus_available = false, .allow_missing_io = false};
-    if (cfg && config_normalize(cfg, m->name, "config.pbtxt", &opts, &errors) != 0) {
+    char *filename = xasprintf("%s/config.pbtxt", m->dir);
+    if (cfg && config_normalize(cfg, m->name, filename, &opts, &errors) != 0) {
         config_free(cfg);
         cfg = NULL;
     }
+    free(filename);
     if (!cfg) {
         nereid_error_t *err = nereid_error_new(NEREID_ERROR_INVALID_ARG,
                                                "autofilled config for model '%s' is invalid: %s",

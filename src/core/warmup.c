@@ -11,6 +11,7 @@
 #include "core/core.h"
 #include "core/util.h"
 #include "sched/scheduler.h"
+#include "sched/sequence.h"
 
 typedef struct warmup_wait {
     pthread_mutex_t lock;
@@ -121,6 +122,7 @@ nereid_error_t *model_warmup(model_t *m)
             nereid_request_t *req;
             nereid_error_t *err = build_request(m, w, &req);
             if (err) return err;
+            sequence_batcher_prepare_warmup(m, req);
             model_ref(m);
             req->model = m;
             err = request_validate(req, m);
@@ -131,6 +133,7 @@ nereid_error_t *model_warmup(model_t *m)
                 uint64_t now = util_now_ns();
                 req->t_request_ns = req->t_queue_start_ns = now;
                 req->done_fn = on_warmup_done;
+                req->warmup = true;
                 req->done_userp = &wait;
                 request_prepare_response(req);
                 err = m->sched->ops->enqueue(m->sched, req);

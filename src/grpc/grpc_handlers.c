@@ -458,14 +458,44 @@ void gfe_repository_index(gfe_unary_call_t *c, const uint8_t *data, size_t len)
     json_decref(doc);
 }
 
-void gfe_repository_load(gfe_unary_call_t *c, const uint8_t *data, size_t len)
+/* Model load/unload can take seconds: they run on their own thread so the
+ * completion-queue threads keep serving. */
+typedef struct offload {
+    gfe_unary_call_t *call;
+    void *req;
+    void (*fn)(gfe_unary_call_t *c, void *req);
+} offload_t;
+
+static void *offload_main(void *arg)
 {
-    Inference__RepositoryModelLoadRequest *req =
-        inference__repository_model_load_request__unpack(NULL, len, data);
-    if (req == NULL) {
-        finish_malformed(c, "RepositoryModelLoadRequest");
-        return;
+    offload_t *o = arg;
+    o->fn(o->call, o->req);
+    free(o);
+    return NULL;
+}
+
+static void offload(gfe_unary_call_t *c, void *req, void (*fn)(gfe_unary_call_t *, void *))
+{
+    offload_t *o = malloc(sizeof(*o));
+    pthread_attr_t attr;
+    pthread_t thread;
+    if (o != NULL) {
+        o->call = c;
+        o->req = req;
+        o->fn = fn;
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        int rc = pthread_create(&thread, &attr, offload_main, o);
+        pthread_attr_destroy(&attr);
+        if (rc == 0) return;
+        free(o);
     }
+    fn(c, req);
+}
+
+static void repository_load_work(gfe_unary_call_t *c, void *arg)
+{
+    Inference__RepositoryModelLoadRequest *req = arg;
     const char *config = NULL;
     size_t n = req->n_parameters, n_files = 0;
     const char **paths = calloc(n + 1, sizeof(*paths));
@@ -517,14 +547,19 @@ void gfe_repository_load(gfe_unary_call_t *c, const uint8_t *data, size_t len)
     gfe_unary_finish_msg(c, &r.base);
 }
 
-void gfe_repository_unload(gfe_unary_call_t *c, const uint8_t *data, size_t len)
+void gfe_repository_load(gfe_unary_call_t *c, const uint8_t *data, size_t len)
 {
-    Inference__RepositoryModelUnloadRequest *req =
-        inference__repository_model_unload_request__unpack(NULL, len, data);
-    if (req == NULL) {
-        finish_malformed(c, "RepositoryModelUnloadRequest");
-        return;
-    }
+    Inference__RepositoryModelLoadRequest *req =
+        inference__repository_model_load_request__unpack(NULL, len, data);
+    if (req == NULL)
+        finish_malformed(c, "RepositoryModelLoadRequest");
+    else
+        offload(c, req, repository_load_work);
+}
+
+static void repository_unload_work(gfe_unary_call_t *c, void *arg)
+{
+    Inference__RepositoryModelUnloadRequest *req = arg;
     bool dependents = false;
     nereid_error_t *err = NULL;
     for (size_t i = 0; err == NULL && i < req->n_parameters; i++) {
@@ -546,6 +581,16 @@ void gfe_repository_unload(gfe_unary_call_t *c, const uint8_t *data, size_t len)
     }
     Inference__RepositoryModelUnloadResponse r = INFERENCE__REPOSITORY_MODEL_UNLOAD_RESPONSE__INIT;
     gfe_unary_finish_msg(c, &r.base);
+}
+
+void gfe_repository_unload(gfe_unary_call_t *c, const uint8_t *data, size_t len)
+{
+    Inference__RepositoryModelUnloadRequest *req =
+        inference__repository_model_unload_request__unpack(NULL, len, data);
+    if (req == NULL)
+        finish_malformed(c, "RepositoryModelUnloadRequest");
+    else
+        offload(c, req, repository_unload_work);
 }
 
 /* ---- Not supported ------------------------------------------------------ */

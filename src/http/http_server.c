@@ -104,7 +104,8 @@ typedef struct http_conn {
     char *path; /* owned copy of the URL; captures point into it */
     const char *model, *version_str, *name;
     int64_t version;
-    sbuf_t body;
+    sbuf_t body;           /* body bytes start at body.data + body_pad */
+    size_t body_pad;       /* aligns the binary tail to 16 bytes */
     size_t limit;          /* body cap */
     nereid_error_t *error; /* decided before dispatch (size, encoding) */
     bool unsupported_encoding;
@@ -540,8 +541,8 @@ static nereid_error_t *raw_model_info(http_conn_t *c, infer_raw_model_t *info, i
 static nereid_error_t *infer_submit(http_conn_t *c)
 {
     http_server_t *srv = c->srv;
-    const char *body = c->body.data ? c->body.data : "";
-    size_t len = c->body.len;
+    const char *body = c->body.data ? c->body.data + c->body_pad : "";
+    size_t len = c->body.data ? c->body.len - c->body_pad : 0;
     nereid_error_t *err;
     if (c->encoding != HTTP_ENCODING_IDENTITY) {
         err = http_decompress(c->encoding, body, len, srv->max_input_size, &c->inflated,
@@ -698,6 +699,7 @@ static void infer_headers(http_conn_t *c)
             return;
         }
         c->header_len = (size_t)v;
+        c->body_pad = (16 - c->header_len % 16) % 16;
         if (c->header_len > max) {
             c->error = nereid_error_new(NEREID_ERROR_INVALID_ARG,
                                         "request JSON size of %zu bytes exceeds the maximum "
@@ -772,7 +774,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
         size_t n = *upload_data_size;
         *upload_data_size = 0;
         if (c->route < 0 || c->error || c->refused) return MHD_YES; /* discard */
-        if (c->body.len + n > c->limit) {
+        size_t used = c->body.data ? c->body.len - c->body_pad : 0;
+        if (used + n > c->limit) {
             size_t max = srv->max_input_size;
             c->error = nereid_error_new(NEREID_ERROR_INVALID_ARG,
                                         "request size exceeds the maximum allowed input size of "
@@ -781,6 +784,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
                                         max);
             free(c->body.data);
             c->body = (sbuf_t){0};
+            c->body_pad = 0;
+            return MHD_YES;
+        }
+        if (!c->body.data && c->body_pad &&
+            (sbuf_reserve(&c->body, c->body_pad) || (c->body.len = c->body_pad, false))) {
+            c->error = nereid_error_new(NEREID_ERROR_INTERNAL, "out of memory");
             return MHD_YES;
         }
         if (sbuf_append(&c->body, upload_data, n)) {

@@ -281,6 +281,16 @@ static nereid_error_t *parse_input(const json_t *j, infer_input_t *in, const cha
     in->data = body + *offset;
     in->byte_size = (size_t)size;
     *offset += (size_t)size;
+    /* Backends read typed elements in place: copy a misaligned tensor. */
+    size_t align = nereid_datatype_byte_size(in->datatype);
+    if (align > 1 && (uintptr_t)in->data % align) {
+        in->owned_data = malloc(in->byte_size ? in->byte_size : 1);
+        if (!in->owned_data)
+            return nereid_error_new(NEREID_ERROR_INTERNAL, "out of memory for input '%s'",
+                                    in->name);
+        memcpy(in->owned_data, in->data, in->byte_size);
+        in->data = in->owned_data;
+    }
     return NULL;
 }
 

@@ -112,9 +112,11 @@ static char *write_i64(char *o, int64_t v)
     return write_u64(o, (uint64_t)v);
 }
 
-/* The shortest of %.15g/%.16g/%.17g that reads back as v, with ".0" added to
- * integral values and NaN/Infinity spelled as Triton writes them. */
-static char *write_double(char *o, double v)
+/* The shortest of %.15g/%.16g/%.17g that reads back as v (just %.17g when
+ * v is a widened float: it then nearly always needs 17 digits, and the probe
+ * costs 3x), with ".0" added to integral values and NaN/Infinity spelled as
+ * Triton writes them. */
+static char *write_double(char *o, double v, bool from_float)
 {
     if (isnan(v)) return memcpy(o, "NaN", 3), o + 3;
     if (isinf(v)) {
@@ -123,7 +125,12 @@ static char *write_double(char *o, double v)
     }
     char tmp[40];
     int n = 0;
-    for (int prec = 15; prec <= 17; prec++) {
+    if (fabs(v) < 2147483648.0 && v == (double)(int32_t)v && v != 0.0) {
+        o = write_i64(o, (int32_t)v);
+        memcpy(o, ".0", 2);
+        return o + 2;
+    }
+    for (int prec = from_float ? 17 : 15; prec <= 17; prec++) {
         n = snprintf(tmp, sizeof tmp, "%.*g", prec, v);
         if (prec == 17 || strtod(tmp, NULL) == v) break;
     }
@@ -201,13 +208,13 @@ static int write_numeric_array(sbuf_t *b, nereid_datatype_t dt, const char *p, s
         case NEREID_TYPE_FP32: {
             float v;
             memcpy(&v, p, 4);
-            o = write_double(o, (double)v);
+            o = write_double(o, (double)v, true);
             break;
         }
         case NEREID_TYPE_FP64: {
             double v;
             memcpy(&v, p, 8);
-            o = write_double(o, v);
+            o = write_double(o, v, false);
             break;
         }
         default:

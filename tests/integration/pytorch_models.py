@@ -4,7 +4,8 @@ python3-torch (run with /usr/bin/python3).
     /usr/bin/python3 tests/integration/pytorch_models.py <repository-dir>
 
 writes a model repository with every model below (config.pbtxt + 1/model.pt).
-With --broken it writes models that must fail to load instead (BROKEN maps
+With --sequence it writes the sequence-batcher models (SEQUENCE_MODELS);
+with --broken, models that must fail to load (BROKEN maps
 each to the expected error text). Importable: MODELS maps name -> (module
 factory, config text).
 """
@@ -139,6 +140,31 @@ MODELS = {
 }
 
 
+_SEQ_CONTROLS = """sequence_batching {
+  max_sequence_idle_microseconds: 5000000
+  control_input [
+    { name: "START__1" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] },
+    { name: "READY__2" control [ { kind: CONTROL_SEQUENCE_READY int32_false_true: [ 0, 1 ] } ] }
+  ]
+"""
+
+# Models served through the sequence batcher: controls (and implicit state)
+# come from sequence_batching, not from the request.
+SEQUENCE_MODELS = {
+    "pt_seq_accumulator": (lambda: torch.jit.script(Accumulator()), config(
+        "pt_seq_accumulator", 0,
+        [("INPUT__0", "TYPE_INT32", [1])],
+        [("OUTPUT__0", "TYPE_INT32", [1])],
+        _SEQ_CONTROLS + "}\n")),
+    "pt_seq_state": (lambda: torch.jit.script(StateAccumulator()), config(
+        "pt_seq_state", 0,
+        [("INPUT__0", "TYPE_INT32", [1])],
+        [("OUTPUT__0", "TYPE_INT32", [1])],
+        _SEQ_CONTROLS + '  state [ { input_name: "ACC_IN__3" output_name: "ACC_OUT__1" '
+        "data_type: TYPE_INT32 dims: [ 1 ] } ]\n}\n")),
+}
+
+
 def write_model(repo, name, module, config_text, filename="model.pt"):
     """Writes <repo>/<name>/config.pbtxt and, when module is not None,
     <repo>/<name>/1/<filename>."""
@@ -183,6 +209,11 @@ def write_broken(repo):
                 f.write(model)
 
 
+def write_sequence(repo):
+    for name, (factory, cfg) in SEQUENCE_MODELS.items():
+        write_model(repo, name, factory(), cfg)
+
+
 def write_all(repo, names=None):
     for name, (factory, cfg) in MODELS.items():
         if names is None or name in names:
@@ -191,8 +222,10 @@ def write_all(repo, names=None):
 
 if __name__ == "__main__":
     if len(sys.argv) < 2:
-        sys.exit("usage: pytorch_models.py <repository-dir> [--broken | model ...]")
+        sys.exit("usage: pytorch_models.py <repository-dir> [--broken | --sequence | model ...]")
     if sys.argv[2:] == ["--broken"]:
         write_broken(sys.argv[1])
+    elif sys.argv[2:] == ["--sequence"]:
+        write_sequence(sys.argv[1])
     else:
         write_all(sys.argv[1], sys.argv[2:] or None)

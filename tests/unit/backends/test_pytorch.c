@@ -416,6 +416,33 @@ static void test_load_failures(const char *repo)
     nereid_server_free(s);
 }
 
+/* Models with sequence_batching controls and implicit state load: their
+ * controls and state map to forward() by `<name>__<index>`. */
+static void test_sequence_models_load(const char *repo)
+{
+    nereid_server_options_t opts;
+    nereid_server_options_init(&opts);
+    const char *repos[] = {repo};
+    opts.model_repositories = repos;
+    opts.n_model_repositories = 1;
+    nereid_server_t *s = NULL;
+    nereid_error_t *err = nereid_server_new(&opts, &s);
+    CHECK(err == NULL);
+    if (err) {
+        fprintf(stderr, "sequence models: %s\n", nereid_error_message(err));
+        nereid_error_free(err);
+        return;
+    }
+    const char *models[] = {"pt_seq_accumulator", "pt_seq_state"};
+    for (int i = 0; i < 2; i++) {
+        bool ready = false;
+        nereid_error_t *e = nereid_server_model_is_ready(s, models[i], -1, &ready);
+        CHECK(e == NULL && ready);
+        nereid_error_free(e);
+    }
+    nereid_server_free(s);
+}
+
 static int run(const char *cmd)
 {
     int rc = system(cmd);
@@ -439,13 +466,15 @@ int main(void)
     char cmd[8192];
     snprintf(cmd, sizeof cmd,
              "/usr/bin/python3 tests/integration/pytorch_models.py %s/models && "
-             "/usr/bin/python3 tests/integration/pytorch_models.py %s/broken --broken",
-             dir, dir);
+             "/usr/bin/python3 tests/integration/pytorch_models.py %s/broken --broken && "
+             "/usr/bin/python3 tests/integration/pytorch_models.py %s/sequence --sequence",
+             dir, dir, dir);
     if (run(cmd) != 0) return 1;
 
-    char models[4200], broken[4200];
+    char models[4200], broken[4200], sequence[4200];
     snprintf(models, sizeof models, "%s/models", dir);
     snprintf(broken, sizeof broken, "%s/broken", dir);
+    snprintf(sequence, sizeof sequence, "%s/sequence", dir);
     nereid_server_options_t opts;
     nereid_server_options_init(&opts);
     const char *repos[] = {models};
@@ -469,6 +498,7 @@ int main(void)
         nereid_server_free(server);
     }
     test_load_failures(broken);
+    test_sequence_models_load(sequence);
 
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     run(cmd);

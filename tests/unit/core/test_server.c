@@ -63,6 +63,13 @@ static void make_repo(void)
                "input [ { name: \"INPUT0\" data_type: TYPE_FP32 dims: [ 1 ] } ]\n"
                "output [ { name: \"OUTPUT0\" data_type: TYPE_FP32 dims: [ 1 ] } ]\n");
     write_file("slow/1/.keep", "");
+    write_file("reshaped/config.pbtxt",
+               "backend: \"identity\" max_batch_size: 2\n"
+               "input [ { name: \"INPUT0\" data_type: TYPE_FP32 dims: [ 4 ]"
+               " reshape: { shape: [ 2, 2 ] } } ]\n"
+               "output [ { name: \"OUTPUT0\" data_type: TYPE_FP32 dims: [ 4 ]"
+               " reshape: { shape: [ 2, 2 ] } } ]\n");
+    write_file("reshaped/1/.keep", "");
 }
 
 /* ---- A synchronous wrapper over infer_async ---- */
@@ -262,6 +269,27 @@ static void test_versions(nereid_server_t *s)
     }
 }
 
+/* The backend sees reshape dims; the client gets the config dims back. */
+static void test_reshape(nereid_server_t *s)
+{
+    float data[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    nereid_request_t *req;
+    nereid_request_new(s, "reshaped", 0, &req);
+    nereid_request_add_input(req, "INPUT0", NEREID_TYPE_FP32, (int64_t[]){2, 4}, 2, data,
+                             sizeof data);
+    nereid_error_t *err;
+    nereid_response_t *resp = infer(s, req, &err);
+    CHECK(err == NULL && resp && !nereid_response_error(resp));
+    if (!resp) return;
+    const int64_t *shape;
+    size_t rank, size;
+    const void *out;
+    nereid_response_output(resp, 0, NULL, NULL, &shape, &rank, &out, &size, NULL);
+    CHECK(rank == 2 && shape[0] == 2 && shape[1] == 4);
+    CHECK(size == sizeof data && memcmp(out, data, sizeof data) == 0);
+    nereid_response_free(resp);
+}
+
 static void test_documents(nereid_server_t *s)
 {
     char *json;
@@ -366,6 +394,7 @@ int main(void)
     test_add_sub(s);
     test_validation(s);
     test_versions(s);
+    test_reshape(s);
     test_documents(s);
     test_stats(s);
     test_stop_in_flight(s);

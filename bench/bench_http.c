@@ -1,0 +1,251 @@
+/*
+ * This file contains the HTTP frontend benchmark: it starts Nereid in-process
+ * on a loopback port and drives it with wrk (Lua scripts send prebuilt
+ * bodies), measuring in one run (a) the transport floor (GET
+ * /v2/health/live, a trivial libmicrohttpd reply), (b) identity FP32[1]
+ * binary inference, (c) add_sub inference from examples/models, each at 1
+ * connection (median latency) and 32 connections (throughput), and (d) JSON
+ * versus binary for a 65,536-element FP32 tensor. It prints ratios to the
+ * floor. BENCH_SECONDS sets the duration of each run (default 3).
+ *
+ * Usage: build/bench/bench_http   (needs wrk on PATH)
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "http/http_server.h"
+#include "nereid/server.h"
+
+typedef struct result {
+    double median_us;
+    double rps;
+} result_t;
+
+static char tmpdir[256];
+static int port;
+static int seconds = 3;
+
+static void write_file(const char *path, const void *data, size_t len)
+{
+    FILE *f = fopen(path, "wb");
+    if (!f || fwrite(data, 1, len, f) != len) {
+        fprintf(stderr, "bench: cannot write %s: %s\n", path, strerror(errno));
+        exit(1);
+    }
+    fclose(f);
+}
+
+/* A Lua script that POSTs the body in file body_path with the given IHCL
+ * (-1: none). Returns the script path. */
+static const char *post_script(const char *name, const char *body_path, long ihcl)
+{
+    static char path[512];
+    char lua[2048];
+    int n = snprintf(lua, sizeof lua,
+                     "local f = assert(io.open(\"%s\", \"rb\"))\n"
+                     "wrk.method = \"POST\"\nwrk.body = f:read(\"*a\")\nf:close()\n",
+                     body_path);
+    if (ihcl >= 0)
+        n += snprintf(lua + n, sizeof lua - (size_t)n,
+                      "wrk.headers[\"Inference-Header-Content-Length\"] = \"%ld\"\n"
+                      "wrk.headers[\"Content-Type\"] = \"application/octet-stream\"\n",
+                      ihcl);
+    snprintf(path, sizeof path, "%s/%s.lua", tmpdir, name);
+    write_file(path, lua, (size_t)n);
+    return path;
+}
+
+/* Writes a binary-extension body for inputs of n FP32 values each. */
+static long binary_body(const char *path, const char *const *names, size_t n_inputs, size_t n,
+                        const char *shape)
+{
+    char json[4096];
+    int k = snprintf(json, sizeof json, "{\"inputs\":[");
+    for (size_t i = 0; i < n_inputs; i++)
+        k += snprintf(json + k, sizeof json - (size_t)k,
+                      "%s{\"name\":\"%s\",\"datatype\":\"FP32\",\"shape\":%s,"
+                      "\"parameters\":{\"binary_data_size\":%zu}}",
+                      i ? "," : "", names[i], shape, n * 4);
+    k += snprintf(json + k, sizeof json - (size_t)k,
+                  "],\"parameters\":{\"binary_data_output\":true}}");
+    size_t total = (size_t)k + n_inputs * n * 4;
+    char *body = malloc(total);
+    memcpy(body, json, (size_t)k);
+    float *f = (float *)(body + k);
+    for (size_t i = 0; i < n_inputs * n; i++)
+        f[i] = (float)i * 0.5f;
+    write_file(path, body, total);
+    free(body);
+    return k;
+}
+
+static void json_body(const char *path, size_t n)
+{
+    size_t cap = n * 16 + 256, len = 0;
+    char *b = malloc(cap);
+    len += (size_t)snprintf(b, cap,
+                            "{\"inputs\":[{\"name\":\"INPUT0\",\"datatype\":\"FP32\","
+                            "\"shape\":[1,%zu],\"data\":[",
+                            n);
+    for (size_t i = 0; i < n; i++)
+        len += (size_t)snprintf(b + len, cap - len, "%s%g", i ? "," : "", (double)i * 0.5);
+    len += (size_t)snprintf(b + len, cap - len, "]}]}");
+    write_file(path, b, len);
+    free(b);
+}
+
+static double to_us(double v, const char *unit)
+{
+    if (!strcmp(unit, "ms")) return v * 1e3;
+    if (!strcmp(unit, "s")) return v * 1e6;
+    return v;
+}
+
+static result_t run_wrk(const char *path, const char *script, int connections)
+{
+    char cmd[1024];
+    int threads = connections > 1 ? 2 : 1;
+    snprintf(cmd, sizeof cmd, "wrk -t%d -c%d -d%ds --latency %s%s http://127.0.0.1:%d%s 2>&1",
+             threads, connections, seconds, script ? "-s " : "", script ? script : "", port, path);
+    FILE *p = popen(cmd, "r");
+    if (!p) {
+        fprintf(stderr, "bench: cannot run wrk\n");
+        exit(1);
+    }
+    result_t r = {0};
+    char line[512];
+    bool bad = false;
+    while (fgets(line, sizeof line, p)) {
+        double v;
+        char unit[8];
+        if (sscanf(line, " 50%% %lf%7[a-z]", &v, unit) == 2)
+            r.median_us = to_us(v, unit);
+        else if (sscanf(line, "Requests/sec: %lf", &v) == 1)
+            r.rps = v;
+        else if (strstr(line, "Non-2xx") || strstr(line, "Socket errors"))
+            bad = true, fprintf(stderr, "bench: %s: %s", path, line);
+    }
+    if (pclose(p) != 0 || r.rps == 0 || bad) {
+        fprintf(stderr, "bench: wrk failed for %s (command: %s)\n", path, cmd);
+        exit(1);
+    }
+    return r;
+}
+
+int main(void)
+{
+    const char *env = getenv("BENCH_SECONDS");
+    if (env && atoi(env) > 0) seconds = atoi(env);
+    if (system("wrk --version >/dev/null 2>&1") == -1) {
+        fprintf(stderr, "bench: wrk not found (apt-get install wrk)\n");
+        return 1;
+    }
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/nereid-bench-http-XXXXXX");
+    if (!mkdtemp(tmpdir)) return 1;
+    char path[512];
+    snprintf(path, sizeof path, "%s/models/bench_identity/1", tmpdir);
+    char mk[600];
+    snprintf(mk, sizeof mk, "mkdir -p %s", path);
+    if (system(mk) != 0) return 1;
+    const char *cfg = "name: \"bench_identity\"\nbackend: \"identity\"\nmax_batch_size: 8\n"
+                      "input [ { name: \"INPUT0\" data_type: TYPE_FP32 dims: [ -1 ] } ]\n"
+                      "output [ { name: \"OUTPUT0\" data_type: TYPE_FP32 dims: [ -1 ] } ]\n";
+    snprintf(path, sizeof path, "%s/models/bench_identity/config.pbtxt", tmpdir);
+    write_file(path, cfg, strlen(cfg));
+
+    char repo[512], examples[512];
+    snprintf(repo, sizeof repo, "%s/models", tmpdir);
+    /* add_sub_onnx (ONNX Runtime) once `make models` generated it, else the C add_sub. */
+    struct stat st;
+    const char *add_sub = "add_sub_onnx";
+    snprintf(examples, sizeof examples, "%s/examples/models/add_sub_onnx/1/model.onnx",
+             NEREID_SOURCE_DIR);
+    if (stat(examples, &st) != 0) add_sub = "add_sub";
+    snprintf(examples, sizeof examples, "%s/examples/models/%s/config.pbtxt", NEREID_SOURCE_DIR,
+             add_sub);
+    bool have_add_sub = stat(examples, &st) == 0;
+    snprintf(examples, sizeof examples, "%s/examples/models", NEREID_SOURCE_DIR);
+    const char *repos[2] = {repo, examples};
+
+    nereid_server_options_t so;
+    nereid_server_options_init(&so);
+    so.model_repositories = repos;
+    so.n_model_repositories = have_add_sub ? 2 : 1;
+    so.model_control_mode = NEREID_MODEL_CONTROL_EXPLICIT;
+    const char *load[2] = {"bench_identity", add_sub};
+    so.load_models = load;
+    so.n_load_models = have_add_sub ? 2 : 1;
+    nereid_server_t *server;
+    nereid_error_t *err = nereid_server_new(&so, &server);
+    if (err) {
+        fprintf(stderr, "bench: %s\n", nereid_error_message(err));
+        return 1;
+    }
+    http_options_t ho;
+    http_options_init(&ho);
+    ho.address = "127.0.0.1";
+    ho.port = 0;
+    ho.thread_count = 2;
+    http_server_t *http;
+    if ((err = http_server_start(server, &ho, &http))) {
+        fprintf(stderr, "bench: %s\n", nereid_error_message(err));
+        return 1;
+    }
+    port = http_server_port(http);
+
+    const char *in0[] = {"INPUT0"}, *in01[] = {"INPUT0", "INPUT1"};
+    char body[512];
+    snprintf(body, sizeof body, "%s/identity.bin", tmpdir);
+    const char *s_identity =
+        strdup(post_script("identity", body, binary_body(body, in0, 1, 1, "[1,1]")));
+    snprintf(body, sizeof body, "%s/add_sub.bin", tmpdir);
+    const char *s_add_sub =
+        strdup(post_script("add_sub", body, binary_body(body, in01, 2, 16, "[1,16]")));
+    snprintf(body, sizeof body, "%s/big.bin", tmpdir);
+    const char *s_big_bin =
+        strdup(post_script("big_bin", body, binary_body(body, in0, 1, 65536, "[1,65536]")));
+    snprintf(body, sizeof body, "%s/big.json", tmpdir);
+    json_body(body, 65536);
+    const char *s_big_json = strdup(post_script("big_json", body, -1));
+
+    printf("HTTP benchmark on 127.0.0.1:%d, wrk %ds per run, %ld CPUs\n", port, seconds,
+           sysconf(_SC_NPROCESSORS_ONLN));
+    result_t floor1 = run_wrk("/v2/health/live", NULL, 1);
+    result_t floor32 = run_wrk("/v2/health/live", NULL, 32);
+    result_t id1 = run_wrk("/v2/models/bench_identity/infer", s_identity, 1);
+    result_t id32 = run_wrk("/v2/models/bench_identity/infer", s_identity, 32);
+    result_t as1 = {0}, as32 = {0};
+    char add_sub_path[128], label[64];
+    snprintf(add_sub_path, sizeof add_sub_path, "/v2/models/%s/infer", add_sub);
+    if (have_add_sub) {
+        as1 = run_wrk(add_sub_path, s_add_sub, 1);
+        as32 = run_wrk(add_sub_path, s_add_sub, 32);
+    }
+    result_t bin1 = run_wrk("/v2/models/bench_identity/infer", s_big_bin, 1);
+    result_t json1 = run_wrk("/v2/models/bench_identity/infer", s_big_json, 1);
+
+    printf("\n%-34s %12s %12s %14s %12s\n", "case", "p50 c=1 (us)", "+us vs floor", "req/s c=32",
+           "vs floor");
+    printf("%-34s %12.1f %12s %14.0f %11.0f%%\n", "floor GET /v2/health/live", floor1.median_us,
+           "-", floor32.rps, 100.0);
+    printf("%-34s %12.1f %12.1f %14.0f %11.0f%%\n", "identity FP32[1] binary", id1.median_us,
+           id1.median_us - floor1.median_us, id32.rps, 100.0 * id32.rps / floor32.rps);
+    if (have_add_sub)
+        printf("%-34s %12.1f %12.1f %14.0f %11.0f%%\n",
+               strcat(strcpy(label, add_sub), " FP32[16] binary"), as1.median_us,
+               as1.median_us - floor1.median_us, as32.rps, 100.0 * as32.rps / floor32.rps);
+    printf("%-34s %12.1f %12s %14s %12s\n", "identity FP32[65536] binary", bin1.median_us, "", "",
+           "");
+    printf("%-34s %12.1f %12s %14s %12s\n", "identity FP32[65536] JSON", json1.median_us, "", "",
+           "");
+    printf("JSON/binary latency ratio for 65,536 FP32: %.1fx\n", json1.median_us / bin1.median_us);
+
+    http_server_stop(http);
+    nereid_server_free(server);
+    snprintf(mk, sizeof mk, "rm -rf %s", tmpdir);
+    return system(mk) == 0 ? 0 : 1;
+}

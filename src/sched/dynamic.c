@@ -1,0 +1,575 @@
+/*
+ * This file contains the dynamic batcher (config `dynamic_batching`): one
+ * FIFO per priority level shared by all of the model's instances. A free
+ * instance takes the "forming" slot and builds the next batch from the head
+ * of the queues (level 1 first): the largest preferred batch size that the
+ * queued requests can make, else everything compatible up to max_batch_size
+ * once max_queue_delay_microseconds has passed for the oldest request (at
+ * once when the delay is 0). Requests never split; requests only batch with
+ * requests whose non-batch input shapes agree (ragged inputs exempt). Queue
+ * policies reject at enqueue when a level is full, and reject or delay
+ * requests whose time in the queue passes their timeout. With
+ * preserve_ordering, responses are delivered in dispatch order whatever the
+ * order the instances finish in. NEREID_DELAY_SCHEDULER=N (test hook, like
+ * Triton's TRITONSERVER_DELAY_SCHEDULER) holds the first batch until N
+ * requests are queued or the scheduler stops.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/util.h"
+#include "sched/scheduler.h"
+
+/* A queued request; after dispatch with preserve_ordering, its slot in the
+ * completion order. */
+typedef struct dyn_node {
+    nereid_request_t *req;
+    struct dyn_node *next;
+    uint64_t deadline_ns; /* queue timeout (monotonic), 0 = none */
+    int64_t batch_size;   /* elements of the batch dimension, >= 1 */
+    bool done;            /* preserve_ordering: executed, response ready */
+} dyn_node_t;
+
+typedef struct dyn_queue {
+    dyn_node_t *head, *tail;
+} dyn_queue_t;
+
+typedef struct dyn_level {
+    dyn_queue_t queue;       /* requests within their timeout, FIFO */
+    dyn_queue_t delayed;     /* timed-out requests under timeout_action DELAY */
+    size_t n_queued;         /* both queues */
+    uint32_t max_queue_size; /* 0 = unbounded */
+    uint64_t timeout_us;     /* default_timeout_microseconds, 0 = none */
+    bool delay_on_timeout;   /* timeout_action DELAY (else REJECT) */
+    bool allow_override;     /* a request timeout may shorten timeout_us */
+} dyn_level_t;
+
+typedef struct dynamic_batcher {
+    scheduler_t base;
+    pthread_mutex_t lock;
+    pthread_cond_t work_cond; /* the forming instance: a request arrived, stop */
+    pthread_cond_t slot_cond; /* free instances: the forming slot was released */
+    dyn_level_t *levels;      /* index 0 = priority level 1 */
+    size_t n_levels;
+    size_t default_level; /* index */
+    size_t n_queued;      /* all levels */
+    int64_t max_batch_size;
+    int32_t *preferred; /* preferred batch sizes within [1, max_batch_size] */
+    size_t n_preferred;
+    uint64_t max_delay_ns;
+    bool preserve_ordering;
+    char **ragged; /* inputs with allow_ragged_batch */
+    size_t n_ragged;
+    size_t hold; /* NEREID_DELAY_SCHEDULER: queued requests awaited before the first batch */
+    bool forming, stopped;
+    /* Levels with a timeout: a thread fails REJECT requests on time even
+     * while every instance is busy. */
+    pthread_t reaper;
+    bool has_reaper;
+    pthread_cond_t reaper_cond;
+    uint64_t reaper_wake_ns; /* when the reaper wakes next, 0 = not waiting on a deadline */
+    /* preserve_ordering: dispatched requests in dispatch order. */
+    pthread_mutex_t order_lock;
+    dyn_node_t *order_head, *order_tail;
+    bool delivering; /* one thread delivers responses at a time */
+} dynamic_batcher_t;
+
+static void queue_push(dyn_queue_t *q, dyn_node_t *n)
+{
+    n->next = NULL;
+    if (q->tail)
+        q->tail->next = n;
+    else
+        q->head = n;
+    q->tail = n;
+}
+
+static dyn_node_t *queue_pop(dyn_queue_t *q)
+{
+    dyn_node_t *n = q->head;
+    if (n) {
+        q->head = n->next;
+        if (!q->head) q->tail = NULL;
+        n->next = NULL;
+    }
+    return n;
+}
+
+/* Microseconds to nanoseconds, capped (~146 years) so that sums with
+ * monotonic timestamps cannot overflow. */
+static uint64_t us_to_ns(uint64_t us)
+{
+    const uint64_t cap_ns = UINT64_MAX / 4;
+    return us > cap_ns / 1000 ? cap_ns : us * 1000;
+}
+
+static const char *req_id(const nereid_request_t *req)
+{
+    return req->id ? req->id : "<id_unknown>";
+}
+
+/* Priority 0, or above priority_levels, uses default_priority_level. */
+static size_t pick_level(const dynamic_batcher_t *d, uint64_t priority)
+{
+    if (priority == 0 || priority > d->n_levels) return d->default_level;
+    return (size_t)(priority - 1);
+}
+
+/* The request's queue timeout: the level's default, shortened (never
+ * lengthened) by the request's own when the policy allows it. */
+static uint64_t timeout_us_for(const dyn_level_t *lv, const nereid_request_t *req)
+{
+    uint64_t t = lv->timeout_us;
+    if (lv->allow_override && req->timeout_us != 0 && t != 0 && req->timeout_us < t)
+        t = req->timeout_us;
+    return t;
+}
+
+static nereid_error_t *dynamic_enqueue(scheduler_t *s, nereid_request_t *req)
+{
+    dynamic_batcher_t *d = (dynamic_batcher_t *)s;
+    pthread_mutex_lock(&d->lock);
+    if (d->stopped) {
+        pthread_mutex_unlock(&d->lock);
+        return nereid_error_new(NEREID_ERROR_UNAVAILABLE, "Server not ready");
+    }
+    dyn_level_t *lv = &d->levels[pick_level(d, req->priority)];
+    if (lv->max_queue_size && lv->n_queued >= lv->max_queue_size) {
+        pthread_mutex_unlock(&d->lock);
+        return nereid_error_new(NEREID_ERROR_UNAVAILABLE,
+                                "[request id: %s] Exceeds maximum queue size", req_id(req));
+    }
+    dyn_node_t *n = xcalloc(1, sizeof *n);
+    n->req = req;
+    n->batch_size = req->batch_size > 0 ? req->batch_size : 1;
+    uint64_t timeout_us = timeout_us_for(lv, req);
+    if (timeout_us) {
+        n->deadline_ns = req->t_queue_start_ns + us_to_ns(timeout_us);
+        if (d->has_reaper && (!d->reaper_wake_ns || n->deadline_ns < d->reaper_wake_ns))
+            pthread_cond_signal(&d->reaper_cond);
+    }
+    queue_push(&lv->queue, n);
+    lv->n_queued++;
+    d->n_queued++;
+    atomic_fetch_add(&s->model->stats.pending, 1);
+    pthread_cond_signal(&d->work_cond);
+    pthread_mutex_unlock(&d->lock);
+    return NULL;
+}
+
+/* Applies queue timeouts at now: REJECT requests move to *rejected, DELAY
+ * requests move behind their level. Returns the earliest deadline still
+ * pending (0 = none). Called with the lock held. */
+static uint64_t expire_timeouts(dynamic_batcher_t *d, uint64_t now, dyn_queue_t *rejected)
+{
+    uint64_t next = 0;
+    for (size_t l = 0; l < d->n_levels; l++) {
+        dyn_level_t *lv = &d->levels[l];
+        if (!lv->timeout_us) continue; /* no request of this level has a deadline */
+        dyn_node_t **link = &lv->queue.head, *prev = NULL;
+        while (*link) {
+            dyn_node_t *n = *link;
+            if (!n->deadline_ns || n->deadline_ns > now) {
+                if (n->deadline_ns && (!next || n->deadline_ns < next)) next = n->deadline_ns;
+                prev = n;
+                link = &n->next;
+                continue;
+            }
+            *link = n->next;
+            if (lv->queue.tail == n) lv->queue.tail = prev;
+            n->deadline_ns = 0;
+            if (lv->delay_on_timeout) {
+                queue_push(&lv->delayed, n);
+            } else {
+                lv->n_queued--;
+                d->n_queued--;
+                atomic_fetch_sub(&d->base.model->stats.pending, 1);
+                queue_push(rejected, n);
+            }
+        }
+    }
+    return next;
+}
+
+static bool is_ragged(const dynamic_batcher_t *d, const char *name)
+{
+    for (size_t i = 0; i < d->n_ragged; i++)
+        if (strcmp(d->ragged[i], name) == 0) return true;
+    return false;
+}
+
+/* Requests batch together when they carry the same inputs with the same
+ * shapes apart from the batch dimension (ragged inputs exempt). */
+static bool compatible(const dynamic_batcher_t *d, nereid_request_t *a, nereid_request_t *b)
+{
+    if (a->n_inputs != b->n_inputs) return false;
+    for (size_t i = 0; i < a->n_inputs; i++) {
+        const req_input_t *x = &a->inputs[i];
+        const req_input_t *y = request_find_input(b, x->name);
+        if (!y || x->datatype != y->datatype) return false;
+        if (is_ragged(d, x->name)) continue;
+        if (x->rank != y->rank) return false;
+        for (size_t k = 1; k < x->rank; k++)
+            if (x->shape[k] != y->shape[k]) return false;
+    }
+    return true;
+}
+
+static bool is_preferred(const dynamic_batcher_t *d, int64_t size)
+{
+    for (size_t i = 0; i < d->n_preferred; i++)
+        if (d->preferred[i] == size) return true;
+    return false;
+}
+
+/* Decides the next batch from the queued requests, visited in dispatch
+ * order (level 1 first; in a level, requests within their timeout, then the
+ * delayed ones). Returns the number of requests (a prefix of that order) to
+ * send now, or 0 with *wait_until set to when the delay expires. Called with
+ * the lock held, n_queued > 0. */
+static size_t plan_batch(dynamic_batcher_t *d, uint64_t now, uint64_t *wait_until)
+{
+    *wait_until = 0;
+    if (d->max_batch_size <= 0) return 1; /* a non-batching model runs requests one by one */
+    nereid_request_t *first = NULL;
+    int64_t total = 0;
+    size_t count = 0, best_preferred = 0;
+    uint64_t oldest_ns = UINT64_MAX;
+    bool can_grow = true;
+    for (size_t l = 0; l < d->n_levels; l++) {
+        dyn_queue_t *queues[2] = {&d->levels[l].queue, &d->levels[l].delayed};
+        for (int q = 0; q < 2; q++) {
+            for (dyn_node_t *n = queues[q]->head; n; n = n->next) {
+                if (first &&
+                    (total + n->batch_size > d->max_batch_size || !compatible(d, first, n->req))) {
+                    can_grow = false;
+                    goto planned;
+                }
+                if (!first) first = n->req;
+                total += n->batch_size;
+                count++;
+                if (n->req->t_queue_start_ns < oldest_ns) oldest_ns = n->req->t_queue_start_ns;
+                if (is_preferred(d, total)) best_preferred = count;
+                if (total >= d->max_batch_size) {
+                    can_grow = false;
+                    goto planned;
+                }
+            }
+        }
+    }
+planned:
+    if (d->max_delay_ns && now - oldest_ns >= d->max_delay_ns) return count;
+    if (best_preferred) return best_preferred;
+    if (!d->max_delay_ns || !can_grow || d->stopped) return count;
+    *wait_until = oldest_ns + d->max_delay_ns;
+    return 0;
+}
+
+/* Moves the first n queued requests (dispatch order) into batch. */
+static void take_batch(dynamic_batcher_t *d, size_t n, batch_t *batch)
+{
+    if (d->preserve_ordering) pthread_mutex_lock(&d->order_lock);
+    for (size_t l = 0; l < d->n_levels && n; l++) {
+        dyn_level_t *lv = &d->levels[l];
+        while (n && lv->n_queued) {
+            dyn_node_t *node = queue_pop(&lv->queue);
+            if (!node) node = queue_pop(&lv->delayed);
+            lv->n_queued--;
+            d->n_queued--;
+            n--;
+            atomic_fetch_sub(&d->base.model->stats.pending, 1);
+            batch_add(batch, node->req);
+            if (d->preserve_ordering) {
+                node->req->sched_data = node;
+                if (d->order_tail)
+                    d->order_tail->next = node;
+                else
+                    d->order_head = node;
+                d->order_tail = node;
+            } else {
+                free(node);
+            }
+        }
+    }
+    if (d->preserve_ordering) pthread_mutex_unlock(&d->order_lock);
+}
+
+/* Waits on cond until woken or until deadline_ns (monotonic; 0 = no limit). */
+static void wait_until_ns(dynamic_batcher_t *d, pthread_cond_t *cond, uint64_t deadline_ns)
+{
+    if (!deadline_ns) {
+        pthread_cond_wait(cond, &d->lock);
+        return;
+    }
+    struct timespec ts = {(time_t)(deadline_ns / 1000000000ull),
+                          (long)(deadline_ns % 1000000000ull)};
+    pthread_cond_timedwait(cond, &d->lock, &ts);
+}
+
+static void fail_rejected(dyn_queue_t *rejected)
+{
+    dyn_node_t *n;
+    while ((n = queue_pop(rejected))) {
+        request_finish(n->req,
+                       nereid_error_new(NEREID_ERROR_UNAVAILABLE, "Request timeout expired"),
+                       FAILURE_REJECTED);
+        free(n);
+    }
+}
+
+static uint64_t earliest(uint64_t a, uint64_t b)
+{
+    if (!a) return b;
+    if (!b) return a;
+    return a < b ? a : b;
+}
+
+/* Warmup runs before the model serves anyone, one sample at a time: the
+ * NEREID_DELAY_SCHEDULER hold must not stop it. */
+static bool warmup_queued(const dynamic_batcher_t *d)
+{
+    for (size_t l = 0; l < d->n_levels; l++) {
+        const dyn_level_t *lv = &d->levels[l];
+        if ((lv->queue.head && lv->queue.head->req->warmup) ||
+            (lv->delayed.head && lv->delayed.head->req->warmup))
+            return true;
+    }
+    return false;
+}
+
+/* The reaper thread: applies queue timeouts as they fall due. */
+static void *reaper_main(void *arg)
+{
+    dynamic_batcher_t *d = arg;
+    pthread_mutex_lock(&d->lock);
+    while (!d->stopped) {
+        dyn_queue_t rejected = {0};
+        uint64_t next = expire_timeouts(d, util_now_ns(), &rejected);
+        if (rejected.head) {
+            pthread_mutex_unlock(&d->lock);
+            fail_rejected(&rejected);
+            pthread_mutex_lock(&d->lock);
+            continue;
+        }
+        d->reaper_wake_ns = next;
+        wait_until_ns(d, &d->reaper_cond, next);
+        d->reaper_wake_ns = 0;
+    }
+    pthread_mutex_unlock(&d->lock);
+    return NULL;
+}
+
+static bool dynamic_next_batch(scheduler_t *s, model_instance_t *inst, batch_t *batch)
+{
+    (void)inst;
+    dynamic_batcher_t *d = (dynamic_batcher_t *)s;
+    pthread_mutex_lock(&d->lock);
+    while (d->forming)
+        pthread_cond_wait(&d->slot_cond, &d->lock);
+    d->forming = true;
+    bool got = false;
+    for (;;) {
+        dyn_queue_t rejected = {0};
+        uint64_t now = util_now_ns();
+        uint64_t wake = expire_timeouts(d, now, &rejected);
+        if (rejected.head) {
+            /* Fail outside the lock; the forming slot keeps the queue ours. */
+            pthread_mutex_unlock(&d->lock);
+            fail_rejected(&rejected);
+            pthread_mutex_lock(&d->lock);
+            continue;
+        }
+        if (d->n_queued == 0) {
+            if (d->stopped) break;
+            wait_until_ns(d, &d->work_cond, wake);
+            continue;
+        }
+        if (d->hold && d->n_queued < d->hold && !d->stopped) {
+            if (!warmup_queued(d)) {
+                wait_until_ns(d, &d->work_cond, wake);
+                continue;
+            }
+        } else {
+            d->hold = 0;
+        }
+        uint64_t delay_end;
+        size_t n = plan_batch(d, now, &delay_end);
+        if (n) {
+            take_batch(d, n, batch);
+            got = true;
+            break;
+        }
+        wait_until_ns(d, &d->work_cond, earliest(wake, delay_end));
+    }
+    d->forming = false;
+    pthread_cond_signal(&d->slot_cond);
+    pthread_mutex_unlock(&d->lock);
+    return got;
+}
+
+/* preserve_ordering: marks the batch's requests done, then delivers every
+ * done request at the head of the dispatch order. One thread delivers at a
+ * time, so callbacks run in order. */
+static void dynamic_batch_done(scheduler_t *s, model_instance_t *inst, batch_t *batch)
+{
+    (void)inst;
+    dynamic_batcher_t *d = (dynamic_batcher_t *)s;
+    if (!d->preserve_ordering) {
+        batch_finish(batch);
+        return;
+    }
+    batch_record(batch);
+    pthread_mutex_lock(&d->order_lock);
+    for (size_t r = 0; r < batch->n_reqs; r++)
+        ((dyn_node_t *)batch->reqs[r]->sched_data)->done = true;
+    batch_reset(batch);
+    if (!d->delivering) {
+        d->delivering = true;
+        while (d->order_head && d->order_head->done) {
+            dyn_node_t *n = d->order_head;
+            d->order_head = n->next;
+            if (!d->order_head) d->order_tail = NULL;
+            pthread_mutex_unlock(&d->order_lock);
+            request_finish(n->req, NULL, FAILURE_BACKEND);
+            free(n);
+            pthread_mutex_lock(&d->order_lock);
+        }
+        d->delivering = false;
+    }
+    pthread_mutex_unlock(&d->order_lock);
+}
+
+static void dynamic_stop(scheduler_t *s)
+{
+    dynamic_batcher_t *d = (dynamic_batcher_t *)s;
+    pthread_mutex_lock(&d->lock);
+    d->stopped = true;
+    pthread_cond_broadcast(&d->reaper_cond);
+    pthread_cond_broadcast(&d->work_cond);
+    pthread_cond_broadcast(&d->slot_cond);
+    pthread_mutex_unlock(&d->lock);
+}
+
+static void dynamic_destroy(scheduler_t *s)
+{
+    dynamic_batcher_t *d = (dynamic_batcher_t *)s;
+    if (d->has_reaper) {
+        dynamic_stop(s);
+        pthread_join(d->reaper, NULL);
+    }
+    /* Instances drained the queues before exiting; anything left fails. */
+    for (size_t l = 0; l < d->n_levels; l++) {
+        dyn_node_t *n;
+        while ((n = queue_pop(&d->levels[l].queue)) || (n = queue_pop(&d->levels[l].delayed))) {
+            atomic_fetch_sub(&s->model->stats.pending, 1);
+            request_finish(n->req, nereid_error_new(NEREID_ERROR_UNAVAILABLE, "Server not ready"),
+                           FAILURE_OTHER);
+            free(n);
+        }
+    }
+    while (d->order_head) {
+        dyn_node_t *n = d->order_head;
+        d->order_head = n->next;
+        request_finish(n->req, NULL, FAILURE_BACKEND);
+        free(n);
+    }
+    for (size_t i = 0; i < d->n_ragged; i++)
+        free(d->ragged[i]);
+    free(d->ragged);
+    free(d->preferred);
+    free(d->levels);
+    pthread_mutex_destroy(&d->lock);
+    pthread_mutex_destroy(&d->order_lock);
+    pthread_cond_destroy(&d->work_cond);
+    pthread_cond_destroy(&d->slot_cond);
+    pthread_cond_destroy(&d->reaper_cond);
+    free(d);
+}
+
+static const scheduler_ops_t dynamic_ops = {
+    .name = "dynamic",
+    .enqueue = dynamic_enqueue,
+    .next_batch = dynamic_next_batch,
+    .batch_done = dynamic_batch_done,
+    .stop = dynamic_stop,
+    .destroy = dynamic_destroy,
+};
+
+static void set_policy(dyn_level_t *lv, const Inference__ModelQueuePolicy *p)
+{
+    if (!p) return;
+    lv->max_queue_size = p->max_queue_size;
+    lv->timeout_us = p->default_timeout_microseconds;
+    lv->delay_on_timeout =
+        p->timeout_action == INFERENCE__MODEL_QUEUE_POLICY__TIMEOUT_ACTION__DELAY;
+    lv->allow_override = p->allow_timeout_override;
+}
+
+nereid_error_t *dynamic_batcher_create(model_t *m, scheduler_t **out)
+{
+    const Inference__ModelDynamicBatching *db = m->config->dynamic_batching;
+    dynamic_batcher_t *d = xcalloc(1, sizeof *d);
+    d->base.ops = &dynamic_ops;
+    d->base.model = m;
+    d->max_batch_size = m->max_batch_size;
+    d->max_delay_ns = us_to_ns(db->max_queue_delay_microseconds);
+    d->preserve_ordering = db->preserve_ordering;
+    d->preferred = xcalloc(db->n_preferred_batch_size + 1, sizeof *d->preferred);
+    for (size_t i = 0; i < db->n_preferred_batch_size; i++) {
+        int32_t size = db->preferred_batch_size[i];
+        if (size >= 1 && size <= d->max_batch_size) d->preferred[d->n_preferred++] = size;
+    }
+    /* priority_levels 0: one queue under default_queue_policy. */
+    d->n_levels = db->priority_levels ? (size_t)db->priority_levels : 1;
+    d->levels = xcalloc(d->n_levels, sizeof *d->levels);
+    d->default_level = db->default_priority_level >= 1 && db->default_priority_level <= d->n_levels
+                           ? (size_t)db->default_priority_level - 1
+                           : d->n_levels - 1;
+    for (size_t l = 0; l < d->n_levels; l++)
+        set_policy(&d->levels[l], db->default_queue_policy);
+    for (size_t i = 0; i < db->n_priority_queue_policy; i++) {
+        uint64_t key = db->priority_queue_policy[i]->key;
+        if (db->priority_levels && key >= 1 && key <= d->n_levels)
+            set_policy(&d->levels[key - 1], db->priority_queue_policy[i]->value);
+    }
+    for (size_t i = 0; i < m->config->n_input; i++) {
+        if (!m->config->input[i]->allow_ragged_batch) continue;
+        d->ragged = xrealloc(d->ragged, (d->n_ragged + 1) * sizeof *d->ragged);
+        d->ragged[d->n_ragged++] = xstrdup(m->config->input[i]->name);
+    }
+    const char *hold = getenv("NEREID_DELAY_SCHEDULER");
+    if (hold && *hold) {
+        char *end;
+        errno = 0;
+        unsigned long long v = strtoull(hold, &end, 10);
+        if (!errno && !*end)
+            d->hold = (size_t)v;
+        else
+            LOG_WARN("dynamic_batcher", "ignoring NEREID_DELAY_SCHEDULER='%s' (not a count)", hold);
+    }
+    pthread_mutex_init(&d->lock, NULL);
+    pthread_mutex_init(&d->order_lock, NULL);
+    pthread_condattr_t attr;
+    pthread_condattr_init(&attr);
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    pthread_cond_init(&d->work_cond, &attr);
+    pthread_cond_init(&d->slot_cond, &attr);
+    pthread_cond_init(&d->reaper_cond, &attr);
+    pthread_condattr_destroy(&attr);
+    bool timeouts = false;
+    for (size_t l = 0; l < d->n_levels; l++)
+        timeouts |= d->levels[l].timeout_us != 0;
+    if (timeouts) {
+        if (pthread_create(&d->reaper, NULL, reaper_main, d) != 0) {
+            dynamic_destroy(&d->base);
+            return nereid_error_new(NEREID_ERROR_INTERNAL,
+                                    "unable to start the dynamic batcher's timeout thread");
+        }
+        d->has_reaper = true;
+    }
+    *out = &d->base;
+    return NULL;
+}
