@@ -65,6 +65,21 @@ static void make_models(void)
     snprintf(buf, sizeof buf, par, "fails");
     write_file("broken_step/config.pbtxt", buf);
     write_file("broken_step/1/.keep", "");
+    /* A dynamically batched step batches across ensemble requests. */
+    write_file("batched/config.pbtxt",
+               "backend: \"testing\" max_batch_size: 8\n"
+               "dynamic_batching { max_queue_delay_microseconds: 200000 }\n"
+               "input [ { name: \"INPUT0\" data_type: TYPE_FP32 dims: [ 2 ] } ]\n"
+               "output [ { name: \"OUTPUT0\" data_type: TYPE_FP32 dims: [ 2 ] } ]\n");
+    write_file("batched/1/.keep", "");
+    write_file("via_batched/config.pbtxt",
+               "platform: \"ensemble\" max_batch_size: 8\n"
+               "input [ { name: \"X\" data_type: TYPE_FP32 dims: [ 2 ] } ]\n"
+               "output [ { name: \"P\" data_type: TYPE_FP32 dims: [ 2 ] } ]\n"
+               "ensemble_scheduling { step [ { model_name: \"batched\"\n"
+               "  input_map { key: \"INPUT0\" value: \"X\" }\n"
+               "  output_map { key: \"OUTPUT0\" value: \"P\" } } ] }\n");
+    write_file("via_batched/1/.keep", "");
     /* Load-time validation failures. */
     write_file("bad_type/config.pbtxt",
                "platform: \"ensemble\" max_batch_size: 8\n"
@@ -314,6 +329,30 @@ static void test_concurrent(nereid_server_t *s)
     nereid_response_free(w.resp);
 }
 
+static void test_batched_step(nereid_server_t *s)
+{
+    enum { N = 4 };
+    static float x[N][2];
+    waiter_t w;
+    waiter_init(&w);
+    int submitted = 0;
+    for (int i = 0; i < N; i++) {
+        x[i][0] = (float)i;
+        if (nereid_server_infer_async(s, x_request(s, "via_batched", x[i]), NULL, on_done, &w) ==
+            NULL)
+            submitted++;
+    }
+    CHECK(submitted == N);
+    waiter_wait(&w, submitted);
+    CHECK(w.resp && !nereid_response_error(w.resp));
+    nereid_response_free(w.resp);
+    CHECK(stat_value(s, "via_batched", 1, "inference_count", NULL) == N);
+    long long execs = stat_value(s, "batched", 1, "execution_count", NULL);
+    printf("4 ensemble requests -> %lld executions of the dynamically batched step\n", execs);
+    CHECK(execs >= 1 && execs < N);
+    CHECK(stat_value(s, "batched", 1, "inference_count", NULL) == N);
+}
+
 int main(void)
 {
     make_models();
@@ -331,6 +370,7 @@ int main(void)
     test_stats(s);
     test_validation(s);
     test_concurrent(s);
+    test_batched_step(s);
     nereid_server_free(s);
     remove_repo();
     return check_summary();
