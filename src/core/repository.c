@@ -168,21 +168,22 @@ static bool valid_model_name(const char *name)
 
 /* Writes the override files into a new temporary model directory. */
 static nereid_error_t *make_override_dir(const char *name, const char *const *paths,
-                                         const void *const *contents, const size_t *sizes,
-                                         size_t n, char **out)
+                                         const void *const *contents, const size_t *sizes, size_t n,
+                                         char **out)
 {
     *out = NULL;
     for (size_t i = 0; i < n; i++)
         if (!safe_relpath(paths[i]))
             return nereid_error_new(NEREID_ERROR_INVALID_ARG,
-                                    "failed to load '%s', invalid file path '%s' in override",
-                                    name, paths[i] ? paths[i] : "");
+                                    "failed to load '%s', invalid file path '%s' in override", name,
+                                    paths[i] ? paths[i] : "");
     const char *tmp = getenv("TMPDIR");
     char *dir = xasprintf("%s/nereid-model-XXXXXX", tmp && *tmp ? tmp : "/tmp");
     if (!mkdtemp(dir)) {
-        nereid_error_t *err = nereid_error_new(
-            NEREID_ERROR_INTERNAL, "failed to load '%s', unable to create a temporary directory: %s",
-            name, strerror(errno));
+        nereid_error_t *err =
+            nereid_error_new(NEREID_ERROR_INTERNAL,
+                             "failed to load '%s', unable to create a temporary directory: %s",
+                             name, strerror(errno));
         free(dir);
         return err;
     }
@@ -202,8 +203,8 @@ static nereid_error_t *make_override_dir(const char *name, const char *const *pa
             remove_tree(dir);
             free(dir);
             return nereid_error_new(NEREID_ERROR_INTERNAL,
-                                    "failed to load '%s', unable to write override file '%s'",
-                                    name, paths[i]);
+                                    "failed to load '%s', unable to write override file '%s'", name,
+                                    paths[i]);
         }
     }
     *out = dir;
@@ -361,9 +362,6 @@ static void entry_free(model_entry_t *e)
     free(e->name);
     free(e->dir);
     free(e->reason);
-    for (size_t i = 0; i < e->n_deps; i++)
-        free(e->deps[i]);
-    free(e->deps);
     for (size_t i = 0; i < e->n_tmp_dirs; i++) {
         remove_tree(e->tmp_dirs[i]);
         free(e->tmp_dirs[i]);
@@ -439,10 +437,9 @@ static bool model_ready(nereid_server_t *s, const char *name)
 }
 
 /* Makes every composing model of an ensemble ready (loading it when
- * ctx->load_deps); fills the names it loaded. Triton's dependency texts. */
+ * ctx->load_deps). Triton's dependency texts. */
 static nereid_error_t *load_dependencies(nereid_server_t *s, const char *name,
-                                         const model_config_t *cfg, load_ctx_t *ctx,
-                                         char ***loaded, size_t *n_loaded)
+                                         const model_config_t *cfg, load_ctx_t *ctx)
 {
     const Inference__ModelEnsembling *es = cfg->ensemble_scheduling;
     for (size_t i = 0; es && i < es->n_step; i++) {
@@ -489,8 +486,6 @@ static nereid_error_t *load_dependencies(nereid_server_t *s, const char *name,
             return wrapped;
         }
         nereid_error_free(err);
-        *loaded = xrealloc(*loaded, (*n_loaded + 1) * sizeof **loaded);
-        (*loaded)[(*n_loaded)++] = xstrdup(dep);
     }
     return NULL;
 }
@@ -509,6 +504,11 @@ static void set_entry_failure(nereid_server_t *s, model_entry_t *e, const nereid
             e->versions[v].reason = xstrdup(e->reason);
         }
     } else {
+        /* Rows of earlier (unloaded, failed) versions give way to the
+         * model-level failure. */
+        free_versions(e->versions, e->n_versions);
+        e->versions = NULL;
+        e->n_versions = 0;
         e->state = MODEL_UNAVAILABLE;
     }
     pthread_rwlock_unlock(&s->lock);
@@ -541,8 +541,8 @@ static nereid_error_t *load_model(nereid_server_t *s, const char *name, const ch
     if (!entry_has_ready(e)) e->state = MODEL_LOADING;
     pthread_rwlock_unlock(&s->lock);
     if (count > 1) {
-        nereid_error_t *err = nereid_error_new(NEREID_ERROR_INVALID_ARG,
-                                               "model appears in two or more repositories");
+        nereid_error_t *err =
+            nereid_error_new(NEREID_ERROR_INVALID_ARG, "model appears in two or more repositories");
         pthread_rwlock_wrlock(&s->lock);
         e->tree_sig = sig;
         e->state = MODEL_UNAVAILABLE;
@@ -566,9 +566,7 @@ static nereid_error_t *load_model(nereid_server_t *s, const char *name, const ch
     const char *load_dir = tmp ? tmp : dir;
     model_config_t *cfg = NULL;
     err = read_config(s, name, load_dir, override_json, &cfg);
-    char **deps = NULL;
-    size_t n_deps = 0;
-    if (!err && is_ensemble(cfg)) err = load_dependencies(s, name, cfg, ctx, &deps, &n_deps);
+    if (!err && is_ensemble(cfg)) err = load_dependencies(s, name, cfg, ctx);
     int64_t *avail = NULL, *chosen = NULL;
     size_t k = 0;
     if (!err) {
@@ -602,9 +600,6 @@ static nereid_error_t *load_model(nereid_server_t *s, const char *name, const ch
         }
         if (cfg) config_free(cfg);
         free(chosen);
-        for (size_t i = 0; i < n_deps; i++)
-            free(deps[i]);
-        free(deps);
         if (tmp) {
             remove_tree(tmp);
             free(tmp);
@@ -630,9 +625,8 @@ static nereid_error_t *load_model(nereid_server_t *s, const char *name, const ch
                 old = e->versions[v].model;
         pthread_rwlock_unlock(&s->lock);
         if (old && same_config && !ctx->force) {
-            nv[i].model = old; /* moved below, under the lock */
+            nv[i].model = old; /* unchanged: the same model keeps serving */
             nv[i].state = MODEL_READY;
-            nv[i].reason = (char *)-1; /* marks "kept" until commit */
             continue;
         }
         model_load_args_t args = {
@@ -648,8 +642,8 @@ static nereid_error_t *load_model(nereid_server_t *s, const char *name, const ch
         if (lerr) {
             nv[i].state = MODEL_UNAVAILABLE;
             nv[i].reason = error_reason(lerr);
-            LOG_ERROR("repository", "failed to load '%s' version %" PRId64 ": %s", name,
-                      chosen[i], nv[i].reason);
+            LOG_ERROR("repository", "failed to load '%s' version %" PRId64 ": %s", name, chosen[i],
+                      nv[i].reason);
             nereid_error_free(lerr);
             if (old) {
                 /* Keep the old model of this version serving. */
@@ -682,10 +676,6 @@ static nereid_error_t *load_model(nereid_server_t *s, const char *name, const ch
     }
     bool any_ready = false;
     for (size_t i = 0; i < k; i++) {
-        if (nv[i].reason == (char *)-1) {
-            /* Kept: carry its reason over only if it was a reload failure. */
-            nv[i].reason = NULL;
-        }
         if (nv[i].state == MODEL_READY) any_ready = true;
         if (nv[i].reason) {
             char *prev = err_text;
@@ -711,18 +701,6 @@ static nereid_error_t *load_model(nereid_server_t *s, const char *name, const ch
         free(e->load_dir);
         e->load_dir = xstrdup(load_dir);
     }
-    for (size_t i = 0; i < n_deps; i++) {
-        bool have = false;
-        for (size_t j = 0; j < e->n_deps; j++)
-            have |= strcmp(e->deps[j], deps[i]) == 0;
-        if (have) {
-            free(deps[i]);
-            continue;
-        }
-        e->deps = xrealloc(e->deps, (e->n_deps + 1) * sizeof *e->deps);
-        e->deps[e->n_deps++] = deps[i];
-    }
-    free(deps);
     if (tmp) add_tmp_dir(e, tmp);
     pthread_rwlock_unlock(&s->lock);
 
@@ -785,8 +763,8 @@ static void unload_model(nereid_server_t *s, const char *name, bool dependents, 
      * unless another loaded ensemble still uses them). */
     char **deps = NULL;
     size_t n_deps = 0;
-    const Inference__ModelEnsembling *es = is_ensemble(e->config) ? e->config->ensemble_scheduling
-                                                                  : NULL;
+    const Inference__ModelEnsembling *es =
+        is_ensemble(e->config) ? e->config->ensemble_scheduling : NULL;
     for (size_t k = 0; es && k < es->n_step; k++) {
         bool have = false;
         for (size_t j = 0; j < n_deps; j++)
@@ -1014,8 +992,7 @@ nereid_error_t *repository_start(nereid_server_t *s)
     for (size_t i = 0; i < n_ens; i++) {
         if (model_ready(s, ens[i])) continue; /* loaded as another ensemble's step */
         load_ctx_t ctx = {.depth = 0,
-                          .load_deps = s->opts.model_control_mode ==
-                                       NEREID_MODEL_CONTROL_EXPLICIT};
+                          .load_deps = s->opts.model_control_mode == NEREID_MODEL_CONTROL_EXPLICIT};
         ctx.chain[0] = ens[i];
         nereid_error_free(load_model(s, ens[i], NULL, NULL, NULL, NULL, 0, &ctx));
     }

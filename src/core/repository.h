@@ -34,9 +34,7 @@ typedef struct model_entry {
     version_entry_t *versions;
     size_t n_versions;
     uint64_t tree_sig; /* poll: signature of the model directory when last loaded */
-    char **deps;       /* ensemble: composing models loaded along with it */
-    size_t n_deps;
-    char **tmp_dirs; /* override copies made for this model, removed with it */
+    char **tmp_dirs;   /* override copies made for this model, removed with it */
     size_t n_tmp_dirs;
 } model_entry_t;
 

@@ -32,8 +32,8 @@ typedef struct ens_tensor {
 } ens_tensor_t;
 
 typedef struct ens_map {
-    char *model_name;   /* the composing model's input or output */
-    size_t tensor;      /* ensemble tensor index */
+    char *model_name; /* the composing model's input or output */
+    size_t tensor;    /* ensemble tensor index */
 } ens_map_t;
 
 typedef struct ens_step {
@@ -589,10 +589,11 @@ static nereid_error_t *validate(ensemble_t *e, model_t *ens)
             model_t *sm = NULL;
             err = server_lookup_model(ens->server, st->model, st->version, &sm);
             if (err) {
-                nereid_error_t *wrapped = nereid_error_new(
-                    NEREID_ERROR_INVALID_ARG, "ensemble '%s' depends on '%s' which has no loaded "
-                                              "version: %s",
-                    ens->name, st->model, nereid_error_message(err));
+                nereid_error_t *wrapped =
+                    nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                     "ensemble '%s' depends on '%s' which has no loaded "
+                                     "version: %s",
+                                     ens->name, st->model, nereid_error_message(err));
                 nereid_error_free(err);
                 err = wrapped;
                 break;

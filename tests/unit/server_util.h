@@ -98,7 +98,8 @@ static void waiter_wait(waiter_t *w, int n)
 }
 
 /* Submits req and waits; returns the response, or NULL with *err set. */
-static inline nereid_response_t *infer(nereid_server_t *s, nereid_request_t *req, nereid_error_t **err)
+static inline nereid_response_t *infer(nereid_server_t *s, nereid_request_t *req,
+                                       nereid_error_t **err)
 {
     waiter_t w;
     waiter_init(&w);
@@ -111,9 +112,9 @@ static inline nereid_response_t *infer(nereid_server_t *s, nereid_request_t *req
     return w.resp;
 }
 
-static inline nereid_server_t *start_server(nereid_model_control_mode_t mode, const char *const *load,
-                                     size_t n_load, int poll_secs, bool exit_on_error,
-                                     nereid_error_t **err)
+static inline nereid_server_t *start_server(nereid_model_control_mode_t mode,
+                                            const char *const *load, size_t n_load, int poll_secs,
+                                            bool exit_on_error, nereid_error_t **err)
 {
     nereid_server_options_t o;
     nereid_server_options_init(&o);
@@ -170,7 +171,7 @@ static inline const char *row_str(json_t *row, const char *key)
 
 /* A statistics counter: model_stats[0].<path> for model/version. */
 static inline long long stat_value(nereid_server_t *s, const char *model, int64_t version,
-                            const char *field, const char *sub)
+                                   const char *field, const char *sub)
 {
     char *text = NULL;
     nereid_error_t *err = nereid_server_model_statistics(s, model, version, &text);

@@ -119,7 +119,8 @@ static void test_names(nereid_server_t *s)
     expect_err(nereid_server_unload_model(s, "../etc", false), NEREID_ERROR_INVALID_ARG,
                "invalid model name");
     expect_err(nereid_server_load_model(s, "nope", NULL, NULL, NULL, NULL, 0),
-               NEREID_ERROR_INTERNAL, "failed to load 'nope', failed to poll from model repository");
+               NEREID_ERROR_INTERNAL,
+               "failed to load 'nope', failed to poll from model repository");
     expect_err(nereid_server_load_model(s, "empty", NULL, NULL, NULL, NULL, 0),
                NEREID_ERROR_INTERNAL, "failed to load 'empty', no version is available");
     json_t *row = index_row(s, "empty", NULL);
@@ -197,10 +198,14 @@ static void test_overrides(nereid_server_t *s)
     /* Reload from the repository's config.pbtxt. */
     CHECK(nereid_server_load_model(s, "plain", NULL, NULL, NULL, NULL, 0) == NULL);
     CHECK(try_infer(s, "plain") == NULL);
+    /* Loading it again unchanged keeps the loaded version (and its stats). */
+    CHECK(stat_value(s, "plain", 1, "execution_count", NULL) == 1);
+    CHECK(nereid_server_load_model(s, "plain", NULL, NULL, NULL, NULL, 0) == NULL);
+    CHECK(stat_value(s, "plain", 1, "execution_count", NULL) == 1);
     /* A bad override: error, the old version keeps serving. */
-    expect_err(nereid_server_load_model(s, "plain", "{\"max_batch_size\":\"x\"", NULL, NULL, NULL,
-                                        0),
-               NEREID_ERROR_INVALID_ARG, "");
+    expect_err(
+        nereid_server_load_model(s, "plain", "{\"max_batch_size\":\"x\"", NULL, NULL, NULL, 0),
+        NEREID_ERROR_INVALID_ARG, "");
     CHECK(try_infer(s, "plain") == NULL);
     /* A failing reload keeps the old version serving and says why. */
     const char *init_fails =
@@ -245,9 +250,9 @@ static void test_overrides(nereid_server_t *s)
         nereid_response_free(resp);
     }
     /* Without the label file the same config fails to load. */
-    expect_err(nereid_server_load_model(s, "other", labels_cfg, paths + 1, contents + 1, sizes + 1,
-                                        1),
-               NEREID_ERROR_INVALID_ARG, "label file");
+    expect_err(
+        nereid_server_load_model(s, "other", labels_cfg, paths + 1, contents + 1, sizes + 1, 1),
+        NEREID_ERROR_INVALID_ARG, "label file");
     CHECK(nereid_server_unload_model(s, "other", false) == NULL);
 }
 
@@ -305,6 +310,8 @@ static void *gen_main(void *arg)
             pthread_mutex_unlock(&g->lock);
             nereid_error_free(err);
             nereid_request_free(req);
+            struct timespec ts = {0, 1000000L};
+            nanosleep(&ts, NULL);
         }
     }
     pthread_mutex_lock(&g->lock);
@@ -496,9 +503,11 @@ static void test_poll(void)
     row = index_row(s, "other", NULL);
     CHECK(row == NULL);
     json_decref(row);
-    /* Nothing changed: the served model is kept (same version object). */
+    /* Nothing changed: the served model is kept (its statistics too). */
+    long long execs = stat_value(s, "added", 1, "execution_count", NULL);
+    CHECK(execs == 1);
     repository_poll(s);
-    CHECK(try_infer(s, "added") == NULL);
+    CHECK(stat_value(s, "added", 1, "execution_count", NULL) == execs);
     nereid_server_free(s);
     remove_repo();
 }

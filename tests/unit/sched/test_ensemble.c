@@ -148,8 +148,7 @@ static void test_chain(nereid_server_t *s)
         size_t rank, size;
         const void *data;
         nereid_response_output(resp, i, &name, &dt, &shape, &rank, &data, &size, NULL);
-        CHECK(dt == NEREID_TYPE_INT32 && rank == 2 && shape[0] == 1 && shape[1] == 4 &&
-              size == 16);
+        CHECK(dt == NEREID_TYPE_INT32 && rank == 2 && shape[0] == 1 && shape[1] == 4 && size == 16);
         const int32_t *v = data;
         const int32_t *src = strcmp(name, "OUT_SUM") == 0 ? a : b;
         CHECK(strcmp(name, i == 0 ? "OUT_SUM" : "OUT_DIFF") == 0);
