@@ -70,6 +70,13 @@ static void make_repo(void)
                "output [ { name: \"OUTPUT0\" data_type: TYPE_FP32 dims: [ 4 ]"
                " reshape: { shape: [ 2, 2 ] } } ]\n");
     write_file("reshaped/1/.keep", "");
+    write_file("add_sub_dyn/config.pbtxt",
+               "backend: \"add_sub\" max_batch_size: 8 dynamic_batching { }\n"
+               "input [ { name: \"INPUT0\" data_type: TYPE_INT32 dims: [ 4 ] },\n"
+               "        { name: \"INPUT1\" data_type: TYPE_INT32 dims: [ 4 ] } ]\n"
+               "output [ { name: \"OUTPUT0\" data_type: TYPE_INT32 dims: [ 4 ] },\n"
+               "         { name: \"OUTPUT1\" data_type: TYPE_INT32 dims: [ 4 ] } ]\n");
+    write_file("add_sub_dyn/1/.keep", "");
 }
 
 /* ---- A synchronous wrapper over infer_async ---- */
@@ -290,6 +297,50 @@ static void test_reshape(nereid_server_t *s)
     nereid_response_free(resp);
 }
 
+/* Three requests held until all are queued run as one batch of 3: the core
+ * gathers inputs and scatters both outputs back to the right requests. */
+static void test_gather_scatter(nereid_server_t *s)
+{
+    enum { N = 3 };
+    static int32_t a[N][4], b[N][4];
+    waiter_t w[N];
+    for (int r = 0; r < N; r++) {
+        for (int k = 0; k < 4; k++) {
+            a[r][k] = 100 * r + k;
+            b[r][k] = r + 1;
+        }
+        waiter_init(&w[r]);
+        nereid_request_t *req;
+        nereid_request_new(s, "add_sub_dyn", 0, &req);
+        nereid_request_add_input(req, "INPUT0", NEREID_TYPE_INT32, (int64_t[]){1, 4}, 2, a[r], 16);
+        nereid_request_add_input(req, "INPUT1", NEREID_TYPE_INT32, (int64_t[]){1, 4}, 2, b[r], 16);
+        CHECK(nereid_server_infer_async(s, req, NULL, on_done, &w[r]) == NULL);
+    }
+    for (int r = 0; r < N; r++) {
+        waiter_wait(&w[r], 1);
+        nereid_response_t *resp = w[r].resp;
+        CHECK(resp && !nereid_response_error(resp) && nereid_response_output_count(resp) == 2);
+        for (size_t i = 0; resp && i < nereid_response_output_count(resp); i++) {
+            const char *name;
+            const int64_t *shape;
+            size_t rank;
+            const void *data;
+            nereid_response_output(resp, i, &name, NULL, &shape, &rank, &data, NULL, NULL);
+            CHECK(rank == 2 && shape[0] == 1 && shape[1] == 4);
+            const int32_t *o = data;
+            bool sum = strcmp(name, "OUTPUT0") == 0;
+            for (int k = 0; k < 4; k++)
+                CHECK(o[k] == (sum ? a[r][k] + b[r][k] : a[r][k] - b[r][k]));
+        }
+        nereid_response_free(resp);
+    }
+    char *json;
+    CHECK(nereid_server_model_statistics(s, "add_sub_dyn", 0, &json) == NULL);
+    CHECK_STR_CONTAINS(json, "\"execution_count\":1");
+    CHECK_STR_CONTAINS(json, "\"batch_size\":3");
+    free(json);
+}
+
 static void test_documents(nereid_server_t *s)
 {
     char *json;
@@ -388,13 +439,16 @@ int main(void)
         CHECK_STR_CONTAINS(nereid_error_message(err), "failed to load");
         nereid_error_free(err);
     }
+    setenv("NEREID_DELAY_SCHEDULER", "3", 1); /* only add_sub_dyn batches dynamically */
     s = start(false, &err);
+    unsetenv("NEREID_DELAY_SCHEDULER");
     CHECK(s != NULL && err == NULL);
     if (!s) return check_summary();
     test_add_sub(s);
     test_validation(s);
     test_versions(s);
     test_reshape(s);
+    test_gather_scatter(s);
     test_documents(s);
     test_stats(s);
     test_stop_in_flight(s);
