@@ -520,6 +520,28 @@ static void add_tmp_dir(model_entry_t *e, char *dir)
     e->tmp_dirs[e->n_tmp_dirs++] = dir;
 }
 
+/* Removes override directories no served version was loaded from (their
+ * models have been drained and read their files at load). */
+static void drop_unused_tmp_dirs(nereid_server_t *s, model_entry_t *e)
+{
+    pthread_rwlock_wrlock(&s->lock);
+    size_t w = 0;
+    for (size_t i = 0; i < e->n_tmp_dirs; i++) {
+        char *d = e->tmp_dirs[i];
+        bool used = e->load_dir && strcmp(e->load_dir, d) == 0;
+        for (size_t v = 0; v < e->n_versions && !used; v++)
+            used = e->versions[v].model && strcmp(e->versions[v].model->dir, d) == 0;
+        if (used) {
+            e->tmp_dirs[w++] = d;
+        } else {
+            remove_tree(d);
+            free(d);
+        }
+    }
+    e->n_tmp_dirs = w;
+    pthread_rwlock_unlock(&s->lock);
+}
+
 /* Loads or reloads model name. Caller serializes (s->control, or start-up
  * where each name is loaded by one thread). */
 static nereid_error_t *load_model(nereid_server_t *s, const char *name, const char *override_json,
@@ -707,6 +729,7 @@ static nereid_error_t *load_model(nereid_server_t *s, const char *name, const ch
     for (size_t i = 0; i < n_drain; i++)
         model_unload(drain[i]);
     free(drain);
+    drop_unused_tmp_dirs(s, e);
     if (cfg) config_free(cfg);
     free(key);
     free(dir);
@@ -795,8 +818,11 @@ static void unload_model(nereid_server_t *s, const char *name, bool dependents, 
         e->config = NULL;
         free(e->config_key);
         e->config_key = NULL;
+        free(e->load_dir);
+        e->load_dir = NULL;
     }
     pthread_rwlock_unlock(&s->lock);
+    if (e) drop_unused_tmp_dirs(s, e);
 
     for (size_t i = 0; i < n_deps; i++) {
         if (dependents && depth < MAX_ENSEMBLE_DEPTH && !used_by_other(s, deps[i], name))
