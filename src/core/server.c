@@ -34,6 +34,7 @@ void nereid_server_options_init(nereid_server_options_t *o)
     o->strict_readiness = true;
     o->server_id = "triton";
     o->model_load_thread_count = 4;
+    o->log_info = o->log_warning = o->log_error = true;
 }
 
 /* ---- Server lifecycle ---- */
@@ -58,6 +59,9 @@ nereid_error_t *nereid_server_new(const nereid_server_options_t *opts, nereid_se
     s->opts.load_models = NULL;
     s->opts.model_repositories = NULL;
     log_verbose_level = opts->log_verbose;
+    log_info_enabled = opts->log_info;
+    log_warning_enabled = opts->log_warning;
+    log_error_enabled = opts->log_error;
     /* Readers first: an ensemble's steps take the read lock again while the
      * ensemble request holds it (nereid_server_infer_async). */
     pthread_rwlockattr_t attr;
