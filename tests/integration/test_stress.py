@@ -180,15 +180,15 @@ def test_concurrent_mixed_clients(nereid_server, tmp_path):
         seq = 1000 + w
         total = 0
         for k in range(ITER):
-            if time.time() > t_end and k >= 4:
-                break
+            # the last step ends the sequence (9 sequences share 8 slots: one waits)
+            last = k == ITER - 1 or (time.time() > t_end and k >= 4)
             try:
                 # a step of this worker's sequence (interleaved with every other model)
                 v = w * 10 + k
                 total += v
                 r = http_infer(sess, s, "st_acc", [("INPUT", "INT32", [1, 1], [v])],
                                {"sequence_id": seq, "sequence_start": k == 0,
-                                "sequence_end": k == ITER - 1})
+                                "sequence_end": last})
                 if http_out(r, "OUTPUT") != [total]:
                     fails.add(("acc", w, k, r.text))
                 x = [float(w), float(k), -1.5]
@@ -215,6 +215,8 @@ def test_concurrent_mixed_clients(nereid_server, tmp_path):
                 fails.count("http")
             except Exception as e:  # noqa: BLE001 - every unexpected outcome is reported
                 fails.add(("http exception", w, k, repr(e)))
+            if last:
+                break
 
     def grpc_worker(w):
         with grpc.insecure_channel(s.grpc_addr) as ch:
@@ -222,8 +224,7 @@ def test_concurrent_mixed_clients(nereid_server, tmp_path):
             seq = 2000 + w
             total = 0
             for k in range(ITER):
-                if time.time() > t_end and k >= 4:
-                    break
+                last = k == ITER - 1 or (time.time() > t_end and k >= 4)
                 try:
                     v = w * 10 + k
                     total += v
@@ -231,7 +232,7 @@ def test_concurrent_mixed_clients(nereid_server, tmp_path):
                                                         np.array([v], np.int32))])
                     req.parameters["sequence_id"].int64_param = seq
                     req.parameters["sequence_start"].bool_param = k == 0
-                    req.parameters["sequence_end"].bool_param = k == ITER - 1
+                    req.parameters["sequence_end"].bool_param = last
                     r = stub.ModelInfer(req, timeout=30)
                     if grpc_out(r, "OUTPUT") != [total]:
                         fails.add(("grpc acc", w, k, grpc_out(r, "OUTPUT"), total))
@@ -274,6 +275,8 @@ def test_concurrent_mixed_clients(nereid_server, tmp_path):
                     fails.count("grpc")
                 except Exception as e:  # noqa: BLE001
                     fails.add(("grpc exception", w, k, repr(e)))
+                if last:
+                    break
 
     threads = [threading.Thread(target=http_worker, args=(w,)) for w in range(5)]
     threads += [threading.Thread(target=grpc_worker, args=(w,)) for w in range(4)]
@@ -283,7 +286,16 @@ def test_concurrent_mixed_clients(nereid_server, tmp_path):
         t.join(timeout=60)
         assert not t.is_alive(), "client thread hung"
     assert fails.items == [], fails.items[:5]
-    assert fails.counts.get("http", 0) >= 5 * 4 and fails.counts.get("grpc", 0) >= 4 * 4
+    h, g = fails.counts.get("http", 0), fails.counts.get("grpc", 0)
+    assert h >= 5 * 4 and g >= 4 * 4
+    # statistics add up exactly (an ensemble request counts on its composing models too)
+    stats = requests.get(s.http_url + "/v2/models/stats", timeout=10).json()["model_stats"]
+    success = {m["name"]: m["inference_stats"]["success"]["count"] for m in stats}
+    assert success == {"identity_fp32": 2 * h + 2 * g, "add_sub": 3 * h + 2 * g,
+                       "add_sub_onnx": 2 * h + 2 * g, "ensemble_add_sub": h + g,
+                       "st_dyn": 4 * g, "st_acc": h + g, "st_slow": 0, "st_victim": 0,
+                       "accumulator_direct": 0, "accumulator_oldest": 0,
+                       "accumulator_onnx": 0}, (h, g)
     healthy(s)
 
 
@@ -418,6 +430,72 @@ def test_reload_unload_load_under_load(nereid_server, tmp_path):
     assert fails.items == [], fails.items[:5]
     assert fails.counts.get("steady", 0) >= 10 and fails.counts.get("victim ok", 0) >= 1
     healthy(s)
+
+
+def test_poll_mode_changes_under_load(nereid_server, tmp_path):
+    """Poll mode: a served model's config changes twice and another model gets
+    a new version while clients hammer both: no request fails."""
+    repo = scratch_repo(tmp_path)
+    s = nereid_server(repo, "--model-control-mode=poll", "--repository-poll-secs=1")
+    fails = Failures()
+    stop = threading.Event()
+
+    def client(w, model):
+        sess = requests.Session()
+        k = 0
+        while not stop.is_set() and k < 3000:
+            k += 1
+            try:
+                r = http_infer(sess, s, model, [("INPUT0", "FP32", [1, 2], [w, k])])
+                if http_out(r, "OUTPUT0") != [w, k]:
+                    fails.add((model, r.text))
+                fails.count(model)
+                fails.count(r.json()["model_version"])
+            except Exception as e:  # noqa: BLE001
+                fails.add((model, repr(e)))
+
+    def wait_until(cond):
+        t_end = time.time() + 10
+        while time.time() < t_end:
+            if cond():
+                return True
+            time.sleep(0.1)
+        return False
+
+    def index():
+        return requests.post(s.http_url + "/v2/repository/index", timeout=10).json()
+
+    def write_config(name, text):
+        path = os.path.join(repo, name, "config.pbtxt")
+        with open(path + ".tmp", "w") as f:
+            f.write(text)
+        os.rename(path + ".tmp", path)
+
+    threads = [threading.Thread(target=client, args=(w, m)) for w, m in
+               enumerate(["st_victim", "st_victim", "st_dyn"])]
+    for t in threads:
+        t.start()
+    try:
+        for count in (1, 3):
+            write_config("st_victim", SCRATCH_MODELS["st_victim"].replace(
+                "count: 2", f"count: {count}"))
+            assert wait_until(lambda: requests.get(
+                s.http_url + "/v2/models/st_victim/config", timeout=10).json()
+                ["instance_group"][0]["count"] == count)
+        os.makedirs(os.path.join(repo, "st_dyn", "2"))
+        assert wait_until(lambda: any(r["name"] == "st_dyn" and r.get("version") == "2"
+                                      and r.get("state") == "READY" for r in index()))
+        t_end = time.time() + 10
+        while fails.counts.get("2", 0) < 5 and time.time() < t_end:
+            time.sleep(0.05)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=60)
+            assert not t.is_alive()
+    assert fails.items == [], fails.items[:5]
+    assert fails.counts.get("2", 0) >= 5  # st_dyn version 2 served after the poll
+    assert requests.get(s.http_url + "/v2/health/ready", timeout=10).status_code == 200
 
 
 # ---- (3) clients that go away mid-request ------------------------------------
