@@ -24,25 +24,20 @@ static const char *testing_cfg = "backend: \"testing\" max_batch_size: 8\n"
 static void make_models(void)
 {
     make_repo_dir("repository");
-    write_file("plain/config.pbtxt", testing_cfg);
-    write_file("plain/1/.keep", "");
-    write_file("other/config.pbtxt", testing_cfg);
-    write_file("other/1/.keep", "");
-    write_file("slow/config.pbtxt",
-               "backend: \"testing\" max_batch_size: 8\n"
-               "parameters { key: \"execute_delay_ms\" value { string_value: \"5\" } }\n"
-               "instance_group [ { count: 2 kind: KIND_CPU } ]\n"
-               "input [ { name: \"INPUT0\" " F2 " } ]\n"
-               "output [ { name: \"OUTPUT0\" " F2 " } ]\n");
-    write_file("slow/1/.keep", "");
+    write_model("plain", testing_cfg);
+    write_model("other", testing_cfg);
+    write_model("slow", "backend: \"testing\" max_batch_size: 8\n"
+                        "parameters { key: \"execute_delay_ms\" value { string_value: \"5\" } }\n"
+                        "instance_group [ { count: 2 kind: KIND_CPU } ]\n"
+                        "input [ { name: \"INPUT0\" " F2 " } ]\n"
+                        "output [ { name: \"OUTPUT0\" " F2 " } ]\n");
     write_file("empty/config.pbtxt", testing_cfg);
-    write_file("ens/config.pbtxt", "platform: \"ensemble\" max_batch_size: 8\n"
-                                   "input [ { name: \"X\" " F2 " } ]\n"
-                                   "output [ { name: \"Y\" " F2 " } ]\n"
-                                   "ensemble_scheduling { step [ { model_name: \"other\"\n"
-                                   "  input_map { key: \"INPUT0\" value: \"X\" }\n"
-                                   "  output_map { key: \"OUTPUT0\" value: \"Y\" } } ] }\n");
-    write_file("ens/1/.keep", "");
+    write_model("ens", "platform: \"ensemble\" max_batch_size: 8\n"
+                       "input [ { name: \"X\" " F2 " } ]\n"
+                       "output [ { name: \"Y\" " F2 " } ]\n"
+                       "ensemble_scheduling { step [ { model_name: \"other\"\n"
+                       "  input_map { key: \"INPUT0\" value: \"X\" }\n"
+                       "  output_map { key: \"OUTPUT0\" value: \"Y\" } } ] }\n");
 }
 
 static nereid_error_t *infer_x(nereid_server_t *s, const char *model, int64_t version,
@@ -55,7 +50,7 @@ static nereid_error_t *infer_x(nereid_server_t *s, const char *model, int64_t ve
     nereid_request_new(s, model, version, &req);
     nereid_request_add_input(req, ens ? "X" : "INPUT0", NEREID_TYPE_FP32, shape, 2, x, 8);
     nereid_error_t *err;
-    *out = infer(s, req, &err);
+    *out = infer_sync(s, req, &err);
     return err;
 }
 
@@ -392,7 +387,7 @@ static void test_explicit(void)
     test_overrides(s);
     test_reload_under_load(s);
     nereid_server_free(s);
-    remove_repo();
+    if (!remove_repo()) abort();
 }
 
 /* ---- Modes ---- */
@@ -413,7 +408,7 @@ static void test_not_explicit(void)
     /* Mode none loads everything, ensembles after their steps. */
     CHECK(try_infer(s, "ens") == NULL);
     nereid_server_free(s);
-    remove_repo();
+    if (!remove_repo()) abort();
 }
 
 static void test_load_star(void)
@@ -428,7 +423,7 @@ static void test_load_star(void)
     CHECK(try_infer(s, "ens") == NULL);
     CHECK(try_infer(s, "other") == NULL);
     nereid_server_free(s);
-    remove_repo();
+    if (!remove_repo()) abort();
 }
 
 static void test_poll(void)
@@ -493,8 +488,7 @@ static void test_poll(void)
     json_decref(row);
 
     /* Models added and removed. */
-    write_file("added/config.pbtxt", testing_cfg);
-    write_file("added/1/.keep", "");
+    write_model("added", testing_cfg);
     repository_poll(s);
     CHECK(try_infer(s, "added") == NULL);
     remove_path("other");
@@ -509,7 +503,7 @@ static void test_poll(void)
     repository_poll(s);
     CHECK(stat_value(s, "added", 1, "execution_count", NULL) == execs);
     nereid_server_free(s);
-    remove_repo();
+    if (!remove_repo()) abort();
 }
 
 static void test_poll_thread(void)
@@ -521,8 +515,7 @@ static void test_poll_thread(void)
     nereid_server_t *s = start_server(NEREID_MODEL_CONTROL_POLL, NULL, 0, 1, true, &err);
     CHECK(err == NULL && s);
     if (!s) return;
-    write_file("late/config.pbtxt", testing_cfg);
-    write_file("late/1/.keep", "");
+    write_model("late", testing_cfg);
     /* The poll thread (1 s period) finds it; wait up to 10 s. */
     const char *r = "not yet";
     for (int i = 0; i < 200 && r; i++) {
@@ -534,7 +527,7 @@ static void test_poll_thread(void)
     }
     CHECK(r == NULL);
     nereid_server_free(s);
-    remove_repo();
+    if (!remove_repo()) abort();
 }
 
 int main(void)
