@@ -20,6 +20,19 @@ static int check_passed, check_failed;
         }                                                                                          \
     } while (0)
 
+/* CHECK with a printf-style note (format and arguments) printed on failure. */
+#define CHECK_MSG(cond, ...)                                                                       \
+    do {                                                                                           \
+        if (cond) {                                                                                \
+            check_passed++;                                                                        \
+        } else {                                                                                   \
+            check_failed++;                                                                        \
+            fprintf(stderr, "%s:%d: CHECK failed: %s: ", __FILE__, __LINE__, #cond);               \
+            fprintf(stderr, __VA_ARGS__);                                                          \
+            fputc('\n', stderr);                                                                   \
+        }                                                                                          \
+    } while (0)
+
 #define CHECK_STR_CONTAINS(hay, needle)                                                            \
     do {                                                                                           \
         const char *h_ = (hay), *n_ = (needle);                                                    \

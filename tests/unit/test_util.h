@@ -89,15 +89,22 @@ static inline const char *test_backend_dir(void)
     return dir;
 }
 
-/* Default options serving repo alone, with the build's backends. */
-static inline void repo_options(nereid_server_options_t *o)
+/* Default options serving the repository at path alone, with the build's
+ * backends; path must outlive nereid_server_new. */
+static inline void repo_options_for(nereid_server_options_t *o, const char *path)
 {
     static const char *repos[1];
-    repos[0] = repo;
+    repos[0] = path;
     nereid_server_options_init(o);
     o->model_repositories = repos;
     o->n_model_repositories = 1;
     o->backend_directory = test_backend_dir();
+}
+
+/* Default options serving repo alone, with the build's backends. */
+static inline void repo_options(nereid_server_options_t *o)
+{
+    repo_options_for(o, repo);
 }
 
 static inline nereid_server_t *start_server(nereid_model_control_mode_t mode,
@@ -162,6 +169,14 @@ static inline void waiter_wait(waiter_t *w, int n)
     pthread_mutex_unlock(&w->lock);
 }
 
+/* Waits for the first completion, destroys w and returns its response. */
+static inline nereid_response_t *waiter_take(waiter_t *w)
+{
+    waiter_wait(w, 1);
+    waiter_destroy(w);
+    return w->resp;
+}
+
 /* Submits req and waits; returns the response, or NULL with *err set (req
  * is freed either way). */
 static inline nereid_response_t *infer_sync(nereid_server_t *s, nereid_request_t *req,
@@ -175,9 +190,7 @@ static inline nereid_response_t *infer_sync(nereid_server_t *s, nereid_request_t
         waiter_destroy(&w);
         return NULL;
     }
-    waiter_wait(&w, 1);
-    waiter_destroy(&w);
-    return w.resp;
+    return waiter_take(&w);
 }
 
 /* ---- Requests from input lists ---- */
