@@ -80,11 +80,15 @@ static inline bool remove_repo(void)
 
 /* ---- A server on the repository ---- */
 
-/* $NEREID_BUILD/backends (default build/backends): the backends under test. */
+/* The backends under test: $NEREID_BUILD/backends, else this build's own
+ * (build/backends relative to the working directory without one). */
 static inline const char *test_backend_dir(void)
 {
     static char dir[512];
     const char *build = getenv("NEREID_BUILD");
+#ifdef NEREID_DEFAULT_BACKEND_DIR
+    if (!build) return NEREID_DEFAULT_BACKEND_DIR;
+#endif
     snprintf(dir, sizeof dir, "%s/backends", build ? build : "build");
     return dir;
 }
@@ -125,11 +129,12 @@ static inline nereid_server_t *start_server(nereid_model_control_mode_t mode,
 
 /* ---- Waiting for completions ---- */
 
-/* Counts completions; keeps the first response, frees later ones. */
+/* Counts completions (and failed ones); keeps the first response, frees
+ * later ones. */
 typedef struct waiter {
     pthread_mutex_t lock;
     pthread_cond_t cond;
-    int done;
+    int done, failed;
     nereid_response_t *resp;
 } waiter_t;
 
@@ -151,6 +156,7 @@ static inline void waiter_on_done(nereid_response_t *resp, void *userp)
 {
     waiter_t *w = userp;
     pthread_mutex_lock(&w->lock);
+    if (nereid_response_error(resp)) w->failed++;
     if (w->resp)
         nereid_response_free(resp);
     else
@@ -230,6 +236,13 @@ static inline uint64_t now_ns(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* qsort order for uint64_t samples (latencies). */
+static inline int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
 }
 
 #endif
