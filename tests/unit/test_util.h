@@ -229,6 +229,31 @@ static inline nereid_error_t *request_with_inputs(nereid_server_t *s, const char
     return err;
 }
 
+/* Finds output name in resp (NULL: none): true with its fields stored
+ * through the pointers that are not NULL, false when absent. */
+static inline bool find_output(const nereid_response_t *resp, const char *name,
+                               nereid_datatype_t *dt, const int64_t **shape, size_t *rank,
+                               const void **data, size_t *byte_size)
+{
+    for (size_t i = 0; resp && i < nereid_response_output_count(resp); i++) {
+        const char *n;
+        nereid_datatype_t t;
+        const int64_t *s;
+        size_t r, bs;
+        const void *d;
+        void *userp;
+        nereid_response_output(resp, i, &n, &t, &s, &r, &d, &bs, &userp);
+        if (strcmp(n, name) != 0) continue;
+        if (dt) *dt = t;
+        if (shape) *shape = s;
+        if (rank) *rank = r;
+        if (data) *data = d;
+        if (byte_size) *byte_size = bs;
+        return true;
+    }
+    return false;
+}
+
 /* ---- Time ---- */
 
 static inline uint64_t now_ns(void)

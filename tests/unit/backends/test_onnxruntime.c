@@ -50,12 +50,7 @@ static nereid_response_t *infer(const char *model, const tensor_t *inputs, size_
 static bool output(const nereid_response_t *resp, const char *name, nereid_datatype_t *dt,
                    const int64_t **shape, size_t *rank, const void **data, size_t *byte_size)
 {
-    for (size_t i = 0; i < nereid_response_output_count(resp); i++) {
-        const char *n;
-        void *userp;
-        nereid_response_output(resp, i, &n, dt, shape, rank, data, byte_size, &userp);
-        if (!strcmp(n, name)) return true;
-    }
+    if (find_output(resp, name, dt, shape, rank, data, byte_size)) return true;
     CHECK_MSG(false, "output %s missing", name);
     return false;
 }

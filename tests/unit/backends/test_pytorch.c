@@ -73,15 +73,11 @@ static const char *infer_error(const char *model, const tensor_t *in, size_t n_i
 static const void *output(nereid_response_t *resp, const char *name, nereid_datatype_t datatype,
                           const int64_t *shape, size_t rank, size_t *byte_size)
 {
-    for (size_t i = 0; resp && i < nereid_response_output_count(resp); i++) {
-        const char *n;
-        nereid_datatype_t dt;
-        const int64_t *s;
-        size_t r, bs;
-        const void *data;
-        void *userp;
-        nereid_response_output(resp, i, &n, &dt, &s, &r, &data, &bs, &userp);
-        if (strcmp(n, name) != 0) continue;
+    nereid_datatype_t dt;
+    const int64_t *s;
+    size_t r, bs;
+    const void *data;
+    if (find_output(resp, name, &dt, &s, &r, &data, &bs)) {
         CHECK(dt == datatype);
         CHECK(r == rank);
         if (r == rank) CHECK(memcmp(s, shape, rank * sizeof *shape) == 0);

@@ -316,13 +316,8 @@ static bool call_done(call_t *c)
 static const void *call_output(call_t *c, const char *name, const int64_t **shape, size_t *rank)
 {
     if (!c->resp || nereid_response_error(c->resp)) return NULL;
-    for (size_t i = 0; i < nereid_response_output_count(c->resp); i++) {
-        const char *n;
-        const void *data;
-        nereid_response_output(c->resp, i, &n, NULL, shape, rank, &data, NULL, NULL);
-        if (strcmp(n, name) == 0) return data;
-    }
-    return NULL;
+    const void *data;
+    return find_output(c->resp, name, NULL, shape, rank, &data, NULL) ? data : NULL;
 }
 
 /* OUTPUT[0], or INT32_MIN on error (message in c->err). */
