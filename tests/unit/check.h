@@ -1,6 +1,8 @@
 /*
  * This file contains the unit tests' tiny assertion helpers: CHECK records a
- * failure and continues; check_summary prints "N passed, N failed".
+ * failure and continues (CHECK_MSG adds a note, CHECK_STR compares strings,
+ * CHECK_STR_CONTAINS looks for a substring); check_summary prints
+ * "N passed, N failed".
  */
 #ifndef NEREID_CHECK_H
 #define NEREID_CHECK_H
@@ -42,6 +44,18 @@ static int check_passed, check_failed;
             check_failed++;                                                                        \
             fprintf(stderr, "%s:%d: expected '%s' to contain '%s'\n", __FILE__, __LINE__,          \
                     h_ ? h_ : "(null)", n_);                                                       \
+        }                                                                                          \
+    } while (0)
+
+#define CHECK_STR(got, want)                                                                       \
+    do {                                                                                           \
+        const char *g_ = (got), *w_ = (want);                                                      \
+        if (g_ && strcmp(g_, w_) == 0) {                                                           \
+            check_passed++;                                                                        \
+        } else {                                                                                   \
+            check_failed++;                                                                        \
+            fprintf(stderr, "%s:%d: got \"%s\", want \"%s\"\n", __FILE__, __LINE__,                \
+                    g_ ? g_ : "(null)", w_);                                                       \
         }                                                                                          \
     } while (0)
 
