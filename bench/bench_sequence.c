@@ -147,16 +147,11 @@ static void submit(bseq_t *q)
 
 static void average_batch(nereid_server_t *s, const char *model, double *avg)
 {
-    char *json = NULL;
-    *avg = 0;
-    if (nereid_server_model_statistics(s, model, 0, &json)) return;
-    json_t *doc = json_loads(json, 0, NULL);
-    free(json);
-    json_t *st = json_array_get(json_object_get(doc, "model_stats"), 0);
+    json_t *st = model_stats_json(s, model, 0);
     double inf = (double)json_integer_value(json_object_get(st, "inference_count"));
     double exe = (double)json_integer_value(json_object_get(st, "execution_count"));
-    if (exe > 0) *avg = inf / exe;
-    json_decref(doc);
+    *avg = exe > 0 ? inf / exe : 0;
+    json_decref(st);
 }
 
 static int bench(nereid_server_t *s, const char *model, int length)

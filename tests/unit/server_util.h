@@ -58,19 +58,11 @@ static inline const char *row_str(json_t *row, const char *key)
 static inline long long stat_value(nereid_server_t *s, const char *model, int64_t version,
                                    const char *field, const char *sub)
 {
-    char *text = NULL;
-    nereid_error_t *err = nereid_server_model_statistics(s, model, version, &text);
-    if (err) {
-        nereid_error_free(err);
-        return -1;
-    }
-    json_t *doc = json_loads(text, 0, NULL);
-    free(text);
-    json_t *st = json_array_get(json_object_get(doc, "model_stats"), 0);
+    json_t *st = model_stats_json(s, model, version);
     json_t *v = json_object_get(st, field);
     if (sub) v = json_object_get(json_object_get(v, sub), "count");
     long long r = v ? json_integer_value(v) : -1;
-    json_decref(doc);
+    json_decref(st);
     return r;
 }
 

@@ -1,13 +1,15 @@
 /*
  * This file contains the helpers shared by the unit tests and benchmarks
  * that drive a server through the in-process API: a scratch model
- * repository, server options on it with the build's backends, and a
- * synchronous wrapper over nereid_server_infer_async. Everything is static
+ * repository, server options on it with the build's backends, a
+ * synchronous wrapper over nereid_server_infer_async, and lookups in
+ * responses and statistics. Everything is static
  * inline so each test or benchmark executable takes only what it uses.
  */
 #ifndef NEREID_TEST_UTIL_H
 #define NEREID_TEST_UTIL_H
 
+#include <jansson.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -252,6 +254,23 @@ static inline bool find_output(const nereid_response_t *resp, const char *name,
         return true;
     }
     return false;
+}
+
+/* model_stats[0] of the statistics of model/version as a new JSON
+ * reference, or NULL when they cannot be read. */
+static inline json_t *model_stats_json(nereid_server_t *s, const char *model, int64_t version)
+{
+    char *text = NULL;
+    nereid_error_t *err = nereid_server_model_statistics(s, model, version, &text);
+    if (err) {
+        nereid_error_free(err);
+        return NULL;
+    }
+    json_t *doc = json_loads(text, 0, NULL);
+    free(text);
+    json_t *st = json_incref(json_array_get(json_object_get(doc, "model_stats"), 0));
+    json_decref(doc);
+    return st;
 }
 
 /* ---- Time ---- */

@@ -236,17 +236,10 @@ static void finish(nereid_server_t *s)
 /* Executions of batch size `size` so far (batch_stats compute_infer.count). */
 static long batch_count(nereid_server_t *s, int size)
 {
-    char *text = NULL;
-    nereid_error_t *err = nereid_server_model_statistics(s, "m", 0, &text);
-    if (err) {
-        nereid_error_free(err);
-        return -1;
-    }
-    json_t *doc = json_loads(text, 0, NULL);
-    free(text);
+    json_t *st = model_stats_json(s, "m", 0);
+    if (!st) return -1;
     long count = 0;
-    json_t *stats =
-        json_object_get(json_array_get(json_object_get(doc, "model_stats"), 0), "batch_stats");
+    json_t *stats = json_object_get(st, "batch_stats");
     size_t i;
     json_t *b;
     json_array_foreach(stats, i, b)
@@ -255,7 +248,7 @@ static long batch_count(nereid_server_t *s, int size)
             count = (long)json_integer_value(
                 json_object_get(json_object_get(b, "compute_infer"), "count"));
     }
-    json_decref(doc);
+    json_decref(st);
     return count;
 }
 
@@ -263,20 +256,12 @@ static long batch_count(nereid_server_t *s, int size)
  * with sub, inference_stats.<key>.<sub>. */
 static long model_stat(nereid_server_t *s, const char *key, const char *sub)
 {
-    char *text = NULL;
-    nereid_error_t *err = nereid_server_model_statistics(s, "m", 0, &text);
-    if (err) {
-        nereid_error_free(err);
-        return -1;
-    }
-    json_t *doc = json_loads(text, 0, NULL);
-    free(text);
-    json_t *m = json_array_get(json_object_get(doc, "model_stats"), 0);
+    json_t *m = model_stats_json(s, "m", 0);
     json_t *v =
         sub ? json_object_get(json_object_get(json_object_get(m, "inference_stats"), key), sub)
             : json_object_get(m, key);
     long r = v ? (long)json_integer_value(v) : -1;
-    json_decref(doc);
+    json_decref(m);
     return r;
 }
 
