@@ -1,7 +1,8 @@
 /*
  * This file contains the unit tests' tiny assertion helpers: CHECK records a
  * failure and continues (CHECK_MSG adds a note, CHECK_STR compares strings,
- * CHECK_STR_CONTAINS looks for a substring); check_summary prints
+ * CHECK_STR_CONTAINS looks for a substring, CHECK_ERROR checks a
+ * nereid_error_t's code and text); check_summary prints
  * "N passed, N failed".
  */
 #ifndef NEREID_CHECK_H
@@ -56,6 +57,19 @@ static int check_passed, check_failed;
             check_failed++;                                                                        \
             fprintf(stderr, "%s:%d: got \"%s\", want \"%s\"\n", __FILE__, __LINE__,                \
                     g_ ? g_ : "(null)", w_);                                                       \
+        }                                                                                          \
+    } while (0)
+
+/* err (a nereid_error_t *, freed here) is an error with this code whose
+ * message contains text. */
+#define CHECK_ERROR(err, code, text)                                                               \
+    do {                                                                                           \
+        nereid_error_t *e_ = (err);                                                                \
+        CHECK(e_ != NULL);                                                                         \
+        if (e_) {                                                                                  \
+            CHECK(nereid_error_code(e_) == (code));                                                \
+            CHECK_STR_CONTAINS(nereid_error_message(e_), text);                                    \
+            nereid_error_free(e_);                                                                 \
         }                                                                                          \
     } while (0)
 

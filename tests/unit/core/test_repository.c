@@ -80,15 +80,6 @@ static const char *try_infer(nereid_server_t *s, const char *model)
     return try_infer_version(s, model, 0);
 }
 
-static void expect_err(nereid_error_t *err, nereid_error_code_t code, const char *text)
-{
-    CHECK(err != NULL);
-    if (!err) return;
-    CHECK(nereid_error_code(err) == code);
-    CHECK_STR_CONTAINS(nereid_error_message(err), text);
-    nereid_error_free(err);
-}
-
 static void test_startup_index(nereid_server_t *s)
 {
     json_t *row = index_row(s, "plain", "1");
@@ -105,19 +96,19 @@ static void test_startup_index(nereid_server_t *s)
 
 static void test_names(nereid_server_t *s)
 {
-    expect_err(nereid_server_load_model(s, "../plain", NULL, NULL, NULL, NULL, 0),
-               NEREID_ERROR_INVALID_ARG, "invalid model name");
-    expect_err(nereid_server_load_model(s, "..", NULL, NULL, NULL, NULL, 0),
-               NEREID_ERROR_INVALID_ARG, "invalid model name");
-    expect_err(nereid_server_load_model(s, "a/b", NULL, NULL, NULL, NULL, 0),
-               NEREID_ERROR_INVALID_ARG, "invalid model name");
-    expect_err(nereid_server_unload_model(s, "../etc", false), NEREID_ERROR_INVALID_ARG,
-               "invalid model name");
-    expect_err(nereid_server_load_model(s, "nope", NULL, NULL, NULL, NULL, 0),
-               NEREID_ERROR_INTERNAL,
-               "failed to load 'nope', failed to poll from model repository");
-    expect_err(nereid_server_load_model(s, "empty", NULL, NULL, NULL, NULL, 0),
-               NEREID_ERROR_INTERNAL, "failed to load 'empty', no version is available");
+    CHECK_ERROR(nereid_server_load_model(s, "../plain", NULL, NULL, NULL, NULL, 0),
+                NEREID_ERROR_INVALID_ARG, "invalid model name");
+    CHECK_ERROR(nereid_server_load_model(s, "..", NULL, NULL, NULL, NULL, 0),
+                NEREID_ERROR_INVALID_ARG, "invalid model name");
+    CHECK_ERROR(nereid_server_load_model(s, "a/b", NULL, NULL, NULL, NULL, 0),
+                NEREID_ERROR_INVALID_ARG, "invalid model name");
+    CHECK_ERROR(nereid_server_unload_model(s, "../etc", false), NEREID_ERROR_INVALID_ARG,
+                "invalid model name");
+    CHECK_ERROR(nereid_server_load_model(s, "nope", NULL, NULL, NULL, NULL, 0),
+                NEREID_ERROR_INTERNAL,
+                "failed to load 'nope', failed to poll from model repository");
+    CHECK_ERROR(nereid_server_load_model(s, "empty", NULL, NULL, NULL, NULL, 0),
+                NEREID_ERROR_INTERNAL, "failed to load 'empty', no version is available");
     json_t *row = index_row(s, "empty", NULL);
     CHECK(strcmp(row_str(row, "state"), "UNAVAILABLE") == 0);
     CHECK(strcmp(row_str(row, "reason"),
@@ -127,8 +118,8 @@ static void test_names(nereid_server_t *s)
     const char *paths[] = {"../evil.txt"};
     const void *contents[] = {"x"};
     size_t sizes[] = {1};
-    expect_err(nereid_server_load_model(s, "plain", "{}", paths, contents, sizes, 1),
-               NEREID_ERROR_INVALID_ARG, "invalid file path");
+    CHECK_ERROR(nereid_server_load_model(s, "plain", "{}", paths, contents, sizes, 1),
+                NEREID_ERROR_INVALID_ARG, "invalid file path");
     CHECK(try_infer(s, "plain") == NULL);
 }
 
@@ -198,7 +189,7 @@ static void test_overrides(nereid_server_t *s)
     CHECK(nereid_server_load_model(s, "plain", NULL, NULL, NULL, NULL, 0) == NULL);
     CHECK(stat_value(s, "plain", 1, "execution_count", NULL) == 1);
     /* A bad override: error, the old version keeps serving. */
-    expect_err(
+    CHECK_ERROR(
         nereid_server_load_model(s, "plain", "{\"max_batch_size\":\"x\"", NULL, NULL, NULL, 0),
         NEREID_ERROR_INVALID_ARG, "");
     CHECK(try_infer(s, "plain") == NULL);
@@ -208,10 +199,10 @@ static void test_overrides(nereid_server_t *s)
         "\"parameters\":{\"fail_model_init\":{\"string_value\":\"true\"}},"
         "\"input\":[{\"name\":\"INPUT0\",\"data_type\":\"TYPE_FP32\",\"dims\":[2]}],"
         "\"output\":[{\"name\":\"OUTPUT0\",\"data_type\":\"TYPE_FP32\",\"dims\":[2]}]}";
-    expect_err(nereid_server_load_model(s, "plain", init_fails, NULL, NULL, NULL, 0),
-               NEREID_ERROR_INVALID_ARG,
-               "load failed for model 'plain': version 1 is at UNAVAILABLE state: Internal: "
-               "testing backend: model init failed;");
+    CHECK_ERROR(nereid_server_load_model(s, "plain", init_fails, NULL, NULL, NULL, 0),
+                NEREID_ERROR_INVALID_ARG,
+                "load failed for model 'plain': version 1 is at UNAVAILABLE state: Internal: "
+                "testing backend: model init failed;");
     CHECK(try_infer(s, "plain") == NULL);
     json_t *row = index_row(s, "plain", "1");
     CHECK(strcmp(row_str(row, "state"), "READY") == 0);
@@ -245,7 +236,7 @@ static void test_overrides(nereid_server_t *s)
         nereid_response_free(resp);
     }
     /* Without the label file the same config fails to load. */
-    expect_err(
+    CHECK_ERROR(
         nereid_server_load_model(s, "other", labels_cfg, paths + 1, contents + 1, sizes + 1, 1),
         NEREID_ERROR_INVALID_ARG, "label file");
     CHECK(nereid_server_unload_model(s, "other", false) == NULL);
@@ -400,11 +391,11 @@ static void test_not_explicit(void)
     nereid_server_t *s = start_server(NEREID_MODEL_CONTROL_NONE, NULL, 0, 0, true, &err);
     CHECK(err == NULL && s);
     if (!s) return;
-    expect_err(nereid_server_load_model(s, "plain", NULL, NULL, NULL, NULL, 0),
-               NEREID_ERROR_UNAVAILABLE,
-               "explicit model load / unload is not allowed if polling is enabled");
-    expect_err(nereid_server_unload_model(s, "plain", false), NEREID_ERROR_UNAVAILABLE,
-               "explicit model load / unload is not allowed if polling is enabled");
+    CHECK_ERROR(nereid_server_load_model(s, "plain", NULL, NULL, NULL, NULL, 0),
+                NEREID_ERROR_UNAVAILABLE,
+                "explicit model load / unload is not allowed if polling is enabled");
+    CHECK_ERROR(nereid_server_unload_model(s, "plain", false), NEREID_ERROR_UNAVAILABLE,
+                "explicit model load / unload is not allowed if polling is enabled");
     /* Mode none loads everything, ensembles after their steps. */
     CHECK(try_infer(s, "ens") == NULL);
     nereid_server_free(s);
@@ -436,8 +427,8 @@ static void test_poll(void)
     nereid_server_t *s = start_server(NEREID_MODEL_CONTROL_POLL, NULL, 0, 3600, true, &err);
     CHECK(err == NULL && s);
     if (!s) return;
-    expect_err(nereid_server_load_model(s, "plain", NULL, NULL, NULL, NULL, 0),
-               NEREID_ERROR_UNAVAILABLE, "not allowed if polling is enabled");
+    CHECK_ERROR(nereid_server_load_model(s, "plain", NULL, NULL, NULL, NULL, 0),
+                NEREID_ERROR_UNAVAILABLE, "not allowed if polling is enabled");
     nereid_response_t *resp;
 
     /* A new version directory becomes the served (latest) version. */

@@ -110,44 +110,35 @@ static nereid_error_t *submit_bad(nereid_server_t *s, const char *model, int64_t
     return err;
 }
 
-static void expect_error(nereid_error_t *err, nereid_error_code_t code, const char *text)
-{
-    CHECK(err != NULL);
-    if (!err) return;
-    CHECK(nereid_error_code(err) == code);
-    CHECK_STR_CONTAINS(nereid_error_message(err), text);
-    nereid_error_free(err);
-}
-
 static void test_validation(nereid_server_t *s)
 {
     int64_t ok[2] = {1, 4};
-    expect_error(submit_bad(s, "nope", 0, "INPUT0", NEREID_TYPE_INT32, ok, 2, 16, NULL),
-                 NEREID_ERROR_NOT_FOUND, "Request for unknown model: 'nope' is not found");
-    expect_error(submit_bad(s, "add_sub", 7, "INPUT0", NEREID_TYPE_INT32, ok, 2, 16, NULL),
-                 NEREID_ERROR_NOT_FOUND,
-                 "Request for unknown model: 'add_sub' version 7 is not found");
-    expect_error(
+    CHECK_ERROR(submit_bad(s, "nope", 0, "INPUT0", NEREID_TYPE_INT32, ok, 2, 16, NULL),
+                NEREID_ERROR_NOT_FOUND, "Request for unknown model: 'nope' is not found");
+    CHECK_ERROR(submit_bad(s, "add_sub", 7, "INPUT0", NEREID_TYPE_INT32, ok, 2, 16, NULL),
+                NEREID_ERROR_NOT_FOUND,
+                "Request for unknown model: 'add_sub' version 7 is not found");
+    CHECK_ERROR(
         submit_bad(s, "add_sub", 0, "INPUT0", NEREID_TYPE_FP32, ok, 2, 16, NULL),
         NEREID_ERROR_INVALID_ARG,
         "inference input 'INPUT0' data-type is 'FP32', but model 'add_sub' expects 'INT32'");
-    expect_error(
+    CHECK_ERROR(
         submit_bad(s, "add_sub", 0, "INPUT0", NEREID_TYPE_INT32, (int64_t[]){1, 5}, 2, 20, NULL),
         NEREID_ERROR_INVALID_ARG,
         "unexpected shape for input 'INPUT0' for model 'add_sub'. Expected [-1,4], got [1,5]");
-    expect_error(
+    CHECK_ERROR(
         submit_bad(s, "add_sub", 0, "INPUT0", NEREID_TYPE_INT32, ok, 2, 12, NULL),
         NEREID_ERROR_INVALID_ARG,
         "input byte size mismatch for input 'INPUT0' for model 'add_sub'. Expected 16, got 12");
-    expect_error(
+    CHECK_ERROR(
         submit_bad(s, "add_sub", 0, "INPUT0", NEREID_TYPE_INT32, (int64_t[]){9, 4}, 2, 144, NULL),
         NEREID_ERROR_INVALID_ARG, "inference request batch-size must be <= 8 for 'add_sub'");
-    expect_error(submit_bad(s, "add_sub", 0, "INPUTX", NEREID_TYPE_INT32, ok, 2, 16, NULL),
-                 NEREID_ERROR_INVALID_ARG,
-                 "unexpected inference input 'INPUTX' for model 'add_sub'");
-    expect_error(submit_bad(s, "add_sub", 0, "INPUT0", NEREID_TYPE_INT32, ok, 2, 16, "OUTPUT9"),
-                 NEREID_ERROR_INVALID_ARG,
-                 "unexpected inference output 'OUTPUT9' for model 'add_sub'");
+    CHECK_ERROR(submit_bad(s, "add_sub", 0, "INPUTX", NEREID_TYPE_INT32, ok, 2, 16, NULL),
+                NEREID_ERROR_INVALID_ARG,
+                "unexpected inference input 'INPUTX' for model 'add_sub'");
+    CHECK_ERROR(submit_bad(s, "add_sub", 0, "INPUT0", NEREID_TYPE_INT32, ok, 2, 16, "OUTPUT9"),
+                NEREID_ERROR_INVALID_ARG,
+                "unexpected inference output 'OUTPUT9' for model 'add_sub'");
     /* Missing INPUT1: add only INPUT0 through the non-INPUT0 path. */
     nereid_request_t *req;
     nereid_request_new(s, "add_sub", 0, &req);
@@ -156,11 +147,11 @@ static void test_validation(nereid_server_t *s)
     nereid_error_t *err;
     nereid_response_t *resp = infer_sync(s, req, &err);
     CHECK(resp == NULL);
-    expect_error(err, NEREID_ERROR_INVALID_ARG,
-                 "expected 2 inputs but got 1 inputs for model 'add_sub'. Got input(s) ['INPUT0'], "
-                 "but missing required input(s) ['INPUT1']");
-    expect_error(submit_bad(s, "bad_config", 0, "INPUT0", NEREID_TYPE_INT32, ok, 2, 16, NULL),
-                 NEREID_ERROR_NOT_FOUND, "has no available versions");
+    CHECK_ERROR(err, NEREID_ERROR_INVALID_ARG,
+                "expected 2 inputs but got 1 inputs for model 'add_sub'. Got input(s) ['INPUT0'], "
+                "but missing required input(s) ['INPUT1']");
+    CHECK_ERROR(submit_bad(s, "bad_config", 0, "INPUT0", NEREID_TYPE_INT32, ok, 2, 16, NULL),
+                NEREID_ERROR_NOT_FOUND, "has no available versions");
 }
 
 static void test_versions(nereid_server_t *s)
@@ -174,7 +165,7 @@ static void test_versions(nereid_server_t *s)
         nereid_error_t *err;
         nereid_response_t *resp = infer_sync(s, req, &err);
         if (v == 1) {
-            expect_error(err, NEREID_ERROR_NOT_FOUND, "'multi' version 1 is not found");
+            CHECK_ERROR(err, NEREID_ERROR_NOT_FOUND, "'multi' version 1 is not found");
             continue;
         }
         CHECK(err == NULL && resp);
@@ -312,7 +303,7 @@ static void test_stats(nereid_server_t *s)
     CHECK(json_integer_value(json_object_get(bs, "batch_size")) == 2);
     json_decref(doc);
     nereid_error_t *err = nereid_server_model_statistics(s, "nope", 0, &json);
-    expect_error(err, NEREID_ERROR_INVALID_ARG, "requested model 'nope' is not available");
+    CHECK_ERROR(err, NEREID_ERROR_INVALID_ARG, "requested model 'nope' is not available");
     char *text;
     CHECK(nereid_server_metrics(s, &text) == NULL);
     CHECK_STR_CONTAINS(text, "nv_inference_count{model=\"add_sub\",version=\"1\"} 2\n");
