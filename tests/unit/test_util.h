@@ -3,8 +3,9 @@
  * that drive a server through the in-process API: a scratch model
  * repository, server options on it with the build's backends, a
  * synchronous wrapper over nereid_server_infer_async, and lookups in
- * responses and statistics. Everything is static
- * inline so each test or benchmark executable takes only what it uses.
+ * responses and statistics. Everything is static inline, so each test or
+ * benchmark executable takes only what it uses (benchmarks include it as
+ * "../tests/unit/test_util.h").
  */
 #ifndef NEREID_TEST_UTIL_H
 #define NEREID_TEST_UTIL_H
