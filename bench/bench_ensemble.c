@@ -18,27 +18,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "nereid/server.h"
+#include "../tests/unit/test_util.h"
 
 #define WIDTH 4096
-
-static char repo[256];
-
-static void write_file(const char *rel, const char *text)
-{
-    char path[512];
-    snprintf(path, sizeof path, "%s/%s", repo, rel);
-    for (char *p = path + strlen(repo) + 1; *p; p++)
-        if (*p == '/') {
-            *p = 0;
-            mkdir(path, 0755);
-            *p = '/';
-        }
-    FILE *f = fopen(path, "w");
-    if (!f) abort();
-    fputs(text, f);
-    fclose(f);
-}
 
 static double now_us(void)
 {
@@ -60,14 +42,12 @@ static long rss_kb(void)
 
 static void make_repo(void)
 {
-    strcpy(repo, "/tmp/nereid-bench-ensemble-XXXXXX");
-    if (!mkdtemp(repo)) abort();
+    make_repo_dir("bench-ensemble");
     const char *io = "input [ { name: \"INPUT0\" data_type: TYPE_FP32 dims: [ 4096 ] } ]\n"
                      "output [ { name: \"OUTPUT0\" data_type: TYPE_FP32 dims: [ 4096 ] } ]\n";
     char buf[4096];
     snprintf(buf, sizeof buf, "backend: \"identity\" max_batch_size: 8\n%s", io);
-    write_file("identity/config.pbtxt", buf);
-    write_file("identity/1/.keep", "");
+    write_model("identity", buf);
     for (int steps = 1; steps <= 4; steps += 3) {
         int n = snprintf(buf, sizeof buf,
                          "platform: \"ensemble\" max_batch_size: 8\n%sensemble_scheduling { step [",
@@ -82,29 +62,10 @@ static void make_repo(void)
                           s ? "," : "", in, out);
         }
         snprintf(buf + n, sizeof buf - (size_t)n, " ] }\n");
-        char path[64];
-        snprintf(path, sizeof path, "chain%d/config.pbtxt", steps);
-        write_file(path, buf);
-        snprintf(path, sizeof path, "chain%d/1/.keep", steps);
-        write_file(path, "");
+        char name[16];
+        snprintf(name, sizeof name, "chain%d", steps);
+        write_model(name, buf);
     }
-}
-
-typedef struct waiter {
-    pthread_mutex_t lock;
-    pthread_cond_t cond;
-    int done, failed;
-} waiter_t;
-
-static void on_done(nereid_response_t *resp, void *userp)
-{
-    waiter_t *w = userp;
-    pthread_mutex_lock(&w->lock);
-    if (nereid_response_error(resp)) w->failed++;
-    w->done++;
-    pthread_cond_broadcast(&w->cond);
-    pthread_mutex_unlock(&w->lock);
-    nereid_response_free(resp);
 }
 
 static float input[WIDTH];
@@ -115,7 +76,7 @@ static int submit(nereid_server_t *s, const char *model, waiter_t *w)
     nereid_request_t *req;
     if (nereid_request_new(s, model, 0, &req)) return -1;
     nereid_request_add_input(req, "INPUT0", NEREID_TYPE_FP32, shape, 2, input, sizeof input);
-    nereid_error_t *err = nereid_server_infer_async(s, req, NULL, on_done, w);
+    nereid_error_t *err = nereid_server_infer_async(s, req, NULL, waiter_on_done, w);
     if (err) {
         nereid_error_free(err);
         nereid_request_free(req);
@@ -133,25 +94,25 @@ static int cmp_d(const void *a, const void *b)
 static void latency(nereid_server_t *s, const char *model, int n)
 {
     double *lat = calloc((size_t)n, sizeof *lat);
-    waiter_t w = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0};
+    waiter_t w;
+    waiter_init(&w);
     for (int i = 0; i < n; i++) {
         double t0 = now_us();
         if (submit(s, model, &w)) abort();
-        pthread_mutex_lock(&w.lock);
-        while (w.done <= i)
-            pthread_cond_wait(&w.cond, &w.lock);
-        pthread_mutex_unlock(&w.lock);
+        waiter_wait(&w, i + 1);
         lat[i] = now_us() - t0;
     }
     qsort(lat, (size_t)n, sizeof *lat, cmp_d);
     printf("  %-9s p50 %7.1f us  p99 %7.1f us  (%d failed)\n", model, lat[n / 2], lat[n * 99 / 100],
            w.failed);
+    nereid_response_free(waiter_take(&w));
     free(lat);
 }
 
 static void throughput(nereid_server_t *s, const char *model, int n)
 {
-    waiter_t w = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0};
+    waiter_t w;
+    waiter_init(&w);
     double t0 = now_us();
     for (int i = 0; i < n; i++) {
         pthread_mutex_lock(&w.lock);
@@ -160,13 +121,11 @@ static void throughput(nereid_server_t *s, const char *model, int n)
         pthread_mutex_unlock(&w.lock);
         if (submit(s, model, &w)) abort();
     }
-    pthread_mutex_lock(&w.lock);
-    while (w.done < n)
-        pthread_cond_wait(&w.cond, &w.lock);
-    pthread_mutex_unlock(&w.lock);
+    waiter_wait(&w, n);
     double secs = (now_us() - t0) / 1e6;
     printf("  %-9s %8.0f ensemble requests/s with 16 in flight (%d failed)\n", model, n / secs,
            w.failed);
+    nereid_response_free(waiter_take(&w));
 }
 
 int main(int argc, char **argv)
@@ -174,18 +133,9 @@ int main(int argc, char **argv)
     int n = argc > 1 ? atoi(argv[1]) : 2000;
     if (n < 100) n = 100;
     make_repo();
-    nereid_server_options_t o;
-    nereid_server_options_init(&o);
-    const char *repos[] = {repo};
     const char *load[] = {"*"};
-    o.model_repositories = repos;
-    o.n_model_repositories = 1;
-    o.model_control_mode = NEREID_MODEL_CONTROL_EXPLICIT;
-    o.load_models = load;
-    o.n_load_models = 1;
-    o.backend_directory = "build/backends";
-    nereid_server_t *s;
-    nereid_error_t *err = nereid_server_new(&o, &s);
+    nereid_error_t *err;
+    nereid_server_t *s = start_server(NEREID_MODEL_CONTROL_EXPLICIT, load, 1, 0, true, &err);
     if (err) {
         fprintf(stderr, "%s\n", nereid_error_message(err));
         return 1;
@@ -209,7 +159,5 @@ int main(int argc, char **argv)
     }
     printf("RSS before 50 load/unload cycles %ld kB, after %ld kB\n", before, rss_kb());
     nereid_server_free(s);
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", repo);
-    return system(cmd) == 0 ? 0 : 1;
+    return remove_repo() ? 0 : 1;
 }

@@ -24,25 +24,20 @@ static const char *testing_cfg = "backend: \"testing\" max_batch_size: 8\n"
 static void make_models(void)
 {
     make_repo_dir("repository");
-    write_file("plain/config.pbtxt", testing_cfg);
-    write_file("plain/1/.keep", "");
-    write_file("other/config.pbtxt", testing_cfg);
-    write_file("other/1/.keep", "");
-    write_file("slow/config.pbtxt",
-               "backend: \"testing\" max_batch_size: 8\n"
-               "parameters { key: \"execute_delay_ms\" value { string_value: \"5\" } }\n"
-               "instance_group [ { count: 2 kind: KIND_CPU } ]\n"
-               "input [ { name: \"INPUT0\" " F2 " } ]\n"
-               "output [ { name: \"OUTPUT0\" " F2 " } ]\n");
-    write_file("slow/1/.keep", "");
+    write_model("plain", testing_cfg);
+    write_model("other", testing_cfg);
+    write_model("slow", "backend: \"testing\" max_batch_size: 8\n"
+                        "parameters { key: \"execute_delay_ms\" value { string_value: \"5\" } }\n"
+                        "instance_group [ { count: 2 kind: KIND_CPU } ]\n"
+                        "input [ { name: \"INPUT0\" " F2 " } ]\n"
+                        "output [ { name: \"OUTPUT0\" " F2 " } ]\n");
     write_file("empty/config.pbtxt", testing_cfg);
-    write_file("ens/config.pbtxt", "platform: \"ensemble\" max_batch_size: 8\n"
-                                   "input [ { name: \"X\" " F2 " } ]\n"
-                                   "output [ { name: \"Y\" " F2 " } ]\n"
-                                   "ensemble_scheduling { step [ { model_name: \"other\"\n"
-                                   "  input_map { key: \"INPUT0\" value: \"X\" }\n"
-                                   "  output_map { key: \"OUTPUT0\" value: \"Y\" } } ] }\n");
-    write_file("ens/1/.keep", "");
+    write_model("ens", "platform: \"ensemble\" max_batch_size: 8\n"
+                       "input [ { name: \"X\" " F2 " } ]\n"
+                       "output [ { name: \"Y\" " F2 " } ]\n"
+                       "ensemble_scheduling { step [ { model_name: \"other\"\n"
+                       "  input_map { key: \"INPUT0\" value: \"X\" }\n"
+                       "  output_map { key: \"OUTPUT0\" value: \"Y\" } } ] }\n");
 }
 
 static nereid_error_t *infer_x(nereid_server_t *s, const char *model, int64_t version,
@@ -55,7 +50,7 @@ static nereid_error_t *infer_x(nereid_server_t *s, const char *model, int64_t ve
     nereid_request_new(s, model, version, &req);
     nereid_request_add_input(req, ens ? "X" : "INPUT0", NEREID_TYPE_FP32, shape, 2, x, 8);
     nereid_error_t *err;
-    *out = infer(s, req, &err);
+    *out = infer_sync(s, req, &err);
     return err;
 }
 
@@ -85,15 +80,6 @@ static const char *try_infer(nereid_server_t *s, const char *model)
     return try_infer_version(s, model, 0);
 }
 
-static void expect_err(nereid_error_t *err, nereid_error_code_t code, const char *text)
-{
-    CHECK(err != NULL);
-    if (!err) return;
-    CHECK(nereid_error_code(err) == code);
-    CHECK_STR_CONTAINS(nereid_error_message(err), text);
-    nereid_error_free(err);
-}
-
 static void test_startup_index(nereid_server_t *s)
 {
     json_t *row = index_row(s, "plain", "1");
@@ -110,19 +96,19 @@ static void test_startup_index(nereid_server_t *s)
 
 static void test_names(nereid_server_t *s)
 {
-    expect_err(nereid_server_load_model(s, "../plain", NULL, NULL, NULL, NULL, 0),
-               NEREID_ERROR_INVALID_ARG, "invalid model name");
-    expect_err(nereid_server_load_model(s, "..", NULL, NULL, NULL, NULL, 0),
-               NEREID_ERROR_INVALID_ARG, "invalid model name");
-    expect_err(nereid_server_load_model(s, "a/b", NULL, NULL, NULL, NULL, 0),
-               NEREID_ERROR_INVALID_ARG, "invalid model name");
-    expect_err(nereid_server_unload_model(s, "../etc", false), NEREID_ERROR_INVALID_ARG,
-               "invalid model name");
-    expect_err(nereid_server_load_model(s, "nope", NULL, NULL, NULL, NULL, 0),
-               NEREID_ERROR_INTERNAL,
-               "failed to load 'nope', failed to poll from model repository");
-    expect_err(nereid_server_load_model(s, "empty", NULL, NULL, NULL, NULL, 0),
-               NEREID_ERROR_INTERNAL, "failed to load 'empty', no version is available");
+    CHECK_ERROR(nereid_server_load_model(s, "../plain", NULL, NULL, NULL, NULL, 0),
+                NEREID_ERROR_INVALID_ARG, "invalid model name");
+    CHECK_ERROR(nereid_server_load_model(s, "..", NULL, NULL, NULL, NULL, 0),
+                NEREID_ERROR_INVALID_ARG, "invalid model name");
+    CHECK_ERROR(nereid_server_load_model(s, "a/b", NULL, NULL, NULL, NULL, 0),
+                NEREID_ERROR_INVALID_ARG, "invalid model name");
+    CHECK_ERROR(nereid_server_unload_model(s, "../etc", false), NEREID_ERROR_INVALID_ARG,
+                "invalid model name");
+    CHECK_ERROR(nereid_server_load_model(s, "nope", NULL, NULL, NULL, NULL, 0),
+                NEREID_ERROR_INTERNAL,
+                "failed to load 'nope', failed to poll from model repository");
+    CHECK_ERROR(nereid_server_load_model(s, "empty", NULL, NULL, NULL, NULL, 0),
+                NEREID_ERROR_INTERNAL, "failed to load 'empty', no version is available");
     json_t *row = index_row(s, "empty", NULL);
     CHECK(strcmp(row_str(row, "state"), "UNAVAILABLE") == 0);
     CHECK(strcmp(row_str(row, "reason"),
@@ -132,8 +118,8 @@ static void test_names(nereid_server_t *s)
     const char *paths[] = {"../evil.txt"};
     const void *contents[] = {"x"};
     size_t sizes[] = {1};
-    expect_err(nereid_server_load_model(s, "plain", "{}", paths, contents, sizes, 1),
-               NEREID_ERROR_INVALID_ARG, "invalid file path");
+    CHECK_ERROR(nereid_server_load_model(s, "plain", "{}", paths, contents, sizes, 1),
+                NEREID_ERROR_INVALID_ARG, "invalid file path");
     CHECK(try_infer(s, "plain") == NULL);
 }
 
@@ -203,7 +189,7 @@ static void test_overrides(nereid_server_t *s)
     CHECK(nereid_server_load_model(s, "plain", NULL, NULL, NULL, NULL, 0) == NULL);
     CHECK(stat_value(s, "plain", 1, "execution_count", NULL) == 1);
     /* A bad override: error, the old version keeps serving. */
-    expect_err(
+    CHECK_ERROR(
         nereid_server_load_model(s, "plain", "{\"max_batch_size\":\"x\"", NULL, NULL, NULL, 0),
         NEREID_ERROR_INVALID_ARG, "");
     CHECK(try_infer(s, "plain") == NULL);
@@ -213,10 +199,10 @@ static void test_overrides(nereid_server_t *s)
         "\"parameters\":{\"fail_model_init\":{\"string_value\":\"true\"}},"
         "\"input\":[{\"name\":\"INPUT0\",\"data_type\":\"TYPE_FP32\",\"dims\":[2]}],"
         "\"output\":[{\"name\":\"OUTPUT0\",\"data_type\":\"TYPE_FP32\",\"dims\":[2]}]}";
-    expect_err(nereid_server_load_model(s, "plain", init_fails, NULL, NULL, NULL, 0),
-               NEREID_ERROR_INVALID_ARG,
-               "load failed for model 'plain': version 1 is at UNAVAILABLE state: Internal: "
-               "testing backend: model init failed;");
+    CHECK_ERROR(nereid_server_load_model(s, "plain", init_fails, NULL, NULL, NULL, 0),
+                NEREID_ERROR_INVALID_ARG,
+                "load failed for model 'plain': version 1 is at UNAVAILABLE state: Internal: "
+                "testing backend: model init failed;");
     CHECK(try_infer(s, "plain") == NULL);
     json_t *row = index_row(s, "plain", "1");
     CHECK(strcmp(row_str(row, "state"), "READY") == 0);
@@ -250,7 +236,7 @@ static void test_overrides(nereid_server_t *s)
         nereid_response_free(resp);
     }
     /* Without the label file the same config fails to load. */
-    expect_err(
+    CHECK_ERROR(
         nereid_server_load_model(s, "other", labels_cfg, paths + 1, contents + 1, sizes + 1, 1),
         NEREID_ERROR_INVALID_ARG, "label file");
     CHECK(nereid_server_unload_model(s, "other", false) == NULL);
@@ -392,7 +378,7 @@ static void test_explicit(void)
     test_overrides(s);
     test_reload_under_load(s);
     nereid_server_free(s);
-    remove_repo();
+    if (!remove_repo()) abort();
 }
 
 /* ---- Modes ---- */
@@ -405,15 +391,15 @@ static void test_not_explicit(void)
     nereid_server_t *s = start_server(NEREID_MODEL_CONTROL_NONE, NULL, 0, 0, true, &err);
     CHECK(err == NULL && s);
     if (!s) return;
-    expect_err(nereid_server_load_model(s, "plain", NULL, NULL, NULL, NULL, 0),
-               NEREID_ERROR_UNAVAILABLE,
-               "explicit model load / unload is not allowed if polling is enabled");
-    expect_err(nereid_server_unload_model(s, "plain", false), NEREID_ERROR_UNAVAILABLE,
-               "explicit model load / unload is not allowed if polling is enabled");
+    CHECK_ERROR(nereid_server_load_model(s, "plain", NULL, NULL, NULL, NULL, 0),
+                NEREID_ERROR_UNAVAILABLE,
+                "explicit model load / unload is not allowed if polling is enabled");
+    CHECK_ERROR(nereid_server_unload_model(s, "plain", false), NEREID_ERROR_UNAVAILABLE,
+                "explicit model load / unload is not allowed if polling is enabled");
     /* Mode none loads everything, ensembles after their steps. */
     CHECK(try_infer(s, "ens") == NULL);
     nereid_server_free(s);
-    remove_repo();
+    if (!remove_repo()) abort();
 }
 
 static void test_load_star(void)
@@ -428,7 +414,7 @@ static void test_load_star(void)
     CHECK(try_infer(s, "ens") == NULL);
     CHECK(try_infer(s, "other") == NULL);
     nereid_server_free(s);
-    remove_repo();
+    if (!remove_repo()) abort();
 }
 
 static void test_poll(void)
@@ -441,8 +427,8 @@ static void test_poll(void)
     nereid_server_t *s = start_server(NEREID_MODEL_CONTROL_POLL, NULL, 0, 3600, true, &err);
     CHECK(err == NULL && s);
     if (!s) return;
-    expect_err(nereid_server_load_model(s, "plain", NULL, NULL, NULL, NULL, 0),
-               NEREID_ERROR_UNAVAILABLE, "not allowed if polling is enabled");
+    CHECK_ERROR(nereid_server_load_model(s, "plain", NULL, NULL, NULL, NULL, 0),
+                NEREID_ERROR_UNAVAILABLE, "not allowed if polling is enabled");
     nereid_response_t *resp;
 
     /* A new version directory becomes the served (latest) version. */
@@ -493,8 +479,7 @@ static void test_poll(void)
     json_decref(row);
 
     /* Models added and removed. */
-    write_file("added/config.pbtxt", testing_cfg);
-    write_file("added/1/.keep", "");
+    write_model("added", testing_cfg);
     repository_poll(s);
     CHECK(try_infer(s, "added") == NULL);
     remove_path("other");
@@ -509,7 +494,7 @@ static void test_poll(void)
     repository_poll(s);
     CHECK(stat_value(s, "added", 1, "execution_count", NULL) == execs);
     nereid_server_free(s);
-    remove_repo();
+    if (!remove_repo()) abort();
 }
 
 static void test_poll_thread(void)
@@ -521,8 +506,7 @@ static void test_poll_thread(void)
     nereid_server_t *s = start_server(NEREID_MODEL_CONTROL_POLL, NULL, 0, 1, true, &err);
     CHECK(err == NULL && s);
     if (!s) return;
-    write_file("late/config.pbtxt", testing_cfg);
-    write_file("late/1/.keep", "");
+    write_model("late", testing_cfg);
     /* The poll thread (1 s period) finds it; wait up to 10 s. */
     const char *r = "not yet";
     for (int i = 0; i < 200 && r; i++) {
@@ -534,7 +518,7 @@ static void test_poll_thread(void)
     }
     CHECK(r == NULL);
     nereid_server_free(s);
-    remove_repo();
+    if (!remove_repo()) abort();
 }
 
 int main(void)

@@ -13,42 +13,36 @@
 static void make_models(void)
 {
     make_repo_dir("ensemble");
-    write_file("add_sub/config.pbtxt",
-               "backend: \"add_sub\" max_batch_size: 8\n"
-               "input [ { name: \"INPUT0\" " INT4 " }, { name: \"INPUT1\" " INT4 " } ]\n"
-               "output [ { name: \"OUTPUT0\" " INT4 " }, { name: \"OUTPUT1\" " INT4 " } ]\n");
-    write_file("add_sub/1/.keep", "");
+    write_model("add_sub",
+                "backend: \"add_sub\" max_batch_size: 8\n"
+                "input [ { name: \"INPUT0\" " INT4 " }, { name: \"INPUT1\" " INT4 " } ]\n"
+                "output [ { name: \"OUTPUT0\" " INT4 " }, { name: \"OUTPUT1\" " INT4 " } ]\n");
     /* OUT_SUM = (a+b)+(a-b) = 2a, OUT_DIFF = (a+b)-(a-b) = 2b */
-    write_file("chain/config.pbtxt",
-               "platform: \"ensemble\" max_batch_size: 8\n"
-               "input [ { name: \"A\" " INT4 " }, { name: \"B\" " INT4 " } ]\n"
-               "output [ { name: \"OUT_SUM\" " INT4 " }, { name: \"OUT_DIFF\" " INT4 " } ]\n"
-               "ensemble_scheduling { step [\n"
-               "  { model_name: \"add_sub\" model_version: -1\n"
-               "    input_map { key: \"INPUT0\" value: \"A\" } input_map { key: \"INPUT1\" value: "
-               "\"B\" }\n"
-               "    output_map { key: \"OUTPUT0\" value: \"S\" } output_map { key: \"OUTPUT1\" "
-               "value: \"D\" } },\n"
-               "  { model_name: \"add_sub\" model_version: -1\n"
-               "    input_map { key: \"INPUT0\" value: \"S\" } input_map { key: \"INPUT1\" value: "
-               "\"D\" }\n"
-               "    output_map { key: \"OUTPUT0\" value: \"OUT_SUM\" } output_map { key: "
-               "\"OUTPUT1\" value: \"OUT_DIFF\" } } ] }\n");
-    write_file("chain/1/.keep", "");
+    write_model("chain",
+                "platform: \"ensemble\" max_batch_size: 8\n"
+                "input [ { name: \"A\" " INT4 " }, { name: \"B\" " INT4 " } ]\n"
+                "output [ { name: \"OUT_SUM\" " INT4 " }, { name: \"OUT_DIFF\" " INT4 " } ]\n"
+                "ensemble_scheduling { step [\n"
+                "  { model_name: \"add_sub\" model_version: -1\n"
+                "    input_map { key: \"INPUT0\" value: \"A\" } input_map { key: \"INPUT1\" value: "
+                "\"B\" }\n"
+                "    output_map { key: \"OUTPUT0\" value: \"S\" } output_map { key: \"OUTPUT1\" "
+                "value: \"D\" } },\n"
+                "  { model_name: \"add_sub\" model_version: -1\n"
+                "    input_map { key: \"INPUT0\" value: \"S\" } input_map { key: \"INPUT1\" value: "
+                "\"D\" }\n"
+                "    output_map { key: \"OUTPUT0\" value: \"OUT_SUM\" } output_map { key: "
+                "\"OUTPUT1\" value: \"OUT_DIFF\" } } ] }\n");
     const char *slow = "backend: \"testing\" max_batch_size: 8\n"
                        "parameters { key: \"execute_delay_ms\" value { string_value: \"300\" } }\n"
                        "input [ { name: \"INPUT0\" data_type: TYPE_FP32 dims: [ 2 ] } ]\n"
                        "output [ { name: \"OUTPUT0\" data_type: TYPE_FP32 dims: [ 2 ] } ]\n";
-    write_file("slow_a/config.pbtxt", slow);
-    write_file("slow_a/1/.keep", "");
-    write_file("slow_b/config.pbtxt", slow);
-    write_file("slow_b/1/.keep", "");
-    write_file("fails/config.pbtxt",
-               "backend: \"testing\" max_batch_size: 8\n"
-               "parameters { key: \"fail_execute\" value { string_value: \"true\" } }\n"
-               "input [ { name: \"INPUT0\" data_type: TYPE_FP32 dims: [ 2 ] } ]\n"
-               "output [ { name: \"OUTPUT0\" data_type: TYPE_FP32 dims: [ 2 ] } ]\n");
-    write_file("fails/1/.keep", "");
+    write_model("slow_a", slow);
+    write_model("slow_b", slow);
+    write_model("fails", "backend: \"testing\" max_batch_size: 8\n"
+                         "parameters { key: \"fail_execute\" value { string_value: \"true\" } }\n"
+                         "input [ { name: \"INPUT0\" data_type: TYPE_FP32 dims: [ 2 ] } ]\n"
+                         "output [ { name: \"OUTPUT0\" data_type: TYPE_FP32 dims: [ 2 ] } ]\n");
     const char *par = "platform: \"ensemble\" max_batch_size: 8\n"
                       "input [ { name: \"X\" data_type: TYPE_FP32 dims: [ 2 ] } ]\n"
                       "output [ { name: \"P\" data_type: TYPE_FP32 dims: [ 2 ] },\n"
@@ -60,53 +54,43 @@ static void make_models(void)
                       "    output_map { key: \"OUTPUT0\" value: \"Q\" } } ] }\n";
     char buf[2048];
     snprintf(buf, sizeof buf, par, "slow_b");
-    write_file("parallel/config.pbtxt", buf);
-    write_file("parallel/1/.keep", "");
+    write_model("parallel", buf);
     snprintf(buf, sizeof buf, par, "fails");
-    write_file("broken_step/config.pbtxt", buf);
-    write_file("broken_step/1/.keep", "");
+    write_model("broken_step", buf);
     /* A dynamically batched step batches across ensemble requests. */
-    write_file("batched/config.pbtxt",
-               "backend: \"testing\" max_batch_size: 8\n"
-               "dynamic_batching { max_queue_delay_microseconds: 200000 }\n"
-               "input [ { name: \"INPUT0\" data_type: TYPE_FP32 dims: [ 2 ] } ]\n"
-               "output [ { name: \"OUTPUT0\" data_type: TYPE_FP32 dims: [ 2 ] } ]\n");
-    write_file("batched/1/.keep", "");
-    write_file("via_batched/config.pbtxt",
-               "platform: \"ensemble\" max_batch_size: 8\n"
-               "input [ { name: \"X\" data_type: TYPE_FP32 dims: [ 2 ] } ]\n"
-               "output [ { name: \"P\" data_type: TYPE_FP32 dims: [ 2 ] } ]\n"
-               "ensemble_scheduling { step [ { model_name: \"batched\"\n"
-               "  input_map { key: \"INPUT0\" value: \"X\" }\n"
-               "  output_map { key: \"OUTPUT0\" value: \"P\" } } ] }\n");
-    write_file("via_batched/1/.keep", "");
+    write_model("batched", "backend: \"testing\" max_batch_size: 8\n"
+                           "dynamic_batching { max_queue_delay_microseconds: 200000 }\n"
+                           "input [ { name: \"INPUT0\" data_type: TYPE_FP32 dims: [ 2 ] } ]\n"
+                           "output [ { name: \"OUTPUT0\" data_type: TYPE_FP32 dims: [ 2 ] } ]\n");
+    write_model("via_batched", "platform: \"ensemble\" max_batch_size: 8\n"
+                               "input [ { name: \"X\" data_type: TYPE_FP32 dims: [ 2 ] } ]\n"
+                               "output [ { name: \"P\" data_type: TYPE_FP32 dims: [ 2 ] } ]\n"
+                               "ensemble_scheduling { step [ { model_name: \"batched\"\n"
+                               "  input_map { key: \"INPUT0\" value: \"X\" }\n"
+                               "  output_map { key: \"OUTPUT0\" value: \"P\" } } ] }\n");
     /* Load-time validation failures. */
-    write_file("bad_type/config.pbtxt",
-               "platform: \"ensemble\" max_batch_size: 8\n"
-               "input [ { name: \"X\" data_type: TYPE_FP32 dims: [ 4 ] } ]\n"
-               "output [ { name: \"Y\" " INT4 " } ]\n"
-               "ensemble_scheduling { step [ { model_name: \"add_sub\"\n"
-               "  input_map { key: \"INPUT0\" value: \"X\" } input_map { key: \"INPUT1\" value: "
-               "\"X\" }\n"
-               "  output_map { key: \"OUTPUT0\" value: \"Y\" } } ] }\n");
-    write_file("bad_type/1/.keep", "");
-    write_file("bad_shape/config.pbtxt",
-               "platform: \"ensemble\" max_batch_size: 8\n"
-               "input [ { name: \"X\" data_type: TYPE_INT32 dims: [ 3 ] } ]\n"
-               "output [ { name: \"Y\" " INT4 " } ]\n"
-               "ensemble_scheduling { step [ { model_name: \"add_sub\"\n"
-               "  input_map { key: \"INPUT0\" value: \"X\" } input_map { key: \"INPUT1\" value: "
-               "\"X\" }\n"
-               "  output_map { key: \"OUTPUT0\" value: \"Y\" } } ] }\n");
-    write_file("bad_shape/1/.keep", "");
-    write_file("missing_step/config.pbtxt",
-               "platform: \"ensemble\" max_batch_size: 8\n"
-               "input [ { name: \"X\" " INT4 " } ]\n"
-               "output [ { name: \"Y\" " INT4 " } ]\n"
-               "ensemble_scheduling { step [ { model_name: \"no_such_model\"\n"
-               "  input_map { key: \"INPUT0\" value: \"X\" }\n"
-               "  output_map { key: \"OUTPUT0\" value: \"Y\" } } ] }\n");
-    write_file("missing_step/1/.keep", "");
+    write_model("bad_type",
+                "platform: \"ensemble\" max_batch_size: 8\n"
+                "input [ { name: \"X\" data_type: TYPE_FP32 dims: [ 4 ] } ]\n"
+                "output [ { name: \"Y\" " INT4 " } ]\n"
+                "ensemble_scheduling { step [ { model_name: \"add_sub\"\n"
+                "  input_map { key: \"INPUT0\" value: \"X\" } input_map { key: \"INPUT1\" value: "
+                "\"X\" }\n"
+                "  output_map { key: \"OUTPUT0\" value: \"Y\" } } ] }\n");
+    write_model("bad_shape",
+                "platform: \"ensemble\" max_batch_size: 8\n"
+                "input [ { name: \"X\" data_type: TYPE_INT32 dims: [ 3 ] } ]\n"
+                "output [ { name: \"Y\" " INT4 " } ]\n"
+                "ensemble_scheduling { step [ { model_name: \"add_sub\"\n"
+                "  input_map { key: \"INPUT0\" value: \"X\" } input_map { key: \"INPUT1\" value: "
+                "\"X\" }\n"
+                "  output_map { key: \"OUTPUT0\" value: \"Y\" } } ] }\n");
+    write_model("missing_step", "platform: \"ensemble\" max_batch_size: 8\n"
+                                "input [ { name: \"X\" " INT4 " } ]\n"
+                                "output [ { name: \"Y\" " INT4 " } ]\n"
+                                "ensemble_scheduling { step [ { model_name: \"no_such_model\"\n"
+                                "  input_map { key: \"INPUT0\" value: \"X\" }\n"
+                                "  output_map { key: \"OUTPUT0\" value: \"Y\" } } ] }\n");
     /* Two ensembles using each other. */
     const char *cyc = "platform: \"ensemble\" max_batch_size: 8\n"
                       "input [ { name: \"X\" " INT4 " } ]\n"
@@ -115,11 +99,9 @@ static void make_models(void)
                       "  input_map { key: \"X\" value: \"X\" }\n"
                       "  output_map { key: \"Y\" value: \"Y\" } } ] }\n";
     snprintf(buf, sizeof buf, cyc, "cycle_b");
-    write_file("cycle_a/config.pbtxt", buf);
-    write_file("cycle_a/1/.keep", "");
+    write_model("cycle_a", buf);
     snprintf(buf, sizeof buf, cyc, "cycle_a");
-    write_file("cycle_b/config.pbtxt", buf);
-    write_file("cycle_b/1/.keep", "");
+    write_model("cycle_b", buf);
 }
 
 static nereid_request_t *chain_request(nereid_server_t *s, const int32_t *a, const int32_t *b)
@@ -136,7 +118,7 @@ static void test_chain(nereid_server_t *s)
 {
     int32_t a[4] = {1, 2, 3, 4}, b[4] = {10, 20, 30, 40};
     nereid_error_t *err;
-    nereid_response_t *resp = infer(s, chain_request(s, a, b), &err);
+    nereid_response_t *resp = infer_sync(s, chain_request(s, a, b), &err);
     CHECK(err == NULL && resp && !nereid_response_error(resp));
     if (!resp) return;
     CHECK(strcmp(nereid_response_model_name(resp), "chain") == 0);
@@ -192,7 +174,7 @@ static void test_client_allocator(nereid_server_t *s)
     nereid_response_allocator_t alloc = {count_alloc, count_release, &c};
     waiter_t w;
     waiter_init(&w);
-    nereid_error_t *err = nereid_server_infer_async(s, req, &alloc, on_done, &w);
+    nereid_error_t *err = nereid_server_infer_async(s, req, &alloc, waiter_on_done, &w);
     CHECK(err == NULL);
     if (err) {
         nereid_error_free(err);
@@ -228,7 +210,7 @@ static void test_parallel(nereid_server_t *s)
     float x[2] = {1.5f, -2.5f};
     double t0 = now_ms();
     nereid_error_t *err;
-    nereid_response_t *resp = infer(s, x_request(s, "parallel", x), &err);
+    nereid_response_t *resp = infer_sync(s, x_request(s, "parallel", x), &err);
     double elapsed = now_ms() - t0;
     CHECK(err == NULL && resp && !nereid_response_error(resp));
     if (!resp) return;
@@ -248,7 +230,7 @@ static void test_step_error(nereid_server_t *s)
 {
     float x[2] = {1, 2};
     nereid_error_t *err;
-    nereid_response_t *resp = infer(s, x_request(s, "broken_step", x), &err);
+    nereid_response_t *resp = infer_sync(s, x_request(s, "broken_step", x), &err);
     CHECK(err == NULL && resp);
     if (!resp) return;
     const nereid_error_t *rerr = nereid_response_error(resp);
@@ -270,7 +252,7 @@ static void test_stats(nereid_server_t *s)
     int32_t a[4] = {1, 1, 1, 1}, b[4] = {2, 2, 2, 2};
     for (int i = 0; i < 3; i++) {
         nereid_error_t *err;
-        nereid_response_t *resp = infer(s, chain_request(s, a, b), &err);
+        nereid_response_t *resp = infer_sync(s, chain_request(s, a, b), &err);
         CHECK(resp && !nereid_response_error(resp));
         nereid_response_free(resp);
     }
@@ -319,7 +301,8 @@ static void test_concurrent(nereid_server_t *s)
             a[i][k] = i + k;
             b[i][k] = i - k;
         }
-        if (nereid_server_infer_async(s, chain_request(s, a[i], b[i]), NULL, on_done, &w) == NULL)
+        if (nereid_server_infer_async(s, chain_request(s, a[i], b[i]), NULL, waiter_on_done, &w) ==
+            NULL)
             submitted++;
     }
     CHECK(submitted == N);
@@ -337,8 +320,8 @@ static void test_batched_step(nereid_server_t *s)
     int submitted = 0;
     for (int i = 0; i < N; i++) {
         x[i][0] = (float)i;
-        if (nereid_server_infer_async(s, x_request(s, "via_batched", x[i]), NULL, on_done, &w) ==
-            NULL)
+        if (nereid_server_infer_async(s, x_request(s, "via_batched", x[i]), NULL, waiter_on_done,
+                                      &w) == NULL)
             submitted++;
     }
     CHECK(submitted == N);
@@ -371,6 +354,6 @@ int main(void)
     test_concurrent(s);
     test_batched_step(s);
     nereid_server_free(s);
-    remove_repo();
+    if (!remove_repo()) abort();
     return check_summary();
 }
