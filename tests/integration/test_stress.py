@@ -431,8 +431,41 @@ def test_reload_unload_load_under_load(nereid_server, tmp_path):
                     else:
                         fails.add(("victim grpc", e.code(), e.details()))
 
+    def readers(w):
+        """Metadata, config, statistics, index and metrics read while models change."""
+        sess = requests.Session()
+        with grpc.insecure_channel(s.grpc_addr) as ch:
+            stub = pbg.GRPCInferenceServiceStub(ch)
+            k = 0
+            while not stop.is_set() and k < 200:
+                k += 1
+                try:
+                    for path, ok in (("/v2/models/st_victim", (200, 404)),
+                                     ("/v2/models/st_victim/config", (200, 404)),
+                                     ("/v2/models/st_victim/ready", (200, 400)),
+                                     ("/v2/models/st_victim/stats", (200, 400)),
+                                     ("/v2/models/stats", (200,)),
+                                     ("/v2/models/add_sub/config", (200,))):
+                        r = sess.get(s.http_url + path, timeout=30)
+                        if r.status_code not in ok:
+                            fails.add(("reader", path, r.status_code, r.text))
+                    for r in (sess.post(s.http_url + "/v2/repository/index", timeout=30),
+                              sess.get(s.metrics_url + "/metrics", timeout=30)):
+                        if r.status_code != 200:
+                            fails.add(("reader", r.url, r.status_code, r.text))
+                    stub.ModelStatistics(pb.ModelStatisticsRequest(name=""), timeout=30)
+                    stub.RepositoryIndex(pb.RepositoryIndexRequest(), timeout=30)
+                    try:
+                        stub.ModelMetadata(pb.ModelMetadataRequest(name="st_victim"), timeout=30)
+                    except grpc.RpcError as e:
+                        if e.code() not in (grpc.StatusCode.NOT_FOUND,
+                                            grpc.StatusCode.UNAVAILABLE):
+                            fails.add(("reader grpc", e.code(), e.details()))
+                except Exception as e:  # noqa: BLE001
+                    fails.add(("reader", repr(e)))
+
     threads = [threading.Thread(target=f, args=(w,)) for w, f in enumerate(
-        [steady_http, steady_http, steady_grpc, victim_http, victim_grpc])]
+        [steady_http, steady_http, steady_grpc, victim_http, victim_grpc, readers])]
     for t in threads:
         t.start()
     admin = requests.Session()
