@@ -142,6 +142,18 @@ def pair_req(model, a, b, id=""):
                          id=id)
 
 
+def with_grpc(s):
+    """The fixture waits for the HTTP port; the gRPC frontend starts after it."""
+    t_end = time.time() + 60
+    while time.time() < t_end and s.proc.poll() is None:
+        with socket.socket() as sock:
+            sock.settimeout(0.2)
+            if sock.connect_ex(("127.0.0.1", s.grpc_port)) == 0:
+                return s
+        time.sleep(0.02)
+    raise RuntimeError(f"gRPC port not open:\n{s.output()}")
+
+
 def healthy(s):
     assert s.proc.poll() is None, s.output()
     assert requests.get(s.http_url + "/v2/health/ready", timeout=10).status_code == 200
@@ -170,7 +182,7 @@ MALFORMED_HTTP = [
 
 @needs_onnx
 def test_concurrent_mixed_clients(nereid_server, tmp_path):
-    s = nereid_server([EXAMPLES, scratch_repo(tmp_path)])
+    s = with_grpc(nereid_server([EXAMPLES, scratch_repo(tmp_path)]))
     fails = Failures()
     t_end = time.time() + DEADLINE
     ITER = 30
@@ -306,7 +318,7 @@ def test_concurrent_mixed_clients(nereid_server, tmp_path):
     "'signed integer overflow' and the server dies; release builds answer the nonsense "
     "'Expected 0, got 0'). Fix: report 'shape is too large' when count > INT64_MAX / esize"))
 def test_shape_whose_byte_size_overflows(tmp_path):
-    s = Server([EXAMPLES, scratch_repo(tmp_path)], [])
+    s = with_grpc(Server([EXAMPLES, scratch_repo(tmp_path)], []))
     try:
         doc = json.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32",
                                       "shape": [1, 1 << 62],
@@ -353,9 +365,9 @@ ADD_SUB_CONFIG = {
 
 @needs_onnx
 def test_reload_unload_load_under_load(nereid_server, tmp_path):
-    s = nereid_server([EXAMPLES, scratch_repo(tmp_path)], "--model-control-mode=explicit",
-                      "--load-model=ensemble_add_sub", "--load-model=st_victim",
-                      "--load-model=st_dyn")
+    s = with_grpc(nereid_server([EXAMPLES, scratch_repo(tmp_path)],
+                                "--model-control-mode=explicit", "--load-model=ensemble_add_sub",
+                                "--load-model=st_victim", "--load-model=st_dyn"))
     fails = Failures()
     stop = threading.Event()
 
@@ -501,7 +513,7 @@ def test_poll_mode_changes_under_load(nereid_server, tmp_path):
     """Poll mode: a served model's config changes twice and another model gets
     a new version while clients hammer both: no request fails."""
     repo = scratch_repo(tmp_path)
-    s = nereid_server(repo, "--model-control-mode=poll", "--repository-poll-secs=1")
+    s = with_grpc(nereid_server(repo, "--model-control-mode=poll", "--repository-poll-secs=1"))
     fails = Failures()
     stop = threading.Event()
 
@@ -583,7 +595,7 @@ def slow_body(v=7.0):
 
 
 def test_client_disconnects(nereid_server, tmp_path):
-    s = nereid_server([EXAMPLES, scratch_repo(tmp_path)])
+    s = with_grpc(nereid_server([EXAMPLES, scratch_repo(tmp_path)]))
     body = json.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 64],
                                    "data": [1.0] * 64}]}).encode()
 
@@ -697,7 +709,7 @@ def test_client_process_killed_mid_request(nereid_server, tmp_path):
     unary calls and HTTP requests in flight."""
     import subprocess
     import sys
-    s = nereid_server([EXAMPLES, scratch_repo(tmp_path)])
+    s = with_grpc(nereid_server([EXAMPLES, scratch_repo(tmp_path)]))
     here = os.path.dirname(os.path.abspath(__file__))
     for _ in range(2):
         p = subprocess.Popen([sys.executable, "-c", KILLED_CLIENT, s.http_url, s.grpc_addr, here],
@@ -720,7 +732,7 @@ def sigint_with_requests_in_flight(tmp_path, n_http, n_grpc):
     """n_http + n_grpc client threads loop on the slow and the batched model;
     SIGINT arrives while requests run and more are queued. The server must
     exit 0 promptly and every client gets a result or a connection error."""
-    s = Server([EXAMPLES, scratch_repo(tmp_path)], [])
+    s = with_grpc(Server([EXAMPLES, scratch_repo(tmp_path)], []))
     outcomes, lock = [], threading.Lock()
     started = threading.Barrier(n_http + n_grpc + 1)
 
@@ -825,7 +837,7 @@ def test_sigint_with_sequence_backlog_exits_promptly(tmp_path):
     repo = scratch_repo(tmp_path)
     with open(os.path.join(repo, "st_acc", "config.pbtxt"), "w") as f:
         f.write(SCRATCH_MODELS["st_acc"].replace("60000000", "4000000"))
-    s = Server(repo, [])
+    s = with_grpc(Server(repo, []))
     try:
         sess = requests.Session()
         for q in range(8):  # every slot (2 instances x 4) holds an open sequence
@@ -886,7 +898,8 @@ def exact_size_body(n_values, total):
 
 
 def test_bodies_near_and_over_max_input_size(nereid_server, tmp_path):
-    s = nereid_server([EXAMPLES, scratch_repo(tmp_path)], f"--http-max-input-size={MAX}")
+    s = with_grpc(nereid_server([EXAMPLES, scratch_repo(tmp_path)],
+                                f"--http-max-input-size={MAX}"))
     url = f"{s.http_url}/v2/models/identity_fp32/infer"
     n = (MAX - 512) // 4
     fails = Failures()
