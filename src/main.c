@@ -5,10 +5,12 @@
  */
 #include <errno.h>
 #include <limits.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "config/config.h"
 #include "grpc/grpc_server.h"
@@ -29,6 +31,7 @@ typedef struct cli {
     int http_port, grpc_port, metrics_port;
     int http_thread_count, grpc_infer_thread_count;
     long long http_max_input_size;
+    int exit_timeout_secs;
 } cli_t;
 
 typedef enum flag_kind {
@@ -91,13 +94,15 @@ static const flag_t flags[] = {
     F("allow-metrics", FLAG_BOOL, allow_metrics, "Serve Prometheus metrics (true)."),
     F("metrics-port", FLAG_INT, metrics_port, "Metrics port (8002)."),
     F("metrics-address", FLAG_STR, metrics_address, "Metrics address (the HTTP address)."),
+    F("exit-timeout-secs", FLAG_INT, exit_timeout_secs,
+      "On SIGINT/SIGTERM, how long in-flight requests may take before models are stopped "
+      "under them (30)."),
     F("log-info", FLAG_BOOL, server.log_info, "Log informational messages (true)."),
     F("log-warning", FLAG_BOOL, server.log_warning, "Log warnings (true)."),
     F("log-error", FLAG_BOOL, server.log_error, "Log errors (true)."),
 #define IGNORED(name) F(name, FLAG_IGNORED, repos, "Accepted for Triton compatibility; no effect.")
     IGNORED("model-load-retry-count"),
     IGNORED("model-namespacing"),
-    IGNORED("exit-timeout-secs"),
     IGNORED("log-format"),
     IGNORED("repoagent-directory"),
     IGNORED("backend-config"),
@@ -265,6 +270,66 @@ static int parse_args(cli_t *cli, int argc, char **argv)
     return 0;
 }
 
+typedef struct frontends {
+    http_server_t *http;
+    metrics_server_t *metrics;
+    grpc_frontend_t *grpc;
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    bool stopped;
+} frontends_t;
+
+static void *stop_frontends_main(void *arg)
+{
+    frontends_t *fe = arg;
+    http_server_stop(fe->http); /* waits for in-flight inferences; the core still runs */
+    metrics_server_stop(fe->metrics);
+    grpc_frontend_stop(fe->grpc);
+    pthread_mutex_lock(&fe->lock);
+    fe->stopped = true;
+    pthread_cond_signal(&fe->cond);
+    pthread_mutex_unlock(&fe->lock);
+    return NULL;
+}
+
+/* Stops the frontends, letting in-flight requests finish for up to
+ * timeout_secs (Triton's --exit-timeout-secs); after that the models are
+ * stopped under them, which fails what is still queued (for example a
+ * sequence request waiting for a slot that no client will ever free). */
+static void stop_frontends(frontends_t *fe, nereid_server_t *server, int timeout_secs)
+{
+    pthread_mutex_init(&fe->lock, NULL);
+    pthread_condattr_t attr;
+    pthread_condattr_init(&attr);
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    pthread_cond_init(&fe->cond, &attr);
+    pthread_condattr_destroy(&attr);
+    pthread_t thread;
+    if (pthread_create(&thread, NULL, stop_frontends_main, fe) != 0) {
+        stop_frontends_main(fe);
+    } else {
+        struct timespec deadline;
+        clock_gettime(CLOCK_MONOTONIC, &deadline);
+        deadline.tv_sec += timeout_secs > 0 ? timeout_secs : 0;
+        pthread_mutex_lock(&fe->lock);
+        int rc = 0;
+        while (!fe->stopped && rc == 0)
+            rc = pthread_cond_timedwait(&fe->cond, &fe->lock, &deadline);
+        bool stopped = fe->stopped;
+        pthread_mutex_unlock(&fe->lock);
+        if (!stopped) {
+            fprintf(stderr,
+                    "Exit timeout (%d s) expired with requests in flight: stopping "
+                    "models.\n",
+                    timeout_secs);
+            nereid_server_stop(server);
+        }
+        pthread_join(thread, NULL);
+    }
+    pthread_mutex_destroy(&fe->lock);
+    pthread_cond_destroy(&fe->cond);
+}
+
 int main(int argc, char **argv)
 {
     if (argc > 1 && strcmp(argv[1], "check-config") == 0)
@@ -279,6 +344,7 @@ int main(int argc, char **argv)
     cli.http_thread_count = 8;
     cli.grpc_infer_thread_count = 2;
     cli.http_max_input_size = 67108864;
+    cli.exit_timeout_secs = 30;
     int rc = parse_args(&cli, argc, argv);
     if (rc == 1) {
         usage(stdout);
@@ -315,15 +381,12 @@ int main(int argc, char **argv)
     http_server_t *http = NULL;
     metrics_server_t *metrics = NULL;
     grpc_frontend_t *grpc_fe = NULL;
-    if (cli.allow_http) {
-        http_options_t ho;
-        http_options_init(&ho);
-        ho.address = cli.http_address;
-        ho.port = cli.http_port;
-        ho.thread_count = cli.http_thread_count;
-        ho.max_input_size = (size_t)cli.http_max_input_size;
-        if ((err = http_server_start(server, &ho, &http))) goto frontend_failed;
-        fprintf(stderr, "Started HTTPService at %s:%d\n", ho.address, http_server_port(http));
+    /* HTTP starts last: once its port answers, every frontend is up. */
+    if (cli.allow_grpc) {
+        grpc_options_t gopts = {cli.grpc_address, cli.grpc_port, cli.grpc_infer_thread_count};
+        if ((err = grpc_frontend_start(server, &gopts, &grpc_fe))) goto frontend_failed;
+        fprintf(stderr, "Started GRPCInferenceService at %s:%d\n", cli.grpc_address,
+                grpc_frontend_port(grpc_fe));
     }
     if (cli.allow_metrics) {
         metrics_options_t mo;
@@ -335,20 +398,22 @@ int main(int argc, char **argv)
                 metrics_server_port(metrics));
     }
 
-    if (cli.allow_grpc) {
-        grpc_options_t gopts = {cli.grpc_address, cli.grpc_port, cli.grpc_infer_thread_count};
-        if ((err = grpc_frontend_start(server, &gopts, &grpc_fe))) goto frontend_failed;
-        fprintf(stderr, "Started GRPCInferenceService at %s:%d\n", cli.grpc_address,
-                grpc_frontend_port(grpc_fe));
+    if (cli.allow_http) {
+        http_options_t ho;
+        http_options_init(&ho);
+        ho.address = cli.http_address;
+        ho.port = cli.http_port;
+        ho.thread_count = cli.http_thread_count;
+        ho.max_input_size = (size_t)cli.http_max_input_size;
+        if ((err = http_server_start(server, &ho, &http))) goto frontend_failed;
+        fprintf(stderr, "Started HTTPService at %s:%d\n", ho.address, http_server_port(http));
     }
-
     fprintf(stderr, "nereid ready\n");
     int sig;
     sigwait(&sigs, &sig);
     fprintf(stderr, "Signal (%d) received.\n", sig);
-    http_server_stop(http); /* waits for in-flight inferences; the core still runs */
-    metrics_server_stop(metrics);
-    grpc_frontend_stop(grpc_fe);
+    frontends_t fe = {.http = http, .metrics = metrics, .grpc = grpc_fe};
+    stop_frontends(&fe, server, cli.exit_timeout_secs);
     nereid_server_free(server);
     return exit_code;
 

@@ -371,8 +371,12 @@ nereid_error_t *request_validate(nereid_request_t *req, model_t *m)
             count *= in->shape[d];
         }
         size_t esize = nereid_datatype_byte_size(in->datatype);
+        if (esize && count > INT64_MAX / (int64_t)esize)
+            return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                    "[request id: %s] input '%s' shape is too large", rid,
+                                    in->name);
         if (esize) {
-            if ((uint64_t)count > SIZE_MAX / esize || (size_t)count * esize != in->byte_size)
+            if ((size_t)count * esize != in->byte_size)
                 return nereid_error_new(NEREID_ERROR_INVALID_ARG,
                                         "[request id: %s] input byte size mismatch for input '%s' "
                                         "for model '%s'. Expected %" PRId64 ", got %zu",
