@@ -107,6 +107,7 @@ static bool default_next_batch(scheduler_t *s, model_instance_t *inst, batch_t *
     atomic_fetch_add(&d->n_seeking, 1);
     uint64_t idle_start = d->spin_max_ns ? spin_for_work(d) : 0;
     pthread_mutex_lock(&d->lock);
+    bool blocked = false;
     if (!d->head && !d->stopped) {
         if (d->spin_max_ns && !idle_start) idle_start = util_now_ns();
         atomic_fetch_sub(&d->n_seeking, 1);
@@ -116,12 +117,17 @@ static bool default_next_batch(scheduler_t *s, model_instance_t *inst, batch_t *
             d->n_blocked--;
         }
         atomic_fetch_add(&d->n_seeking, 1);
-        /* Idle briefly enough that a full spin would have caught it. */
-        if (d->spin_max_ns && util_now_ns() - idle_start < d->spin_max_ns)
-            atomic_store_explicit(&d->spin_ns, d->spin_max_ns, memory_order_relaxed);
+        blocked = true;
     }
     atomic_fetch_sub(&d->n_seeking, 1);
     nereid_request_t *req = d->head;
+    /* The request arrived soon enough after the instance went idle that a
+     * full spin would have caught it (its enqueue time, not this thread's
+     * wake-up, which a loaded machine delays): spin again next time. */
+    if (req && blocked && d->spin_max_ns &&
+        (req->t_queue_start_ns <= idle_start ||
+         req->t_queue_start_ns - idle_start < d->spin_max_ns))
+        atomic_store_explicit(&d->spin_ns, d->spin_max_ns, memory_order_relaxed);
     if (req) {
         d->head = req->next;
         if (!d->head) d->tail = NULL;
