@@ -161,12 +161,14 @@ typedef struct resp_output {
  * REQ_INLINE_OUTPUTS requested outputs live in the request, their names and
  * ids in its arena; up to RESP_INLINE_OUTPUTS output slots live in the
  * response, and outputs without a response allocator take memory from its
- * arena while it has room. Larger requests fall back to the heap. */
-#define REQ_INLINE_INPUTS 4
+ * arena while it has room. Larger requests fall back to the heap. Both
+ * structs stay within 1 KiB, the largest size glibc's per-thread cache
+ * serves (request.c asserts it). */
+#define REQ_INLINE_INPUTS 3
 #define REQ_INLINE_OUTPUTS 4
-#define REQ_ARENA_BYTES 256
-#define RESP_INLINE_OUTPUTS 4
-#define RESP_ARENA_BYTES 512
+#define REQ_ARENA_BYTES 192
+#define RESP_INLINE_OUTPUTS 3
+#define RESP_ARENA_BYTES 320
 
 struct nereid_response {
     nereid_error_t *error;

@@ -14,6 +14,10 @@
 
 #define MAX_STRING_CORRID 128
 
+/* Allocations up to 1032 bytes come from glibc's per-thread cache. */
+_Static_assert(sizeof(struct nereid_request) <= 1024, "request outgrew the malloc fast path");
+_Static_assert(sizeof(struct nereid_response) <= 1024, "response outgrew the malloc fast path");
+
 /* ---- Arenas: bump allocation inside the request or response ---- */
 
 static void *arena_take(void *arena, size_t cap, size_t *used, size_t n, size_t align)
@@ -356,27 +360,48 @@ static bool bytes_well_formed(const uint8_t *p, size_t size, int64_t n)
     return off == size;
 }
 
+static nereid_error_t *validate_inputs(nereid_request_t *req, model_t *m,
+                                       const model_io_t *const *ios, const char *rid);
+
 nereid_error_t *request_validate(nereid_request_t *req, model_t *m)
 {
     const char *rid = req_id(req);
-    size_t required = 0;
+    size_t required = 0, required_given = 0;
     for (size_t i = 0; i < m->n_inputs; i++)
         required += !m->inputs[i].optional;
-    for (size_t i = 0; i < req->n_inputs; i++)
-        if (!find_io(m->inputs, m->n_inputs, req->inputs[i].name))
-            return nereid_error_new(NEREID_ERROR_INVALID_ARG,
-                                    "unexpected inference input '%s' for model '%s'",
-                                    req->inputs[i].name, m->name);
-    if (req->n_inputs < required || req->n_inputs > m->n_inputs) return input_count_error(req, m);
-    for (size_t i = 0; i < m->n_inputs; i++)
-        if (!m->inputs[i].optional && !request_find_input(req, m->inputs[i].name))
-            return input_count_error(req, m);
+    /* Input names are unique in a request (add_input refuses duplicates), so
+     * every required input is present when as many were matched. */
+    const model_io_t *ios_small[8];
+    const model_io_t **ios = req->n_inputs <= 8 ? ios_small : xmalloc(req->n_inputs * sizeof *ios);
+    nereid_error_t *err = NULL;
+    for (size_t i = 0; i < req->n_inputs && !err; i++) {
+        /* Requests usually list inputs in config order: try that slot first. */
+        const char *name = req->inputs[i].name;
+        ios[i] = i < m->n_inputs && strcmp(m->inputs[i].name, name) == 0
+                     ? &m->inputs[i]
+                     : find_io(m->inputs, m->n_inputs, name);
+        if (!ios[i])
+            err = nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                   "unexpected inference input '%s' for model '%s'", name, m->name);
+        else
+            required_given += !ios[i]->optional;
+    }
+    if (!err &&
+        (req->n_inputs < required || req->n_inputs > m->n_inputs || required_given != required))
+        err = input_count_error(req, m);
+    if (!err) err = validate_inputs(req, m, ios, rid);
+    if (ios != ios_small) free(ios);
+    return err;
+}
 
+static nereid_error_t *validate_inputs(nereid_request_t *req, model_t *m,
+                                       const model_io_t *const *ios, const char *rid)
+{
     bool batching = m->max_batch_size > 0;
     int64_t batch = -1;
     for (size_t i = 0; i < req->n_inputs; i++) {
         req_input_t *in = &req->inputs[i];
-        const model_io_t *io = find_io(m->inputs, m->n_inputs, in->name);
+        const model_io_t *io = ios[i];
         char want[512], got[512];
         if (in->datatype != io->datatype)
             return nereid_error_new(NEREID_ERROR_INVALID_ARG,
