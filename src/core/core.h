@@ -166,7 +166,7 @@ typedef struct resp_output {
  * serves (request.c asserts it). */
 #define REQ_INLINE_INPUTS 3
 #define REQ_INLINE_OUTPUTS 4
-#define REQ_ARENA_BYTES 192
+#define REQ_ARENA_BYTES 184
 #define RESP_INLINE_OUTPUTS 3
 #define RESP_ARENA_BYTES 320
 
@@ -213,6 +213,9 @@ struct nereid_request {
     nereid_response_t *response;
     struct nereid_request *next; /* queue link, owned by whichever queue holds it */
     void *sched_data;            /* scheduler-private */
+    /* An ensemble step's request: its queue and compute durations are also
+     * added here (the ensemble sums its steps' as Triton does). */
+    struct model_stats *parent_stats;
 
     req_input_t inputs_inline[REQ_INLINE_INPUTS];
     char *out_names_inline[REQ_INLINE_OUTPUTS];
