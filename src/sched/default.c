@@ -3,16 +3,20 @@
  * instances; each free instance takes the oldest request and runs it alone.
  *
  * Hand-off cost: waking a thread blocked in pthread_cond_wait costs a futex
- * syscall on the submitting thread and a scheduler wake-up (several µs) on
- * the instance. So an instance that has just finished a batch and finds the
- * queue empty first spins for a short, bounded time (spin_ns, at most
- * NEREID_SPIN_US, default 20 µs, checked against the clock) watching an
- * atomic queue count; one instance per model spins at a time, and enqueue
- * signals the condition variable only when the queued requests outnumber
- * the spinner and a thread is blocked. The budget adapts: a spin that times
- * out halves it (down to zero), an idle period short enough that a spin
- * would have caught it restores it, so a model whose requests arrive far
- * apart stops spinning and gives the CPU back to the frontend threads.
+ * syscall on the submitting thread and a scheduler wake-up (several µs, tens
+ * on a loaded machine) on the instance. So an instance that has just
+ * finished a batch and finds the queue empty first spins for a short,
+ * bounded time (NEREID_SPIN_US, default 20 µs, checked against the clock)
+ * watching an atomic queue count; one instance per model spins at a time,
+ * and enqueue signals the condition variable only when the queued requests
+ * outnumber the instances about to look at the queue and one is blocked.
+ *
+ * A spin that times out is pure loss: requests are far apart, or the
+ * submitting thread shares this CPU and cannot run while we spin. Each one
+ * doubles a back-off (up to SPIN_BACKOFF_MAX idle periods without spinning);
+ * a spin that finds work clears it. So spinning costs at most one bound per
+ * SPIN_BACKOFF_MAX idle periods where it does not pay, and it gives the CPU
+ * back to the frontend threads.
  */
 #include <pthread.h>
 #include <stdlib.h>
@@ -21,7 +25,7 @@
 #include "sched/scheduler.h"
 
 #define SPIN_DEFAULT_NS 20000u /* longest idle spin after a batch */
-#define SPIN_MIN_NS 1000u      /* below this a timed-out spin stops spinning */
+#define SPIN_BACKOFF_MAX 256u  /* most idle periods skipped after failed spins */
 #define SPIN_CHECK 16          /* pause iterations between clock reads */
 
 typedef struct default_scheduler {
@@ -35,8 +39,9 @@ typedef struct default_scheduler {
     _Atomic size_t n_queued;       /* written under lock; read by a spinner */
     _Atomic bool stop_flag;        /* stopped, for a spinner */
     _Atomic bool spinning;         /* an instance is spinning for work */
-    _Atomic uint64_t spin_ns;      /* current spin budget (adaptive) */
-    uint64_t spin_max_ns;          /* 0: never spin */
+    _Atomic uint32_t spin_skip;    /* idle periods left without spinning */
+    _Atomic uint32_t spin_backoff; /* spin_skip after the next timed-out spin */
+    uint64_t spin_ns;              /* spin bound; 0: never spin */
 } default_scheduler_t;
 
 static inline void cpu_relax(void)
@@ -71,14 +76,16 @@ static nereid_error_t *default_enqueue(scheduler_t *s, nereid_request_t *req)
     return NULL;
 }
 
-/* Spins while the queue is empty, up to the current budget; returns when the
- * spin began (0 when it did not spin). */
-static uint64_t spin_for_work(default_scheduler_t *d)
+/* Spins while the queue is empty, up to the bound, unless backing off. */
+static void spin_for_work(default_scheduler_t *d)
 {
-    uint64_t budget = atomic_load_explicit(&d->spin_ns, memory_order_relaxed);
-    if (!budget || atomic_load_explicit(&d->n_queued, memory_order_relaxed) ||
-        atomic_exchange(&d->spinning, true))
-        return 0;
+    if (atomic_load_explicit(&d->n_queued, memory_order_relaxed)) return;
+    uint32_t skip = atomic_load_explicit(&d->spin_skip, memory_order_relaxed);
+    if (skip) {
+        atomic_store_explicit(&d->spin_skip, skip - 1, memory_order_relaxed);
+        return;
+    }
+    if (atomic_exchange(&d->spinning, true)) return;
     uint64_t start = util_now_ns();
     bool found = false;
     while (!found) {
@@ -90,14 +97,17 @@ static uint64_t spin_for_work(default_scheduler_t *d)
             }
             cpu_relax();
         }
-        if (!found && util_now_ns() - start >= budget) break;
+        if (!found && util_now_ns() - start >= d->spin_ns) break;
     }
     atomic_store(&d->spinning, false);
-    if (!found) {
-        budget /= 2;
-        atomic_store_explicit(&d->spin_ns, budget < SPIN_MIN_NS ? 0 : budget, memory_order_relaxed);
+    if (found) {
+        atomic_store_explicit(&d->spin_backoff, 0, memory_order_relaxed);
+    } else {
+        uint32_t b = atomic_load_explicit(&d->spin_backoff, memory_order_relaxed);
+        b = b ? (2 * b < SPIN_BACKOFF_MAX ? 2 * b : SPIN_BACKOFF_MAX) : 1;
+        atomic_store_explicit(&d->spin_backoff, b, memory_order_relaxed);
+        atomic_store_explicit(&d->spin_skip, b, memory_order_relaxed);
     }
-    return start;
 }
 
 static bool default_next_batch(scheduler_t *s, model_instance_t *inst, batch_t *batch)
@@ -105,11 +115,9 @@ static bool default_next_batch(scheduler_t *s, model_instance_t *inst, batch_t *
     (void)inst;
     default_scheduler_t *d = (default_scheduler_t *)s;
     atomic_fetch_add(&d->n_seeking, 1);
-    uint64_t idle_start = d->spin_max_ns ? spin_for_work(d) : 0;
+    if (d->spin_ns) spin_for_work(d);
     pthread_mutex_lock(&d->lock);
-    bool blocked = false;
     if (!d->head && !d->stopped) {
-        if (d->spin_max_ns && !idle_start) idle_start = util_now_ns();
         atomic_fetch_sub(&d->n_seeking, 1);
         while (!d->head && !d->stopped) {
             d->n_blocked++;
@@ -117,17 +125,9 @@ static bool default_next_batch(scheduler_t *s, model_instance_t *inst, batch_t *
             d->n_blocked--;
         }
         atomic_fetch_add(&d->n_seeking, 1);
-        blocked = true;
     }
     atomic_fetch_sub(&d->n_seeking, 1);
     nereid_request_t *req = d->head;
-    /* The request arrived soon enough after the instance went idle that a
-     * full spin would have caught it (its enqueue time, not this thread's
-     * wake-up, which a loaded machine delays): spin again next time. */
-    if (req && blocked && d->spin_max_ns &&
-        (req->t_queue_start_ns <= idle_start ||
-         req->t_queue_start_ns - idle_start < d->spin_max_ns))
-        atomic_store_explicit(&d->spin_ns, d->spin_max_ns, memory_order_relaxed);
     if (req) {
         d->head = req->next;
         if (!d->head) d->tail = NULL;
@@ -185,8 +185,7 @@ nereid_error_t *default_scheduler_create(model_t *m, scheduler_t **out)
     pthread_cond_init(&d->cond, NULL);
     /* NEREID_SPIN_US: the idle spin's upper bound in µs (0 disables). */
     const char *env = getenv("NEREID_SPIN_US");
-    d->spin_max_ns = env && *env ? (uint64_t)strtoull(env, NULL, 10) * 1000u : SPIN_DEFAULT_NS;
-    atomic_store(&d->spin_ns, d->spin_max_ns);
+    d->spin_ns = env && *env ? (uint64_t)strtoull(env, NULL, 10) * 1000u : SPIN_DEFAULT_NS;
     *out = &d->base;
     return NULL;
 }
