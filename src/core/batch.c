@@ -247,7 +247,13 @@ static nereid_error_t *alloc_output(nereid_request_t *req, resp_output_t *o, ner
     output_client_shape(req->model, o->io, shape, rank, o->shape, &o->rank);
     o->byte_size = byte_size;
     if (o->internal || !req->alloc.alloc_fn) {
-        o->data = xmalloc(byte_size);
+        /* Small client outputs go in the response's arena; internal ones are
+         * malloc'ed (schedulers may keep their buffers). */
+        o->data = o->internal ? NULL : response_arena_alloc(req->response, byte_size);
+        if (o->data)
+            o->in_arena = true;
+        else
+            o->data = xmalloc(byte_size);
     } else {
         nereid_error_t *err = req->alloc.alloc_fn(req->alloc.userp, o->name, dt, o->shape, o->rank,
                                                   byte_size, &o->data, &o->buffer_userp);

@@ -150,19 +150,38 @@ typedef struct resp_output {
     bool allocated; /* data came from the allocator (release it) */
     bool filled;    /* the backend produced it */
     bool internal;  /* captured for the core/scheduler, not returned to the client */
+    bool in_arena;  /* data lives in the response's arena (never freed alone) */
+    bool owns_name; /* name malloc'ed; otherwise it is the config output's name */
     uint32_t class_count;
     model_io_t *io; /* config output, for labels */
 } resp_output_t;
 
+/* Per-request storage is inline so that a typical request costs two
+ * allocations (request and response): up to REQ_INLINE_INPUTS inputs and
+ * REQ_INLINE_OUTPUTS requested outputs live in the request, their names and
+ * ids in its arena; up to RESP_INLINE_OUTPUTS output slots live in the
+ * response, and outputs without a response allocator take memory from its
+ * arena while it has room. Larger requests fall back to the heap. Both
+ * structs stay within 1 KiB, the largest size glibc's per-thread cache
+ * serves (request.c asserts it). */
+#define REQ_INLINE_INPUTS 3
+#define REQ_INLINE_OUTPUTS 4
+#define REQ_ARENA_BYTES 184
+#define RESP_INLINE_OUTPUTS 3
+#define RESP_ARENA_BYTES 320
+
 struct nereid_response {
     nereid_error_t *error;
-    char *id;
-    char *model_name;
+    char *id;               /* in the arena or malloc'ed */
+    const char *model_name; /* the model's name (model reference held) */
     int64_t model_version;
-    resp_output_t *outputs;
-    size_t n_outputs;
+    resp_output_t *outputs; /* outputs_inline or malloc'ed */
+    size_t n_outputs, cap_outputs;
     nereid_response_allocator_t alloc;
     model_t *model; /* reference held for labels; NULL on early errors */
+    resp_output_t outputs_inline[RESP_INLINE_OUTPUTS];
+    size_t arena_used;
+    _Alignas(64) unsigned char arena[RESP_ARENA_BYTES]; /* not zeroed */
 };
 
 struct nereid_request {
@@ -170,11 +189,11 @@ struct nereid_request {
     char *model_name;
     int64_t version_req;
     char *id;
-    req_input_t *inputs;
+    req_input_t *inputs; /* inputs_inline or malloc'ed */
     size_t n_inputs, cap_inputs;
-    char **out_names;
+    char **out_names; /* out_names_inline or malloc'ed; names via request_strdup */
     uint32_t *out_class_counts;
-    size_t n_out_names;
+    size_t n_out_names, cap_out_names;
     req_param_t *params;
     size_t n_params;
     uint64_t priority;
@@ -197,6 +216,12 @@ struct nereid_request {
     /* An ensemble step's request: its queue and compute durations are also
      * added here (the ensemble sums its steps' as Triton does). */
     struct model_stats *parent_stats;
+
+    req_input_t inputs_inline[REQ_INLINE_INPUTS];
+    char *out_names_inline[REQ_INLINE_OUTPUTS];
+    uint32_t out_class_counts_inline[REQ_INLINE_OUTPUTS];
+    size_t arena_used;
+    char arena[REQ_ARENA_BYTES]; /* request_strdup's strings; not zeroed */
 };
 
 /* ---- Batches: nereid_batch_t (backend.h) is this struct ---- */
@@ -238,6 +263,13 @@ void model_unref(model_t *m);
 void request_finish(nereid_request_t *req, nereid_error_t *err, failure_reason_t reason);
 /* Creates req->response with one slot per output the client gets. */
 void request_prepare_response(nereid_request_t *req);
+/* Copies s into the request's arena (or the heap when it is full); the copy
+ * lives as long as req and is released by request_strfree. */
+char *request_strdup(nereid_request_t *req, const char *s);
+void request_strfree(nereid_request_t *req, char *s);
+/* Memory for an output from the response's arena (64-byte aligned), or NULL
+ * when it has no room; freed with the response. */
+void *response_arena_alloc(nereid_response_t *resp, size_t byte_size);
 /* Frees a request that was never submitted or whose submission failed. */
 void request_free(nereid_request_t *req);
 /* Adds a core-owned input (takes ownership of data, malloc'ed). */

@@ -4,6 +4,7 @@
  * error texts, and finishing it (statistics, response delivery, cleanup).
  */
 #include <inttypes.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,15 +14,51 @@
 
 #define MAX_STRING_CORRID 128
 
+/* Allocations up to 1032 bytes come from glibc's per-thread cache. */
+_Static_assert(sizeof(struct nereid_request) <= 1024, "request outgrew the malloc fast path");
+_Static_assert(sizeof(struct nereid_response) <= 1024, "response outgrew the malloc fast path");
+
+/* ---- Arenas: bump allocation inside the request or response ---- */
+
+static void *arena_take(void *arena, size_t cap, size_t *used, size_t n, size_t align)
+{
+    size_t off = (*used + align - 1) & ~(align - 1);
+    if (off > cap || cap - off < n) return NULL;
+    *used = off + n;
+    return (char *)arena + off;
+}
+
+static bool in_arena(const void *arena, size_t cap, const void *p)
+{
+    uintptr_t a = (uintptr_t)arena, q = (uintptr_t)p;
+    return q >= a && q < a + cap;
+}
+
+char *request_strdup(nereid_request_t *req, const char *str)
+{
+    size_t n = strlen(str) + 1;
+    char *p = arena_take(req->arena, sizeof req->arena, &req->arena_used, n, 1);
+    if (!p) return xstrdup(str);
+    memcpy(p, str, n);
+    return p;
+}
+
+void request_strfree(nereid_request_t *req, char *str)
+{
+    if (!in_arena(req->arena, sizeof req->arena, str)) free(str);
+}
+
 nereid_error_t *nereid_request_new(nereid_server_t *server, const char *model, int64_t version,
                                    nereid_request_t **out)
 {
     *out = NULL;
     if (!server || !model)
         return nereid_error_new(NEREID_ERROR_INVALID_ARG, "server and model name are required");
-    nereid_request_t *req = xcalloc(1, sizeof *req);
+    /* The arena needs no zeroing. */
+    nereid_request_t *req = xmalloc(sizeof *req);
+    memset(req, 0, offsetof(nereid_request_t, arena));
     req->server = server;
-    req->model_name = xstrdup(model);
+    req->model_name = request_strdup(req, model);
     req->version_req = version;
     *out = req;
     return NULL;
@@ -31,21 +68,23 @@ void request_free(nereid_request_t *req)
 {
     if (!req) return;
     for (size_t i = 0; i < req->n_inputs; i++) {
-        free(req->inputs[i].name);
+        request_strfree(req, req->inputs[i].name);
         if (req->inputs[i].owned) free((void *)req->inputs[i].data);
     }
-    free(req->inputs);
+    if (req->inputs != req->inputs_inline) free(req->inputs);
     for (size_t i = 0; i < req->n_out_names; i++)
-        free(req->out_names[i]);
-    free(req->out_names);
-    free(req->out_class_counts);
+        request_strfree(req, req->out_names[i]);
+    if (req->out_names != req->out_names_inline) {
+        free(req->out_names);
+        free(req->out_class_counts);
+    }
     for (size_t i = 0; i < req->n_params; i++) {
         free(req->params[i].key);
         free(req->params[i].s);
     }
     free(req->params);
-    free(req->model_name);
-    free(req->id);
+    request_strfree(req, req->model_name);
+    if (req->id) request_strfree(req, req->id);
     free(req->corr_id_str);
     if (req->response) nereid_response_free(req->response);
     if (req->model) model_unref(req->model);
@@ -59,16 +98,27 @@ void nereid_request_free(nereid_request_t *req)
 
 nereid_error_t *nereid_request_set_id(nereid_request_t *req, const char *id)
 {
-    free(req->id);
-    req->id = id && *id ? xstrdup(id) : NULL;
+    if (req->id) request_strfree(req, req->id);
+    req->id = id && *id ? request_strdup(req, id) : NULL;
     return NULL;
 }
 
+/* An all-zero request or response (as schedulers calloc them) is valid: the
+ * inline arrays are taken on first use. */
 static req_input_t *push_input(nereid_request_t *req)
 {
+    if (!req->inputs) {
+        req->inputs = req->inputs_inline;
+        req->cap_inputs = REQ_INLINE_INPUTS;
+    }
     if (req->n_inputs == req->cap_inputs) {
-        req->cap_inputs = req->cap_inputs ? 2 * req->cap_inputs : 4;
-        req->inputs = xrealloc(req->inputs, req->cap_inputs * sizeof *req->inputs);
+        req->cap_inputs *= 2;
+        if (req->inputs == req->inputs_inline) {
+            req->inputs = xmalloc(req->cap_inputs * sizeof *req->inputs);
+            memcpy(req->inputs, req->inputs_inline, sizeof req->inputs_inline);
+        } else {
+            req->inputs = xrealloc(req->inputs, req->cap_inputs * sizeof *req->inputs);
+        }
     }
     req_input_t *in = &req->inputs[req->n_inputs++];
     memset(in, 0, sizeof *in);
@@ -95,7 +145,7 @@ nereid_error_t *nereid_request_add_input(nereid_request_t *req, const char *name
         return nereid_error_new(NEREID_ERROR_INVALID_ARG, "input '%s' already exists in request",
                                 name);
     req_input_t *in = push_input(req);
-    in->name = xstrdup(name);
+    in->name = request_strdup(req, name);
     in->datatype = datatype;
     in->rank = rank;
     if (rank) memcpy(in->shape, shape, rank * sizeof *shape);
@@ -112,7 +162,7 @@ void request_add_owned_input(nereid_request_t *req, const char *name, nereid_dat
         if (in->owned) free((void *)in->data);
     } else {
         in = push_input(req);
-        in->name = xstrdup(name);
+        in->name = request_strdup(req, name);
     }
     in->datatype = dt;
     in->rank = rank;
@@ -130,10 +180,27 @@ nereid_error_t *nereid_request_add_requested_output(nereid_request_t *req, const
         if (strcmp(req->out_names[i], name) == 0)
             return nereid_error_new(NEREID_ERROR_INVALID_ARG, "output '%s' already requested",
                                     name);
-    req->out_names = xrealloc(req->out_names, (req->n_out_names + 1) * sizeof *req->out_names);
-    req->out_class_counts =
-        xrealloc(req->out_class_counts, (req->n_out_names + 1) * sizeof *req->out_class_counts);
-    req->out_names[req->n_out_names] = xstrdup(name);
+    if (!req->out_names) {
+        req->out_names = req->out_names_inline;
+        req->out_class_counts = req->out_class_counts_inline;
+        req->cap_out_names = REQ_INLINE_OUTPUTS;
+    }
+    if (req->n_out_names == req->cap_out_names) {
+        size_t cap = 2 * req->cap_out_names;
+        if (req->out_names == req->out_names_inline) {
+            req->out_names = xmalloc(cap * sizeof *req->out_names);
+            req->out_class_counts = xmalloc(cap * sizeof *req->out_class_counts);
+            memcpy(req->out_names, req->out_names_inline, sizeof req->out_names_inline);
+            memcpy(req->out_class_counts, req->out_class_counts_inline,
+                   sizeof req->out_class_counts_inline);
+        } else {
+            req->out_names = xrealloc(req->out_names, cap * sizeof *req->out_names);
+            req->out_class_counts =
+                xrealloc(req->out_class_counts, cap * sizeof *req->out_class_counts);
+        }
+        req->cap_out_names = cap;
+    }
+    req->out_names[req->n_out_names] = request_strdup(req, name);
     req->out_class_counts[req->n_out_names] = class_count;
     req->n_out_names++;
     return NULL;
@@ -293,27 +360,48 @@ static bool bytes_well_formed(const uint8_t *p, size_t size, int64_t n)
     return off == size;
 }
 
+static nereid_error_t *validate_inputs(nereid_request_t *req, model_t *m,
+                                       const model_io_t *const *ios, const char *rid);
+
 nereid_error_t *request_validate(nereid_request_t *req, model_t *m)
 {
     const char *rid = req_id(req);
-    size_t required = 0;
+    size_t required = 0, required_given = 0;
     for (size_t i = 0; i < m->n_inputs; i++)
         required += !m->inputs[i].optional;
-    for (size_t i = 0; i < req->n_inputs; i++)
-        if (!find_io(m->inputs, m->n_inputs, req->inputs[i].name))
-            return nereid_error_new(NEREID_ERROR_INVALID_ARG,
-                                    "unexpected inference input '%s' for model '%s'",
-                                    req->inputs[i].name, m->name);
-    if (req->n_inputs < required || req->n_inputs > m->n_inputs) return input_count_error(req, m);
-    for (size_t i = 0; i < m->n_inputs; i++)
-        if (!m->inputs[i].optional && !request_find_input(req, m->inputs[i].name))
-            return input_count_error(req, m);
+    /* Input names are unique in a request (add_input refuses duplicates), so
+     * every required input is present when as many were matched. */
+    const model_io_t *ios_small[8];
+    const model_io_t **ios = req->n_inputs <= 8 ? ios_small : xmalloc(req->n_inputs * sizeof *ios);
+    nereid_error_t *err = NULL;
+    for (size_t i = 0; i < req->n_inputs && !err; i++) {
+        /* Requests usually list inputs in config order: try that slot first. */
+        const char *name = req->inputs[i].name;
+        ios[i] = i < m->n_inputs && strcmp(m->inputs[i].name, name) == 0
+                     ? &m->inputs[i]
+                     : find_io(m->inputs, m->n_inputs, name);
+        if (!ios[i])
+            err = nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                   "unexpected inference input '%s' for model '%s'", name, m->name);
+        else
+            required_given += !ios[i]->optional;
+    }
+    if (!err &&
+        (req->n_inputs < required || req->n_inputs > m->n_inputs || required_given != required))
+        err = input_count_error(req, m);
+    if (!err) err = validate_inputs(req, m, ios, rid);
+    if (ios != ios_small) free(ios);
+    return err;
+}
 
+static nereid_error_t *validate_inputs(nereid_request_t *req, model_t *m,
+                                       const model_io_t *const *ios, const char *rid)
+{
     bool batching = m->max_batch_size > 0;
     int64_t batch = -1;
     for (size_t i = 0; i < req->n_inputs; i++) {
         req_input_t *in = &req->inputs[i];
-        const model_io_t *io = find_io(m->inputs, m->n_inputs, in->name);
+        const model_io_t *io = ios[i];
         char want[512], got[512];
         if (in->datatype != io->datatype)
             return nereid_error_new(NEREID_ERROR_INVALID_ARG,
@@ -430,12 +518,34 @@ nereid_error_t *request_validate(nereid_request_t *req, model_t *m)
 
 /* ---- Responses ---- */
 
-static resp_output_t *push_output(nereid_response_t *resp, const char *name)
+/* Adds an output slot named after the config output io, or after name (a
+ * copy) when the model has no such output. Slot pointers change when the
+ * array grows. */
+static resp_output_t *push_output(nereid_response_t *resp, const model_io_t *io, const char *name)
 {
-    resp->outputs = xrealloc(resp->outputs, (resp->n_outputs + 1) * sizeof *resp->outputs);
+    if (!resp->outputs) {
+        resp->outputs = resp->outputs_inline;
+        resp->cap_outputs = RESP_INLINE_OUTPUTS;
+    }
+    if (resp->n_outputs == resp->cap_outputs) {
+        size_t cap = 2 * resp->cap_outputs;
+        if (resp->outputs == resp->outputs_inline) {
+            resp->outputs = xmalloc(cap * sizeof *resp->outputs);
+            memcpy(resp->outputs, resp->outputs_inline, sizeof resp->outputs_inline);
+        } else {
+            resp->outputs = xrealloc(resp->outputs, cap * sizeof *resp->outputs);
+        }
+        resp->cap_outputs = cap;
+    }
     resp_output_t *o = &resp->outputs[resp->n_outputs++];
     memset(o, 0, sizeof *o);
-    o->name = xstrdup(name);
+    o->io = (model_io_t *)io;
+    if (io) {
+        o->name = io->name;
+    } else {
+        o->name = xstrdup(name);
+        o->owns_name = true;
+    }
     return o;
 }
 
@@ -443,24 +553,36 @@ static resp_output_t *push_output(nereid_response_t *resp, const char *name)
 void request_prepare_response(nereid_request_t *req)
 {
     model_t *m = req->model;
-    nereid_response_t *resp = xcalloc(1, sizeof *resp);
+    /* The arena needs no zeroing. */
+    nereid_response_t *resp = xmalloc(sizeof *resp);
+    memset(resp, 0, offsetof(nereid_response_t, arena));
     resp->alloc = req->alloc;
-    resp->model_name = xstrdup(m->name);
+    resp->model_name = m->name;
     resp->model_version = m->version;
-    resp->id = req->id ? xstrdup(req->id) : NULL;
+    if (req->id) {
+        size_t n = strlen(req->id) + 1;
+        resp->id = arena_take(resp->arena, sizeof resp->arena, &resp->arena_used, n, 1);
+        if (resp->id)
+            memcpy(resp->id, req->id, n);
+        else
+            resp->id = xstrdup(req->id);
+    }
     if (req->n_out_names) {
         for (size_t i = 0; i < req->n_out_names; i++) {
-            resp_output_t *o = push_output(resp, req->out_names[i]);
+            const char *name = req->out_names[i];
+            resp_output_t *o = push_output(resp, find_io(m->outputs, m->n_outputs, name), name);
             o->class_count = req->out_class_counts[i];
         }
     } else {
         for (size_t i = 0; i < m->n_outputs; i++)
-            push_output(resp, m->outputs[i].name);
+            push_output(resp, &m->outputs[i], NULL);
     }
-    for (size_t i = 0; i < resp->n_outputs; i++)
-        resp->outputs[i].io =
-            (model_io_t *)find_io(m->outputs, m->n_outputs, resp->outputs[i].name);
     req->response = resp;
+}
+
+void *response_arena_alloc(nereid_response_t *resp, size_t byte_size)
+{
+    return arena_take(resp->arena, sizeof resp->arena, &resp->arena_used, byte_size, 64);
 }
 
 resp_output_t *request_find_output(nereid_request_t *req, const char *name)
@@ -475,14 +597,15 @@ resp_output_t *request_capture_output(nereid_request_t *req, const char *name)
 {
     resp_output_t *o = request_find_output(req, name);
     if (o) return o;
-    o = push_output(req->response, name);
+    model_t *m = req->model;
+    o = push_output(req->response, find_io(m->outputs, m->n_outputs, name), name);
     o->internal = true;
     return o;
 }
 
 static void release_output(nereid_response_t *resp, resp_output_t *o)
 {
-    if (o->allocated) {
+    if (o->allocated && !o->in_arena) {
         if (resp->alloc.alloc_fn && !o->internal) {
             if (resp->alloc.release_fn)
                 resp->alloc.release_fn(resp->alloc.userp, o->data, o->buffer_userp, o->byte_size);
@@ -491,6 +614,7 @@ static void release_output(nereid_response_t *resp, resp_output_t *o)
         }
     }
     o->allocated = false;
+    o->in_arena = false;
     o->data = NULL;
 }
 
@@ -499,11 +623,10 @@ void nereid_response_free(nereid_response_t *resp)
     if (!resp) return;
     for (size_t i = 0; i < resp->n_outputs; i++) {
         release_output(resp, &resp->outputs[i]);
-        free(resp->outputs[i].name);
+        if (resp->outputs[i].owns_name) free(resp->outputs[i].name);
     }
-    free(resp->outputs);
-    free(resp->id);
-    free(resp->model_name);
+    if (resp->outputs != resp->outputs_inline) free(resp->outputs);
+    if (!in_arena(resp->arena, sizeof resp->arena, resp->id)) free(resp->id);
     nereid_error_free(resp->error);
     if (resp->model) model_unref(resp->model);
     free(resp);
@@ -517,7 +640,7 @@ static void compact_outputs(nereid_response_t *resp)
         resp_output_t *o = &resp->outputs[i];
         if (o->internal || !o->filled || resp->error) {
             release_output(resp, o);
-            free(o->name);
+            if (o->owns_name) free(o->name);
             continue;
         }
         resp->outputs[w++] = *o;
