@@ -112,35 +112,165 @@ static char *write_i64(char *o, int64_t v)
     return write_u64(o, (uint64_t)v);
 }
 
-/* The shortest of %.15g/%.16g/%.17g that reads back as v (just %.17g when
- * v is a widened float: it then nearly always needs 17 digits, and the probe
- * costs 3x), with ".0" added to integral values and NaN/Infinity spelled as
- * Triton writes them. */
-static char *write_double(char *o, double v, bool from_float)
+static const double pow10_exact[23] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,
+                                       1e8,  1e9,  1e10, 1e11, 1e12, 1e13, 1e14, 1e15,
+                                       1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
+
+static const uint64_t pow10_u64[18] = {1ULL,
+                                       10ULL,
+                                       100ULL,
+                                       1000ULL,
+                                       10000ULL,
+                                       100000ULL,
+                                       1000000ULL,
+                                       10000000ULL,
+                                       100000000ULL,
+                                       1000000000ULL,
+                                       10000000000ULL,
+                                       100000000000ULL,
+                                       1000000000000ULL,
+                                       10000000000000ULL,
+                                       100000000000000ULL,
+                                       1000000000000000ULL,
+                                       10000000000000000ULL,
+                                       100000000000000000ULL};
+
+/* Writes digits * 10^k (digits has no trailing zeros) in rapidjson's layout,
+ * as Triton's writer prints doubles: "12.0", "0.001", "1e-7", "1.5e30". */
+static char *write_decimal(char *o, bool neg, uint64_t digits, int k)
+{
+    char d[24];
+    int len = 0;
+    do {
+        d[len++] = (char)('0' + digits % 10);
+        digits /= 10;
+    } while (digits);
+    for (int i = 0; i < len / 2; i++) {
+        char t = d[i];
+        d[i] = d[len - 1 - i];
+        d[len - 1 - i] = t;
+    }
+    if (neg) *o++ = '-';
+    int kk = len + k; /* digits before the decimal point */
+    if (k >= 0 && kk <= 21) {
+        memcpy(o, d, (size_t)len);
+        o += len;
+        memset(o, '0', (size_t)k);
+        o += k;
+        *o++ = '.';
+        *o++ = '0';
+    } else if (kk > 0 && kk <= 21) {
+        memcpy(o, d, (size_t)kk);
+        o += kk;
+        *o++ = '.';
+        memcpy(o, d + kk, (size_t)(len - kk));
+        o += len - kk;
+    } else if (kk > -6 && kk <= 0) {
+        *o++ = '0';
+        *o++ = '.';
+        memset(o, '0', (size_t)-kk);
+        o += -kk;
+        memcpy(o, d, (size_t)len);
+        o += len;
+    } else {
+        *o++ = d[0];
+        if (len > 1) {
+            *o++ = '.';
+            memcpy(o, d + 1, (size_t)(len - 1));
+            o += len - 1;
+        }
+        *o++ = 'e';
+        int e = kk - 1;
+        if (e < 0) *o++ = '-', e = -e;
+        if (e >= 100)
+            *o++ = (char)('0' + e / 100), e %= 100, *o++ = (char)('0' + e / 10);
+        else if (e >= 10)
+            *o++ = (char)('0' + e / 10);
+        *o++ = (char)('0' + e % 10);
+    }
+    return o;
+}
+
+/* Shortest digits (up to max_digits) such that digits * 10^k read back as a
+ * double and narrowed to the type (is_float) give v (> 0, finite). Each
+ * candidate is checked with one exactly rounded operation (digits < 2^53,
+ * power of ten <= 1e22). Returns false when v is out of that fast range. */
+static bool shortest_digits(double v, bool is_float, int max_digits, uint64_t *digits, int *k)
+{
+    int e2;
+    frexp(v, &e2);
+    int e10 = (int)floor((e2 - 1) * 0.30102999566398120);
+    for (int p = 1; p <= max_digits; p++) {
+        for (int tries = 0; tries < 3; tries++) {
+            int s = p - 1 - e10;
+            if (s > 22 || s < -22) return false;
+            double scaled = s >= 0 ? v * pow10_exact[s] : v / pow10_exact[-s];
+            uint64_t m = (uint64_t)(scaled + 0.5);
+            if (m >= pow10_u64[p]) {
+                e10++;
+                continue;
+            }
+            if (m < pow10_u64[p - 1]) {
+                e10--;
+                continue;
+            }
+            double back = s >= 0 ? (double)m / pow10_exact[s] : (double)m * pow10_exact[-s];
+            if (is_float ? (float)back == (float)v : back == v) {
+                while (m % 10 == 0) {
+                    m /= 10;
+                    s--;
+                }
+                *digits = m;
+                *k = -s;
+                return true;
+            }
+            break;
+        }
+    }
+    return false;
+}
+
+/* Digits of v from printf (slow path): the first precision that reads back. */
+static void printf_digits(double v, bool is_float, uint64_t *digits, int *k)
+{
+    char tmp[40];
+    for (int prec = is_float ? 0 : 15; prec <= 16; prec++) {
+        snprintf(tmp, sizeof tmp, "%.*e", prec, v);
+        double back = strtod(tmp, NULL);
+        if (prec == 16 || (is_float ? (float)back == (float)v : back == v)) break;
+    }
+    uint64_t m = 0;
+    int n = 0;
+    const char *q = tmp;
+    for (; *q && *q != 'e'; q++)
+        if (*q >= '0' && *q <= '9') m = m * 10 + (uint64_t)(*q - '0'), n++;
+    int e = *q == 'e' ? atoi(q + 1) : 0;
+    int kk = e - (n - 1);
+    while (m && m % 10 == 0) {
+        m /= 10;
+        kk++;
+    }
+    *digits = m;
+    *k = kk;
+}
+
+/* Writes v with the shortest digits that read back as v (as a float when
+ * is_float: FP32 outputs), NaN and Infinity spelled as Triton writes them. */
+static char *write_double(char *o, double v, bool is_float)
 {
     if (isnan(v)) return memcpy(o, "NaN", 3), o + 3;
     if (isinf(v)) {
         if (v < 0) return memcpy(o, "-Infinity", 9), o + 9;
         return memcpy(o, "Infinity", 8), o + 8;
     }
-    char tmp[40];
-    int n = 0;
-    if (fabs(v) < 2147483648.0 && v == (double)(int32_t)v && v != 0.0) {
-        o = write_i64(o, (int32_t)v);
-        memcpy(o, ".0", 2);
-        return o + 2;
-    }
-    for (int prec = from_float ? 17 : 15; prec <= 17; prec++) {
-        n = snprintf(tmp, sizeof tmp, "%.*g", prec, v);
-        if (prec == 17 || strtod(tmp, NULL) == v) break;
-    }
-    memcpy(o, tmp, (size_t)n);
-    o += n;
-    if (!memchr(tmp, '.', (size_t)n) && !memchr(tmp, 'e', (size_t)n)) {
-        *o++ = '.';
-        *o++ = '0';
-    }
-    return o;
+    bool neg = signbit(v);
+    if (v == 0) return write_decimal(o, neg, 0, 0);
+    double a = fabs(v);
+    uint64_t digits;
+    int k;
+    if (!shortest_digits(a, is_float, is_float ? 9 : 15, &digits, &k))
+        printf_digits(a, is_float, &digits, &k);
+    return write_decimal(o, neg, digits, k);
 }
 
 /* Writes the flat JSON array of n elements of a fixed-size datatype. */
