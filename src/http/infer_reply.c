@@ -7,6 +7,7 @@
  */
 #include "http/infer_reply.h"
 
+#include <float.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
@@ -112,10 +113,6 @@ static char *write_i64(char *o, int64_t v)
     return write_u64(o, (uint64_t)v);
 }
 
-static const double pow10_exact[23] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,
-                                       1e8,  1e9,  1e10, 1e11, 1e12, 1e13, 1e14, 1e15,
-                                       1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
-
 static const uint64_t pow10_u64[18] = {1ULL,
                                        10ULL,
                                        100ULL,
@@ -191,61 +188,97 @@ static char *write_decimal(char *o, bool neg, uint64_t digits, int k)
     return o;
 }
 
-/* Shortest digits (up to max_digits) such that digits * 10^k read back as a
- * double and narrowed to the type (is_float) give v (> 0, finite). Each
- * candidate is checked with one exactly rounded operation (digits < 2^53,
- * power of ten <= 1e22). Returns false when v is out of that fast range. */
-static bool shortest_digits(double v, bool is_float, int max_digits, uint64_t *digits, int *k)
+#if LDBL_MANT_DIG >= 64
+#define HAVE_LONG_DOUBLE_64 1
+static const long double pow10_ld[28] = {1e0L,  1e1L,  1e2L,  1e3L,  1e4L,  1e5L,  1e6L,  1e7L,
+                                         1e8L,  1e9L,  1e10L, 1e11L, 1e12L, 1e13L, 1e14L, 1e15L,
+                                         1e16L, 1e17L, 1e18L, 1e19L, 1e20L, 1e21L, 1e22L, 1e23L,
+                                         1e24L, 1e25L, 1e26L, 1e27L}; /* exact: 5^27 < 2^64 */
+#endif
+
+/* Whether digits * 10^-s reads back as v (strtod; the rare undecided case). */
+static bool reads_back_strtod(uint64_t digits, int s, double v)
 {
-    int e2;
-    frexp(v, &e2);
-    int e10 = (int)floor((e2 - 1) * 0.30102999566398120);
-    for (int p = 1; p <= max_digits; p++) {
-        for (int tries = 0; tries < 3; tries++) {
-            int s = p - 1 - e10;
-            if (s > 22 || s < -22) return false;
-            double scaled = s >= 0 ? v * pow10_exact[s] : v / pow10_exact[-s];
-            uint64_t m = (uint64_t)(scaled + 0.5);
-            if (m >= pow10_u64[p]) {
-                e10++;
-                continue;
-            }
-            if (m < pow10_u64[p - 1]) {
-                e10--;
-                continue;
-            }
-            double back = s >= 0 ? (double)m / pow10_exact[s] : (double)m * pow10_exact[-s];
-            if (is_float ? (float)back == (float)v : back == v) {
-                while (m % 10 == 0) {
-                    m /= 10;
-                    s--;
-                }
-                *digits = m;
-                *k = -s;
-                return true;
-            }
-            break;
-        }
-    }
-    return false;
+    char tmp[48];
+    snprintf(tmp, sizeof tmp, "%" PRIu64 "e%d", digits, -s);
+    return strtod(tmp, NULL) == v;
 }
 
-/* Digits of v from printf (slow path): the first precision that reads back. */
-static void printf_digits(double v, bool is_float, uint64_t *digits, int *k)
+/* Shortest digits (at most 17) such that digits * 10^k reads back as v
+ * (> 0, finite). Candidates are the nearest p-digit decimals, from 17 digits
+ * down; each is checked against v's rounding interval in 64-bit long double,
+ * where the interval ends are exact and the candidate is one rounding away
+ * (strtod decides the rare case too close to call). Returns false when v is
+ * out of the range where powers of ten are exact (caller uses printf). */
+static bool shortest_digits(double v, uint64_t *digits, int *k)
+{
+#ifdef HAVE_LONG_DOUBLE_64
+    int e2;
+    double f = frexp(v, &e2);
+    int ue = e2 - 53 < -1074 ? -1074 : e2 - 53;
+    long double ulp = ldexpl(1.0L, ue);
+    long double hi = (long double)v + ulp / 2;
+    long double lo = (long double)v - (f == 0.5 && ue > -1074 ? ulp / 4 : ulp / 2);
+    int e10 = (int)floor((e2 - 1) * 0.30102999566398120);
+    bool have = false;
+    for (int p = 17; p >= 1; p--) {
+        uint64_t c = 0;
+        int s = 0;
+        bool got = false;
+        for (int tries = 0; tries < 3 && !got; tries++) {
+            s = p - 1 - e10;
+            if (s > 27 || s < -27) break;
+            long double scaled = s >= 0 ? v * pow10_ld[s] : v / pow10_ld[-s];
+            c = (uint64_t)(scaled + 0.5L);
+            if (c >= pow10_u64[p])
+                e10++;
+            else if (c < pow10_u64[p - 1])
+                e10--;
+            else
+                got = true;
+        }
+        if (!got) break;
+        long double cv = s >= 0 ? (long double)c / pow10_ld[s] : (long double)c * pow10_ld[-s];
+        long double margin = cv * 0x1p-62L;
+        bool ok;
+        if (cv - margin > lo && cv + margin < hi)
+            ok = true;
+        else if (cv + margin < lo || cv - margin > hi)
+            ok = false;
+        else
+            ok = reads_back_strtod(c, s, v);
+        if (!ok) break;
+        int zeros = 0;
+        while (c % 10 == 0) {
+            c /= 10;
+            zeros++;
+        }
+        *digits = c;
+        *k = zeros - s;
+        have = true;
+        p -= zeros;
+    }
+    return have;
+#else
+    (void)v, (void)digits, (void)k;
+    return false;
+#endif
+}
+
+/* Digits of v from printf (slow path, outside 1e-11..1e43): the fewest that read back. */
+static void printf_digits(double v, uint64_t *digits, int *k)
 {
     char tmp[40];
-    for (int prec = is_float ? 0 : 15; prec <= 16; prec++) {
+    for (int prec = 0; prec <= 16; prec++) {
         snprintf(tmp, sizeof tmp, "%.*e", prec, v);
-        double back = strtod(tmp, NULL);
-        if (prec == 16 || (is_float ? (float)back == (float)v : back == v)) break;
+        if (strtod(tmp, NULL) == v) break;
     }
     uint64_t m = 0;
     int n = 0;
     const char *q = tmp;
     for (; *q && *q != 'e'; q++)
         if (*q >= '0' && *q <= '9') m = m * 10 + (uint64_t)(*q - '0'), n++;
-    int e = *q == 'e' ? atoi(q + 1) : 0;
-    int kk = e - (n - 1);
+    int kk = (*q == 'e' ? atoi(q + 1) : 0) - (n - 1);
     while (m && m % 10 == 0) {
         m /= 10;
         kk++;
@@ -254,9 +287,10 @@ static void printf_digits(double v, bool is_float, uint64_t *digits, int *k)
     *k = kk;
 }
 
-/* Writes v with the shortest digits that read back as v (as a float when
- * is_float: FP32 outputs), NaN and Infinity spelled as Triton writes them. */
-static char *write_double(char *o, double v, bool is_float)
+/* Writes v with the shortest digits that read back as v, NaN and Infinity
+ * spelled as Triton writes them. FP32 outputs are widened to double first,
+ * as Triton does (0.1f prints as 0.10000000149011612). */
+static char *write_double(char *o, double v)
 {
     if (isnan(v)) return memcpy(o, "NaN", 3), o + 3;
     if (isinf(v)) {
@@ -268,8 +302,7 @@ static char *write_double(char *o, double v, bool is_float)
     double a = fabs(v);
     uint64_t digits;
     int k;
-    if (!shortest_digits(a, is_float, is_float ? 9 : 15, &digits, &k))
-        printf_digits(a, is_float, &digits, &k);
+    if (!shortest_digits(a, &digits, &k)) printf_digits(a, &digits, &k);
     return write_decimal(o, neg, digits, k);
 }
 
@@ -338,13 +371,13 @@ static int write_numeric_array(sbuf_t *b, nereid_datatype_t dt, const char *p, s
         case NEREID_TYPE_FP32: {
             float v;
             memcpy(&v, p, 4);
-            o = write_double(o, (double)v, true);
+            o = write_double(o, (double)v);
             break;
         }
         case NEREID_TYPE_FP64: {
             double v;
             memcpy(&v, p, 8);
-            o = write_double(o, v, false);
+            o = write_double(o, v);
             break;
         }
         default:

@@ -1,5 +1,5 @@
 """JSON tensor numbers on the HTTP frontend: NaN/Infinity literals in and
-out, the full UINT64/INT64 ranges, shortest FP32/FP64 printing, rapidjson's
+out, the full UINT64/INT64 ranges, shortest round-trip printing, rapidjson's
 syntax error texts, and large (flat and nested) JSON tensors."""
 import json
 import re
@@ -96,19 +96,20 @@ def test_number_too_big(http_server):
         "failed to parse the request JSON buffer: Number too big to be stored in double. at ")
 
 
-def shortest_float_digits(x):
-    """Significant digits of numpy's shortest repr of a float32."""
-    s = np.format_float_scientific(np.float32(x), unique=True, trim="-")
-    mantissa = s.split("e")[0].lstrip("-").replace(".", "").lstrip("0")
-    return len(mantissa.rstrip("0")) or 1
+def n_digits(tok):
+    """Significant digits of a printed number."""
+    mantissa = re.sub(r"[eE].*", "", tok).lstrip("-").replace(".", "")
+    return len(mantissa.strip("0")) or 1
 
 
-def test_fp32_shortest_round_trip(http_server):
+def test_fp32_widened_shortest_double(http_server):
+    """FP32 outputs print as Triton writes them: widened to double, then the
+    shortest digits that read back as that double, in rapidjson's layout."""
     rng = np.random.default_rng(7)
     vals = np.concatenate([
-        np.array([0.1, 0.3, 1.5, 16777216.0, 1e10, 3.4028235e38, 1e-7, 1.17549435e-38,
-                  1.4e-45, 123456.79, -2.5, 100.0, 1e21, 1e22, 0.000123], dtype=np.float32),
-        (rng.standard_normal(500) * 10.0 ** rng.integers(-30, 30, 500)).astype(np.float32),
+        np.array([0.1, 0.5, 1.5, 16777216.0, 1e10, 3.4028235e38, 1e-7, 1.17549435e-38,
+                  1.4e-45, 123456.79, -2.5, 100.0, 1e21, 2.0 ** -20, 0.375], dtype=np.float32),
+        (rng.standard_normal(2000) * 10.0 ** rng.integers(-30, 30, 2000)).astype(np.float32),
     ])
     body = req("FP32", json.dumps([float(v) for v in vals]), [1, len(vals)])
     r = post(http_server, "id_fp32", body)
@@ -116,13 +117,13 @@ def test_fp32_shortest_round_trip(http_server):
     tokens = data_text(r)
     assert len(tokens) == len(vals)
     for tok, v in zip(tokens, vals):
-        assert np.float32(float(tok)) == v, (tok, v)
-        digits = len(re.sub(r"e.*", "", tok).lstrip("-").replace(".", "").strip("0")) or 1
-        assert digits <= shortest_float_digits(v), (tok, v)
-    # rapidjson's layout, as Triton writes numbers
-    assert tokens[:3] == ["0.1", "0.3", "1.5"]
+        assert float(tok) == float(v), (tok, v)
+        assert n_digits(tok) <= n_digits(repr(float(v))), (tok, v)  # Python's repr is shortest
+    assert tokens[:3] == ["0.10000000149011612", "0.5", "1.5"]
     assert tokens[3:5] == ["16777216.0", "10000000000.0"]
-    assert tokens[5] == "3.4028235e38" and tokens[6] == "1e-7" and tokens[14] == "0.000123"
+    assert tokens[5] == "3.4028234663852886e38" and tokens[6] == "1.0000000116860974e-7"
+    assert tokens[10:15] == ["-2.5", "100.0", "1.0000000200408773e21", "9.5367431640625e-7",
+                             "0.375"]
 
 
 def test_fp64_round_trip(http_server):
@@ -135,7 +136,9 @@ def test_fp64_round_trip(http_server):
     assert r.status_code == 200, r.text
     tokens = data_text(r)
     assert [float(t) for t in tokens] == [float(v) for v in vals]
-    assert tokens[0] == "0.1" and tokens[5] == "123.456"
+    for tok, v in zip(tokens, vals):
+        assert n_digits(tok) <= n_digits(repr(float(v))), (tok, v)
+    assert tokens[0] == "0.1" and tokens[5] == "123.456" and tokens[4] == "5e-324"
 
 
 def test_large_json_tensor_flat_and_nested(http_server):
