@@ -136,17 +136,24 @@ static const uint64_t pow10_u64[18] = {1ULL,
  * as Triton's writer prints doubles: "12.0", "0.001", "1e-7", "1.5e30". */
 static char *write_decimal(char *o, bool neg, uint64_t digits, int k)
 {
-    char d[24];
-    int len = 0;
-    do {
-        d[len++] = (char)('0' + digits % 10);
-        digits /= 10;
-    } while (digits);
-    for (int i = 0; i < len / 2; i++) {
-        char t = d[i];
-        d[i] = d[len - 1 - i];
-        d[len - 1 - i] = t;
+    static const char pairs[] = "00010203040506070809101112131415161718192021222324252627282930"
+                                "31323334353637383940414243444546474849505152535455565758596061"
+                                "62636465666768697071727374757677787980818283848586878889909192"
+                                "93949596979899";
+    char buf[24], *e = buf + sizeof buf, *d = e;
+    while (digits >= 100) {
+        unsigned r = (unsigned)(digits % 100);
+        digits /= 100;
+        d -= 2;
+        memcpy(d, pairs + 2 * r, 2);
     }
+    if (digits >= 10) {
+        d -= 2;
+        memcpy(d, pairs + 2 * digits, 2);
+    } else {
+        *--d = (char)('0' + digits);
+    }
+    int len = (int)(e - d);
     if (neg) *o++ = '-';
     int kk = len + k; /* digits before the decimal point */
     if (k >= 0 && kk <= 21) {
@@ -205,58 +212,73 @@ static bool reads_back_strtod(uint64_t digits, int s, double v)
 }
 
 /* Shortest digits (at most 17) such that digits * 10^k reads back as v
- * (> 0, finite). Candidates are the nearest p-digit decimals, from 17 digits
- * down; each is checked against v's rounding interval in 64-bit long double,
- * where the interval ends are exact and the candidate is one rounding away
- * (strtod decides the rare case too close to call). Returns false when v is
- * out of the range where powers of ten are exact (caller uses printf). */
+ * (> 0, finite). With s chosen so that v * 10^s has 17 integer digits, the
+ * candidates are the nearest 17-, 16-, ... digit decimals, each compared
+ * (as an exact integer) with v's rounding interval scaled by 10^s in 64-bit
+ * long double: a few roundings of 2^-64 each, far inside the margin; strtod
+ * decides the rare candidate too close to call. Returns false outside
+ * ~1e-11..1e43 (where 10^s is no longer exact); the caller uses printf. */
 static bool shortest_digits(double v, uint64_t *digits, int *k)
 {
 #ifdef HAVE_LONG_DOUBLE_64
-    int e2;
-    double f = frexp(v, &e2);
-    int ue = e2 - 53 < -1074 ? -1074 : e2 - 53;
-    long double ulp = ldexpl(1.0L, ue);
-    long double hi = (long double)v + ulp / 2;
-    long double lo = (long double)v - (f == 0.5 && ue > -1074 ? ulp / 4 : ulp / 2);
-    int e10 = (int)floor((e2 - 1) * 0.30102999566398120);
-    bool have = false;
-    for (int p = 17; p >= 1; p--) {
-        uint64_t c = 0;
-        int s = 0;
-        bool got = false;
-        for (int tries = 0; tries < 3 && !got; tries++) {
-            s = p - 1 - e10;
-            if (s > 27 || s < -27) break;
-            long double scaled = s >= 0 ? v * pow10_ld[s] : v / pow10_ld[-s];
-            c = (uint64_t)(scaled + 0.5L);
-            if (c >= pow10_u64[p])
-                e10++;
-            else if (c < pow10_u64[p - 1])
-                e10--;
-            else
-                got = true;
-        }
-        if (!got) break;
-        long double cv = s >= 0 ? (long double)c / pow10_ld[s] : (long double)c * pow10_ld[-s];
-        long double margin = cv * 0x1p-62L;
-        bool ok;
-        if (cv - margin > lo && cv + margin < hi)
-            ok = true;
-        else if (cv + margin < lo || cv - margin > hi)
-            ok = false;
+    uint64_t bits;
+    memcpy(&bits, &v, 8);
+    int be = (int)(bits >> 52 & 0x7FF);
+    if (be < 1023 - 37 || be > 1023 + 143) return false;
+    bool pow2 = (bits & ((1ULL << 52) - 1)) == 0;  /* the gap below v is half */
+    uint64_t ulp_bits = (uint64_t)(be - 52) << 52; /* 2^(be-1075), a normal double */
+    double ulp;
+    memcpy(&ulp, &ulp_bits, 8);
+    int e10 = (int)floor((be - 1023) * 0.30102999566398120);
+    long double scaled = 0;
+    uint64_t c = 0;
+    int s = 0;
+    bool settled = false;
+    for (int tries = 0; tries < 3 && !settled; tries++) {
+        s = 16 - e10;
+        if (s > 27 || s < -27) return false;
+        scaled = s >= 0 ? (long double)v * pow10_ld[s] : (long double)v / pow10_ld[-s];
+        c = (uint64_t)llrintl(scaled);
+        if (c >= pow10_u64[17])
+            e10++;
+        else if (c < pow10_u64[16])
+            e10--;
         else
-            ok = reads_back_strtod(c, s, v);
-        if (!ok) break;
-        int zeros = 0;
-        while (c % 10 == 0) {
-            c /= 10;
-            zeros++;
+            settled = true;
+    }
+    if (!settled) return false;
+    long double h = (long double)ulp * 0.5L;
+    h = s >= 0 ? h * pow10_ld[s] : h / pow10_ld[-s];
+    long double hi = scaled + h, lo = scaled - (pow2 ? h * 0.5L : h);
+    long double margin = scaled * 0x1p-60L;
+    uint64_t fl = (long double)c > scaled ? c - 1 : c; /* floor(scaled) */
+    bool have = false;
+    for (int drop = 0; drop <= 16; drop++) {
+        uint64_t unit = pow10_u64[drop];
+        uint64_t a = fl / unit, cp = 0;
+        /* The nearest of a and a + 1 first, then the other. */
+        bool up = scaled - (long double)(a * unit) > (long double)unit / 2;
+        for (int i = 0; i < 2 && !cp; i++) {
+            uint64_t cand = (i == 0) == up ? a + 1 : a;
+            if (cand == 0) continue;
+            long double cv = (long double)(cand * unit);
+            bool ok;
+            if (cv - margin > lo && cv + margin < hi)
+                ok = true;
+            else if (cv + margin < lo || cv - margin > hi)
+                ok = false;
+            else
+                ok = reads_back_strtod(cand, s - drop, v);
+            if (ok) cp = cand;
         }
-        *digits = c;
-        *k = zeros - s;
+        if (!cp) break;
+        while (cp % 10 == 0) {
+            cp /= 10;
+            drop++;
+        }
+        *digits = cp;
+        *k = drop - s;
         have = true;
-        p -= zeros;
     }
     return have;
 #else

@@ -7,7 +7,7 @@ import re
 import numpy as np
 import pytest
 
-from http_helpers import http_server, infer  # noqa: F401
+from http_helpers import build_infer, http_server, infer  # noqa: F401
 
 
 def post(server, model, text, headers=None):
@@ -198,3 +198,25 @@ def test_parameters_keep_number_types(http_server):
     extra = ',"parameters":{"big":18446744073709551615,"neg":-3,"real":NaN,"s":"x"}'
     r = post(http_server, "id_fp32", req("FP32", "[1]", [1, 1], extra))
     assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize("dt,np_t", [("FP32", np.float32), ("FP64", np.float64)])
+def test_random_values_print_shortest(http_server, dt, np_t):
+    """20,000 random values sent in binary come back in JSON as the shortest
+    text that reads back (Python's repr is the reference for shortest)."""
+    rng = np.random.default_rng(3)
+    n = 20000
+    bits = rng.integers(0, 2**63, n // 4, dtype=np.int64).view(np.float64)  # any exponent
+    with np.errstate(over="ignore"):
+        vals = (rng.standard_normal(n) * 10.0 ** rng.integers(-14, 46, n)).astype(np_t)
+        vals[: n // 4] = np.where(np.isfinite(bits), bits, 1.0).astype(np_t)
+    vals[~np.isfinite(vals)] = 1.0
+    body, headers = build_infer([{"name": "INPUT0", "datatype": dt,
+                                  "data": vals.reshape(1, n), "binary": True}])
+    r = infer(http_server, f"id_{dt.lower()}", body, headers)
+    assert r.status_code == 200, r.text
+    tokens = data_text(r)
+    assert [float(t) for t in tokens] == [float(v) for v in vals]
+    longer = [(t, repr(float(v))) for t, v in zip(tokens, vals)
+              if n_digits(t) > n_digits(repr(float(v)))]
+    assert not longer, longer[:5]
