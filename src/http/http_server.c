@@ -120,7 +120,7 @@ typedef struct http_conn {
     infer_parsed_t parsed;
     char *raw_input_name;
     _Atomic(out_buf_t *) outs;
-    nereid_response_t *response;
+    _Atomic(nereid_response_t *) response; /* set by the completion, then resume */
 } http_conn_t;
 
 /* Everything an infer reply keeps alive until MHD has sent it. */
@@ -483,7 +483,7 @@ static void infer_done(nereid_response_t *response, void *userp)
 {
     http_conn_t *c = userp;
     http_server_t *srv = c->srv;
-    c->response = response;
+    atomic_store(&c->response, response);
     MHD_resume_connection(c->mhd);
     pthread_mutex_lock(&srv->lock);
     if (--srv->n_inflight == 0) pthread_cond_broadcast(&srv->idle);
@@ -595,8 +595,14 @@ static nereid_error_t *infer_submit(http_conn_t *c)
 
 static enum MHD_Result infer_reply(http_conn_t *c)
 {
-    nereid_response_t *resp = c->response;
-    c->response = NULL;
+    nereid_response_t *resp = atomic_exchange(&c->response, NULL);
+    /* Under load (32 connections) MHD was seen calling the handler again
+     * before this request's completion had resumed it: suspend again and let
+     * the completion's resume wake it. */
+    if (!resp) {
+        MHD_suspend_connection(c->mhd);
+        return MHD_YES;
+    }
     const nereid_error_t *rerr = nereid_response_error(resp);
     if (rerr) {
         enum MHD_Result ret = http_queue_error(
@@ -827,7 +833,8 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
     http_conn_t *c = *con_cls;
     if (!c) return;
     *con_cls = NULL;
-    if (c->response) nereid_response_free(c->response);
+    nereid_response_t *resp = atomic_load(&c->response);
+    if (resp) nereid_response_free(resp);
     out_bufs_free(atomic_load(&c->outs));
     if (c->error) nereid_error_free(c->error);
     if (c->submit_error) nereid_error_free(c->submit_error);
