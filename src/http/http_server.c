@@ -101,7 +101,8 @@ typedef struct http_conn {
     http_server_t *srv;
     struct MHD_Connection *mhd;
     http_route_t route;
-    char *path; /* owned copy of the URL; captures point into it */
+    char *path; /* copy of the URL (path_buf or malloc'ed); captures point into it */
+    char path_buf[160];
     const char *model, *version_str, *name;
     int64_t version;
     sbuf_t body;           /* body bytes start at body.data + body_pad */
@@ -111,7 +112,8 @@ typedef struct http_conn {
     bool unsupported_encoding;
     bool refused; /* replied before reading the body */
     http_encoding_t encoding;
-    size_t header_len; /* Inference-Header-Content-Length or NONE */
+    size_t header_len;     /* Inference-Header-Content-Length or NONE */
+    size_t content_length; /* declared body size (0 if none), to size the body once */
     /* inference */
     bool submitted;
     nereid_error_t *submit_error; /* infer_async refused after the suspend */
@@ -173,8 +175,10 @@ static bool route_match(const char *pattern, const char *path, const char **cap_
 static void route_resolve(http_conn_t *c, const char *url, const char *method)
 {
     c->route = ROUTE_NOT_FOUND;
-    c->path = strdup(url);
+    size_t n = strlen(url);
+    c->path = n < sizeof c->path_buf ? c->path_buf : malloc(n + 1);
     if (!c->path) return;
+    memcpy(c->path, url, n + 1);
     const char *m = NULL, *v = NULL, *r = NULL;
     for (int i = 0; i < N_ROUTES; i++) {
         if (!route_match(routes[i].path, c->path, &m, &v, &r)) {
@@ -641,6 +645,13 @@ static enum MHD_Result infer_reply(http_conn_t *c)
     bool binary = h->reply.binary;
     if (r) {
         reply_hold_free(h);
+    } else if (h->reply.n_chunks == 1) {
+        r = MHD_create_response_from_buffer_with_free_callback_cls(
+            h->reply.chunks[0].byte_size, (void *)h->reply.chunks[0].data, reply_hold_free, h);
+        if (!r) {
+            reply_hold_free(h);
+            return MHD_NO;
+        }
     } else {
         struct MHD_IoVec iov[h->reply.n_chunks];
         for (size_t i = 0; i < h->reply.n_chunks; i++)
@@ -718,6 +729,7 @@ static void infer_headers(http_conn_t *c)
     const char *cl =
         MHD_lookup_connection_value(c->mhd, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
     unsigned long long declared = cl ? strtoull(cl, NULL, 10) : 0;
+    c->content_length = declared <= max ? (size_t)declared : 0;
     if (cl && c->header_len != INFER_HEADER_LENGTH_NONE && c->header_len > declared &&
         c->encoding == HTTP_ENCODING_IDENTITY) {
         c->error = nereid_error_new(NEREID_ERROR_INVALID_ARG,
@@ -793,8 +805,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
             c->body_pad = 0;
             return MHD_YES;
         }
-        if (!c->body.data && c->body_pad &&
-            (sbuf_reserve(&c->body, c->body_pad) || (c->body.len = c->body_pad, false))) {
+        if (!c->body.data &&
+            (sbuf_reserve(&c->body,
+                          c->body_pad + (c->content_length > n ? c->content_length : n)) ||
+             (c->body.len = c->body_pad, false))) {
             c->error = nereid_error_new(NEREID_ERROR_INTERNAL, "out of memory");
             return MHD_YES;
         }
@@ -842,7 +856,7 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
     free(c->inflated);
     free(c->raw_input_name);
     free(c->body.data);
-    free(c->path);
+    if (c->path != c->path_buf) free(c->path);
     free(c);
 }
 

@@ -467,8 +467,13 @@ nereid_error_t *infer_reply_build(const nereid_response_t *resp, const infer_par
     size_t n_outputs = nereid_response_output_count(resp);
     sbuf_t b = {0};
     nereid_error_t *err = NULL;
-    out->chunks = calloc(n_outputs + 1, sizeof *out->chunks);
-    out->owned = calloc(n_outputs + 1, sizeof *out->owned);
+    if (n_outputs + 1 <= INFER_REPLY_INLINE_OUTPUTS) {
+        out->chunks = out->inline_chunks;
+        out->owned = out->inline_owned;
+    } else {
+        out->chunks = calloc(n_outputs + 1, sizeof *out->chunks);
+        out->owned = calloc(n_outputs + 1, sizeof *out->owned);
+    }
     if (!out->chunks || !out->owned) goto oom;
     out->n_chunks = 1;
 
@@ -543,9 +548,22 @@ nereid_error_t *infer_reply_build(const nereid_response_t *resp, const infer_par
         if (sbuf_append_str(&b, "}")) goto oom;
     }
     if (sbuf_append_str(&b, "]}")) goto oom;
-    out->json = b.data;
     out->json_len = b.len;
-    out->chunks[0] = (reply_chunk_t){out->json, out->json_len};
+    /* Small binary outputs are copied behind the JSON: one buffer goes out
+     * with the headers in one send, where an iovec reply costs a second. */
+    size_t tail = 0;
+    for (size_t i = 1; i < out->n_chunks; i++)
+        tail += out->chunks[i].byte_size;
+    if (out->n_chunks > 1 && tail <= INFER_REPLY_INLINE_MAX) {
+        if (sbuf_reserve(&b, tail)) goto oom;
+        for (size_t i = 1; i < out->n_chunks; i++) {
+            memcpy(b.data + b.len, out->chunks[i].data, out->chunks[i].byte_size);
+            b.len += out->chunks[i].byte_size;
+        }
+        out->n_chunks = 1;
+    }
+    out->json = b.data;
+    out->chunks[0] = (reply_chunk_t){out->json, out->n_chunks == 1 ? b.len : out->json_len};
     return NULL;
 oom:
     err = nereid_error_new(NEREID_ERROR_INTERNAL, "out of memory building the response");
@@ -559,8 +577,8 @@ void infer_reply_free(infer_reply_t *reply)
 {
     for (size_t i = 0; i < reply->n_owned; i++)
         free(reply->owned[i]);
-    free(reply->owned);
-    free(reply->chunks);
+    if (reply->owned != reply->inline_owned) free(reply->owned);
+    if (reply->chunks != reply->inline_chunks) free(reply->chunks);
     free(reply->json);
     memset(reply, 0, sizeof *reply);
 }
