@@ -32,24 +32,12 @@
 #include <unistd.h>
 
 #include "../backends/onnxruntime/ort_api.h"
+#include "../tests/unit/test_util.h"
 
 #define N_CLIENTS 16
 #define WIDTH 256
 #define RAW_BATCH 16
 #define MAX_SAMPLES (1u << 21)
-
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-static int cmp_u64(const void *a, const void *b)
-{
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return x < y ? -1 : x > y;
-}
 
 typedef struct result {
     const char *name;
@@ -333,10 +321,11 @@ static double average_batch(int port, const char *model)
 
 /* ---- the server process ---- */
 
-static pid_t start_server(const char *nereid, const char *repo, int http, int grpc, int metrics)
+static pid_t spawn_server(const char *nereid, const char *model_repo, int http, int grpc,
+                          int metrics)
 {
     char a[5][PATH_MAX + 32];
-    snprintf(a[0], sizeof a[0], "--model-repository=%s", repo);
+    snprintf(a[0], sizeof a[0], "--model-repository=%s", model_repo);
     snprintf(a[1], sizeof a[1], "--http-port=%d", http);
     snprintf(a[2], sizeof a[2], "--grpc-port=%d", grpc);
     snprintf(a[3], sizeof a[3], "--metrics-port=%d", metrics);
@@ -383,13 +372,13 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_dynamic: %s failed (run from the repo root)\n", cmd);
         return 1;
     }
-    char repo[PATH_MAX], nereid[PATH_MAX];
-    snprintf(repo, sizeof repo, "%s/repo", dir);
+    char model_repo[PATH_MAX], nereid[PATH_MAX];
+    snprintf(model_repo, sizeof model_repo, "%s/repo", dir);
     const char *build = getenv("NEREID_BUILD");
     snprintf(nereid, sizeof nereid, "%s/nereid", build && *build ? build : "build");
 
     int http = free_port(), grpc = free_port(), metrics = free_port();
-    pid_t pid = start_server(nereid, repo, http, grpc, metrics);
+    pid_t pid = spawn_server(nereid, model_repo, http, grpc, metrics);
     int rc = 1;
     if (pid < 0 || !wait_ready(http, pid)) {
         fprintf(stderr, "bench_dynamic: %s did not become ready\n", nereid);

@@ -25,7 +25,7 @@
 
 #include "grpc/grpc_server.h"
 #include "grpc_service.pb-c.h"
-#include "nereid/server.h"
+#include "../tests/unit/test_util.h"
 
 typedef struct call_slot {
     grpc_call *call;
@@ -188,11 +188,8 @@ int main(int argc, char **argv)
 
     grpc_init();
     if (target == NULL) {
-        const char *repos[] = {"examples/models"};
         nereid_server_options_t opts;
-        nereid_server_options_init(&opts);
-        opts.model_repositories = repos;
-        opts.n_model_repositories = 1;
+        repo_options_for(&opts, "examples/models");
         opts.exit_on_error = false;
         nereid_error_t *err = nereid_server_new(&opts, &server);
         grpc_options_t gopts = {"127.0.0.1", 0, 2};

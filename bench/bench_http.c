@@ -18,18 +18,18 @@
 #include <unistd.h>
 
 #include "http/http_server.h"
-#include "nereid/server.h"
+#include "../tests/unit/test_util.h"
 
 typedef struct result {
     double median_us;
     double rps;
 } result_t;
 
-static char tmpdir[256];
 static int port;
 static int seconds = 3;
 
-static void write_file(const char *path, const void *data, size_t len)
+/* Writes len bytes to the absolute path; exits on failure. */
+static void write_path(const char *path, const void *data, size_t len)
 {
     FILE *f = fopen(path, "wb");
     if (!f || fwrite(data, 1, len, f) != len) {
@@ -54,8 +54,8 @@ static const char *post_script(const char *name, const char *body_path, long ihc
                       "wrk.headers[\"Inference-Header-Content-Length\"] = \"%ld\"\n"
                       "wrk.headers[\"Content-Type\"] = \"application/octet-stream\"\n",
                       ihcl);
-    snprintf(path, sizeof path, "%s/%s.lua", tmpdir, name);
-    write_file(path, lua, (size_t)n);
+    snprintf(path, sizeof path, "%s/%s.lua", repo, name);
+    write_path(path, lua, (size_t)n);
     return path;
 }
 
@@ -79,7 +79,7 @@ static long binary_body(const char *path, const char *const *names, size_t n_inp
         float f = (float)i * 0.5f;
         memcpy(body + (size_t)k + i * 4, &f, 4);
     }
-    write_file(path, body, total);
+    write_path(path, body, total);
     free(body);
     return k;
 }
@@ -95,7 +95,7 @@ static void json_body(const char *path, size_t n)
     for (size_t i = 0; i < n; i++)
         len += (size_t)snprintf(b + len, cap - len, "%s%g", i ? "," : "", (double)i * 0.5);
     len += (size_t)snprintf(b + len, cap - len, "]}]}");
-    write_file(path, b, len);
+    write_path(path, b, len);
     free(b);
 }
 
@@ -145,21 +145,14 @@ int main(void)
         fprintf(stderr, "bench: wrk not found (apt-get install wrk)\n");
         return 1;
     }
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/nereid-bench-http-XXXXXX");
-    if (!mkdtemp(tmpdir)) return 1;
-    char path[512];
-    snprintf(path, sizeof path, "%s/models/bench_identity/1", tmpdir);
-    char mk[600];
-    snprintf(mk, sizeof mk, "mkdir -p %s", path);
-    if (system(mk) != 0) return 1;
-    const char *cfg = "name: \"bench_identity\"\nbackend: \"identity\"\nmax_batch_size: 8\n"
-                      "input [ { name: \"INPUT0\" data_type: TYPE_FP32 dims: [ -1 ] } ]\n"
-                      "output [ { name: \"OUTPUT0\" data_type: TYPE_FP32 dims: [ -1 ] } ]\n";
-    snprintf(path, sizeof path, "%s/models/bench_identity/config.pbtxt", tmpdir);
-    write_file(path, cfg, strlen(cfg));
+    make_repo_dir("bench-http");
+    write_model("models/bench_identity",
+                "name: \"bench_identity\"\nbackend: \"identity\"\nmax_batch_size: 8\n"
+                "input [ { name: \"INPUT0\" data_type: TYPE_FP32 dims: [ -1 ] } ]\n"
+                "output [ { name: \"OUTPUT0\" data_type: TYPE_FP32 dims: [ -1 ] } ]\n");
 
-    char repo[512], examples[512];
-    snprintf(repo, sizeof repo, "%s/models", tmpdir);
+    char models[512], examples[512];
+    snprintf(models, sizeof models, "%s/models", repo);
     /* add_sub_onnx (ONNX Runtime) once `make models` generated it, else the C add_sub. */
     struct stat st;
     const char *add_sub = "add_sub_onnx";
@@ -170,7 +163,7 @@ int main(void)
              add_sub);
     bool have_add_sub = stat(examples, &st) == 0;
     snprintf(examples, sizeof examples, "%s/examples/models", NEREID_SOURCE_DIR);
-    const char *repos[2] = {repo, examples};
+    const char *repos[2] = {models, examples};
 
     nereid_server_options_t so;
     nereid_server_options_init(&so);
@@ -200,16 +193,16 @@ int main(void)
 
     const char *in0[] = {"INPUT0"}, *in01[] = {"INPUT0", "INPUT1"};
     char body[512];
-    snprintf(body, sizeof body, "%s/identity.bin", tmpdir);
+    snprintf(body, sizeof body, "%s/identity.bin", repo);
     const char *s_identity =
         strdup(post_script("identity", body, binary_body(body, in0, 1, 1, "[1,1]")));
-    snprintf(body, sizeof body, "%s/add_sub.bin", tmpdir);
+    snprintf(body, sizeof body, "%s/add_sub.bin", repo);
     const char *s_add_sub =
         strdup(post_script("add_sub", body, binary_body(body, in01, 2, 16, "[1,16]")));
-    snprintf(body, sizeof body, "%s/big.bin", tmpdir);
+    snprintf(body, sizeof body, "%s/big.bin", repo);
     const char *s_big_bin =
         strdup(post_script("big_bin", body, binary_body(body, in0, 1, 65536, "[1,65536]")));
-    snprintf(body, sizeof body, "%s/big.json", tmpdir);
+    snprintf(body, sizeof body, "%s/big.json", repo);
     json_body(body, 65536);
     const char *s_big_json = strdup(post_script("big_json", body, -1));
 
@@ -251,6 +244,5 @@ int main(void)
     free((void *)s_add_sub);
     free((void *)s_big_bin);
     free((void *)s_big_json);
-    snprintf(mk, sizeof mk, "rm -rf %s", tmpdir);
-    return system(mk) == 0 ? 0 : 1;
+    return remove_repo() ? 0 : 1;
 }

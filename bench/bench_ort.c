@@ -18,24 +18,11 @@
 #include <string.h>
 #include <time.h>
 
-#include "nereid/server.h"
+#include "../tests/unit/test_util.h"
 #include "../backends/onnxruntime/ort_api.h"
 
 #define MODEL "add_sub_onnx"
 #define ROUNDS 10
-
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-static int cmp_u64(const void *a, const void *b)
-{
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return x < y ? -1 : x > y;
-}
 
 static double median_us(uint64_t *v, size_t n)
 {
@@ -191,16 +178,13 @@ int main(int argc, char **argv)
         in0[i] = (float)i;
         in1[i] = (float)(16 - i) * 0.5f;
     }
-    const char *repo = NEREID_SOURCE_DIR "/examples/models";
+    const char *models = NEREID_SOURCE_DIR "/examples/models";
     char model_path[PATH_MAX];
-    snprintf(model_path, sizeof(model_path), "%s/" MODEL "/1/model.onnx", repo);
+    snprintf(model_path, sizeof(model_path), "%s/" MODEL "/1/model.onnx", models);
 
     nereid_server_options_t opts;
-    nereid_server_options_init(&opts);
-    const char *repos[] = {repo};
+    repo_options_for(&opts, models);
     const char *load[] = {MODEL};
-    opts.model_repositories = repos;
-    opts.n_model_repositories = 1;
     opts.model_control_mode = NEREID_MODEL_CONTROL_EXPLICIT;
     opts.load_models = load;
     opts.n_load_models = 1;

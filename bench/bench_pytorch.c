@@ -9,32 +9,18 @@
  *   build/bench/bench_pytorch [iterations]      (default 20000)
  */
 #include <dlfcn.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
 
-#include "nereid/server.h"
+#include "../tests/unit/test_util.h"
 
 typedef void *(*raw_load_fn)(const char *, char *, size_t);
 typedef int (*raw_forward_fn)(void *, const float *const *, size_t, const int64_t *, size_t,
                               float *const *, size_t);
 typedef void (*raw_free_fn)(void *);
-
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-static int cmp_u64(const void *a, const void *b)
-{
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return x < y ? -1 : x > y;
-}
 
 typedef struct summary {
     double median_us, p99_us, mean_us;
@@ -49,48 +35,24 @@ static summary_t summarize(uint64_t *ns, size_t n)
     return (summary_t){ns[n / 2] / 1e3, ns[n * 99 / 100] / 1e3, (double)total / (double)n / 1e3};
 }
 
-typedef struct waiter {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    nereid_response_t *resp;
-} waiter_t;
-
-static void on_done(nereid_response_t *resp, void *userp)
-{
-    waiter_t *w = userp;
-    pthread_mutex_lock(&w->mu);
-    w->resp = resp;
-    pthread_cond_signal(&w->cv);
-    pthread_mutex_unlock(&w->mu);
-}
-
 static nereid_server_t *server;
 static float a[16], b[16];
 
 /* One add_sub request through the server; 0 on success. */
-static int server_call(waiter_t *w, const char *const *model)
+static int server_call(const char *const *model)
 {
+    tensor_t in[] = {{model[1], NEREID_TYPE_FP32, {16}, 1, a, sizeof a},
+                     {model[2], NEREID_TYPE_FP32, {16}, 1, b, sizeof b}};
     nereid_request_t *req = NULL;
-    int64_t shape[] = {16};
-    nereid_error_t *err = nereid_request_new(server, model[0], -1, &req);
-    if (!err)
-        err = nereid_request_add_input(req, model[1], NEREID_TYPE_FP32, shape, 1, a, sizeof a);
-    if (!err)
-        err = nereid_request_add_input(req, model[2], NEREID_TYPE_FP32, shape, 1, b, sizeof b);
-    w->resp = NULL;
-    if (!err) err = nereid_server_infer_async(server, req, NULL, on_done, w);
+    nereid_error_t *err = request_with_inputs(server, model[0], in, 2, &req);
+    nereid_response_t *resp = err ? NULL : infer_sync(server, req, &err);
     if (err) {
         fprintf(stderr, "bench_pytorch: %s\n", nereid_error_message(err));
         nereid_error_free(err);
-        nereid_request_free(req);
         return -1;
     }
-    pthread_mutex_lock(&w->mu);
-    while (!w->resp)
-        pthread_cond_wait(&w->cv, &w->mu);
-    pthread_mutex_unlock(&w->mu);
-    int rc = nereid_response_error(w->resp) ? -1 : 0;
-    nereid_response_free(w->resp);
+    int rc = nereid_response_error(resp) ? -1 : 0;
+    nereid_response_free(resp);
     return rc;
 }
 
@@ -103,31 +65,23 @@ int main(int argc, char **argv)
         printf("bench_pytorch: skipped, %s not built (LibTorch missing)\n", lib);
         return 0;
     }
-    char dir[] = "/tmp/nereid_bench_pt_XXXXXX";
-    if (!mkdtemp(dir)) return 1;
+    make_repo_dir("bench-pytorch");
     char cmd[8192], model_path[4200];
     snprintf(cmd, sizeof cmd,
              "/usr/bin/python3 " NEREID_SOURCE_DIR "/tests/integration/pytorch_models.py %s "
              "pt_add_sub",
-             dir);
+             repo);
     if (system(cmd) != 0) {
         fprintf(stderr, "bench_pytorch: model generation failed\n");
         return 1;
     }
-    snprintf(model_path, sizeof model_path, "%s/pt_add_sub/1/model.pt", dir);
-    char c_dir[4200];
-    snprintf(c_dir, sizeof c_dir, "%s/c_add_sub/1", dir);
-    snprintf(cmd, sizeof cmd, "mkdir -p %s", c_dir);
-    snprintf(c_dir, sizeof c_dir, "%s/c_add_sub/config.pbtxt", dir);
-    FILE *cfg = system(cmd) == 0 ? fopen(c_dir, "w") : NULL;
-    if (!cfg) return 1;
-    fputs("name: \"c_add_sub\"\nbackend: \"add_sub\"\nmax_batch_size: 0\n"
-          "input [ { name: \"INPUT0\" data_type: TYPE_FP32 dims: [ 16 ] },\n"
-          "        { name: \"INPUT1\" data_type: TYPE_FP32 dims: [ 16 ] } ]\n"
-          "output [ { name: \"OUTPUT0\" data_type: TYPE_FP32 dims: [ 16 ] },\n"
-          "         { name: \"OUTPUT1\" data_type: TYPE_FP32 dims: [ 16 ] } ]\n",
-          cfg);
-    fclose(cfg);
+    snprintf(model_path, sizeof model_path, "%s/pt_add_sub/1/model.pt", repo);
+    write_model("c_add_sub",
+                "name: \"c_add_sub\"\nbackend: \"add_sub\"\nmax_batch_size: 0\n"
+                "input [ { name: \"INPUT0\" data_type: TYPE_FP32 dims: [ 16 ] },\n"
+                "        { name: \"INPUT1\" data_type: TYPE_FP32 dims: [ 16 ] } ]\n"
+                "output [ { name: \"OUTPUT0\" data_type: TYPE_FP32 dims: [ 16 ] },\n"
+                "         { name: \"OUTPUT1\" data_type: TYPE_FP32 dims: [ 16 ] } ]\n");
     for (int i = 0; i < 16; i++)
         a[i] = (float)i, b[i] = 1.0f;
 
@@ -170,28 +124,22 @@ int main(int argc, char **argv)
 
     /* The same model through the server. */
     nereid_server_options_t opts;
-    nereid_server_options_init(&opts);
-    const char *repos[] = {dir};
-    opts.model_repositories = repos;
-    opts.n_model_repositories = 1;
+    repo_options(&opts);
     nereid_error_t *err = nereid_server_new(&opts, &server);
     if (err) {
         fprintf(stderr, "bench_pytorch: %s\n", nereid_error_message(err));
         return 1;
     }
-    waiter_t w;
-    pthread_mutex_init(&w.mu, NULL);
-    pthread_cond_init(&w.cv, NULL);
     /* The PyTorch model, then the C add_sub backend as the core's floor. */
     static const char *const models[2][3] = {{"pt_add_sub", "INPUT__0", "INPUT__1"},
                                              {"c_add_sub", "INPUT0", "INPUT1"}};
     summary_t srv[2];
     for (int m = 0; m < 2; m++) {
         for (size_t i = 0; i < iters / 10; i++)
-            server_call(&w, models[m]);
+            server_call(models[m]);
         for (size_t i = 0; i < iters; i++) {
             uint64_t t0 = now_ns();
-            if (server_call(&w, models[m]) != 0) return 1;
+            if (server_call(models[m]) != 0) return 1;
             ns[i] = now_ns() - t0;
         }
         srv[m] = summarize(ns, iters);
@@ -210,7 +158,5 @@ int main(int argc, char **argv)
     printf("  ratio server/raw (median): %.2fx  (overhead %.2f us; core floor %.2f us)\n",
            srv_s.median_us / raw_s.median_us, srv_s.median_us - raw_s.median_us, srv[1].median_us);
     free(ns);
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    if (system(cmd) != 0) return 1;
-    return 0;
+    return remove_repo() ? 0 : 1;
 }

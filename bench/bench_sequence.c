@@ -20,34 +20,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "nereid/server.h"
+#include "../tests/unit/test_util.h"
 
 #define N_SEQ 32
-
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-static char repo[256];
-
-static void write_text(const char *rel, const char *text)
-{
-    char path[512];
-    snprintf(path, sizeof path, "%s/%s", repo, rel);
-    for (char *p = path + strlen(repo) + 1; *p; p++)
-        if (*p == '/') {
-            *p = 0;
-            mkdir(path, 0755);
-            *p = '/';
-        }
-    FILE *f = fopen(path, "w");
-    if (!f) abort();
-    fputs(text, f);
-    fclose(f);
-}
 
 static int copy_file(const char *src, const char *rel)
 {
@@ -172,16 +147,11 @@ static void submit(bseq_t *q)
 
 static void average_batch(nereid_server_t *s, const char *model, double *avg)
 {
-    char *json = NULL;
-    *avg = 0;
-    if (nereid_server_model_statistics(s, model, 0, &json)) return;
-    json_t *doc = json_loads(json, 0, NULL);
-    free(json);
-    json_t *st = json_array_get(json_object_get(doc, "model_stats"), 0);
+    json_t *st = model_stats_json(s, model, 0);
     double inf = (double)json_integer_value(json_object_get(st, "inference_count"));
     double exe = (double)json_integer_value(json_object_get(st, "execution_count"));
-    if (exe > 0) *avg = inf / exe;
-    json_decref(doc);
+    *avg = exe > 0 ? inf / exe : 0;
+    json_decref(st);
 }
 
 static int bench(nereid_server_t *s, const char *model, int length)
@@ -217,37 +187,23 @@ int main(int argc, char **argv)
 {
     int length = argc > 1 ? atoi(argv[1]) : 1000;
     if (length < 1) length = 1;
-    strcpy(repo, "/tmp/nereid-bench-sequence-XXXXXX");
-    if (!mkdtemp(repo)) return 1;
+    make_repo_dir("bench-sequence");
     const char *onnx = "examples/models/accumulator_onnx/1/model.onnx";
     bool have_onnx = access(onnx, R_OK) == 0;
     if (have_onnx) {
-        write_text("onnx_direct/config.pbtxt", ONNX_CFG("direct { }"));
-        write_text("onnx_oldest/config.pbtxt", ONNX_CFG("oldest { max_candidate_sequences: 32 }"));
-        write_text("onnx_direct/1/.keep", "");
-        write_text("onnx_oldest/1/.keep", "");
+        write_model("onnx_direct", ONNX_CFG("direct { }"));
+        write_model("onnx_oldest", ONNX_CFG("oldest { max_candidate_sequences: 32 }"));
         if (copy_file(onnx, "onnx_direct/1/model.onnx") ||
             copy_file(onnx, "onnx_oldest/1/model.onnx"))
             return 1;
     } else {
         fprintf(stderr, "%s missing (run `make models`): ONNX runs skipped\n", onnx);
     }
-    write_text("c_direct/config.pbtxt", C_CFG("direct { }", "slot"));
-    write_text("c_oldest/config.pbtxt", C_CFG("oldest { max_candidate_sequences: 32 }", "corrid"));
-    write_text("c_direct/1/.keep", "");
-    write_text("c_oldest/1/.keep", "");
+    write_model("c_direct", C_CFG("direct { }", "slot"));
+    write_model("c_oldest", C_CFG("oldest { max_candidate_sequences: 32 }", "corrid"));
 
     nereid_server_options_t o;
-    nereid_server_options_init(&o);
-    const char *repos[] = {repo};
-    o.model_repositories = repos;
-    o.n_model_repositories = 1;
-    char backends[512];
-    const char *build = getenv("NEREID_BUILD");
-    if (build) {
-        snprintf(backends, sizeof backends, "%s/backends", build);
-        o.backend_directory = backends;
-    }
+    repo_options(&o);
     nereid_server_t *s = NULL;
     nereid_error_t *err = nereid_server_new(&o, &s);
     int rc = 0;
@@ -268,8 +224,6 @@ int main(int argc, char **argv)
         nereid_server_stop(s);
         nereid_server_free(s);
     }
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", repo);
-    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", repo);
+    remove_repo();
     return rc;
 }

@@ -38,7 +38,9 @@ typedef enum flag_kind {
     FLAG_SWITCH,
     FLAG_LIST,
     FLAG_MODE,
-    FLAG_LLONG
+    FLAG_LLONG,
+    FLAG_IGNORED,    /* Triton tuning knob with no effect here: accepted with a warning */
+    FLAG_UNSUPPORTED /* Triton feature whose absence would surprise (TLS, restrictions): error */
 } flag_kind_t;
 
 typedef struct flag {
@@ -89,6 +91,53 @@ static const flag_t flags[] = {
     F("allow-metrics", FLAG_BOOL, allow_metrics, "Serve Prometheus metrics (true)."),
     F("metrics-port", FLAG_INT, metrics_port, "Metrics port (8002)."),
     F("metrics-address", FLAG_STR, metrics_address, "Metrics address (the HTTP address)."),
+    F("log-info", FLAG_BOOL, server.log_info, "Log informational messages (true)."),
+    F("log-warning", FLAG_BOOL, server.log_warning, "Log warnings (true)."),
+    F("log-error", FLAG_BOOL, server.log_error, "Log errors (true)."),
+#define IGNORED(name) F(name, FLAG_IGNORED, repos, "Accepted for Triton compatibility; no effect.")
+    IGNORED("model-load-retry-count"),
+    IGNORED("model-namespacing"),
+    IGNORED("exit-timeout-secs"),
+    IGNORED("log-format"),
+    IGNORED("repoagent-directory"),
+    IGNORED("backend-config"),
+    IGNORED("pinned-memory-pool-byte-size"),
+    IGNORED("cuda-memory-pool-byte-size"),
+    IGNORED("min-supported-compute-capability"),
+    IGNORED("buffer-manager-thread-count"),
+    IGNORED("allow-gpu-metrics"),
+    IGNORED("allow-cpu-metrics"),
+    IGNORED("metrics-interval-ms"),
+    IGNORED("grpc-infer-allocation-pool-size"),
+    IGNORED("grpc-max-response-pool-size"),
+    IGNORED("grpc-infer-response-compression-level"),
+    IGNORED("grpc-keepalive-time"),
+    IGNORED("grpc-keepalive-timeout"),
+    IGNORED("grpc-keepalive-permit-without-calls"),
+    IGNORED("grpc-http2-max-pings-without-data"),
+    IGNORED("grpc-http2-min-recv-ping-interval-without-data"),
+    IGNORED("grpc-http2-max-ping-strikes"),
+    IGNORED("reuse-http-port"),
+    IGNORED("reuse-grpc-port"),
+#undef IGNORED
+#define UNSUPPORTED(name) F(name, FLAG_UNSUPPORTED, repos, "Not supported by Nereid (refused).")
+    UNSUPPORTED("grpc-use-ssl"),
+    UNSUPPORTED("grpc-use-ssl-mutual"),
+    UNSUPPORTED("grpc-server-cert"),
+    UNSUPPORTED("grpc-server-key"),
+    UNSUPPORTED("grpc-root-cert"),
+    UNSUPPORTED("http-restricted-api"),
+    UNSUPPORTED("grpc-restricted-protocol"),
+    UNSUPPORTED("allow-client-shm"),
+    UNSUPPORTED("model-config-name"),
+    UNSUPPORTED("log-file"),
+    UNSUPPORTED("trace-config"),
+    UNSUPPORTED("cache-config"),
+    UNSUPPORTED("response-cache-byte-size"),
+    UNSUPPORTED("rate-limit"),
+    UNSUPPORTED("host-policy"),
+    UNSUPPORTED("metrics-config"),
+#undef UNSUPPORTED
 };
 #undef F
 
@@ -137,6 +186,19 @@ static int apply_flag(cli_t *cli, const flag_t *f, const char *value)
     }
     case FLAG_BOOL:
         return parse_bool(value, (bool *)field);
+    case FLAG_IGNORED:
+        fprintf(stderr,
+                "nereid: warning: --%s is accepted for Triton compatibility and has no "
+                "effect\n",
+                f->name);
+        return 0;
+    case FLAG_UNSUPPORTED: {
+        bool off;
+        /* Turning a feature off is what Nereid does anyway. */
+        if (parse_bool(value, &off) == 0 && !off) return 0;
+        fprintf(stderr, "nereid: --%s is not supported\n", f->name);
+        return -2;
+    }
     case FLAG_SWITCH:
         *(bool *)field = true;
         return 0;
@@ -193,7 +255,9 @@ static int parse_args(cli_t *cli, int argc, char **argv)
             }
             value = argv[++i];
         }
-        if (apply_flag(cli, f, value) != 0) {
+        int rc = apply_flag(cli, f, value);
+        if (rc == -2) return -1;
+        if (rc != 0) {
             fprintf(stderr, "nereid: invalid argument for --%s: '%s'\n", f->name, value);
             return -1;
         }

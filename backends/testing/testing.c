@@ -13,6 +13,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "../common/copy_io.h"
 #include "nereid/backend.h"
 
 NEREID_EXPORT uint32_t nereid_backend_abi_version(void)
@@ -61,23 +62,8 @@ NEREID_EXPORT nereid_error_t *nereid_backend_execute(nereid_instance_t *instance
     if (ms > 0) sleep_ms(ms);
     if (param_true(model, "fail_execute"))
         return nereid_error_new(NEREID_ERROR_INTERNAL, "testing backend: execute failed");
-    size_t n = nereid_model_input_count(model);
-    if (nereid_model_output_count(model) < n) n = nereid_model_output_count(model);
-    for (size_t i = 0; i < n; i++) {
-        const char *in_name, *out_name;
-        nereid_model_input(model, i, &in_name, NULL, NULL, NULL);
-        nereid_model_output(model, i, &out_name, NULL, NULL, NULL);
-        if (!nereid_batch_output_requested(batch, out_name)) continue;
-        nereid_datatype_t dt;
-        const int64_t *shape;
-        size_t rank, size;
-        const void *data;
-        void *out;
-        nereid_error_t *err = nereid_batch_input(batch, in_name, &dt, &shape, &rank, &data, &size);
-        if (!err) err = nereid_batch_output(batch, out_name, dt, shape, rank, size, &out);
-        if (err) return err;
-        if (size) memcpy(out, data, size);
-    }
+    nereid_error_t *err = copy_inputs_to_outputs(model, batch);
+    if (err) return err;
     for (size_t r = 0; r < nereid_batch_request_count(batch); r++) {
         const char *fail = nereid_batch_request_parameter_string(batch, r, "fail");
         if (fail && strcmp(fail, "true") == 0)

@@ -112,6 +112,7 @@ typedef struct nereid_server_options {
     int log_verbose;                  /* 0 = quiet */
     const char *server_id;            /* default "triton" */
     int model_load_thread_count;      /* default 4 */
+    bool log_info, log_warning, log_error; /* default true: which log lines are printed */
 } nereid_server_options_t;
 
 typedef struct nereid_server nereid_server_t;

@@ -416,6 +416,11 @@ void batch_record(batch_t *batch)
             stats_add(&s->compute_input, in_ns);
             stats_add(&s->compute_infer, infer_ns);
             stats_add(&s->compute_output, out_ns);
+            if (req->parent_stats) {
+                stats_add(&req->parent_stats->compute_input, in_ns);
+                stats_add(&req->parent_stats->compute_infer, infer_ns);
+                stats_add(&req->parent_stats->compute_output, out_ns);
+            }
         }
     }
 }

@@ -194,6 +194,9 @@ struct nereid_request {
     nereid_response_t *response;
     struct nereid_request *next; /* queue link, owned by whichever queue holds it */
     void *sched_data;            /* scheduler-private */
+    /* An ensemble step's request: its queue and compute durations are also
+     * added here (the ensemble sums its steps' as Triton does). */
+    struct model_stats *parent_stats;
 };
 
 /* ---- Batches: nereid_batch_t (backend.h) is this struct ---- */

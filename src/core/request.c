@@ -542,6 +542,7 @@ void request_finish(nereid_request_t *req, nereid_error_t *err, failure_reason_t
         stats_add(&s->success, now - start);
         uint64_t cs = req->t_compute_start_ns ? req->t_compute_start_ns : now;
         stats_add(&s->queue, cs - req->t_queue_start_ns);
+        if (req->parent_stats) stats_add(&req->parent_stats->queue, cs - req->t_queue_start_ns);
     }
     compact_outputs(resp);
     req->response = NULL;

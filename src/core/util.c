@@ -13,6 +13,7 @@
 #include "nereid/backend.h"
 
 int log_verbose_level;
+bool log_info_enabled = true, log_warning_enabled = true, log_error_enabled = true;
 
 static void oom(void)
 {
@@ -80,6 +81,9 @@ uint64_t util_wall_ms(void)
 
 void log_msg(char level, const char *module, const char *fmt, ...)
 {
+    if ((level == 'I' && !log_info_enabled) || (level == 'W' && !log_warning_enabled) ||
+        (level == 'E' && !log_error_enabled))
+        return;
     struct timeval tv;
     struct tm tm;
     char line[2048];

@@ -6,6 +6,7 @@
 #define NEREID_UTIL_H
 
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -22,6 +23,7 @@ uint64_t util_now_ns(void);  /* CLOCK_MONOTONIC */
 uint64_t util_wall_ms(void); /* ms since the epoch */
 
 extern int log_verbose_level;
+extern bool log_info_enabled, log_warning_enabled, log_error_enabled;
 /* Triton-style log lines on stderr: "I1122 00:00:00.000000 <pid> <module>] msg". */
 void log_msg(char level, const char *module, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));

@@ -9,9 +9,7 @@
 nereid_error_t *scheduler_create(model_t *m, scheduler_t **out)
 {
     *out = NULL;
-    if (strcmp(m->config->platform, "ensemble") == 0)
-        return nereid_error_new(NEREID_ERROR_UNSUPPORTED,
-                                "ensemble models are not supported yet (model '%s')", m->name);
+    if (strcmp(m->config->platform, "ensemble") == 0) return ensemble_scheduler_create(m, out);
     if (m->config->scheduling_choice_case ==
             INFERENCE__MODEL_CONFIG__SCHEDULING_CHOICE_SEQUENCE_BATCHING &&
         m->config->sequence_batching)

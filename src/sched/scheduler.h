@@ -43,5 +43,7 @@ nereid_error_t *scheduler_create(model_t *m, scheduler_t **out);
 /* Per-scheduler constructors. */
 nereid_error_t *default_scheduler_create(model_t *m, scheduler_t **out);
 nereid_error_t *dynamic_batcher_create(model_t *m, scheduler_t **out);
+/* Ensembles: no instances; steps run on their composing models (ensemble.c). */
+nereid_error_t *ensemble_scheduler_create(model_t *m, scheduler_t **out);
 
 #endif

@@ -5,57 +5,16 @@
  * served with exit_on_error off, so each failed load's reason can be checked
  * in the repository index.
  */
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <jansson.h>
 
-#include "nereid/server.h"
+#include "check.h"
+#include "test_util.h"
 
-static int failures;
-
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "%s:%d: CHECK(%s) failed: ", __FILE__, __LINE__, #cond);               \
-            fprintf(stderr, __VA_ARGS__);                                                          \
-            fprintf(stderr, "\n");                                                                 \
-            failures++;                                                                            \
-        }                                                                                          \
-    } while (0)
-
-static char repo[64];
 static nereid_server_t *server;
-
-/* ---- synchronous inference over infer_async ------------------------------- */
-
-typedef struct waiter {
-    pthread_mutex_t lock;
-    pthread_cond_t cond;
-    bool done;
-    nereid_response_t *response;
-} waiter_t;
-
-static void on_complete(nereid_response_t *response, void *userp)
-{
-    waiter_t *w = userp;
-    pthread_mutex_lock(&w->lock);
-    w->response = response;
-    w->done = true;
-    pthread_cond_signal(&w->cond);
-    pthread_mutex_unlock(&w->lock);
-}
-
-typedef struct tensor {
-    const char *name;
-    nereid_datatype_t datatype;
-    int64_t shape[4];
-    size_t rank;
-    const void *data;
-    size_t byte_size;
-} tensor_t;
 
 /* Runs model with inputs; requested outputs (NULL-terminated, may be NULL =
  * all). Returns the response (caller frees) or NULL after recording a
@@ -65,7 +24,7 @@ static nereid_response_t *infer(const char *model, const tensor_t *inputs, size_
 {
     nereid_request_t *req = NULL;
     nereid_error_t *err = nereid_request_new(server, model, -1, &req);
-    CHECK(!err, "request_new(%s): %s", model, err ? nereid_error_message(err) : "");
+    CHECK_MSG(!err, "request_new(%s): %s", model, err ? nereid_error_message(err) : "");
     if (err) {
         nereid_error_free(err);
         return NULL;
@@ -73,40 +32,26 @@ static nereid_response_t *infer(const char *model, const tensor_t *inputs, size_
     for (size_t i = 0; i < n_inputs; i++) {
         err = nereid_request_add_input(req, inputs[i].name, inputs[i].datatype, inputs[i].shape,
                                        inputs[i].rank, inputs[i].data, inputs[i].byte_size);
-        CHECK(!err, "add_input: %s", err ? nereid_error_message(err) : "");
+        CHECK_MSG(!err, "add_input: %s", err ? nereid_error_message(err) : "");
         nereid_error_free(err);
     }
     for (size_t i = 0; outputs && outputs[i]; i++) {
         err = nereid_request_add_requested_output(req, outputs[i], 0);
-        CHECK(!err, "add_requested_output: %s", err ? nereid_error_message(err) : "");
+        CHECK_MSG(!err, "add_requested_output: %s", err ? nereid_error_message(err) : "");
         nereid_error_free(err);
     }
-    waiter_t w = {.lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
-    err = nereid_server_infer_async(server, req, NULL, on_complete, &w);
-    CHECK(!err, "infer_async(%s): %s", model, err ? nereid_error_message(err) : "");
-    if (err) {
-        nereid_error_free(err);
-        nereid_request_free(req);
-        return NULL;
-    }
-    pthread_mutex_lock(&w.lock);
-    while (!w.done)
-        pthread_cond_wait(&w.cond, &w.lock);
-    pthread_mutex_unlock(&w.lock);
-    return w.response;
+    nereid_response_t *resp = infer_sync(server, req, &err);
+    CHECK_MSG(!err, "infer_async(%s): %s", model, err ? nereid_error_message(err) : "");
+    nereid_error_free(err);
+    return resp;
 }
 
 /* Finds output name in resp; false (and a failure) when missing. */
 static bool output(const nereid_response_t *resp, const char *name, nereid_datatype_t *dt,
                    const int64_t **shape, size_t *rank, const void **data, size_t *byte_size)
 {
-    for (size_t i = 0; i < nereid_response_output_count(resp); i++) {
-        const char *n;
-        void *userp;
-        nereid_response_output(resp, i, &n, dt, shape, rank, data, byte_size, &userp);
-        if (!strcmp(n, name)) return true;
-    }
-    CHECK(false, "output %s missing", name);
+    if (find_output(resp, name, dt, shape, rank, data, byte_size)) return true;
+    CHECK_MSG(false, "output %s missing", name);
     return false;
 }
 
@@ -114,7 +59,7 @@ static bool response_ok(const nereid_response_t *resp, const char *what)
 {
     if (!resp) return false;
     const nereid_error_t *err = nereid_response_error(resp);
-    CHECK(!err, "%s: %s", what, err ? nereid_error_message(err) : "");
+    CHECK_MSG(!err, "%s: %s", what, err ? nereid_error_message(err) : "");
     return !err;
 }
 
@@ -137,8 +82,8 @@ static void load_ok(const char *model)
 {
     json_t *e = index_entry(model);
     const char *state = json_string_value(json_object_get(e, "state"));
-    CHECK(state && !strcmp(state, "READY"), "model %s: %s (%s)", model, state ? state : "missing",
-          e ? json_string_value(json_object_get(e, "reason")) : "");
+    CHECK_MSG(state && !strcmp(state, "READY"), "model %s: %s (%s)", model,
+              state ? state : "missing", e ? json_string_value(json_object_get(e, "reason")) : "");
 }
 
 static void load_fails(const char *model, const char *expected)
@@ -146,17 +91,17 @@ static void load_fails(const char *model, const char *expected)
     json_t *e = index_entry(model);
     const char *state = json_string_value(json_object_get(e, "state"));
     const char *reason = json_string_value(json_object_get(e, "reason"));
-    CHECK(state && strcmp(state, "READY"), "model %s is %s, expected a failed load with \"%s\"",
-          model, state ? state : "missing", expected);
-    CHECK(reason && strstr(reason, expected), "model %s: reason \"%s\", expected \"%s\"", model,
-          reason ? reason : "", expected);
+    CHECK_MSG(state && strcmp(state, "READY"), "model %s is %s, expected a failed load with \"%s\"",
+              model, state ? state : "missing", expected);
+    CHECK_MSG(reason && strstr(reason, expected), "model %s: reason \"%s\", expected \"%s\"", model,
+              reason ? reason : "", expected);
 }
 
 static json_t *read_index(nereid_server_t *srv)
 {
     char *text = NULL;
     nereid_error_t *err = nereid_server_repository_index(srv, false, &text);
-    CHECK(!err, "repository_index: %s", err ? nereid_error_message(err) : "");
+    CHECK_MSG(!err, "repository_index: %s", err ? nereid_error_message(err) : "");
     nereid_error_free(err);
     json_t *idx = text ? json_loads(text, 0, NULL) : NULL;
     free(text);
@@ -197,9 +142,9 @@ static void test_identity_every_datatype(void)
             size_t rank, size;
             const void *out;
             if (output(resp, "OUTPUT0", &odt, &shape, &rank, &out, &size)) {
-                CHECK(odt == dt, "%s: datatype %s", model, nereid_datatype_name(odt));
-                CHECK(rank == 2 && shape[0] == 2 && shape[1] == 4, "%s: shape", model);
-                CHECK(size == 8 * elem && !memcmp(out, data, size), "%s: data differs", model);
+                CHECK_MSG(odt == dt, "%s: datatype %s", model, nereid_datatype_name(odt));
+                CHECK_MSG(rank == 2 && shape[0] == 2 && shape[1] == 4, "%s: shape", model);
+                CHECK_MSG(size == 8 * elem && !memcmp(out, data, size), "%s: data differs", model);
             }
         }
         nereid_response_free(resp);
@@ -231,9 +176,10 @@ static void test_identity_bytes(void)
         size_t rank, size;
         const void *out;
         if (output(resp, "OUTPUT0", &dt, &shape, &rank, &out, &size)) {
-            CHECK(dt == NEREID_TYPE_BYTES, "bytes datatype");
-            CHECK(rank == 2 && shape[0] == 2 && shape[1] == 4, "bytes shape");
-            CHECK(size == n && !memcmp(out, data, n), "bytes data differs (%zu vs %zu)", size, n);
+            CHECK_MSG(dt == NEREID_TYPE_BYTES, "bytes datatype");
+            CHECK_MSG(rank == 2 && shape[0] == 2 && shape[1] == 4, "bytes shape");
+            CHECK_MSG(size == n && !memcmp(out, data, n), "bytes data differs (%zu vs %zu)", size,
+                      n);
         }
     }
     nereid_response_free(resp);
@@ -249,17 +195,17 @@ static void check_add_sub(const nereid_response_t *resp, const float *a, const f
         size_t rank, size;
         const void *out;
         if (!output(resp, names[o], &dt, &shape, &rank, &out, &size)) continue;
-        CHECK(dt == NEREID_TYPE_FP32, "%s datatype", names[o]);
+        CHECK_MSG(dt == NEREID_TYPE_FP32, "%s datatype", names[o]);
         if (batched)
-            CHECK(rank == 2 && shape[0] == batch && shape[1] == 16, "%s shape", names[o]);
+            CHECK_MSG(rank == 2 && shape[0] == batch && shape[1] == 16, "%s shape", names[o]);
         else
-            CHECK(rank == 1 && shape[0] == 16, "%s shape", names[o]);
-        CHECK(size == (size_t)batch * 16 * 4, "%s size %zu", names[o], size);
+            CHECK_MSG(rank == 1 && shape[0] == 16, "%s shape", names[o]);
+        CHECK_MSG(size == (size_t)batch * 16 * 4, "%s size %zu", names[o], size);
         if (size != (size_t)batch * 16 * 4) continue;
         const float *f = out;
         for (int64_t i = 0; i < batch * 16; i++) {
             float want = o == 0 ? a[i] + b[i] : a[i] - b[i];
-            CHECK(f[i] == want, "%s[%lld] = %g, want %g", names[o], (long long)i, f[i], want);
+            CHECK_MSG(f[i] == want, "%s[%lld] = %g, want %g", names[o], (long long)i, f[i], want);
         }
     }
 }
@@ -293,15 +239,15 @@ static void test_add_sub(void)
                        {"INPUT1", NEREID_TYPE_FP32, {1, 16}, 2, b, 64}};
     resp = infer("add_sub", in1, 2, want);
     if (response_ok(resp, "add_sub OUTPUT1 only")) {
-        CHECK(nereid_response_output_count(resp) == 1, "%zu outputs",
-              nereid_response_output_count(resp));
+        CHECK_MSG(nereid_response_output_count(resp) == 1, "%zu outputs",
+                  nereid_response_output_count(resp));
         nereid_datatype_t dt;
         const int64_t *shape;
         size_t rank, size;
         const void *out;
         if (output(resp, "OUTPUT1", &dt, &shape, &rank, &out, &size) && size == 64)
             for (int i = 0; i < 16; i++)
-                CHECK(((const float *)out)[i] == a[i] - b[i], "OUTPUT1[%d]", i);
+                CHECK_MSG(((const float *)out)[i] == a[i] - b[i], "OUTPUT1[%d]", i);
     }
     nereid_response_free(resp);
 }
@@ -324,9 +270,9 @@ static void test_variable_shape(void)
             size_t rank, size;
             const void *out;
             if (output(resp, "OUTPUT0", &dt, &shape, &rank, &out, &size)) {
-                CHECK(rank == 2 && shape[0] == shapes[s][0] && shape[1] == shapes[s][1],
-                      "identity_var shape");
-                CHECK(size == n * 4 && !memcmp(out, data, size), "identity_var data");
+                CHECK_MSG(rank == 2 && shape[0] == shapes[s][0] && shape[1] == shapes[s][1],
+                          "identity_var shape");
+                CHECK_MSG(size == n * 4 && !memcmp(out, data, size), "identity_var data");
             }
         }
         nereid_response_free(resp);
@@ -372,13 +318,13 @@ static void test_autofill(void)
     load_ok("auto_batch");
     char *json = NULL;
     nereid_error_t *err = nereid_server_model_config(server, "auto_batch", -1, &json);
-    CHECK(!err, "config: %s", err ? nereid_error_message(err) : "");
+    CHECK_MSG(!err, "config: %s", err ? nereid_error_message(err) : "");
     nereid_error_free(err);
     if (json) {
-        CHECK(strstr(json, "\"max_batch_size\":4"), "auto_batch config: %s", json);
-        CHECK(strstr(json, "\"name\":\"INPUT1\""), "auto_batch config: %s", json);
-        CHECK(strstr(json, "\"dims\":[16]"), "auto_batch config: %s", json);
-        CHECK(strstr(json, "\"dynamic_batching\""), "auto_batch config: %s", json);
+        CHECK_MSG(strstr(json, "\"max_batch_size\":4"), "auto_batch config: %s", json);
+        CHECK_MSG(strstr(json, "\"name\":\"INPUT1\""), "auto_batch config: %s", json);
+        CHECK_MSG(strstr(json, "\"dims\":[16]"), "auto_batch config: %s", json);
+        CHECK_MSG(strstr(json, "\"dynamic_batching\""), "auto_batch config: %s", json);
         free(json);
     }
     float a[64], b[64];
@@ -397,8 +343,8 @@ static void test_autofill(void)
     err = nereid_server_model_config(server, "auto_nobatch", -1, &json);
     nereid_error_free(err);
     if (json) {
-        CHECK(!strstr(json, "\"max_batch_size\":4"), "auto_nobatch config: %s", json);
-        CHECK(strstr(json, "\"name\":\"OUTPUT1\""), "auto_nobatch config: %s", json);
+        CHECK_MSG(!strstr(json, "\"max_batch_size\":4"), "auto_nobatch config: %s", json);
+        CHECK_MSG(strstr(json, "\"name\":\"OUTPUT1\""), "auto_nobatch config: %s", json);
         free(json);
     }
     tensor_t in1[2] = {{"INPUT0", NEREID_TYPE_FP32, {16}, 1, a, 64},
@@ -419,14 +365,11 @@ static void test_missing_runtime(void)
 {
     setenv("NEREID_ORT_LIBRARY", "/nonexistent/libonnxruntime.so.1", 1);
     nereid_server_options_t opts;
-    nereid_server_options_init(&opts);
-    const char *repos[] = {repo};
-    opts.model_repositories = repos;
-    opts.n_model_repositories = 1;
+    repo_options(&opts);
     opts.exit_on_error = false;
     nereid_server_t *other = NULL;
     nereid_error_t *err = nereid_server_new(&opts, &other);
-    CHECK(!err, "server_new: %s", err ? nereid_error_message(err) : "");
+    CHECK_MSG(!err, "server_new: %s", err ? nereid_error_message(err) : "");
     nereid_error_free(err);
     if (other) {
         json_decref(repo_index);
@@ -439,11 +382,7 @@ static void test_missing_runtime(void)
 
 int main(void)
 {
-    snprintf(repo, sizeof(repo), "/tmp/nereid_ort_XXXXXX");
-    if (!mkdtemp(repo)) {
-        perror("mkdtemp");
-        return 1;
-    }
+    make_repo_dir("ort");
     char cmd[256];
     snprintf(cmd, sizeof(cmd), "/usr/bin/python3 scripts/make_models.py --test %s", repo);
     if (system(cmd) != 0) {
@@ -452,10 +391,7 @@ int main(void)
     }
 
     nereid_server_options_t opts;
-    nereid_server_options_init(&opts);
-    const char *repos[] = {repo};
-    opts.model_repositories = repos;
-    opts.n_model_repositories = 1;
+    repo_options(&opts);
     opts.exit_on_error = false;
     nereid_error_t *err = nereid_server_new(&opts, &server);
     if (err) {
@@ -474,9 +410,7 @@ int main(void)
     nereid_server_free(server);
     test_missing_runtime();
 
-    snprintf(cmd, sizeof(cmd), "rm -rf %s", repo);
-    if (system(cmd) != 0) fprintf(stderr, "cannot remove %s\n", repo);
+    remove_repo();
     json_decref(repo_index);
-    if (failures) fprintf(stderr, "%d check(s) failed\n", failures);
-    return failures ? 1 : 0;
+    return check_summary();
 }

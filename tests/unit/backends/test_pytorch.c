@@ -9,68 +9,13 @@
  * Skips (exit 0 with a note) only when the backend library was not built
  * because LibTorch is absent; scripts/setup.sh installs it.
  */
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-#include "nereid/server.h"
-
-static int failures;
-
-#define CHECK(cond)                                                                                \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);               \
-            failures++;                                                                            \
-        }                                                                                          \
-    } while (0)
-
-/* ---- One inference, waited for with a condition variable ---- */
-
-typedef struct waiter {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    nereid_response_t *resp;
-} waiter_t;
-
-static void on_done(nereid_response_t *resp, void *userp)
-{
-    waiter_t *w = userp;
-    pthread_mutex_lock(&w->mu);
-    w->resp = resp;
-    pthread_cond_signal(&w->cv);
-    pthread_mutex_unlock(&w->mu);
-}
-
-static void waiter_init(waiter_t *w)
-{
-    pthread_mutex_init(&w->mu, NULL);
-    pthread_cond_init(&w->cv, NULL);
-    w->resp = NULL;
-}
-
-static nereid_response_t *waiter_wait(waiter_t *w)
-{
-    pthread_mutex_lock(&w->mu);
-    while (!w->resp)
-        pthread_cond_wait(&w->cv, &w->mu);
-    nereid_response_t *r = w->resp;
-    pthread_mutex_unlock(&w->mu);
-    pthread_mutex_destroy(&w->mu);
-    pthread_cond_destroy(&w->cv);
-    return r;
-}
-
-typedef struct tensor {
-    const char *name;
-    nereid_datatype_t datatype;
-    int64_t shape[4];
-    size_t rank;
-    const void *data;
-    size_t byte_size;
-} tensor_t;
+#include "check.h"
+#include "test_util.h"
 
 static nereid_server_t *server;
 
@@ -79,16 +24,12 @@ static nereid_server_t *server;
 static nereid_error_t *submit(const char *model, const tensor_t *in, size_t n_in, waiter_t *w)
 {
     nereid_request_t *req = NULL;
-    nereid_error_t *err = nereid_request_new(server, model, -1, &req);
-    for (size_t i = 0; !err && i < n_in; i++)
-        err = nereid_request_add_input(req, in[i].name, in[i].datatype, in[i].shape, in[i].rank,
-                                       in[i].data, in[i].byte_size);
+    nereid_error_t *err = request_with_inputs(server, model, in, n_in, &req);
     waiter_init(w);
-    if (!err) err = nereid_server_infer_async(server, req, NULL, on_done, w);
+    if (!err) err = nereid_server_infer_async(server, req, NULL, waiter_on_done, w);
     if (err) {
         nereid_request_free(req);
-        pthread_mutex_destroy(&w->mu);
-        pthread_cond_destroy(&w->cv);
+        waiter_destroy(w);
     }
     return err;
 }
@@ -106,7 +47,7 @@ static nereid_response_t *infer(const char *model, const tensor_t *in, size_t n_
         fprintf(stderr, "submit %s: %s\n", model, nereid_error_message(err));
         nereid_error_free(err);
     }
-    return err ? NULL : waiter_wait(&w);
+    return err ? NULL : waiter_take(&w);
 }
 
 /* The error text of a failed inference, submit- or response-time; "" when
@@ -132,15 +73,11 @@ static const char *infer_error(const char *model, const tensor_t *in, size_t n_i
 static const void *output(nereid_response_t *resp, const char *name, nereid_datatype_t datatype,
                           const int64_t *shape, size_t rank, size_t *byte_size)
 {
-    for (size_t i = 0; resp && i < nereid_response_output_count(resp); i++) {
-        const char *n;
-        nereid_datatype_t dt;
-        const int64_t *s;
-        size_t r, bs;
-        const void *data;
-        void *userp;
-        nereid_response_output(resp, i, &n, &dt, &s, &r, &data, &bs, &userp);
-        if (strcmp(n, name) != 0) continue;
+    nereid_datatype_t dt;
+    const int64_t *s;
+    size_t r, bs;
+    const void *data;
+    if (find_output(resp, name, &dt, &s, &r, &data, &bs)) {
         CHECK(dt == datatype);
         CHECK(r == rank);
         if (r == rank) CHECK(memcmp(s, shape, rank * sizeof *shape) == 0);
@@ -148,7 +85,7 @@ static const void *output(nereid_response_t *resp, const char *name, nereid_data
         return data;
     }
     fprintf(stderr, "output %s missing\n", name);
-    failures++;
+    check_failed++;
     return NULL;
 }
 
@@ -310,7 +247,7 @@ static void test_batched(void)
         }
     }
     for (int r = 0; r < 3; r++) {
-        nereid_response_t *resp = waiter_wait(&w[r]);
+        nereid_response_t *resp = waiter_take(&w[r]);
         CHECK(response_ok(resp));
         int64_t shape[] = {rows[r], 4};
         const float *o = output(resp, "OUTPUT__0", NEREID_TYPE_FP32, shape, 2, NULL);
@@ -369,7 +306,7 @@ static void test_errors(void)
 
 /* Every broken model fails to load with its own message (seen in the
  * repository index reason); the healthy model next to them still serves. */
-static void test_load_failures(const char *repo)
+static void test_load_failures(const char *path)
 {
     static const struct {
         const char *model, *text;
@@ -384,10 +321,7 @@ static void test_load_failures(const char *repo)
         {"pt_bad_param", "failed to convert 'maybe' to boolean for parameter 'INFERENCE_MODE'"},
     };
     nereid_server_options_t opts;
-    nereid_server_options_init(&opts);
-    const char *repos[] = {repo};
-    opts.model_repositories = repos;
-    opts.n_model_repositories = 1;
+    repo_options_for(&opts, path);
     opts.exit_on_error = false;
     nereid_server_t *s = NULL;
     nereid_error_t *err = nereid_server_new(&opts, &s);
@@ -409,7 +343,7 @@ static void test_load_failures(const char *repo)
         if (!strstr(index, cases[i].text)) {
             fprintf(stderr, "load failure of %s: expected \"%s\" in %s\n", cases[i].model,
                     cases[i].text, index);
-            failures++;
+            check_failed++;
         }
     }
     free(index);
@@ -418,13 +352,10 @@ static void test_load_failures(const char *repo)
 
 /* Models with sequence_batching controls and implicit state load: their
  * controls and state map to forward() by `<name>__<index>`. */
-static void test_sequence_models_load(const char *repo)
+static void test_sequence_models_load(const char *path)
 {
     nereid_server_options_t opts;
-    nereid_server_options_init(&opts);
-    const char *repos[] = {repo};
-    opts.model_repositories = repos;
-    opts.n_model_repositories = 1;
+    repo_options_for(&opts, path);
     nereid_server_t *s = NULL;
     nereid_error_t *err = nereid_server_new(&opts, &s);
     CHECK(err == NULL);
@@ -452,39 +383,34 @@ static int run(const char *cmd)
 
 int main(void)
 {
-    const char *build = getenv("NEREID_BUILD");
     char lib[4096];
-    snprintf(lib, sizeof lib, "%s/backends/libnereid_pytorch.so", build ? build : "build");
+    snprintf(lib, sizeof lib, "%s/libnereid_pytorch.so", test_backend_dir());
     if (access(lib, F_OK) != 0) {
         printf("test_pytorch: skipped, %s was not built (LibTorch missing; run "
                "scripts/setup.sh)\n",
                lib);
         return 0;
     }
-    char dir[] = "/tmp/nereid_pytorch_XXXXXX";
-    if (!mkdtemp(dir)) return 1;
+    make_repo_dir("pytorch");
     char cmd[8192];
     snprintf(cmd, sizeof cmd,
              "/usr/bin/python3 tests/integration/pytorch_models.py %s/models && "
              "/usr/bin/python3 tests/integration/pytorch_models.py %s/broken --broken && "
              "/usr/bin/python3 tests/integration/pytorch_models.py %s/sequence --sequence",
-             dir, dir, dir);
+             repo, repo, repo);
     if (run(cmd) != 0) return 1;
 
     char models[4200], broken[4200], sequence[4200];
-    snprintf(models, sizeof models, "%s/models", dir);
-    snprintf(broken, sizeof broken, "%s/broken", dir);
-    snprintf(sequence, sizeof sequence, "%s/sequence", dir);
+    snprintf(models, sizeof models, "%s/models", repo);
+    snprintf(broken, sizeof broken, "%s/broken", repo);
+    snprintf(sequence, sizeof sequence, "%s/sequence", repo);
     nereid_server_options_t opts;
-    nereid_server_options_init(&opts);
-    const char *repos[] = {models};
-    opts.model_repositories = repos;
-    opts.n_model_repositories = 1;
+    repo_options_for(&opts, models);
     nereid_error_t *err = nereid_server_new(&opts, &server);
     if (err) {
         fprintf(stderr, "nereid_server_new: %s\n", nereid_error_message(err));
         nereid_error_free(err);
-        failures++;
+        check_failed++;
     } else {
         test_add_sub();
         test_arg_names();
@@ -500,11 +426,6 @@ int main(void)
     test_load_failures(broken);
     test_sequence_models_load(sequence);
 
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    run(cmd);
-    if (failures)
-        fprintf(stderr, "test_pytorch: %d failure(s)\n", failures);
-    else
-        printf("test_pytorch: ok\n");
-    return failures ? 1 : 0;
+    remove_repo();
+    return check_summary();
 }

@@ -9,28 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "check.h"
 #include "config/config.h"
 #include "config/config_internal.h"
-
-static int g_failures;
-
-#define CHECK(cond)                                                                                \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);               \
-            g_failures++;                                                                          \
-        }                                                                                          \
-    } while (0)
-
-#define CHECK_STR(got, want)                                                                       \
-    do {                                                                                           \
-        const char *g_ = (got), *w_ = (want);                                                      \
-        if (!g_ || strcmp(g_, w_) != 0) {                                                          \
-            fprintf(stderr, "%s:%d: got \"%s\", want \"%s\"\n", __FILE__, __LINE__,                \
-                    g_ ? g_ : "(null)", w_);                                                       \
-            g_failures++;                                                                          \
-        }                                                                                          \
-    } while (0)
 
 static model_config_t *parse(const char *text)
 {
@@ -315,7 +296,7 @@ static void check_message_order(const ProtobufCMessageDescriptor *d, const char 
         return;
     }
     fprintf(stderr, "JSON field order of %s does not match the .proto\n", d->name);
-    g_failures++;
+    check_failed++;
 }
 
 static void check_all_messages(const ProtobufCMessageDescriptor *d, const char *proto,
@@ -399,10 +380,5 @@ int main(void)
     test_missing_io_option();
     test_json_field_order();
     test_json_input();
-    if (g_failures) {
-        fprintf(stderr, "%d check(s) failed\n", g_failures);
-        return 1;
-    }
-    printf("textformat: all checks passed\n");
-    return 0;
+    return check_summary();
 }

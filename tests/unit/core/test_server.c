@@ -11,140 +11,51 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "nereid/server.h"
-
-static char repo[256];
-
-static void write_file(const char *rel, const char *text)
-{
-    char path[512];
-    snprintf(path, sizeof path, "%s/%s", repo, rel);
-    for (char *p = path + strlen(repo) + 1; *p; p++)
-        if (*p == '/') {
-            *p = 0;
-            mkdir(path, 0755);
-            *p = '/';
-        }
-    FILE *f = fopen(path, "w");
-    fputs(text, f);
-    fclose(f);
-}
+#include "test_util.h"
 
 static void make_repo(void)
 {
-    strcpy(repo, "/tmp/nereid-test-server-XXXXXX");
-    if (!mkdtemp(repo)) abort();
+    make_repo_dir("server");
     const char *add_sub = "name: \"add_sub\" backend: \"add_sub\" max_batch_size: 8\n"
                           "input [ { name: \"INPUT0\" data_type: TYPE_INT32 dims: [ 4 ] },\n"
                           "        { name: \"INPUT1\" data_type: TYPE_INT32 dims: [ 4 ] } ]\n"
                           "output [ { name: \"OUTPUT0\" data_type: TYPE_INT32 dims: [ 4 ] },\n"
                           "         { name: \"OUTPUT1\" data_type: TYPE_INT32 dims: [ 4 ] } ]\n";
-    write_file("add_sub/config.pbtxt", add_sub);
-    write_file("add_sub/1/.keep", "");
+    write_model("add_sub", add_sub);
     const char *multi = "backend: \"identity\" max_batch_size: 0\n"
                         "version_policy: { latest { num_versions: 2 } }\n"
                         "input [ { name: \"INPUT0\" data_type: TYPE_FP32 dims: [ 2, 2 ] } ]\n"
                         "output [ { name: \"OUTPUT0\" data_type: TYPE_FP32 dims: [ 2, 2 ] } ]\n";
-    write_file("multi/config.pbtxt", multi);
-    write_file("multi/1/.keep", "");
+    write_model("multi", multi);
     write_file("multi/2/.keep", "");
     write_file("multi/3/.keep", "");
-    write_file("bad_config/config.pbtxt", "name: \"bad_config\"\nmax_batch_size: oops\n");
-    write_file("bad_config/1/.keep", "");
-    write_file("failing/config.pbtxt",
-               "backend: \"testing\"\n"
-               "parameters { key: \"fail_model_init\" value { string_value: \"true\" } }\n"
-               "input [ { name: \"INPUT0\" data_type: TYPE_FP32 dims: [ 1 ] } ]\n"
-               "output [ { name: \"OUTPUT0\" data_type: TYPE_FP32 dims: [ 1 ] } ]\n");
-    write_file("failing/1/.keep", "");
-    write_file("slow/config.pbtxt",
-               "backend: \"testing\" max_batch_size: 4\n"
-               "parameters { key: \"execute_delay_ms\" value { string_value: \"20\" } }\n"
-               "input [ { name: \"INPUT0\" data_type: TYPE_FP32 dims: [ 1 ] } ]\n"
-               "output [ { name: \"OUTPUT0\" data_type: TYPE_FP32 dims: [ 1 ] } ]\n");
-    write_file("slow/1/.keep", "");
-    write_file("reshaped/config.pbtxt",
-               "backend: \"identity\" max_batch_size: 2\n"
-               "input [ { name: \"INPUT0\" data_type: TYPE_FP32 dims: [ 4 ]"
-               " reshape: { shape: [ 2, 2 ] } } ]\n"
-               "output [ { name: \"OUTPUT0\" data_type: TYPE_FP32 dims: [ 4 ]"
-               " reshape: { shape: [ 2, 2 ] } } ]\n");
-    write_file("reshaped/1/.keep", "");
-    write_file("add_sub_dyn/config.pbtxt",
-               "backend: \"add_sub\" max_batch_size: 8 dynamic_batching { }\n"
-               "input [ { name: \"INPUT0\" data_type: TYPE_INT32 dims: [ 4 ] },\n"
-               "        { name: \"INPUT1\" data_type: TYPE_INT32 dims: [ 4 ] } ]\n"
-               "output [ { name: \"OUTPUT0\" data_type: TYPE_INT32 dims: [ 4 ] },\n"
-               "         { name: \"OUTPUT1\" data_type: TYPE_INT32 dims: [ 4 ] } ]\n");
-    write_file("add_sub_dyn/1/.keep", "");
+    write_model("bad_config", "name: \"bad_config\"\nmax_batch_size: oops\n");
+    write_model("failing",
+                "backend: \"testing\"\n"
+                "parameters { key: \"fail_model_init\" value { string_value: \"true\" } }\n"
+                "input [ { name: \"INPUT0\" data_type: TYPE_FP32 dims: [ 1 ] } ]\n"
+                "output [ { name: \"OUTPUT0\" data_type: TYPE_FP32 dims: [ 1 ] } ]\n");
+    write_model("slow", "backend: \"testing\" max_batch_size: 4\n"
+                        "parameters { key: \"execute_delay_ms\" value { string_value: \"20\" } }\n"
+                        "input [ { name: \"INPUT0\" data_type: TYPE_FP32 dims: [ 1 ] } ]\n"
+                        "output [ { name: \"OUTPUT0\" data_type: TYPE_FP32 dims: [ 1 ] } ]\n");
+    write_model("reshaped", "backend: \"identity\" max_batch_size: 2\n"
+                            "input [ { name: \"INPUT0\" data_type: TYPE_FP32 dims: [ 4 ]"
+                            " reshape: { shape: [ 2, 2 ] } } ]\n"
+                            "output [ { name: \"OUTPUT0\" data_type: TYPE_FP32 dims: [ 4 ]"
+                            " reshape: { shape: [ 2, 2 ] } } ]\n");
+    write_model("add_sub_dyn",
+                "backend: \"add_sub\" max_batch_size: 8 dynamic_batching { }\n"
+                "input [ { name: \"INPUT0\" data_type: TYPE_INT32 dims: [ 4 ] },\n"
+                "        { name: \"INPUT1\" data_type: TYPE_INT32 dims: [ 4 ] } ]\n"
+                "output [ { name: \"OUTPUT0\" data_type: TYPE_INT32 dims: [ 4 ] },\n"
+                "         { name: \"OUTPUT1\" data_type: TYPE_INT32 dims: [ 4 ] } ]\n");
 }
 
-/* ---- A synchronous wrapper over infer_async ---- */
-
-typedef struct waiter {
-    pthread_mutex_t lock;
-    pthread_cond_t cond;
-    int done;
-    nereid_response_t *resp;
-} waiter_t;
-
-static void on_done(nereid_response_t *resp, void *userp)
-{
-    waiter_t *w = userp;
-    pthread_mutex_lock(&w->lock);
-    if (w->resp)
-        nereid_response_free(resp);
-    else
-        w->resp = resp;
-    w->done++;
-    pthread_cond_broadcast(&w->cond);
-    pthread_mutex_unlock(&w->lock);
-}
-
-static void waiter_init(waiter_t *w)
-{
-    memset(w, 0, sizeof *w);
-    pthread_mutex_init(&w->lock, NULL);
-    pthread_cond_init(&w->cond, NULL);
-}
-
-static void waiter_wait(waiter_t *w, int n)
-{
-    pthread_mutex_lock(&w->lock);
-    while (w->done < n)
-        pthread_cond_wait(&w->cond, &w->lock);
-    pthread_mutex_unlock(&w->lock);
-}
-
-/* Submits req and waits; returns the response, or NULL with *err set. */
-static nereid_response_t *infer(nereid_server_t *s, nereid_request_t *req, nereid_error_t **err)
-{
-    waiter_t w;
-    waiter_init(&w);
-    *err = nereid_server_infer_async(s, req, NULL, on_done, &w);
-    if (*err) {
-        nereid_request_free(req);
-        return NULL;
-    }
-    waiter_wait(&w, 1);
-    return w.resp;
-}
-
+/* A server on the repository with the default (none) control mode. */
 static nereid_server_t *start(bool exit_on_error, nereid_error_t **err)
 {
-    nereid_server_options_t o;
-    nereid_server_options_init(&o);
-    const char *repos[] = {repo};
-    o.model_repositories = repos;
-    o.n_model_repositories = 1;
-    o.exit_on_error = exit_on_error;
-    char backends[512];
-    const char *build = getenv("NEREID_BUILD");
-    snprintf(backends, sizeof backends, "%s/backends", build ? build : "build");
-    o.backend_directory = backends;
-    nereid_server_t *s = NULL;
-    *err = nereid_server_new(&o, &s);
-    return s;
+    return start_server(NEREID_MODEL_CONTROL_NONE, NULL, 0, 0, exit_on_error, err);
 }
 
 static void test_add_sub(nereid_server_t *s)
@@ -159,7 +70,7 @@ static void test_add_sub(nereid_server_t *s)
     CHECK(nereid_request_add_input(req, "INPUT1", NEREID_TYPE_INT32, shape, 2, b, sizeof b) ==
           NULL);
     nereid_error_t *err;
-    nereid_response_t *resp = infer(s, req, &err);
+    nereid_response_t *resp = infer_sync(s, req, &err);
     CHECK(err == NULL && resp && !nereid_response_error(resp));
     if (!resp) return;
     CHECK(strcmp(nereid_response_id(resp), "r1") == 0);
@@ -194,62 +105,53 @@ static nereid_error_t *submit_bad(nereid_server_t *s, const char *model, int64_t
         nereid_request_add_input(req, "INPUT1", NEREID_TYPE_INT32, shape, rank, data, bytes);
     if (out_name) nereid_request_add_requested_output(req, out_name, 0);
     nereid_error_t *err;
-    nereid_response_t *resp = infer(s, req, &err);
+    nereid_response_t *resp = infer_sync(s, req, &err);
     if (resp) nereid_response_free(resp);
     return err;
-}
-
-static void expect_error(nereid_error_t *err, nereid_error_code_t code, const char *text)
-{
-    CHECK(err != NULL);
-    if (!err) return;
-    CHECK(nereid_error_code(err) == code);
-    CHECK_STR_CONTAINS(nereid_error_message(err), text);
-    nereid_error_free(err);
 }
 
 static void test_validation(nereid_server_t *s)
 {
     int64_t ok[2] = {1, 4};
-    expect_error(submit_bad(s, "nope", 0, "INPUT0", NEREID_TYPE_INT32, ok, 2, 16, NULL),
-                 NEREID_ERROR_NOT_FOUND, "Request for unknown model: 'nope' is not found");
-    expect_error(submit_bad(s, "add_sub", 7, "INPUT0", NEREID_TYPE_INT32, ok, 2, 16, NULL),
-                 NEREID_ERROR_NOT_FOUND,
-                 "Request for unknown model: 'add_sub' version 7 is not found");
-    expect_error(
+    CHECK_ERROR(submit_bad(s, "nope", 0, "INPUT0", NEREID_TYPE_INT32, ok, 2, 16, NULL),
+                NEREID_ERROR_NOT_FOUND, "Request for unknown model: 'nope' is not found");
+    CHECK_ERROR(submit_bad(s, "add_sub", 7, "INPUT0", NEREID_TYPE_INT32, ok, 2, 16, NULL),
+                NEREID_ERROR_NOT_FOUND,
+                "Request for unknown model: 'add_sub' version 7 is not found");
+    CHECK_ERROR(
         submit_bad(s, "add_sub", 0, "INPUT0", NEREID_TYPE_FP32, ok, 2, 16, NULL),
         NEREID_ERROR_INVALID_ARG,
         "inference input 'INPUT0' data-type is 'FP32', but model 'add_sub' expects 'INT32'");
-    expect_error(
+    CHECK_ERROR(
         submit_bad(s, "add_sub", 0, "INPUT0", NEREID_TYPE_INT32, (int64_t[]){1, 5}, 2, 20, NULL),
         NEREID_ERROR_INVALID_ARG,
         "unexpected shape for input 'INPUT0' for model 'add_sub'. Expected [-1,4], got [1,5]");
-    expect_error(
+    CHECK_ERROR(
         submit_bad(s, "add_sub", 0, "INPUT0", NEREID_TYPE_INT32, ok, 2, 12, NULL),
         NEREID_ERROR_INVALID_ARG,
         "input byte size mismatch for input 'INPUT0' for model 'add_sub'. Expected 16, got 12");
-    expect_error(
+    CHECK_ERROR(
         submit_bad(s, "add_sub", 0, "INPUT0", NEREID_TYPE_INT32, (int64_t[]){9, 4}, 2, 144, NULL),
         NEREID_ERROR_INVALID_ARG, "inference request batch-size must be <= 8 for 'add_sub'");
-    expect_error(submit_bad(s, "add_sub", 0, "INPUTX", NEREID_TYPE_INT32, ok, 2, 16, NULL),
-                 NEREID_ERROR_INVALID_ARG,
-                 "unexpected inference input 'INPUTX' for model 'add_sub'");
-    expect_error(submit_bad(s, "add_sub", 0, "INPUT0", NEREID_TYPE_INT32, ok, 2, 16, "OUTPUT9"),
-                 NEREID_ERROR_INVALID_ARG,
-                 "unexpected inference output 'OUTPUT9' for model 'add_sub'");
+    CHECK_ERROR(submit_bad(s, "add_sub", 0, "INPUTX", NEREID_TYPE_INT32, ok, 2, 16, NULL),
+                NEREID_ERROR_INVALID_ARG,
+                "unexpected inference input 'INPUTX' for model 'add_sub'");
+    CHECK_ERROR(submit_bad(s, "add_sub", 0, "INPUT0", NEREID_TYPE_INT32, ok, 2, 16, "OUTPUT9"),
+                NEREID_ERROR_INVALID_ARG,
+                "unexpected inference output 'OUTPUT9' for model 'add_sub'");
     /* Missing INPUT1: add only INPUT0 through the non-INPUT0 path. */
     nereid_request_t *req;
     nereid_request_new(s, "add_sub", 0, &req);
     static int32_t d[4];
     nereid_request_add_input(req, "INPUT0", NEREID_TYPE_INT32, ok, 2, d, 16);
     nereid_error_t *err;
-    nereid_response_t *resp = infer(s, req, &err);
+    nereid_response_t *resp = infer_sync(s, req, &err);
     CHECK(resp == NULL);
-    expect_error(err, NEREID_ERROR_INVALID_ARG,
-                 "expected 2 inputs but got 1 inputs for model 'add_sub'. Got input(s) ['INPUT0'], "
-                 "but missing required input(s) ['INPUT1']");
-    expect_error(submit_bad(s, "bad_config", 0, "INPUT0", NEREID_TYPE_INT32, ok, 2, 16, NULL),
-                 NEREID_ERROR_NOT_FOUND, "has no available versions");
+    CHECK_ERROR(err, NEREID_ERROR_INVALID_ARG,
+                "expected 2 inputs but got 1 inputs for model 'add_sub'. Got input(s) ['INPUT0'], "
+                "but missing required input(s) ['INPUT1']");
+    CHECK_ERROR(submit_bad(s, "bad_config", 0, "INPUT0", NEREID_TYPE_INT32, ok, 2, 16, NULL),
+                NEREID_ERROR_NOT_FOUND, "has no available versions");
 }
 
 static void test_versions(nereid_server_t *s)
@@ -261,9 +163,9 @@ static void test_versions(nereid_server_t *s)
         nereid_request_new(s, "multi", v, &req);
         nereid_request_add_input(req, "INPUT0", NEREID_TYPE_FP32, shape, 2, data, sizeof data);
         nereid_error_t *err;
-        nereid_response_t *resp = infer(s, req, &err);
+        nereid_response_t *resp = infer_sync(s, req, &err);
         if (v == 1) {
-            expect_error(err, NEREID_ERROR_NOT_FOUND, "'multi' version 1 is not found");
+            CHECK_ERROR(err, NEREID_ERROR_NOT_FOUND, "'multi' version 1 is not found");
             continue;
         }
         CHECK(err == NULL && resp);
@@ -285,7 +187,7 @@ static void test_reshape(nereid_server_t *s)
     nereid_request_add_input(req, "INPUT0", NEREID_TYPE_FP32, (int64_t[]){2, 4}, 2, data,
                              sizeof data);
     nereid_error_t *err;
-    nereid_response_t *resp = infer(s, req, &err);
+    nereid_response_t *resp = infer_sync(s, req, &err);
     CHECK(err == NULL && resp && !nereid_response_error(resp));
     if (!resp) return;
     const int64_t *shape;
@@ -314,7 +216,7 @@ static void test_gather_scatter(nereid_server_t *s)
         nereid_request_new(s, "add_sub_dyn", 0, &req);
         nereid_request_add_input(req, "INPUT0", NEREID_TYPE_INT32, (int64_t[]){1, 4}, 2, a[r], 16);
         nereid_request_add_input(req, "INPUT1", NEREID_TYPE_INT32, (int64_t[]){1, 4}, 2, b[r], 16);
-        CHECK(nereid_server_infer_async(s, req, NULL, on_done, &w[r]) == NULL);
+        CHECK(nereid_server_infer_async(s, req, NULL, waiter_on_done, &w[r]) == NULL);
     }
     for (int r = 0; r < N; r++) {
         waiter_wait(&w[r], 1);
@@ -401,7 +303,7 @@ static void test_stats(nereid_server_t *s)
     CHECK(json_integer_value(json_object_get(bs, "batch_size")) == 2);
     json_decref(doc);
     nereid_error_t *err = nereid_server_model_statistics(s, "nope", 0, &json);
-    expect_error(err, NEREID_ERROR_INVALID_ARG, "requested model 'nope' is not available");
+    CHECK_ERROR(err, NEREID_ERROR_INVALID_ARG, "requested model 'nope' is not available");
     char *text;
     CHECK(nereid_server_metrics(s, &text) == NULL);
     CHECK_STR_CONTAINS(text, "nv_inference_count{model=\"add_sub\",version=\"1\"} 2\n");
@@ -421,7 +323,7 @@ static void test_stop_in_flight(nereid_server_t *s)
         nereid_request_t *req;
         nereid_request_new(s, "slow", 0, &req);
         nereid_request_add_input(req, "INPUT0", NEREID_TYPE_FP32, (int64_t[]){1, 1}, 2, &in[i], 4);
-        nereid_error_t *err = nereid_server_infer_async(s, req, NULL, on_done, &w);
+        nereid_error_t *err = nereid_server_infer_async(s, req, NULL, waiter_on_done, &w);
         CHECK(err == NULL);
     }
     nereid_server_free(s);
@@ -452,8 +354,6 @@ int main(void)
     test_documents(s);
     test_stats(s);
     test_stop_in_flight(s);
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", repo);
-    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", repo);
+    remove_repo();
     return check_summary();
 }

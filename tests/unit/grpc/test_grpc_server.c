@@ -16,26 +16,14 @@
 #include "check.h"
 #include "grpc/grpc_server.h"
 #include "grpc_service.pb-c.h"
-#include "nereid/server.h"
-
-static char repo[256];
+#include "test_util.h"
 
 static void make_repo(void)
 {
-    char path[512];
-    strcpy(repo, "/tmp/nereid-test-grpc-XXXXXX");
-    if (!mkdtemp(repo)) abort();
-    snprintf(path, sizeof path, "%s/id", repo);
-    mkdir(path, 0755);
-    snprintf(path, sizeof path, "%s/id/1", repo);
-    mkdir(path, 0755);
-    snprintf(path, sizeof path, "%s/id/config.pbtxt", repo);
-    FILE *f = fopen(path, "w");
-    fputs("backend: \"identity\" max_batch_size: 0\n"
-          "input [ { name: \"INPUT0\" data_type: TYPE_FP32 dims: [ -1 ] } ]\n"
-          "output [ { name: \"OUTPUT0\" data_type: TYPE_FP32 dims: [ -1 ] } ]\n",
-          f);
-    fclose(f);
+    make_repo_dir("grpc");
+    write_model("id", "backend: \"identity\" max_batch_size: 0\n"
+                      "input [ { name: \"INPUT0\" data_type: TYPE_FP32 dims: [ -1 ] } ]\n"
+                      "output [ { name: \"OUTPUT0\" data_type: TYPE_FP32 dims: [ -1 ] } ]\n");
 }
 
 /* One unary call; returns the status and fills *reply (caller frees). */
@@ -187,11 +175,8 @@ static void test_round_trips(nereid_server_t *server)
 int main(void)
 {
     make_repo();
-    const char *repos[] = {repo};
     nereid_server_options_t opts;
-    nereid_server_options_init(&opts);
-    opts.model_repositories = repos;
-    opts.n_model_repositories = 1;
+    repo_options(&opts);
     nereid_server_t *server;
     nereid_error_t *err = nereid_server_new(&opts, &server);
     CHECK(err == NULL);
@@ -212,8 +197,6 @@ int main(void)
     test_round_trips(server);
     grpc_shutdown();
     nereid_server_free(server);
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", repo);
-    if (system(cmd) != 0) return 1;
+    if (!remove_repo()) return 1;
     return check_summary();
 }

@@ -16,12 +16,10 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "nereid/server.h"
+#include "test_util.h"
 
 #define MAX_RESULTS 64
 #define MAX_WIDTH 16
-
-static char repo[256];
 
 typedef struct result {
     char id[32];
@@ -190,29 +188,12 @@ static void submit_ok(nereid_server_t *s, collector_t *c, const char *id, opts_t
 
 /* ---- Server per case ---- */
 
-static void write_file(const char *rel, const char *text)
-{
-    char path[512];
-    snprintf(path, sizeof path, "%s/%s", repo, rel);
-    for (char *p = path + strlen(repo) + 1; *p; p++)
-        if (*p == '/') {
-            *p = 0;
-            mkdir(path, 0755);
-            *p = '/';
-        }
-    FILE *f = fopen(path, "w");
-    fputs(text, f);
-    fclose(f);
-}
-
 /* Starts a server whose only model is "m" with this config.pbtxt; hold > 0
  * sets NEREID_DELAY_SCHEDULER for it. */
 static nereid_server_t *start_config(const char *config, int hold)
 {
-    strcpy(repo, "/tmp/nereid-test-dynamic-XXXXXX");
-    if (!mkdtemp(repo)) abort();
-    write_file("m/config.pbtxt", config);
-    write_file("m/1/.keep", "");
+    make_repo_dir("dynamic");
+    write_model("m", config);
     if (hold > 0) {
         char v[16];
         snprintf(v, sizeof v, "%d", hold);
@@ -221,14 +202,7 @@ static nereid_server_t *start_config(const char *config, int hold)
         unsetenv("NEREID_DELAY_SCHEDULER");
     }
     nereid_server_options_t o;
-    nereid_server_options_init(&o);
-    const char *repos[] = {repo};
-    o.model_repositories = repos;
-    o.n_model_repositories = 1;
-    char backends[512];
-    const char *build = getenv("NEREID_BUILD");
-    snprintf(backends, sizeof backends, "%s/backends", build ? build : "build");
-    o.backend_directory = backends;
+    repo_options(&o);
     nereid_server_t *s = NULL;
     nereid_error_t *err = nereid_server_new(&o, &s);
     unsetenv("NEREID_DELAY_SCHEDULER");
@@ -256,25 +230,16 @@ static nereid_server_t *start(int mbs, const char *extra, int hold)
 static void finish(nereid_server_t *s)
 {
     if (s) nereid_server_free(s);
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", repo);
-    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", repo);
+    remove_repo();
 }
 
 /* Executions of batch size `size` so far (batch_stats compute_infer.count). */
 static long batch_count(nereid_server_t *s, int size)
 {
-    char *text = NULL;
-    nereid_error_t *err = nereid_server_model_statistics(s, "m", 0, &text);
-    if (err) {
-        nereid_error_free(err);
-        return -1;
-    }
-    json_t *doc = json_loads(text, 0, NULL);
-    free(text);
+    json_t *st = model_stats_json(s, "m", 0);
+    if (!st) return -1;
     long count = 0;
-    json_t *stats =
-        json_object_get(json_array_get(json_object_get(doc, "model_stats"), 0), "batch_stats");
+    json_t *stats = json_object_get(st, "batch_stats");
     size_t i;
     json_t *b;
     json_array_foreach(stats, i, b)
@@ -283,7 +248,7 @@ static long batch_count(nereid_server_t *s, int size)
             count = (long)json_integer_value(
                 json_object_get(json_object_get(b, "compute_infer"), "count"));
     }
-    json_decref(doc);
+    json_decref(st);
     return count;
 }
 
@@ -291,20 +256,12 @@ static long batch_count(nereid_server_t *s, int size)
  * with sub, inference_stats.<key>.<sub>. */
 static long model_stat(nereid_server_t *s, const char *key, const char *sub)
 {
-    char *text = NULL;
-    nereid_error_t *err = nereid_server_model_statistics(s, "m", 0, &text);
-    if (err) {
-        nereid_error_free(err);
-        return -1;
-    }
-    json_t *doc = json_loads(text, 0, NULL);
-    free(text);
-    json_t *m = json_array_get(json_object_get(doc, "model_stats"), 0);
+    json_t *m = model_stats_json(s, "m", 0);
     json_t *v =
         sub ? json_object_get(json_object_get(json_object_get(m, "inference_stats"), key), sub)
             : json_object_get(m, key);
     long r = v ? (long)json_integer_value(v) : -1;
-    json_decref(doc);
+    json_decref(m);
     return r;
 }
 

@@ -11,33 +11,7 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "nereid/server.h"
-
-static char repo[256];
-
-static void write_file(const char *rel, const void *data, size_t len)
-{
-    char path[512];
-    snprintf(path, sizeof path, "%s/%s", repo, rel);
-    for (char *p = path + strlen(repo) + 1; *p; p++)
-        if (*p == '/') {
-            *p = 0;
-            mkdir(path, 0755);
-            *p = '/';
-        }
-    FILE *f = fopen(path, "wb");
-    fwrite(data, 1, len, f);
-    fclose(f);
-}
-
-static void write_model(const char *name, const char *config)
-{
-    char rel[256];
-    snprintf(rel, sizeof rel, "%s/config.pbtxt", name);
-    write_file(rel, config, strlen(config));
-    snprintf(rel, sizeof rel, "%s/1/.keep", name);
-    write_file(rel, "", 0);
-}
+#include "test_util.h"
 
 #define IO_CONTROLS                                                                                \
     "input [ { name: \"INPUT\" data_type: TYPE_INT32 dims: [ 1 ] } ]\n"                            \
@@ -64,8 +38,7 @@ static void write_model(const char *name, const char *config)
 
 static void make_repo(void)
 {
-    strcpy(repo, "/tmp/nereid-test-sequence-XXXXXX");
-    if (!mkdtemp(repo)) abort();
+    make_repo_dir("sequence");
     /* direct, 1 instance x 4 slots, explicit controls */
     write_model("acc_direct", "backend: \"accumulator\" max_batch_size: 4\n" IO_CONTROLS
                               "sequence_batching { direct { } " CTLS_INT32 " }\n");
@@ -215,7 +188,7 @@ static void make_repo(void)
                 "  initial_state: { data_type: TYPE_INT32 dims: [ 1 ] data_file: \"init\" "
                 "name: \"from file\" } } ] }\n");
     int32_t init = 100;
-    write_file("acc_state_file/initial_state/init", &init, sizeof init);
+    write_bytes("acc_state_file/initial_state/init", &init, sizeof init);
     write_model("acc_state_grow",
                 "backend: \"accumulator\" max_batch_size: 4\n" IO_STATE
                 "parameters { key: \"state_op\" value { string_value: \"append\" } }\n"
@@ -242,7 +215,7 @@ static void make_repo(void)
                 "output_name: \"OUTPUT_STATE\" data_type: TYPE_INT32 dims: [ -1 ]\n"
                 "  initial_state: { data_type: TYPE_INT32 dims: [ 2 ] data_file: \"init\" "
                 "name: \"short\" } } ] }\n");
-    write_file("acc_state_badfile/initial_state/init", &init, sizeof init);
+    write_bytes("acc_state_badfile/initial_state/init", &init, sizeof init);
     write_model("acc_state_badtype",
                 "backend: \"accumulator\" max_batch_size: 4\n" IO_STATE
                 "sequence_batching { state [ { input_name: \"INPUT_STATE\" "
@@ -343,13 +316,8 @@ static bool call_done(call_t *c)
 static const void *call_output(call_t *c, const char *name, const int64_t **shape, size_t *rank)
 {
     if (!c->resp || nereid_response_error(c->resp)) return NULL;
-    for (size_t i = 0; i < nereid_response_output_count(c->resp); i++) {
-        const char *n;
-        const void *data;
-        nereid_response_output(c->resp, i, &n, NULL, shape, rank, &data, NULL, NULL);
-        if (strcmp(n, name) == 0) return data;
-    }
-    return NULL;
+    const void *data;
+    return find_output(c->resp, name, NULL, shape, rank, &data, NULL) ? data : NULL;
 }
 
 /* OUTPUT[0], or INT32_MIN on error (message in c->err). */
@@ -811,18 +779,8 @@ static void stress(nereid_server_t *s, const char *model)
 int main(void)
 {
     make_repo();
-    nereid_server_options_t o;
-    nereid_server_options_init(&o);
-    const char *repos[] = {repo};
-    o.model_repositories = repos;
-    o.n_model_repositories = 1;
-    o.exit_on_error = false;
-    char backends[512];
-    const char *build = getenv("NEREID_BUILD");
-    snprintf(backends, sizeof backends, "%s/backends", build ? build : "build");
-    o.backend_directory = backends;
-    nereid_server_t *s = NULL;
-    nereid_error_t *err = nereid_server_new(&o, &s);
+    nereid_error_t *err;
+    nereid_server_t *s = start_server(NEREID_MODEL_CONTROL_NONE, NULL, 0, 0, false, &err);
     CHECK(s != NULL);
     nereid_error_free(err);
     if (!s) return check_summary();
@@ -865,8 +823,6 @@ int main(void)
                                 "new inference requests");
     call_free(cb);
     nereid_server_free(s);
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", repo);
-    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", repo);
+    remove_repo();
     return check_summary();
 }

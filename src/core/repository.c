@@ -1,0 +1,1167 @@
+/*
+ * This file contains model management: scanning the repositories, reading
+ * configs, choosing versions, loading them (in parallel at start-up),
+ * explicit load (config and file overrides) / unload (with dependents),
+ * ensembles' composing models, and poll mode's rescans.
+ *
+ * A (re)load prepares the new versions without any server lock, then swaps
+ * them into the entry under the write lock, then drains the replaced
+ * versions: requests already queued on them finish there, new requests find
+ * the new versions. A version that fails to reload keeps its old model
+ * serving, with the failure as its reason.
+ */
+#include <ctype.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/model.h"
+#include "core/repository.h"
+#include "core/util.h"
+
+#define MAX_ENSEMBLE_DEPTH 16
+
+/* ---- Files ---- */
+
+static bool is_dir(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+static bool is_file(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+static int cmp_i64(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* Numeric subdirectories of dir, ascending. */
+static size_t list_versions(const char *dir, int64_t **out)
+{
+    *out = NULL;
+    DIR *d = opendir(dir);
+    if (!d) return 0;
+    size_t n = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        const char *s = e->d_name;
+        if (!*s) continue;
+        bool numeric = true;
+        for (const char *p = s; *p; p++)
+            numeric &= isdigit((unsigned char)*p) != 0;
+        if (!numeric || strlen(s) > 18) continue;
+        char *path = xasprintf("%s/%s", dir, s);
+        bool ok = is_dir(path);
+        free(path);
+        if (!ok) continue;
+        *out = xrealloc(*out, (n + 1) * sizeof **out);
+        (*out)[n++] = strtoll(s, NULL, 10);
+    }
+    closedir(d);
+    if (n) qsort(*out, n, sizeof **out, cmp_i64);
+    return n;
+}
+
+static uint64_t fnv(uint64_t h, const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++) {
+        h ^= b[i];
+        h *= 1099511628211ULL;
+    }
+    return h;
+}
+
+static int cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Signature of a directory tree: names, sizes, modification times. */
+static uint64_t tree_sig(const char *path, uint64_t h, int depth)
+{
+    struct stat st;
+    if (stat(path, &st) != 0) return fnv(h, "?", 1);
+    h = fnv(h, &st.st_size, sizeof st.st_size);
+    h = fnv(h, &st.st_mtim.tv_sec, sizeof st.st_mtim.tv_sec);
+    h = fnv(h, &st.st_mtim.tv_nsec, sizeof st.st_mtim.tv_nsec);
+    if (!S_ISDIR(st.st_mode) || depth > 8) return h;
+    DIR *d = opendir(path);
+    if (!d) return h;
+    char **names = NULL;
+    size_t n = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+        names = xrealloc(names, (n + 1) * sizeof *names);
+        names[n++] = xstrdup(e->d_name);
+    }
+    closedir(d);
+    if (n) qsort(names, n, sizeof *names, cmp_str);
+    for (size_t i = 0; i < n; i++) {
+        h = fnv(h, names[i], strlen(names[i]) + 1);
+        char *sub = xasprintf("%s/%s", path, names[i]);
+        h = tree_sig(sub, h, depth + 1);
+        free(sub);
+        free(names[i]);
+    }
+    free(names);
+    return h;
+}
+
+static void remove_tree(const char *path)
+{
+    struct stat st;
+    if (lstat(path, &st) != 0) return;
+    if (S_ISDIR(st.st_mode)) {
+        DIR *d = opendir(path);
+        if (d) {
+            struct dirent *e;
+            while ((e = readdir(d))) {
+                if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+                char *sub = xasprintf("%s/%s", path, e->d_name);
+                remove_tree(sub);
+                free(sub);
+            }
+            closedir(d);
+        }
+        rmdir(path);
+    } else {
+        unlink(path);
+    }
+}
+
+/* Whether a relative path stays inside its directory. */
+static bool safe_relpath(const char *p)
+{
+    if (!p || !*p || p[0] == '/') return false;
+    const char *seg = p;
+    for (;;) {
+        const char *end = strchr(seg, '/');
+        size_t len = end ? (size_t)(end - seg) : strlen(seg);
+        if (len == 0 || (len == 1 && seg[0] == '.') || (len == 2 && seg[0] == '.' && seg[1] == '.'))
+            return false;
+        if (!end) return true;
+        seg = end + 1;
+    }
+}
+
+static bool valid_model_name(const char *name)
+{
+    return name && *name && !strchr(name, '/') && !strchr(name, '\\') && strcmp(name, ".") != 0 &&
+           strcmp(name, "..") != 0;
+}
+
+/* Writes the override files into a new temporary model directory. */
+static nereid_error_t *make_override_dir(const char *name, const char *const *paths,
+                                         const void *const *contents, const size_t *sizes, size_t n,
+                                         char **out)
+{
+    *out = NULL;
+    for (size_t i = 0; i < n; i++)
+        if (!safe_relpath(paths[i]))
+            return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                    "failed to load '%s', invalid file path '%s' in override", name,
+                                    paths[i] ? paths[i] : "");
+    const char *tmp = getenv("TMPDIR");
+    char *dir = xasprintf("%s/nereid-model-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    if (!mkdtemp(dir)) {
+        nereid_error_t *err =
+            nereid_error_new(NEREID_ERROR_INTERNAL,
+                             "failed to load '%s', unable to create a temporary directory: %s",
+                             name, strerror(errno));
+        free(dir);
+        return err;
+    }
+    for (size_t i = 0; i < n; i++) {
+        char *path = xasprintf("%s/%s", dir, paths[i]);
+        for (char *p = path + strlen(dir) + 1; *p; p++)
+            if (*p == '/') {
+                *p = 0;
+                mkdir(path, 0755);
+                *p = '/';
+            }
+        FILE *f = fopen(path, "wb");
+        bool ok = f && (sizes[i] == 0 || fwrite(contents[i], 1, sizes[i], f) == sizes[i]);
+        if (f && fclose(f) != 0) ok = false;
+        free(path);
+        if (!ok) {
+            remove_tree(dir);
+            free(dir);
+            return nereid_error_new(NEREID_ERROR_INTERNAL,
+                                    "failed to load '%s', unable to write override file '%s'", name,
+                                    paths[i]);
+        }
+    }
+    *out = dir;
+    return NULL;
+}
+
+/* ---- Configs and versions ---- */
+
+/* Replaces a protobuf-c string field (which may hold the static empty string). */
+static void set_pb_string(char **field, const char *value)
+{
+    if (*field && *field != protobuf_c_empty_string) free(*field);
+    *field = xstrdup(value);
+}
+
+/* Infers platform/backend from the files of the version directories. */
+static void infer_platform(model_config_t *cfg, const char *dir)
+{
+    if (cfg->platform[0] || cfg->backend[0]) return;
+    int64_t *versions;
+    size_t n = list_versions(dir, &versions);
+    static const struct {
+        const char *file, *platform, *backend;
+    } known[] = {{"model.onnx", "onnxruntime_onnx", "onnxruntime"},
+                 {"model.pt", "pytorch_libtorch", "pytorch"}};
+    for (size_t v = n; v-- > 0;) {
+        for (size_t k = 0; k < ARRAY_LEN(known); k++) {
+            char *path = xasprintf("%s/%" PRId64 "/%s", dir, versions[v], known[k].file);
+            bool found = is_file(path) || is_dir(path);
+            free(path);
+            if (found) {
+                set_pb_string(&cfg->platform, known[k].platform);
+                set_pb_string(&cfg->backend, known[k].backend);
+                free(versions);
+                return;
+            }
+        }
+    }
+    free(versions);
+}
+
+static char *trim_errors(char *errors)
+{
+    char *msg = xstrdup(errors ? errors : "unknown error");
+    size_t len = strlen(msg);
+    while (len && msg[len - 1] == '\n')
+        msg[--len] = 0;
+    free(errors);
+    return msg;
+}
+
+static bool autofill_allowed(const nereid_server_t *s)
+{
+    return !s->opts.strict_model_config && !s->opts.disable_auto_complete_config;
+}
+
+/* Reads (or takes the override of) a model's config and normalizes it. */
+static nereid_error_t *read_config(nereid_server_t *s, const char *name, const char *dir,
+                                   const char *override_json, model_config_t **out)
+{
+    *out = NULL;
+    char *path = xasprintf("%s/config.pbtxt", dir);
+    char *errors = NULL;
+    model_config_t *cfg = NULL;
+    if (override_json) {
+        cfg = config_from_json(override_json, strlen(override_json), &errors);
+    } else if (is_file(path)) {
+        cfg = config_parse_file(path, &errors);
+    } else if (s->opts.strict_model_config) {
+        errors = xasprintf("%s: config.pbtxt not found and --strict-model-config is true", path);
+    } else {
+        cfg = config_from_json("{}", 2, &errors);
+    }
+    if (cfg) {
+        if (!cfg->name[0]) set_pb_string(&cfg->name, name);
+        infer_platform(cfg, dir);
+        config_options_t opts = {.gpus_available = false, .allow_missing_io = autofill_allowed(s)};
+        if (config_normalize(cfg, name, path, &opts, &errors) != 0) {
+            config_free(cfg);
+            cfg = NULL;
+        }
+    }
+    free(path);
+    if (!cfg) {
+        char *msg = trim_errors(errors);
+        nereid_error_t *err = nereid_error_new(NEREID_ERROR_INVALID_ARG, "%s", msg);
+        free(msg);
+        return err;
+    }
+    *out = cfg;
+    return NULL;
+}
+
+static bool is_ensemble(const model_config_t *cfg)
+{
+    return cfg && strcmp(cfg->platform, "ensemble") == 0;
+}
+
+/* Which versions the policy selects from those on disk. */
+static size_t select_versions(const model_config_t *cfg, const int64_t *avail, size_t n,
+                              int64_t *out)
+{
+    const Inference__ModelVersionPolicy *p = cfg->version_policy;
+    size_t k = 0;
+    if (p && p->policy_choice_case == INFERENCE__MODEL_VERSION_POLICY__POLICY_CHOICE_ALL) {
+        for (size_t i = 0; i < n; i++)
+            out[k++] = avail[i];
+    } else if (p &&
+               p->policy_choice_case == INFERENCE__MODEL_VERSION_POLICY__POLICY_CHOICE_SPECIFIC) {
+        for (size_t i = 0; i < n; i++)
+            for (size_t j = 0; j < p->specific->n_versions; j++)
+                if (p->specific->versions[j] == avail[i]) {
+                    out[k++] = avail[i];
+                    break;
+                }
+    } else {
+        size_t want = 1;
+        if (p && p->policy_choice_case == INFERENCE__MODEL_VERSION_POLICY__POLICY_CHOICE_LATEST &&
+            p->latest->num_versions > 0)
+            want = p->latest->num_versions;
+        for (size_t i = n > want ? n - want : 0; i < n; i++)
+            out[k++] = avail[i];
+    }
+    return k;
+}
+
+static char *error_reason(const nereid_error_t *err)
+{
+    return xasprintf("%s: %s", nereid_error_code_name(nereid_error_code(err)),
+                     nereid_error_message(err));
+}
+
+/* ---- Entries ---- */
+
+model_entry_t *repository_find(nereid_server_t *s, const char *name)
+{
+    for (size_t i = 0; i < s->n_models; i++)
+        if (strcmp(s->models[i]->name, name) == 0) return s->models[i];
+    return NULL;
+}
+
+static void free_versions(version_entry_t *v, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        free(v[i].reason);
+    free(v);
+}
+
+static void entry_free(model_entry_t *e)
+{
+    free_versions(e->versions, e->n_versions);
+    if (e->config) config_free(e->config);
+    free(e->config_key);
+    free(e->load_dir);
+    free(e->name);
+    free(e->dir);
+    free(e->reason);
+    for (size_t i = 0; i < e->n_tmp_dirs; i++) {
+        remove_tree(e->tmp_dirs[i]);
+        free(e->tmp_dirs[i]);
+    }
+    free(e->tmp_dirs);
+    free(e);
+}
+
+static int cmp_entry(const void *a, const void *b)
+{
+    return strcmp((*(model_entry_t *const *)a)->name, (*(model_entry_t *const *)b)->name);
+}
+
+/* Adds an entry (caller holds the write lock); keeps models sorted by name. */
+static model_entry_t *entry_add(nereid_server_t *s, const char *name, const char *dir)
+{
+    model_entry_t *e = xcalloc(1, sizeof *e);
+    e->name = xstrdup(name);
+    e->dir = xstrdup(dir);
+    e->state = MODEL_UNKNOWN_STATE;
+    s->models = xrealloc(s->models, (s->n_models + 1) * sizeof *s->models);
+    s->models[s->n_models++] = e;
+    qsort(s->models, s->n_models, sizeof *s->models, cmp_entry);
+    return e;
+}
+
+static bool entry_has_ready(const model_entry_t *e)
+{
+    for (size_t v = 0; v < e->n_versions; v++)
+        if (e->versions[v].state == MODEL_READY) return true;
+    return false;
+}
+
+/* Directories named name in the repositories: the first one, and how many. */
+static char *locate(nereid_server_t *s, const char *name, size_t *count)
+{
+    char *found = NULL;
+    *count = 0;
+    for (size_t r = 0; r < s->n_repos; r++) {
+        char *dir = xasprintf("%s/%s", s->repos[r], name);
+        if (is_dir(dir)) {
+            (*count)++;
+            if (!found) {
+                found = dir;
+                continue;
+            }
+        }
+        free(dir);
+    }
+    return found;
+}
+
+/* ---- Loading ---- */
+
+typedef struct load_ctx {
+    const char *chain[MAX_ENSEMBLE_DEPTH + 1]; /* ensembles being loaded, outermost first */
+    size_t depth;
+    bool load_deps; /* load an ensemble's composing models that are not ready */
+    bool force;     /* reload versions even when nothing changed */
+} load_ctx_t;
+
+static nereid_error_t *load_model(nereid_server_t *s, const char *name, const char *override_json,
+                                  const char *const *paths, const void *const *contents,
+                                  const size_t *sizes, size_t n_files, load_ctx_t *ctx);
+
+static bool model_ready(nereid_server_t *s, const char *name)
+{
+    pthread_rwlock_rdlock(&s->lock);
+    model_entry_t *e = repository_find(s, name);
+    bool ready = e && entry_has_ready(e);
+    pthread_rwlock_unlock(&s->lock);
+    return ready;
+}
+
+/* Makes every composing model of an ensemble ready (loading it when
+ * ctx->load_deps). Triton's dependency texts. */
+static nereid_error_t *load_dependencies(nereid_server_t *s, const char *name,
+                                         const model_config_t *cfg, load_ctx_t *ctx)
+{
+    const Inference__ModelEnsembling *es = cfg->ensemble_scheduling;
+    for (size_t i = 0; es && i < es->n_step; i++) {
+        const char *dep = es->step[i]->model_name;
+        for (size_t c = 0; c <= ctx->depth && c < ARRAY_LEN(ctx->chain); c++) {
+            if (ctx->chain[c] && strcmp(ctx->chain[c], dep) == 0) {
+                char buf[1024] = "";
+                for (size_t k = c; k <= ctx->depth; k++) {
+                    strncat(buf, ctx->chain[k], sizeof buf - strlen(buf) - 1);
+                    strncat(buf, " -> ", sizeof buf - strlen(buf) - 1);
+                }
+                strncat(buf, dep, sizeof buf - strlen(buf) - 1);
+                return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                        "circular dependency between ensembles: %s", buf);
+            }
+        }
+        if (model_ready(s, dep)) continue;
+        if (!ctx->load_deps)
+            return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                    "ensemble '%s' depends on '%s' which has no loaded version",
+                                    name, dep);
+        if (ctx->depth + 1 >= MAX_ENSEMBLE_DEPTH)
+            return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                    "ensemble '%s' nests deeper than %d levels", name,
+                                    MAX_ENSEMBLE_DEPTH);
+        size_t count;
+        char *dir = locate(s, dep, &count);
+        free(dir);
+        if (count == 0)
+            return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                    "ensemble '%s' depends on '%s' which is not found", name, dep);
+        load_ctx_t sub = *ctx;
+        sub.depth = ctx->depth + 1;
+        sub.chain[sub.depth] = dep;
+        sub.force = false;
+        nereid_error_t *err = load_model(s, dep, NULL, NULL, NULL, NULL, 0, &sub);
+        if (err && !model_ready(s, dep)) {
+            nereid_error_t *wrapped = nereid_error_new(
+                NEREID_ERROR_INVALID_ARG,
+                "ensemble '%s' depends on '%s' which has no loaded version. Model '%s' loading "
+                "failed with error: %s",
+                name, dep, dep, nereid_error_message(err));
+            nereid_error_free(err);
+            return wrapped;
+        }
+        nereid_error_free(err);
+    }
+    return NULL;
+}
+
+static void set_entry_failure(nereid_server_t *s, model_entry_t *e, const nereid_error_t *err,
+                              uint64_t sig)
+{
+    pthread_rwlock_wrlock(&s->lock);
+    e->tree_sig = sig;
+    free(e->reason);
+    e->reason = error_reason(err);
+    if (entry_has_ready(e)) {
+        /* A broken change: the served versions stay, and say why. */
+        for (size_t v = 0; v < e->n_versions; v++) {
+            free(e->versions[v].reason);
+            e->versions[v].reason = xstrdup(e->reason);
+        }
+    } else {
+        /* Rows of earlier (unloaded, failed) versions give way to the
+         * model-level failure. */
+        free_versions(e->versions, e->n_versions);
+        e->versions = NULL;
+        e->n_versions = 0;
+        e->state = MODEL_UNAVAILABLE;
+    }
+    pthread_rwlock_unlock(&s->lock);
+}
+
+static void add_tmp_dir(model_entry_t *e, char *dir)
+{
+    e->tmp_dirs = xrealloc(e->tmp_dirs, (e->n_tmp_dirs + 1) * sizeof *e->tmp_dirs);
+    e->tmp_dirs[e->n_tmp_dirs++] = dir;
+}
+
+/* Removes override directories no served version was loaded from (their
+ * models have been drained and read their files at load). */
+static void drop_unused_tmp_dirs(nereid_server_t *s, model_entry_t *e)
+{
+    pthread_rwlock_wrlock(&s->lock);
+    size_t w = 0;
+    for (size_t i = 0; i < e->n_tmp_dirs; i++) {
+        char *d = e->tmp_dirs[i];
+        bool used = e->load_dir && strcmp(e->load_dir, d) == 0;
+        for (size_t v = 0; v < e->n_versions && !used; v++)
+            used = e->versions[v].model && strcmp(e->versions[v].model->dir, d) == 0;
+        if (used) {
+            e->tmp_dirs[w++] = d;
+        } else {
+            remove_tree(d);
+            free(d);
+        }
+    }
+    e->n_tmp_dirs = w;
+    pthread_rwlock_unlock(&s->lock);
+}
+
+/* Loads or reloads model name. Caller serializes (s->control, or start-up
+ * where each name is loaded by one thread). */
+static nereid_error_t *load_model(nereid_server_t *s, const char *name, const char *override_json,
+                                  const char *const *paths, const void *const *contents,
+                                  const size_t *sizes, size_t n_files, load_ctx_t *ctx)
+{
+    if (!valid_model_name(name))
+        return nereid_error_new(NEREID_ERROR_INVALID_ARG, "invalid model name '%s'",
+                                name ? name : "");
+    size_t count;
+    char *dir = locate(s, name, &count);
+    if (!dir)
+        return nereid_error_new(NEREID_ERROR_INTERNAL,
+                                "failed to load '%s', failed to poll from model repository", name);
+    uint64_t sig = tree_sig(dir, 14695981039346656037ULL, 0);
+    pthread_rwlock_wrlock(&s->lock);
+    model_entry_t *e = repository_find(s, name);
+    if (!e) e = entry_add(s, name, dir);
+    if (!entry_has_ready(e)) e->state = MODEL_LOADING;
+    pthread_rwlock_unlock(&s->lock);
+    if (count > 1) {
+        nereid_error_t *err =
+            nereid_error_new(NEREID_ERROR_INVALID_ARG, "model appears in two or more repositories");
+        pthread_rwlock_wrlock(&s->lock);
+        e->tree_sig = sig;
+        e->state = MODEL_UNAVAILABLE;
+        free(e->reason);
+        e->reason = xstrdup("model appears in two or more repositories");
+        pthread_rwlock_unlock(&s->lock);
+        free(dir);
+        return err;
+    }
+
+    char *tmp = NULL;
+    nereid_error_t *err = NULL;
+    if (n_files) {
+        err = make_override_dir(name, paths, contents, sizes, n_files, &tmp);
+        if (err) {
+            free(dir);
+            if (!entry_has_ready(e)) set_entry_failure(s, e, err, sig);
+            return err;
+        }
+    }
+    const char *load_dir = tmp ? tmp : dir;
+    model_config_t *cfg = NULL;
+    err = read_config(s, name, load_dir, override_json, &cfg);
+    if (!err && is_ensemble(cfg)) err = load_dependencies(s, name, cfg, ctx);
+    int64_t *avail = NULL, *chosen = NULL;
+    size_t k = 0;
+    if (!err) {
+        size_t n = list_versions(load_dir, &avail);
+        chosen = xcalloc(n ? n : 1, sizeof *chosen);
+        k = select_versions(cfg, avail, n, chosen);
+        free(avail);
+        if (k == 0)
+            err = nereid_error_new(NEREID_ERROR_INTERNAL,
+                                   "failed to load '%s', no version is available", name);
+    }
+    if (err) {
+        LOG_ERROR("repository", "failed to load '%s': %s", name, nereid_error_message(err));
+        if (k == 0 && cfg && nereid_error_code(err) == NEREID_ERROR_INTERNAL) {
+            /* Every version directory is gone: nothing is served any more. */
+            pthread_rwlock_wrlock(&s->lock);
+            version_entry_t *old = e->versions;
+            size_t n_old = e->n_versions;
+            e->versions = NULL;
+            e->n_versions = 0;
+            e->state = MODEL_UNAVAILABLE;
+            free(e->reason);
+            e->reason = error_reason(err);
+            e->tree_sig = sig;
+            pthread_rwlock_unlock(&s->lock);
+            for (size_t v = 0; v < n_old; v++)
+                if (old[v].model) model_unload(old[v].model);
+            free_versions(old, n_old);
+        } else {
+            set_entry_failure(s, e, err, sig);
+        }
+        if (cfg) config_free(cfg);
+        free(chosen);
+        if (tmp) {
+            remove_tree(tmp);
+            free(tmp);
+        }
+        free(dir);
+        return err;
+    }
+
+    /* Prepare every chosen version (reusing unchanged ones) without locks. */
+    char *key = config_to_json(cfg);
+    pthread_rwlock_rdlock(&s->lock);
+    bool same_config = e->config_key && strcmp(e->config_key, key) == 0 && e->load_dir &&
+                       strcmp(e->load_dir, load_dir) == 0;
+    pthread_rwlock_unlock(&s->lock);
+    version_entry_t *nv = xcalloc(k, sizeof *nv);
+    bool any_new = false;
+    for (size_t i = 0; i < k; i++) {
+        nv[i].version = chosen[i];
+        model_t *old = NULL;
+        pthread_rwlock_rdlock(&s->lock);
+        for (size_t v = 0; v < e->n_versions; v++)
+            if (e->versions[v].version == chosen[i] && e->versions[v].state == MODEL_READY)
+                old = e->versions[v].model;
+        pthread_rwlock_unlock(&s->lock);
+        if (old && same_config && !ctx->force) {
+            nv[i].model = old; /* unchanged: the same model keeps serving */
+            nv[i].state = MODEL_READY;
+            continue;
+        }
+        model_load_args_t args = {
+            .name = name,
+            .dir = load_dir,
+            .version = chosen[i],
+            .config = cfg,
+            .backend_dir = s->backend_dir,
+            .autocomplete_allowed = autofill_allowed(s),
+        };
+        model_t *m = NULL;
+        nereid_error_t *lerr = model_load(s, &args, &m);
+        if (lerr) {
+            nv[i].state = MODEL_UNAVAILABLE;
+            nv[i].reason = error_reason(lerr);
+            LOG_ERROR("repository", "failed to load '%s' version %" PRId64 ": %s", name, chosen[i],
+                      nv[i].reason);
+            nereid_error_free(lerr);
+            if (old) {
+                /* Keep the old model of this version serving. */
+                nv[i].model = old;
+                nv[i].state = MODEL_READY;
+            }
+        } else {
+            nv[i].model = m;
+            nv[i].state = MODEL_READY;
+            any_new = true;
+            LOG_INFO("repository", "successfully loaded '%s' version %" PRId64, name, chosen[i]);
+        }
+    }
+    free(chosen);
+
+    /* Swap under the write lock; collect what is replaced. */
+    model_t **drain = NULL;
+    size_t n_drain = 0;
+    char *err_text = NULL;
+    pthread_rwlock_wrlock(&s->lock);
+    for (size_t v = 0; v < e->n_versions; v++) {
+        model_t *m = e->versions[v].model;
+        bool kept = false;
+        for (size_t i = 0; i < k && m; i++)
+            kept |= nv[i].model == m;
+        if (m && !kept) {
+            drain = xrealloc(drain, (n_drain + 1) * sizeof *drain);
+            drain[n_drain++] = m;
+        }
+    }
+    bool any_ready = false;
+    for (size_t i = 0; i < k; i++) {
+        if (nv[i].state == MODEL_READY) any_ready = true;
+        if (nv[i].reason) {
+            char *prev = err_text;
+            err_text = xasprintf("%sversion %" PRId64 " is at UNAVAILABLE state: %s;\n",
+                                 prev ? prev : "", nv[i].version, nv[i].reason);
+            free(prev);
+        }
+    }
+    free_versions(e->versions, e->n_versions);
+    e->versions = nv;
+    e->n_versions = k;
+    e->state = any_ready ? MODEL_READY : MODEL_UNAVAILABLE;
+    free(e->reason);
+    e->reason = NULL;
+    e->tree_sig = sig;
+    if (any_new || !e->config) {
+        if (e->config) config_free(e->config);
+        e->config = cfg;
+        cfg = NULL;
+        free(e->config_key);
+        e->config_key = key;
+        key = NULL;
+        free(e->load_dir);
+        e->load_dir = xstrdup(load_dir);
+    }
+    if (tmp) add_tmp_dir(e, tmp);
+    pthread_rwlock_unlock(&s->lock);
+
+    for (size_t i = 0; i < n_drain; i++)
+        model_unload(drain[i]);
+    free(drain);
+    drop_unused_tmp_dirs(s, e);
+    if (cfg) config_free(cfg);
+    free(key);
+    free(dir);
+    if (err_text) {
+        size_t len = strlen(err_text);
+        if (len && err_text[len - 1] == '\n') err_text[len - 1] = 0;
+        err = nereid_error_new(NEREID_ERROR_INVALID_ARG, "load failed for model '%s': %s", name,
+                               err_text);
+        free(err_text);
+        return err;
+    }
+    return NULL;
+}
+
+/* ---- Unloading ---- */
+
+/* Whether a ready ensemble other than except uses model name. */
+static bool used_by_other(nereid_server_t *s, const char *name, const char *except)
+{
+    bool used = false;
+    pthread_rwlock_rdlock(&s->lock);
+    for (size_t i = 0; i < s->n_models && !used; i++) {
+        model_entry_t *e = s->models[i];
+        if (strcmp(e->name, except) == 0 || !entry_has_ready(e) || !is_ensemble(e->config))
+            continue;
+        const Inference__ModelEnsembling *es = e->config->ensemble_scheduling;
+        for (size_t k = 0; es && k < es->n_step; k++)
+            used |= strcmp(es->step[k]->model_name, name) == 0;
+    }
+    pthread_rwlock_unlock(&s->lock);
+    return used;
+}
+
+static void unload_model(nereid_server_t *s, const char *name, bool dependents, int depth)
+{
+    pthread_rwlock_wrlock(&s->lock);
+    model_entry_t *e = repository_find(s, name);
+    if (!e) {
+        pthread_rwlock_unlock(&s->lock);
+        return;
+    }
+    model_t **drain = xcalloc(e->n_versions ? e->n_versions : 1, sizeof *drain);
+    size_t n_drain = 0;
+    for (size_t v = 0; v < e->n_versions; v++) {
+        version_entry_t *ve = &e->versions[v];
+        if (ve->model) drain[n_drain++] = ve->model;
+        ve->model = NULL;
+        ve->state = MODEL_UNLOADING;
+        free(ve->reason);
+        ve->reason = NULL;
+    }
+    if (e->n_versions) e->state = MODEL_UNLOADING;
+    /* Dependents: the composing models of an ensemble (Triton unloads them
+     * unless another loaded ensemble still uses them). */
+    char **deps = NULL;
+    size_t n_deps = 0;
+    const Inference__ModelEnsembling *es =
+        is_ensemble(e->config) ? e->config->ensemble_scheduling : NULL;
+    for (size_t k = 0; es && k < es->n_step; k++) {
+        bool have = false;
+        for (size_t j = 0; j < n_deps; j++)
+            have |= strcmp(deps[j], es->step[k]->model_name) == 0;
+        if (have) continue;
+        deps = xrealloc(deps, (n_deps + 1) * sizeof *deps);
+        deps[n_deps++] = xstrdup(es->step[k]->model_name);
+    }
+    pthread_rwlock_unlock(&s->lock);
+
+    for (size_t i = 0; i < n_drain; i++)
+        model_unload(drain[i]);
+    free(drain);
+    LOG_INFO("repository", "successfully unloaded '%s'", name);
+
+    pthread_rwlock_wrlock(&s->lock);
+    e = repository_find(s, name);
+    if (e) {
+        for (size_t v = 0; v < e->n_versions; v++) {
+            e->versions[v].state = MODEL_UNAVAILABLE;
+            free(e->versions[v].reason);
+            e->versions[v].reason = xstrdup("unloaded");
+        }
+        e->state = MODEL_UNAVAILABLE;
+        free(e->reason);
+        e->reason = xstrdup("unloaded");
+        if (e->config) config_free(e->config);
+        e->config = NULL;
+        free(e->config_key);
+        e->config_key = NULL;
+        free(e->load_dir);
+        e->load_dir = NULL;
+    }
+    pthread_rwlock_unlock(&s->lock);
+    if (e) drop_unused_tmp_dirs(s, e);
+
+    for (size_t i = 0; i < n_deps; i++) {
+        if (dependents && depth < MAX_ENSEMBLE_DEPTH && !used_by_other(s, deps[i], name))
+            unload_model(s, deps[i], true, depth + 1);
+        free(deps[i]);
+    }
+    free(deps);
+}
+
+/* ---- Public control API ---- */
+
+static nereid_error_t *check_explicit(nereid_server_t *s)
+{
+    if (s->opts.model_control_mode != NEREID_MODEL_CONTROL_EXPLICIT)
+        return nereid_error_new(NEREID_ERROR_UNAVAILABLE,
+                                "explicit model load / unload is not allowed if polling is "
+                                "enabled");
+    if (atomic_load(&s->stopping))
+        return nereid_error_new(NEREID_ERROR_UNAVAILABLE, "Server not ready");
+    return NULL;
+}
+
+nereid_error_t *nereid_server_load_model(nereid_server_t *s, const char *model,
+                                         const char *config_json, const char *const *file_paths,
+                                         const void *const *file_contents, const size_t *file_sizes,
+                                         size_t n_files)
+{
+    nereid_error_t *err = check_explicit(s);
+    if (err) return err;
+    if (!valid_model_name(model))
+        return nereid_error_new(NEREID_ERROR_INVALID_ARG, "invalid model name '%s'",
+                                model ? model : "");
+    if (n_files && (!file_paths || !file_contents || !file_sizes))
+        return nereid_error_new(NEREID_ERROR_INVALID_ARG, "file overrides are incomplete");
+    pthread_mutex_lock(&s->control);
+    load_ctx_t ctx = {.depth = 0, .load_deps = true, .force = config_json || n_files};
+    ctx.chain[0] = model;
+    err = load_model(s, model, config_json, file_paths, file_contents, file_sizes, n_files, &ctx);
+    pthread_mutex_unlock(&s->control);
+    return err;
+}
+
+nereid_error_t *nereid_server_unload_model(nereid_server_t *s, const char *model,
+                                           bool unload_dependents)
+{
+    nereid_error_t *err = check_explicit(s);
+    if (err) return err;
+    if (!valid_model_name(model))
+        return nereid_error_new(NEREID_ERROR_INVALID_ARG, "invalid model name '%s'",
+                                model ? model : "");
+    pthread_mutex_lock(&s->control);
+    unload_model(s, model, unload_dependents, 0);
+    pthread_mutex_unlock(&s->control);
+    return NULL;
+}
+
+/* ---- Start-up ---- */
+
+typedef struct load_pool {
+    nereid_server_t *server;
+    char **names;
+    size_t n;
+    pthread_mutex_t lock;
+    size_t next;
+} load_pool_t;
+
+static void *load_worker(void *arg)
+{
+    load_pool_t *p = arg;
+    for (;;) {
+        pthread_mutex_lock(&p->lock);
+        size_t i = p->next++;
+        pthread_mutex_unlock(&p->lock);
+        if (i >= p->n) return NULL;
+        load_ctx_t ctx = {.depth = 0, .load_deps = false};
+        ctx.chain[0] = p->names[i];
+        nereid_error_free(load_model(p->server, p->names[i], NULL, NULL, NULL, NULL, 0, &ctx));
+    }
+}
+
+static void load_parallel(nereid_server_t *s, char **names, size_t n)
+{
+    load_pool_t pool = {.server = s, .names = names, .n = n};
+    pthread_mutex_init(&pool.lock, NULL);
+    size_t nt = s->opts.model_load_thread_count > 0 ? (size_t)s->opts.model_load_thread_count : 1;
+    if (nt > n) nt = n;
+    pthread_t *threads = xcalloc(nt ? nt : 1, sizeof *threads);
+    size_t started = 0;
+    for (size_t i = 0; i < nt; i++)
+        if (pthread_create(&threads[i], NULL, load_worker, &pool) == 0) started++;
+    if (started == 0) load_worker(&pool);
+    for (size_t i = 0; i < started; i++)
+        pthread_join(threads[i], NULL);
+    free(threads);
+    pthread_mutex_destroy(&pool.lock);
+}
+
+/* Whether dir's config.pbtxt declares an ensemble (cheap pre-read). */
+static bool dir_is_ensemble(nereid_server_t *s, const char *name, const char *dir)
+{
+    model_config_t *cfg = NULL;
+    nereid_error_t *err = read_config(s, name, dir, NULL, &cfg);
+    nereid_error_free(err);
+    bool ens = is_ensemble(cfg);
+    if (cfg) config_free(cfg);
+    return ens;
+}
+
+static bool wanted_at_start(nereid_server_t *s, const char *name)
+{
+    if (s->opts.model_control_mode != NEREID_MODEL_CONTROL_EXPLICIT) return true;
+    for (size_t i = 0; i < s->opts.n_load_models; i++)
+        if (strcmp(s->opts.load_models[i], "*") == 0 || strcmp(s->opts.load_models[i], name) == 0)
+            return true;
+    return false;
+}
+
+/* Model directory names across the repositories (sorted, unique). */
+static size_t scan_names(nereid_server_t *s, char ***out, nereid_error_t **err)
+{
+    char **names = NULL;
+    size_t n = 0;
+    *err = NULL;
+    for (size_t r = 0; r < s->n_repos; r++) {
+        DIR *d = opendir(s->repos[r]);
+        if (!d) {
+            if (!*err)
+                *err = nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                        "failed to open model repository '%s': %s", s->repos[r],
+                                        strerror(errno));
+            continue;
+        }
+        struct dirent *de;
+        while ((de = readdir(d))) {
+            if (de->d_name[0] == '.') continue;
+            char *dir = xasprintf("%s/%s", s->repos[r], de->d_name);
+            bool ok = is_dir(dir);
+            free(dir);
+            if (!ok) continue;
+            bool dup = false;
+            for (size_t i = 0; i < n; i++)
+                dup |= strcmp(names[i], de->d_name) == 0;
+            if (dup) continue;
+            names = xrealloc(names, (n + 1) * sizeof *names);
+            names[n++] = xstrdup(de->d_name);
+        }
+        closedir(d);
+    }
+    if (n) qsort(names, n, sizeof *names, cmp_str);
+    *out = names;
+    return n;
+}
+
+static void *poll_main(void *arg);
+
+nereid_error_t *repository_start(nereid_server_t *s)
+{
+    pthread_mutex_init(&s->control, NULL);
+    pthread_mutex_init(&s->poll_lock, NULL);
+    pthread_cond_init(&s->poll_cond, NULL);
+    char **names;
+    nereid_error_t *err;
+    size_t n = scan_names(s, &names, &err);
+    if (err) {
+        for (size_t i = 0; i < n; i++)
+            free(names[i]);
+        free(names);
+        return err;
+    }
+    /* Every model on disk is listed, even those never loaded. */
+    pthread_rwlock_wrlock(&s->lock);
+    for (size_t i = 0; i < n; i++) {
+        size_t count;
+        char *dir = locate(s, names[i], &count);
+        if (dir && !repository_find(s, names[i])) entry_add(s, names[i], dir);
+        free(dir);
+    }
+    pthread_rwlock_unlock(&s->lock);
+    /* Plain models in parallel, then ensembles (they need their steps). */
+    char **plain = xcalloc(n ? n : 1, sizeof *plain), **ens = xcalloc(n ? n : 1, sizeof *ens);
+    size_t n_plain = 0, n_ens = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!wanted_at_start(s, names[i])) continue;
+        size_t count;
+        char *dir = locate(s, names[i], &count);
+        if (dir && dir_is_ensemble(s, names[i], dir))
+            ens[n_ens++] = names[i];
+        else
+            plain[n_plain++] = names[i];
+        free(dir);
+    }
+    load_parallel(s, plain, n_plain);
+    for (size_t i = 0; i < n_ens; i++) {
+        if (model_ready(s, ens[i])) continue; /* loaded as another ensemble's step */
+        load_ctx_t ctx = {.depth = 0,
+                          .load_deps = s->opts.model_control_mode == NEREID_MODEL_CONTROL_EXPLICIT};
+        ctx.chain[0] = ens[i];
+        nereid_error_free(load_model(s, ens[i], NULL, NULL, NULL, NULL, 0, &ctx));
+    }
+    free(plain);
+    free(ens);
+    for (size_t i = 0; i < n; i++)
+        free(names[i]);
+    free(names);
+    if (s->opts.model_control_mode == NEREID_MODEL_CONTROL_POLL &&
+        pthread_create(&s->poll_thread, NULL, poll_main, s) == 0)
+        s->poll_started = true;
+    return NULL;
+}
+
+/* ---- Poll mode ---- */
+
+static void remove_entry(nereid_server_t *s, const char *name)
+{
+    unload_model(s, name, false, 0);
+    pthread_rwlock_wrlock(&s->lock);
+    for (size_t i = 0; i < s->n_models; i++) {
+        if (strcmp(s->models[i]->name, name) != 0) continue;
+        entry_free(s->models[i]);
+        memmove(&s->models[i], &s->models[i + 1], (s->n_models - i - 1) * sizeof *s->models);
+        s->n_models--;
+        break;
+    }
+    pthread_rwlock_unlock(&s->lock);
+    LOG_INFO("repository", "model '%s' was removed from the repository", name);
+}
+
+void repository_poll(nereid_server_t *s)
+{
+    pthread_mutex_lock(&s->control);
+    if (atomic_load(&s->stopping)) {
+        pthread_mutex_unlock(&s->control);
+        return;
+    }
+    char **names;
+    nereid_error_t *err;
+    size_t n = scan_names(s, &names, &err);
+    if (err) {
+        LOG_ERROR("repository", "%s", nereid_error_message(err));
+        nereid_error_free(err);
+    }
+    /* Removed models. */
+    char **gone = NULL;
+    size_t n_gone = 0;
+    pthread_rwlock_rdlock(&s->lock);
+    for (size_t i = 0; i < s->n_models; i++) {
+        bool present = false;
+        for (size_t j = 0; j < n && !present; j++)
+            present = strcmp(names[j], s->models[i]->name) == 0;
+        if (!present) {
+            gone = xrealloc(gone, (n_gone + 1) * sizeof *gone);
+            gone[n_gone++] = xstrdup(s->models[i]->name);
+        }
+    }
+    pthread_rwlock_unlock(&s->lock);
+    for (size_t i = 0; i < n_gone; i++) {
+        remove_entry(s, gone[i]);
+        free(gone[i]);
+    }
+    free(gone);
+    /* New and changed models: plain ones first so ensembles find their steps. */
+    for (int pass = 0; pass < 2; pass++) {
+        for (size_t i = 0; i < n; i++) {
+            size_t count;
+            char *dir = locate(s, names[i], &count);
+            if (!dir) continue;
+            uint64_t sig = tree_sig(dir, 14695981039346656037ULL, 0);
+            pthread_rwlock_rdlock(&s->lock);
+            model_entry_t *e = repository_find(s, names[i]);
+            bool changed = !e || e->tree_sig != sig;
+            pthread_rwlock_unlock(&s->lock);
+            if (changed && dir_is_ensemble(s, names[i], dir) == (pass == 1)) {
+                LOG_INFO("repository", "model '%s' changed on disk, (re)loading", names[i]);
+                load_ctx_t ctx = {.depth = 0, .load_deps = true};
+                ctx.chain[0] = names[i];
+                nereid_error_free(load_model(s, names[i], NULL, NULL, NULL, NULL, 0, &ctx));
+            }
+            free(dir);
+        }
+    }
+    for (size_t i = 0; i < n; i++)
+        free(names[i]);
+    free(names);
+    pthread_mutex_unlock(&s->control);
+}
+
+static void *poll_main(void *arg)
+{
+    nereid_server_t *s = arg;
+    int secs = s->opts.repository_poll_secs > 0 ? s->opts.repository_poll_secs : 15;
+    pthread_mutex_lock(&s->poll_lock);
+    while (!s->poll_stop) {
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_sec += secs;
+        while (!s->poll_stop &&
+               pthread_cond_timedwait(&s->poll_cond, &s->poll_lock, &until) != ETIMEDOUT) {
+        }
+        if (s->poll_stop) break;
+        pthread_mutex_unlock(&s->poll_lock);
+        repository_poll(s);
+        pthread_mutex_lock(&s->poll_lock);
+    }
+    pthread_mutex_unlock(&s->poll_lock);
+    return NULL;
+}
+
+/* ---- Shutdown ---- */
+
+void repository_stop(nereid_server_t *s)
+{
+    if (s->poll_started) {
+        pthread_mutex_lock(&s->poll_lock);
+        s->poll_stop = true;
+        pthread_cond_broadcast(&s->poll_cond);
+        pthread_mutex_unlock(&s->poll_lock);
+        pthread_join(s->poll_thread, NULL);
+        s->poll_started = false;
+    }
+    pthread_mutex_lock(&s->control);
+    pthread_rwlock_wrlock(&s->lock);
+    model_entry_t **models = s->models;
+    size_t n = s->n_models;
+    s->models = NULL;
+    s->n_models = 0;
+    pthread_rwlock_unlock(&s->lock);
+    /* Ensembles first: their in-flight steps then fail fast on lookup. */
+    for (int pass = 0; pass < 2; pass++)
+        for (size_t i = 0; i < n; i++) {
+            model_entry_t *e = models[i];
+            if (is_ensemble(e->config) != (pass == 0)) continue;
+            for (size_t v = 0; v < e->n_versions; v++)
+                if (e->versions[v].model) {
+                    model_unload(e->versions[v].model);
+                    e->versions[v].model = NULL;
+                }
+        }
+    for (size_t i = 0; i < n; i++)
+        entry_free(models[i]);
+    free(models);
+    pthread_mutex_unlock(&s->control);
+}

@@ -1,0 +1,72 @@
+/*
+ * This file contains the server's model repository state shared by
+ * server.c (lookups, documents) and repository.c (scanning, loading,
+ * reloading, unloading, polling): the server struct and its model entries.
+ *
+ * Locking: s->lock (rwlock) guards s->models and every entry's fields that
+ * lookups read; it is never held while a model loads or drains. s->control
+ * serializes every change of what is served (start-up loads excepted, which
+ * run before the server is shared).
+ */
+#ifndef NEREID_REPOSITORY_H
+#define NEREID_REPOSITORY_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "core/core.h"
+
+typedef struct version_entry {
+    int64_t version;
+    model_state_t state;
+    char *reason;
+    model_t *model; /* READY: the loaded model (the loader's reference) */
+} version_entry_t;
+
+typedef struct model_entry {
+    char *name;
+    char *dir;              /* <repository>/<name> */
+    model_config_t *config; /* config of the served versions, NULL if none */
+    char *config_key;       /* its JSON, to detect config changes */
+    char *load_dir;         /* where the served versions were loaded from */
+    model_state_t state;    /* UNKNOWN: never loaded; UNAVAILABLE: config/versions failed */
+    char *reason;
+    version_entry_t *versions;
+    size_t n_versions;
+    uint64_t tree_sig; /* poll: signature of the model directory when last loaded */
+    char **tmp_dirs;   /* override copies made for this model, removed with it */
+    size_t n_tmp_dirs;
+} model_entry_t;
+
+struct nereid_server {
+    char **repos;
+    size_t n_repos;
+    char *backend_dir;
+    char *server_id;
+    nereid_server_options_t opts;
+    pthread_rwlock_t lock; /* guards models and every entry's versions */
+    model_entry_t **models;
+    size_t n_models;
+    pthread_mutex_t control; /* serializes load / unload / poll */
+    pthread_t poll_thread;
+    bool poll_started;
+    pthread_mutex_t poll_lock;
+    pthread_cond_t poll_cond;
+    bool poll_stop;
+    _Atomic bool stopping;
+    _Atomic bool stopped;
+};
+
+/* Finds an entry by name; caller holds s->lock. */
+model_entry_t *repository_find(nereid_server_t *s, const char *name);
+
+/* Scans the repositories and loads what the mode asks for (in parallel);
+ * starts the poll thread in poll mode. Errors only for unreadable
+ * repositories. */
+nereid_error_t *repository_start(nereid_server_t *s);
+/* Stops polling, unloads every model (drains their queues), frees entries. */
+void repository_stop(nereid_server_t *s);
+/* One poll pass now (poll mode's thread calls it periodically). */
+void repository_poll(nereid_server_t *s);
+
+#endif

@@ -1,0 +1,696 @@
+/*
+ * This file contains the ensemble scheduler: a scheduler with no instances.
+ * Each ensemble request walks the steps of ensemble_scheduling. A step is
+ * submitted (nereid_server_infer_async on its composing model) as soon as
+ * every ensemble tensor it reads exists, so independent branches run in
+ * parallel; its completion callback publishes the tensors it wrote and
+ * submits the steps that became ready.
+ *
+ * Tensors are not copied: a step reads the ensemble's input memory or the
+ * output buffers of earlier steps' responses (kept until the ensemble request
+ * finishes), and a step output that is an ensemble output the client asked
+ * for is allocated straight in the client's response with its allocator.
+ *
+ * The first failing step fails the request with its message (steps already
+ * running finish first, because they read the request's memory).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/util.h"
+#include "sched/scheduler.h"
+
+typedef struct ens_tensor {
+    char *name;
+    bool known; /* datatype/shape resolved during validation */
+    nereid_datatype_t datatype;
+    int64_t shape[NEREID_MAX_RANK + 1]; /* full shape: -1 first when batched */
+    size_t rank;
+    size_t *consumers; /* steps reading it */
+    size_t n_consumers;
+} ens_tensor_t;
+
+typedef struct ens_map {
+    char *model_name; /* the composing model's input or output */
+    size_t tensor;    /* ensemble tensor index */
+} ens_map_t;
+
+typedef struct ens_step {
+    char *model;
+    int64_t version;
+    ens_map_t *in;
+    size_t n_in;
+    ens_map_t *out;
+    size_t n_out;
+} ens_step_t;
+
+typedef struct ensemble_scheduler {
+    scheduler_t base;
+    ens_tensor_t *tensors;
+    size_t n_tensors;
+    ens_step_t *steps;
+    size_t n_steps;
+    _Atomic bool stopped;
+} ensemble_t;
+
+/* ---- Per-request state ---- */
+
+typedef struct ens_value {
+    bool ready;
+    nereid_datatype_t datatype;
+    int64_t shape[NEREID_MAX_RANK];
+    size_t rank;
+    const void *data;
+    size_t byte_size;
+} ens_value_t;
+
+typedef struct ens_ctx ens_ctx_t;
+
+typedef struct ens_call {
+    ens_ctx_t *ctx;
+    size_t step;
+} ens_call_t;
+
+struct ens_ctx {
+    ensemble_t *e;
+    nereid_request_t *req;
+    pthread_mutex_t lock;
+    ens_value_t *values;
+    size_t *waiting; /* per step: inputs not yet available */
+    ens_call_t *calls;
+    size_t inflight; /* steps submitted and not completed, plus launch guards */
+    nereid_error_t *error;
+    nereid_response_t **responses; /* step responses owning intermediate tensors */
+    size_t n_responses;
+    model_stats_t agg; /* steps' queue and compute durations */
+};
+
+static char routed_marker;
+
+static size_t find_tensor(ensemble_t *e, const char *name)
+{
+    for (size_t i = 0; i < e->n_tensors; i++)
+        if (strcmp(e->tensors[i].name, name) == 0) return i;
+    return (size_t)-1;
+}
+
+static size_t tensor_index(ensemble_t *e, const char *name)
+{
+    size_t i = find_tensor(e, name);
+    if (i != (size_t)-1) return i;
+    e->tensors = xrealloc(e->tensors, (e->n_tensors + 1) * sizeof *e->tensors);
+    ens_tensor_t *t = &e->tensors[e->n_tensors];
+    memset(t, 0, sizeof *t);
+    t->name = xstrdup(name);
+    return e->n_tensors++;
+}
+
+static void ctx_free(ens_ctx_t *c)
+{
+    for (size_t i = 0; i < c->n_responses; i++)
+        nereid_response_free(c->responses[i]);
+    free(c->responses);
+    free(c->values);
+    free(c->waiting);
+    free(c->calls);
+    nereid_error_free(c->error);
+    pthread_mutex_destroy(&c->lock);
+    free(c);
+}
+
+/* Copies a ready value into an unfilled client slot (ensemble outputs that
+ * no step wrote into the client's memory, e.g. an input passed through). */
+static nereid_error_t *fill_slot_copy(nereid_request_t *req, resp_output_t *o, const ens_value_t *v)
+{
+    void *buf = NULL, *buf_userp = NULL;
+    if (req->alloc.alloc_fn) {
+        nereid_error_t *err = req->alloc.alloc_fn(req->alloc.userp, o->name, v->datatype, v->shape,
+                                                  v->rank, v->byte_size, &buf, &buf_userp);
+        if (err) return err;
+        if (!buf && v->byte_size)
+            return nereid_error_new(NEREID_ERROR_INTERNAL,
+                                    "response allocator returned no buffer for output '%s'",
+                                    o->name);
+    } else {
+        buf = xmalloc(v->byte_size ? v->byte_size : 1);
+    }
+    if (v->byte_size) memcpy(buf, v->data, v->byte_size);
+    o->data = buf;
+    o->buffer_userp = buf_userp;
+    o->byte_size = v->byte_size;
+    o->datatype = v->datatype;
+    o->rank = v->rank;
+    memcpy(o->shape, v->shape, v->rank * sizeof *v->shape);
+    o->allocated = true;
+    o->filled = true;
+    return NULL;
+}
+
+/* Finishes the ensemble request (ctx lock not held, no step in flight). */
+static void ctx_finish(ens_ctx_t *c)
+{
+    nereid_request_t *req = c->req;
+    model_t *m = req->model;
+    nereid_error_t *err = c->error;
+    c->error = NULL;
+    if (!err) {
+        nereid_response_t *resp = req->response;
+        for (size_t i = 0; i < resp->n_outputs && !err; i++) {
+            resp_output_t *o = &resp->outputs[i];
+            if (o->filled) continue;
+            size_t t = find_tensor(c->e, o->name);
+            if (t != (size_t)-1 && c->values[t].ready)
+                err = fill_slot_copy(req, o, &c->values[t]);
+            else
+                err = nereid_error_new(NEREID_ERROR_INTERNAL,
+                                       "in ensemble '%s', output '%s' was not produced", m->name,
+                                       o->name);
+        }
+    }
+    if (!err) {
+        model_stats_t *s = &m->stats;
+        atomic_fetch_add(&s->inference_count, (uint64_t)req->batch_size);
+        atomic_fetch_add(&s->execution_count, 1);
+        atomic_store(&s->last_inference_ms, util_wall_ms());
+        stats_add(&s->compute_input, atomic_load(&c->agg.compute_input.ns));
+        stats_add(&s->compute_infer, atomic_load(&c->agg.compute_infer.ns));
+        stats_add(&s->compute_output, atomic_load(&c->agg.compute_output.ns));
+        /* The ensemble's queue time is its steps' queue time: request_finish
+         * records t_compute_start - t_queue_start. */
+        uint64_t q = atomic_load(&c->agg.queue.ns);
+        req->t_queue_start_ns = 1;
+        req->t_compute_start_ns = 1 + q;
+    }
+    request_finish(req, err, FAILURE_BACKEND);
+    ctx_free(c);
+}
+
+static void launch(ens_ctx_t *c, size_t step);
+
+/* Drops one in-flight count; launches steps that became ready. */
+static void ctx_release(ens_ctx_t *c, size_t *ready, size_t n_ready)
+{
+    for (size_t i = 0; i < n_ready; i++)
+        launch(c, ready[i]);
+    pthread_mutex_lock(&c->lock);
+    bool done = --c->inflight == 0;
+    pthread_mutex_unlock(&c->lock);
+    if (done) ctx_finish(c);
+}
+
+/* Marks tensor t ready (ctx lock held); appends steps now runnable. */
+static void publish(ens_ctx_t *c, size_t t, size_t *ready, size_t *n_ready)
+{
+    ens_tensor_t *tensor = &c->e->tensors[t];
+    for (size_t k = 0; k < tensor->n_consumers; k++) {
+        size_t s = tensor->consumers[k];
+        if (--c->waiting[s] == 0 && !c->error) {
+            ready[(*n_ready)++] = s;
+            c->inflight++;
+        }
+    }
+}
+
+static void fail_locked(ens_ctx_t *c, nereid_error_t *err)
+{
+    if (!c->error)
+        c->error = err;
+    else
+        nereid_error_free(err);
+}
+
+/* A step's output allocator: ensemble outputs the client asked for go
+ * straight into the client's response. */
+static nereid_error_t *step_alloc(void *userp, const char *output_name, nereid_datatype_t dt,
+                                  const int64_t *shape, size_t rank, size_t byte_size,
+                                  void **buffer, void **buffer_userp)
+{
+    ens_call_t *call = userp;
+    ens_ctx_t *c = call->ctx;
+    ens_step_t *st = &c->e->steps[call->step];
+    const char *tensor = NULL;
+    for (size_t i = 0; i < st->n_out; i++)
+        if (strcmp(st->out[i].model_name, output_name) == 0)
+            tensor = c->e->tensors[st->out[i].tensor].name;
+    nereid_request_t *req = c->req;
+    pthread_mutex_lock(&c->lock);
+    resp_output_t *o = tensor ? request_find_output(req, tensor) : NULL;
+    if (o && !o->filled && !o->allocated) {
+        void *buf = NULL, *buf_userp = NULL;
+        if (req->alloc.alloc_fn) {
+            nereid_error_t *err = req->alloc.alloc_fn(req->alloc.userp, o->name, dt, shape, rank,
+                                                      byte_size, &buf, &buf_userp);
+            if (err) {
+                pthread_mutex_unlock(&c->lock);
+                return err;
+            }
+            if (!buf && byte_size) {
+                pthread_mutex_unlock(&c->lock);
+                return nereid_error_new(NEREID_ERROR_INTERNAL,
+                                        "response allocator returned no buffer for output '%s'",
+                                        o->name);
+            }
+        } else {
+            buf = xmalloc(byte_size ? byte_size : 1);
+        }
+        o->data = buf;
+        o->buffer_userp = buf_userp;
+        o->byte_size = byte_size;
+        o->datatype = dt;
+        o->rank = rank < NEREID_MAX_RANK ? rank : NEREID_MAX_RANK;
+        memcpy(o->shape, shape, o->rank * sizeof *shape);
+        o->allocated = true;
+        pthread_mutex_unlock(&c->lock);
+        *buffer = buf;
+        *buffer_userp = &routed_marker;
+        return NULL;
+    }
+    pthread_mutex_unlock(&c->lock);
+    *buffer = xmalloc(byte_size ? byte_size : 1);
+    *buffer_userp = NULL;
+    return NULL;
+}
+
+static void step_release(void *userp, void *buffer, void *buffer_userp, size_t byte_size)
+{
+    (void)userp, (void)byte_size;
+    if (buffer_userp != &routed_marker) free(buffer);
+}
+
+static void step_done(nereid_response_t *resp, void *userp)
+{
+    ens_call_t *call = userp;
+    ens_ctx_t *c = call->ctx;
+    ens_step_t *st = &c->e->steps[call->step];
+    size_t *ready = xcalloc(c->e->n_steps ? c->e->n_steps : 1, sizeof *ready);
+    size_t n_ready = 0;
+    pthread_mutex_lock(&c->lock);
+    const nereid_error_t *rerr = nereid_response_error(resp);
+    if (rerr) {
+        fail_locked(c, nereid_error_new(nereid_error_code(rerr), "%s", nereid_error_message(rerr)));
+        nereid_response_free(resp);
+    } else {
+        c->responses = xrealloc(c->responses, (c->n_responses + 1) * sizeof *c->responses);
+        c->responses[c->n_responses++] = resp;
+        for (size_t i = 0; i < st->n_out; i++) {
+            size_t t = st->out[i].tensor;
+            ens_value_t *v = &c->values[t];
+            bool found = false;
+            for (size_t k = 0; k < nereid_response_output_count(resp) && !found; k++) {
+                const char *name;
+                const int64_t *shape;
+                nereid_response_output(resp, k, &name, &v->datatype, &shape, &v->rank, &v->data,
+                                       &v->byte_size, NULL);
+                if (strcmp(name, st->out[i].model_name) != 0) continue;
+                found = true;
+                if (v->rank > NEREID_MAX_RANK) v->rank = NEREID_MAX_RANK;
+                memcpy(v->shape, shape, v->rank * sizeof *shape);
+            }
+            if (!found) {
+                fail_locked(c, nereid_error_new(NEREID_ERROR_INTERNAL,
+                                                "in ensemble '%s', step model '%s' did not "
+                                                "produce output '%s'",
+                                                c->req->model->name, st->model,
+                                                st->out[i].model_name));
+                break;
+            }
+            /* A routed ensemble output is now filled in the client response. */
+            resp_output_t *o = request_find_output(c->req, c->e->tensors[t].name);
+            if (o && o->allocated && o->data == v->data) o->filled = true;
+            v->ready = true;
+            publish(c, t, ready, &n_ready);
+        }
+    }
+    pthread_mutex_unlock(&c->lock);
+    ctx_release(c, ready, n_ready);
+    free(ready);
+}
+
+static void copy_params(nereid_request_t *dst, const nereid_request_t *src)
+{
+    for (size_t i = 0; i < src->n_params; i++) {
+        const req_param_t *p = &src->params[i];
+        nereid_error_t *err = NULL;
+        switch (p->type) {
+        case PARAM_STRING:
+            err = nereid_request_set_parameter_string(dst, p->key, p->s);
+            break;
+        case PARAM_INT:
+            err = nereid_request_set_parameter_int(dst, p->key, p->i);
+            break;
+        case PARAM_BOOL:
+            err = nereid_request_set_parameter_bool(dst, p->key, p->b);
+            break;
+        case PARAM_DOUBLE:
+            err = nereid_request_set_parameter_double(dst, p->key, p->d);
+            break;
+        }
+        nereid_error_free(err);
+    }
+}
+
+/* Submits one step (its in-flight count was taken by the caller). */
+static void launch(ens_ctx_t *c, size_t step)
+{
+    ens_step_t *st = &c->e->steps[step];
+    nereid_request_t *src = c->req;
+    nereid_request_t *r = NULL;
+    nereid_error_t *err = nereid_request_new(src->server, st->model, st->version, &r);
+    if (!err && src->id) err = nereid_request_set_id(r, src->id);
+    for (size_t i = 0; !err && i < st->n_in; i++) {
+        const ens_value_t *v = &c->values[st->in[i].tensor];
+        err = nereid_request_add_input(r, st->in[i].model_name, v->datatype, v->shape, v->rank,
+                                       v->data, v->byte_size);
+    }
+    for (size_t i = 0; !err && i < st->n_out; i++)
+        err = nereid_request_add_requested_output(r, st->out[i].model_name, 0);
+    if (!err) {
+        nereid_request_set_priority(r, src->priority);
+        nereid_request_set_timeout_us(r, src->timeout_us);
+        if (src->corr_id_str)
+            err = nereid_request_set_correlation_id_string(r, src->corr_id_str);
+        else if (src->corr_id)
+            nereid_request_set_correlation_id(r, src->corr_id);
+        nereid_request_set_sequence_flags(r, src->seq_start, src->seq_end);
+        copy_params(r, src);
+    }
+    if (!err) {
+        r->parent_stats = &c->agg;
+        nereid_response_allocator_t alloc = {
+            .alloc_fn = step_alloc, .release_fn = step_release, .userp = &c->calls[step]};
+        err = nereid_server_infer_async(src->server, r, &alloc, step_done, &c->calls[step]);
+    }
+    if (err) {
+        if (r) nereid_request_free(r);
+        pthread_mutex_lock(&c->lock);
+        fail_locked(c, err);
+        pthread_mutex_unlock(&c->lock);
+        ctx_release(c, NULL, 0);
+    }
+}
+
+/* ---- Scheduler ops ---- */
+
+static nereid_error_t *ensemble_enqueue(scheduler_t *s, nereid_request_t *req)
+{
+    ensemble_t *e = (ensemble_t *)s;
+    if (atomic_load(&e->stopped))
+        return nereid_error_new(NEREID_ERROR_UNAVAILABLE, "Server not ready");
+    ens_ctx_t *c = xcalloc(1, sizeof *c);
+    c->e = e;
+    c->req = req;
+    pthread_mutex_init(&c->lock, NULL);
+    c->values = xcalloc(e->n_tensors ? e->n_tensors : 1, sizeof *c->values);
+    c->waiting = xcalloc(e->n_steps ? e->n_steps : 1, sizeof *c->waiting);
+    c->calls = xcalloc(e->n_steps ? e->n_steps : 1, sizeof *c->calls);
+    for (size_t i = 0; i < e->n_steps; i++) {
+        c->calls[i].ctx = c;
+        c->calls[i].step = i;
+        c->waiting[i] = e->steps[i].n_in;
+    }
+    req->t_compute_start_ns = util_now_ns();
+    size_t *ready = xcalloc(e->n_steps ? e->n_steps : 1, sizeof *ready);
+    size_t n_ready = 0;
+    pthread_mutex_lock(&c->lock);
+    c->inflight = 1; /* guard: released once the first steps are submitted */
+    for (size_t i = 0; i < req->n_inputs; i++) {
+        size_t t = find_tensor(e, req->inputs[i].name);
+        if (t == (size_t)-1) continue;
+        ens_value_t *v = &c->values[t];
+        v->datatype = req->inputs[i].datatype;
+        v->rank = req->inputs[i].rank;
+        memcpy(v->shape, req->inputs[i].shape, v->rank * sizeof *v->shape);
+        v->data = req->inputs[i].data;
+        v->byte_size = req->inputs[i].byte_size;
+        v->ready = true;
+        publish(c, t, ready, &n_ready);
+    }
+    /* Steps without inputs (none in a valid config) would never start. */
+    pthread_mutex_unlock(&c->lock);
+    ctx_release(c, ready, n_ready);
+    free(ready);
+    return NULL;
+}
+
+static void ensemble_stop(scheduler_t *s)
+{
+    atomic_store(&((ensemble_t *)s)->stopped, true);
+}
+
+static void ensemble_destroy(scheduler_t *s)
+{
+    ensemble_t *e = (ensemble_t *)s;
+    for (size_t i = 0; i < e->n_tensors; i++) {
+        free(e->tensors[i].name);
+        free(e->tensors[i].consumers);
+    }
+    free(e->tensors);
+    for (size_t i = 0; i < e->n_steps; i++) {
+        ens_step_t *st = &e->steps[i];
+        free(st->model);
+        for (size_t k = 0; k < st->n_in; k++)
+            free(st->in[k].model_name);
+        for (size_t k = 0; k < st->n_out; k++)
+            free(st->out[k].model_name);
+        free(st->in);
+        free(st->out);
+    }
+    free(e->steps);
+    free(e);
+}
+
+static const scheduler_ops_t ensemble_ops = {
+    .name = "ensemble",
+    .enqueue = ensemble_enqueue,
+    .next_batch = NULL,
+    .stop = ensemble_stop,
+    .destroy = ensemble_destroy,
+};
+
+/* ---- Load-time validation ---- */
+
+static void full_shape(const model_io_t *io, bool batched, int64_t *out, size_t *rank)
+{
+    size_t k = 0;
+    if (batched) out[k++] = -1;
+    for (size_t d = 0; d < io->rank && k <= NEREID_MAX_RANK; d++)
+        out[k++] = io->dims[d];
+    *rank = k;
+}
+
+static bool shapes_agree(const int64_t *a, size_t ra, const int64_t *b, size_t rb)
+{
+    if (ra != rb) return false;
+    for (size_t i = 0; i < ra; i++)
+        if (a[i] != b[i] && a[i] != -1 && b[i] != -1) return false;
+    return true;
+}
+
+static void format_shape(char *buf, size_t cap, const int64_t *s, size_t rank)
+{
+    size_t n = (size_t)snprintf(buf, cap, "[");
+    for (size_t i = 0; i < rank && n < cap; i++)
+        n += (size_t)snprintf(buf + n, cap - n, "%s%lld", i ? "," : "", (long long)s[i]);
+    if (n < cap) snprintf(buf + n, cap - n, "]");
+}
+
+static const model_io_t *find_io(const model_io_t *ios, size_t n, const char *name)
+{
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(ios[i].name, name) == 0) return &ios[i];
+    return NULL;
+}
+
+/* Checks the step's inputs against the known tensors and defines its
+ * outputs. Returns NULL, or an error. */
+static nereid_error_t *check_step(ensemble_t *e, model_t *ens, ens_step_t *st, model_t *sm)
+{
+    bool batched = sm->max_batch_size > 0;
+    if (ens->max_batch_size > 0 && sm->max_batch_size < ens->max_batch_size)
+        return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                "ensemble %s allows maximum batch size %lld, but it contains "
+                                "model %s which only allows maximum batch size to be %lld",
+                                ens->name, (long long)ens->max_batch_size, sm->name,
+                                (long long)sm->max_batch_size);
+    for (size_t i = 0; i < st->n_in; i++) {
+        const model_io_t *io = find_io(sm->inputs, sm->n_inputs, st->in[i].model_name);
+        if (!io)
+            return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                    "in ensemble %s, ensemble tensor %s is mapped to non-existing "
+                                    "input %s of model %s",
+                                    ens->name, e->tensors[st->in[i].tensor].name,
+                                    st->in[i].model_name, sm->name);
+        ens_tensor_t *t = &e->tensors[st->in[i].tensor];
+        int64_t shape[NEREID_MAX_RANK + 1];
+        size_t rank;
+        full_shape(io, batched, shape, &rank);
+        if (t->datatype != io->datatype)
+            return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                    "in ensemble %s, input %s of model %s has datatype %s, but "
+                                    "ensemble tensor %s has datatype %s",
+                                    ens->name, io->name, sm->name,
+                                    nereid_datatype_name(io->datatype), t->name,
+                                    nereid_datatype_name(t->datatype));
+        if (!shapes_agree(t->shape, t->rank, shape, rank)) {
+            char a[256], b[256];
+            format_shape(a, sizeof a, shape, rank);
+            format_shape(b, sizeof b, t->shape, t->rank);
+            return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                    "in ensemble %s, input %s of model %s has shape %s, but "
+                                    "ensemble tensor %s has shape %s",
+                                    ens->name, io->name, sm->name, a, t->name, b);
+        }
+    }
+    for (size_t i = 0; i < st->n_out; i++) {
+        const model_io_t *io = find_io(sm->outputs, sm->n_outputs, st->out[i].model_name);
+        if (!io)
+            return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                    "in ensemble %s, ensemble tensor %s is mapped from "
+                                    "non-existing output %s of model %s",
+                                    ens->name, e->tensors[st->out[i].tensor].name,
+                                    st->out[i].model_name, sm->name);
+        ens_tensor_t *t = &e->tensors[st->out[i].tensor];
+        if (t->known)
+            return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                    "ensemble tensor '%s' can appear in an output map only once "
+                                    "for ensemble '%s'",
+                                    t->name, ens->name);
+        t->known = true;
+        t->datatype = io->datatype;
+        full_shape(io, batched, t->shape, &t->rank);
+    }
+    return NULL;
+}
+
+static nereid_error_t *validate(ensemble_t *e, model_t *ens)
+{
+    bool batched = ens->max_batch_size > 0;
+    for (size_t i = 0; i < ens->n_inputs; i++) {
+        size_t t = find_tensor(e, ens->inputs[i].name);
+        if (t == (size_t)-1) continue; /* unused input: the config check reports it */
+        e->tensors[t].known = true;
+        e->tensors[t].datatype = ens->inputs[i].datatype;
+        full_shape(&ens->inputs[i], batched, e->tensors[t].shape, &e->tensors[t].rank);
+    }
+    bool *checked = xcalloc(e->n_steps ? e->n_steps : 1, sizeof *checked);
+    size_t n_checked = 0;
+    nereid_error_t *err = NULL;
+    /* Resolve steps in dependency order; what is left over forms a cycle. */
+    for (bool progress = true; progress && !err && n_checked < e->n_steps;) {
+        progress = false;
+        for (size_t s = 0; s < e->n_steps && !err; s++) {
+            if (checked[s]) continue;
+            ens_step_t *st = &e->steps[s];
+            bool inputs_known = true;
+            for (size_t i = 0; i < st->n_in; i++)
+                inputs_known &= e->tensors[st->in[i].tensor].known;
+            if (!inputs_known) continue;
+            model_t *sm = NULL;
+            err = server_lookup_model(ens->server, st->model, st->version, &sm);
+            if (err) {
+                nereid_error_t *wrapped =
+                    nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                     "ensemble '%s' depends on '%s' which has no loaded "
+                                     "version: %s",
+                                     ens->name, st->model, nereid_error_message(err));
+                nereid_error_free(err);
+                err = wrapped;
+                break;
+            }
+            err = check_step(e, ens, st, sm);
+            model_unref(sm);
+            checked[s] = true;
+            n_checked++;
+            progress = true;
+        }
+    }
+    if (!err && n_checked < e->n_steps) {
+        for (size_t s = 0; s < e->n_steps; s++)
+            if (!checked[s]) {
+                err = nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                       "ensemble '%s' has a cycle or a step whose inputs are never "
+                                       "produced: step %zu (model '%s')",
+                                       ens->name, s, e->steps[s].model);
+                break;
+            }
+    }
+    free(checked);
+    for (size_t i = 0; !err && i < ens->n_outputs; i++) {
+        const model_io_t *io = &ens->outputs[i];
+        size_t t = find_tensor(e, io->name);
+        if (t == (size_t)-1 || !e->tensors[t].known) {
+            err = nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                   "output '%s' for ensemble '%s' is not written", io->name,
+                                   ens->name);
+            break;
+        }
+        ens_tensor_t *tt = &e->tensors[t];
+        int64_t shape[NEREID_MAX_RANK + 1];
+        size_t rank;
+        full_shape(io, batched, shape, &rank);
+        if (tt->datatype != io->datatype) {
+            err = nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                   "in ensemble %s, ensemble output %s has datatype %s, but the "
+                                   "tensor written to it has datatype %s",
+                                   ens->name, io->name, nereid_datatype_name(io->datatype),
+                                   nereid_datatype_name(tt->datatype));
+        } else if (!shapes_agree(tt->shape, tt->rank, shape, rank)) {
+            char a[256], b[256];
+            format_shape(a, sizeof a, shape, rank);
+            format_shape(b, sizeof b, tt->shape, tt->rank);
+            err = nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                   "in ensemble %s, ensemble output %s has shape %s, but the "
+                                   "tensor written to it has shape %s",
+                                   ens->name, io->name, a, b);
+        }
+    }
+    return err;
+}
+
+nereid_error_t *ensemble_scheduler_create(model_t *m, scheduler_t **out)
+{
+    *out = NULL;
+    const Inference__ModelEnsembling *es = m->config->ensemble_scheduling;
+    if (!es || es->n_step == 0)
+        return nereid_error_new(NEREID_ERROR_INVALID_ARG, "must specify 'step' for ensemble '%s'",
+                                m->name);
+    ensemble_t *e = xcalloc(1, sizeof *e);
+    e->base.ops = &ensemble_ops;
+    e->base.model = m;
+    e->steps = xcalloc(es->n_step, sizeof *e->steps);
+    e->n_steps = es->n_step;
+    for (size_t s = 0; s < es->n_step; s++) {
+        const Inference__ModelEnsembling__Step *src = es->step[s];
+        ens_step_t *st = &e->steps[s];
+        st->model = xstrdup(src->model_name);
+        st->version = src->model_version > 0 ? src->model_version : -1;
+        st->in = xcalloc(src->n_input_map ? src->n_input_map : 1, sizeof *st->in);
+        st->n_in = src->n_input_map;
+        for (size_t i = 0; i < src->n_input_map; i++) {
+            st->in[i].model_name = xstrdup(src->input_map[i]->key);
+            st->in[i].tensor = tensor_index(e, src->input_map[i]->value);
+        }
+        st->out = xcalloc(src->n_output_map ? src->n_output_map : 1, sizeof *st->out);
+        st->n_out = src->n_output_map;
+        for (size_t i = 0; i < src->n_output_map; i++) {
+            st->out[i].model_name = xstrdup(src->output_map[i]->key);
+            st->out[i].tensor = tensor_index(e, src->output_map[i]->value);
+        }
+    }
+    /* Consumers: a step reading one tensor through two inputs waits once
+     * per input, so it is listed once per input too. */
+    for (size_t s = 0; s < e->n_steps; s++)
+        for (size_t i = 0; i < e->steps[s].n_in; i++) {
+            ens_tensor_t *t = &e->tensors[e->steps[s].in[i].tensor];
+            t->consumers = xrealloc(t->consumers, (t->n_consumers + 1) * sizeof *t->consumers);
+            t->consumers[t->n_consumers++] = s;
+        }
+    nereid_error_t *err = validate(e, m);
+    if (err) {
+        ensemble_destroy(&e->base);
+        return err;
+    }
+    *out = &e->base;
+    return NULL;
+}

@@ -1,0 +1,63 @@
+"""Command-line behaviour of the real binary: Triton's flags, clear failures."""
+import subprocess
+
+import requests
+
+from conftest import EXAMPLES, NEREID
+
+
+def run(*args):
+    return subprocess.run([NEREID, *args], capture_output=True, text=True, timeout=60)
+
+
+def test_help_lists_triton_flags():
+    r = run("--help")
+    assert r.returncode == 0
+    for flag in ("--model-repository", "--http-port", "--grpc-port", "--metrics-port",
+                 "--model-control-mode", "--load-model", "--repository-poll-secs",
+                 "--strict-model-config", "--exit-on-error", "--log-verbose",
+                 "--backend-directory", "--allow-http", "--allow-grpc", "--allow-metrics"):
+        assert flag in r.stdout, flag
+
+
+def test_unknown_flag_fails_clearly():
+    r = run("--model-repository", EXAMPLES, "--no-such-flag=1")
+    assert r.returncode == 2
+    assert "unrecognized flag '--no-such-flag'" in r.stderr
+
+
+def test_bad_values_fail_clearly():
+    r = run("--model-repository", EXAMPLES, "--http-port=eighty")
+    assert r.returncode == 2 and "invalid argument for --http-port: 'eighty'" in r.stderr
+    r = run("--model-repository", EXAMPLES, "--model-control-mode=sometimes")
+    assert r.returncode == 2 and "invalid argument for --model-control-mode" in r.stderr
+    r = run("--model-repository", EXAMPLES, "--exit-on-error=maybe")
+    assert r.returncode == 2
+    r = run("--model-repository")
+    assert r.returncode == 2 and "needs a value" in r.stderr
+
+
+def test_repository_is_required():
+    r = run("--http-port=0")
+    assert r.returncode == 2 and "--model-repository must be specified" in r.stderr
+
+
+def test_missing_repository_fails_startup(tmp_path):
+    r = run(f"--model-repository={tmp_path}/absent", "--allow-grpc=false")
+    assert r.returncode == 1 and "failed to open model repository" in r.stderr
+
+
+def test_unsupported_security_flags_are_refused():
+    r = run("--model-repository", EXAMPLES, "--grpc-use-ssl=true")
+    assert r.returncode == 2 and "--grpc-use-ssl is not supported" in r.stderr
+    r = run("--model-repository", EXAMPLES, "--http-restricted-api=inference:key=value")
+    assert r.returncode == 2 and "--http-restricted-api is not supported" in r.stderr
+
+
+def test_ignored_tuning_flags_warn_and_serve(nereid_server):
+    s = nereid_server(EXAMPLES, "--backend-config=onnxruntime,default-max-batch-size=4",
+                      "--pinned-memory-pool-byte-size=0", "--log-info=false")
+    assert requests.get(s.http_url + "/v2/health/live").status_code == 200
+    out = s.output()
+    assert "--backend-config is accepted for Triton compatibility" in out
+    assert "successfully loaded" not in out  # --log-info=false silences info lines

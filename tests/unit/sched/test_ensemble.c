@@ -1,0 +1,359 @@
+/*
+ * This file contains unit tests of the ensemble scheduler through the
+ * in-process API: results of a two-step chain, parallel branches taking about
+ * one branch's time, step error propagation, statistics of the ensemble and
+ * its composing models, load-time validation errors, and a client allocator
+ * receiving the ensemble outputs.
+ */
+#include "check.h"
+#include "server_util.h"
+
+#define INT4 "data_type: TYPE_INT32 dims: [ 4 ]"
+
+static void make_models(void)
+{
+    make_repo_dir("ensemble");
+    write_model("add_sub",
+                "backend: \"add_sub\" max_batch_size: 8\n"
+                "input [ { name: \"INPUT0\" " INT4 " }, { name: \"INPUT1\" " INT4 " } ]\n"
+                "output [ { name: \"OUTPUT0\" " INT4 " }, { name: \"OUTPUT1\" " INT4 " } ]\n");
+    /* OUT_SUM = (a+b)+(a-b) = 2a, OUT_DIFF = (a+b)-(a-b) = 2b */
+    write_model("chain",
+                "platform: \"ensemble\" max_batch_size: 8\n"
+                "input [ { name: \"A\" " INT4 " }, { name: \"B\" " INT4 " } ]\n"
+                "output [ { name: \"OUT_SUM\" " INT4 " }, { name: \"OUT_DIFF\" " INT4 " } ]\n"
+                "ensemble_scheduling { step [\n"
+                "  { model_name: \"add_sub\" model_version: -1\n"
+                "    input_map { key: \"INPUT0\" value: \"A\" } input_map { key: \"INPUT1\" value: "
+                "\"B\" }\n"
+                "    output_map { key: \"OUTPUT0\" value: \"S\" } output_map { key: \"OUTPUT1\" "
+                "value: \"D\" } },\n"
+                "  { model_name: \"add_sub\" model_version: -1\n"
+                "    input_map { key: \"INPUT0\" value: \"S\" } input_map { key: \"INPUT1\" value: "
+                "\"D\" }\n"
+                "    output_map { key: \"OUTPUT0\" value: \"OUT_SUM\" } output_map { key: "
+                "\"OUTPUT1\" value: \"OUT_DIFF\" } } ] }\n");
+    const char *slow = "backend: \"testing\" max_batch_size: 8\n"
+                       "parameters { key: \"execute_delay_ms\" value { string_value: \"300\" } }\n"
+                       "input [ { name: \"INPUT0\" data_type: TYPE_FP32 dims: [ 2 ] } ]\n"
+                       "output [ { name: \"OUTPUT0\" data_type: TYPE_FP32 dims: [ 2 ] } ]\n";
+    write_model("slow_a", slow);
+    write_model("slow_b", slow);
+    write_model("fails", "backend: \"testing\" max_batch_size: 8\n"
+                         "parameters { key: \"fail_execute\" value { string_value: \"true\" } }\n"
+                         "input [ { name: \"INPUT0\" data_type: TYPE_FP32 dims: [ 2 ] } ]\n"
+                         "output [ { name: \"OUTPUT0\" data_type: TYPE_FP32 dims: [ 2 ] } ]\n");
+    const char *par = "platform: \"ensemble\" max_batch_size: 8\n"
+                      "input [ { name: \"X\" data_type: TYPE_FP32 dims: [ 2 ] } ]\n"
+                      "output [ { name: \"P\" data_type: TYPE_FP32 dims: [ 2 ] },\n"
+                      "         { name: \"Q\" data_type: TYPE_FP32 dims: [ 2 ] } ]\n"
+                      "ensemble_scheduling { step [\n"
+                      "  { model_name: \"slow_a\" input_map { key: \"INPUT0\" value: \"X\" }\n"
+                      "    output_map { key: \"OUTPUT0\" value: \"P\" } },\n"
+                      "  { model_name: \"%s\" input_map { key: \"INPUT0\" value: \"X\" }\n"
+                      "    output_map { key: \"OUTPUT0\" value: \"Q\" } } ] }\n";
+    char buf[2048];
+    snprintf(buf, sizeof buf, par, "slow_b");
+    write_model("parallel", buf);
+    snprintf(buf, sizeof buf, par, "fails");
+    write_model("broken_step", buf);
+    /* A dynamically batched step batches across ensemble requests. */
+    write_model("batched", "backend: \"testing\" max_batch_size: 8\n"
+                           "dynamic_batching { max_queue_delay_microseconds: 200000 }\n"
+                           "input [ { name: \"INPUT0\" data_type: TYPE_FP32 dims: [ 2 ] } ]\n"
+                           "output [ { name: \"OUTPUT0\" data_type: TYPE_FP32 dims: [ 2 ] } ]\n");
+    write_model("via_batched", "platform: \"ensemble\" max_batch_size: 8\n"
+                               "input [ { name: \"X\" data_type: TYPE_FP32 dims: [ 2 ] } ]\n"
+                               "output [ { name: \"P\" data_type: TYPE_FP32 dims: [ 2 ] } ]\n"
+                               "ensemble_scheduling { step [ { model_name: \"batched\"\n"
+                               "  input_map { key: \"INPUT0\" value: \"X\" }\n"
+                               "  output_map { key: \"OUTPUT0\" value: \"P\" } } ] }\n");
+    /* Load-time validation failures. */
+    write_model("bad_type",
+                "platform: \"ensemble\" max_batch_size: 8\n"
+                "input [ { name: \"X\" data_type: TYPE_FP32 dims: [ 4 ] } ]\n"
+                "output [ { name: \"Y\" " INT4 " } ]\n"
+                "ensemble_scheduling { step [ { model_name: \"add_sub\"\n"
+                "  input_map { key: \"INPUT0\" value: \"X\" } input_map { key: \"INPUT1\" value: "
+                "\"X\" }\n"
+                "  output_map { key: \"OUTPUT0\" value: \"Y\" } } ] }\n");
+    write_model("bad_shape",
+                "platform: \"ensemble\" max_batch_size: 8\n"
+                "input [ { name: \"X\" data_type: TYPE_INT32 dims: [ 3 ] } ]\n"
+                "output [ { name: \"Y\" " INT4 " } ]\n"
+                "ensemble_scheduling { step [ { model_name: \"add_sub\"\n"
+                "  input_map { key: \"INPUT0\" value: \"X\" } input_map { key: \"INPUT1\" value: "
+                "\"X\" }\n"
+                "  output_map { key: \"OUTPUT0\" value: \"Y\" } } ] }\n");
+    write_model("missing_step", "platform: \"ensemble\" max_batch_size: 8\n"
+                                "input [ { name: \"X\" " INT4 " } ]\n"
+                                "output [ { name: \"Y\" " INT4 " } ]\n"
+                                "ensemble_scheduling { step [ { model_name: \"no_such_model\"\n"
+                                "  input_map { key: \"INPUT0\" value: \"X\" }\n"
+                                "  output_map { key: \"OUTPUT0\" value: \"Y\" } } ] }\n");
+    /* Two ensembles using each other. */
+    const char *cyc = "platform: \"ensemble\" max_batch_size: 8\n"
+                      "input [ { name: \"X\" " INT4 " } ]\n"
+                      "output [ { name: \"Y\" " INT4 " } ]\n"
+                      "ensemble_scheduling { step [ { model_name: \"%s\"\n"
+                      "  input_map { key: \"X\" value: \"X\" }\n"
+                      "  output_map { key: \"Y\" value: \"Y\" } } ] }\n";
+    snprintf(buf, sizeof buf, cyc, "cycle_b");
+    write_model("cycle_a", buf);
+    snprintf(buf, sizeof buf, cyc, "cycle_a");
+    write_model("cycle_b", buf);
+}
+
+static nereid_request_t *chain_request(nereid_server_t *s, const int32_t *a, const int32_t *b)
+{
+    static const int64_t shape[2] = {1, 4};
+    nereid_request_t *req;
+    CHECK(nereid_request_new(s, "chain", 0, &req) == NULL);
+    nereid_request_add_input(req, "A", NEREID_TYPE_INT32, shape, 2, a, 16);
+    nereid_request_add_input(req, "B", NEREID_TYPE_INT32, shape, 2, b, 16);
+    return req;
+}
+
+static void test_chain(nereid_server_t *s)
+{
+    int32_t a[4] = {1, 2, 3, 4}, b[4] = {10, 20, 30, 40};
+    nereid_error_t *err;
+    nereid_response_t *resp = infer_sync(s, chain_request(s, a, b), &err);
+    CHECK(err == NULL && resp && !nereid_response_error(resp));
+    if (!resp) return;
+    CHECK(strcmp(nereid_response_model_name(resp), "chain") == 0);
+    CHECK(nereid_response_output_count(resp) == 2);
+    for (size_t i = 0; i < nereid_response_output_count(resp); i++) {
+        const char *name;
+        nereid_datatype_t dt;
+        const int64_t *shape;
+        size_t rank, size;
+        const void *data;
+        nereid_response_output(resp, i, &name, &dt, &shape, &rank, &data, &size, NULL);
+        CHECK(dt == NEREID_TYPE_INT32 && rank == 2 && shape[0] == 1 && shape[1] == 4 && size == 16);
+        const int32_t *v = data;
+        const int32_t *src = strcmp(name, "OUT_SUM") == 0 ? a : b;
+        CHECK(strcmp(name, i == 0 ? "OUT_SUM" : "OUT_DIFF") == 0);
+        for (int k = 0; k < 4; k++)
+            CHECK(v[k] == 2 * src[k]);
+    }
+    nereid_response_free(resp);
+}
+
+/* A client allocator counting its allocations. */
+typedef struct counting_alloc {
+    int allocs, releases;
+} counting_alloc_t;
+
+static nereid_error_t *count_alloc(void *userp, const char *name, nereid_datatype_t dt,
+                                   const int64_t *shape, size_t rank, size_t size, void **buffer,
+                                   void **buffer_userp)
+{
+    (void)name, (void)dt, (void)shape, (void)rank;
+    counting_alloc_t *c = userp;
+    __atomic_fetch_add(&c->allocs, 1, __ATOMIC_SEQ_CST);
+    *buffer = malloc(size ? size : 1);
+    *buffer_userp = c;
+    return NULL;
+}
+
+static void count_release(void *userp, void *buffer, void *buffer_userp, size_t size)
+{
+    (void)size, (void)buffer_userp;
+    counting_alloc_t *c = userp;
+    __atomic_fetch_add(&c->releases, 1, __ATOMIC_SEQ_CST);
+    free(buffer);
+}
+
+static void test_client_allocator(nereid_server_t *s)
+{
+    int32_t a[4] = {5, 6, 7, 8}, b[4] = {1, 1, 1, 1};
+    nereid_request_t *req = chain_request(s, a, b);
+    nereid_request_add_requested_output(req, "OUT_DIFF", 0);
+    counting_alloc_t c = {0, 0};
+    nereid_response_allocator_t alloc = {count_alloc, count_release, &c};
+    waiter_t w;
+    waiter_init(&w);
+    nereid_error_t *err = nereid_server_infer_async(s, req, &alloc, waiter_on_done, &w);
+    CHECK(err == NULL);
+    if (err) {
+        nereid_error_free(err);
+        nereid_request_free(req);
+        return;
+    }
+    waiter_wait(&w, 1);
+    CHECK(w.resp && !nereid_response_error(w.resp));
+    CHECK(nereid_response_output_count(w.resp) == 1);
+    const char *name;
+    const void *data;
+    void *buffer_userp;
+    nereid_response_output(w.resp, 0, &name, NULL, NULL, NULL, &data, NULL, &buffer_userp);
+    CHECK(strcmp(name, "OUT_DIFF") == 0 && ((const int32_t *)data)[0] == 2);
+    /* The step wrote the ensemble output straight into the client's buffer. */
+    CHECK(buffer_userp == &c);
+    CHECK(c.allocs == 1);
+    nereid_response_free(w.resp);
+    CHECK(c.releases == 1);
+}
+
+static nereid_request_t *x_request(nereid_server_t *s, const char *model, const float *x)
+{
+    static const int64_t shape[2] = {1, 2};
+    nereid_request_t *req;
+    CHECK(nereid_request_new(s, model, 0, &req) == NULL);
+    nereid_request_add_input(req, "X", NEREID_TYPE_FP32, shape, 2, x, 8);
+    return req;
+}
+
+static void test_parallel(nereid_server_t *s)
+{
+    float x[2] = {1.5f, -2.5f};
+    double t0 = now_ms();
+    nereid_error_t *err;
+    nereid_response_t *resp = infer_sync(s, x_request(s, "parallel", x), &err);
+    double elapsed = now_ms() - t0;
+    CHECK(err == NULL && resp && !nereid_response_error(resp));
+    if (!resp) return;
+    CHECK(nereid_response_output_count(resp) == 2);
+    for (size_t i = 0; i < nereid_response_output_count(resp); i++) {
+        const void *data;
+        nereid_response_output(resp, i, NULL, NULL, NULL, NULL, &data, NULL, NULL);
+        CHECK(((const float *)data)[0] == 1.5f && ((const float *)data)[1] == -2.5f);
+    }
+    nereid_response_free(resp);
+    /* Two 300 ms branches: sequential would take >= 600 ms. */
+    printf("parallel ensemble (2 x 300 ms branches): %.0f ms\n", elapsed);
+    CHECK(elapsed >= 290 && elapsed < 550);
+}
+
+static void test_step_error(nereid_server_t *s)
+{
+    float x[2] = {1, 2};
+    nereid_error_t *err;
+    nereid_response_t *resp = infer_sync(s, x_request(s, "broken_step", x), &err);
+    CHECK(err == NULL && resp);
+    if (!resp) return;
+    const nereid_error_t *rerr = nereid_response_error(resp);
+    CHECK(rerr != NULL);
+    if (rerr) {
+        CHECK(strcmp(nereid_error_message(rerr), "testing backend: execute failed") == 0);
+        CHECK(nereid_error_code(rerr) == NEREID_ERROR_INTERNAL);
+    }
+    CHECK(nereid_response_output_count(resp) == 0);
+    nereid_response_free(resp);
+    CHECK(stat_value(s, "broken_step", 1, "inference_stats", "fail") == 1);
+    CHECK(stat_value(s, "broken_step", 1, "inference_stats", "success") == 0);
+}
+
+static void test_stats(nereid_server_t *s)
+{
+    long long before = stat_value(s, "add_sub", 1, "execution_count", NULL);
+    long long ens_before = stat_value(s, "chain", 1, "inference_count", NULL);
+    int32_t a[4] = {1, 1, 1, 1}, b[4] = {2, 2, 2, 2};
+    for (int i = 0; i < 3; i++) {
+        nereid_error_t *err;
+        nereid_response_t *resp = infer_sync(s, chain_request(s, a, b), &err);
+        CHECK(resp && !nereid_response_error(resp));
+        nereid_response_free(resp);
+    }
+    CHECK(stat_value(s, "add_sub", 1, "execution_count", NULL) == before + 6);
+    CHECK(stat_value(s, "chain", 1, "inference_count", NULL) == ens_before + 3);
+    CHECK(stat_value(s, "chain", 1, "execution_count", NULL) == ens_before + 3);
+    long long success = stat_value(s, "chain", 1, "inference_stats", "success");
+    CHECK(success == ens_before + 3);
+    CHECK(stat_value(s, "chain", 1, "inference_stats", "queue") == success);
+    CHECK(stat_value(s, "chain", 1, "inference_stats", "compute_infer") == success);
+}
+
+static void test_validation(nereid_server_t *s)
+{
+    json_t *row = index_row(s, "bad_type", "1");
+    CHECK(strcmp(row_str(row, "state"), "UNAVAILABLE") == 0);
+    CHECK_STR_CONTAINS(row_str(row, "reason"),
+                       "input INPUT0 of model add_sub has datatype INT32, but ensemble tensor X "
+                       "has datatype FP32");
+    json_decref(row);
+    row = index_row(s, "bad_shape", "1");
+    CHECK_STR_CONTAINS(row_str(row, "reason"), "has shape [-1,4], but ensemble tensor X has shape "
+                                               "[-1,3]");
+    json_decref(row);
+    row = index_row(s, "missing_step", NULL);
+    CHECK(strcmp(row_str(row, "state"), "UNAVAILABLE") == 0);
+    CHECK_STR_CONTAINS(row_str(row, "reason"), "no_such_model");
+    json_decref(row);
+    row = index_row(s, "cycle_a", NULL);
+    CHECK(strcmp(row_str(row, "state"), "UNAVAILABLE") == 0);
+    json_decref(row);
+    bool ready = true;
+    nereid_error_free(nereid_server_model_is_ready(s, "bad_type", 1, &ready));
+    CHECK(!ready);
+}
+
+static void test_concurrent(nereid_server_t *s)
+{
+    enum { N = 32 };
+    static int32_t a[N][4], b[N][4];
+    waiter_t w;
+    waiter_init(&w);
+    int submitted = 0;
+    for (int i = 0; i < N; i++) {
+        for (int k = 0; k < 4; k++) {
+            a[i][k] = i + k;
+            b[i][k] = i - k;
+        }
+        if (nereid_server_infer_async(s, chain_request(s, a[i], b[i]), NULL, waiter_on_done, &w) ==
+            NULL)
+            submitted++;
+    }
+    CHECK(submitted == N);
+    waiter_wait(&w, submitted);
+    CHECK(w.resp && !nereid_response_error(w.resp));
+    nereid_response_free(w.resp);
+}
+
+static void test_batched_step(nereid_server_t *s)
+{
+    enum { N = 4 };
+    static float x[N][2];
+    waiter_t w;
+    waiter_init(&w);
+    int submitted = 0;
+    for (int i = 0; i < N; i++) {
+        x[i][0] = (float)i;
+        if (nereid_server_infer_async(s, x_request(s, "via_batched", x[i]), NULL, waiter_on_done,
+                                      &w) == NULL)
+            submitted++;
+    }
+    CHECK(submitted == N);
+    waiter_wait(&w, submitted);
+    CHECK(w.resp && !nereid_response_error(w.resp));
+    nereid_response_free(w.resp);
+    CHECK(stat_value(s, "via_batched", 1, "inference_count", NULL) == N);
+    long long execs = stat_value(s, "batched", 1, "execution_count", NULL);
+    printf("4 ensemble requests -> %lld executions of the dynamically batched step\n", execs);
+    CHECK(execs >= 1 && execs < N);
+    CHECK(stat_value(s, "batched", 1, "inference_count", NULL) == N);
+}
+
+int main(void)
+{
+    make_models();
+    nereid_error_t *err;
+    nereid_server_t *s = start_server(NEREID_MODEL_CONTROL_NONE, NULL, 0, 0, false, &err);
+    CHECK(err == NULL && s != NULL);
+    if (err) {
+        fprintf(stderr, "%s\n", nereid_error_message(err));
+        return 1;
+    }
+    test_chain(s);
+    test_client_allocator(s);
+    test_parallel(s);
+    test_step_error(s);
+    test_stats(s);
+    test_validation(s);
+    test_concurrent(s);
+    test_batched_step(s);
+    nereid_server_free(s);
+    if (!remove_repo()) abort();
+    return check_summary();
+}
