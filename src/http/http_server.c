@@ -87,7 +87,8 @@ struct http_server {
     size_t max_input_size;
     pthread_mutex_t lock;
     pthread_cond_t idle;
-    size_t n_inflight; /* submitted inferences whose connection is suspended */
+    size_t n_inflight;  /* submitted inferences whose completion has not run */
+    size_t n_suspended; /* connections suspended whose handler has not run again */
     bool stopping;
 };
 
@@ -122,8 +123,19 @@ typedef struct http_conn {
     infer_parsed_t parsed;
     char *raw_input_name;
     _Atomic(out_buf_t *) outs;
-    _Atomic(nereid_response_t *) response; /* set by the completion, then resume */
+    _Atomic(nereid_response_t *) response; /* set by the completion */
+    _Atomic int phase;                     /* infer_phase_t */
+    bool suspended;                        /* we suspended it; MHD thread only */
 } http_conn_t;
+
+/* An inference and its connection: the completion resumes the connection
+ * only if the handler suspended it, and exactly once, so no resume ever
+ * reaches a connection that is not suspended (or a freed one). */
+typedef enum infer_phase {
+    PHASE_RUNNING,   /* submitted, handler not suspended yet */
+    PHASE_SUSPENDED, /* handler suspended the connection */
+    PHASE_DONE,      /* completion stored the response */
+} infer_phase_t;
 
 /* Everything an infer reply keeps alive until MHD has sent it. */
 typedef struct reply_hold {
@@ -483,12 +495,38 @@ static void release_output(void *userp, void *buffer, void *buffer_userp, size_t
     (void)userp, (void)buffer, (void)buffer_userp, (void)byte_size;
 }
 
+/* Suspends c from its handler, counted for http_server_stop. */
+static void conn_suspend(http_conn_t *c)
+{
+    pthread_mutex_lock(&c->srv->lock);
+    c->srv->n_suspended++;
+    pthread_mutex_unlock(&c->srv->lock);
+    c->suspended = true;
+    MHD_suspend_connection(c->mhd);
+}
+
+/* The handler (or completion notice) of a connection we suspended runs. */
+static void conn_resumed(http_conn_t *c)
+{
+    if (!c->suspended) return;
+    c->suspended = false;
+    pthread_mutex_lock(&c->srv->lock);
+    if (--c->srv->n_suspended == 0) pthread_cond_broadcast(&c->srv->idle);
+    pthread_mutex_unlock(&c->srv->lock);
+}
+
 static void infer_done(nereid_response_t *response, void *userp)
 {
     http_conn_t *c = userp;
     http_server_t *srv = c->srv;
+    struct MHD_Connection *mc = c->mhd;
     atomic_store(&c->response, response);
-    MHD_resume_connection(c->mhd);
+    int phase = PHASE_RUNNING;
+    /* Still running in the handler: it sees DONE and replies itself. */
+    if (!atomic_compare_exchange_strong(&c->phase, &phase, PHASE_DONE)) {
+        atomic_store(&c->phase, PHASE_DONE);
+        MHD_resume_connection(mc);
+    }
     pthread_mutex_lock(&srv->lock);
     if (--srv->n_inflight == 0) pthread_cond_broadcast(&srv->idle);
     pthread_mutex_unlock(&srv->lock);
@@ -541,6 +579,18 @@ static nereid_error_t *raw_model_info(http_conn_t *c, infer_raw_model_t *info, i
     return NULL;
 }
 
+/* Suspends c until the completion of its inference (unless it already ran):
+ * suspend first, then publish SUSPENDED; if the completion came in between
+ * it did not resume, so resume here (MHD allows it from the handler). */
+static void infer_wait(http_conn_t *c)
+{
+    conn_suspend(c);
+    int phase = PHASE_RUNNING;
+    if (atomic_compare_exchange_strong(&c->phase, &phase, PHASE_SUSPENDED)) return;
+    if (phase == PHASE_SUSPENDED) return; /* a spurious handler call: keep waiting */
+    MHD_resume_connection(c->mhd);
+}
+
 /* Parses and submits the request; on success the connection is suspended. */
 static nereid_error_t *infer_submit(http_conn_t *c)
 {
@@ -583,30 +633,24 @@ static nereid_error_t *infer_submit(http_conn_t *c)
     srv->n_inflight++;
     pthread_mutex_unlock(&srv->lock);
 
-    MHD_suspend_connection(c->mhd);
+    atomic_store(&c->phase, PHASE_RUNNING);
     nereid_response_allocator_t alloc = {alloc_output, release_output, c};
     err = nereid_server_infer_async(srv->core, req, &alloc, infer_done, c);
     if (err) {
         nereid_request_free(req);
-        c->submit_error = err;
-        MHD_resume_connection(c->mhd);
         pthread_mutex_lock(&srv->lock);
         if (--srv->n_inflight == 0) pthread_cond_broadcast(&srv->idle);
         pthread_mutex_unlock(&srv->lock);
+        return err;
     }
+    infer_wait(c);
     return NULL;
 }
 
 static enum MHD_Result infer_reply(http_conn_t *c)
 {
     nereid_response_t *resp = atomic_exchange(&c->response, NULL);
-    /* Under load (32 connections) MHD was seen calling the handler again
-     * before this request's completion had resumed it: suspend again and let
-     * the completion's resume wake it. */
-    if (!resp) {
-        MHD_suspend_connection(c->mhd);
-        return MHD_YES;
-    }
+    if (!resp) return MHD_YES;
     const nereid_error_t *rerr = nereid_response_error(resp);
     if (rerr) {
         enum MHD_Result ret = http_queue_error(
@@ -681,7 +725,15 @@ static enum MHD_Result handle_infer(http_conn_t *c)
         c->submit_error = NULL;
         return http_queue_nereid_error(c->mhd, err);
     }
-    if (c->submitted) return infer_reply(c);
+    if (c->submitted) {
+        conn_resumed(c);
+        if (atomic_load(&c->phase) == PHASE_DONE) return infer_reply(c);
+        /* Called again before the completion (not seen with this scheme,
+         * kept safe): wait again. The phase stays SUSPENDED. */
+        conn_suspend(c);
+        if (atomic_load(&c->phase) == PHASE_DONE) MHD_resume_connection(c->mhd);
+        return MHD_YES;
+    }
     if (c->version < -1) return version_error(c);
     nereid_error_t *err = infer_submit(c);
     if (err) return http_queue_nereid_error(c->mhd, err);
@@ -847,6 +899,7 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
     http_conn_t *c = *con_cls;
     if (!c) return;
     *con_cls = NULL;
+    conn_resumed(c);
     nereid_response_t *resp = atomic_load(&c->response);
     if (resp) nereid_response_free(resp);
     out_bufs_free(atomic_load(&c->outs));
@@ -915,7 +968,7 @@ void http_server_stop(http_server_t *srv)
     if (!srv) return;
     pthread_mutex_lock(&srv->lock);
     srv->stopping = true;
-    while (srv->n_inflight)
+    while (srv->n_inflight || srv->n_suspended)
         pthread_cond_wait(&srv->idle, &srv->lock);
     pthread_mutex_unlock(&srv->lock);
     MHD_stop_daemon(srv->daemon);
