@@ -579,20 +579,23 @@ static nereid_error_t *raw_model_info(http_conn_t *c, infer_raw_model_t *info, i
     return NULL;
 }
 
-/* Suspends c until the completion of its inference (unless it already ran):
- * suspend first, then publish SUSPENDED; if the completion came in between
+/* Suspends c until the completion of its inference; returns true instead
+ * when the completion already ran (the caller replies now, no suspend).
+ * Suspend first, then publish SUSPENDED; if the completion came in between
  * it did not resume, so resume here (MHD allows it from the handler). */
-static void infer_wait(http_conn_t *c)
+static bool infer_wait(http_conn_t *c)
 {
+    if (atomic_load(&c->phase) == PHASE_DONE) return true;
     conn_suspend(c);
     int phase = PHASE_RUNNING;
-    if (atomic_compare_exchange_strong(&c->phase, &phase, PHASE_SUSPENDED)) return;
-    if (phase == PHASE_SUSPENDED) return; /* a spurious handler call: keep waiting */
-    MHD_resume_connection(c->mhd);
+    if (!atomic_compare_exchange_strong(&c->phase, &phase, PHASE_SUSPENDED))
+        MHD_resume_connection(c->mhd);
+    return false;
 }
 
-/* Parses and submits the request; on success the connection is suspended. */
-static nereid_error_t *infer_submit(http_conn_t *c)
+/* Parses and submits the request; on success the connection is suspended,
+ * or *done tells that the response is already there. */
+static nereid_error_t *infer_submit(http_conn_t *c, bool *done)
 {
     http_server_t *srv = c->srv;
     const char *body = c->body.data ? c->body.data + c->body_pad : "";
@@ -643,7 +646,7 @@ static nereid_error_t *infer_submit(http_conn_t *c)
         pthread_mutex_unlock(&srv->lock);
         return err;
     }
-    infer_wait(c);
+    *done = infer_wait(c);
     return NULL;
 }
 
@@ -735,10 +738,11 @@ static enum MHD_Result handle_infer(http_conn_t *c)
         return MHD_YES;
     }
     if (c->version < -1) return version_error(c);
-    nereid_error_t *err = infer_submit(c);
+    bool done = false;
+    nereid_error_t *err = infer_submit(c, &done);
     if (err) return http_queue_nereid_error(c->mhd, err);
     c->submitted = true;
-    return MHD_YES;
+    return done ? infer_reply(c) : MHD_YES;
 }
 
 /* Reads the framing headers of an infer request and checks the declared
