@@ -75,9 +75,10 @@ static long binary_body(const char *path, const char *const *names, size_t n_inp
     size_t total = (size_t)k + n_inputs * n * 4;
     char *body = malloc(total);
     memcpy(body, json, (size_t)k);
-    float *f = (float *)(body + k);
-    for (size_t i = 0; i < n_inputs * n; i++)
-        f[i] = (float)i * 0.5f;
+    for (size_t i = 0; i < n_inputs * n; i++) {
+        float f = (float)i * 0.5f;
+        memcpy(body + (size_t)k + i * 4, &f, 4);
+    }
     write_path(path, body, total);
     free(body);
     return k;
@@ -239,5 +240,9 @@ int main(void)
 
     http_server_stop(http);
     nereid_server_free(server);
+    free((void *)s_identity);
+    free((void *)s_add_sub);
+    free((void *)s_big_bin);
+    free((void *)s_big_json);
     return remove_repo() ? 0 : 1;
 }

@@ -87,7 +87,8 @@ struct http_server {
     size_t max_input_size;
     pthread_mutex_t lock;
     pthread_cond_t idle;
-    size_t n_inflight; /* submitted inferences whose connection is suspended */
+    size_t n_inflight;  /* submitted inferences whose completion has not run */
+    size_t n_suspended; /* connections suspended whose handler has not run again */
     bool stopping;
 };
 
@@ -101,7 +102,8 @@ typedef struct http_conn {
     http_server_t *srv;
     struct MHD_Connection *mhd;
     http_route_t route;
-    char *path; /* owned copy of the URL; captures point into it */
+    char *path; /* copy of the URL (path_buf or malloc'ed); captures point into it */
+    char path_buf[160];
     const char *model, *version_str, *name;
     int64_t version;
     sbuf_t body;           /* body bytes start at body.data + body_pad */
@@ -111,7 +113,8 @@ typedef struct http_conn {
     bool unsupported_encoding;
     bool refused; /* replied before reading the body */
     http_encoding_t encoding;
-    size_t header_len; /* Inference-Header-Content-Length or NONE */
+    size_t header_len;     /* Inference-Header-Content-Length or NONE */
+    size_t content_length; /* declared body size (0 if none), to size the body once */
     /* inference */
     bool submitted;
     nereid_error_t *submit_error; /* infer_async refused after the suspend */
@@ -120,8 +123,19 @@ typedef struct http_conn {
     infer_parsed_t parsed;
     char *raw_input_name;
     _Atomic(out_buf_t *) outs;
-    nereid_response_t *response;
+    _Atomic(nereid_response_t *) response; /* set by the completion */
+    _Atomic int phase;                     /* infer_phase_t */
+    bool suspended;                        /* we suspended it; MHD thread only */
 } http_conn_t;
+
+/* An inference and its connection: the completion resumes the connection
+ * only if the handler suspended it, and exactly once, so no resume ever
+ * reaches a connection that is not suspended (or a freed one). */
+typedef enum infer_phase {
+    PHASE_RUNNING,   /* submitted, handler not suspended yet */
+    PHASE_SUSPENDED, /* handler suspended the connection */
+    PHASE_DONE,      /* completion stored the response */
+} infer_phase_t;
 
 /* Everything an infer reply keeps alive until MHD has sent it. */
 typedef struct reply_hold {
@@ -173,8 +187,10 @@ static bool route_match(const char *pattern, const char *path, const char **cap_
 static void route_resolve(http_conn_t *c, const char *url, const char *method)
 {
     c->route = ROUTE_NOT_FOUND;
-    c->path = strdup(url);
+    size_t n = strlen(url);
+    c->path = n < sizeof c->path_buf ? c->path_buf : malloc(n + 1);
     if (!c->path) return;
+    memcpy(c->path, url, n + 1);
     const char *m = NULL, *v = NULL, *r = NULL;
     for (int i = 0; i < N_ROUTES; i++) {
         if (!route_match(routes[i].path, c->path, &m, &v, &r)) {
@@ -479,12 +495,38 @@ static void release_output(void *userp, void *buffer, void *buffer_userp, size_t
     (void)userp, (void)buffer, (void)buffer_userp, (void)byte_size;
 }
 
+/* Suspends c from its handler, counted for http_server_stop. */
+static void conn_suspend(http_conn_t *c)
+{
+    pthread_mutex_lock(&c->srv->lock);
+    c->srv->n_suspended++;
+    pthread_mutex_unlock(&c->srv->lock);
+    c->suspended = true;
+    MHD_suspend_connection(c->mhd);
+}
+
+/* The handler (or completion notice) of a connection we suspended runs. */
+static void conn_resumed(http_conn_t *c)
+{
+    if (!c->suspended) return;
+    c->suspended = false;
+    pthread_mutex_lock(&c->srv->lock);
+    if (--c->srv->n_suspended == 0) pthread_cond_broadcast(&c->srv->idle);
+    pthread_mutex_unlock(&c->srv->lock);
+}
+
 static void infer_done(nereid_response_t *response, void *userp)
 {
     http_conn_t *c = userp;
     http_server_t *srv = c->srv;
-    c->response = response;
-    MHD_resume_connection(c->mhd);
+    struct MHD_Connection *mc = c->mhd;
+    atomic_store(&c->response, response);
+    int phase = PHASE_RUNNING;
+    /* Still running in the handler: it sees DONE and replies itself. */
+    if (!atomic_compare_exchange_strong(&c->phase, &phase, PHASE_DONE)) {
+        atomic_store(&c->phase, PHASE_DONE);
+        MHD_resume_connection(mc);
+    }
     pthread_mutex_lock(&srv->lock);
     if (--srv->n_inflight == 0) pthread_cond_broadcast(&srv->idle);
     pthread_mutex_unlock(&srv->lock);
@@ -537,8 +579,23 @@ static nereid_error_t *raw_model_info(http_conn_t *c, infer_raw_model_t *info, i
     return NULL;
 }
 
-/* Parses and submits the request; on success the connection is suspended. */
-static nereid_error_t *infer_submit(http_conn_t *c)
+/* Suspends c until the completion of its inference; returns true instead
+ * when the completion already ran (the caller replies now, no suspend).
+ * Suspend first, then publish SUSPENDED; if the completion came in between
+ * it did not resume, so resume here (MHD allows it from the handler). */
+static bool infer_wait(http_conn_t *c)
+{
+    if (atomic_load(&c->phase) == PHASE_DONE) return true;
+    conn_suspend(c);
+    int phase = PHASE_RUNNING;
+    if (!atomic_compare_exchange_strong(&c->phase, &phase, PHASE_SUSPENDED))
+        MHD_resume_connection(c->mhd);
+    return false;
+}
+
+/* Parses and submits the request; on success the connection is suspended,
+ * or *done tells that the response is already there. */
+static nereid_error_t *infer_submit(http_conn_t *c, bool *done)
 {
     http_server_t *srv = c->srv;
     const char *body = c->body.data ? c->body.data + c->body_pad : "";
@@ -579,24 +636,24 @@ static nereid_error_t *infer_submit(http_conn_t *c)
     srv->n_inflight++;
     pthread_mutex_unlock(&srv->lock);
 
-    MHD_suspend_connection(c->mhd);
+    atomic_store(&c->phase, PHASE_RUNNING);
     nereid_response_allocator_t alloc = {alloc_output, release_output, c};
     err = nereid_server_infer_async(srv->core, req, &alloc, infer_done, c);
     if (err) {
         nereid_request_free(req);
-        c->submit_error = err;
-        MHD_resume_connection(c->mhd);
         pthread_mutex_lock(&srv->lock);
         if (--srv->n_inflight == 0) pthread_cond_broadcast(&srv->idle);
         pthread_mutex_unlock(&srv->lock);
+        return err;
     }
+    *done = infer_wait(c);
     return NULL;
 }
 
 static enum MHD_Result infer_reply(http_conn_t *c)
 {
-    nereid_response_t *resp = c->response;
-    c->response = NULL;
+    nereid_response_t *resp = atomic_exchange(&c->response, NULL);
+    if (!resp) return MHD_YES;
     const nereid_error_t *rerr = nereid_response_error(resp);
     if (rerr) {
         enum MHD_Result ret = http_queue_error(
@@ -635,6 +692,13 @@ static enum MHD_Result infer_reply(http_conn_t *c)
     bool binary = h->reply.binary;
     if (r) {
         reply_hold_free(h);
+    } else if (h->reply.n_chunks == 1) {
+        r = MHD_create_response_from_buffer_with_free_callback_cls(
+            h->reply.chunks[0].byte_size, (void *)h->reply.chunks[0].data, reply_hold_free, h);
+        if (!r) {
+            reply_hold_free(h);
+            return MHD_NO;
+        }
     } else {
         struct MHD_IoVec iov[h->reply.n_chunks];
         for (size_t i = 0; i < h->reply.n_chunks; i++)
@@ -664,12 +728,21 @@ static enum MHD_Result handle_infer(http_conn_t *c)
         c->submit_error = NULL;
         return http_queue_nereid_error(c->mhd, err);
     }
-    if (c->submitted) return infer_reply(c);
+    if (c->submitted) {
+        conn_resumed(c);
+        if (atomic_load(&c->phase) == PHASE_DONE) return infer_reply(c);
+        /* Called again before the completion (not seen with this scheme,
+         * kept safe): wait again. The phase stays SUSPENDED. */
+        conn_suspend(c);
+        if (atomic_load(&c->phase) == PHASE_DONE) MHD_resume_connection(c->mhd);
+        return MHD_YES;
+    }
     if (c->version < -1) return version_error(c);
-    nereid_error_t *err = infer_submit(c);
+    bool done = false;
+    nereid_error_t *err = infer_submit(c, &done);
     if (err) return http_queue_nereid_error(c->mhd, err);
     c->submitted = true;
-    return MHD_YES;
+    return done ? infer_reply(c) : MHD_YES;
 }
 
 /* Reads the framing headers of an infer request and checks the declared
@@ -712,6 +785,7 @@ static void infer_headers(http_conn_t *c)
     const char *cl =
         MHD_lookup_connection_value(c->mhd, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
     unsigned long long declared = cl ? strtoull(cl, NULL, 10) : 0;
+    c->content_length = declared <= max ? (size_t)declared : 0;
     if (cl && c->header_len != INFER_HEADER_LENGTH_NONE && c->header_len > declared &&
         c->encoding == HTTP_ENCODING_IDENTITY) {
         c->error = nereid_error_new(NEREID_ERROR_INVALID_ARG,
@@ -787,8 +861,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
             c->body_pad = 0;
             return MHD_YES;
         }
-        if (!c->body.data && c->body_pad &&
-            (sbuf_reserve(&c->body, c->body_pad) || (c->body.len = c->body_pad, false))) {
+        if (!c->body.data &&
+            (sbuf_reserve(&c->body,
+                          c->body_pad + (c->content_length > n ? c->content_length : n)) ||
+             (c->body.len = c->body_pad, false))) {
             c->error = nereid_error_new(NEREID_ERROR_INTERNAL, "out of memory");
             return MHD_YES;
         }
@@ -827,7 +903,9 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
     http_conn_t *c = *con_cls;
     if (!c) return;
     *con_cls = NULL;
-    if (c->response) nereid_response_free(c->response);
+    conn_resumed(c);
+    nereid_response_t *resp = atomic_load(&c->response);
+    if (resp) nereid_response_free(resp);
     out_bufs_free(atomic_load(&c->outs));
     if (c->error) nereid_error_free(c->error);
     if (c->submit_error) nereid_error_free(c->submit_error);
@@ -835,7 +913,7 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
     free(c->inflated);
     free(c->raw_input_name);
     free(c->body.data);
-    free(c->path);
+    if (c->path != c->path_buf) free(c->path);
     free(c);
 }
 
@@ -894,7 +972,7 @@ void http_server_stop(http_server_t *srv)
     if (!srv) return;
     pthread_mutex_lock(&srv->lock);
     srv->stopping = true;
-    while (srv->n_inflight)
+    while (srv->n_inflight || srv->n_suspended)
         pthread_cond_wait(&srv->idle, &srv->lock);
     pthread_mutex_unlock(&srv->lock);
     MHD_stop_daemon(srv->daemon);

@@ -7,16 +7,18 @@
  *
  * Tensor data is borrowed from the body (binary inputs) or owned by the parsed
  * request (JSON inputs converted to their binary layout), so the body and the
- * parsed request must outlive the nereid_request_t built from them.
+ * parsed request must outlive the nereid_request_t built from them. The JSON
+ * header is read by json_reader (arena nodes; "data" arrays converted once,
+ * straight from the text into the tensor buffer).
  */
 #ifndef NEREID_HTTP_INFER_PARSE_H
 #define NEREID_HTTP_INFER_PARSE_H
 
-#include <jansson.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
+#include "http/json_reader.h"
 #include "nereid/server.h"
 
 /* No Inference-Header-Content-Length: the whole body is JSON. */
@@ -25,7 +27,7 @@
 typedef struct infer_input {
     const char *name; /* borrowed from the parsed JSON */
     nereid_datatype_t datatype;
-    int64_t *shape; /* owned */
+    int64_t *shape; /* in the arena */
     size_t rank;
     const void *data; /* borrowed from the body, or == owned_data */
     size_t byte_size;
@@ -39,7 +41,6 @@ typedef struct infer_output {
 } infer_output_t;
 
 typedef struct infer_parsed {
-    json_t *root; /* owns every borrowed string; NULL for a raw request */
     const char *id;
     infer_input_t *inputs;
     size_t n_inputs;
@@ -54,8 +55,9 @@ typedef struct infer_parsed {
     uint64_t priority;
     bool has_timeout;
     uint64_t timeout_us;
-    json_t *parameters; /* borrowed request "parameters" object, or NULL */
-    bool raw;           /* raw binary request: every output binary */
+    const jv_t *parameters; /* the request "parameters" object, or NULL */
+    bool raw;               /* raw binary request: every output binary */
+    jarena_t arena;         /* last: nodes, strings, inputs, outputs, shapes */
 } infer_parsed_t;
 
 /* Describes the single input of a model for a raw binary request. */
@@ -88,7 +90,7 @@ nereid_error_t *infer_parse_raw(const char *body, size_t len, const infer_raw_mo
 nereid_error_t *infer_parsed_to_request(nereid_server_t *server, const char *model, int64_t version,
                                         const infer_parsed_t *parsed, nereid_request_t **out);
 
-/* Frees what parsed owns; parsed may be zeroed. */
+/* Frees what parsed owns; parsed may be zeroed (or freed already). */
 void infer_parsed_free(infer_parsed_t *parsed);
 
 #endif

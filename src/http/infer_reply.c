@@ -7,6 +7,7 @@
  */
 #include "http/infer_reply.h"
 
+#include <float.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
@@ -112,35 +113,219 @@ static char *write_i64(char *o, int64_t v)
     return write_u64(o, (uint64_t)v);
 }
 
-/* The shortest of %.15g/%.16g/%.17g that reads back as v (just %.17g when
- * v is a widened float: it then nearly always needs 17 digits, and the probe
- * costs 3x), with ".0" added to integral values and NaN/Infinity spelled as
- * Triton writes them. */
-static char *write_double(char *o, double v, bool from_float)
+static const uint64_t pow10_u64[18] = {1ULL,
+                                       10ULL,
+                                       100ULL,
+                                       1000ULL,
+                                       10000ULL,
+                                       100000ULL,
+                                       1000000ULL,
+                                       10000000ULL,
+                                       100000000ULL,
+                                       1000000000ULL,
+                                       10000000000ULL,
+                                       100000000000ULL,
+                                       1000000000000ULL,
+                                       10000000000000ULL,
+                                       100000000000000ULL,
+                                       1000000000000000ULL,
+                                       10000000000000000ULL,
+                                       100000000000000000ULL};
+
+/* Writes digits * 10^k (digits has no trailing zeros) in rapidjson's layout,
+ * as Triton's writer prints doubles: "12.0", "0.001", "1e-7", "1.5e30". */
+static char *write_decimal(char *o, bool neg, uint64_t digits, int k)
+{
+    static const char pairs[] = "00010203040506070809101112131415161718192021222324252627282930"
+                                "31323334353637383940414243444546474849505152535455565758596061"
+                                "62636465666768697071727374757677787980818283848586878889909192"
+                                "93949596979899";
+    char buf[24], *e = buf + sizeof buf, *d = e;
+    while (digits >= 100) {
+        unsigned r = (unsigned)(digits % 100);
+        digits /= 100;
+        d -= 2;
+        memcpy(d, pairs + 2 * r, 2);
+    }
+    if (digits >= 10) {
+        d -= 2;
+        memcpy(d, pairs + 2 * digits, 2);
+    } else {
+        *--d = (char)('0' + digits);
+    }
+    int len = (int)(e - d);
+    if (neg) *o++ = '-';
+    int kk = len + k; /* digits before the decimal point */
+    if (k >= 0 && kk <= 21) {
+        memcpy(o, d, (size_t)len);
+        o += len;
+        memset(o, '0', (size_t)k);
+        o += k;
+        *o++ = '.';
+        *o++ = '0';
+    } else if (kk > 0 && kk <= 21) {
+        memcpy(o, d, (size_t)kk);
+        o += kk;
+        *o++ = '.';
+        memcpy(o, d + kk, (size_t)(len - kk));
+        o += len - kk;
+    } else if (kk > -6 && kk <= 0) {
+        *o++ = '0';
+        *o++ = '.';
+        memset(o, '0', (size_t)-kk);
+        o += -kk;
+        memcpy(o, d, (size_t)len);
+        o += len;
+    } else {
+        *o++ = d[0];
+        if (len > 1) {
+            *o++ = '.';
+            memcpy(o, d + 1, (size_t)(len - 1));
+            o += len - 1;
+        }
+        *o++ = 'e';
+        int e = kk - 1;
+        if (e < 0) *o++ = '-', e = -e;
+        if (e >= 100)
+            *o++ = (char)('0' + e / 100), e %= 100, *o++ = (char)('0' + e / 10);
+        else if (e >= 10)
+            *o++ = (char)('0' + e / 10);
+        *o++ = (char)('0' + e % 10);
+    }
+    return o;
+}
+
+#if LDBL_MANT_DIG >= 64
+#define HAVE_LONG_DOUBLE_64 1
+static const long double pow10_ld[28] = {1e0L,  1e1L,  1e2L,  1e3L,  1e4L,  1e5L,  1e6L,  1e7L,
+                                         1e8L,  1e9L,  1e10L, 1e11L, 1e12L, 1e13L, 1e14L, 1e15L,
+                                         1e16L, 1e17L, 1e18L, 1e19L, 1e20L, 1e21L, 1e22L, 1e23L,
+                                         1e24L, 1e25L, 1e26L, 1e27L}; /* exact: 5^27 < 2^64 */
+#endif
+
+/* Whether digits * 10^-s reads back as v (strtod; the rare undecided case). */
+static bool reads_back_strtod(uint64_t digits, int s, double v)
+{
+    char tmp[48];
+    snprintf(tmp, sizeof tmp, "%" PRIu64 "e%d", digits, -s);
+    return strtod(tmp, NULL) == v;
+}
+
+/* Shortest digits (at most 17) such that digits * 10^k reads back as v
+ * (> 0, finite). With s chosen so that v * 10^s has 17 integer digits, the
+ * candidates are the nearest 17-, 16-, ... digit decimals, each compared
+ * (as an exact integer) with v's rounding interval scaled by 10^s in 64-bit
+ * long double: a few roundings of 2^-64 each, far inside the margin; strtod
+ * decides the rare candidate too close to call. Returns false outside
+ * ~1e-11..1e43 (where 10^s is no longer exact); the caller uses printf. */
+static bool shortest_digits(double v, uint64_t *digits, int *k)
+{
+#ifdef HAVE_LONG_DOUBLE_64
+    uint64_t bits;
+    memcpy(&bits, &v, 8);
+    int be = (int)(bits >> 52 & 0x7FF);
+    if (be < 1023 - 37 || be > 1023 + 143) return false;
+    bool pow2 = (bits & ((1ULL << 52) - 1)) == 0;  /* the gap below v is half */
+    uint64_t ulp_bits = (uint64_t)(be - 52) << 52; /* 2^(be-1075), a normal double */
+    double ulp;
+    memcpy(&ulp, &ulp_bits, 8);
+    int e10 = (int)floor((be - 1023) * 0.30102999566398120);
+    long double scaled = 0;
+    uint64_t c = 0;
+    int s = 0;
+    bool settled = false;
+    for (int tries = 0; tries < 3 && !settled; tries++) {
+        s = 16 - e10;
+        if (s > 27 || s < -27) return false;
+        scaled = s >= 0 ? (long double)v * pow10_ld[s] : (long double)v / pow10_ld[-s];
+        c = (uint64_t)llrintl(scaled);
+        if (c >= pow10_u64[17])
+            e10++;
+        else if (c < pow10_u64[16])
+            e10--;
+        else
+            settled = true;
+    }
+    if (!settled) return false;
+    long double h = (long double)ulp * 0.5L;
+    h = s >= 0 ? h * pow10_ld[s] : h / pow10_ld[-s];
+    long double hi = scaled + h, lo = scaled - (pow2 ? h * 0.5L : h);
+    long double margin = scaled * 0x1p-60L;
+    uint64_t fl = (long double)c > scaled ? c - 1 : c; /* floor(scaled) */
+    bool have = false;
+    for (int drop = 0; drop <= 16; drop++) {
+        uint64_t unit = pow10_u64[drop];
+        uint64_t a = fl / unit, cp = 0;
+        /* The nearest of a and a + 1 first, then the other. */
+        bool up = scaled - (long double)(a * unit) > (long double)unit / 2;
+        for (int i = 0; i < 2 && !cp; i++) {
+            uint64_t cand = (i == 0) == up ? a + 1 : a;
+            if (cand == 0) continue;
+            long double cv = (long double)(cand * unit);
+            bool ok;
+            if (cv - margin > lo && cv + margin < hi)
+                ok = true;
+            else if (cv + margin < lo || cv - margin > hi)
+                ok = false;
+            else
+                ok = reads_back_strtod(cand, s - drop, v);
+            if (ok) cp = cand;
+        }
+        if (!cp) break;
+        while (cp % 10 == 0) {
+            cp /= 10;
+            drop++;
+        }
+        *digits = cp;
+        *k = drop - s;
+        have = true;
+    }
+    return have;
+#else
+    (void)v, (void)digits, (void)k;
+    return false;
+#endif
+}
+
+/* Digits of v from printf (slow path, outside 1e-11..1e43): the fewest that read back. */
+static void printf_digits(double v, uint64_t *digits, int *k)
+{
+    char tmp[40];
+    for (int prec = 0; prec <= 16; prec++) {
+        snprintf(tmp, sizeof tmp, "%.*e", prec, v);
+        if (strtod(tmp, NULL) == v) break;
+    }
+    uint64_t m = 0;
+    int n = 0;
+    const char *q = tmp;
+    for (; *q && *q != 'e'; q++)
+        if (*q >= '0' && *q <= '9') m = m * 10 + (uint64_t)(*q - '0'), n++;
+    int kk = (*q == 'e' ? atoi(q + 1) : 0) - (n - 1);
+    while (m && m % 10 == 0) {
+        m /= 10;
+        kk++;
+    }
+    *digits = m;
+    *k = kk;
+}
+
+/* Writes v with the shortest digits that read back as v, NaN and Infinity
+ * spelled as Triton writes them. FP32 outputs are widened to double first,
+ * as Triton does (0.1f prints as 0.10000000149011612). */
+static char *write_double(char *o, double v)
 {
     if (isnan(v)) return memcpy(o, "NaN", 3), o + 3;
     if (isinf(v)) {
         if (v < 0) return memcpy(o, "-Infinity", 9), o + 9;
         return memcpy(o, "Infinity", 8), o + 8;
     }
-    char tmp[40];
-    int n = 0;
-    if (fabs(v) < 2147483648.0 && v == (double)(int32_t)v && v != 0.0) {
-        o = write_i64(o, (int32_t)v);
-        memcpy(o, ".0", 2);
-        return o + 2;
-    }
-    for (int prec = from_float ? 17 : 15; prec <= 17; prec++) {
-        n = snprintf(tmp, sizeof tmp, "%.*g", prec, v);
-        if (prec == 17 || strtod(tmp, NULL) == v) break;
-    }
-    memcpy(o, tmp, (size_t)n);
-    o += n;
-    if (!memchr(tmp, '.', (size_t)n) && !memchr(tmp, 'e', (size_t)n)) {
-        *o++ = '.';
-        *o++ = '0';
-    }
-    return o;
+    bool neg = signbit(v);
+    if (v == 0) return write_decimal(o, neg, 0, 0);
+    double a = fabs(v);
+    uint64_t digits;
+    int k;
+    if (!shortest_digits(a, &digits, &k)) printf_digits(a, &digits, &k);
+    return write_decimal(o, neg, digits, k);
 }
 
 /* Writes the flat JSON array of n elements of a fixed-size datatype. */
@@ -208,13 +393,13 @@ static int write_numeric_array(sbuf_t *b, nereid_datatype_t dt, const char *p, s
         case NEREID_TYPE_FP32: {
             float v;
             memcpy(&v, p, 4);
-            o = write_double(o, (double)v, true);
+            o = write_double(o, (double)v);
             break;
         }
         case NEREID_TYPE_FP64: {
             double v;
             memcpy(&v, p, 8);
-            o = write_double(o, v, false);
+            o = write_double(o, v);
             break;
         }
         default:
@@ -282,8 +467,13 @@ nereid_error_t *infer_reply_build(const nereid_response_t *resp, const infer_par
     size_t n_outputs = nereid_response_output_count(resp);
     sbuf_t b = {0};
     nereid_error_t *err = NULL;
-    out->chunks = calloc(n_outputs + 1, sizeof *out->chunks);
-    out->owned = calloc(n_outputs + 1, sizeof *out->owned);
+    if (n_outputs + 1 <= INFER_REPLY_INLINE_OUTPUTS) {
+        out->chunks = out->inline_chunks;
+        out->owned = out->inline_owned;
+    } else {
+        out->chunks = calloc(n_outputs + 1, sizeof *out->chunks);
+        out->owned = calloc(n_outputs + 1, sizeof *out->owned);
+    }
     if (!out->chunks || !out->owned) goto oom;
     out->n_chunks = 1;
 
@@ -358,9 +548,22 @@ nereid_error_t *infer_reply_build(const nereid_response_t *resp, const infer_par
         if (sbuf_append_str(&b, "}")) goto oom;
     }
     if (sbuf_append_str(&b, "]}")) goto oom;
-    out->json = b.data;
     out->json_len = b.len;
-    out->chunks[0] = (reply_chunk_t){out->json, out->json_len};
+    /* Small binary outputs are copied behind the JSON: one buffer goes out
+     * with the headers in one send, where an iovec reply costs a second. */
+    size_t tail = 0;
+    for (size_t i = 1; i < out->n_chunks; i++)
+        tail += out->chunks[i].byte_size;
+    if (out->n_chunks > 1 && tail <= INFER_REPLY_INLINE_MAX) {
+        if (sbuf_reserve(&b, tail)) goto oom;
+        for (size_t i = 1; i < out->n_chunks; i++) {
+            memcpy(b.data + b.len, out->chunks[i].data, out->chunks[i].byte_size);
+            b.len += out->chunks[i].byte_size;
+        }
+        out->n_chunks = 1;
+    }
+    out->json = b.data;
+    out->chunks[0] = (reply_chunk_t){out->json, out->n_chunks == 1 ? b.len : out->json_len};
     return NULL;
 oom:
     err = nereid_error_new(NEREID_ERROR_INTERNAL, "out of memory building the response");
@@ -374,8 +577,8 @@ void infer_reply_free(infer_reply_t *reply)
 {
     for (size_t i = 0; i < reply->n_owned; i++)
         free(reply->owned[i]);
-    free(reply->owned);
-    free(reply->chunks);
+    if (reply->owned != reply->inline_owned) free(reply->owned);
+    if (reply->chunks != reply->inline_chunks) free(reply->chunks);
     free(reply->json);
     memset(reply, 0, sizeof *reply);
 }

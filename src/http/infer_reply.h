@@ -17,14 +17,23 @@ typedef struct reply_chunk {
     size_t byte_size;
 } reply_chunk_t;
 
+/* Binary outputs totalling at most this many bytes are copied into the JSON
+ * buffer (chunks[0] then holds the whole body). */
+#define INFER_REPLY_INLINE_MAX 4096
+#define INFER_REPLY_INLINE_OUTPUTS 8
+
 typedef struct infer_reply {
-    char *json; /* owned, NUL-terminated */
-    size_t json_len;
+    char *json;            /* owned; the JSON header, then inlined binary outputs */
+    size_t json_len;       /* of the JSON header alone (Inference-Header-Content-Length) */
     reply_chunk_t *chunks; /* chunks[0] is the JSON; binary outputs follow in order */
     size_t n_chunks;
     bool binary;  /* any binary output: octet-stream + Inference-Header-Content-Length */
     void **owned; /* classification buffers the chunks point into */
     size_t n_owned;
+    /* chunks and owned for replies of up to 7 outputs (no allocation);
+     * the reply must not move once built */
+    reply_chunk_t inline_chunks[INFER_REPLY_INLINE_OUTPUTS];
+    void *inline_owned[INFER_REPLY_INLINE_OUTPUTS];
 } infer_reply_t;
 
 /* Builds the reply for resp (which must carry no error) to the request

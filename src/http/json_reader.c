@@ -1,0 +1,833 @@
+/*
+ * This file contains the JSON reader: a recursive-descent parser into arena
+ * nodes, a number converter with an exact fast path (Clinger: at most 19
+ * significant digits forming an integer <= 2^53 scaled by 10^±22 is one
+ * correctly rounded operation) and strtod for the rest, and the converter of
+ * "data" spans straight into tensor memory.
+ */
+#include "http/json_reader.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_PARSE_DEPTH 1000
+#define MAX_DATA_DEPTH 100
+#define PREFIX "failed to parse the request JSON buffer: "
+
+/* rapidjson's GetParseError_En texts. */
+#define E_EMPTY "The document is empty."
+#define E_NOT_SINGULAR "The document root must not be followed by other values."
+#define E_VALUE "Invalid value."
+#define E_MISS_NAME "Missing a name for object member."
+#define E_MISS_COLON "Missing a colon after a name of object member."
+#define E_OBJ_COMMA "Missing a comma or '}' after an object member."
+#define E_ARR_COMMA "Missing a comma or ']' after an array element."
+#define E_HEX "Incorrect hex digit after \\u escape in string."
+#define E_SURROGATE "The surrogate pair in string is invalid."
+#define E_ESCAPE "Invalid escape character in string."
+#define E_QUOTE "Missing a closing quotation mark in string."
+#define E_ENCODING "Invalid encoding in string."
+#define E_TOO_BIG "Number too big to be stored in double."
+#define E_FRACTION "Miss fraction part in number."
+#define E_EXPONENT "Miss exponent in number."
+#define E_DEPTH "Nesting too deep."
+
+/* ---- Arena ---------------------------------------------------------------- */
+
+void jarena_init(jarena_t *a)
+{
+    a->cur = a->first;
+    a->end = a->first + sizeof a->first;
+    a->blocks = NULL;
+}
+
+void *jarena_alloc(jarena_t *a, size_t n)
+{
+    n = (n + 15) & ~(size_t)15;
+    if ((size_t)(a->end - a->cur) < n) {
+        size_t size = n + 16 > 8192 ? n + 16 : 8192;
+        char *b = malloc(size);
+        if (!b) return NULL;
+        *(void **)b = a->blocks;
+        a->blocks = b;
+        a->cur = b + 16;
+        a->end = b + size;
+    }
+    void *p = a->cur;
+    a->cur += n;
+    return p;
+}
+
+void jarena_free(jarena_t *a)
+{
+    void *b = a->blocks;
+    while (b) {
+        void *next = *(void **)b;
+        free(b);
+        b = next;
+    }
+    jarena_init(a);
+}
+
+/* ---- Numbers -------------------------------------------------------------- */
+
+static const double pow10_exact[23] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,
+                                       1e8,  1e9,  1e10, 1e11, 1e12, 1e13, 1e14, 1e15,
+                                       1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
+
+static inline bool is_digit(char c)
+{
+    return c >= '0' && c <= '9';
+}
+
+/* Scans the number at s (< end) by the JSON grammar plus rapidjson's
+ * NaN/Inf/Infinity. Returns its end, or NULL with *err set. */
+static const char *scan_number(const char *s, const char *end, const char **err)
+{
+    const char *q = s;
+    if (q < end && *q == '-') q++;
+    if (q < end && (*q == 'N' || *q == 'I')) {
+        if (end - q >= 3 && !memcmp(q, "NaN", 3)) return q + 3;
+        if (end - q >= 3 && !memcmp(q, "Inf", 3)) {
+            q += 3;
+            if (q < end && *q == 'i') {
+                if (end - q >= 5 && !memcmp(q, "inity", 5)) return q + 5;
+                *err = E_VALUE;
+                return NULL;
+            }
+            return q;
+        }
+        *err = E_VALUE;
+        return NULL;
+    }
+    if (q >= end || !is_digit(*q)) {
+        *err = E_VALUE;
+        return NULL;
+    }
+    if (*q == '0')
+        q++;
+    else
+        while (q < end && is_digit(*q))
+            q++;
+    if (q < end && *q == '.') {
+        q++;
+        if (q >= end || !is_digit(*q)) {
+            *err = E_FRACTION;
+            return NULL;
+        }
+        while (q < end && is_digit(*q))
+            q++;
+    }
+    if (q < end && (*q == 'e' || *q == 'E')) {
+        q++;
+        if (q < end && (*q == '+' || *q == '-')) q++;
+        if (q >= end || !is_digit(*q)) {
+            *err = E_EXPONENT;
+            return NULL;
+        }
+        while (q < end && is_digit(*q))
+            q++;
+    }
+    return q;
+}
+
+/* Converts the checked number text s[0..n) into *v (JV_INT, JV_UINT or
+ * JV_DOUBLE). Returns false when it overflows a double. */
+static bool convert_number(const char *s, size_t n, jv_t *v)
+{
+    const char *q = s, *end = s + n;
+    bool neg = *q == '-';
+    if (neg) q++;
+    if (*q == 'N') {
+        v->type = JV_DOUBLE;
+        v->v.d = NAN;
+        return true;
+    }
+    if (*q == 'I') {
+        v->type = JV_DOUBLE;
+        v->v.d = neg ? -INFINITY : INFINITY;
+        return true;
+    }
+    uint64_t m = 0;
+    bool overflow = false;
+    for (; q < end && is_digit(*q); q++) {
+        unsigned d = (unsigned)(*q - '0');
+        if (m > (UINT64_MAX - d) / 10) overflow = true;
+        if (!overflow) m = m * 10 + d;
+    }
+    if (!overflow && q == end) {
+        if (!neg && m <= INT64_MAX) {
+            v->type = JV_INT;
+            v->v.i = (int64_t)m;
+            return true;
+        }
+        if (!neg) {
+            v->type = JV_UINT;
+            v->v.u = m;
+            return true;
+        }
+        if (m <= (uint64_t)INT64_MAX + 1) {
+            v->type = JV_INT;
+            v->v.i = m == (uint64_t)INT64_MAX + 1 ? INT64_MIN : -(int64_t)m;
+            return true;
+        }
+    }
+    /* A real (or an integer beyond 64 bits): recount the significand. */
+    v->type = JV_DOUBLE;
+    m = 0;
+    int n_digits = 0;
+    long e10 = 0;
+    bool exact = true;
+    q = s + (neg ? 1 : 0);
+    for (; q < end && is_digit(*q); q++) {
+        unsigned d = (unsigned)(*q - '0');
+        if (!m && !d) continue;
+        if (n_digits < 19) {
+            m = m * 10 + d;
+            n_digits++;
+        } else {
+            e10++;
+            if (d) exact = false;
+        }
+    }
+    if (q < end && *q == '.') {
+        for (q++; q < end && is_digit(*q); q++) {
+            unsigned d = (unsigned)(*q - '0');
+            if (!m && !d) {
+                e10--;
+                continue;
+            }
+            if (n_digits < 19) {
+                m = m * 10 + d;
+                n_digits++;
+                e10--;
+            } else if (d) {
+                exact = false;
+            }
+        }
+    }
+    if (q < end && (*q == 'e' || *q == 'E')) {
+        q++;
+        bool eneg = *q == '-';
+        if (*q == '+' || *q == '-') q++;
+        long x = 0;
+        for (; q < end && is_digit(*q); q++)
+            if (x < 100000) x = x * 10 + (*q - '0');
+        e10 += eneg ? -x : x;
+    }
+    if (m == 0) {
+        v->v.d = neg ? -0.0 : 0.0;
+        return true;
+    }
+    if (exact && m <= (1ULL << 53) && e10 >= -22 && e10 <= 22) {
+        double d = (double)m;
+        d = e10 < 0 ? d / pow10_exact[-e10] : d * pow10_exact[e10];
+        v->v.d = neg ? -d : d;
+        return true;
+    }
+    char small[64], *buf = n < sizeof small ? small : malloc(n + 1);
+    if (!buf) {
+        v->v.d = NAN;
+        return false;
+    }
+    memcpy(buf, s, n);
+    buf[n] = '\0';
+    double d = strtod(buf, NULL);
+    if (buf != small) free(buf);
+    v->v.d = d;
+    return !isinf(d);
+}
+
+/* ---- Strings -------------------------------------------------------------- */
+
+static int hex_value(char c)
+{
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
+static bool read_hex4(const char *q, const char *end, unsigned *out)
+{
+    if (end - q < 4) return false;
+    unsigned x = 0;
+    for (int i = 0; i < 4; i++) {
+        int h = hex_value(q[i]);
+        if (h < 0) return false;
+        x = x << 4 | (unsigned)h;
+    }
+    *out = x;
+    return true;
+}
+
+/* Length of the well-formed UTF-8 sequence at q (lead byte >= 0x80), or 0. */
+static size_t utf8_sequence(const unsigned char *q, const unsigned char *end)
+{
+    unsigned c = q[0];
+    size_t n;
+    unsigned lo = 0x80, hi = 0xBF;
+    if (c >= 0xC2 && c <= 0xDF)
+        n = 2;
+    else if (c >= 0xE0 && c <= 0xEF) {
+        n = 3;
+        if (c == 0xE0) lo = 0xA0;
+        if (c == 0xED) hi = 0x9F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+        n = 4;
+        if (c == 0xF0) lo = 0x90;
+        if (c == 0xF4) hi = 0x8F;
+    } else
+        return 0;
+    if ((size_t)(end - q) < n) return 0;
+    if (q[1] < lo || q[1] > hi) return 0;
+    for (size_t i = 2; i < n; i++)
+        if (q[i] < 0x80 || q[i] > 0xBF) return 0;
+    return n;
+}
+
+/* Scans the string whose opening quote is at s. Returns the position after
+ * the closing quote, or NULL with *err and *at set. *escaped tells whether the
+ * content needs decoding. */
+static const char *scan_string(const char *s, const char *end, bool *escaped, const char **err,
+                               const char **at)
+{
+    const char *q = s + 1;
+    *escaped = false;
+    for (;;) {
+        if (q >= end) {
+            *err = E_QUOTE, *at = q;
+            return NULL;
+        }
+        unsigned char c = (unsigned char)*q;
+        if (c == '"') return q + 1;
+        if (c == '\\') {
+            *escaped = true;
+            if (q + 1 >= end) {
+                *err = E_QUOTE, *at = q + 1;
+                return NULL;
+            }
+            char e = q[1];
+            if (e == 'u') {
+                unsigned u;
+                if (!read_hex4(q + 2, end, &u)) {
+                    *err = E_HEX, *at = q + 2;
+                    return NULL;
+                }
+                q += 6;
+                if (u >= 0xD800 && u <= 0xDBFF) {
+                    unsigned lo;
+                    if (end - q < 2 || q[0] != '\\' || q[1] != 'u' || !read_hex4(q + 2, end, &lo) ||
+                        lo < 0xDC00 || lo > 0xDFFF) {
+                        *err = E_SURROGATE, *at = q;
+                        return NULL;
+                    }
+                    q += 6;
+                } else if (u >= 0xDC00 && u <= 0xDFFF) {
+                    *err = E_SURROGATE, *at = q;
+                    return NULL;
+                }
+                continue;
+            }
+            if (!strchr("\"\\/bfnrt", e) || e == '\0') {
+                *err = E_ESCAPE, *at = q + 1;
+                return NULL;
+            }
+            q += 2;
+            continue;
+        }
+        if (c < 0x20) {
+            *err = E_ENCODING, *at = q;
+            return NULL;
+        }
+        if (c < 0x80) {
+            q++;
+            continue;
+        }
+        size_t n = utf8_sequence((const unsigned char *)q, (const unsigned char *)end);
+        if (!n) {
+            *err = E_ENCODING, *at = q;
+            return NULL;
+        }
+        q += n;
+    }
+}
+
+static char *put_utf8(char *o, unsigned u)
+{
+    if (u < 0x80) {
+        *o++ = (char)u;
+    } else if (u < 0x800) {
+        *o++ = (char)(0xC0 | u >> 6);
+        *o++ = (char)(0x80 | (u & 0x3F));
+    } else if (u < 0x10000) {
+        *o++ = (char)(0xE0 | u >> 12);
+        *o++ = (char)(0x80 | (u >> 6 & 0x3F));
+        *o++ = (char)(0x80 | (u & 0x3F));
+    } else {
+        *o++ = (char)(0xF0 | u >> 18);
+        *o++ = (char)(0x80 | (u >> 12 & 0x3F));
+        *o++ = (char)(0x80 | (u >> 6 & 0x3F));
+        *o++ = (char)(0x80 | (u & 0x3F));
+    }
+    return o;
+}
+
+/* Decodes the checked string content s[0..n) (between the quotes) into out
+ * (NULL: only measure). Returns the decoded length. */
+static size_t decode_string(const char *s, size_t n, char *out)
+{
+    const char *q = s, *end = s + n;
+    size_t len = 0;
+    char tmp[4];
+    while (q < end) {
+        const char *bs = memchr(q, '\\', (size_t)(end - q));
+        size_t run = bs ? (size_t)(bs - q) : (size_t)(end - q);
+        if (out) memcpy(out + len, q, run);
+        len += run;
+        q += run;
+        if (!bs) break;
+        char e = q[1];
+        unsigned u;
+        q += 2;
+        switch (e) {
+        case 'b':
+            u = '\b';
+            break;
+        case 'f':
+            u = '\f';
+            break;
+        case 'n':
+            u = '\n';
+            break;
+        case 'r':
+            u = '\r';
+            break;
+        case 't':
+            u = '\t';
+            break;
+        case 'u':
+            read_hex4(q, end, &u);
+            q += 4;
+            if (u >= 0xD800 && u <= 0xDBFF) {
+                unsigned lo = 0xDC00;
+                read_hex4(q + 2, end, &lo);
+                q += 6;
+                u = 0x10000 + ((u - 0xD800) << 10) + (lo - 0xDC00);
+            }
+            break;
+        default:
+            u = (unsigned char)e;
+        }
+        size_t k = (size_t)(put_utf8(tmp, u) - tmp);
+        if (out) memcpy(out + len, tmp, k);
+        len += k;
+    }
+    return len;
+}
+
+/* ---- Parser --------------------------------------------------------------- */
+
+typedef struct jparser {
+    const char *base, *p, *end;
+    jarena_t *arena;
+    const char *err;
+    size_t err_off;
+    bool oom;
+} jparser_t;
+
+static bool fail(jparser_t *p, const char *msg, const char *at)
+{
+    if (!p->err) {
+        p->err = msg;
+        p->err_off = (size_t)(at - p->base);
+    }
+    return false;
+}
+
+static inline void skip_ws(jparser_t *p)
+{
+    while (p->p < p->end && (*p->p == ' ' || *p->p == '\n' || *p->p == '\r' || *p->p == '\t'))
+        p->p++;
+}
+
+static jv_t *new_node(jparser_t *p, jv_type_t type)
+{
+    jv_t *v = jarena_alloc(p->arena, sizeof *v);
+    if (!v) {
+        p->oom = true;
+        fail(p, "out of memory", p->p);
+        return NULL;
+    }
+    v->type = type;
+    v->key = NULL;
+    v->next = NULL;
+    v->len = 0;
+    v->v.u = 0;
+    return v;
+}
+
+/* Parses a string at p->p; with out, stores it decoded and NUL-terminated. */
+static bool parse_string(jparser_t *p, const char **out, size_t *out_len)
+{
+    bool escaped;
+    const char *err, *at;
+    const char *start = p->p;
+    const char *after = scan_string(start, p->end, &escaped, &err, &at);
+    if (!after) return fail(p, err, at);
+    p->p = after;
+    if (!out) return true;
+    size_t raw = (size_t)(after - start) - 2;
+    char *s = jarena_alloc(p->arena, raw + 1);
+    if (!s) {
+        p->oom = true;
+        return fail(p, "out of memory", start);
+    }
+    size_t n = escaped ? decode_string(start + 1, raw, s) : (memcpy(s, start + 1, raw), raw);
+    s[n] = '\0';
+    *out = s;
+    *out_len = n;
+    return true;
+}
+
+/* Parses the value at p->p (after whitespace). out NULL: check only.
+ * level is the nesting level of the value (root 0). */
+static bool parse_value(jparser_t *p, jv_t **out, int level);
+
+static bool parse_array(jparser_t *p, jv_t **out, int level)
+{
+    jv_t *a = NULL, **tail = NULL;
+    if (out) {
+        if (!(a = new_node(p, JV_ARRAY))) return false;
+        *out = a;
+        tail = &a->v.child;
+    }
+    p->p++;
+    skip_ws(p);
+    if (p->p < p->end && *p->p == ']') {
+        p->p++;
+        return true;
+    }
+    for (;;) {
+        jv_t *e = NULL;
+        if (!parse_value(p, out ? &e : NULL, level + 1)) return false;
+        if (out) {
+            *tail = e;
+            tail = &e->next;
+            a->len++;
+        }
+        skip_ws(p);
+        if (p->p < p->end && *p->p == ',') {
+            p->p++;
+            skip_ws(p);
+            continue;
+        }
+        if (p->p < p->end && *p->p == ']') {
+            p->p++;
+            return true;
+        }
+        return fail(p, E_ARR_COMMA, p->p);
+    }
+}
+
+static bool parse_object(jparser_t *p, jv_t **out, int level)
+{
+    jv_t *o = NULL, **tail = NULL;
+    if (out) {
+        if (!(o = new_node(p, JV_OBJECT))) return false;
+        *out = o;
+        tail = &o->v.child;
+    }
+    p->p++;
+    skip_ws(p);
+    if (p->p < p->end && *p->p == '}') {
+        p->p++;
+        return true;
+    }
+    for (;;) {
+        if (p->p >= p->end || *p->p != '"') return fail(p, E_MISS_NAME, p->p);
+        const char *key = NULL;
+        size_t key_len = 0;
+        if (!parse_string(p, out ? &key : NULL, &key_len)) return false;
+        skip_ws(p);
+        if (p->p >= p->end || *p->p != ':') return fail(p, E_MISS_COLON, p->p);
+        p->p++;
+        skip_ws(p);
+        jv_t *m = NULL;
+        if (out && level == 2 && key_len == 4 && !memcmp(key, "data", 4)) {
+            /* Tensor data: check it, keep the text. */
+            const char *start = p->p;
+            if (!parse_value(p, NULL, level + 1)) return false;
+            if (!(m = new_node(p, JV_SPAN))) return false;
+            m->v.s = start;
+            m->len = (size_t)(p->p - start);
+        } else if (!parse_value(p, out ? &m : NULL, level + 1)) {
+            return false;
+        }
+        if (out) {
+            m->key = key;
+            *tail = m;
+            tail = &m->next;
+            o->len++;
+        }
+        skip_ws(p);
+        if (p->p < p->end && *p->p == ',') {
+            p->p++;
+            skip_ws(p);
+            continue;
+        }
+        if (p->p < p->end && *p->p == '}') {
+            p->p++;
+            return true;
+        }
+        return fail(p, E_OBJ_COMMA, p->p);
+    }
+}
+
+static bool parse_literal(jparser_t *p, const char *word, size_t n)
+{
+    if ((size_t)(p->end - p->p) < n || memcmp(p->p, word, n)) return fail(p, E_VALUE, p->p);
+    p->p += n;
+    return true;
+}
+
+static bool parse_value(jparser_t *p, jv_t **out, int level)
+{
+    if (p->p >= p->end) return fail(p, E_VALUE, p->p);
+    if (level > MAX_PARSE_DEPTH) return fail(p, E_DEPTH, p->p);
+    char c = *p->p;
+    switch (c) {
+    case '{':
+        return parse_object(p, out, level);
+    case '[':
+        return parse_array(p, out, level);
+    case '"': {
+        const char *s = NULL;
+        size_t n = 0;
+        if (!parse_string(p, out ? &s : NULL, &n)) return false;
+        if (out) {
+            if (!(*out = new_node(p, JV_STRING))) return false;
+            (*out)->v.s = s;
+            (*out)->len = n;
+        }
+        return true;
+    }
+    case 't':
+        if (!parse_literal(p, "true", 4)) return false;
+        return !out || (*out = new_node(p, JV_TRUE));
+    case 'f':
+        if (!parse_literal(p, "false", 5)) return false;
+        return !out || (*out = new_node(p, JV_FALSE));
+    case 'n':
+        if (!parse_literal(p, "null", 4)) return false;
+        return !out || (*out = new_node(p, JV_NULL));
+    default: {
+        const char *err = NULL, *start = p->p;
+        const char *after = scan_number(start, p->end, &err);
+        if (!after) return fail(p, err, start);
+        p->p = after;
+        if (!out) return true;
+        if (!(*out = new_node(p, JV_DOUBLE))) return false;
+        if (!convert_number(start, (size_t)(after - start), *out)) return fail(p, E_TOO_BIG, start);
+        return true;
+    }
+    }
+}
+
+nereid_error_t *json_reader_parse(const char *text, size_t len, jarena_t *arena, jv_t **root)
+{
+    *root = NULL;
+    jparser_t p = {.base = text, .p = text, .end = text + len, .arena = arena};
+    skip_ws(&p);
+    if (p.p >= p.end) {
+        fail(&p, E_EMPTY, p.p);
+    } else if (parse_value(&p, root, 0)) {
+        skip_ws(&p);
+        if (p.p < p.end) fail(&p, E_NOT_SINGULAR, p.p);
+    }
+    if (!p.err) return NULL;
+    *root = NULL;
+    if (p.oom)
+        return nereid_error_new(NEREID_ERROR_INTERNAL, "out of memory parsing the request JSON");
+    return nereid_error_new(NEREID_ERROR_INTERNAL, PREFIX "%s at %zu", p.err, p.err_off);
+}
+
+const jv_t *jv_get(const jv_t *o, const char *key)
+{
+    if (!o || o->type != JV_OBJECT) return NULL;
+    for (const jv_t *m = o->v.child; m; m = m->next)
+        if (!strcmp(m->key, key)) return m;
+    return NULL;
+}
+
+/* ---- Data spans ------------------------------------------------------------ */
+
+static nereid_error_t *type_error(const char *field, const char *want)
+{
+    return nereid_error_new(NEREID_ERROR_INTERNAL,
+                            "Unable to parse '%s': attempt to access JSON non-%s as %s", field,
+                            want, want);
+}
+
+static const char *want_name(nereid_datatype_t dt)
+{
+    switch (dt) {
+    case NEREID_TYPE_BOOL:
+        return "boolean";
+    case NEREID_TYPE_INT8:
+    case NEREID_TYPE_INT16:
+    case NEREID_TYPE_INT32:
+    case NEREID_TYPE_INT64:
+        return "signed-integer";
+    case NEREID_TYPE_UINT8:
+    case NEREID_TYPE_UINT16:
+    case NEREID_TYPE_UINT32:
+    case NEREID_TYPE_UINT64:
+        return "unsigned-integer";
+    case NEREID_TYPE_FP32:
+        return "float";
+    case NEREID_TYPE_FP64:
+        return "double";
+    default:
+        return "string";
+    }
+}
+
+static void store_int(char *dst, size_t size, uint64_t x)
+{
+    if (size == 1) {
+        uint8_t y = (uint8_t)x;
+        memcpy(dst, &y, 1);
+    } else if (size == 2) {
+        uint16_t y = (uint16_t)x;
+        memcpy(dst, &y, 2);
+    } else if (size == 4) {
+        uint32_t y = (uint32_t)x;
+        memcpy(dst, &y, 4);
+    } else {
+        memcpy(dst, &x, 8);
+    }
+}
+
+static nereid_error_t *fill_leaf(const char **pp, const char *end, jfill_t *f)
+{
+    const char *p = *pp;
+    if (f->n_seen >= f->n_expected)
+        return nereid_error_new(NEREID_ERROR_INTERNAL,
+                                "Unable to parse 'data': Shape does not match true shape of "
+                                "'data' field");
+    size_t i = f->n_seen++;
+    char *dst = f->out ? f->out + i * f->element_size : NULL;
+    nereid_datatype_t dt = f->datatype;
+    char c = *p;
+    if (c == 't' || c == 'f') {
+        if (dt != NEREID_TYPE_BOOL) return type_error(f->field, want_name(dt));
+        if (dst) dst[0] = c == 't';
+        *pp = p + (c == 't' ? 4 : 5);
+        return NULL;
+    }
+    if (c == '"') {
+        if (dt != NEREID_TYPE_BYTES) return type_error(f->field, want_name(dt));
+        bool escaped;
+        const char *err, *at;
+        const char *after = scan_string(p, end, &escaped, &err, &at);
+        size_t raw = (size_t)(after - p) - 2;
+        size_t n = escaped ? decode_string(p + 1, raw, NULL) : raw;
+        if (n > UINT32_MAX)
+            return nereid_error_new(NEREID_ERROR_INVALID_ARG, "BYTES element too long");
+        if (f->out) {
+            uint32_t n32 = (uint32_t)n;
+            memcpy(f->out + f->offset, &n32, 4);
+            if (escaped)
+                decode_string(p + 1, raw, f->out + f->offset + 4);
+            else
+                memcpy(f->out + f->offset + 4, p + 1, n);
+            f->offset += 4 + n;
+        } else {
+            f->bytes_total += 4 + n;
+        }
+        *pp = after;
+        return NULL;
+    }
+    if (c == '{' || c == 'n' || c == '[') return type_error(f->field, want_name(dt));
+    /* A number. */
+    const char *err;
+    const char *after = scan_number(p, end, &err);
+    jv_t v;
+    bool ok = convert_number(p, (size_t)(after - p), &v);
+    *pp = after;
+    switch (dt) {
+    case NEREID_TYPE_INT8:
+    case NEREID_TYPE_INT16:
+    case NEREID_TYPE_INT32:
+    case NEREID_TYPE_INT64:
+        if (v.type != JV_INT) return type_error(f->field, "signed-integer");
+        store_int(dst, f->element_size, v.v.u);
+        return NULL;
+    case NEREID_TYPE_UINT8:
+    case NEREID_TYPE_UINT16:
+    case NEREID_TYPE_UINT32:
+    case NEREID_TYPE_UINT64: {
+        uint64_t x;
+        if (!jv_get_uint(&v, &x)) return type_error(f->field, "unsigned-integer");
+        store_int(dst, f->element_size, x);
+        return NULL;
+    }
+    case NEREID_TYPE_FP32:
+    case NEREID_TYPE_FP64: {
+        if (!ok)
+            return nereid_error_new(NEREID_ERROR_INTERNAL, PREFIX E_TOO_BIG " at %zu",
+                                    (size_t)(p - f->base));
+        double d = v.type == JV_INT ? (double)v.v.i : v.type == JV_UINT ? (double)v.v.u : v.v.d;
+        if (dt == NEREID_TYPE_FP32) {
+            float y = (float)d;
+            memcpy(dst, &y, 4);
+        } else {
+            memcpy(dst, &d, 8);
+        }
+        return NULL;
+    }
+    default:
+        return type_error(f->field, want_name(dt));
+    }
+}
+
+static inline const char *ws(const char *p, const char *end)
+{
+    while (p < end && (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t'))
+        p++;
+    return p;
+}
+
+static nereid_error_t *fill_value(const char **pp, const char *end, int depth, jfill_t *f)
+{
+    const char *p = *pp;
+    if (*p != '[') return fill_leaf(pp, end, f);
+    if (depth >= MAX_DATA_DEPTH)
+        return nereid_error_new(NEREID_ERROR_INTERNAL,
+                                "Unable to parse 'data': nesting deeper than %d levels",
+                                MAX_DATA_DEPTH);
+    p = ws(p + 1, end);
+    if (*p == ']') {
+        *pp = p + 1;
+        return NULL;
+    }
+    for (;;) {
+        nereid_error_t *err = fill_value(&p, end, depth + 1, f);
+        if (err) return err;
+        p = ws(p, end);
+        if (*p++ == ']') break;
+        p = ws(p, end);
+    }
+    *pp = p;
+    return NULL;
+}
+
+nereid_error_t *json_reader_fill_data(const jv_t *span, jfill_t *f)
+{
+    const char *p = span->v.s;
+    return fill_value(&p, span->v.s + span->len, 0, f);
+}

@@ -1,0 +1,222 @@
+"""JSON tensor numbers on the HTTP frontend: NaN/Infinity literals in and
+out, the full UINT64/INT64 ranges, shortest round-trip printing, rapidjson's
+syntax error texts, and large (flat and nested) JSON tensors."""
+import json
+import re
+
+import numpy as np
+import pytest
+
+from http_helpers import build_infer, http_server, infer  # noqa: F401
+
+
+def post(server, model, text, headers=None):
+    return infer(server, model, text.encode() if isinstance(text, str) else text, headers)
+
+
+def req(dt, data_text, shape, extra=""):
+    return ('{"inputs":[{"name":"INPUT0","datatype":"%s","shape":%s,"data":%s}]%s}'
+            % (dt, json.dumps(shape), data_text, extra))
+
+
+def binary_out(extra=""):
+    return ',"outputs":[{"name":"OUTPUT0","parameters":{"binary_data":true}}]' + extra
+
+
+def data_text(resp):
+    """The raw text of the first output's data array."""
+    m = re.search(r'"data":\[([^\]]*)\]', resp.text)
+    assert m, resp.text
+    return m.group(1).split(",")
+
+
+def raw_tail(resp, dtype):
+    n = int(resp.headers["Inference-Header-Content-Length"])
+    return np.frombuffer(resp.content[n:], dtype=dtype)
+
+
+def test_nan_infinity_literals_in(http_server):
+    r = post(http_server, "id_fp32",
+             req("FP32", "[NaN,-NaN,Infinity,-Infinity,Inf,-Inf,1.5]", [1, 7], binary_out()))
+    assert r.status_code == 200, r.text
+    got = raw_tail(r, np.float32)
+    assert np.isnan(got[0]) and np.isnan(got[1])
+    assert list(got[2:]) == [np.inf, -np.inf, np.inf, -np.inf, 1.5]
+
+
+def test_nan_infinity_literals_out(http_server):
+    r = post(http_server, "id_fp64", req("FP64", "[NaN, Infinity, -Infinity, -0.0, 0]", [1, 5]))
+    assert r.status_code == 200, r.text
+    assert data_text(r) == ["NaN", "Infinity", "-Infinity", "-0.0", "0.0"]
+
+
+@pytest.mark.parametrize("bad", ["Nan", "-Infinit", "infinity", "+1", "01", "1.", "1e", ".5"])
+def test_bad_number_literals(http_server, bad):
+    r = post(http_server, "id_fp32", req("FP32", f"[{bad}]", [1, 1]))
+    assert r.status_code == 500
+    assert r.json()["error"].startswith("failed to parse the request JSON buffer: ")
+
+
+def test_uint64_full_range(http_server):
+    vals = [0, 1, 2**63 - 1, 2**63, 2**64 - 1]
+    r = post(http_server, "id_uint64", req("UINT64", json.dumps(vals), [1, 5]))
+    assert r.status_code == 200, r.text
+    assert [int(t) for t in data_text(r)] == vals
+    r = post(http_server, "id_uint64", req("UINT64", json.dumps(vals), [1, 5], binary_out()))
+    assert list(raw_tail(r, np.uint64)) == vals
+
+
+@pytest.mark.parametrize("dt,value,kind", [
+    ("UINT64", "18446744073709551616", "unsigned-integer"),  # 2^64: a double for rapidjson
+    ("UINT64", "-1", "unsigned-integer"),
+    ("UINT64", "1.0", "unsigned-integer"),
+    ("INT64", "9223372036854775808", "signed-integer"),  # 2^63
+    ("INT32", "NaN", "signed-integer"),
+    ("BOOL", "1", "boolean"),
+    ("FP32", "\"1\"", "float"),
+    ("FP64", "null", "double"),
+])
+def test_number_type_errors(http_server, dt, value, kind):
+    r = post(http_server, f"id_{dt.lower()}", req(dt, f"[{value}]", [1, 1]))
+    assert r.status_code == 500, r.text
+    assert r.json()["error"] == f"Unable to parse 'data': attempt to access JSON non-{kind} as {kind}"
+
+
+def test_int64_extremes(http_server):
+    vals = [-2**63, -1, 0, 2**63 - 1]
+    r = post(http_server, "id_int64", req("INT64", json.dumps(vals), [1, 4]))
+    assert r.status_code == 200, r.text
+    assert [int(t) for t in data_text(r)] == vals
+
+
+def test_number_too_big(http_server):
+    r = post(http_server, "id_fp64", req("FP64", "[1, 1e400]", [1, 2]))
+    assert r.status_code == 500
+    assert r.json()["error"].startswith(
+        "failed to parse the request JSON buffer: Number too big to be stored in double. at ")
+
+
+def n_digits(tok):
+    """Significant digits of a printed number."""
+    mantissa = re.sub(r"[eE].*", "", tok).lstrip("-").replace(".", "")
+    return len(mantissa.strip("0")) or 1
+
+
+def test_fp32_widened_shortest_double(http_server):
+    """FP32 outputs print as Triton writes them: widened to double, then the
+    shortest digits that read back as that double, in rapidjson's layout."""
+    rng = np.random.default_rng(7)
+    vals = np.concatenate([
+        np.array([0.1, 0.5, 1.5, 16777216.0, 1e10, 3.4028235e38, 1e-7, 1.17549435e-38,
+                  1.4e-45, 123456.79, -2.5, 100.0, 1e21, 2.0 ** -20, 0.375], dtype=np.float32),
+        (rng.standard_normal(2000) * 10.0 ** rng.integers(-30, 30, 2000)).astype(np.float32),
+    ])
+    body = req("FP32", json.dumps([float(v) for v in vals]), [1, len(vals)])
+    r = post(http_server, "id_fp32", body)
+    assert r.status_code == 200, r.text
+    tokens = data_text(r)
+    assert len(tokens) == len(vals)
+    for tok, v in zip(tokens, vals):
+        assert float(tok) == float(v), (tok, v)
+        assert n_digits(tok) <= n_digits(repr(float(v))), (tok, v)  # Python's repr is shortest
+    assert tokens[:3] == ["0.10000000149011612", "0.5", "1.5"]
+    assert tokens[3:5] == ["16777216.0", "10000000000.0"]
+    assert tokens[5] == "3.4028234663852886e38" and tokens[6] == "1.0000000116860974e-7"
+    assert tokens[10:15] == ["-2.5", "100.0", "1.0000000200408773e21", "9.5367431640625e-7",
+                             "0.375"]
+
+
+def test_fp64_round_trip(http_server):
+    rng = np.random.default_rng(11)
+    vals = np.concatenate([np.array([0.1, 1 / 3, 2.0 ** -1074, 1.7976931348623157e308, 5e-324,
+                                     123.456, -1e-300]),
+                           rng.standard_normal(300) * 10.0 ** rng.integers(-300, 300, 300)])
+    r = post(http_server, "id_fp64", req("FP64", json.dumps([float(v) for v in vals]),
+                                         [1, len(vals)]))
+    assert r.status_code == 200, r.text
+    tokens = data_text(r)
+    assert [float(t) for t in tokens] == [float(v) for v in vals]
+    for tok, v in zip(tokens, vals):
+        assert n_digits(tok) <= n_digits(repr(float(v))), (tok, v)
+    assert tokens[0] == "0.1" and tokens[5] == "123.456" and tokens[4] == "5e-324"
+
+
+def test_large_json_tensor_flat_and_nested(http_server):
+    n = 65536
+    vals = (np.arange(n, dtype=np.float64) * 0.37 - 1000).astype(np.float32)
+    flat = json.dumps([float(v) for v in vals])
+    r = post(http_server, "id_fp32", req("FP32", flat, [1, n], binary_out()))
+    assert r.status_code == 200, r.text
+    np.testing.assert_array_equal(raw_tail(r, np.float32), vals)
+    nested = json.dumps(vals.reshape(256, 256).astype(np.float64).tolist())
+    r = post(http_server, "id_fp32", req("FP32", nested, [1, n]))  # only leaves count
+    assert r.status_code == 200, r.text
+    out = r.json()["outputs"][0]
+    assert out["shape"] == [1, n]
+    np.testing.assert_array_equal(np.array(out["data"], dtype=np.float32), vals)
+
+
+def test_large_json_int_and_bytes(http_server):
+    n = 20000
+    ints = list(range(-n // 2, n // 2))
+    r = post(http_server, "id_int32", req("INT32", json.dumps(ints), [1, n]))
+    assert r.status_code == 200, r.text
+    assert r.json()["outputs"][0]["data"] == ints
+    strs = [f"s{i}\u00e9\"\\\n" for i in range(2000)] + ["\U0001F600", ""]
+    r = post(http_server, "id_bytes", req("BYTES", json.dumps(strs), [1, len(strs)]))
+    assert r.status_code == 200, r.text
+    assert r.json()["outputs"][0]["data"] == strs
+
+
+@pytest.mark.parametrize("text,message", [
+    ("", "The document is empty."),
+    ("{\"inputs\":[}", "Invalid value."),
+    ("{\"inputs\" []}", "Missing a colon after a name of object member."),
+    ("{\"inputs\":[] x}", "Missing a comma or '}' after an object member."),
+    ("{\"inputs\":[1 2]}", "Missing a comma or ']' after an array element."),
+    ("{inputs:1}", "Missing a name for object member."),
+    ("{\"id\":\"abc}", "Missing a closing quotation mark in string."),
+    ("{\"id\":\"\\x\"}", "Invalid escape character in string."),
+    ("{\"id\":\"\\u12G4\"}", "Incorrect hex digit after \\u escape in string."),
+    ("{\"id\":\"\\ud800\"}", "The surrogate pair in string is invalid."),
+    ("{} {}", "The document root must not be followed by other values."),
+])
+def test_syntax_error_texts(http_server, text, message):
+    r = post(http_server, "id_fp32", text)
+    assert r.status_code == 500
+    err = r.json()["error"]
+    assert err.startswith(f"failed to parse the request JSON buffer: {message} at "), err
+
+
+def test_invalid_utf8_refused(http_server):
+    r = post(http_server, "id_fp32", b'{"id":"\xff","inputs":[]}')
+    assert r.status_code == 500
+    assert "Invalid encoding in string." in r.json()["error"]
+
+
+def test_parameters_keep_number_types(http_server):
+    extra = ',"parameters":{"big":18446744073709551615,"neg":-3,"real":NaN,"s":"x"}'
+    r = post(http_server, "id_fp32", req("FP32", "[1]", [1, 1], extra))
+    assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize("dt,np_t", [("FP32", np.float32), ("FP64", np.float64)])
+def test_random_values_print_shortest(http_server, dt, np_t):
+    """20,000 random values sent in binary come back in JSON as the shortest
+    text that reads back (Python's repr is the reference for shortest)."""
+    rng = np.random.default_rng(3)
+    n = 20000
+    bits = rng.integers(0, 2**63, n // 4, dtype=np.int64).view(np.float64)  # any exponent
+    with np.errstate(over="ignore"):
+        vals = (rng.standard_normal(n) * 10.0 ** rng.integers(-14, 46, n)).astype(np_t)
+        vals[: n // 4] = np.where(np.isfinite(bits), bits, 1.0).astype(np_t)
+    vals[~np.isfinite(vals)] = 1.0
+    body, headers = build_infer([{"name": "INPUT0", "datatype": dt,
+                                  "data": vals.reshape(1, n), "binary": True}])
+    r = infer(http_server, f"id_{dt.lower()}", body, headers)
+    assert r.status_code == 200, r.text
+    tokens = data_text(r)
+    assert [float(t) for t in tokens] == [float(v) for v in vals]
+    longer = [(t, repr(float(v))) for t, v in zip(tokens, vals)
+              if n_digits(t) > n_digits(repr(float(v)))]
+    assert not longer, longer[:5]
