@@ -808,13 +808,6 @@ def test_sigint_with_grpc_requests_in_flight(tmp_path):
     sigint_with_requests_in_flight(tmp_path, 0, 8)
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "race in src/http/http_server.c (not fixed here: module being reworked): infer_done() "
-    "drops n_inflight to 0 before the MHD thread has queued the reply, so http_server_stop() "
-    "runs MHD_stop_daemon(); MHD_queue_response() then returns MHD_YES without queuing "
-    "(daemon shutting down), MHD calls on_request() again, handle_infer() sees submitted && "
-    "response == NULL and infer_reply() dereferences NULL in nereid_response_error(): "
-    "SIGSEGV at exit (status -11), in a few percent of shutdowns with HTTP requests in flight"))
 def test_sigint_with_http_requests_in_flight(tmp_path):
     for _ in range(3):  # the race is narrow: three shutdowns make it show more often
         sigint_with_requests_in_flight(tmp_path / str(_), 6, 2)
