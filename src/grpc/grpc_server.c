@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <grpc/byte_buffer_reader.h>
@@ -38,6 +39,9 @@ typedef struct gfe_generic_call {
     int cancelled;
     grpc_slice status_details;
 } gfe_generic_call_t;
+
+/* How long stopping waits for calls in flight before cancelling them. */
+#define GFE_SHUTDOWN_GRACE_SECS 5
 
 static void post_unary(grpc_frontend_t *fe, int queue, gfe_method_t method);
 static void post_generic(grpc_frontend_t *fe, int queue);
@@ -355,7 +359,11 @@ nereid_error_t *grpc_frontend_start(nereid_server_t *server, const grpc_options_
     fe->server = server;
     fe->n_queues = n_queues;
     pthread_mutex_init(&fe->mu, NULL);
-    pthread_cond_init(&fe->cv, NULL);
+    pthread_condattr_t cv_attr;
+    pthread_condattr_init(&cv_attr);
+    pthread_condattr_setclock(&cv_attr, CLOCK_MONOTONIC);
+    pthread_cond_init(&fe->cv, &cv_attr);
+    pthread_condattr_destroy(&cv_attr);
     fe->shutdown_tag.fn = shutdown_done;
     fe->queues = calloc((size_t)n_queues, sizeof(*fe->queues));
     fe->threads = calloc((size_t)n_queues, sizeof(*fe->threads));
@@ -417,6 +425,17 @@ void grpc_frontend_stop(grpc_frontend_t *fe)
     if (fe == NULL) return;
     atomic_store(&fe->stopping, true);
     grpc_server_shutdown_and_notify(fe->grpc, fe->queues[0], &fe->shutdown_tag);
+    /* New calls are refused now; calls in flight get a grace period to finish
+     * (their inferences complete and replies go out) before the rest — idle
+     * streams a client keeps open — are cancelled. */
+    struct timespec deadline;
+    clock_gettime(CLOCK_MONOTONIC, &deadline);
+    deadline.tv_sec += GFE_SHUTDOWN_GRACE_SECS;
+    pthread_mutex_lock(&fe->mu);
+    int rc = 0;
+    while (!fe->shutdown_done && rc == 0)
+        rc = pthread_cond_timedwait(&fe->cv, &fe->mu, &deadline);
+    pthread_mutex_unlock(&fe->mu);
     grpc_server_cancel_all_calls(fe->grpc);
     pthread_mutex_lock(&fe->mu);
     while (!fe->shutdown_done || fe->n_live > 0)
