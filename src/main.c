@@ -42,6 +42,7 @@ typedef enum flag_kind {
     FLAG_LIST,
     FLAG_MODE,
     FLAG_LLONG,
+    FLAG_LOG_FORMAT,
     FLAG_IGNORED,    /* Triton tuning knob with no effect here: accepted with a warning */
     FLAG_UNSUPPORTED /* Triton feature whose absence would surprise (TLS, restrictions): error */
 } flag_kind_t;
@@ -100,10 +101,10 @@ static const flag_t flags[] = {
     F("log-info", FLAG_BOOL, server.log_info, "Log informational messages (true)."),
     F("log-warning", FLAG_BOOL, server.log_warning, "Log warnings (true)."),
     F("log-error", FLAG_BOOL, server.log_error, "Log errors (true)."),
+    F("log-format", FLAG_LOG_FORMAT, server.log_format, "default|ISO8601 (default)."),
 #define IGNORED(name) F(name, FLAG_IGNORED, repos, "Accepted for Triton compatibility; no effect.")
     IGNORED("model-load-retry-count"),
     IGNORED("model-namespacing"),
-    IGNORED("log-format"),
     IGNORED("repoagent-directory"),
     IGNORED("backend-config"),
     IGNORED("pinned-memory-pool-byte-size"),
@@ -191,6 +192,17 @@ static int apply_flag(cli_t *cli, const flag_t *f, const char *value)
     }
     case FLAG_BOOL:
         return parse_bool(value, (bool *)field);
+    case FLAG_LOG_FORMAT: {
+        nereid_log_format_t format;
+        nereid_error_t *err = nereid_log_format_parse(value, &format);
+        if (!err) {
+            *(int *)field = (int)format;
+            return 0;
+        }
+        fprintf(stderr, "nereid: %s\n", nereid_error_message(err));
+        nereid_error_free(err);
+        return -2;
+    }
     case FLAG_IGNORED:
         fprintf(stderr,
                 "nereid: warning: --%s is accepted for Triton compatibility and has no "

@@ -113,6 +113,7 @@ typedef struct nereid_server_options {
     const char *server_id;            /* default "triton" */
     int model_load_thread_count;      /* default 4 */
     bool log_info, log_warning, log_error; /* default true: which log lines are printed */
+    int log_format; /* a nereid_log_format_t; default NEREID_LOG_FORMAT_DEFAULT */
 } nereid_server_options_t;
 
 typedef struct nereid_server nereid_server_t;
@@ -279,6 +280,68 @@ NEREID_EXPORT nereid_error_t *nereid_response_classify(const nereid_response_t *
                                                        char **bytes_out, size_t *byte_size_out,
                                                        int64_t *shape_out, size_t *rank_out);
 NEREID_EXPORT void nereid_response_free(nereid_response_t *resp);
+
+/* ---- Logging and trace settings ------------------------------------------ */
+
+/* Log settings are process-wide (one log on stderr); the server argument names
+ * the server the request came through. Reads and updates are safe from any
+ * thread at any time: each field is an atomic, a log line in progress uses
+ * the values it read when it started. */
+
+typedef enum nereid_log_format {
+    NEREID_LOG_FORMAT_DEFAULT, /* "I1122 hh:mm:ss.ssssss <pid> <module>] msg" (local time) */
+    NEREID_LOG_FORMAT_ISO8601, /* "2026-11-22T00:00:00Z I <pid> <module>] msg" (UTC) */
+} nereid_log_format_t;
+
+typedef struct nereid_log_settings {
+    bool log_info, log_warning, log_error;
+    uint32_t log_verbose_level;
+    nereid_log_format_t log_format;
+} nereid_log_settings_t;
+
+/* "default" / "ISO8601"; static. */
+NEREID_EXPORT const char *nereid_log_format_name(nereid_log_format_t format);
+/* Parses "default" / "ISO8601" (exact spelling). Unknown: UNAVAILABLE
+ * "invalid argument for --log_format, got: <s>" (Triton's text and code). */
+NEREID_EXPORT nereid_error_t *nereid_log_format_parse(const char *s, nereid_log_format_t *out);
+/* The current settings. */
+NEREID_EXPORT void nereid_server_log_settings(nereid_server_t *server, nereid_log_settings_t *out);
+/* Updates the settings; a NULL pointer leaves that setting unchanged.
+ * log_format is validated first, so an error changes nothing. The log file
+ * can not be changed (Triton: UNSUPPORTED "log file location can not be
+ * updated through network protocol"); frontends check that themselves. */
+NEREID_EXPORT nereid_error_t *nereid_server_update_log_settings(nereid_server_t *server,
+                                                                const bool *log_info,
+                                                                const bool *log_warning,
+                                                                const bool *log_error,
+                                                                const uint32_t *log_verbose_level,
+                                                                const char *log_format);
+
+/* Tracing is not implemented: the settings are fixed at Triton's defaults
+ * with trace_level ["OFF"]. model NULL or "" = the global settings; otherwise
+ * an unknown model gives INVALID_ARG "Request for unknown model : <m>".
+ * *json_out: {"trace_level":["OFF"],"trace_rate":"1000","trace_count":"-1",
+ * "log_frequency":"0","trace_file":"","trace_mode":"triton"}; caller frees
+ * with free(). */
+NEREID_EXPORT nereid_error_t *nereid_server_trace_settings(nereid_server_t *server,
+                                                           const char *model, char **json_out);
+
+/* One requested trace setting change: values[0..n_values) (n_values 0 =
+ * clear, i.e. back to the default). All borrowed during the call. */
+typedef struct nereid_trace_setting {
+    const char *key;
+    const char *const *values;
+    size_t n_values;
+} nereid_trace_setting_t;
+
+/* Accepts only changes that keep tracing off: trace_level ["OFF"] and the
+ * other keys set to their fixed values (or cleared). Enabling TIMESTAMPS or
+ * TENSORS, or changing another value, gives UNSUPPORTED "tracing is not
+ * supported by this server ..."; an unknown key or level gives INVALID_ARG.
+ * On success *json_out is as nereid_server_trace_settings. */
+NEREID_EXPORT nereid_error_t *nereid_server_update_trace_settings(
+    nereid_server_t *server, const char *model, const nereid_trace_setting_t *settings,
+    size_t n_settings, char **json_out);
 
 #ifdef __cplusplus
 }

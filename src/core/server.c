@@ -62,6 +62,7 @@ nereid_error_t *nereid_server_new(const nereid_server_options_t *opts, nereid_se
     log_info_enabled = opts->log_info;
     log_warning_enabled = opts->log_warning;
     log_error_enabled = opts->log_error;
+    log_format_iso8601 = opts->log_format == NEREID_LOG_FORMAT_ISO8601;
     /* Readers first: an ensemble's steps take the read lock again while the
      * ensemble request holds it (nereid_server_infer_async). */
     pthread_rwlockattr_t attr;
@@ -264,7 +265,7 @@ nereid_error_t *nereid_server_metadata(nereid_server_t *s, char **json_out)
                                        "model_repository",   "model_repository(unload_dependents)",
                                        "schedule_policy",    "model_configuration",
                                        "binary_tensor_data", "parameters",
-                                       "statistics"};
+                                       "statistics",         "logging"};
     json_t *ext = json_array();
     for (size_t i = 0; i < ARRAY_LEN(extensions); i++)
         json_array_append_new(ext, json_string(extensions[i]));

@@ -12,8 +12,9 @@
 
 #include "nereid/backend.h"
 
-int log_verbose_level;
-bool log_info_enabled = true, log_warning_enabled = true, log_error_enabled = true;
+_Atomic int log_verbose_level;
+_Atomic bool log_info_enabled = true, log_warning_enabled = true, log_error_enabled = true;
+_Atomic int log_format_iso8601;
 
 static void oom(void)
 {
@@ -88,10 +89,18 @@ void log_msg(char level, const char *module, const char *fmt, ...)
     struct tm tm;
     char line[2048];
     gettimeofday(&tv, NULL);
-    localtime_r(&tv.tv_sec, &tm);
-    int n = snprintf(line, sizeof line, "%c%02d%02d %02d:%02d:%02d.%06ld %d %s] ", level,
+    int n;
+    if (atomic_load_explicit(&log_format_iso8601, memory_order_relaxed)) {
+        gmtime_r(&tv.tv_sec, &tm);
+        n = snprintf(line, sizeof line, "%04d-%02d-%02dT%02d:%02d:%02dZ %c %d %s] ",
+                     tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
+                     level, (int)getpid(), module);
+    } else {
+        localtime_r(&tv.tv_sec, &tm);
+        n = snprintf(line, sizeof line, "%c%02d%02d %02d:%02d:%02d.%06ld %d %s] ", level,
                      tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, (long)tv.tv_usec,
                      (int)getpid(), module);
+    }
     va_list ap;
     va_start(ap, fmt);
     if (n > 0 && (size_t)n < sizeof line) vsnprintf(line + n, sizeof line - (size_t)n, fmt, ap);

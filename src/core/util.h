@@ -6,6 +6,7 @@
 #define NEREID_UTIL_H
 
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -22,8 +23,10 @@ char *xasprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 uint64_t util_now_ns(void);  /* CLOCK_MONOTONIC */
 uint64_t util_wall_ms(void); /* ms since the epoch */
 
-extern int log_verbose_level;
-extern bool log_info_enabled, log_warning_enabled, log_error_enabled;
+/* Runtime-changeable (logging.c, nereid_server_update_log_settings). */
+extern _Atomic int log_verbose_level;
+extern _Atomic bool log_info_enabled, log_warning_enabled, log_error_enabled;
+extern _Atomic int log_format_iso8601; /* 0 = Triton default format */
 /* Triton-style log lines on stderr: "I1122 00:00:00.000000 <pid> <module>] msg". */
 void log_msg(char level, const char *module, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));

@@ -606,17 +606,185 @@ void gfe_unsupported(gfe_unary_call_t *c, const uint8_t *data, size_t len)
     case GFE_M_SYSTEM_SHM_UNREGISTER:
         what = "system shared memory is not supported by this server";
         break;
-    case GFE_M_CUDA_SHM_STATUS:
-    case GFE_M_CUDA_SHM_REGISTER:
-    case GFE_M_CUDA_SHM_UNREGISTER:
-        what = "CUDA shared memory is not supported by this server (CPU only)";
-        break;
-    case GFE_M_TRACE_SETTING:
-        what = "trace settings are not supported by this server";
-        break;
     default:
-        what = "log settings are not supported by this server";
+        what = "CUDA shared memory is not supported by this server (CPU only)";
         break;
     }
     gfe_unary_finish_status(c, GRPC_STATUS_UNIMPLEMENTED, what, NULL);
+}
+
+/* ---- Log and trace settings --------------------------------------------- */
+
+void gfe_log_settings(gfe_unary_call_t *c, const uint8_t *data, size_t len)
+{
+    Inference__LogSettingsRequest *req = inference__log_settings_request__unpack(NULL, len, data);
+    if (req == NULL) {
+        finish_malformed(c, "LogSettingsRequest");
+        return;
+    }
+    bool flags[3];
+    const bool *set_flags[3] = {NULL, NULL, NULL};
+    static const char *const flag_keys[3] = {"log_info", "log_warning", "log_error"};
+    uint32_t verbose = 0;
+    const uint32_t *set_verbose = NULL;
+    const char *format = NULL;
+    nereid_error_t *err = NULL;
+    for (size_t i = 0; err == NULL && i < req->n_settings; i++) {
+        const char *key = req->settings[i]->key;
+        const Inference__LogSettingsRequest__SettingValue *v = req->settings[i]->value;
+        int choice = v != NULL ? (int)v->parameter_choice_case : 0;
+        if (choice == INFERENCE__LOG_SETTINGS_REQUEST__SETTING_VALUE__PARAMETER_CHOICE__NOT_SET)
+            continue; /* no value: no change */
+        int f = -1;
+        for (int k = 0; k < 3; k++)
+            if (strcmp(key, flag_keys[k]) == 0) f = k;
+        if (f >= 0) {
+            if (choice !=
+                INFERENCE__LOG_SETTINGS_REQUEST__SETTING_VALUE__PARAMETER_CHOICE_BOOL_PARAM)
+                err = nereid_error_new(NEREID_ERROR_INVALID_ARG, "expect bool_param for '%s'", key);
+            else {
+                flags[f] = v->bool_param != 0;
+                set_flags[f] = &flags[f];
+            }
+        } else if (strcmp(key, "log_verbose_level") == 0) {
+            if (choice !=
+                INFERENCE__LOG_SETTINGS_REQUEST__SETTING_VALUE__PARAMETER_CHOICE_UINT32_PARAM)
+                err = nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                       "expect uint32_param for 'log_verbose_level'");
+            else {
+                verbose = v->uint32_param;
+                set_verbose = &verbose;
+            }
+        } else if (strcmp(key, "log_format") == 0 || strcmp(key, "log_file") == 0) {
+            if (choice !=
+                INFERENCE__LOG_SETTINGS_REQUEST__SETTING_VALUE__PARAMETER_CHOICE_STRING_PARAM)
+                err =
+                    nereid_error_new(NEREID_ERROR_INVALID_ARG, "expect string_param for '%s'", key);
+            else if (strcmp(key, "log_file") == 0)
+                err = nereid_error_new(NEREID_ERROR_UNSUPPORTED,
+                                       "log file location can not be updated through network "
+                                       "protocol");
+            else
+                format = v->string_param;
+        }
+    }
+    if (err == NULL)
+        err = nereid_server_update_log_settings(c->fe->server, set_flags[0], set_flags[1],
+                                                set_flags[2], set_verbose, format);
+    inference__log_settings_request__free_unpacked(req, NULL);
+    if (err != NULL) {
+        gfe_unary_finish_error(c, err);
+        return;
+    }
+    nereid_log_settings_t ls;
+    nereid_server_log_settings(c->fe->server, &ls);
+    enum { N = 6 };
+    Inference__LogSettingsResponse__SettingValue vals[N];
+    Inference__LogSettingsResponse__SettingsEntry entries[N];
+    Inference__LogSettingsResponse__SettingsEntry *ptrs[N];
+    static const char *const keys[N] = {"log_file",  "log_info",          "log_warning",
+                                        "log_error", "log_verbose_level", "log_format"};
+    for (int i = 0; i < N; i++) {
+        vals[i] = (Inference__LogSettingsResponse__SettingValue)
+            INFERENCE__LOG_SETTINGS_RESPONSE__SETTING_VALUE__INIT;
+        entries[i] = (Inference__LogSettingsResponse__SettingsEntry)
+            INFERENCE__LOG_SETTINGS_RESPONSE__SETTINGS_ENTRY__INIT;
+        entries[i].key = (char *)keys[i];
+        entries[i].value = &vals[i];
+        ptrs[i] = &entries[i];
+    }
+    vals[0].parameter_choice_case =
+        INFERENCE__LOG_SETTINGS_RESPONSE__SETTING_VALUE__PARAMETER_CHOICE_STRING_PARAM;
+    vals[0].string_param = (char *)"";
+    bool b[3] = {ls.log_info, ls.log_warning, ls.log_error};
+    for (int i = 0; i < 3; i++) {
+        vals[1 + i].parameter_choice_case =
+            INFERENCE__LOG_SETTINGS_RESPONSE__SETTING_VALUE__PARAMETER_CHOICE_BOOL_PARAM;
+        vals[1 + i].bool_param = b[i];
+    }
+    vals[4].parameter_choice_case =
+        INFERENCE__LOG_SETTINGS_RESPONSE__SETTING_VALUE__PARAMETER_CHOICE_UINT32_PARAM;
+    vals[4].uint32_param = ls.log_verbose_level;
+    vals[5].parameter_choice_case =
+        INFERENCE__LOG_SETTINGS_RESPONSE__SETTING_VALUE__PARAMETER_CHOICE_STRING_PARAM;
+    vals[5].string_param = (char *)nereid_log_format_name(ls.log_format);
+    Inference__LogSettingsResponse r = INFERENCE__LOG_SETTINGS_RESPONSE__INIT;
+    r.n_settings = N;
+    r.settings = ptrs;
+    gfe_unary_finish_msg(c, &r.base);
+}
+
+void gfe_trace_setting(gfe_unary_call_t *c, const uint8_t *data, size_t len)
+{
+    Inference__TraceSettingRequest *req = inference__trace_setting_request__unpack(NULL, len, data);
+    if (req == NULL) {
+        finish_malformed(c, "TraceSettingRequest");
+        return;
+    }
+    char *text = NULL;
+    nereid_error_t *err;
+    if (req->n_settings == 0) {
+        err = nereid_server_trace_settings(c->fe->server, req->model_name, &text);
+    } else {
+        nereid_trace_setting_t *settings = calloc(req->n_settings, sizeof(*settings));
+        if (settings == NULL) {
+            err = nereid_error_new(NEREID_ERROR_INTERNAL, "out of memory");
+        } else {
+            for (size_t i = 0; i < req->n_settings; i++) {
+                const Inference__TraceSettingRequest__SettingValue *v = req->settings[i]->value;
+                settings[i].key = req->settings[i]->key;
+                settings[i].values = v != NULL ? (const char *const *)v->value : NULL;
+                settings[i].n_values = v != NULL ? v->n_value : 0;
+            }
+            err = nereid_server_update_trace_settings(c->fe->server, req->model_name, settings,
+                                                      req->n_settings, &text);
+            free(settings);
+        }
+    }
+    inference__trace_setting_request__free_unpacked(req, NULL);
+    if (err != NULL) {
+        gfe_unary_finish_error(c, err);
+        return;
+    }
+    json_t *doc = json_loads(text, 0, NULL);
+    free(text);
+    if (doc == NULL || !json_is_object(doc)) {
+        json_decref(doc);
+        finish_bad_json(c);
+        return;
+    }
+    arena_t a = {0};
+    size_t n = json_object_size(doc);
+    Inference__TraceSettingResponse r = INFERENCE__TRACE_SETTING_RESPONSE__INIT;
+    r.settings = arena_calloc(&a, n, sizeof(*r.settings));
+    Inference__TraceSettingResponse__SettingsEntry *entries = arena_calloc(&a, n, sizeof(*entries));
+    Inference__TraceSettingResponse__SettingValue *vals = arena_calloc(&a, n, sizeof(*vals));
+    const char *key;
+    json_t *v;
+    if (r.settings != NULL && entries != NULL && vals != NULL) {
+        json_object_foreach(doc, key, v)
+        {
+            size_t i = r.n_settings;
+            vals[i] = (Inference__TraceSettingResponse__SettingValue)
+                INFERENCE__TRACE_SETTING_RESPONSE__SETTING_VALUE__INIT;
+            entries[i] = (Inference__TraceSettingResponse__SettingsEntry)
+                INFERENCE__TRACE_SETTING_RESPONSE__SETTINGS_ENTRY__INIT;
+            size_t nv = json_is_array(v) ? json_array_size(v) : 1;
+            vals[i].value = arena_calloc(&a, nv, sizeof(char *));
+            if (vals[i].value == NULL) break;
+            for (size_t k = 0; k < nv; k++) {
+                const char *s = json_string_value(json_is_array(v) ? json_array_get(v, k) : v);
+                vals[i].value[vals[i].n_value++] = (char *)(s != NULL ? s : "");
+            }
+            entries[i].key = (char *)key;
+            entries[i].value = &vals[i];
+            r.settings[r.n_settings++] = &entries[i];
+        }
+    }
+    if (a.failed)
+        gfe_unary_finish_status(c, GRPC_STATUS_INTERNAL, "out of memory", NULL);
+    else
+        gfe_unary_finish_msg(c, &r.base);
+    arena_free(&a);
+    json_decref(doc);
 }

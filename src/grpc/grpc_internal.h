@@ -62,9 +62,9 @@ typedef void (*gfe_unary_fn)(struct gfe_unary_call *c, const uint8_t *data, size
       gfe_unsupported, GFE_UNARY, 1)                                                               \
     X(CUDA_SHM_UNREGISTER, "/inference.GRPCInferenceService/CudaSharedMemoryUnregister",           \
       gfe_unsupported, GFE_UNARY, 1)                                                               \
-    X(TRACE_SETTING, "/inference.GRPCInferenceService/TraceSetting", gfe_unsupported, GFE_UNARY,   \
+    X(TRACE_SETTING, "/inference.GRPCInferenceService/TraceSetting", gfe_trace_setting, GFE_UNARY, \
       1)                                                                                           \
-    X(LOG_SETTINGS, "/inference.GRPCInferenceService/LogSettings", gfe_unsupported, GFE_UNARY, 1)  \
+    X(LOG_SETTINGS, "/inference.GRPCInferenceService/LogSettings", gfe_log_settings, GFE_UNARY, 1) \
     X(HEALTH_CHECK, "/grpc.health.v1.Health/Check", gfe_health_check, GFE_UNARY, 2)
 
 typedef enum gfe_method {
@@ -122,6 +122,8 @@ void gfe_repository_index(gfe_unary_call_t *c, const uint8_t *data, size_t len);
 void gfe_repository_load(gfe_unary_call_t *c, const uint8_t *data, size_t len);
 void gfe_repository_unload(gfe_unary_call_t *c, const uint8_t *data, size_t len);
 void gfe_unsupported(gfe_unary_call_t *c, const uint8_t *data, size_t len);
+void gfe_log_settings(gfe_unary_call_t *c, const uint8_t *data, size_t len);
+void gfe_trace_setting(gfe_unary_call_t *c, const uint8_t *data, size_t len);
 void gfe_health_check(gfe_unary_call_t *c, const uint8_t *data, size_t len);
 
 /* Finishing a unary call; any thread, exactly once per call. */

@@ -70,7 +70,14 @@
     X(CUDA_SHM_REGION_STATUS, "GET", "/v2/cudasharedmemory/region/{r}/status", handle_shm)         \
     X(CUDA_SHM_REGISTER, "POST", "/v2/cudasharedmemory/region/{r}/register", handle_shm)           \
     X(CUDA_SHM_UNREGISTER, "POST", "/v2/cudasharedmemory/unregister", handle_shm)                  \
-    X(CUDA_SHM_REGION_UNREGISTER, "POST", "/v2/cudasharedmemory/region/{r}/unregister", handle_shm)
+    X(CUDA_SHM_REGION_UNREGISTER, "POST", "/v2/cudasharedmemory/region/{r}/unregister",            \
+      handle_shm)                                                                                  \
+    X(LOGGING_GET, "GET", "/v2/logging", handle_logging)                                           \
+    X(LOGGING_POST, "POST", "/v2/logging", handle_logging)                                         \
+    X(TRACE_GET, "GET", "/v2/trace/setting", handle_trace)                                         \
+    X(TRACE_POST, "POST", "/v2/trace/setting", handle_trace)                                       \
+    X(MODEL_TRACE_GET, "GET", "/v2/models/{m}/trace/setting", handle_trace)                        \
+    X(MODEL_TRACE_POST, "POST", "/v2/models/{m}/trace/setting", handle_trace)
 
 typedef enum http_route {
 #define X(id, method, path, fn) ROUTE_##id,
@@ -197,7 +204,12 @@ static void route_resolve(http_conn_t *c, const char *url, const char *method)
             m = v = r = NULL;
             continue;
         }
-        c->route = strcmp(method, routes[i].method) ? ROUTE_BAD_METHOD : (http_route_t)i;
+        /* A path may be listed once per method: keep looking on a mismatch. */
+        if (strcmp(method, routes[i].method)) {
+            c->route = ROUTE_BAD_METHOD;
+            continue;
+        }
+        c->route = (http_route_t)i;
         break;
     }
     /* Cut the captured segments out of the owned path copy. */
@@ -429,6 +441,145 @@ static enum MHD_Result handle_unload(http_conn_t *c)
     if (!err) err = nereid_server_unload_model(c->srv->core, c->model, dependents);
     if (err) return http_queue_nereid_error(c->mhd, err);
     return http_queue_text(c->mhd, 200, NULL, NULL, 0);
+}
+
+/* ---- Logging and trace settings -------------------------------------------- */
+
+static enum MHD_Result reply_log_settings(http_conn_t *c)
+{
+    nereid_log_settings_t ls;
+    nereid_server_log_settings(c->srv->core, &ls);
+    json_t *doc = json_pack("{s:s,s:b,s:b,s:b,s:I,s:s}", "log_file", "", "log_info", ls.log_info,
+                            "log_warning", ls.log_warning, "log_error", ls.log_error,
+                            "log_verbose_level", (json_int_t)ls.log_verbose_level, "log_format",
+                            nereid_log_format_name(ls.log_format));
+    char *json = doc ? json_dumps(doc, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+    json_decref(doc);
+    if (!json) return http_queue_error(c->mhd, 500, "unable to serialize JSON");
+    return http_queue_json_owned(c->mhd, 200, json);
+}
+
+/* Reads optional bool key; null/absent = no change (*set stays NULL). */
+static nereid_error_t *log_bool(json_t *root, const char *key, bool *slot, const bool **set)
+{
+    json_t *v = json_object_get(root, key);
+    if (!v || json_is_null(v)) return NULL;
+    if (!json_is_boolean(v))
+        return nereid_error_new(NEREID_ERROR_INVALID_ARG, "expect boolean for '%s'", key);
+    *slot = json_is_true(v);
+    *set = slot;
+    return NULL;
+}
+
+static enum MHD_Result handle_logging(http_conn_t *c)
+{
+    if (c->route == ROUTE_LOGGING_GET) return reply_log_settings(c);
+    nereid_error_t *err;
+    json_t *root = parse_body_json(c, &err);
+    if (!err && !json_is_object(root))
+        err = nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                               "expect a JSON object with the log settings to update");
+    bool info, warning, error;
+    const bool *p_info = NULL, *p_warning = NULL, *p_error = NULL;
+    uint32_t verbose;
+    const uint32_t *p_verbose = NULL;
+    const char *format = NULL;
+    if (!err) {
+        json_t *f = json_object_get(root, "log_file");
+        if (f && !json_is_null(f))
+            err = nereid_error_new(NEREID_ERROR_UNSUPPORTED,
+                                   "log file location can not be updated through network "
+                                   "protocol");
+    }
+    if (!err) err = log_bool(root, "log_info", &info, &p_info);
+    if (!err) err = log_bool(root, "log_warning", &warning, &p_warning);
+    if (!err) err = log_bool(root, "log_error", &error, &p_error);
+    if (!err) {
+        json_t *v = json_object_get(root, "log_verbose_level");
+        if (v && !json_is_null(v)) {
+            if (!json_is_integer(v) || json_integer_value(v) < 0 ||
+                json_integer_value(v) > INT32_MAX)
+                err = nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                       "expect non-negative integer for 'log_verbose_level'");
+            else {
+                verbose = (uint32_t)json_integer_value(v);
+                p_verbose = &verbose;
+            }
+        }
+    }
+    if (!err) {
+        json_t *v = json_object_get(root, "log_format");
+        if (v && !json_is_null(v)) {
+            if (!json_is_string(v))
+                err = nereid_error_new(NEREID_ERROR_INVALID_ARG, "expect string for 'log_format'");
+            else
+                format = json_string_value(v);
+        }
+    }
+    if (!err)
+        err = nereid_server_update_log_settings(c->srv->core, p_info, p_warning, p_error, p_verbose,
+                                                format);
+    if (root) json_decref(root);
+    if (err) return http_queue_nereid_error(c->mhd, err);
+    return reply_log_settings(c);
+}
+
+static enum MHD_Result handle_trace(http_conn_t *c)
+{
+    char *json = NULL;
+    if (c->route == ROUTE_TRACE_GET || c->route == ROUTE_MODEL_TRACE_GET) {
+        nereid_error_t *err = nereid_server_trace_settings(c->srv->core, c->model, &json);
+        return reply_json_or_error(c->mhd, err, json);
+    }
+    nereid_error_t *err;
+    json_t *root = parse_body_json(c, &err);
+    if (!err && !json_is_object(root))
+        err = nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                               "expect a JSON object with the trace settings to update");
+    size_t n = err ? 0 : json_object_size(root), k = 0;
+    nereid_trace_setting_t *settings = calloc(n ? n : 1, sizeof *settings);
+    const char ***owned = calloc(n ? n : 1, sizeof *owned); /* each key's value array */
+    if (!err && (!settings || !owned))
+        err = nereid_error_new(NEREID_ERROR_INTERNAL, "out of memory");
+    const char *key;
+    json_t *v;
+    if (!err) {
+        json_object_foreach(root, key, v)
+        {
+            nereid_trace_setting_t *t = &settings[k];
+            t->key = key;
+            if (json_is_null(v)) {
+                k++;
+                continue;
+            }
+            size_t nv = json_is_array(v) ? json_array_size(v) : 1;
+            const char **vals = calloc(nv ? nv : 1, sizeof *vals);
+            if (!vals) {
+                err = nereid_error_new(NEREID_ERROR_INTERNAL, "out of memory");
+                break;
+            }
+            owned[k++] = vals;
+            for (size_t i = 0; i < nv; i++) {
+                json_t *e = json_is_array(v) ? json_array_get(v, i) : v;
+                if (!json_is_string(e)) {
+                    err = nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                           "expect string or array of strings for '%s'", key);
+                    break;
+                }
+                vals[i] = json_string_value(e);
+            }
+            if (err) break;
+            t->values = vals;
+            t->n_values = nv;
+        }
+    }
+    if (!err) err = nereid_server_update_trace_settings(c->srv->core, c->model, settings, k, &json);
+    for (size_t i = 0; owned && i < k; i++)
+        free(owned[i]);
+    free(owned);
+    free(settings);
+    if (root) json_decref(root);
+    return reply_json_or_error(c->mhd, err, json);
 }
 
 static enum MHD_Result handle_named_repository(http_conn_t *c)

@@ -157,8 +157,6 @@ def test_unsupported_rpcs_answer(stub):
         (stub.CudaSharedMemoryStatus, pb.CudaSharedMemoryStatusRequest()),
         (stub.CudaSharedMemoryRegister, pb.CudaSharedMemoryRegisterRequest(name="r")),
         (stub.CudaSharedMemoryUnregister, pb.CudaSharedMemoryUnregisterRequest()),
-        (stub.TraceSetting, pb.TraceSettingRequest()),
-        (stub.LogSettings, pb.LogSettingsRequest()),
     ]
     for call, req in calls:
         e = rpc_error(call, req)
