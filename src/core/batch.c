@@ -416,8 +416,15 @@ void batch_record(batch_t *batch)
         stats_add(&b->compute_infer, infer_ns);
         stats_add(&b->compute_output, out_ns);
     }
+    /* The response is produced when execution ends: compute_infer runs to
+     * the start of output handling, compute_output to the end. */
+    uint64_t resp_infer_ns = batch->t_infer_end_ns - batch->t_start_ns;
+    response_stat_t *rs = &s->response0;
     for (size_t r = 0; r < batch->n_reqs; r++) {
         nereid_request_t *req = batch->reqs[r];
+        stats_add(&rs->compute_infer, resp_infer_ns);
+        stats_add(&rs->compute_output, out_ns);
+        stats_add(req->response->error ? &rs->fail : &rs->success, resp_infer_ns + out_ns);
         if (!req->response->error) {
             stats_add(&s->compute_input, in_ns);
             stats_add(&s->compute_infer, infer_ns);

@@ -38,6 +38,12 @@ typedef enum failure_reason {
     FAILURE_N
 } failure_reason_t;
 
+/* Statistics of the model's first (and, without decoupled models, only)
+ * response to each request: response_stats "0" in the statistics JSON. */
+typedef struct response_stat {
+    stat_duration_t compute_infer, compute_output, success, fail, empty_response, cancel;
+} response_stat_t;
+
 typedef struct model_stats {
     _Atomic uint64_t last_inference_ms;
     _Atomic uint64_t inference_count; /* batch elements executed */
@@ -46,6 +52,7 @@ typedef struct model_stats {
     stat_duration_t cache_hit, cache_miss;
     _Atomic uint64_t failures[FAILURE_N];
     _Atomic int64_t pending; /* requests queued, not yet executing */
+    response_stat_t response0;
     batch_stat_t *batch;     /* index = batch size, 1..n_batch-1 */
     size_t n_batch;
 } model_stats_t;

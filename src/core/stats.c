@@ -35,6 +35,19 @@ static json_t *duration_json(const stat_duration_t *d)
                      (json_int_t)atomic_load(&d->ns));
 }
 
+static json_t *response_stats_json(const response_stat_t *r)
+{
+    json_t *obj = json_object();
+    if (!atomic_load(&r->success.count) && !atomic_load(&r->fail.count)) return obj;
+    json_object_set_new(
+        obj, "0",
+        json_pack("{s:o,s:o,s:o,s:o,s:o,s:o}", "compute_infer", duration_json(&r->compute_infer),
+                  "compute_output", duration_json(&r->compute_output), "success",
+                  duration_json(&r->success), "fail", duration_json(&r->fail), "empty_response",
+                  duration_json(&r->empty_response), "cancel", duration_json(&r->cancel)));
+    return obj;
+}
+
 json_t *stats_model_json(const model_t *m)
 {
     const model_stats_t *s = &m->stats;
@@ -60,7 +73,7 @@ json_t *stats_model_json(const model_t *m)
                      "last_inference", (json_int_t)atomic_load(&s->last_inference_ms),
                      "inference_count", (json_int_t)atomic_load(&s->inference_count),
                      "execution_count", (json_int_t)atomic_load(&s->execution_count),
-                     "inference_stats", inf, "response_stats", json_object(), "batch_stats",
+                     "inference_stats", inf, "response_stats", response_stats_json(&s->response0), "batch_stats",
                      batches, "memory_usage", json_array());
 }
 

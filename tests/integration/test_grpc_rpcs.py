@@ -95,6 +95,8 @@ def test_model_statistics(stub):
     assert m.inference_stats.queue.count == 3 and m.inference_stats.fail.count == 0
     assert m.last_inference > 1_600_000_000_000
     assert [b.batch_size for b in m.batch_stats] == [1]
+    assert list(m.response_stats) == ["0"]
+    assert m.response_stats["0"].success.count == 3 and m.response_stats["0"].fail.count == 0
     everything = stub.ModelStatistics(pb.ModelStatisticsRequest())
     names = {s.name for s in everything.model_stats}
     assert {"id_fp32", "id_bytes", "id_batch", "slow"} <= names

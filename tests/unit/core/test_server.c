@@ -301,6 +301,11 @@ static void test_stats(nereid_server_t *s)
     CHECK(json_integer_value(json_object_get(json_object_get(inf, "success"), "count")) == 1);
     json_t *bs = json_array_get(json_object_get(st, "batch_stats"), 0);
     CHECK(json_integer_value(json_object_get(bs, "batch_size")) == 2);
+    /* One request, one response: response_stats "0" counts it once. */
+    json_t *r0 = json_object_get(json_object_get(st, "response_stats"), "0");
+    CHECK(json_integer_value(json_object_get(json_object_get(r0, "success"), "count")) == 1);
+    CHECK(json_integer_value(json_object_get(json_object_get(r0, "fail"), "count")) == 0);
+    CHECK(json_integer_value(json_object_get(json_object_get(r0, "compute_infer"), "count")) == 1);
     json_decref(doc);
     nereid_error_t *err = nereid_server_model_statistics(s, "nope", 0, &json);
     CHECK_ERROR(err, NEREID_ERROR_INVALID_ARG, "requested model 'nope' is not available");
