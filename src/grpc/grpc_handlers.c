@@ -56,6 +56,21 @@ static void finish_bad_json(gfe_unary_call_t *c)
                             NULL);
 }
 
+/* Finishes the call with err, or parses the core's JSON reply text (freed
+ * either way); NULL when the call has been finished. */
+static json_t *reply_json(gfe_unary_call_t *c, nereid_error_t *err, char *text)
+{
+    if (err != NULL) {
+        free(text);
+        gfe_unary_finish_error(c, err);
+        return NULL;
+    }
+    json_t *doc = json_loads(text, 0, NULL);
+    free(text);
+    if (doc == NULL) finish_bad_json(c);
+    return doc;
+}
+
 static const char *jstr(const json_t *obj, const char *key)
 {
     const char *s = json_string_value(json_object_get(obj, key));
@@ -136,18 +151,10 @@ void gfe_server_metadata(gfe_unary_call_t *c, const uint8_t *data, size_t len)
 {
     (void)data;
     (void)len;
-    char *text;
+    char *text = NULL;
     nereid_error_t *err = nereid_server_metadata(c->fe->server, &text);
-    if (err != NULL) {
-        gfe_unary_finish_error(c, err);
-        return;
-    }
-    json_t *doc = json_loads(text, 0, NULL);
-    free(text);
-    if (doc == NULL) {
-        finish_bad_json(c);
-        return;
-    }
+    json_t *doc = reply_json(c, err, text);
+    if (doc == NULL) return;
     arena_t a = {0};
     Inference__ServerMetadataResponse r = INFERENCE__SERVER_METADATA_RESPONSE__INIT;
     r.name = (char *)jstr(doc, "name");
@@ -204,16 +211,8 @@ void gfe_model_metadata(gfe_unary_call_t *c, const uint8_t *data, size_t len)
     nereid_error_t *err = infer_codec_version(req->version, &version);
     if (err == NULL) err = nereid_server_model_metadata(c->fe->server, req->name, version, &text);
     inference__model_metadata_request__free_unpacked(req, NULL);
-    if (err != NULL) {
-        gfe_unary_finish_error(c, err);
-        return;
-    }
-    json_t *doc = json_loads(text, 0, NULL);
-    free(text);
-    if (doc == NULL) {
-        finish_bad_json(c);
-        return;
-    }
+    json_t *doc = reply_json(c, err, text);
+    if (doc == NULL) return;
     arena_t a = {0};
     Inference__ModelMetadataResponse r = INFERENCE__MODEL_METADATA_RESPONSE__INIT;
     r.name = (char *)jstr(doc, "name");
@@ -383,16 +382,8 @@ void gfe_model_statistics(gfe_unary_call_t *c, const uint8_t *data, size_t len)
     nereid_error_t *err = infer_codec_version(req->version, &version);
     if (err == NULL) err = nereid_server_model_statistics(c->fe->server, req->name, version, &text);
     inference__model_statistics_request__free_unpacked(req, NULL);
-    if (err != NULL) {
-        gfe_unary_finish_error(c, err);
-        return;
-    }
-    json_t *doc = json_loads(text, 0, NULL);
-    free(text);
-    if (doc == NULL) {
-        finish_bad_json(c);
-        return;
-    }
+    json_t *doc = reply_json(c, err, text);
+    if (doc == NULL) return;
     arena_t a = {0};
     Inference__ModelStatisticsResponse r = INFERENCE__MODEL_STATISTICS_RESPONSE__INIT;
     json_t *list = json_object_get(doc, "model_stats");
@@ -424,16 +415,8 @@ void gfe_repository_index(gfe_unary_call_t *c, const uint8_t *data, size_t len)
     char *text = NULL;
     nereid_error_t *err = nereid_server_repository_index(c->fe->server, req->ready, &text);
     inference__repository_index_request__free_unpacked(req, NULL);
-    if (err != NULL) {
-        gfe_unary_finish_error(c, err);
-        return;
-    }
-    json_t *doc = json_loads(text, 0, NULL);
-    free(text);
-    if (doc == NULL) {
-        finish_bad_json(c);
-        return;
-    }
+    json_t *doc = reply_json(c, err, text);
+    if (doc == NULL) return;
     arena_t a = {0};
     Inference__RepositoryIndexResponse r = INFERENCE__REPOSITORY_INDEX_RESPONSE__INIT;
     size_t n = json_array_size(doc);
@@ -742,13 +725,9 @@ void gfe_trace_setting(gfe_unary_call_t *c, const uint8_t *data, size_t len)
         }
     }
     inference__trace_setting_request__free_unpacked(req, NULL);
-    if (err != NULL) {
-        gfe_unary_finish_error(c, err);
-        return;
-    }
-    json_t *doc = json_loads(text, 0, NULL);
-    free(text);
-    if (doc == NULL || !json_is_object(doc)) {
+    json_t *doc = reply_json(c, err, text);
+    if (doc == NULL) return;
+    if (!json_is_object(doc)) {
         json_decref(doc);
         finish_bad_json(c);
         return;
