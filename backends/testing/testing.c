@@ -8,7 +8,10 @@
  * and per-request parameters:
  *   delay_ms (int)       extra sleep for a batch that contains this request
  *   fail (string "true") this request fails, the rest of the batch succeeds
+ * Every execute also checks the core's promise that one instance never runs
+ * two batches at once, and fails the batch if it does.
  */
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -41,15 +44,43 @@ NEREID_EXPORT nereid_error_t *nereid_backend_model_init(nereid_model_t *model)
     return NULL;
 }
 
+/* Per instance: set while an execute runs. */
+typedef struct instance_state {
+    atomic_bool busy;
+} instance_state_t;
+
 NEREID_EXPORT nereid_error_t *nereid_backend_instance_init(nereid_instance_t *instance)
 {
     if (param_true(nereid_instance_model(instance), "fail_instance_init"))
         return nereid_error_new(NEREID_ERROR_INTERNAL, "testing backend: instance init failed");
+    instance_state_t *st = calloc(1, sizeof *st);
+    if (!st) return nereid_error_new(NEREID_ERROR_INTERNAL, "testing backend: out of memory");
+    nereid_instance_set_state(instance, st);
     return NULL;
 }
 
+NEREID_EXPORT nereid_error_t *nereid_backend_instance_fini(nereid_instance_t *instance)
+{
+    free(nereid_instance_state(instance));
+    return NULL;
+}
+
+static nereid_error_t *execute(nereid_instance_t *instance, nereid_batch_t *batch);
+
 NEREID_EXPORT nereid_error_t *nereid_backend_execute(nereid_instance_t *instance,
                                                      nereid_batch_t *batch)
+{
+    instance_state_t *st = nereid_instance_state(instance);
+    if (atomic_exchange(&st->busy, true))
+        return nereid_error_new(NEREID_ERROR_INTERNAL,
+                                "testing backend: instance '%s' entered twice at once",
+                                nereid_instance_name(instance));
+    nereid_error_t *err = execute(instance, batch);
+    atomic_store(&st->busy, false);
+    return err;
+}
+
+static nereid_error_t *execute(nereid_instance_t *instance, nereid_batch_t *batch)
 {
     const nereid_model_t *model = nereid_instance_model(instance);
     const char *delay = nereid_model_parameter(model, "execute_delay_ms");

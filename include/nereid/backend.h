@@ -19,9 +19,12 @@
  * version is not newer.
  *
  * Threads: backend init/fini run once per process; model init/fini on a
- * repository thread; instance init/fini and execute on the instance's own
- * execution thread. execute is never called concurrently for one instance,
- * but different instances (and models) run concurrently.
+ * repository thread; instance init/fini on the instance's own execution
+ * thread. execute runs on that thread too, or, for a model whose executions
+ * are short, on the thread that submitted the request while the instance's
+ * thread waits (the default scheduler's inline runs). execute is never
+ * called concurrently for one instance, but different instances (and
+ * models) run concurrently.
  *
  * Memory: never free across the boundary. Errors returned to the core are
  * made with nereid_error_new and owned by the core afterwards.

@@ -224,8 +224,8 @@ NEREID_EXPORT nereid_error_t *nereid_request_set_parameter_bool(nereid_request_t
 NEREID_EXPORT nereid_error_t *nereid_request_set_parameter_double(nereid_request_t *req,
                                                                   const char *key, double value);
 
-/* Output allocation: called on a backend thread once per output with its
- * final datatype, shape and byte size. Set *buffer to byte_size writable bytes
+/* Output allocation: called on the executing thread (see nereid_complete_fn)
+ * once per output with its final datatype, shape and byte size. Set *buffer to byte_size writable bytes
  * (byte_size may be 0) and *buffer_userp to anything release_fn needs.
  * Returning an error fails the request with it. */
 typedef nereid_error_t *(*nereid_alloc_fn)(void *userp, const char *output_name,
@@ -241,10 +241,12 @@ typedef struct nereid_response_allocator {
     void *userp;
 } nereid_response_allocator_t;
 
-/* Called once per submitted request, on a Nereid thread, with the response
- * (success or error); the callee owns response and frees it with
- * nereid_response_free. When it is called the request's input memory is no
- * longer used. */
+/* Called once per submitted request with the response (success or error);
+ * the callee owns response and frees it with nereid_response_free. When it
+ * is called the request's input memory is no longer used. It runs on a
+ * Nereid thread, or on the submitting thread before
+ * nereid_server_infer_async returns (a short request that found an idle
+ * instance ran there), so do not hold a lock it takes while submitting. */
 typedef void (*nereid_complete_fn)(nereid_response_t *response, void *userp);
 
 /* Submits req. On success ownership of req moves to the server and done_fn

@@ -382,6 +382,11 @@ void batch_execute(model_instance_t *inst, batch_t *batch)
         batch->reqs[r]->t_compute_start_ns = batch->t_start_ns;
     nereid_error_t *err = m->backend->execute((nereid_instance_t *)inst, batch);
     uint64_t exec_end = util_now_ns();
+    /* Races between instances lose a sample at worst. */
+    uint64_t took = exec_end - batch->t_start_ns;
+    uint64_t avg = atomic_load_explicit(&m->exec_avg_ns, memory_order_relaxed);
+    avg = avg == UINT64_MAX ? took : avg - avg / 8 + took / 8;
+    atomic_store_explicit(&m->exec_avg_ns, avg, memory_order_relaxed);
     if (err) {
         for (size_t r = 0; r < batch->n_reqs; r++) {
             nereid_response_t *resp = batch->reqs[r]->response;

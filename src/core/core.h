@@ -53,7 +53,7 @@ typedef struct model_stats {
     _Atomic uint64_t failures[FAILURE_N];
     _Atomic int64_t pending; /* requests queued, not yet executing */
     response_stat_t response0;
-    batch_stat_t *batch;     /* index = batch size, 1..n_batch-1 */
+    batch_stat_t *batch; /* index = batch size, 1..n_batch-1 */
     size_t n_batch;
 } model_stats_t;
 
@@ -92,6 +92,11 @@ typedef struct model_instance {
     nereid_error_t *init_error; /* set by the thread if instance init failed */
     bool init_done;
     void *sched_state; /* for the scheduler's per-instance data */
+    /* Default scheduler (its lock): the thread is blocked waiting for work,
+     * and a frontend thread has claimed the instance to run a request
+     * itself (scheduler_run_inline). */
+    bool sched_waiting;
+    bool claimed;
 } model_instance_t;
 
 /* A loaded model version. nereid_model_t (backend.h) is this struct. */
@@ -114,6 +119,9 @@ typedef struct model {
     size_t n_instances;
     struct scheduler *sched;
     model_stats_t stats;
+    /* Moving average of one execution's duration (ns); UINT64_MAX until the
+     * first one. Decides whether a request may run on the caller's thread. */
+    _Atomic uint64_t exec_avg_ns;
     _Atomic int refcount;
     bool in_model_init; /* nereid_model_set_config allowed */
     bool autocomplete_allowed;

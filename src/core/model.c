@@ -216,6 +216,7 @@ nereid_error_t *model_load(nereid_server_t *server, const model_load_args_t *arg
     m->config_json = config_to_json(m->config);
     m->autocomplete_allowed = args->autocomplete_allowed;
     atomic_store(&m->refcount, 1);
+    atomic_store(&m->exec_avg_ns, UINT64_MAX);
     pthread_mutex_init(&m->lock, NULL);
     pthread_cond_init(&m->cond, NULL);
     nereid_error_t *err = NULL;

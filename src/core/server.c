@@ -233,7 +233,15 @@ nereid_error_t *nereid_server_infer_async(nereid_server_t *s, nereid_request_t *
     req->done_fn = done_fn;
     req->done_userp = done_userp;
     request_prepare_response(req);
-    err = m->sched->ops->enqueue(m->sched, req);
+    scheduler_t *sched = m->sched;
+    model_instance_t *inst = sched->ops->claim ? sched->ops->claim(sched, req) : NULL;
+    if (inst) {
+        /* Run here, without the server lock (no lock across a backend call). */
+        pthread_rwlock_unlock(&s->lock);
+        scheduler_run_inline(sched, inst, req);
+        return NULL;
+    }
+    err = sched->ops->enqueue(sched, req);
     if (err) {
         atomic_fetch_add(&m->stats.failures[FAILURE_REJECTED], 1);
         nereid_response_free(req->response);

@@ -17,6 +17,17 @@
  * a spin that finds work clears it. So spinning costs at most one bound per
  * SPIN_BACKOFF_MAX idle periods where it does not pay, and it gives the CPU
  * back to the frontend threads.
+ *
+ * Inline runs: cheaper still is no hand-off at all. When the model's
+ * executions are short (moving average at most NEREID_INLINE_US, default
+ * 50 µs; 0 turns this off), the queue is empty and an instance is blocked
+ * waiting, the submitting thread claims that instance and runs the request
+ * itself (scheduler_run_inline), completion included; a request that finds
+ * no idle instance queues as usual, and the inline caller takes up to a few
+ * queued requests before it releases the instance. A claimed instance's
+ * thread stays blocked until the release, so one instance still runs one
+ * batch at a time, in FIFO order. Instances of such a model do not spin:
+ * the work comes to them on the caller's thread.
  */
 #include <pthread.h>
 #include <stdlib.h>
@@ -24,9 +35,10 @@
 #include "core/util.h"
 #include "sched/scheduler.h"
 
-#define SPIN_DEFAULT_NS 20000u /* longest idle spin after a batch */
-#define SPIN_BACKOFF_MAX 256u  /* most idle periods skipped after failed spins */
-#define SPIN_CHECK 16          /* pause iterations between clock reads */
+#define SPIN_DEFAULT_NS 20000u   /* longest idle spin after a batch */
+#define SPIN_BACKOFF_MAX 256u    /* most idle periods skipped after failed spins */
+#define SPIN_CHECK 16            /* pause iterations between clock reads */
+#define INLINE_DEFAULT_NS 50000u /* longest average execution run inline */
 
 typedef struct default_scheduler {
     scheduler_t base;
@@ -35,6 +47,7 @@ typedef struct default_scheduler {
     nereid_request_t *head, *tail; /* lock */
     bool stopped;                  /* lock */
     size_t n_blocked;              /* instance threads in pthread_cond_wait (lock) */
+    size_t n_claimed;              /* of those, claimed for inline runs (lock) */
     _Atomic size_t n_seeking;      /* in next_batch, not blocked (decremented under lock) */
     _Atomic size_t n_queued;       /* written under lock; read by a spinner */
     _Atomic bool stop_flag;        /* stopped, for a spinner */
@@ -42,7 +55,26 @@ typedef struct default_scheduler {
     _Atomic uint32_t spin_skip;    /* idle periods left without spinning */
     _Atomic uint32_t spin_backoff; /* spin_skip after the next timed-out spin */
     uint64_t spin_ns;              /* spin bound; 0: never spin */
+    uint64_t inline_ns;            /* inline runs for executions this short; 0: never */
 } default_scheduler_t;
+
+/* Whether the model's executions are short enough to run on the caller. */
+static bool inline_ok(const default_scheduler_t *d)
+{
+    return d->inline_ns &&
+           atomic_load_explicit(&d->base.model->exec_avg_ns, memory_order_relaxed) <= d->inline_ns;
+}
+
+/* Wakes an unclaimed blocked instance, if any (lock held). A claimed one
+ * may be woken too; it goes back to waiting. */
+static void wake_locked(default_scheduler_t *d)
+{
+    if (d->n_blocked <= d->n_claimed) return;
+    if (d->n_claimed)
+        pthread_cond_broadcast(&d->cond);
+    else
+        pthread_cond_signal(&d->cond);
+}
 
 static inline void cpu_relax(void)
 {
@@ -71,9 +103,51 @@ static nereid_error_t *default_enqueue(scheduler_t *s, nereid_request_t *req)
     size_t queued = atomic_fetch_add(&d->n_queued, 1) + 1;
     /* Each seeking instance takes a request without a wake-up: it checks
      * the queue under the lock before it blocks. */
-    if (d->n_blocked && queued > atomic_load(&d->n_seeking)) pthread_cond_signal(&d->cond);
+    if (queued > atomic_load(&d->n_seeking)) wake_locked(d);
     pthread_mutex_unlock(&d->lock);
     return NULL;
+}
+
+static model_instance_t *default_claim(scheduler_t *s, nereid_request_t *req)
+{
+    (void)req;
+    default_scheduler_t *d = (default_scheduler_t *)s;
+    if (!inline_ok(d)) return NULL;
+    model_t *m = s->model;
+    model_instance_t *inst = NULL;
+    pthread_mutex_lock(&d->lock);
+    if (!d->stopped && !d->head && d->n_blocked > d->n_claimed) {
+        for (size_t i = 0; i < m->n_instances && !inst; i++)
+            if (m->instances[i]->sched_waiting && !m->instances[i]->claimed) inst = m->instances[i];
+        if (inst) {
+            inst->claimed = true;
+            d->n_claimed++;
+        }
+    }
+    pthread_mutex_unlock(&d->lock);
+    return inst;
+}
+
+static nereid_request_t *default_release(scheduler_t *s, model_instance_t *inst, bool take_next)
+{
+    default_scheduler_t *d = (default_scheduler_t *)s;
+    nereid_request_t *req = NULL;
+    pthread_mutex_lock(&d->lock);
+    if (take_next && d->head) {
+        req = d->head;
+        d->head = req->next;
+        if (!d->head) d->tail = NULL;
+        req->next = NULL;
+        atomic_fetch_sub(&d->n_queued, 1);
+        atomic_fetch_sub(&s->model->stats.pending, 1);
+    } else {
+        inst->claimed = false;
+        d->n_claimed--;
+        /* Its thread (or another) takes what queued meanwhile, or exits. */
+        if (d->head || d->stopped) pthread_cond_broadcast(&d->cond);
+    }
+    pthread_mutex_unlock(&d->lock);
+    return req;
 }
 
 /* Spins while the queue is empty, up to the bound, unless backing off. */
@@ -110,18 +184,25 @@ static void spin_for_work(default_scheduler_t *d)
     }
 }
 
+/* Whether inst may take a request now, or leave (lock held). */
+static bool can_take(const default_scheduler_t *d, const model_instance_t *inst)
+{
+    return !inst->claimed && (d->head || d->stopped);
+}
+
 static bool default_next_batch(scheduler_t *s, model_instance_t *inst, batch_t *batch)
 {
-    (void)inst;
     default_scheduler_t *d = (default_scheduler_t *)s;
     atomic_fetch_add(&d->n_seeking, 1);
-    if (d->spin_ns) spin_for_work(d);
+    if (d->spin_ns && !inline_ok(d)) spin_for_work(d);
     pthread_mutex_lock(&d->lock);
-    if (!d->head && !d->stopped) {
+    if (!can_take(d, inst)) {
         atomic_fetch_sub(&d->n_seeking, 1);
-        while (!d->head && !d->stopped) {
+        while (!can_take(d, inst)) {
             d->n_blocked++;
+            inst->sched_waiting = true;
             pthread_cond_wait(&d->cond, &d->lock);
+            inst->sched_waiting = false;
             d->n_blocked--;
         }
         atomic_fetch_add(&d->n_seeking, 1);
@@ -135,7 +216,7 @@ static bool default_next_batch(scheduler_t *s, model_instance_t *inst, batch_t *
         atomic_fetch_sub(&d->n_queued, 1);
         atomic_fetch_sub(&s->model->stats.pending, 1);
         /* More work and a blocked instance: pass the wake-up on. */
-        if (d->head && d->n_blocked) pthread_cond_signal(&d->cond);
+        if (d->head) wake_locked(d);
     }
     pthread_mutex_unlock(&d->lock);
     if (!req) return false;
@@ -171,6 +252,8 @@ static void default_destroy(scheduler_t *s)
 static const scheduler_ops_t default_ops = {
     .name = "default",
     .enqueue = default_enqueue,
+    .claim = default_claim,
+    .release = default_release,
     .next_batch = default_next_batch,
     .stop = default_stop,
     .destroy = default_destroy,
@@ -186,6 +269,10 @@ nereid_error_t *default_scheduler_create(model_t *m, scheduler_t **out)
     /* NEREID_SPIN_US: the idle spin's upper bound in µs (0 disables). */
     const char *env = getenv("NEREID_SPIN_US");
     d->spin_ns = env && *env ? (uint64_t)strtoull(env, NULL, 10) * 1000u : SPIN_DEFAULT_NS;
+    /* NEREID_INLINE_US: longest average execution run on the caller's
+     * thread, in µs (0 disables inline runs). */
+    env = getenv("NEREID_INLINE_US");
+    d->inline_ns = env && *env ? (uint64_t)strtoull(env, NULL, 10) * 1000u : INLINE_DEFAULT_NS;
     *out = &d->base;
     return NULL;
 }

@@ -1,5 +1,7 @@
 /*
- * This file contains scheduler selection from the model config.
+ * This file contains scheduler selection from the model config and the
+ * inline run: a request that finds an idle instance of a fast model runs on
+ * the submitting thread (see default.c for when).
  */
 #include <string.h>
 
@@ -19,4 +21,25 @@ nereid_error_t *scheduler_create(model_t *m, scheduler_t **out)
         m->config->dynamic_batching)
         return dynamic_batcher_create(m, out);
     return default_scheduler_create(m, out);
+}
+
+/* Queued requests an inline caller runs after its own before it hands the
+ * instance back to its thread: bounds how long a frontend thread is kept. */
+#define INLINE_TAKE_MAX 4
+
+void scheduler_run_inline(scheduler_t *s, model_instance_t *inst, nereid_request_t *req)
+{
+    model_t *m = s->model;
+    /* The request's model reference ends with its completion; the release
+     * below still needs the scheduler. */
+    model_ref(m);
+    nereid_request_t *slot[1];
+    batch_t batch = {.reqs = slot, .cap_reqs = 1};
+    for (int taken = 0; req; taken++) {
+        batch_add(&batch, req);
+        batch_execute(inst, &batch);
+        batch_finish(&batch);
+        req = s->ops->release(s, inst, taken < INLINE_TAKE_MAX);
+    }
+    model_unref(m);
 }

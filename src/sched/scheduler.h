@@ -22,6 +22,14 @@ typedef struct scheduler_ops {
      * inst. Thread: inst's execution thread. NULL for schedulers that run
      * no instances (ensemble). */
     bool (*next_batch)(scheduler_t *s, model_instance_t *inst, batch_t *batch);
+    /* Optional: returns an idle instance claimed for req to run on the
+     * caller's thread (scheduler_run_inline), or NULL to enqueue instead.
+     * Thread: any; takes no lock the caller may hold. */
+    model_instance_t *(*claim)(scheduler_t *s, nereid_request_t *req);
+    /* With claim: when take_next and a request is queued, dequeues and
+     * returns it, inst staying claimed; otherwise gives inst back to its
+     * thread and returns NULL. */
+    nereid_request_t *(*release)(scheduler_t *s, model_instance_t *inst, bool take_next);
     /* Optional: called after batch_execute. When set, the scheduler owns
      * finishing the batch (batch_finish or request_finish per request). */
     void (*batch_done)(scheduler_t *s, model_instance_t *inst, batch_t *batch);
@@ -39,6 +47,11 @@ struct scheduler {
 
 /* Creates the scheduler the model's config asks for. */
 nereid_error_t *scheduler_create(model_t *m, scheduler_t **out);
+
+/* Runs req, and then up to a few requests that queued meanwhile, on inst
+ * (claimed with ops->claim) on the calling thread, completions included;
+ * then releases inst. The caller holds no lock. */
+void scheduler_run_inline(scheduler_t *s, model_instance_t *inst, nereid_request_t *req);
 
 /* Per-scheduler constructors. */
 nereid_error_t *default_scheduler_create(model_t *m, scheduler_t **out);

@@ -1,0 +1,278 @@
+/*
+ * This file contains the tests of the default scheduler's inline runs: a
+ * request for a model whose executions are short, finding an idle instance,
+ * runs and completes on the submitting thread; a slow model, a model that
+ * just turned slow, and NEREID_INLINE_US=0 hand requests to the instance
+ * thread; many threads on one and two instances never run one instance
+ * twice at once (the testing backend fails a batch if they do), lose no
+ * request, and count every execution; unloading while requests run inline
+ * neither crashes nor hangs.
+ */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "server_util.h"
+#include "test_util.h"
+
+/* One request's completion: where and when it ran. */
+typedef struct call {
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    bool done, before_return, failed;
+    pthread_t thread;
+    char message[160];
+} call_t;
+
+static void on_done(nereid_response_t *resp, void *userp)
+{
+    call_t *c = userp;
+    pthread_mutex_lock(&c->lock);
+    c->thread = pthread_self();
+    c->failed = nereid_response_error(resp) != NULL;
+    if (c->failed)
+        snprintf(c->message, sizeof c->message, "%s",
+                 nereid_error_message(nereid_response_error(resp)));
+    c->done = true;
+    pthread_cond_signal(&c->cond);
+    pthread_mutex_unlock(&c->lock);
+    nereid_response_free(resp);
+}
+
+static float in_data[4] = {1, 2, 3, 4};
+
+static nereid_request_t *make_request(nereid_server_t *s, const char *model, int delay_ms)
+{
+    nereid_request_t *req = NULL;
+    int64_t shape[1] = {4};
+    nereid_error_t *err = nereid_request_new(s, model, -1, &req);
+    if (!err)
+        err = nereid_request_add_input(req, "INPUT0", NEREID_TYPE_FP32, shape, 1, in_data,
+                                       sizeof in_data);
+    if (!err && delay_ms) err = nereid_request_set_parameter_int(req, "delay_ms", delay_ms);
+    CHECK(err == NULL);
+    nereid_error_free(err);
+    return req;
+}
+
+/* Submits one request and waits for it. Returns true when it completed on
+ * this thread before nereid_server_infer_async returned. */
+static bool run_one(nereid_server_t *s, const char *model, int delay_ms, bool *failed)
+{
+    call_t c = {.done = false};
+    pthread_mutex_init(&c.lock, NULL);
+    pthread_cond_init(&c.cond, NULL);
+    nereid_request_t *req = make_request(s, model, delay_ms);
+    nereid_error_t *err = nereid_server_infer_async(s, req, NULL, on_done, &c);
+    CHECK(err == NULL);
+    if (err) {
+        nereid_error_free(err);
+        nereid_request_free(req);
+        *failed = true;
+        return false;
+    }
+    pthread_mutex_lock(&c.lock);
+    bool before_return = c.done;
+    while (!c.done)
+        pthread_cond_wait(&c.cond, &c.lock);
+    pthread_mutex_unlock(&c.lock);
+    bool here = before_return && pthread_equal(c.thread, pthread_self());
+    *failed = c.failed;
+    if (c.failed) fprintf(stderr, "request to %s failed: %s\n", model, c.message);
+    pthread_mutex_destroy(&c.lock);
+    pthread_cond_destroy(&c.cond);
+    return here;
+}
+
+static void write_testing_model(const char *name, int instances, int delay_ms)
+{
+    char config[1024];
+    snprintf(config, sizeof config,
+             "name: \"%s\"\nbackend: \"testing\"\nmax_batch_size: 0\n"
+             "instance_group [ { count: %d kind: KIND_CPU } ]\n"
+             "input [ { name: \"INPUT0\" data_type: TYPE_FP32 dims: [ -1 ] } ]\n"
+             "output [ { name: \"OUTPUT0\" data_type: TYPE_FP32 dims: [ -1 ] } ]\n"
+             "parameters [ { key: \"execute_delay_ms\" value: { string_value: \"%d\" } } ]\n",
+             name, instances, delay_ms);
+    write_model(name, config);
+}
+
+static void test_fast_runs_inline(nereid_server_t *s)
+{
+    bool failed;
+    /* The first execution has no measured duration yet: instance thread. */
+    CHECK(!run_one(s, "fast1", 0, &failed));
+    CHECK(!failed);
+    int here = 0;
+    for (int i = 0; i < 20; i++) {
+        here += run_one(s, "fast1", 0, &failed);
+        CHECK(!failed);
+    }
+    CHECK_MSG(here == 20, "%d, want %d", here, 20);
+}
+
+static void test_slow_not_inline(nereid_server_t *s)
+{
+    bool failed;
+    int here = 0;
+    for (int i = 0; i < 3; i++) {
+        here += run_one(s, "slow", 0, &failed);
+        CHECK(!failed);
+    }
+    CHECK_MSG(here == 0, "%d, want %d", here, 0);
+}
+
+/* A fast model's request that takes long raises the average: the next ones
+ * go to the instance thread until fast runs bring it down again. */
+static void test_turns_slow(nereid_server_t *s)
+{
+    bool failed;
+    for (int i = 0; i < 3; i++)
+        run_one(s, "fast2", 0, &failed);
+    CHECK(run_one(s, "fast2", 0, &failed));
+    run_one(s, "fast2", 20, &failed); /* 20 ms */
+    CHECK(!failed);
+    CHECK(!run_one(s, "fast2", 0, &failed));
+    CHECK(!failed);
+    int here = 0;
+    for (int i = 0; i < 100; i++)
+        here += run_one(s, "fast2", 0, &failed);
+    CHECK(here > 0);
+}
+
+typedef struct hammer {
+    nereid_server_t *s;
+    const char *model;
+    int n, failed, here;
+    bool tolerate_unavailable;
+} hammer_t;
+
+static void *hammer_main(void *arg)
+{
+    hammer_t *h = arg;
+    for (int i = 0; i < h->n; i++) {
+        call_t c = {.done = false};
+        pthread_mutex_init(&c.lock, NULL);
+        pthread_cond_init(&c.cond, NULL);
+        nereid_request_t *req = make_request(h->s, h->model, 0);
+        nereid_error_t *err = nereid_server_infer_async(h->s, req, NULL, on_done, &c);
+        if (err) {
+            /* Only while the model is being unloaded and loaded again. */
+            if (!h->tolerate_unavailable) h->failed++;
+            nereid_error_free(err);
+            nereid_request_free(req);
+        } else {
+            pthread_mutex_lock(&c.lock);
+            bool early = c.done;
+            while (!c.done)
+                pthread_cond_wait(&c.cond, &c.lock);
+            pthread_mutex_unlock(&c.lock);
+            if (c.failed) {
+                h->failed++;
+                fprintf(stderr, "%s: %s\n", h->model, c.message);
+            }
+            h->here += early && pthread_equal(c.thread, pthread_self());
+        }
+        pthread_mutex_destroy(&c.lock);
+        pthread_cond_destroy(&c.cond);
+    }
+    return NULL;
+}
+
+/* Six threads at once: some requests run inline, the rest queue; the
+ * instance count still bounds concurrency and nothing is lost. */
+static void test_concurrent(nereid_server_t *s, const char *model)
+{
+    bool failed;
+    run_one(s, model, 0, &failed); /* measure a first duration */
+    long long before = stat_value(s, model, 1, "execution_count", NULL);
+    enum { THREADS = 6, PER = 400 };
+    hammer_t h[THREADS];
+    pthread_t th[THREADS];
+    for (int t = 0; t < THREADS; t++) {
+        h[t] = (hammer_t){.s = s, .model = model, .n = PER};
+        pthread_create(&th[t], NULL, hammer_main, &h[t]);
+    }
+    int failures = 0, here = 0;
+    for (int t = 0; t < THREADS; t++) {
+        pthread_join(th[t], NULL);
+        failures += h[t].failed;
+        here += h[t].here;
+    }
+    CHECK_MSG(failures == 0, "%d, want %d", failures, 0);
+    CHECK(here > 0);
+    CHECK(stat_value(s, model, 1, "execution_count", NULL) - before == THREADS * PER);
+}
+
+static void test_unload_while_inline(void)
+{
+    static const char *load[] = {"fast1"};
+    nereid_error_t *err = NULL;
+    nereid_server_t *s = start_server(NEREID_MODEL_CONTROL_EXPLICIT, load, 1, 0, true, &err);
+    CHECK(err == NULL && s);
+    nereid_error_free(err);
+    if (!s) return;
+    enum { THREADS = 3 };
+    hammer_t h[THREADS];
+    pthread_t th[THREADS];
+    for (int t = 0; t < THREADS; t++) {
+        h[t] = (hammer_t){.s = s, .model = "fast1", .n = 3000, .tolerate_unavailable = true};
+        pthread_create(&th[t], NULL, hammer_main, &h[t]);
+    }
+    for (int i = 0; i < 10; i++) {
+        err = nereid_server_unload_model(s, "fast1", false);
+        CHECK(err == NULL);
+        nereid_error_free(err);
+        err = nereid_server_load_model(s, "fast1", NULL, NULL, NULL, NULL, 0);
+        CHECK(err == NULL);
+        nereid_error_free(err);
+    }
+    int failures = 0;
+    for (int t = 0; t < THREADS; t++) {
+        pthread_join(th[t], NULL);
+        failures += h[t].failed;
+    }
+    CHECK_MSG(failures == 0, "%d, want %d", failures, 0);
+    nereid_server_free(s);
+}
+
+int main(void)
+{
+    make_repo_dir("default-sched");
+    write_testing_model("fast1", 1, 0);
+    write_testing_model("fast2", 1, 0);
+    write_testing_model("fast_two", 2, 0);
+    write_testing_model("slow", 1, 2);
+    unsetenv("NEREID_INLINE_US");
+    nereid_error_t *err = NULL;
+    nereid_server_t *s = start_server(NEREID_MODEL_CONTROL_NONE, NULL, 0, 0, true, &err);
+    CHECK(err == NULL && s);
+    nereid_error_free(err);
+    if (s) {
+        test_fast_runs_inline(s);
+        test_slow_not_inline(s);
+        test_turns_slow(s);
+        test_concurrent(s, "fast1");
+        test_concurrent(s, "fast_two");
+        nereid_server_free(s);
+    }
+    test_unload_while_inline();
+
+    /* NEREID_INLINE_US=0: never inline. */
+    setenv("NEREID_INLINE_US", "0", 1);
+    s = start_server(NEREID_MODEL_CONTROL_NONE, NULL, 0, 0, true, &err);
+    CHECK(err == NULL && s);
+    nereid_error_free(err);
+    if (s) {
+        bool failed;
+        int here = 0;
+        for (int i = 0; i < 10; i++)
+            here += run_one(s, "fast1", 0, &failed);
+        CHECK_MSG(here == 0, "%d, want %d", here, 0);
+        nereid_server_free(s);
+    }
+    unsetenv("NEREID_INLINE_US");
+    remove_repo();
+    return check_summary();
+}
