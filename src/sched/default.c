@@ -47,7 +47,7 @@ typedef struct default_scheduler {
     nereid_request_t *head, *tail; /* lock */
     bool stopped;                  /* lock */
     size_t n_blocked;              /* instance threads in pthread_cond_wait (lock) */
-    size_t n_claimed;              /* of those, claimed for inline runs (lock) */
+    _Atomic size_t n_claimed;      /* of those, claimed for inline runs (written under lock) */
     _Atomic size_t n_seeking;      /* in next_batch, not blocked (decremented under lock) */
     _Atomic size_t n_queued;       /* written under lock; read by a spinner */
     _Atomic bool stop_flag;        /* stopped, for a spinner */
@@ -108,24 +108,47 @@ static nereid_error_t *default_enqueue(scheduler_t *s, nereid_request_t *req)
     return NULL;
 }
 
+/* Claims a blocked, unclaimed instance (lock held). */
+static model_instance_t *claim_locked(default_scheduler_t *d)
+{
+    model_t *m = d->base.model;
+    if (d->stopped || d->head || d->n_blocked <= d->n_claimed) return NULL;
+    for (size_t i = 0; i < m->n_instances; i++) {
+        model_instance_t *inst = m->instances[i];
+        if (inst->sched_waiting && !inst->claimed) {
+            inst->claimed = true;
+            d->n_claimed++;
+            return inst;
+        }
+    }
+    return NULL;
+}
+
+/* When every instance is claimed by an inline caller, one of them is free
+ * again within about one short execution: waiting for it (up to the spin
+ * bound) costs less than queueing, which makes the completion run on
+ * another thread. */
 static model_instance_t *default_claim(scheduler_t *s, nereid_request_t *req)
 {
     (void)req;
     default_scheduler_t *d = (default_scheduler_t *)s;
     if (!inline_ok(d)) return NULL;
-    model_t *m = s->model;
-    model_instance_t *inst = NULL;
-    pthread_mutex_lock(&d->lock);
-    if (!d->stopped && !d->head && d->n_blocked > d->n_claimed) {
-        for (size_t i = 0; i < m->n_instances && !inst; i++)
-            if (m->instances[i]->sched_waiting && !m->instances[i]->claimed) inst = m->instances[i];
-        if (inst) {
-            inst->claimed = true;
-            d->n_claimed++;
+    size_t n = s->model->n_instances;
+    uint64_t start = 0;
+    for (;;) {
+        pthread_mutex_lock(&d->lock);
+        model_instance_t *inst = claim_locked(d);
+        bool all_claimed = !inst && !d->stopped && !d->head && d->n_claimed == n;
+        pthread_mutex_unlock(&d->lock);
+        if (inst || !all_claimed || !d->spin_ns) return inst;
+        if (!start) start = util_now_ns();
+        for (int i = 0; atomic_load_explicit(&d->n_claimed, memory_order_relaxed) == n &&
+                        !atomic_load_explicit(&d->n_queued, memory_order_relaxed);
+             i++) {
+            if (i % SPIN_CHECK == 0 && util_now_ns() - start >= d->spin_ns) return NULL;
+            cpu_relax();
         }
     }
-    pthread_mutex_unlock(&d->lock);
-    return inst;
 }
 
 static nereid_request_t *default_release(scheduler_t *s, model_instance_t *inst, bool take_next)
