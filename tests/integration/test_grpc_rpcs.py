@@ -196,7 +196,12 @@ def test_port_clash_fails_startup(server, tmp_path):
 def test_started_message_and_disable(nereid_server, tmp_path):
     repo = identity_repo(str(tmp_path / "models"))
     s = nereid_server(repo, wait_port="grpc")
-    assert f"Started GRPCInferenceService at 127.0.0.1:{s.grpc_port}" in s.output()
+    # The port accepts before the line is logged: wait for it.
+    started = f"Started GRPCInferenceService at 127.0.0.1:{s.grpc_port}"
+    deadline = time.time() + 30
+    while started not in s.output():
+        assert s.proc.poll() is None and time.time() < deadline, s.output()
+        time.sleep(0.02)
     off = nereid_server(repo, "--allow-grpc=false", wait_port=None)
     deadline = time.time() + 30
     while "nereid ready" not in off.output():
