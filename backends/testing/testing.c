@@ -8,6 +8,8 @@
  * and per-request parameters:
  *   delay_ms (int)       extra sleep for a batch that contains this request
  *   fail (string "true") this request fails, the rest of the batch succeeds
+ *   wait_for_file (string) execute waits until this path exists (10 s at
+ *                          most), so a test decides when the batch ends
  * Every execute also checks the core's promise that one instance never runs
  * two batches at once, and fails the batch if it does.
  */
@@ -15,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "../common/copy_io.h"
 #include "nereid/backend.h"
@@ -91,6 +94,11 @@ static nereid_error_t *execute(nereid_instance_t *instance, nereid_batch_t *batc
             ms = (long)extra;
     }
     if (ms > 0) sleep_ms(ms);
+    for (size_t r = 0; r < nereid_batch_request_count(batch); r++) {
+        const char *path = nereid_batch_request_parameter_string(batch, r, "wait_for_file");
+        for (int i = 0; path && access(path, F_OK) != 0 && i < 10000; i++)
+            sleep_ms(1);
+    }
     if (param_true(model, "fail_execute"))
         return nereid_error_new(NEREID_ERROR_INTERNAL, "testing backend: execute failed");
     nereid_error_t *err = copy_inputs_to_outputs(model, batch);

@@ -198,6 +198,11 @@ nereid_error_t *server_lookup_model(nereid_server_t *s, const char *name, int64_
 
 /* ---- Inference ---- */
 
+/* Scheduler enqueues this thread is inside, with the server lock held: an
+ * ensemble submits its first steps from its enqueue, and those must not run
+ * inline (no lock across a backend call); they queue instead. */
+static _Thread_local int enqueue_depth;
+
 nereid_error_t *nereid_server_infer_async(nereid_server_t *s, nereid_request_t *req,
                                           const nereid_response_allocator_t *allocator,
                                           nereid_complete_fn done_fn, void *done_userp)
@@ -234,14 +239,17 @@ nereid_error_t *nereid_server_infer_async(nereid_server_t *s, nereid_request_t *
     req->done_userp = done_userp;
     request_prepare_response(req);
     scheduler_t *sched = m->sched;
-    model_instance_t *inst = sched->ops->claim ? sched->ops->claim(sched, req) : NULL;
+    model_instance_t *inst =
+        sched->ops->claim && !enqueue_depth ? sched->ops->claim(sched, req) : NULL;
     if (inst) {
         /* Run here, without the server lock (no lock across a backend call). */
         pthread_rwlock_unlock(&s->lock);
         scheduler_run_inline(sched, inst, req);
         return NULL;
     }
+    enqueue_depth++;
     err = sched->ops->enqueue(sched, req);
+    enqueue_depth--;
     if (err) {
         atomic_fetch_add(&m->stats.failures[FAILURE_REJECTED], 1);
         nereid_response_free(req->response);

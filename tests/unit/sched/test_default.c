@@ -6,7 +6,8 @@
  * thread; many threads on one and two instances never run one instance
  * twice at once (the testing backend fails a batch if they do), lose no
  * request, and count every execution; unloading while requests run inline
- * neither crashes nor hangs.
+ * neither crashes nor hangs; an ensemble's first step, submitted while the
+ * server lock is held, is queued rather than run inline.
  */
 #include <pthread.h>
 #include <stdlib.h>
@@ -218,6 +219,43 @@ static void test_concurrent(nereid_server_t *s, const char *model)
     CHECK(stat_value(s, model, 1, "execution_count", NULL) - before == THREADS * PER);
 }
 
+/* The ensemble's scheduler submits its first step from inside its enqueue,
+ * under the server lock: that step must go to the instance thread (no lock
+ * across a backend call). The step waits for a file the test creates after
+ * nereid_server_infer_async has returned; run inline, it would have held
+ * the call for the testing backend's 10 s limit and completed first. */
+static void test_ensemble_first_step_queued(nereid_server_t *s)
+{
+    CHECK(until_inline(s, "fast3"));
+    char path[600];
+    snprintf(path, sizeof path, "%s/release-ensemble", repo);
+    call_t c = {.done = false};
+    pthread_mutex_init(&c.lock, NULL);
+    pthread_cond_init(&c.cond, NULL);
+    nereid_request_t *req = make_request(s, "ens", 0);
+    nereid_error_t *err = nereid_request_set_parameter_string(req, "wait_for_file", path);
+    CHECK(err == NULL);
+    nereid_error_free(err);
+    err = nereid_server_infer_async(s, req, NULL, on_done, &c);
+    CHECK(err == NULL);
+    if (err) {
+        nereid_error_free(err);
+        nereid_request_free(req);
+        return;
+    }
+    pthread_mutex_lock(&c.lock);
+    CHECK(!c.done);
+    pthread_mutex_unlock(&c.lock);
+    write_file("release-ensemble", "");
+    pthread_mutex_lock(&c.lock);
+    while (!c.done)
+        pthread_cond_wait(&c.cond, &c.lock);
+    pthread_mutex_unlock(&c.lock);
+    CHECK(!c.failed);
+    pthread_mutex_destroy(&c.lock);
+    pthread_cond_destroy(&c.cond);
+}
+
 static void test_unload_while_inline(void)
 {
     static const char *load[] = {"fast1"};
@@ -257,6 +295,15 @@ int main(void)
     write_testing_model("fast2", 1, 0);
     write_testing_model("fast_two", 2, 0);
     write_testing_model("slow", 1, 2);
+    write_testing_model("fast3", 1, 0);
+    write_model("ens", "platform: \"ensemble\"\nmax_batch_size: 0\n"
+                       "input [ { name: \"INPUT0\" data_type: TYPE_FP32 dims: [ -1 ] } ]\n"
+                       "output [ { name: \"OUTPUT0\" data_type: TYPE_FP32 dims: [ -1 ] } ]\n"
+                       "ensemble_scheduling { step [\n"
+                       "  { model_name: \"fast3\" input_map { key: \"INPUT0\" value: \"INPUT0\" }\n"
+                       "    output_map { key: \"OUTPUT0\" value: \"MID\" } },\n"
+                       "  { model_name: \"fast3\" input_map { key: \"INPUT0\" value: \"MID\" }\n"
+                       "    output_map { key: \"OUTPUT0\" value: \"OUTPUT0\" } } ] }\n");
     unsetenv("NEREID_INLINE_US");
     nereid_error_t *err = NULL;
     nereid_server_t *s = start_server(NEREID_MODEL_CONTROL_NONE, NULL, 0, 0, true, &err);
@@ -268,6 +315,7 @@ int main(void)
         test_turns_slow(s);
         test_concurrent(s, "fast1");
         test_concurrent(s, "fast_two");
+        test_ensemble_first_step_queued(s);
         nereid_server_free(s);
     }
     test_unload_while_inline();
