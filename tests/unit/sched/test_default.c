@@ -7,7 +7,9 @@
  * twice at once (the testing backend fails a batch if they do), lose no
  * request, and count every execution; unloading while requests run inline
  * neither crashes nor hangs; an ensemble's first step, submitted while the
- * server lock is held, is queued rather than run inline.
+ * server lock is held, is queued rather than run inline. "Short" is set to
+ * 100 ms here (INLINE_US) so the outcomes do not depend on the machine's
+ * load; the slow cases sleep 300 ms and more.
  */
 #include <pthread.h>
 #include <stdlib.h>
@@ -16,6 +18,8 @@
 #include "check.h"
 #include "server_util.h"
 #include "test_util.h"
+
+#define INLINE_US "100000" /* 100 ms */
 
 /* One request's completion: where and when it ran. */
 typedef struct call {
@@ -145,7 +149,7 @@ static void test_turns_slow(nereid_server_t *s)
 {
     bool failed;
     CHECK(until_inline(s, "fast2"));
-    CHECK(run_one(s, "fast2", 20, &failed)); /* 20 ms, still inline */
+    CHECK(run_one(s, "fast2", 900, &failed)); /* 900 ms, still inline */
     CHECK(!failed);
     CHECK(!run_one(s, "fast2", 0, &failed));
     CHECK(!failed);
@@ -294,7 +298,7 @@ int main(void)
     write_testing_model("fast1", 1, 0);
     write_testing_model("fast2", 1, 0);
     write_testing_model("fast_two", 2, 0);
-    write_testing_model("slow", 1, 2);
+    write_testing_model("slow", 1, 300);
     write_testing_model("fast3", 1, 0);
     write_model("ens", "platform: \"ensemble\"\nmax_batch_size: 0\n"
                        "input [ { name: \"INPUT0\" data_type: TYPE_FP32 dims: [ -1 ] } ]\n"
@@ -304,7 +308,10 @@ int main(void)
                        "    output_map { key: \"OUTPUT0\" value: \"MID\" } },\n"
                        "  { model_name: \"fast3\" input_map { key: \"INPUT0\" value: \"MID\" }\n"
                        "    output_map { key: \"OUTPUT0\" value: \"OUTPUT0\" } } ] }\n");
-    unsetenv("NEREID_INLINE_US");
+    /* A bound far above a testing execution's few µs, so that a loaded
+     * machine's preemptions cannot push a fast model over it, and far
+     * below the slow cases' sleeps. */
+    setenv("NEREID_INLINE_US", INLINE_US, 1);
     nereid_error_t *err = NULL;
     nereid_server_t *s = start_server(NEREID_MODEL_CONTROL_NONE, NULL, 0, 0, true, &err);
     CHECK(err == NULL && s);
