@@ -38,8 +38,11 @@
 /* X(id, method, path pattern, handler). Patterns match whole paths segment by
  * segment; {m} is a non-empty segment (model), {v} digits (version), {r} a
  * non-empty segment (repository or region). The first pattern that matches
- * the path decides; a method mismatch there is 405. */
+ * the path decides; a method mismatch there is 405. Inference comes first: it
+ * is the hot path, and no other pattern matches its paths. */
 #define HTTP_ROUTE_MAP(X)                                                                          \
+    X(MODEL_INFER, "POST", "/v2/models/{m}/infer", handle_infer)                                   \
+    X(MODEL_INFER_V, "POST", "/v2/models/{m}/versions/{v}/infer", handle_infer)                    \
     X(SERVER_METADATA, "GET", "/v2", handle_server_metadata)                                       \
     X(HEALTH_LIVE, "GET", "/v2/health/live", handle_health)                                        \
     X(HEALTH_READY, "GET", "/v2/health/ready", handle_health)                                      \
@@ -52,8 +55,6 @@
     X(MODEL_CONFIG_V, "GET", "/v2/models/{m}/versions/{v}/config", handle_model_config)            \
     X(MODEL_STATS, "GET", "/v2/models/{m}/stats", handle_stats)                                    \
     X(MODEL_STATS_V, "GET", "/v2/models/{m}/versions/{v}/stats", handle_stats)                     \
-    X(MODEL_INFER, "POST", "/v2/models/{m}/infer", handle_infer)                                   \
-    X(MODEL_INFER_V, "POST", "/v2/models/{m}/versions/{v}/infer", handle_infer)                    \
     X(REPO_INDEX, "POST", "/v2/repository/index", handle_repository_index)                         \
     X(REPO_LOAD, "POST", "/v2/repository/models/{m}/load", handle_load)                            \
     X(REPO_UNLOAD, "POST", "/v2/repository/models/{m}/unload", handle_unload)                      \
