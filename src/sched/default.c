@@ -108,6 +108,18 @@ static nereid_error_t *default_enqueue(scheduler_t *s, nereid_request_t *req)
     return NULL;
 }
 
+/* Takes the oldest queued request (lock held, queue not empty). */
+static nereid_request_t *pop_locked(default_scheduler_t *d)
+{
+    nereid_request_t *req = d->head;
+    d->head = req->next;
+    if (!d->head) d->tail = NULL;
+    req->next = NULL;
+    atomic_fetch_sub(&d->n_queued, 1);
+    atomic_fetch_sub(&d->base.model->stats.pending, 1);
+    return req;
+}
+
 /* Claims a blocked, unclaimed instance (lock held). */
 static model_instance_t *claim_locked(default_scheduler_t *d)
 {
@@ -157,12 +169,7 @@ static nereid_request_t *default_release(scheduler_t *s, model_instance_t *inst,
     nereid_request_t *req = NULL;
     pthread_mutex_lock(&d->lock);
     if (take_next && d->head) {
-        req = d->head;
-        d->head = req->next;
-        if (!d->head) d->tail = NULL;
-        req->next = NULL;
-        atomic_fetch_sub(&d->n_queued, 1);
-        atomic_fetch_sub(&s->model->stats.pending, 1);
+        req = pop_locked(d);
     } else {
         inst->claimed = false;
         d->n_claimed--;
@@ -231,13 +238,8 @@ static bool default_next_batch(scheduler_t *s, model_instance_t *inst, batch_t *
         atomic_fetch_add(&d->n_seeking, 1);
     }
     atomic_fetch_sub(&d->n_seeking, 1);
-    nereid_request_t *req = d->head;
+    nereid_request_t *req = d->head ? pop_locked(d) : NULL;
     if (req) {
-        d->head = req->next;
-        if (!d->head) d->tail = NULL;
-        req->next = NULL;
-        atomic_fetch_sub(&d->n_queued, 1);
-        atomic_fetch_sub(&s->model->stats.pending, 1);
         /* More work and a blocked instance: pass the wake-up on. */
         if (d->head) wake_locked(d);
     }

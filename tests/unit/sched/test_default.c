@@ -25,7 +25,7 @@
 typedef struct call {
     pthread_mutex_t lock;
     pthread_cond_t cond;
-    bool done, before_return, failed;
+    bool done, failed;
     pthread_t thread;
     char message[160];
 } call_t;
@@ -61,32 +61,62 @@ static nereid_request_t *make_request(nereid_server_t *s, const char *model, int
     return req;
 }
 
+static void call_init(call_t *c)
+{
+    memset(c, 0, sizeof *c);
+    pthread_mutex_init(&c->lock, NULL);
+    pthread_cond_init(&c->cond, NULL);
+}
+
+static void call_fini(call_t *c)
+{
+    pthread_mutex_destroy(&c->lock);
+    pthread_cond_destroy(&c->cond);
+}
+
+/* Submits req with c as its completion. When refused, frees the error and
+ * req and returns false. */
+static bool call_submit(nereid_server_t *s, nereid_request_t *req, call_t *c)
+{
+    nereid_error_t *err = nereid_server_infer_async(s, req, NULL, on_done, c);
+    if (!err) return true;
+    nereid_error_free(err);
+    nereid_request_free(req);
+    return false;
+}
+
+static bool call_done(call_t *c)
+{
+    pthread_mutex_lock(&c->lock);
+    bool done = c->done;
+    pthread_mutex_unlock(&c->lock);
+    return done;
+}
+
+/* Waits for the completion. Called right after call_submit, returns true
+ * when it already ran, on this thread: before the submit returned. */
+static bool call_wait(call_t *c)
+{
+    pthread_mutex_lock(&c->lock);
+    bool early = c->done;
+    while (!c->done)
+        pthread_cond_wait(&c->cond, &c->lock);
+    pthread_mutex_unlock(&c->lock);
+    return early && pthread_equal(c->thread, pthread_self());
+}
+
 /* Submits one request and waits for it. Returns true when it completed on
  * this thread before nereid_server_infer_async returned. */
 static bool run_one(nereid_server_t *s, const char *model, int delay_ms, bool *failed)
 {
-    call_t c = {.done = false};
-    pthread_mutex_init(&c.lock, NULL);
-    pthread_cond_init(&c.cond, NULL);
-    nereid_request_t *req = make_request(s, model, delay_ms);
-    nereid_error_t *err = nereid_server_infer_async(s, req, NULL, on_done, &c);
-    CHECK(err == NULL);
-    if (err) {
-        nereid_error_free(err);
-        nereid_request_free(req);
-        *failed = true;
-        return false;
-    }
-    pthread_mutex_lock(&c.lock);
-    bool before_return = c.done;
-    while (!c.done)
-        pthread_cond_wait(&c.cond, &c.lock);
-    pthread_mutex_unlock(&c.lock);
-    bool here = before_return && pthread_equal(c.thread, pthread_self());
-    *failed = c.failed;
-    if (c.failed) fprintf(stderr, "request to %s failed: %s\n", model, c.message);
-    pthread_mutex_destroy(&c.lock);
-    pthread_cond_destroy(&c.cond);
+    call_t c;
+    call_init(&c);
+    bool submitted = call_submit(s, make_request(s, model, delay_ms), &c);
+    CHECK(submitted);
+    bool here = submitted && call_wait(&c);
+    *failed = !submitted || c.failed;
+    if (submitted && c.failed) fprintf(stderr, "request to %s failed: %s\n", model, c.message);
+    call_fini(&c);
     return here;
 }
 
@@ -170,30 +200,19 @@ static void *hammer_main(void *arg)
 {
     hammer_t *h = arg;
     for (int i = 0; i < h->n; i++) {
-        call_t c = {.done = false};
-        pthread_mutex_init(&c.lock, NULL);
-        pthread_cond_init(&c.cond, NULL);
-        nereid_request_t *req = make_request(h->s, h->model, 0);
-        nereid_error_t *err = nereid_server_infer_async(h->s, req, NULL, on_done, &c);
-        if (err) {
+        call_t c;
+        call_init(&c);
+        if (!call_submit(h->s, make_request(h->s, h->model, 0), &c)) {
             /* Only while the model is being unloaded and loaded again. */
             if (!h->tolerate_unavailable) h->failed++;
-            nereid_error_free(err);
-            nereid_request_free(req);
         } else {
-            pthread_mutex_lock(&c.lock);
-            bool early = c.done;
-            while (!c.done)
-                pthread_cond_wait(&c.cond, &c.lock);
-            pthread_mutex_unlock(&c.lock);
+            h->here += call_wait(&c);
             if (c.failed) {
                 h->failed++;
                 fprintf(stderr, "%s: %s\n", h->model, c.message);
             }
-            h->here += early && pthread_equal(c.thread, pthread_self());
         }
-        pthread_mutex_destroy(&c.lock);
-        pthread_cond_destroy(&c.cond);
+        call_fini(&c);
     }
     return NULL;
 }
@@ -233,31 +252,21 @@ static void test_ensemble_first_step_queued(nereid_server_t *s)
     CHECK(until_inline(s, "fast3"));
     char path[600];
     snprintf(path, sizeof path, "%s/release-ensemble", repo);
-    call_t c = {.done = false};
-    pthread_mutex_init(&c.lock, NULL);
-    pthread_cond_init(&c.cond, NULL);
+    call_t c;
+    call_init(&c);
     nereid_request_t *req = make_request(s, "ens", 0);
     nereid_error_t *err = nereid_request_set_parameter_string(req, "wait_for_file", path);
     CHECK(err == NULL);
     nereid_error_free(err);
-    err = nereid_server_infer_async(s, req, NULL, on_done, &c);
-    CHECK(err == NULL);
-    if (err) {
-        nereid_error_free(err);
-        nereid_request_free(req);
-        return;
+    bool submitted = call_submit(s, req, &c);
+    CHECK(submitted);
+    if (submitted) {
+        CHECK(!call_done(&c));
+        write_file("release-ensemble", "");
+        call_wait(&c);
+        CHECK(!c.failed);
     }
-    pthread_mutex_lock(&c.lock);
-    CHECK(!c.done);
-    pthread_mutex_unlock(&c.lock);
-    write_file("release-ensemble", "");
-    pthread_mutex_lock(&c.lock);
-    while (!c.done)
-        pthread_cond_wait(&c.cond, &c.lock);
-    pthread_mutex_unlock(&c.lock);
-    CHECK(!c.failed);
-    pthread_mutex_destroy(&c.lock);
-    pthread_cond_destroy(&c.cond);
+    call_fini(&c);
 }
 
 static void test_unload_while_inline(void)
