@@ -297,31 +297,31 @@ static void test_stats(nereid_server_t *s)
     CHECK(stat_value(s, "chain", 1, "inference_stats", "compute_infer") == success);
 }
 
+/* Model name's version 1 is unavailable with a reason containing text. */
+static void check_reason(nereid_server_t *s, const char *name, const char *text)
+{
+    json_t *row = index_row(s, name, "1");
+    CHECK(strcmp(row_str(row, "state"), "UNAVAILABLE") == 0);
+    CHECK_STR_CONTAINS(row_str(row, "reason"), text);
+    json_decref(row);
+}
+
 static void test_validation(nereid_server_t *s)
 {
-    json_t *row = index_row(s, "bad_type", "1");
-    CHECK(strcmp(row_str(row, "state"), "UNAVAILABLE") == 0);
-    CHECK_STR_CONTAINS(row_str(row, "reason"),
-                       "in ensemble bad_type, ensemble tensor X: inconsistent data type: "
-                       "TYPE_FP32 is inferred from model bad_type while TYPE_INT32 is inferred "
-                       "from model add_sub");
-    json_decref(row);
-    row = index_row(s, "bad_shape", "1");
-    CHECK_STR_CONTAINS(row_str(row, "reason"),
-                       "in ensemble bad_shape, ensemble tensor X: inconsistent shape: [-1,3] is "
-                       "inferred from model bad_shape while [-1,4] is inferred from model add_sub");
-    json_decref(row);
-    row = index_row(s, "too_big_batch", "1");
-    CHECK_STR_CONTAINS(row_str(row, "reason"),
-                       "ensemble too_big_batch allows maximum batch size 8, but it contains model "
-                       "nop4 which only allows maximum batch size to be 4");
-    json_decref(row);
-    row = index_row(s, "nobatch_mismatch", "1");
-    CHECK_STR_CONTAINS(row_str(row, "reason"),
-                       "in ensemble nobatch_mismatch, ensemble tensor OUT: inconsistent shape: [5] "
-                       "is inferred from model nobatch_mismatch while [4] is inferred from model "
-                       "nop_nobatch");
-    json_decref(row);
+    check_reason(s, "bad_type",
+                 "in ensemble bad_type, ensemble tensor X: inconsistent data type: TYPE_FP32 is "
+                 "inferred from model bad_type while TYPE_INT32 is inferred from model add_sub");
+    check_reason(s, "bad_shape",
+                 "in ensemble bad_shape, ensemble tensor X: inconsistent shape: [-1,3] is "
+                 "inferred from model bad_shape while [-1,4] is inferred from model add_sub");
+    check_reason(s, "too_big_batch",
+                 "ensemble too_big_batch allows maximum batch size 8, but it contains model nop4 "
+                 "which only allows maximum batch size to be 4");
+    check_reason(s, "nobatch_mismatch",
+                 "in ensemble nobatch_mismatch, ensemble tensor OUT: inconsistent shape: [5] is "
+                 "inferred from model nobatch_mismatch while [4] is inferred from model "
+                 "nop_nobatch");
+    json_t *row;
     row = index_row(s, "missing_step", NULL);
     CHECK(strcmp(row_str(row, "state"), "UNAVAILABLE") == 0);
     CHECK_STR_CONTAINS(row_str(row, "reason"), "no_such_model");
