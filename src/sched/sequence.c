@@ -677,11 +677,13 @@ static bool direct_next_batch(seq_sched_t *q, seq_inst_t *si, batch_t *batch)
         si->rows[k] = NULL;
         seq_t *s = si->slots[k];
         if (!s || !s->qhead || s->in_flight) continue;
+        /* As in Triton the batch spans every slot up to the last one with a
+         * request ready, even when that request cannot join this batch. */
+        rows = k + 1;
         if (first && !batchable(q, first_seq, first, s)) continue;
         if (!first) first_seq = s;
         si->rows[k] = pop_head(q, s);
         if (!first) first = si->rows[k];
-        rows = k + 1;
     }
     pthread_mutex_unlock(&q->lock);
     nereid_request_t *tmpl = NULL;
