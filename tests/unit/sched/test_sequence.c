@@ -930,6 +930,36 @@ static void test_unbatchable_slot_spanned(void)
     remove_repo();
 }
 
+/* Oldest: Triton's dynamic batcher rule under it sends a batch as soon as
+ * it has a preferred size (here 1), without waiting for the largest (3) or
+ * the queue delay. */
+static void test_oldest_smaller_preferred(void)
+{
+    nereid_server_t *s = start_held(
+        "acc_pref",
+        "backend: \"accumulator\" max_batch_size: 4\n" IO_CONTROLS
+        "parameters { key: \"key\" value { string_value: \"corrid\" } }\n"
+        "sequence_batching { oldest { max_candidate_sequences: 3 "
+        "preferred_batch_size: [ 1, 3 ] max_queue_delay_microseconds: 20000000 }\n" CTLS_INT32
+        " }\n",
+        "2", "0");
+    if (!s) return;
+    seq_req_t a = {.model = "acc_pref", .id = 1, .start = true, .end = true, .value = 3};
+    seq_req_t b = {.model = "acc_pref", .id = 2, .start = true, .end = true, .value = 5};
+    call_t *ca = submit(s, &a);
+    call_t *cb = submit(s, &b);
+    CHECK(call_result(ca) == 3);
+    CHECK(call_result(cb) == 5);
+    call_free(ca);
+    call_free(cb);
+    char stats[128];
+    long exec, infer;
+    batch_stats(s, "acc_pref", stats, sizeof stats, &exec, &infer);
+    CHECK_STR(stats, "1:2");
+    nereid_server_free(s);
+    remove_repo();
+}
+
 int main(void)
 {
     make_repo();
@@ -981,5 +1011,6 @@ int main(void)
     remove_repo();
     test_hooks_and_reused_id();
     test_unbatchable_slot_spanned();
+    test_oldest_smaller_preferred();
     return check_summary();
 }
