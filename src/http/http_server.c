@@ -149,6 +149,7 @@ typedef struct http_conn {
     _Atomic(nereid_response_t *) response; /* set by the completion */
     _Atomic int phase;                     /* infer_phase_t */
     bool suspended;                        /* we suspended it; MHD thread only */
+    char seq_echo[132];                    /* sequence id for the reply header, or "" */
 } http_conn_t;
 
 /* An inference and its connection: the completion resumes the connection
@@ -764,6 +765,20 @@ static bool infer_wait(http_conn_t *c)
     return false;
 }
 
+/* Nereid extension: the sequence id and flags from the request headers
+ * (README "Running at scale"); the id is echoed in the reply. */
+static const char *const seq_header_names[3] = {"Nereid-Sequence-Id", "Nereid-Sequence-Start",
+                                                "Nereid-Sequence-End"};
+
+static nereid_error_t *seq_headers(http_conn_t *c, nereid_request_t *req)
+{
+    const char *v[3];
+    for (int i = 0; i < 3; i++)
+        v[i] = MHD_lookup_connection_value(c->mhd, MHD_HEADER_KIND, seq_header_names[i]);
+    return nereid_request_sequence_headers(req, seq_header_names, v[0], v[1], v[2], c->seq_echo,
+                                           sizeof c->seq_echo);
+}
+
 /* Parses and submits the request; on success the connection is suspended,
  * or *done tells that the response is already there. */
 static nereid_error_t *infer_submit(http_conn_t *c, bool *done)
@@ -797,6 +812,10 @@ static nereid_error_t *infer_submit(http_conn_t *c, bool *done)
     nereid_request_t *req;
     if ((err = infer_parsed_to_request(srv->core, c->model, c->version, &c->parsed, &req)))
         return err;
+    if ((err = seq_headers(c, req))) {
+        nereid_request_free(req);
+        return err;
+    }
 
     pthread_mutex_lock(&srv->lock);
     if (srv->stopping) {
@@ -887,6 +906,7 @@ static enum MHD_Result infer_reply(http_conn_t *c)
         MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
     }
     if (ce) MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_ENCODING, ce);
+    if (c->seq_echo[0]) MHD_add_response_header(r, seq_header_names[0], c->seq_echo);
     enum MHD_Result ret = MHD_queue_response(c->mhd, 200, r);
     MHD_destroy_response(r);
     return ret;
