@@ -129,8 +129,11 @@ static int64_t elements(const int64_t *shape, size_t rank)
     return n;
 }
 
-/* The ragged input `name` of every request as one flat tensor. */
-static nereid_error_t *gather_ragged(nereid_batch_t *batch, const char *name, batch_tensor_t **out)
+/* Gathers input `name` of every request into one tensor: [total_batch, ...]
+ * or, for a ragged input, flat [elements] (then a single request's own
+ * memory is used, not copied). */
+static nereid_error_t *gather_input(nereid_batch_t *batch, const char *name, bool ragged,
+                                    batch_tensor_t **out)
 {
     size_t total = 0;
     int64_t count = 0;
@@ -144,11 +147,20 @@ static nereid_error_t *gather_ragged(nereid_batch_t *batch, const char *name, ba
         total += in->byte_size;
         count += elements(in->shape, in->rank);
     }
+    if (!ragged && (batch->instance->model->max_batch_size <= 0 || first->rank == 0))
+        return nereid_error_new(NEREID_ERROR_INTERNAL,
+                                "cannot batch input '%s' of a non-batching model", name);
     batch_tensor_t *t = push_tensor(&batch->inputs, &batch->n_inputs, name);
     t->datatype = first->datatype;
-    t->rank = 1;
-    t->shape[0] = count;
     t->byte_size = total;
+    if (ragged) {
+        t->rank = 1;
+        t->shape[0] = count;
+    } else {
+        t->rank = first->rank;
+        memcpy(t->shape, first->shape, first->rank * sizeof *first->shape);
+        t->shape[0] = batch->total_batch;
+    }
     if (batch->n_reqs == 1) {
         t->data = (void *)first->data; /* the request's own memory, not owned */
     } else {
@@ -169,48 +181,13 @@ nereid_error_t *nereid_batch_input(nereid_batch_t *batch, const char *name,
                                    nereid_datatype_t *datatype, const int64_t **shape, size_t *rank,
                                    const void **data, size_t *byte_size)
 {
-    batch_tensor_t *t = NULL;
-    if (batch->n_reqs && input_ragged(batch->instance->model, name)) {
-        t = find_tensor(batch->inputs, batch->n_inputs, name);
-        if (!t) {
-            nereid_error_t *err = gather_ragged(batch, name, &t);
-            if (err) return err;
-        }
-    } else if (batch->n_reqs == 1) {
+    bool ragged = batch->n_reqs && input_ragged(batch->instance->model, name);
+    if (batch->n_reqs == 1 && !ragged)
         return nereid_batch_request_input(batch, 0, name, datatype, shape, rank, data, byte_size);
-    } else {
-        t = find_tensor(batch->inputs, batch->n_inputs, name);
-    }
+    batch_tensor_t *t = find_tensor(batch->inputs, batch->n_inputs, name);
     if (!t) {
-        model_t *m = batch->instance->model;
-        size_t total = 0;
-        req_input_t *first = NULL;
-        for (size_t r = 0; r < batch->n_reqs; r++) {
-            req_input_t *in = request_find_input(batch->reqs[r], name);
-            if (!in)
-                return nereid_error_new(NEREID_ERROR_NOT_FOUND,
-                                        "input '%s' is missing from request %zu of the batch", name,
-                                        r);
-            if (!first) first = in;
-            total += in->byte_size;
-        }
-        if (m->max_batch_size <= 0 || first->rank == 0)
-            return nereid_error_new(NEREID_ERROR_INTERNAL,
-                                    "cannot batch input '%s' of a non-batching model", name);
-        t = push_tensor(&batch->inputs, &batch->n_inputs, name);
-        t->datatype = first->datatype;
-        t->rank = first->rank;
-        memcpy(t->shape, first->shape, first->rank * sizeof *first->shape);
-        t->shape[0] = batch->total_batch;
-        t->data = xmalloc(total);
-        t->owned = true;
-        t->byte_size = total;
-        size_t off = 0;
-        for (size_t r = 0; r < batch->n_reqs; r++) {
-            req_input_t *in = request_find_input(batch->reqs[r], name);
-            if (in->byte_size) memcpy((char *)t->data + off, in->data, in->byte_size);
-            off += in->byte_size;
-        }
+        nereid_error_t *err = gather_input(batch, name, ragged, &t);
+        if (err) return err;
     }
     if (datatype) *datatype = t->datatype;
     if (shape) *shape = t->shape;
