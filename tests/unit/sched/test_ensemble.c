@@ -122,6 +122,33 @@ static void make_models(void)
     write_model("too_big_batch", buf);
     snprintf(buf, sizeof buf, one, 0, "4", "5", "", "nop_nobatch");
     write_model("nobatch_mismatch", buf);
+    /* A step asking for a version that is not loaded. */
+    write_model("needs_v2",
+                "platform: \"ensemble\" max_batch_size: 8\n"
+                "input [ { name: \"X\" " INT4 " } ]\n"
+                "output [ { name: \"Y\" " INT4 " } ]\n"
+                "ensemble_scheduling { step [ { model_name: \"add_sub\" model_version: 2\n"
+                "  input_map { key: \"INPUT0\" value: \"X\" } input_map { key: \"INPUT1\" value: "
+                "\"X\" }\n"
+                "  output_map { key: \"OUTPUT0\" value: \"Y\" } } ] }\n");
+    /* An ensemble whose step is an ensemble loaded after it by name. */
+    const char *nest = "platform: \"ensemble\" max_batch_size: 8\n"
+                       "input [ { name: \"X\" " INT4 " } ]\n"
+                       "output [ { name: \"Y\" " INT4 " } ]\n"
+                       "ensemble_scheduling { step [ { model_name: \"%s\"\n"
+                       "  input_map [ %s ]\n"
+                       "  output_map { key: \"%s\" value: \"Y\" } } ] }\n";
+    snprintf(buf, sizeof buf, nest, "z_inner", "{ key: \"X\" value: \"X\" }", "Y");
+    write_model("a_outer", buf);
+    snprintf(buf, sizeof buf, nest, "add_sub",
+             "{ key: \"INPUT0\" value: \"X\" }, { key: \"INPUT1\" value: \"X\" }", "OUTPUT0");
+    write_model("z_inner", buf);
+    /* A step whose backend library does not exist. */
+    write_model("no_lib", "backend: \"nosuch\" max_batch_size: 8\n"
+                          "input [ { name: \"INPUT0\" data_type: TYPE_FP32 dims: [ 4 ] } ]\n"
+                          "output [ { name: \"OUTPUT0\" data_type: TYPE_FP32 dims: [ 4 ] } ]\n");
+    snprintf(buf, sizeof buf, one, 8, "4", "4", "", "no_lib");
+    write_model("over_no_lib", buf);
     /* Two ensembles using each other. */
     const char *cyc = "platform: \"ensemble\" max_batch_size: 8\n"
                       "input [ { name: \"X\" " INT4 " } ]\n"
@@ -321,13 +348,36 @@ static void test_validation(nereid_server_t *s)
                  "in ensemble nobatch_mismatch, ensemble tensor OUT: inconsistent shape: [5] is "
                  "inferred from model nobatch_mismatch while [4] is inferred from model "
                  "nop_nobatch");
-    json_t *row;
+    json_t *row = index_row(s, "needs_v2", NULL);
+    CHECK_STR_CONTAINS(row_str(row, "reason"),
+                       "ensemble 'needs_v2' depends on 'add_sub' whose required version 2 is not "
+                       "loaded.");
+    json_decref(row);
     row = index_row(s, "missing_step", NULL);
     CHECK(strcmp(row_str(row, "state"), "UNAVAILABLE") == 0);
-    CHECK_STR_CONTAINS(row_str(row, "reason"), "no_such_model");
+    CHECK_STR_CONTAINS(row_str(row, "reason"),
+                       "ensemble missing_step contains models that are not available or "
+                       "ambiguous: no_such_model");
     json_decref(row);
     row = index_row(s, "cycle_a", NULL);
     CHECK(strcmp(row_str(row, "state"), "UNAVAILABLE") == 0);
+    CHECK_STR_CONTAINS(row_str(row, "reason"),
+                       "circular dependency between ensembles: cycle_a -> ... -> cycle_b -> "
+                       "cycle_a");
+    json_decref(row);
+    row = index_row(s, "over_no_lib", NULL);
+    CHECK_STR_CONTAINS(row_str(row, "reason"),
+                       "ensemble 'over_no_lib' depends on 'no_lib' which has no loaded version. "
+                       "Model 'no_lib' loading failed with error: Invalid argument: unable to find "
+                       "backend library for backend 'nosuch', try specifying runtime on the model "
+                       "configuration.");
+    json_decref(row);
+    /* The inner ensemble is loaded first, as the outer one's step. */
+    row = index_row(s, "a_outer", "1");
+    CHECK(strcmp(row_str(row, "state"), "READY") == 0);
+    json_decref(row);
+    row = index_row(s, "z_inner", "1");
+    CHECK(strcmp(row_str(row, "state"), "READY") == 0);
     json_decref(row);
     bool ready = true;
     nereid_error_free(nereid_server_model_is_ready(s, "bad_type", 1, &ready));
