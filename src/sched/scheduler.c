@@ -3,8 +3,11 @@
  * inline run: a request that finds an idle instance of a fast model runs on
  * the submitting thread (see default.c for when).
  */
+#include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "core/util.h"
 #include "sched/scheduler.h"
 #include "sched/sequence.h"
 
@@ -21,6 +24,22 @@ nereid_error_t *scheduler_create(model_t *m, scheduler_t **out)
         m->config->dynamic_batching)
         return dynamic_batcher_create(m, out);
     return default_scheduler_create(m, out);
+}
+
+size_t scheduler_env_count(const char *nereid_name, const char *triton_name)
+{
+    const char *name = nereid_name;
+    const char *v = getenv(name);
+    if (!v || !*v) v = getenv(name = triton_name);
+    if (!v || !*v) return 0;
+    char *end;
+    errno = 0;
+    unsigned long long n = strtoull(v, &end, 10);
+    if (errno || *end || v[0] == '-') {
+        LOG_WARN("scheduler", "ignoring %s='%s' (not a count)", name, v);
+        return 0;
+    }
+    return (size_t)n;
 }
 
 /* Queued requests an inline caller runs after its own before it hands the

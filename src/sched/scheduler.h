@@ -53,6 +53,12 @@ nereid_error_t *scheduler_create(model_t *m, scheduler_t **out);
  * then releases inst. The caller holds no lock. */
 void scheduler_run_inline(scheduler_t *s, model_instance_t *inst, nereid_request_t *req);
 
+/* Scheduler test hooks: the count in environment variable nereid_name, else
+ * in triton_name (Triton's name for the same hook, e.g.
+ * TRITONSERVER_DELAY_SCHEDULER); 0 when neither is set or the value is not a
+ * count (logged). */
+size_t scheduler_env_count(const char *nereid_name, const char *triton_name);
+
 /* Per-scheduler constructors. */
 nereid_error_t *default_scheduler_create(model_t *m, scheduler_t **out);
 nereid_error_t *dynamic_batcher_create(model_t *m, scheduler_t **out);
