@@ -69,6 +69,7 @@ typedef struct dynamic_batcher {
      * while every instance is busy. */
     pthread_t reaper;
     bool has_reaper;
+    bool reaper_joined; /* by the thread that stops the batcher */
     pthread_cond_t reaper_cond;
     uint64_t reaper_wake_ns; /* when the reaper wakes next, 0 = not waiting on a deadline */
     /* preserve_ordering: dispatched requests in dispatch order. */
@@ -454,6 +455,8 @@ static void dynamic_batch_done(scheduler_t *s, model_instance_t *inst, batch_t *
     pthread_mutex_unlock(&d->order_lock);
 }
 
+/* Also joins the reaper: its completions may drop request references, so
+ * it must be gone before the loader's reference is (model.c, Ownership). */
 static void dynamic_stop(scheduler_t *s)
 {
     dynamic_batcher_t *d = (dynamic_batcher_t *)s;
@@ -463,15 +466,16 @@ static void dynamic_stop(scheduler_t *s)
     pthread_cond_broadcast(&d->work_cond);
     pthread_cond_broadcast(&d->slot_cond);
     pthread_mutex_unlock(&d->lock);
+    if (d->has_reaper && !d->reaper_joined) {
+        pthread_join(d->reaper, NULL);
+        d->reaper_joined = true;
+    }
 }
 
 static void dynamic_destroy(scheduler_t *s)
 {
     dynamic_batcher_t *d = (dynamic_batcher_t *)s;
-    if (d->has_reaper) {
-        dynamic_stop(s);
-        pthread_join(d->reaper, NULL);
-    }
+    dynamic_stop(s);
     /* Instances drained the queues before exiting; anything left fails. */
     for (size_t l = 0; l < d->n_levels; l++) {
         dyn_node_t *n;

@@ -49,8 +49,10 @@ size_t scheduler_env_count(const char *nereid_name, const char *triton_name)
 void scheduler_run_inline(scheduler_t *s, model_instance_t *inst, nereid_request_t *req)
 {
     model_t *m = s->model;
-    /* The request's model reference ends with its completion; the release
-     * below still needs the scheduler. */
+    /* The request's model reference ends with its completion, and this
+     * thread is none of the model's own (model.c, Ownership): the release
+     * below still needs the scheduler, so the run holds a reference of its
+     * own and drops it last. */
     model_ref(m);
     nereid_request_t *slot[1];
     batch_t batch = {.reqs = slot, .cap_reqs = 1};

@@ -34,7 +34,8 @@ typedef struct scheduler_ops {
      * finishing the batch (batch_finish or request_finish per request). */
     void (*batch_done)(scheduler_t *s, model_instance_t *inst, batch_t *batch);
     /* Stops taking requests; queued requests are still handed out by
-     * next_batch (drain) or failed. Wakes every waiter. */
+     * next_batch (drain) or failed. Wakes every waiter and joins the
+     * scheduler's own threads (reapers), if any. */
     void (*stop)(scheduler_t *s);
     /* Frees the scheduler after every instance thread has exited. */
     void (*destroy)(scheduler_t *s);

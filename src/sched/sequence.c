@@ -887,7 +887,9 @@ static void *reaper_main(void *arg)
 
 /* Instances drain the requests of sequences that hold a position; requests
  * of backlogged sequences would never run (and would keep the model
- * referenced), so they fail now. */
+ * referenced), so they fail now. The reaper is joined here: its completions
+ * may drop request references, so it must be gone before the loader's
+ * reference is (model.c, Ownership). */
 static void seq_stop(scheduler_t *base)
 {
     seq_sched_t *q = (seq_sched_t *)base;
@@ -910,6 +912,10 @@ static void seq_stop(scheduler_t *base)
     pthread_cond_broadcast(&q->reaper_cond);
     pthread_mutex_unlock(&q->lock);
     finish_all(failed, NEREID_ERROR_UNAVAILABLE, STOPPING_TEXT, FAILURE_OTHER);
+    if (q->reaper_started) {
+        pthread_join(q->reaper, NULL);
+        q->reaper_started = false;
+    }
 }
 
 static void free_config(seq_sched_t *q)
@@ -931,7 +937,6 @@ static void seq_destroy(scheduler_t *base)
 {
     seq_sched_t *q = (seq_sched_t *)base;
     seq_stop(base);
-    if (q->reaper_started) pthread_join(q->reaper, NULL);
     /* Instances drained what they could; fail what is left. */
     for (size_t b = 0; b <= N_BUCKETS; b++) {
         seq_t **head = b < N_BUCKETS ? &q->buckets[b] : &q->detached;
