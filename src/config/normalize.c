@@ -346,7 +346,7 @@ static bool normalize_instance_groups(nctx_t *c, const config_options_t *opts)
             g->kind = (opts && opts->gpus_available)
                           ? INFERENCE__MODEL_INSTANCE_GROUP__KIND__KIND_GPU
                           : INFERENCE__MODEL_INSTANCE_GROUP__KIND__KIND_CPU;
-        if (g->count < 1) {
+        if (g->count == 0) { /* unset (proto3); a negative count is an error */
             g->count = 1;
             if (g->kind == INFERENCE__MODEL_INSTANCE_GROUP__KIND__KIND_CPU &&
                 (streq(cfg->backend, "tensorflow") || streq(cfg->backend, "onnxruntime")))
@@ -1200,8 +1200,21 @@ static void validate_instance_groups(nctx_t *c, const config_options_t *opts)
     if (cfg->scheduling_choice_case ==
         INFERENCE__MODEL_CONFIG__SCHEDULING_CHOICE_ENSEMBLE_SCHEDULING)
         return;
+    int64_t total = 0; /* instances so far, each group within the limit */
     for (size_t i = 0; i < cfg->n_instance_group; i++) {
         const Inference__ModelInstanceGroup *g = cfg->instance_group[i];
+        if (g->count < 1 || g->count > CONFIG_MAX_INSTANCES) {
+            nerr(c, g, "count", -1,
+                 "instance group %s of model %s has count %d, expected a count from 1 to %d",
+                 g->name, c->name, g->count, CONFIG_MAX_INSTANCES);
+            continue;
+        }
+        if (total <= CONFIG_MAX_INSTANCES && (total += g->count) > CONFIG_MAX_INSTANCES) {
+            nerr(c, g, "count", -1,
+                 "instance group %s of model %s brings the model to %lld instances, more than "
+                 "the limit of %d",
+                 g->name, c->name, (long long)total, CONFIG_MAX_INSTANCES);
+        }
         switch (g->kind) {
         case INFERENCE__MODEL_INSTANCE_GROUP__KIND__KIND_MODEL:
             if (g->n_gpus > 0) {

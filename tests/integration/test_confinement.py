@@ -71,6 +71,10 @@ def index_row(s, name="m"):
     return next(m for m in r.json() if m["name"] == name)
 
 
+def row_state(s, name="m"):
+    return index_row(s, name)["state"]
+
+
 def refused(s, cfg, want, name="m", **files):
     r = load(s, cfg, name, **files)
     assert r.status_code == 400, r.text
@@ -195,3 +199,22 @@ def test_model_filename_and_runtime_confined(nereid_server, tmp_path):
             "unable to find backend library '__invalid_runtime__' for model 'm'")
     assert load(s, plain_config(runtime="libtriton_testing.so")).status_code == 200
     assert load(s, plain_config(default_model_filename="model.bin")).status_code == 200
+
+
+def test_instance_count_bounds(nereid_server, tmp_path):
+    repo, _ = make_repo(tmp_path)
+    s = nereid_server(repo, "--model-control-mode=explicit")
+
+    def groups(*counts):
+        return plain_config(instance_group=[{"count": n, "kind": "KIND_CPU"} for n in counts])
+
+    for count in (-1, 100000, 2**31 - 1):
+        err = refused(s, groups(count), f"instance group m_0 of model m has count {count}, "
+                                        "expected a count from 1 to 256")
+        assert row_state(s) == "UNAVAILABLE", err
+    refused(s, groups(200, 57), "instance group m_1 of model m brings the model to 257 "
+                                "instances, more than the limit of 256")
+    r = load(s, groups(0))  # 0 is proto3's unset: the default count
+    assert r.status_code == 200, r.text
+    cfg = requests.get(f"{s.http_url}/v2/models/m/config", timeout=10).json()
+    assert cfg["instance_group"][0]["count"] == 1
