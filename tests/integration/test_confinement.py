@@ -218,3 +218,50 @@ def test_instance_count_bounds(nereid_server, tmp_path):
     assert r.status_code == 200, r.text
     cfg = requests.get(f"{s.http_url}/v2/models/m/config", timeout=10).json()
     assert cfg["instance_group"][0]["count"] == 1
+
+
+def test_sequence_tensor_named_like_an_input_refused(nereid_server, tmp_path):
+    repo, _ = make_repo(tmp_path)
+    s = nereid_server(repo, "--model-control-mode=explicit")
+    start = {"name": "START", "control": [{"kind": "CONTROL_SEQUENCE_START",
+                                           "int32_false_true": [0, 1]}]}
+    cfg = state_config("seed")
+    del cfg["sequence_batching"]["state"][0]["initial_state"]
+    cfg["input"].append({"name": "START", "data_type": "TYPE_INT32", "dims": [1]})
+    cfg["sequence_batching"]["control_input"] = [start]
+    refused(s, cfg, "sequence batching control tensor 'START' has the name of a model input "
+                    "for m; control tensors are set by the sequence batcher")
+    cfg["input"][1]["name"] = "INPUT_STATE"
+    refused(s, cfg, "sequence batching state input name 'INPUT_STATE' has the name of a model "
+                    "input for m")
+    del cfg["input"][1]
+    assert load(s, cfg).status_code == 200
+
+
+def test_onnx_autofill_leaves_sequence_tensors_out_of_inputs(nereid_server, tmp_path):
+    """Autofill lists only the inputs a client sends: control and state
+    tensors, which the sequence batcher sets, stay out of 'input'."""
+    import sys
+    from conftest import ROOT
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    import make_models
+    repo, _ = make_repo(tmp_path)
+    mdir = os.path.join(repo, "acc")
+    os.makedirs(os.path.join(mdir, "1"))
+    with open(os.path.join(mdir, "1", "model.onnx"), "wb") as f:
+        f.write(make_models.accumulator().SerializeToString())
+    with open(os.path.join(mdir, "config.pbtxt"), "w") as f:
+        f.write('platform: "onnxruntime_onnx" max_batch_size: 8\n'
+                'sequence_batching { control_input [ { name: "START" control [ {\n'
+                '  kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] } ]\n'
+                '  state [ { input_name: "INPUT_STATE" output_name: "OUTPUT_STATE"\n'
+                '            data_type: TYPE_INT32 dims: [ -1 ] } ] }\n')
+    s = nereid_server(repo, "--model-control-mode=explicit", "--load-model=acc")
+    cfg = requests.get(f"{s.http_url}/v2/models/acc/config", timeout=10).json()
+    assert [i["name"] for i in cfg["input"]] == ["INPUT"]
+    body = {"inputs": [{"name": "INPUT", "datatype": "INT32", "shape": [1, 1], "data": [5]}],
+            "parameters": {"sequence_id": 3, "sequence_start": True}}
+    for want in ([5], [10]):
+        r = requests.post(f"{s.http_url}/v2/models/acc/infer", json=body, timeout=10)
+        assert r.status_code == 200 and r.json()["outputs"][0]["data"] == want, r.text
+        body["parameters"]["sequence_start"] = False
