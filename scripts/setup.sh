@@ -9,7 +9,7 @@ APT_PACKAGES="build-essential cmake pkg-config clang libclang-rt-14-dev \
 libprotobuf-c-dev protobuf-c-compiler libmicrohttpd-dev libjansson-dev zlib1g-dev \
 libgrpc-dev protobuf-compiler protobuf-compiler-grpc \
 python3-pytest python3-requests python3-numpy python3-onnx python3-grpcio python3-protobuf \
-wrk libtorch-dev python3-torch"
+wrk libtorch-dev python3-torch nginx python3-yaml"
 
 missing=""
 for p in $APT_PACKAGES; do
@@ -42,4 +42,13 @@ if ! { [ -f "$ORT_LIB" ] && echo "$ORT_SHA256  $ORT_LIB" | sha256sum -c --status
   echo "$ORT_SHA256  $ORT_LIB.tmp" | sha256sum -c --status || { echo "setup: sha256 mismatch for libonnxruntime.so.1" >&2; rm -f "$ORT_LIB.tmp"; exit 1; }
   mv "$ORT_LIB.tmp" "$ORT_LIB"
   mkdir -p "$(dirname "$ORT_CACHE")" && cp "$ORT_LIB" "$ORT_CACHE"
+fi
+
+# Offline Kubernetes schema validation of deploy/k8s (npm, versions pinned
+# by deploy/k8s/validate/package-lock.json); skipped when already installed.
+K8S_VALIDATE=deploy/k8s/validate
+if ! cmp -s "$K8S_VALIDATE/package-lock.json" "$K8S_VALIDATE/node_modules/.nereid-lock" 2>/dev/null; then
+  echo "setup: installing the deploy/k8s validator from npm"
+  (cd "$K8S_VALIDATE" && npm ci --no-audit --no-fund --silent)
+  cp "$K8S_VALIDATE/package-lock.json" "$K8S_VALIDATE/node_modules/.nereid-lock"
 fi

@@ -31,6 +31,7 @@ typedef struct cli {
     int http_port, grpc_port, metrics_port;
     int http_thread_count, grpc_infer_thread_count;
     long long http_max_input_size;
+    int http_max_connections, http_idle_timeout_secs;
     int exit_timeout_secs;
 } cli_t;
 
@@ -87,6 +88,11 @@ static const flag_t flags[] = {
     F("http-thread-count", FLAG_INT, http_thread_count, "HTTP threads (8)."),
     F("http-max-input-size", FLAG_LLONG, http_max_input_size,
       "Maximum HTTP request input size in bytes (67108864)."),
+    F("http-max-connections", FLAG_INT, http_max_connections,
+      "Open HTTP connections at most; at the limit a new one closes the longest-idle "
+      "keep-alive connection (4096)."),
+    F("http-idle-timeout-secs", FLAG_INT, http_idle_timeout_secs,
+      "Close an HTTP connection idle this long; 0 = never (60)."),
     F("allow-grpc", FLAG_BOOL, allow_grpc, "Serve gRPC (true)."),
     F("grpc-port", FLAG_INT, grpc_port, "gRPC port (8001)."),
     F("grpc-address", FLAG_STR, grpc_address, "gRPC address (0.0.0.0)."),
@@ -356,6 +362,8 @@ int main(int argc, char **argv)
     cli.http_thread_count = 8;
     cli.grpc_infer_thread_count = 2;
     cli.http_max_input_size = 67108864;
+    cli.http_max_connections = 4096;
+    cli.http_idle_timeout_secs = 60;
     cli.exit_timeout_secs = 30;
     int rc = parse_args(&cli, argc, argv);
     if (rc == 1) {
@@ -365,6 +373,11 @@ int main(int argc, char **argv)
     if (rc < 0) return 2;
     if (cli.n_repos == 0) {
         fprintf(stderr, "nereid: --model-repository must be specified\n");
+        return 2;
+    }
+    if (cli.http_max_connections < 1 || cli.http_idle_timeout_secs < 0) {
+        fprintf(stderr, "nereid: --http-max-connections must be >= 1 and "
+                        "--http-idle-timeout-secs >= 0\n");
         return 2;
     }
     if (!cli.metrics_address) cli.metrics_address = cli.http_address;
@@ -417,6 +430,8 @@ int main(int argc, char **argv)
         ho.port = cli.http_port;
         ho.thread_count = cli.http_thread_count;
         ho.max_input_size = (size_t)cli.http_max_input_size;
+        ho.max_connections = cli.http_max_connections;
+        ho.idle_timeout_secs = cli.http_idle_timeout_secs;
         if ((err = http_server_start(server, &ho, &http))) goto frontend_failed;
         fprintf(stderr, "Started HTTPService at %s:%d\n", ho.address, http_server_port(http));
     }

@@ -1,8 +1,17 @@
 /*
  * This file contains the identity backend: output i is a copy of input i
- * (by config position), for every datatype and any shape. It is also the
- * smallest example of the backend ABI: only execute is exported.
+ * (by config position), for every datatype and any shape. Like Triton's
+ * identity backend it obeys the model parameters
+ *   execute_delay_ms                 sleep this long in every execute
+ *   instance_wise_delay_multiplier   with execute_delay_ms: instance k
+ *                                    (creation order) sleeps
+ *                                    execute_delay_ms * max(k * multiplier, 1)
+ * which Triton's QA suites use to hold batches.
  */
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <time.h>
+
 #include "../common/copy_io.h"
 #include "nereid/backend.h"
 
@@ -11,9 +20,63 @@ NEREID_EXPORT uint32_t nereid_backend_abi_version(void)
     return NEREID_BACKEND_ABI_VERSION;
 }
 
+typedef struct model_state {
+    long delay_ms;
+    long multiplier;
+    atomic_size_t instances; /* creation counter: the next instance's id */
+} model_state_t;
+
+static long param_long(const nereid_model_t *model, const char *key)
+{
+    const char *v = nereid_model_parameter(model, key);
+    return v ? strtol(v, NULL, 10) : 0;
+}
+
+NEREID_EXPORT nereid_error_t *nereid_backend_model_init(nereid_model_t *model)
+{
+    model_state_t *st = calloc(1, sizeof *st);
+    if (!st) return nereid_error_new(NEREID_ERROR_INTERNAL, "identity backend: out of memory");
+    st->delay_ms = param_long(model, "execute_delay_ms");
+    if (st->delay_ms > 0) st->multiplier = param_long(model, "instance_wise_delay_multiplier");
+    nereid_model_set_state(model, st);
+    return NULL;
+}
+
+NEREID_EXPORT nereid_error_t *nereid_backend_model_fini(nereid_model_t *model)
+{
+    free(nereid_model_state(model));
+    return NULL;
+}
+
+/* The instance state is its id, stored as id + 1 so that it is never NULL. */
+NEREID_EXPORT nereid_error_t *nereid_backend_instance_init(nereid_instance_t *instance)
+{
+    model_state_t *st = nereid_model_state(nereid_instance_model(instance));
+    size_t id = st ? atomic_fetch_add(&st->instances, 1) : 0;
+    nereid_instance_set_state(instance, (void *)(id + 1));
+    return NULL;
+}
+
+static void sleep_ms(long ms)
+{
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0) {
+    }
+}
+
 NEREID_EXPORT nereid_error_t *nereid_backend_execute(nereid_instance_t *instance,
                                                      nereid_batch_t *batch)
 {
     const nereid_model_t *model = nereid_instance_model(instance);
+    const model_state_t *st = nereid_model_state(model);
+    if (st && st->delay_ms > 0) {
+        long factor = 1;
+        if (st->multiplier > 0) {
+            long id = (long)((size_t)nereid_instance_state(instance) - 1);
+            factor = st->multiplier * id;
+            if (factor < 1) factor = 1;
+        }
+        sleep_ms(st->delay_ms * factor);
+    }
     return copy_inputs_to_outputs(model, batch);
 }

@@ -88,10 +88,8 @@ typedef struct ort_instance {
     OrtValue **out_values;
     size_t *out_index;
     bool *out_bound;
-    char *strings; /* NUL-terminated copies of BYTES elements */
+    char *strings; /* staging for STRING outputs */
     size_t strings_cap;
-    const char **string_ptrs;
-    size_t string_ptrs_cap;
     size_t *offsets;
     size_t offsets_cap;
 } ort_instance_t;
@@ -854,7 +852,6 @@ static void instance_free(ort_instance_t *s)
     free(s->out_index);
     free(s->out_bound);
     free(s->strings);
-    free(s->string_ptrs);
     free(s->offsets);
     free(s);
 }
@@ -900,43 +897,47 @@ NEREID_EXPORT nereid_error_t *nereid_backend_instance_fini(nereid_instance_t *in
 
 /* ---- execute -------------------------------------------------------------- */
 
-/* Builds a STRING tensor from a BYTES buffer (4-byte LE length per element). */
+/* Builds a STRING tensor from a BYTES buffer (4-byte LE length per element).
+ * Each element is copied with its length (GetResizedStringTensorElementBuffer),
+ * so elements holding NUL bytes arrive whole; FillStringTensor would stop at
+ * the first NUL. */
 static nereid_error_t *string_input(ort_instance_t *s, const char *name, const int64_t *shape,
                                     size_t rank, const uint8_t *data, size_t byte_size,
                                     OrtValue **out)
 {
-    const ort_backend_t *b = s->model->backend;
-    const ort_api_t *api = &b->api;
+    const ort_api_t *api = &s->model->backend->api;
     size_t count = 1;
     for (size_t i = 0; i < rank; i++)
         count *= (size_t)(shape[i] < 0 ? 0 : shape[i]);
-    size_t need = byte_size + count + 1;
-    char *strings = grow(s->strings, &s->strings_cap, need, 1);
-    const char **ptrs = grow(s->string_ptrs, &s->string_ptrs_cap, count + 1, sizeof(char *));
-    if (strings) s->strings = strings;
-    if (ptrs) s->string_ptrs = ptrs;
-    if (!strings || !ptrs) return nereid_error_new(NEREID_ERROR_INTERNAL, "out of memory");
-    size_t pos = 0, w = 0;
+    size_t pos = 0;
     for (size_t i = 0; i < count; i++) {
         uint32_t len;
         if (byte_size - pos < 4) goto malformed;
         memcpy(&len, data + pos, 4); /* little-endian hosts only (x86_64, aarch64) */
         pos += 4;
         if (byte_size - pos < len) goto malformed;
-        memcpy(strings + w, data + pos, len);
-        strings[w + len] = '\0';
-        ptrs[i] = strings + w;
-        w += (size_t)len + 1;
         pos += len;
     }
     if (pos != byte_size) goto malformed;
-    ORT_TRY(api, api->CreateTensorAsOrtValue(b->allocator, shape, rank, ORT_ELEM_STRING, out));
-    nereid_error_t *err = ort_error(api, api->FillStringTensor(*out, ptrs, count));
-    if (err) {
-        api->ReleaseValue(*out);
-        *out = NULL;
+    ORT_TRY(api, api->CreateTensorAsOrtValue(s->model->backend->allocator, shape, rank,
+                                             ORT_ELEM_STRING, out));
+    pos = 0;
+    for (size_t i = 0; i < count; i++) {
+        uint32_t len;
+        memcpy(&len, data + pos, 4);
+        pos += 4;
+        char *dst = NULL;
+        nereid_error_t *err =
+            ort_error(api, api->GetResizedStringTensorElementBuffer(*out, i, len, &dst));
+        if (err) {
+            api->ReleaseValue(*out);
+            *out = NULL;
+            return err;
+        }
+        if (len > 0) memcpy(dst, data + pos, len);
+        pos += len;
     }
-    return err;
+    return NULL;
 malformed:
     return nereid_error_new(NEREID_ERROR_INVALID_ARG,
                             "input '%s': malformed BYTES data for %zu elements in %zu bytes", name,

@@ -3,8 +3,10 @@
  * declared here because no headers ship with the runtime library. The C API
  * is a table of function pointers in a fixed, append-only order (OrtApi in
  * onnxruntime_c_api.h); each function below is listed with its slot index in
- * that table. Every slot used is inside the frozen "Version 1" block (0-101),
- * so the table is requested with API version 1.
+ * that table. Every slot used but one is inside the frozen "Version 1" block
+ * (0-101); GetResizedStringTensorElementBuffer (slot 252, binary-safe string
+ * input) came with API version 13 (ORT 1.13), so the table is requested with
+ * API version 13.
  *
  * ort_api_load() dlopens the library, checks OrtGetApiBase and fills a
  * struct of typed function pointers. Shared by the onnxruntime backend and
@@ -99,7 +101,6 @@ enum {                                           /* GraphOptimizationLevel */
       (const OrtMemoryInfo *info, void *data, size_t byte_size, const int64_t *shape, size_t rank, \
        int elem_type, OrtValue **out))                                                             \
     X(51, OrtStatus *, GetTensorMutableData, (OrtValue * value, void **out))                       \
-    X(52, OrtStatus *, FillStringTensor, (OrtValue * value, const char *const *s, size_t n))       \
     X(53, OrtStatus *, GetStringTensorDataLength, (const OrtValue *value, size_t *out))            \
     X(54, OrtStatus *, GetStringTensorContent,                                                     \
       (const OrtValue *value, void *s, size_t s_len, size_t *offsets, size_t n_offsets))           \
@@ -125,9 +126,11 @@ enum {                                           /* GraphOptimizationLevel */
     X(96, void, ReleaseValue, (OrtValue * value))                                                  \
     X(98, void, ReleaseTypeInfo, (OrtTypeInfo * type_info))                                        \
     X(99, void, ReleaseTensorTypeAndShapeInfo, (OrtTensorTypeAndShapeInfo * info))                 \
-    X(100, void, ReleaseSessionOptions, (OrtSessionOptions * opts))
+    X(100, void, ReleaseSessionOptions, (OrtSessionOptions * opts))                                \
+    X(252, OrtStatus *, GetResizedStringTensorElementBuffer,                                       \
+      (OrtValue * value, size_t index, size_t length, char **buffer))
 
-#define ORT_API_VERSION_USED 1u
+#define ORT_API_VERSION_USED 13u
 
 typedef struct ort_api {
     void *dl;            /* dlopen handle of libonnxruntime.so.1 */

@@ -213,6 +213,22 @@ NEREID_EXPORT void nereid_request_set_correlation_id(nereid_request_t *req, uint
 NEREID_EXPORT nereid_error_t *nereid_request_set_correlation_id_string(nereid_request_t *req,
                                                                       const char *id);
 NEREID_EXPORT void nereid_request_set_sequence_flags(nereid_request_t *req, bool start, bool end);
+/* Nereid extension (not in Triton): the sequence id and flags carried in
+ * request headers (HTTP Nereid-Sequence-Id/-Start/-End, gRPC metadata
+ * nereid-sequence-id/-start/-end) so a proxy can route on them. names are
+ * the three header names (for error texts); id, start, end are the header
+ * values, NULL when absent. An id of decimal digits is numeric, anything else
+ * a string id; flags are true/false/1/0. Call after the body's parameters are
+ * set: a non-zero body id must have the same text as the header, and a flag
+ * the body sets to true must not be false in its header (INVALID_ARG
+ * otherwise); a header fills what the body left unset. echo (echo_size bytes,
+ * 130 is enough) receives the request's resulting sequence id as text, ""
+ * when it has none. */
+NEREID_EXPORT nereid_error_t *nereid_request_sequence_headers(nereid_request_t *req,
+                                                              const char *const names[3],
+                                                              const char *id, const char *start,
+                                                              const char *end, char *echo,
+                                                              size_t echo_size);
 /* Free-form parameters (copied); backends can read them. */
 NEREID_EXPORT nereid_error_t *nereid_request_set_parameter_string(nereid_request_t *req,
                                                                   const char *key,

@@ -1051,6 +1051,25 @@ static void ens_free(ens_graph_t *g)
     free(g->t);
 }
 
+/* A protobuf map keeps the last entry of a repeated key (Triton reads the
+ * config with protobuf): drops the earlier entries of a string-keyed map. */
+static void map_keep_last(ProtobufCMessage **entries, size_t *n)
+{
+    size_t w = 0;
+    for (size_t i = 0; i < *n; i++) {
+        const ProtobufCFieldDescriptor *kf = &entries[i]->descriptor->fields[0];
+        const char *key = *(char **)((char *)entries[i] + kf->offset);
+        bool later = false;
+        for (size_t j = i + 1; j < *n && !later; j++)
+            later = streq(key, *(char **)((char *)entries[j] + kf->offset));
+        if (later)
+            protobuf_c_message_free_unpacked(entries[i], NULL);
+        else
+            entries[w++] = entries[i];
+    }
+    *n = w;
+}
+
 static void validate_ensemble(nctx_t *c)
 {
     model_config_t *cfg = c->cfg;
@@ -1079,6 +1098,10 @@ static void validate_ensemble(nctx_t *c)
     if (es->n_step == 0) {
         nerr(c, es, NULL, -1, "must specify 'step' for ensemble '%s'", c->name);
         return;
+    }
+    for (size_t s = 0; s < es->n_step; s++) {
+        map_keep_last((ProtobufCMessage **)es->step[s]->input_map, &es->step[s]->n_input_map);
+        map_keep_last((ProtobufCMessage **)es->step[s]->output_map, &es->step[s]->n_output_map);
     }
     ens_graph_t g = {0};
     bool ok = true;
@@ -1156,7 +1179,7 @@ static void validate_ensemble(nctx_t *c)
     for (size_t i = 0; i < cfg->n_input; i++) {
         size_t idx = ens_find(&g, cfg->input[i]->name);
         if (idx == (size_t)-1) {
-            nerr(c, cfg->input[i], "name", -1, "ensemble input '%s' for ensemble '%s' is not used",
+            nerr(c, cfg->input[i], "name", -1, "ensemble input '%s' for ensemble %s' is not used",
                  cfg->input[i]->name, c->name);
             free(queue);
             goto done;
@@ -1184,9 +1207,8 @@ static void validate_ensemble(nctx_t *c)
     for (size_t i = 0; i < cfg->n_output; i++) {
         size_t idx = ens_find(&g, cfg->output[i]->name);
         if (idx == (size_t)-1) {
-            nerr(c, cfg->output[i], "name", -1,
-                 "ensemble output '%s' for ensemble '%s' is not used", cfg->output[i]->name,
-                 c->name);
+            nerr(c, cfg->output[i], "name", -1, "ensemble output '%s' for ensemble %s' is not used",
+                 cfg->output[i]->name, c->name);
             goto done;
         }
         if (!g.t[idx].ready) {
@@ -1466,14 +1488,14 @@ int config_normalize(model_config_t *cfg, const char *model_name, const char *fi
     if (errors) *errors = NULL;
     nctx_t c = {.cfg = cfg, .filename = filename ? filename : "<config>"};
     if (!cfg) return -1;
+    /* Triton checks the directory name after completing and validating the
+     * config: its errors come first. */
+    bool misnamed = false;
     if (model_name && *model_name) {
         if (empty(cfg->name)) {
             if (set_str(&cfg->name, model_name) != 0) goto oom;
-        } else if (!streq(cfg->name, model_name)) {
-            nerr(&c, cfg, "name", -1,
-                 "unexpected directory name '%s' for model '%s', directory name must equal "
-                 "model name",
-                 model_name, cfg->name);
+        } else {
+            misnamed = !streq(cfg->name, model_name);
         }
     }
     c.name = cfg->name ? cfg->name : "";
@@ -1496,6 +1518,11 @@ int config_normalize(model_config_t *cfg, const char *model_name, const char *fi
 oom:
     nerr(&c, NULL, NULL, -1, "out of memory");
 out:
+    if (misnamed)
+        nerr(&c, cfg, "name", -1,
+             "unexpected directory name '%s' for model '%s', directory name must equal model "
+             "name",
+             model_name, cfg->name);
     if (c.n_errors == 0 && !c.err.oom) {
         cfg_buf_free(&c.err);
         return 0;

@@ -39,6 +39,7 @@ void batch_reset(batch_t *batch)
     batch->n_inputs = batch->n_outputs = 0;
     batch->n_reqs = 0;
     batch->total_batch = 0;
+    batch->filler_rows = 0;
     batch->timing_reported = false;
     batch->t_start_ns = batch->t_input_end_ns = batch->t_infer_end_ns = batch->t_end_ns = 0;
 }
@@ -415,8 +416,9 @@ void batch_record(batch_t *batch)
     atomic_fetch_add(&s->execution_count, 1);
     atomic_fetch_add(&s->inference_count, (uint64_t)batch->total_batch);
     atomic_store(&s->last_inference_ms, util_wall_ms());
-    if (batch->total_batch > 0 && (size_t)batch->total_batch < s->n_batch) {
-        batch_stat_t *b = &s->batch[batch->total_batch];
+    int64_t rows = batch->total_batch + batch->filler_rows;
+    if (rows > 0 && (size_t)rows < s->n_batch) {
+        batch_stat_t *b = &s->batch[rows];
         stats_add(&b->compute_input, in_ns);
         stats_add(&b->compute_infer, infer_ns);
         stats_add(&b->compute_output, out_ns);

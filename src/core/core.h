@@ -258,6 +258,10 @@ struct nereid_batch {
     nereid_request_t **reqs;
     size_t n_reqs, cap_reqs;
     int64_t total_batch;
+    /* Rows that stand for no request (the sequence batcher's empty slots,
+     * removed from reqs before the batch is finished): part of the
+     * execution's batch size in statistics, not of inference_count. */
+    int64_t filler_rows;
     batch_tensor_t **inputs; /* gathered inputs (n_reqs > 1); stable addresses */
     size_t n_inputs;
     batch_tensor_t **outputs;

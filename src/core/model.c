@@ -6,6 +6,7 @@
  */
 #include "core/model.h"
 
+#include <assert.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -192,7 +193,9 @@ static nereid_error_t *create_instances(model_t *m)
     return err;
 }
 
-/* Stops the scheduler and joins every instance thread (they drain first). */
+/* Stops the scheduler (which joins its own threads, e.g. timeout reapers)
+ * and joins every instance thread (they drain first). Runs before the
+ * loader's reference is dropped: see "Ownership" below. */
 static void stop_instances(model_t *m)
 {
     if (m->sched) m->sched->ops->stop(m->sched);
@@ -264,7 +267,21 @@ static nereid_error_t *check_runtime(const model_t *m, const char *backend_dir, 
     return err;
 }
 
-/* ---- Lifecycle ---- */
+/* ---- Lifecycle ----
+ *
+ * Ownership: a model_t is freed by whoever drops its last reference. The
+ * loader holds one from model_load until model_unload; every request holds
+ * one from its lookup until its response is freed (usually by the
+ * frontend, inside or after the completion callback). The threads a model
+ * owns (instances, scheduler reapers) hold none of their own: the loader's
+ * reference covers them, because model_unload -- and a failed model_load --
+ * stops the scheduler and joins them all before dropping it. So a
+ * completion that runs on one of the model's own threads never drops the
+ * last reference, and those threads may touch the model after it. Any other
+ * thread that keeps using a model after running a completion (an inline
+ * run) takes its own reference first and drops it as the last thing it
+ * does with the model.
+ */
 
 nereid_error_t *model_load(nereid_server_t *server, const model_load_args_t *args, model_t **out)
 {
@@ -277,7 +294,7 @@ nereid_error_t *model_load(nereid_server_t *server, const model_load_args_t *arg
     m->config = config_copy(args->config);
     m->config_json = config_to_json(m->config);
     m->autocomplete_allowed = args->autocomplete_allowed;
-    atomic_store(&m->refcount, 1);
+    atomic_store(&m->refcount, 1); /* the loader's: dropped by model_unload */
     atomic_store(&m->exec_avg_ns, UINT64_MAX);
     pthread_mutex_init(&m->lock, NULL);
     pthread_cond_init(&m->cond, NULL);
@@ -320,7 +337,9 @@ nereid_error_t *model_load(nereid_server_t *server, const model_load_args_t *arg
     *out = m;
     return NULL;
 fail:
-    model_unref(m);
+    /* Not model_unref alone: instance threads (which may have run warmup
+     * completions) must be joined before the loader's reference goes. */
+    model_unload(m);
     return err;
 }
 
@@ -337,7 +356,11 @@ void model_ref(model_t *m)
 
 static void model_free(model_t *m)
 {
-    stop_instances(m);
+    /* model_unload joined every thread the model owns before it dropped the
+     * loader's reference; one of them freeing the model would be the bug
+     * this rule exists to prevent (it would read the model after this). */
+    for (size_t i = 0; i < m->n_instances; i++)
+        assert(!m->instances[i]->thread_started);
     if (m->sched) m->sched->ops->destroy(m->sched);
     for (size_t i = 0; i < m->n_instances; i++) {
         nereid_error_free(m->instances[i]->init_error);

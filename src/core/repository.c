@@ -436,58 +436,186 @@ static bool model_ready(nereid_server_t *s, const char *name)
     return ready;
 }
 
+/* The entry state of name (MODEL_UNKNOWN_STATE when never tried) and, when
+ * failed, a copy of its reason. */
+static model_state_t entry_state(nereid_server_t *s, const char *name, char **reason)
+{
+    if (reason) *reason = NULL;
+    pthread_rwlock_rdlock(&s->lock);
+    model_entry_t *e = repository_find(s, name);
+    model_state_t st = e ? e->state : MODEL_UNKNOWN_STATE;
+    if (reason && e && !entry_has_ready(e)) {
+        const char *r = e->reason;
+        for (size_t v = 0; !r && v < e->n_versions; v++)
+            r = e->versions[v].reason;
+        if (r) *reason = xstrdup(r);
+    }
+    pthread_rwlock_unlock(&s->lock);
+    return st;
+}
+
+static bool version_ready(nereid_server_t *s, const char *name, int64_t version)
+{
+    pthread_rwlock_rdlock(&s->lock);
+    model_entry_t *e = repository_find(s, name);
+    bool ready = false;
+    for (size_t v = 0; e && v < e->n_versions && !ready; v++)
+        ready = e->versions[v].version == version && e->versions[v].state == MODEL_READY;
+    pthread_rwlock_unlock(&s->lock);
+    return ready;
+}
+
+/* The composing model names of the ensemble in directory name (none when it
+ * is not an ensemble or its config does not read), as a new array. */
+static char **ensemble_steps(nereid_server_t *s, const char *name, size_t *n)
+{
+    *n = 0;
+    size_t count;
+    char *dir = locate(s, name, &count);
+    model_config_t *cfg = NULL;
+    if (dir) nereid_error_free(read_config(s, name, dir, NULL, &cfg));
+    free(dir);
+    char **out = NULL;
+    if (is_ensemble(cfg) && cfg->ensemble_scheduling) {
+        const Inference__ModelEnsembling *es = cfg->ensemble_scheduling;
+        out = xcalloc(es->n_step ? es->n_step : 1, sizeof *out);
+        for (size_t i = 0; i < es->n_step; i++)
+            out[(*n)++] = xstrdup(es->step[i]->model_name);
+    }
+    if (cfg) config_free(cfg);
+    return out;
+}
+
+static void free_names(char **names, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        free(names[i]);
+    free(names);
+}
+
+/* Triton's circular dependency check: walks the composing models of
+ * current (upstream, depth first) looking for start. */
+static nereid_error_t *find_cycle(nereid_server_t *s, const char *start, const char *current,
+                                  char **steps, size_t n_steps, int depth)
+{
+    nereid_error_t *err = NULL;
+    for (size_t i = 0; i < n_steps && !err; i++) {
+        size_t count;
+        char *dir = locate(s, steps[i], &count);
+        free(dir);
+        if (count == 0) continue;
+        if (strcmp(steps[i], start) == 0) {
+            err = nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                   "circular dependency between ensembles: %s -> ... -> %s -> %s",
+                                   start, current, start);
+        } else if (depth < MAX_ENSEMBLE_DEPTH) {
+            size_t n;
+            char **up = ensemble_steps(s, steps[i], &n);
+            err = find_cycle(s, start, steps[i], up, n, depth + 1);
+            free_names(up, n);
+        }
+    }
+    return err;
+}
+
 /* Makes every composing model of an ensemble ready (loading it when
- * ctx->load_deps). Triton's dependency texts. */
+ * ctx->load_deps, or when it is an ensemble not tried yet). Triton's checks
+ * and texts, in its order: composing models that do not exist, circular
+ * dependencies, then each composing model's state. */
 static nereid_error_t *load_dependencies(nereid_server_t *s, const char *name,
                                          const model_config_t *cfg, load_ctx_t *ctx)
 {
     const Inference__ModelEnsembling *es = cfg->ensemble_scheduling;
-    for (size_t i = 0; es && i < es->n_step; i++) {
-        const char *dep = es->step[i]->model_name;
-        for (size_t c = 0; c <= ctx->depth && c < ARRAY_LEN(ctx->chain); c++) {
-            if (ctx->chain[c] && strcmp(ctx->chain[c], dep) == 0) {
-                char buf[1024] = "";
-                for (size_t k = c; k <= ctx->depth; k++) {
-                    strncat(buf, ctx->chain[k], sizeof buf - strlen(buf) - 1);
-                    strncat(buf, " -> ", sizeof buf - strlen(buf) - 1);
-                }
-                strncat(buf, dep, sizeof buf - strlen(buf) - 1);
-                return nereid_error_new(NEREID_ERROR_INVALID_ARG,
-                                        "circular dependency between ensembles: %s", buf);
-            }
-        }
-        if (model_ready(s, dep)) continue;
-        if (!ctx->load_deps)
-            return nereid_error_new(NEREID_ERROR_INVALID_ARG,
-                                    "ensemble '%s' depends on '%s' which has no loaded version",
-                                    name, dep);
-        if (ctx->depth + 1 >= MAX_ENSEMBLE_DEPTH)
-            return nereid_error_new(NEREID_ERROR_INVALID_ARG,
-                                    "ensemble '%s' nests deeper than %d levels", name,
-                                    MAX_ENSEMBLE_DEPTH);
-        size_t count;
-        char *dir = locate(s, dep, &count);
+    size_t n_steps = es ? es->n_step : 0;
+    char **steps = xcalloc(n_steps ? n_steps : 1, sizeof *steps);
+    /* missing ones: sorted, unique, comma separated (Triton keeps a set) */
+    char **missing = xcalloc(n_steps ? n_steps : 1, sizeof *missing);
+    size_t n_missing = 0;
+    for (size_t i = 0; i < n_steps; i++) {
+        steps[i] = xstrdup(es->step[i]->model_name);
+        size_t count, at = 0;
+        char *dir = locate(s, steps[i], &count);
         free(dir);
-        if (count == 0)
-            return nereid_error_new(NEREID_ERROR_INVALID_ARG,
-                                    "ensemble '%s' depends on '%s' which is not found", name, dep);
-        load_ctx_t sub = *ctx;
-        sub.depth = ctx->depth + 1;
-        sub.chain[sub.depth] = dep;
-        sub.force = false;
-        nereid_error_t *err = load_model(s, dep, NULL, NULL, NULL, NULL, 0, &sub);
-        if (err && !model_ready(s, dep)) {
-            nereid_error_t *wrapped = nereid_error_new(
-                NEREID_ERROR_INVALID_ARG,
-                "ensemble '%s' depends on '%s' which has no loaded version. Model '%s' loading "
-                "failed with error: %s",
-                name, dep, dep, nereid_error_message(err));
-            nereid_error_free(err);
-            return wrapped;
-        }
-        nereid_error_free(err);
+        if (count != 0) continue;
+        while (at < n_missing && strcmp(missing[at], steps[i]) < 0)
+            at++;
+        if (at < n_missing && strcmp(missing[at], steps[i]) == 0) continue;
+        memmove(&missing[at + 1], &missing[at], (n_missing - at) * sizeof *missing);
+        missing[at] = steps[i];
+        n_missing++;
     }
-    return NULL;
+    char *list = xstrdup("");
+    for (size_t k = 0; k < n_missing; k++) {
+        char *m = xasprintf("%s%s%s", list, k ? ", " : "", missing[k]);
+        free(list);
+        list = m;
+    }
+    free(missing);
+    nereid_error_t *err = NULL;
+    if (n_missing)
+        err = nereid_error_new(
+            NEREID_ERROR_INVALID_ARG,
+            "ensemble %s contains models that are not available or ambiguous: %s", name, list);
+    free(list);
+    if (!err) err = find_cycle(s, name, name, steps, n_steps, 0);
+    for (size_t i = 0; !err && i < n_steps; i++) {
+        const char *dep = steps[i];
+        int64_t version = es->step[i]->model_version;
+        if (!model_ready(s, dep)) {
+            char *reason = NULL;
+            model_state_t st = entry_state(s, dep, &reason);
+            size_t n_sub = 0;
+            char **sub_steps = NULL;
+            bool nested = ctx->load_deps;
+            if (!nested && st == MODEL_UNKNOWN_STATE) {
+                sub_steps = ensemble_steps(s, dep, &n_sub);
+                nested = sub_steps != NULL;
+                free_names(sub_steps, n_sub);
+            }
+            if (!nested) {
+                if (reason)
+                    err = nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                           "ensemble '%s' depends on '%s' which has no loaded "
+                                           "version. Model '%s' loading failed with error: %s",
+                                           name, dep, dep, reason);
+                else
+                    err = nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                           "ensemble '%s' depends on '%s' which has no loaded "
+                                           "version.",
+                                           name, dep);
+                free(reason);
+                break;
+            }
+            free(reason);
+            if (ctx->depth + 1 >= MAX_ENSEMBLE_DEPTH) {
+                err = nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                       "ensemble '%s' nests deeper than %d levels", name,
+                                       MAX_ENSEMBLE_DEPTH);
+                break;
+            }
+            load_ctx_t sub = *ctx;
+            sub.depth = ctx->depth + 1;
+            sub.chain[sub.depth] = dep;
+            sub.force = false;
+            nereid_error_t *lerr = load_model(s, dep, NULL, NULL, NULL, NULL, 0, &sub);
+            if (lerr && !model_ready(s, dep)) {
+                err = nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                       "ensemble '%s' depends on '%s' which has no loaded "
+                                       "version. Model '%s' loading failed with error: %s",
+                                       name, dep, dep, nereid_error_message(lerr));
+                nereid_error_free(lerr);
+                break;
+            }
+            nereid_error_free(lerr);
+        }
+        if (version > 0 && !version_ready(s, dep, version))
+            err = nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                   "ensemble '%s' depends on '%s' whose required version %lld is "
+                                   "not loaded.",
+                                   name, dep, (long long)version);
+    }
+    free_names(steps, n_steps);
+    return err;
 }
 
 static void set_entry_failure(nereid_server_t *s, model_entry_t *e, const nereid_error_t *err,
@@ -1016,7 +1144,8 @@ nereid_error_t *repository_start(nereid_server_t *s)
     }
     load_parallel(s, plain, n_plain);
     for (size_t i = 0; i < n_ens; i++) {
-        if (model_ready(s, ens[i])) continue; /* loaded as another ensemble's step */
+        /* loaded (or tried) as another ensemble's step */
+        if (model_ready(s, ens[i]) || entry_state(s, ens[i], NULL) != MODEL_UNKNOWN_STATE) continue;
         load_ctx_t ctx = {.depth = 0,
                           .load_deps = s->opts.model_control_mode == NEREID_MODEL_CONTROL_EXPLICIT};
         ctx.chain[0] = ens[i];

@@ -3,11 +3,13 @@
  * through server.h, validating it against the model config with Triton's
  * error texts, and finishing it (statistics, response delivery, cleanup).
  */
+#include <errno.h>
 #include <inttypes.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "core/core.h"
 #include "core/util.h"
@@ -238,6 +240,75 @@ void nereid_request_set_sequence_flags(nereid_request_t *req, bool start, bool e
 {
     req->seq_start = start;
     req->seq_end = end;
+}
+
+/* "true"/"1" -> 1, "false"/"0" -> 0, anything else -> -1. */
+static int header_flag(const char *v)
+{
+    if (!strcasecmp(v, "true") || !strcmp(v, "1")) return 1;
+    if (!strcasecmp(v, "false") || !strcmp(v, "0")) return 0;
+    return -1;
+}
+
+/* The request's sequence id as text ("" when it has none). */
+static void corr_id_text(const nereid_request_t *req, char *buf, size_t size)
+{
+    if (req->corr_id_str)
+        snprintf(buf, size, "%s", req->corr_id_str);
+    else if (req->corr_id)
+        snprintf(buf, size, "%" PRIu64, req->corr_id);
+    else if (size)
+        buf[0] = '\0';
+}
+
+nereid_error_t *nereid_request_sequence_headers(nereid_request_t *req, const char *const names[3],
+                                                const char *id, const char *start, const char *end,
+                                                char *echo, size_t echo_size)
+{
+    const char *flag_values[2] = {start, end};
+    bool *flags[2] = {&req->seq_start, &req->seq_end};
+    const char *params[2] = {"sequence_start", "sequence_end"};
+    for (int i = 0; i < 2; i++) {
+        if (!flag_values[i]) continue;
+        int f = header_flag(flag_values[i]);
+        if (f < 0)
+            return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                    "invalid value '%s' for header '%s', expected 'true' or "
+                                    "'false'",
+                                    flag_values[i], names[i + 1]);
+        if (*flags[i] && !f)
+            return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                    "header '%s' (false) does not agree with the '%s' "
+                                    "parameter (true)",
+                                    names[i + 1], params[i]);
+        if (f) *flags[i] = true;
+    }
+    if (id) {
+        char body[MAX_STRING_CORRID + 2];
+        corr_id_text(req, body, sizeof body);
+        if (body[0]) {
+            if (strcmp(body, id) != 0)
+                return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                        "header '%s' ('%s') does not agree with the "
+                                        "'sequence_id' parameter ('%s')",
+                                        names[0], id, body);
+        } else {
+            if (id[0] == '\0')
+                return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                        "header '%s' is empty, expected a sequence id", names[0]);
+            char *e;
+            errno = 0;
+            unsigned long long v = strtoull(id, &e, 10);
+            if (id[0] >= '0' && id[0] <= '9' && *e == '\0' && errno == 0) {
+                nereid_request_set_correlation_id(req, (uint64_t)v);
+            } else {
+                nereid_error_t *err = nereid_request_set_correlation_id_string(req, id);
+                if (err) return err;
+            }
+        }
+    }
+    if (echo) corr_id_text(req, echo, echo_size);
+    return NULL;
 }
 
 static req_param_t *push_param(nereid_request_t *req, const char *key, param_type_t type)

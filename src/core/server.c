@@ -179,7 +179,7 @@ static nereid_error_t *lookup_locked(nereid_server_t *s, const char *name, int64
                                     name, version);
         *out = ve->model;
     }
-    model_ref(*out);
+    model_ref(*out); /* the caller's (a request's until its response is freed) */
     return NULL;
 }
 

@@ -20,6 +20,10 @@ typedef struct warmup_wait {
     nereid_error_t *err;
 } warmup_wait_t;
 
+/* Runs on an instance thread. Freeing the response drops the warmup
+ * request's model reference last; it is never the model's last one, since
+ * the loader keeps its own until the instance threads are joined (model.c,
+ * Ownership), even when warmup fails. */
 static void on_warmup_done(nereid_response_t *resp, void *userp)
 {
     warmup_wait_t *w = userp;
@@ -115,7 +119,7 @@ nereid_error_t *model_warmup(model_t *m)
             nereid_error_t *err = build_request(m, w, &req);
             if (err) return err;
             sequence_batcher_prepare_warmup(m, req);
-            model_ref(m);
+            model_ref(m); /* the request's, dropped when its response is freed */
             req->model = m;
             err = request_validate(req, m);
             warmup_wait_t wait = {.done = false, .err = NULL};

@@ -12,6 +12,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <grpc/slice.h>
+#include <grpc/support/alloc.h>
+
 #include "grpc/grpc_internal.h"
 #include "grpc/infer_codec.h"
 
@@ -49,6 +52,31 @@ static void unary_infer_done(nereid_response_t *resp, void *userp)
         gfe_unary_finish(c, bb);
 }
 
+/* Nereid extension: the sequence id and flags from the call's metadata
+ * (README "Running at scale"); the id is echoed in the initial metadata. */
+static nereid_error_t *seq_metadata(gfe_unary_call_t *c, nereid_request_t *req)
+{
+    static const char *const names[3] = {"nereid-sequence-id", "nereid-sequence-start",
+                                         "nereid-sequence-end"};
+    char *v[3] = {NULL, NULL, NULL};
+    const grpc_metadata_array *md = &c->request_md;
+    for (size_t i = 0; i < md->count; i++)
+        for (int k = 0; k < 3; k++)
+            if (v[k] == NULL && grpc_slice_str_cmp(md->metadata[i].key, names[k]) == 0)
+                v[k] = grpc_slice_to_c_string(md->metadata[i].value);
+    char echo[132];
+    nereid_error_t *err =
+        nereid_request_sequence_headers(req, names, v[0], v[1], v[2], echo, sizeof echo);
+    for (int k = 0; k < 3; k++)
+        gpr_free(v[k]);
+    if (err == NULL && echo[0] && c->n_reply_md == 0) {
+        c->reply_md[0].key = grpc_slice_from_static_string(names[0]);
+        c->reply_md[0].value = grpc_slice_from_copied_string(echo);
+        c->n_reply_md = 1;
+    }
+    return err;
+}
+
 void gfe_model_infer(gfe_unary_call_t *c, const uint8_t *data, size_t len)
 {
     unary_infer_t *u = calloc(1, sizeof(*u));
@@ -61,6 +89,7 @@ void gfe_model_infer(gfe_unary_call_t *c, const uint8_t *data, size_t len)
     nereid_request_t *req = NULL;
     u->msg = infer_codec_parse(data, len, &err);
     if (u->msg != NULL) err = infer_codec_request(c->fe->server, u->msg, &u->scratch, &req);
+    if (err == NULL && (err = seq_metadata(c, req)) != NULL) nereid_request_free(req);
     if (err == NULL) {
         err = nereid_server_infer_async(c->fe->server, req, NULL, unary_infer_done, u);
         if (err == NULL) return; /* unary_infer_done finishes the call */

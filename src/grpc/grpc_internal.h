@@ -105,7 +105,9 @@ typedef struct gfe_unary_call {
     int cancelled;
     grpc_slice status_details;
     grpc_byte_buffer *reply;
-    void *userp; /* handler state (ModelInfer: its request context) */
+    void *userp;               /* handler state (ModelInfer: its request context) */
+    grpc_metadata reply_md[1]; /* initial metadata to send (nereid-sequence-id echo) */
+    size_t n_reply_md;
 } gfe_unary_call_t;
 
 /* Handlers (one per RPC); each must finish the call exactly once, now or

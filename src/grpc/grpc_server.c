@@ -122,6 +122,10 @@ static void unary_free(gfe_unary_call_t *c)
     if (c->payload != NULL) grpc_byte_buffer_destroy(c->payload);
     if (c->reply != NULL) grpc_byte_buffer_destroy(c->reply);
     grpc_slice_unref(c->status_details);
+    for (size_t i = 0; i < c->n_reply_md; i++) {
+        grpc_slice_unref(c->reply_md[i].key);
+        grpc_slice_unref(c->reply_md[i].value);
+    }
     free(c);
     gfe_live_release(fe);
 }
@@ -139,6 +143,8 @@ void gfe_unary_finish_status(gfe_unary_call_t *c, grpc_status_code code, const c
     size_t n = 0;
     memset(ops, 0, sizeof(ops));
     ops[n].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[n].data.send_initial_metadata.count = c->n_reply_md;
+    ops[n].data.send_initial_metadata.metadata = c->reply_md;
     n++;
     if (reply != NULL) {
         c->reply = reply;

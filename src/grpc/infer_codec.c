@@ -324,6 +324,12 @@ static nereid_error_t *build(nereid_request_t *req, const Inference__ModelInferR
                                        in->shape, in->n_shape, data, size);
         if (err != NULL) return err;
     }
+    /* Triton's HTTP frontend refuses leftover binary data with this text; its
+     * gRPC frontend ignores leftover raw_input_contents. Refused here too, so
+     * a client's misaligned raw buffers never pass silently. */
+    if (raw_index != m->n_raw_input_contents)
+        return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                "unexpected additional input data for model '%s'", m->model_name);
 
     for (size_t i = 0; i < m->n_outputs; i++) {
         const Inference__ModelInferRequest__InferRequestedOutputTensor *out = m->outputs[i];

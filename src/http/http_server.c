@@ -26,6 +26,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "http/compress.h"
@@ -89,6 +91,14 @@ typedef enum http_route {
     ROUTE_BAD_METHOD = -2,
 } http_route_t;
 
+/* One open TCP connection, in the idle list while no request is in progress
+ * on it. The list and the count are under http_server.conns_lock. */
+typedef struct conn_slot {
+    struct conn_slot *prev, *next; /* idle list links; NULL when not listed */
+    int fd;
+    bool shut; /* shut down by us (evicted or refused); MHD closes it */
+} conn_slot_t;
+
 struct http_server {
     nereid_server_t *core;
     struct MHD_Daemon *daemon;
@@ -98,6 +108,10 @@ struct http_server {
     size_t n_inflight;  /* submitted inferences whose completion has not run */
     size_t n_suspended; /* connections suspended whose handler has not run again */
     bool stopping;
+    pthread_mutex_t conns_lock;
+    conn_slot_t idle_conns; /* sentinel of the idle list, longest idle first */
+    size_t n_open;          /* open connections, not counting those we shut */
+    size_t max_connections; /* --http-max-connections after the fd limit */
 };
 
 /* One output buffer from the response allocator; data follows the header. */
@@ -134,6 +148,7 @@ typedef struct http_conn {
     _Atomic(nereid_response_t *) response; /* set by the completion */
     _Atomic int phase;                     /* infer_phase_t */
     bool suspended;                        /* we suspended it; MHD thread only */
+    char seq_echo[132];                    /* sequence id for the reply header, or "" */
 } http_conn_t;
 
 /* An inference and its connection: the completion resumes the connection
@@ -745,6 +760,20 @@ static bool infer_wait(http_conn_t *c)
     return false;
 }
 
+/* Nereid extension: the sequence id and flags from the request headers
+ * (README "Running at scale"); the id is echoed in the reply. */
+static const char *const seq_header_names[3] = {"Nereid-Sequence-Id", "Nereid-Sequence-Start",
+                                                "Nereid-Sequence-End"};
+
+static nereid_error_t *seq_headers(http_conn_t *c, nereid_request_t *req)
+{
+    const char *v[3];
+    for (int i = 0; i < 3; i++)
+        v[i] = MHD_lookup_connection_value(c->mhd, MHD_HEADER_KIND, seq_header_names[i]);
+    return nereid_request_sequence_headers(req, seq_header_names, v[0], v[1], v[2], c->seq_echo,
+                                           sizeof c->seq_echo);
+}
+
 /* Parses and submits the request; on success the connection is suspended,
  * or *done tells that the response is already there. */
 static nereid_error_t *infer_submit(http_conn_t *c, bool *done)
@@ -778,6 +807,10 @@ static nereid_error_t *infer_submit(http_conn_t *c, bool *done)
     nereid_request_t *req;
     if ((err = infer_parsed_to_request(srv->core, c->model, c->version, &c->parsed, &req)))
         return err;
+    if ((err = seq_headers(c, req))) {
+        nereid_request_free(req);
+        return err;
+    }
 
     pthread_mutex_lock(&srv->lock);
     if (srv->stopping) {
@@ -868,6 +901,7 @@ static enum MHD_Result infer_reply(http_conn_t *c)
         MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
     }
     if (ce) MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_ENCODING, ce);
+    if (c->seq_echo[0]) MHD_add_response_header(r, seq_header_names[0], c->seq_echo);
     enum MHD_Result ret = MHD_queue_response(c->mhd, 200, r);
     MHD_destroy_response(r);
     return ret;
@@ -958,6 +992,121 @@ static void infer_headers(http_conn_t *c)
             declared, max);
 }
 
+/* ---- Connection limit ------------------------------------------------------ */
+
+static void idle_unlink(conn_slot_t *s)
+{
+    if (!s->next) return;
+    s->prev->next = s->next;
+    s->next->prev = s->prev;
+    s->prev = s->next = NULL;
+}
+
+static void idle_append(http_server_t *srv, conn_slot_t *s)
+{
+    s->prev = srv->idle_conns.prev;
+    s->next = &srv->idle_conns;
+    s->prev->next = s;
+    srv->idle_conns.prev = s;
+}
+
+static conn_slot_t *conn_slot(struct MHD_Connection *mc)
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(mc, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci ? ci->socket_context : NULL;
+}
+
+/* A request starts on the connection (busy) or has ended (idle again). */
+static void conn_set_idle(http_server_t *srv, struct MHD_Connection *mc, bool idle)
+{
+    conn_slot_t *s = conn_slot(mc);
+    if (!s) return;
+    pthread_mutex_lock(&srv->conns_lock);
+    idle_unlink(s);
+    if (idle && !s->shut) {
+        idle_append(srv, s);
+    }
+    pthread_mutex_unlock(&srv->conns_lock);
+}
+
+/* Counts connections. At the limit a new one shuts down the longest-idle
+ * connection, or itself when none is idle: MHD then reads end-of-stream and
+ * closes the socket on its own thread. An fd is shut only under conns_lock
+ * and MHD closes it only after the CLOSED notice, which takes the lock, so a
+ * shut never reaches a reused fd. */
+static void on_connection(void *cls, struct MHD_Connection *mc, void **socket_context,
+                          enum MHD_ConnectionNotificationCode toe)
+{
+    http_server_t *srv = cls;
+    conn_slot_t *s = *socket_context;
+    if (toe == MHD_CONNECTION_NOTIFY_CLOSED) {
+        if (!s) return;
+        *socket_context = NULL;
+        pthread_mutex_lock(&srv->conns_lock);
+        idle_unlink(s);
+        if (!s->shut) srv->n_open--;
+        pthread_mutex_unlock(&srv->conns_lock);
+        free(s);
+        return;
+    }
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(mc, MHD_CONNECTION_INFO_CONNECTION_FD);
+    int fd = ci ? ci->connect_fd : -1;
+    s = calloc(1, sizeof *s);
+    *socket_context = s;
+    pthread_mutex_lock(&srv->conns_lock);
+    if (s && srv->n_open >= srv->max_connections) {
+        conn_slot_t *old = srv->idle_conns.next;
+        if (old != &srv->idle_conns) {
+            idle_unlink(old);
+            old->shut = true;
+            shutdown(old->fd, SHUT_RDWR);
+            srv->n_open--;
+        }
+    }
+    if (!s || srv->n_open >= srv->max_connections) {
+        if (s) s->shut = true;
+        if (fd >= 0) shutdown(fd, SHUT_RDWR);
+    } else {
+        s->fd = fd;
+        srv->n_open++;
+        idle_append(srv, s);
+    }
+    pthread_mutex_unlock(&srv->conns_lock);
+}
+
+/* Descriptors kept free for everything but HTTP connections (models, gRPC,
+ * metrics, logs). */
+#define FD_RESERVE 256
+
+/* Makes room for max connections (MHD's own cap is twice ours: a connection
+ * we shut stays open until its thread closes it, and MHD splits its cap
+ * between the worker threads). Returns MHD's cap and lowers *max if the fd
+ * limit cannot be raised enough. */
+static unsigned fd_budget(size_t *max)
+{
+    size_t want = 2 * *max + 64 + FD_RESERVE;
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl)) return (unsigned)(2 * *max + 64);
+    if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < want) {
+        struct rlimit up = rl;
+        up.rlim_cur = rl.rlim_max == RLIM_INFINITY || rl.rlim_max > want ? want : rl.rlim_max;
+        if (!setrlimit(RLIMIT_NOFILE, &up)) rl = up;
+    }
+    if (rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur >= want) return (unsigned)(2 * *max + 64);
+    size_t avail = rl.rlim_cur > 2 * FD_RESERVE ? rl.rlim_cur - FD_RESERVE : rl.rlim_cur / 2;
+    size_t fit = avail > 64 ? (avail - 64) / 2 : 1;
+    if (fit < *max) {
+        fprintf(stderr,
+                "W nereid: --http-max-connections=%zu lowered to %zu: the open-file limit is "
+                "%llu\n",
+                *max, fit ? fit : 1, (unsigned long long)rl.rlim_cur);
+        *max = fit ? fit : 1;
+    }
+    return (unsigned)avail;
+}
+
 /* ---- MHD callbacks -------------------------------------------------------- */
 
 typedef enum MHD_Result (*route_fn)(http_conn_t *);
@@ -976,6 +1125,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
     http_server_t *srv = cls;
     http_conn_t *c = *con_cls;
     if (!c) {
+        conn_set_idle(srv, mc, false);
         c = calloc(1, sizeof *c);
         if (!c) return MHD_NO;
         c->srv = srv;
@@ -1051,7 +1201,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
 static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
                          enum MHD_RequestTerminationCode toe)
 {
-    (void)cls, (void)mc, (void)toe;
+    (void)toe;
+    conn_set_idle(cls, mc, true);
     http_conn_t *c = *con_cls;
     if (!c) return;
     *con_cls = NULL;
@@ -1077,6 +1228,8 @@ void http_options_init(http_options_t *opts)
     opts->port = 8000;
     opts->thread_count = 8;
     opts->max_input_size = 67108864;
+    opts->max_connections = 4096;
+    opts->idle_timeout_secs = 60;
 }
 
 nereid_error_t *http_server_start(nereid_server_t *core, const http_options_t *opts,
@@ -1094,6 +1247,10 @@ nereid_error_t *http_server_start(nereid_server_t *core, const http_options_t *o
     srv->max_input_size = opts->max_input_size;
     pthread_mutex_init(&srv->lock, NULL);
     pthread_cond_init(&srv->idle, NULL);
+    pthread_mutex_init(&srv->conns_lock, NULL);
+    srv->idle_conns.prev = srv->idle_conns.next = &srv->idle_conns;
+    srv->max_connections = opts->max_connections > 0 ? (size_t)opts->max_connections : 1;
+    unsigned mhd_limit = fd_budget(&srv->max_connections);
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     unsigned threads = opts->thread_count > 0 ? (unsigned)opts->thread_count : 1;
     if (ncpu > 0 && threads > (unsigned)ncpu) threads = (unsigned)ncpu;
@@ -1102,8 +1259,12 @@ nereid_error_t *http_server_start(nereid_server_t *core, const http_options_t *o
     srv->daemon =
         MHD_start_daemon(flags, (uint16_t)opts->port, NULL, NULL, on_request, srv,
                          MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss, MHD_OPTION_NOTIFY_COMPLETED,
-                         on_completed, srv, MHD_OPTION_THREAD_POOL_SIZE, threads, MHD_OPTION_END);
+                         on_completed, srv, MHD_OPTION_NOTIFY_CONNECTION, on_connection, srv,
+                         MHD_OPTION_CONNECTION_LIMIT, mhd_limit, MHD_OPTION_CONNECTION_TIMEOUT,
+                         (unsigned)(opts->idle_timeout_secs > 0 ? opts->idle_timeout_secs : 0),
+                         MHD_OPTION_THREAD_POOL_SIZE, threads, MHD_OPTION_END);
     if (!srv->daemon) {
+        pthread_mutex_destroy(&srv->conns_lock);
         pthread_mutex_destroy(&srv->lock);
         pthread_cond_destroy(&srv->idle);
         free(srv);
@@ -1128,6 +1289,7 @@ void http_server_stop(http_server_t *srv)
         pthread_cond_wait(&srv->idle, &srv->lock);
     pthread_mutex_unlock(&srv->lock);
     MHD_stop_daemon(srv->daemon);
+    pthread_mutex_destroy(&srv->conns_lock);
     pthread_mutex_destroy(&srv->lock);
     pthread_cond_destroy(&srv->idle);
     free(srv);

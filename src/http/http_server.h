@@ -14,14 +14,22 @@ typedef struct http_options {
     int port;              /* 0 = any free port (see http_server_port) */
     int thread_count;      /* MHD worker threads; capped at the online CPUs */
     size_t max_input_size; /* --http-max-input-size, bytes */
+    int max_connections;   /* --http-max-connections: open connections at most */
+    int idle_timeout_secs; /* --http-idle-timeout-secs: 0 = never time out */
 } http_options_t;
 
 typedef struct http_server http_server_t;
 
-/* Fills opts with Triton's defaults (0.0.0.0:8000, 8 threads, 64 MiB). */
+/* Fills opts with Triton's defaults (0.0.0.0:8000, 8 threads, 64 MiB) and
+ * ours for what Triton does not bound (4096 connections, 60 s idle). */
 void http_options_init(http_options_t *opts);
 
-/* Starts serving core (borrowed until http_server_stop returns). On success
+/* Starts serving core (borrowed until http_server_stop returns). Raises the
+ * soft RLIMIT_NOFILE towards the hard one when the connection limit needs
+ * it, and lowers the limit (with a warning) when even that is too few. At
+ * the limit, a new connection closes the longest-idle keep-alive connection,
+ * or is itself closed when every connection has a request in progress.
+ * On success
  * *out is the running server; on failure (e.g. the port is taken) an
  * UNAVAILABLE error and *out is NULL. */
 nereid_error_t *http_server_start(nereid_server_t *core, const http_options_t *opts,

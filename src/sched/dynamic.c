@@ -2,19 +2,19 @@
  * This file contains the dynamic batcher (config `dynamic_batching`): one
  * FIFO per priority level shared by all of the model's instances. A free
  * instance takes the "forming" slot and builds the next batch from the head
- * of the queues (level 1 first): the largest preferred batch size that the
- * queued requests can make, else everything compatible up to max_batch_size
- * once max_queue_delay_microseconds has passed for the oldest request (at
- * once when the delay is 0). Requests never split; requests only batch with
+ * of the queues (level 1 first) by Triton's rule (plan_batch): the largest
+ * preferred batch size that the queued requests can make, else everything
+ * compatible up to max_batch_size once it reaches the largest preferred size
+ * or max_queue_delay_microseconds has passed for the oldest request (at once
+ * when the delay is 0). Requests never split; requests only batch with
  * requests whose non-batch input shapes agree (ragged inputs exempt). Queue
  * policies reject at enqueue when a level is full, and reject or delay
  * requests whose time in the queue passes their timeout. With
  * preserve_ordering, responses are delivered in dispatch order whatever the
- * order the instances finish in. NEREID_DELAY_SCHEDULER=N (test hook, like
- * Triton's TRITONSERVER_DELAY_SCHEDULER) holds the first batch until N
- * requests are queued or the scheduler stops.
+ * order the instances finish in. NEREID_DELAY_SCHEDULER=N (test hook; Triton's
+ * name TRITONSERVER_DELAY_SCHEDULER is read too) holds the first batch until
+ * N requests are queued or the scheduler stops.
  */
-#include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -69,6 +69,7 @@ typedef struct dynamic_batcher {
      * while every instance is busy. */
     pthread_t reaper;
     bool has_reaper;
+    bool reaper_joined; /* by the thread that stops the batcher */
     pthread_cond_t reaper_cond;
     uint64_t reaper_wake_ns; /* when the reaper wakes next, 0 = not waiting on a deadline */
     /* preserve_ordering: dispatched requests in dispatch order. */
@@ -227,43 +228,55 @@ static bool is_preferred(const dynamic_batcher_t *d, int64_t size)
 
 /* Decides the next batch from the queued requests, visited in dispatch
  * order (level 1 first; in a level, requests within their timeout, then the
- * delayed ones). Returns the number of requests (a prefix of that order) to
- * send now, or 0 with *wait_until set to when the delay expires. Called with
- * the lock held, n_queued > 0. */
+ * delayed ones), by Triton's rule: the requests are added while they fit in
+ * max_batch_size and share the first one's shapes; the last point where the
+ * total is a preferred size is marked, and so is the point before the first
+ * request that would take the total past the largest preferred size when no
+ * preferred size was marked before it. Unless the oldest request has waited
+ * max_queue_delay_microseconds, a marked point goes at once; otherwise
+ * everything added goes at once when the batch cannot grow (the next request
+ * does not fit or has other shapes), reaches the largest preferred size, the
+ * delay has passed or is 0. Returns the number of requests (a prefix of the
+ * order) to send now, or 0 with *wait_until set to when the delay expires.
+ * Called with the lock held, n_queued > 0. */
 static size_t plan_batch(dynamic_batcher_t *d, uint64_t now, uint64_t *wait_until)
 {
     *wait_until = 0;
     if (d->max_batch_size <= 0) return 1; /* a non-batching model runs requests one by one */
+    int64_t max_preferred = 0;
+    for (size_t i = 0; i < d->n_preferred; i++)
+        if (d->preferred[i] > max_preferred) max_preferred = d->preferred[i];
     nereid_request_t *first = NULL;
     int64_t total = 0;
-    size_t count = 0, best_preferred = 0;
+    size_t count = 0, marked = 0;
     uint64_t oldest_ns = UINT64_MAX;
-    bool can_grow = true;
+    bool send_now = false;
     for (size_t l = 0; l < d->n_levels; l++) {
         dyn_queue_t *queues[2] = {&d->levels[l].queue, &d->levels[l].delayed};
         for (int q = 0; q < 2; q++) {
             for (dyn_node_t *n = queues[q]->head; n; n = n->next) {
-                if (first &&
-                    (total + n->batch_size > d->max_batch_size || !compatible(d, first, n->req))) {
-                    can_grow = false;
-                    goto planned;
+                if (n->req->t_queue_start_ns < oldest_ns) oldest_ns = n->req->t_queue_start_ns;
+                if (send_now) continue; /* only the queue's oldest time is still wanted */
+                if (first) {
+                    if (total + n->batch_size > max_preferred && !marked) marked = count;
+                    if (total + n->batch_size > d->max_batch_size ||
+                        !compatible(d, first, n->req)) {
+                        send_now = true;
+                        continue;
+                    }
+                } else {
+                    first = n->req;
                 }
-                if (!first) first = n->req;
                 total += n->batch_size;
                 count++;
-                if (n->req->t_queue_start_ns < oldest_ns) oldest_ns = n->req->t_queue_start_ns;
-                if (is_preferred(d, total)) best_preferred = count;
-                if (total >= d->max_batch_size) {
-                    can_grow = false;
-                    goto planned;
-                }
+                if (is_preferred(d, total)) marked = count;
             }
         }
     }
-planned:
-    if (d->max_delay_ns && now - oldest_ns >= d->max_delay_ns) return count;
-    if (best_preferred) return best_preferred;
-    if (!d->max_delay_ns || !can_grow || d->stopped) return count;
+    bool delay_passed = d->max_delay_ns && now - oldest_ns >= d->max_delay_ns;
+    if (marked && !delay_passed) return marked;
+    if (send_now || total >= max_preferred || delay_passed || !d->max_delay_ns || d->stopped)
+        return count;
     *wait_until = oldest_ns + d->max_delay_ns;
     return 0;
 }
@@ -442,6 +455,8 @@ static void dynamic_batch_done(scheduler_t *s, model_instance_t *inst, batch_t *
     pthread_mutex_unlock(&d->order_lock);
 }
 
+/* Also joins the reaper: its completions may drop request references, so
+ * it must be gone before the loader's reference is (model.c, Ownership). */
 static void dynamic_stop(scheduler_t *s)
 {
     dynamic_batcher_t *d = (dynamic_batcher_t *)s;
@@ -451,15 +466,16 @@ static void dynamic_stop(scheduler_t *s)
     pthread_cond_broadcast(&d->work_cond);
     pthread_cond_broadcast(&d->slot_cond);
     pthread_mutex_unlock(&d->lock);
+    if (d->has_reaper && !d->reaper_joined) {
+        pthread_join(d->reaper, NULL);
+        d->reaper_joined = true;
+    }
 }
 
 static void dynamic_destroy(scheduler_t *s)
 {
     dynamic_batcher_t *d = (dynamic_batcher_t *)s;
-    if (d->has_reaper) {
-        dynamic_stop(s);
-        pthread_join(d->reaper, NULL);
-    }
+    dynamic_stop(s);
     /* Instances drained the queues before exiting; anything left fails. */
     for (size_t l = 0; l < d->n_levels; l++) {
         dyn_node_t *n;
@@ -540,16 +556,7 @@ nereid_error_t *dynamic_batcher_create(model_t *m, scheduler_t **out)
         d->ragged = xrealloc(d->ragged, (d->n_ragged + 1) * sizeof *d->ragged);
         d->ragged[d->n_ragged++] = xstrdup(m->config->input[i]->name);
     }
-    const char *hold = getenv("NEREID_DELAY_SCHEDULER");
-    if (hold && *hold) {
-        char *end;
-        errno = 0;
-        unsigned long long v = strtoull(hold, &end, 10);
-        if (!errno && !*end)
-            d->hold = (size_t)v;
-        else
-            LOG_WARN("dynamic_batcher", "ignoring NEREID_DELAY_SCHEDULER='%s' (not a count)", hold);
-    }
+    d->hold = scheduler_env_count("NEREID_DELAY_SCHEDULER", "TRITONSERVER_DELAY_SCHEDULER");
     pthread_mutex_init(&d->lock, NULL);
     pthread_mutex_init(&d->order_lock, NULL);
     pthread_condattr_t attr;

@@ -23,22 +23,29 @@
 
 typedef struct ens_tensor {
     char *name;
-    bool known; /* datatype/shape resolved during validation */
+    /* Validation (Triton's tensor node): the datatype and dims the first
+     * model that mentions the tensor gives it, and that model's name. */
+    bool known;
     nereid_datatype_t datatype;
-    int64_t shape[NEREID_MAX_RANK + 1]; /* full shape: -1 first when batched */
+    int64_t dims[NEREID_MAX_RANK]; /* without the batch dimension */
     size_t rank;
+    bool batching; /* full shape = -1 first, then dims */
+    const char *origin;
     size_t *consumers; /* steps reading it */
     size_t n_consumers;
 } ens_tensor_t;
 
 typedef struct ens_map {
-    char *model_name; /* the composing model's input or output */
-    size_t tensor;    /* ensemble tensor index */
+    char *model_name;              /* the composing model's input or output */
+    size_t tensor;                 /* ensemble tensor index */
+    int64_t dims[NEREID_MAX_RANK]; /* inputs: the model's config dims */
+    size_t rank;
 } ens_map_t;
 
 typedef struct ens_step {
     char *model;
     int64_t version;
+    bool batching; /* the composing model has max_batch_size > 0 */
     ens_map_t *in;
     size_t n_in;
     ens_map_t *out;
@@ -58,6 +65,7 @@ typedef struct ensemble_scheduler {
 
 typedef struct ens_value {
     bool ready;
+    int64_t batch_size; /* of the request that produced it; 0: not batching */
     nereid_datatype_t datatype;
     int64_t shape[NEREID_MAX_RANK];
     size_t rank;
@@ -70,6 +78,7 @@ typedef struct ens_ctx ens_ctx_t;
 typedef struct ens_call {
     ens_ctx_t *ctx;
     size_t step;
+    int64_t batch_size; /* of the step's request; 0 for a non-batching model */
 } ens_call_t;
 
 struct ens_ctx {
@@ -104,6 +113,60 @@ static size_t tensor_index(ensemble_t *e, const char *name)
     memset(t, 0, sizeof *t);
     t->name = xstrdup(name);
     return e->n_tensors++;
+}
+
+/* Triton's ReshapeTensorDims: a tensor passed between a batching and a
+ * non-batching side gains a batch dimension of 1 (when its shape already
+ * matches the config dims) or loses one of size 1 (when it does not). */
+static void convert_dims(const int64_t *cfg, size_t cfg_rank, bool cfg_batching,
+                         int64_t tensor_batch, const int64_t *shape, size_t rank, int64_t *out,
+                         size_t *out_rank)
+{
+    if (cfg_batching != (tensor_batch != 0)) {
+        bool agree = rank == cfg_rank;
+        for (size_t i = 0; agree && i < rank; i++)
+            agree = cfg[i] == -1 || shape[i] == -1 || cfg[i] == shape[i];
+        if (cfg_batching && agree && rank < NEREID_MAX_RANK) {
+            out[0] = 1;
+            memcpy(out + 1, shape, rank * sizeof *shape);
+            *out_rank = rank + 1;
+            return;
+        }
+        if (!cfg_batching && !agree && tensor_batch == 1 && rank > 0) {
+            memcpy(out, shape + 1, (rank - 1) * sizeof *shape);
+            *out_rank = rank - 1;
+            return;
+        }
+    }
+    memcpy(out, shape, rank * sizeof *shape);
+    *out_rank = rank;
+}
+
+/* The shape of ensemble output io for the client: converted against its
+ * config shape, then from its reshape to its dims (Triton's
+ * Output::Reshape: -1 dims take the reshape's -1 values in order). */
+static void output_shape(const model_t *m, const model_io_t *io, const ens_value_t *v, int64_t *out,
+                         size_t *out_rank)
+{
+    bool batching = m->max_batch_size > 0;
+    int64_t shape[NEREID_MAX_RANK];
+    size_t rank;
+    convert_dims(io->has_reshape ? io->reshape : io->dims,
+                 io->has_reshape ? io->reshape_rank : io->rank, batching, v->batch_size, v->shape,
+                 v->rank, shape, &rank);
+    if (!io->has_reshape) {
+        memcpy(out, shape, rank * sizeof *shape);
+        *out_rank = rank;
+        return;
+    }
+    size_t off = batching ? 1 : 0, r = 0, nvar = 0, used = 0;
+    int64_t var[NEREID_MAX_RANK];
+    for (size_t d = 0; d < io->reshape_rank; d++)
+        if (io->reshape[d] == -1 && d + off < rank) var[nvar++] = shape[d + off];
+    if (batching && rank > 0) out[r++] = shape[0];
+    for (size_t d = 0; d < io->rank && r < NEREID_MAX_RANK; d++)
+        out[r++] = io->dims[d] == -1 ? (used < nvar ? var[used++] : 0) : io->dims[d];
+    *out_rank = r;
 }
 
 static void ctx_free(ens_ctx_t *c)
@@ -163,10 +226,24 @@ static void ctx_finish(ens_ctx_t *c)
             if (t != (size_t)-1 && c->values[t].ready)
                 err = fill_slot_copy(req, o, &c->values[t]);
             else
-                err = nereid_error_new(NEREID_ERROR_INTERNAL,
-                                       "in ensemble '%s', output '%s' was not produced", m->name,
+                err = nereid_error_new(NEREID_ERROR_INTERNAL, "output '%s' was not produced",
                                        o->name);
         }
+        for (size_t i = 0; i < resp->n_outputs && !err; i++) {
+            resp_output_t *o = &resp->outputs[i];
+            size_t t = find_tensor(c->e, o->name);
+            const model_io_t *io = NULL;
+            for (size_t k = 0; k < m->n_outputs && !io; k++)
+                if (strcmp(m->outputs[k].name, o->name) == 0) io = &m->outputs[k];
+            if (io && t != (size_t)-1) output_shape(m, io, &c->values[t], o->shape, &o->rank);
+        }
+    }
+    if (err) {
+        /* Triton names the ensemble in front of any failure inside it. */
+        nereid_error_t *wrapped = nereid_error_new(nereid_error_code(err), "in ensemble '%s', %s",
+                                                   m->name, nereid_error_message(err));
+        nereid_error_free(err);
+        err = wrapped;
     }
     if (!err) {
         model_stats_t *s = &m->stats;
@@ -176,6 +253,14 @@ static void ctx_finish(ens_ctx_t *c)
         stats_add(&s->compute_input, atomic_load(&c->agg.compute_input.ns));
         stats_add(&s->compute_infer, atomic_load(&c->agg.compute_infer.ns));
         stats_add(&s->compute_output, atomic_load(&c->agg.compute_output.ns));
+        /* One execution of the request's batch size (1 when not batching). */
+        size_t bs = req->batch_size > 0 ? (size_t)req->batch_size : 1;
+        if (bs < s->n_batch) {
+            batch_stat_t *b = &s->batch[bs];
+            stats_add(&b->compute_input, atomic_load(&c->agg.compute_input.ns));
+            stats_add(&b->compute_infer, atomic_load(&c->agg.compute_infer.ns));
+            stats_add(&b->compute_output, atomic_load(&c->agg.compute_output.ns));
+        }
         /* The ensemble's queue time is its steps' queue time: request_finish
          * records t_compute_start - t_queue_start. */
         uint64_t q = atomic_load(&c->agg.queue.ns);
@@ -304,6 +389,7 @@ static void step_done(nereid_response_t *resp, void *userp)
                                        &v->byte_size, NULL);
                 if (strcmp(name, st->out[i].model_name) != 0) continue;
                 found = true;
+                v->batch_size = call->batch_size;
                 if (v->rank > NEREID_MAX_RANK) v->rank = NEREID_MAX_RANK;
                 memcpy(v->shape, shape, v->rank * sizeof *shape);
             }
@@ -358,10 +444,17 @@ static void launch(ens_ctx_t *c, size_t step)
     nereid_request_t *r = NULL;
     nereid_error_t *err = nereid_request_new(src->server, st->model, st->version, &r);
     if (!err && src->id) err = nereid_request_set_id(r, src->id);
+    c->calls[step].batch_size = 0;
     for (size_t i = 0; !err && i < st->n_in; i++) {
         const ens_value_t *v = &c->values[st->in[i].tensor];
-        err = nereid_request_add_input(r, st->in[i].model_name, v->datatype, v->shape, v->rank,
-                                       v->data, v->byte_size);
+        int64_t shape[NEREID_MAX_RANK];
+        size_t rank;
+        convert_dims(st->in[i].dims, st->in[i].rank, st->batching, v->batch_size, v->shape, v->rank,
+                     shape, &rank);
+        if (st->batching && rank > 0 && c->calls[step].batch_size == 0)
+            c->calls[step].batch_size = shape[0];
+        err = nereid_request_add_input(r, st->in[i].model_name, v->datatype, shape, rank, v->data,
+                                       v->byte_size);
     }
     for (size_t i = 0; !err && i < st->n_out; i++)
         err = nereid_request_add_requested_output(r, st->out[i].model_name, 0);
@@ -418,6 +511,7 @@ static nereid_error_t *ensemble_enqueue(scheduler_t *s, nereid_request_t *req)
         size_t t = find_tensor(e, req->inputs[i].name);
         if (t == (size_t)-1) continue;
         ens_value_t *v = &c->values[t];
+        v->batch_size = e->base.model->max_batch_size > 0 ? req->batch_size : 0;
         v->datatype = req->inputs[i].datatype;
         v->rank = req->inputs[i].rank;
         memcpy(v->shape, req->inputs[i].shape, v->rank * sizeof *v->shape);
@@ -468,18 +562,9 @@ static const scheduler_ops_t ensemble_ops = {
     .destroy = ensemble_destroy,
 };
 
-/* ---- Load-time validation ---- */
+/* ---- Load-time validation (Triton's ValidateEnsembleConfig) ---- */
 
-static void full_shape(const model_io_t *io, bool batched, int64_t *out, size_t *rank)
-{
-    size_t k = 0;
-    if (batched) out[k++] = -1;
-    for (size_t d = 0; d < io->rank && k <= NEREID_MAX_RANK; d++)
-        out[k++] = io->dims[d];
-    *rank = k;
-}
-
-static bool shapes_agree(const int64_t *a, size_t ra, const int64_t *b, size_t rb)
+static bool dims_agree(const int64_t *a, size_t ra, const int64_t *b, size_t rb)
 {
     if (ra != rb) return false;
     for (size_t i = 0; i < ra; i++)
@@ -487,12 +572,21 @@ static bool shapes_agree(const int64_t *a, size_t ra, const int64_t *b, size_t r
     return true;
 }
 
-static void format_shape(char *buf, size_t cap, const int64_t *s, size_t rank)
+/* The full shape as Triton prints it: -1 first when batching. */
+static void format_full(char *buf, size_t cap, const int64_t *dims, size_t rank, bool batching)
 {
-    size_t n = (size_t)snprintf(buf, cap, "[");
+    size_t n = (size_t)snprintf(buf, cap, "[%s", batching ? "-1" : "");
     for (size_t i = 0; i < rank && n < cap; i++)
-        n += (size_t)snprintf(buf + n, cap - n, "%s%lld", i ? "," : "", (long long)s[i]);
+        n += (size_t)snprintf(buf + n, cap - n, "%s%lld", i || batching ? "," : "",
+                              (long long)dims[i]);
     if (n < cap) snprintf(buf + n, cap - n, "]");
+}
+
+/* The config enum name of a datatype (TYPE_STRING for BYTES). */
+static void config_type_name(char *buf, size_t cap, nereid_datatype_t dt)
+{
+    const char *n = nereid_datatype_name(dt);
+    snprintf(buf, cap, "TYPE_%s", strcmp(n, "BYTES") == 0 ? "STRING" : n);
 }
 
 static const model_io_t *find_io(const model_io_t *ios, size_t n, const char *name)
@@ -502,149 +596,203 @@ static const model_io_t *find_io(const model_io_t *ios, size_t n, const char *na
     return NULL;
 }
 
-/* Checks the step's inputs against the known tensors and defines its
- * outputs. Returns NULL, or an error. */
-static nereid_error_t *check_step(ensemble_t *e, model_t *ens, ens_step_t *st, model_t *sm)
+/* Gives tensor t what model `origin` says of it, or checks that it agrees
+ * with what an earlier model said: dims compared without the batch
+ * dimension, then as full shapes (a non-batching [-1,d..] meets a batching
+ * [d..]); -1 matches anything. */
+static nereid_error_t *meet_tensor(model_t *ens, ens_tensor_t *t, const char *origin, bool batching,
+                                   nereid_datatype_t dt, const int64_t *dims, size_t rank)
 {
-    bool batched = sm->max_batch_size > 0;
-    if (ens->max_batch_size > 0 && sm->max_batch_size < ens->max_batch_size)
-        return nereid_error_new(NEREID_ERROR_INVALID_ARG,
-                                "ensemble %s allows maximum batch size %lld, but it contains "
-                                "model %s which only allows maximum batch size to be %lld",
-                                ens->name, (long long)ens->max_batch_size, sm->name,
-                                (long long)sm->max_batch_size);
-    for (size_t i = 0; i < st->n_in; i++) {
-        const model_io_t *io = find_io(sm->inputs, sm->n_inputs, st->in[i].model_name);
-        if (!io)
-            return nereid_error_new(NEREID_ERROR_INVALID_ARG,
-                                    "in ensemble %s, ensemble tensor %s is mapped to non-existing "
-                                    "input %s of model %s",
-                                    ens->name, e->tensors[st->in[i].tensor].name,
-                                    st->in[i].model_name, sm->name);
-        ens_tensor_t *t = &e->tensors[st->in[i].tensor];
-        int64_t shape[NEREID_MAX_RANK + 1];
-        size_t rank;
-        full_shape(io, batched, shape, &rank);
-        if (t->datatype != io->datatype)
-            return nereid_error_new(NEREID_ERROR_INVALID_ARG,
-                                    "in ensemble %s, input %s of model %s has datatype %s, but "
-                                    "ensemble tensor %s has datatype %s",
-                                    ens->name, io->name, sm->name,
-                                    nereid_datatype_name(io->datatype), t->name,
-                                    nereid_datatype_name(t->datatype));
-        if (!shapes_agree(t->shape, t->rank, shape, rank)) {
-            char a[256], b[256];
-            format_shape(a, sizeof a, shape, rank);
-            format_shape(b, sizeof b, t->shape, t->rank);
-            return nereid_error_new(NEREID_ERROR_INVALID_ARG,
-                                    "in ensemble %s, input %s of model %s has shape %s, but "
-                                    "ensemble tensor %s has shape %s",
-                                    ens->name, io->name, sm->name, a, t->name, b);
-        }
-    }
-    for (size_t i = 0; i < st->n_out; i++) {
-        const model_io_t *io = find_io(sm->outputs, sm->n_outputs, st->out[i].model_name);
-        if (!io)
-            return nereid_error_new(NEREID_ERROR_INVALID_ARG,
-                                    "in ensemble %s, ensemble tensor %s is mapped from "
-                                    "non-existing output %s of model %s",
-                                    ens->name, e->tensors[st->out[i].tensor].name,
-                                    st->out[i].model_name, sm->name);
-        ens_tensor_t *t = &e->tensors[st->out[i].tensor];
-        if (t->known)
-            return nereid_error_new(NEREID_ERROR_INVALID_ARG,
-                                    "ensemble tensor '%s' can appear in an output map only once "
-                                    "for ensemble '%s'",
-                                    t->name, ens->name);
+    if (!t->known) {
         t->known = true;
-        t->datatype = io->datatype;
-        full_shape(io, batched, t->shape, &t->rank);
+        t->origin = origin;
+        t->batching = batching;
+        t->datatype = dt;
+        t->rank = rank < NEREID_MAX_RANK ? rank : NEREID_MAX_RANK;
+        memcpy(t->dims, dims, t->rank * sizeof *dims);
+        return NULL;
+    }
+    if (t->datatype != dt) {
+        char a[32], b[32];
+        config_type_name(a, sizeof a, t->datatype);
+        config_type_name(b, sizeof b, dt);
+        return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                "in ensemble %s, ensemble tensor %s: inconsistent data type: %s is "
+                                "inferred from model %s while %s is inferred from model %s",
+                                ens->name, t->name, a, t->origin, b, origin);
+    }
+    int64_t fa[NEREID_MAX_RANK + 1], fb[NEREID_MAX_RANK + 1];
+    size_t ra = 0, rb = 0;
+    if (t->batching) fa[ra++] = -1;
+    for (size_t i = 0; i < t->rank; i++)
+        fa[ra++] = t->dims[i];
+    if (batching) fb[rb++] = -1;
+    for (size_t i = 0; i < rank && i < NEREID_MAX_RANK; i++)
+        fb[rb++] = dims[i];
+    if (!dims_agree(t->dims, t->rank, dims, rank) && !dims_agree(fa, ra, fb, rb)) {
+        char a[256], b[256];
+        format_full(a, sizeof a, t->dims, t->rank, t->batching);
+        format_full(b, sizeof b, dims, rank, batching);
+        return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                "in ensemble %s, ensemble tensor %s: inconsistent shape: %s is "
+                                "inferred from model %s while %s is inferred from model %s",
+                                ens->name, t->name, a, t->origin, b, origin);
     }
     return NULL;
 }
 
-static nereid_error_t *validate(ensemble_t *e, model_t *ens)
+/* Checks one step's mappings against its model's config (Triton's
+ * ValidateTensorMapping, same order and texts). */
+static nereid_error_t *check_step(ensemble_t *e, model_t *ens, ens_step_t *st, model_t *sm)
 {
-    bool batched = ens->max_batch_size > 0;
+    bool batching = sm->max_batch_size > 0;
+    st->batching = batching;
+    for (size_t i = 0; i < st->n_in; i++)
+        if (!find_io(sm->inputs, sm->n_inputs, st->in[i].model_name))
+            return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                    "in ensemble %s, ensemble tensor %s is mapping to non-existing "
+                                    "input %s in model %s",
+                                    ens->name, e->tensors[st->in[i].tensor].name,
+                                    st->in[i].model_name, st->model);
+    for (size_t k = 0; k < sm->n_inputs; k++) {
+        const model_io_t *io = &sm->inputs[k];
+        size_t mapped = 0;
+        for (size_t i = 0; i < st->n_in; i++) {
+            if (strcmp(st->in[i].model_name, io->name) != 0) continue;
+            st->in[i].rank = io->rank;
+            memcpy(st->in[i].dims, io->dims, io->rank * sizeof *io->dims);
+            nereid_error_t *err = meet_tensor(ens, &e->tensors[st->in[i].tensor], st->model,
+                                              batching, io->datatype, io->dims, io->rank);
+            if (err) return err;
+            mapped++;
+        }
+        if (mapped == 0 && !io->optional)
+            return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                    "in ensemble %s, input %s in model %s is not mapped to any "
+                                    "ensemble tensors",
+                                    ens->name, io->name, st->model);
+        if (mapped > 1)
+            return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                    "in ensemble %s, input %s in model %s is mapped to multiple "
+                                    "ensemble tensors",
+                                    ens->name, io->name, st->model);
+    }
+    for (size_t i = 0; i < st->n_out; i++)
+        if (!find_io(sm->outputs, sm->n_outputs, st->out[i].model_name))
+            return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                    "in ensemble %s, ensemble tensor %s is mapped from "
+                                    "non-existing output %s in model %s",
+                                    ens->name, e->tensors[st->out[i].tensor].name,
+                                    st->out[i].model_name, st->model);
+    for (size_t i = 0; i < st->n_out; i++) {
+        const model_io_t *io = find_io(sm->outputs, sm->n_outputs, st->out[i].model_name);
+        nereid_error_t *err = meet_tensor(ens, &e->tensors[st->out[i].tensor], st->model, batching,
+                                          io->datatype, io->dims, io->rank);
+        if (err) return err;
+    }
+    return NULL;
+}
+
+/* Whether every step can run: its inputs are ensemble inputs or written by
+ * steps that can run (the config check reports cycles with Triton's texts;
+ * this keeps a request from waiting forever if one slips through). */
+static nereid_error_t *check_flow(ensemble_t *e, model_t *ens)
+{
+    bool *avail = xcalloc(e->n_tensors ? e->n_tensors : 1, sizeof *avail);
+    bool *done = xcalloc(e->n_steps ? e->n_steps : 1, sizeof *done);
     for (size_t i = 0; i < ens->n_inputs; i++) {
         size_t t = find_tensor(e, ens->inputs[i].name);
-        if (t == (size_t)-1) continue; /* unused input: the config check reports it */
-        e->tensors[t].known = true;
-        e->tensors[t].datatype = ens->inputs[i].datatype;
-        full_shape(&ens->inputs[i], batched, e->tensors[t].shape, &e->tensors[t].rank);
+        if (t != (size_t)-1) avail[t] = true;
     }
-    bool *checked = xcalloc(e->n_steps ? e->n_steps : 1, sizeof *checked);
-    size_t n_checked = 0;
-    nereid_error_t *err = NULL;
-    /* Resolve steps in dependency order; what is left over forms a cycle. */
-    for (bool progress = true; progress && !err && n_checked < e->n_steps;) {
+    for (bool progress = true; progress;) {
         progress = false;
-        for (size_t s = 0; s < e->n_steps && !err; s++) {
-            if (checked[s]) continue;
-            ens_step_t *st = &e->steps[s];
-            bool inputs_known = true;
-            for (size_t i = 0; i < st->n_in; i++)
-                inputs_known &= e->tensors[st->in[i].tensor].known;
-            if (!inputs_known) continue;
-            model_t *sm = NULL;
-            err = server_lookup_model(ens->server, st->model, st->version, &sm);
-            if (err) {
-                nereid_error_t *wrapped =
-                    nereid_error_new(NEREID_ERROR_INVALID_ARG,
-                                     "ensemble '%s' depends on '%s' which has no loaded "
-                                     "version: %s",
-                                     ens->name, st->model, nereid_error_message(err));
-                nereid_error_free(err);
-                err = wrapped;
-                break;
-            }
-            err = check_step(e, ens, st, sm);
-            model_unref(sm);
-            checked[s] = true;
-            n_checked++;
-            progress = true;
+        for (size_t s = 0; s < e->n_steps; s++) {
+            bool ready = !done[s];
+            for (size_t i = 0; ready && i < e->steps[s].n_in; i++)
+                ready = avail[e->steps[s].in[i].tensor];
+            if (!ready) continue;
+            done[s] = progress = true;
+            for (size_t i = 0; i < e->steps[s].n_out; i++)
+                avail[e->steps[s].out[i].tensor] = true;
         }
     }
-    if (!err && n_checked < e->n_steps) {
-        for (size_t s = 0; s < e->n_steps; s++)
-            if (!checked[s]) {
-                err = nereid_error_new(NEREID_ERROR_INVALID_ARG,
-                                       "ensemble '%s' has a cycle or a step whose inputs are never "
-                                       "produced: step %zu (model '%s')",
-                                       ens->name, s, e->steps[s].model);
-                break;
-            }
-    }
-    free(checked);
-    for (size_t i = 0; !err && i < ens->n_outputs; i++) {
-        const model_io_t *io = &ens->outputs[i];
-        size_t t = find_tensor(e, io->name);
-        if (t == (size_t)-1 || !e->tensors[t].known) {
+    nereid_error_t *err = NULL;
+    for (size_t s = 0; s < e->n_steps && !err; s++)
+        if (!done[s])
             err = nereid_error_new(NEREID_ERROR_INVALID_ARG,
-                                   "output '%s' for ensemble '%s' is not written", io->name,
-                                   ens->name);
+                                   "ensemble '%s' has a cycle or a step whose inputs are never "
+                                   "produced: step %zu (model '%s')",
+                                   ens->name, s, e->steps[s].model);
+    for (size_t i = 0; i < ens->n_outputs && !err; i++) {
+        size_t t = find_tensor(e, ens->outputs[i].name);
+        if (t == (size_t)-1 || !avail[t])
+            err = nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                   "output '%s' for ensemble '%s' is not written",
+                                   ens->outputs[i].name, ens->name);
+    }
+    free(avail);
+    free(done);
+    return err;
+}
+
+/* An ensemble output without labels takes those of the composing model's
+ * output that writes it (as Triton completes the ensemble's labels). */
+static void take_labels(model_io_t *out, const model_io_t *from)
+{
+    if ((out->n_labels && out->labels[0][0]) || !from || !from->n_labels) return;
+    for (size_t l = 0; l < out->n_labels; l++)
+        free(out->labels[l]);
+    free(out->labels);
+    out->labels = xcalloc(from->n_labels, sizeof *out->labels);
+    for (size_t l = 0; l < from->n_labels; l++)
+        out->labels[l] = xstrdup(from->labels[l]);
+    out->n_labels = from->n_labels;
+}
+
+static nereid_error_t *validate(ensemble_t *e, model_t *ens)
+{
+    bool batching = ens->max_batch_size > 0;
+    const model_io_t *lists[2] = {ens->inputs, ens->outputs};
+    size_t counts[2] = {ens->n_inputs, ens->n_outputs};
+    for (int l = 0; l < 2; l++)
+        for (size_t i = 0; i < counts[l]; i++) {
+            const model_io_t *io = &lists[l][i];
+            size_t t = find_tensor(e, io->name);
+            if (t == (size_t)-1 || e->tensors[t].known) continue;
+            meet_tensor(ens, &e->tensors[t], ens->name, batching, io->datatype,
+                        io->has_reshape ? io->reshape : io->dims,
+                        io->has_reshape ? io->reshape_rank : io->rank);
+        }
+    nereid_error_t *err = NULL;
+    for (size_t s = 0; s < e->n_steps && !err; s++) {
+        ens_step_t *st = &e->steps[s];
+        model_t *sm = NULL;
+        err = server_lookup_model(ens->server, st->model, st->version, &sm);
+        if (err) {
+            nereid_error_t *wrapped = nereid_error_new(
+                NEREID_ERROR_INVALID_ARG,
+                "ensemble '%s' depends on '%s' which has no loaded version", ens->name, st->model);
+            nereid_error_free(err);
+            err = wrapped;
             break;
         }
-        ens_tensor_t *tt = &e->tensors[t];
-        int64_t shape[NEREID_MAX_RANK + 1];
-        size_t rank;
-        full_shape(io, batched, shape, &rank);
-        if (tt->datatype != io->datatype) {
+        if (sm->max_batch_size != 0 && sm->max_batch_size < ens->max_batch_size)
             err = nereid_error_new(NEREID_ERROR_INVALID_ARG,
-                                   "in ensemble %s, ensemble output %s has datatype %s, but the "
-                                   "tensor written to it has datatype %s",
-                                   ens->name, io->name, nereid_datatype_name(io->datatype),
-                                   nereid_datatype_name(tt->datatype));
-        } else if (!shapes_agree(tt->shape, tt->rank, shape, rank)) {
-            char a[256], b[256];
-            format_shape(a, sizeof a, shape, rank);
-            format_shape(b, sizeof b, tt->shape, tt->rank);
-            err = nereid_error_new(NEREID_ERROR_INVALID_ARG,
-                                   "in ensemble %s, ensemble output %s has shape %s, but the "
-                                   "tensor written to it has shape %s",
-                                   ens->name, io->name, a, b);
+                                   "ensemble %s allows maximum batch size %lld, but it contains "
+                                   "model %s which only allows maximum batch size to be %lld",
+                                   ens->name, (long long)ens->max_batch_size, st->model,
+                                   (long long)sm->max_batch_size);
+        if (!err) err = check_step(e, ens, st, sm);
+        for (size_t i = 0; !err && i < st->n_out; i++) {
+            model_io_t *out = NULL;
+            for (size_t k = 0; k < ens->n_outputs; k++)
+                if (strcmp(ens->outputs[k].name, e->tensors[st->out[i].tensor].name) == 0)
+                    out = &ens->outputs[k];
+            if (out) take_labels(out, find_io(sm->outputs, sm->n_outputs, st->out[i].model_name));
         }
+        model_unref(sm);
     }
+    if (!err) err = check_flow(e, ens);
     return err;
 }
 

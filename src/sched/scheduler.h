@@ -34,7 +34,8 @@ typedef struct scheduler_ops {
      * finishing the batch (batch_finish or request_finish per request). */
     void (*batch_done)(scheduler_t *s, model_instance_t *inst, batch_t *batch);
     /* Stops taking requests; queued requests are still handed out by
-     * next_batch (drain) or failed. Wakes every waiter. */
+     * next_batch (drain) or failed. Wakes every waiter and joins the
+     * scheduler's own threads (reapers), if any. */
     void (*stop)(scheduler_t *s);
     /* Frees the scheduler after every instance thread has exited. */
     void (*destroy)(scheduler_t *s);
@@ -52,6 +53,12 @@ nereid_error_t *scheduler_create(model_t *m, scheduler_t **out);
  * (claimed with ops->claim) on the calling thread, completions included;
  * then releases inst. The caller holds no lock. */
 void scheduler_run_inline(scheduler_t *s, model_instance_t *inst, nereid_request_t *req);
+
+/* Scheduler test hooks: the count in environment variable nereid_name, else
+ * in triton_name (Triton's name for the same hook, e.g.
+ * TRITONSERVER_DELAY_SCHEDULER); 0 when neither is set or the value is not a
+ * count (logged). */
+size_t scheduler_env_count(const char *nereid_name, const char *triton_name);
 
 /* Per-scheduler constructors. */
 nereid_error_t *default_scheduler_create(model_t *m, scheduler_t **out);

@@ -10,8 +10,11 @@
  * Direct: each execution covers slots 0..k where k is the highest slot with a
  * request ready; slots in between without a request get a filler request
  * (zero inputs, READY false) so that batch row i is always slot i. Fillers
- * are removed before the batch is finished and are not counted in
- * statistics. Oldest: each execution takes the oldest ready requests of the
+ * are removed before the batch is finished; as in Triton they count in the
+ * execution's batch size (batch_stats) but not in inference_count. As in
+ * Triton, queueing a request with END ends the id's sequence at once: a
+ * START with the same id that follows starts a new sequence (own position),
+ * a request without START is refused. Oldest: each execution takes the oldest ready requests of the
  * instance's candidates, at most one per sequence, like the dynamic batcher
  * (preferred_batch_size, max_queue_delay_microseconds).
  *
@@ -78,7 +81,7 @@ typedef struct seq {
     struct seq *bnext;
     nereid_request_t *qhead, *qtail;
     int in_flight;          /* requests handed to the instance, not yet done */
-    bool ending;            /* the last queued request has END */
+    bool hashed;            /* found by its id; false once its END request is queued */
     uint64_t idle_since_ns; /* 0 unless idle (nothing queued or in flight) */
     uint64_t expire_ns;     /* backlog only: earliest request timeout, 0 = none */
     state_buf_t *states;
@@ -90,6 +93,8 @@ typedef struct seq_inst {
     nereid_request_t **rows; /* scratch: one per slot */
     seq_t **ready;           /* scratch */
     pthread_cond_t cond;
+    size_t hold;      /* test hook: queued requests awaited before the first batch, 0 = none */
+    size_t hold_seen; /* requests queued on this instance when it last looked (direct) */
 } seq_inst_t;
 
 typedef struct seq_sched {
@@ -101,6 +106,7 @@ typedef struct seq_sched {
     seq_inst_t *insts;
     size_t n_insts;
     seq_t *buckets[N_BUCKETS];
+    seq_t *detached; /* sequences whose END is queued, linked by hnext */
     seq_t *backlog_head, *backlog_tail;
     seq_ctl_t *ctls;
     size_t n_ctls;
@@ -116,6 +122,7 @@ typedef struct seq_sched {
     bool reaper_started;
     pthread_cond_t reaper_cond;
     uint64_t reaper_wake_ns; /* when the reaper wakes next; UINT64_MAX: only when signalled */
+    size_t backlog_hold;     /* test hook: backlogged requests awaited as well (direct) */
 } seq_sched_t;
 
 /* ---- Helpers ---- */
@@ -253,13 +260,30 @@ static void free_states(seq_sched_t *q, seq_t *s)
     s->states = NULL;
 }
 
-/* Removes a sequence (nothing queued or in flight) and frees its position. */
-static void seq_release(seq_sched_t *q, seq_t *s)
+/* Forgets the sequence's id (its END request is queued, or it is ending):
+ * later requests with the id start a new sequence or are refused. */
+static void seq_unlink(seq_sched_t *q, seq_t *s)
 {
-    seq_t **pp = &q->buckets[s->bucket];
+    seq_t **pp = s->hashed ? &q->buckets[s->bucket] : &q->detached;
     while (*pp != s)
         pp = &(*pp)->hnext;
     *pp = s->hnext;
+    s->hnext = NULL;
+}
+
+static void seq_unhash(seq_sched_t *q, seq_t *s)
+{
+    if (!s->hashed) return;
+    seq_unlink(q, s);
+    s->hashed = false;
+    s->hnext = q->detached;
+    q->detached = s;
+}
+
+/* Removes a sequence (nothing queued or in flight) and frees its position. */
+static void seq_release(seq_sched_t *q, seq_t *s)
+{
+    seq_unlink(q, s);
     if (s->inst >= 0) {
         q->insts[s->inst].slots[s->slot] = NULL;
         give_position(q, s->inst, s->slot);
@@ -303,6 +327,7 @@ static seq_t *seq_create(seq_sched_t *q, const char *sid, uint64_t id)
     s->bucket = hash_id(sid, id);
     s->hnext = q->buckets[s->bucket];
     q->buckets[s->bucket] = s;
+    s->hashed = true;
     if (q->n_states) s->states = xcalloc(q->n_states, sizeof *s->states);
     int inst, slot;
     if (find_position(q, &inst, &slot)) {
@@ -350,7 +375,7 @@ static nereid_error_t *seq_enqueue(scheduler_t *base, nereid_request_t *req)
         return nereid_error_new(NEREID_ERROR_UNAVAILABLE, STOPPING_TEXT);
     }
     seq_t *s = seq_find(q, sid, req->corr_id);
-    if (!req->seq_start && (!s || s->ending)) {
+    if (!req->seq_start && !s) {
         pthread_mutex_unlock(&q->lock);
         char idbuf[160];
         format_id(idbuf, sizeof idbuf, sid, req->corr_id);
@@ -361,7 +386,7 @@ static nereid_error_t *seq_enqueue(scheduler_t *base, nereid_request_t *req)
     }
     if (!s) {
         s = seq_create(q, sid, req->corr_id);
-    } else if (req->seq_start && !s->ending) {
+    } else if (req->seq_start) {
         char idbuf[160];
         format_id(idbuf, sizeof idbuf, sid, req->corr_id);
         LOG_WARN("sequence",
@@ -369,7 +394,9 @@ static nereid_error_t *seq_enqueue(scheduler_t *base, nereid_request_t *req)
                  "before this sequence start. Previous sequence will be terminated early.",
                  idbuf, m->name);
     }
-    s->ending = req->seq_end;
+    /* As in Triton, an END request ends the id's sequence now: a START with
+     * the same id that follows is a new sequence with a position of its own. */
+    if (req->seq_end) seq_unhash(q, s);
     s->idle_since_ns = 0;
     if (s->inst < 0 && req->timeout_us) {
         uint64_t exp = util_now_ns() + req->timeout_us * 1000u;
@@ -561,11 +588,64 @@ static nereid_request_t *pop_head(seq_sched_t *q, seq_t *s)
     return req;
 }
 
+/* ---- Test hooks ----
+ * NEREID_DELAY_SCHEDULER (or Triton's TRITONSERVER_DELAY_SCHEDULER) = N
+ * holds each instance's first batch, as Triton's sequence batcher does:
+ * direct, until the instances' queues together hold N requests (each
+ * instance counts its own queue every 10 ms; the sum uses each instance's
+ * last count) and, with NEREID_BACKLOG_DELAY_SCHEDULER (or
+ * TRITONSERVER_BACKLOG_DELAY_SCHEDULER) = B, until the backlog holds B
+ * requests; oldest, until the instance's candidate sequences have N
+ * requests ready (Triton's dynamic batcher under it counts its own queue).
+ * Once released an instance is not held again. Warmup requests are never
+ * held. Lock held. */
+#define HOLD_POLL_NS 10000000u
+
+static bool warmup_queued(const seq_inst_t *si)
+{
+    for (size_t k = 0; k < si->n_slots; k++)
+        if (si->slots[k] && si->slots[k]->qhead && si->slots[k]->qhead->warmup) return true;
+    return false;
+}
+
+static size_t queue_length(const seq_t *s)
+{
+    size_t n = 0;
+    for (const nereid_request_t *r = s->qhead; r; r = r->next)
+        n++;
+    return n;
+}
+
+/* Direct: true while inst must wait (then it looks again in 10 ms). */
+static bool direct_held(seq_sched_t *q, seq_inst_t *si)
+{
+    if (!si->hold || q->stopped || warmup_queued(si)) return false;
+    si->hold_seen = 0;
+    for (size_t k = 0; k < si->n_slots; k++)
+        if (si->slots[k]) si->hold_seen += queue_length(si->slots[k]);
+    size_t seen = 0;
+    for (size_t i = 0; i < q->n_insts; i++)
+        seen += q->insts[i].hold_seen;
+    if (seen < si->hold) return true;
+    if (q->backlog_hold) {
+        size_t backlog = 0;
+        for (const seq_t *b = q->backlog_head; b; b = b->bnext)
+            backlog += queue_length(b);
+        if (backlog < q->backlog_hold) return true;
+    }
+    si->hold = 0;
+    return false;
+}
+
 static bool direct_next_batch(seq_sched_t *q, seq_inst_t *si, batch_t *batch)
 {
     pthread_mutex_lock(&q->lock);
     size_t n_ready;
     for (;;) {
+        if (direct_held(q, si)) {
+            cond_wait_until(&si->cond, &q->lock, util_now_ns() + HOLD_POLL_NS);
+            continue;
+        }
         n_ready = 0;
         uint64_t oldest = UINT64_MAX;
         for (size_t k = 0; k < si->n_slots; k++) {
@@ -632,6 +712,13 @@ static bool oldest_next_batch(seq_sched_t *q, seq_inst_t *si, batch_t *batch)
             }
             si->ready[j] = s;
         }
+        if (si->hold && !q->stopped && !warmup_queued(si)) {
+            if (n < si->hold) {
+                pthread_cond_wait(&si->cond, &q->lock);
+                continue;
+            }
+            si->hold = 0;
+        }
         if (n > 0) {
             size_t want = (size_t)(q->preferred_max > 0 ? q->preferred_max : q->max_rows);
             if (q->stopped || q->delay_ns == 0 || n >= want) break;
@@ -682,6 +769,7 @@ static void seq_batch_done(scheduler_t *base, model_instance_t *inst, batch_t *b
         nereid_request_t *req = batch->reqs[r];
         if (!req->sched_data) {
             batch->total_batch -= req->batch_size;
+            batch->filler_rows += req->batch_size;
             request_free(req);
             continue;
         }
@@ -799,7 +887,9 @@ static void *reaper_main(void *arg)
 
 /* Instances drain the requests of sequences that hold a position; requests
  * of backlogged sequences would never run (and would keep the model
- * referenced), so they fail now. */
+ * referenced), so they fail now. The reaper is joined here: its completions
+ * may drop request references, so it must be gone before the loader's
+ * reference is (model.c, Ownership). */
 static void seq_stop(scheduler_t *base)
 {
     seq_sched_t *q = (seq_sched_t *)base;
@@ -822,6 +912,10 @@ static void seq_stop(scheduler_t *base)
     pthread_cond_broadcast(&q->reaper_cond);
     pthread_mutex_unlock(&q->lock);
     finish_all(failed, NEREID_ERROR_UNAVAILABLE, STOPPING_TEXT, FAILURE_OTHER);
+    if (q->reaper_started) {
+        pthread_join(q->reaper, NULL);
+        q->reaper_started = false;
+    }
 }
 
 static void free_config(seq_sched_t *q)
@@ -843,11 +937,11 @@ static void seq_destroy(scheduler_t *base)
 {
     seq_sched_t *q = (seq_sched_t *)base;
     seq_stop(base);
-    if (q->reaper_started) pthread_join(q->reaper, NULL);
     /* Instances drained what they could; fail what is left. */
-    for (size_t b = 0; b < N_BUCKETS; b++) {
-        while (q->buckets[b]) {
-            seq_t *s = q->buckets[b];
+    for (size_t b = 0; b <= N_BUCKETS; b++) {
+        seq_t **head = b < N_BUCKETS ? &q->buckets[b] : &q->detached;
+        while (*head) {
+            seq_t *s = *head;
             while (s->qhead) {
                 nereid_request_t *r = s->qhead;
                 s->qhead = r->next;
@@ -988,6 +1082,9 @@ nereid_error_t *sequence_batcher_create(model_t *m, scheduler_t **out)
         q->delay_ns = sb->direct->max_queue_delay_microseconds * 1000u;
         q->min_util = sb->direct->minimum_slot_utilization;
     }
+    size_t hold = scheduler_env_count("NEREID_DELAY_SCHEDULER", "TRITONSERVER_DELAY_SCHEDULER");
+    q->backlog_hold = scheduler_env_count("NEREID_BACKLOG_DELAY_SCHEDULER",
+                                          "TRITONSERVER_BACKLOG_DELAY_SCHEDULER");
     q->n_insts = instance_count(c);
     q->insts = xcalloc(q->n_insts, sizeof *q->insts);
     for (size_t i = 0; i < q->n_insts; i++) {
@@ -996,6 +1093,7 @@ nereid_error_t *sequence_batcher_create(model_t *m, scheduler_t **out)
         si->slots = xcalloc(per_inst, sizeof *si->slots);
         si->rows = xcalloc(per_inst, sizeof *si->rows);
         si->ready = xcalloc(per_inst, sizeof *si->ready);
+        si->hold = hold;
         cond_init_monotonic(&si->cond);
     }
     for (size_t i = 0; i < sb->n_control_input; i++)

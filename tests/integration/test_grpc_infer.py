@@ -273,3 +273,28 @@ def test_gzip_compressed_request(server):
         r = stub.ModelInfer(infer_request(pb, "id_fp32", [("INPUT0", "FP32", [x.size], x)]),
                             timeout=30, compression=grpc.Compression.Gzip)
         assert r.raw_output_contents[0] == x.tobytes()
+
+
+def test_extra_raw_input_contents_refused(stub):
+    x = np.arange(3, dtype=np.float32)
+    req = infer_request(pb, "id_fp32", [("INPUT0", "FP32", [3], x)])
+    assert np.array_equal(np.frombuffer(stub.ModelInfer(req).raw_output_contents[0], np.float32), x)
+    # one raw buffer more than there are inputs
+    req.raw_input_contents.append(x.tobytes())
+    e = rpc_error(stub.ModelInfer, req)
+    assert e.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert e.details() == "unexpected additional input data for model 'id_fp32'"
+    # a raw buffer with no input at all
+    req = pb.ModelInferRequest(model_name="id_fp32")
+    req.raw_input_contents.append(x.tobytes())
+    e = rpc_error(stub.ModelInfer, req)
+    assert e.code() == grpc.StatusCode.INVALID_ARGUMENT
+    # typed contents for the only input plus a stray raw buffer: Triton's text
+    req = infer_request(pb, "id_fp32", [("INPUT0", "FP32", [3], x)], raw=False)
+    req.raw_input_contents.append(x.tobytes())
+    e = rpc_error(stub.ModelInfer, req)
+    assert e.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert e.details().startswith("contents field must not be specified when using raw_input_contents")
+    # the server still answers
+    req = infer_request(pb, "id_fp32", [("INPUT0", "FP32", [3], x)])
+    assert len(stub.ModelInfer(req).raw_output_contents) == 1

@@ -217,7 +217,7 @@ def test_ensemble_results_timing_errors_stats(nereid_server, tmp_path):
 
     r = infer(s, "broken_step", name="X")
     assert r.status_code == 500
-    assert r.json() == {"error": "testing backend: execute failed"}
+    assert r.json() == {"error": "in ensemble 'broken_step', testing backend: execute failed"}
 
     stats = requests.get(s.http_url + "/v2/models/parallel/stats").json()["model_stats"][0]
     assert stats["inference_count"] == 1 and stats["execution_count"] == 1

@@ -66,4 +66,22 @@ static inline long long stat_value(nereid_server_t *s, const char *model, int64_
     return r;
 }
 
+/* An inference's outcome as text: NULL when it succeeded, else the error
+ * message of err (its submission) or of resp (static buffer); frees both. */
+static inline const char *outcome_text(nereid_error_t *err, nereid_response_t *resp)
+{
+    static char msg[512];
+    const char *r = NULL;
+    if (err) {
+        snprintf(msg, sizeof msg, "%s", nereid_error_message(err));
+        r = msg;
+    } else if (resp && nereid_response_error(resp)) {
+        snprintf(msg, sizeof msg, "%s", nereid_error_message(nereid_response_error(resp)));
+        r = msg;
+    }
+    nereid_error_free(err);
+    nereid_response_free(resp);
+    return r;
+}
+
 #endif

@@ -158,16 +158,25 @@ static size_t put_string(uint8_t *p, const char *s, uint32_t len)
     return 4 + (size_t)len;
 }
 
-/* BYTES: empty, short and long elements, batch of 2, round trip. */
+/* BYTES: empty, short, long and binary elements (NUL bytes inside, leading
+ * and trailing), batch of 2, round trip byte for byte. */
 static void test_identity_bytes(void)
 {
     load_ok("identity_bytes");
-    static const char *const strs[8] = {"",   "a",   "hello", "nereid",
-                                        "xy", "zzz", "",      "a much longer string element"};
+    static const char *const strs[8] = {"one",
+                                        "",
+                                        "\0\xff"
+                                        "binary",
+                                        "nereid",
+                                        "x\0y",
+                                        "zzz\0",
+                                        "",
+                                        "a much longer string element"};
+    static const uint32_t lens[8] = {3, 0, 8, 6, 3, 4, 0, 28};
     uint8_t data[256];
     size_t n = 0;
     for (int i = 0; i < 8; i++)
-        n += put_string(data + n, strs[i], (uint32_t)strlen(strs[i]));
+        n += put_string(data + n, strs[i], lens[i]);
     tensor_t in = {"INPUT0", NEREID_TYPE_BYTES, {2, 4}, 2, data, n};
     nereid_response_t *resp = infer("identity_bytes", &in, 1, NULL);
     if (response_ok(resp, "identity_bytes")) {

@@ -57,22 +57,9 @@ static nereid_error_t *infer_x(nereid_server_t *s, const char *model, int64_t ve
 /* NULL when an inference on model succeeds, else its error message (static). */
 static const char *try_infer_version(nereid_server_t *s, const char *model, int64_t version)
 {
-    static char msg[512];
-    nereid_response_t *resp;
+    nereid_response_t *resp = NULL;
     nereid_error_t *err = infer_x(s, model, version, &resp);
-    if (err) {
-        snprintf(msg, sizeof msg, "%s", nereid_error_message(err));
-        nereid_error_free(err);
-        return msg;
-    }
-    const nereid_error_t *rerr = nereid_response_error(resp);
-    const char *r = NULL;
-    if (rerr) {
-        snprintf(msg, sizeof msg, "%s", nereid_error_message(rerr));
-        r = msg;
-    }
-    nereid_response_free(resp);
-    return r;
+    return outcome_text(err, resp);
 }
 
 static const char *try_infer(nereid_server_t *s, const char *model)

@@ -374,12 +374,13 @@ static void test_preferred_completes_early(void)
     collector_destroy(&c);
 }
 
-/* Requests of batch size 2 never split; max_batch_size 4 caps each batch
- * (the preferred 3 cannot be formed): 4, 4, 2. Outputs are scattered back
- * to the right requests. */
+/* Requests of batch size 2 never split; max_batch_size 4 caps each batch:
+ * 4, 4, 2. Outputs are scattered back to the right requests. (With a
+ * preferred size of 3 Triton would send 2s only: see
+ * test_mark_before_passing_largest_preferred.) */
 static void test_max_batch_cap_and_batched_requests(void)
 {
-    nereid_server_t *s = start(4, "dynamic_batching { preferred_batch_size: [ 3 ] }", 5);
+    nereid_server_t *s = start(4, "dynamic_batching { preferred_batch_size: [ 4 ] }", 5);
     if (!s) return finish(s);
     collector_t c;
     collector_init(&c);
@@ -689,6 +690,83 @@ static void test_warmup_not_held(void)
     collector_destroy(&c);
 }
 
+/* Triton's rule for a batch at or above the largest preferred size: a
+ * request of batch 7 with preferred sizes 2 and 6 goes at once, not after
+ * the (long) queue delay. */
+static void test_above_largest_preferred_goes_at_once(void)
+{
+    nereid_server_t *s = start(8,
+                               "dynamic_batching { preferred_batch_size: [ 2, 6 ] "
+                               "max_queue_delay_microseconds: 20000000 }",
+                               0);
+    if (!s) return finish(s);
+    collector_t c;
+    collector_init(&c);
+    uint64_t t0 = now_ms();
+    submit_ok(s, &c, "p7", (opts_t){.batch = 7, .width = 1});
+    CHECK(collector_wait(&c, 1));
+    CHECK(now_ms() - t0 < 10000);
+    CHECK(batch_count(s, 7) == 1);
+    const result_t *r = find_result(&c, "p7");
+    CHECK(r && !r->failed && r->output_ok);
+    finish(s);
+    collector_destroy(&c);
+}
+
+/* Queued 1 then 7 (held by Triton's TRITONSERVER_DELAY_SCHEDULER name):
+ * adding the 7 passes the largest preferred size (6) before any preferred
+ * size was reached, so Triton sends the 1 alone, then the 7; together they
+ * would have fit max_batch_size 8. */
+static void test_mark_before_passing_largest_preferred(void)
+{
+    setenv("TRITONSERVER_DELAY_SCHEDULER", "2", 1);
+    nereid_server_t *s = start(8,
+                               "dynamic_batching { preferred_batch_size: [ 2, 6 ] "
+                               "max_queue_delay_microseconds: 20000000 }",
+                               0);
+    unsetenv("TRITONSERVER_DELAY_SCHEDULER");
+    if (!s) return finish(s);
+    collector_t c;
+    collector_init(&c);
+    uint64_t t0 = now_ms();
+    submit_ok(s, &c, "q1", (opts_t){.width = 1});
+    submit_ok(s, &c, "q7", (opts_t){.batch = 7, .width = 1});
+    CHECK(collector_wait(&c, 2));
+    CHECK(now_ms() - t0 < 10000);
+    CHECK(batch_count(s, 1) == 1);
+    CHECK(batch_count(s, 7) == 1);
+    CHECK(batch_kinds(s) == 2);
+    CHECK(position(&c, "q1") == 0);
+    finish(s);
+    collector_destroy(&c);
+}
+
+/* The identity backend sleeps execute_delay_ms in every execute, as
+ * Triton's identity backend does (Triton's batcher suites rely on it to keep
+ * an instance busy). */
+static void test_identity_execute_delay(void)
+{
+    nereid_server_t *s = start_config(
+        "backend: \"identity\" max_batch_size: 8\n"
+        "input [ { name: \"INPUT0\" data_type: TYPE_FP32 dims: [ -1 ] } ]\n"
+        "output [ { name: \"OUTPUT0\" data_type: TYPE_FP32 dims: [ -1 ] } ]\n"
+        "dynamic_batching { }\n"
+        "parameters [ { key: \"execute_delay_ms\" value: { string_value: \"400\" } } ]\n",
+        0);
+    if (!s) return finish(s);
+    collector_t c;
+    collector_init(&c);
+    uint64_t t0 = now_ms();
+    submit_ok(s, &c, "i1", (opts_t){0});
+    CHECK(collector_wait(&c, 1));
+    CHECK(now_ms() - t0 >= 400);
+    CHECK(model_stat(s, "compute_infer", "ns") >= 400L * 1000 * 1000);
+    const result_t *r = find_result(&c, "i1");
+    CHECK(r && !r->failed && r->output_ok);
+    finish(s);
+    collector_destroy(&c);
+}
+
 int main(void)
 {
     test_preferred_sizes();
@@ -705,5 +783,8 @@ int main(void)
     test_preserve_ordering();
     test_zero_delay();
     test_warmup_not_held();
+    test_above_largest_preferred_goes_at_once();
+    test_mark_before_passing_largest_preferred();
+    test_identity_execute_delay();
     return check_summary();
 }

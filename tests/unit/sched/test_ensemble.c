@@ -91,6 +91,58 @@ static void make_models(void)
                                 "ensemble_scheduling { step [ { model_name: \"no_such_model\"\n"
                                 "  input_map { key: \"INPUT0\" value: \"X\" }\n"
                                 "  output_map { key: \"OUTPUT0\" value: \"Y\" } } ] }\n");
+    /* Triton compares a step's dims without the batch dimension (or as full
+     * shapes), -1 matching anything: a non-batching ensemble over a batching
+     * step, and a batching one over a non-batching step, load. */
+    write_model("nop", "backend: \"identity\" max_batch_size: 8\n"
+                       "input [ { name: \"INPUT0\" data_type: TYPE_FP32 dims: [ -1 ] } ]\n"
+                       "output [ { name: \"OUTPUT0\" data_type: TYPE_FP32 dims: [ -1 ] "
+                       "label_filename: \"labels.txt\" } ]\n");
+    write_file("nop/labels.txt", "zero\none\ntwo\nthree\n");
+    write_model("nop4", "backend: \"identity\" max_batch_size: 4\n"
+                        "input [ { name: \"INPUT0\" data_type: TYPE_FP32 dims: [ -1 ] } ]\n"
+                        "output [ { name: \"OUTPUT0\" data_type: TYPE_FP32 dims: [ -1 ] } ]\n");
+    write_model("nop_nobatch",
+                "backend: \"identity\" max_batch_size: 0\n"
+                "input [ { name: \"INPUT0\" data_type: TYPE_FP32 dims: [ 4 ] } ]\n"
+                "output [ { name: \"OUTPUT0\" data_type: TYPE_FP32 dims: [ 4 ] } ]\n");
+    const char *one = "platform: \"ensemble\" max_batch_size: %d\n"
+                      "input [ { name: \"IN\" data_type: TYPE_FP32 dims: [ %s ] } ]\n"
+                      "output [ { name: \"OUT\" data_type: TYPE_FP32 dims: [ %s ] %s } ]\n"
+                      "ensemble_scheduling { step [ { model_name: \"%s\"\n"
+                      "  input_map { key: \"INPUT0\" value: \"IN\" }\n"
+                      "  output_map { key: \"OUTPUT0\" value: \"OUT\" } } ] }\n";
+    snprintf(buf, sizeof buf, one, 0, "16", "16", "", "nop");
+    write_model("nobatch_over_batch", buf);
+    snprintf(buf, sizeof buf, one, 4, "4", "4", "", "nop_nobatch");
+    write_model("batch_over_nobatch", buf);
+    snprintf(buf, sizeof buf, one, 4, "4", "2, 2", "reshape { shape: [ 4 ] }", "nop");
+    write_model("reshaped_out", buf);
+    snprintf(buf, sizeof buf, one, 8, "4", "4", "", "nop4");
+    write_model("too_big_batch", buf);
+    snprintf(buf, sizeof buf, one, 0, "4", "5", "", "nop_nobatch");
+    write_model("nobatch_mismatch", buf);
+    /* A step asking for a version that is not loaded. */
+    write_model("needs_v2",
+                "platform: \"ensemble\" max_batch_size: 8\n"
+                "input [ { name: \"X\" " INT4 " } ]\n"
+                "output [ { name: \"Y\" " INT4 " } ]\n"
+                "ensemble_scheduling { step [ { model_name: \"add_sub\" model_version: 2\n"
+                "  input_map { key: \"INPUT0\" value: \"X\" } input_map { key: \"INPUT1\" value: "
+                "\"X\" }\n"
+                "  output_map { key: \"OUTPUT0\" value: \"Y\" } } ] }\n");
+    /* An ensemble whose step is an ensemble loaded after it by name. */
+    const char *nest = "platform: \"ensemble\" max_batch_size: 8\n"
+                       "input [ { name: \"X\" " INT4 " } ]\n"
+                       "output [ { name: \"Y\" " INT4 " } ]\n"
+                       "ensemble_scheduling { step [ { model_name: \"%s\"\n"
+                       "  input_map [ %s ]\n"
+                       "  output_map { key: \"%s\" value: \"Y\" } } ] }\n";
+    snprintf(buf, sizeof buf, nest, "z_inner", "{ key: \"X\" value: \"X\" }", "Y");
+    write_model("a_outer", buf);
+    snprintf(buf, sizeof buf, nest, "add_sub",
+             "{ key: \"INPUT0\" value: \"X\" }, { key: \"INPUT1\" value: \"X\" }", "OUTPUT0");
+    write_model("z_inner", buf);
     /* Two ensembles using each other. */
     const char *cyc = "platform: \"ensemble\" max_batch_size: 8\n"
                       "input [ { name: \"X\" " INT4 " } ]\n"
@@ -236,7 +288,8 @@ static void test_step_error(nereid_server_t *s)
     const nereid_error_t *rerr = nereid_response_error(resp);
     CHECK(rerr != NULL);
     if (rerr) {
-        CHECK(strcmp(nereid_error_message(rerr), "testing backend: execute failed") == 0);
+        CHECK_STR(nereid_error_message(rerr),
+                  "in ensemble 'broken_step', testing backend: execute failed");
         CHECK(nereid_error_code(rerr) == NEREID_ERROR_INTERNAL);
     }
     CHECK(nereid_response_output_count(resp) == 0);
@@ -265,28 +318,138 @@ static void test_stats(nereid_server_t *s)
     CHECK(stat_value(s, "chain", 1, "inference_stats", "compute_infer") == success);
 }
 
+/* Model name's version 1 is unavailable with a reason containing text. */
+static void check_reason(nereid_server_t *s, const char *name, const char *text)
+{
+    json_t *row = index_row(s, name, "1");
+    CHECK(strcmp(row_str(row, "state"), "UNAVAILABLE") == 0);
+    CHECK_STR_CONTAINS(row_str(row, "reason"), text);
+    json_decref(row);
+}
+
 static void test_validation(nereid_server_t *s)
 {
-    json_t *row = index_row(s, "bad_type", "1");
-    CHECK(strcmp(row_str(row, "state"), "UNAVAILABLE") == 0);
+    check_reason(s, "bad_type",
+                 "in ensemble bad_type, ensemble tensor X: inconsistent data type: TYPE_FP32 is "
+                 "inferred from model bad_type while TYPE_INT32 is inferred from model add_sub");
+    check_reason(s, "bad_shape",
+                 "in ensemble bad_shape, ensemble tensor X: inconsistent shape: [-1,3] is "
+                 "inferred from model bad_shape while [-1,4] is inferred from model add_sub");
+    check_reason(s, "too_big_batch",
+                 "ensemble too_big_batch allows maximum batch size 8, but it contains model nop4 "
+                 "which only allows maximum batch size to be 4");
+    check_reason(s, "nobatch_mismatch",
+                 "in ensemble nobatch_mismatch, ensemble tensor OUT: inconsistent shape: [5] is "
+                 "inferred from model nobatch_mismatch while [4] is inferred from model "
+                 "nop_nobatch");
+    json_t *row = index_row(s, "needs_v2", NULL);
     CHECK_STR_CONTAINS(row_str(row, "reason"),
-                       "input INPUT0 of model add_sub has datatype INT32, but ensemble tensor X "
-                       "has datatype FP32");
-    json_decref(row);
-    row = index_row(s, "bad_shape", "1");
-    CHECK_STR_CONTAINS(row_str(row, "reason"), "has shape [-1,4], but ensemble tensor X has shape "
-                                               "[-1,3]");
+                       "ensemble 'needs_v2' depends on 'add_sub' whose required version 2 is not "
+                       "loaded.");
     json_decref(row);
     row = index_row(s, "missing_step", NULL);
     CHECK(strcmp(row_str(row, "state"), "UNAVAILABLE") == 0);
-    CHECK_STR_CONTAINS(row_str(row, "reason"), "no_such_model");
+    CHECK_STR_CONTAINS(row_str(row, "reason"),
+                       "ensemble missing_step contains models that are not available or "
+                       "ambiguous: no_such_model");
     json_decref(row);
     row = index_row(s, "cycle_a", NULL);
     CHECK(strcmp(row_str(row, "state"), "UNAVAILABLE") == 0);
+    CHECK_STR_CONTAINS(row_str(row, "reason"),
+                       "circular dependency between ensembles: cycle_a -> ... -> cycle_b -> "
+                       "cycle_a");
+    json_decref(row);
+    /* The inner ensemble is loaded first, as the outer one's step. */
+    row = index_row(s, "a_outer", "1");
+    CHECK(strcmp(row_str(row, "state"), "READY") == 0);
+    json_decref(row);
+    row = index_row(s, "z_inner", "1");
+    CHECK(strcmp(row_str(row, "state"), "READY") == 0);
     json_decref(row);
     bool ready = true;
     nereid_error_free(nereid_server_model_is_ready(s, "bad_type", 1, &ready));
     CHECK(!ready);
+}
+
+/* One FP32 input IN of the given shape (values 0..n-1) through model; checks
+ * the output OUT's shape and values. */
+static void check_passthrough(nereid_server_t *s, const char *model, const int64_t *shape,
+                              size_t rank, const int64_t *want, size_t want_rank)
+{
+    float x[16];
+    size_t n = 1;
+    for (size_t d = 0; d < rank; d++)
+        n *= (size_t)shape[d];
+    for (size_t i = 0; i < n; i++)
+        x[i] = (float)i;
+    nereid_request_t *req;
+    CHECK(nereid_request_new(s, model, 0, &req) == NULL);
+    nereid_request_add_input(req, "IN", NEREID_TYPE_FP32, shape, rank, x, n * sizeof(float));
+    nereid_error_t *err;
+    nereid_response_t *resp = infer_sync(s, req, &err);
+    CHECK(err == NULL && resp);
+    if (!resp) return;
+    if (nereid_response_error(resp))
+        fprintf(stderr, "%s: %s\n", model, nereid_error_message(nereid_response_error(resp)));
+    CHECK(!nereid_response_error(resp) && nereid_response_output_count(resp) == 1);
+    if (nereid_response_output_count(resp) == 1) {
+        const int64_t *oshape;
+        size_t orank, size;
+        const void *data;
+        nereid_response_output(resp, 0, NULL, NULL, &oshape, &orank, &data, &size, NULL);
+        CHECK(orank == want_rank && size == n * sizeof(float));
+        for (size_t d = 0; d < orank && d < want_rank; d++)
+            CHECK(oshape[d] == want[d]);
+        CHECK(memcmp(data, x, size) == 0);
+    }
+    nereid_response_free(resp);
+}
+
+static void test_batch_conversion(nereid_server_t *s)
+{
+    /* [16] reaches the batching step as [1,16] and comes back as [16]. */
+    check_passthrough(s, "nobatch_over_batch", (int64_t[]){16}, 1, (int64_t[]){16}, 1);
+    /* [1,4] reaches the non-batching step as [4] and comes back as [1,4]. */
+    check_passthrough(s, "batch_over_nobatch", (int64_t[]){1, 4}, 2, (int64_t[]){1, 4}, 2);
+    /* An output with reshape [4] is returned with its dims [2,2]. */
+    check_passthrough(s, "reshaped_out", (int64_t[]){1, 4}, 2, (int64_t[]){1, 2, 2}, 3);
+}
+
+/* The ensemble's batch_stats: one execution per request of its batch size,
+ * batch size 1 for a non-batching ensemble. */
+static void test_batch_stats(nereid_server_t *s)
+{
+    for (int i = 0; i < 3; i++)
+        check_passthrough(s, "nobatch_over_batch", (int64_t[]){16}, 1, (int64_t[]){16}, 1);
+    json_t *st = model_stats_json(s, "nobatch_over_batch", 1);
+    json_t *bs = json_object_get(st, "batch_stats");
+    CHECK(json_array_size(bs) == 1);
+    json_t *b0 = json_array_get(bs, 0);
+    CHECK(json_integer_value(json_object_get(b0, "batch_size")) == 1);
+    CHECK(json_integer_value(json_object_get(json_object_get(b0, "compute_infer"), "count")) == 4);
+    json_decref(st);
+}
+
+/* Classification of an ensemble output without labels uses the labels of
+ * the composing model's output that writes it. */
+static void test_labels(nereid_server_t *s)
+{
+    float x[4] = {0, 3, 1, 2};
+    nereid_request_t *req;
+    CHECK(nereid_request_new(s, "reshaped_out", 0, &req) == NULL);
+    nereid_request_add_input(req, "IN", NEREID_TYPE_FP32, (int64_t[]){1, 4}, 2, x, sizeof x);
+    nereid_error_t *err;
+    nereid_response_t *resp = infer_sync(s, req, &err);
+    CHECK(resp && !nereid_response_error(resp));
+    if (!resp) return;
+    char *bytes = NULL;
+    size_t size = 0, rank = 0;
+    int64_t shape[8];
+    CHECK(nereid_response_classify(resp, 0, 1, &bytes, &size, shape, &rank) == NULL);
+    /* one BYTES element: 4-byte length, then "3.000000:1:one" */
+    CHECK(size == 4 + strlen("3.000000:1:one") && memcmp(bytes + 4, "3.000000:1:one", 14) == 0);
+    free(bytes);
+    nereid_response_free(resp);
 }
 
 static void test_concurrent(nereid_server_t *s)
@@ -353,6 +516,9 @@ int main(void)
     test_validation(s);
     test_concurrent(s);
     test_batched_step(s);
+    test_batch_conversion(s);
+    test_batch_stats(s);
+    test_labels(s);
     nereid_server_free(s);
     if (!remove_repo()) abort();
     return check_summary();
