@@ -26,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -323,8 +324,12 @@ static json_t *parse_body_json(http_conn_t *c, nereid_error_t **err)
     if (c->body.len == 0) return NULL;
     json_error_t jerr;
     json_t *root = json_loadb(c->body.data, c->body.len, 0, &jerr);
+    /* jansson refuses \u0000 in strings: a NUL in a name or key is the
+     * client's error (400), as in the inference JSON reader. */
+    enum json_error_code code = json_error_code(&jerr);
+    bool nul = code == json_error_null_character || code == json_error_null_byte_in_key;
     if (!root)
-        *err = nereid_error_new(NEREID_ERROR_INTERNAL,
+        *err = nereid_error_new(nul ? NEREID_ERROR_INVALID_ARG : NEREID_ERROR_INTERNAL,
                                 "failed to parse the request JSON buffer: %s at %d", jerr.text,
                                 jerr.position);
     return root;
@@ -1107,6 +1112,64 @@ static unsigned fd_budget(size_t *max)
     return (unsigned)avail;
 }
 
+/* ---- Framing checks (RFC 9112) --------------------------------------------- */
+
+typedef struct framing {
+    const char *content_length; /* the first Content-Length value */
+    bool lengths_differ;
+    int n_te;
+    const char *te; /* the last Transfer-Encoding value */
+} framing_t;
+
+static enum MHD_Result framing_header(void *cls, enum MHD_ValueKind kind, const char *key,
+                                      const char *value)
+{
+    (void)kind;
+    framing_t *f = cls;
+    if (!strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH)) {
+        if (!f->content_length)
+            f->content_length = value;
+        else if (strcmp(f->content_length, value))
+            f->lengths_differ = true;
+    } else if (!strcasecmp(key, MHD_HTTP_HEADER_TRANSFER_ENCODING)) {
+        f->n_te++;
+        f->te = value;
+    }
+    return MHD_YES;
+}
+
+/* What MHD lets through but RFC 9112 forbids or we cannot read: returns the
+ * refusal text and *status, or NULL. MHD would take the first of two
+ * Content-Lengths, and read a body of unknown encoding until the peer
+ * closes. */
+static const char *framing_error(struct MHD_Connection *mc, unsigned *status, char *buf,
+                                 size_t size)
+{
+    framing_t f = {0};
+    MHD_get_connection_values(mc, MHD_HEADER_KIND, framing_header, &f);
+    *status = 400;
+    if (f.lengths_differ) return "request has Content-Length headers with different values";
+    if (f.n_te == 0) return NULL;
+    if (f.n_te > 1 || strcasecmp(f.te, "chunked")) {
+        *status = 501;
+        snprintf(buf, size, "Transfer-Encoding '%.200s' is not supported: only 'chunked' is",
+                 f.n_te > 1 ? "(several headers)" : f.te);
+        return buf;
+    }
+    if (f.content_length) return "request has both Content-Length and Transfer-Encoding";
+    return NULL;
+}
+
+/* The con_cls on_uri gives a request whose URL decodes to a NUL byte (MHD
+ * would hand on_request the URL cut at it). */
+static char nul_in_url;
+
+static void *on_uri(void *cls, const char *uri, struct MHD_Connection *mc)
+{
+    (void)cls, (void)mc;
+    return strstr(uri, "%00") ? &nul_in_url : NULL;
+}
+
 /* ---- MHD callbacks -------------------------------------------------------- */
 
 typedef enum MHD_Result (*route_fn)(http_conn_t *);
@@ -1124,14 +1187,23 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
     (void)version;
     http_server_t *srv = cls;
     http_conn_t *c = *con_cls;
-    if (!c) {
+    bool nul_url = c == (void *)&nul_in_url;
+    if (!c || nul_url) {
         conn_set_idle(srv, mc, false);
-        c = calloc(1, sizeof *c);
+        *con_cls = c = calloc(1, sizeof *c);
         if (!c) return MHD_NO;
         c->srv = srv;
         c->mhd = mc;
         c->limit = srv->max_input_size;
-        *con_cls = c;
+        /* Refused before the body: the connection closes after the reply. */
+        char buf[300];
+        unsigned status;
+        const char *bad = framing_error(mc, &status, buf, sizeof buf);
+        if (!bad && nul_url) status = 400, bad = "invalid URL: it contains a NUL byte (%00)";
+        if (bad) {
+            c->refused = true;
+            return http_queue_error_close(mc, status, bad);
+        }
         route_resolve(c, url, method);
         if (c->route == ROUTE_MODEL_INFER || c->route == ROUTE_MODEL_INFER_V) {
             infer_headers(c);
@@ -1204,7 +1276,7 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
     (void)toe;
     conn_set_idle(cls, mc, true);
     http_conn_t *c = *con_cls;
-    if (!c) return;
+    if (!c || c == (void *)&nul_in_url) return;
     *con_cls = NULL;
     conn_resumed(c);
     nereid_response_t *resp = atomic_load(&c->response);
@@ -1256,13 +1328,13 @@ nereid_error_t *http_server_start(nereid_server_t *core, const http_options_t *o
     if (ncpu > 0 && threads > (unsigned)ncpu) threads = (unsigned)ncpu;
     unsigned flags = MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
     if (ipv6) flags |= MHD_USE_IPv6;
-    srv->daemon =
-        MHD_start_daemon(flags, (uint16_t)opts->port, NULL, NULL, on_request, srv,
-                         MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss, MHD_OPTION_NOTIFY_COMPLETED,
-                         on_completed, srv, MHD_OPTION_NOTIFY_CONNECTION, on_connection, srv,
-                         MHD_OPTION_CONNECTION_LIMIT, mhd_limit, MHD_OPTION_CONNECTION_TIMEOUT,
-                         (unsigned)(opts->idle_timeout_secs > 0 ? opts->idle_timeout_secs : 0),
-                         MHD_OPTION_THREAD_POOL_SIZE, threads, MHD_OPTION_END);
+    srv->daemon = MHD_start_daemon(
+        flags, (uint16_t)opts->port, NULL, NULL, on_request, srv, MHD_OPTION_SOCK_ADDR,
+        (struct sockaddr *)&ss, MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,
+        MHD_OPTION_NOTIFY_CONNECTION, on_connection, srv, MHD_OPTION_URI_LOG_CALLBACK, on_uri, srv,
+        MHD_OPTION_CONNECTION_LIMIT, mhd_limit, MHD_OPTION_CONNECTION_TIMEOUT,
+        (unsigned)(opts->idle_timeout_secs > 0 ? opts->idle_timeout_secs : 0),
+        MHD_OPTION_THREAD_POOL_SIZE, threads, MHD_OPTION_END);
     if (!srv->daemon) {
         pthread_mutex_destroy(&srv->conns_lock);
         pthread_mutex_destroy(&srv->lock);
