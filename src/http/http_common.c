@@ -56,7 +56,7 @@ enum MHD_Result http_queue_text(struct MHD_Connection *c, unsigned status, const
     return ret;
 }
 
-enum MHD_Result http_queue_json_owned(struct MHD_Connection *c, unsigned status, char *json)
+static enum MHD_Result queue_json(struct MHD_Connection *c, unsigned status, char *json, bool close)
 {
     struct MHD_Response *r =
         MHD_create_response_from_buffer(strlen(json), json, MHD_RESPMEM_MUST_FREE);
@@ -65,12 +65,19 @@ enum MHD_Result http_queue_json_owned(struct MHD_Connection *c, unsigned status,
         return MHD_NO;
     }
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
+    if (close) MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
     enum MHD_Result ret = MHD_queue_response(c, status, r);
     MHD_destroy_response(r);
     return ret;
 }
 
-enum MHD_Result http_queue_error(struct MHD_Connection *c, unsigned status, const char *message)
+enum MHD_Result http_queue_json_owned(struct MHD_Connection *c, unsigned status, char *json)
+{
+    return queue_json(c, status, json, false);
+}
+
+static enum MHD_Result queue_error(struct MHD_Connection *c, unsigned status, const char *message,
+                                   bool close)
 {
     sbuf_t b = {0};
     if (sbuf_append_str(&b, "{\"error\":") ||
@@ -78,7 +85,18 @@ enum MHD_Result http_queue_error(struct MHD_Connection *c, unsigned status, cons
         free(b.data);
         return MHD_NO;
     }
-    return http_queue_json_owned(c, status, b.data);
+    return queue_json(c, status, b.data, close);
+}
+
+enum MHD_Result http_queue_error(struct MHD_Connection *c, unsigned status, const char *message)
+{
+    return queue_error(c, status, message, false);
+}
+
+enum MHD_Result http_queue_error_close(struct MHD_Connection *c, unsigned status,
+                                       const char *message)
+{
+    return queue_error(c, status, message, true);
 }
 
 enum MHD_Result http_queue_nereid_error(struct MHD_Connection *c, nereid_error_t *err)

@@ -20,6 +20,9 @@ unsigned http_status_from_code(nereid_error_code_t code);
 
 /* Queues {"error":"<message>"} with status. */
 enum MHD_Result http_queue_error(struct MHD_Connection *c, unsigned status, const char *message);
+/* The same, then the connection closes (a request whose body is not read). */
+enum MHD_Result http_queue_error_close(struct MHD_Connection *c, unsigned status,
+                                       const char *message);
 /* Queues err (status from its code) and frees it. */
 enum MHD_Result http_queue_nereid_error(struct MHD_Connection *c, nereid_error_t *err);
 /* Queues body (copied; may be NULL for an empty body) with content_type. */

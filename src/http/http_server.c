@@ -26,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -34,6 +35,7 @@
 #include "http/http_common.h"
 #include "http/infer_parse.h"
 #include "http/infer_reply.h"
+#include "http/load_request.h"
 
 #define HEADER_IHCL "Inference-Header-Content-Length"
 
@@ -323,8 +325,12 @@ static json_t *parse_body_json(http_conn_t *c, nereid_error_t **err)
     if (c->body.len == 0) return NULL;
     json_error_t jerr;
     json_t *root = json_loadb(c->body.data, c->body.len, 0, &jerr);
+    /* jansson refuses \u0000 in strings: a NUL in a name or key is the
+     * client's error (400), as in the inference JSON reader. */
+    enum json_error_code code = json_error_code(&jerr);
+    bool nul = code == json_error_null_character || code == json_error_null_byte_in_key;
     if (!root)
-        *err = nereid_error_new(NEREID_ERROR_INTERNAL,
+        *err = nereid_error_new(nul ? NEREID_ERROR_INVALID_ARG : NEREID_ERROR_INTERNAL,
                                 "failed to parse the request JSON buffer: %s at %d", jerr.text,
                                 jerr.position);
     return root;
@@ -350,90 +356,17 @@ static enum MHD_Result handle_repository_index(http_conn_t *c)
     return reply_json_or_error(c->mhd, err, json);
 }
 
-static const signed char b64_table[256] = {
-#define R(x) [x] = (signed char)
-    ['A'] = 0,  ['B'] = 1,  ['C'] = 2,  ['D'] = 3,  ['E'] = 4,  ['F'] = 5,  ['G'] = 6,  ['H'] = 7,
-    ['I'] = 8,  ['J'] = 9,  ['K'] = 10, ['L'] = 11, ['M'] = 12, ['N'] = 13, ['O'] = 14, ['P'] = 15,
-    ['Q'] = 16, ['R'] = 17, ['S'] = 18, ['T'] = 19, ['U'] = 20, ['V'] = 21, ['W'] = 22, ['X'] = 23,
-    ['Y'] = 24, ['Z'] = 25, ['a'] = 26, ['b'] = 27, ['c'] = 28, ['d'] = 29, ['e'] = 30, ['f'] = 31,
-    ['g'] = 32, ['h'] = 33, ['i'] = 34, ['j'] = 35, ['k'] = 36, ['l'] = 37, ['m'] = 38, ['n'] = 39,
-    ['o'] = 40, ['p'] = 41, ['q'] = 42, ['r'] = 43, ['s'] = 44, ['t'] = 45, ['u'] = 46, ['v'] = 47,
-    ['w'] = 48, ['x'] = 49, ['y'] = 50, ['z'] = 51, ['0'] = 52, ['1'] = 53, ['2'] = 54, ['3'] = 55,
-    ['4'] = 56, ['5'] = 57, ['6'] = 58, ['7'] = 59, ['8'] = 60, ['9'] = 61, ['+'] = 62, ['/'] = 63,
-#undef R
-};
-
-/* Decodes standard base64 (padding optional). Returns the length or -1. */
-static long b64_decode(const char *in, size_t n, unsigned char *out)
-{
-    unsigned acc = 0;
-    int bits = 0;
-    long len = 0;
-    for (size_t i = 0; i < n; i++) {
-        unsigned char ch = (unsigned char)in[i];
-        if (ch == '=') break;
-        if (ch != 'A' && b64_table[ch] == 0) return -1;
-        acc = (acc << 6) | (unsigned)b64_table[ch];
-        bits += 6;
-        if (bits >= 8) {
-            bits -= 8;
-            out[len++] = (unsigned char)(acc >> bits);
-        }
-    }
-    return len;
-}
-
 static enum MHD_Result handle_load(http_conn_t *c)
 {
     nereid_error_t *err;
     json_t *root = parse_body_json(c, &err);
     if (err) return http_queue_nereid_error(c->mhd, err);
-    const char *config = NULL;
-    size_t n = 0, cap = 0;
-    const char **paths = NULL;
-    void **contents = NULL;
-    size_t *sizes = NULL;
-    json_t *params = root && json_is_object(root) ? json_object_get(root, "parameters") : NULL;
-    if (params && json_is_object(params)) {
-        cap = json_object_size(params);
-        paths = calloc(cap + 1, sizeof *paths);
-        contents = calloc(cap + 1, sizeof *contents);
-        sizes = calloc(cap + 1, sizeof *sizes);
-        const char *key;
-        json_t *v;
-        json_object_foreach(params, key, v)
-        {
-            if (!json_is_string(v)) {
-                err = nereid_error_new(NEREID_ERROR_INTERNAL,
-                                       "unexpected error on creating Triton parameter");
-                break;
-            }
-            if (!strcmp(key, "config")) {
-                config = json_string_value(v);
-            } else if (!strncmp(key, "file:", 5)) {
-                size_t len = json_string_length(v);
-                unsigned char *buf = malloc(len / 4 * 3 + 4);
-                long dl = buf ? b64_decode(json_string_value(v), len, buf) : -1;
-                if (dl < 0) {
-                    free(buf);
-                    err = nereid_error_new(NEREID_ERROR_INVALID_ARG,
-                                           "failed to decode base64 content of '%s'", key);
-                    break;
-                }
-                paths[n] = key + 5;
-                contents[n] = buf;
-                sizes[n++] = (size_t)dl;
-            }
-        }
-    }
+    load_request_t req;
+    err = load_request_read(root, &req);
     if (!err)
-        err = nereid_server_load_model(c->srv->core, c->model, config, paths,
-                                       (const void *const *)contents, sizes, n);
-    for (size_t i = 0; i < n; i++)
-        free(contents[i]);
-    free(paths);
-    free(contents);
-    free(sizes);
+        err = nereid_server_load_model(c->srv->core, c->model, req.config, req.paths,
+                                       (const void *const *)req.contents, req.sizes, req.n_files);
+    load_request_free(&req);
     if (root) json_decref(root);
     if (err) return http_queue_nereid_error(c->mhd, err);
     return http_queue_text(c->mhd, 200, NULL, NULL, 0);
@@ -1107,6 +1040,64 @@ static unsigned fd_budget(size_t *max)
     return (unsigned)avail;
 }
 
+/* ---- Framing checks (RFC 9112) --------------------------------------------- */
+
+typedef struct framing {
+    const char *content_length; /* the first Content-Length value */
+    bool lengths_differ;
+    int n_te;
+    const char *te; /* the last Transfer-Encoding value */
+} framing_t;
+
+static enum MHD_Result framing_header(void *cls, enum MHD_ValueKind kind, const char *key,
+                                      const char *value)
+{
+    (void)kind;
+    framing_t *f = cls;
+    if (!strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH)) {
+        if (!f->content_length)
+            f->content_length = value;
+        else if (strcmp(f->content_length, value))
+            f->lengths_differ = true;
+    } else if (!strcasecmp(key, MHD_HTTP_HEADER_TRANSFER_ENCODING)) {
+        f->n_te++;
+        f->te = value;
+    }
+    return MHD_YES;
+}
+
+/* What MHD lets through but RFC 9112 forbids or we cannot read: returns the
+ * refusal text and *status, or NULL. MHD would take the first of two
+ * Content-Lengths, and read a body of unknown encoding until the peer
+ * closes. */
+static const char *framing_error(struct MHD_Connection *mc, unsigned *status, char *buf,
+                                 size_t size)
+{
+    framing_t f = {0};
+    MHD_get_connection_values(mc, MHD_HEADER_KIND, framing_header, &f);
+    *status = 400;
+    if (f.lengths_differ) return "request has Content-Length headers with different values";
+    if (f.n_te == 0) return NULL;
+    if (f.n_te > 1 || strcasecmp(f.te, "chunked")) {
+        *status = 501;
+        snprintf(buf, size, "Transfer-Encoding '%.200s' is not supported: only 'chunked' is",
+                 f.n_te > 1 ? "(several headers)" : f.te);
+        return buf;
+    }
+    if (f.content_length) return "request has both Content-Length and Transfer-Encoding";
+    return NULL;
+}
+
+/* The con_cls on_uri gives a request whose URL decodes to a NUL byte (MHD
+ * would hand on_request the URL cut at it). */
+static char nul_in_url;
+
+static void *on_uri(void *cls, const char *uri, struct MHD_Connection *mc)
+{
+    (void)cls, (void)mc;
+    return strstr(uri, "%00") ? &nul_in_url : NULL;
+}
+
 /* ---- MHD callbacks -------------------------------------------------------- */
 
 typedef enum MHD_Result (*route_fn)(http_conn_t *);
@@ -1124,14 +1115,23 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
     (void)version;
     http_server_t *srv = cls;
     http_conn_t *c = *con_cls;
-    if (!c) {
+    bool nul_url = c == (void *)&nul_in_url;
+    if (!c || nul_url) {
         conn_set_idle(srv, mc, false);
-        c = calloc(1, sizeof *c);
+        *con_cls = c = calloc(1, sizeof *c);
         if (!c) return MHD_NO;
         c->srv = srv;
         c->mhd = mc;
         c->limit = srv->max_input_size;
-        *con_cls = c;
+        /* Refused before the body: the connection closes after the reply. */
+        char buf[300];
+        unsigned status;
+        const char *bad = framing_error(mc, &status, buf, sizeof buf);
+        if (!bad && nul_url) status = 400, bad = "invalid URL: it contains a NUL byte (%00)";
+        if (bad) {
+            c->refused = true;
+            return http_queue_error_close(mc, status, bad);
+        }
         route_resolve(c, url, method);
         if (c->route == ROUTE_MODEL_INFER || c->route == ROUTE_MODEL_INFER_V) {
             infer_headers(c);
@@ -1204,7 +1204,7 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
     (void)toe;
     conn_set_idle(cls, mc, true);
     http_conn_t *c = *con_cls;
-    if (!c) return;
+    if (!c || c == (void *)&nul_in_url) return;
     *con_cls = NULL;
     conn_resumed(c);
     nereid_response_t *resp = atomic_load(&c->response);
@@ -1256,13 +1256,13 @@ nereid_error_t *http_server_start(nereid_server_t *core, const http_options_t *o
     if (ncpu > 0 && threads > (unsigned)ncpu) threads = (unsigned)ncpu;
     unsigned flags = MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
     if (ipv6) flags |= MHD_USE_IPv6;
-    srv->daemon =
-        MHD_start_daemon(flags, (uint16_t)opts->port, NULL, NULL, on_request, srv,
-                         MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss, MHD_OPTION_NOTIFY_COMPLETED,
-                         on_completed, srv, MHD_OPTION_NOTIFY_CONNECTION, on_connection, srv,
-                         MHD_OPTION_CONNECTION_LIMIT, mhd_limit, MHD_OPTION_CONNECTION_TIMEOUT,
-                         (unsigned)(opts->idle_timeout_secs > 0 ? opts->idle_timeout_secs : 0),
-                         MHD_OPTION_THREAD_POOL_SIZE, threads, MHD_OPTION_END);
+    srv->daemon = MHD_start_daemon(
+        flags, (uint16_t)opts->port, NULL, NULL, on_request, srv, MHD_OPTION_SOCK_ADDR,
+        (struct sockaddr *)&ss, MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,
+        MHD_OPTION_NOTIFY_CONNECTION, on_connection, srv, MHD_OPTION_URI_LOG_CALLBACK, on_uri, srv,
+        MHD_OPTION_CONNECTION_LIMIT, mhd_limit, MHD_OPTION_CONNECTION_TIMEOUT,
+        (unsigned)(opts->idle_timeout_secs > 0 ? opts->idle_timeout_secs : 0),
+        MHD_OPTION_THREAD_POOL_SIZE, threads, MHD_OPTION_END);
     if (!srv->daemon) {
         pthread_mutex_destroy(&srv->conns_lock);
         pthread_mutex_destroy(&srv->lock);

@@ -25,6 +25,7 @@
 #define E_MISS_COLON "Missing a colon after a name of object member."
 #define E_OBJ_COMMA "Missing a comma or '}' after an object member."
 #define E_ARR_COMMA "Missing a comma or ']' after an array element."
+#define E_NUL "A string other than tensor data contains a NUL character (\\u0000)."
 #define E_HEX "Incorrect hex digit after \\u escape in string."
 #define E_SURROGATE "The surrogate pair in string is invalid."
 #define E_ESCAPE "Invalid escape character in string."
@@ -437,6 +438,7 @@ typedef struct jparser {
     const char *err;
     size_t err_off;
     bool oom;
+    bool nul; /* the error is a NUL in a string (400, not a syntax error) */
 } jparser_t;
 
 static bool fail(jparser_t *p, const char *msg, const char *at)
@@ -488,6 +490,13 @@ static bool parse_string(jparser_t *p, const char **out, size_t *out_len)
     }
     size_t n = escaped ? decode_string(start + 1, raw, s) : (memcpy(s, start + 1, raw), raw);
     s[n] = '\0';
+    /* One rule for every name, key and string value: no NUL (only \u0000
+     * makes one). Tensor data is a span, converted elsewhere, so BYTES
+     * elements stay binary-safe. */
+    if (escaped && memchr(s, '\0', n)) {
+        p->nul = true;
+        return fail(p, E_NUL, start);
+    }
     *out = s;
     *out_len = n;
     return true;
@@ -652,7 +661,8 @@ nereid_error_t *json_reader_parse(const char *text, size_t len, jarena_t *arena,
     *root = NULL;
     if (p.oom)
         return nereid_error_new(NEREID_ERROR_INTERNAL, "out of memory parsing the request JSON");
-    return nereid_error_new(NEREID_ERROR_INTERNAL, PREFIX "%s at %zu", p.err, p.err_off);
+    return nereid_error_new(p.nul ? NEREID_ERROR_INVALID_ARG : NEREID_ERROR_INTERNAL,
+                            PREFIX "%s at %zu", p.err, p.err_off);
 }
 
 const jv_t *jv_get(const jv_t *o, const char *key)
