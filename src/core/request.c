@@ -180,8 +180,8 @@ nereid_error_t *nereid_request_add_requested_output(nereid_request_t *req, const
     if (!name) return nereid_error_new(NEREID_ERROR_INVALID_ARG, "output name is required");
     for (size_t i = 0; i < req->n_out_names; i++)
         if (strcmp(req->out_names[i], name) == 0)
-            return nereid_error_new(NEREID_ERROR_INVALID_ARG, "output '%s' already requested",
-                                    name);
+            return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                    "output '%s' already exists in request", name);
     if (!req->out_names) {
         req->out_names = req->out_names_inline;
         req->out_class_counts = req->out_class_counts_inline;
