@@ -249,6 +249,7 @@ static int apply_flag(cli_t *cli, const flag_t *f, const char *value)
 /* Returns 0 to run, 1 for --help (exit 0), -1 on a bad flag (message printed). */
 static int parse_args(cli_t *cli, int argc, char **argv)
 {
+    bool strict_given = false;
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
         if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) return 1;
@@ -284,6 +285,18 @@ static int parse_args(cli_t *cli, int argc, char **argv)
             fprintf(stderr, "nereid: invalid argument for --%s: '%s'\n", f->name, value);
             return -1;
         }
+        if (!strcmp(f->name, "strict-model-config")) {
+            fprintf(stderr, "Warning: '--strict-model-config' has been deprecated! Please use "
+                            "'--disable-auto-complete-config' instead.\n");
+            strict_given = true;
+        }
+    }
+    /* Triton: --disable-auto-complete-config implies --strict-model-config. */
+    if (cli->server.disable_auto_complete_config) {
+        if (strict_given && !cli->server.strict_model_config)
+            fprintf(stderr, "Warning: Overriding deprecated '--strict-model-config' from False to "
+                            "True in favor of '--disable-auto-complete-config'!\n");
+        cli->server.strict_model_config = true;
     }
     return 0;
 }

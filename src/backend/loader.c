@@ -30,11 +30,14 @@ static nereid_error_t *open_library(const char *dir, const char *name, struct ne
         }
         b->lib.path = xstrdup(candidates[i]);
     }
-    if (!b->lib.handle && !err)
+    if (!b->lib.handle && !err) {
+        LOG_INFO("backend", "no library for backend '%s': searched '%s' and '%s'", name,
+                 candidates[0], candidates[1]);
         err = nereid_error_new(NEREID_ERROR_INVALID_ARG,
-                               "unable to find backend library for backend '%s', searched '%s' "
-                               "and '%s'",
-                               name, candidates[0], candidates[1]);
+                               "unable to find backend library for backend '%s', try specifying "
+                               "runtime on the model configuration.",
+                               name);
+    }
     free(candidates[0]);
     free(candidates[1]);
     return err;

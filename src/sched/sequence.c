@@ -8,15 +8,17 @@
  * by an ending or idle sequence.
  *
  * Direct: each execution covers slots 0..k where k is the highest slot with a
- * request ready; slots in between without a request get a filler request
- * (zero inputs, READY false) so that batch row i is always slot i. Fillers
- * are removed before the batch is finished; as in Triton they count in the
- * execution's batch size (batch_stats) but not in inference_count. As in
- * Triton, queueing a request with END ends the id's sequence at once: a
- * START with the same id that follows starts a new sequence (own position),
- * a request without START is refused. Oldest: each execution takes the oldest ready requests of the
- * instance's candidates, at most one per sequence, like the dynamic batcher
- * (preferred_batch_size, max_queue_delay_microseconds).
+ * request ready; slots in between without a request, or whose request's
+ * shapes differ from the first one's, get a filler request (zero inputs,
+ * READY false) so that batch row i is always slot i. Fillers are removed
+ * before the batch is finished; as in Triton they count in the execution's
+ * batch size (batch_stats) but not in inference_count. Oldest: each
+ * execution takes the oldest ready requests of the instance's candidates, at
+ * most one per sequence, by the dynamic batcher's rule (preferred_batch_size,
+ * max_queue_delay_microseconds; Triton feeds a dynamic batcher per
+ * instance). As in Triton, queueing a request with END ends the id's
+ * sequence at once: a START with the same id that follows starts a new
+ * sequence (own position), a request without START is refused.
  *
  * Before execution the batcher adds the control tensors the model asks for
  * (shape [1,1] per request for batching models, [1] otherwise) and the
@@ -115,8 +117,10 @@ typedef struct seq_sched {
     size_t n_states;
     uint64_t idle_ns;
     uint64_t delay_ns;
-    float min_util;        /* direct only */
-    int64_t preferred_max; /* oldest: largest preferred batch size */
+    float min_util;           /* direct only */
+    int64_t preferred_max;    /* oldest: largest preferred batch size */
+    const int32_t *preferred; /* oldest: preferred batch sizes (borrowed from the config) */
+    size_t n_preferred;
     bool stopped;
     pthread_t reaper;
     bool reaper_started;
@@ -677,11 +681,13 @@ static bool direct_next_batch(seq_sched_t *q, seq_inst_t *si, batch_t *batch)
         si->rows[k] = NULL;
         seq_t *s = si->slots[k];
         if (!s || !s->qhead || s->in_flight) continue;
+        /* As in Triton the batch spans every slot up to the last one with a
+         * request ready, even when that request cannot join this batch. */
+        rows = k + 1;
         if (first && !batchable(q, first_seq, first, s)) continue;
         if (!first) first_seq = s;
         si->rows[k] = pop_head(q, s);
         if (!first) first = si->rows[k];
-        rows = k + 1;
     }
     pthread_mutex_unlock(&q->lock);
     nereid_request_t *tmpl = NULL;
@@ -695,10 +701,48 @@ static bool direct_next_batch(seq_sched_t *q, seq_inst_t *si, batch_t *batch)
     return true;
 }
 
+static bool oldest_preferred(const seq_sched_t *q, size_t size)
+{
+    for (size_t i = 0; i < q->n_preferred; i++)
+        if ((size_t)q->preferred[i] == size) return true;
+    return false;
+}
+
+/* Oldest: how many of the n ready sequences (oldest first) run now, by the
+ * rule of Triton's dynamic batcher that the oldest strategy feeds (see
+ * plan_batch in dynamic.c; every sequence adds one row); 0 with
+ * *wait_until set when the batch should wait for the queue delay. */
+static size_t oldest_plan(seq_sched_t *q, seq_inst_t *si, size_t n, uint64_t now,
+                          uint64_t *wait_until)
+{
+    size_t max_pref = q->preferred_max > 0 ? (size_t)q->preferred_max : (size_t)q->max_rows;
+    size_t count = 0, marked = 0;
+    bool send_now = false;
+    for (size_t j = 0; j < n; j++) {
+        if (j > 0) {
+            if (count + 1 > max_pref && !marked) marked = count;
+            if (count + 1 > (size_t)q->max_rows ||
+                !batchable(q, si->ready[0], si->ready[0]->qhead, si->ready[j])) {
+                send_now = true;
+                break;
+            }
+        }
+        count++;
+        if (oldest_preferred(q, count)) marked = count;
+    }
+    uint64_t oldest = head_time(si->ready[0]);
+    bool delay_passed = q->delay_ns && now - oldest >= q->delay_ns;
+    *wait_until = 0;
+    if (marked && !delay_passed) return marked;
+    if (send_now || count >= max_pref || delay_passed || !q->delay_ns || q->stopped) return count;
+    *wait_until = oldest + q->delay_ns;
+    return 0;
+}
+
 static bool oldest_next_batch(seq_sched_t *q, seq_inst_t *si, batch_t *batch)
 {
     pthread_mutex_lock(&q->lock);
-    size_t n;
+    size_t n, take;
     for (;;) {
         n = 0;
         for (size_t k = 0; k < si->n_slots; k++) {
@@ -720,10 +764,9 @@ static bool oldest_next_batch(seq_sched_t *q, seq_inst_t *si, batch_t *batch)
             si->hold = 0;
         }
         if (n > 0) {
-            size_t want = (size_t)(q->preferred_max > 0 ? q->preferred_max : q->max_rows);
-            if (q->stopped || q->delay_ns == 0 || n >= want) break;
-            uint64_t deadline = head_time(si->ready[0]) + q->delay_ns;
-            if (util_now_ns() >= deadline) break;
+            uint64_t deadline;
+            take = oldest_plan(q, si, n, util_now_ns(), &deadline);
+            if (take) break;
             cond_wait_until(&si->cond, &q->lock, deadline);
             continue;
         }
@@ -733,19 +776,10 @@ static bool oldest_next_batch(seq_sched_t *q, seq_inst_t *si, batch_t *batch)
         }
         pthread_cond_wait(&si->cond, &q->lock);
     }
-    size_t taken = 0;
-    const nereid_request_t *first = NULL;
-    const seq_t *first_seq = NULL;
-    for (size_t j = 0; j < n && taken < (size_t)q->max_rows; j++) {
-        seq_t *s = si->ready[j];
-        if (first && !batchable(q, first_seq, first, s)) continue;
-        if (!first) first_seq = s;
-        si->rows[taken] = pop_head(q, s);
-        if (!first) first = si->rows[taken];
-        taken++;
-    }
+    for (size_t j = 0; j < take; j++)
+        si->rows[j] = pop_head(q, si->ready[j]);
     pthread_mutex_unlock(&q->lock);
-    for (size_t j = 0; j < taken; j++) {
+    for (size_t j = 0; j < take; j++) {
         prepare_request(q, si->rows[j]);
         batch_add(batch, si->rows[j]);
     }
@@ -1081,6 +1115,8 @@ nereid_error_t *sequence_batcher_create(model_t *m, scheduler_t **out)
         q->delay_ns = sb->oldest->max_queue_delay_microseconds * 1000u;
         if (sb->oldest->max_candidate_sequences > 0)
             per_inst = (size_t)sb->oldest->max_candidate_sequences;
+        q->preferred = sb->oldest->preferred_batch_size;
+        q->n_preferred = sb->oldest->n_preferred_batch_size;
         for (size_t i = 0; i < sb->oldest->n_preferred_batch_size; i++)
             if (sb->oldest->preferred_batch_size[i] > q->preferred_max)
                 q->preferred_max = sb->oldest->preferred_batch_size[i];

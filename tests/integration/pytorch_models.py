@@ -187,6 +187,10 @@ BROKEN = {
     "pt_missing": (None, _add_sub_cfg("pt_missing"), "unable to find '"),
     "pt_count": (True, _add_sub_cfg("pt_count", inputs=1),
                  "unable to load model 'pt_count', configuration expects 1 inputs, model provides 2"),
+    # Triton's L0_model_config pytorch/too_few_inputs: no input in the config
+    "pt_no_inputs": (True, config("pt_no_inputs", 0, [], [("OUTPUT__0", "TYPE_FP32", [16])]),
+                     "unable to load model 'pt_no_inputs', configuration expects 0 inputs, "
+                     "model provides 2"),
     "pt_corrupt": (b"not a torchscript archive", _add_sub_cfg("pt_corrupt"),
                    "failed to load model 'pt_corrupt'"),
     "pt_gpu": (True, _add_sub_cfg("pt_gpu", extra="instance_group [ { kind: KIND_GPU } ]\n"),

@@ -61,3 +61,21 @@ def test_ignored_tuning_flags_warn_and_serve(nereid_server):
     out = s.output()
     assert "--backend-config is accepted for Triton compatibility" in out
     assert "successfully loaded" not in out  # --log-info=false silences info lines
+
+
+def test_strict_model_config_deprecation_warnings(tmp_path):
+    # Triton's texts (its L0_model_config cli_messages cases); a model
+    # without config.pbtxt then fails to load under the strict setting.
+    (tmp_path / "m" / "1").mkdir(parents=True)
+    r = run(f"--model-repository={tmp_path}", "--strict-model-config=true", "--allow-grpc=false",
+            "--http-port=0", "--allow-metrics=false")
+    assert r.returncode == 1
+    assert ("Warning: '--strict-model-config' has been deprecated! Please use "
+            "'--disable-auto-complete-config' instead.") in r.stderr
+    r = run(f"--model-repository={tmp_path}", "--disable-auto-complete-config",
+            "--strict-model-config=false", "--allow-grpc=false", "--http-port=0",
+            "--allow-metrics=false")
+    assert r.returncode == 1
+    assert ("Warning: Overriding deprecated '--strict-model-config' from False to True in favor "
+            "of '--disable-auto-complete-config'!") in r.stderr
+    assert "config.pbtxt not found" in r.stderr

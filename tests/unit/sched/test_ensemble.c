@@ -143,6 +143,12 @@ static void make_models(void)
     snprintf(buf, sizeof buf, nest, "add_sub",
              "{ key: \"INPUT0\" value: \"X\" }, { key: \"INPUT1\" value: \"X\" }", "OUTPUT0");
     write_model("z_inner", buf);
+    /* A step whose backend library does not exist. */
+    write_model("no_lib", "backend: \"nosuch\" max_batch_size: 8\n"
+                          "input [ { name: \"INPUT0\" data_type: TYPE_FP32 dims: [ 4 ] } ]\n"
+                          "output [ { name: \"OUTPUT0\" data_type: TYPE_FP32 dims: [ 4 ] } ]\n");
+    snprintf(buf, sizeof buf, one, 8, "4", "4", "", "no_lib");
+    write_model("over_no_lib", buf);
     /* Two ensembles using each other. */
     const char *cyc = "platform: \"ensemble\" max_batch_size: 8\n"
                       "input [ { name: \"X\" " INT4 " } ]\n"
@@ -358,6 +364,13 @@ static void test_validation(nereid_server_t *s)
     CHECK_STR_CONTAINS(row_str(row, "reason"),
                        "circular dependency between ensembles: cycle_a -> ... -> cycle_b -> "
                        "cycle_a");
+    json_decref(row);
+    row = index_row(s, "over_no_lib", NULL);
+    CHECK_STR_CONTAINS(row_str(row, "reason"),
+                       "ensemble 'over_no_lib' depends on 'no_lib' which has no loaded version. "
+                       "Model 'no_lib' loading failed with error: Invalid argument: unable to find "
+                       "backend library for backend 'nosuch', try specifying runtime on the model "
+                       "configuration.");
     json_decref(row);
     /* The inner ensemble is loaded first, as the outer one's step. */
     row = index_row(s, "a_outer", "1");

@@ -261,6 +261,7 @@ typedef struct seq_req {
     bool start, end;
     int32_t value;
     int64_t batch;       /* 0: one row */
+    int64_t width;       /* 0: one element per row (at most 2 elements in all) */
     const char *outputs; /* comma-free list of up to 3 names separated by '|', or NULL */
 } seq_req_t;
 
@@ -277,10 +278,10 @@ static call_t *submit(nereid_server_t *s, const seq_req_t *r)
     else
         nereid_request_set_correlation_id(req, r->id);
     nereid_request_set_sequence_flags(req, r->start, r->end);
-    int64_t shape[2] = {r->batch ? r->batch : 1, 1};
+    int64_t shape[2] = {r->batch ? r->batch : 1, r->width ? r->width : 1};
     bool nobatch = strcmp(r->model, "acc_nobatch") == 0;
     nereid_request_add_input(req, "INPUT", NEREID_TYPE_INT32, nobatch ? shape + 1 : shape,
-                             nobatch ? 1 : 2, c->value, (size_t)shape[0] * 4);
+                             nobatch ? 1 : 2, c->value, (size_t)(shape[0] * shape[1]) * 4);
     if (r->outputs) {
         char buf[128];
         snprintf(buf, sizeof buf, "%s", r->outputs);
@@ -828,23 +829,32 @@ static void stress(nereid_server_t *s, const char *model)
  * A (id 10) takes slot 0, B (id 20) slot 1; after B's END is queued, a START
  * with id 20 is a new sequence C (as in Triton), backlogged since both slots
  * are taken, and it takes slot 0 when A ends: every execution has 2 rows. */
-static void test_hooks_and_reused_id(void)
+/* Starts a server on a one-model repository with Triton's scheduler test
+ * hooks set (TRITONSERVER_DELAY_SCHEDULER, TRITONSERVER_BACKLOG_DELAY_SCHEDULER). */
+static nereid_server_t *start_held(const char *model, const char *config, const char *delay,
+                                   const char *backlog)
 {
     make_repo_dir("sequence_hooks");
-    write_model("acc_hold", "backend: \"accumulator\" max_batch_size: 2\n" IO_CONTROLS
-                            "sequence_batching { direct { } " CTLS_INT32 " }\n");
-    setenv("TRITONSERVER_DELAY_SCHEDULER", "6", 1);
-    setenv("TRITONSERVER_BACKLOG_DELAY_SCHEDULER", "2", 1);
+    write_model(model, config);
+    setenv("TRITONSERVER_DELAY_SCHEDULER", delay, 1);
+    setenv("TRITONSERVER_BACKLOG_DELAY_SCHEDULER", backlog, 1);
     nereid_error_t *err;
     nereid_server_t *s = start_server(NEREID_MODEL_CONTROL_NONE, NULL, 0, 0, false, &err);
     unsetenv("TRITONSERVER_DELAY_SCHEDULER");
     unsetenv("TRITONSERVER_BACKLOG_DELAY_SCHEDULER");
     CHECK(s != NULL);
     nereid_error_free(err);
-    if (!s) {
-        remove_repo();
-        return;
-    }
+    if (!s) remove_repo();
+    return s;
+}
+
+static void test_hooks_and_reused_id(void)
+{
+    nereid_server_t *s = start_held("acc_hold",
+                                    "backend: \"accumulator\" max_batch_size: 2\n" IO_CONTROLS
+                                    "sequence_batching { direct { } " CTLS_INT32 " }\n",
+                                    "6", "2");
+    if (!s) return;
     seq_req_t reqs[] = {
         {.model = "acc_hold", .id = 10, .start = true, .value = 1},
         {.model = "acc_hold", .id = 10, .end = true, .value = 2},
@@ -876,6 +886,76 @@ static void test_hooks_and_reused_id(void)
     CHECK_STR(stats, "2:4");
     CHECK(exec == 4);
     CHECK(infer == 8);
+    nereid_server_free(s);
+    remove_repo();
+}
+
+/* A request whose shapes differ from the batch's first one waits for a
+ * later batch, but as in Triton the batch still spans its slot (a filler
+ * row stands in): A (slot 0, 2 elements) runs as [A, filler], then B
+ * (slot 1, 1 element) as [filler, B]. */
+static void test_unbatchable_slot_spanned(void)
+{
+    nereid_server_t *s =
+        start_held("acc_var",
+                   "backend: \"accumulator\" max_batch_size: 2\n"
+                   "parameters [ { key: \"mode\" value { string_value: \"state\" } },\n"
+                   "  { key: \"state_op\" value { string_value: \"append\" } } ]\n"
+                   "input [ { name: \"INPUT\" data_type: TYPE_INT32 dims: [ -1 ] } ]\n"
+                   "output [ { name: \"OUTPUT\" data_type: TYPE_INT32 dims: [ -1 ] },\n"
+                   "         { name: \"OUTPUT_STATE\" data_type: TYPE_INT32 dims: [ -1 ] } ]\n"
+                   "sequence_batching { direct { } control_input [ " CTL(
+                       "READY", "CONTROL_SEQUENCE_READY",
+                       "int32_false_true: [ 0, 1 ]") " ]\n"
+                                                     "state [ { input_name: \"INPUT_STATE\" "
+                                                     "output_name: \"OUTPUT_STATE\" "
+                                                     "data_type: TYPE_INT32 dims: [ -1 ] } ] }\n",
+                   "2", "0");
+    if (!s) return;
+    seq_req_t a = {.model = "acc_var", .id = 1, .start = true, .end = true, .value = 3, .width = 2};
+    seq_req_t b = {.model = "acc_var", .id = 2, .start = true, .end = true, .value = 5};
+    call_t *ca = submit(s, &a);
+    call_t *cb = submit(s, &b);
+    CHECK(call_result(ca) == 6);
+    CHECK(call_result(cb) == 5);
+    call_free(ca);
+    call_free(cb);
+    char stats[128];
+    long exec, infer;
+    batch_stats(s, "acc_var", stats, sizeof stats, &exec, &infer);
+    CHECK_STR(stats, "2:2");
+    CHECK(exec == 2);
+    CHECK(infer == 2);
+    nereid_server_free(s);
+    remove_repo();
+}
+
+/* Oldest: Triton's dynamic batcher rule under it sends a batch as soon as
+ * it has a preferred size (here 1), without waiting for the largest (3) or
+ * the queue delay. */
+static void test_oldest_smaller_preferred(void)
+{
+    nereid_server_t *s = start_held(
+        "acc_pref",
+        "backend: \"accumulator\" max_batch_size: 4\n" IO_CONTROLS
+        "parameters { key: \"key\" value { string_value: \"corrid\" } }\n"
+        "sequence_batching { oldest { max_candidate_sequences: 3 "
+        "preferred_batch_size: [ 1, 3 ] max_queue_delay_microseconds: 20000000 }\n" CTLS_INT32
+        " }\n",
+        "2", "0");
+    if (!s) return;
+    seq_req_t a = {.model = "acc_pref", .id = 1, .start = true, .end = true, .value = 3};
+    seq_req_t b = {.model = "acc_pref", .id = 2, .start = true, .end = true, .value = 5};
+    call_t *ca = submit(s, &a);
+    call_t *cb = submit(s, &b);
+    CHECK(call_result(ca) == 3);
+    CHECK(call_result(cb) == 5);
+    call_free(ca);
+    call_free(cb);
+    char stats[128];
+    long exec, infer;
+    batch_stats(s, "acc_pref", stats, sizeof stats, &exec, &infer);
+    CHECK_STR(stats, "1:2");
     nereid_server_free(s);
     remove_repo();
 }
@@ -930,5 +1010,7 @@ int main(void)
     nereid_server_free(s);
     remove_repo();
     test_hooks_and_reused_id();
+    test_unbatchable_slot_spanned();
+    test_oldest_smaller_preferred();
     return check_summary();
 }
