@@ -85,6 +85,14 @@ NEREID_EXPORT nereid_error_t *nereid_backend_instance_fini(nereid_instance_t *in
 }
 
 /* Element i of a control tensor as a double (0 when absent). */
+/* Element i of an int32 tensor (backend inputs may be unaligned). */
+static int32_t i32_at(const void *data, size_t i)
+{
+    int32_t v;
+    memcpy(&v, (const char *)data + i * 4, 4);
+    return v;
+}
+
 static double ctl_value(nereid_datatype_t dt, const void *data, size_t bytes, int64_t i)
 {
     if (!data) return 0;
@@ -217,7 +225,7 @@ static nereid_error_t *execute_controls(acc_instance_t *a, nereid_batch_t *batch
     int64_t oshape[NEREID_MAX_RANK_ACC];
     if (rank > NEREID_MAX_RANK_ACC) rank = NEREID_MAX_RANK_ACC;
     memcpy(oshape, shape, rank * sizeof *shape);
-    const int32_t *in = data;
+    const void *in = data;
     ctl_tensor_t start, end, ready, corrid;
     get_ctl(batch, "START", &start);
     get_ctl(batch, "END", &end);
@@ -256,7 +264,7 @@ static nereid_error_t *execute_controls(acc_instance_t *a, nereid_batch_t *batch
             sum = &a->slot_sum[i];
         }
         if (is_start) *sum = 0;
-        *sum += in[i];
+        *sum += i32_at(in, (size_t)i);
         out[i] = (int32_t)*sum;
         if (is_end && a->by_corrid) entry_remove(a, key);
     }
@@ -339,7 +347,7 @@ static nereid_error_t *execute_state(acc_instance_t *a, nereid_batch_t *batch)
             continue;
         }
         size_t n_in = bytes / 4, n_st = sbytes / 4;
-        const int32_t *in = data, *st = sdata;
+        const void *in = data, *st = sdata;
         int64_t oshape[NEREID_MAX_RANK_ACC];
         int32_t *out, *ost;
         if (!a->append) {
@@ -361,7 +369,7 @@ static nereid_error_t *execute_state(acc_instance_t *a, nereid_batch_t *batch)
                 continue;
             }
             for (size_t i = 0; i < n_in; i++) {
-                out[i] = in[i] + st[n_st == 1 ? 0 : i];
+                out[i] = i32_at(in, i) + i32_at(st, n_st == 1 ? 0 : i);
                 ost[i] = out[i];
             }
             continue;
@@ -377,9 +385,9 @@ static nereid_error_t *execute_state(acc_instance_t *a, nereid_batch_t *batch)
         }
         int64_t total = 0;
         for (size_t i = 0; i < n_st; i++)
-            total += (ost[i] = st[i]);
+            total += (ost[i] = i32_at(st, i));
         for (size_t i = 0; i < n_in; i++)
-            total += (ost[n_st + i] = in[i]);
+            total += (ost[n_st + i] = i32_at(in, i));
         memcpy(oshape, shape, rank * sizeof *shape);
         oshape[rank - 1] = 1;
         err = nereid_batch_request_output(batch, r, "OUTPUT", NEREID_TYPE_INT32, oshape, rank, 4,

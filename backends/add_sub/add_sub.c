@@ -15,11 +15,13 @@ NEREID_EXPORT uint32_t nereid_backend_abi_version(void)
 
 #define ADD_SUB(T)                                                                                 \
     do {                                                                                           \
-        const T *x = a, *y = b;                                                                    \
         T *s = sum, *d = diff;                                                                     \
         for (size_t i = 0; i < n; i++) {                                                           \
-            if (s) s[i] = (T)(x[i] + y[i]);                                                        \
-            if (d) d[i] = (T)(x[i] - y[i]);                                                        \
+            T x, y; /* inputs may be unaligned */                                                  \
+            memcpy(&x, (const char *)a + i * sizeof(T), sizeof(T));                                \
+            memcpy(&y, (const char *)b + i * sizeof(T), sizeof(T));                                \
+            if (s) s[i] = (T)(x + y);                                                              \
+            if (d) d[i] = (T)(x - y);                                                              \
         }                                                                                          \
     } while (0)
 

@@ -58,6 +58,7 @@ typedef struct ort_output {
     const int64_t *config_dims; /* config dims (for scalar model outputs) */
     size_t config_rank;
     bool shape_known; /* all dims static apart from the batch dimension */
+    bool flat;        /* a BATCH_SCATTER_WITH_INPUT_SHAPE target: produced flat */
     int64_t *dims;    /* model dims; dims[0] replaced by the batch size */
     size_t rank;
 } ort_output_t;
@@ -578,9 +579,41 @@ static nereid_error_t *compare_dims(const char *model_name, const char *name, co
                             config_shape);
 }
 
+/* Triton's ragged batching in a batching config: an input with
+ * allow_ragged_batch must be [-1] in the model (the core feeds it flat), and
+ * the dims of a BATCH_SCATTER_WITH_INPUT_SHAPE target are not compared (the
+ * core shapes it per request). */
+enum { DIMS_COMPARE, DIMS_RAGGED, DIMS_SKIP };
+
+static int dims_mode(const nereid_model_t *model, bool input, const char *name)
+{
+    if (nereid_model_max_batch_size(model) <= 0) return DIMS_COMPARE;
+    const char *text = nereid_model_config_json(model);
+    json_t *root = text ? json_loads(text, 0, NULL) : NULL;
+    int mode = DIMS_COMPARE;
+    size_t i, k;
+    json_t *io, *target;
+    json_array_foreach(json_object_get(root, input ? "input" : "batch_output"), i, io)
+    {
+        const char *io_name = json_string_value(json_object_get(io, "name"));
+        const char *kind = json_string_value(json_object_get(io, "kind"));
+        if (input && io_name && strcmp(io_name, name) == 0 &&
+            json_is_true(json_object_get(io, "allow_ragged_batch")))
+            mode = DIMS_RAGGED;
+        if (input || !kind || strcmp(kind, "BATCH_SCATTER_WITH_INPUT_SHAPE") != 0) continue;
+        json_array_foreach(json_object_get(io, "target_name"), k, target)
+        {
+            if (json_is_string(target) && strcmp(json_string_value(target), name) == 0)
+                mode = DIMS_SKIP;
+        }
+    }
+    json_decref(root);
+    return mode;
+}
+
 static nereid_error_t *check_io(const char *model_name, const char *what, const char *name,
                                 nereid_datatype_t dt, const int64_t *dims, size_t rank, int64_t mbs,
-                                const ort_tensor_t *all, size_t n_all)
+                                const ort_tensor_t *all, size_t n_all, int mode)
 {
     const ort_tensor_t *t = tensor_find(all, n_all, name);
     if (!t) return not_allowed(what, name, all, n_all);
@@ -595,6 +628,16 @@ static nereid_error_t *check_io(const char *model_name, const char *what, const 
                                 "unable to load model '%s', configuration expects datatype %s for "
                                 "%s '%s', model provides %s",
                                 model_name, cfg_name, what, name, config_type_name(t->elem_type));
+    }
+    if (mode == DIMS_SKIP) return NULL;
+    if (mode == DIMS_RAGGED) {
+        if (t->rank == 1 && t->dims[0] == -1) return NULL;
+        char model_shape[256];
+        shape_string(model_shape, sizeof(model_shape), t->dims, t->rank);
+        return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                "unable to load model '%s', configuration expects model provides "
+                                "input with shape [-1]  for ragged input '%s', model provides %s",
+                                model_name, name, model_shape);
     }
     return compare_dims(model_name, name, t, dims, rank, mbs, !strcmp(what, "output"));
 }
@@ -726,8 +769,9 @@ static nereid_error_t *bind_config(ort_model_t *m, nereid_model_t *model, const 
             continue;
         }
         nereid_model_input(model, i, &m->input_names[i], &m->input_datatypes[i], &dims, &rank);
-        nereid_error_t *err = check_io(name, "input", m->input_names[i], m->input_datatypes[i],
-                                       dims, rank, m->max_batch_size, in, n_in);
+        nereid_error_t *err =
+            check_io(name, "input", m->input_names[i], m->input_datatypes[i], dims, rank,
+                     m->max_batch_size, in, n_in, dims_mode(model, true, m->input_names[i]));
         if (err) return err;
         m->input_elem_types[i] = elem_from_datatype(m->input_datatypes[i]);
     }
@@ -740,17 +784,19 @@ static nereid_error_t *bind_config(ort_model_t *m, nereid_model_t *model, const 
             o->datatype = datatype_from_elem(t->elem_type);
         } else {
             nereid_model_output(model, i, &o->name, &o->datatype, &o->config_dims, &o->config_rank);
+            int mode = dims_mode(model, false, o->name);
             nereid_error_t *err = check_io(name, "output", o->name, o->datatype, o->config_dims,
-                                           o->config_rank, m->max_batch_size, out, n_out);
+                                           o->config_rank, m->max_batch_size, out, n_out, mode);
             if (err) return err;
             t = tensor_find(out, n_out, o->name);
+            o->flat = mode == DIMS_SKIP;
         }
         o->elem_type = t->elem_type;
         o->rank = t->rank;
         o->dims = calloc(t->rank + 1, sizeof(int64_t));
         if (!o->dims) return nereid_error_new(NEREID_ERROR_INTERNAL, "out of memory");
         memcpy(o->dims, t->dims, t->rank * sizeof(int64_t));
-        o->shape_known = o->elem_type != ORT_ELEM_STRING && t->rank > 0;
+        o->shape_known = o->elem_type != ORT_ELEM_STRING && t->rank > 0 && !o->flat;
         for (size_t d = m->max_batch_size > 0 ? 1 : 0; d < t->rank; d++)
             if (t->dims[d] < 0) o->shape_known = false;
     }

@@ -115,7 +115,9 @@ NEREID_EXPORT int64_t nereid_batch_size(const nereid_batch_t *batch);
  * models the shape's first dimension is the batch total; for a batch of one
  * request the data is the request's own memory (no copy); otherwise the core
  * gathers into a buffer it frees after execute. Includes inputs the core
- * injects (sequence controls, implicit state). NOT_FOUND if absent. */
+ * injects (sequence controls, implicit state). NOT_FOUND if absent.
+ * The data has no alignment guarantee (a client's bytes sit anywhere in an
+ * HTTP body or a protobuf message): read elements with memcpy. */
 NEREID_EXPORT nereid_error_t *nereid_batch_input(nereid_batch_t *batch, const char *name,
                                                  nereid_datatype_t *datatype,
                                                  const int64_t **shape, size_t *rank,

@@ -312,6 +312,12 @@ static bool fill_defaults(nctx_t *c)
             cfg->optimization->output_pinned_memory = pinned_enabled();
         if (!cfg->optimization->input_pinned_memory || !cfg->optimization->output_pinned_memory)
             return false;
+    } else if (!cfg->model_transaction_policy) {
+        /* Triton's ensemble validation always sets it (decoupled when a
+         * step is). */
+        cfg->model_transaction_policy = malloc(sizeof *cfg->model_transaction_policy);
+        if (!cfg->model_transaction_policy) return false;
+        inference__model_transaction_policy__init(cfg->model_transaction_policy);
     }
     return true;
 }

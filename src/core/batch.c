@@ -93,43 +93,101 @@ const char *nereid_batch_input_name(const nereid_batch_t *batch, size_t i)
     return batch->reqs[0]->inputs[i].name;
 }
 
-nereid_error_t *nereid_batch_input(nereid_batch_t *batch, const char *name,
-                                   nereid_datatype_t *datatype, const int64_t **shape, size_t *rank,
-                                   const void **data, size_t *byte_size)
+/* Ragged batching (Triton's allow_ragged_batch): a batching model gets such
+ * an input as one flat tensor of the batch's elements, shape [elements]. */
+static bool input_ragged(const model_t *m, const char *name)
 {
-    if (batch->n_reqs == 1)
-        return nereid_batch_request_input(batch, 0, name, datatype, shape, rank, data, byte_size);
-    batch_tensor_t *t = find_tensor(batch->inputs, batch->n_inputs, name);
-    if (!t) {
-        model_t *m = batch->instance->model;
-        size_t total = 0;
-        req_input_t *first = NULL;
-        for (size_t r = 0; r < batch->n_reqs; r++) {
-            req_input_t *in = request_find_input(batch->reqs[r], name);
-            if (!in)
-                return nereid_error_new(NEREID_ERROR_NOT_FOUND,
-                                        "input '%s' is missing from request %zu of the batch", name,
-                                        r);
-            if (!first) first = in;
-            total += in->byte_size;
-        }
-        if (m->max_batch_size <= 0 || first->rank == 0)
-            return nereid_error_new(NEREID_ERROR_INTERNAL,
-                                    "cannot batch input '%s' of a non-batching model", name);
-        t = push_tensor(&batch->inputs, &batch->n_inputs, name);
-        t->datatype = first->datatype;
+    if (m->max_batch_size <= 0) return false;
+    for (size_t i = 0; i < m->config->n_input; i++)
+        if (strcmp(m->config->input[i]->name, name) == 0)
+            return m->config->input[i]->allow_ragged_batch;
+    return false;
+}
+
+/* The source input of a BATCH_SCATTER_WITH_INPUT_SHAPE batch output whose
+ * target is `output`, or NULL: the backend produces such an output flat, and
+ * each request gets its part shaped like its source input. */
+static const char *scatter_source(const model_t *m, const char *output)
+{
+    if (m->max_batch_size <= 0) return NULL;
+    for (size_t i = 0; i < m->config->n_batch_output; i++) {
+        const Inference__BatchOutput *bo = m->config->batch_output[i];
+        if (bo->kind != INFERENCE__BATCH_OUTPUT__KIND__BATCH_SCATTER_WITH_INPUT_SHAPE ||
+            bo->n_source_input != 1)
+            continue;
+        for (size_t k = 0; k < bo->n_target_name; k++)
+            if (strcmp(bo->target_name[k], output) == 0) return bo->source_input[0];
+    }
+    return NULL;
+}
+
+static int64_t elements(const int64_t *shape, size_t rank)
+{
+    int64_t n = 1;
+    for (size_t d = 0; d < rank; d++)
+        n *= shape[d];
+    return n;
+}
+
+/* Gathers input `name` of every request into one tensor: [total_batch, ...]
+ * or, for a ragged input, flat [elements] (then a single request's own
+ * memory is used, not copied). */
+static nereid_error_t *gather_input(nereid_batch_t *batch, const char *name, bool ragged,
+                                    batch_tensor_t **out)
+{
+    size_t total = 0;
+    int64_t count = 0;
+    req_input_t *first = NULL;
+    for (size_t r = 0; r < batch->n_reqs; r++) {
+        req_input_t *in = request_find_input(batch->reqs[r], name);
+        if (!in)
+            return nereid_error_new(NEREID_ERROR_NOT_FOUND,
+                                    "input '%s' is missing from request %zu of the batch", name, r);
+        if (!first) first = in;
+        total += in->byte_size;
+        count += elements(in->shape, in->rank);
+    }
+    if (!ragged && (batch->instance->model->max_batch_size <= 0 || first->rank == 0))
+        return nereid_error_new(NEREID_ERROR_INTERNAL,
+                                "cannot batch input '%s' of a non-batching model", name);
+    batch_tensor_t *t = push_tensor(&batch->inputs, &batch->n_inputs, name);
+    t->datatype = first->datatype;
+    t->byte_size = total;
+    if (ragged) {
+        t->rank = 1;
+        t->shape[0] = count;
+    } else {
         t->rank = first->rank;
         memcpy(t->shape, first->shape, first->rank * sizeof *first->shape);
         t->shape[0] = batch->total_batch;
-        t->data = xmalloc(total);
+    }
+    if (batch->n_reqs == 1) {
+        t->data = (void *)first->data; /* the request's own memory, not owned */
+    } else {
+        t->data = xmalloc(total ? total : 1);
         t->owned = true;
-        t->byte_size = total;
         size_t off = 0;
         for (size_t r = 0; r < batch->n_reqs; r++) {
             req_input_t *in = request_find_input(batch->reqs[r], name);
             if (in->byte_size) memcpy((char *)t->data + off, in->data, in->byte_size);
             off += in->byte_size;
         }
+    }
+    *out = t;
+    return NULL;
+}
+
+nereid_error_t *nereid_batch_input(nereid_batch_t *batch, const char *name,
+                                   nereid_datatype_t *datatype, const int64_t **shape, size_t *rank,
+                                   const void **data, size_t *byte_size)
+{
+    bool ragged = batch->n_reqs && input_ragged(batch->instance->model, name);
+    if (batch->n_reqs == 1 && !ragged)
+        return nereid_batch_request_input(batch, 0, name, datatype, shape, rank, data, byte_size);
+    batch_tensor_t *t = find_tensor(batch->inputs, batch->n_inputs, name);
+    if (!t) {
+        nereid_error_t *err = gather_input(batch, name, ragged, &t);
+        if (err) return err;
     }
     if (datatype) *datatype = t->datatype;
     if (shape) *shape = t->shape;
@@ -308,10 +366,11 @@ nereid_error_t *nereid_batch_output(nereid_batch_t *batch, const char *name,
                                     size_t byte_size, void **buffer)
 {
     *buffer = NULL;
-    if (batch->n_reqs == 1)
+    bool flat = scatter_source(batch->instance->model, name) != NULL;
+    if (batch->n_reqs == 1 && !flat)
         return nereid_batch_request_output(batch, 0, name, datatype, shape, rank, byte_size,
                                            buffer);
-    if (rank == 0 || rank > NEREID_MAX_RANK || shape[0] != batch->total_batch)
+    if (rank == 0 || rank > NEREID_MAX_RANK || (!flat && shape[0] != batch->total_batch))
         return nereid_error_new(NEREID_ERROR_INTERNAL,
                                 "batched output '%s' must have the batch size %lld as its first "
                                 "dimension",
@@ -347,6 +406,7 @@ static void scatter_outputs(batch_t *batch)
     for (size_t t = 0; t < batch->n_outputs; t++) {
         batch_tensor_t *bt = batch->outputs[t];
         if (bt->rank == 0) continue; /* scratch for an unrequested single-request output */
+        const char *source = scatter_source(batch->instance->model, bt->name);
         size_t esize = nereid_datatype_byte_size(bt->datatype);
         int64_t per_item_elems = 1;
         for (size_t d = 1; d < bt->rank; d++)
@@ -354,16 +414,19 @@ static void scatter_outputs(batch_t *batch)
         size_t off = 0;
         for (size_t r = 0; r < batch->n_reqs; r++) {
             nereid_request_t *req = batch->reqs[r];
-            size_t n_elems = (size_t)(req->batch_size * per_item_elems);
+            const req_input_t *src = source ? request_find_input(req, source) : NULL;
+            size_t n_elems = src ? (size_t)elements(src->shape, src->rank)
+                                 : (size_t)(req->batch_size * per_item_elems);
             size_t len =
                 esize ? n_elems * esize : bytes_offset(bt->data, bt->byte_size, off, n_elems) - off;
             if (off + len > bt->byte_size) len = off < bt->byte_size ? bt->byte_size - off : 0;
             resp_output_t *o = request_find_output(req, bt->name);
             if (o && !req->response->error) {
                 int64_t shape[NEREID_MAX_RANK];
-                memcpy(shape, bt->shape, bt->rank * sizeof *shape);
-                shape[0] = req->batch_size;
-                nereid_error_t *err = alloc_output(req, o, bt->datatype, shape, bt->rank, len);
+                size_t rank = src ? src->rank : bt->rank;
+                memcpy(shape, src ? src->shape : bt->shape, rank * sizeof *shape);
+                if (!src) shape[0] = req->batch_size;
+                nereid_error_t *err = alloc_output(req, o, bt->datatype, shape, rank, len);
                 if (err)
                     req->response->error = err;
                 else if (len)
@@ -396,8 +459,8 @@ void batch_execute(model_instance_t *inst, batch_t *batch)
                     nereid_error_new(nereid_error_code(err), "%s", nereid_error_message(err));
         }
         nereid_error_free(err);
-    } else if (batch->n_reqs > 1) {
-        scatter_outputs(batch);
+    } else if (batch->n_reqs > 1 || batch->n_outputs) {
+        scatter_outputs(batch); /* one request: only flat batch outputs to shape */
     }
     batch->t_end_ns = util_now_ns();
     if (!batch->timing_reported) {

@@ -105,6 +105,12 @@ nereid_error_t *nereid_request_set_id(nereid_request_t *req, const char *id)
     return NULL;
 }
 
+/* The id in Triton's "[request id: %s] " prefix of request errors. */
+static const char *req_id(const nereid_request_t *req)
+{
+    return req->id ? req->id : "<id_unknown>";
+}
+
 /* An all-zero request or response (as schedulers calloc them) is valid: the
  * inline arrays are taken on first use. */
 static req_input_t *push_input(nereid_request_t *req)
@@ -144,8 +150,9 @@ nereid_error_t *nereid_request_add_input(nereid_request_t *req, const char *name
                                 "input '%s' has rank %zu, more than the supported %d", name, rank,
                                 NEREID_MAX_RANK);
     if (request_find_input(req, name))
-        return nereid_error_new(NEREID_ERROR_INVALID_ARG, "input '%s' already exists in request",
-                                name);
+        return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                "[request id: %s] input '%s' already exists in request",
+                                req_id(req), name);
     req_input_t *in = push_input(req);
     in->name = request_strdup(req, name);
     in->datatype = datatype;
@@ -180,8 +187,9 @@ nereid_error_t *nereid_request_add_requested_output(nereid_request_t *req, const
     if (!name) return nereid_error_new(NEREID_ERROR_INVALID_ARG, "output name is required");
     for (size_t i = 0; i < req->n_out_names; i++)
         if (strcmp(req->out_names[i], name) == 0)
-            return nereid_error_new(NEREID_ERROR_INVALID_ARG, "output '%s' already requested",
-                                    name);
+            return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                    "[request id: %s] output '%s' already exists in request",
+                                    req_id(req), name);
     if (!req->out_names) {
         req->out_names = req->out_names_inline;
         req->out_class_counts = req->out_class_counts_inline;
@@ -366,11 +374,6 @@ static void format_dims(char *buf, size_t cap, const int64_t *dims, size_t rank,
     for (size_t i = 0; i < rank && n < cap; i++)
         n += (size_t)snprintf(buf + n, cap - n, i ? ",%" PRId64 : "%" PRId64, dims[i]);
     if (n < cap) snprintf(buf + n, cap - n, "]");
-}
-
-static const char *req_id(const nereid_request_t *req)
-{
-    return req->id ? req->id : "<id_unknown>";
 }
 
 static nereid_error_t *input_count_error(nereid_request_t *req, model_t *m)

@@ -134,6 +134,19 @@ void gfe_model_ready(gfe_unary_call_t *c, const uint8_t *data, size_t len)
     bool ready = false;
     nereid_error_t *err = infer_codec_version(req->version, &version);
     if (err == NULL) err = nereid_server_model_is_ready(c->fe->server, req->name, version, &ready);
+    /* A version the model does not have is not ready (Triton's
+     * L0_server_status expects ready=false over gRPC as over HTTP); an
+     * unknown model stays an error. */
+    if (err != NULL && version > 0 && nereid_error_code(err) == NEREID_ERROR_NOT_FOUND) {
+        bool any;
+        nereid_error_t *model_err =
+            nereid_server_model_is_ready(c->fe->server, req->name, -1, &any);
+        if (model_err == NULL) {
+            nereid_error_free(err);
+            err = NULL;
+        }
+        nereid_error_free(model_err);
+    }
     inference__model_ready_request__free_unpacked(req, NULL);
     r.ready = err == NULL && ready;
     if (err != NULL) { /* Triton sends ready:false together with the lookup error */

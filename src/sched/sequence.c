@@ -8,15 +8,17 @@
  * by an ending or idle sequence.
  *
  * Direct: each execution covers slots 0..k where k is the highest slot with a
- * request ready; slots in between without a request get a filler request
- * (zero inputs, READY false) so that batch row i is always slot i. Fillers
- * are removed before the batch is finished; as in Triton they count in the
- * execution's batch size (batch_stats) but not in inference_count. As in
- * Triton, queueing a request with END ends the id's sequence at once: a
- * START with the same id that follows starts a new sequence (own position),
- * a request without START is refused. Oldest: each execution takes the oldest ready requests of the
- * instance's candidates, at most one per sequence, like the dynamic batcher
- * (preferred_batch_size, max_queue_delay_microseconds).
+ * request ready; slots in between without a request, or whose request's
+ * shapes differ from the first one's, get a filler request (zero inputs,
+ * READY false) so that batch row i is always slot i. Fillers are removed
+ * before the batch is finished; as in Triton they count in the execution's
+ * batch size (batch_stats) but not in inference_count. Oldest: each
+ * execution takes the oldest ready requests of the instance's candidates, at
+ * most one per sequence, by the dynamic batcher's rule (preferred_batch_size,
+ * max_queue_delay_microseconds; Triton feeds a dynamic batcher per
+ * instance). As in Triton, queueing a request with END ends the id's
+ * sequence at once: a START with the same id that follows starts a new
+ * sequence (own position), a request without START is refused.
  *
  * Before execution the batcher adds the control tensors the model asks for
  * (shape [1,1] per request for batching models, [1] otherwise) and the
@@ -36,6 +38,7 @@
 #include "core/util.h"
 
 #define N_BUCKETS 256
+#define BACKLOG_IDLE_NS 50000000u /* Triton's reaper: a backlogged idle sequence, every 50 ms */
 #define STOPPING_TEXT                                                                              \
     "Server is stopping, scheduler for model has stopped accepting new inference requests"
 
@@ -80,10 +83,11 @@ typedef struct seq {
     int inst, slot; /* inst -1: in the backlog */
     struct seq *bnext;
     nereid_request_t *qhead, *qtail;
-    int in_flight;          /* requests handed to the instance, not yet done */
-    bool hashed;            /* found by its id; false once its END request is queued */
-    uint64_t idle_since_ns; /* 0 unless idle (nothing queued or in flight) */
-    uint64_t expire_ns;     /* backlog only: earliest request timeout, 0 = none */
+    int in_flight;            /* requests handed to the instance, not yet done */
+    bool hashed;              /* found by its id; false once its END request is queued */
+    uint64_t last_arrival_ns; /* the sequence's latest request arrived then */
+    bool force_end;           /* idle too long: released once its queue drains */
+    uint64_t expire_ns;       /* backlog only: earliest request timeout, 0 = none */
     state_buf_t *states;
 } seq_t;
 
@@ -115,8 +119,10 @@ typedef struct seq_sched {
     size_t n_states;
     uint64_t idle_ns;
     uint64_t delay_ns;
-    float min_util;        /* direct only */
-    int64_t preferred_max; /* oldest: largest preferred batch size */
+    float min_util;           /* direct only */
+    int64_t preferred_max;    /* oldest: largest preferred batch size */
+    const int32_t *preferred; /* oldest: preferred batch sizes (borrowed from the config) */
+    size_t n_preferred;
     bool stopped;
     pthread_t reaper;
     bool reaper_started;
@@ -397,7 +403,9 @@ static nereid_error_t *seq_enqueue(scheduler_t *base, nereid_request_t *req)
     /* As in Triton, an END request ends the id's sequence now: a START with
      * the same id that follows is a new sequence with a position of its own. */
     if (req->seq_end) seq_unhash(q, s);
-    s->idle_since_ns = 0;
+    s->last_arrival_ns = util_now_ns();
+    /* deadlines only grow: wake the reaper only if it sleeps for good */
+    if (q->reaper_wake_ns == UINT64_MAX) pthread_cond_signal(&q->reaper_cond);
     if (s->inst < 0 && req->timeout_us) {
         uint64_t exp = util_now_ns() + req->timeout_us * 1000u;
         if (!s->expire_ns || exp < s->expire_ns) s->expire_ns = exp;
@@ -677,11 +685,13 @@ static bool direct_next_batch(seq_sched_t *q, seq_inst_t *si, batch_t *batch)
         si->rows[k] = NULL;
         seq_t *s = si->slots[k];
         if (!s || !s->qhead || s->in_flight) continue;
+        /* As in Triton the batch spans every slot up to the last one with a
+         * request ready, even when that request cannot join this batch. */
+        rows = k + 1;
         if (first && !batchable(q, first_seq, first, s)) continue;
         if (!first) first_seq = s;
         si->rows[k] = pop_head(q, s);
         if (!first) first = si->rows[k];
-        rows = k + 1;
     }
     pthread_mutex_unlock(&q->lock);
     nereid_request_t *tmpl = NULL;
@@ -695,10 +705,48 @@ static bool direct_next_batch(seq_sched_t *q, seq_inst_t *si, batch_t *batch)
     return true;
 }
 
+static bool oldest_preferred(const seq_sched_t *q, size_t size)
+{
+    for (size_t i = 0; i < q->n_preferred; i++)
+        if ((size_t)q->preferred[i] == size) return true;
+    return false;
+}
+
+/* Oldest: how many of the n ready sequences (oldest first) run now, by the
+ * rule of Triton's dynamic batcher that the oldest strategy feeds (see
+ * plan_batch in dynamic.c; every sequence adds one row); 0 with
+ * *wait_until set when the batch should wait for the queue delay. */
+static size_t oldest_plan(seq_sched_t *q, seq_inst_t *si, size_t n, uint64_t now,
+                          uint64_t *wait_until)
+{
+    size_t max_pref = q->preferred_max > 0 ? (size_t)q->preferred_max : (size_t)q->max_rows;
+    size_t count = 0, marked = 0;
+    bool send_now = false;
+    for (size_t j = 0; j < n; j++) {
+        if (j > 0) {
+            if (count + 1 > max_pref && !marked) marked = count;
+            if (count + 1 > (size_t)q->max_rows ||
+                !batchable(q, si->ready[0], si->ready[0]->qhead, si->ready[j])) {
+                send_now = true;
+                break;
+            }
+        }
+        count++;
+        if (oldest_preferred(q, count)) marked = count;
+    }
+    uint64_t oldest = head_time(si->ready[0]);
+    bool delay_passed = q->delay_ns && now - oldest >= q->delay_ns;
+    *wait_until = 0;
+    if (marked && !delay_passed) return marked;
+    if (send_now || count >= max_pref || delay_passed || !q->delay_ns || q->stopped) return count;
+    *wait_until = oldest + q->delay_ns;
+    return 0;
+}
+
 static bool oldest_next_batch(seq_sched_t *q, seq_inst_t *si, batch_t *batch)
 {
     pthread_mutex_lock(&q->lock);
-    size_t n;
+    size_t n, take;
     for (;;) {
         n = 0;
         for (size_t k = 0; k < si->n_slots; k++) {
@@ -720,10 +768,9 @@ static bool oldest_next_batch(seq_sched_t *q, seq_inst_t *si, batch_t *batch)
             si->hold = 0;
         }
         if (n > 0) {
-            size_t want = (size_t)(q->preferred_max > 0 ? q->preferred_max : q->max_rows);
-            if (q->stopped || q->delay_ns == 0 || n >= want) break;
-            uint64_t deadline = head_time(si->ready[0]) + q->delay_ns;
-            if (util_now_ns() >= deadline) break;
+            uint64_t deadline;
+            take = oldest_plan(q, si, n, util_now_ns(), &deadline);
+            if (take) break;
             cond_wait_until(&si->cond, &q->lock, deadline);
             continue;
         }
@@ -733,19 +780,10 @@ static bool oldest_next_batch(seq_sched_t *q, seq_inst_t *si, batch_t *batch)
         }
         pthread_cond_wait(&si->cond, &q->lock);
     }
-    size_t taken = 0;
-    const nereid_request_t *first = NULL;
-    const seq_t *first_seq = NULL;
-    for (size_t j = 0; j < n && taken < (size_t)q->max_rows; j++) {
-        seq_t *s = si->ready[j];
-        if (first && !batchable(q, first_seq, first, s)) continue;
-        if (!first) first_seq = s;
-        si->rows[taken] = pop_head(q, s);
-        if (!first) first = si->rows[taken];
-        taken++;
-    }
+    for (size_t j = 0; j < take; j++)
+        si->rows[j] = pop_head(q, si->ready[j]);
     pthread_mutex_unlock(&q->lock);
-    for (size_t j = 0; j < taken; j++) {
+    for (size_t j = 0; j < take; j++) {
         prepare_request(q, si->rows[j]);
         batch_add(batch, si->rows[j]);
     }
@@ -777,7 +815,6 @@ static void seq_batch_done(scheduler_t *base, model_instance_t *inst, batch_t *b
         batch->reqs[w++] = req;
     }
     batch->n_reqs = w;
-    uint64_t now = util_now_ns();
     pthread_mutex_lock(&q->lock);
     for (size_t r = 0; r < batch->n_reqs; r++) {
         nereid_request_t *req = batch->reqs[r];
@@ -786,21 +823,19 @@ static void seq_batch_done(scheduler_t *base, model_instance_t *inst, batch_t *b
         s->in_flight--;
         if (s->qhead) {
             if (s->inst >= 0) pthread_cond_broadcast(&q->insts[s->inst].cond);
-        } else if (s->in_flight == 0) {
-            if (req->seq_end) {
-                seq_release(q, s);
-            } else {
-                s->idle_since_ns = now;
-                /* deadlines only grow: wake the reaper only if it sleeps for good */
-                if (q->reaper_wake_ns == UINT64_MAX) pthread_cond_signal(&q->reaper_cond);
-            }
+        } else if (s->in_flight == 0 && (req->seq_end || s->force_end)) {
+            seq_release(q, s);
         }
     }
     pthread_mutex_unlock(&q->lock);
     batch_finish(batch);
 }
 
-/* ---- Idle sequences ---- */
+/* ---- Idle sequences ----
+ * As in Triton, a sequence is idle when its latest request arrived
+ * max_sequence_idle_microseconds ago, whether or not that request has run:
+ * the reaper then ends it (later requests need START); requests already
+ * queued still run, and its position is freed once they have. */
 
 /* Fails every queued request of backlogged sequences whose request timeout
  * expired (Triton's backlog timeout); returns the next expiry. Lock held;
@@ -858,17 +893,22 @@ static void *reaper_main(void *arg)
             seq_t *s = q->buckets[b];
             while (s) {
                 seq_t *after = s->hnext;
-                if (s->idle_since_ns && !s->qhead && !s->in_flight) {
-                    uint64_t deadline = s->idle_since_ns + q->idle_ns;
-                    if (deadline <= now) {
-                        char idbuf[160];
-                        format_id(idbuf, sizeof idbuf, s->sid, s->id);
-                        LOG_VERBOSE("sequence", "sequence %s for model '%s' idle, aborted", idbuf,
-                                    q->base.model->name);
+                uint64_t deadline = s->last_arrival_ns + q->idle_ns;
+                if (deadline > now) {
+                    if (deadline < next) next = deadline;
+                } else if (s->inst < 0) {
+                    /* backlogged: looked at again once it has a position */
+                    if (now + BACKLOG_IDLE_NS < next) next = now + BACKLOG_IDLE_NS;
+                } else {
+                    char idbuf[160];
+                    format_id(idbuf, sizeof idbuf, s->sid, s->id);
+                    LOG_VERBOSE("sequence", "sequence %s for model '%s' idle, aborted", idbuf,
+                                q->base.model->name);
+                    seq_unhash(q, s);
+                    if (!s->qhead && !s->in_flight)
                         seq_release(q, s);
-                    } else if (deadline < next) {
-                        next = deadline;
-                    }
+                    else
+                        s->force_end = true;
                 }
                 s = after;
             }
@@ -1081,6 +1121,8 @@ nereid_error_t *sequence_batcher_create(model_t *m, scheduler_t **out)
         q->delay_ns = sb->oldest->max_queue_delay_microseconds * 1000u;
         if (sb->oldest->max_candidate_sequences > 0)
             per_inst = (size_t)sb->oldest->max_candidate_sequences;
+        q->preferred = sb->oldest->preferred_batch_size;
+        q->n_preferred = sb->oldest->n_preferred_batch_size;
         for (size_t i = 0; i < sb->oldest->n_preferred_batch_size; i++)
             if (sb->oldest->preferred_batch_size[i] > q->preferred_max)
                 q->preferred_max = sb->oldest->preferred_batch_size[i];

@@ -298,3 +298,17 @@ def test_extra_raw_input_contents_refused(stub):
     # the server still answers
     req = infer_request(pb, "id_fp32", [("INPUT0", "FP32", [3], x)])
     assert len(stub.ModelInfer(req).raw_output_contents) == 1
+
+
+def test_duplicate_input_and_output_names(stub):
+    """Triton's texts (L0_grpc test_duplicate_output_names_rejected)."""
+    x = np.ones(2, np.float32)
+    req = infer_request(pb, "id_fp32", [("INPUT0", "FP32", [2], x)], outputs=["OUTPUT0", "OUTPUT0"])
+    e = rpc_error(stub.ModelInfer, req)
+    assert e.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert e.details() == "[request id: <id_unknown>] output 'OUTPUT0' already exists in request"
+    req = infer_request(pb, "id_fp32", [("INPUT0", "FP32", [2], x), ("INPUT0", "FP32", [2], x)],
+                        id="r7")
+    e = rpc_error(stub.ModelInfer, req)
+    assert e.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert e.details() == "[request id: r7] input 'INPUT0' already exists in request"

@@ -425,7 +425,10 @@ static void test_shape_mismatch(void)
     collector_destroy(&c);
 }
 
-/* Inputs marked allow_ragged_batch batch whatever their shapes. */
+/* Inputs marked allow_ragged_batch batch whatever their shapes; as in Triton
+ * the backend gets such an input flat ([elements]), and a
+ * BATCH_SCATTER_WITH_INPUT_SHAPE output is split back by each request's
+ * input shape. */
 static void test_ragged(void)
 {
     nereid_server_t *s =
@@ -433,6 +436,8 @@ static void test_ragged(void)
                      "input [ { name: \"INPUT0\" data_type: TYPE_FP32 dims: [ -1 ] "
                      "allow_ragged_batch: true } ]\n"
                      "output [ { name: \"OUTPUT0\" data_type: TYPE_FP32 dims: [ -1 ] } ]\n"
+                     "batch_output [ { target_name: \"OUTPUT0\" "
+                     "kind: BATCH_SCATTER_WITH_INPUT_SHAPE source_input: \"INPUT0\" } ]\n"
                      "dynamic_batching { }\n",
                      2);
     if (!s) return finish(s);
@@ -442,6 +447,18 @@ static void test_ragged(void)
     submit_ok(s, &c, "g2", (opts_t){.width = 3});
     CHECK(collector_wait(&c, 2));
     CHECK(batch_count(s, 2) == 1);
+    /* the backend saw one flat INPUT0 of 5 elements and produced OUTPUT0
+     * flat; each request gets its part shaped like its INPUT0 */
+    const char *ids[] = {"g1", "g2"};
+    for (int i = 0; i < 2; i++) {
+        const result_t *r = find_result(&c, ids[i]);
+        CHECK(r && !r->failed && r->output_ok);
+    }
+    /* one request alone: the same flat input, the same shaping */
+    submit_ok(s, &c, "g3", (opts_t){.width = 3});
+    CHECK(collector_wait(&c, 3));
+    const result_t *r3 = find_result(&c, "g3");
+    CHECK(r3 && !r3->failed && r3->output_ok);
     finish(s);
     collector_destroy(&c);
 }

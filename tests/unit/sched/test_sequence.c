@@ -261,6 +261,7 @@ typedef struct seq_req {
     bool start, end;
     int32_t value;
     int64_t batch;       /* 0: one row */
+    int64_t width;       /* 0: one element per row (at most 2 elements in all) */
     const char *outputs; /* comma-free list of up to 3 names separated by '|', or NULL */
 } seq_req_t;
 
@@ -277,10 +278,10 @@ static call_t *submit(nereid_server_t *s, const seq_req_t *r)
     else
         nereid_request_set_correlation_id(req, r->id);
     nereid_request_set_sequence_flags(req, r->start, r->end);
-    int64_t shape[2] = {r->batch ? r->batch : 1, 1};
+    int64_t shape[2] = {r->batch ? r->batch : 1, r->width ? r->width : 1};
     bool nobatch = strcmp(r->model, "acc_nobatch") == 0;
     nereid_request_add_input(req, "INPUT", NEREID_TYPE_INT32, nobatch ? shape + 1 : shape,
-                             nobatch ? 1 : 2, c->value, (size_t)shape[0] * 4);
+                             nobatch ? 1 : 2, c->value, (size_t)(shape[0] * shape[1]) * 4);
     if (r->outputs) {
         char buf[128];
         snprintf(buf, sizeof buf, "%s", r->outputs);
@@ -639,8 +640,9 @@ static void test_backlog_timeout(nereid_server_t *s)
 
 static void test_idle_timeout(nereid_server_t *s)
 {
-    /* A holds the only slot and goes idle; after 200 ms it is aborted and
-     * B (backlogged) gets the slot; A's next request is then unknown */
+    /* A holds the only slot and goes idle; 200 ms after its last request
+     * arrived it is aborted and B (backlogged) gets the slot; A's next
+     * request is then unknown */
     seq_req_t a = {.model = "acc_idle", .id = 71, .start = true, .value = 4};
     CHECK(call(s, &a, NULL, 0) == 4);
     seq_req_t b = {.model = "acc_idle", .id = 72, .start = true, .value = 8};
@@ -650,10 +652,23 @@ static void test_idle_timeout(nereid_server_t *s)
     CHECK(call(s, &a, err, sizeof err) == INT32_MIN);
     CHECK_STR_CONTAINS(err, "inference request for sequence 71 to model 'acc_idle' must specify "
                             "the START flag");
+    /* As in Triton, idle time counts from a request's arrival: B's only
+     * request arrived 200 ms before B got the slot, so B is ended as soon as
+     * the reaper sees it there (Triton's reaper does the same). */
+    usleep(300000);
     b.start = false;
     b.end = true;
     b.value = 2;
-    CHECK(call(s, &b, NULL, 0) == 10);
+    CHECK(call(s, &b, err, sizeof err) == INT32_MIN);
+    CHECK_STR_CONTAINS(err, "inference request for sequence 72 to model 'acc_idle' must specify "
+                            "the START flag");
+    /* a live sequence is not ended while its requests keep arriving */
+    seq_req_t c = {.model = "acc_idle", .id = 73, .start = true, .value = 1};
+    CHECK(call(s, &c, NULL, 0) == 1);
+    c.start = false;
+    CHECK(call(s, &c, NULL, 0) == 2);
+    c.end = true;
+    CHECK(call(s, &c, NULL, 0) == 3);
 }
 
 static void test_oldest(nereid_server_t *s)
@@ -828,23 +843,32 @@ static void stress(nereid_server_t *s, const char *model)
  * A (id 10) takes slot 0, B (id 20) slot 1; after B's END is queued, a START
  * with id 20 is a new sequence C (as in Triton), backlogged since both slots
  * are taken, and it takes slot 0 when A ends: every execution has 2 rows. */
-static void test_hooks_and_reused_id(void)
+/* Starts a server on a one-model repository with Triton's scheduler test
+ * hooks set (TRITONSERVER_DELAY_SCHEDULER, TRITONSERVER_BACKLOG_DELAY_SCHEDULER). */
+static nereid_server_t *start_held(const char *model, const char *config, const char *delay,
+                                   const char *backlog)
 {
     make_repo_dir("sequence_hooks");
-    write_model("acc_hold", "backend: \"accumulator\" max_batch_size: 2\n" IO_CONTROLS
-                            "sequence_batching { direct { } " CTLS_INT32 " }\n");
-    setenv("TRITONSERVER_DELAY_SCHEDULER", "6", 1);
-    setenv("TRITONSERVER_BACKLOG_DELAY_SCHEDULER", "2", 1);
+    write_model(model, config);
+    setenv("TRITONSERVER_DELAY_SCHEDULER", delay, 1);
+    setenv("TRITONSERVER_BACKLOG_DELAY_SCHEDULER", backlog, 1);
     nereid_error_t *err;
     nereid_server_t *s = start_server(NEREID_MODEL_CONTROL_NONE, NULL, 0, 0, false, &err);
     unsetenv("TRITONSERVER_DELAY_SCHEDULER");
     unsetenv("TRITONSERVER_BACKLOG_DELAY_SCHEDULER");
     CHECK(s != NULL);
     nereid_error_free(err);
-    if (!s) {
-        remove_repo();
-        return;
-    }
+    if (!s) remove_repo();
+    return s;
+}
+
+static void test_hooks_and_reused_id(void)
+{
+    nereid_server_t *s = start_held("acc_hold",
+                                    "backend: \"accumulator\" max_batch_size: 2\n" IO_CONTROLS
+                                    "sequence_batching { direct { } " CTLS_INT32 " }\n",
+                                    "6", "2");
+    if (!s) return;
     seq_req_t reqs[] = {
         {.model = "acc_hold", .id = 10, .start = true, .value = 1},
         {.model = "acc_hold", .id = 10, .end = true, .value = 2},
@@ -876,6 +900,107 @@ static void test_hooks_and_reused_id(void)
     CHECK_STR(stats, "2:4");
     CHECK(exec == 4);
     CHECK(infer == 8);
+    nereid_server_free(s);
+    remove_repo();
+}
+
+/* A request whose shapes differ from the batch's first one waits for a
+ * later batch, but as in Triton the batch still spans its slot (a filler
+ * row stands in): A (slot 0, 2 elements) runs as [A, filler], then B
+ * (slot 1, 1 element) as [filler, B]. */
+static void test_unbatchable_slot_spanned(void)
+{
+    nereid_server_t *s =
+        start_held("acc_var",
+                   "backend: \"accumulator\" max_batch_size: 2\n"
+                   "parameters [ { key: \"mode\" value { string_value: \"state\" } },\n"
+                   "  { key: \"state_op\" value { string_value: \"append\" } } ]\n"
+                   "input [ { name: \"INPUT\" data_type: TYPE_INT32 dims: [ -1 ] } ]\n"
+                   "output [ { name: \"OUTPUT\" data_type: TYPE_INT32 dims: [ -1 ] },\n"
+                   "         { name: \"OUTPUT_STATE\" data_type: TYPE_INT32 dims: [ -1 ] } ]\n"
+                   "sequence_batching { direct { } control_input [ " CTL(
+                       "READY", "CONTROL_SEQUENCE_READY",
+                       "int32_false_true: [ 0, 1 ]") " ]\n"
+                                                     "state [ { input_name: \"INPUT_STATE\" "
+                                                     "output_name: \"OUTPUT_STATE\" "
+                                                     "data_type: TYPE_INT32 dims: [ -1 ] } ] }\n",
+                   "2", "0");
+    if (!s) return;
+    seq_req_t a = {.model = "acc_var", .id = 1, .start = true, .end = true, .value = 3, .width = 2};
+    seq_req_t b = {.model = "acc_var", .id = 2, .start = true, .end = true, .value = 5};
+    call_t *ca = submit(s, &a);
+    call_t *cb = submit(s, &b);
+    CHECK(call_result(ca) == 6);
+    CHECK(call_result(cb) == 5);
+    call_free(ca);
+    call_free(cb);
+    char stats[128];
+    long exec, infer;
+    batch_stats(s, "acc_var", stats, sizeof stats, &exec, &infer);
+    CHECK_STR(stats, "2:2");
+    CHECK(exec == 2);
+    CHECK(infer == 2);
+    nereid_server_free(s);
+    remove_repo();
+}
+
+/* Oldest: Triton's dynamic batcher rule under it sends a batch as soon as
+ * it has a preferred size (here 1), without waiting for the largest (3) or
+ * the queue delay. */
+static void test_oldest_smaller_preferred(void)
+{
+    nereid_server_t *s = start_held(
+        "acc_pref",
+        "backend: \"accumulator\" max_batch_size: 4\n" IO_CONTROLS
+        "parameters { key: \"key\" value { string_value: \"corrid\" } }\n"
+        "sequence_batching { oldest { max_candidate_sequences: 3 "
+        "preferred_batch_size: [ 1, 3 ] max_queue_delay_microseconds: 20000000 }\n" CTLS_INT32
+        " }\n",
+        "2", "0");
+    if (!s) return;
+    seq_req_t a = {.model = "acc_pref", .id = 1, .start = true, .end = true, .value = 3};
+    seq_req_t b = {.model = "acc_pref", .id = 2, .start = true, .end = true, .value = 5};
+    call_t *ca = submit(s, &a);
+    call_t *cb = submit(s, &b);
+    CHECK(call_result(ca) == 3);
+    CHECK(call_result(cb) == 5);
+    call_free(ca);
+    call_free(cb);
+    char stats[128];
+    long exec, infer;
+    batch_stats(s, "acc_pref", stats, sizeof stats, &exec, &infer);
+    CHECK_STR(stats, "1:2");
+    nereid_server_free(s);
+    remove_repo();
+}
+
+/* Idle time counts from a request's arrival, as in Triton: A's request is
+ * held (test hook) longer than max_sequence_idle_microseconds, so the reaper
+ * ends A while the request waits; the request still runs, and A's next
+ * request is refused. */
+static void test_idle_from_arrival(void)
+{
+    nereid_server_t *s = start_held(
+        "acc_arrival",
+        "backend: \"accumulator\" max_batch_size: 2\n" IO_CONTROLS
+        "sequence_batching { max_sequence_idle_microseconds: 200000 direct { } " CTLS_INT32 " }\n",
+        "2", "0");
+    if (!s) return;
+    seq_req_t a = {.model = "acc_arrival", .id = 1, .start = true, .value = 3};
+    seq_req_t b = {.model = "acc_arrival", .id = 2, .start = true, .value = 5};
+    call_t *ca = submit(s, &a);
+    usleep(400000); /* A waits, held, past its idle time */
+    call_t *cb = submit(s, &b);
+    CHECK(call_result(ca) == 3);
+    CHECK(call_result(cb) == 5);
+    call_free(ca);
+    call_free(cb);
+    char err[600];
+    a.start = false;
+    a.end = true;
+    CHECK(call(s, &a, err, sizeof err) == INT32_MIN);
+    CHECK_STR_CONTAINS(err, "inference request for sequence 1 to model 'acc_arrival' must "
+                            "specify the START flag");
     nereid_server_free(s);
     remove_repo();
 }
@@ -930,5 +1055,8 @@ int main(void)
     nereid_server_free(s);
     remove_repo();
     test_hooks_and_reused_id();
+    test_unbatchable_slot_spanned();
+    test_oldest_smaller_preferred();
+    test_idle_from_arrival();
     return check_summary();
 }
