@@ -129,6 +129,7 @@ typedef struct seq_sched {
     pthread_cond_t reaper_cond;
     uint64_t reaper_wake_ns; /* when the reaper wakes next; UINT64_MAX: only when signalled */
     size_t backlog_hold;     /* test hook: backlogged requests awaited as well (direct) */
+    bool hold_met;           /* direct: an instance saw the hold's counts reached */
 } seq_sched_t;
 
 /* ---- Helpers ---- */
@@ -628,6 +629,10 @@ static size_t queue_length(const seq_t *s)
 static bool direct_held(seq_sched_t *q, seq_inst_t *si)
 {
     if (!si->hold || q->stopped || warmup_queued(si)) return false;
+    if (q->hold_met) {
+        si->hold = 0;
+        return false;
+    }
     si->hold_seen = 0;
     for (size_t k = 0; k < si->n_slots; k++)
         if (si->slots[k]) si->hold_seen += queue_length(si->slots[k]);
@@ -641,7 +646,14 @@ static bool direct_held(seq_sched_t *q, seq_inst_t *si)
             backlog += queue_length(b);
         if (backlog < q->backlog_hold) return true;
     }
+    /* Triton's instances each see this on their next look (every 10 ms),
+     * before the first batches run; once seen it holds for all of them, so
+     * an instance that looks late is not kept by a backlog that the first
+     * ones have since emptied. */
+    q->hold_met = true;
     si->hold = 0;
+    for (size_t i = 0; i < q->n_insts; i++)
+        pthread_cond_broadcast(&q->insts[i].cond);
     return false;
 }
 
