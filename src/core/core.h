@@ -68,8 +68,9 @@ typedef struct model_io {
     int64_t reshape[NEREID_MAX_RANK];
     size_t reshape_rank;
     bool optional;
-    char **labels; /* outputs: lines of label_filename, or NULL */
+    char **labels; /* outputs: lines of label_filename (into label_text), or NULL */
     size_t n_labels;
+    char *label_text; /* the label file, lines NUL-terminated in place */
 } model_io_t;
 
 typedef enum model_state {
