@@ -47,6 +47,11 @@
 #define HTTP_ROUTE_MAP(X)                                                                          \
     X(MODEL_INFER, "POST", "/v2/models/{m}/infer", handle_infer)                                   \
     X(MODEL_INFER_V, "POST", "/v2/models/{m}/versions/{v}/infer", handle_infer)                    \
+    X(MODEL_GENERATE, "POST", "/v2/models/{m}/generate", handle_generate)                          \
+    X(MODEL_GENERATE_V, "POST", "/v2/models/{m}/versions/{v}/generate", handle_generate)           \
+    X(MODEL_GENERATE_STREAM, "POST", "/v2/models/{m}/generate_stream", handle_generate)            \
+    X(MODEL_GENERATE_STREAM_V, "POST", "/v2/models/{m}/versions/{v}/generate_stream",              \
+      handle_generate)                                                                             \
     X(SERVER_METADATA, "GET", "/v2", handle_server_metadata)                                       \
     X(HEALTH_LIVE, "GET", "/v2/health/live", handle_health)                                        \
     X(HEALTH_READY, "GET", "/v2/health/ready", handle_health)                                      \
@@ -287,6 +292,20 @@ static enum MHD_Result handle_model_metadata(http_conn_t *c)
     char *json = NULL;
     nereid_error_t *err = nereid_server_model_metadata(c->srv->core, c->model, c->version, &json);
     return reply_json_or_error(c->mhd, err, json);
+}
+
+/* Triton's generate extension is not served: the model is looked up and the
+ * body size checked (before this) as Triton does, then 501. */
+static enum MHD_Result handle_generate(http_conn_t *c)
+{
+    if (c->version < -1) return version_error(c);
+    char *json = NULL;
+    nereid_error_t *err = nereid_server_model_metadata(c->srv->core, c->model, c->version, &json);
+    free(json);
+    if (err) return http_queue_nereid_error(c->mhd, err);
+    return http_queue_error(c->mhd, 501,
+                            "the generate extension is not supported by this server: use "
+                            "/v2/models/<model>/infer");
 }
 
 static enum MHD_Result handle_model_config(http_conn_t *c)
@@ -1175,6 +1194,15 @@ static void *on_uri(void *cls, const char *uri, struct MHD_Connection *mc)
 
 /* ---- MHD callbacks -------------------------------------------------------- */
 
+/* Triton's text for a JSON body over --http-max-input-size. */
+static void json_size_text(char *buf, size_t size, unsigned long long len, size_t max)
+{
+    snprintf(buf, size,
+             "request JSON size of %llu bytes exceeds the maximum allowed input size of %zu "
+             "bytes. Use --http-max-input-size to increase the limit.",
+             len, max);
+}
+
 /* Triton refuses a chunked body of more than 65536 non-empty chunks. MHD
  * hands the body over one chunk at a time, a chunk in several pieces only
  * when it spans reads; such pieces are large (a read fills the buffer), so
@@ -1228,6 +1256,18 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
                 c->refused = true;
                 return http_queue_nereid_error(mc, err);
             }
+        } else if (c->route >= 0) {
+            /* Other bodies are JSON documents: Triton's EVBufferToJson check,
+             * made on the declared size before reading. */
+            const char *cl =
+                MHD_lookup_connection_value(mc, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+            unsigned long long declared = cl ? strtoull(cl, NULL, 10) : 0;
+            if (declared > srv->max_input_size) {
+                char msg[200];
+                json_size_text(msg, sizeof msg, declared, srv->max_input_size);
+                c->refused = true;
+                return http_queue_error_close(mc, 400, msg);
+            }
         }
         return MHD_YES;
     }
@@ -1249,11 +1289,15 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
         size_t used = c->body.data ? c->body.len - c->body_pad : 0;
         if (used + n > c->limit) {
             size_t max = srv->max_input_size;
-            c->error = nereid_error_new(NEREID_ERROR_INVALID_ARG,
-                                        "request size exceeds the maximum allowed input size of "
-                                        "%zu bytes. Use --http-max-input-size to increase the "
-                                        "limit.",
-                                        max);
+            char msg[200];
+            json_size_text(msg, sizeof msg, used + n, max);
+            c->error = c->route == ROUTE_MODEL_INFER || c->route == ROUTE_MODEL_INFER_V
+                           ? nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                              "request size exceeds the maximum allowed input "
+                                              "size of %zu bytes. Use --http-max-input-size to "
+                                              "increase the limit.",
+                                              max)
+                           : nereid_error_new(NEREID_ERROR_INVALID_ARG, "%s", msg);
             free(c->body.data);
             c->body = (sbuf_t){0};
             c->body_pad = 0;

@@ -106,3 +106,34 @@ def test_raw_binary_one_bytes_element(srv):
                       headers={"Inference-Header-Content-Length": "0"}, timeout=30)
     assert r.status_code == 400
     assert "For BYTE datatype raw input 'INPUT0', the model must have input shape [1]" in r.text
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    repo = str(tmp_path_factory.mktemp("small"))
+    write_model(repo, "id_fp32", identity_config("id_fp32", "TYPE_FP32"))
+    s = Server(repo, ["--model-control-mode=explicit", "--load-model=*",
+                      "--http-max-input-size=1024"])
+    yield s
+    assert s.stop() == 0
+
+
+def test_json_body_size_text(small):
+    text = ("request JSON size of {} bytes exceeds the maximum allowed input size of 1024 bytes. "
+            "Use --http-max-input-size to increase the limit.")
+    body = json.dumps({"parameters": {"config": "{}", "file:1/x": "A" * 2000}}).encode()
+    for path in ("/v2/repository/models/id_fp32/load", "/v2/models/id_fp32/generate"):
+        r = requests.post(small.http_url + path, data=body, timeout=30)
+        assert r.status_code == 400 and r.json()["error"] == text.format(len(body)), r.text
+    # chunked: no declared size, the bytes read when the limit was crossed
+    r = requests.post(small.http_url + "/v2/repository/models/id_fp32/load",
+                      data=iter([body[:1000], body[1000:]]), timeout=30)
+    assert r.status_code == 400 and r.json()["error"] == text.format(len(body)), r.text
+
+
+def test_generate_not_served(srv):
+    r = requests.post(f"{srv.http_url}/v2/models/nope/generate", json={}, timeout=30)
+    assert r.status_code == 404 and "nope" in r.json()["error"]
+    for path in ("generate", "generate_stream", "versions/1/generate"):
+        r = requests.post(f"{srv.http_url}/v2/models/id_fp32/{path}", json={}, timeout=30)
+        assert r.status_code == 501 and "generate" in r.json()["error"], r.text
