@@ -19,6 +19,10 @@
 
 typedef Inference__ModelConfig model_config_t;
 
+/* Most execution instances a model may have, over all its instance groups
+ * (each instance is one thread). */
+#define CONFIG_MAX_INSTANCES 256
+
 /* Options that change defaults and validation. */
 typedef struct config_options {
     bool gpus_available;   /* false on this machine: KIND_AUTO -> KIND_CPU, KIND_GPU is an error */

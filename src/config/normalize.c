@@ -352,7 +352,7 @@ static bool normalize_instance_groups(nctx_t *c, const config_options_t *opts)
             g->kind = (opts && opts->gpus_available)
                           ? INFERENCE__MODEL_INSTANCE_GROUP__KIND__KIND_GPU
                           : INFERENCE__MODEL_INSTANCE_GROUP__KIND__KIND_CPU;
-        if (g->count < 1) {
+        if (g->count == 0) { /* unset (proto3); a negative count is an error */
             g->count = 1;
             if (g->kind == INFERENCE__MODEL_INSTANCE_GROUP__KIND__KIND_CPU &&
                 (streq(cfg->backend, "tensorflow") || streq(cfg->backend, "onnxruntime")))
@@ -704,6 +704,42 @@ static bool validate_control_kind(nctx_t *c, const Inference__ModelSequenceBatch
     return true;
 }
 
+/* Whether name is one of the config's inputs. */
+static bool is_model_input(const model_config_t *cfg, const char *name)
+{
+    for (size_t i = 0; i < cfg->n_input; i++)
+        if (streq(cfg->input[i]->name, name)) return true;
+    return false;
+}
+
+/* Control and state input tensors are set by the sequence batcher on every
+ * request: one named like a model input would replace the client's tensor. */
+static void validate_sequence_tensor_names(nctx_t *c, const Inference__ModelSequenceBatching *sb)
+{
+    for (size_t i = 0; i < sb->n_control_input; i++) {
+        const Inference__ModelSequenceBatching__ControlInput *ci = sb->control_input[i];
+        if (is_model_input(c->cfg, ci->name))
+            nerr(c, ci, "name", -1,
+                 "sequence batching control tensor '%s' has the name of a model input for %s; "
+                 "control tensors are set by the sequence batcher and must not be listed in "
+                 "'input'",
+                 ci->name, c->name);
+    }
+    for (size_t i = 0; i < sb->n_state; i++) {
+        const Inference__ModelSequenceBatching__State *st = sb->state[i];
+        if (is_model_input(c->cfg, st->input_name))
+            nerr(c, st, "input_name", -1,
+                 "sequence batching state input name '%s' has the name of a model input for %s; "
+                 "state tensors are set by the sequence batcher and must not be listed in 'input'",
+                 st->input_name, c->name);
+        for (size_t k = 0; k < sb->n_control_input; k++)
+            if (streq(sb->control_input[k]->name, st->input_name))
+                nerr(c, st, "input_name", -1,
+                     "sequence batching state input name '%s' is also a control tensor for %s",
+                     st->input_name, c->name);
+    }
+}
+
 static void validate_sequence_batching(nctx_t *c)
 {
     model_config_t *cfg = c->cfg;
@@ -741,6 +777,7 @@ static void validate_sequence_batching(nctx_t *c)
              c->name);
         return;
     }
+    validate_sequence_tensor_names(c, sb);
     for (size_t i = 0; i < sb->n_control_input; i++) {
         const Inference__ModelSequenceBatching__ControlInput *ci = sb->control_input[i];
         for (size_t k = 0; k < ci->n_control; k++) {
@@ -1228,8 +1265,21 @@ static void validate_instance_groups(nctx_t *c, const config_options_t *opts)
     if (cfg->scheduling_choice_case ==
         INFERENCE__MODEL_CONFIG__SCHEDULING_CHOICE_ENSEMBLE_SCHEDULING)
         return;
+    int64_t total = 0; /* instances so far, each group within the limit */
     for (size_t i = 0; i < cfg->n_instance_group; i++) {
         const Inference__ModelInstanceGroup *g = cfg->instance_group[i];
+        if (g->count < 1 || g->count > CONFIG_MAX_INSTANCES) {
+            nerr(c, g, "count", -1,
+                 "instance group %s of model %s has count %d, expected a count from 1 to %d",
+                 g->name, c->name, g->count, CONFIG_MAX_INSTANCES);
+            continue;
+        }
+        if (total <= CONFIG_MAX_INSTANCES && (total += g->count) > CONFIG_MAX_INSTANCES) {
+            nerr(c, g, "count", -1,
+                 "instance group %s of model %s brings the model to %lld instances, more than "
+                 "the limit of %d",
+                 g->name, c->name, (long long)total, CONFIG_MAX_INSTANCES);
+        }
         switch (g->kind) {
         case INFERENCE__MODEL_INSTANCE_GROUP__KIND__KIND_MODEL:
             if (g->n_gpus > 0) {

@@ -38,6 +38,7 @@
 #include "core/util.h"
 
 #define N_BUCKETS 256
+#define BACKLOG_IDLE_NS 50000000u /* Triton's reaper: a backlogged idle sequence, every 50 ms */
 #define STOPPING_TEXT                                                                              \
     "Server is stopping, scheduler for model has stopped accepting new inference requests"
 
@@ -82,10 +83,11 @@ typedef struct seq {
     int inst, slot; /* inst -1: in the backlog */
     struct seq *bnext;
     nereid_request_t *qhead, *qtail;
-    int in_flight;          /* requests handed to the instance, not yet done */
-    bool hashed;            /* found by its id; false once its END request is queued */
-    uint64_t idle_since_ns; /* 0 unless idle (nothing queued or in flight) */
-    uint64_t expire_ns;     /* backlog only: earliest request timeout, 0 = none */
+    int in_flight;            /* requests handed to the instance, not yet done */
+    bool hashed;              /* found by its id; false once its END request is queued */
+    uint64_t last_arrival_ns; /* the sequence's latest request arrived then */
+    bool force_end;           /* idle too long: released once its queue drains */
+    uint64_t expire_ns;       /* backlog only: earliest request timeout, 0 = none */
     state_buf_t *states;
 } seq_t;
 
@@ -127,6 +129,7 @@ typedef struct seq_sched {
     pthread_cond_t reaper_cond;
     uint64_t reaper_wake_ns; /* when the reaper wakes next; UINT64_MAX: only when signalled */
     size_t backlog_hold;     /* test hook: backlogged requests awaited as well (direct) */
+    bool hold_met;           /* direct: an instance saw the hold's counts reached */
 } seq_sched_t;
 
 /* ---- Helpers ---- */
@@ -401,7 +404,9 @@ static nereid_error_t *seq_enqueue(scheduler_t *base, nereid_request_t *req)
     /* As in Triton, an END request ends the id's sequence now: a START with
      * the same id that follows is a new sequence with a position of its own. */
     if (req->seq_end) seq_unhash(q, s);
-    s->idle_since_ns = 0;
+    s->last_arrival_ns = util_now_ns();
+    /* deadlines only grow: wake the reaper only if it sleeps for good */
+    if (q->reaper_wake_ns == UINT64_MAX) pthread_cond_signal(&q->reaper_cond);
     if (s->inst < 0 && req->timeout_us) {
         uint64_t exp = util_now_ns() + req->timeout_us * 1000u;
         if (!s->expire_ns || exp < s->expire_ns) s->expire_ns = exp;
@@ -624,6 +629,10 @@ static size_t queue_length(const seq_t *s)
 static bool direct_held(seq_sched_t *q, seq_inst_t *si)
 {
     if (!si->hold || q->stopped || warmup_queued(si)) return false;
+    if (q->hold_met) {
+        si->hold = 0;
+        return false;
+    }
     si->hold_seen = 0;
     for (size_t k = 0; k < si->n_slots; k++)
         if (si->slots[k]) si->hold_seen += queue_length(si->slots[k]);
@@ -637,7 +646,14 @@ static bool direct_held(seq_sched_t *q, seq_inst_t *si)
             backlog += queue_length(b);
         if (backlog < q->backlog_hold) return true;
     }
+    /* Triton's instances each see this on their next look (every 10 ms),
+     * before the first batches run; once seen it holds for all of them, so
+     * an instance that looks late is not kept by a backlog that the first
+     * ones have since emptied. */
+    q->hold_met = true;
     si->hold = 0;
+    for (size_t i = 0; i < q->n_insts; i++)
+        pthread_cond_broadcast(&q->insts[i].cond);
     return false;
 }
 
@@ -811,7 +827,6 @@ static void seq_batch_done(scheduler_t *base, model_instance_t *inst, batch_t *b
         batch->reqs[w++] = req;
     }
     batch->n_reqs = w;
-    uint64_t now = util_now_ns();
     pthread_mutex_lock(&q->lock);
     for (size_t r = 0; r < batch->n_reqs; r++) {
         nereid_request_t *req = batch->reqs[r];
@@ -820,21 +835,19 @@ static void seq_batch_done(scheduler_t *base, model_instance_t *inst, batch_t *b
         s->in_flight--;
         if (s->qhead) {
             if (s->inst >= 0) pthread_cond_broadcast(&q->insts[s->inst].cond);
-        } else if (s->in_flight == 0) {
-            if (req->seq_end) {
-                seq_release(q, s);
-            } else {
-                s->idle_since_ns = now;
-                /* deadlines only grow: wake the reaper only if it sleeps for good */
-                if (q->reaper_wake_ns == UINT64_MAX) pthread_cond_signal(&q->reaper_cond);
-            }
+        } else if (s->in_flight == 0 && (req->seq_end || s->force_end)) {
+            seq_release(q, s);
         }
     }
     pthread_mutex_unlock(&q->lock);
     batch_finish(batch);
 }
 
-/* ---- Idle sequences ---- */
+/* ---- Idle sequences ----
+ * As in Triton, a sequence is idle when its latest request arrived
+ * max_sequence_idle_microseconds ago, whether or not that request has run:
+ * the reaper then ends it (later requests need START); requests already
+ * queued still run, and its position is freed once they have. */
 
 /* Fails every queued request of backlogged sequences whose request timeout
  * expired (Triton's backlog timeout); returns the next expiry. Lock held;
@@ -892,17 +905,22 @@ static void *reaper_main(void *arg)
             seq_t *s = q->buckets[b];
             while (s) {
                 seq_t *after = s->hnext;
-                if (s->idle_since_ns && !s->qhead && !s->in_flight) {
-                    uint64_t deadline = s->idle_since_ns + q->idle_ns;
-                    if (deadline <= now) {
-                        char idbuf[160];
-                        format_id(idbuf, sizeof idbuf, s->sid, s->id);
-                        LOG_VERBOSE("sequence", "sequence %s for model '%s' idle, aborted", idbuf,
-                                    q->base.model->name);
+                uint64_t deadline = s->last_arrival_ns + q->idle_ns;
+                if (deadline > now) {
+                    if (deadline < next) next = deadline;
+                } else if (s->inst < 0) {
+                    /* backlogged: looked at again once it has a position */
+                    if (now + BACKLOG_IDLE_NS < next) next = now + BACKLOG_IDLE_NS;
+                } else {
+                    char idbuf[160];
+                    format_id(idbuf, sizeof idbuf, s->sid, s->id);
+                    LOG_VERBOSE("sequence", "sequence %s for model '%s' idle, aborted", idbuf,
+                                q->base.model->name);
+                    seq_unhash(q, s);
+                    if (!s->qhead && !s->in_flight)
                         seq_release(q, s);
-                    } else if (deadline < next) {
-                        next = deadline;
-                    }
+                    else
+                        s->force_end = true;
                 }
                 s = after;
             }
@@ -1059,25 +1077,17 @@ static nereid_error_t *read_initial_state(model_t *m, seq_state_cfg_t *st,
         st->init_bytes = want;
         return NULL;
     }
-    char *path = xasprintf("%s/initial_state/%s", m->dir, is->data_file);
-    FILE *f = fopen(path, "rb");
-    nereid_error_t *err = NULL;
-    if (!f) {
-        err = nereid_error_new(NEREID_ERROR_INVALID_ARG,
-                               "failed to open initial state file '%s' for model '%s'", path,
-                               m->name);
-        free(path);
-        return err;
-    }
-    size_t cap = 4096, len = 0;
-    char *buf = xmalloc(cap);
-    size_t n;
-    while ((n = fread(buf + len, 1, cap - len, f)) > 0) {
-        len += n;
-        if (len == cap) buf = xrealloc(buf, cap *= 2);
-    }
-    fclose(f);
-    if (st->datatype != NEREID_TYPE_BYTES && len < want) {
+    bool bytes = st->datatype == NEREID_TYPE_BYTES;
+    char *subject =
+        xasprintf("initial_state data_file '%s/initial_state/%s' for state '%s' in model '%s'",
+                  m->dir, is->data_file, st->input_name, m->name);
+    char *buf;
+    size_t len;
+    nereid_error_t *err = util_read_tensor_file(m->dir, "initial_state", is->data_file, want, bytes,
+                                                subject, &buf, &len);
+    free(subject);
+    if (err) return err;
+    if (!bytes && len < want) {
         err = nereid_error_new(NEREID_ERROR_INVALID_ARG,
                                "initial_state setting expects %zu bytes, but the data provided "
                                "from %sonly has %zu bytes.",
@@ -1085,9 +1095,8 @@ static nereid_error_t *read_initial_state(model_t *m, seq_state_cfg_t *st,
         free(buf);
     } else {
         st->init_data = buf;
-        st->init_bytes = st->datatype == NEREID_TYPE_BYTES ? len : want;
+        st->init_bytes = bytes ? len : want;
     }
-    free(path);
     return err;
 }
 

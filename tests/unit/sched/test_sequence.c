@@ -640,8 +640,9 @@ static void test_backlog_timeout(nereid_server_t *s)
 
 static void test_idle_timeout(nereid_server_t *s)
 {
-    /* A holds the only slot and goes idle; after 200 ms it is aborted and
-     * B (backlogged) gets the slot; A's next request is then unknown */
+    /* A holds the only slot and goes idle; 200 ms after its last request
+     * arrived it is aborted and B (backlogged) gets the slot; A's next
+     * request is then unknown */
     seq_req_t a = {.model = "acc_idle", .id = 71, .start = true, .value = 4};
     CHECK(call(s, &a, NULL, 0) == 4);
     seq_req_t b = {.model = "acc_idle", .id = 72, .start = true, .value = 8};
@@ -651,10 +652,23 @@ static void test_idle_timeout(nereid_server_t *s)
     CHECK(call(s, &a, err, sizeof err) == INT32_MIN);
     CHECK_STR_CONTAINS(err, "inference request for sequence 71 to model 'acc_idle' must specify "
                             "the START flag");
+    /* As in Triton, idle time counts from a request's arrival: B's only
+     * request arrived 200 ms before B got the slot, so B is ended as soon as
+     * the reaper sees it there (Triton's reaper does the same). */
+    usleep(300000);
     b.start = false;
     b.end = true;
     b.value = 2;
-    CHECK(call(s, &b, NULL, 0) == 10);
+    CHECK(call(s, &b, err, sizeof err) == INT32_MIN);
+    CHECK_STR_CONTAINS(err, "inference request for sequence 72 to model 'acc_idle' must specify "
+                            "the START flag");
+    /* a live sequence is not ended while its requests keep arriving */
+    seq_req_t c = {.model = "acc_idle", .id = 73, .start = true, .value = 1};
+    CHECK(call(s, &c, NULL, 0) == 1);
+    c.start = false;
+    CHECK(call(s, &c, NULL, 0) == 2);
+    c.end = true;
+    CHECK(call(s, &c, NULL, 0) == 3);
 }
 
 static void test_oldest(nereid_server_t *s)
@@ -960,6 +974,37 @@ static void test_oldest_smaller_preferred(void)
     remove_repo();
 }
 
+/* Idle time counts from a request's arrival, as in Triton: A's request is
+ * held (test hook) longer than max_sequence_idle_microseconds, so the reaper
+ * ends A while the request waits; the request still runs, and A's next
+ * request is refused. */
+static void test_idle_from_arrival(void)
+{
+    nereid_server_t *s = start_held(
+        "acc_arrival",
+        "backend: \"accumulator\" max_batch_size: 2\n" IO_CONTROLS
+        "sequence_batching { max_sequence_idle_microseconds: 200000 direct { } " CTLS_INT32 " }\n",
+        "2", "0");
+    if (!s) return;
+    seq_req_t a = {.model = "acc_arrival", .id = 1, .start = true, .value = 3};
+    seq_req_t b = {.model = "acc_arrival", .id = 2, .start = true, .value = 5};
+    call_t *ca = submit(s, &a);
+    usleep(400000); /* A waits, held, past its idle time */
+    call_t *cb = submit(s, &b);
+    CHECK(call_result(ca) == 3);
+    CHECK(call_result(cb) == 5);
+    call_free(ca);
+    call_free(cb);
+    char err[600];
+    a.start = false;
+    a.end = true;
+    CHECK(call(s, &a, err, sizeof err) == INT32_MIN);
+    CHECK_STR_CONTAINS(err, "inference request for sequence 1 to model 'acc_arrival' must "
+                            "specify the START flag");
+    nereid_server_free(s);
+    remove_repo();
+}
+
 int main(void)
 {
     make_repo();
@@ -1012,5 +1057,6 @@ int main(void)
     test_hooks_and_reused_id();
     test_unbatchable_slot_spanned();
     test_oldest_smaller_preferred();
+    test_idle_from_arrival();
     return check_summary();
 }
