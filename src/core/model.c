@@ -272,7 +272,8 @@ static nereid_error_t *check_runtime(const model_t *m, const char *backend_dir, 
  * Ownership: a model_t is freed by whoever drops its last reference. The
  * loader holds one from model_load until model_unload; every request holds
  * one from its lookup until its response is freed (usually by the
- * frontend, inside or after the completion callback). The threads a model
+ * frontend, inside or after the completion callback); an ensemble request
+ * holds one per composing model (model_hold) until it ends. The threads a model
  * owns (instances, scheduler reapers) hold none of their own: the loader's
  * reference covers them, because model_unload -- and a failed model_load --
  * stops the scheduler and joins them all before dropping it. So a
@@ -343,10 +344,39 @@ fail:
     return err;
 }
 
+/* Drains like a plain unload: requests the model accepted run (the
+ * instances drain the queue), and so do the steps of ensemble requests that
+ * hold the model (they were accepted by the ensemble while this model was
+ * served). Holds are taken only through a lookup, and the repository
+ * removes the model from the table before it unloads it, so their count
+ * only falls here. At shutdown the server does not wait: steps then fail
+ * with "Server not ready". */
 void model_unload(model_t *m)
 {
+    atomic_store(&m->unloading, true);
+    pthread_mutex_lock(&m->lock);
+    while (atomic_load(&m->holds) > 0 && nereid_server_is_live(m->server))
+        pthread_cond_wait(&m->cond, &m->lock);
+    pthread_mutex_unlock(&m->lock);
     stop_instances(m);
     model_unref(m);
+}
+
+void model_hold(model_t *m)
+{
+    atomic_fetch_add(&m->holds, 1);
+}
+
+void model_release(model_t *m)
+{
+    /* A waiting unload set unloading before it reads holds (both seq_cst):
+     * either it sees this decrement, or this sees its flag and wakes it. */
+    if (atomic_fetch_sub(&m->holds, 1) == 1 && atomic_load(&m->unloading)) {
+        pthread_mutex_lock(&m->lock);
+        pthread_cond_broadcast(&m->cond);
+        pthread_mutex_unlock(&m->lock);
+    }
+    model_unref(m); /* the hold's reference, last */
 }
 
 void model_ref(model_t *m)
