@@ -265,3 +265,24 @@ def test_onnx_autofill_leaves_sequence_tensors_out_of_inputs(nereid_server, tmp_
         r = requests.post(f"{s.http_url}/v2/models/acc/infer", json=body, timeout=10)
         assert r.status_code == 200 and r.json()["outputs"][0]["data"] == want, r.text
         body["parameters"]["sequence_start"] = False
+
+
+def test_server_made_tensors_bounded(nereid_server, tmp_path):
+    """Warmup inputs and sequence states the server allocates itself are
+    bounded (1 GiB): absurd dims fail the load instead of the server."""
+    repo, _ = make_repo(tmp_path)
+    s = nereid_server(repo, "--model-control-mode=explicit")
+    cfg = warmup_config("unused")
+    cfg["model_warmup"][0]["inputs"]["INPUT0"] = {"data_type": "TYPE_FP32",
+                                                  "dims": [4000000000000], "zero_data": True}
+    refused(s, cfg, "model warmup input 'INPUT0' of setting 'w' needs more than the limit of "
+                    "1073741824 bytes for m")
+    cfg = state_config("unused")
+    cfg["sequence_batching"]["state"][0]["initial_state"][0].update(
+        {"dims": [2**40], "zero_data": True})
+    del cfg["sequence_batching"]["state"][0]["initial_state"][0]["data_file"]
+    refused(s, cfg, "initial state 'seed' needs more than the limit of 1073741824 bytes for m")
+    del cfg["sequence_batching"]["state"][0]["initial_state"]
+    cfg["sequence_batching"]["state"][0]["dims"] = [2**31, 2**31]
+    refused(s, cfg, "sequence batching state 'INPUT_STATE' needs more than the limit")
+    assert requests.get(f"{s.http_url}/v2/health/live", timeout=10).status_code == 200
