@@ -43,13 +43,22 @@ static void write_model(const char *repo, const char *name, const char *type, in
     fclose(f);
 }
 
+static char repo[] = "/tmp/nereid-fuzz-grpc-XXXXXX";
+
+static void remove_repo(void)
+{
+    char cmd[sizeof(repo) + 16];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", repo);
+    if (system(cmd) != 0) fprintf(stderr, "fuzz_grpc_infer: could not remove %s\n", repo);
+}
+
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
     (void)argc;
     (void)argv;
     grpc_init();
-    char repo[] = "/tmp/nereid-fuzz-grpc-XXXXXX";
     if (mkdtemp(repo) == NULL) abort();
+    atexit(remove_repo);
     write_model(repo, "f", "TYPE_FP32", 0);
     write_model(repo, "b", "TYPE_STRING", 0);
     write_model(repo, "i8", "TYPE_INT8", 0);

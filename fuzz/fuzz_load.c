@@ -57,11 +57,19 @@ static size_t count_entries(const char *dir)
     return n;
 }
 
+static void remove_root(void)
+{
+    char cmd[sizeof(root) + 16];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", root);
+    if (system(cmd) != 0) fprintf(stderr, "fuzz_load: could not remove %s\n", root);
+}
+
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
     (void)argc;
     (void)argv;
     if (mkdtemp(root) == NULL) abort();
+    atexit(remove_root);
     snprintf(tmpdir, sizeof(tmpdir), "%s/tmp", root);
     make_dir("%s/%s", "tmp");
     make_dir("%s/%s", "repo");

@@ -75,11 +75,17 @@ static const struct {
                 "         { name: \"OUTPUT1\" data_type: TYPE_FP32 dims: [ 16 ] } ]\n"},
 };
 
+static void remove_repo_at_exit(void)
+{
+    remove_repo();
+}
+
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
     (void)argc;
     (void)argv;
     make_repo_dir("fuzz-validate");
+    atexit(remove_repo_at_exit);
     for (size_t i = 0; i < sizeof(configs) / sizeof(configs[0]); i++)
         write_model(configs[i].name, configs[i].config);
     nereid_server_options_t opts;

@@ -442,10 +442,28 @@ static bool batching_supported(const ort_tensor_t *in, size_t n_in, const ort_te
     return true;
 }
 
-static json_t *io_json(const ort_tensor_t *t, size_t n, bool batching)
+/* Whether name is a sequence control or state input of cfg (JSON): the
+ * sequence batcher feeds those, so autofill does not list them as inputs. */
+static bool sequence_input(json_t *cfg, const char *name)
+{
+    json_t *sb = json_object_get(cfg, "sequence_batching"), *v;
+    size_t i;
+    for (int pass = 0; pass < 2; pass++)
+        json_array_foreach(json_object_get(sb, pass ? "state" : "control_input"), i, v)
+        {
+            const char *n = json_string_value(json_object_get(v, pass ? "input_name" : "name"));
+            if (n && strcmp(n, name) == 0) return true;
+        }
+    return false;
+}
+
+/* The config entries of tensors t, without the sequence inputs of cfg
+ * (when cfg is non-NULL). */
+static json_t *io_json(const ort_tensor_t *t, size_t n, bool batching, json_t *cfg)
 {
     json_t *arr = json_array();
     for (size_t i = 0; i < n; i++) {
+        if (cfg && sequence_input(cfg, t[i].name)) continue;
         json_t *io = json_object();
         json_object_set_new(io, "name", json_string(t[i].name));
         json_object_set_new(io, "data_type", json_string(config_type_name(t[i].elem_type)));
@@ -503,9 +521,9 @@ static nereid_error_t *autofill(nereid_model_t *model, const ort_tensor_t *in, s
                                 name);
     }
     if (json_array_size(json_object_get(cfg, "input")) == 0)
-        json_object_set_new(cfg, "input", io_json(in, n_in, mbs > 0));
+        json_object_set_new(cfg, "input", io_json(in, n_in, mbs > 0, cfg));
     if (json_array_size(json_object_get(cfg, "output")) == 0)
-        json_object_set_new(cfg, "output", io_json(out, n_out, mbs > 0));
+        json_object_set_new(cfg, "output", io_json(out, n_out, mbs > 0, NULL));
     char *new_text = json_dumps(cfg, JSON_COMPACT);
     json_decref(cfg);
     if (!new_text) return nereid_error_new(NEREID_ERROR_INTERNAL, "out of memory");

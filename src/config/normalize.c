@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 
 #include "config/config_internal.h"
+#include "nereid/server.h"
 
 #define WILDCARD_DIM (-1)
 
@@ -352,7 +353,7 @@ static bool normalize_instance_groups(nctx_t *c, const config_options_t *opts)
             g->kind = (opts && opts->gpus_available)
                           ? INFERENCE__MODEL_INSTANCE_GROUP__KIND__KIND_GPU
                           : INFERENCE__MODEL_INSTANCE_GROUP__KIND__KIND_CPU;
-        if (g->count < 1) {
+        if (g->count == 0) { /* unset (proto3); a negative count is an error */
             g->count = 1;
             if (g->kind == INFERENCE__MODEL_INSTANCE_GROUP__KIND__KIND_CPU &&
                 (streq(cfg->backend, "tensorflow") || streq(cfg->backend, "onnxruntime")))
@@ -704,6 +705,65 @@ static bool validate_control_kind(nctx_t *c, const Inference__ModelSequenceBatch
     return true;
 }
 
+/* Whether a tensor the server makes itself, rows x dims of dtype (a
+ * variable or unset dim counts as 1; TYPE_STRING as 4 bytes an element),
+ * stays within CONFIG_MAX_TENSOR_BYTES; if not, reports "<what> needs more
+ * than the limit of N bytes". */
+static bool tensor_within_limit(nctx_t *c, const void *msg, const char *field, int dtype,
+                                uint64_t rows, const int64_t *dims, size_t n_dims, const char *what)
+{
+    uint64_t esize = dtype == INFERENCE__DATA_TYPE__TYPE_STRING
+                         ? 4
+                         : nereid_datatype_byte_size((nereid_datatype_t)dtype);
+    uint64_t total = rows * (esize ? esize : 1);
+    for (size_t i = 0; i <= n_dims; i++) {
+        uint64_t d = i < n_dims && dims[i] > 0 ? (uint64_t)dims[i] : 1;
+        if (total > CONFIG_MAX_TENSOR_BYTES / d) {
+            nerr(c, msg, field, -1, "%s needs more than the limit of %llu bytes for %s", what,
+                 (unsigned long long)CONFIG_MAX_TENSOR_BYTES, c->name);
+            return false;
+        }
+        total *= d;
+    }
+    return true;
+}
+
+/* Whether name is one of the config's inputs. */
+static bool is_model_input(const model_config_t *cfg, const char *name)
+{
+    for (size_t i = 0; i < cfg->n_input; i++)
+        if (streq(cfg->input[i]->name, name)) return true;
+    return false;
+}
+
+/* Control and state input tensors are set by the sequence batcher on every
+ * request: one named like a model input would replace the client's tensor. */
+static void validate_sequence_tensor_names(nctx_t *c, const Inference__ModelSequenceBatching *sb)
+{
+    for (size_t i = 0; i < sb->n_control_input; i++) {
+        const Inference__ModelSequenceBatching__ControlInput *ci = sb->control_input[i];
+        if (is_model_input(c->cfg, ci->name))
+            nerr(c, ci, "name", -1,
+                 "sequence batching control tensor '%s' has the name of a model input for %s; "
+                 "control tensors are set by the sequence batcher and must not be listed in "
+                 "'input'",
+                 ci->name, c->name);
+    }
+    for (size_t i = 0; i < sb->n_state; i++) {
+        const Inference__ModelSequenceBatching__State *st = sb->state[i];
+        if (is_model_input(c->cfg, st->input_name))
+            nerr(c, st, "input_name", -1,
+                 "sequence batching state input name '%s' has the name of a model input for %s; "
+                 "state tensors are set by the sequence batcher and must not be listed in 'input'",
+                 st->input_name, c->name);
+        for (size_t k = 0; k < sb->n_control_input; k++)
+            if (streq(sb->control_input[k]->name, st->input_name))
+                nerr(c, st, "input_name", -1,
+                     "sequence batching state input name '%s' is also a control tensor for %s",
+                     st->input_name, c->name);
+    }
+}
+
 static void validate_sequence_batching(nctx_t *c)
 {
     model_config_t *cfg = c->cfg;
@@ -741,6 +801,7 @@ static void validate_sequence_batching(nctx_t *c)
              c->name);
         return;
     }
+    validate_sequence_tensor_names(c, sb);
     for (size_t i = 0; i < sb->n_control_input; i++) {
         const Inference__ModelSequenceBatching__ControlInput *ci = sb->control_input[i];
         for (size_t k = 0; k < ci->n_control; k++) {
@@ -830,6 +891,10 @@ static void validate_sequence_batching(nctx_t *c)
             }
         }
         if (bad) continue;
+        char what[512];
+        snprintf(what, sizeof what, "sequence batching state '%s'", st->input_name);
+        if (!tensor_within_limit(c, st, "dims", st->data_type, 1, st->dims, st->n_dims, what))
+            continue;
         if (st->use_growable_memory && !st->use_same_buffer_for_input_output) {
             nerr(c, st, "use_growable_memory", -1,
                  "sequence batching state '%s' can only use growable memory together with "
@@ -881,6 +946,9 @@ static void validate_sequence_batching(nctx_t *c)
                      is->name, st->input_name, c->name);
                 break;
             }
+            snprintf(what, sizeof what, "initial state '%s'", is->name);
+            if (!tensor_within_limit(c, is, "dims", is->data_type, 1, is->dims, is->n_dims, what))
+                break;
         }
     }
 }
@@ -1228,8 +1296,21 @@ static void validate_instance_groups(nctx_t *c, const config_options_t *opts)
     if (cfg->scheduling_choice_case ==
         INFERENCE__MODEL_CONFIG__SCHEDULING_CHOICE_ENSEMBLE_SCHEDULING)
         return;
+    int64_t total = 0; /* instances so far, each group within the limit */
     for (size_t i = 0; i < cfg->n_instance_group; i++) {
         const Inference__ModelInstanceGroup *g = cfg->instance_group[i];
+        if (g->count < 1 || g->count > CONFIG_MAX_INSTANCES) {
+            nerr(c, g, "count", -1,
+                 "instance group %s of model %s has count %d, expected a count from 1 to %d",
+                 g->name, c->name, g->count, CONFIG_MAX_INSTANCES);
+            continue;
+        }
+        if (total <= CONFIG_MAX_INSTANCES && (total += g->count) > CONFIG_MAX_INSTANCES) {
+            nerr(c, g, "count", -1,
+                 "instance group %s of model %s brings the model to %lld instances, more than "
+                 "the limit of %d",
+                 g->name, c->name, (long long)total, CONFIG_MAX_INSTANCES);
+        }
         switch (g->kind) {
         case INFERENCE__MODEL_INSTANCE_GROUP__KIND__KIND_MODEL:
             if (g->n_gpus > 0) {
@@ -1347,6 +1428,13 @@ static void validate_warmup(nctx_t *c)
                      w->inputs[k]->key, w->name, c->name);
                 break;
             }
+            char what[512];
+            snprintf(what, sizeof what, "model warmup input '%s' of setting '%s'",
+                     w->inputs[k]->key, w->name);
+            if (!tensor_within_limit(c, in, "dims", in->data_type,
+                                     cfg->max_batch_size > 0 ? w->batch_size : 1, in->dims,
+                                     in->n_dims, what))
+                break;
         }
     }
 }

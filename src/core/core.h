@@ -68,8 +68,9 @@ typedef struct model_io {
     int64_t reshape[NEREID_MAX_RANK];
     size_t reshape_rank;
     bool optional;
-    char **labels; /* outputs: lines of label_filename, or NULL */
+    char **labels; /* outputs: lines of label_filename (into label_text), or NULL */
     size_t n_labels;
+    char *label_text; /* the label file, lines NUL-terminated in place */
 } model_io_t;
 
 typedef enum model_state {
@@ -123,6 +124,10 @@ typedef struct model {
      * first one. Decides whether a request may run on the caller's thread. */
     _Atomic uint64_t exec_avg_ns;
     _Atomic int refcount;
+    /* Ensemble requests in flight that will still submit steps here
+     * (model_hold); model_unload waits for them before it stops the model. */
+    _Atomic int holds;
+    _Atomic bool unloading;
     bool in_model_init; /* nereid_model_set_config allowed */
     bool autocomplete_allowed;
     bool config_replaced;
@@ -272,9 +277,15 @@ typedef struct nereid_batch batch_t;
 
 /* ---- Functions shared inside the core ---- */
 
-/* Model references: requests hold one while in flight. */
+/* Model references: requests hold one while in flight (model.c, Ownership). */
 void model_ref(model_t *m);
 void model_unref(model_t *m);
+/* Holds: an ensemble request holds each composing model it will submit
+ * steps to, from its start to its end, so that their unload waits for it
+ * (see model.c). model_hold turns a reference the caller owns (from a lookup)
+ * into a hold; model_release ends the hold and drops that reference. */
+void model_hold(model_t *m);
+void model_release(model_t *m);
 
 /* Finishes a request: records statistics, builds and delivers the response
  * through its completion callback, frees the request. err (owned) non-NULL
@@ -327,6 +338,11 @@ void stats_add(stat_duration_t *d, uint64_t ns);
  * Triton's lookup error texts. */
 nereid_error_t *server_lookup_model(nereid_server_t *s, const char *name, int64_t version,
                                     model_t **out);
+/* nereid_server_infer_async on model m, which the caller holds (model_hold)
+ * instead of a lookup by name: an ensemble's steps. */
+nereid_error_t *server_infer_held(nereid_server_t *s, model_t *m, nereid_request_t *req,
+                                  const nereid_response_allocator_t *allocator,
+                                  nereid_complete_fn done_fn, void *done_userp);
 
 /* Validates req against model m and fills req->batch_size; shapes are
  * rewritten to reshape dims. Triton's error texts. */

@@ -32,9 +32,8 @@ static void free_io(model_io_t *ios, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
         free(ios[i].name);
-        for (size_t l = 0; l < ios[i].n_labels; l++)
-            free(ios[i].labels[l]);
         free(ios[i].labels);
+        free(ios[i].label_text);
     }
     free(ios);
 }
@@ -45,29 +44,30 @@ static void copy_dims(int64_t *dst, size_t *rank, const int64_t *src, size_t n)
     if (*rank) memcpy(dst, src, *rank * sizeof *src);
 }
 
+/* Reads label_filename (relative to the model directory, confined to it)
+ * into io's labels: one per line, a trailing "\r" dropped. */
 static nereid_error_t *read_labels(model_t *m, model_io_t *io, const char *file)
 {
-    char *path = xasprintf("%s/%s", m->dir, file);
-    FILE *f = fopen(path, "r");
-    if (!f) {
-        nereid_error_t *err =
-            nereid_error_new(NEREID_ERROR_INVALID_ARG,
-                             "unable to open label file '%s' for output '%s'", path, io->name);
-        free(path);
-        return err;
+    char *subject = xasprintf("label file path '%s/%s' for output '%s' in model '%s'", m->dir, file,
+                              io->name, m->name);
+    size_t len;
+    nereid_error_t *err = util_read_confined(m->dir, file, UTIL_LABEL_FILE_MAX_BYTES,
+                                             UTIL_READ_TEXT, subject, &io->label_text, &len);
+    free(subject);
+    if (err) return err;
+    size_t n = 0;
+    for (size_t i = 0; i < len; i++)
+        n += io->label_text[i] == '\n';
+    if (len && io->label_text[len - 1] != '\n') n++;
+    io->labels = xcalloc(n, sizeof *io->labels);
+    for (char *line = io->label_text; io->n_labels < n;) {
+        char *nl = strchr(line, '\n');
+        if (nl) *nl = 0;
+        size_t l = strlen(line);
+        if (l && line[l - 1] == '\r') line[l - 1] = 0;
+        io->labels[io->n_labels++] = line;
+        line = nl ? nl + 1 : line + l;
     }
-    free(path);
-    char *line = NULL;
-    size_t cap = 0;
-    ssize_t n;
-    while ((n = getline(&line, &cap, f)) >= 0) {
-        while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r'))
-            line[--n] = 0;
-        io->labels = xrealloc(io->labels, (io->n_labels + 1) * sizeof *io->labels);
-        io->labels[io->n_labels++] = xstrdup(line);
-    }
-    free(line);
-    fclose(f);
     return NULL;
 }
 
@@ -205,12 +205,73 @@ static void stop_instances(model_t *m)
     }
 }
 
+/* ---- Files the config names for the backend ---- */
+
+/* The model files (default_model_filename, cc_model_filenames) live in the
+ * version directory and must resolve inside the model directory. */
+static nereid_error_t *check_model_files(const model_t *m)
+{
+    const model_config_t *c = m->config;
+    for (size_t i = 0; i <= c->n_cc_model_filenames; i++) {
+        const char *field = i == 0 ? "default_model_filename" : "cc_model_filenames";
+        const char *file = i == 0 ? c->default_model_filename : c->cc_model_filenames[i - 1]->value;
+        if (!file || !file[0]) continue;
+        char *rel = xasprintf("%lld/%s", (long long)m->version, file);
+        util_path_status_t st = util_confine_path(m->dir, rel, NULL);
+        free(rel);
+        if (st == UTIL_PATH_OUTSIDE)
+            return nereid_error_new(NEREID_ERROR_UNSUPPORTED,
+                                    "%s '%s' for model '%s' is outside model directory", field,
+                                    file, m->name);
+    }
+    return NULL;
+}
+
+/* Triton's `runtime`: a library name looked up in the version directory,
+ * the model directory and the backend's directory, which must not escape
+ * the directory it is found in. A name whose text climbs out is refused
+ * against the first directory without looking at the disk (so the answer
+ * never tells whether a file outside exists). Nereid's backends are its own
+ * libraries, so a runtime that passes (or names this backend's library the
+ * Triton or the Nereid way) loads the backend the config selects. */
+static nereid_error_t *check_runtime(const model_t *m, const char *backend_dir, const char *bname)
+{
+    const char *rt = m->config->runtime;
+    if (!rt || !rt[0]) return NULL;
+    char *dirs[3] = {xasprintf("%s/%lld", m->dir, (long long)m->version), xstrdup(m->dir),
+                     xasprintf("%s/%s", backend_dir ? backend_dir : "", bname)};
+    nereid_error_t *err = NULL;
+    util_path_status_t st = UTIL_PATH_MISSING;
+    size_t i = 0;
+    while (i < ARRAY_LEN(dirs) && (st = util_confine_path(dirs[i], rt, NULL)) == UTIL_PATH_MISSING)
+        i++;
+    char *triton_name = xasprintf("libtriton_%s.so", bname);
+    char *nereid_name = xasprintf("libnereid_%s.so", bname);
+    if (st == UTIL_PATH_OUTSIDE)
+        err = nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                               "backend library name '%s' escapes backend directory '%s', for "
+                               "model '%s', check model config runtime field",
+                               rt, dirs[i], m->name);
+    else if (st == UTIL_PATH_MISSING && strcmp(rt, triton_name) != 0 &&
+             strcmp(rt, nereid_name) != 0)
+        err = nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                               "unable to find backend library '%s' for model '%s', searched: "
+                               "'%s' '%s' '%s' ",
+                               rt, m->name, dirs[0], dirs[1], dirs[2]);
+    free(triton_name);
+    free(nereid_name);
+    for (i = 0; i < ARRAY_LEN(dirs); i++)
+        free(dirs[i]);
+    return err;
+}
+
 /* ---- Lifecycle ----
  *
  * Ownership: a model_t is freed by whoever drops its last reference. The
  * loader holds one from model_load until model_unload; every request holds
  * one from its lookup until its response is freed (usually by the
- * frontend, inside or after the completion callback). The threads a model
+ * frontend, inside or after the completion callback); an ensemble request
+ * holds one per composing model (model_hold) until it ends. The threads a model
  * owns (instances, scheduler reapers) hold none of their own: the loader's
  * reference covers them, because model_unload -- and a failed model_load --
  * stops the scheduler and joins them all before dropping it. So a
@@ -245,7 +306,11 @@ nereid_error_t *model_load(nereid_server_t *server, const model_load_args_t *arg
     }
     if (bname) {
         m->backend_name = xstrdup(bname);
+        /* The loader refuses a backend name that is not a plain name, so
+         * the runtime search below stays in the backend's directory. */
         err = backend_acquire(args->backend_dir, bname, &m->backend);
+        if (!err) err = check_model_files(m);
+        if (!err) err = check_runtime(m, args->backend_dir, bname);
         if (err) goto fail;
         if (m->backend->model_init) {
             m->in_model_init = true;
@@ -278,10 +343,39 @@ fail:
     return err;
 }
 
+/* Drains like a plain unload: requests the model accepted run (the
+ * instances drain the queue), and so do the steps of ensemble requests that
+ * hold the model (they were accepted by the ensemble while this model was
+ * served). Holds are taken only through a lookup, and the repository
+ * removes the model from the table before it unloads it, so their count
+ * only falls here. At shutdown the server does not wait: steps then fail
+ * with "Server not ready". */
 void model_unload(model_t *m)
 {
+    atomic_store(&m->unloading, true);
+    pthread_mutex_lock(&m->lock);
+    while (atomic_load(&m->holds) > 0 && nereid_server_is_live(m->server))
+        pthread_cond_wait(&m->cond, &m->lock);
+    pthread_mutex_unlock(&m->lock);
     stop_instances(m);
     model_unref(m);
+}
+
+void model_hold(model_t *m)
+{
+    atomic_fetch_add(&m->holds, 1);
+}
+
+void model_release(model_t *m)
+{
+    /* A waiting unload set unloading before it reads holds (both seq_cst):
+     * either it sees this decrement, or this sees its flag and wakes it. */
+    if (atomic_fetch_sub(&m->holds, 1) == 1 && atomic_load(&m->unloading)) {
+        pthread_mutex_lock(&m->lock);
+        pthread_cond_broadcast(&m->cond);
+        pthread_mutex_unlock(&m->lock);
+    }
+    model_unref(m); /* the hold's reference, last */
 }
 
 void model_ref(model_t *m)

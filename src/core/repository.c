@@ -203,8 +203,9 @@ static nereid_error_t *make_override_dir(const char *name, const char *const *pa
             remove_tree(dir);
             free(dir);
             return nereid_error_new(NEREID_ERROR_INTERNAL,
-                                    "failed to load '%s', unable to write override file '%s'", name,
-                                    paths[i]);
+                                    "failed to load '%s', failed to poll from model repository: "
+                                    "unable to write override file '%s'",
+                                    name, paths[i]);
         }
     }
     *out = dir;
@@ -271,6 +272,17 @@ static nereid_error_t *read_config(nereid_server_t *s, const char *name, const c
     model_config_t *cfg = NULL;
     if (override_json) {
         cfg = config_from_json(override_json, strlen(override_json), &errors);
+        if (!cfg) {
+            /* Triton: the poll fails ("Invalid config override: ..."). */
+            char *msg = trim_errors(errors);
+            nereid_error_t *err = nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                                   "failed to load '%s', failed to poll from model "
+                                                   "repository: Invalid config override: %s",
+                                                   name, msg);
+            free(msg);
+            free(path);
+            return err;
+        }
     } else if (is_file(path)) {
         cfg = config_parse_file(path, &errors);
     } else if (s->opts.strict_model_config) {

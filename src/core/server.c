@@ -203,29 +203,16 @@ nereid_error_t *server_lookup_model(nereid_server_t *s, const char *name, int64_
  * inline (no lock across a backend call); they queue instead. */
 static _Thread_local int enqueue_depth;
 
-nereid_error_t *nereid_server_infer_async(nereid_server_t *s, nereid_request_t *req,
-                                          const nereid_response_allocator_t *allocator,
-                                          nereid_complete_fn done_fn, void *done_userp)
+/* Validates req against m and runs it inline or queues it; req->model
+ * takes over the caller's reference to m. With locked, the caller holds the
+ * server's read lock, released here (before an inline run, after queueing).
+ * On failure req->model is cleared and the reference dropped. */
+static nereid_error_t *submit(nereid_server_t *s, model_t *m, nereid_request_t *req,
+                              const nereid_response_allocator_t *allocator,
+                              nereid_complete_fn done_fn, void *done_userp, bool locked)
 {
-    if (!req || !done_fn)
-        return nereid_error_new(NEREID_ERROR_INVALID_ARG, "request and callback are required");
-    if (req->model)
-        return nereid_error_new(NEREID_ERROR_INVALID_ARG, "request was already submitted");
-    if (atomic_load(&s->stopping))
-        return nereid_error_new(NEREID_ERROR_UNAVAILABLE, "Server not ready");
-    /* The read lock is held until the request is queued: a reload or unload
-     * swaps versions under the write lock before it stops the old ones, so a
-     * request never reaches a stopped scheduler. (Ensembles re-enter here
-     * for their steps; glibc's default rwlock prefers readers.) */
-    pthread_rwlock_rdlock(&s->lock);
-    model_t *m;
-    nereid_error_t *err = lookup_locked(s, req->model_name, req->version_req, &m);
-    if (err) {
-        pthread_rwlock_unlock(&s->lock);
-        return err;
-    }
     req->model = m;
-    err = request_validate(req, m);
+    nereid_error_t *err = request_validate(req, m);
     if (err) goto fail;
     uint64_t now = util_now_ns();
     req->t_request_ns = now;
@@ -243,7 +230,7 @@ nereid_error_t *nereid_server_infer_async(nereid_server_t *s, nereid_request_t *
         sched->ops->claim && !enqueue_depth ? sched->ops->claim(sched, req) : NULL;
     if (inst) {
         /* Run here, without the server lock (no lock across a backend call). */
-        pthread_rwlock_unlock(&s->lock);
+        if (locked) pthread_rwlock_unlock(&s->lock);
         scheduler_run_inline(sched, inst, req);
         return NULL;
     }
@@ -256,13 +243,48 @@ nereid_error_t *nereid_server_infer_async(nereid_server_t *s, nereid_request_t *
         req->response = NULL;
         goto fail;
     }
-    pthread_rwlock_unlock(&s->lock);
+    if (locked) pthread_rwlock_unlock(&s->lock);
     return NULL;
 fail:
-    pthread_rwlock_unlock(&s->lock);
+    if (locked) pthread_rwlock_unlock(&s->lock);
     req->model = NULL;
     model_unref(m);
     return err;
+}
+
+nereid_error_t *nereid_server_infer_async(nereid_server_t *s, nereid_request_t *req,
+                                          const nereid_response_allocator_t *allocator,
+                                          nereid_complete_fn done_fn, void *done_userp)
+{
+    if (!req || !done_fn)
+        return nereid_error_new(NEREID_ERROR_INVALID_ARG, "request and callback are required");
+    if (req->model)
+        return nereid_error_new(NEREID_ERROR_INVALID_ARG, "request was already submitted");
+    if (atomic_load(&s->stopping))
+        return nereid_error_new(NEREID_ERROR_UNAVAILABLE, "Server not ready");
+    /* The read lock is held until the request is queued: a reload or unload
+     * swaps versions under the write lock before it stops the old ones, so a
+     * request never reaches a stopped scheduler. (An ensemble's enqueue
+     * looks up its composing models; glibc's default rwlock prefers
+     * readers.) */
+    pthread_rwlock_rdlock(&s->lock);
+    model_t *m;
+    nereid_error_t *err = lookup_locked(s, req->model_name, req->version_req, &m);
+    if (err) {
+        pthread_rwlock_unlock(&s->lock);
+        return err;
+    }
+    return submit(s, m, req, allocator, done_fn, done_userp, true);
+}
+
+nereid_error_t *server_infer_held(nereid_server_t *s, model_t *m, nereid_request_t *req,
+                                  const nereid_response_allocator_t *allocator,
+                                  nereid_complete_fn done_fn, void *done_userp)
+{
+    /* The hold keeps m's scheduler running (model_unload waits for it; at
+     * shutdown the stopped scheduler refuses the request). */
+    model_ref(m); /* the request's */
+    return submit(s, m, req, allocator, done_fn, done_userp, false);
 }
 
 /* ---- JSON documents ---- */

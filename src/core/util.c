@@ -1,11 +1,15 @@
 /*
- * This file contains the core's small helpers: allocation, clocks, logging.
+ * This file contains the core's small helpers: allocation, clocks, logging,
+ * and the confined reading of files a model configuration names.
  */
 #include "core/util.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
@@ -106,4 +110,138 @@ void log_msg(char level, const char *module, const char *fmt, ...)
     if (n > 0 && (size_t)n < sizeof line) vsnprintf(line + n, sizeof line - (size_t)n, fmt, ap);
     va_end(ap);
     fprintf(stderr, "%s\n", line);
+}
+
+/* ---- Files a model configuration names ---- */
+
+/* Whether relpath stays under its root by its text alone: relative, and no
+ * ".." climbs above the start. */
+static bool lexically_inside(const char *relpath)
+{
+    if (relpath[0] == '/') return false;
+    long depth = 0;
+    for (const char *seg = relpath; *seg;) {
+        size_t len = strcspn(seg, "/");
+        if (len == 2 && seg[0] == '.' && seg[1] == '.') {
+            if (--depth < 0) return false;
+        } else if (len > 0 && !(len == 1 && seg[0] == '.')) {
+            depth++;
+        }
+        seg += len;
+        if (*seg == '/') seg++;
+    }
+    return true;
+}
+
+util_path_status_t util_confine_path(const char *root, const char *relpath, char **resolved)
+{
+    if (resolved) *resolved = NULL;
+    if (!lexically_inside(relpath)) return UTIL_PATH_OUTSIDE;
+    char *real_root = realpath(root, NULL);
+    if (!real_root) return UTIL_PATH_MISSING;
+    char *joined = xasprintf("%s/%s", root, relpath);
+    char *real = realpath(joined, NULL);
+    int saved = errno;
+    free(joined);
+    if (!real) {
+        free(real_root);
+        errno = saved;
+        return UTIL_PATH_MISSING;
+    }
+    size_t n = strlen(real_root);
+    if (n == 1) n = 0; /* root is "/" */
+    bool inside = strncmp(real, real_root, n) == 0 && (real[n] == '/' || real[n] == 0);
+    free(real_root);
+    if (!inside) {
+        free(real);
+        return UTIL_PATH_OUTSIDE;
+    }
+    if (resolved)
+        *resolved = real;
+    else
+        free(real);
+    return UTIL_PATH_INSIDE;
+}
+
+nereid_error_t *util_read_confined(const char *root, const char *relpath, size_t max_bytes,
+                                   unsigned flags, const char *subject, char **out,
+                                   size_t *out_bytes)
+{
+    *out = NULL;
+    *out_bytes = 0;
+    char *path;
+    switch (util_confine_path(root, relpath, &path)) {
+    case UTIL_PATH_OUTSIDE:
+        return nereid_error_new(NEREID_ERROR_UNSUPPORTED, "%s is outside model directory", subject);
+    case UTIL_PATH_MISSING:
+        return nereid_error_new(NEREID_ERROR_INVALID_ARG, "unable to open %s: %s", subject,
+                                strerror(errno));
+    case UTIL_PATH_INSIDE:
+        break;
+    }
+    /* O_NONBLOCK: opening a FIFO must not wait for a writer. O_NOFOLLOW: the
+     * resolved path has no symlink left, so one appearing now is refused. */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NOFOLLOW | O_NONBLOCK);
+    int saved = errno;
+    free(path);
+    if (fd < 0)
+        return nereid_error_new(NEREID_ERROR_INVALID_ARG, "unable to open %s: %s", subject,
+                                strerror(saved));
+    struct stat st;
+    nereid_error_t *err = NULL;
+    char *buf = NULL;
+    size_t len = 0;
+    if (fstat(fd, &st) != 0) {
+        err = nereid_error_new(NEREID_ERROR_INVALID_ARG, "unable to read %s: %s", subject,
+                               strerror(errno));
+        goto done;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        err = nereid_error_new(NEREID_ERROR_INVALID_ARG, "%s is not a regular file", subject);
+        goto done;
+    }
+    uint64_t size = st.st_size > 0 ? (uint64_t)st.st_size : 0;
+    if (size > max_bytes && !(flags & UTIL_READ_PREFIX)) {
+        err = nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                               "%s is %llu bytes, more than the limit of %zu bytes", subject,
+                               (unsigned long long)size, max_bytes);
+        goto done;
+    }
+    size_t want = size < max_bytes ? (size_t)size : max_bytes;
+    buf = xmalloc(want + 1);
+    while (len < want) {
+        ssize_t n = read(fd, buf + len, want - len);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) {
+            err = nereid_error_new(NEREID_ERROR_INVALID_ARG, "unable to read %s: %s", subject,
+                                   strerror(errno));
+            goto done;
+        }
+        if (n == 0) break; /* the file shrank meanwhile */
+        len += (size_t)n;
+    }
+    buf[len] = 0;
+    if ((flags & UTIL_READ_TEXT) && memchr(buf, 0, len))
+        err = nereid_error_new(NEREID_ERROR_INVALID_ARG, "%s contains a NUL byte", subject);
+done:
+    close(fd);
+    if (err) {
+        free(buf);
+        return err;
+    }
+    *out = buf;
+    *out_bytes = len;
+    return NULL;
+}
+
+nereid_error_t *util_read_tensor_file(const char *root, const char *folder, const char *file,
+                                      size_t tensor_bytes, bool is_string, const char *subject,
+                                      char **out, size_t *out_bytes)
+{
+    char *rel = xasprintf("%s/%s", folder, file);
+    nereid_error_t *err =
+        util_read_confined(root, rel, is_string ? UTIL_STRING_DATA_FILE_MAX_BYTES : tensor_bytes,
+                           is_string ? 0 : UTIL_READ_PREFIX, subject, out, out_bytes);
+    free(rel);
+    return err;
 }

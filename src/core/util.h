@@ -1,6 +1,7 @@
 /*
  * This file contains small helpers shared by the core: checked allocation,
- * monotonic/wall clocks and logging.
+ * monotonic/wall clocks, logging, and the confined reading of files a model
+ * configuration names.
  */
 #ifndef NEREID_UTIL_H
 #define NEREID_UTIL_H
@@ -10,6 +11,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include "nereid/server.h"
 
 #define ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 
@@ -22,6 +25,57 @@ char *xasprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 uint64_t util_now_ns(void);  /* CLOCK_MONOTONIC */
 uint64_t util_wall_ms(void); /* ms since the epoch */
+
+/* ---- Files a model configuration names ----
+ * A configuration arrives from the repository or from a client (the load
+ * API's "config" and "file:" parameters), so every file it names is read
+ * only from inside the model's directory. */
+
+/* Largest label file read (label_filename): 4 MiB. */
+#define UTIL_LABEL_FILE_MAX_BYTES ((size_t)4 << 20)
+/* Largest TYPE_STRING data file read (initial_state data_file, warmup
+ * input_data_file): 64 MiB. Other datatypes read exactly the tensor's size. */
+#define UTIL_STRING_DATA_FILE_MAX_BYTES ((size_t)64 << 20)
+
+typedef enum util_path_status {
+    UTIL_PATH_INSIDE,  /* exists and resolves inside root */
+    UTIL_PATH_MISSING, /* cannot be resolved (errno says why); lexically inside root */
+    UTIL_PATH_OUTSIDE, /* absolute, or ".." or a symlink leads outside root */
+} util_path_status_t;
+
+/* Resolves relpath under the directory root: absolute paths and paths whose
+ * ".." segments climb above root are OUTSIDE without touching the disk;
+ * otherwise root/relpath is resolved with realpath (following every
+ * symlink) and is OUTSIDE unless it lands in root's own resolution. When
+ * resolved is non-NULL it receives the canonical path on INSIDE (caller
+ * frees), else NULL. */
+util_path_status_t util_confine_path(const char *root, const char *relpath, char **resolved);
+
+/* util_read_confined flags. */
+#define UTIL_READ_TEXT 1u   /* refuse a file containing a NUL byte */
+#define UTIL_READ_PREFIX 2u /* a file larger than max_bytes is read up to max_bytes */
+
+/* Reads the regular file relpath under root (see util_confine_path) into
+ * *out, NUL-terminated, its length in *out_bytes (caller frees *out). The
+ * file is opened without blocking (a FIFO never stalls the load) and must
+ * be a regular file of at most max_bytes (or, with UTIL_READ_PREFIX, only
+ * its first max_bytes are read). subject names the field for the error,
+ * e.g. "label file path '<path>' for output 'O' in model 'm'". Errors:
+ * UNSUPPORTED "<subject> is outside model directory" (Triton's text for
+ * labels); INVALID_ARG for a missing, unreadable, non-regular, too large or
+ * NUL-holding file. Out-parameters are zeroed on failure. */
+nereid_error_t *util_read_confined(const char *root, const char *relpath, size_t max_bytes,
+                                   unsigned flags, const char *subject, char **out,
+                                   size_t *out_bytes);
+
+/* Reads a tensor's data file, <root>/<folder>/<file> (initial_state and
+ * warmup data, Triton's folders), through util_read_confined: a TYPE_STRING
+ * tensor (is_string) takes the whole file, at most
+ * UTIL_STRING_DATA_FILE_MAX_BYTES; any other tensor at most its first
+ * tensor_bytes (a shorter file is the caller's error to report). */
+nereid_error_t *util_read_tensor_file(const char *root, const char *folder, const char *file,
+                                      size_t tensor_bytes, bool is_string, const char *subject,
+                                      char **out, size_t *out_bytes);
 
 /* Runtime-changeable (logging.c, nereid_server_update_log_settings). */
 extern _Atomic int log_verbose_level;

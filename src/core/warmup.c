@@ -36,37 +36,28 @@ static void on_warmup_done(nereid_response_t *resp, void *userp)
     nereid_response_free(resp);
 }
 
-static nereid_error_t *read_data_file(model_t *m, const char *file, size_t want, bool bytes,
-                                      void **out, size_t *size)
+/* Reads input_data_file (Triton's <model>/warmup/ folder). */
+static nereid_error_t *read_data_file(model_t *m, const char *input, const char *file, size_t want,
+                                      bool bytes, void **out, size_t *size)
 {
-    if (strstr(file, "..") || file[0] == '/')
-        return nereid_error_new(NEREID_ERROR_INVALID_ARG,
-                                "warmup input_data_file '%s' must be a file under warmup/", file);
-    char *path = xasprintf("%s/warmup/%s", m->dir, file);
-    FILE *f = fopen(path, "rb");
-    nereid_error_t *err = NULL;
-    if (!f) {
-        err = nereid_error_new(NEREID_ERROR_INVALID_ARG, "unable to open warmup data file '%s'",
-                               path);
-        free(path);
-        return err;
-    }
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    void *buf = xmalloc(n > 0 ? (size_t)n : 1);
-    if (n < 0 || fread(buf, 1, (size_t)n, f) != (size_t)n || (!bytes && (size_t)n < want)) {
-        err =
-            nereid_error_new(NEREID_ERROR_INVALID_ARG,
-                             "warmup data file '%s' holds %ld bytes, expected %zu", path, n, want);
+    char *subject = xasprintf("warmup input_data_file '%s/warmup/%s' for input '%s' in model '%s'",
+                              m->dir, file, input, m->name);
+    char *buf;
+    size_t len;
+    nereid_error_t *err =
+        util_read_tensor_file(m->dir, "warmup", file, want, bytes, subject, &buf, &len);
+    free(subject);
+    if (err) return err;
+    if (!bytes && len < want) {
         free(buf);
-    } else {
-        *out = buf;
-        *size = bytes ? (size_t)n : want;
+        return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                "warmup setting expects %zu bytes, but the data provided from "
+                                "%sonly has %zu bytes",
+                                want, file, len);
     }
-    fclose(f);
-    free(path);
-    return err;
+    *out = buf;
+    *size = bytes ? len : want;
+    return NULL;
 }
 
 /* Builds one warmup request for sample w (inputs owned by the request). */
@@ -97,7 +88,8 @@ static nereid_error_t *build_request(model_t *m, const Inference__ModelWarmup *w
         void *data = NULL;
         if (in->input_data_type_case ==
             INFERENCE__MODEL_WARMUP__INPUT__INPUT_DATA_TYPE_INPUT_DATA_FILE) {
-            err = read_data_file(m, in->input_data_file, size, bytes, &data, &size);
+            err = read_data_file(m, w->inputs[i]->key, in->input_data_file, size, bytes, &data,
+                                 &size);
             if (err) break;
         } else {
             data = xcalloc(1, size ? size : 1);

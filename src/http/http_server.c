@@ -47,6 +47,11 @@
 #define HTTP_ROUTE_MAP(X)                                                                          \
     X(MODEL_INFER, "POST", "/v2/models/{m}/infer", handle_infer)                                   \
     X(MODEL_INFER_V, "POST", "/v2/models/{m}/versions/{v}/infer", handle_infer)                    \
+    X(MODEL_GENERATE, "POST", "/v2/models/{m}/generate", handle_generate)                          \
+    X(MODEL_GENERATE_V, "POST", "/v2/models/{m}/versions/{v}/generate", handle_generate)           \
+    X(MODEL_GENERATE_STREAM, "POST", "/v2/models/{m}/generate_stream", handle_generate)            \
+    X(MODEL_GENERATE_STREAM_V, "POST", "/v2/models/{m}/versions/{v}/generate_stream",              \
+      handle_generate)                                                                             \
     X(SERVER_METADATA, "GET", "/v2", handle_server_metadata)                                       \
     X(HEALTH_LIVE, "GET", "/v2/health/live", handle_health)                                        \
     X(HEALTH_READY, "GET", "/v2/health/ready", handle_health)                                      \
@@ -139,6 +144,9 @@ typedef struct http_conn {
     http_encoding_t encoding;
     size_t header_len;     /* Inference-Header-Content-Length or NONE */
     size_t content_length; /* declared body size (0 if none), to size the body once */
+    size_t n_pieces;       /* small body pieces MHD handed us (see MAX_CHUNKS) */
+    bool chunked;          /* Transfer-Encoding: chunked */
+    bool close;            /* reply to error with Connection: close */
     /* inference */
     bool submitted;
     nereid_error_t *submit_error; /* infer_async refused after the suspend */
@@ -286,6 +294,20 @@ static enum MHD_Result handle_model_metadata(http_conn_t *c)
     return reply_json_or_error(c->mhd, err, json);
 }
 
+/* Triton's generate extension is not served: the model is looked up and the
+ * body size checked (before this) as Triton does, then 501. */
+static enum MHD_Result handle_generate(http_conn_t *c)
+{
+    if (c->version < -1) return version_error(c);
+    char *json = NULL;
+    nereid_error_t *err = nereid_server_model_metadata(c->srv->core, c->model, c->version, &json);
+    free(json);
+    if (err) return http_queue_nereid_error(c->mhd, err);
+    return http_queue_error(c->mhd, 501,
+                            "the generate extension is not supported by this server: use "
+                            "/v2/models/<model>/infer");
+}
+
 static enum MHD_Result handle_model_config(http_conn_t *c)
 {
     if (c->version < -1) return version_error(c);
@@ -319,29 +341,101 @@ static enum MHD_Result handle_stats(http_conn_t *c)
     return reply_json_or_error(c->mhd, err, json);
 }
 
-static json_t *parse_body_json(http_conn_t *c, nereid_error_t **err)
+/* Parses the body with jansson; *too_deep (may be NULL) tells that it failed
+ * on jansson's nesting limit (2048), which Triton's iterative rapidjson
+ * does not have. */
+static json_t *parse_body_json_depth(http_conn_t *c, nereid_error_t **err, bool *too_deep)
 {
     *err = NULL;
+    if (too_deep) *too_deep = false;
     if (c->body.len == 0) return NULL;
     json_error_t jerr;
     json_t *root = json_loadb(c->body.data, c->body.len, 0, &jerr);
+    if (root) return root;
     /* jansson refuses \u0000 in strings: a NUL in a name or key is the
      * client's error (400), as in the inference JSON reader. */
     enum json_error_code code = json_error_code(&jerr);
     bool nul = code == json_error_null_character || code == json_error_null_byte_in_key;
-    if (!root)
-        *err = nereid_error_new(nul ? NEREID_ERROR_INVALID_ARG : NEREID_ERROR_INTERNAL,
-                                "failed to parse the request JSON buffer: %s at %d", jerr.text,
-                                jerr.position);
-    return root;
+    if (too_deep) *too_deep = code == json_error_stack_overflow;
+    *err = nereid_error_new(nul ? NEREID_ERROR_INVALID_ARG : NEREID_ERROR_INTERNAL,
+                            "failed to parse the request JSON buffer: %s at %d", jerr.text,
+                            jerr.position);
+    return NULL;
+}
+
+static json_t *parse_body_json(http_conn_t *c, nereid_error_t **err)
+{
+    return parse_body_json_depth(c, err, NULL);
+}
+
+static size_t skip_ws(const char *s, size_t n, size_t i)
+{
+    while (i < n && (s[i] == ' ' || s[i] == '\t' || s[i] == '\r' || s[i] == '\n'))
+        i++;
+    return i;
+}
+
+/* i at an opening quote: returns the index of the closing one (n if none). */
+static size_t skip_string(const char *s, size_t n, size_t i)
+{
+    for (i++; i < n && s[i] != '"'; i++)
+        if (s[i] == '\\') i++;
+    return i < n ? i : n;
+}
+
+/* The first character of the value of top-level member key of the JSON
+ * object s, found without recursion (any depth), or 0 when s is not an
+ * object or has no such member. */
+static char top_member_start(const char *s, size_t n, const char *key)
+{
+    size_t klen = strlen(key), i = skip_ws(s, n, 0);
+    if (i >= n || s[i] != '{') return 0;
+    for (i++;;) {
+        i = skip_ws(s, n, i);
+        if (i >= n || s[i] != '"') return 0;
+        size_t k0 = i + 1;
+        i = skip_string(s, n, i);
+        if (i >= n) return 0;
+        bool match = i - k0 == klen && !memcmp(s + k0, key, klen);
+        i = skip_ws(s, n, i + 1);
+        if (i >= n || s[i] != ':') return 0;
+        i = skip_ws(s, n, i + 1);
+        if (i >= n) return 0;
+        if (match) return s[i];
+        size_t depth = 0;
+        for (; i < n; i++) {
+            char ch = s[i];
+            if (ch == '"')
+                i = skip_string(s, n, i);
+            else if (ch == '[' || ch == '{')
+                depth++;
+            else if ((ch == ']' || ch == '}') && depth-- == 0)
+                return 0;
+            else if (ch == ',' && depth == 0)
+                break;
+        }
+        if (i >= n) return 0;
+        i++;
+    }
 }
 
 static enum MHD_Result handle_repository_index(http_conn_t *c)
 {
     nereid_error_t *err;
-    json_t *root = parse_body_json(c, &err);
-    if (err) return http_queue_nereid_error(c->mhd, err);
+    bool too_deep;
+    json_t *root = parse_body_json_depth(c, &err, &too_deep);
     bool ready_only = false;
+    if (err && too_deep) {
+        /* Nested deeper than jansson reads (Triton reads any depth): only
+         * "ready" matters here, found without parsing. */
+        char first = top_member_start(c->body.data, c->body.len, "ready");
+        nereid_error_free(err);
+        err = NULL;
+        if (first != 't' && first != 'f' && first != 0)
+            return http_queue_error(c->mhd, 400, "Invalid value for 'ready': expected a boolean");
+        ready_only = first == 't';
+    }
+    if (err) return http_queue_nereid_error(c->mhd, err);
     if (root) {
         json_t *ready = json_is_object(root) ? json_object_get(root, "ready") : NULL;
         if (ready && !json_is_boolean(ready)) {
@@ -1100,6 +1194,23 @@ static void *on_uri(void *cls, const char *uri, struct MHD_Connection *mc)
 
 /* ---- MHD callbacks -------------------------------------------------------- */
 
+/* Triton's text for a JSON body over --http-max-input-size. */
+static void json_size_text(char *buf, size_t size, unsigned long long len, size_t max)
+{
+    snprintf(buf, size,
+             "request JSON size of %llu bytes exceeds the maximum allowed input size of %zu "
+             "bytes. Use --http-max-input-size to increase the limit.",
+             len, max);
+}
+
+/* Triton refuses a chunked body of more than 65536 non-empty chunks. MHD
+ * hands the body over one chunk at a time, a chunk in several pieces only
+ * when it spans reads; such pieces are large (a read fills the buffer), so
+ * pieces under CHUNK_PIECE_SMALL bytes are counted as chunks. A body of
+ * 64 MiB (the default input limit) cannot reach the cap with large chunks. */
+#define MAX_CHUNKS 65536
+#define CHUNK_PIECE_SMALL 1024
+
 typedef enum MHD_Result (*route_fn)(http_conn_t *);
 
 static const route_fn route_handlers[N_ROUTES] = {
@@ -1132,6 +1243,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
             c->refused = true;
             return http_queue_error_close(mc, status, bad);
         }
+        c->chunked = MHD_lookup_connection_value(mc, MHD_HEADER_KIND,
+                                                 MHD_HTTP_HEADER_TRANSFER_ENCODING) != NULL;
         route_resolve(c, url, method);
         if (c->route == ROUTE_MODEL_INFER || c->route == ROUTE_MODEL_INFER_V) {
             infer_headers(c);
@@ -1143,6 +1256,18 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
                 c->refused = true;
                 return http_queue_nereid_error(mc, err);
             }
+        } else if (c->route >= 0) {
+            /* Other bodies are JSON documents: Triton's EVBufferToJson check,
+             * made on the declared size before reading. */
+            const char *cl =
+                MHD_lookup_connection_value(mc, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+            unsigned long long declared = cl ? strtoull(cl, NULL, 10) : 0;
+            if (declared > srv->max_input_size) {
+                char msg[200];
+                json_size_text(msg, sizeof msg, declared, srv->max_input_size);
+                c->refused = true;
+                return http_queue_error_close(mc, 400, msg);
+            }
         }
         return MHD_YES;
     }
@@ -1150,14 +1275,29 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
         size_t n = *upload_data_size;
         *upload_data_size = 0;
         if (c->route < 0 || c->error || c->refused) return MHD_YES; /* discard */
+        if (c->chunked && n < CHUNK_PIECE_SMALL && ++c->n_pieces > MAX_CHUNKS) {
+            /* Read (and drop) the rest: MHD 0.9.75 cannot reply mid-body. */
+            free(c->body.data);
+            c->body = (sbuf_t){0};
+            c->close = true;
+            c->error = nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                        "Chunked request body exceeds maximum of %d non-empty "
+                                        "chunks. Send fewer or larger HTTP chunks.",
+                                        MAX_CHUNKS);
+            return MHD_YES;
+        }
         size_t used = c->body.data ? c->body.len - c->body_pad : 0;
         if (used + n > c->limit) {
             size_t max = srv->max_input_size;
-            c->error = nereid_error_new(NEREID_ERROR_INVALID_ARG,
-                                        "request size exceeds the maximum allowed input size of "
-                                        "%zu bytes. Use --http-max-input-size to increase the "
-                                        "limit.",
-                                        max);
+            char msg[200];
+            json_size_text(msg, sizeof msg, used + n, max);
+            c->error = c->route == ROUTE_MODEL_INFER || c->route == ROUTE_MODEL_INFER_V
+                           ? nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                              "request size exceeds the maximum allowed input "
+                                              "size of %zu bytes. Use --http-max-input-size to "
+                                              "increase the limit.",
+                                              max)
+                           : nereid_error_new(NEREID_ERROR_INVALID_ARG, "%s", msg);
             free(c->body.data);
             c->body = (sbuf_t){0};
             c->body_pad = 0;
@@ -1191,6 +1331,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
             MHD_add_response_header(r, MHD_HTTP_HEADER_ACCEPT_ENCODING, "gzip, deflate");
             enum MHD_Result ret = MHD_queue_response(mc, 501, r);
             MHD_destroy_response(r);
+            return ret;
+        }
+        if (c->close) {
+            enum MHD_Result ret = http_queue_error_close(mc, 400, nereid_error_message(err));
+            nereid_error_free(err);
             return ret;
         }
         return http_queue_nereid_error(mc, err);

@@ -48,9 +48,51 @@ static void *parsed_alloc(infer_parsed_t *p, size_t n)
 
 /* ---- JSON "data" to the binary layout ------------------------------------ */
 
+/* Triton's checks of a JSON input's shape (GetElementCount) and byte size
+ * before its data is read, with Triton's texts. */
+static nereid_error_t *shape_error(const infer_input_t *in, const char *what)
+{
+    char *shape = malloc(in->rank * 21 + 3);
+    if (!shape) return nereid_error_new(NEREID_ERROR_INTERNAL, "out of memory");
+    size_t k = 0;
+    shape[k++] = '[';
+    for (size_t i = 0; i < in->rank; i++)
+        k += (size_t)sprintf(shape + k, "%s%" PRId64, i ? "," : "", in->shape[i]);
+    strcpy(shape + k, "]");
+    nereid_error_t *err =
+        nereid_error_new(NEREID_ERROR_INVALID_ARG, "invalid shape for input '%s': shape %s %s",
+                         in->name, shape, what);
+    free(shape);
+    return err;
+}
+
+static nereid_error_t *json_shape_error(const infer_input_t *in)
+{
+    int64_t count = 0;
+    for (size_t i = 0; i < in->rank; i++) {
+        int64_t d = in->shape[i];
+        if (d == 0) return NULL;
+        if (d < 0) return shape_error(in, "contains one or more invalid dimensions");
+        if (i > 0 && count > INT64_MAX / d)
+            return shape_error(in, "causes total element count to exceed maximum size of "
+                                   "9223372036854775807");
+        count = i == 0 ? d : count * d;
+    }
+    int64_t size = (int64_t)nereid_datatype_byte_size(in->datatype);
+    if (in->datatype != NEREID_TYPE_BYTES && size > 1 && count > INT64_MAX / size)
+        return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                "byte size overflow for input '%s': element count (%" PRId64
+                                ") * data type size (%" PRId64
+                                ") exceeds maximum allowed size (%" PRId64 ")",
+                                in->name, count, size, INT64_MAX);
+    return NULL;
+}
+
 static nereid_error_t *parse_json_data(infer_input_t *in, const jv_t *data, size_t n_elements,
                                        size_t max_input_size, const char *base)
 {
+    nereid_error_t *shape_err = json_shape_error(in);
+    if (shape_err) return shape_err;
     if (in->datatype == NEREID_TYPE_FP16 || in->datatype == NEREID_TYPE_BF16)
         return nereid_error_new(NEREID_ERROR_INVALID_ARG,
                                 "receiving %s data via JSON is not supported. Please use the "
@@ -374,14 +416,32 @@ nereid_error_t *infer_parse_raw(const char *body, size_t len, const infer_raw_mo
     int64_t *dims = shape;
     if (info->batching) *dims++ = 1;
     if (info->datatype == NEREID_TYPE_BYTES) {
-        if (info->n_dims != 1 || info->dims[0] != 1) {
+        /* Triton: one element (no wildcard, product 1), and the whole body
+         * is that element: its 4-byte length is prepended here. */
+        bool one = true;
+        for (size_t d = 0; d < info->n_dims; d++) {
+            dims[d] = info->dims[d];
+            if (info->dims[d] != 1) one = false;
+        }
+        if (!one || len > UINT32_MAX) {
             infer_parsed_free(out);
             return nereid_error_new(NEREID_ERROR_INVALID_ARG,
                                     RAW_PREFIX "For BYTE datatype raw input '%s', the model must "
                                                "have input shape [1]",
                                     info->input_name);
         }
-        dims[0] = 1;
+        unsigned char *buf = malloc(len + 4);
+        if (!buf) {
+            infer_parsed_free(out);
+            return nereid_error_new(NEREID_ERROR_INTERNAL, "out of memory");
+        }
+        uint32_t n = (uint32_t)len;
+        for (int b = 0; b < 4; b++)
+            buf[b] = (unsigned char)(n >> (8 * b));
+        memcpy(buf + 4, body, len);
+        in->owned_data = buf;
+        in->data = buf;
+        in->byte_size = len + 4;
         return NULL;
     }
     size_t n_variable = 0, known = nereid_datatype_byte_size(info->datatype);

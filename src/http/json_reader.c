@@ -815,11 +815,13 @@ static inline const char *ws(const char *p, const char *end)
 static nereid_error_t *fill_value(const char **pp, const char *end, int depth, jfill_t *f)
 {
     const char *p = *pp;
-    if (*p != '[') return fill_leaf(pp, end, f);
+    /* Triton's ReadDataFromJsonHelper: the data value is depth 0, and any
+     * array or element at depth 100 or more is refused. */
     if (depth >= MAX_DATA_DEPTH)
-        return nereid_error_new(NEREID_ERROR_INTERNAL,
-                                "Unable to parse 'data': nesting deeper than %d levels",
+        return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                "JSON nesting depth exceeds maximum allowed limit (%d)",
                                 MAX_DATA_DEPTH);
+    if (*p != '[') return fill_leaf(pp, end, f);
     p = ws(p + 1, end);
     if (*p == ']') {
         *pp = p + 1;

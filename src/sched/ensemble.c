@@ -90,6 +90,8 @@ struct ens_ctx {
     ens_call_t *calls;
     size_t inflight; /* steps submitted and not completed, plus launch guards */
     nereid_error_t *error;
+    model_t **held; /* per step: its composing model, held (model_hold) until ctx_free */
+    size_t n_held;
     nereid_response_t **responses; /* step responses owning intermediate tensors */
     size_t n_responses;
     model_stats_t agg; /* steps' queue and compute durations */
@@ -174,6 +176,9 @@ static void ctx_free(ens_ctx_t *c)
     for (size_t i = 0; i < c->n_responses; i++)
         nereid_response_free(c->responses[i]);
     free(c->responses);
+    for (size_t i = 0; i < c->n_held; i++)
+        if (c->held[i]) model_release(c->held[i]);
+    free(c->held);
     free(c->values);
     free(c->waiting);
     free(c->calls);
@@ -268,6 +273,8 @@ static void ctx_finish(ens_ctx_t *c)
         req->t_compute_start_ns = 1 + q;
     }
     request_finish(req, err, FAILURE_BACKEND);
+    /* The response took the ensemble's reference and may be freed already:
+     * from here on only c itself (no c->e, no m) is touched. */
     ctx_free(c);
 }
 
@@ -472,7 +479,7 @@ static void launch(ens_ctx_t *c, size_t step)
         r->parent_stats = &c->agg;
         nereid_response_allocator_t alloc = {
             .alloc_fn = step_alloc, .release_fn = step_release, .userp = &c->calls[step]};
-        err = nereid_server_infer_async(src->server, r, &alloc, step_done, &c->calls[step]);
+        err = server_infer_held(src->server, c->held[step], r, &alloc, step_done, &c->calls[step]);
     }
     if (err) {
         if (r) nereid_request_free(r);
@@ -501,6 +508,20 @@ static nereid_error_t *ensemble_enqueue(scheduler_t *s, nereid_request_t *req)
         c->calls[i].ctx = c;
         c->calls[i].step = i;
         c->waiting[i] = e->steps[i].n_in;
+    }
+    /* Hold every composing model for the request's whole life (Triton's
+     * per-request model handles): unloading one, e.g. with the ensemble's
+     * unload_dependents, waits for this request instead of failing its
+     * later steps. A model that is not served fails the request. */
+    c->held = xcalloc(e->n_steps ? e->n_steps : 1, sizeof *c->held);
+    c->n_held = e->n_steps;
+    for (size_t i = 0; i < e->n_steps && !c->error; i++) {
+        nereid_error_t *err =
+            server_lookup_model(req->server, e->steps[i].model, e->steps[i].version, &c->held[i]);
+        if (err)
+            c->error = err;
+        else
+            model_hold(c->held[i]);
     }
     req->t_compute_start_ns = util_now_ns();
     size_t *ready = xcalloc(e->n_steps ? e->n_steps : 1, sizeof *ready);
@@ -740,12 +761,22 @@ static nereid_error_t *check_flow(ensemble_t *e, model_t *ens)
 static void take_labels(model_io_t *out, const model_io_t *from)
 {
     if ((out->n_labels && out->labels[0][0]) || !from || !from->n_labels) return;
-    for (size_t l = 0; l < out->n_labels; l++)
-        free(out->labels[l]);
-    free(out->labels);
-    out->labels = xcalloc(from->n_labels, sizeof *out->labels);
+    /* The io table's layout (model.c): labels point into one label_text. */
+    size_t len = 0;
     for (size_t l = 0; l < from->n_labels; l++)
-        out->labels[l] = xstrdup(from->labels[l]);
+        len += strlen(from->labels[l]) + 1;
+    char *text = xmalloc(len), *p = text;
+    char **labels = xcalloc(from->n_labels, sizeof *labels);
+    for (size_t l = 0; l < from->n_labels; l++) {
+        size_t n = strlen(from->labels[l]) + 1;
+        memcpy(p, from->labels[l], n);
+        labels[l] = p;
+        p += n;
+    }
+    free(out->labels);
+    free(out->label_text);
+    out->labels = labels;
+    out->label_text = text;
     out->n_labels = from->n_labels;
 }
 

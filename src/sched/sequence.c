@@ -1077,25 +1077,17 @@ static nereid_error_t *read_initial_state(model_t *m, seq_state_cfg_t *st,
         st->init_bytes = want;
         return NULL;
     }
-    char *path = xasprintf("%s/initial_state/%s", m->dir, is->data_file);
-    FILE *f = fopen(path, "rb");
-    nereid_error_t *err = NULL;
-    if (!f) {
-        err = nereid_error_new(NEREID_ERROR_INVALID_ARG,
-                               "failed to open initial state file '%s' for model '%s'", path,
-                               m->name);
-        free(path);
-        return err;
-    }
-    size_t cap = 4096, len = 0;
-    char *buf = xmalloc(cap);
-    size_t n;
-    while ((n = fread(buf + len, 1, cap - len, f)) > 0) {
-        len += n;
-        if (len == cap) buf = xrealloc(buf, cap *= 2);
-    }
-    fclose(f);
-    if (st->datatype != NEREID_TYPE_BYTES && len < want) {
+    bool bytes = st->datatype == NEREID_TYPE_BYTES;
+    char *subject =
+        xasprintf("initial_state data_file '%s/initial_state/%s' for state '%s' in model '%s'",
+                  m->dir, is->data_file, st->input_name, m->name);
+    char *buf;
+    size_t len;
+    nereid_error_t *err = util_read_tensor_file(m->dir, "initial_state", is->data_file, want, bytes,
+                                                subject, &buf, &len);
+    free(subject);
+    if (err) return err;
+    if (!bytes && len < want) {
         err = nereid_error_new(NEREID_ERROR_INVALID_ARG,
                                "initial_state setting expects %zu bytes, but the data provided "
                                "from %sonly has %zu bytes.",
@@ -1103,9 +1095,8 @@ static nereid_error_t *read_initial_state(model_t *m, seq_state_cfg_t *st,
         free(buf);
     } else {
         st->init_data = buf;
-        st->init_bytes = st->datatype == NEREID_TYPE_BYTES ? len : want;
+        st->init_bytes = bytes ? len : want;
     }
-    free(path);
     return err;
 }
 

@@ -78,7 +78,7 @@ CASES = [
      "receiving FP16 data via JSON is not supported. Please use the binary data format for "
      "input INPUT0"),
     ("too-deep", "id_fp32", j([fp32(shape=(1,), data=(json.loads("[" * 150 + "1" + "]" * 150),))]),
-     {}, 500, ("prefix", "Unable to parse 'data'")),
+     {}, 400, "JSON nesting depth exceeds maximum allowed limit (100)"),
     ("unknown-model", "nope", j([fp32()]), {}, 404, "Request for unknown model: 'nope' is not found"),
     ("unknown-input", "id_fp32", j([fp32(name="BOGUS")]), {}, 400,
      "unexpected inference input 'BOGUS' for model 'id_fp32'"),

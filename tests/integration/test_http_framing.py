@@ -125,3 +125,31 @@ def test_nul_in_bytes_data_kept(srv):
                      "data": ["a\u0000b", "\u0000"]}]}))
     assert r.status_code == 200, r.text
     assert r.json()["outputs"][0]["data"] == ["a\u0000b", "\u0000"]
+
+
+def send_chunks(srv, n):
+    s = socket.create_connection(("127.0.0.1", srv.http_port), timeout=60)
+    s.sendall(b"POST /v2/models/identity_fp32/infer HTTP/1.1\r\nHost: x\r\n"
+              b"Inference-Header-Content-Length: 0\r\nTransfer-Encoding: chunked\r\n"
+              b"Connection: close\r\n\r\n" + b"1\r\nA\r\n" * n + b"0\r\n\r\n")
+    reply = b""
+    while True:
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        reply += chunk
+    s.close()
+    return reply
+
+
+def test_chunk_cap(srv):
+    # Triton's cap: 65536 non-empty chunks pass (a raw body of 16384 FP32
+    # values, answered), one more is refused.
+    reply = send_chunks(srv, 65536)
+    assert reply.startswith(b"HTTP/1.1 200"), reply[:300]
+    reply = send_chunks(srv, 65537)
+    status, doc = status_and_json(reply)
+    assert status == 400 and doc["error"] == (
+        "Chunked request body exceeds maximum of 65536 non-empty chunks. Send fewer or larger "
+        "HTTP chunks.")
+    assert b"\r\nConnection: close\r\n" in reply

@@ -53,15 +53,25 @@ def test_validator_rejects_broken_manifests(tmp_path):
     rt["spec"]["protocolVersion"] = ["v2"]  # misspelt field
     hpa = docs("autoscaling.yaml")["HorizontalPodAutoscaler"]
     del hpa["spec"]["scaleTargetRef"]
+    proto = docs("kserve-servingruntime.yaml")["ServingRuntime"]
+    proto["spec"]["protocolVersions"] = ["v2", "grpc-v3"]
+    fmt = docs("kserve-servingruntime.yaml")["ServingRuntime"]
+    fmt["spec"]["supportedModelFormats"][0]["priority"] = 0
+    port = docs("kserve-servingruntime.yaml")["ServingRuntime"]
+    port["spec"]["containers"][0]["ports"][0]["containerPort"] = "http"
     bad = tmp_path / "bad.yaml"
-    bad.write_text(yaml.safe_dump_all([dep, rt, hpa]))
+    bad.write_text(yaml.safe_dump_all([dep, rt, hpa, proto, fmt, port]))
     r = validate(str(bad))
     assert r.returncode == 1
     out = r.stdout.splitlines()
-    assert len(out) == 3 and all(line.startswith("error ") for line in out), r.stdout
+    assert len(out) == 6 and all(line.startswith("error ") for line in out), r.stdout
     assert "spec/replicas must be integer" in out[0]
     assert "must NOT have additional properties" in out[1]
     assert "scaleTargetRef" in out[2]
+    assert "spec/protocolVersions/1 must be equal to one of the allowed values" in out[3]
+    assert "spec/supportedModelFormats/0/priority must be >= 1" in out[4]
+    # containers are checked as Kubernetes Containers
+    assert "spec/containers/0/ports/0/containerPort must be integer" in out[5]
 
 
 def test_deployment_matches_the_server():
