@@ -79,5 +79,5 @@ NEREID_EXPORT nereid_error_t *nereid_backend_execute(nereid_instance_t *instance
         }
         sleep_ms(st->delay_ms * factor);
     }
-    return copy_inputs_to_outputs_per_request(model, batch);
+    return copy_inputs_to_outputs(model, batch, true);
 }
