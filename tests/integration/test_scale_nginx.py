@@ -6,6 +6,7 @@ each sequence shows up in exactly one replica's statistics; stateless
 traffic spreads over all replicas; a killed replica's new sequences move to
 the others and its broken sequences fail with a clear error."""
 import concurrent.futures
+import csv
 import os
 import re
 import shutil
@@ -19,7 +20,7 @@ import numpy as np
 import pytest
 import requests
 
-from conftest import EXAMPLES, ROOT, Server, free_port
+from conftest import BUILD, EXAMPLES, ROOT, Server, free_port
 from grpc_util import infer_request, stubs
 
 NGINX = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
@@ -318,3 +319,28 @@ def test_rolling_restart_fails_no_stateless_request(cluster, tmp_path):
         proxy.stop()
     assert errors == [], errors[:5]
     assert ok[0] >= 80
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_perf_tool_sequences_through_nginx(cluster, tmp_path, protocol):
+    """build/nereid-perf drives the accumulator through nginx with the
+    sequence in headers: every request of its sequences is accepted (each
+    sequence stays on the replica holding it), and the three replicas'
+    statistics together count exactly the requests sent."""
+    replicas, proxy = cluster
+    out = tmp_path / "perf.csv"
+    front = proxy.http_url if protocol == "http" else proxy.grpc_addr
+    stats = [r.http_url if protocol == "http" else r.grpc_addr for r in replicas]
+    cmd = [os.path.join(BUILD, "nereid-perf"), "-i", protocol, "-u", front, "-m", SEQ_MODEL,
+           "--sequence-header", "--sequence-length", "5", "--concurrency-range", "4",
+           "--measurement-mode", "count_windows", "--measurement-request-count", "40",
+           "-f", str(out)]
+    for s in stats:
+        cmd += ["--stats-url", s]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    with open(out) as f:
+        row = next(csv.DictReader(f))
+    n = int(row["Client Requests"])
+    assert row["Client Failures"] == "0" and n >= 40 and n % 5 == 0, row
+    assert row["Server Requests"] == row["Client Requests"]
