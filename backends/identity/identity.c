@@ -1,6 +1,7 @@
 /*
  * This file contains the identity backend: output i is a copy of input i
- * (by config position), for every datatype and any shape. Like Triton's
+ * (by config position), for every datatype and any shape, request by
+ * request (so ragged inputs work without a batch_output). Like Triton's
  * identity backend it obeys the model parameters
  *   execute_delay_ms                 sleep this long in every execute
  *   instance_wise_delay_multiplier   with execute_delay_ms: instance k
@@ -78,5 +79,5 @@ NEREID_EXPORT nereid_error_t *nereid_backend_execute(nereid_instance_t *instance
         }
         sleep_ms(st->delay_ms * factor);
     }
-    return copy_inputs_to_outputs(model, batch);
+    return copy_inputs_to_outputs(model, batch, true);
 }

@@ -101,7 +101,7 @@ static nereid_error_t *execute(nereid_instance_t *instance, nereid_batch_t *batc
     }
     if (param_true(model, "fail_execute"))
         return nereid_error_new(NEREID_ERROR_INTERNAL, "testing backend: execute failed");
-    nereid_error_t *err = copy_inputs_to_outputs(model, batch);
+    nereid_error_t *err = copy_inputs_to_outputs(model, batch, false);
     if (err) return err;
     for (size_t r = 0; r < nereid_batch_request_count(batch); r++) {
         const char *fail = nereid_batch_request_parameter_string(batch, r, "fail");

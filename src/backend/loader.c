@@ -15,8 +15,23 @@ static pthread_mutex_t loader_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct nereid_backend **loaded;
 static size_t n_loaded;
 
+/* A backend name comes from a model config: a plain name, never a path. */
+static bool plain_name(const char *name)
+{
+    return name[0] && !strchr(name, '/') && strcmp(name, ".") != 0 && strcmp(name, "..") != 0;
+}
+
+static nereid_error_t *not_found(const char *name)
+{
+    return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                            "unable to find backend library for backend '%s', try specifying "
+                            "runtime on the model configuration.",
+                            name);
+}
+
 static nereid_error_t *open_library(const char *dir, const char *name, struct nereid_backend *b)
 {
+    if (!plain_name(name)) return not_found(name);
     char *candidates[2] = {xasprintf("%s/%s/libnereid_%s.so", dir, name, name),
                            xasprintf("%s/libnereid_%s.so", dir, name)};
     nereid_error_t *err = NULL;
@@ -33,10 +48,7 @@ static nereid_error_t *open_library(const char *dir, const char *name, struct ne
     if (!b->lib.handle && !err) {
         LOG_INFO("backend", "no library for backend '%s': searched '%s' and '%s'", name,
                  candidates[0], candidates[1]);
-        err = nereid_error_new(NEREID_ERROR_INVALID_ARG,
-                               "unable to find backend library for backend '%s', try specifying "
-                               "runtime on the model configuration.",
-                               name);
+        err = not_found(name);
     }
     free(candidates[0]);
     free(candidates[1]);

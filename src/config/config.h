@@ -14,6 +14,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "model_config.pb-c.h"
 
@@ -22,6 +23,10 @@ typedef Inference__ModelConfig model_config_t;
 /* Most execution instances a model may have, over all its instance groups
  * (each instance is one thread). */
 #define CONFIG_MAX_INSTANCES 256
+
+/* Largest tensor a config makes the server allocate by itself (a warmup
+ * input, a sequence's zero or initial state): 1 GiB. */
+#define CONFIG_MAX_TENSOR_BYTES ((uint64_t)1 << 30)
 
 /* Options that change defaults and validation. */
 typedef struct config_options {

@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 
 #include "config/config_internal.h"
+#include "nereid/server.h"
 
 #define WILDCARD_DIM (-1)
 
@@ -704,6 +705,29 @@ static bool validate_control_kind(nctx_t *c, const Inference__ModelSequenceBatch
     return true;
 }
 
+/* Whether a tensor the server makes itself, rows x dims of dtype (a
+ * variable or unset dim counts as 1; TYPE_STRING as 4 bytes an element),
+ * stays within CONFIG_MAX_TENSOR_BYTES; if not, reports "<what> needs more
+ * than the limit of N bytes". */
+static bool tensor_within_limit(nctx_t *c, const void *msg, const char *field, int dtype,
+                                uint64_t rows, const int64_t *dims, size_t n_dims, const char *what)
+{
+    uint64_t esize = dtype == INFERENCE__DATA_TYPE__TYPE_STRING
+                         ? 4
+                         : nereid_datatype_byte_size((nereid_datatype_t)dtype);
+    uint64_t total = rows * (esize ? esize : 1);
+    for (size_t i = 0; i <= n_dims; i++) {
+        uint64_t d = i < n_dims && dims[i] > 0 ? (uint64_t)dims[i] : 1;
+        if (total > CONFIG_MAX_TENSOR_BYTES / d) {
+            nerr(c, msg, field, -1, "%s needs more than the limit of %llu bytes for %s", what,
+                 (unsigned long long)CONFIG_MAX_TENSOR_BYTES, c->name);
+            return false;
+        }
+        total *= d;
+    }
+    return true;
+}
+
 /* Whether name is one of the config's inputs. */
 static bool is_model_input(const model_config_t *cfg, const char *name)
 {
@@ -867,6 +891,10 @@ static void validate_sequence_batching(nctx_t *c)
             }
         }
         if (bad) continue;
+        char what[512];
+        snprintf(what, sizeof what, "sequence batching state '%s'", st->input_name);
+        if (!tensor_within_limit(c, st, "dims", st->data_type, 1, st->dims, st->n_dims, what))
+            continue;
         if (st->use_growable_memory && !st->use_same_buffer_for_input_output) {
             nerr(c, st, "use_growable_memory", -1,
                  "sequence batching state '%s' can only use growable memory together with "
@@ -918,6 +946,9 @@ static void validate_sequence_batching(nctx_t *c)
                      is->name, st->input_name, c->name);
                 break;
             }
+            snprintf(what, sizeof what, "initial state '%s'", is->name);
+            if (!tensor_within_limit(c, is, "dims", is->data_type, 1, is->dims, is->n_dims, what))
+                break;
         }
     }
 }
@@ -1397,6 +1428,13 @@ static void validate_warmup(nctx_t *c)
                      w->inputs[k]->key, w->name, c->name);
                 break;
             }
+            char what[512];
+            snprintf(what, sizeof what, "model warmup input '%s' of setting '%s'",
+                     w->inputs[k]->key, w->name);
+            if (!tensor_within_limit(c, in, "dims", in->data_type,
+                                     cfg->max_batch_size > 0 ? w->batch_size : 1, in->dims,
+                                     in->n_dims, what))
+                break;
         }
     }
 }

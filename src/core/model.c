@@ -10,7 +10,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "backend/loader.h"
 #include "core/util.h"
@@ -230,9 +229,11 @@ static nereid_error_t *check_model_files(const model_t *m)
 
 /* Triton's `runtime`: a library name looked up in the version directory,
  * the model directory and the backend's directory, which must not escape
- * the directory it is found in. Nereid's backends are its own libraries,
- * so a runtime that passes (or names this backend's library the Triton or
- * the Nereid way) loads the backend the config selects. */
+ * the directory it is found in. A name whose text climbs out is refused
+ * against the first directory without looking at the disk (so the answer
+ * never tells whether a file outside exists). Nereid's backends are its own
+ * libraries, so a runtime that passes (or names this backend's library the
+ * Triton or the Nereid way) loads the backend the config selects. */
 static nereid_error_t *check_runtime(const model_t *m, const char *backend_dir, const char *bname)
 {
     const char *rt = m->config->runtime;
@@ -240,29 +241,26 @@ static nereid_error_t *check_runtime(const model_t *m, const char *backend_dir, 
     char *dirs[3] = {xasprintf("%s/%lld", m->dir, (long long)m->version), xstrdup(m->dir),
                      xasprintf("%s/%s", backend_dir ? backend_dir : "", bname)};
     nereid_error_t *err = NULL;
-    size_t found = ARRAY_LEN(dirs);
-    for (size_t i = 0; i < ARRAY_LEN(dirs) && found == ARRAY_LEN(dirs); i++) {
-        char *full = xasprintf("%s/%s", dirs[i], rt);
-        if (access(full, F_OK) == 0) found = i;
-        free(full);
-    }
+    util_path_status_t st = UTIL_PATH_MISSING;
+    size_t i = 0;
+    while (i < ARRAY_LEN(dirs) && (st = util_confine_path(dirs[i], rt, NULL)) == UTIL_PATH_MISSING)
+        i++;
     char *triton_name = xasprintf("libtriton_%s.so", bname);
     char *nereid_name = xasprintf("libnereid_%s.so", bname);
-    if (found < ARRAY_LEN(dirs)) {
-        if (util_confine_path(dirs[found], rt, NULL) == UTIL_PATH_OUTSIDE)
-            err = nereid_error_new(NEREID_ERROR_INVALID_ARG,
-                                   "backend library name '%s' escapes backend directory '%s', for "
-                                   "model '%s', check model config runtime field",
-                                   rt, dirs[found], m->name);
-    } else if (strcmp(rt, triton_name) != 0 && strcmp(rt, nereid_name) != 0) {
+    if (st == UTIL_PATH_OUTSIDE)
+        err = nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                               "backend library name '%s' escapes backend directory '%s', for "
+                               "model '%s', check model config runtime field",
+                               rt, dirs[i], m->name);
+    else if (st == UTIL_PATH_MISSING && strcmp(rt, triton_name) != 0 &&
+             strcmp(rt, nereid_name) != 0)
         err = nereid_error_new(NEREID_ERROR_INVALID_ARG,
                                "unable to find backend library '%s' for model '%s', searched: "
                                "'%s' '%s' '%s' ",
                                rt, m->name, dirs[0], dirs[1], dirs[2]);
-    }
     free(triton_name);
     free(nereid_name);
-    for (size_t i = 0; i < ARRAY_LEN(dirs); i++)
+    for (i = 0; i < ARRAY_LEN(dirs); i++)
         free(dirs[i]);
     return err;
 }
@@ -308,10 +306,11 @@ nereid_error_t *model_load(nereid_server_t *server, const model_load_args_t *arg
     }
     if (bname) {
         m->backend_name = xstrdup(bname);
-        err = check_model_files(m);
-        if (!err) err = check_runtime(m, args->backend_dir, bname);
-        if (err) goto fail;
+        /* The loader refuses a backend name that is not a plain name, so
+         * the runtime search below stays in the backend's directory. */
         err = backend_acquire(args->backend_dir, bname, &m->backend);
+        if (!err) err = check_model_files(m);
+        if (!err) err = check_runtime(m, args->backend_dir, bname);
         if (err) goto fail;
         if (m->backend->model_init) {
             m->in_model_init = true;

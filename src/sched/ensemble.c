@@ -761,12 +761,22 @@ static nereid_error_t *check_flow(ensemble_t *e, model_t *ens)
 static void take_labels(model_io_t *out, const model_io_t *from)
 {
     if ((out->n_labels && out->labels[0][0]) || !from || !from->n_labels) return;
-    for (size_t l = 0; l < out->n_labels; l++)
-        free(out->labels[l]);
-    free(out->labels);
-    out->labels = xcalloc(from->n_labels, sizeof *out->labels);
+    /* The io table's layout (model.c): labels point into one label_text. */
+    size_t len = 0;
     for (size_t l = 0; l < from->n_labels; l++)
-        out->labels[l] = xstrdup(from->labels[l]);
+        len += strlen(from->labels[l]) + 1;
+    char *text = xmalloc(len), *p = text;
+    char **labels = xcalloc(from->n_labels, sizeof *labels);
+    for (size_t l = 0; l < from->n_labels; l++) {
+        size_t n = strlen(from->labels[l]) + 1;
+        memcpy(p, from->labels[l], n);
+        labels[l] = p;
+        p += n;
+    }
+    free(out->labels);
+    free(out->label_text);
+    out->labels = labels;
+    out->label_text = text;
     out->n_labels = from->n_labels;
 }
 

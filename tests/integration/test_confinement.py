@@ -195,6 +195,10 @@ def test_model_filename_and_runtime_confined(nereid_server, tmp_path):
     refused(s, plain_config(runtime="../dummy_runtime/libtriton_identity.so"),
             "backend library name '../dummy_runtime/libtriton_identity.so' escapes backend "
             f"directory '{mdir}/1', for model 'm', check model config runtime field")
+    # a runtime climbing out is refused the same way whether its target exists or not
+    for target in ("etc/passwd", "etc/no_such_file_here"):
+        refused(s, plain_config(runtime=UP + target),
+                f"escapes backend directory '{mdir}/1', for model 'm'")
     refused(s, plain_config(runtime="__invalid_runtime__"),
             "unable to find backend library '__invalid_runtime__' for model 'm'")
     assert load(s, plain_config(runtime="libtriton_testing.so")).status_code == 200
@@ -265,3 +269,43 @@ def test_onnx_autofill_leaves_sequence_tensors_out_of_inputs(nereid_server, tmp_
         r = requests.post(f"{s.http_url}/v2/models/acc/infer", json=body, timeout=10)
         assert r.status_code == 200 and r.json()["outputs"][0]["data"] == want, r.text
         body["parameters"]["sequence_start"] = False
+
+
+def test_server_made_tensors_bounded(nereid_server, tmp_path):
+    """Warmup inputs and sequence states the server allocates itself are
+    bounded (1 GiB): absurd dims fail the load instead of the server."""
+    repo, _ = make_repo(tmp_path)
+    s = nereid_server(repo, "--model-control-mode=explicit")
+    cfg = warmup_config("unused")
+    cfg["model_warmup"][0]["inputs"]["INPUT0"] = {"data_type": "TYPE_FP32",
+                                                  "dims": [4000000000000], "zero_data": True}
+    refused(s, cfg, "model warmup input 'INPUT0' of setting 'w' needs more than the limit of "
+                    "1073741824 bytes for m")
+    cfg = state_config("unused")
+    cfg["sequence_batching"]["state"][0]["initial_state"][0].update(
+        {"dims": [2**40], "zero_data": True})
+    del cfg["sequence_batching"]["state"][0]["initial_state"][0]["data_file"]
+    refused(s, cfg, "initial state 'seed' needs more than the limit of 1073741824 bytes for m")
+    del cfg["sequence_batching"]["state"][0]["initial_state"]
+    cfg["sequence_batching"]["state"][0]["dims"] = [2**31, 2**31]
+    refused(s, cfg, "sequence batching state 'INPUT_STATE' needs more than the limit")
+    assert requests.get(f"{s.http_url}/v2/health/live", timeout=10).status_code == 200
+
+
+def test_backend_name_is_not_a_path(nereid_server, tmp_path):
+    """A backend name with '/' could point the loader at any library, e.g.
+    one uploaded with a model: it is refused like an unknown backend."""
+    import shutil
+    from conftest import BUILD
+    repo, _ = make_repo(tmp_path)
+    mdir = os.path.join(repo, "m")
+    os.makedirs(os.path.join(mdir, "x", "libnereid_.."))
+    shutil.copy(os.path.join(BUILD, "backends", "libnereid_identity.so"),
+                os.path.join(mdir, "x.so"))
+    s = nereid_server(repo, "--model-control-mode=explicit")
+    name = UP + mdir.lstrip("/") + "/x"
+    cfg = plain_config(backend=name)
+    refused(s, cfg, f"unable to find backend library for backend '{name}', try specifying "
+                    "runtime on the model configuration.")
+    for name in ("..", ".", "identity/../identity"):
+        refused(s, plain_config(backend=name), "unable to find backend library for backend")

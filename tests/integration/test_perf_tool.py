@@ -35,6 +35,7 @@ def server(nereid_server, model_repo):
     """A server with the two models the tests drive, both ports open."""
     model_repo.add("add_sub")
     model_repo.add("identity_fp32")
+    model_repo.add("accumulator_direct")
     s = nereid_server(model_repo.path)
     wait_grpc(s)
     return s
@@ -135,6 +136,21 @@ def test_server_errors_are_counted_grpc(server):
     assert r.returncode != 0
     assert "4 failed requests, first: gRPC status 3: " in r.stderr, r.stderr
     assert "batch-size must be <= 8 for 'add_sub'" in r.stderr
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_sequences(server, tmp_path, protocol):
+    # a stateful model: requests go in sequences of 4 (START first, END last);
+    # a sequence open when a level's count is reached is still ended, so
+    # every level sends whole sequences, all of them accepted
+    rows, out = run_csv(server, tmp_path, "-m", "accumulator_direct", "--concurrency-range", "1:3:2",
+                        "--measurement-request-count", "10", "--sequence-length", "4",
+                        "--sequence-id-range", "100:199", "--sequence-header", protocol=protocol)
+    assert "sequences of 4 requests (ids also in headers)" in out
+    for row in rows:
+        n = int(row["Client Requests"])
+        assert row["Client Failures"] == "0" and n >= 10 and n % 4 == 0, row
+        assert row["Server Requests"] == row["Client Requests"]
 
 
 def test_unknown_model(server):

@@ -6,6 +6,7 @@ each sequence shows up in exactly one replica's statistics; stateless
 traffic spreads over all replicas; a killed replica's new sequences move to
 the others and its broken sequences fail with a clear error."""
 import concurrent.futures
+import csv
 import os
 import re
 import shutil
@@ -19,7 +20,7 @@ import numpy as np
 import pytest
 import requests
 
-from conftest import EXAMPLES, ROOT, Server, free_port
+from conftest import BUILD, EXAMPLES, ROOT, Server, free_port
 from grpc_util import infer_request, stubs
 
 NGINX = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
@@ -45,13 +46,13 @@ def render(replicas, http_port, grpc_port):
 
 
 class Nginx:
-    def __init__(self, prefix, replicas):
+    def __init__(self, prefix, replicas, edit=lambda text: text):
         self.http_port, self.grpc_port = free_port(), free_port()
         self.http_url = f"http://127.0.0.1:{self.http_port}"
         self.grpc_addr = f"127.0.0.1:{self.grpc_port}"
         os.makedirs(os.path.join(prefix, "logs"), exist_ok=True)
         with open(os.path.join(prefix, "nereid.conf"), "w") as f:
-            f.write(render(replicas, self.http_port, self.grpc_port))
+            f.write(edit(render(replicas, self.http_port, self.grpc_port)))
         temp = "\n".join(f"  {k}_temp_path {prefix}/{k}_temp;"
                          for k in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
         main = (("user root;\n" if os.geteuid() == 0 else "")
@@ -246,3 +247,100 @@ def test_replica_killed_mid_run(cluster):
         # and stateless requests too (retried past the dead replica)
         for _ in range(12):
             add_sub_http(proxy)
+
+
+
+def restart(replica):
+    """A rolling restart's step: SIGTERM (in-flight requests drain, new ones
+    get 503, then the connections close), then the same command line again
+    on the same ports."""
+    replica.proc.send_signal(signal.SIGTERM)
+    assert replica.proc.wait(timeout=60) == 0, replica.output()
+    replica.proc = subprocess.Popen(replica.proc.args, stdout=replica.log,
+                                    stderr=subprocess.STDOUT)
+    deadline = time.time() + 60
+    while not (_open(replica.http_port) and _open(replica.grpc_port)):
+        assert replica.proc.poll() is None, replica.output()
+        assert time.time() < deadline, "the restarted replica did not open its ports"
+        time.sleep(0.02)
+
+
+def test_rolling_restart_fails_no_stateless_request(cluster, tmp_path):
+    """Plain HTTP traffic keeps flowing while every replica restarts in turn,
+    each stopped while it is serving: a request that meets the stopping
+    replica (503 while it drains, a refused connection, or a keep-alive
+    connection closed under it) is replayed on another replica by
+    proxy_next_upstream, so the clients see no error. fail_timeout is cut
+    to 1 s so a restarted replica is back in rotation quickly."""
+    replicas, _ = cluster
+    proxy = Nginx(str(tmp_path / "nginx-restart"), replicas,
+                  lambda text: text.replace("fail_timeout=10s", "fail_timeout=1s"))
+    stop = False
+    ok, errors = [0], []
+    body = {"inputs": [
+        {"name": "INPUT0", "datatype": "FP32", "shape": [1, 16], "data": [1.0] * 16},
+        {"name": "INPUT1", "datatype": "FP32", "shape": [1, 16], "data": [2.0] * 16}]}
+
+    def client():
+        with requests.Session() as s:
+            while not stop:
+                r = s.post(f"{proxy.http_url}/v2/models/add_sub/infer", json=body, timeout=60)
+                if r.status_code == 200 and r.json()["outputs"][0]["data"] == [3.0] * 16:
+                    ok[0] += 1
+                else:
+                    errors.append(f"HTTP {r.status_code}: {r.text}")
+
+    def served(replica):
+        try:
+            return success_count(replica, "add_sub")
+        except (requests.ConnectionError, AssertionError):
+            return 0
+
+    try:
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            clients = [pool.submit(client) for _ in range(4)]
+            try:
+                def wait_serving(replica):  # in rotation (its count restarts at 0)
+                    deadline = time.time() + 60
+                    while served(replica) < 20 and not errors:
+                        assert time.time() < deadline, "a replica got no traffic"
+                        time.sleep(0.01)
+
+                for r in replicas:
+                    wait_serving(r)
+                for victim in replicas:  # the next one only once this one is back
+                    restart(victim)
+                    wait_serving(victim)
+            finally:
+                stop = True
+                for c in clients:
+                    c.result()
+    finally:
+        proxy.stop()
+    assert errors == [], errors[:5]
+    assert ok[0] >= 80
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_perf_tool_sequences_through_nginx(cluster, tmp_path, protocol):
+    """build/nereid-perf drives the accumulator through nginx with the
+    sequence in headers: every request of its sequences is accepted (each
+    sequence stays on the replica holding it), and the three replicas'
+    statistics together count exactly the requests sent."""
+    replicas, proxy = cluster
+    out = tmp_path / "perf.csv"
+    front = proxy.http_url if protocol == "http" else proxy.grpc_addr
+    stats = [r.http_url if protocol == "http" else r.grpc_addr for r in replicas]
+    cmd = [os.path.join(BUILD, "nereid-perf"), "-i", protocol, "-u", front, "-m", SEQ_MODEL,
+           "--sequence-header", "--sequence-length", "5", "--concurrency-range", "4",
+           "--measurement-mode", "count_windows", "--measurement-request-count", "40",
+           "-f", str(out)]
+    for s in stats:
+        cmd += ["--stats-url", s]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    with open(out) as f:
+        row = next(csv.DictReader(f))
+    n = int(row["Client Requests"])
+    assert row["Client Failures"] == "0" and n >= 40 and n % 5 == 0, row
+    assert row["Server Requests"] == row["Client Requests"]

@@ -43,7 +43,12 @@ typedef struct {
     int n_shapes;
     const char *stats_urls[MAX_STATS_URLS];
     int n_stats_urls;
+    int is_sequence; /* the model is stateful: requests go in sequences */
+    int64_t sequence_length;
+    uint64_t sequence_ids[2]; /* first and last id to use */
 } perf_opts_t;
+
+static atomic_ullong next_sequence; /* sequences started so far, over all levels */
 
 /* One sweep level in flight. */
 typedef struct {
@@ -116,6 +121,10 @@ static void usage(FILE *f)
             "  --shape NAME:D1,D2,...        dimensions of a variable input (no batch dim)\n"
             "  --string-length N             random BYTES element length (default 128)\n"
             "  --input-tensor-format binary|json, --output-tensor-format binary|json (HTTP)\n"
+            "  --sequence-length N           requests per sequence, stateful models (default 20)\n"
+            "  --sequence-id-range S[:E]     sequence ids to use, cycling (default 1:2^63-1)\n"
+            "  --sequence-header             also send the sequence in Nereid-Sequence-* headers\n"
+            "                                (gRPC metadata), for a sequence-affine proxy\n"
             "  --stats-url URL               where to read server statistics; repeat to sum\n"
             "                                replicas (default: -u)\n"
             "  -f FILE                       write the results as CSV\n");
@@ -162,6 +171,9 @@ enum {
     OPT_IN_FMT,
     OPT_OUT_FMT,
     OPT_STATS_URL,
+    OPT_SEQ_LEN,
+    OPT_SEQ_IDS,
+    OPT_SEQ_HEADER,
 };
 
 static int parse_args(int argc, char **argv, perf_opts_t *o)
@@ -179,6 +191,9 @@ static int parse_args(int argc, char **argv, perf_opts_t *o)
         {"input-tensor-format", required_argument, 0, OPT_IN_FMT},
         {"output-tensor-format", required_argument, 0, OPT_OUT_FMT},
         {"stats-url", required_argument, 0, OPT_STATS_URL},
+        {"sequence-length", required_argument, 0, OPT_SEQ_LEN},
+        {"sequence-id-range", required_argument, 0, OPT_SEQ_IDS},
+        {"sequence-header", no_argument, 0, OPT_SEQ_HEADER},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -194,6 +209,9 @@ static int parse_args(int argc, char **argv, perf_opts_t *o)
     o->max_threads = 16;
     o->input_data = "random";
     o->string_length = 128;
+    o->sequence_length = 20;
+    o->sequence_ids[0] = 1;
+    o->sequence_ids[1] = INT64_MAX;
     while ((c = getopt_long(argc, argv, "m:x:u:i:b:p:f:h", longs, NULL)) != -1) {
         switch (c) {
         case 'm':
@@ -255,6 +273,23 @@ static int parse_args(int argc, char **argv, perf_opts_t *o)
         case OPT_OUT_FMT:
             o->req.binary_output = strcmp(optarg, "json") != 0;
             break;
+        case OPT_SEQ_LEN:
+            o->sequence_length = atoll(optarg);
+            break;
+        case OPT_SEQ_IDS: {
+            char *end;
+            o->sequence_ids[0] = strtoull(optarg, &end, 10);
+            if (*end == ':') o->sequence_ids[1] = strtoull(end + 1, &end, 10);
+            if (*end || !o->sequence_ids[0] || o->sequence_ids[1] < o->sequence_ids[0]) {
+                fprintf(stderr, "nereid-perf: bad --sequence-id-range '%s' (START[:END])\n",
+                        optarg);
+                return -1;
+            }
+            break;
+        }
+        case OPT_SEQ_HEADER:
+            o->req.sequence_header = 1;
+            break;
         case OPT_STATS_URL:
             if (o->n_stats_urls == MAX_STATS_URLS) return -1;
             o->stats_urls[o->n_stats_urls++] = optarg;
@@ -282,7 +317,7 @@ static int parse_args(int argc, char **argv, perf_opts_t *o)
         return -1;
     }
     if (o->batch_size < 1 || o->interval_ms < 1 || o->request_count < 1 || o->max_threads < 1 ||
-        o->string_length < 0) {
+        o->string_length < 0 || o->sequence_length < 1) {
         fprintf(stderr, "nereid-perf: -b, -p, --measurement-request-count and --max-threads "
                         "must be positive\n");
         return -1;
@@ -529,30 +564,56 @@ static int claim(level_t *lv, int64_t *send_at_ns)
 typedef struct {
     level_t *lv;
     perf_conn_t *conn;
+    perf_sequence_t seq; /* stateful models: the sequence this sender is in */
+    int64_t step;        /* its next request's index; 0: start a new one */
 } worker_t;
+
+/* Sends one request and records it. For a stateful model the request
+ * belongs to the sender's current sequence (START on its first request, END
+ * on its last); a failed request abandons the sequence. */
+static void send_one(worker_t *w)
+{
+    level_t *lv = w->lv;
+    const perf_opts_t *o = lv->opts;
+    char err[PERF_ERR_LEN];
+    const perf_sequence_t *seq = NULL;
+    if (o->is_sequence) {
+        if (w->step == 0) {
+            uint64_t span = o->sequence_ids[1] - o->sequence_ids[0] + 1;
+            uint64_t n = atomic_fetch_add(&next_sequence, 1);
+            w->seq.id = o->sequence_ids[0] + (span ? n % span : n);
+        }
+        w->seq.start = w->step == 0;
+        w->seq.end = w->step == o->sequence_length - 1;
+        seq = &w->seq;
+    }
+    err[0] = '\0';
+    int64_t t0 = now_ns();
+    int rc = o->transport->infer(w->conn, seq, err);
+    record(lv, rc == 0, (uint64_t)(now_ns() - t0), err);
+    if (seq) w->step = rc || w->seq.end ? 0 : w->step + 1;
+}
 
 static void *worker_main(void *arg)
 {
     worker_t *w = arg;
     level_t *lv = w->lv;
-    char err[PERF_ERR_LEN];
     int64_t send_at;
     while (claim(lv, &send_at)) {
         if (send_at) {
             struct timespec ts = {send_at / 1000000000, send_at % 1000000000};
             while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR) {
             }
+            if (now_ns() - send_at > 1000000) {
+                pthread_mutex_lock(&lv->lock);
+                lv->n_delayed++;
+                pthread_mutex_unlock(&lv->lock);
+            }
         }
-        int64_t t0 = now_ns();
-        if (send_at && t0 - send_at > 1000000) {
-            pthread_mutex_lock(&lv->lock);
-            lv->n_delayed++;
-            pthread_mutex_unlock(&lv->lock);
-        }
-        err[0] = '\0';
-        int rc = lv->opts->transport->infer(w->conn, err);
-        record(lv, rc == 0, (uint64_t)(now_ns() - t0), err);
+        send_one(w);
     }
+    while (w->step != 0) /* end the open sequence: the server would hold its slot */
+        send_one(w);
     return NULL;
 }
 
@@ -736,17 +797,22 @@ int main(int argc, char **argv)
         return 1;
     }
     int rc = build_inputs(&o, &meta);
+    o.is_sequence = meta.is_sequence;
     perf_model_meta_free(&meta);
     if (rc) {
         free_opts(&o);
         o.transport->shutdown();
         return 1;
     }
-    printf("*** nereid-perf: model %s, %s at %s, batch size %d, %s inputs\n", o.req.model,
+    printf("*** nereid-perf: model %s, %s at %s, batch size %d, %s inputs", o.req.model,
            o.transport->name, o.req.url, o.batch_size,
            strcmp(o.transport->name, "http") ? "raw"
            : o.req.binary_input              ? "binary"
                                              : "JSON");
+    if (o.is_sequence)
+        printf(", sequences of %" PRId64 " requests%s", o.sequence_length,
+               o.req.sequence_header ? " (ids also in headers)" : "");
+    printf("\n");
     int n_levels = (int)((o.range[1] - o.range[0]) / o.range[2]) + 1, n_done = 0, failed = 0;
     result_t *results = calloc((size_t)n_levels, sizeof *results);
     for (; n_done < n_levels; n_done++) {

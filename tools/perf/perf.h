@@ -31,9 +31,16 @@ typedef struct {
     int n_inputs;
     char **outputs; /* output names from the metadata */
     int n_outputs;
-    int binary_input;  /* HTTP: binary tensor data extension; else JSON arrays */
-    int binary_output; /* HTTP: ask for binary outputs */
+    int binary_input;    /* HTTP: binary tensor data extension; else JSON arrays */
+    int binary_output;   /* HTTP: ask for binary outputs */
+    int sequence_header; /* also send the sequence in Nereid-Sequence-* headers */
 } perf_request_t;
+
+/* Where a request stands in its sequence (stateful models). */
+typedef struct {
+    uint64_t id;
+    int start, end;
+} perf_sequence_t;
 
 /* Model metadata as the transports report it (shapes as the server gives
  * them, -1 for variable dimensions). */
@@ -48,6 +55,7 @@ typedef struct {
     perf_tensor_meta_t *inputs, *outputs;
     int n_inputs, n_outputs;
     int max_batch_size; /* from the model configuration; 0 when unknown */
+    int is_sequence;    /* the configuration has sequence_batching */
 } perf_model_meta_t;
 
 /* Cumulative server statistics of one model (the statistics extension). */
@@ -59,7 +67,8 @@ typedef struct {
 typedef struct perf_conn perf_conn_t;
 
 /* A transport. connect() returns NULL with err set on failure; infer()
- * returns 0 on success, else -1 with err set (the server's message). */
+ * sends one request (seq NULL outside sequences) and returns 0 on success,
+ * else -1 with err set (the server's message). */
 typedef struct {
     const char *name;
     void (*init)(void); /* once before anything else */
@@ -67,7 +76,7 @@ typedef struct {
     int (*metadata)(const perf_request_t *req, perf_model_meta_t *out, char *err);
     int (*stats)(const char *url, const perf_request_t *req, perf_server_stats_t *out, char *err);
     perf_conn_t *(*connect)(const perf_request_t *req, char *err);
-    int (*infer)(perf_conn_t *conn, char *err);
+    int (*infer)(perf_conn_t *conn, const perf_sequence_t *seq, char *err);
     void (*close)(perf_conn_t *conn);
 } perf_transport_t;
 

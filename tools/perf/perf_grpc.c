@@ -8,6 +8,7 @@
 #include <grpc/grpc_security.h>
 #include <grpc/support/alloc.h>
 #include <grpc/support/time.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,7 +20,14 @@
 struct perf_conn {
     grpc_channel *channel;
     grpc_completion_queue *cq;
-    grpc_slice request; /* the packed ModelInferRequest, sent by every call */
+    const perf_request_t *req;
+    Inference__ModelInferRequest msg; /* points into req's inputs */
+    Inference__ModelInferRequest__InferInputTensor *tensors, **inputs;
+    ProtobufCBinaryData *raw;
+    /* sequence_id, sequence_start, sequence_end parameters */
+    Inference__ModelInferRequest__ParametersEntry entries[3], *entry_ptrs[3];
+    Inference__InferParameter values[3];
+    grpc_slice request; /* the packed ModelInferRequest outside sequences */
 };
 
 static void strip_scheme(const char *url, char *out, size_t cap)
@@ -46,7 +54,8 @@ static grpc_channel *open_channel(const char *url)
 /* One unary call on ch; returns 0 and the reply bytes (caller unrefs), or
  * -1 with err set. */
 static int unary(grpc_channel *ch, grpc_completion_queue *cq, const char *method,
-                 grpc_slice request, grpc_slice *reply, char *err)
+                 grpc_slice request, const grpc_metadata *md, size_t n_md, grpc_slice *reply,
+                 char *err)
 {
     grpc_slice m = grpc_slice_from_static_string(method);
     gpr_timespec deadline =
@@ -63,6 +72,8 @@ static int unary(grpc_channel *ch, grpc_completion_queue *cq, const char *method
     grpc_metadata_array_init(&trailing);
     memset(ops, 0, sizeof ops);
     ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[0].data.send_initial_metadata.count = n_md;
+    ops[0].data.send_initial_metadata.metadata = (grpc_metadata *)md;
     ops[1].op = GRPC_OP_SEND_MESSAGE;
     ops[1].data.send_message.send_message = send;
     ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
@@ -120,7 +131,7 @@ static ProtobufCMessage *call_once(const char *url, const char *method, const Pr
     grpc_completion_queue *cq = grpc_completion_queue_create_for_pluck(NULL);
     grpc_slice request = pack(msg), reply;
     ProtobufCMessage *out = NULL;
-    if (unary(ch, cq, method, request, &reply, err) == 0) {
+    if (unary(ch, cq, method, request, NULL, 0, &reply, err) == 0) {
         out = protobuf_c_message_unpack(reply_type, NULL, GRPC_SLICE_LENGTH(reply),
                                         GRPC_SLICE_START_PTR(reply));
         if (!out) snprintf(err, PERF_ERR_LEN, "cannot parse the reply to %s", method);
@@ -173,7 +184,10 @@ static int rpc_metadata(const perf_request_t *req, perf_model_meta_t *out, char 
         req->url, SERVICE "ModelConfig", &creq.base, &inference__model_config_response__descriptor,
         cerr);
     if (c) {
-        if (c->config) out->max_batch_size = c->config->max_batch_size;
+        if (c->config) {
+            out->max_batch_size = c->config->max_batch_size;
+            out->is_sequence = c->config->sequence_batching != NULL;
+        }
         protobuf_c_message_free_unpacked(&c->base, NULL);
     }
     return 0;
@@ -214,16 +228,18 @@ static int rpc_stats(const char *url, const perf_request_t *req, perf_server_sta
 
 static perf_conn_t *rpc_connect(const perf_request_t *req, char *err)
 {
-    Inference__ModelInferRequest r = INFERENCE__MODEL_INFER_REQUEST__INIT;
-    Inference__ModelInferRequest__InferInputTensor *tensors, **inputs;
-    ProtobufCBinaryData *raw;
+    static const char *keys[3] = {"sequence_id", "sequence_start", "sequence_end"};
+    Inference__ModelInferRequest init = INFERENCE__MODEL_INFER_REQUEST__INIT;
+    perf_conn_t *c = calloc(1, sizeof *c);
     int n = req->n_inputs;
     (void)err;
-    tensors = calloc((size_t)n + 1, sizeof *tensors);
-    inputs = calloc((size_t)n + 1, sizeof *inputs);
-    raw = calloc((size_t)n + 1, sizeof *raw);
-    r.model_name = (char *)req->model;
-    r.model_version = (char *)req->version;
+    c->req = req;
+    c->msg = init;
+    c->tensors = calloc((size_t)n + 1, sizeof *c->tensors);
+    c->inputs = calloc((size_t)n + 1, sizeof *c->inputs);
+    c->raw = calloc((size_t)n + 1, sizeof *c->raw);
+    c->msg.model_name = (char *)req->model;
+    c->msg.model_version = (char *)req->version;
     for (int i = 0; i < n; i++) {
         Inference__ModelInferRequest__InferInputTensor t =
             INFERENCE__MODEL_INFER_REQUEST__INFER_INPUT_TENSOR__INIT;
@@ -231,28 +247,63 @@ static perf_conn_t *rpc_connect(const perf_request_t *req, char *err)
         t.datatype = (char *)req->inputs[i].datatype;
         t.n_shape = (size_t)req->inputs[i].n_dims;
         t.shape = (int64_t *)req->inputs[i].shape;
-        tensors[i] = t;
-        inputs[i] = &tensors[i];
-        raw[i].data = req->inputs[i].data;
-        raw[i].len = req->inputs[i].byte_size;
+        c->tensors[i] = t;
+        c->inputs[i] = &c->tensors[i];
+        c->raw[i].data = req->inputs[i].data;
+        c->raw[i].len = req->inputs[i].byte_size;
     }
-    r.n_inputs = r.n_raw_input_contents = (size_t)n;
-    r.inputs = inputs;
-    r.raw_input_contents = raw;
-    perf_conn_t *c = calloc(1, sizeof *c);
-    c->request = pack(&r.base);
-    free(tensors);
-    free(inputs);
-    free(raw);
+    c->msg.n_inputs = c->msg.n_raw_input_contents = (size_t)n;
+    c->msg.inputs = c->inputs;
+    c->msg.raw_input_contents = c->raw;
+    for (int i = 0; i < 3; i++) {
+        Inference__ModelInferRequest__ParametersEntry e =
+            INFERENCE__MODEL_INFER_REQUEST__PARAMETERS_ENTRY__INIT;
+        Inference__InferParameter v = INFERENCE__INFER_PARAMETER__INIT;
+        c->values[i] = v;
+        e.key = (char *)keys[i];
+        e.value = &c->values[i];
+        c->entries[i] = e;
+        c->entry_ptrs[i] = &c->entries[i];
+    }
+    c->request = pack(&c->msg.base);
     c->channel = open_channel(req->url);
     c->cq = grpc_completion_queue_create_for_pluck(NULL);
     return c;
 }
 
-static int rpc_infer(perf_conn_t *c, char *err)
+static int rpc_infer(perf_conn_t *c, const perf_sequence_t *seq, char *err)
 {
-    grpc_slice reply;
-    if (unary(c->channel, c->cq, SERVICE "ModelInfer", c->request, &reply, err)) return -1;
+    grpc_slice reply, request = c->request;
+    grpc_metadata md[3] = {0};
+    size_t n_md = 0;
+    char id[32];
+    if (seq) {
+        c->values[0].parameter_choice_case =
+            INFERENCE__INFER_PARAMETER__PARAMETER_CHOICE_INT64_PARAM;
+        c->values[0].int64_param = (int64_t)seq->id;
+        c->values[1].parameter_choice_case =
+            INFERENCE__INFER_PARAMETER__PARAMETER_CHOICE_BOOL_PARAM;
+        c->values[1].bool_param = seq->start;
+        c->values[2].parameter_choice_case =
+            INFERENCE__INFER_PARAMETER__PARAMETER_CHOICE_BOOL_PARAM;
+        c->values[2].bool_param = seq->end;
+        c->msg.n_parameters = 3;
+        c->msg.parameters = c->entry_ptrs;
+        request = pack(&c->msg.base);
+        if (c->req->sequence_header) {
+            snprintf(id, sizeof id, "%" PRIu64, seq->id);
+            md[0].key = grpc_slice_from_static_string("nereid-sequence-id");
+            md[0].value = grpc_slice_from_static_string(id);
+            md[1].key = grpc_slice_from_static_string("nereid-sequence-start");
+            md[1].value = grpc_slice_from_static_string(seq->start ? "true" : "false");
+            md[2].key = grpc_slice_from_static_string("nereid-sequence-end");
+            md[2].value = grpc_slice_from_static_string(seq->end ? "true" : "false");
+            n_md = 3;
+        }
+    }
+    int rc = unary(c->channel, c->cq, SERVICE "ModelInfer", request, md, n_md, &reply, err);
+    if (seq) grpc_slice_unref(request);
+    if (rc) return -1;
     grpc_slice_unref(reply);
     return 0;
 }
@@ -264,6 +315,9 @@ static void rpc_close(perf_conn_t *c)
     grpc_completion_queue_shutdown(c->cq);
     grpc_completion_queue_destroy(c->cq);
     grpc_channel_destroy(c->channel);
+    free(c->tensors);
+    free(c->inputs);
+    free(c->raw);
     free(c);
 }
 

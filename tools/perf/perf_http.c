@@ -12,6 +12,10 @@
 struct perf_conn {
     CURL *curl;
     struct curl_slist *headers;
+    const perf_request_t *req;
+    char *json_prefix;  /* the JSON header without its request parameters and closing brace */
+    unsigned char *raw; /* binary inputs: the tensors, concatenated */
+    size_t raw_bytes;
     char *body;
     size_t body_bytes;
     char *reply; /* response body (kept only up to reply_cap) */
@@ -142,6 +146,7 @@ static int http_metadata(const perf_request_t *req, perf_model_meta_t *out, char
     model_path(req, req->url, "/config", url, sizeof url);
     json_t *cfg = get_json(url, cerr);
     out->max_batch_size = (int)json_integer_value(json_object_get(cfg, "max_batch_size"));
+    out->is_sequence = json_is_object(json_object_get(cfg, "sequence_batching"));
     json_decref(cfg);
     return 0;
 }
@@ -222,11 +227,13 @@ static json_t *element_json(const perf_input_t *in, const unsigned char **p)
     return v;
 }
 
-/* The request body: JSON only, or a JSON header followed by the raw
- * tensors (Triton's binary tensor data extension). */
-static char *build_body(const perf_request_t *req, size_t *body_bytes, size_t *header_bytes,
-                        char *err)
+/* The parts of a request body that never change: the JSON header's inputs,
+ * and for binary inputs the raw tensors that follow it (Triton's binary
+ * tensor data extension). Returns -1 with err set if a datatype has no JSON
+ * form. */
+static int build_parts(perf_conn_t *c, char *err)
 {
+    const perf_request_t *req = c->req;
     json_t *root = json_object(), *inputs = json_array();
     json_object_set_new(root, "inputs", inputs);
     for (int i = 0; i < req->n_inputs; i++) {
@@ -251,7 +258,7 @@ static char *build_body(const perf_request_t *req, size_t *body_bytes, size_t *h
                     json_decref(data);
                     json_decref(t);
                     json_decref(root);
-                    return NULL;
+                    return -1;
                 }
                 json_array_append_new(data, v);
             }
@@ -259,29 +266,68 @@ static char *build_body(const perf_request_t *req, size_t *body_bytes, size_t *h
         }
         json_array_append_new(inputs, t);
     }
-    if (req->binary_output)
-        json_object_set_new(root, "parameters", json_pack("{s:b}", "binary_data_output", 1));
-    char *header = json_dumps(root, JSON_COMPACT);
+    c->json_prefix = json_dumps(root, JSON_COMPACT);
     json_decref(root);
-    size_t hlen = strlen(header), total = hlen;
-    if (!req->binary_input) {
-        *body_bytes = hlen;
-        *header_bytes = 0;
-        return header;
+    c->json_prefix[strlen(c->json_prefix) - 1] = '\0'; /* the closing brace */
+    if (req->binary_input) {
+        for (int i = 0; i < req->n_inputs; i++)
+            c->raw_bytes += req->inputs[i].byte_size;
+        c->raw = malloc(c->raw_bytes ? c->raw_bytes : 1);
+        unsigned char *p = c->raw;
+        for (int i = 0; i < req->n_inputs; i++) {
+            memcpy(p, req->inputs[i].data, req->inputs[i].byte_size);
+            p += req->inputs[i].byte_size;
+        }
     }
-    for (int i = 0; i < req->n_inputs; i++)
-        total += req->inputs[i].byte_size;
-    char *body = malloc(total ? total : 1), *p = body;
-    memcpy(p, header, hlen);
-    p += hlen;
-    for (int i = 0; i < req->n_inputs; i++) {
-        memcpy(p, req->inputs[i].data, req->inputs[i].byte_size);
-        p += req->inputs[i].byte_size;
+    return 0;
+}
+
+/* The whole request for seq (NULL outside sequences): body and headers. */
+static void compose(perf_conn_t *c, const perf_sequence_t *seq)
+{
+    const perf_request_t *req = c->req;
+    char params[256] = "", line[128];
+    size_t n = 0;
+    if (req->binary_output)
+        n += (size_t)snprintf(params + n, sizeof params - n, "\"binary_data_output\":true");
+    if (seq)
+        n += (size_t)snprintf(
+            params + n, sizeof params - n,
+            "%s\"sequence_id\":%" PRIu64 ",\"sequence_start\":%s,\"sequence_end\":%s", n ? "," : "",
+            seq->id, seq->start ? "true" : "false", seq->end ? "true" : "false");
+    size_t prefix_bytes = strlen(c->json_prefix);
+    size_t header_bytes = prefix_bytes + (n ? n + 16 : 0) + 1;
+    free(c->body);
+    c->body = malloc(header_bytes + c->raw_bytes + 1);
+    if (n)
+        snprintf(c->body, header_bytes + 1, "%s,\"parameters\":{%s}}", c->json_prefix, params);
+    else
+        snprintf(c->body, header_bytes + 1, "%s}", c->json_prefix);
+    header_bytes = strlen(c->body);
+    if (c->raw_bytes) memcpy(c->body + header_bytes, c->raw, c->raw_bytes);
+    c->body_bytes = header_bytes + c->raw_bytes;
+
+    curl_slist_free_all(c->headers);
+    c->headers = NULL;
+    if (req->binary_input) {
+        snprintf(line, sizeof line, "Inference-Header-Content-Length: %zu", header_bytes);
+        c->headers = curl_slist_append(c->headers, line);
+        c->headers = curl_slist_append(c->headers, "Content-Type: application/octet-stream");
+    } else {
+        c->headers = curl_slist_append(c->headers, "Content-Type: application/json");
     }
-    free(header);
-    *body_bytes = total;
-    *header_bytes = hlen;
-    return body;
+    c->headers = curl_slist_append(c->headers, "Expect:");
+    if (seq && req->sequence_header) {
+        snprintf(line, sizeof line, "Nereid-Sequence-Id: %" PRIu64, seq->id);
+        c->headers = curl_slist_append(c->headers, line);
+        c->headers = curl_slist_append(c->headers, seq->start ? "Nereid-Sequence-Start: true"
+                                                              : "Nereid-Sequence-Start: false");
+        c->headers = curl_slist_append(c->headers, seq->end ? "Nereid-Sequence-End: true"
+                                                            : "Nereid-Sequence-End: false");
+    }
+    curl_easy_setopt(c->curl, CURLOPT_HTTPHEADER, c->headers);
+    curl_easy_setopt(c->curl, CURLOPT_POSTFIELDS, c->body);
+    curl_easy_setopt(c->curl, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)c->body_bytes);
 }
 
 static size_t on_reply(char *p, size_t size, size_t n, void *arg)
@@ -302,40 +348,31 @@ static size_t on_reply(char *p, size_t size, size_t n, void *arg)
 static perf_conn_t *http_connect(const perf_request_t *req, char *err)
 {
     perf_conn_t *c = calloc(1, sizeof *c);
-    size_t header_bytes = 0;
-    char url[2048], line[128];
-    c->body = build_body(req, &c->body_bytes, &header_bytes, err);
-    if (!c->body || !(c->curl = curl_easy_init())) {
-        if (c->body) snprintf(err, PERF_ERR_LEN, "curl_easy_init failed");
-        free(c->body);
+    char url[2048];
+    c->req = req;
+    if (build_parts(c, err) || !(c->curl = curl_easy_init())) {
+        if (c->json_prefix) snprintf(err, PERF_ERR_LEN, "curl_easy_init failed");
+        free(c->json_prefix);
+        free(c->raw);
         free(c);
         return NULL;
     }
     c->reply_cap = 4096;
     c->reply = malloc(c->reply_cap);
     model_path(req, req->url, "/infer", url, sizeof url);
-    if (header_bytes) {
-        snprintf(line, sizeof line, "Inference-Header-Content-Length: %zu", header_bytes);
-        c->headers = curl_slist_append(c->headers, line);
-        c->headers = curl_slist_append(c->headers, "Content-Type: application/octet-stream");
-    } else {
-        c->headers = curl_slist_append(c->headers, "Content-Type: application/json");
-    }
-    c->headers = curl_slist_append(c->headers, "Expect:");
     curl_easy_setopt(c->curl, CURLOPT_URL, url);
-    curl_easy_setopt(c->curl, CURLOPT_HTTPHEADER, c->headers);
-    curl_easy_setopt(c->curl, CURLOPT_POSTFIELDS, c->body);
-    curl_easy_setopt(c->curl, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)c->body_bytes);
     curl_easy_setopt(c->curl, CURLOPT_WRITEFUNCTION, on_reply);
     curl_easy_setopt(c->curl, CURLOPT_WRITEDATA, c);
     curl_easy_setopt(c->curl, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(c->curl, CURLOPT_TCP_NODELAY, 1L);
+    compose(c, NULL);
     return c;
 }
 
-static int http_infer(perf_conn_t *c, char *err)
+static int http_infer(perf_conn_t *c, const perf_sequence_t *seq, char *err)
 {
     long status = 0;
+    if (seq) compose(c, seq);
     c->reply_bytes = 0;
     c->reply[0] = '\0';
     CURLcode rc = curl_easy_perform(c->curl);
@@ -356,6 +393,8 @@ static void http_close(perf_conn_t *c)
     if (!c) return;
     curl_easy_cleanup(c->curl);
     curl_slist_free_all(c->headers);
+    free(c->json_prefix);
+    free(c->raw);
     free(c->body);
     free(c->reply);
     free(c);

@@ -14,6 +14,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "check.h"
 #include "server_util.h"
@@ -133,16 +134,19 @@ static void write_testing_model(const char *name, int instances, int delay_ms)
     write_model(name, config);
 }
 
-/* Runs requests until one runs inline (at most 100); returns whether one
+/* Runs requests until one runs inline (at most 1000); returns whether one
  * did. Right after a request ran on the instance thread, the next may find
- * that thread not yet back to waiting and queue; once one runs inline the
- * thread stays blocked, and a serial client's requests all run inline. */
+ * that thread not yet back to waiting and queue, for as long as a loaded
+ * machine keeps that thread off a CPU: a pause after each queued run gives
+ * it the time. Once one runs inline the thread stays blocked, and a serial
+ * client's requests all run inline. */
 static bool until_inline(nereid_server_t *s, const char *model)
 {
     bool failed;
-    for (int i = 0; i < 100; i++) {
+    for (int i = 0; i < 1000; i++) {
         if (run_one(s, model, 0, &failed)) return true;
         CHECK(!failed);
+        usleep(2000);
     }
     return false;
 }

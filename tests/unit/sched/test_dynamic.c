@@ -784,6 +784,34 @@ static void test_identity_execute_delay(void)
     collector_destroy(&c);
 }
 
+/* The identity backend copies request by request, as Triton's does: a
+ * ragged input needs no batch_output there, each request gets its own
+ * shape back (L0_batcher's custom_zero_1_float32). */
+static void test_identity_ragged(void)
+{
+    nereid_server_t *s =
+        start_config("backend: \"identity\" max_batch_size: 8\n"
+                     "input [ { name: \"INPUT0\" data_type: TYPE_FP32 dims: [ -1 ] "
+                     "allow_ragged_batch: true } ]\n"
+                     "output [ { name: \"OUTPUT0\" data_type: TYPE_FP32 dims: [ -1 ] } ]\n"
+                     "dynamic_batching { }\n",
+                     2);
+    if (!s) return finish(s);
+    collector_t c;
+    collector_init(&c);
+    submit_ok(s, &c, "r1", (opts_t){.width = 4});
+    submit_ok(s, &c, "r2", (opts_t){.width = 2});
+    CHECK(collector_wait(&c, 2));
+    CHECK(batch_count(s, 2) == 1);
+    const char *ids[] = {"r1", "r2"};
+    for (int i = 0; i < 2; i++) {
+        const result_t *r = find_result(&c, ids[i]);
+        CHECK(r && !r->failed && r->output_ok);
+    }
+    finish(s);
+    collector_destroy(&c);
+}
+
 int main(void)
 {
     test_preferred_sizes();
@@ -803,5 +831,6 @@ int main(void)
     test_above_largest_preferred_goes_at_once();
     test_mark_before_passing_largest_preferred();
     test_identity_execute_delay();
+    test_identity_ragged();
     return check_summary();
 }
