@@ -7,7 +7,8 @@
  * connection (median latency) and 32 connections (throughput), and (d) JSON
  * versus binary for a 65,536-element tensor (FP32 short decimals (i % 1024)
  * / 8; random FP32 as 17-digit doubles, random FP64, random INT32; the JSON
- * rows print req/s at 1 connection). It prints ratios to the floor. BENCH_SECONDS sets the duration
+ * rows print req/s at 1 connection), and the server's CPU time per request of
+ * the 65,536-element rows. It prints ratios to the floor. BENCH_SECONDS sets the duration
  * of each run (default 3).
  *
  * Usage: build/bench/bench_http   (needs wrk on PATH)
@@ -16,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -25,7 +27,17 @@
 typedef struct result {
     double median_us;
     double rps;
+    double cpu_us; /* this process's (the server's) CPU time per request */
 } result_t;
+
+/* CPU seconds (user + system) this process has used so far. */
+static double cpu_seconds(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+           (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1e-6;
+}
 
 static int port;
 static int seconds = 3;
@@ -134,6 +146,7 @@ static result_t run_wrk(const char *path, const char *script, int connections)
     int threads = connections > 1 ? 2 : 1;
     snprintf(cmd, sizeof cmd, "wrk -t%d -c%d -d%ds --latency %s%s http://127.0.0.1:%d%s 2>&1",
              threads, connections, seconds, script ? "-s " : "", script ? script : "", port, path);
+    double cpu0 = cpu_seconds();
     FILE *p = popen(cmd, "r");
     if (!p) {
         fprintf(stderr, "bench: cannot run wrk\n");
@@ -149,6 +162,8 @@ static result_t run_wrk(const char *path, const char *script, int connections)
             r.median_us = to_us(v, unit);
         else if (sscanf(line, "Requests/sec: %lf", &v) == 1)
             r.rps = v;
+        else if (sscanf(line, " %lf requests in", &v) == 1)
+            r.cpu_us = v; /* the request count, for now */
         else if (strstr(line, "Non-2xx") || strstr(line, "Socket errors"))
             bad = true, fprintf(stderr, "bench: %s: %s", path, line);
     }
@@ -156,6 +171,7 @@ static result_t run_wrk(const char *path, const char *script, int connections)
         fprintf(stderr, "bench: wrk failed for %s (command: %s)\n", path, cmd);
         exit(1);
     }
+    r.cpu_us = r.cpu_us > 0 ? (cpu_seconds() - cpu0) * 1e6 / r.cpu_us : 0;
     return r;
 }
 
@@ -287,6 +303,10 @@ int main(void)
         printf("%-34s %12.1f %12s %14.1f %12s\n", rand_label[k], rand1[k].median_us, "",
                rand1[k].rps, "");
     printf("JSON/binary latency ratio for 65,536 FP32: %.1fx\n", json1.median_us / bin1.median_us);
+    printf("server CPU per request (us, user+system of this process, load-independent):\n"
+           "  65,536 binary %.0f, JSON short %.0f, FP32 random %.0f, FP64 random %.0f, "
+           "INT32 random %.0f\n",
+           bin1.cpu_us, json1.cpu_us, rand1[0].cpu_us, rand1[1].cpu_us, rand1[2].cpu_us);
 
     http_server_stop(http);
     nereid_server_free(server);
