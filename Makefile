@@ -9,7 +9,7 @@ JOBS ?= $(shell nproc)
 PY ?= /usr/bin/python3
 CMAKE_FLAGS ?=
 
-.PHONY: all build setup run test test-asan unit integration fuzz bench format clean models
+.PHONY: all build setup run test test-asan test-exhaustive unit integration fuzz bench format clean models
 
 all: build
 
@@ -35,6 +35,11 @@ integration: build models
 test: setup build models
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 	NEREID_BUILD=$(BUILD) $(PY) -m pytest -q tests/integration
+
+# Slow exhaustive checks, not part of test: every float32 bit pattern through
+# the JSON number printer and parser (a few minutes).
+test-exhaustive: setup build
+	@for t in $(BUILD)/exhaustive/*; do echo "== $$t"; $$t || exit 1; done
 
 test-asan: setup models
 	@cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DNEREID_SANITIZE=ON $(CMAKE_FLAGS) >/dev/null

@@ -5,8 +5,11 @@
  * /v2/health/live, a trivial libmicrohttpd reply), (b) identity FP32[1]
  * binary inference, (c) add_sub inference from examples/models, each at 1
  * connection (median latency) and 32 connections (throughput), and (d) JSON
- * versus binary for a 65,536-element FP32 tensor. It prints ratios to the
- * floor. BENCH_SECONDS sets the duration of each run (default 3).
+ * versus binary for a 65,536-element tensor (FP32 short decimals (i % 1024)
+ * / 8; random FP32 as 17-digit doubles, random FP64, random INT32; the JSON
+ * rows print req/s at 1 connection), and the server's CPU time per request of
+ * the 65,536-element rows. It prints ratios to the floor. BENCH_SECONDS sets the duration
+ * of each run (default 3).
  *
  * Usage: build/bench/bench_http   (needs wrk on PATH)
  */
@@ -14,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -23,7 +27,17 @@
 typedef struct result {
     double median_us;
     double rps;
+    double cpu_us; /* this process's (the server's) CPU time per request */
 } result_t;
+
+/* CPU seconds (user + system) this process has used so far. */
+static double cpu_seconds(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+           (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1e-6;
+}
 
 static int port;
 static int seconds = 3;
@@ -84,16 +98,36 @@ static long binary_body(const char *path, const char *const *names, size_t n_inp
     return k;
 }
 
-static void json_body(const char *path, size_t n)
+/* JSON bodies of the 65,536-element rows. */
+typedef enum { SHORT_FP32, RANDOM_FP32, RANDOM_FP64, RANDOM_INT32 } json_kind_t;
+
+/* Writes a JSON request of n elements: SHORT_FP32 (i % 1024) / 8, RANDOM_FP32
+ * random floats as 17-digit doubles (as Triton prints FP32), RANDOM_FP64
+ * random doubles in 17 digits, RANDOM_INT32 random int32. */
+static void json_body(const char *path, size_t n, json_kind_t kind)
 {
-    size_t cap = n * 16 + 256, len = 0;
+    static const char *dt[] = {"FP32", "FP32", "FP64", "INT32"};
+    size_t cap = n * 28 + 256, len = 0;
     char *b = malloc(cap);
+    uint64_t x = 0x9E3779B97F4A7C15ULL;
     len += (size_t)snprintf(b, cap,
-                            "{\"inputs\":[{\"name\":\"INPUT0\",\"datatype\":\"FP32\","
+                            "{\"inputs\":[{\"name\":\"INPUT0\",\"datatype\":\"%s\","
                             "\"shape\":[1,%zu],\"data\":[",
-                            n);
-    for (size_t i = 0; i < n; i++)
-        len += (size_t)snprintf(b + len, cap - len, "%s%g", i ? "," : "", (double)i * 0.5);
+                            dt[kind], n);
+    for (size_t i = 0; i < n; i++) {
+        x ^= x >> 12, x ^= x << 25, x ^= x >> 27;
+        uint64_t r = x * 2685821657736338717ULL;
+        double u = (double)(r >> 11) * 0x1p-53 * 2 - 1; /* [-1, 1) */
+        const char *sep = i ? "," : "";
+        if (kind == SHORT_FP32)
+            len += (size_t)snprintf(b + len, cap - len, "%s%g", sep, (double)(i % 1024) / 8);
+        else if (kind == RANDOM_FP32)
+            len += (size_t)snprintf(b + len, cap - len, "%s%.17g", sep, (double)(float)(u * 1000));
+        else if (kind == RANDOM_FP64)
+            len += (size_t)snprintf(b + len, cap - len, "%s%.17g", sep, u * 1000);
+        else
+            len += (size_t)snprintf(b + len, cap - len, "%s%d", sep, (int32_t)(uint32_t)r);
+    }
     len += (size_t)snprintf(b + len, cap - len, "]}]}");
     write_path(path, b, len);
     free(b);
@@ -112,6 +146,7 @@ static result_t run_wrk(const char *path, const char *script, int connections)
     int threads = connections > 1 ? 2 : 1;
     snprintf(cmd, sizeof cmd, "wrk -t%d -c%d -d%ds --latency %s%s http://127.0.0.1:%d%s 2>&1",
              threads, connections, seconds, script ? "-s " : "", script ? script : "", port, path);
+    double cpu0 = cpu_seconds();
     FILE *p = popen(cmd, "r");
     if (!p) {
         fprintf(stderr, "bench: cannot run wrk\n");
@@ -127,6 +162,8 @@ static result_t run_wrk(const char *path, const char *script, int connections)
             r.median_us = to_us(v, unit);
         else if (sscanf(line, "Requests/sec: %lf", &v) == 1)
             r.rps = v;
+        else if (sscanf(line, " %lf requests in", &v) == 1)
+            r.cpu_us = v; /* the request count, for now */
         else if (strstr(line, "Non-2xx") || strstr(line, "Socket errors"))
             bad = true, fprintf(stderr, "bench: %s: %s", path, line);
     }
@@ -134,6 +171,7 @@ static result_t run_wrk(const char *path, const char *script, int connections)
         fprintf(stderr, "bench: wrk failed for %s (command: %s)\n", path, cmd);
         exit(1);
     }
+    r.cpu_us = r.cpu_us > 0 ? (cpu_seconds() - cpu0) * 1e6 / r.cpu_us : 0;
     return r;
 }
 
@@ -150,6 +188,14 @@ int main(void)
                 "name: \"bench_identity\"\nbackend: \"identity\"\nmax_batch_size: 8\n"
                 "input [ { name: \"INPUT0\" data_type: TYPE_FP32 dims: [ -1 ] } ]\n"
                 "output [ { name: \"OUTPUT0\" data_type: TYPE_FP32 dims: [ -1 ] } ]\n");
+    write_model("models/bench_identity_fp64",
+                "name: \"bench_identity_fp64\"\nbackend: \"identity\"\nmax_batch_size: 8\n"
+                "input [ { name: \"INPUT0\" data_type: TYPE_FP64 dims: [ -1 ] } ]\n"
+                "output [ { name: \"OUTPUT0\" data_type: TYPE_FP64 dims: [ -1 ] } ]\n");
+    write_model("models/bench_identity_int32",
+                "name: \"bench_identity_int32\"\nbackend: \"identity\"\nmax_batch_size: 8\n"
+                "input [ { name: \"INPUT0\" data_type: TYPE_INT32 dims: [ -1 ] } ]\n"
+                "output [ { name: \"OUTPUT0\" data_type: TYPE_INT32 dims: [ -1 ] } ]\n");
 
     char models[512], examples[512];
     snprintf(models, sizeof models, "%s/models", repo);
@@ -170,9 +216,10 @@ int main(void)
     so.model_repositories = repos;
     so.n_model_repositories = have_add_sub ? 2 : 1;
     so.model_control_mode = NEREID_MODEL_CONTROL_EXPLICIT;
-    const char *load[2] = {"bench_identity", add_sub};
+    const char *load[4] = {"bench_identity", "bench_identity_fp64", "bench_identity_int32",
+                           add_sub};
     so.load_models = load;
-    so.n_load_models = have_add_sub ? 2 : 1;
+    so.n_load_models = have_add_sub ? 4 : 3;
     nereid_server_t *server;
     nereid_error_t *err = nereid_server_new(&so, &server);
     if (err) {
@@ -203,8 +250,15 @@ int main(void)
     const char *s_big_bin =
         strdup(post_script("big_bin", body, binary_body(body, in0, 1, 65536, "[1,65536]")));
     snprintf(body, sizeof body, "%s/big.json", repo);
-    json_body(body, 65536);
+    json_body(body, 65536, SHORT_FP32);
     const char *s_big_json = strdup(post_script("big_json", body, -1));
+    const char *s_rand_json[3];
+    static const char *rand_name[3] = {"rand_fp32", "rand_fp64", "rand_int32"};
+    for (int k = 0; k < 3; k++) {
+        snprintf(body, sizeof body, "%s/%s.json", repo, rand_name[k]);
+        json_body(body, 65536, (json_kind_t)(RANDOM_FP32 + k));
+        s_rand_json[k] = strdup(post_script(rand_name[k], body, -1));
+    }
 
     printf("HTTP benchmark on 127.0.0.1:%d, wrk %ds per run, %ld CPUs\n", port, seconds,
            sysconf(_SC_NPROCESSORS_ONLN));
@@ -221,6 +275,12 @@ int main(void)
     }
     result_t bin1 = run_wrk("/v2/models/bench_identity/infer", s_big_bin, 1);
     result_t json1 = run_wrk("/v2/models/bench_identity/infer", s_big_json, 1);
+    static const char *rand_path[3] = {"/v2/models/bench_identity/infer",
+                                       "/v2/models/bench_identity_fp64/infer",
+                                       "/v2/models/bench_identity_int32/infer"};
+    result_t rand1[3];
+    for (int k = 0; k < 3; k++)
+        rand1[k] = run_wrk(rand_path[k], s_rand_json[k], 1);
 
     printf("\n%-34s %12s %12s %14s %12s\n", "case", "p50 c=1 (us)", "+us vs floor", "req/s c=32",
            "vs floor");
@@ -234,9 +294,19 @@ int main(void)
                as1.median_us - floor1.median_us, as32.rps, 100.0 * as32.rps / floor32.rps);
     printf("%-34s %12.1f %12s %14s %12s\n", "identity FP32[65536] binary", bin1.median_us, "", "",
            "");
-    printf("%-34s %12.1f %12s %14s %12s\n", "identity FP32[65536] JSON", json1.median_us, "", "",
-           "");
+    printf("%-34s %12.1f %12s %14.1f %12s\n", "identity FP32[65536] JSON short", json1.median_us,
+           "", json1.rps, "");
+    static const char *rand_label[3] = {"identity FP32[65536] JSON random",
+                                        "identity FP64[65536] JSON random",
+                                        "identity INT32[65536] JSON random"};
+    for (int k = 0; k < 3; k++)
+        printf("%-34s %12.1f %12s %14.1f %12s\n", rand_label[k], rand1[k].median_us, "",
+               rand1[k].rps, "");
     printf("JSON/binary latency ratio for 65,536 FP32: %.1fx\n", json1.median_us / bin1.median_us);
+    printf("server CPU per request (us, user+system of this process, load-independent):\n"
+           "  65,536 binary %.0f, JSON short %.0f, FP32 random %.0f, FP64 random %.0f, "
+           "INT32 random %.0f\n",
+           bin1.cpu_us, json1.cpu_us, rand1[0].cpu_us, rand1[1].cpu_us, rand1[2].cpu_us);
 
     http_server_stop(http);
     nereid_server_free(server);
@@ -244,5 +314,7 @@ int main(void)
     free((void *)s_add_sub);
     free((void *)s_big_bin);
     free((void *)s_big_json);
+    for (int k = 0; k < 3; k++)
+        free((void *)s_rand_json[k]);
     return remove_repo() ? 0 : 1;
 }

@@ -9,7 +9,8 @@ APT_PACKAGES="build-essential cmake pkg-config clang libclang-rt-14-dev \
 libprotobuf-c-dev protobuf-c-compiler libmicrohttpd-dev libjansson-dev zlib1g-dev \
 libgrpc-dev protobuf-compiler protobuf-compiler-grpc \
 python3-pytest python3-requests python3-numpy python3-onnx python3-grpcio python3-protobuf \
-wrk libtorch-dev python3-torch nginx python3-yaml libcurl4-openssl-dev"
+wrk libtorch-dev python3-torch nginx python3-yaml libcurl4-openssl-dev \
+rapidjson-dev libfast-float-dev"
 
 missing=""
 for p in $APT_PACKAGES; do

@@ -995,8 +995,10 @@ static void infer_headers(http_conn_t *c)
             return;
         }
     }
-    const char *cl =
-        MHD_lookup_connection_value(c->mhd, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+    /* With Transfer-Encoding: chunked the Content-Length means nothing. */
+    const char *cl = c->chunked ? NULL
+                                : MHD_lookup_connection_value(c->mhd, MHD_HEADER_KIND,
+                                                              MHD_HTTP_HEADER_CONTENT_LENGTH);
     unsigned long long declared = cl ? strtoull(cl, NULL, 10) : 0;
     c->content_length = declared <= max ? (size_t)declared : 0;
     if (cl && c->header_len != INFER_HEADER_LENGTH_NONE && c->header_len > declared &&
@@ -1178,7 +1180,8 @@ static const char *framing_error(struct MHD_Connection *mc, unsigned *status, ch
                  f.n_te > 1 ? "(several headers)" : f.te);
         return buf;
     }
-    if (f.content_length) return "request has both Content-Length and Transfer-Encoding";
+    /* Both headers: chunked wins (RFC 9112 6.3), as in Triton, whose own QA
+     * sends such requests (L0_http test_content_encoding_chunked_manually). */
     return NULL;
 }
 
@@ -1259,8 +1262,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
         } else if (c->route >= 0) {
             /* Other bodies are JSON documents: Triton's EVBufferToJson check,
              * made on the declared size before reading. */
-            const char *cl =
-                MHD_lookup_connection_value(mc, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+            const char *cl = c->chunked ? NULL
+                                        : MHD_lookup_connection_value(
+                                              mc, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
             unsigned long long declared = cl ? strtoull(cl, NULL, 10) : 0;
             if (declared > srv->max_input_size) {
                 char msg[200];

@@ -7,6 +7,8 @@
  */
 #include "http/json_reader.h"
 
+#include "http/numfmt.h"
+
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -706,23 +708,134 @@ static const char *want_name(nereid_datatype_t dt)
     }
 }
 
-static void store_int(char *dst, size_t size, uint64_t x)
+/* Converts one number leaf (text already checked by the grammar) at *pp into
+ * dst; one converter per datatype, chosen once per tensor. */
+typedef nereid_error_t *number_fn(const char **pp, const char *end, jfill_t *f, char *dst);
+
+/* The integer leaf of *pp as JV_INT, JV_UINT or JV_DOUBLE. */
+static jv_t int_leaf(const char **pp, const char *end)
 {
-    if (size == 1) {
-        uint8_t y = (uint8_t)x;
-        memcpy(dst, &y, 1);
-    } else if (size == 2) {
-        uint16_t y = (uint16_t)x;
-        memcpy(dst, &y, 2);
-    } else if (size == 4) {
-        uint32_t y = (uint32_t)x;
-        memcpy(dst, &y, 4);
-    } else {
-        memcpy(dst, &x, 8);
+    const char *err, *p = *pp;
+    const char *after = scan_number(p, end, &err);
+    jv_t v;
+    convert_number(p, (size_t)(after - p), &v);
+    *pp = after;
+    return v;
+}
+
+#define SIGNED_LEAF(name, T)                                                                       \
+    static nereid_error_t *name(const char **pp, const char *end, jfill_t *f, char *dst)           \
+    {                                                                                              \
+        jv_t v = int_leaf(pp, end);                                                                \
+        if (v.type != JV_INT) return type_error(f->field, "signed-integer");                       \
+        T y = (T)v.v.u;                                                                            \
+        memcpy(dst, &y, sizeof y);                                                                 \
+        return NULL;                                                                               \
+    }
+#define UNSIGNED_LEAF(name, T)                                                                     \
+    static nereid_error_t *name(const char **pp, const char *end, jfill_t *f, char *dst)           \
+    {                                                                                              \
+        jv_t v = int_leaf(pp, end);                                                                \
+        uint64_t x;                                                                                \
+        if (!jv_get_uint(&v, &x)) return type_error(f->field, "unsigned-integer");                 \
+        T y = (T)x;                                                                                \
+        memcpy(dst, &y, sizeof y);                                                                 \
+        return NULL;                                                                               \
+    }
+SIGNED_LEAF(leaf_int8, uint8_t)
+SIGNED_LEAF(leaf_int16, uint16_t)
+SIGNED_LEAF(leaf_int32, uint32_t)
+SIGNED_LEAF(leaf_int64, uint64_t)
+UNSIGNED_LEAF(leaf_uint8, uint8_t)
+UNSIGNED_LEAF(leaf_uint16, uint16_t)
+UNSIGNED_LEAF(leaf_uint32, uint32_t)
+UNSIGNED_LEAF(leaf_uint64, uint64_t)
+
+/* The nearest double to the number leaf at *pp (rapidjson's NaN, Inf and
+ * Infinity included); false when it overflows a double. */
+static inline bool real_leaf(const char **pp, const char *end, double *d)
+{
+    const char *p = *pp, *q = p + (*p == '-');
+    if (*q == 'N' || *q == 'I') {
+        const char *err;
+        *pp = scan_number(p, end, &err);
+        *d = *q == 'N' ? NAN : q == p ? INFINITY : -INFINITY;
+        return true;
+    }
+    const char *after = numfmt_parse_double(p, end, d);
+    if (!after) { /* not reached: the grammar checked the text */
+        const char *err;
+        jv_t v;
+        after = scan_number(p, end, &err);
+        convert_number(p, (size_t)(after - p), &v);
+        *d = v.type == JV_INT ? (double)v.v.i : v.type == JV_UINT ? (double)v.v.u : v.v.d;
+    }
+    *pp = after;
+    return !isinf(*d);
+}
+
+static nereid_error_t *too_big(const char *p, const jfill_t *f)
+{
+    return nereid_error_new(NEREID_ERROR_INTERNAL, PREFIX E_TOO_BIG " at %zu",
+                            (size_t)(p - f->base));
+}
+
+static nereid_error_t *leaf_fp64(const char **pp, const char *end, jfill_t *f, char *dst)
+{
+    const char *p = *pp;
+    double d;
+    if (!real_leaf(pp, end, &d)) return too_big(p, f);
+    memcpy(dst, &d, 8);
+    return NULL;
+}
+
+/* Parsed as a double, then rounded to float, as Triton does. */
+static nereid_error_t *leaf_fp32(const char **pp, const char *end, jfill_t *f, char *dst)
+{
+    const char *p = *pp;
+    double d;
+    if (!real_leaf(pp, end, &d)) return too_big(p, f);
+    float y = (float)d;
+    memcpy(dst, &y, 4);
+    return NULL;
+}
+
+/* BOOL and BYTES take no numbers. */
+static nereid_error_t *leaf_none(const char **pp, const char *end, jfill_t *f, char *dst)
+{
+    (void)pp, (void)end, (void)dst;
+    return type_error(f->field, want_name(f->datatype));
+}
+
+static number_fn *number_converter(nereid_datatype_t dt)
+{
+    switch (dt) {
+    case NEREID_TYPE_INT8:
+        return leaf_int8;
+    case NEREID_TYPE_INT16:
+        return leaf_int16;
+    case NEREID_TYPE_INT32:
+        return leaf_int32;
+    case NEREID_TYPE_INT64:
+        return leaf_int64;
+    case NEREID_TYPE_UINT8:
+        return leaf_uint8;
+    case NEREID_TYPE_UINT16:
+        return leaf_uint16;
+    case NEREID_TYPE_UINT32:
+        return leaf_uint32;
+    case NEREID_TYPE_UINT64:
+        return leaf_uint64;
+    case NEREID_TYPE_FP32:
+        return leaf_fp32;
+    case NEREID_TYPE_FP64:
+        return leaf_fp64;
+    default:
+        return leaf_none;
     }
 }
 
-static nereid_error_t *fill_leaf(const char **pp, const char *end, jfill_t *f)
+static nereid_error_t *fill_leaf(const char **pp, const char *end, jfill_t *f, number_fn *num)
 {
     const char *p = *pp;
     if (f->n_seen >= f->n_expected)
@@ -763,46 +876,7 @@ static nereid_error_t *fill_leaf(const char **pp, const char *end, jfill_t *f)
         return NULL;
     }
     if (c == '{' || c == 'n' || c == '[') return type_error(f->field, want_name(dt));
-    /* A number. */
-    const char *err;
-    const char *after = scan_number(p, end, &err);
-    jv_t v;
-    bool ok = convert_number(p, (size_t)(after - p), &v);
-    *pp = after;
-    switch (dt) {
-    case NEREID_TYPE_INT8:
-    case NEREID_TYPE_INT16:
-    case NEREID_TYPE_INT32:
-    case NEREID_TYPE_INT64:
-        if (v.type != JV_INT) return type_error(f->field, "signed-integer");
-        store_int(dst, f->element_size, v.v.u);
-        return NULL;
-    case NEREID_TYPE_UINT8:
-    case NEREID_TYPE_UINT16:
-    case NEREID_TYPE_UINT32:
-    case NEREID_TYPE_UINT64: {
-        uint64_t x;
-        if (!jv_get_uint(&v, &x)) return type_error(f->field, "unsigned-integer");
-        store_int(dst, f->element_size, x);
-        return NULL;
-    }
-    case NEREID_TYPE_FP32:
-    case NEREID_TYPE_FP64: {
-        if (!ok)
-            return nereid_error_new(NEREID_ERROR_INTERNAL, PREFIX E_TOO_BIG " at %zu",
-                                    (size_t)(p - f->base));
-        double d = v.type == JV_INT ? (double)v.v.i : v.type == JV_UINT ? (double)v.v.u : v.v.d;
-        if (dt == NEREID_TYPE_FP32) {
-            float y = (float)d;
-            memcpy(dst, &y, 4);
-        } else {
-            memcpy(dst, &d, 8);
-        }
-        return NULL;
-    }
-    default:
-        return type_error(f->field, want_name(dt));
-    }
+    return num(pp, end, f, dst);
 }
 
 static inline const char *ws(const char *p, const char *end)
@@ -812,7 +886,8 @@ static inline const char *ws(const char *p, const char *end)
     return p;
 }
 
-static nereid_error_t *fill_value(const char **pp, const char *end, int depth, jfill_t *f)
+static nereid_error_t *fill_value(const char **pp, const char *end, int depth, jfill_t *f,
+                                  number_fn *num)
 {
     const char *p = *pp;
     /* Triton's ReadDataFromJsonHelper: the data value is depth 0, and any
@@ -821,14 +896,14 @@ static nereid_error_t *fill_value(const char **pp, const char *end, int depth, j
         return nereid_error_new(NEREID_ERROR_INVALID_ARG,
                                 "JSON nesting depth exceeds maximum allowed limit (%d)",
                                 MAX_DATA_DEPTH);
-    if (*p != '[') return fill_leaf(pp, end, f);
+    if (*p != '[') return fill_leaf(pp, end, f, num);
     p = ws(p + 1, end);
     if (*p == ']') {
         *pp = p + 1;
         return NULL;
     }
     for (;;) {
-        nereid_error_t *err = fill_value(&p, end, depth + 1, f);
+        nereid_error_t *err = fill_value(&p, end, depth + 1, f, num);
         if (err) return err;
         p = ws(p, end);
         if (*p++ == ']') break;
@@ -841,5 +916,5 @@ static nereid_error_t *fill_value(const char **pp, const char *end, int depth, j
 nereid_error_t *json_reader_fill_data(const jv_t *span, jfill_t *f)
 {
     const char *p = span->v.s;
-    return fill_value(&p, span->v.s + span->len, 0, f);
+    return fill_value(&p, span->v.s + span->len, 0, f, number_converter(f->datatype));
 }

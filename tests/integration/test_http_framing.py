@@ -5,6 +5,7 @@ any JSON name, key or string outside tensor data is a 400 (one rule), while
 BYTES tensor data keeps its NULs."""
 import json
 import socket
+import struct
 
 import pytest
 import requests
@@ -74,11 +75,12 @@ def test_transfer_encoding_other_than_chunked_refused(srv, te):
     assert b"\r\nConnection: close\r\n" in reply
 
 
-def test_transfer_encoding_with_content_length_refused(srv):
-    reply = exchange(srv, INFER + b"Transfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n"
-                     + b"%x\r\n" % len(BODY) + BODY + b"\r\n0\r\n\r\n")
+def test_transfer_encoding_with_content_length_chunked_wins(srv):
+    # RFC 9112 6.3 and Triton: the chunked framing is used, Content-Length ignored.
+    reply = exchange(srv, INFER + b"Transfer-Encoding: chunked\r\nContent-Length: 5\r\n"
+                     b"Connection: close\r\n\r\n" + b"%x\r\n" % len(BODY) + BODY + b"\r\n0\r\n\r\n")
     status, doc = status_and_json(reply)
-    assert status == 400 and "Transfer-Encoding" in doc["error"]
+    assert status == 200 and doc["outputs"][0]["data"] == [1, 2, 3]
 
 
 def test_chunked_still_served(srv):
@@ -153,3 +155,16 @@ def test_chunk_cap(srv):
         "Chunked request body exceeds maximum of 65536 non-empty chunks. Send fewer or larger "
         "HTTP chunks.")
     assert b"\r\nConnection: close\r\n" in reply
+
+
+def test_chunked_with_content_length_and_binary_header(srv):
+    # Triton's L0_http test_content_encoding_chunked_manually: requests sends
+    # Content-Length (of the encoded body) beside Transfer-Encoding: chunked.
+    x = struct.pack("<8f", *range(8))
+    body = b"%X\r\n" % len(x) + x + b"\r\n0\r\n\r\n"
+    r = requests.post(f"{srv.http_url}/v2/models/identity_fp32/infer", data=body, timeout=30,
+                      headers={"Transfer-Encoding": "chunked",
+                               "Inference-Header-Content-Length": "0"})
+    assert r.status_code == 200, r.text
+    n = int(r.headers["Inference-Header-Content-Length"])
+    assert r.content[n:] == x

@@ -103,8 +103,10 @@ def n_digits(tok):
 
 
 def test_fp32_widened_shortest_double(http_server):
-    """FP32 outputs print as Triton writes them: widened to double, then the
-    shortest digits that read back as that double, in rapidjson's layout."""
+    """FP32 outputs print as Triton writes them: widened to double, then
+    rapidjson's Grisu2 digits (at most 17 that read back as that double;
+    usually but not always the shortest, and the last digit not always the
+    nearest) in rapidjson's layout."""
     rng = np.random.default_rng(7)
     vals = np.concatenate([
         np.array([0.1, 0.5, 1.5, 16777216.0, 1e10, 3.4028235e38, 1e-7, 1.17549435e-38,
@@ -118,11 +120,12 @@ def test_fp32_widened_shortest_double(http_server):
     assert len(tokens) == len(vals)
     for tok, v in zip(tokens, vals):
         assert float(tok) == float(v), (tok, v)
-        assert n_digits(tok) <= n_digits(repr(float(v))), (tok, v)  # Python's repr is shortest
+        assert n_digits(tok) <= 17, (tok, v)
     assert tokens[:3] == ["0.10000000149011612", "0.5", "1.5"]
     assert tokens[3:5] == ["16777216.0", "10000000000.0"]
-    assert tokens[5] == "3.4028234663852886e38" and tokens[6] == "1.0000000116860974e-7"
-    assert tokens[10:15] == ["-2.5", "100.0", "1.0000000200408773e21", "9.5367431640625e-7",
+    # Grisu2's last digit: Python's repr (the nearest) would be ...886e38.
+    assert tokens[5] == "3.4028234663852887e38" and tokens[6] == "1.0000000116860974e-7"
+    assert tokens[10:15] == ["-2.5", "100.0", "1.0000000200408774e21", "9.5367431640625e-7",
                              "0.375"]
 
 
@@ -137,7 +140,7 @@ def test_fp64_round_trip(http_server):
     tokens = data_text(r)
     assert [float(t) for t in tokens] == [float(v) for v in vals]
     for tok, v in zip(tokens, vals):
-        assert n_digits(tok) <= n_digits(repr(float(v))), (tok, v)
+        assert n_digits(tok) <= 17, (tok, v)
     assert tokens[0] == "0.1" and tokens[5] == "123.456" and tokens[4] == "5e-324"
 
 
@@ -202,8 +205,9 @@ def test_parameters_keep_number_types(http_server):
 
 @pytest.mark.parametrize("dt,np_t", [("FP32", np.float32), ("FP64", np.float64)])
 def test_random_values_print_shortest(http_server, dt, np_t):
-    """20,000 random values sent in binary come back in JSON as the shortest
-    text that reads back (Python's repr is the reference for shortest)."""
+    """20,000 random values sent in binary come back in JSON as Triton's
+    writer prints them (rapidjson's Grisu2): text that reads back, at most 17
+    digits, longer than the shortest (Python's repr) only rarely."""
     rng = np.random.default_rng(3)
     n = 20000
     bits = rng.integers(0, 2**63, n // 4, dtype=np.int64).view(np.float64)  # any exponent
@@ -217,6 +221,7 @@ def test_random_values_print_shortest(http_server, dt, np_t):
     assert r.status_code == 200, r.text
     tokens = data_text(r)
     assert [float(t) for t in tokens] == [float(v) for v in vals]
+    assert max(n_digits(t) for t in tokens) <= 17
     longer = [(t, repr(float(v))) for t, v in zip(tokens, vals)
               if n_digits(t) > n_digits(repr(float(v)))]
-    assert not longer, longer[:5]
+    assert len(longer) < n // 100, longer[:5]

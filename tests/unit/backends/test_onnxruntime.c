@@ -165,8 +165,8 @@ static void test_identity_bytes(void)
     load_ok("identity_bytes");
     static const char *const strs[8] = {"one",
                                         "",
-                                        "\0\xff"
-                                        "binary",
+                                        ("\0\xff"
+                                         "binary"),
                                         "nereid",
                                         "x\0y",
                                         "zzz\0",

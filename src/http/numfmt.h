@@ -1,0 +1,42 @@
+/*
+ * This file declares the number text converters of the JSON tensor path:
+ * shortest round-trip printing of doubles in Triton's (rapidjson's) layout,
+ * integers through a digit-pair table, and exact parsing of JSON number text.
+ * Doubles go through rapidjson (Triton's printer) and fast_float (numfmt.cc).
+ */
+#ifndef NEREID_HTTP_NUMFMT_H
+#define NEREID_HTTP_NUMFMT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Bytes a caller must have room for at o for one numfmt_double call (the
+ * longest text is 25 bytes, e.g. "-0.0000012345678901234567"). */
+#define NUMFMT_DOUBLE_ROOM 32
+
+/* Writes v exactly as Triton's JSON writer does (rapidjson's Grisu2: at most
+ * 17 digits that read back as v, usually the shortest, not always the
+ * nearest; layout "12.0", "0.001", "1e-7", "1.5e30", "-0.0"), NaN as "NaN"
+ * and infinities as "Infinity"/"-Infinity". Returns the end of the text. */
+char *numfmt_double(char *o, double v);
+
+/* Writes v in decimal (at most 20 bytes). Returns the end of the text. */
+char *numfmt_u64(char *o, uint64_t v);
+
+/* Writes v in decimal (at most 20 bytes). Returns the end of the text. */
+char *numfmt_i64(char *o, int64_t v);
+
+/* Parses the JSON number text at s (< end) already checked by the grammar
+ * (digits, fraction, exponent; no NaN/Infinity) into the nearest double.
+ * Returns the end of the number, or NULL if the text is not a number. */
+const char *numfmt_parse_double(const char *s, const char *end, double *out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,309 @@
+/*
+ * This file contains the unit tests of the JSON number text converters
+ * (src/http/numfmt.cc) and of the "data" converter into tensor memory
+ * (json_reader_fill_data): golden texts as Triton's writer (rapidjson's
+ * Grisu2) prints edge values and values whose 17th digit is not the nearest,
+ * random doubles and floats printed in that layout and parsed back bit for
+ * bit, integers over the full 64-bit ranges, and the parse rules and error
+ * texts per datatype.
+ */
+#include <float.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "check.h"
+#include "http/json_reader.h"
+#include "http/numfmt.h"
+
+static uint64_t rng = 0x9E3779B97F4A7C15ULL;
+
+/* xorshift64*: deterministic across runs. */
+static uint64_t next_random(void)
+{
+    rng ^= rng >> 12;
+    rng ^= rng << 25;
+    rng ^= rng >> 27;
+    return rng * 2685821657736338717ULL;
+}
+
+static const char *fmt(double v)
+{
+    static char buf[64];
+    char *e = numfmt_double(buf, v);
+    *e = '\0';
+    return buf;
+}
+
+static uint64_t bits_of(double d)
+{
+    uint64_t u;
+    memcpy(&u, &d, 8);
+    return u;
+}
+
+static double double_of(uint64_t u)
+{
+    double d;
+    memcpy(&d, &u, 8);
+    return d;
+}
+
+static float float_of(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static void test_golden_doubles(void)
+{
+    CHECK_STR(fmt(0.0), "0.0");
+    CHECK_STR(fmt(-0.0), "-0.0");
+    CHECK_STR(fmt(1.0), "1.0");
+    CHECK_STR(fmt(-12.0), "-12.0");
+    CHECK_STR(fmt(0.5), "0.5");
+    CHECK_STR(fmt(12.375), "12.375");
+    CHECK_STR(fmt(0.1), "0.1");
+    CHECK_STR(fmt((double)0.1f), "0.10000000149011612");
+    CHECK_STR(fmt(0.001), "0.001");
+    CHECK_STR(fmt(0.000001), "0.000001");
+    CHECK_STR(fmt(1e-7), "1e-7");
+    CHECK_STR(fmt(-1.5e-7), "-1.5e-7");
+    CHECK_STR(fmt(1e20), "100000000000000000000.0");
+    CHECK_STR(fmt(1e21), "1e21");
+    CHECK_STR(fmt(1.5e30), "1.5e30");
+    CHECK_STR(fmt(123456789012345678.0), "123456789012345680.0");
+    CHECK_STR(fmt(9007199254740993.0), "9007199254740992.0");
+    CHECK_STR(fmt(0.3), "0.3");
+    CHECK_STR(fmt(2.0 / 3), "0.6666666666666666");
+    /* Grisu2's 17th digit is not always the nearest; Triton prints these so. */
+    CHECK_STR(fmt(18446744073709551615.0), "18446744073709553000.0");
+    CHECK_STR(fmt(double_of(0x0d83b3e29a21487aULL)), "1.4427754422401725e-243");
+    CHECK_STR(fmt(double_of(0x7d6e0b878a794779ULL)), "1.5351064531638966e296");
+    CHECK_STR(fmt(double_of(0xd566404840a2ab9dULL)), "-2.4918394899649605e103");
+    CHECK_STR(fmt((double)float_of(0x9a21487aU)), "-3.3352565756201249e-23");
+    CHECK_STR(fmt((double)float_of(0x098c4828U)), "3.3771629438177847e-33");
+    CHECK_STR(fmt((double)float_of(0xafc200acU)), "-3.5288871824690207e-10");
+    CHECK_STR(fmt((double)1e-7f), "1.0000000116860974e-7");
+    CHECK_STR(fmt(DBL_MAX), "1.7976931348623157e308");
+    CHECK_STR(fmt(-DBL_MAX), "-1.7976931348623157e308");
+    CHECK_STR(fmt(DBL_MIN), "2.2250738585072014e-308");
+    CHECK_STR(fmt(double_of(1)), "5e-324");
+    CHECK_STR(fmt(double_of(0x000FFFFFFFFFFFFFULL)), "2.225073858507201e-308");
+    CHECK_STR(fmt((double)FLT_MAX), "3.4028234663852887e38");
+    CHECK_STR(fmt((double)FLT_MIN), "1.1754943508222876e-38");
+    CHECK_STR(fmt((double)float_of(1)), "1.401298464324817e-45");
+    CHECK_STR(fmt(NAN), "NaN");
+    CHECK_STR(fmt(-NAN), "NaN");
+    CHECK_STR(fmt(INFINITY), "Infinity");
+    CHECK_STR(fmt(-INFINITY), "-Infinity");
+}
+
+/* Whether text is laid out as rapidjson prints v (finite, nonzero): a plain
+ * decimal with a '.' for 1e-6 <= |v| < 1e21 (Prettify's -6 < kk <= 21), else
+ * d[.ddd]e[-]x; 1 to 17 significant digits. */
+static bool layout_ok(const char *text, double v)
+{
+    double a = fabs(v);
+    const char *e = strchr(text, 'e');
+    bool plain = a >= 1e-6 && a < 1e21;
+    if (plain != !e) return false;
+    if (plain && !strchr(text, '.')) return false;
+    if (e && (e[1] == '+' || (e[-1] == '0' && e[-2] == '.'))) return false;
+    int digits = 0, last = 0; /* significant digits: first to last nonzero */
+    for (const char *p = text; *p && *p != 'e'; p++) {
+        if (*p < '0' || *p > '9' || (!digits && *p == '0')) continue;
+        digits++;
+        if (*p != '0') last = digits;
+    }
+    return last >= 1 && last <= 17;
+}
+
+/* parse(print(x)) is x, bit for bit, and print(x) has the layout. */
+static void check_double(double v, int *layout, int *roundtrip)
+{
+    char a[64];
+    *numfmt_double(a, v) = '\0';
+    if (!layout_ok(a, v) && (*layout)++ < 10) fprintf(stderr, "bad layout for %a: %s\n", v, a);
+    double back;
+    const char *end = numfmt_parse_double(a, a + strlen(a), &back);
+    if ((!end || *end || bits_of(back) != bits_of(v)) && (*roundtrip)++ < 10)
+        fprintf(stderr, "round trip failed for %a: %s\n", v, a);
+}
+
+static void test_random_doubles(void)
+{
+    int mismatch = 0, roundtrip = 0;
+    for (int i = 0; i < 200000; i++) {
+        double v = double_of(next_random());
+        if (!isfinite(v) || v == 0) continue;
+        check_double(v, &mismatch, &roundtrip);
+    }
+    /* Magnitudes people send: uniform in a few decades. */
+    for (int i = 0; i < 100000; i++) {
+        double v =
+            (double)(next_random() >> 11) * 0x1p-53 * pow(10, (int)(next_random() % 24) - 12);
+        check_double(i & 1 ? -v : v, &mismatch, &roundtrip);
+    }
+    CHECK_MSG(mismatch == 0, "%d doubles printed in a wrong layout", mismatch);
+    CHECK_MSG(roundtrip == 0, "%d doubles did not round-trip", roundtrip);
+}
+
+static void test_random_floats(void)
+{
+    int layout = 0, roundtrip = 0;
+    for (int i = 0; i < 200000; i++) {
+        float f = float_of((uint32_t)next_random());
+        if (!isfinite(f) || f == 0) continue;
+        char a[64];
+        *numfmt_double(a, (double)f) = '\0';
+        if (!layout_ok(a, f) && layout++ < 10) fprintf(stderr, "bad layout for %a: %s\n", f, a);
+        double back;
+        numfmt_parse_double(a, a + strlen(a), &back);
+        float fb = (float)back;
+        if (memcmp(&fb, &f, 4) && roundtrip++ < 10)
+            fprintf(stderr, "round trip failed for %a: %s\n", (double)f, a);
+    }
+    /* Short decimals, the bench's (i % 1024) / 8, print short. */
+    for (int i = 1; i < 1024; i++) {
+        char a[64], want[64];
+        *numfmt_double(a, (double)((float)i / 8)) = '\0';
+        snprintf(want, sizeof want, i % 8 ? "%g" : "%.1f", i / 8.0);
+        if (strcmp(a, want) && layout++ < 10) fprintf(stderr, "%s, want %s\n", a, want);
+    }
+    CHECK_MSG(layout == 0, "%d floats printed in a wrong layout", layout);
+    CHECK_MSG(roundtrip == 0, "%d floats did not round-trip", roundtrip);
+}
+
+static const char *fmt_u(uint64_t v)
+{
+    static char buf[32];
+    *numfmt_u64(buf, v) = '\0';
+    return buf;
+}
+
+static const char *fmt_i(int64_t v)
+{
+    static char buf[32];
+    *numfmt_i64(buf, v) = '\0';
+    return buf;
+}
+
+static void test_integers(void)
+{
+    CHECK_STR(fmt_u(0), "0");
+    CHECK_STR(fmt_u(9), "9");
+    CHECK_STR(fmt_u(10), "10");
+    CHECK_STR(fmt_u(99), "99");
+    CHECK_STR(fmt_u(100), "100");
+    CHECK_STR(fmt_u(255), "255");
+    CHECK_STR(fmt_u(UINT64_MAX), "18446744073709551615");
+    CHECK_STR(fmt_i(INT64_MIN), "-9223372036854775808");
+    CHECK_STR(fmt_i(INT64_MAX), "9223372036854775807");
+    CHECK_STR(fmt_i(-1), "-1");
+    CHECK_STR(fmt_i(-128), "-128");
+    CHECK_STR(fmt_i(123456789012345678), "123456789012345678");
+    int bad = 0;
+    for (int i = 0; i < 100000; i++) {
+        uint64_t u = next_random() >> (next_random() % 64);
+        char want[32];
+        snprintf(want, sizeof want, "%" PRIu64, u);
+        if (strcmp(fmt_u(u), want)) bad++;
+        snprintf(want, sizeof want, "%" PRId64, (int64_t)u);
+        if (strcmp(fmt_i((int64_t)u), want)) bad++;
+    }
+    CHECK_MSG(bad == 0, "%d integers printed differently from printf", bad);
+}
+
+/* Converts the JSON "data" text into n elements of dt at out. */
+static nereid_error_t *fill(nereid_datatype_t dt, const char *text, void *out, size_t n)
+{
+    jv_t span = {.type = JV_SPAN, .len = strlen(text)};
+    span.v.s = text;
+    jfill_t f = {.datatype = dt,
+                 .field = "data",
+                 .base = text,
+                 .out = out,
+                 .element_size = nereid_datatype_byte_size(dt),
+                 .n_expected = n};
+    nereid_error_t *err = json_reader_fill_data(&span, &f);
+    if (!err && f.n_seen != n) return nereid_error_new(NEREID_ERROR_INTERNAL, "short fill");
+    return err;
+}
+
+#define NON(want) "Unable to parse 'data': attempt to access JSON non-" want " as " want
+
+static void test_fill(void)
+{
+    float f[8];
+    CHECK(
+        !fill(NEREID_TYPE_FP32, "[0.1,-0.0,1e-7,3.4028234663852886e38,NaN,-Infinity,Inf,7]", f, 8));
+    CHECK(f[0] == 0.1f && f[1] == 0 && signbit(f[1]) && f[2] == 1e-7f && f[3] == FLT_MAX);
+    CHECK(isnan(f[4]) && !signbit(f[4]) && f[5] == -INFINITY && f[6] == INFINITY && f[7] == 7);
+    /* A double rounded to float (Triton's double then cast), not parsed as a float. */
+    CHECK(!fill(NEREID_TYPE_FP32, "[1.00000005960464477550,1e39,-NaN]", f, 3));
+    CHECK(f[0] == (float)1.00000005960464477550 && f[1] == INFINITY && isnan(f[2]) &&
+          !signbit(f[2]));
+
+    double d[6];
+    CHECK(!fill(NEREID_TYPE_FP64,
+                "[ 5e-324 , [2.2250738585072014e-308], 123456789012345678, "
+                "18446744073709551616, -9223372036854775808, 1.7976931348623157e308 ]",
+                d, 6));
+    CHECK(d[0] == double_of(1) && d[1] == DBL_MIN && d[2] == 123456789012345678.0);
+    CHECK(d[3] == 18446744073709551616.0 && d[4] == -9223372036854775808.0 && d[5] == DBL_MAX);
+    CHECK_ERROR(fill(NEREID_TYPE_FP64, "[1, 1e309]", d, 2), NEREID_ERROR_INTERNAL,
+                "failed to parse the request JSON buffer: Number too big to be stored in "
+                "double. at 4");
+    CHECK_ERROR(fill(NEREID_TYPE_FP32, "[-1.8e308]", f, 1), NEREID_ERROR_INTERNAL,
+                "Number too big to be stored in double. at 1");
+    CHECK_ERROR(fill(NEREID_TYPE_FP32, "[true]", f, 1), NEREID_ERROR_INTERNAL, NON("float"));
+
+    int64_t i64[3];
+    CHECK(!fill(NEREID_TYPE_INT64, "[-9223372036854775808,9223372036854775807,0]", i64, 3));
+    CHECK(i64[0] == INT64_MIN && i64[1] == INT64_MAX && i64[2] == 0);
+    CHECK_ERROR(fill(NEREID_TYPE_INT64, "[9223372036854775808]", i64, 1), NEREID_ERROR_INTERNAL,
+                NON("signed-integer"));
+    CHECK_ERROR(fill(NEREID_TYPE_INT32, "[1.0]", i64, 1), NEREID_ERROR_INTERNAL,
+                NON("signed-integer"));
+    CHECK_ERROR(fill(NEREID_TYPE_INT8, "[NaN]", i64, 1), NEREID_ERROR_INTERNAL,
+                NON("signed-integer"));
+    int8_t i8[2];
+    CHECK(!fill(NEREID_TYPE_INT8, "[-128,127]", i8, 2));
+    CHECK(i8[0] == -128 && i8[1] == 127);
+    int16_t i16[1];
+    CHECK(!fill(NEREID_TYPE_INT16, "[-32768]", i16, 1));
+    CHECK(i16[0] == -32768);
+
+    uint64_t u64[2];
+    CHECK(!fill(NEREID_TYPE_UINT64, "[18446744073709551615,0]", u64, 2));
+    CHECK(u64[0] == UINT64_MAX && u64[1] == 0);
+    CHECK_ERROR(fill(NEREID_TYPE_UINT64, "[-1]", u64, 1), NEREID_ERROR_INTERNAL,
+                NON("unsigned-integer"));
+    CHECK_ERROR(fill(NEREID_TYPE_UINT64, "[18446744073709551616]", u64, 1), NEREID_ERROR_INTERNAL,
+                NON("unsigned-integer"));
+    uint8_t u8[2];
+    CHECK(!fill(NEREID_TYPE_UINT8, "[255,0]", u8, 2));
+    CHECK(u8[0] == 255 && u8[1] == 0);
+    uint32_t u32[1];
+    CHECK(!fill(NEREID_TYPE_UINT32, "[4294967295]", u32, 1));
+    CHECK(u32[0] == UINT32_MAX);
+
+    uint8_t b[2];
+    CHECK(!fill(NEREID_TYPE_BOOL, "[true,false]", b, 2));
+    CHECK(b[0] == 1 && b[1] == 0);
+    CHECK_ERROR(fill(NEREID_TYPE_BOOL, "[1]", b, 1), NEREID_ERROR_INTERNAL, NON("boolean"));
+}
+
+int main(void)
+{
+    test_golden_doubles();
+    test_random_doubles();
+    test_random_floats();
+    test_integers();
+    test_fill();
+    return check_summary();
+}
