@@ -197,3 +197,15 @@ def output_array(doc, raw, name):
 def infer(server, model, body, headers=None, version=None):
     path = f"/v2/models/{model}" + (f"/versions/{version}" if version else "") + "/infer"
     return requests.post(server.http_url + path, data=body, headers=headers or {}, timeout=30)
+
+
+def read_head(sock):
+    """Reads a raw socket up to the end of one reply's header block (or until
+    the peer closes) and returns what arrived."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(4096)
+        if not chunk:
+            break
+        data += chunk
+    return data

@@ -10,6 +10,7 @@ import time
 import requests
 
 from conftest import EXAMPLES
+from http_helpers import read_head
 
 SLOW = """name: "slow"
 backend: "testing"
@@ -25,17 +26,6 @@ LIVE = b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n"
 def connect(srv, timeout=30):
     s = socket.create_connection(("127.0.0.1", srv.http_port), timeout=timeout)
     return s
-
-
-def read_reply(s):
-    """Reads one reply without a body (or until the peer closes)."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = s.recv(4096)
-        if not chunk:
-            break
-        data += chunk
-    return data
 
 
 def closed_by_peer(s):
@@ -61,10 +51,10 @@ def test_many_idle_connections_do_not_block_new_ones(nereid_server):
         # and on the last one opened is answered.
         for s in (idle[0], idle[-1]):
             s.sendall(LIVE)
-            assert read_reply(s).startswith(b"HTTP/1.1 200")
+            assert read_head(s).startswith(b"HTTP/1.1 200")
         s = connect(srv)
         s.sendall(LIVE)
-        assert read_reply(s).startswith(b"HTTP/1.1 200")
+        assert read_head(s).startswith(b"HTTP/1.1 200")
         s.close()
         assert requests.get(f"{srv.http_url}/v2/health/ready", timeout=30).status_code == 200
     finally:
@@ -79,14 +69,14 @@ def test_at_the_limit_the_longest_idle_connection_is_closed(nereid_server):
     # longest idle.
     for s in old[1:]:
         s.sendall(LIVE)
-        assert read_reply(s).startswith(b"HTTP/1.1 200")
+        assert read_head(s).startswith(b"HTTP/1.1 200")
     new = connect(srv)
     new.sendall(LIVE)
-    assert read_reply(new).startswith(b"HTTP/1.1 200")
+    assert read_head(new).startswith(b"HTTP/1.1 200")
     assert closed_by_peer(old[0])
     for s in old[1:]:  # still open and served
         s.sendall(LIVE)
-        assert read_reply(s).startswith(b"HTTP/1.1 200")
+        assert read_head(s).startswith(b"HTTP/1.1 200")
     for s in old + [new]:
         s.close()
 
@@ -99,13 +89,13 @@ def test_at_the_limit_with_every_connection_busy_the_new_one_is_refused(nereid_s
         # handler has taken the headers, so both are busy after this.
         s.sendall(b"POST /v2/repository/index HTTP/1.1\r\nHost: x\r\n"
                   b"Expect: 100-continue\r\nContent-Length: 2\r\n\r\n")
-        assert read_reply(s).startswith(b"HTTP/1.1 100")
+        assert read_head(s).startswith(b"HTTP/1.1 100")
     new = connect(srv)
     assert closed_by_peer(new)
     new.close()
     for s in busy:  # finishing the requests works
         s.sendall(b"{}")
-        assert read_reply(s).startswith(b"HTTP/1.1 200")
+        assert read_head(s).startswith(b"HTTP/1.1 200")
         s.close()
     # Once the server has seen those requests end (or the sockets close), a
     # new connection is served again.
@@ -113,7 +103,7 @@ def test_at_the_limit_with_every_connection_busy_the_new_one_is_refused(nereid_s
         s = connect(srv)
         try:
             s.sendall(LIVE)
-            reply = read_reply(s)
+            reply = read_head(s)
         except (BrokenPipeError, ConnectionResetError):
             reply = b""
         s.close()
@@ -128,7 +118,7 @@ def test_idle_connection_closed_after_timeout(nereid_server):
     fresh = connect(srv)  # never sends anything
     used = connect(srv)  # keep-alive after one request
     used.sendall(LIVE)
-    assert read_reply(used).startswith(b"HTTP/1.1 200")
+    assert read_head(used).startswith(b"HTTP/1.1 200")
     assert closed_by_peer(fresh)
     assert closed_by_peer(used)
 

@@ -20,6 +20,7 @@ import requests
 
 from conftest import EXAMPLES, Server
 from grpc_util import infer_request, stubs
+from http_helpers import read_head
 
 pb, pbg, _, _ = stubs()
 
@@ -946,12 +947,7 @@ def test_bodies_near_and_over_max_input_size(nereid_server, tmp_path):
     # a huge declared Content-Length is refused at once, unread
     sock = raw_http(s.http_port, infer_head("identity_fp32", 1 << 40) + b'{"inputs":')
     sock.settimeout(20)
-    reply = b""
-    while b"\r\n\r\n" not in reply:
-        chunk = sock.recv(4096)
-        if not chunk:
-            break
-        reply += chunk
+    reply = read_head(sock)
     sock.close()
     assert reply.startswith(b"HTTP/1.1 400"), reply[:200]
 
