@@ -14,6 +14,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "core/model.h"
+#include "core/repository.h"
 #include "core/util.h"
 
 #define GLOBAL_DEVICE RATE_LIMITER_GLOBAL_DEVICE
@@ -401,4 +403,35 @@ long rate_limiter_capacity(rate_limiter_t *rl, const char *name, int device)
             count = (long)rl->pools[i].capacity;
     pthread_mutex_unlock(&rl->lock);
     return count;
+}
+
+/* ---- Models ---- */
+
+nereid_error_t *rate_limiter_add_model(model_t *m)
+{
+    rate_limiter_t *rl = m->server->rate_limiter;
+    for (size_t i = 0; rl && i < m->n_instances; i++) {
+        model_instance_t *inst = m->instances[i];
+        const Inference__ModelRateLimiter *cfg = inst->group ? inst->group->rate_limiter : NULL;
+        if (!cfg || cfg->n_resources == 0) continue;
+        rate_limiter_need_t *needs = xcalloc(cfg->n_resources, sizeof *needs);
+        for (size_t k = 0; k < cfg->n_resources; k++)
+            needs[k] = (rate_limiter_need_t){.name = cfg->resources[k]->name,
+                                             .global = cfg->resources[k]->global,
+                                             .count = cfg->resources[k]->count};
+        nereid_error_t *err = rate_limiter_register(rl, m, inst->device_id, needs, cfg->n_resources,
+                                                    cfg->priority, &inst->rate_limit);
+        free(needs);
+        if (err) return err;
+        m->rate_limited = true;
+    }
+    return NULL;
+}
+
+void rate_limiter_remove_model(model_t *m)
+{
+    for (size_t i = 0; i < m->n_instances; i++) {
+        rate_limiter_unregister(m->instances[i]->rate_limit);
+        m->instances[i]->rate_limit = NULL;
+    }
 }

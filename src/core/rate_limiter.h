@@ -85,6 +85,18 @@ void rate_limiter_acquire(rate_limiter_instance_t *inst);
  * has queued requests (it will most likely ask again at once). */
 void rate_limiter_release(rate_limiter_instance_t *inst, bool more_work);
 
+/* ---- Models (model.c) ---- */
+
+struct model;
+/* Registers every instance of m whose instance_group has rate_limiter
+ * resources with its server's limiter (sets inst->rate_limit, and
+ * m->rate_limited when any); nothing with --rate-limit=off. On error the instances registered so
+ * far stay registered; rate_limiter_remove_model undoes them. Called before the instance threads
+ * start. */
+nereid_error_t *rate_limiter_add_model(struct model *m);
+/* Unregisters m's instances; their threads have exited. */
+void rate_limiter_remove_model(struct model *m);
+
 /* ---- The non-blocking core, for tests ---- */
 
 /* Stages inst (it must not be staged or running) and returns whether it may

@@ -55,6 +55,7 @@ struct nereid_server {
     bool poll_stop;
     _Atomic bool stopping;
     _Atomic bool stopped;
+    struct rate_limiter *rate_limiter; /* --rate-limit=execution_count; NULL: off */
 };
 
 /* Finds an entry by name; caller holds s->lock. */
