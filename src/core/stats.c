@@ -38,7 +38,9 @@ static json_t *duration_json(const stat_duration_t *d)
 static json_t *response_stats_json(const response_stat_t *r)
 {
     json_t *obj = json_object();
-    if (!atomic_load(&r->success.count) && !atomic_load(&r->fail.count)) return obj;
+    if (!atomic_load(&r->success.count) && !atomic_load(&r->fail.count) &&
+        !atomic_load(&r->cancel.count))
+        return obj;
     json_object_set_new(
         obj, "0",
         json_pack("{s:o,s:o,s:o,s:o,s:o,s:o}", "compute_infer", duration_json(&r->compute_infer),
