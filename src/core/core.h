@@ -38,8 +38,9 @@ typedef enum failure_reason {
     FAILURE_N
 } failure_reason_t;
 
-/* Statistics of the model's first (and, without decoupled models, only)
- * response to each request: response_stats "0" in the statistics JSON. */
+/* Statistics of the model's responses by index: response_stats "0" (the
+ * first, and without decoupled models the only, response to each request),
+ * "1", ... in the statistics JSON. */
 typedef struct response_stat {
     stat_duration_t compute_infer, compute_output, success, fail, empty_response, cancel;
 } response_stat_t;
@@ -53,6 +54,10 @@ typedef struct model_stats {
     _Atomic uint64_t failures[FAILURE_N];
     _Atomic int64_t pending; /* requests queued, not yet executing */
     response_stat_t response0;
+    /* Entries 1.. of a decoupled model's response_stats (stats_response). */
+    pthread_mutex_t resp_mu;
+    response_stat_t **resp_more;
+    size_t n_resp_more;
     batch_stat_t *batch; /* index = batch size, 1..n_batch-1 */
     size_t n_batch;
 } model_stats_t;
@@ -293,6 +298,19 @@ void model_release(model_t *m);
 void request_finish(nereid_request_t *req, nereid_error_t *err, failure_reason_t reason);
 /* Creates req->response with one slot per output the client gets. */
 void request_prepare_response(nereid_request_t *req);
+/* A new response for req as request_prepare_response makes it, not attached
+ * (a decoupled model's further responses). */
+nereid_response_t *request_new_response(nereid_request_t *req);
+/* Drops internal and unfilled output slots (all of them for an error
+ * response) so the client sees only its outputs. */
+void response_compact(nereid_response_t *resp);
+/* Allocates output `name` of req in resp (the output-allocation rules of
+ * nereid_batch_request_output). *requested is false, and nothing is
+ * allocated, when resp has no slot for it (the caller gives scratch). */
+nereid_error_t *request_alloc_output(nereid_request_t *req, nereid_response_t *resp,
+                                     const char *name, nereid_datatype_t datatype,
+                                     const int64_t *shape, size_t rank, size_t byte_size,
+                                     void **buffer, bool *requested);
 /* Copies s into the request's arena (or the heap when it is full); the copy
  * lives as long as req and is released by request_strfree. */
 char *request_strdup(nereid_request_t *req, const char *s);
@@ -333,6 +351,8 @@ nereid_error_t *model_warmup(model_t *m);
 void stats_init(model_stats_t *s, int64_t max_batch_size);
 void stats_destroy(model_stats_t *s);
 void stats_add(stat_duration_t *d, uint64_t ns);
+/* response_stats entry `index` (0 = response0), created on first use. */
+response_stat_t *stats_response(model_stats_t *s, uint64_t index);
 
 /* Resolves model/version (<= 0: latest ready) and takes a reference;
  * Triton's lookup error texts. */
