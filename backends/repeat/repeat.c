@@ -13,6 +13,10 @@
  * own, so one instance can serve several requests at once and their
  * responses interleave.
  *
+ * Nereid extension for tests: the request parameter repeat_fail_at (int64)
+ * k makes response k an error ("repeat: response k failed as the request
+ * asked", INTERNAL), sent as the request's final response.
+ *
  * A request that can take one response only (a model that is not decoupled,
  * or a client such as an ensemble step that accepts one response) is
  * answered the ABI 1.0 way when IN has exactly one element, else with an
@@ -40,6 +44,7 @@ typedef struct job {
     atomic_bool done;
     nereid_response_sender_t *sender;
     size_t n;
+    int64_t fail_at; /* -1: none */
     int32_t *in;
     uint32_t *delay;
 } job_t;
@@ -211,7 +216,11 @@ static void *respond(void *arg)
     job_t *job = arg;
     for (size_t e = 0; e < job->n; e++) {
         sleep_ms(job->delay[e]);
-        nereid_error_t *err = send_outputs(job->sender, NULL, job->in[e], (uint32_t)e);
+        nereid_error_t *err =
+            (int64_t)e == job->fail_at
+                ? nereid_error_new(NEREID_ERROR_INTERNAL,
+                                   "repeat: response %zu failed as the request asked", e)
+                : send_outputs(job->sender, NULL, job->in[e], (uint32_t)e);
         /* An allocation error ends the request with it, as Triton's
          * RESPOND_FACTORY_AND_RETURN_IF_ERROR does. */
         if (err) {
@@ -288,6 +297,8 @@ static nereid_error_t *process(nereid_instance_t *instance, nereid_batch_t *batc
     memcpy(job->delay, delay_data, n * 4);
     job->n = n;
     job->sender = sender;
+    if (!nereid_batch_request_parameter_int(batch, r, "repeat_fail_at", &job->fail_at))
+        job->fail_at = -1;
     if (pthread_create(&job->thread, NULL, respond, job) != 0) {
         respond(job); /* no thread: send from here */
         job_free(job);
