@@ -293,8 +293,10 @@ static nereid_error_t *process(nereid_instance_t *instance, nereid_batch_t *batc
         return nereid_sender_send(sender, NEREID_RESPONSE_FLAG_FINAL,
                                   nereid_error_new(NEREID_ERROR_INTERNAL, "out of memory"));
     }
-    memcpy(job->in, in_data, n * 4);
-    memcpy(job->delay, delay_data, n * 4);
+    if (n) { /* an empty tensor may have no data pointer */
+        memcpy(job->in, in_data, n * 4);
+        memcpy(job->delay, delay_data, n * 4);
+    }
     job->n = n;
     job->sender = sender;
     if (!nereid_batch_request_parameter_int(batch, r, "repeat_fail_at", &job->fail_at))
