@@ -155,8 +155,8 @@ nereid_error_t *nereid_sender_output(nereid_response_sender_t *s, const char *na
         return nereid_error_new(NEREID_ERROR_INVALID_ARG, "the final response was already sent");
     if (!s->pending) s->pending = request_new_response(s->req);
     bool requested = false;
-    nereid_error_t *err = request_alloc_output(s->req, s->pending, name, datatype, shape, rank,
-                                               byte_size, buffer, &requested);
+    nereid_error_t *err = batch_alloc_response_output(s->req, s->pending, name, datatype, shape,
+                                                      rank, byte_size, buffer, &requested);
     if (err) return err;
     if (!s->t_output_ns) s->t_output_ns = util_now_ns();
     if (!requested) {
