@@ -63,7 +63,8 @@ struct response_cache {
     size_t n_buckets, n_entries;
     cache_entry_t *lru_head, *lru_tail;
     uint64_t seed;
-    uint64_t lookups, hits, misses, evictions, lookup_ns, insert_ns;
+    uint64_t lookups, hits, misses, evictions; /* under the lock */
+    _Atomic uint64_t lookup_ns, insert_ns;
 };
 
 /* A miss waiting for its response: wraps the request's callback. */
@@ -176,100 +177,136 @@ static uint64_t mix64(uint64_t h)
     return h;
 }
 
-static uint64_t hash_bytes(uint64_t seed, const unsigned char *p, size_t n)
+/* Folds n bytes into h (no final mix: mix64 ends a hash). */
+static inline __attribute__((always_inline)) uint64_t hash_fold(uint64_t h, const unsigned char *p,
+                                                                size_t n)
 {
-    uint64_t h = seed ^ ((uint64_t)n * 0x9e3779b97f4a7c15ULL);
     for (; n >= 8; p += 8, n -= 8) {
         uint64_t w;
         memcpy(&w, p, 8);
         h ^= w * 0x87c37b91114253d5ULL;
         h = ((h << 31) | (h >> 33)) * 0x4cf5ad432745937fULL;
     }
-    uint64_t tail = 0;
-    memcpy(&tail, p, n);
-    h ^= tail * 0x87c37b91114253d5ULL;
-    return mix64(h);
+    if (n) {
+        uint64_t tail = 0;
+        memcpy(&tail, p, n);
+        h ^= (tail ^ ((uint64_t)n << 59)) * 0x87c37b91114253d5ULL;
+        h = ((h << 31) | (h >> 33)) * 0x4cf5ad432745937fULL;
+    }
+    return h;
 }
 
-typedef struct key_writer {
-    unsigned char *p;
-    size_t n;
-} key_writer_t;
+/* A request's key, read in its canonical order (inputs and requested
+ * outputs sorted by name) to measure, write, hash or compare it without
+ * building it first: a hit never copies its inputs. */
+typedef enum key_mode { KEY_MEASURE, KEY_WRITE, KEY_HASH, KEY_COMPARE } key_mode_t;
 
-static void put(key_writer_t *w, const void *src, size_t n)
+typedef struct key_walk {
+    key_mode_t mode;
+    unsigned char *out;       /* KEY_WRITE */
+    const unsigned char *cmp; /* KEY_COMPARE: the stored key, cmp_len bytes */
+    size_t cmp_len;
+    size_t n; /* bytes so far */
+    uint64_t hash;
+    bool differs; /* KEY_COMPARE */
+} key_walk_t;
+
+static inline __attribute__((always_inline)) void put(key_walk_t *w, const void *src, size_t n)
 {
-    if (w->p && n) memcpy(w->p + w->n, src, n);
+    switch (w->mode) {
+    case KEY_MEASURE:
+        break;
+    case KEY_WRITE:
+        if (n) memcpy(w->out + w->n, src, n);
+        break;
+    case KEY_HASH:
+        w->hash = hash_fold(w->hash, src, n);
+        break;
+    case KEY_COMPARE:
+        if (!w->differs && (w->cmp_len - w->n < n || memcmp(w->cmp + w->n, src, n) != 0))
+            w->differs = true;
+        if (w->differs) return;
+        break;
+    }
     w->n += n;
 }
 
-static void put_u64(key_writer_t *w, uint64_t v)
+static inline __attribute__((always_inline)) void put_u64(key_walk_t *w, uint64_t v)
 {
     put(w, &v, sizeof v);
 }
 
-static void put_str(key_writer_t *w, const char *s)
+static inline __attribute__((always_inline)) void put_str(key_walk_t *w, const char *s)
 {
     size_t n = strlen(s);
     put_u64(w, n);
     put(w, s, n);
 }
 
-static int cmp_input(const void *a, const void *b)
+/* req's inputs and requested output names in the key's order. */
+typedef struct key_order {
+    const req_input_t *in_small[8], **in;
+    const char *out_small[8], **out;
+} key_order_t;
+
+static void order_init(key_order_t *k, const nereid_request_t *req)
 {
-    return strcmp((*(const req_input_t *const *)a)->name, (*(const req_input_t *const *)b)->name);
+    k->in = req->n_inputs <= 8 ? k->in_small : xmalloc(req->n_inputs * sizeof *k->in);
+    k->out = req->n_out_names <= 8 ? k->out_small : xmalloc(req->n_out_names * sizeof *k->out);
+    /* Insertion sorts: a request has a few inputs and outputs. */
+    for (size_t i = 0; i < req->n_inputs; i++) {
+        size_t j = i;
+        for (; j > 0 && strcmp(k->in[j - 1]->name, req->inputs[i].name) > 0; j--)
+            k->in[j] = k->in[j - 1];
+        k->in[j] = &req->inputs[i];
+    }
+    for (size_t i = 0; i < req->n_out_names; i++) {
+        size_t j = i;
+        for (; j > 0 && strcmp(k->out[j - 1], req->out_names[i]) > 0; j--)
+            k->out[j] = k->out[j - 1];
+        k->out[j] = req->out_names[i];
+    }
 }
 
-static int cmp_str(const void *a, const void *b)
+static void order_free(key_order_t *k)
 {
-    return strcmp(*(const char *const *)a, *(const char *const *)b);
+    if (k->in != k->in_small) free(k->in);
+    if (k->out != k->out_small) free(k->out);
 }
 
-/* Writes req's key (w->p NULL: only measures it). in and outs are the
- * inputs and requested output names, sorted. */
-static void write_key(key_writer_t *w, const nereid_request_t *req, const req_input_t *const *in,
-                      const char *const *outs)
+static inline __attribute__((always_inline)) void
+walk_key(key_walk_t *w, const nereid_request_t *req, const key_order_t *k)
 {
     const model_t *m = req->model;
     put_str(w, m->name);
     put_u64(w, (uint64_t)m->version);
     put_u64(w, req->n_inputs);
     for (size_t i = 0; i < req->n_inputs; i++) {
-        put_str(w, in[i]->name);
-        put_u64(w, (uint64_t)in[i]->datatype);
-        put_u64(w, in[i]->rank);
-        put(w, in[i]->shape, in[i]->rank * sizeof *in[i]->shape);
-        put_u64(w, in[i]->byte_size);
-        put(w, in[i]->data, in[i]->byte_size);
+        const req_input_t *in = k->in[i];
+        put_str(w, in->name);
+        put_u64(w, (uint64_t)in->datatype);
+        put_u64(w, in->rank);
+        put(w, in->shape, in->rank * sizeof *in->shape);
+        put_u64(w, in->byte_size);
+        put(w, in->data, in->byte_size);
     }
     put_u64(w, req->n_out_names);
     for (size_t i = 0; i < req->n_out_names; i++)
-        put_str(w, outs[i]);
+        put_str(w, k->out[i]);
 }
 
 /* A pending miss record holding req's key. */
-static cache_pending_t *build_key(response_cache_t *c, const nereid_request_t *req)
+static cache_pending_t *pending_new(response_cache_t *c, const nereid_request_t *req,
+                                    const key_order_t *k, uint64_t hash)
 {
-    const req_input_t *in_small[8];
-    const char *out_small[8];
-    const req_input_t **in = req->n_inputs <= 8 ? in_small : xmalloc(req->n_inputs * sizeof *in);
-    const char **outs =
-        req->n_out_names <= 8 ? out_small : xmalloc(req->n_out_names * sizeof *outs);
-    for (size_t i = 0; i < req->n_inputs; i++)
-        in[i] = &req->inputs[i];
-    for (size_t i = 0; i < req->n_out_names; i++)
-        outs[i] = req->out_names[i];
-    qsort(in, req->n_inputs, sizeof *in, cmp_input);
-    qsort(outs, req->n_out_names, sizeof *outs, cmp_str);
-    key_writer_t w = {NULL, 0};
-    write_key(&w, req, in, outs);
+    key_walk_t w = {.mode = KEY_MEASURE};
+    walk_key(&w, req, k);
     cache_pending_t *p = xmalloc(sizeof *p + w.n);
     p->cache = c;
     p->key_len = w.n;
-    w = (key_writer_t){p->key, 0};
-    write_key(&w, req, in, outs);
-    p->hash = hash_bytes(c->seed, p->key, p->key_len);
-    if (in != in_small) free(in);
-    if (outs != out_small) free(outs);
+    p->hash = hash;
+    w = (key_walk_t){.mode = KEY_WRITE, .out = p->key};
+    walk_key(&w, req, k);
     return p;
 }
 
@@ -285,6 +322,19 @@ static cache_entry_t *find_locked(response_cache_t *c, uint64_t hash, const unsi
 {
     for (cache_entry_t *e = *bucket(c, hash); e; e = e->chain)
         if (e->hash == hash && e->key_len == key_len && memcmp(e->key, key, key_len) == 0) return e;
+    return NULL;
+}
+
+/* find_locked for the key of req, compared without building it. */
+static cache_entry_t *find_request_locked(response_cache_t *c, uint64_t hash,
+                                          const nereid_request_t *req, const key_order_t *k)
+{
+    for (cache_entry_t *e = *bucket(c, hash); e; e = e->chain) {
+        if (e->hash != hash) continue;
+        key_walk_t w = {.mode = KEY_COMPARE, .cmp = e->key, .cmp_len = e->key_len};
+        walk_key(&w, req, k);
+        if (!w.differs && w.n == e->key_len) return e;
+    }
     return NULL;
 }
 
@@ -457,15 +507,14 @@ static void on_miss_done(nereid_response_t *resp, void *userp)
         uint64_t t0 = util_now_ns(), cost;
         insert_result_t r = insert(c, p, resp, &cost);
         uint64_t insert_ns = util_now_ns() - t0;
-        pthread_mutex_lock(&c->lock);
-        c->insert_ns += insert_ns;
-        pthread_mutex_unlock(&c->lock);
+        atomic_fetch_add(&c->insert_ns, insert_ns);
         /* Triton counts a miss unless another request inserted the key
-         * first; the insertion time also joins the request's duration. */
+         * first, and adds the miss's lookup and insertion time to the
+         * request's duration. */
         if (r != EXISTS) {
             model_stats_t *s = &resp->model->stats;
             stats_add(&s->cache_miss, p->lookup_ns + insert_ns);
-            atomic_fetch_add(&s->success.ns, insert_ns);
+            atomic_fetch_add(&s->success.ns, p->lookup_ns + insert_ns);
         }
         if (r == TOO_LARGE)
             LOG_ERROR("cache",
@@ -484,11 +533,16 @@ bool cache_lookup(nereid_request_t *req)
     model_t *m = req->model;
     if (!cache_enabled(m)) return false;
     response_cache_t *c = m->server->cache;
-    cache_pending_t *p = build_key(c, req);
+    key_order_t k;
+    order_init(&k, req);
+    key_walk_t w = {.mode = KEY_HASH, .hash = c->seed};
+    walk_key(&w, req, &k);
+    uint64_t hash = mix64(w.hash);
+    /* Triton's lookup time starts after the key is computed. */
     uint64_t t0 = util_now_ns();
     pthread_mutex_lock(&c->lock);
     c->lookups++;
-    cache_entry_t *e = find_locked(c, p->hash, p->key, p->key_len);
+    cache_entry_t *e = find_request_locked(c, hash, req, &k);
     if (e) {
         c->hits++;
         lru_unlink(c, e);
@@ -497,33 +551,37 @@ bool cache_lookup(nereid_request_t *req)
     } else {
         c->misses++;
     }
-    c->lookup_ns += util_now_ns() - t0;
     pthread_mutex_unlock(&c->lock);
     if (!e) {
+        cache_pending_t *p = pending_new(c, req, &k, hash);
+        order_free(&k);
         p->lookup_ns = util_now_ns() - t0;
+        atomic_fetch_add(&c->lookup_ns, p->lookup_ns);
         p->done = req->done_fn;
         p->userp = req->done_userp;
         req->done_fn = on_miss_done;
         req->done_userp = p;
         return false;
     }
-    free(p);
+    order_free(&k);
     nereid_error_t *err = NULL;
     nereid_response_t *resp = req->response;
     for (size_t i = 0; i < resp->n_outputs && !err; i++) {
         resp_output_t *o = &resp->outputs[i];
-        for (size_t k = 0; k < e->n_outputs; k++)
-            if (strcmp(e->outputs[k].name, o->name) == 0) {
-                err = fill_output(req, o, &e->outputs[k]);
+        for (size_t j = 0; j < e->n_outputs; j++)
+            if (strcmp(e->outputs[j].name, o->name) == 0) {
+                err = fill_output(req, o, &e->outputs[j]);
                 break;
             }
     }
     entry_unref(e);
-    uint64_t t1 = util_now_ns();
+    /* The hit's duration includes copying the outputs (as Triton's). */
+    uint64_t hit_ns = util_now_ns() - t0;
+    atomic_fetch_add(&c->lookup_ns, hit_ns);
     if (err)
         resp->error = err; /* the caller's request_finish fails the request */
     else
-        stats_add(&m->stats.cache_hit, t1 - t0);
+        stats_add(&m->stats.cache_hit, hit_ns);
     /* Triton's hit: queue time ends where the lookup starts; no compute. */
     req->t_compute_start_ns = t0;
     return true;
@@ -558,9 +616,13 @@ void cache_metrics_text(FILE *out, response_cache_t *c)
     if (!c) return;
     pthread_mutex_lock(&c->lock);
     double util = c->size ? (double)c->used / (double)c->size : 0;
-    uint64_t v[] = {c->n_entries,       c->hits,      c->misses,
-                    c->lookups,         c->evictions, c->lookup_ns / 1000,
-                    c->insert_ns / 1000};
+    uint64_t v[] = {c->n_entries,
+                    c->hits,
+                    c->misses,
+                    c->lookups,
+                    c->evictions,
+                    atomic_load(&c->lookup_ns) / 1000,
+                    atomic_load(&c->insert_ns) / 1000};
     pthread_mutex_unlock(&c->lock);
     static const char *const families[][2] = {
         {"nv_cache_num_entries", "Number of responses stored in response cache"},
