@@ -70,6 +70,7 @@ struct response_cache {
 /* A miss waiting for its response: wraps the request's callback. */
 typedef struct cache_pending {
     response_cache_t *cache;
+    model_t *model;
     nereid_complete_fn done;
     void *userp;
     uint64_t hash;
@@ -394,24 +395,43 @@ static void evict_locked(response_cache_t *c)
 
 /* Triton's packed size of one output: name, datatype, shape, byte size and
  * data, each variable part with its length field. */
-static uint64_t packed_output_size(const resp_output_t *o)
+static uint64_t packed_output_size(const char *name, nereid_datatype_t dt, size_t rank,
+                                   size_t byte_size)
 {
-    return 4 + strlen(o->name) + 4 + strlen(nereid_datatype_name(o->datatype)) + 4 + o->rank * 8 +
-           8 + o->byte_size;
+    return 4 + strlen(name) + 4 + strlen(nereid_datatype_name(dt)) + 4 + rank * 8 + 8 + byte_size;
 }
 
 typedef enum insert_result { INSERTED, EXISTS, TOO_LARGE } insert_result_t;
 
-/* Inserts resp's client outputs under p's key. */
+/* One output of a response, read through the public accessors. */
+typedef struct resp_view {
+    const char *name;
+    nereid_datatype_t datatype;
+    const int64_t *shape;
+    size_t rank;
+    const void *data;
+    size_t byte_size;
+} resp_view_t;
+
+static resp_view_t view_output(const nereid_response_t *resp, size_t i)
+{
+    resp_view_t v;
+    nereid_response_output(resp, i, &v.name, &v.datatype, &v.shape, &v.rank, &v.data, &v.byte_size,
+                           NULL);
+    return v;
+}
+
+/* Inserts resp's outputs under p's key. */
 static insert_result_t insert(response_cache_t *c, const cache_pending_t *p,
                               const nereid_response_t *resp, uint64_t *cost_out)
 {
+    size_t n_outputs = nereid_response_output_count(resp);
     uint64_t cost = 4 + p->key_len; /* Triton's output count field, and the key */
-    size_t block = sizeof(cache_entry_t) + resp->n_outputs * sizeof(cache_output_t) + p->key_len;
-    for (size_t i = 0; i < resp->n_outputs; i++) {
-        const resp_output_t *o = &resp->outputs[i];
-        cost += 8 + packed_output_size(o);
-        block += strlen(o->name) + 1 + o->byte_size;
+    size_t block = sizeof(cache_entry_t) + n_outputs * sizeof(cache_output_t) + p->key_len;
+    for (size_t i = 0; i < n_outputs; i++) {
+        resp_view_t v = view_output(resp, i);
+        cost += 8 + packed_output_size(v.name, v.datatype, v.rank, v.byte_size);
+        block += strlen(v.name) + 1 + v.byte_size;
     }
     *cost_out = cost;
     pthread_mutex_lock(&c->lock);
@@ -426,26 +446,26 @@ static insert_result_t insert(response_cache_t *c, const cache_pending_t *p,
     e->hash = p->hash;
     e->cost = cost;
     atomic_init(&e->refs, 1);
-    e->n_outputs = resp->n_outputs;
-    unsigned char *q = (unsigned char *)&e->outputs[resp->n_outputs];
+    e->n_outputs = n_outputs;
+    unsigned char *q = (unsigned char *)&e->outputs[n_outputs];
     memcpy(q, p->key, p->key_len);
     e->key = q;
     e->key_len = p->key_len;
     q += p->key_len;
-    for (size_t i = 0; i < resp->n_outputs; i++) {
-        const resp_output_t *o = &resp->outputs[i];
+    for (size_t i = 0; i < n_outputs; i++) {
+        resp_view_t v = view_output(resp, i);
         cache_output_t *co = &e->outputs[i];
-        size_t n = strlen(o->name) + 1;
-        memcpy(q, o->name, n);
+        size_t n = strlen(v.name) + 1;
+        memcpy(q, v.name, n);
         co->name = (const char *)q;
         q += n;
-        co->datatype = o->datatype;
-        co->rank = o->rank;
-        memcpy(co->shape, o->shape, o->rank * sizeof *o->shape);
-        co->byte_size = o->byte_size;
-        if (o->byte_size) memcpy(q, o->data, o->byte_size);
+        co->datatype = v.datatype;
+        co->rank = v.rank < NEREID_MAX_RANK ? v.rank : NEREID_MAX_RANK;
+        memcpy(co->shape, v.shape, co->rank * sizeof *v.shape);
+        co->byte_size = v.byte_size;
+        if (v.byte_size) memcpy(q, v.data, v.byte_size);
         co->data = q;
-        q += o->byte_size;
+        q += v.byte_size;
     }
     pthread_mutex_lock(&c->lock);
     if (find_locked(c, p->hash, p->key, p->key_len)) {
@@ -468,34 +488,15 @@ static insert_result_t insert(response_cache_t *c, const cache_pending_t *p,
 
 /* ---- Requests ---- */
 
-/* Memory for output o of req's response, as the core allocates outputs:
- * the client's allocator, else the response's arena, else the heap. */
+/* Fills output slot o of req's response from the cached output. */
 static nereid_error_t *fill_output(nereid_request_t *req, resp_output_t *o,
                                    const cache_output_t *co)
 {
-    o->datatype = co->datatype;
-    o->rank = co->rank;
-    memcpy(o->shape, co->shape, co->rank * sizeof *co->shape);
-    o->byte_size = co->byte_size;
-    if (req->alloc.alloc_fn) {
-        nereid_error_t *err =
-            req->alloc.alloc_fn(req->alloc.userp, o->name, o->datatype, o->shape, o->rank,
-                                o->byte_size, &o->data, &o->buffer_userp);
-        if (err) return err;
-        if (!o->data && o->byte_size)
-            return nereid_error_new(NEREID_ERROR_INTERNAL,
-                                    "response allocator returned no buffer for output '%s'",
-                                    o->name);
-    } else {
-        o->data = response_arena_alloc(req->response, o->byte_size);
-        if (o->data)
-            o->in_arena = true;
-        else
-            o->data = xmalloc(o->byte_size ? o->byte_size : 1);
-    }
-    o->allocated = true;
-    if (o->byte_size) memcpy(o->data, co->data, o->byte_size);
-    o->filled = true;
+    nereid_error_t *err =
+        request_alloc_output(req, o, co->datatype, co->shape, co->rank, co->byte_size);
+    if (err) return err;
+    if (co->byte_size) memcpy(o->data, co->data, co->byte_size);
+    request_output_set_filled(o);
     return NULL;
 }
 
@@ -503,7 +504,7 @@ static void on_miss_done(nereid_response_t *resp, void *userp)
 {
     cache_pending_t *p = userp;
     response_cache_t *c = p->cache;
-    if (!resp->error && resp->model) {
+    if (!nereid_response_error(resp)) {
         uint64_t t0 = util_now_ns(), cost;
         insert_result_t r = insert(c, p, resp, &cost);
         uint64_t insert_ns = util_now_ns() - t0;
@@ -512,7 +513,7 @@ static void on_miss_done(nereid_response_t *resp, void *userp)
          * first, and adds the miss's lookup and insertion time to the
          * request's duration. */
         if (r != EXISTS) {
-            model_stats_t *s = &resp->model->stats;
+            model_stats_t *s = &p->model->stats; /* the response holds the reference */
             stats_add(&s->cache_miss, p->lookup_ns + insert_ns);
             atomic_fetch_add(&s->success.ns, p->lookup_ns + insert_ns);
         }
@@ -557,6 +558,7 @@ bool cache_lookup(nereid_request_t *req)
         order_free(&k);
         p->lookup_ns = util_now_ns() - t0;
         atomic_fetch_add(&c->lookup_ns, p->lookup_ns);
+        p->model = m;
         p->done = req->done_fn;
         p->userp = req->done_userp;
         req->done_fn = on_miss_done;
@@ -565,9 +567,8 @@ bool cache_lookup(nereid_request_t *req)
     }
     order_free(&k);
     nereid_error_t *err = NULL;
-    nereid_response_t *resp = req->response;
-    for (size_t i = 0; i < resp->n_outputs && !err; i++) {
-        resp_output_t *o = &resp->outputs[i];
+    for (size_t i = 0; i < request_output_count(req) && !err; i++) {
+        resp_output_t *o = request_output_at(req, i);
         for (size_t j = 0; j < e->n_outputs; j++)
             if (strcmp(e->outputs[j].name, o->name) == 0) {
                 err = fill_output(req, o, &e->outputs[j]);
@@ -579,7 +580,7 @@ bool cache_lookup(nereid_request_t *req)
     uint64_t hit_ns = util_now_ns() - t0;
     atomic_fetch_add(&c->lookup_ns, hit_ns);
     if (err)
-        resp->error = err; /* the caller's request_finish fails the request */
+        request_set_error(req, err); /* the caller's request_finish fails the request */
     else
         stats_add(&m->stats.cache_hit, hit_ns);
     /* Triton's hit: queue time ends where the lookup starts; no compute. */
