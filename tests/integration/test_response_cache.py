@@ -406,3 +406,34 @@ def test_cache_flag_errors(tmp_path, args, code, text):
                         "--metrics-port=0"] + args, capture_output=True, text=True, timeout=30)
     assert r.returncode == code, r.stderr
     assert text in r.stderr
+
+
+ENSEMBLE = """name: "ens"
+platform: "ensemble"
+max_batch_size: 8
+input [ { name: "X" data_type: TYPE_FP32 dims: [ -1 ] } ]
+output [ { name: "Y" data_type: TYPE_FP32 dims: [ -1 ] } ]
+ensemble_scheduling { step [
+  { model_name: "plain" model_version: -1
+    input_map { key: "INPUT0" value: "X" } output_map { key: "OUTPUT0" value: "mid" } },
+  { model_name: "cached" model_version: -1
+    input_map { key: "INPUT0" value: "mid" } output_map { key: "OUTPUT0" value: "Y" } } ] }
+response_cache { enable: true }
+"""
+
+
+def test_ensemble_and_its_steps(nereid_server, tmp_path):
+    # The ensemble caches whole requests; its cached step caches its own.
+    repo = repo_with(tmp_path, {"plain": identity("plain", extra=""), "cached": identity("cached"),
+                                "ens": ENSEMBLE})
+    s = nereid_server(repo, "--cache-config=local,size=1048576")
+    for _ in range(3):
+        doc, raw = fp32(s, "ens", [[4, 5, 6]], name="X")
+        assert output_array(doc, raw, "Y").tolist() == [[4, 5, 6]]
+    assert counts(s, "ens") == {"hit": 2, "miss": 1, "exec": 1}
+    assert counts(s, "plain") == {"hit": 0, "miss": 0, "exec": 1}
+    assert counts(s, "cached") == {"hit": 0, "miss": 1, "exec": 1}
+    # the step alone with the same input and the output the ensemble asks
+    # for is a hit of the step's entry
+    fp32(s, "cached", [[4, 5, 6]], outputs=[{"name": "OUTPUT0"}])
+    assert counts(s, "cached") == {"hit": 1, "miss": 1, "exec": 1}
