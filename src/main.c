@@ -37,6 +37,7 @@ typedef struct cli {
     const char *cache_configs[MAX_LIST]; /* --cache-config values */
     size_t n_cache_configs;
     const char *cache_byte_size; /* --response-cache-byte-size */
+    bool allow_client_shm;
 } cli_t;
 
 typedef enum flag_kind {
@@ -118,6 +119,8 @@ static const flag_t flags[] = {
       "Response cache: <cache_name>,<setting>=<value>, e.g. local,size=1048576 (repeatable)."),
     F("response-cache-byte-size", FLAG_CACHE_BYTES, cache_byte_size,
       "DEPRECATED: Please use --cache-config instead."),
+    F("allow-client-shm", FLAG_BOOL, allow_client_shm,
+      "Allow clients to register/unregister and use system shared memory regions (false)."),
 #define IGNORED(name) F(name, FLAG_IGNORED, repos, "Accepted for Triton compatibility; no effect.")
     IGNORED("cache-directory"),
     IGNORED("model-load-retry-count"),
@@ -151,7 +154,6 @@ static const flag_t flags[] = {
     UNSUPPORTED("grpc-root-cert"),
     UNSUPPORTED("http-restricted-api"),
     UNSUPPORTED("grpc-restricted-protocol"),
-    UNSUPPORTED("allow-client-shm"),
     UNSUPPORTED("model-config-name"),
     UNSUPPORTED("log-file"),
     UNSUPPORTED("trace-config"),
@@ -510,10 +512,12 @@ int main(int argc, char **argv)
     nereid_error_t *err = nereid_server_new(&cli.server, &server);
     free((char *)cli.server.cache_name);
     free(cache_json);
+    nereid_shm_registry_t *shm = nereid_shm_registry_new(cli.allow_client_shm);
     if (err) {
         fprintf(stderr, "error: creating server: %s - %s\n",
                 nereid_error_code_name(nereid_error_code(err)), nereid_error_message(err));
         nereid_error_free(err);
+        nereid_shm_registry_free(shm);
         return 1;
     }
     int exit_code = 0;
@@ -522,7 +526,12 @@ int main(int argc, char **argv)
     grpc_frontend_t *grpc_fe = NULL;
     /* HTTP starts last: once its port answers, every frontend is up. */
     if (cli.allow_grpc) {
-        grpc_options_t gopts = {cli.grpc_address, cli.grpc_port, cli.grpc_infer_thread_count};
+        grpc_options_t gopts;
+        grpc_options_init(&gopts);
+        gopts.address = cli.grpc_address;
+        gopts.port = cli.grpc_port;
+        gopts.infer_thread_count = cli.grpc_infer_thread_count;
+        gopts.shm = shm;
         if ((err = grpc_frontend_start(server, &gopts, &grpc_fe))) goto frontend_failed;
         fprintf(stderr, "Started GRPCInferenceService at %s:%d\n", cli.grpc_address,
                 grpc_frontend_port(grpc_fe));
@@ -546,6 +555,7 @@ int main(int argc, char **argv)
         ho.max_input_size = (size_t)cli.http_max_input_size;
         ho.max_connections = cli.http_max_connections;
         ho.idle_timeout_secs = cli.http_idle_timeout_secs;
+        ho.shm = shm;
         if ((err = http_server_start(server, &ho, &http))) goto frontend_failed;
         fprintf(stderr, "Started HTTPService at %s:%d\n", ho.address, http_server_port(http));
     }
@@ -556,6 +566,7 @@ int main(int argc, char **argv)
     frontends_t fe = {.http = http, .metrics = metrics, .grpc = grpc_fe};
     stop_frontends(&fe, server, cli.exit_timeout_secs);
     nereid_server_free(server);
+    nereid_shm_registry_free(shm);
     return exit_code;
 
 frontend_failed:
@@ -565,5 +576,6 @@ frontend_failed:
     metrics_server_stop(metrics);
     grpc_frontend_stop(grpc_fe);
     nereid_server_free(server);
+    nereid_shm_registry_free(shm);
     return 1;
 }
