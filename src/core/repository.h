@@ -56,6 +56,7 @@ struct nereid_server {
     _Atomic bool stopping;
     _Atomic bool stopped;
     struct rate_limiter *rate_limiter; /* --rate-limit=execution_count; NULL: off */
+    struct response_cache *cache;      /* --cache-config, or NULL (core/cache.h) */
 };
 
 /* Finds an entry by name; caller holds s->lock. */
