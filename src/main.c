@@ -26,9 +26,9 @@ typedef struct cli {
     size_t n_repos;
     const char *load_models[MAX_LIST];
     size_t n_load_models;
-    bool allow_http, allow_grpc, allow_metrics;
+    bool allow_http, allow_grpc, allow_metrics, allow_cpu_metrics;
     const char *http_address, *grpc_address, *metrics_address;
-    int http_port, grpc_port, metrics_port;
+    int http_port, grpc_port, metrics_port, metrics_interval_ms;
     int http_thread_count, grpc_infer_thread_count;
     long long http_max_input_size;
     int http_max_connections, http_idle_timeout_secs;
@@ -101,6 +101,10 @@ static const flag_t flags[] = {
     F("allow-metrics", FLAG_BOOL, allow_metrics, "Serve Prometheus metrics (true)."),
     F("metrics-port", FLAG_INT, metrics_port, "Metrics port (8002)."),
     F("metrics-address", FLAG_STR, metrics_address, "Metrics address (the HTTP address)."),
+    F("allow-cpu-metrics", FLAG_BOOL, allow_cpu_metrics,
+      "Serve the nv_cpu_* host metrics; ignored unless --allow-metrics (true)."),
+    F("metrics-interval-ms", FLAG_INT, metrics_interval_ms,
+      "Host metrics are refreshed every <metrics-interval-ms> (2000)."),
     F("exit-timeout-secs", FLAG_INT, exit_timeout_secs,
       "On SIGINT/SIGTERM, how long in-flight requests may take before models are stopped "
       "under them (30)."),
@@ -118,8 +122,6 @@ static const flag_t flags[] = {
     IGNORED("min-supported-compute-capability"),
     IGNORED("buffer-manager-thread-count"),
     IGNORED("allow-gpu-metrics"),
-    IGNORED("allow-cpu-metrics"),
-    IGNORED("metrics-interval-ms"),
     IGNORED("grpc-infer-allocation-pool-size"),
     IGNORED("grpc-max-response-pool-size"),
     IGNORED("grpc-infer-response-compression-level"),
@@ -367,11 +369,12 @@ int main(int argc, char **argv)
         return config_check_main(argc - 1, argv + 1);
     cli_t cli = {0};
     nereid_server_options_init(&cli.server);
-    cli.allow_http = cli.allow_grpc = cli.allow_metrics = true;
+    cli.allow_http = cli.allow_grpc = cli.allow_metrics = cli.allow_cpu_metrics = true;
     cli.http_address = cli.grpc_address = "0.0.0.0";
     cli.http_port = 8000;
     cli.grpc_port = 8001;
     cli.metrics_port = 8002;
+    cli.metrics_interval_ms = 2000;
     cli.http_thread_count = 8;
     cli.grpc_infer_thread_count = 2;
     cli.http_max_input_size = 67108864;
@@ -391,6 +394,10 @@ int main(int argc, char **argv)
     if (cli.http_max_connections < 1 || cli.http_idle_timeout_secs < 0) {
         fprintf(stderr, "nereid: --http-max-connections must be >= 1 and "
                         "--http-idle-timeout-secs >= 0\n");
+        return 2;
+    }
+    if (cli.metrics_interval_ms < 0) {
+        fprintf(stderr, "nereid: --metrics-interval-ms must be >= 0\n");
         return 2;
     }
     if (!cli.metrics_address) cli.metrics_address = cli.http_address;
@@ -431,6 +438,8 @@ int main(int argc, char **argv)
         metrics_options_init(&mo);
         mo.address = cli.metrics_address;
         mo.port = cli.metrics_port;
+        mo.cpu_metrics = cli.allow_cpu_metrics;
+        mo.interval_ms = cli.metrics_interval_ms;
         if ((err = metrics_server_start(server, &mo, &metrics))) goto frontend_failed;
         fprintf(stderr, "Started Metrics Service at %s:%d\n", mo.address,
                 metrics_server_port(metrics));

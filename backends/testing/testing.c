@@ -2,6 +2,7 @@
  * This file contains the testing backend, for scheduler and fault tests.
  * It copies input i to output i like identity and obeys config parameters:
  *   execute_delay_ms     sleep this long in every execute
+ *   model_init_delay_ms  sleep this long in model init (a known load time)
  *   fail_model_init      "true": model init fails
  *   fail_instance_init   "true": instance init fails
  *   fail_execute         "true": every execute fails
@@ -44,6 +45,8 @@ NEREID_EXPORT nereid_error_t *nereid_backend_model_init(nereid_model_t *model)
 {
     if (param_true(model, "fail_model_init"))
         return nereid_error_new(NEREID_ERROR_INTERNAL, "testing backend: model init failed");
+    const char *delay = nereid_model_parameter(model, "model_init_delay_ms");
+    if (delay) sleep_ms(strtol(delay, NULL, 10));
     return NULL;
 }
 

@@ -55,6 +55,7 @@ typedef struct model_stats {
     response_stat_t response0;
     batch_stat_t *batch; /* index = batch size, 1..n_batch-1 */
     size_t n_batch;
+    uint64_t load_ns; /* backend model's load time (0 for ensembles); set before publishing */
 } model_stats_t;
 
 /* ---- Model ---- */

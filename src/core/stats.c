@@ -73,8 +73,8 @@ json_t *stats_model_json(const model_t *m)
                      "last_inference", (json_int_t)atomic_load(&s->last_inference_ms),
                      "inference_count", (json_int_t)atomic_load(&s->inference_count),
                      "execution_count", (json_int_t)atomic_load(&s->execution_count),
-                     "inference_stats", inf, "response_stats", response_stats_json(&s->response0), "batch_stats",
-                     batches, "memory_usage", json_array());
+                     "inference_stats", inf, "response_stats", response_stats_json(&s->response0),
+                     "batch_stats", batches, "memory_usage", json_array());
 }
 
 /* ---- Prometheus text ---- */
@@ -144,6 +144,25 @@ static uint64_t family_value(const model_t *m, size_t f)
     }
 }
 
+/* Triton's load-time gauge: backend models only, so the family is left out
+ * when only ensembles are loaded (prometheus-cpp omits empty families). */
+static void load_duration_text(FILE *out, const model_t *const *models, size_t n_models)
+{
+    char lab[1024];
+    bool any = false;
+    for (size_t i = 0; i < n_models; i++) {
+        if (!models[i]->backend) continue;
+        if (!any)
+            fputs("# HELP nv_model_load_duration_secs Model load time in seconds\n"
+                  "# TYPE nv_model_load_duration_secs gauge\n",
+                  out);
+        any = true;
+        labels(lab, sizeof lab, models[i]);
+        fprintf(out, "nv_model_load_duration_secs{%s} %.9g\n", lab,
+                (double)models[i]->stats.load_ns / 1e9);
+    }
+}
+
 void stats_metrics_text(FILE *out, const model_t *const *models, size_t n_models)
 {
     char lab[1024];
@@ -167,4 +186,5 @@ void stats_metrics_text(FILE *out, const model_t *const *models, size_t n_models
             }
         }
     }
+    load_duration_text(out, models, n_models);
 }
