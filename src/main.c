@@ -13,6 +13,7 @@
 #include <time.h>
 
 #include "config/config.h"
+#include "frontend/restricted.h"
 #include "grpc/grpc_server.h"
 #include "http/http_server.h"
 #include "metrics/metrics_server.h"
@@ -33,6 +34,7 @@ typedef struct cli {
     long long http_max_input_size;
     int http_max_connections, http_idle_timeout_secs;
     int exit_timeout_secs;
+    restricted_apis_t http_restricted, grpc_restricted;
 } cli_t;
 
 typedef enum flag_kind {
@@ -44,6 +46,7 @@ typedef enum flag_kind {
     FLAG_MODE,
     FLAG_LLONG,
     FLAG_LOG_FORMAT,
+    FLAG_RESTRICTED, /* Triton's "<groups>:<key>=<value>", repeatable */
     FLAG_IGNORED,    /* Triton tuning knob with no effect here: accepted with a warning */
     FLAG_UNSUPPORTED /* Triton feature whose absence would surprise (TLS, restrictions): error */
 } flag_kind_t;
@@ -93,11 +96,18 @@ static const flag_t flags[] = {
       "keep-alive connection (4096)."),
     F("http-idle-timeout-secs", FLAG_INT, http_idle_timeout_secs,
       "Close an HTTP connection idle this long; 0 = never (60)."),
+    F("http-restricted-api", FLAG_RESTRICTED, http_restricted,
+      "<api>[,<api>...]:<key>=<value>: these API groups need header <key> with <value> "
+      "(health, metadata, inference, shared-memory, model-config, model-repository, "
+      "statistics, trace, logging)."),
     F("allow-grpc", FLAG_BOOL, allow_grpc, "Serve gRPC (true)."),
     F("grpc-port", FLAG_INT, grpc_port, "gRPC port (8001)."),
     F("grpc-address", FLAG_STR, grpc_address, "gRPC address (0.0.0.0)."),
     F("grpc-infer-thread-count", FLAG_INT, grpc_infer_thread_count,
       "gRPC completion-queue threads (2)."),
+    F("grpc-restricted-protocol", FLAG_RESTRICTED, grpc_restricted,
+      "<protocol>[,<protocol>...]:<key>=<value>: these RPC groups need metadata "
+      "triton-grpc-protocol-<key> with <value> (groups as --http-restricted-api)."),
     F("allow-metrics", FLAG_BOOL, allow_metrics, "Serve Prometheus metrics (true)."),
     F("metrics-port", FLAG_INT, metrics_port, "Metrics port (8002)."),
     F("metrics-address", FLAG_STR, metrics_address, "Metrics address (the HTTP address)."),
@@ -140,8 +150,6 @@ static const flag_t flags[] = {
     UNSUPPORTED("grpc-server-cert"),
     UNSUPPORTED("grpc-server-key"),
     UNSUPPORTED("grpc-root-cert"),
-    UNSUPPORTED("http-restricted-api"),
-    UNSUPPORTED("grpc-restricted-protocol"),
     UNSUPPORTED("allow-client-shm"),
     UNSUPPORTED("model-config-name"),
     UNSUPPORTED("log-file"),
@@ -209,6 +217,16 @@ static int apply_flag(cli_t *cli, const flag_t *f, const char *value)
         }
         fprintf(stderr, "nereid: %s\n", nereid_error_message(err));
         nereid_error_free(err);
+        return -2;
+    }
+    case FLAG_RESTRICTED: {
+        bool grpc = strncmp(f->name, "grpc", 4) == 0;
+        char *msg =
+            restricted_parse((restricted_apis_t *)field, value, f->name,
+                             grpc ? "triton-grpc-protocol-" : "", grpc ? "protocol" : "api");
+        if (!msg) return 0;
+        fprintf(stderr, "%s\n", msg);
+        free(msg);
         return -2;
     }
     case FLAG_IGNORED:
@@ -367,7 +385,7 @@ int main(int argc, char **argv)
 {
     if (argc > 1 && strcmp(argv[1], "check-config") == 0)
         return config_check_main(argc - 1, argv + 1);
-    cli_t cli = {0};
+    static cli_t cli; /* static: what the flags allocate stays reachable on early exits */
     nereid_server_options_init(&cli.server);
     cli.allow_http = cli.allow_grpc = cli.allow_metrics = cli.allow_cpu_metrics = true;
     cli.http_address = cli.grpc_address = "0.0.0.0";
@@ -428,7 +446,12 @@ int main(int argc, char **argv)
     grpc_frontend_t *grpc_fe = NULL;
     /* HTTP starts last: once its port answers, every frontend is up. */
     if (cli.allow_grpc) {
-        grpc_options_t gopts = {cli.grpc_address, cli.grpc_port, cli.grpc_infer_thread_count};
+        grpc_options_t gopts;
+        grpc_options_init(&gopts);
+        gopts.address = cli.grpc_address;
+        gopts.port = cli.grpc_port;
+        gopts.infer_thread_count = cli.grpc_infer_thread_count;
+        gopts.restricted = &cli.grpc_restricted;
         if ((err = grpc_frontend_start(server, &gopts, &grpc_fe))) goto frontend_failed;
         fprintf(stderr, "Started GRPCInferenceService at %s:%d\n", cli.grpc_address,
                 grpc_frontend_port(grpc_fe));
@@ -454,6 +477,7 @@ int main(int argc, char **argv)
         ho.max_input_size = (size_t)cli.http_max_input_size;
         ho.max_connections = cli.http_max_connections;
         ho.idle_timeout_secs = cli.http_idle_timeout_secs;
+        ho.restricted = &cli.http_restricted;
         if ((err = http_server_start(server, &ho, &http))) goto frontend_failed;
         fprintf(stderr, "Started HTTPService at %s:%d\n", ho.address, http_server_port(http));
     }
@@ -464,6 +488,8 @@ int main(int argc, char **argv)
     frontends_t fe = {.http = http, .metrics = metrics, .grpc = grpc_fe};
     stop_frontends(&fe, server, cli.exit_timeout_secs);
     nereid_server_free(server);
+    restricted_free(&cli.http_restricted);
+    restricted_free(&cli.grpc_restricted);
     return exit_code;
 
 frontend_failed:

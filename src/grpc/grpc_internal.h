@@ -82,6 +82,7 @@ struct grpc_frontend {
     grpc_completion_queue **queues;
     pthread_t *threads;
     void *method_handles[GFE_N_METHODS];
+    const restricted_apis_t *restricted; /* borrowed from the options; NULL = none */
 
     pthread_mutex_t mu;
     pthread_cond_t cv;

@@ -183,6 +183,64 @@ void gfe_unary_finish_error(gfe_unary_call_t *c, nereid_error_t *err)
     nereid_error_free(err);
 }
 
+/* Triton's restricted protocol group of each RPC (grpc_server.cc). */
+static restricted_group_t method_group(gfe_method_t m)
+{
+    switch (m) {
+    case GFE_M_SERVER_LIVE:
+    case GFE_M_SERVER_READY:
+    case GFE_M_MODEL_READY:
+    case GFE_M_HEALTH_CHECK:
+        return RESTRICTED_HEALTH;
+    case GFE_M_SERVER_METADATA:
+    case GFE_M_MODEL_METADATA:
+        return RESTRICTED_METADATA;
+    case GFE_M_MODEL_INFER:
+    case GFE_M_MODEL_STREAM_INFER:
+        return RESTRICTED_INFERENCE;
+    case GFE_M_MODEL_CONFIG:
+        return RESTRICTED_MODEL_CONFIG;
+    case GFE_M_MODEL_STATISTICS:
+        return RESTRICTED_STATISTICS;
+    case GFE_M_REPOSITORY_INDEX:
+    case GFE_M_REPOSITORY_MODEL_LOAD:
+    case GFE_M_REPOSITORY_MODEL_UNLOAD:
+        return RESTRICTED_MODEL_REPOSITORY;
+    case GFE_M_SYSTEM_SHM_STATUS:
+    case GFE_M_SYSTEM_SHM_REGISTER:
+    case GFE_M_SYSTEM_SHM_UNREGISTER:
+    case GFE_M_CUDA_SHM_STATUS:
+    case GFE_M_CUDA_SHM_REGISTER:
+    case GFE_M_CUDA_SHM_UNREGISTER:
+        return RESTRICTED_SHARED_MEMORY;
+    case GFE_M_TRACE_SETTING:
+        return RESTRICTED_TRACE;
+    case GFE_M_LOG_SETTINGS:
+        return RESTRICTED_LOGGING;
+    default:
+        return RESTRICTED_NONE;
+    }
+}
+
+/* Triton's ExecutePrecondition: the first metadata entry with the group's
+ * key must carry exactly its value. On refusal the call (unary or stream)
+ * is finished UNAVAILABLE with Triton's text and true is returned. */
+static bool refuse_restricted(gfe_unary_call_t *c)
+{
+    restricted_group_t g = method_group(c->method);
+    const char *header = restricted_header(c->fe->restricted, g);
+    if (!header) return false;
+    const grpc_metadata *found = NULL;
+    for (size_t i = 0; i < c->request_md.count && !found; i++)
+        if (grpc_slice_str_cmp(c->request_md.metadata[i].key, header) == 0)
+            found = &c->request_md.metadata[i];
+    if (found && grpc_slice_str_cmp(found->value, c->fe->restricted->value[g]) == 0) return false;
+    char msg[600];
+    snprintf(msg, sizeof msg, "This protocol is restricted, expecting header '%s'", header);
+    gfe_unary_finish_status(c, GRPC_STATUS_UNAVAILABLE, msg, NULL);
+    return true;
+}
+
 static void unary_arrived(gfe_tag_t *tag, bool ok)
 {
     gfe_unary_call_t *c = GFE_CONTAINER_OF(tag, gfe_unary_call_t, arrive_tag);
@@ -192,6 +250,7 @@ static void unary_arrived(gfe_tag_t *tag, bool ok)
         return;
     }
     if (!atomic_load(&fe->stopping)) post_unary(fe, c->queue, c->method);
+    if (fe->restricted && refuse_restricted(c)) return;
     if (gfe_methods[c->method].kind == GFE_STREAM) {
         grpc_call *call = c->call;
         c->call = NULL;
@@ -308,6 +367,7 @@ void grpc_options_init(grpc_options_t *opts)
     opts->address = "0.0.0.0";
     opts->port = 8001;
     opts->infer_thread_count = 2;
+    opts->restricted = NULL;
 }
 
 int grpc_frontend_port(const grpc_frontend_t *fe)
@@ -363,6 +423,7 @@ nereid_error_t *grpc_frontend_start(nereid_server_t *server, const grpc_options_
         return nereid_error_new(NEREID_ERROR_INTERNAL, "out of memory");
     }
     fe->server = server;
+    fe->restricted = opts->restricted;
     fe->n_queues = n_queues;
     pthread_mutex_init(&fe->mu, NULL);
     pthread_condattr_t cv_attr;

@@ -6,12 +6,14 @@
 #ifndef NEREID_GRPC_SERVER_H
 #define NEREID_GRPC_SERVER_H
 
+#include "frontend/restricted.h"
 #include "nereid/server.h"
 
 typedef struct grpc_options {
-    const char *address;    /* "0.0.0.0" when NULL */
-    int port;               /* 8001 in Triton; 0 picks a free port */
-    int infer_thread_count; /* completion-queue threads; <= 0 means one per core */
+    const char *address;                 /* "0.0.0.0" when NULL */
+    int port;                            /* 8001 in Triton; 0 picks a free port */
+    int infer_thread_count;              /* completion-queue threads; <= 0 means one per core */
+    const restricted_apis_t *restricted; /* --grpc-restricted-protocol (borrowed); NULL = none */
 } grpc_options_t;
 
 typedef struct grpc_frontend grpc_frontend_t;

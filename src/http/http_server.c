@@ -109,6 +109,7 @@ typedef struct conn_slot {
 struct http_server {
     nereid_server_t *core;
     struct MHD_Daemon *daemon;
+    const restricted_apis_t *restricted; /* --http-restricted-api; NULL = none */
     size_t max_input_size;
     pthread_mutex_t lock;
     pthread_cond_t idle;
@@ -131,7 +132,9 @@ typedef struct http_conn {
     http_server_t *srv;
     struct MHD_Connection *mhd;
     http_route_t route;
-    char *path; /* copy of the URL (path_buf or malloc'ed); captures point into it */
+    http_route_t path_route; /* first route whose path matches, whatever the method */
+    bool forbidden;          /* its API group is restricted and the header is wrong */
+    char *path;              /* copy of the URL (path_buf or malloc'ed); captures point into it */
     char path_buf[160];
     const char *model, *version_str, *name;
     int64_t version;
@@ -219,7 +222,7 @@ static bool route_match(const char *pattern, const char *path, const char **cap_
 
 static void route_resolve(http_conn_t *c, const char *url, const char *method)
 {
-    c->route = ROUTE_NOT_FOUND;
+    c->route = c->path_route = ROUTE_NOT_FOUND;
     size_t n = strlen(url);
     c->path = n < sizeof c->path_buf ? c->path_buf : malloc(n + 1);
     if (!c->path) return;
@@ -230,6 +233,7 @@ static void route_resolve(http_conn_t *c, const char *url, const char *method)
             m = v = r = NULL;
             continue;
         }
+        if (c->path_route < 0) c->path_route = (http_route_t)i;
         /* A path may be listed once per method: keep looking on a mismatch. */
         if (strcmp(method, routes[i].method)) {
             c->route = ROUTE_BAD_METHOD;
@@ -250,6 +254,83 @@ static void route_resolve(http_conn_t *c, const char *url, const char *method)
         long long x = strtoll(v, NULL, 10);
         c->version = errno ? -2 : (int64_t)x;
     }
+}
+
+/* Triton's restricted API group of each route (http_server.cc handlers). */
+static restricted_group_t route_group(http_route_t r)
+{
+    switch (r) {
+    case ROUTE_HEALTH_LIVE:
+    case ROUTE_HEALTH_READY:
+    case ROUTE_MODEL_READY:
+    case ROUTE_MODEL_READY_V:
+        return RESTRICTED_HEALTH;
+    case ROUTE_SERVER_METADATA:
+    case ROUTE_MODEL_METADATA:
+    case ROUTE_MODEL_METADATA_V:
+        return RESTRICTED_METADATA;
+    case ROUTE_MODEL_INFER:
+    case ROUTE_MODEL_INFER_V:
+    case ROUTE_MODEL_GENERATE:
+    case ROUTE_MODEL_GENERATE_V:
+    case ROUTE_MODEL_GENERATE_STREAM:
+    case ROUTE_MODEL_GENERATE_STREAM_V:
+        return RESTRICTED_INFERENCE;
+    case ROUTE_MODEL_CONFIG:
+    case ROUTE_MODEL_CONFIG_V:
+        return RESTRICTED_MODEL_CONFIG;
+    case ROUTE_MODELS_STATS:
+    case ROUTE_MODEL_STATS:
+    case ROUTE_MODEL_STATS_V:
+        return RESTRICTED_STATISTICS;
+    case ROUTE_REPO_INDEX:
+    case ROUTE_REPO_LOAD:
+    case ROUTE_REPO_UNLOAD:
+    case ROUTE_REPO_INDEX_NAMED:
+    case ROUTE_REPO_LOAD_NAMED:
+    case ROUTE_REPO_UNLOAD_NAMED:
+        return RESTRICTED_MODEL_REPOSITORY;
+    case ROUTE_SYS_SHM_STATUS:
+    case ROUTE_SYS_SHM_REGION_STATUS:
+    case ROUTE_SYS_SHM_REGISTER:
+    case ROUTE_SYS_SHM_UNREGISTER:
+    case ROUTE_SYS_SHM_REGION_UNREGISTER:
+    case ROUTE_CUDA_SHM_STATUS:
+    case ROUTE_CUDA_SHM_REGION_STATUS:
+    case ROUTE_CUDA_SHM_REGISTER:
+    case ROUTE_CUDA_SHM_UNREGISTER:
+    case ROUTE_CUDA_SHM_REGION_UNREGISTER:
+        return RESTRICTED_SHARED_MEMORY;
+    case ROUTE_LOGGING_GET:
+    case ROUTE_LOGGING_POST:
+        return RESTRICTED_LOGGING;
+    case ROUTE_TRACE_GET:
+    case ROUTE_TRACE_POST:
+    case ROUTE_MODEL_TRACE_GET:
+    case ROUTE_MODEL_TRACE_POST:
+        return RESTRICTED_TRACE;
+    default:
+        return RESTRICTED_NONE;
+    }
+}
+
+/* Triton answers a restricted route before anything else it checks (even
+ * the method): 403 unless the group's header carries the exact value. */
+static bool route_forbidden(http_conn_t *c)
+{
+    restricted_group_t g = route_group(c->path_route);
+    const char *header = restricted_header(c->srv->restricted, g);
+    if (!header) return false;
+    const char *value = MHD_lookup_connection_value(c->mhd, MHD_HEADER_KIND, header);
+    return !restricted_allows(c->srv->restricted, g, value);
+}
+
+static enum MHD_Result reply_forbidden(http_conn_t *c)
+{
+    const char *header = restricted_header(c->srv->restricted, route_group(c->path_route));
+    char msg[600];
+    snprintf(msg, sizeof msg, "This API is restricted, expecting header '%s'", header);
+    return http_queue_error(c->mhd, 403, msg);
 }
 
 /* ---- Small handlers ------------------------------------------------------- */
@@ -1249,7 +1330,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
         c->chunked = MHD_lookup_connection_value(mc, MHD_HEADER_KIND,
                                                  MHD_HTTP_HEADER_TRANSFER_ENCODING) != NULL;
         route_resolve(c, url, method);
-        if (c->route == ROUTE_MODEL_INFER || c->route == ROUTE_MODEL_INFER_V) {
+        if (srv->restricted && route_forbidden(c)) {
+            c->forbidden = true; /* the body is read and dropped; 403 at the end */
+        } else if (c->route == ROUTE_MODEL_INFER || c->route == ROUTE_MODEL_INFER_V) {
             infer_headers(c);
             /* A declared body over the limit is refused now, unread: MHD then
              * closes the connection after the reply. */
@@ -1278,7 +1361,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
     if (*upload_data_size) {
         size_t n = *upload_data_size;
         *upload_data_size = 0;
-        if (c->route < 0 || c->error || c->refused) return MHD_YES; /* discard */
+        if (c->route < 0 || c->error || c->refused || c->forbidden) return MHD_YES; /* discard */
         if (c->chunked && n < CHUNK_PIECE_SMALL && ++c->n_pieces > MAX_CHUNKS) {
             /* Read (and drop) the rest: MHD 0.9.75 cannot reply mid-body. */
             free(c->body.data);
@@ -1321,6 +1404,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
         return MHD_YES;
     }
     if (c->refused) return MHD_YES;
+    if (c->forbidden) return reply_forbidden(c);
     if (c->route == ROUTE_NOT_FOUND) return http_queue_error(mc, 404, "Not Found");
     if (c->route == ROUTE_BAD_METHOD) return http_queue_error(mc, 405, "Method Not Allowed");
     if (c->error) {
@@ -1393,6 +1477,7 @@ nereid_error_t *http_server_start(nereid_server_t *core, const http_options_t *o
     http_server_t *srv = calloc(1, sizeof *srv);
     if (!srv) return nereid_error_new(NEREID_ERROR_INTERNAL, "out of memory");
     srv->core = core;
+    srv->restricted = opts->restricted;
     srv->max_input_size = opts->max_input_size;
     pthread_mutex_init(&srv->lock, NULL);
     pthread_cond_init(&srv->idle, NULL);

@@ -7,15 +7,17 @@
 
 #include <stddef.h>
 
+#include "frontend/restricted.h"
 #include "nereid/server.h"
 
 typedef struct http_options {
-    const char *address;   /* "0.0.0.0", "127.0.0.1", "::" ... */
-    int port;              /* 0 = any free port (see http_server_port) */
-    int thread_count;      /* MHD worker threads; capped at the online CPUs */
-    size_t max_input_size; /* --http-max-input-size, bytes */
-    int max_connections;   /* --http-max-connections: open connections at most */
-    int idle_timeout_secs; /* --http-idle-timeout-secs: 0 = never time out */
+    const char *address;                 /* "0.0.0.0", "127.0.0.1", "::" ... */
+    int port;                            /* 0 = any free port (see http_server_port) */
+    int thread_count;                    /* MHD worker threads; capped at the online CPUs */
+    size_t max_input_size;               /* --http-max-input-size, bytes */
+    int max_connections;                 /* --http-max-connections: open connections at most */
+    int idle_timeout_secs;               /* --http-idle-timeout-secs: 0 = never time out */
+    const restricted_apis_t *restricted; /* --http-restricted-api (borrowed); NULL = none */
 } http_options_t;
 
 typedef struct http_server http_server_t;
