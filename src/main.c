@@ -14,6 +14,7 @@
 
 #include "config/config.h"
 #include "frontend/restricted.h"
+#include "frontend/tls.h"
 #include "grpc/grpc_server.h"
 #include "http/http_server.h"
 #include "metrics/metrics_server.h"
@@ -35,6 +36,7 @@ typedef struct cli {
     int http_max_connections, http_idle_timeout_secs;
     int exit_timeout_secs;
     restricted_apis_t http_restricted, grpc_restricted;
+    tls_options_t http_tls, grpc_tls;
 } cli_t;
 
 typedef enum flag_kind {
@@ -47,6 +49,7 @@ typedef enum flag_kind {
     FLAG_LLONG,
     FLAG_LOG_FORMAT,
     FLAG_RESTRICTED, /* Triton's "<groups>:<key>=<value>", repeatable */
+    FLAG_SSL_MUTUAL, /* a bool that also turns use_ssl on (Triton's rule) */
     FLAG_IGNORED,    /* Triton tuning knob with no effect here: accepted with a warning */
     FLAG_UNSUPPORTED /* Triton feature whose absence would surprise (TLS, restrictions): error */
 } flag_kind_t;
@@ -100,6 +103,15 @@ static const flag_t flags[] = {
       "<api>[,<api>...]:<key>=<value>: these API groups need header <key> with <value> "
       "(health, metadata, inference, shared-memory, model-config, model-repository, "
       "statistics, trace, logging)."),
+    F("http-use-ssl", FLAG_BOOL, http_tls.use_ssl,
+      "Serve HTTPS (GnuTLS) with --http-server-cert/--http-server-key (false)."),
+    F("http-use-ssl-mutual", FLAG_SSL_MUTUAL, http_tls.mutual,
+      "HTTPS that requires a client certificate signed by --http-root-cert; implies "
+      "--http-use-ssl (false)."),
+    F("http-server-cert", FLAG_STR, http_tls.server_cert, "PEM file of the HTTPS certificate."),
+    F("http-server-key", FLAG_STR, http_tls.server_key, "PEM file of the HTTPS private key."),
+    F("http-root-cert", FLAG_STR, http_tls.root_cert,
+      "PEM file of the CAs that sign HTTPS client certificates."),
     F("allow-grpc", FLAG_BOOL, allow_grpc, "Serve gRPC (true)."),
     F("grpc-port", FLAG_INT, grpc_port, "gRPC port (8001)."),
     F("grpc-address", FLAG_STR, grpc_address, "gRPC address (0.0.0.0)."),
@@ -108,6 +120,15 @@ static const flag_t flags[] = {
     F("grpc-restricted-protocol", FLAG_RESTRICTED, grpc_restricted,
       "<protocol>[,<protocol>...]:<key>=<value>: these RPC groups need metadata "
       "triton-grpc-protocol-<key> with <value> (groups as --http-restricted-api)."),
+    F("grpc-use-ssl", FLAG_BOOL, grpc_tls.use_ssl,
+      "Serve gRPC over TLS with --grpc-server-cert/--grpc-server-key (false)."),
+    F("grpc-use-ssl-mutual", FLAG_SSL_MUTUAL, grpc_tls.mutual,
+      "gRPC TLS that requires a client certificate signed by --grpc-root-cert; implies "
+      "--grpc-use-ssl (false)."),
+    F("grpc-server-cert", FLAG_STR, grpc_tls.server_cert, "PEM file of the gRPC certificate."),
+    F("grpc-server-key", FLAG_STR, grpc_tls.server_key, "PEM file of the gRPC private key."),
+    F("grpc-root-cert", FLAG_STR, grpc_tls.root_cert,
+      "PEM file of the CAs that sign gRPC client certificates."),
     F("allow-metrics", FLAG_BOOL, allow_metrics, "Serve Prometheus metrics (true)."),
     F("metrics-port", FLAG_INT, metrics_port, "Metrics port (8002)."),
     F("metrics-address", FLAG_STR, metrics_address, "Metrics address (the HTTP address)."),
@@ -145,11 +166,6 @@ static const flag_t flags[] = {
     IGNORED("reuse-grpc-port"),
 #undef IGNORED
 #define UNSUPPORTED(name) F(name, FLAG_UNSUPPORTED, repos, "Not supported by Nereid (refused).")
-    UNSUPPORTED("grpc-use-ssl"),
-    UNSUPPORTED("grpc-use-ssl-mutual"),
-    UNSUPPORTED("grpc-server-cert"),
-    UNSUPPORTED("grpc-server-key"),
-    UNSUPPORTED("grpc-root-cert"),
     UNSUPPORTED("allow-client-shm"),
     UNSUPPORTED("model-config-name"),
     UNSUPPORTED("log-file"),
@@ -208,6 +224,12 @@ static int apply_flag(cli_t *cli, const flag_t *f, const char *value)
     }
     case FLAG_BOOL:
         return parse_bool(value, (bool *)field);
+    case FLAG_SSL_MUTUAL: {
+        /* Triton: --grpc-use-ssl-mutual sets use_ssl whatever its value. */
+        tls_options_t *tls = (tls_options_t *)(field - offsetof(tls_options_t, mutual));
+        tls->use_ssl = true;
+        return parse_bool(value, &tls->mutual);
+    }
     case FLAG_LOG_FORMAT: {
         nereid_log_format_t format;
         nereid_error_t *err = nereid_log_format_parse(value, &format);
@@ -452,6 +474,7 @@ int main(int argc, char **argv)
         gopts.port = cli.grpc_port;
         gopts.infer_thread_count = cli.grpc_infer_thread_count;
         gopts.restricted = &cli.grpc_restricted;
+        gopts.tls = cli.grpc_tls;
         if ((err = grpc_frontend_start(server, &gopts, &grpc_fe))) goto frontend_failed;
         fprintf(stderr, "Started GRPCInferenceService at %s:%d\n", cli.grpc_address,
                 grpc_frontend_port(grpc_fe));
@@ -478,6 +501,7 @@ int main(int argc, char **argv)
         ho.max_connections = cli.http_max_connections;
         ho.idle_timeout_secs = cli.http_idle_timeout_secs;
         ho.restricted = &cli.http_restricted;
+        ho.tls = cli.http_tls;
         if ((err = http_server_start(server, &ho, &http))) goto frontend_failed;
         fprintf(stderr, "Started HTTPService at %s:%d\n", ho.address, http_server_port(http));
     }

@@ -368,6 +368,7 @@ void grpc_options_init(grpc_options_t *opts)
     opts->port = 8001;
     opts->infer_thread_count = 2;
     opts->restricted = NULL;
+    opts->tls = (tls_options_t){0};
 }
 
 int grpc_frontend_port(const grpc_frontend_t *fe)
@@ -415,10 +416,16 @@ nereid_error_t *grpc_frontend_start(nereid_server_t *server, const grpc_options_
     }
     if (opts->port < 0 || opts->port > 65535)
         return nereid_error_new(NEREID_ERROR_INVALID_ARG, "invalid gRPC port %d", opts->port);
+    tls_pem_t pem = {0};
+    if (opts->tls.use_ssl) {
+        nereid_error_t *err = tls_pem_read(&opts->tls, "--grpc", &pem);
+        if (err) return err;
+    }
 
     grpc_init();
     grpc_frontend_t *fe = calloc(1, sizeof(*fe));
     if (fe == NULL) {
+        tls_pem_free(&pem);
         grpc_shutdown();
         return nereid_error_new(NEREID_ERROR_INTERNAL, "out of memory");
     }
@@ -463,9 +470,22 @@ nereid_error_t *grpc_frontend_start(nereid_server_t *server, const grpc_options_
     char target[300];
     bool v6 = strchr(address, ':') != NULL && address[0] != '[';
     snprintf(target, sizeof(target), v6 ? "[%s]:%d" : "%s:%d", address, opts->port);
-    grpc_server_credentials *creds = grpc_insecure_server_credentials_create();
-    fe->port = grpc_server_add_http2_port(fe->grpc, target, creds);
-    grpc_server_credentials_release(creds);
+    grpc_server_credentials *creds;
+    if (opts->tls.use_ssl) {
+        /* Triton's SslServerCredentials: the root certificates verify client
+         * certificates, which only mutual TLS requires. */
+        grpc_ssl_pem_key_cert_pair pair = {pem.key, pem.cert};
+        creds = grpc_ssl_server_credentials_create_ex(
+            pem.root, &pair, 1,
+            opts->tls.mutual ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
+                             : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE,
+            NULL);
+    } else {
+        creds = grpc_insecure_server_credentials_create();
+    }
+    fe->port = creds ? grpc_server_add_http2_port(fe->grpc, target, creds) : 0;
+    if (creds) grpc_server_credentials_release(creds);
+    tls_pem_free(&pem);
     if (fe->port == 0) {
         grpc_server_destroy(fe->grpc);
         destroy_queues(fe, 0);

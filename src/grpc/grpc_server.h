@@ -7,6 +7,7 @@
 #define NEREID_GRPC_SERVER_H
 
 #include "frontend/restricted.h"
+#include "frontend/tls.h"
 #include "nereid/server.h"
 
 typedef struct grpc_options {
@@ -14,6 +15,7 @@ typedef struct grpc_options {
     int port;                            /* 8001 in Triton; 0 picks a free port */
     int infer_thread_count;              /* completion-queue threads; <= 0 means one per core */
     const restricted_apis_t *restricted; /* --grpc-restricted-protocol (borrowed); NULL = none */
+    tls_options_t tls; /* --grpc-use-ssl, --grpc-use-ssl-mutual, --grpc-*-cert/key; off */
 } grpc_options_t;
 
 typedef struct grpc_frontend grpc_frontend_t;
@@ -24,7 +26,8 @@ void grpc_options_init(grpc_options_t *opts);
 /* Binds address:port and starts serving server (borrowed: it must outlive
  * the frontend). On success *out is the frontend; stop it with
  * grpc_frontend_stop. Fails (UNAVAILABLE) when the port cannot be bound,
- * including when another process already listens on it. */
+ * including when another process already listens on it, and (INVALID_ARG)
+ * when TLS is on and its files cannot be read. */
 nereid_error_t *grpc_frontend_start(nereid_server_t *server, const grpc_options_t *opts,
                                     grpc_frontend_t **out);
 /* The port actually bound (useful with port 0). */

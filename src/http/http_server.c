@@ -19,6 +19,7 @@
 #include "http/http_server.h"
 
 #include <errno.h>
+#include <gnutls/gnutls.h>
 #include <inttypes.h>
 #include <jansson.h>
 #include <pthread.h>
@@ -110,6 +111,8 @@ struct http_server {
     nereid_server_t *core;
     struct MHD_Daemon *daemon;
     const restricted_apis_t *restricted; /* --http-restricted-api; NULL = none */
+    tls_pem_t pem;                       /* HTTPS key material, kept while the daemon runs */
+    bool tls_mutual;                     /* require and verify a client certificate */
     size_t max_input_size;
     pthread_mutex_t lock;
     pthread_cond_t idle;
@@ -1160,6 +1163,17 @@ static void on_connection(void *cls, struct MHD_Connection *mc, void **socket_co
         free(s);
         return;
     }
+    if (srv->tls_mutual) {
+        /* MHD only requests a client certificate and never checks it: make
+         * the handshake require one and verify it against the trust list. */
+        const union MHD_ConnectionInfo *ti =
+            MHD_get_connection_info(mc, MHD_CONNECTION_INFO_GNUTLS_SESSION);
+        if (ti && ti->tls_session) {
+            gnutls_session_t session = (gnutls_session_t)ti->tls_session;
+            gnutls_certificate_server_set_request(session, GNUTLS_CERT_REQUIRE);
+            gnutls_session_set_verify_cert(session, NULL, 0);
+        }
+    }
     const union MHD_ConnectionInfo *ci =
         MHD_get_connection_info(mc, MHD_CONNECTION_INFO_CONNECTION_FD);
     int fd = ci ? ci->connect_fd : -1;
@@ -1476,6 +1490,14 @@ nereid_error_t *http_server_start(nereid_server_t *core, const http_options_t *o
                                 opts->address);
     http_server_t *srv = calloc(1, sizeof *srv);
     if (!srv) return nereid_error_new(NEREID_ERROR_INTERNAL, "out of memory");
+    if (opts->tls.use_ssl) {
+        nereid_error_t *err = tls_pem_read(&opts->tls, "--http", &srv->pem);
+        if (err) {
+            free(srv);
+            return err;
+        }
+        srv->tls_mutual = opts->tls.mutual;
+    }
     srv->core = core;
     srv->restricted = opts->restricted;
     srv->max_input_size = opts->max_input_size;
@@ -1490,17 +1512,27 @@ nereid_error_t *http_server_start(nereid_server_t *core, const http_options_t *o
     if (ncpu > 0 && threads > (unsigned)ncpu) threads = (unsigned)ncpu;
     unsigned flags = MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
     if (ipv6) flags |= MHD_USE_IPv6;
+    if (opts->tls.use_ssl) flags |= MHD_USE_TLS;
+    /* The TLS options come first; MHD_OPTION_END right after them when off. */
+    struct MHD_OptionItem tls_opts[] = {
+        {MHD_OPTION_HTTPS_MEM_CERT, 0, srv->pem.cert},
+        {MHD_OPTION_HTTPS_MEM_KEY, 0, srv->pem.key},
+        {srv->tls_mutual ? MHD_OPTION_HTTPS_MEM_TRUST : MHD_OPTION_END, 0, srv->pem.root},
+        {MHD_OPTION_END, 0, NULL},
+    };
     srv->daemon = MHD_start_daemon(
-        flags, (uint16_t)opts->port, NULL, NULL, on_request, srv, MHD_OPTION_SOCK_ADDR,
-        (struct sockaddr *)&ss, MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,
-        MHD_OPTION_NOTIFY_CONNECTION, on_connection, srv, MHD_OPTION_URI_LOG_CALLBACK, on_uri, srv,
-        MHD_OPTION_CONNECTION_LIMIT, mhd_limit, MHD_OPTION_CONNECTION_TIMEOUT,
+        flags, (uint16_t)opts->port, NULL, NULL, on_request, srv, MHD_OPTION_ARRAY,
+        opts->tls.use_ssl ? tls_opts : tls_opts + 3, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
+        MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv, MHD_OPTION_NOTIFY_CONNECTION, on_connection,
+        srv, MHD_OPTION_URI_LOG_CALLBACK, on_uri, srv, MHD_OPTION_CONNECTION_LIMIT, mhd_limit,
+        MHD_OPTION_CONNECTION_TIMEOUT,
         (unsigned)(opts->idle_timeout_secs > 0 ? opts->idle_timeout_secs : 0),
         MHD_OPTION_THREAD_POOL_SIZE, threads, MHD_OPTION_END);
     if (!srv->daemon) {
         pthread_mutex_destroy(&srv->conns_lock);
         pthread_mutex_destroy(&srv->lock);
         pthread_cond_destroy(&srv->idle);
+        tls_pem_free(&srv->pem);
         free(srv);
         return nereid_error_new(NEREID_ERROR_UNAVAILABLE, "failed to start HTTP service at %s:%d",
                                 opts->address, opts->port);
@@ -1526,5 +1558,6 @@ void http_server_stop(http_server_t *srv)
     pthread_mutex_destroy(&srv->conns_lock);
     pthread_mutex_destroy(&srv->lock);
     pthread_cond_destroy(&srv->idle);
+    tls_pem_free(&srv->pem);
     free(srv);
 }

@@ -8,6 +8,7 @@
 #include <stddef.h>
 
 #include "frontend/restricted.h"
+#include "frontend/tls.h"
 #include "nereid/server.h"
 
 typedef struct http_options {
@@ -18,6 +19,7 @@ typedef struct http_options {
     int max_connections;                 /* --http-max-connections: open connections at most */
     int idle_timeout_secs;               /* --http-idle-timeout-secs: 0 = never time out */
     const restricted_apis_t *restricted; /* --http-restricted-api (borrowed); NULL = none */
+    tls_options_t tls; /* HTTPS: --http-use-ssl, --http-use-ssl-mutual, --http-*-cert/key */
 } http_options_t;
 
 typedef struct http_server http_server_t;
@@ -31,9 +33,11 @@ void http_options_init(http_options_t *opts);
  * it, and lowers the limit (with a warning) when even that is too few. At
  * the limit, a new connection closes the longest-idle keep-alive connection,
  * or is itself closed when every connection has a request in progress.
- * On success
- * *out is the running server; on failure (e.g. the port is taken) an
- * UNAVAILABLE error and *out is NULL. */
+ * With opts->tls.use_ssl it serves HTTPS (GnuTLS); with tls.mutual the TLS
+ * handshake fails unless the client presents a certificate that root_cert
+ * signed. On success *out is the running server; on failure (e.g. the port
+ * is taken) an UNAVAILABLE error, or INVALID_ARG for unreadable TLS files,
+ * and *out is NULL. */
 nereid_error_t *http_server_start(nereid_server_t *core, const http_options_t *opts,
                                   http_server_t **out);
 
