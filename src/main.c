@@ -30,6 +30,7 @@ typedef struct cli {
     size_t n_load_models;
     bool allow_http, allow_grpc, allow_metrics, allow_cpu_metrics;
     const char *http_address, *grpc_address, *metrics_address;
+    const char *http_header_forward_pattern, *grpc_header_forward_pattern;
     int http_port, grpc_port, metrics_port, metrics_interval_ms;
     int http_thread_count, grpc_infer_thread_count;
     long long http_max_input_size;
@@ -112,6 +113,9 @@ static const flag_t flags[] = {
     F("http-server-key", FLAG_STR, http_tls.server_key, "PEM file of the HTTPS private key."),
     F("http-root-cert", FLAG_STR, http_tls.root_cert,
       "PEM file of the CAs that sign HTTPS client certificates."),
+    F("http-header-forward-pattern", FLAG_STR, http_header_forward_pattern,
+      "Regex (RE2, case-insensitive): matching HTTP headers become inference request "
+      "parameters."),
     F("allow-grpc", FLAG_BOOL, allow_grpc, "Serve gRPC (true)."),
     F("grpc-port", FLAG_INT, grpc_port, "gRPC port (8001)."),
     F("grpc-address", FLAG_STR, grpc_address, "gRPC address (0.0.0.0)."),
@@ -120,6 +124,9 @@ static const flag_t flags[] = {
     F("grpc-restricted-protocol", FLAG_RESTRICTED, grpc_restricted,
       "<protocol>[,<protocol>...]:<key>=<value>: these RPC groups need metadata "
       "triton-grpc-protocol-<key> with <value> (groups as --http-restricted-api)."),
+    F("grpc-header-forward-pattern", FLAG_STR, grpc_header_forward_pattern,
+      "Regex (RE2, case-insensitive): matching gRPC metadata become inference request "
+      "parameters."),
     F("grpc-use-ssl", FLAG_BOOL, grpc_tls.use_ssl,
       "Serve gRPC over TLS with --grpc-server-cert/--grpc-server-key (false)."),
     F("grpc-use-ssl-mutual", FLAG_SSL_MUTUAL, grpc_tls.mutual,
@@ -475,6 +482,7 @@ int main(int argc, char **argv)
         gopts.infer_thread_count = cli.grpc_infer_thread_count;
         gopts.restricted = &cli.grpc_restricted;
         gopts.tls = cli.grpc_tls;
+        gopts.header_forward_pattern = cli.grpc_header_forward_pattern;
         if ((err = grpc_frontend_start(server, &gopts, &grpc_fe))) goto frontend_failed;
         fprintf(stderr, "Started GRPCInferenceService at %s:%d\n", cli.grpc_address,
                 grpc_frontend_port(grpc_fe));
@@ -502,6 +510,7 @@ int main(int argc, char **argv)
         ho.idle_timeout_secs = cli.http_idle_timeout_secs;
         ho.restricted = &cli.http_restricted;
         ho.tls = cli.http_tls;
+        ho.header_forward_pattern = cli.http_header_forward_pattern;
         if ((err = http_server_start(server, &ho, &http))) goto frontend_failed;
         fprintf(stderr, "Started HTTPService at %s:%d\n", ho.address, http_server_port(http));
     }

@@ -128,6 +128,21 @@ grpc_call_error gfe_start_batch(grpc_call *call, const grpc_op *ops, size_t n, v
     return grpc_call_start_batch(call, ops, n, tag, NULL);
 }
 
+nereid_error_t *gfe_forward_headers(const grpc_frontend_t *fe, const grpc_metadata *md, size_t n,
+                                    nereid_request_t *req)
+{
+    for (size_t i = 0; fe->header_forward && i < n; i++) {
+        const char *key = (const char *)GRPC_SLICE_START_PTR(md[i].key);
+        size_t key_len = GRPC_SLICE_LENGTH(md[i].key);
+        if (!header_forward_match(fe->header_forward, key, key_len)) continue;
+        nereid_error_t *err =
+            header_forward_apply(req, key, key_len, (const char *)GRPC_SLICE_START_PTR(md[i].value),
+                                 GRPC_SLICE_LENGTH(md[i].value));
+        if (err) return err;
+    }
+    return NULL;
+}
+
 /* ---- Unary calls -------------------------------------------------------- */
 
 static void unary_free(gfe_unary_call_t *c)
@@ -389,6 +404,7 @@ void grpc_options_init(grpc_options_t *opts)
     opts->infer_thread_count = 2;
     opts->restricted = NULL;
     opts->tls = (tls_options_t){0};
+    opts->header_forward_pattern = NULL;
 }
 
 int grpc_frontend_port(const grpc_frontend_t *fe)
@@ -413,6 +429,7 @@ static void destroy_queues(grpc_frontend_t *fe, int n_threads)
         }
         grpc_completion_queue_destroy(fe->queues[i]);
     }
+    header_forward_free(fe->header_forward);
     free(fe->queues);
     free(fe->threads);
     pthread_mutex_destroy(&fe->mu);
@@ -451,6 +468,20 @@ nereid_error_t *grpc_frontend_start(nereid_server_t *server, const grpc_options_
     }
     fe->server = server;
     fe->restricted = opts->restricted;
+    if (opts->header_forward_pattern) {
+        char *why = NULL;
+        fe->header_forward = header_forward_new(opts->header_forward_pattern, &why);
+        if (!fe->header_forward) {
+            nereid_error_t *err = nereid_error_new(
+                NEREID_ERROR_INVALID_ARG, "invalid --grpc-header-forward-pattern '%s': %s",
+                opts->header_forward_pattern, why ? why : "out of memory");
+            free(why);
+            tls_pem_free(&pem);
+            free(fe);
+            grpc_shutdown();
+            return err;
+        }
+    }
     fe->n_queues = n_queues;
     pthread_mutex_init(&fe->mu, NULL);
     pthread_condattr_t cv_attr;

@@ -16,6 +16,7 @@ typedef struct grpc_options {
     int infer_thread_count;              /* completion-queue threads; <= 0 means one per core */
     const restricted_apis_t *restricted; /* --grpc-restricted-protocol (borrowed); NULL = none */
     tls_options_t tls; /* --grpc-use-ssl, --grpc-use-ssl-mutual, --grpc-*-cert/key; off */
+    const char *header_forward_pattern; /* --grpc-header-forward-pattern (RE2); NULL = off */
 } grpc_options_t;
 
 typedef struct grpc_frontend grpc_frontend_t;
@@ -27,7 +28,8 @@ void grpc_options_init(grpc_options_t *opts);
  * the frontend). On success *out is the frontend; stop it with
  * grpc_frontend_stop. Fails (UNAVAILABLE) when the port cannot be bound,
  * including when another process already listens on it, and (INVALID_ARG)
- * when TLS is on and its files cannot be read. */
+ * when TLS is on and its files cannot be read or RE2 refuses the header
+ * forwarding pattern. */
 nereid_error_t *grpc_frontend_start(nereid_server_t *server, const grpc_options_t *opts,
                                     grpc_frontend_t **out);
 /* The port actually bound (useful with port 0). */

@@ -32,6 +32,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "frontend/header_forward.h"
 #include "http/compress.h"
 #include "http/http_common.h"
 #include "http/infer_parse.h"
@@ -113,6 +114,7 @@ struct http_server {
     const restricted_apis_t *restricted; /* --http-restricted-api; NULL = none */
     tls_pem_t pem;                       /* HTTPS key material, kept while the daemon runs */
     bool tls_mutual;                     /* require and verify a client certificate */
+    header_forward_t *header_forward;    /* --http-header-forward-pattern; NULL = off */
     size_t max_input_size;
     pthread_mutex_t lock;
     pthread_cond_t idle;
@@ -887,6 +889,32 @@ static nereid_error_t *seq_headers(http_conn_t *c, nereid_request_t *req)
 
 /* Parses and submits the request; on success the connection is suspended,
  * or *done tells that the response is already there. */
+typedef struct forward_ctx {
+    const header_forward_t *hf;
+    nereid_request_t *req;
+    nereid_error_t *err;
+} forward_ctx_t;
+
+static enum MHD_Result forward_header(void *cls, enum MHD_ValueKind kind, const char *key,
+                                      const char *value)
+{
+    (void)kind;
+    forward_ctx_t *f = cls;
+    size_t n = strlen(key);
+    if (!header_forward_match(f->hf, key, n)) return MHD_YES;
+    f->err = header_forward_apply(f->req, key, n, value ? value : "", value ? strlen(value) : 0);
+    return f->err ? MHD_NO : MHD_YES;
+}
+
+/* --http-header-forward-pattern: matching headers become string parameters
+ * (after the body's, as in Triton). */
+static nereid_error_t *forward_headers(http_conn_t *c, nereid_request_t *req)
+{
+    forward_ctx_t f = {c->srv->header_forward, req, NULL};
+    MHD_get_connection_values(c->mhd, MHD_HEADER_KIND, forward_header, &f);
+    return f.err;
+}
+
 static nereid_error_t *infer_submit(http_conn_t *c, bool *done)
 {
     http_server_t *srv = c->srv;
@@ -918,7 +946,7 @@ static nereid_error_t *infer_submit(http_conn_t *c, bool *done)
     nereid_request_t *req;
     if ((err = infer_parsed_to_request(srv->core, c->model, c->version, &c->parsed, &req)))
         return err;
-    if ((err = seq_headers(c, req))) {
+    if ((err = seq_headers(c, req)) || (srv->header_forward && (err = forward_headers(c, req)))) {
         nereid_request_free(req);
         return err;
     }
@@ -1498,6 +1526,19 @@ nereid_error_t *http_server_start(nereid_server_t *core, const http_options_t *o
         }
         srv->tls_mutual = opts->tls.mutual;
     }
+    if (opts->header_forward_pattern) {
+        char *why = NULL;
+        srv->header_forward = header_forward_new(opts->header_forward_pattern, &why);
+        if (!srv->header_forward) {
+            nereid_error_t *err = nereid_error_new(
+                NEREID_ERROR_INVALID_ARG, "invalid --http-header-forward-pattern '%s': %s",
+                opts->header_forward_pattern, why ? why : "out of memory");
+            free(why);
+            tls_pem_free(&srv->pem);
+            free(srv);
+            return err;
+        }
+    }
     srv->core = core;
     srv->restricted = opts->restricted;
     srv->max_input_size = opts->max_input_size;
@@ -1533,6 +1574,7 @@ nereid_error_t *http_server_start(nereid_server_t *core, const http_options_t *o
         pthread_mutex_destroy(&srv->lock);
         pthread_cond_destroy(&srv->idle);
         tls_pem_free(&srv->pem);
+        header_forward_free(srv->header_forward);
         free(srv);
         return nereid_error_new(NEREID_ERROR_UNAVAILABLE, "failed to start HTTP service at %s:%d",
                                 opts->address, opts->port);
@@ -1559,5 +1601,6 @@ void http_server_stop(http_server_t *srv)
     pthread_mutex_destroy(&srv->lock);
     pthread_cond_destroy(&srv->idle);
     tls_pem_free(&srv->pem);
+    header_forward_free(srv->header_forward);
     free(srv);
 }

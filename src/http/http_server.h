@@ -20,6 +20,7 @@ typedef struct http_options {
     int idle_timeout_secs;               /* --http-idle-timeout-secs: 0 = never time out */
     const restricted_apis_t *restricted; /* --http-restricted-api (borrowed); NULL = none */
     tls_options_t tls; /* HTTPS: --http-use-ssl, --http-use-ssl-mutual, --http-*-cert/key */
+    const char *header_forward_pattern; /* --http-header-forward-pattern (RE2); NULL = off */
 } http_options_t;
 
 typedef struct http_server http_server_t;
@@ -36,8 +37,8 @@ void http_options_init(http_options_t *opts);
  * With opts->tls.use_ssl it serves HTTPS (GnuTLS); with tls.mutual the TLS
  * handshake fails unless the client presents a certificate that root_cert
  * signed. On success *out is the running server; on failure (e.g. the port
- * is taken) an UNAVAILABLE error, or INVALID_ARG for unreadable TLS files,
- * and *out is NULL. */
+ * is taken) an UNAVAILABLE error, or INVALID_ARG for unreadable TLS files
+ * or a header forwarding pattern RE2 refuses, and *out is NULL. */
 nereid_error_t *http_server_start(nereid_server_t *core, const http_options_t *opts,
                                   http_server_t **out);
 
