@@ -38,6 +38,7 @@ typedef struct cli {
     int exit_timeout_secs;
     restricted_apis_t http_restricted, grpc_restricted;
     tls_options_t http_tls, grpc_tls;
+    bool allow_client_shm;
 } cli_t;
 
 typedef enum flag_kind {
@@ -150,6 +151,8 @@ static const flag_t flags[] = {
     F("log-warning", FLAG_BOOL, server.log_warning, "Log warnings (true)."),
     F("log-error", FLAG_BOOL, server.log_error, "Log errors (true)."),
     F("log-format", FLAG_LOG_FORMAT, server.log_format, "default|ISO8601 (default)."),
+    F("allow-client-shm", FLAG_BOOL, allow_client_shm,
+      "Allow clients to register/unregister and use system shared memory regions (false)."),
 #define IGNORED(name) F(name, FLAG_IGNORED, repos, "Accepted for Triton compatibility; no effect.")
     IGNORED("model-load-retry-count"),
     IGNORED("model-namespacing"),
@@ -173,7 +176,6 @@ static const flag_t flags[] = {
     IGNORED("reuse-grpc-port"),
 #undef IGNORED
 #define UNSUPPORTED(name) F(name, FLAG_UNSUPPORTED, repos, "Not supported by Nereid (refused).")
-    UNSUPPORTED("allow-client-shm"),
     UNSUPPORTED("model-config-name"),
     UNSUPPORTED("log-file"),
     UNSUPPORTED("trace-config"),
@@ -463,10 +465,12 @@ int main(int argc, char **argv)
 
     nereid_server_t *server;
     nereid_error_t *err = nereid_server_new(&cli.server, &server);
+    nereid_shm_registry_t *shm = nereid_shm_registry_new(cli.allow_client_shm);
     if (err) {
         fprintf(stderr, "error: creating server: %s - %s\n",
                 nereid_error_code_name(nereid_error_code(err)), nereid_error_message(err));
         nereid_error_free(err);
+        nereid_shm_registry_free(shm);
         return 1;
     }
     int exit_code = 0;
@@ -483,6 +487,7 @@ int main(int argc, char **argv)
         gopts.restricted = &cli.grpc_restricted;
         gopts.tls = cli.grpc_tls;
         gopts.header_forward_pattern = cli.grpc_header_forward_pattern;
+        gopts.shm = shm;
         if ((err = grpc_frontend_start(server, &gopts, &grpc_fe))) goto frontend_failed;
         fprintf(stderr, "Started GRPCInferenceService at %s:%d\n", cli.grpc_address,
                 grpc_frontend_port(grpc_fe));
@@ -511,6 +516,7 @@ int main(int argc, char **argv)
         ho.restricted = &cli.http_restricted;
         ho.tls = cli.http_tls;
         ho.header_forward_pattern = cli.http_header_forward_pattern;
+        ho.shm = shm;
         if ((err = http_server_start(server, &ho, &http))) goto frontend_failed;
         fprintf(stderr, "Started HTTPService at %s:%d\n", ho.address, http_server_port(http));
     }
@@ -523,6 +529,7 @@ int main(int argc, char **argv)
     nereid_server_free(server);
     restricted_free(&cli.http_restricted);
     restricted_free(&cli.grpc_restricted);
+    nereid_shm_registry_free(shm);
     return exit_code;
 
 frontend_failed:
@@ -532,5 +539,6 @@ frontend_failed:
     metrics_server_stop(metrics);
     grpc_frontend_stop(grpc_fe);
     nereid_server_free(server);
+    nereid_shm_registry_free(shm);
     return 1;
 }

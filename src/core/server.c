@@ -290,11 +290,13 @@ static nereid_error_t *dump(json_t *doc, char **out)
 
 nereid_error_t *nereid_server_metadata(nereid_server_t *s, char **json_out)
 {
-    static const char *extensions[] = {"classification",     "sequence",
-                                       "model_repository",   "model_repository(unload_dependents)",
-                                       "schedule_policy",    "model_configuration",
-                                       "binary_tensor_data", "parameters",
-                                       "statistics",         "logging"};
+    static const char *extensions[] = {
+        "classification",       "sequence",
+        "model_repository",     "model_repository(unload_dependents)",
+        "schedule_policy",      "model_configuration",
+        "system_shared_memory", "cuda_shared_memory",
+        "binary_tensor_data",   "parameters",
+        "statistics",           "logging"};
     json_t *ext = json_array();
     for (size_t i = 0; i < ARRAY_LEN(extensions); i++)
         json_array_append_new(ext, json_string(extensions[i]));

@@ -405,6 +405,7 @@ void grpc_options_init(grpc_options_t *opts)
     opts->restricted = NULL;
     opts->tls = (tls_options_t){0};
     opts->header_forward_pattern = NULL;
+    opts->shm = NULL;
 }
 
 int grpc_frontend_port(const grpc_frontend_t *fe)
@@ -467,6 +468,7 @@ nereid_error_t *grpc_frontend_start(nereid_server_t *server, const grpc_options_
         return nereid_error_new(NEREID_ERROR_INTERNAL, "out of memory");
     }
     fe->server = server;
+    fe->shm = opts->shm;
     fe->restricted = opts->restricted;
     if (opts->header_forward_pattern) {
         char *why = NULL;

@@ -9,6 +9,7 @@
 #include "frontend/restricted.h"
 #include "frontend/tls.h"
 #include "nereid/server.h"
+#include "nereid/shm.h"
 
 typedef struct grpc_options {
     const char *address;                 /* "0.0.0.0" when NULL */
@@ -17,6 +18,8 @@ typedef struct grpc_options {
     const restricted_apis_t *restricted; /* --grpc-restricted-protocol (borrowed); NULL = none */
     tls_options_t tls; /* --grpc-use-ssl, --grpc-use-ssl-mutual, --grpc-*-cert/key; off */
     const char *header_forward_pattern; /* --grpc-header-forward-pattern (RE2); NULL = off */
+    /* client shared memory (borrowed); NULL = none registered */
+    nereid_shm_registry_t *shm;
 } grpc_options_t;
 
 typedef struct grpc_frontend grpc_frontend_t;

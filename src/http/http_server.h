@@ -10,6 +10,7 @@
 #include "frontend/restricted.h"
 #include "frontend/tls.h"
 #include "nereid/server.h"
+#include "nereid/shm.h"
 
 typedef struct http_options {
     const char *address;                 /* "0.0.0.0", "127.0.0.1", "::" ... */
@@ -21,6 +22,8 @@ typedef struct http_options {
     const restricted_apis_t *restricted; /* --http-restricted-api (borrowed); NULL = none */
     tls_options_t tls; /* HTTPS: --http-use-ssl, --http-use-ssl-mutual, --http-*-cert/key */
     const char *header_forward_pattern; /* --http-header-forward-pattern (RE2); NULL = off */
+    /* client shared memory (borrowed); NULL = none registered */
+    nereid_shm_registry_t *shm;
 } http_options_t;
 
 typedef struct http_server http_server_t;
