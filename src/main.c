@@ -4,6 +4,7 @@
  * signal to shut down. Subcommand: `nereid check-config <path>...`.
  */
 #include <errno.h>
+#include <jansson.h>
 #include <limits.h>
 #include <pthread.h>
 #include <signal.h>
@@ -38,6 +39,9 @@ typedef struct cli {
     int exit_timeout_secs;
     restricted_apis_t http_restricted, grpc_restricted;
     tls_options_t http_tls, grpc_tls;
+    const char *cache_configs[MAX_LIST]; /* --cache-config values */
+    size_t n_cache_configs;
+    const char *cache_byte_size; /* --response-cache-byte-size */
     bool allow_client_shm;
 } cli_t;
 
@@ -50,10 +54,12 @@ typedef enum flag_kind {
     FLAG_MODE,
     FLAG_LLONG,
     FLAG_LOG_FORMAT,
-    FLAG_RESTRICTED, /* Triton's "<groups>:<key>=<value>", repeatable */
-    FLAG_SSL_MUTUAL, /* a bool that also turns use_ssl on (Triton's rule) */
-    FLAG_IGNORED,    /* Triton tuning knob with no effect here: accepted with a warning */
-    FLAG_UNSUPPORTED /* Triton feature whose absence would surprise (TLS, restrictions): error */
+    FLAG_RESTRICTED,   /* Triton's "<groups>:<key>=<value>", repeatable */
+    FLAG_SSL_MUTUAL,   /* a bool that also turns use_ssl on (Triton's rule) */
+    FLAG_CACHE_CONFIG, /* --cache-config <name>,<setting>=<value> (repeatable) */
+    FLAG_CACHE_BYTES,  /* --response-cache-byte-size: Triton's deprecated local cache size */
+    FLAG_IGNORED,      /* Triton tuning knob with no effect here: accepted with a warning */
+    FLAG_UNSUPPORTED   /* Triton feature whose absence would surprise (TLS, restrictions): error */
 } flag_kind_t;
 
 typedef struct flag {
@@ -151,9 +157,14 @@ static const flag_t flags[] = {
     F("log-warning", FLAG_BOOL, server.log_warning, "Log warnings (true)."),
     F("log-error", FLAG_BOOL, server.log_error, "Log errors (true)."),
     F("log-format", FLAG_LOG_FORMAT, server.log_format, "default|ISO8601 (default)."),
+    F("cache-config", FLAG_CACHE_CONFIG, cache_configs,
+      "Response cache: <cache_name>,<setting>=<value>, e.g. local,size=1048576 (repeatable)."),
+    F("response-cache-byte-size", FLAG_CACHE_BYTES, cache_byte_size,
+      "DEPRECATED: Please use --cache-config instead."),
     F("allow-client-shm", FLAG_BOOL, allow_client_shm,
       "Allow clients to register/unregister and use system shared memory regions (false)."),
 #define IGNORED(name) F(name, FLAG_IGNORED, repos, "Accepted for Triton compatibility; no effect.")
+    IGNORED("cache-directory"),
     IGNORED("model-load-retry-count"),
     IGNORED("model-namespacing"),
     IGNORED("repoagent-directory"),
@@ -179,8 +190,6 @@ static const flag_t flags[] = {
     UNSUPPORTED("model-config-name"),
     UNSUPPORTED("log-file"),
     UNSUPPORTED("trace-config"),
-    UNSUPPORTED("cache-config"),
-    UNSUPPORTED("response-cache-byte-size"),
     UNSUPPORTED("rate-limit"),
     UNSUPPORTED("host-policy"),
     UNSUPPORTED("metrics-config"),
@@ -259,6 +268,25 @@ static int apply_flag(cli_t *cli, const flag_t *f, const char *value)
         fprintf(stderr, "%s\n", msg);
         free(msg);
         return -2;
+    }
+    case FLAG_CACHE_CONFIG:
+        if (cli->n_cache_configs >= MAX_LIST) return -1;
+        cli->cache_configs[cli->n_cache_configs++] = value;
+        return 0;
+    case FLAG_CACHE_BYTES: {
+        char *end;
+        errno = 0;
+        long long v = strtoll(value, &end, 10);
+        if (errno || *end || end == value) return -1;
+        (void)v;
+        cli->cache_byte_size = value;
+        fprintf(stderr,
+                "Warning: '--response-cache-byte-size' has been deprecated! This will default to "
+                "the 'local' cache implementation with the provided byte size for its config. "
+                "Please use '--cache-config' instead. The equivalent --cache-config CLI args "
+                "would be: '--cache-config=local,size=%s'\n",
+                value);
+        return 0;
     }
     case FLAG_IGNORED:
         fprintf(stderr,
@@ -349,6 +377,74 @@ static int parse_args(cli_t *cli, int argc, char **argv)
                             "True in favor of '--disable-auto-complete-config'!\n");
         cli->server.strict_model_config = true;
     }
+    return 0;
+}
+
+/* Turns the cache flags into the server's cache options as Triton does
+ * (its texts). *json_out is the settings object (caller frees). Returns 0,
+ * -1 for a malformed flag (exit 2) or 1 for a configuration the server
+ * would refuse (message printed, exit 1). */
+static int cache_options(cli_t *cli, char **json_out)
+{
+    *json_out = NULL;
+    if (cli->cache_byte_size && cli->n_cache_configs) {
+        fprintf(stderr, "Error: Incompatible flags --response-cache-byte-size and --cache-config "
+                        "both provided. Please provide one or the other.\n");
+        return -1;
+    }
+    const char *name = NULL;
+    size_t name_len = 0;
+    bool multiple = false;
+    json_t *settings = json_object();
+    if (cli->cache_byte_size) {
+        name = "local";
+        name_len = 5;
+        json_object_set_new(settings, "size", json_string(cli->cache_byte_size));
+    }
+    for (size_t i = 0; i < cli->n_cache_configs; i++) {
+        const char *arg = cli->cache_configs[i], *comma = strchr(arg, ',');
+        if (!comma || comma == arg) {
+            fprintf(stderr,
+                    "No cache specified. --cache-config option format is <cache "
+                    "name>,<setting>=<value>. Got %s\n",
+                    arg);
+            json_decref(settings);
+            return -1;
+        }
+        const char *eq = strchr(comma + 1, '=');
+        if (!eq || eq == comma + 1 || !eq[1]) {
+            fprintf(stderr,
+                    "--cache-config option format is '<cache name>,<setting>=<value>'. "
+                    "Got %s\n",
+                    arg);
+            json_decref(settings);
+            return -1;
+        }
+        size_t len = (size_t)(comma - arg);
+        if (!name) {
+            name = arg;
+            name_len = len;
+        } else if (len != name_len || strncmp(name, arg, len) != 0) {
+            multiple = true;
+        }
+        char *key = strndup(comma + 1, (size_t)(eq - comma - 1));
+        /* Triton's local cache reads the first of repeated settings. */
+        if (!multiple && !json_object_get(settings, key))
+            json_object_set_new(settings, key, json_string(eq + 1));
+        free(key);
+    }
+    if (multiple) {
+        fprintf(stderr, "error: creating server: Invalid argument - found multiple cache "
+                        "configurations, but only a single cache is currently supported\n");
+        json_decref(settings);
+        return 1;
+    }
+    if (name) {
+        *json_out = json_dumps(settings, JSON_COMPACT | JSON_PRESERVE_ORDER);
+        cli->server.cache_name = strndup(name, name_len);
+        cli->server.cache_config_json = *json_out;
+    }
+    json_decref(settings);
     return 0;
 }
 
@@ -449,6 +545,9 @@ int main(int argc, char **argv)
         fprintf(stderr, "nereid: --metrics-interval-ms must be >= 0\n");
         return 2;
     }
+    char *cache_json;
+    rc = cache_options(&cli, &cache_json);
+    if (rc) return rc < 0 ? 2 : 1;
     if (!cli.metrics_address) cli.metrics_address = cli.http_address;
     cli.server.model_repositories = cli.repos;
     cli.server.n_model_repositories = cli.n_repos;
@@ -465,6 +564,8 @@ int main(int argc, char **argv)
 
     nereid_server_t *server;
     nereid_error_t *err = nereid_server_new(&cli.server, &server);
+    free((char *)cli.server.cache_name);
+    free(cache_json);
     nereid_shm_registry_t *shm = nereid_shm_registry_new(cli.allow_client_shm);
     if (err) {
         fprintf(stderr, "error: creating server: %s - %s\n",
