@@ -14,7 +14,7 @@
  *   echo_parameters      names a TYPE_STRING output (models with
  *                        max_batch_size 0): each request gets there its
  *                        parameters as "name=value" elements, in order
- *                        (ABI 1.1 nereid_batch_request_parameter)
+ *                        (ABI 1.2 nereid_batch_request_parameter)
  * Every execute also checks the core's promise that one instance never runs
  * two batches at once, and fails the batch if it does.
  */

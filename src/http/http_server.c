@@ -1140,8 +1140,15 @@ static enum MHD_Result handle_infer(http_conn_t *c)
         return MHD_YES;
     }
     if (c->version < -1) return version_error(c);
-    bool done = false;
-    nereid_error_t *err = infer_submit(c, &done);
+    /* Triton checks the transaction policy before it reads the body. */
+    bool decoupled = false, done = false;
+    nereid_error_t *err =
+        nereid_server_model_decoupled(c->srv->core, c->model, c->version, &decoupled);
+    if (!err && decoupled)
+        err = nereid_error_new(NEREID_ERROR_UNSUPPORTED,
+                               "HTTP end point doesn't support models with decoupled transaction "
+                               "policy");
+    if (!err) err = infer_submit(c, &done);
     if (err) return http_queue_nereid_error(c->mhd, err);
     c->submitted = true;
     return done ? infer_reply(c) : MHD_YES;
