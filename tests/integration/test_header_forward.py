@@ -3,7 +3,7 @@
 case-insensitive, matched anywhere in a header (metadata) name; matching
 headers become string parameters under the name as received, after the
 body's parameters; reserved names are refused with Triton's text. The
-testing backend echoes a request's parameters (ABI 1.2
+testing backend echoes a request's parameters (ABI 1.3
 nereid_batch_request_parameter) into its PARAMS output."""
 import json
 import subprocess
