@@ -33,6 +33,8 @@ typedef struct cli {
     long long http_max_input_size;
     int http_max_connections, http_idle_timeout_secs;
     int exit_timeout_secs;
+    const char *trace_names[MAX_LIST], *trace_values[MAX_LIST]; /* tracing flags in order */
+    size_t n_trace;
 } cli_t;
 
 typedef enum flag_kind {
@@ -44,6 +46,7 @@ typedef enum flag_kind {
     FLAG_MODE,
     FLAG_LLONG,
     FLAG_LOG_FORMAT,
+    FLAG_TRACE,      /* tracing flags, parsed together by nereid_tracer_new */
     FLAG_IGNORED,    /* Triton tuning knob with no effect here: accepted with a warning */
     FLAG_UNSUPPORTED /* Triton feature whose absence would surprise (TLS, restrictions): error */
 } flag_kind_t;
@@ -108,6 +111,15 @@ static const flag_t flags[] = {
     F("log-warning", FLAG_BOOL, server.log_warning, "Log warnings (true)."),
     F("log-error", FLAG_BOOL, server.log_error, "Log errors (true)."),
     F("log-format", FLAG_LOG_FORMAT, server.log_format, "default|ISO8601 (default)."),
+    F("trace-config", FLAG_TRACE, trace_names,
+      "[<mode>,]<setting>=<value>: tracing (Triton's; modes triton and opentelemetry)."),
+#define TRACE_DEPRECATED(name) F(name, FLAG_TRACE, trace_names, "Deprecated: use --trace-config.")
+    TRACE_DEPRECATED("trace-file"),
+    TRACE_DEPRECATED("trace-level"),
+    TRACE_DEPRECATED("trace-rate"),
+    TRACE_DEPRECATED("trace-count"),
+    TRACE_DEPRECATED("trace-log-frequency"),
+#undef TRACE_DEPRECATED
 #define IGNORED(name) F(name, FLAG_IGNORED, repos, "Accepted for Triton compatibility; no effect.")
     IGNORED("model-load-retry-count"),
     IGNORED("model-namespacing"),
@@ -143,7 +155,6 @@ static const flag_t flags[] = {
     UNSUPPORTED("allow-client-shm"),
     UNSUPPORTED("model-config-name"),
     UNSUPPORTED("log-file"),
-    UNSUPPORTED("trace-config"),
     UNSUPPORTED("cache-config"),
     UNSUPPORTED("response-cache-byte-size"),
     UNSUPPORTED("rate-limit"),
@@ -224,6 +235,11 @@ static int apply_flag(cli_t *cli, const flag_t *f, const char *value)
     }
     case FLAG_SWITCH:
         *(bool *)field = true;
+        return 0;
+    case FLAG_TRACE:
+        if (cli->n_trace >= MAX_LIST) return -1;
+        cli->trace_names[cli->n_trace] = f->name;
+        cli->trace_values[cli->n_trace++] = value;
         return 0;
     case FLAG_LIST: {
         const char **list = (const char **)field;
@@ -399,6 +415,15 @@ int main(int argc, char **argv)
     cli.server.load_models = cli.load_models;
     cli.server.n_load_models = cli.n_load_models;
 
+    nereid_tracer_t *tracer;
+    nereid_error_t *terr =
+        nereid_tracer_new(cli.trace_names, cli.trace_values, cli.n_trace, &tracer);
+    if (terr) {
+        fprintf(stderr, "%s\n", nereid_error_message(terr));
+        nereid_error_free(terr);
+        return 2;
+    }
+
     /* Block the shutdown signals in every thread; main waits for them. */
     sigset_t sigs;
     sigemptyset(&sigs);
@@ -413,8 +438,10 @@ int main(int argc, char **argv)
         fprintf(stderr, "error: creating server: %s - %s\n",
                 nereid_error_code_name(nereid_error_code(err)), nereid_error_message(err));
         nereid_error_free(err);
+        nereid_tracer_free(tracer);
         return 1;
     }
+    nereid_server_set_tracer(server, tracer);
     int exit_code = 0;
     http_server_t *http = NULL;
     metrics_server_t *metrics = NULL;
@@ -455,6 +482,7 @@ int main(int argc, char **argv)
     frontends_t fe = {.http = http, .metrics = metrics, .grpc = grpc_fe};
     stop_frontends(&fe, server, cli.exit_timeout_secs);
     nereid_server_free(server);
+    nereid_tracer_free(tracer);
     return exit_code;
 
 frontend_failed:
@@ -464,5 +492,6 @@ frontend_failed:
     metrics_server_stop(metrics);
     grpc_frontend_stop(grpc_fe);
     nereid_server_free(server);
+    nereid_tracer_free(tracer);
     return 1;
 }

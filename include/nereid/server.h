@@ -104,14 +104,14 @@ typedef struct nereid_server_options {
     nereid_model_control_mode_t model_control_mode;
     const char *const *load_models; /* explicit mode start-up models; "*" = all */
     size_t n_load_models;
-    int repository_poll_secs;         /* poll mode period, default 15 */
-    bool strict_model_config;         /* default false: autofill allowed */
-    bool disable_auto_complete_config; /* default false */
-    bool exit_on_error;               /* default true: a failed model load fails start-up */
-    bool strict_readiness;            /* default true */
-    int log_verbose;                  /* 0 = quiet */
-    const char *server_id;            /* default "triton" */
-    int model_load_thread_count;      /* default 4 */
+    int repository_poll_secs;              /* poll mode period, default 15 */
+    bool strict_model_config;              /* default false: autofill allowed */
+    bool disable_auto_complete_config;     /* default false */
+    bool exit_on_error;                    /* default true: a failed model load fails start-up */
+    bool strict_readiness;                 /* default true */
+    int log_verbose;                       /* 0 = quiet */
+    const char *server_id;                 /* default "triton" */
+    int model_load_thread_count;           /* default 4 */
     bool log_info, log_warning, log_error; /* default true: which log lines are printed */
     int log_format; /* a nereid_log_format_t; default NEREID_LOG_FORMAT_DEFAULT */
 } nereid_server_options_t;
@@ -146,9 +146,8 @@ NEREID_EXPORT nereid_error_t *nereid_server_model_metadata(nereid_server_t *serv
                                                            const char *model, int64_t version,
                                                            char **json_out);
 /* The normalized model config as Triton's model config endpoint prints it. */
-NEREID_EXPORT nereid_error_t *nereid_server_model_config(nereid_server_t *server,
-                                                         const char *model, int64_t version,
-                                                         char **json_out);
+NEREID_EXPORT nereid_error_t *nereid_server_model_config(nereid_server_t *server, const char *model,
+                                                         int64_t version, char **json_out);
 /* The normalized model config as a serialized inference.ModelConfig protobuf;
  * *bytes_out is freed by the caller with free(). */
 NEREID_EXPORT nereid_error_t *nereid_server_model_config_proto(nereid_server_t *server,
@@ -177,8 +176,7 @@ NEREID_EXPORT nereid_error_t *nereid_server_load_model(nereid_server_t *server, 
                                                        const char *const *file_paths,
                                                        const void *const *file_contents,
                                                        const size_t *file_sizes, size_t n_files);
-NEREID_EXPORT nereid_error_t *nereid_server_unload_model(nereid_server_t *server,
-                                                         const char *model,
+NEREID_EXPORT nereid_error_t *nereid_server_unload_model(nereid_server_t *server, const char *model,
                                                          bool unload_dependents);
 
 /* ---- Inference --------------------------------------------------------- */
@@ -203,15 +201,14 @@ NEREID_EXPORT nereid_error_t *nereid_request_add_input(nereid_request_t *req, co
 /* Asks for one output (none asked = all outputs). class_count > 0 asks for
  * classification (top-k) of that output; the frontend formats it with
  * nereid_response_classify. */
-NEREID_EXPORT nereid_error_t *nereid_request_add_requested_output(nereid_request_t *req,
-                                                                  const char *name,
-                                                                  uint32_t class_count);
+NEREID_EXPORT nereid_error_t *
+nereid_request_add_requested_output(nereid_request_t *req, const char *name, uint32_t class_count);
 NEREID_EXPORT void nereid_request_set_priority(nereid_request_t *req, uint64_t priority);
 NEREID_EXPORT void nereid_request_set_timeout_us(nereid_request_t *req, uint64_t timeout_us);
 NEREID_EXPORT void nereid_request_set_correlation_id(nereid_request_t *req, uint64_t id);
 /* Copies id (at most 128 bytes; longer is UNSUPPORTED as in Triton). */
 NEREID_EXPORT nereid_error_t *nereid_request_set_correlation_id_string(nereid_request_t *req,
-                                                                      const char *id);
+                                                                       const char *id);
 NEREID_EXPORT void nereid_request_set_sequence_flags(nereid_request_t *req, bool start, bool end);
 /* Nereid extension (not in Triton): the sequence id and flags carried in
  * request headers (HTTP Nereid-Sequence-Id/-Start/-End, gRPC metadata
@@ -224,15 +221,12 @@ NEREID_EXPORT void nereid_request_set_sequence_flags(nereid_request_t *req, bool
  * otherwise); a header fills what the body left unset. echo (echo_size bytes,
  * 130 is enough) receives the request's resulting sequence id as text, ""
  * when it has none. */
-NEREID_EXPORT nereid_error_t *nereid_request_sequence_headers(nereid_request_t *req,
-                                                              const char *const names[3],
-                                                              const char *id, const char *start,
-                                                              const char *end, char *echo,
-                                                              size_t echo_size);
+NEREID_EXPORT nereid_error_t *
+nereid_request_sequence_headers(nereid_request_t *req, const char *const names[3], const char *id,
+                                const char *start, const char *end, char *echo, size_t echo_size);
 /* Free-form parameters (copied); backends can read them. */
-NEREID_EXPORT nereid_error_t *nereid_request_set_parameter_string(nereid_request_t *req,
-                                                                  const char *key,
-                                                                  const char *value);
+NEREID_EXPORT nereid_error_t *
+nereid_request_set_parameter_string(nereid_request_t *req, const char *key, const char *value);
 NEREID_EXPORT nereid_error_t *nereid_request_set_parameter_int(nereid_request_t *req,
                                                                const char *key, int64_t value);
 NEREID_EXPORT nereid_error_t *nereid_request_set_parameter_bool(nereid_request_t *req,
@@ -241,9 +235,9 @@ NEREID_EXPORT nereid_error_t *nereid_request_set_parameter_double(nereid_request
                                                                   const char *key, double value);
 
 /* Output allocation: called on the executing thread (see nereid_complete_fn)
- * once per output with its final datatype, shape and byte size. Set *buffer to byte_size writable bytes
- * (byte_size may be 0) and *buffer_userp to anything release_fn needs.
- * Returning an error fails the request with it. */
+ * once per output with its final datatype, shape and byte size. Set *buffer to byte_size writable
+ * bytes (byte_size may be 0) and *buffer_userp to anything release_fn needs. Returning an error
+ * fails the request with it. */
 typedef nereid_error_t *(*nereid_alloc_fn)(void *userp, const char *output_name,
                                            nereid_datatype_t datatype, const int64_t *shape,
                                            size_t rank, size_t byte_size, void **buffer,
@@ -269,11 +263,10 @@ typedef void (*nereid_complete_fn)(nereid_response_t *response, void *userp);
  * will be called exactly once. On failure (unknown model, bad input, queue
  * full, ...) the caller keeps req and done_fn is never called.
  * allocator is copied; NULL means malloc'ed outputs. */
-NEREID_EXPORT nereid_error_t *nereid_server_infer_async(nereid_server_t *server,
-                                                        nereid_request_t *req,
-                                                        const nereid_response_allocator_t *allocator,
-                                                        nereid_complete_fn done_fn,
-                                                        void *done_userp);
+NEREID_EXPORT nereid_error_t *
+nereid_server_infer_async(nereid_server_t *server, nereid_request_t *req,
+                          const nereid_response_allocator_t *allocator, nereid_complete_fn done_fn,
+                          void *done_userp);
 
 /* Response accessors; everything returned is borrowed until
  * nereid_response_free. */
@@ -293,10 +286,10 @@ NEREID_EXPORT uint32_t nereid_response_output_class_count(const nereid_response_
 /* Top-k of output index as Triton formats it ("value:index[:label]" per
  * batch item, descending), serialized as a BYTES tensor (4-byte LE length
  * prefixes). *bytes_out caller frees with free(); shape_out has room for 2. */
-NEREID_EXPORT nereid_error_t *nereid_response_classify(const nereid_response_t *resp,
-                                                       size_t index, uint32_t k,
-                                                       char **bytes_out, size_t *byte_size_out,
-                                                       int64_t *shape_out, size_t *rank_out);
+NEREID_EXPORT nereid_error_t *nereid_response_classify(const nereid_response_t *resp, size_t index,
+                                                       uint32_t k, char **bytes_out,
+                                                       size_t *byte_size_out, int64_t *shape_out,
+                                                       size_t *rank_out);
 NEREID_EXPORT void nereid_response_free(nereid_response_t *resp);
 
 /* ---- Logging and trace settings ------------------------------------------ */
@@ -328,38 +321,85 @@ NEREID_EXPORT void nereid_server_log_settings(nereid_server_t *server, nereid_lo
  * log_format is validated first, so an error changes nothing. The log file
  * can not be changed (Triton: UNSUPPORTED "log file location can not be
  * updated through network protocol"); frontends check that themselves. */
-NEREID_EXPORT nereid_error_t *nereid_server_update_log_settings(nereid_server_t *server,
-                                                                const bool *log_info,
-                                                                const bool *log_warning,
-                                                                const bool *log_error,
-                                                                const uint32_t *log_verbose_level,
-                                                                const char *log_format);
+NEREID_EXPORT nereid_error_t *
+nereid_server_update_log_settings(nereid_server_t *server, const bool *log_info,
+                                  const bool *log_warning, const bool *log_error,
+                                  const uint32_t *log_verbose_level, const char *log_format);
 
-/* Tracing is not implemented: the settings are fixed at Triton's defaults
- * with trace_level ["OFF"]. model NULL or "" = the global settings; otherwise
- * an unknown model gives INVALID_ARG "Request for unknown model : <m>".
- * *json_out: {"trace_level":["OFF"],"trace_rate":"1000","trace_count":"-1",
- * "log_frequency":"0","trace_file":"","trace_mode":"triton"}; caller frees
- * with free(). */
+/* ---- Tracing (Triton's trace extension, --trace-config) ------------------ */
+
+/* A tracer holds the trace settings (global and per model), writes trace
+ * files (triton mode) or exports spans (opentelemetry mode). */
+typedef struct nereid_tracer nereid_tracer_t;
+/* One sampled request's trace. Reference counted: the frontend that started
+ * it and the request it is attached to each hold one. */
+typedef struct nereid_trace nereid_trace_t;
+
+/* Creates a tracer from Triton's tracing flags in command-line order:
+ * names[i] is "trace-config" or one of the deprecated "trace-file",
+ * "trace-level", "trace-rate", "trace-count", "trace-log-frequency";
+ * values[i] its value (both borrowed during the call). Bad values give
+ * INVALID_ARG with Triton's parse error text. Warnings for deprecated flags
+ * go to stderr. Caller frees with nereid_tracer_free (after the server). */
+NEREID_EXPORT nereid_error_t *nereid_tracer_new(const char *const *names, const char *const *values,
+                                                size_t n, nereid_tracer_t **out);
+/* Writes what trace files still hold, exports queued spans, frees. */
+NEREID_EXPORT void nereid_tracer_free(nereid_tracer_t *tracer);
+/* Attaches tracer (borrowed until nereid_server_free) to server. Without one
+ * the settings API answers UNAVAILABLE "the server does not support tracing". */
+NEREID_EXPORT void nereid_server_set_tracer(nereid_server_t *server, nereid_tracer_t *tracer);
+
+/* Whether any trace setting has a level other than OFF: frontends test this
+ * (one atomic load) before doing anything else for tracing. */
+NEREID_EXPORT bool nereid_server_tracing(nereid_server_t *server);
+/* Samples a trace for a request to model by the model's (or the global)
+ * setting: Triton's rate and count. In opentelemetry mode a valid W3C
+ * traceparent (tracestate may be NULL; both borrowed) forces sampling and
+ * becomes the parent of the trace's spans. NULL: not traced. Caller owns one
+ * reference (nereid_trace_release). Thread: any. */
+NEREID_EXPORT nereid_trace_t *nereid_server_trace_start(nereid_server_t *server, const char *model,
+                                                        const char *traceparent,
+                                                        const char *tracestate);
+/* The trace clock (CLOCK_MONOTONIC ns, Triton's steady clock). */
+NEREID_EXPORT uint64_t nereid_trace_now_ns(void);
+/* Records a frontend timestamp (HTTP_RECV_START, GRPC_SEND_END, ...). */
+NEREID_EXPORT void nereid_trace_timestamp(nereid_trace_t *trace, const char *name, uint64_t ns);
+/* The request records the core's timestamps into trace (it takes its own
+ * reference, dropped when the request is released). Call before
+ * nereid_server_infer_async. */
+NEREID_EXPORT void nereid_request_set_trace(nereid_request_t *req, nereid_trace_t *trace);
+/* Drops a reference; the last one writes or exports the trace. NULL is a no-op. */
+NEREID_EXPORT void nereid_trace_release(nereid_trace_t *trace);
+
+/* The trace settings as Triton reports them. model NULL or "" = the global
+ * settings; otherwise a model that is not ready gives INVALID_ARG "Request
+ * for unknown model : <m>". *json_out: {"trace_level":["TIMESTAMPS"],
+ * "trace_rate":"1000","trace_count":"-1","log_frequency":"0",
+ * "trace_file":"/tmp/t.json","trace_mode":"triton", <mode settings>...};
+ * caller frees with free(). */
 NEREID_EXPORT nereid_error_t *nereid_server_trace_settings(nereid_server_t *server,
                                                            const char *model, char **json_out);
 
-/* One requested trace setting change: values[0..n_values) (n_values 0 =
- * clear, i.e. back to the default). All borrowed during the call. */
+/* One requested trace setting change. values NULL (and n_values 0) clears
+ * the setting: a model's falls back to the global one, a global one to the
+ * command line's. type_error, when set, is the frontend's text for a value
+ * of the wrong JSON type, reported (INTERNAL) when this key's turn comes in
+ * Triton's order. All borrowed during the call. */
 typedef struct nereid_trace_setting {
     const char *key;
     const char *const *values;
     size_t n_values;
+    const char *type_error;
 } nereid_trace_setting_t;
 
-/* Accepts only changes that keep tracing off: trace_level ["OFF"] and the
- * other keys set to their fixed values (or cleared). Enabling TIMESTAMPS or
- * TENSORS, or changing another value, gives UNSUPPORTED "tracing is not
- * supported by this server ..."; an unknown key or level gives INVALID_ARG.
- * On success *json_out is as nereid_server_trace_settings. */
-NEREID_EXPORT nereid_error_t *nereid_server_update_trace_settings(
-    nereid_server_t *server, const char *model, const nereid_trace_setting_t *settings,
-    size_t n_settings, char **json_out);
+/* Updates the settings as Triton does (trace_file refused, then
+ * trace_level, trace_rate, trace_count, log_frequency; unknown keys
+ * ignored), with Triton's error texts for the HTTP (grpc false) or gRPC
+ * frontend. On success *json_out is as nereid_server_trace_settings. */
+NEREID_EXPORT nereid_error_t *
+nereid_server_update_trace_settings(nereid_server_t *server, const char *model,
+                                    const nereid_trace_setting_t *settings, size_t n_settings,
+                                    bool grpc, char **json_out);
 
 #ifdef __cplusplus
 }

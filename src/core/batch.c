@@ -9,6 +9,7 @@
 
 #include "backend/loader.h"
 #include "core/core.h"
+#include "core/trace.h"
 #include "core/util.h"
 
 void batch_add(batch_t *batch, nereid_request_t *req)
@@ -495,6 +496,9 @@ void batch_record(batch_t *batch)
         stats_add(&rs->compute_infer, resp_infer_ns);
         stats_add(&rs->compute_output, out_ns);
         stats_add(req->response->error ? &rs->fail : &rs->success, resp_infer_ns + out_ns);
+        if (req->trace)
+            trace_compute(req->trace, batch->t_start_ns, batch->t_input_end_ns,
+                          batch->t_infer_end_ns, batch->t_end_ns);
         if (!req->response->error) {
             stats_add(&s->compute_input, in_ns);
             stats_add(&s->compute_infer, infer_ns);

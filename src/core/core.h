@@ -186,7 +186,7 @@ typedef struct resp_output {
  * serves (request.c asserts it). */
 #define REQ_INLINE_INPUTS 3
 #define REQ_INLINE_OUTPUTS 4
-#define REQ_ARENA_BYTES 184
+#define REQ_ARENA_BYTES 176
 #define RESP_INLINE_OUTPUTS 3
 #define RESP_ARENA_BYTES 320
 
@@ -236,6 +236,7 @@ struct nereid_request {
     /* An ensemble step's request: its queue and compute durations are also
      * added here (the ensemble sums its steps' as Triton does). */
     struct model_stats *parent_stats;
+    struct nereid_trace *trace; /* sampled for tracing (trace.h), or NULL */
 
     req_input_t inputs_inline[REQ_INLINE_INPUTS];
     char *out_names_inline[REQ_INLINE_OUTPUTS];

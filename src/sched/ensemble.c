@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/trace.h"
 #include "core/util.h"
 #include "sched/scheduler.h"
 
@@ -477,6 +478,7 @@ static void launch(ens_ctx_t *c, size_t step)
     }
     if (!err) {
         r->parent_stats = &c->agg;
+        if (src->trace) r->trace = trace_spawn_child(src->trace);
         nereid_response_allocator_t alloc = {
             .alloc_fn = step_alloc, .release_fn = step_release, .userp = &c->calls[step]};
         err = server_infer_held(src->server, c->held[step], r, &alloc, step_done, &c->calls[step]);
