@@ -4,6 +4,7 @@
  * signal to shut down. Subcommand: `nereid check-config <path>...`.
  */
 #include <errno.h>
+#include <jansson.h>
 #include <limits.h>
 #include <pthread.h>
 #include <signal.h>
@@ -35,6 +36,10 @@ typedef struct cli {
     int exit_timeout_secs;
     const char *trace_names[MAX_LIST], *trace_values[MAX_LIST]; /* tracing flags in order */
     size_t n_trace;
+    const char *cache_configs[MAX_LIST]; /* --cache-config values */
+    size_t n_cache_configs;
+    const char *cache_byte_size; /* --response-cache-byte-size */
+    bool allow_client_shm;
 } cli_t;
 
 typedef enum flag_kind {
@@ -46,9 +51,11 @@ typedef enum flag_kind {
     FLAG_MODE,
     FLAG_LLONG,
     FLAG_LOG_FORMAT,
-    FLAG_TRACE,      /* tracing flags, parsed together by nereid_tracer_new */
-    FLAG_IGNORED,    /* Triton tuning knob with no effect here: accepted with a warning */
-    FLAG_UNSUPPORTED /* Triton feature whose absence would surprise (TLS, restrictions): error */
+    FLAG_TRACE,        /* tracing flags, parsed together by nereid_tracer_new */
+    FLAG_CACHE_CONFIG, /* --cache-config <name>,<setting>=<value> (repeatable) */
+    FLAG_CACHE_BYTES,  /* --response-cache-byte-size: Triton's deprecated local cache size */
+    FLAG_IGNORED,      /* Triton tuning knob with no effect here: accepted with a warning */
+    FLAG_UNSUPPORTED   /* Triton feature whose absence would surprise (TLS, restrictions): error */
 } flag_kind_t;
 
 typedef struct flag {
@@ -120,7 +127,14 @@ static const flag_t flags[] = {
     TRACE_DEPRECATED("trace-count"),
     TRACE_DEPRECATED("trace-log-frequency"),
 #undef TRACE_DEPRECATED
+    F("cache-config", FLAG_CACHE_CONFIG, cache_configs,
+      "Response cache: <cache_name>,<setting>=<value>, e.g. local,size=1048576 (repeatable)."),
+    F("response-cache-byte-size", FLAG_CACHE_BYTES, cache_byte_size,
+      "DEPRECATED: Please use --cache-config instead."),
+    F("allow-client-shm", FLAG_BOOL, allow_client_shm,
+      "Allow clients to register/unregister and use system shared memory regions (false)."),
 #define IGNORED(name) F(name, FLAG_IGNORED, repos, "Accepted for Triton compatibility; no effect.")
+    IGNORED("cache-directory"),
     IGNORED("model-load-retry-count"),
     IGNORED("model-namespacing"),
     IGNORED("repoagent-directory"),
@@ -152,11 +166,8 @@ static const flag_t flags[] = {
     UNSUPPORTED("grpc-root-cert"),
     UNSUPPORTED("http-restricted-api"),
     UNSUPPORTED("grpc-restricted-protocol"),
-    UNSUPPORTED("allow-client-shm"),
     UNSUPPORTED("model-config-name"),
     UNSUPPORTED("log-file"),
-    UNSUPPORTED("cache-config"),
-    UNSUPPORTED("response-cache-byte-size"),
     UNSUPPORTED("rate-limit"),
     UNSUPPORTED("host-policy"),
     UNSUPPORTED("metrics-config"),
@@ -219,6 +230,25 @@ static int apply_flag(cli_t *cli, const flag_t *f, const char *value)
         fprintf(stderr, "nereid: %s\n", nereid_error_message(err));
         nereid_error_free(err);
         return -2;
+    }
+    case FLAG_CACHE_CONFIG:
+        if (cli->n_cache_configs >= MAX_LIST) return -1;
+        cli->cache_configs[cli->n_cache_configs++] = value;
+        return 0;
+    case FLAG_CACHE_BYTES: {
+        char *end;
+        errno = 0;
+        long long v = strtoll(value, &end, 10);
+        if (errno || *end || end == value) return -1;
+        (void)v;
+        cli->cache_byte_size = value;
+        fprintf(stderr,
+                "Warning: '--response-cache-byte-size' has been deprecated! This will default to "
+                "the 'local' cache implementation with the provided byte size for its config. "
+                "Please use '--cache-config' instead. The equivalent --cache-config CLI args "
+                "would be: '--cache-config=local,size=%s'\n",
+                value);
+        return 0;
     }
     case FLAG_IGNORED:
         fprintf(stderr,
@@ -317,6 +347,74 @@ static int parse_args(cli_t *cli, int argc, char **argv)
     return 0;
 }
 
+/* Turns the cache flags into the server's cache options as Triton does
+ * (its texts). *json_out is the settings object (caller frees). Returns 0,
+ * -1 for a malformed flag (exit 2) or 1 for a configuration the server
+ * would refuse (message printed, exit 1). */
+static int cache_options(cli_t *cli, char **json_out)
+{
+    *json_out = NULL;
+    if (cli->cache_byte_size && cli->n_cache_configs) {
+        fprintf(stderr, "Error: Incompatible flags --response-cache-byte-size and --cache-config "
+                        "both provided. Please provide one or the other.\n");
+        return -1;
+    }
+    const char *name = NULL;
+    size_t name_len = 0;
+    bool multiple = false;
+    json_t *settings = json_object();
+    if (cli->cache_byte_size) {
+        name = "local";
+        name_len = 5;
+        json_object_set_new(settings, "size", json_string(cli->cache_byte_size));
+    }
+    for (size_t i = 0; i < cli->n_cache_configs; i++) {
+        const char *arg = cli->cache_configs[i], *comma = strchr(arg, ',');
+        if (!comma || comma == arg) {
+            fprintf(stderr,
+                    "No cache specified. --cache-config option format is <cache "
+                    "name>,<setting>=<value>. Got %s\n",
+                    arg);
+            json_decref(settings);
+            return -1;
+        }
+        const char *eq = strchr(comma + 1, '=');
+        if (!eq || eq == comma + 1 || !eq[1]) {
+            fprintf(stderr,
+                    "--cache-config option format is '<cache name>,<setting>=<value>'. "
+                    "Got %s\n",
+                    arg);
+            json_decref(settings);
+            return -1;
+        }
+        size_t len = (size_t)(comma - arg);
+        if (!name) {
+            name = arg;
+            name_len = len;
+        } else if (len != name_len || strncmp(name, arg, len) != 0) {
+            multiple = true;
+        }
+        char *key = strndup(comma + 1, (size_t)(eq - comma - 1));
+        /* Triton's local cache reads the first of repeated settings. */
+        if (!multiple && !json_object_get(settings, key))
+            json_object_set_new(settings, key, json_string(eq + 1));
+        free(key);
+    }
+    if (multiple) {
+        fprintf(stderr, "error: creating server: Invalid argument - found multiple cache "
+                        "configurations, but only a single cache is currently supported\n");
+        json_decref(settings);
+        return 1;
+    }
+    if (name) {
+        *json_out = json_dumps(settings, JSON_COMPACT | JSON_PRESERVE_ORDER);
+        cli->server.cache_name = strndup(name, name_len);
+        cli->server.cache_config_json = *json_out;
+    }
+    json_decref(settings);
+    return 0;
+}
+
 typedef struct frontends {
     http_server_t *http;
     metrics_server_t *metrics;
@@ -409,6 +507,9 @@ int main(int argc, char **argv)
                         "--http-idle-timeout-secs >= 0\n");
         return 2;
     }
+    char *cache_json;
+    rc = cache_options(&cli, &cache_json);
+    if (rc) return rc < 0 ? 2 : 1;
     if (!cli.metrics_address) cli.metrics_address = cli.http_address;
     cli.server.model_repositories = cli.repos;
     cli.server.n_model_repositories = cli.n_repos;
@@ -434,11 +535,15 @@ int main(int argc, char **argv)
 
     nereid_server_t *server;
     nereid_error_t *err = nereid_server_new(&cli.server, &server);
+    free((char *)cli.server.cache_name);
+    free(cache_json);
+    nereid_shm_registry_t *shm = nereid_shm_registry_new(cli.allow_client_shm);
     if (err) {
         fprintf(stderr, "error: creating server: %s - %s\n",
                 nereid_error_code_name(nereid_error_code(err)), nereid_error_message(err));
         nereid_error_free(err);
         nereid_tracer_free(tracer);
+        nereid_shm_registry_free(shm);
         return 1;
     }
     nereid_server_set_tracer(server, tracer);
@@ -448,7 +553,12 @@ int main(int argc, char **argv)
     grpc_frontend_t *grpc_fe = NULL;
     /* HTTP starts last: once its port answers, every frontend is up. */
     if (cli.allow_grpc) {
-        grpc_options_t gopts = {cli.grpc_address, cli.grpc_port, cli.grpc_infer_thread_count};
+        grpc_options_t gopts;
+        grpc_options_init(&gopts);
+        gopts.address = cli.grpc_address;
+        gopts.port = cli.grpc_port;
+        gopts.infer_thread_count = cli.grpc_infer_thread_count;
+        gopts.shm = shm;
         if ((err = grpc_frontend_start(server, &gopts, &grpc_fe))) goto frontend_failed;
         fprintf(stderr, "Started GRPCInferenceService at %s:%d\n", cli.grpc_address,
                 grpc_frontend_port(grpc_fe));
@@ -472,6 +582,7 @@ int main(int argc, char **argv)
         ho.max_input_size = (size_t)cli.http_max_input_size;
         ho.max_connections = cli.http_max_connections;
         ho.idle_timeout_secs = cli.http_idle_timeout_secs;
+        ho.shm = shm;
         if ((err = http_server_start(server, &ho, &http))) goto frontend_failed;
         fprintf(stderr, "Started HTTPService at %s:%d\n", ho.address, http_server_port(http));
     }
@@ -483,6 +594,7 @@ int main(int argc, char **argv)
     stop_frontends(&fe, server, cli.exit_timeout_secs);
     nereid_server_free(server);
     nereid_tracer_free(tracer);
+    nereid_shm_registry_free(shm);
     return exit_code;
 
 frontend_failed:
@@ -493,5 +605,6 @@ frontend_failed:
     grpc_frontend_stop(grpc_fe);
     nereid_server_free(server);
     nereid_tracer_free(tracer);
+    nereid_shm_registry_free(shm);
     return 1;
 }

@@ -114,6 +114,12 @@ typedef struct nereid_server_options {
     int model_load_thread_count;           /* default 4 */
     bool log_info, log_warning, log_error; /* default true: which log lines are printed */
     int log_format; /* a nereid_log_format_t; default NEREID_LOG_FORMAT_DEFAULT */
+    /* Response cache (Triton's --cache-config): the implementation's name
+     * (only "local") and its settings as a JSON object, e.g.
+     * {"size":"1048576"}. NULL = no cache; models with response_cache
+     * enabled are then served without it, as in Triton. */
+    const char *cache_name;
+    const char *cache_config_json;
 } nereid_server_options_t;
 
 typedef struct nereid_server nereid_server_t;

@@ -56,6 +56,7 @@ struct nereid_server {
     _Atomic bool stopping;
     _Atomic bool stopped;
     struct nereid_tracer *tracer; /* nereid_server_set_tracer, or NULL */
+    struct response_cache *cache; /* --cache-config, or NULL (core/cache.h) */
 };
 
 /* Finds an entry by name; caller holds s->lock. */

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/cache.h"
 #include "core/util.h"
 
 void stats_init(model_stats_t *s, int64_t max_batch_size)
@@ -144,6 +145,36 @@ static uint64_t family_value(const model_t *m, size_t f)
     }
 }
 
+/* Triton's per-model cache families: only for models whose requests go
+ * through the cache (none at all when no model does). */
+static void cache_metrics_per_model(FILE *out, const model_t *const *models, size_t n_models)
+{
+    static const char *const families[][2] = {
+        {"nv_cache_num_hits_per_model", "Number of cache hits per model"},
+        {"nv_cache_hit_duration_per_model", "Total cache hit duration per model, in microseconds"},
+        {"nv_cache_num_misses_per_model", "Number of cache misses per model"},
+        {"nv_cache_miss_duration_per_model",
+         "Total cache miss (insert+lookup) duration per model, in microseconds"},
+    };
+    bool any = false;
+    for (size_t i = 0; i < n_models && !any; i++)
+        any = cache_enabled(models[i]);
+    if (!any) return;
+    char lab[1024];
+    for (size_t f = 0; f < ARRAY_LEN(families); f++) {
+        fprintf(out, "# HELP %s %s\n# TYPE %s counter\n", families[f][0], families[f][1],
+                families[f][0]);
+        for (size_t i = 0; i < n_models; i++) {
+            const model_t *m = models[i];
+            if (!cache_enabled(m)) continue;
+            const stat_duration_t *d = f < 2 ? &m->stats.cache_hit : &m->stats.cache_miss;
+            uint64_t v = f % 2 ? atomic_load(&d->ns) / 1000 : atomic_load(&d->count);
+            labels(lab, sizeof lab, m);
+            fprintf(out, "%s{%s} %llu\n", families[f][0], lab, (unsigned long long)v);
+        }
+    }
+}
+
 void stats_metrics_text(FILE *out, const model_t *const *models, size_t n_models)
 {
     char lab[1024];
@@ -167,4 +198,5 @@ void stats_metrics_text(FILE *out, const model_t *const *models, size_t n_models
             }
         }
     }
+    cache_metrics_per_model(out, models, n_models);
 }

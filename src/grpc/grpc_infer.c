@@ -105,11 +105,14 @@ void gfe_model_infer(gfe_unary_call_t *c, const uint8_t *data, size_t len)
     nereid_error_t *err;
     nereid_request_t *req = NULL;
     u->msg = infer_codec_parse(data, len, &err);
+    u->scratch.shm = c->fe->shm;
     if (u->msg != NULL) err = infer_codec_request(c->fe->server, u->msg, &u->scratch, &req);
     if (err == NULL && (err = seq_metadata(c, req)) != NULL) nereid_request_free(req);
     if (err == NULL && c->waitread_start_ns) start_trace(c, u->msg->model_name, req);
     if (err == NULL) {
-        err = nereid_server_infer_async(c->fe->server, req, NULL, unary_infer_done, u);
+        nereid_response_allocator_t alloc;
+        err = nereid_server_infer_async(
+            c->fe->server, req, infer_codec_allocator(&u->scratch, &alloc), unary_infer_done, u);
         if (err == NULL) return; /* unary_infer_done finishes the call */
         nereid_request_free(req);
     }
@@ -366,13 +369,16 @@ static void stream_handle(gfe_stream_t *s, grpc_byte_buffer *bb)
     si->s = s;
     si->msg = infer_codec_parse(GRPC_SLICE_START_PTR(body), GRPC_SLICE_LENGTH(body), &err);
     grpc_slice_unref(body);
+    si->scratch.shm = s->fe->shm;
     if (si->msg != NULL) err = infer_codec_request(s->fe->server, si->msg, &si->scratch, &req);
     if (err == NULL) {
         pthread_mutex_lock(&s->mu);
         s->n_inflight++;
         s->refs++;
         pthread_mutex_unlock(&s->mu);
-        err = nereid_server_infer_async(s->fe->server, req, NULL, stream_infer_done, si);
+        nereid_response_allocator_t alloc;
+        err = nereid_server_infer_async(
+            s->fe->server, req, infer_codec_allocator(&si->scratch, &alloc), stream_infer_done, si);
         if (err == NULL) return;
         nereid_request_free(req);
         pthread_mutex_lock(&s->mu);
