@@ -162,6 +162,9 @@ void request_free(nereid_request_t *req);
  * lives as long as req and is released by request_strfree. */
 char *request_strdup(nereid_request_t *req, const char *s);
 void request_strfree(nereid_request_t *req, char *s);
+/* An ensemble step's request gets a child of parent's trace (parent->trace
+ * set; trace.c): its own trace id, parent_id the ensemble's. */
+void request_inherit_trace(nereid_request_t *step, const nereid_request_t *parent);
 /* Adds a core-owned input (takes ownership of data, malloc'ed). */
 void request_add_owned_input(nereid_request_t *req, const char *name, nereid_datatype_t dt,
                              const int64_t *shape, size_t rank, void *data, size_t byte_size);

@@ -1075,7 +1075,7 @@ void trace_request_end(nereid_request_t *req)
     nereid_trace_release(h);
 }
 
-nereid_trace_t *trace_spawn_child(nereid_trace_t *parent)
+static nereid_trace_t *trace_spawn_child(nereid_trace_t *parent)
 {
     trace_root_t *r = parent->root;
     atomic_fetch_add(&r->refs, 1);
@@ -1083,6 +1083,11 @@ nereid_trace_t *trace_spawn_child(nereid_trace_t *parent)
     nereid_trace_t *h = handle_new(r, parent->id);
     pthread_mutex_unlock(&r->lock);
     return h;
+}
+
+void request_inherit_trace(nereid_request_t *step, const nereid_request_t *parent)
+{
+    step->trace = trace_spawn_child(parent->trace);
 }
 
 /* ---- Settings API ---- */

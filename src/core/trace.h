@@ -17,8 +17,7 @@ void trace_compute(nereid_trace_t *trace, uint64_t start_ns, uint64_t input_end_
                    uint64_t output_start_ns, uint64_t end_ns);
 /* REQUEST_END now (if it started), then drops the request's reference. */
 void trace_request_end(nereid_request_t *req);
-/* A child trace (new id, parent_id = parent's) for an ensemble step's
- * request: the returned reference is that request's. */
-nereid_trace_t *trace_spawn_child(nereid_trace_t *parent);
+/* (request_inherit_trace, in request.h, gives an ensemble step's request
+ * a child trace.) */
 
 #endif

@@ -108,7 +108,13 @@ void gfe_model_infer(gfe_unary_call_t *c, const uint8_t *data, size_t len)
     u->scratch.shm = c->fe->shm;
     if (u->msg != NULL) err = infer_codec_request(c->fe->server, u->msg, &u->scratch, &req);
     if (err == NULL && (err = seq_metadata(c, req)) != NULL) nereid_request_free(req);
-    if (err == NULL && c->waitread_start_ns) start_trace(c, u->msg->model_name, req);
+    if (err == NULL && nereid_server_tracing(c->fe->server)) {
+        /* A call posted while tracing was off has no wait start: its
+         * arrival stands for both. */
+        if (c->waitread_start_ns == 0)
+            c->waitread_start_ns = c->waitread_end_ns = nereid_trace_now_ns();
+        start_trace(c, u->msg->model_name, req);
+    }
     if (err == NULL) {
         nereid_response_allocator_t alloc;
         err = nereid_server_infer_async(

@@ -18,7 +18,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/trace.h"
 #include "core/util.h"
 #include "sched/scheduler.h"
 
@@ -426,7 +425,7 @@ static void launch(ens_ctx_t *c, size_t step)
     }
     if (!err) {
         r->parent_stats = &c->agg;
-        if (src->trace) r->trace = trace_spawn_child(src->trace);
+        if (src->trace) request_inherit_trace(r, src);
         nereid_response_allocator_t alloc = {
             .alloc_fn = step_alloc, .release_fn = step_release, .userp = &c->calls[step]};
         err = c->e->base.core->submit(c->held[step], r, &alloc, step_done, &c->calls[step]);

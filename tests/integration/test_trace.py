@@ -262,6 +262,21 @@ def test_http_and_grpc_trace_file(nereid_server, tmp_path):
         <= ns["GRPC_SEND_END"]
 
 
+def test_grpc_traced_after_turning_on(nereid_server, tmp_path):
+    # Calls posted while tracing was off are traced once it is on.
+    f = str(tmp_path / "t.json")
+    s = nereid_server(EXAMPLES, "--trace-config", f"triton,file={f}")
+    grpc_infer(s)
+    r = post(s, "/v2/trace/setting", {"trace_level": ["TIMESTAMPS"], "trace_rate": "1"})
+    assert r.status_code == 200, r.text
+    grpc_infer(s)
+    assert s.stop() == 0
+    traces = read_traces(f)
+    assert len(traces) == 1
+    (t,) = traces.values()
+    assert t["names"] == GRPC_ORDER
+
+
 def test_rate_and_count(nereid_server, tmp_path):
     f = str(tmp_path / "t.json")
     s = nereid_server(EXAMPLES, "--trace-config", f"triton,file={f}", "--trace-config",
