@@ -28,6 +28,11 @@
  *
  * Memory: never free across the boundary. Errors returned to the core are
  * made with nereid_error_new and owned by the core afterwards.
+ *
+ * ABI history (minor versions; a backend built for 1.0 runs unchanged):
+ *   1.0  one response per request, produced inside execute
+ *   1.1  decoupled responses: nereid_batch_request_sender and the
+ *        nereid_sender_* functions, nereid_model_decoupled
  */
 #ifndef NEREID_BACKEND_H
 #define NEREID_BACKEND_H
@@ -39,7 +44,9 @@ extern "C" {
 #endif
 
 #define NEREID_BACKEND_ABI_MAJOR 1u
-#define NEREID_BACKEND_ABI_MINOR 0u
+/* 1: decoupled responses; 2: nereid_batch_request_is_cancelled; 3: request
+ * parameters by index */
+#define NEREID_BACKEND_ABI_MINOR 3u
 #define NEREID_BACKEND_ABI_VERSION ((NEREID_BACKEND_ABI_MAJOR << 16) | NEREID_BACKEND_ABI_MINOR)
 
 typedef struct nereid_backend nereid_backend_t;   /* one per loaded library */
@@ -119,9 +126,9 @@ NEREID_EXPORT int64_t nereid_batch_size(const nereid_batch_t *batch);
  * The data has no alignment guarantee (a client's bytes sit anywhere in an
  * HTTP body or a protobuf message): read elements with memcpy. */
 NEREID_EXPORT nereid_error_t *nereid_batch_input(nereid_batch_t *batch, const char *name,
-                                                 nereid_datatype_t *datatype,
-                                                 const int64_t **shape, size_t *rank,
-                                                 const void **data, size_t *byte_size);
+                                                 nereid_datatype_t *datatype, const int64_t **shape,
+                                                 size_t *rank, const void **data,
+                                                 size_t *byte_size);
 NEREID_EXPORT size_t nereid_batch_input_count(const nereid_batch_t *batch);
 /* Name of input i of the first request (all requests share input names). */
 NEREID_EXPORT const char *nereid_batch_input_name(const nereid_batch_t *batch, size_t i);
@@ -136,9 +143,8 @@ NEREID_EXPORT bool nereid_batch_output_requested(const nereid_batch_t *batch, co
  * is the response's own memory. Outputs nobody requested return a scratch
  * buffer. Owned by the core. */
 NEREID_EXPORT nereid_error_t *nereid_batch_output(nereid_batch_t *batch, const char *name,
-                                                  nereid_datatype_t datatype,
-                                                  const int64_t *shape, size_t rank,
-                                                  size_t byte_size, void **buffer);
+                                                  nereid_datatype_t datatype, const int64_t *shape,
+                                                  size_t rank, size_t byte_size, void **buffer);
 
 /* Per-request view, for backends that handle requests one by one. */
 NEREID_EXPORT const char *nereid_batch_request_id(const nereid_batch_t *batch, size_t r);
@@ -166,6 +172,93 @@ NEREID_EXPORT void nereid_batch_report_compute(nereid_batch_t *batch, uint64_t i
                                                uint64_t infer_end_ns);
 /* CLOCK_MONOTONIC in ns, the clock statistics use. */
 NEREID_EXPORT uint64_t nereid_now_ns(void);
+
+/* ---- Decoupled responses (ABI 1.1) ----
+ *
+ * A model with `model_transaction_policy { decoupled: true }` may answer a
+ * request with any number of responses (0..N), then a final flag, as
+ * Triton's TRITONBACKEND_ResponseFactory does. A backend that never takes a
+ * sender keeps today's behaviour on any model: one response per request,
+ * from the outputs it fills during execute, with the final flag.
+ *
+ * nereid_batch_request_sender takes over responding to request r: the core
+ * then sends nothing for it when execute returns (outputs set through
+ * nereid_batch_*output for it are dropped). Instead the backend sends
+ * responses through the sender, from any thread and also after execute has
+ * returned, and ends with the FINAL flag (nereid_sender_send with FINAL or
+ * nereid_sender_send_flags), which frees the sender. Until then the request
+ * and its model stay alive. The core does not wait for open senders: a
+ * backend that sends from its own threads ends them (each with its final
+ * flag) in instance fini, as the repeat backend does.
+ * The batch and the request's inputs are valid only during execute: copy
+ * what later responses need. Calls on one sender must not overlap.
+ *
+ * Statistics: each sent response is counted under its index in the model's
+ * response_stats ("0", "1", ...): success (outputs), empty_response (no
+ * outputs), fail (an error); compute_infer runs from the previous response
+ * (or the execution start) to the first output allocated, compute_output
+ * from there to the send. */
+
+typedef struct nereid_response_sender nereid_response_sender_t;
+
+#define NEREID_RESPONSE_FLAG_FINAL 1u
+
+/* True when the model's config has model_transaction_policy { decoupled: true }. */
+NEREID_EXPORT bool nereid_model_decoupled(const nereid_model_t *model);
+/* The sender of request r (the same one when asked twice). UNSUPPORTED when
+ * the model is not decoupled, or when the request came from a client that
+ * takes one response only (e.g. an ensemble step): then answer it the 1.0
+ * way. Only during execute. */
+NEREID_EXPORT nereid_error_t *nereid_batch_request_sender(nereid_batch_t *batch, size_t r,
+                                                          nereid_response_sender_t **out);
+/* A buffer for output `name` of the sender's next response (rules as
+ * nereid_batch_request_output: byte_size must match the shape for
+ * fixed-size types; an output the client did not ask for gets scratch
+ * memory). Valid until that response is sent. */
+NEREID_EXPORT nereid_error_t *nereid_sender_output(nereid_response_sender_t *sender,
+                                                   const char *name, nereid_datatype_t datatype,
+                                                   const int64_t *shape, size_t rank,
+                                                   size_t byte_size, void **buffer);
+/* Sends the next response: its outputs from nereid_sender_output, or, when
+ * err is non-NULL (owned by the core), an error response. flags may carry
+ * NEREID_RESPONSE_FLAG_FINAL: then it is the last response and the sender is
+ * freed. Errors (a sender already finished) leave err freed. */
+NEREID_EXPORT nereid_error_t *nereid_sender_send(nereid_response_sender_t *sender, uint32_t flags,
+                                                 nereid_error_t *err);
+/* Sends only flags, no response (NEREID_RESPONSE_FLAG_FINAL: no more
+ * responses; the sender is freed). Outputs allocated since the last send
+ * are dropped. */
+NEREID_EXPORT nereid_error_t *nereid_sender_send_flags(nereid_response_sender_t *sender,
+                                                       uint32_t flags);
+
+/* ABI 1.2: whether request r's client has cancelled it (server.h,
+ * cancellation). A backend may stop early and fail the request with
+ * NEREID_ERROR_CANCELLED (counted as a cancelled response); it may also
+ * ignore it (the response is then dropped by the frontend). */
+NEREID_EXPORT bool nereid_batch_request_is_cancelled(const nereid_batch_t *batch, size_t r);
+
+/* ---- ABI 1.3: request parameters by index ----
+ * Triton's TRITONBACKEND_RequestParameterCount/RequestParameter: every
+ * parameter of request r — the body's "parameters" and headers forwarded by
+ * --http-header-forward-pattern / --grpc-header-forward-pattern — in the
+ * order they were set (a name set twice keeps its first place and its last
+ * value). */
+typedef enum nereid_parameter_type {
+    NEREID_PARAMETER_STRING = 0, /* value: const char * (NUL-terminated) */
+    NEREID_PARAMETER_INT = 1,    /* value: const int64_t * */
+    NEREID_PARAMETER_BOOL = 2,   /* value: const bool * */
+    NEREID_PARAMETER_DOUBLE = 3, /* value: const double * */
+} nereid_parameter_type_t;
+
+/* Parameters of request r; 0 when r is out of range. */
+NEREID_EXPORT size_t nereid_batch_request_parameter_count(const nereid_batch_t *batch, size_t r);
+/* Parameter index of request r: its name, type and a pointer to its value
+ * (see nereid_parameter_type_t), all borrowed until execute returns.
+ * INVALID_ARG when r or index is out of range (out-parameters zeroed). */
+NEREID_EXPORT nereid_error_t *nereid_batch_request_parameter(const nereid_batch_t *batch, size_t r,
+                                                             size_t index, const char **name,
+                                                             nereid_parameter_type_t *type,
+                                                             const void **value);
 
 #ifdef __cplusplus
 }

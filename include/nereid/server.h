@@ -172,7 +172,8 @@ NEREID_EXPORT nereid_error_t *nereid_server_model_statistics(nereid_server_t *se
 /* [{"name","version","state","reason"}...] for every model in the repositories. */
 NEREID_EXPORT nereid_error_t *nereid_server_repository_index(nereid_server_t *server,
                                                              bool ready_only, char **json_out);
-/* Prometheus text exposition of Triton's metric families. */
+/* Prometheus text exposition of Triton's per-model metric families (the host
+ * metrics, nv_cpu_*, are added by the metrics frontend). */
 NEREID_EXPORT nereid_error_t *nereid_server_metrics(nereid_server_t *server, char **text_out);
 
 /* Explicit model control. config_json may be NULL (use the repository's
@@ -230,6 +231,36 @@ NEREID_EXPORT void nereid_request_set_sequence_flags(nereid_request_t *req, bool
 NEREID_EXPORT nereid_error_t *
 nereid_request_sequence_headers(nereid_request_t *req, const char *const names[3], const char *id,
                                 const char *start, const char *end, char *echo, size_t echo_size);
+/* ---- Cancellation (Triton's request cancellation) ----
+ * A cancel token stands for "the client is gone": a frontend makes one per
+ * call (an HTTP connection's request, a gRPC call or stream), attaches it to
+ * the requests it submits, and cancels it when the client closes the
+ * connection or cancels the call. Cancelling is safe from any thread at any
+ * time, before, during or after the requests run:
+ *   - a request still queued is removed when its scheduler next looks at its
+ *     queue and completed with NEREID_ERROR_CANCELLED (Triton's CANCELLED
+ *     status, empty message), without executing;
+ *   - a request already executing completes normally (the backend may ask
+ *     nereid_batch_request_is_cancelled and stop early with CANCELLED);
+ *   - an ensemble submits no further steps and its queued steps are
+ *     cancelled like any request;
+ *   - a cancelled sequence request ends its sequence (its slot is freed,
+ *     later queued requests of the sequence are cancelled too).
+ * Statistics: failures with reason CANCELED; a backend's CANCELLED answer
+ * counts in response_stats "cancel". */
+typedef struct nereid_cancel_token nereid_cancel_token_t;
+/* A new token (not cancelled), with one reference for the caller. */
+NEREID_EXPORT nereid_cancel_token_t *nereid_cancel_token_new(void);
+/* Drops the caller's reference (requests keep their own). NULL is a no-op. */
+NEREID_EXPORT void nereid_cancel_token_free(nereid_cancel_token_t *token);
+/* Attaches token to req (the request takes its own reference; a second
+ * call replaces the first token). Call before submission. */
+NEREID_EXPORT void nereid_request_set_cancel_token(nereid_request_t *req,
+                                                   nereid_cancel_token_t *token);
+/* Cancels every request carrying token (idempotent). */
+NEREID_EXPORT void nereid_request_cancel(nereid_cancel_token_t *token);
+NEREID_EXPORT bool nereid_cancel_token_cancelled(const nereid_cancel_token_t *token);
+
 /* Free-form parameters (copied); backends can read them. */
 NEREID_EXPORT nereid_error_t *
 nereid_request_set_parameter_string(nereid_request_t *req, const char *key, const char *value);
@@ -273,6 +304,37 @@ NEREID_EXPORT nereid_error_t *
 nereid_server_infer_async(nereid_server_t *server, nereid_request_t *req,
                           const nereid_response_allocator_t *allocator, nereid_complete_fn done_fn,
                           void *done_userp);
+
+/* ---- Decoupled (streaming) inference ---- */
+
+/* A request's last response (or flags-only final) carries this flag. */
+#define NEREID_RESPONSE_FINAL 1u
+
+/* Called for each response of a request submitted with
+ * nereid_server_infer_stream: zero or more times with flags 0 and a
+ * response, then exactly once with NEREID_RESPONSE_FINAL and either a last
+ * response or NULL (a decoupled model sent only the final flag). The callee
+ * owns each response (nereid_response_free). Calls for one request come in
+ * order and never overlap; they run on Nereid's or a backend's threads, or
+ * on the submitting thread before nereid_server_infer_stream returns. After
+ * the final call the request's input memory is no longer used. A model that
+ * is not decoupled gives exactly one call: its response with FINAL. */
+typedef void (*nereid_response_fn)(nereid_response_t *response, uint32_t flags, void *userp);
+
+/* nereid_server_infer_async for clients that accept several responses per
+ * request (gRPC ModelStreamInfer): the only way to reach a decoupled
+ * model's 0..N responses. Same ownership rules; fn replaces done_fn. */
+NEREID_EXPORT nereid_error_t *
+nereid_server_infer_stream(nereid_server_t *server, nereid_request_t *req,
+                           const nereid_response_allocator_t *allocator, nereid_response_fn fn,
+                           void *userp);
+
+/* *decoupled_out: the model version (version <= 0: latest ready) has
+ * model_transaction_policy { decoupled: true }. Errors as the model lookup
+ * of an inference (unknown model or version, not ready). */
+NEREID_EXPORT nereid_error_t *nereid_server_model_decoupled(nereid_server_t *server,
+                                                            const char *model, int64_t version,
+                                                            bool *decoupled_out);
 
 /* Response accessors; everything returned is borrowed until
  * nereid_response_free. */

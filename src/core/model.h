@@ -54,8 +54,13 @@ typedef struct model_stats {
     _Atomic uint64_t failures[FAILURE_N];
     _Atomic int64_t pending; /* requests queued, not yet executing */
     response_stat_t response0;
+    /* Entries 1.. of a decoupled model's response_stats (stats_response). */
+    pthread_mutex_t resp_mu;
+    response_stat_t **resp_more;
+    size_t n_resp_more;
     batch_stat_t *batch; /* index = batch size, 1..n_batch-1 */
     size_t n_batch;
+    uint64_t load_ns; /* backend model's load time (0 for ensembles); set before publishing */
 } model_stats_t;
 
 /* ---- Model ---- */

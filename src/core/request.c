@@ -13,6 +13,7 @@
 
 #include "core/core.h"
 #include "core/trace.h"
+#include "core/decoupled.h"
 #include "core/util.h"
 
 #define MAX_STRING_CORRID 128
@@ -90,6 +91,7 @@ void request_free(nereid_request_t *req)
     request_strfree(req, req->model_name);
     if (req->id) request_strfree(req, req->id);
     free(req->corr_id_str);
+    nereid_cancel_token_free(req->cancel);
     if (req->response) nereid_response_free(req->response);
     if (req->model) model_unref(req->model);
     free(req);
@@ -98,6 +100,47 @@ void request_free(nereid_request_t *req)
 void nereid_request_free(nereid_request_t *req)
 {
     request_free(req);
+}
+
+/* ---- Cancellation ---- */
+
+nereid_cancel_token_t *nereid_cancel_token_new(void)
+{
+    nereid_cancel_token_t *t = xcalloc(1, sizeof *t);
+    atomic_store(&t->refs, 1);
+    return t;
+}
+
+void nereid_cancel_token_free(nereid_cancel_token_t *token)
+{
+    if (token && atomic_fetch_sub(&token->refs, 1) == 1) free(token);
+}
+
+void nereid_request_set_cancel_token(nereid_request_t *req, nereid_cancel_token_t *token)
+{
+    if (token) atomic_fetch_add(&token->refs, 1);
+    nereid_cancel_token_free(req->cancel);
+    req->cancel = token;
+}
+
+void nereid_request_cancel(nereid_cancel_token_t *token)
+{
+    if (token) atomic_store_explicit(&token->cancelled, true, memory_order_release);
+}
+
+bool nereid_cancel_token_cancelled(const nereid_cancel_token_t *token)
+{
+    return token && atomic_load_explicit(&token->cancelled, memory_order_acquire);
+}
+
+void request_share_cancel(nereid_request_t *dst, const nereid_request_t *src)
+{
+    nereid_request_set_cancel_token(dst, src->cancel);
+}
+
+void request_finish_cancelled(nereid_request_t *req)
+{
+    request_finish(req, nereid_error_new(NEREID_ERROR_CANCELLED, "%s", ""), FAILURE_CANCELED);
 }
 
 nereid_error_t *nereid_request_set_id(nereid_request_t *req, const char *id)
@@ -625,8 +668,7 @@ static resp_output_t *push_output(nereid_response_t *resp, const model_io_t *io,
     return o;
 }
 
-/* Creates the response with one slot per output the client will get. */
-void request_prepare_response(nereid_request_t *req)
+nereid_response_t *request_new_response(nereid_request_t *req)
 {
     model_t *m = req->model;
     /* The arena needs no zeroing. */
@@ -653,7 +695,12 @@ void request_prepare_response(nereid_request_t *req)
         for (size_t i = 0; i < m->n_outputs; i++)
             push_output(resp, &m->outputs[i], NULL);
     }
-    req->response = resp;
+    return resp;
+}
+
+void request_prepare_response(nereid_request_t *req)
+{
+    req->response = request_new_response(req);
 }
 
 void *response_arena_alloc(nereid_response_t *resp, size_t byte_size)
@@ -692,6 +739,13 @@ resp_output_t *request_output_at(nereid_request_t *req, size_t i)
 nereid_error_t *request_alloc_output(nereid_request_t *req, resp_output_t *o, nereid_datatype_t dt,
                                      const int64_t *shape, size_t rank, size_t byte_size)
 {
+    return response_alloc_output(req, req->response, o, dt, shape, rank, byte_size);
+}
+
+nereid_error_t *response_alloc_output(nereid_request_t *req, nereid_response_t *resp,
+                                      resp_output_t *o, nereid_datatype_t dt, const int64_t *shape,
+                                      size_t rank, size_t byte_size)
+{
     if (rank > NEREID_MAX_RANK) rank = NEREID_MAX_RANK;
     o->datatype = dt;
     memcpy(o->shape, shape, rank * sizeof *shape);
@@ -700,7 +754,7 @@ nereid_error_t *request_alloc_output(nereid_request_t *req, resp_output_t *o, ne
     if (o->internal || !req->alloc.alloc_fn) {
         /* Small client outputs go in the response's arena; internal ones are
          * malloc'ed (schedulers may take their buffers). */
-        o->data = o->internal ? NULL : response_arena_alloc(req->response, byte_size);
+        o->data = o->internal ? NULL : response_arena_alloc(resp, byte_size);
         if (o->data)
             o->in_arena = true;
         else
@@ -761,6 +815,11 @@ void request_set_error(nereid_request_t *req, nereid_error_t *err)
 bool request_failed(const nereid_request_t *req)
 {
     return req->response && req->response->error;
+}
+
+bool request_failed_cancelled(const nereid_request_t *req)
+{
+    return request_failed(req) && nereid_error_code(req->response->error) == NEREID_ERROR_CANCELLED;
 }
 
 nereid_request_t *request_new_filler(nereid_server_t *server)
@@ -841,8 +900,14 @@ static void compact_outputs(nereid_response_t *resp)
     resp->n_outputs = w;
 }
 
+void response_compact(nereid_response_t *resp)
+{
+    compact_outputs(resp);
+}
+
 void request_finish(nereid_request_t *req, nereid_error_t *err, failure_reason_t reason)
 {
+    if (decoupled_release(req, err)) return; /* a backend's response sender finishes it */
     model_t *m = req->model;
     nereid_response_t *resp = req->response;
     uint64_t now = util_now_ns();
@@ -853,6 +918,7 @@ void request_finish(nereid_request_t *req, nereid_error_t *err, failure_reason_t
     }
     model_stats_t *s = &m->stats;
     uint64_t start = req->t_request_ns;
+    if (err && nereid_error_code(err) == NEREID_ERROR_CANCELLED) reason = FAILURE_CANCELED;
     if (err) {
         stats_add(&s->fail, now - start);
         atomic_fetch_add(&s->failures[reason], 1);

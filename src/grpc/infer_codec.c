@@ -517,7 +517,8 @@ typedef struct out_view {
     size_t size;
 } out_view_t;
 
-grpc_byte_buffer *infer_codec_response(nereid_response_t *resp, bool stream, nereid_error_t **err)
+static grpc_byte_buffer *codec_response(nereid_response_t *resp, bool stream, bool final,
+                                        nereid_error_t **err)
 {
     *err = NULL;
     size_t n_out = nereid_response_output_count(resp);
@@ -553,7 +554,7 @@ grpc_byte_buffer *infer_codec_response(nereid_response_t *resp, bool stream, ner
 
     Inference__InferParameter final_value = INFERENCE__INFER_PARAMETER__INIT;
     final_value.parameter_choice_case = INFERENCE__INFER_PARAMETER__PARAMETER_CHOICE_BOOL_PARAM;
-    final_value.bool_param = 1;
+    final_value.bool_param = final;
     Inference__ModelInferResponse__ParametersEntry final_entry =
         INFERENCE__MODEL_INFER_RESPONSE__PARAMETERS_ENTRY__INIT;
     final_entry.key = "triton_final_response";
@@ -654,8 +655,19 @@ done:
     return bb;
 }
 
+grpc_byte_buffer *infer_codec_response(nereid_response_t *resp, bool stream, nereid_error_t **err)
+{
+    return codec_response(resp, stream, true, err);
+}
+
+grpc_byte_buffer *infer_codec_stream_response(nereid_response_t *resp, bool final,
+                                              nereid_error_t **err)
+{
+    return codec_response(resp, true, final, err);
+}
+
 grpc_byte_buffer *infer_codec_stream_error(const char *message, const char *id, const char *model,
-                                           const char *version, bool final)
+                                           const char *version, int final)
 {
     Inference__ModelStreamInferResponse msg = INFERENCE__MODEL_STREAM_INFER_RESPONSE__INIT;
     Inference__ModelInferResponse inner = INFERENCE__MODEL_INFER_RESPONSE__INIT;
@@ -667,9 +679,9 @@ grpc_byte_buffer *infer_codec_stream_error(const char *message, const char *id, 
     inner.id = (char *)(id != NULL ? id : "");
     inner.model_name = (char *)(model != NULL ? model : "");
     inner.model_version = (char *)(version != NULL ? version : "");
-    if (final) {
+    if (final >= 0) {
         final_value.parameter_choice_case = INFERENCE__INFER_PARAMETER__PARAMETER_CHOICE_BOOL_PARAM;
-        final_value.bool_param = 1;
+        final_value.bool_param = final > 0;
         final_entry.key = "triton_final_response";
         final_entry.value = &final_value;
         inner.n_parameters = 1;

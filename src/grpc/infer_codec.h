@@ -59,10 +59,17 @@ nereid_error_t *infer_codec_request(nereid_server_t *server,
  * ownership of resp in every case. NULL with *err on failure. */
 grpc_byte_buffer *infer_codec_response(nereid_response_t *resp, bool stream, nereid_error_t **err);
 
-/* A ModelStreamInferResponse carrying error_message and, in infer_response,
- * only id, model_name and model_version (each may be NULL); final adds the
- * triton_final_response parameter. */
+/* infer_codec_response(resp, true, err) with triton_final_response = final
+ * (a decoupled model's responses before its last are not final). */
+grpc_byte_buffer *infer_codec_stream_response(nereid_response_t *resp, bool final,
+                                              nereid_error_t **err);
+
+/* A ModelStreamInferResponse carrying error_message (may be "": a decoupled
+ * model's empty final response) and, in infer_response, only id, model_name
+ * and model_version (each may be NULL); final >= 0 adds the
+ * triton_final_response parameter with that value (final < 0: none, as for
+ * a request that could not be submitted). */
 grpc_byte_buffer *infer_codec_stream_error(const char *message, const char *id, const char *model,
-                                           const char *version, bool final);
+                                           const char *version, int final);
 
 #endif
