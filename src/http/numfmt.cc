@@ -49,19 +49,36 @@ inline int digit_count(uint64_t v)
     return n + (v >= kPow10[n]);
 }
 
-/* Writes the n decimal digits of v ending at e (exclusive). */
+/* Writes exactly 8 digits of v < 10^8 at o (two independent halves). */
+inline void put8(char *o, uint32_t v)
+{
+    uint32_t a = v / 10000, b = v % 10000;
+    std::memcpy(o, kPairs + 2 * (a / 100), 2);
+    std::memcpy(o + 2, kPairs + 2 * (a % 100), 2);
+    std::memcpy(o + 4, kPairs + 2 * (b / 100), 2);
+    std::memcpy(o + 6, kPairs + 2 * (b % 100), 2);
+}
+
+/* Writes the decimal digits of v ending at e (exclusive): 8 at a time while
+ * more than 8 remain, then in pairs with 32-bit arithmetic. */
 inline void put_digits(char *e, uint64_t v)
 {
-    while (v >= 100) {
-        unsigned r = (unsigned)(v % 100);
-        v /= 100;
+    while (v >= 100000000) {
+        e -= 8;
+        put8(e, (uint32_t)(v % 100000000));
+        v /= 100000000;
+    }
+    uint32_t w = (uint32_t)v;
+    while (w >= 100) {
+        unsigned r = w % 100;
+        w /= 100;
         e -= 2;
         std::memcpy(e, kPairs + 2 * r, 2);
     }
-    if (v >= 10)
-        std::memcpy(e - 2, kPairs + 2 * v, 2);
+    if (w >= 10)
+        std::memcpy(e - 2, kPairs + 2 * w, 2);
     else
-        e[-1] = (char)('0' + v);
+        e[-1] = (char)('0' + w);
 }
 
 inline char *put_u64(char *o, uint64_t v)
@@ -84,7 +101,7 @@ inline char *put_i64(char *o, int64_t v)
     return put_u64(o, (uint64_t)v);
 }
 
-/* 5^j for j <= 21 (5^21 < 10^15 <= 5^22). */
+/* 5^j and the bound on f for f * 5^j < 10^15, j <= 21 (5^22 > 10^15). */
 const uint64_t kPow5[22] = {1ULL,
                             5ULL,
                             25ULL,
@@ -107,6 +124,15 @@ const uint64_t kPow5[22] = {1ULL,
                             19073486328125ULL,
                             95367431640625ULL,
                             476837158203125ULL};
+struct Pow5Bounds {
+    uint64_t v[22];
+    constexpr Pow5Bounds() : v()
+    {
+        for (int j = 0; j < 22; j++)
+            v[j] = 1000000000000000ULL / kPow5[j];
+    }
+};
+constexpr Pow5Bounds kPow5Bound;
 
 /* Short decimals without Grisu2. A positive finite v = f * 2^e (f odd) whose
  * exact decimal value D has at most 15 significant digits is what Grisu2
@@ -114,16 +140,17 @@ const uint64_t kPow5[22] = {1ULL,
  * at most 2^-52 v, while any decimal with fewer digits is at least 10^-15 v
  * away from D, so the digit generation stops exactly at D's last digit, and
  * GrisuRound cannot move it (one unit of that digit exceeds the interval).
- * Returns false when v is not such a value. Checked against plain Grisu2
- * for every float (make test-exhaustive) and random doubles (test_numfmt). */
-inline bool short_decimal(double v, char *buffer, int *length, int *K)
+ * Writes D in rapidjson's layout (Prettify's, for the plain forms; the
+ * exponent forms go through Prettify itself) and returns the end, or NULL
+ * when v is not such a value. Checked against plain Grisu2 for every float
+ * (make test-exhaustive) and random doubles (test_numfmt). */
+inline char *short_decimal(double v, char *o)
 {
     uint64_t bits;
     std::memcpy(&bits, &v, 8);
     int be = (int)(bits >> 52);
-    uint64_t f = bits & 0x000FFFFFFFFFFFFFULL;
-    if (be == 0) return false; /* subnormal: never short */
-    f |= 1ULL << 52;
+    if (be == 0) return nullptr; /* subnormal: never short */
+    uint64_t f = (bits & 0x000FFFFFFFFFFFFFULL) | 1ULL << 52;
     int e = be - 1075;
     int tz = __builtin_ctzll(f);
     f >>= tz;
@@ -131,22 +158,40 @@ inline bool short_decimal(double v, char *buffer, int *length, int *K)
     uint64_t d;
     int k = 0;
     if (e >= 0) {
-        if (e > 49 || f >= (1000000000000000ULL >> e)) return false;
+        if (e > 49 || f >= (1000000000000000ULL >> e)) return nullptr;
         d = f << e;
         while (d % 10 == 0) {
             d /= 10;
             k++;
         }
     } else {
-        if (e < -21 || f >= 1000000000000000ULL / kPow5[-e]) return false;
+        if (e < -21 || f >= kPow5Bound.v[-e]) return nullptr;
         d = f * kPow5[-e]; /* odd: no trailing zero */
         k = e;
     }
-    int n = digit_count(d);
-    put_digits(buffer + n, d);
-    *length = n;
-    *K = k;
-    return true;
+    int n = digit_count(d), kk = n + k;
+    if (k >= 0 && kk <= 21) { /* 1234e7 -> 12340000000.0 */
+        put_digits(o + n, d);
+        std::memset(o + n, '0', (size_t)k);
+        std::memcpy(o + kk, ".0", 2);
+        return o + kk + 2;
+    }
+    if (kk > 0 && kk <= 21) {                              /* 1234e-2 -> 12.34 */
+        uint64_t hi = d / kPow10[-k], lo = d % kPow10[-k]; /* -k < n <= 15 */
+        std::memset(o + kk + 1, '0', (size_t)-k);          /* lo's leading zeros */
+        put_digits(o + n + 1, lo);
+        put_digits(o + kk, hi);
+        o[kk] = '.';
+        return o + n + 1;
+    }
+    if (kk > -6 && kk <= 0) { /* 1234e-6 -> 0.001234 */
+        std::memcpy(o, "0.", 2);
+        std::memset(o + 2, '0', (size_t)-kk);
+        put_digits(o + 2 - kk + n, d);
+        return o + 2 - kk + n;
+    }
+    put_digits(o + n, d);
+    return rapidjson::internal::Prettify(o, n, k, 324);
 }
 
 /* rapidjson's Writer::WriteDouble with kWriteNanAndInfFlag, as Triton's
@@ -167,8 +212,9 @@ inline char *put_double(char *o, double v)
         return o + 3;
     }
     double a = v < 0 ? -v : v;
+    if (char *e = short_decimal(a, o)) return e;
     int length, K;
-    if (!short_decimal(a, o, &length, &K)) rapidjson::internal::Grisu2(a, o, &length, &K);
+    rapidjson::internal::Grisu2(a, o, &length, &K);
     return rapidjson::internal::Prettify(o, length, K, 324);
 }
 
