@@ -3,13 +3,15 @@
 #   make run      install dependencies, build, serve examples/models
 #   make test     install dependencies, build, run every test
 #   make test-asan  the whole suite again under ASan+UBSan (build-asan/)
+#   make test-tsan  the C unit tests under ThreadSanitizer (build-tsan/)
 BUILD ?= build
 ASAN_BUILD ?= build-asan
+TSAN_BUILD ?= build-tsan
 JOBS ?= $(shell nproc)
 PY ?= /usr/bin/python3
 CMAKE_FLAGS ?=
 
-.PHONY: all build setup run test test-asan test-exhaustive unit integration fuzz bench format clean models
+.PHONY: all build setup run test test-asan test-tsan test-exhaustive unit integration fuzz bench format clean models
 
 all: build
 
@@ -47,6 +49,14 @@ test-asan: setup models
 	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1 LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp ctest --output-on-failure -j $(JOBS)
 	NEREID_BUILD=$(ASAN_BUILD) NEREID_SANITIZE=1 LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp $(PY) -m pytest -q tests/integration
 
+# ThreadSanitizer: the C unit tests (the threaded core: schedulers, batchers,
+# lifecycle, gRPC queues). tests/tsan.supp lists only uninstrumented libraries.
+TSAN_ENV = TSAN_OPTIONS="suppressions=$(CURDIR)/tests/tsan.supp halt_on_error=1 second_deadlock_stack=1"
+test-tsan: setup models
+	@cmake -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DNEREID_TSAN=ON $(CMAKE_FLAGS) >/dev/null
+	@cmake --build $(TSAN_BUILD) -j $(JOBS)
+	cd $(TSAN_BUILD) && $(TSAN_ENV) ctest --output-on-failure -j $(JOBS)
+
 fuzz: setup
 	@cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DNEREID_FUZZ=ON >/dev/null
 	@cmake --build build-fuzz -j $(JOBS)
@@ -59,4 +69,4 @@ format:
 	clang-format -i $$(git ls-files '*.c' '*.h' '*.cc' '*.cpp')
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) build-fuzz
+	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) build-fuzz

@@ -249,11 +249,7 @@ void nereid_batch_set_request_error(nereid_batch_t *batch, size_t r, nereid_erro
         nereid_error_free(err);
         return;
     }
-    nereid_response_t *resp = batch->reqs[r]->response;
-    if (resp->error)
-        nereid_error_free(err);
-    else
-        resp->error = err;
+    request_set_error(batch->reqs[r], err);
 }
 
 void nereid_batch_report_compute(nereid_batch_t *batch, uint64_t input_end_ns,
@@ -297,34 +293,19 @@ static void output_client_shape(const model_t *m, const model_io_t *io, const in
     *out_rank = r;
 }
 
+/* Allocates a backend-produced output in req's response, shaped as the
+ * client sees it (request_alloc_output applies the allocation rules). */
 static nereid_error_t *alloc_output(nereid_request_t *req, resp_output_t *o, nereid_datatype_t dt,
                                     const int64_t *shape, size_t rank, size_t byte_size)
 {
-    if (o->filled)
+    if (request_output_filled(o))
         return nereid_error_new(NEREID_ERROR_INTERNAL, "output '%s' produced twice", o->name);
-    o->datatype = dt;
-    output_client_shape(req->model, o->io, shape, rank, o->shape, &o->rank);
-    o->byte_size = byte_size;
-    if (o->internal || !req->alloc.alloc_fn) {
-        /* Small client outputs go in the response's arena; internal ones are
-         * malloc'ed (schedulers may keep their buffers). */
-        o->data = o->internal ? NULL : response_arena_alloc(req->response, byte_size);
-        if (o->data)
-            o->in_arena = true;
-        else
-            o->data = xmalloc(byte_size);
-    } else {
-        nereid_error_t *err = req->alloc.alloc_fn(req->alloc.userp, o->name, dt, o->shape, o->rank,
-                                                  byte_size, &o->data, &o->buffer_userp);
-        if (err) return err;
-        if (!o->data && byte_size)
-            return nereid_error_new(NEREID_ERROR_INTERNAL,
-                                    "response allocator returned no buffer for output '%s'",
-                                    o->name);
-    }
-    o->allocated = true;
-    o->filled = true;
-    return NULL;
+    int64_t client[NEREID_MAX_RANK];
+    size_t client_rank;
+    output_client_shape(req->model, o->io, shape, rank, client, &client_rank);
+    nereid_error_t *err = request_alloc_output(req, o, dt, client, client_rank, byte_size);
+    if (!err) request_output_set_filled(o);
+    return err;
 }
 
 nereid_error_t *nereid_batch_request_output(nereid_batch_t *batch, size_t r, const char *name,
@@ -421,14 +402,14 @@ static void scatter_outputs(batch_t *batch)
                 esize ? n_elems * esize : bytes_offset(bt->data, bt->byte_size, off, n_elems) - off;
             if (off + len > bt->byte_size) len = off < bt->byte_size ? bt->byte_size - off : 0;
             resp_output_t *o = request_find_output(req, bt->name);
-            if (o && !req->response->error) {
+            if (o && !request_failed(req)) {
                 int64_t shape[NEREID_MAX_RANK];
                 size_t rank = src ? src->rank : bt->rank;
                 memcpy(shape, src ? src->shape : bt->shape, rank * sizeof *shape);
                 if (!src) shape[0] = req->batch_size;
                 nereid_error_t *err = alloc_output(req, o, bt->datatype, shape, rank, len);
                 if (err)
-                    req->response->error = err;
+                    request_set_error(req, err);
                 else if (len)
                     memcpy(o->data, (char *)bt->data + off, len);
             }
@@ -452,12 +433,10 @@ void batch_execute(model_instance_t *inst, batch_t *batch)
     avg = avg == UINT64_MAX ? took : avg - avg / 8 + took / 8;
     atomic_store_explicit(&m->exec_avg_ns, avg, memory_order_relaxed);
     if (err) {
-        for (size_t r = 0; r < batch->n_reqs; r++) {
-            nereid_response_t *resp = batch->reqs[r]->response;
-            if (!resp->error)
-                resp->error =
-                    nereid_error_new(nereid_error_code(err), "%s", nereid_error_message(err));
-        }
+        for (size_t r = 0; r < batch->n_reqs; r++)
+            if (!request_failed(batch->reqs[r]))
+                request_set_error(batch->reqs[r], nereid_error_new(nereid_error_code(err), "%s",
+                                                                   nereid_error_message(err)));
         nereid_error_free(err);
     } else if (batch->n_reqs > 1 || batch->n_outputs) {
         scatter_outputs(batch); /* one request: only flat batch outputs to shape */
@@ -469,7 +448,7 @@ void batch_execute(model_instance_t *inst, batch_t *batch)
     }
 }
 
-void batch_record(batch_t *batch)
+static void batch_record(batch_t *batch)
 {
     model_t *m = batch->instance->model;
     model_stats_t *s = &m->stats;
@@ -494,8 +473,9 @@ void batch_record(batch_t *batch)
         nereid_request_t *req = batch->reqs[r];
         stats_add(&rs->compute_infer, resp_infer_ns);
         stats_add(&rs->compute_output, out_ns);
-        stats_add(req->response->error ? &rs->fail : &rs->success, resp_infer_ns + out_ns);
-        if (!req->response->error) {
+        bool failed = request_failed(req);
+        stats_add(failed ? &rs->fail : &rs->success, resp_infer_ns + out_ns);
+        if (!failed) {
             stats_add(&s->compute_input, in_ns);
             stats_add(&s->compute_infer, infer_ns);
             stats_add(&s->compute_output, out_ns);
@@ -508,9 +488,10 @@ void batch_record(batch_t *batch)
     }
 }
 
-void batch_finish(batch_t *batch)
+void batch_complete(batch_t *batch, bool finish)
 {
     batch_record(batch);
+    if (!finish) return;
     for (size_t r = 0; r < batch->n_reqs; r++)
         request_finish(batch->reqs[r], NULL, FAILURE_BACKEND);
     batch_reset(batch);

@@ -4,7 +4,7 @@
  * each) and its scheduler; and the model/instance functions the core exports
  * to backends (nereid_model_*, nereid_instance_*).
  */
-#include "core/model.h"
+#include "core/core.h"
 
 #include <assert.h>
 #include <stdio.h>
@@ -112,6 +112,14 @@ static nereid_error_t *build_io(model_t *m)
     return NULL;
 }
 
+/* What the core hands every scheduler (sched/scheduler.h). */
+static const sched_core_t sched_core = {
+    .execute = batch_execute,
+    .complete = batch_complete,
+    .hold_model = server_hold_model,
+    .submit = server_infer_held,
+};
+
 /* ---- Instances ---- */
 
 static void *instance_main(void *arg)
@@ -133,7 +141,7 @@ static void *instance_main(void *arg)
         if (s->ops->batch_done)
             s->ops->batch_done(s, inst, &batch);
         else
-            batch_finish(&batch);
+            batch_complete(&batch, true);
     }
     batch_destroy(&batch);
     if (m->backend->instance_fini)
@@ -327,7 +335,7 @@ nereid_error_t *model_load(nereid_server_t *server, const model_load_args_t *arg
     err = build_io(m);
     if (err) goto fail;
     stats_init(&m->stats, m->max_batch_size);
-    err = scheduler_create(m, &m->sched);
+    err = scheduler_create(m, &sched_core, &m->sched);
     if (err) goto fail;
     if (m->backend) {
         err = create_instances(m);

@@ -1,26 +1,143 @@
 /*
- * This file contains the loaded-model lifecycle used by the server.
+ * This file contains the core's model types as schedulers and backends see
+ * them: a loaded model version, its instances and its statistics counters,
+ * and model references. The model lifecycle (load, unload, warmup) is the
+ * core's own (core/core.h).
  */
 #ifndef NEREID_MODEL_H
 #define NEREID_MODEL_H
 
-#include "core/core.h"
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
 
-typedef struct model_load_args {
-    const char *name;
-    const char *dir; /* <repository>/<name> */
+#include "config/config.h"
+#include "nereid/backend.h"
+#include "nereid/server.h"
+
+#define NEREID_MAX_RANK 16
+
+struct scheduler;
+struct backend_lib;
+
+/* ---- Statistics (lock-free counters) ---- */
+
+typedef struct stat_duration {
+    _Atomic uint64_t count;
+    _Atomic uint64_t ns;
+} stat_duration_t;
+
+typedef struct batch_stat {
+    stat_duration_t compute_input, compute_infer, compute_output;
+} batch_stat_t;
+
+typedef enum failure_reason {
+    FAILURE_REJECTED,
+    FAILURE_CANCELED,
+    FAILURE_BACKEND,
+    FAILURE_OTHER,
+    FAILURE_N
+} failure_reason_t;
+
+/* Statistics of the model's first (and, without decoupled models, only)
+ * response to each request: response_stats "0" in the statistics JSON. */
+typedef struct response_stat {
+    stat_duration_t compute_infer, compute_output, success, fail, empty_response, cancel;
+} response_stat_t;
+
+typedef struct model_stats {
+    _Atomic uint64_t last_inference_ms;
+    _Atomic uint64_t inference_count; /* batch elements executed */
+    _Atomic uint64_t execution_count; /* backend executions */
+    stat_duration_t success, fail, queue, compute_input, compute_infer, compute_output;
+    stat_duration_t cache_hit, cache_miss;
+    _Atomic uint64_t failures[FAILURE_N];
+    _Atomic int64_t pending; /* requests queued, not yet executing */
+    response_stat_t response0;
+    batch_stat_t *batch; /* index = batch size, 1..n_batch-1 */
+    size_t n_batch;
+} model_stats_t;
+
+/* ---- Model ---- */
+
+typedef struct model_io {
+    char *name;
+    nereid_datatype_t datatype;
+    int64_t dims[NEREID_MAX_RANK]; /* config dims, without batch dimension */
+    size_t rank;
+    bool has_reshape;
+    int64_t reshape[NEREID_MAX_RANK];
+    size_t reshape_rank;
+    bool optional;
+    char **labels; /* outputs: lines of label_filename (into label_text), or NULL */
+    size_t n_labels;
+    char *label_text; /* the label file, lines NUL-terminated in place */
+} model_io_t;
+
+typedef enum model_state {
+    MODEL_UNKNOWN_STATE, /* on disk, never loaded (explicit mode) */
+    MODEL_LOADING,
+    MODEL_READY,
+    MODEL_UNAVAILABLE,
+    MODEL_UNLOADING,
+} model_state_t;
+
+typedef struct model_instance {
+    struct model *model;
+    char *name;
+    nereid_instance_kind_t kind;
+    int device_id;
+    size_t index; /* 0..n_instances-1 within the model */
+    pthread_t thread;
+    bool thread_started;
+    void *backend_state;
+    nereid_error_t *init_error; /* set by the thread if instance init failed */
+    bool init_done;
+    void *sched_state; /* for the scheduler's per-instance data */
+} model_instance_t;
+
+/* A loaded model version. nereid_model_t (backend.h) is this struct. */
+typedef struct model {
+    nereid_server_t *server;
+    char *name;
     int64_t version;
-    const model_config_t *config; /* normalized; copied */
-    const char *backend_dir;
+    char *dir; /* <repository>/<name> */
+    model_config_t *config;
+    char *config_json;
+    char *backend_name; /* NULL for ensembles */
+    struct backend_lib *backend;
+    void *backend_state;
+    model_io_t *inputs;
+    size_t n_inputs;
+    model_io_t *outputs;
+    size_t n_outputs;
+    int64_t max_batch_size;
+    model_instance_t **instances;
+    size_t n_instances;
+    struct scheduler *sched;
+    model_stats_t stats;
+    /* Moving average of one execution's duration (ns); UINT64_MAX until the
+     * first one. Decides whether a request may run on the caller's thread. */
+    _Atomic uint64_t exec_avg_ns;
+    _Atomic int refcount;
+    /* Ensemble requests in flight that will still submit steps here
+     * (model_hold); model_unload waits for them before it stops the model. */
+    _Atomic int holds;
+    _Atomic bool unloading;
+    bool in_model_init; /* nereid_model_set_config allowed */
     bool autocomplete_allowed;
-} model_load_args_t;
+    bool config_replaced;
+    bool model_initialized; /* backend model_init succeeded: model_fini owed */
+    pthread_mutex_t lock;   /* guards instance init handshake */
+    pthread_cond_t cond;
+} model_t;
 
-/* Loads one version: backend, io tables, scheduler, instances (their init
- * runs on their own threads). *out holds one reference. */
-nereid_error_t *model_load(nereid_server_t *server, const model_load_args_t *args, model_t **out);
-/* Stops the model (queued requests drain) and drops the loader's reference. */
-void model_unload(model_t *m);
-/* The backend library name a config selects, or NULL (ensemble/unknown). */
-const char *model_backend_for(const model_config_t *cfg);
+/* Model references: requests hold one while in flight (model.c, Ownership). */
+void model_ref(model_t *m);
+void model_unref(model_t *m);
+/* Holds: an ensemble request holds each composing model it will submit
+ * steps to, from its start to its end, so that their unload waits for it
+ * (see model.c). model_release ends the hold and drops its reference. */
+void model_release(model_t *m);
 
 #endif

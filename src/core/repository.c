@@ -23,7 +23,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "core/model.h"
+#include "core/core.h"
 #include "core/repository.h"
 #include "core/util.h"
 

@@ -677,6 +677,123 @@ resp_output_t *request_capture_output(nereid_request_t *req, const char *name)
     return o;
 }
 
+size_t request_output_count(const nereid_request_t *req)
+{
+    return req->response ? req->response->n_outputs : 0;
+}
+
+resp_output_t *request_output_at(nereid_request_t *req, size_t i)
+{
+    return &req->response->outputs[i];
+}
+
+nereid_error_t *request_alloc_output(nereid_request_t *req, resp_output_t *o, nereid_datatype_t dt,
+                                     const int64_t *shape, size_t rank, size_t byte_size)
+{
+    if (rank > NEREID_MAX_RANK) rank = NEREID_MAX_RANK;
+    o->datatype = dt;
+    memcpy(o->shape, shape, rank * sizeof *shape);
+    o->rank = rank;
+    o->byte_size = byte_size;
+    if (o->internal || !req->alloc.alloc_fn) {
+        /* Small client outputs go in the response's arena; internal ones are
+         * malloc'ed (schedulers may take their buffers). */
+        o->data = o->internal ? NULL : response_arena_alloc(req->response, byte_size);
+        if (o->data)
+            o->in_arena = true;
+        else
+            o->data = xmalloc(byte_size);
+    } else {
+        nereid_error_t *err = req->alloc.alloc_fn(req->alloc.userp, o->name, dt, o->shape, o->rank,
+                                                  byte_size, &o->data, &o->buffer_userp);
+        if (err) return err;
+        if (!o->data && byte_size)
+            return nereid_error_new(NEREID_ERROR_INTERNAL,
+                                    "response allocator returned no buffer for output '%s'",
+                                    o->name);
+    }
+    o->allocated = true;
+    return NULL;
+}
+
+void request_output_set_filled(resp_output_t *o)
+{
+    o->filled = true;
+}
+
+bool request_output_filled(const resp_output_t *o)
+{
+    return o->filled;
+}
+
+bool request_output_allocated(const resp_output_t *o)
+{
+    return o->allocated;
+}
+
+void request_output_set_shape(resp_output_t *o, const int64_t *shape, size_t rank)
+{
+    if (rank > NEREID_MAX_RANK) rank = NEREID_MAX_RANK;
+    memmove(o->shape, shape, rank * sizeof *shape);
+    o->rank = rank;
+}
+
+void *request_output_take(resp_output_t *o)
+{
+    if (!o->internal || !o->allocated || o->in_arena) return NULL;
+    void *data = o->data;
+    o->data = NULL;
+    o->allocated = false;
+    return data;
+}
+
+void request_set_error(nereid_request_t *req, nereid_error_t *err)
+{
+    nereid_response_t *resp = req->response;
+    if (resp->error)
+        nereid_error_free(err);
+    else
+        resp->error = err;
+}
+
+bool request_failed(const nereid_request_t *req)
+{
+    return req->response && req->response->error;
+}
+
+nereid_request_t *request_new_filler(nereid_server_t *server)
+{
+    nereid_request_t *f = xcalloc(1, sizeof *f);
+    f->server = server;
+    f->batch_size = 1;
+    f->response = xcalloc(1, sizeof *f->response);
+    return f;
+}
+
+void request_record_stats(nereid_request_t *req, const model_stats_t *parts)
+{
+    model_stats_t *s = &req->model->stats;
+    uint64_t in_ns = atomic_load(&parts->compute_input.ns);
+    uint64_t infer_ns = atomic_load(&parts->compute_infer.ns);
+    uint64_t out_ns = atomic_load(&parts->compute_output.ns);
+    atomic_fetch_add(&s->inference_count, (uint64_t)req->batch_size);
+    atomic_fetch_add(&s->execution_count, 1);
+    atomic_store(&s->last_inference_ms, util_wall_ms());
+    stats_add(&s->compute_input, in_ns);
+    stats_add(&s->compute_infer, infer_ns);
+    stats_add(&s->compute_output, out_ns);
+    /* One execution of the request's batch size (1 when not batching). */
+    size_t bs = req->batch_size > 0 ? (size_t)req->batch_size : 1;
+    if (bs < s->n_batch) {
+        batch_stat_t *b = &s->batch[bs];
+        stats_add(&b->compute_input, in_ns);
+        stats_add(&b->compute_infer, infer_ns);
+        stats_add(&b->compute_output, out_ns);
+    }
+    stats_add(&s->queue, atomic_load(&parts->queue.ns));
+    req->stats_recorded = true;
+}
+
 static void release_output(nereid_response_t *resp, resp_output_t *o)
 {
     if (o->allocated && !o->in_arena) {
@@ -742,7 +859,7 @@ void request_finish(nereid_request_t *req, nereid_error_t *err, failure_reason_t
     } else {
         stats_add(&s->success, now - start);
         uint64_t cs = req->t_compute_start_ns ? req->t_compute_start_ns : now;
-        stats_add(&s->queue, cs - req->t_queue_start_ns);
+        if (!req->stats_recorded) stats_add(&s->queue, cs - req->t_queue_start_ns);
         if (req->parent_stats) stats_add(&req->parent_stats->queue, cs - req->t_queue_start_ns);
     }
     compact_outputs(resp);

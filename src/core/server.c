@@ -17,7 +17,6 @@
 #include <unistd.h>
 
 #include "core/core.h"
-#include "core/model.h"
 #include "core/repository.h"
 #include "core/stats.h"
 #include "core/util.h"
@@ -63,13 +62,9 @@ nereid_error_t *nereid_server_new(const nereid_server_options_t *opts, nereid_se
     log_warning_enabled = opts->log_warning;
     log_error_enabled = opts->log_error;
     log_format_iso8601 = opts->log_format == NEREID_LOG_FORMAT_ISO8601;
-    /* Readers first: an ensemble's steps take the read lock again while the
-     * ensemble request holds it (nereid_server_infer_async). */
-    pthread_rwlockattr_t attr;
-    pthread_rwlockattr_init(&attr);
-    pthread_rwlockattr_setkind_np(&attr, PTHREAD_RWLOCK_PREFER_READER_NP);
-    pthread_rwlock_init(&s->lock, &attr);
-    pthread_rwlockattr_destroy(&attr);
+    /* Nobody takes the read lock twice (submission holds it only for the
+     * lookup), so any POSIX rwlock will do. */
+    pthread_rwlock_init(&s->lock, NULL);
     s->opts.load_models = opts->load_models;
     nereid_error_t *err = repository_start(s);
     s->opts.load_models = NULL;
@@ -198,19 +193,24 @@ nereid_error_t *server_lookup_model(nereid_server_t *s, const char *name, int64_
 
 /* ---- Inference ---- */
 
-/* Scheduler enqueues this thread is inside, with the server lock held: an
- * ensemble submits its first steps from its enqueue, and those must not run
- * inline (no lock across a backend call); they queue instead. */
-static _Thread_local int enqueue_depth;
-
-/* Validates req against m and runs it inline or queues it; req->model
- * takes over the caller's reference to m. With locked, the caller holds the
- * server's read lock, released here (before an inline run, after queueing).
- * On failure req->model is cleared and the reference dropped. */
-static nereid_error_t *submit(nereid_server_t *s, model_t *m, nereid_request_t *req,
-                              const nereid_response_allocator_t *allocator,
-                              nereid_complete_fn done_fn, void *done_userp, bool locked)
+nereid_error_t *server_hold_model(nereid_server_t *s, const char *name, int64_t version,
+                                  model_t **out)
 {
+    nereid_error_t *err = server_lookup_model(s, name, version, out);
+    if (!err) model_hold(*out);
+    return err;
+}
+
+/* Validates req against m and hands it to m's scheduler (which may run it
+ * on this thread); req->model takes over the caller's reference to m. No
+ * lock is held. On failure req->model is cleared and the reference
+ * dropped; *stopped tells whether m's scheduler had stopped (the model is
+ * being unloaded: a newer version may serve the request). */
+static nereid_error_t *submit(model_t *m, nereid_request_t *req,
+                              const nereid_response_allocator_t *allocator,
+                              nereid_complete_fn done_fn, void *done_userp, bool *stopped)
+{
+    *stopped = false;
     req->model = m;
     nereid_error_t *err = request_validate(req, m);
     if (err) goto fail;
@@ -225,28 +225,16 @@ static nereid_error_t *submit(nereid_server_t *s, model_t *m, nereid_request_t *
     req->done_fn = done_fn;
     req->done_userp = done_userp;
     request_prepare_response(req);
-    scheduler_t *sched = m->sched;
-    model_instance_t *inst =
-        sched->ops->claim && !enqueue_depth ? sched->ops->claim(sched, req) : NULL;
-    if (inst) {
-        /* Run here, without the server lock (no lock across a backend call). */
-        if (locked) pthread_rwlock_unlock(&s->lock);
-        scheduler_run_inline(sched, inst, req);
-        return NULL;
-    }
-    enqueue_depth++;
-    err = sched->ops->enqueue(sched, req);
-    enqueue_depth--;
+    err = m->sched->ops->enqueue(m->sched, req);
     if (err) {
-        atomic_fetch_add(&m->stats.failures[FAILURE_REJECTED], 1);
+        *stopped = atomic_load(&m->unloading);
+        if (!*stopped) atomic_fetch_add(&m->stats.failures[FAILURE_REJECTED], 1);
         nereid_response_free(req->response);
         req->response = NULL;
         goto fail;
     }
-    if (locked) pthread_rwlock_unlock(&s->lock);
     return NULL;
 fail:
-    if (locked) pthread_rwlock_unlock(&s->lock);
     req->model = NULL;
     model_unref(m);
     return err;
@@ -260,31 +248,34 @@ nereid_error_t *nereid_server_infer_async(nereid_server_t *s, nereid_request_t *
         return nereid_error_new(NEREID_ERROR_INVALID_ARG, "request and callback are required");
     if (req->model)
         return nereid_error_new(NEREID_ERROR_INVALID_ARG, "request was already submitted");
-    if (atomic_load(&s->stopping))
-        return nereid_error_new(NEREID_ERROR_UNAVAILABLE, "Server not ready");
-    /* The read lock is held until the request is queued: a reload or unload
-     * swaps versions under the write lock before it stops the old ones, so a
-     * request never reaches a stopped scheduler. (An ensemble's enqueue
-     * looks up its composing models; glibc's default rwlock prefers
-     * readers.) */
-    pthread_rwlock_rdlock(&s->lock);
-    model_t *m;
-    nereid_error_t *err = lookup_locked(s, req->model_name, req->version_req, &m);
-    if (err) {
-        pthread_rwlock_unlock(&s->lock);
-        return err;
+    /* The lock covers the lookup only: the request holds a reference to
+     * the model it found. A reload or unload may stop that version before
+     * the request reaches its scheduler; the request then looks the model
+     * up once more (the newer version, or Triton's lookup error). */
+    nereid_error_t *err = NULL;
+    for (int attempt = 0; attempt < 2; attempt++) {
+        nereid_error_free(err);
+        model_t *m;
+        err = server_lookup_model(s, req->model_name, req->version_req, &m);
+        if (err) return err;
+        bool stopped;
+        err = submit(m, req, allocator, done_fn, done_userp, &stopped);
+        if (!err || !stopped) return err;
     }
-    return submit(s, m, req, allocator, done_fn, done_userp, true);
+    return err;
 }
 
-nereid_error_t *server_infer_held(nereid_server_t *s, model_t *m, nereid_request_t *req,
+nereid_error_t *server_infer_held(model_t *m, nereid_request_t *req,
                                   const nereid_response_allocator_t *allocator,
                                   nereid_complete_fn done_fn, void *done_userp)
 {
     /* The hold keeps m's scheduler running (model_unload waits for it; at
      * shutdown the stopped scheduler refuses the request). */
     model_ref(m); /* the request's */
-    return submit(s, m, req, allocator, done_fn, done_userp, false);
+    bool stopped;
+    nereid_error_t *err = submit(m, req, allocator, done_fn, done_userp, &stopped);
+    if (err && stopped) atomic_fetch_add(&m->stats.failures[FAILURE_REJECTED], 1);
+    return err;
 }
 
 /* ---- JSON documents ---- */

@@ -73,8 +73,8 @@ json_t *stats_model_json(const model_t *m)
                      "last_inference", (json_int_t)atomic_load(&s->last_inference_ms),
                      "inference_count", (json_int_t)atomic_load(&s->inference_count),
                      "execution_count", (json_int_t)atomic_load(&s->execution_count),
-                     "inference_stats", inf, "response_stats", response_stats_json(&s->response0), "batch_stats",
-                     batches, "memory_usage", json_array());
+                     "inference_stats", inf, "response_stats", response_stats_json(&s->response0),
+                     "batch_stats", batches, "memory_usage", json_array());
 }
 
 /* ---- Prometheus text ---- */

@@ -11,7 +11,6 @@
 #include "core/core.h"
 #include "core/util.h"
 #include "sched/scheduler.h"
-#include "sched/sequence.h"
 
 typedef struct warmup_wait {
     pthread_mutex_t lock;
@@ -118,7 +117,7 @@ nereid_error_t *model_warmup(model_t *m)
             nereid_request_t *req;
             nereid_error_t *err = build_request(m, w, &req);
             if (err) return err;
-            sequence_batcher_prepare_warmup(m, req);
+            if (m->sched->ops->prepare_warmup) m->sched->ops->prepare_warmup(m->sched, req);
             model_ref(m); /* the request's, dropped when its response is freed */
             req->model = m;
             err = request_validate(req, m);

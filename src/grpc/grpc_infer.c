@@ -178,7 +178,7 @@ static void stream_start_read_locked(gfe_stream_t *s)
     op.data.recv_message.recv_message = &s->recv;
     s->reading = true;
     s->refs++;
-    if (grpc_call_start_batch(s->call, &op, 1, &s->read_tag, NULL) != GRPC_CALL_OK) {
+    if (gfe_start_batch(s->call, &op, 1, &s->read_tag) != GRPC_CALL_OK) {
         s->reading = false;
         s->read_closed = true;
         s->refs--;
@@ -205,7 +205,7 @@ static void stream_pump_writes_locked(gfe_stream_t *s)
     n++;
     s->writing = true;
     s->refs++;
-    if (grpc_call_start_batch(s->call, ops, n, &s->write_tag, NULL) != GRPC_CALL_OK) {
+    if (gfe_start_batch(s->call, ops, n, &s->write_tag) != GRPC_CALL_OK) {
         s->writing = false;
         s->refs--;
         s->dead = true;
@@ -235,7 +235,7 @@ static void stream_maybe_finish_locked(gfe_stream_t *s)
     n++;
     s->status_started = true;
     s->refs++;
-    if (grpc_call_start_batch(s->call, ops, n, &s->status_tag, NULL) != GRPC_CALL_OK) s->refs--;
+    if (gfe_start_batch(s->call, ops, n, &s->status_tag) != GRPC_CALL_OK) s->refs--;
 }
 
 /* Queues a reply (takes bb); called with s->mu held. */
@@ -473,7 +473,7 @@ void gfe_stream_start(grpc_frontend_t *fe, grpc_call *call, grpc_metadata_array 
     pthread_mutex_lock(&s->mu);
     s->refs = 1; /* held until the end of this function */
     s->refs++;
-    if (grpc_call_start_batch(call, &op, 1, &s->close_tag, NULL) != GRPC_CALL_OK) {
+    if (gfe_start_batch(call, &op, 1, &s->close_tag) != GRPC_CALL_OK) {
         s->refs--;
         s->dead = true;
     }

@@ -157,4 +157,9 @@ grpc_byte_buffer *gfe_buffer_from_msg(const ProtobufCMessage *msg);
  * caller unrefs with grpc_slice_unref. NULL bb gives an empty slice. */
 grpc_slice gfe_buffer_read(grpc_byte_buffer *bb);
 
+/* grpc_call_start_batch with the happens-before edge from here to the tag's
+ * completion on a queue thread made visible to ThreadSanitizer (gRPC core's
+ * own synchronisation is not instrumented). Every batch goes through it. */
+grpc_call_error gfe_start_batch(grpc_call *call, const grpc_op *ops, size_t n, void *tag);
+
 #endif

@@ -112,6 +112,22 @@ grpc_slice gfe_buffer_read(grpc_byte_buffer *bb)
     return s;
 }
 
+#if defined(__SANITIZE_THREAD__)
+void __tsan_acquire(void *addr);
+void __tsan_release(void *addr);
+#define TSAN_ACQUIRE(p) __tsan_acquire(p)
+#define TSAN_RELEASE(p) __tsan_release(p)
+#else
+#define TSAN_ACQUIRE(p) ((void)(p))
+#define TSAN_RELEASE(p) ((void)(p))
+#endif
+
+grpc_call_error gfe_start_batch(grpc_call *call, const grpc_op *ops, size_t n, void *tag)
+{
+    TSAN_RELEASE(tag);
+    return grpc_call_start_batch(call, ops, n, tag, NULL);
+}
+
 /* ---- Unary calls -------------------------------------------------------- */
 
 static void unary_free(gfe_unary_call_t *c)
@@ -163,7 +179,7 @@ void gfe_unary_finish_status(gfe_unary_call_t *c, grpc_status_code code, const c
     ops[n].data.recv_close_on_server.cancelled = &c->cancelled;
     n++;
     c->done_tag.fn = unary_done;
-    if (grpc_call_start_batch(c->call, ops, n, &c->done_tag, NULL) != GRPC_CALL_OK) unary_free(c);
+    if (gfe_start_batch(c->call, ops, n, &c->done_tag) != GRPC_CALL_OK) unary_free(c);
 }
 
 void gfe_unary_finish(gfe_unary_call_t *c, grpc_byte_buffer *reply)
@@ -216,6 +232,7 @@ static void post_unary(grpc_frontend_t *fe, int queue, gfe_method_t method)
     grpc_metadata_array_init(&c->request_md);
     gfe_live_add(fe);
     grpc_completion_queue *cq = fe->queues[queue];
+    TSAN_RELEASE(&c->arrive_tag);
     grpc_call_error rc = grpc_server_request_registered_call(
         fe->grpc, fe->method_handles[method], &c->call, &c->deadline, &c->request_md,
         gfe_methods[method].kind == GFE_UNARY ? &c->payload : NULL, cq, cq, &c->arrive_tag);
@@ -260,7 +277,7 @@ static void generic_arrived(gfe_tag_t *tag, bool ok)
     ops[2].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
     ops[2].data.recv_close_on_server.cancelled = &g->cancelled;
     g->done_tag.fn = generic_done;
-    if (grpc_call_start_batch(g->call, ops, 3, &g->done_tag, NULL) != GRPC_CALL_OK) generic_free(g);
+    if (gfe_start_batch(g->call, ops, 3, &g->done_tag) != GRPC_CALL_OK) generic_free(g);
 }
 
 static void post_generic(grpc_frontend_t *fe, int queue)
@@ -275,6 +292,7 @@ static void post_generic(grpc_frontend_t *fe, int queue)
     grpc_metadata_array_init(&g->request_md);
     gfe_live_add(fe);
     grpc_completion_queue *cq = fe->queues[queue];
+    TSAN_RELEASE(&g->arrive_tag);
     if (grpc_server_request_call(fe->grpc, &g->call, &g->details, &g->request_md, cq, cq,
                                  &g->arrive_tag) != GRPC_CALL_OK)
         generic_free(g);
@@ -288,7 +306,9 @@ static void *queue_thread(void *arg)
     for (;;) {
         grpc_event ev = grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
         if (ev.type == GRPC_QUEUE_SHUTDOWN) break;
-        if (ev.type == GRPC_OP_COMPLETE) ((gfe_tag_t *)ev.tag)->fn(ev.tag, ev.success != 0);
+        if (ev.type != GRPC_OP_COMPLETE) continue;
+        TSAN_ACQUIRE(ev.tag);
+        ((gfe_tag_t *)ev.tag)->fn(ev.tag, ev.success != 0);
     }
     return NULL;
 }

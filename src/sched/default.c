@@ -22,7 +22,7 @@
  * executions are short (moving average at most NEREID_INLINE_US, default
  * 50 µs; 0 turns this off), the queue is empty and an instance is blocked
  * waiting, the submitting thread claims that instance and runs the request
- * itself (scheduler_run_inline), completion included; a request that finds
+ * itself (run_inline, from enqueue), completion included; a request that finds
  * no idle instance queues as usual, and the inline caller takes up to a few
  * queued requests before it releases the instance. A claimed instance's
  * thread stays blocked until the release, so one instance still runs one
@@ -39,6 +39,14 @@
 #define SPIN_BACKOFF_MAX 256u    /* most idle periods skipped after failed spins */
 #define SPIN_CHECK 16            /* pause iterations between clock reads */
 #define INLINE_DEFAULT_NS 50000u /* longest average execution run inline */
+
+/* Per instance (inst->sched_state, under the scheduler's lock): its thread
+ * is blocked waiting for work, and a frontend thread has claimed it to run
+ * requests itself. */
+typedef struct default_inst {
+    bool waiting;
+    bool claimed;
+} default_inst_t;
 
 typedef struct default_scheduler {
     scheduler_t base;
@@ -85,9 +93,17 @@ static inline void cpu_relax(void)
 #endif
 }
 
+static model_instance_t *claim(scheduler_t *s);
+static void run_inline(scheduler_t *s, model_instance_t *inst, nereid_request_t *req);
+
 static nereid_error_t *default_enqueue(scheduler_t *s, nereid_request_t *req)
 {
     default_scheduler_t *d = (default_scheduler_t *)s;
+    model_instance_t *inst = claim(s);
+    if (inst) {
+        run_inline(s, inst, req);
+        return NULL;
+    }
     pthread_mutex_lock(&d->lock);
     if (d->stopped) {
         pthread_mutex_unlock(&d->lock);
@@ -127,8 +143,9 @@ static model_instance_t *claim_locked(default_scheduler_t *d)
     if (d->stopped || d->head || d->n_blocked <= d->n_claimed) return NULL;
     for (size_t i = 0; i < m->n_instances; i++) {
         model_instance_t *inst = m->instances[i];
-        if (inst->sched_waiting && !inst->claimed) {
-            inst->claimed = true;
+        default_inst_t *di = inst->sched_state;
+        if (di && di->waiting && !di->claimed) {
+            di->claimed = true;
             d->n_claimed++;
             return inst;
         }
@@ -140,9 +157,8 @@ static model_instance_t *claim_locked(default_scheduler_t *d)
  * again within about one short execution: waiting for it (up to the spin
  * bound) costs less than queueing, which makes the completion run on
  * another thread. */
-static model_instance_t *default_claim(scheduler_t *s, nereid_request_t *req)
+static model_instance_t *claim(scheduler_t *s)
 {
-    (void)req;
     default_scheduler_t *d = (default_scheduler_t *)s;
     if (!inline_ok(d)) return NULL;
     size_t n = s->model->n_instances;
@@ -163,7 +179,9 @@ static model_instance_t *default_claim(scheduler_t *s, nereid_request_t *req)
     }
 }
 
-static nereid_request_t *default_release(scheduler_t *s, model_instance_t *inst, bool take_next)
+/* When take_next and a request is queued, dequeues and returns it, inst
+ * staying claimed; otherwise gives inst back to its thread, returns NULL. */
+static nereid_request_t *release(scheduler_t *s, model_instance_t *inst, bool take_next)
 {
     default_scheduler_t *d = (default_scheduler_t *)s;
     nereid_request_t *req = NULL;
@@ -171,13 +189,39 @@ static nereid_request_t *default_release(scheduler_t *s, model_instance_t *inst,
     if (take_next && d->head) {
         req = pop_locked(d);
     } else {
-        inst->claimed = false;
+        ((default_inst_t *)inst->sched_state)->claimed = false;
         d->n_claimed--;
         /* Its thread (or another) takes what queued meanwhile, or exits. */
         if (d->head || d->stopped) pthread_cond_broadcast(&d->cond);
     }
     pthread_mutex_unlock(&d->lock);
     return req;
+}
+
+/* Queued requests an inline caller runs after its own before it hands the
+ * instance back to its thread: bounds how long a frontend thread is kept. */
+#define INLINE_TAKE_MAX 4
+
+/* Runs req, and then up to a few requests that queued meanwhile, on inst
+ * (claimed) on the calling thread, completions included; then releases
+ * inst. */
+static void run_inline(scheduler_t *s, model_instance_t *inst, nereid_request_t *req)
+{
+    model_t *m = s->model;
+    /* The request's model reference ends with its completion, and this
+     * thread is none of the model's own (model.c, Ownership): the release
+     * below still needs the scheduler, so the run holds a reference of its
+     * own and drops it last. */
+    model_ref(m);
+    nereid_request_t *slot[1];
+    batch_t batch = {.reqs = slot, .cap_reqs = 1};
+    for (int taken = 0; req; taken++) {
+        batch_add(&batch, req);
+        s->core->execute(inst, &batch);
+        s->core->complete(&batch, true);
+        req = release(s, inst, taken < INLINE_TAKE_MAX);
+    }
+    model_unref(m);
 }
 
 /* Spins while the queue is empty, up to the bound, unless backing off. */
@@ -215,9 +259,9 @@ static void spin_for_work(default_scheduler_t *d)
 }
 
 /* Whether inst may take a request now, or leave (lock held). */
-static bool can_take(const default_scheduler_t *d, const model_instance_t *inst)
+static bool can_take(const default_scheduler_t *d, const default_inst_t *di)
 {
-    return !inst->claimed && (d->head || d->stopped);
+    return !di->claimed && (d->head || d->stopped);
 }
 
 static bool default_next_batch(scheduler_t *s, model_instance_t *inst, batch_t *batch)
@@ -226,13 +270,15 @@ static bool default_next_batch(scheduler_t *s, model_instance_t *inst, batch_t *
     atomic_fetch_add(&d->n_seeking, 1);
     if (d->spin_ns && !inline_ok(d)) spin_for_work(d);
     pthread_mutex_lock(&d->lock);
-    if (!can_take(d, inst)) {
+    default_inst_t *di = inst->sched_state;
+    if (!di) inst->sched_state = di = xcalloc(1, sizeof *di);
+    if (!can_take(d, di)) {
         atomic_fetch_sub(&d->n_seeking, 1);
-        while (!can_take(d, inst)) {
+        while (!can_take(d, di)) {
             d->n_blocked++;
-            inst->sched_waiting = true;
+            di->waiting = true;
             pthread_cond_wait(&d->cond, &d->lock);
-            inst->sched_waiting = false;
+            di->waiting = false;
             d->n_blocked--;
         }
         atomic_fetch_add(&d->n_seeking, 1);
@@ -269,6 +315,11 @@ static void default_destroy(scheduler_t *s)
         request_finish(r, nereid_error_new(NEREID_ERROR_UNAVAILABLE, "Server not ready"),
                        FAILURE_OTHER);
     }
+    model_t *m = s->model;
+    for (size_t i = 0; i < m->n_instances; i++) {
+        free(m->instances[i]->sched_state);
+        m->instances[i]->sched_state = NULL;
+    }
     pthread_mutex_destroy(&d->lock);
     pthread_cond_destroy(&d->cond);
     free(d);
@@ -277,18 +328,17 @@ static void default_destroy(scheduler_t *s)
 static const scheduler_ops_t default_ops = {
     .name = "default",
     .enqueue = default_enqueue,
-    .claim = default_claim,
-    .release = default_release,
     .next_batch = default_next_batch,
     .stop = default_stop,
     .destroy = default_destroy,
 };
 
-nereid_error_t *default_scheduler_create(model_t *m, scheduler_t **out)
+nereid_error_t *default_scheduler_create(model_t *m, const sched_core_t *core, scheduler_t **out)
 {
     default_scheduler_t *d = xcalloc(1, sizeof *d);
     d->base.ops = &default_ops;
     d->base.model = m;
+    d->base.core = core;
     pthread_mutex_init(&d->lock, NULL);
     pthread_cond_init(&d->cond, NULL);
     /* NEREID_SPIN_US: the idle spin's upper bound in µs (0 disables). */

@@ -431,10 +431,10 @@ static void dynamic_batch_done(scheduler_t *s, model_instance_t *inst, batch_t *
     (void)inst;
     dynamic_batcher_t *d = (dynamic_batcher_t *)s;
     if (!d->preserve_ordering) {
-        batch_finish(batch);
+        s->core->complete(batch, true);
         return;
     }
-    batch_record(batch);
+    s->core->complete(batch, false);
     pthread_mutex_lock(&d->order_lock);
     for (size_t r = 0; r < batch->n_reqs; r++)
         ((dyn_node_t *)batch->reqs[r]->sched_data)->done = true;
@@ -524,12 +524,13 @@ static void set_policy(dyn_level_t *lv, const Inference__ModelQueuePolicy *p)
     lv->allow_override = p->allow_timeout_override;
 }
 
-nereid_error_t *dynamic_batcher_create(model_t *m, scheduler_t **out)
+nereid_error_t *dynamic_batcher_create(model_t *m, const sched_core_t *core, scheduler_t **out)
 {
     const Inference__ModelDynamicBatching *db = m->config->dynamic_batching;
     dynamic_batcher_t *d = xcalloc(1, sizeof *d);
     d->base.ops = &dynamic_ops;
     d->base.model = m;
+    d->base.core = core;
     d->max_batch_size = m->max_batch_size;
     d->max_delay_ns = us_to_ns(db->max_queue_delay_microseconds);
     d->preserve_ordering = db->preserve_ordering;

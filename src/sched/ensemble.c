@@ -191,27 +191,11 @@ static void ctx_free(ens_ctx_t *c)
  * no step wrote into the client's memory, e.g. an input passed through). */
 static nereid_error_t *fill_slot_copy(nereid_request_t *req, resp_output_t *o, const ens_value_t *v)
 {
-    void *buf = NULL, *buf_userp = NULL;
-    if (req->alloc.alloc_fn) {
-        nereid_error_t *err = req->alloc.alloc_fn(req->alloc.userp, o->name, v->datatype, v->shape,
-                                                  v->rank, v->byte_size, &buf, &buf_userp);
-        if (err) return err;
-        if (!buf && v->byte_size)
-            return nereid_error_new(NEREID_ERROR_INTERNAL,
-                                    "response allocator returned no buffer for output '%s'",
-                                    o->name);
-    } else {
-        buf = xmalloc(v->byte_size ? v->byte_size : 1);
-    }
-    if (v->byte_size) memcpy(buf, v->data, v->byte_size);
-    o->data = buf;
-    o->buffer_userp = buf_userp;
-    o->byte_size = v->byte_size;
-    o->datatype = v->datatype;
-    o->rank = v->rank;
-    memcpy(o->shape, v->shape, v->rank * sizeof *v->shape);
-    o->allocated = true;
-    o->filled = true;
+    nereid_error_t *err =
+        request_alloc_output(req, o, v->datatype, v->shape, v->rank, v->byte_size);
+    if (err) return err;
+    if (v->byte_size) memcpy(o->data, v->data, v->byte_size);
+    request_output_set_filled(o);
     return NULL;
 }
 
@@ -223,10 +207,10 @@ static void ctx_finish(ens_ctx_t *c)
     nereid_error_t *err = c->error;
     c->error = NULL;
     if (!err) {
-        nereid_response_t *resp = req->response;
-        for (size_t i = 0; i < resp->n_outputs && !err; i++) {
-            resp_output_t *o = &resp->outputs[i];
-            if (o->filled) continue;
+        size_t n = request_output_count(req);
+        for (size_t i = 0; i < n && !err; i++) {
+            resp_output_t *o = request_output_at(req, i);
+            if (request_output_filled(o)) continue;
             size_t t = find_tensor(c->e, o->name);
             if (t != (size_t)-1 && c->values[t].ready)
                 err = fill_slot_copy(req, o, &c->values[t]);
@@ -234,13 +218,18 @@ static void ctx_finish(ens_ctx_t *c)
                 err = nereid_error_new(NEREID_ERROR_INTERNAL, "output '%s' was not produced",
                                        o->name);
         }
-        for (size_t i = 0; i < resp->n_outputs && !err; i++) {
-            resp_output_t *o = &resp->outputs[i];
+        for (size_t i = 0; i < n && !err; i++) {
+            resp_output_t *o = request_output_at(req, i);
             size_t t = find_tensor(c->e, o->name);
             const model_io_t *io = NULL;
             for (size_t k = 0; k < m->n_outputs && !io; k++)
                 if (strcmp(m->outputs[k].name, o->name) == 0) io = &m->outputs[k];
-            if (io && t != (size_t)-1) output_shape(m, io, &c->values[t], o->shape, &o->rank);
+            if (io && t != (size_t)-1) {
+                int64_t shape[NEREID_MAX_RANK];
+                size_t rank;
+                output_shape(m, io, &c->values[t], shape, &rank);
+                request_output_set_shape(o, shape, rank);
+            }
         }
     }
     if (err) {
@@ -250,28 +239,8 @@ static void ctx_finish(ens_ctx_t *c)
         nereid_error_free(err);
         err = wrapped;
     }
-    if (!err) {
-        model_stats_t *s = &m->stats;
-        atomic_fetch_add(&s->inference_count, (uint64_t)req->batch_size);
-        atomic_fetch_add(&s->execution_count, 1);
-        atomic_store(&s->last_inference_ms, util_wall_ms());
-        stats_add(&s->compute_input, atomic_load(&c->agg.compute_input.ns));
-        stats_add(&s->compute_infer, atomic_load(&c->agg.compute_infer.ns));
-        stats_add(&s->compute_output, atomic_load(&c->agg.compute_output.ns));
-        /* One execution of the request's batch size (1 when not batching). */
-        size_t bs = req->batch_size > 0 ? (size_t)req->batch_size : 1;
-        if (bs < s->n_batch) {
-            batch_stat_t *b = &s->batch[bs];
-            stats_add(&b->compute_input, atomic_load(&c->agg.compute_input.ns));
-            stats_add(&b->compute_infer, atomic_load(&c->agg.compute_infer.ns));
-            stats_add(&b->compute_output, atomic_load(&c->agg.compute_output.ns));
-        }
-        /* The ensemble's queue time is its steps' queue time: request_finish
-         * records t_compute_start - t_queue_start. */
-        uint64_t q = atomic_load(&c->agg.queue.ns);
-        req->t_queue_start_ns = 1;
-        req->t_compute_start_ns = 1 + q;
-    }
+    /* One execution with the steps' summed queue and compute durations. */
+    if (!err) request_record_stats(req, &c->agg);
     request_finish(req, err, FAILURE_BACKEND);
     /* The response took the ensemble's reference and may be freed already:
      * from here on only c itself (no c->e, no m) is touched. */
@@ -328,33 +297,11 @@ static nereid_error_t *step_alloc(void *userp, const char *output_name, nereid_d
     nereid_request_t *req = c->req;
     pthread_mutex_lock(&c->lock);
     resp_output_t *o = tensor ? request_find_output(req, tensor) : NULL;
-    if (o && !o->filled && !o->allocated) {
-        void *buf = NULL, *buf_userp = NULL;
-        if (req->alloc.alloc_fn) {
-            nereid_error_t *err = req->alloc.alloc_fn(req->alloc.userp, o->name, dt, shape, rank,
-                                                      byte_size, &buf, &buf_userp);
-            if (err) {
-                pthread_mutex_unlock(&c->lock);
-                return err;
-            }
-            if (!buf && byte_size) {
-                pthread_mutex_unlock(&c->lock);
-                return nereid_error_new(NEREID_ERROR_INTERNAL,
-                                        "response allocator returned no buffer for output '%s'",
-                                        o->name);
-            }
-        } else {
-            buf = xmalloc(byte_size ? byte_size : 1);
-        }
-        o->data = buf;
-        o->buffer_userp = buf_userp;
-        o->byte_size = byte_size;
-        o->datatype = dt;
-        o->rank = rank < NEREID_MAX_RANK ? rank : NEREID_MAX_RANK;
-        memcpy(o->shape, shape, o->rank * sizeof *shape);
-        o->allocated = true;
+    if (o && !request_output_allocated(o)) {
+        nereid_error_t *err = request_alloc_output(req, o, dt, shape, rank, byte_size);
         pthread_mutex_unlock(&c->lock);
-        *buffer = buf;
+        if (err) return err;
+        *buffer = o->data;
         *buffer_userp = &routed_marker;
         return NULL;
     }
@@ -410,7 +357,8 @@ static void step_done(nereid_response_t *resp, void *userp)
             }
             /* A routed ensemble output is now filled in the client response. */
             resp_output_t *o = request_find_output(c->req, c->e->tensors[t].name);
-            if (o && o->allocated && o->data == v->data) o->filled = true;
+            if (o && request_output_allocated(o) && o->data == v->data)
+                request_output_set_filled(o);
             v->ready = true;
             publish(c, t, ready, &n_ready);
         }
@@ -479,7 +427,7 @@ static void launch(ens_ctx_t *c, size_t step)
         r->parent_stats = &c->agg;
         nereid_response_allocator_t alloc = {
             .alloc_fn = step_alloc, .release_fn = step_release, .userp = &c->calls[step]};
-        err = server_infer_held(src->server, c->held[step], r, &alloc, step_done, &c->calls[step]);
+        err = c->e->base.core->submit(c->held[step], r, &alloc, step_done, &c->calls[step]);
     }
     if (err) {
         if (r) nereid_request_free(r);
@@ -517,11 +465,8 @@ static nereid_error_t *ensemble_enqueue(scheduler_t *s, nereid_request_t *req)
     c->n_held = e->n_steps;
     for (size_t i = 0; i < e->n_steps && !c->error; i++) {
         nereid_error_t *err =
-            server_lookup_model(req->server, e->steps[i].model, e->steps[i].version, &c->held[i]);
-        if (err)
-            c->error = err;
-        else
-            model_hold(c->held[i]);
+            s->core->hold_model(req->server, e->steps[i].model, e->steps[i].version, &c->held[i]);
+        if (err) c->error = err;
     }
     req->t_compute_start_ns = util_now_ns();
     size_t *ready = xcalloc(e->n_steps ? e->n_steps : 1, sizeof *ready);
@@ -798,7 +743,7 @@ static nereid_error_t *validate(ensemble_t *e, model_t *ens)
     for (size_t s = 0; s < e->n_steps && !err; s++) {
         ens_step_t *st = &e->steps[s];
         model_t *sm = NULL;
-        err = server_lookup_model(ens->server, st->model, st->version, &sm);
+        err = e->base.core->hold_model(ens->server, st->model, st->version, &sm);
         if (err) {
             nereid_error_t *wrapped = nereid_error_new(
                 NEREID_ERROR_INVALID_ARG,
@@ -821,13 +766,13 @@ static nereid_error_t *validate(ensemble_t *e, model_t *ens)
                     out = &ens->outputs[k];
             if (out) take_labels(out, find_io(sm->outputs, sm->n_outputs, st->out[i].model_name));
         }
-        model_unref(sm);
+        model_release(sm);
     }
     if (!err) err = check_flow(e, ens);
     return err;
 }
 
-nereid_error_t *ensemble_scheduler_create(model_t *m, scheduler_t **out)
+nereid_error_t *ensemble_scheduler_create(model_t *m, const sched_core_t *core, scheduler_t **out)
 {
     *out = NULL;
     const Inference__ModelEnsembling *es = m->config->ensemble_scheduling;
@@ -837,6 +782,7 @@ nereid_error_t *ensemble_scheduler_create(model_t *m, scheduler_t **out)
     ensemble_t *e = xcalloc(1, sizeof *e);
     e->base.ops = &ensemble_ops;
     e->base.model = m;
+    e->base.core = core;
     e->steps = xcalloc(es->n_step, sizeof *e->steps);
     e->n_steps = es->n_step;
     for (size_t s = 0; s < es->n_step; s++) {

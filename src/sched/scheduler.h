@@ -1,38 +1,62 @@
 /*
- * This file contains the scheduler interface. A model's config picks one
- * scheduler (default, dynamic batcher, sequence batcher, ensemble). Requests
- * enter with enqueue; each model instance's execution thread pulls batches
- * with next_batch, executes them, then calls batch_done (or, when the
- * scheduler has none, the core finishes every request of the batch).
+ * This file contains the scheduler interface: the only scheduler header the
+ * core includes. A model's config picks one scheduler (default, dynamic
+ * batcher, sequence batcher, ensemble), a strategy behind a narrow set of
+ * operations. Requests enter with enqueue (any thread); each model
+ * instance's execution thread (the core's) pulls batches with next_batch,
+ * has the core execute them, then hands them back to batch_done.
+ *
+ * The core's side is injected, as Triton hands its schedulers an OnSchedule
+ * function: sched_core_t runs a batch on an instance and completes its
+ * requests, and lets an ensemble hold and submit to its composing models.
+ * Schedulers include only the core's request and model headers.
  */
 #ifndef NEREID_SCHEDULER_H
 #define NEREID_SCHEDULER_H
 
-#include "core/core.h"
+#include "core/request.h"
 
 typedef struct scheduler scheduler_t;
+
+/* What the core gives every scheduler (Thread: any unless noted). */
+typedef struct sched_core {
+    /* Runs batch on inst: the backend's execute, outputs, timing; does not
+     * complete the requests. Thread: one that owns inst for now (its
+     * execution thread, or a caller it was claimed for). */
+    void (*execute)(model_instance_t *inst, batch_t *batch);
+    /* Records the executed batch's statistics; with finish, completes every
+     * request (request_finish) and resets the batch. */
+    void (*complete)(batch_t *batch, bool finish);
+    /* Looks name/version up and holds it (model_release ends the hold):
+     * an ensemble's composing models. */
+    nereid_error_t *(*hold_model)(nereid_server_t *s, const char *name, int64_t version,
+                                  model_t **out);
+    /* Submits req to m, which the caller holds: an ensemble's step. Same
+     * contract as nereid_server_infer_async. */
+    nereid_error_t *(*submit)(model_t *m, nereid_request_t *req,
+                              const nereid_response_allocator_t *allocator,
+                              nereid_complete_fn done_fn, void *done_userp);
+} sched_core_t;
 
 typedef struct scheduler_ops {
     const char *name;
     /* Takes ownership of req on success (NULL return); on error the caller
-     * keeps req. Thread: any (frontend threads). */
+     * keeps req (a stopped scheduler: UNAVAILABLE "Server not ready").
+     * May run req on the calling thread, completion included. Thread: any;
+     * the caller holds no lock. */
     nereid_error_t *(*enqueue)(scheduler_t *s, nereid_request_t *req);
     /* Blocks until a batch for inst is ready and fills batch (batch_add).
      * Returns false when the scheduler is stopped and has nothing left for
      * inst. Thread: inst's execution thread. NULL for schedulers that run
      * no instances (ensemble). */
     bool (*next_batch)(scheduler_t *s, model_instance_t *inst, batch_t *batch);
-    /* Optional: returns an idle instance claimed for req to run on the
-     * caller's thread (scheduler_run_inline), or NULL to enqueue instead.
-     * Thread: any; takes no lock the caller may hold. */
-    model_instance_t *(*claim)(scheduler_t *s, nereid_request_t *req);
-    /* With claim: when take_next and a request is queued, dequeues and
-     * returns it, inst staying claimed; otherwise gives inst back to its
-     * thread and returns NULL. */
-    nereid_request_t *(*release)(scheduler_t *s, model_instance_t *inst, bool take_next);
-    /* Optional: called after batch_execute. When set, the scheduler owns
-     * finishing the batch (batch_finish or request_finish per request). */
+    /* Optional: called after the core executed a batch from next_batch; the
+     * scheduler then owns completing it (core->complete). Without it the
+     * core completes every request. */
     void (*batch_done)(scheduler_t *s, model_instance_t *inst, batch_t *batch);
+    /* Optional: makes a model warmup sample acceptable to this scheduler
+     * (e.g. a one-request sequence), before it is validated and enqueued. */
+    void (*prepare_warmup)(scheduler_t *s, nereid_request_t *req);
     /* Stops taking requests; queued requests are still handed out by
      * next_batch (drain) or failed. Wakes every waiter and joins the
      * scheduler's own threads (reapers), if any. */
@@ -43,16 +67,13 @@ typedef struct scheduler_ops {
 
 struct scheduler {
     const scheduler_ops_t *ops;
+    const sched_core_t *core;
     model_t *model;
 };
 
-/* Creates the scheduler the model's config asks for. */
-nereid_error_t *scheduler_create(model_t *m, scheduler_t **out);
-
-/* Runs req, and then up to a few requests that queued meanwhile, on inst
- * (claimed with ops->claim) on the calling thread, completions included;
- * then releases inst. The caller holds no lock. */
-void scheduler_run_inline(scheduler_t *s, model_instance_t *inst, nereid_request_t *req);
+/* Creates the scheduler the model's config asks for; core stays valid for
+ * the scheduler's life. */
+nereid_error_t *scheduler_create(model_t *m, const sched_core_t *core, scheduler_t **out);
 
 /* Scheduler test hooks: the count in environment variable nereid_name, else
  * in triton_name (Triton's name for the same hook, e.g.
@@ -60,10 +81,11 @@ void scheduler_run_inline(scheduler_t *s, model_instance_t *inst, nereid_request
  * count (logged). */
 size_t scheduler_env_count(const char *nereid_name, const char *triton_name);
 
-/* Per-scheduler constructors. */
-nereid_error_t *default_scheduler_create(model_t *m, scheduler_t **out);
-nereid_error_t *dynamic_batcher_create(model_t *m, scheduler_t **out);
+/* Per-scheduler constructors (scheduler_create picks one). */
+nereid_error_t *default_scheduler_create(model_t *m, const sched_core_t *core, scheduler_t **out);
+nereid_error_t *dynamic_batcher_create(model_t *m, const sched_core_t *core, scheduler_t **out);
+nereid_error_t *sequence_batcher_create(model_t *m, const sched_core_t *core, scheduler_t **out);
 /* Ensembles: no instances; steps run on their composing models (ensemble.c). */
-nereid_error_t *ensemble_scheduler_create(model_t *m, scheduler_t **out);
+nereid_error_t *ensemble_scheduler_create(model_t *m, const sched_core_t *core, scheduler_t **out);
 
 #endif

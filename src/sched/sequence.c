@@ -27,7 +27,7 @@
  * state. All bookkeeping is under one mutex; a request's inputs and its
  * sequence's state are touched only by the one instance thread executing it.
  */
-#include "sched/sequence.h"
+#include "sched/scheduler.h"
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -534,10 +534,7 @@ static void prepare_request(seq_sched_t *q, nereid_request_t *req)
  * false controls. sched_data NULL marks it. */
 static nereid_request_t *make_filler(seq_sched_t *q, const nereid_request_t *tmpl)
 {
-    nereid_request_t *f = xcalloc(1, sizeof *f);
-    f->server = tmpl->server;
-    f->batch_size = 1;
-    f->response = xcalloc(1, sizeof *f->response);
+    nereid_request_t *f = request_new_filler(tmpl->server);
     for (size_t i = 0; i < tmpl->n_inputs; i++) {
         const req_input_t *in = &tmpl->inputs[i];
         bool is_ctl = false;
@@ -559,14 +556,11 @@ static void save_states(seq_sched_t *q, seq_t *s, nereid_request_t *req)
 {
     for (size_t i = 0; i < q->n_states; i++) {
         resp_output_t *o = request_find_output(req, q->states[i].output_name);
-        if (!o || !o->filled || !o->data) continue;
+        if (!o || !request_output_filled(o) || !o->data) continue;
         state_buf_t *b = &s->states[i];
         free(b->data);
-        if (o->internal) {
-            b->data = o->data;
-            o->data = NULL;
-            o->allocated = false;
-        } else {
+        b->data = request_output_take(o);
+        if (!b->data) {
             b->data = xmalloc(o->byte_size ? o->byte_size : 1);
             memcpy(b->data, o->data, o->byte_size);
         }
@@ -823,7 +817,7 @@ static void seq_batch_done(scheduler_t *base, model_instance_t *inst, batch_t *b
             request_free(req);
             continue;
         }
-        if (!req->response->error) save_states(q, req->sched_data, req);
+        if (!request_failed(req)) save_states(q, req->sched_data, req);
         batch->reqs[w++] = req;
     }
     batch->n_reqs = w;
@@ -840,7 +834,7 @@ static void seq_batch_done(scheduler_t *base, model_instance_t *inst, batch_t *b
         }
     }
     pthread_mutex_unlock(&q->lock);
-    batch_finish(batch);
+    base->core->complete(batch, true);
 }
 
 /* ---- Idle sequences ----
@@ -1012,11 +1006,14 @@ static void seq_destroy(scheduler_t *base)
     free(q);
 }
 
+static void seq_prepare_warmup(scheduler_t *base, nereid_request_t *req);
+
 static const scheduler_ops_t sequence_ops = {
     .name = "sequence",
     .enqueue = seq_enqueue,
     .next_batch = seq_next_batch,
     .batch_done = seq_batch_done,
+    .prepare_warmup = seq_prepare_warmup,
     .stop = seq_stop,
     .destroy = seq_destroy,
 };
@@ -1100,7 +1097,7 @@ static nereid_error_t *read_initial_state(model_t *m, seq_state_cfg_t *st,
     return err;
 }
 
-nereid_error_t *sequence_batcher_create(model_t *m, scheduler_t **out)
+nereid_error_t *sequence_batcher_create(model_t *m, const sched_core_t *core, scheduler_t **out)
 {
     *out = NULL;
     const model_config_t *c = m->config;
@@ -1108,6 +1105,7 @@ nereid_error_t *sequence_batcher_create(model_t *m, scheduler_t **out)
     seq_sched_t *q = xcalloc(1, sizeof *q);
     q->base.ops = &sequence_ops;
     q->base.model = m;
+    q->base.core = core;
     pthread_mutex_init(&q->lock, NULL);
     cond_init_monotonic(&q->reaper_cond);
     q->reaper_wake_ns = UINT64_MAX;
@@ -1207,12 +1205,11 @@ nereid_error_t *sequence_batcher_create(model_t *m, scheduler_t **out)
     return NULL;
 }
 
-void sequence_batcher_prepare_warmup(const model_t *m, nereid_request_t *req)
+/* A warmup sample becomes a one-request sequence (START and END) with a
+ * correlation id of the model's CORRID type. */
+static void seq_prepare_warmup(scheduler_t *base, nereid_request_t *req)
 {
-    const model_config_t *c = m->config;
-    if (c->scheduling_choice_case != INFERENCE__MODEL_CONFIG__SCHEDULING_CHOICE_SEQUENCE_BATCHING ||
-        !c->sequence_batching)
-        return;
+    const model_config_t *c = base->model->config;
     const Inference__ModelSequenceBatching *sb = c->sequence_batching;
     bool string_id = false;
     for (size_t i = 0; i < sb->n_control_input; i++)

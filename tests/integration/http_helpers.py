@@ -209,3 +209,14 @@ def read_head(sock):
             break
         data += chunk
     return data
+
+
+def pending_requests(server, model, version="1"):
+    """The nv_inference_pending_request_count gauge of one model version, or
+    None when the metric line is missing."""
+    text = requests.get(f"{server.metrics_url}/metrics", timeout=10).text
+    prefix = f'nv_inference_pending_request_count{{model="{model}",version="{version}"}}'
+    for line in text.splitlines():
+        if line.startswith(prefix):
+            return int(float(line.split()[-1]))
+    return None

@@ -8,6 +8,8 @@ import time
 
 import requests
 
+from http_helpers import pending_requests
+
 CONFIG = """name: "m"
 backend: "testing"
 max_batch_size: 8
@@ -49,11 +51,7 @@ def in_threads(srv, docs):
 
 
 def pending(srv):
-    text = requests.get(f"{srv.metrics_url}/metrics", timeout=10).text
-    for line in text.splitlines():
-        if line.startswith('nv_inference_pending_request_count{model="m",version="1"}'):
-            return int(float(line.split()[-1]))
-    return None
+    return pending_requests(srv, "m")
 
 
 def wait_pending(srv, n):

@@ -14,6 +14,7 @@ import pytest
 import requests
 
 from grpc_util import stubs
+from http_helpers import pending_requests
 
 F2 = 'data_type: TYPE_FP32 dims: [ 2 ]'
 IO = f"""input [ {{ name: "INPUT0" {F2} }} ]
@@ -95,13 +96,7 @@ ensemble_scheduling {{ step [
 """
 
 
-def pending(s, model):
-    text = requests.get(f"{s.metrics_url}/metrics", timeout=10).text
-    prefix = f'nv_inference_pending_request_count{{model="{model}",version="1"}}'
-    for line in text.splitlines():
-        if line.startswith(prefix):
-            return int(float(line.split()[-1]))
-    return None
+pending = pending_requests
 
 
 def wait_for(cond, what):

@@ -14,6 +14,7 @@ import numpy as np
 import requests
 
 from conftest import EXAMPLES
+from http_helpers import pending_requests
 
 F2 = 'data_type: TYPE_FP32 dims: [ 2 ]'
 TESTING = f"""backend: "testing" max_batch_size: 8
@@ -306,19 +307,22 @@ def test_reload_under_load_no_failures(nereid_server, tmp_path):
 
 def test_unload_under_load_in_flight_complete(nereid_server, tmp_path):
     repo = make_repo(tmp_path)
-    write_model(repo, "slow", slow_config(50, 1))
+    write_model(repo, "slow", slow_config(300, 1))
     s = nereid_server(repo, "--model-control-mode=explicit", "--load-model=slow")
     results = []
 
     def one():
         results.append(infer(s, "slow").status_code)
 
+    def accepted():
+        # One request executing (300 ms each, one instance), the rest queued.
+        pending = pending_requests(s, "slow") or 0
+        return pending >= 5 or (pending >= 1 and len(results) + pending >= 5)
+
     threads = [threading.Thread(target=one) for _ in range(6)]
     for t in threads:
         t.start()
-    # Requests are queued behind the 50 ms executions of the one instance.
-    assert wait_for(lambda: requests.get(s.http_url + "/v2/models/slow/stats").json()
-                    ["model_stats"][0]["execution_count"] >= 1)
+    assert wait_for(accepted)
     assert post(s, "/v2/repository/models/slow/unload").status_code == 200
     for t in threads:
         t.join()

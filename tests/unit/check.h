@@ -11,7 +11,8 @@
 #include <stdio.h>
 #include <string.h>
 
-static int check_passed, check_failed;
+/* Atomic: checks run on several threads in the concurrency tests. */
+static _Atomic int check_passed, check_failed;
 
 #define CHECK(cond)                                                                                \
     do {                                                                                           \

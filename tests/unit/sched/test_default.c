@@ -247,30 +247,63 @@ static void test_concurrent(nereid_server_t *s, const char *model)
 }
 
 /* The ensemble's scheduler submits its first step from inside its enqueue,
- * under the server lock: that step must go to the instance thread (no lock
- * across a backend call). The step waits for a file the test creates after
- * nereid_server_infer_async has returned; run inline, it would have held
- * the call for the testing backend's 10 s limit and completed first. */
-static void test_ensemble_first_step_queued(nereid_server_t *s)
+ * with no server lock held: the step may run inline on the submitting
+ * thread. While it runs (it waits for a file), the server's write lock must
+ * be free: a load of another model from this thread completes before the
+ * file is written. With the lock held across enqueue, the load would wait
+ * for the testing backend's 10 s limit and the request would finish first. */
+typedef struct ens_submit {
+    nereid_server_t *s;
+    nereid_request_t *req;
+    call_t *c;
+    bool submitted;
+} ens_submit_t;
+
+static void *ens_submit_main(void *arg)
 {
+    ens_submit_t *e = arg;
+    e->submitted = call_submit(e->s, e->req, e->c);
+    return NULL;
+}
+
+static void test_ensemble_first_step_unlocked(void)
+{
+    static const char *load[] = {"fast3", "ens", "fast2"};
+    nereid_error_t *err = NULL;
+    nereid_server_t *s = start_server(NEREID_MODEL_CONTROL_EXPLICIT, load, 3, 0, true, &err);
+    CHECK(err == NULL && s);
+    nereid_error_free(err);
+    if (!s) return;
     CHECK(until_inline(s, "fast3"));
     char path[600];
     snprintf(path, sizeof path, "%s/release-ensemble", repo);
     call_t c;
     call_init(&c);
     nereid_request_t *req = make_request(s, "ens", 0);
-    nereid_error_t *err = nereid_request_set_parameter_string(req, "wait_for_file", path);
+    err = nereid_request_set_parameter_string(req, "wait_for_file", path);
     CHECK(err == NULL);
     nereid_error_free(err);
-    bool submitted = call_submit(s, req, &c);
-    CHECK(submitted);
-    if (submitted) {
-        CHECK(!call_done(&c));
-        write_file("release-ensemble", "");
+    ens_submit_t e = {.s = s, .req = req, .c = &c};
+    pthread_t th;
+    pthread_create(&th, NULL, ens_submit_main, &e);
+    /* Give the submission time to reach the step (a longer wait only makes
+     * the check stronger; a shorter one cannot make it fail wrongly). */
+    usleep(200000);
+    err = nereid_server_unload_model(s, "fast2", false);
+    nereid_error_free(err);
+    err = nereid_server_load_model(s, "fast2", NULL, NULL, NULL, NULL, 0);
+    CHECK(err == NULL);
+    nereid_error_free(err);
+    CHECK(!call_done(&c));
+    write_file("release-ensemble", "");
+    pthread_join(th, NULL);
+    CHECK(e.submitted);
+    if (e.submitted) {
         call_wait(&c);
         CHECK(!c.failed);
     }
     call_fini(&c);
+    nereid_server_free(s);
 }
 
 static void test_unload_while_inline(void)
@@ -335,9 +368,9 @@ int main(void)
         test_turns_slow(s);
         test_concurrent(s, "fast1");
         test_concurrent(s, "fast_two");
-        test_ensemble_first_step_queued(s);
         nereid_server_free(s);
     }
+    test_ensemble_first_step_unlocked();
     test_unload_while_inline();
 
     /* NEREID_INLINE_US=0: never inline. */

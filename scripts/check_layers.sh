@@ -1,0 +1,25 @@
+#!/bin/sh
+# Checks the one-way layering between the core and the schedulers
+# (docs/architecture.md): a file in src/core includes no scheduler header
+# but sched/scheduler.h, and a scheduler includes from src/core only the
+# request and model headers (plus the generic core/util.h).
+# Usage: scripts/check_layers.sh [source-dir]; exits 1 on a violation.
+root=${1:-$(dirname "$0")/..}
+status=0
+for f in "$root"/src/core/*.c "$root"/src/core/*.h; do
+    grep -n '#include "sched/' "$f" | grep -v '#include "sched/scheduler.h"' |
+        sed "s|^|$f: the core may include only sched/scheduler.h: |" | grep . && status=1
+done
+for f in "$root"/src/sched/*.c "$root"/src/sched/*.h; do
+    grep -n '#include "core/' "$f" |
+        grep -v -e '#include "core/request.h"' -e '#include "core/model.h"' -e '#include "core/util.h"' |
+        sed "s|^|$f: a scheduler may include only core/request.h, core/model.h, core/util.h: |" |
+        grep . && status=1
+done
+# The request and model headers themselves stay below the core's.
+for f in "$root"/src/core/request.h "$root"/src/core/model.h; do
+    grep -n '#include "\(core/core.h\|core/repository.h\|core/stats.h\|sched/\)' "$f" |
+        sed "s|^|$f: includes a header above it: |" | grep . && status=1
+done
+[ $status -eq 0 ] && echo "layers: ok"
+exit $status
