@@ -74,7 +74,7 @@ nereid_error_t *json_reader_parse(const char *text, size_t len, jarena_t *arena,
 nereid_error_t *json_reader_parse_infer(const char *text, size_t len, jarena_t *arena,
                                         size_t data_max, jv_t **root);
 
-/* A JV_SPAN node. data, when not NULL, is the span already converted into
+/* A JV_SPAN node (jv_span: v as one, or NULL). data, when not NULL, is the span already converted into
  * count elements of datatype (little-endian, as json_reader_fill_data would
  * write them). */
 typedef struct jv_span {
@@ -86,7 +86,7 @@ typedef struct jv_span {
 
 static inline const jv_span_t *jv_span(const jv_t *v)
 {
-    return v->type == JV_SPAN ? (const jv_span_t *)v : NULL;
+    return v && v->type == JV_SPAN ? (const jv_span_t *)v : NULL;
 }
 
 /* First member named key of object o (rapidjson's FindMember), or NULL. */
