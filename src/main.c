@@ -4,6 +4,7 @@
  * signal to shut down. Subcommand: `nereid check-config <path>...`.
  */
 #include <errno.h>
+#include <jansson.h>
 #include <limits.h>
 #include <pthread.h>
 #include <signal.h>
@@ -33,6 +34,10 @@ typedef struct cli {
     long long http_max_input_size;
     int http_max_connections, http_idle_timeout_secs;
     int exit_timeout_secs;
+    const char *cache_configs[MAX_LIST]; /* --cache-config values */
+    size_t n_cache_configs;
+    const char *cache_byte_size; /* --response-cache-byte-size */
+    bool allow_client_shm;
 } cli_t;
 
 typedef enum flag_kind {
@@ -44,8 +49,10 @@ typedef enum flag_kind {
     FLAG_MODE,
     FLAG_LLONG,
     FLAG_LOG_FORMAT,
-    FLAG_IGNORED,    /* Triton tuning knob with no effect here: accepted with a warning */
-    FLAG_UNSUPPORTED /* Triton feature whose absence would surprise (TLS, restrictions): error */
+    FLAG_CACHE_CONFIG, /* --cache-config <name>,<setting>=<value> (repeatable) */
+    FLAG_CACHE_BYTES,  /* --response-cache-byte-size: Triton's deprecated local cache size */
+    FLAG_IGNORED,      /* Triton tuning knob with no effect here: accepted with a warning */
+    FLAG_UNSUPPORTED   /* Triton feature whose absence would surprise (TLS, restrictions): error */
 } flag_kind_t;
 
 typedef struct flag {
@@ -108,7 +115,14 @@ static const flag_t flags[] = {
     F("log-warning", FLAG_BOOL, server.log_warning, "Log warnings (true)."),
     F("log-error", FLAG_BOOL, server.log_error, "Log errors (true)."),
     F("log-format", FLAG_LOG_FORMAT, server.log_format, "default|ISO8601 (default)."),
+    F("cache-config", FLAG_CACHE_CONFIG, cache_configs,
+      "Response cache: <cache_name>,<setting>=<value>, e.g. local,size=1048576 (repeatable)."),
+    F("response-cache-byte-size", FLAG_CACHE_BYTES, cache_byte_size,
+      "DEPRECATED: Please use --cache-config instead."),
+    F("allow-client-shm", FLAG_BOOL, allow_client_shm,
+      "Allow clients to register/unregister and use system shared memory regions (false)."),
 #define IGNORED(name) F(name, FLAG_IGNORED, repos, "Accepted for Triton compatibility; no effect.")
+    IGNORED("cache-directory"),
     IGNORED("model-load-retry-count"),
     IGNORED("model-namespacing"),
     IGNORED("repoagent-directory"),
@@ -140,12 +154,9 @@ static const flag_t flags[] = {
     UNSUPPORTED("grpc-root-cert"),
     UNSUPPORTED("http-restricted-api"),
     UNSUPPORTED("grpc-restricted-protocol"),
-    UNSUPPORTED("allow-client-shm"),
     UNSUPPORTED("model-config-name"),
     UNSUPPORTED("log-file"),
     UNSUPPORTED("trace-config"),
-    UNSUPPORTED("cache-config"),
-    UNSUPPORTED("response-cache-byte-size"),
     UNSUPPORTED("rate-limit"),
     UNSUPPORTED("host-policy"),
     UNSUPPORTED("metrics-config"),
@@ -208,6 +219,25 @@ static int apply_flag(cli_t *cli, const flag_t *f, const char *value)
         fprintf(stderr, "nereid: %s\n", nereid_error_message(err));
         nereid_error_free(err);
         return -2;
+    }
+    case FLAG_CACHE_CONFIG:
+        if (cli->n_cache_configs >= MAX_LIST) return -1;
+        cli->cache_configs[cli->n_cache_configs++] = value;
+        return 0;
+    case FLAG_CACHE_BYTES: {
+        char *end;
+        errno = 0;
+        long long v = strtoll(value, &end, 10);
+        if (errno || *end || end == value) return -1;
+        (void)v;
+        cli->cache_byte_size = value;
+        fprintf(stderr,
+                "Warning: '--response-cache-byte-size' has been deprecated! This will default to "
+                "the 'local' cache implementation with the provided byte size for its config. "
+                "Please use '--cache-config' instead. The equivalent --cache-config CLI args "
+                "would be: '--cache-config=local,size=%s'\n",
+                value);
+        return 0;
     }
     case FLAG_IGNORED:
         fprintf(stderr,
@@ -298,6 +328,74 @@ static int parse_args(cli_t *cli, int argc, char **argv)
                             "True in favor of '--disable-auto-complete-config'!\n");
         cli->server.strict_model_config = true;
     }
+    return 0;
+}
+
+/* Turns the cache flags into the server's cache options as Triton does
+ * (its texts). *json_out is the settings object (caller frees). Returns 0,
+ * -1 for a malformed flag (exit 2) or 1 for a configuration the server
+ * would refuse (message printed, exit 1). */
+static int cache_options(cli_t *cli, char **json_out)
+{
+    *json_out = NULL;
+    if (cli->cache_byte_size && cli->n_cache_configs) {
+        fprintf(stderr, "Error: Incompatible flags --response-cache-byte-size and --cache-config "
+                        "both provided. Please provide one or the other.\n");
+        return -1;
+    }
+    const char *name = NULL;
+    size_t name_len = 0;
+    bool multiple = false;
+    json_t *settings = json_object();
+    if (cli->cache_byte_size) {
+        name = "local";
+        name_len = 5;
+        json_object_set_new(settings, "size", json_string(cli->cache_byte_size));
+    }
+    for (size_t i = 0; i < cli->n_cache_configs; i++) {
+        const char *arg = cli->cache_configs[i], *comma = strchr(arg, ',');
+        if (!comma || comma == arg) {
+            fprintf(stderr,
+                    "No cache specified. --cache-config option format is <cache "
+                    "name>,<setting>=<value>. Got %s\n",
+                    arg);
+            json_decref(settings);
+            return -1;
+        }
+        const char *eq = strchr(comma + 1, '=');
+        if (!eq || eq == comma + 1 || !eq[1]) {
+            fprintf(stderr,
+                    "--cache-config option format is '<cache name>,<setting>=<value>'. "
+                    "Got %s\n",
+                    arg);
+            json_decref(settings);
+            return -1;
+        }
+        size_t len = (size_t)(comma - arg);
+        if (!name) {
+            name = arg;
+            name_len = len;
+        } else if (len != name_len || strncmp(name, arg, len) != 0) {
+            multiple = true;
+        }
+        char *key = strndup(comma + 1, (size_t)(eq - comma - 1));
+        /* Triton's local cache reads the first of repeated settings. */
+        if (!multiple && !json_object_get(settings, key))
+            json_object_set_new(settings, key, json_string(eq + 1));
+        free(key);
+    }
+    if (multiple) {
+        fprintf(stderr, "error: creating server: Invalid argument - found multiple cache "
+                        "configurations, but only a single cache is currently supported\n");
+        json_decref(settings);
+        return 1;
+    }
+    if (name) {
+        *json_out = json_dumps(settings, JSON_COMPACT | JSON_PRESERVE_ORDER);
+        cli->server.cache_name = strndup(name, name_len);
+        cli->server.cache_config_json = *json_out;
+    }
+    json_decref(settings);
     return 0;
 }
 
@@ -393,6 +491,9 @@ int main(int argc, char **argv)
                         "--http-idle-timeout-secs >= 0\n");
         return 2;
     }
+    char *cache_json;
+    rc = cache_options(&cli, &cache_json);
+    if (rc) return rc < 0 ? 2 : 1;
     if (!cli.metrics_address) cli.metrics_address = cli.http_address;
     cli.server.model_repositories = cli.repos;
     cli.server.n_model_repositories = cli.n_repos;
@@ -409,10 +510,14 @@ int main(int argc, char **argv)
 
     nereid_server_t *server;
     nereid_error_t *err = nereid_server_new(&cli.server, &server);
+    free((char *)cli.server.cache_name);
+    free(cache_json);
+    nereid_shm_registry_t *shm = nereid_shm_registry_new(cli.allow_client_shm);
     if (err) {
         fprintf(stderr, "error: creating server: %s - %s\n",
                 nereid_error_code_name(nereid_error_code(err)), nereid_error_message(err));
         nereid_error_free(err);
+        nereid_shm_registry_free(shm);
         return 1;
     }
     int exit_code = 0;
@@ -421,7 +526,12 @@ int main(int argc, char **argv)
     grpc_frontend_t *grpc_fe = NULL;
     /* HTTP starts last: once its port answers, every frontend is up. */
     if (cli.allow_grpc) {
-        grpc_options_t gopts = {cli.grpc_address, cli.grpc_port, cli.grpc_infer_thread_count};
+        grpc_options_t gopts;
+        grpc_options_init(&gopts);
+        gopts.address = cli.grpc_address;
+        gopts.port = cli.grpc_port;
+        gopts.infer_thread_count = cli.grpc_infer_thread_count;
+        gopts.shm = shm;
         if ((err = grpc_frontend_start(server, &gopts, &grpc_fe))) goto frontend_failed;
         fprintf(stderr, "Started GRPCInferenceService at %s:%d\n", cli.grpc_address,
                 grpc_frontend_port(grpc_fe));
@@ -445,6 +555,7 @@ int main(int argc, char **argv)
         ho.max_input_size = (size_t)cli.http_max_input_size;
         ho.max_connections = cli.http_max_connections;
         ho.idle_timeout_secs = cli.http_idle_timeout_secs;
+        ho.shm = shm;
         if ((err = http_server_start(server, &ho, &http))) goto frontend_failed;
         fprintf(stderr, "Started HTTPService at %s:%d\n", ho.address, http_server_port(http));
     }
@@ -455,6 +566,7 @@ int main(int argc, char **argv)
     frontends_t fe = {.http = http, .metrics = metrics, .grpc = grpc_fe};
     stop_frontends(&fe, server, cli.exit_timeout_secs);
     nereid_server_free(server);
+    nereid_shm_registry_free(shm);
     return exit_code;
 
 frontend_failed:
@@ -464,5 +576,6 @@ frontend_failed:
     metrics_server_stop(metrics);
     grpc_frontend_stop(grpc_fe);
     nereid_server_free(server);
+    nereid_shm_registry_free(shm);
     return 1;
 }

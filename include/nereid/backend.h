@@ -28,6 +28,11 @@
  *
  * Memory: never free across the boundary. Errors returned to the core are
  * made with nereid_error_new and owned by the core afterwards.
+ *
+ * ABI history (minor versions; a backend built for 1.0 runs unchanged):
+ *   1.0  one response per request, produced inside execute
+ *   1.1  decoupled responses: nereid_batch_request_sender and the
+ *        nereid_sender_* functions, nereid_model_decoupled
  */
 #ifndef NEREID_BACKEND_H
 #define NEREID_BACKEND_H
@@ -39,7 +44,7 @@ extern "C" {
 #endif
 
 #define NEREID_BACKEND_ABI_MAJOR 1u
-#define NEREID_BACKEND_ABI_MINOR 0u
+#define NEREID_BACKEND_ABI_MINOR 1u
 #define NEREID_BACKEND_ABI_VERSION ((NEREID_BACKEND_ABI_MAJOR << 16) | NEREID_BACKEND_ABI_MINOR)
 
 typedef struct nereid_backend nereid_backend_t;   /* one per loaded library */
@@ -166,6 +171,65 @@ NEREID_EXPORT void nereid_batch_report_compute(nereid_batch_t *batch, uint64_t i
                                                uint64_t infer_end_ns);
 /* CLOCK_MONOTONIC in ns, the clock statistics use. */
 NEREID_EXPORT uint64_t nereid_now_ns(void);
+
+/* ---- Decoupled responses (ABI 1.1) ----
+ *
+ * A model with `model_transaction_policy { decoupled: true }` may answer a
+ * request with any number of responses (0..N), then a final flag, as
+ * Triton's TRITONBACKEND_ResponseFactory does. A backend that never takes a
+ * sender keeps today's behaviour on any model: one response per request,
+ * from the outputs it fills during execute, with the final flag.
+ *
+ * nereid_batch_request_sender takes over responding to request r: the core
+ * then sends nothing for it when execute returns (outputs set through
+ * nereid_batch_*output for it are dropped). Instead the backend sends
+ * responses through the sender, from any thread and also after execute has
+ * returned, and ends with the FINAL flag (nereid_sender_send with FINAL or
+ * nereid_sender_send_flags), which frees the sender. Until then the request
+ * and its model stay alive. The core does not wait for open senders: a
+ * backend that sends from its own threads ends them (each with its final
+ * flag) in instance fini, as the repeat backend does.
+ * The batch and the request's inputs are valid only during execute: copy
+ * what later responses need. Calls on one sender must not overlap.
+ *
+ * Statistics: each sent response is counted under its index in the model's
+ * response_stats ("0", "1", ...): success (outputs), empty_response (no
+ * outputs), fail (an error); compute_infer runs from the previous response
+ * (or the execution start) to the first output allocated, compute_output
+ * from there to the send. */
+
+typedef struct nereid_response_sender nereid_response_sender_t;
+
+#define NEREID_RESPONSE_FLAG_FINAL 1u
+
+/* True when the model's config has model_transaction_policy { decoupled: true }. */
+NEREID_EXPORT bool nereid_model_decoupled(const nereid_model_t *model);
+/* The sender of request r (the same one when asked twice). UNSUPPORTED when
+ * the model is not decoupled, or when the request came from a client that
+ * takes one response only (e.g. an ensemble step): then answer it the 1.0
+ * way. Only during execute. */
+NEREID_EXPORT nereid_error_t *nereid_batch_request_sender(nereid_batch_t *batch, size_t r,
+                                                          nereid_response_sender_t **out);
+/* A buffer for output `name` of the sender's next response (rules as
+ * nereid_batch_request_output: byte_size must match the shape for
+ * fixed-size types; an output the client did not ask for gets scratch
+ * memory). Valid until that response is sent. */
+NEREID_EXPORT nereid_error_t *nereid_sender_output(nereid_response_sender_t *sender,
+                                                   const char *name, nereid_datatype_t datatype,
+                                                   const int64_t *shape, size_t rank,
+                                                   size_t byte_size, void **buffer);
+/* Sends the next response: its outputs from nereid_sender_output, or, when
+ * err is non-NULL (owned by the core), an error response. flags may carry
+ * NEREID_RESPONSE_FLAG_FINAL: then it is the last response and the sender is
+ * freed. Errors (a sender already finished) leave err freed. */
+NEREID_EXPORT nereid_error_t *nereid_sender_send(nereid_response_sender_t *sender, uint32_t flags,
+                                                 nereid_error_t *err);
+/* Sends only flags, no response (NEREID_RESPONSE_FLAG_FINAL: no more
+ * responses; the sender is freed). Outputs allocated since the last send
+ * are dropped. */
+NEREID_EXPORT nereid_error_t *nereid_sender_send_flags(nereid_response_sender_t *sender,
+                                                       uint32_t flags);
+
 
 #ifdef __cplusplus
 }

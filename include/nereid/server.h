@@ -114,6 +114,12 @@ typedef struct nereid_server_options {
     int model_load_thread_count;      /* default 4 */
     bool log_info, log_warning, log_error; /* default true: which log lines are printed */
     int log_format; /* a nereid_log_format_t; default NEREID_LOG_FORMAT_DEFAULT */
+    /* Response cache (Triton's --cache-config): the implementation's name
+     * (only "local") and its settings as a JSON object, e.g.
+     * {"size":"1048576"}. NULL = no cache; models with response_cache
+     * enabled are then served without it, as in Triton. */
+    const char *cache_name;
+    const char *cache_config_json;
 } nereid_server_options_t;
 
 typedef struct nereid_server nereid_server_t;
@@ -274,6 +280,37 @@ NEREID_EXPORT nereid_error_t *nereid_server_infer_async(nereid_server_t *server,
                                                         const nereid_response_allocator_t *allocator,
                                                         nereid_complete_fn done_fn,
                                                         void *done_userp);
+
+/* ---- Decoupled (streaming) inference ---- */
+
+/* A request's last response (or flags-only final) carries this flag. */
+#define NEREID_RESPONSE_FINAL 1u
+
+/* Called for each response of a request submitted with
+ * nereid_server_infer_stream: zero or more times with flags 0 and a
+ * response, then exactly once with NEREID_RESPONSE_FINAL and either a last
+ * response or NULL (a decoupled model sent only the final flag). The callee
+ * owns each response (nereid_response_free). Calls for one request come in
+ * order and never overlap; they run on Nereid's or a backend's threads, or
+ * on the submitting thread before nereid_server_infer_stream returns. After
+ * the final call the request's input memory is no longer used. A model that
+ * is not decoupled gives exactly one call: its response with FINAL. */
+typedef void (*nereid_response_fn)(nereid_response_t *response, uint32_t flags, void *userp);
+
+/* nereid_server_infer_async for clients that accept several responses per
+ * request (gRPC ModelStreamInfer): the only way to reach a decoupled
+ * model's 0..N responses. Same ownership rules; fn replaces done_fn. */
+NEREID_EXPORT nereid_error_t *
+nereid_server_infer_stream(nereid_server_t *server, nereid_request_t *req,
+                           const nereid_response_allocator_t *allocator, nereid_response_fn fn,
+                           void *userp);
+
+/* *decoupled_out: the model version (version <= 0: latest ready) has
+ * model_transaction_policy { decoupled: true }. Errors as the model lookup
+ * of an inference (unknown model or version, not ready). */
+NEREID_EXPORT nereid_error_t *nereid_server_model_decoupled(nereid_server_t *server,
+                                                            const char *model, int64_t version,
+                                                            bool *decoupled_out);
 
 /* Response accessors; everything returned is borrowed until
  * nereid_response_free. */

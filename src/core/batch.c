@@ -9,6 +9,7 @@
 
 #include "backend/loader.h"
 #include "core/core.h"
+#include "core/decoupled.h"
 #include "core/util.h"
 
 void batch_add(batch_t *batch, nereid_request_t *req)
@@ -293,28 +294,36 @@ static void output_client_shape(const model_t *m, const model_io_t *io, const in
     *out_rank = r;
 }
 
-/* Allocates a backend-produced output in req's response, shaped as the
- * client sees it (request_alloc_output applies the allocation rules). */
-static nereid_error_t *alloc_output(nereid_request_t *req, resp_output_t *o, nereid_datatype_t dt,
-                                    const int64_t *shape, size_t rank, size_t byte_size)
+/* Allocates a backend-produced output in resp (a response of req), shaped
+ * as the client sees it (response_alloc_output applies the allocation
+ * rules). */
+static nereid_error_t *alloc_output_in(nereid_request_t *req, nereid_response_t *resp,
+                                       resp_output_t *o, nereid_datatype_t dt, const int64_t *shape,
+                                       size_t rank, size_t byte_size)
 {
     if (request_output_filled(o))
         return nereid_error_new(NEREID_ERROR_INTERNAL, "output '%s' produced twice", o->name);
     int64_t client[NEREID_MAX_RANK];
     size_t client_rank;
     output_client_shape(req->model, o->io, shape, rank, client, &client_rank);
-    nereid_error_t *err = request_alloc_output(req, o, dt, client, client_rank, byte_size);
+    nereid_error_t *err = response_alloc_output(req, resp, o, dt, client, client_rank, byte_size);
     if (!err) request_output_set_filled(o);
     return err;
 }
 
-nereid_error_t *nereid_batch_request_output(nereid_batch_t *batch, size_t r, const char *name,
-                                            nereid_datatype_t datatype, const int64_t *shape,
-                                            size_t rank, size_t byte_size, void **buffer)
+static nereid_error_t *alloc_output(nereid_request_t *req, resp_output_t *o, nereid_datatype_t dt,
+                                    const int64_t *shape, size_t rank, size_t byte_size)
+{
+    return alloc_output_in(req, req->response, o, dt, shape, rank, byte_size);
+}
+
+nereid_error_t *batch_alloc_response_output(nereid_request_t *req, nereid_response_t *resp,
+                                            const char *name, nereid_datatype_t datatype,
+                                            const int64_t *shape, size_t rank, size_t byte_size,
+                                            void **buffer, bool *requested)
 {
     *buffer = NULL;
-    if (r >= batch->n_reqs)
-        return nereid_error_new(NEREID_ERROR_INVALID_ARG, "request index %zu out of range", r);
+    *requested = false;
     if (rank > NEREID_MAX_RANK)
         return nereid_error_new(NEREID_ERROR_INVALID_ARG, "output '%s' rank too large", name);
     size_t esize = nereid_datatype_byte_size(datatype);
@@ -327,19 +336,34 @@ nereid_error_t *nereid_batch_request_output(nereid_batch_t *batch, size_t r, con
                                     "output '%s' byte size %zu does not match its shape", name,
                                     byte_size);
     }
-    nereid_request_t *req = batch->reqs[r];
-    resp_output_t *o = request_find_output(req, name);
-    if (!o) {
-        /* Nobody asked for it: give scratch memory the batch frees. */
-        batch_tensor_t *t = push_tensor(&batch->outputs, &batch->n_outputs, name);
-        t->data = xmalloc(byte_size);
-        t->owned = true;
-        *buffer = t->data;
-        return NULL;
-    }
-    nereid_error_t *err = alloc_output(req, o, datatype, shape, rank, byte_size);
+    resp_output_t *o = NULL;
+    for (size_t i = 0; i < resp->n_outputs && !o; i++)
+        if (strcmp(resp->outputs[i].name, name) == 0) o = &resp->outputs[i];
+    if (!o) return NULL;
+    *requested = true;
+    nereid_error_t *err = alloc_output_in(req, resp, o, datatype, shape, rank, byte_size);
     if (!err) *buffer = o->data;
     return err;
+}
+
+nereid_error_t *nereid_batch_request_output(nereid_batch_t *batch, size_t r, const char *name,
+                                            nereid_datatype_t datatype, const int64_t *shape,
+                                            size_t rank, size_t byte_size, void **buffer)
+{
+    *buffer = NULL;
+    if (r >= batch->n_reqs)
+        return nereid_error_new(NEREID_ERROR_INVALID_ARG, "request index %zu out of range", r);
+    nereid_request_t *req = batch->reqs[r];
+    bool requested;
+    nereid_error_t *err = batch_alloc_response_output(req, req->response, name, datatype, shape,
+                                                      rank, byte_size, buffer, &requested);
+    if (err || requested) return err;
+    /* Nobody asked for it: give scratch memory the batch frees. */
+    batch_tensor_t *t = push_tensor(&batch->outputs, &batch->n_outputs, name);
+    t->data = xmalloc(byte_size);
+    t->owned = true;
+    *buffer = t->data;
+    return NULL;
 }
 
 nereid_error_t *nereid_batch_output(nereid_batch_t *batch, const char *name,
@@ -471,10 +495,12 @@ static void batch_record(batch_t *batch)
     response_stat_t *rs = &s->response0;
     for (size_t r = 0; r < batch->n_reqs; r++) {
         nereid_request_t *req = batch->reqs[r];
-        stats_add(&rs->compute_infer, resp_infer_ns);
-        stats_add(&rs->compute_output, out_ns);
         bool failed = request_failed(req);
-        stats_add(failed ? &rs->fail : &rs->success, resp_infer_ns + out_ns);
+        if (!decoupled_has_sender(req)) { /* else the sender counts each response */
+            stats_add(&rs->compute_infer, resp_infer_ns);
+            stats_add(&rs->compute_output, out_ns);
+            stats_add(failed ? &rs->fail : &rs->success, resp_infer_ns + out_ns);
+        }
         if (!failed) {
             stats_add(&s->compute_input, in_ns);
             stats_add(&s->compute_infer, infer_ns);

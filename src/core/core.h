@@ -40,6 +40,15 @@ void request_prepare_response(nereid_request_t *req);
  * when it has no room; freed with the response. */
 void *response_arena_alloc(nereid_response_t *resp, size_t byte_size);
 
+/* Allocates output `name` of req in resp (nereid_batch_request_output's
+ * rules; resp may be a decoupled model's further response). *requested is
+ * false, and nothing is allocated, when resp has no slot for it (the
+ * caller gives scratch memory). */
+nereid_error_t *batch_alloc_response_output(nereid_request_t *req, nereid_response_t *resp,
+                                            const char *name, nereid_datatype_t datatype,
+                                            const int64_t *shape, size_t rank, size_t byte_size,
+                                            void **buffer, bool *requested);
+
 /* Runs one batch on an instance: backend execute, output scatter, timing.
  * Does not finish the requests. Thread: the instance's thread. */
 void batch_execute(model_instance_t *inst, batch_t *batch);
@@ -55,6 +64,8 @@ nereid_error_t *model_warmup(model_t *m);
 void stats_init(model_stats_t *s, int64_t max_batch_size);
 void stats_destroy(model_stats_t *s);
 void stats_add(stat_duration_t *d, uint64_t ns);
+/* response_stats entry `index` (0 = response0), created on first use. */
+response_stat_t *stats_response(model_stats_t *s, uint64_t index);
 
 /* Resolves model/version (<= 0: latest ready) and takes a reference;
  * Triton's lookup error texts. */

@@ -54,6 +54,10 @@ typedef struct model_stats {
     _Atomic uint64_t failures[FAILURE_N];
     _Atomic int64_t pending; /* requests queued, not yet executing */
     response_stat_t response0;
+    /* Entries 1.. of a decoupled model's response_stats (stats_response). */
+    pthread_mutex_t resp_mu;
+    response_stat_t **resp_more;
+    size_t n_resp_more;
     batch_stat_t *batch; /* index = batch size, 1..n_batch-1 */
     size_t n_batch;
 } model_stats_t;

@@ -55,6 +55,7 @@ struct nereid_server {
     bool poll_stop;
     _Atomic bool stopping;
     _Atomic bool stopped;
+    struct response_cache *cache; /* --cache-config, or NULL (core/cache.h) */
 };
 
 /* Finds an entry by name; caller holds s->lock. */

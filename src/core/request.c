@@ -12,6 +12,7 @@
 #include <strings.h>
 
 #include "core/core.h"
+#include "core/decoupled.h"
 #include "core/util.h"
 
 #define MAX_STRING_CORRID 128
@@ -623,8 +624,7 @@ static resp_output_t *push_output(nereid_response_t *resp, const model_io_t *io,
     return o;
 }
 
-/* Creates the response with one slot per output the client will get. */
-void request_prepare_response(nereid_request_t *req)
+nereid_response_t *request_new_response(nereid_request_t *req)
 {
     model_t *m = req->model;
     /* The arena needs no zeroing. */
@@ -651,7 +651,12 @@ void request_prepare_response(nereid_request_t *req)
         for (size_t i = 0; i < m->n_outputs; i++)
             push_output(resp, &m->outputs[i], NULL);
     }
-    req->response = resp;
+    return resp;
+}
+
+void request_prepare_response(nereid_request_t *req)
+{
+    req->response = request_new_response(req);
 }
 
 void *response_arena_alloc(nereid_response_t *resp, size_t byte_size)
@@ -690,6 +695,13 @@ resp_output_t *request_output_at(nereid_request_t *req, size_t i)
 nereid_error_t *request_alloc_output(nereid_request_t *req, resp_output_t *o, nereid_datatype_t dt,
                                      const int64_t *shape, size_t rank, size_t byte_size)
 {
+    return response_alloc_output(req, req->response, o, dt, shape, rank, byte_size);
+}
+
+nereid_error_t *response_alloc_output(nereid_request_t *req, nereid_response_t *resp,
+                                      resp_output_t *o, nereid_datatype_t dt, const int64_t *shape,
+                                      size_t rank, size_t byte_size)
+{
     if (rank > NEREID_MAX_RANK) rank = NEREID_MAX_RANK;
     o->datatype = dt;
     memcpy(o->shape, shape, rank * sizeof *shape);
@@ -698,7 +710,7 @@ nereid_error_t *request_alloc_output(nereid_request_t *req, resp_output_t *o, ne
     if (o->internal || !req->alloc.alloc_fn) {
         /* Small client outputs go in the response's arena; internal ones are
          * malloc'ed (schedulers may take their buffers). */
-        o->data = o->internal ? NULL : response_arena_alloc(req->response, byte_size);
+        o->data = o->internal ? NULL : response_arena_alloc(resp, byte_size);
         if (o->data)
             o->in_arena = true;
         else
@@ -839,8 +851,14 @@ static void compact_outputs(nereid_response_t *resp)
     resp->n_outputs = w;
 }
 
+void response_compact(nereid_response_t *resp)
+{
+    compact_outputs(resp);
+}
+
 void request_finish(nereid_request_t *req, nereid_error_t *err, failure_reason_t reason)
 {
+    if (decoupled_release(req, err)) return; /* a backend's response sender finishes it */
     model_t *m = req->model;
     nereid_response_t *resp = req->response;
     uint64_t now = util_now_ns();

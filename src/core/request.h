@@ -181,6 +181,18 @@ resp_output_t *request_output_at(nereid_request_t *req, size_t i);
  * allocated, not yet filled. Triton's texts for allocator failures. */
 nereid_error_t *request_alloc_output(nereid_request_t *req, resp_output_t *o, nereid_datatype_t dt,
                                      const int64_t *shape, size_t rank, size_t byte_size);
+/* request_alloc_output for an output slot of resp, a response of req that
+ * is not (or not yet) req->response: a decoupled model's further
+ * responses. */
+nereid_error_t *response_alloc_output(nereid_request_t *req, nereid_response_t *resp,
+                                      resp_output_t *o, nereid_datatype_t dt, const int64_t *shape,
+                                      size_t rank, size_t byte_size);
+/* A new response for req as request_prepare_response makes it, not attached
+ * (a decoupled model's further responses). */
+nereid_response_t *request_new_response(nereid_request_t *req);
+/* Drops internal and unfilled output slots (all of them for an error
+ * response) so the client sees only its outputs. */
+void response_compact(nereid_response_t *resp);
 /* Marks an allocated output as produced. */
 void request_output_set_filled(resp_output_t *o);
 bool request_output_filled(const resp_output_t *o);

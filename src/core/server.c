@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "core/cache.h"
 #include "core/core.h"
 #include "core/repository.h"
 #include "core/stats.h"
@@ -65,8 +66,18 @@ nereid_error_t *nereid_server_new(const nereid_server_options_t *opts, nereid_se
     /* Nobody takes the read lock twice (submission holds it only for the
      * lookup), so any POSIX rwlock will do. */
     pthread_rwlock_init(&s->lock, NULL);
+    nereid_error_t *err = NULL;
+    if (opts->cache_name) {
+        err = cache_create(opts->cache_name,
+                           opts->cache_config_json ? opts->cache_config_json : "{}", &s->cache);
+        s->opts.cache_name = s->opts.cache_config_json = NULL; /* borrowed */
+        if (err) {
+            nereid_server_free(s);
+            return err;
+        }
+    }
     s->opts.load_models = opts->load_models;
-    nereid_error_t *err = repository_start(s);
+    err = repository_start(s);
     s->opts.load_models = NULL;
     if (err) {
         nereid_server_free(s);
@@ -106,6 +117,7 @@ void nereid_server_free(nereid_server_t *s)
     free(s->repos);
     free(s->backend_dir);
     free(s->server_id);
+    cache_destroy(s->cache);
     pthread_rwlock_destroy(&s->lock);
     pthread_mutex_destroy(&s->control);
     pthread_mutex_destroy(&s->poll_lock);
@@ -225,10 +237,15 @@ static nereid_error_t *submit(model_t *m, nereid_request_t *req,
     req->done_fn = done_fn;
     req->done_userp = done_userp;
     request_prepare_response(req);
+    if (cache_lookup(req)) { /* a hit: the response is filled */
+        request_finish(req, NULL, FAILURE_OTHER);
+        return NULL;
+    }
     err = m->sched->ops->enqueue(m->sched, req);
     if (err) {
         *stopped = atomic_load(&m->unloading);
         if (!*stopped) atomic_fetch_add(&m->stats.failures[FAILURE_REJECTED], 1);
+        cache_forget(req);
         nereid_response_free(req->response);
         req->response = NULL;
         goto fail;
@@ -290,11 +307,13 @@ static nereid_error_t *dump(json_t *doc, char **out)
 
 nereid_error_t *nereid_server_metadata(nereid_server_t *s, char **json_out)
 {
-    static const char *extensions[] = {"classification",     "sequence",
-                                       "model_repository",   "model_repository(unload_dependents)",
-                                       "schedule_policy",    "model_configuration",
-                                       "binary_tensor_data", "parameters",
-                                       "statistics",         "logging"};
+    static const char *extensions[] = {
+        "classification",       "sequence",
+        "model_repository",     "model_repository(unload_dependents)",
+        "schedule_policy",      "model_configuration",
+        "system_shared_memory", "cuda_shared_memory",
+        "binary_tensor_data",   "parameters",
+        "statistics",           "logging"};
     json_t *ext = json_array();
     for (size_t i = 0; i < ARRAY_LEN(extensions); i++)
         json_array_append_new(ext, json_string(extensions[i]));
@@ -552,6 +571,7 @@ nereid_error_t *nereid_server_metrics(nereid_server_t *s, char **text_out)
         for (size_t v = 0; v < s->models[i]->n_versions; v++)
             if (s->models[i]->versions[v].model) models[k++] = s->models[i]->versions[v].model;
     stats_metrics_text(out, models, k);
+    cache_metrics_text(out, s->cache);
     pthread_rwlock_unlock(&s->lock);
     free(models);
     cpu_metrics(out);

@@ -9,18 +9,39 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/cache.h"
 #include "core/util.h"
 
 void stats_init(model_stats_t *s, int64_t max_batch_size)
 {
     s->n_batch = (size_t)(max_batch_size > 0 ? max_batch_size : 1) + 1;
     s->batch = xcalloc(s->n_batch, sizeof *s->batch);
+    pthread_mutex_init(&s->resp_mu, NULL);
 }
 
 void stats_destroy(model_stats_t *s)
 {
     free(s->batch);
     s->batch = NULL;
+    for (size_t i = 0; i < s->n_resp_more; i++)
+        free(s->resp_more[i]);
+    free(s->resp_more);
+    s->resp_more = NULL;
+    s->n_resp_more = 0;
+    pthread_mutex_destroy(&s->resp_mu);
+}
+
+response_stat_t *stats_response(model_stats_t *s, uint64_t index)
+{
+    if (index == 0) return &s->response0;
+    pthread_mutex_lock(&s->resp_mu);
+    while (s->n_resp_more < index) {
+        s->resp_more = xrealloc(s->resp_more, (s->n_resp_more + 1) * sizeof *s->resp_more);
+        s->resp_more[s->n_resp_more++] = xcalloc(1, sizeof **s->resp_more);
+    }
+    response_stat_t *r = s->resp_more[index - 1];
+    pthread_mutex_unlock(&s->resp_mu);
+    return r;
 }
 
 void stats_add(stat_duration_t *d, uint64_t ns)
@@ -35,16 +56,45 @@ static json_t *duration_json(const stat_duration_t *d)
                      (json_int_t)atomic_load(&d->ns));
 }
 
-static json_t *response_stats_json(const response_stat_t *r)
+static void response_stat_json(json_t *obj, uint64_t index, const response_stat_t *r)
 {
-    json_t *obj = json_object();
-    if (!atomic_load(&r->success.count) && !atomic_load(&r->fail.count)) return obj;
+    if (!atomic_load(&r->success.count) && !atomic_load(&r->fail.count) &&
+        !atomic_load(&r->empty_response.count) && !atomic_load(&r->cancel.count))
+        return;
+    char key[24];
+    snprintf(key, sizeof key, "%llu", (unsigned long long)index);
     json_object_set_new(
-        obj, "0",
+        obj, key,
         json_pack("{s:o,s:o,s:o,s:o,s:o,s:o}", "compute_infer", duration_json(&r->compute_infer),
                   "compute_output", duration_json(&r->compute_output), "success",
                   duration_json(&r->success), "fail", duration_json(&r->fail), "empty_response",
                   duration_json(&r->empty_response), "cancel", duration_json(&r->cancel)));
+}
+
+static int cmp_index_text(const void *a, const void *b)
+{
+    char x[24], y[24];
+    snprintf(x, sizeof x, "%zu", *(const size_t *)a);
+    snprintf(y, sizeof y, "%zu", *(const size_t *)b);
+    return strcmp(x, y);
+}
+
+/* {"0": {...}, "1": {...}, ...}: every response index that was counted, in
+ * the order of their keys as text (Triton's std::map: "0","1","10","2"). */
+static json_t *response_stats_json(const model_stats_t *cs)
+{
+    model_stats_t *s = (model_stats_t *)cs; /* the lock only */
+    json_t *obj = json_object();
+    pthread_mutex_lock(&s->resp_mu);
+    size_t n = s->n_resp_more + 1;
+    size_t *order = xmalloc(n * sizeof *order);
+    for (size_t i = 0; i < n; i++)
+        order[i] = i;
+    qsort(order, n, sizeof *order, cmp_index_text);
+    for (size_t i = 0; i < n; i++)
+        response_stat_json(obj, order[i], order[i] ? s->resp_more[order[i] - 1] : &s->response0);
+    pthread_mutex_unlock(&s->resp_mu);
+    free(order);
     return obj;
 }
 
@@ -73,7 +123,7 @@ json_t *stats_model_json(const model_t *m)
                      "last_inference", (json_int_t)atomic_load(&s->last_inference_ms),
                      "inference_count", (json_int_t)atomic_load(&s->inference_count),
                      "execution_count", (json_int_t)atomic_load(&s->execution_count),
-                     "inference_stats", inf, "response_stats", response_stats_json(&s->response0),
+                     "inference_stats", inf, "response_stats", response_stats_json(s),
                      "batch_stats", batches, "memory_usage", json_array());
 }
 
@@ -144,6 +194,36 @@ static uint64_t family_value(const model_t *m, size_t f)
     }
 }
 
+/* Triton's per-model cache families: only for models whose requests go
+ * through the cache (none at all when no model does). */
+static void cache_metrics_per_model(FILE *out, const model_t *const *models, size_t n_models)
+{
+    static const char *const families[][2] = {
+        {"nv_cache_num_hits_per_model", "Number of cache hits per model"},
+        {"nv_cache_hit_duration_per_model", "Total cache hit duration per model, in microseconds"},
+        {"nv_cache_num_misses_per_model", "Number of cache misses per model"},
+        {"nv_cache_miss_duration_per_model",
+         "Total cache miss (insert+lookup) duration per model, in microseconds"},
+    };
+    bool any = false;
+    for (size_t i = 0; i < n_models && !any; i++)
+        any = cache_enabled(models[i]);
+    if (!any) return;
+    char lab[1024];
+    for (size_t f = 0; f < ARRAY_LEN(families); f++) {
+        fprintf(out, "# HELP %s %s\n# TYPE %s counter\n", families[f][0], families[f][1],
+                families[f][0]);
+        for (size_t i = 0; i < n_models; i++) {
+            const model_t *m = models[i];
+            if (!cache_enabled(m)) continue;
+            const stat_duration_t *d = f < 2 ? &m->stats.cache_hit : &m->stats.cache_miss;
+            uint64_t v = f % 2 ? atomic_load(&d->ns) / 1000 : atomic_load(&d->count);
+            labels(lab, sizeof lab, m);
+            fprintf(out, "%s{%s} %llu\n", families[f][0], lab, (unsigned long long)v);
+        }
+    }
+}
+
 void stats_metrics_text(FILE *out, const model_t *const *models, size_t n_models)
 {
     char lab[1024];
@@ -167,4 +247,5 @@ void stats_metrics_text(FILE *out, const model_t *const *models, size_t n_models
             }
         }
     }
+    cache_metrics_per_model(out, models, n_models);
 }

@@ -589,24 +589,122 @@ void gfe_repository_unload(gfe_unary_call_t *c, const uint8_t *data, size_t len)
         offload(c, req, repository_unload_work);
 }
 
-/* ---- Not supported ------------------------------------------------------ */
+/* ---- Shared memory ------------------------------------------------------ */
 
-void gfe_unsupported(gfe_unary_call_t *c, const uint8_t *data, size_t len)
+void gfe_system_shm_status(gfe_unary_call_t *c, const uint8_t *data, size_t len)
 {
-    (void)data;
-    (void)len;
-    const char *what;
-    switch (c->method) {
-    case GFE_M_SYSTEM_SHM_STATUS:
-    case GFE_M_SYSTEM_SHM_REGISTER:
-    case GFE_M_SYSTEM_SHM_UNREGISTER:
-        what = "system shared memory is not supported by this server";
-        break;
-    default:
-        what = "CUDA shared memory is not supported by this server (CPU only)";
-        break;
+    Inference__SystemSharedMemoryStatusRequest *req =
+        inference__system_shared_memory_status_request__unpack(NULL, len, data);
+    if (req == NULL) {
+        finish_malformed(c, "SystemSharedMemoryStatusRequest");
+        return;
     }
-    gfe_unary_finish_status(c, GRPC_STATUS_UNIMPLEMENTED, what, NULL);
+    char *text = NULL;
+    nereid_error_t *err = nereid_shm_status(c->fe->shm, req->name, &text);
+    inference__system_shared_memory_status_request__free_unpacked(req, NULL);
+    json_t *doc = reply_json(c, err, text);
+    if (doc == NULL) return;
+    arena_t a = {0};
+    size_t n = json_array_size(doc);
+    Inference__SystemSharedMemoryStatusResponse r =
+        INFERENCE__SYSTEM_SHARED_MEMORY_STATUS_RESPONSE__INIT;
+    r.regions = arena_calloc(&a, n, sizeof(*r.regions));
+    Inference__SystemSharedMemoryStatusResponse__RegionsEntry *entries =
+        arena_calloc(&a, n, sizeof(*entries));
+    Inference__SystemSharedMemoryStatusResponse__RegionStatus *st =
+        arena_calloc(&a, n, sizeof(*st));
+    for (size_t i = 0; !a.failed && i < n; i++) {
+        json_t *j = json_array_get(doc, i);
+        st[i] = (Inference__SystemSharedMemoryStatusResponse__RegionStatus)
+            INFERENCE__SYSTEM_SHARED_MEMORY_STATUS_RESPONSE__REGION_STATUS__INIT;
+        st[i].name = (char *)jstr(j, "name");
+        st[i].key = (char *)jstr(j, "key");
+        st[i].offset = juint(j, "offset");
+        st[i].byte_size = juint(j, "byte_size");
+        entries[i] = (Inference__SystemSharedMemoryStatusResponse__RegionsEntry)
+            INFERENCE__SYSTEM_SHARED_MEMORY_STATUS_RESPONSE__REGIONS_ENTRY__INIT;
+        entries[i].key = st[i].name;
+        entries[i].value = &st[i];
+        r.regions[r.n_regions++] = &entries[i];
+    }
+    if (a.failed)
+        gfe_unary_finish_status(c, GRPC_STATUS_INTERNAL, "out of memory", NULL);
+    else
+        gfe_unary_finish_msg(c, &r.base);
+    arena_free(&a);
+    json_decref(doc);
+}
+
+/* SystemSharedMemoryRegister and SystemSharedMemoryUnregister: both reply
+ * with an empty message. */
+void gfe_system_shm_update(gfe_unary_call_t *c, const uint8_t *data, size_t len)
+{
+    nereid_error_t *err;
+    if (c->method == GFE_M_SYSTEM_SHM_REGISTER) {
+        Inference__SystemSharedMemoryRegisterRequest *req =
+            inference__system_shared_memory_register_request__unpack(NULL, len, data);
+        if (req == NULL) {
+            finish_malformed(c, "SystemSharedMemoryRegisterRequest");
+            return;
+        }
+        err = nereid_shm_register(c->fe->shm, req->name, req->key, req->offset, req->byte_size);
+        inference__system_shared_memory_register_request__free_unpacked(req, NULL);
+    } else {
+        Inference__SystemSharedMemoryUnregisterRequest *req =
+            inference__system_shared_memory_unregister_request__unpack(NULL, len, data);
+        if (req == NULL) {
+            finish_malformed(c, "SystemSharedMemoryUnregisterRequest");
+            return;
+        }
+        err = nereid_shm_unregister(c->fe->shm, req->name);
+        inference__system_shared_memory_unregister_request__free_unpacked(req, NULL);
+    }
+    if (err != NULL)
+        gfe_unary_finish_error(c, err);
+    else
+        gfe_unary_finish(c, NULL);
+}
+
+/* As Triton built without GPU support: no CUDA region is ever registered. */
+void gfe_cuda_shm(gfe_unary_call_t *c, const uint8_t *data, size_t len)
+{
+    /* The three requests all carry the region name as field 1. */
+    Inference__CudaSharedMemoryStatusRequest *req =
+        inference__cuda_shared_memory_status_request__unpack(NULL, len, data);
+    if (req == NULL) {
+        finish_malformed(c, "CudaSharedMemory request");
+        return;
+    }
+    nereid_error_t *err = NULL;
+    if (c->method == GFE_M_CUDA_SHM_REGISTER) {
+        err = nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                               "failed to register CUDA shared memory region: '%s', GPUs not "
+                               "supported",
+                               req->name);
+    } else if (c->method == GFE_M_CUDA_SHM_UNREGISTER) {
+        if (!nereid_shm_allowed(c->fe->shm))
+            err = nereid_error_new(NEREID_ERROR_UNSUPPORTED, NEREID_SHM_DISABLED_TEXT);
+    } else if (req->name[0] != '\0') {
+        char *text = NULL;
+        nereid_error_t *sys = nereid_shm_status(c->fe->shm, req->name, &text);
+        free(text);
+        if (sys != NULL)
+            err = nereid_error_new(NEREID_ERROR_NOT_FOUND,
+                                   "Unable to find cuda shared memory region: '%s'", req->name);
+        else
+            err = nereid_error_new(NEREID_ERROR_NOT_FOUND,
+                                   "The region named '%s' is registered as system shared memory, "
+                                   "not CUDA shared memory",
+                                   req->name);
+        nereid_error_free(sys);
+    }
+    inference__cuda_shared_memory_status_request__free_unpacked(req, NULL);
+    if (err != NULL) {
+        gfe_unary_finish_error(c, err);
+        return;
+    }
+    /* Every CUDA reply here is an empty message (the status map is empty). */
+    gfe_unary_finish(c, NULL);
 }
 
 /* ---- Log and trace settings --------------------------------------------- */

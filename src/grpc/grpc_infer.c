@@ -77,6 +77,23 @@ static nereid_error_t *seq_metadata(gfe_unary_call_t *c, nereid_request_t *req)
     return err;
 }
 
+/* Triton checks the model's transaction policy first (after the version):
+ * unary ModelInfer cannot carry a decoupled model's responses. */
+static nereid_error_t *refuse_decoupled(nereid_server_t *server,
+                                        const Inference__ModelInferRequest *msg)
+{
+    int64_t version;
+    bool decoupled;
+    nereid_error_t *err = infer_codec_version(msg->model_version, &version);
+    if (err == NULL)
+        err = nereid_server_model_decoupled(server, msg->model_name, version, &decoupled);
+    if (err == NULL && decoupled)
+        err = nereid_error_new(NEREID_ERROR_UNSUPPORTED,
+                               "ModelInfer RPC doesn't support models with decoupled "
+                               "transaction policy");
+    return err;
+}
+
 void gfe_model_infer(gfe_unary_call_t *c, const uint8_t *data, size_t len)
 {
     unary_infer_t *u = calloc(1, sizeof(*u));
@@ -88,10 +105,14 @@ void gfe_model_infer(gfe_unary_call_t *c, const uint8_t *data, size_t len)
     nereid_error_t *err;
     nereid_request_t *req = NULL;
     u->msg = infer_codec_parse(data, len, &err);
-    if (u->msg != NULL) err = infer_codec_request(c->fe->server, u->msg, &u->scratch, &req);
+    u->scratch.shm = c->fe->shm;
+    if (u->msg != NULL) err = refuse_decoupled(c->fe->server, u->msg);
+    if (err == NULL) err = infer_codec_request(c->fe->server, u->msg, &u->scratch, &req);
     if (err == NULL && (err = seq_metadata(c, req)) != NULL) nereid_request_free(req);
     if (err == NULL) {
-        err = nereid_server_infer_async(c->fe->server, req, NULL, unary_infer_done, u);
+        nereid_response_allocator_t alloc;
+        err = nereid_server_infer_async(
+            c->fe->server, req, infer_codec_allocator(&u->scratch, &alloc), unary_infer_done, u);
         if (err == NULL) return; /* unary_infer_done finishes the call */
         nereid_request_free(req);
     }
@@ -133,6 +154,7 @@ typedef struct stream_infer {
     gfe_stream_t *s;
     Inference__ModelInferRequest *msg;
     infer_scratch_t scratch;
+    bool empty_final; /* triton_enable_empty_final_response: true */
 } stream_infer_t;
 
 static void stream_destroy(gfe_stream_t *s)
@@ -259,7 +281,7 @@ static void stream_enqueue_locked(gfe_stream_t *s, grpc_byte_buffer *bb)
 /* An error for one request: a message on the stream, or (with
  * triton_grpc_error) the stream's final status. Called with s->mu held. */
 static void stream_error_locked(gfe_stream_t *s, grpc_status_code code, const char *message,
-                                const char *id, const char *model, const char *version, bool final)
+                                const char *id, const char *model, const char *version, int final)
 {
     if (s->error_closes) {
         if (!s->failing) {
@@ -280,21 +302,32 @@ static void stream_infer_free(stream_infer_t *si)
     free(si);
 }
 
-static void stream_infer_done(nereid_response_t *resp, void *userp)
+/* One response of a streamed request (a decoupled model may send several,
+ * and a final flag without a response). The request's memory (si) lives
+ * until the final one. */
+static void stream_infer_response(nereid_response_t *resp, uint32_t flags, void *userp)
 {
     stream_infer_t *si = userp;
     gfe_stream_t *s = si->s;
-    stream_infer_free(si);
+    bool final = (flags & NEREID_RESPONSE_FINAL) != 0;
     pthread_mutex_lock(&s->mu);
     bool drop = s->status_started || s->dead;
     pthread_mutex_unlock(&s->mu);
 
     grpc_byte_buffer *bb = NULL;
-    const nereid_error_t *rerr = nereid_response_error(resp);
     grpc_status_code code = GRPC_STATUS_OK;
     char *message = NULL, *id = NULL, *model = NULL;
     char version[32] = "";
-    if (!drop && rerr != NULL) {
+    const nereid_error_t *rerr = resp != NULL ? nereid_response_error(resp) : NULL;
+    if (drop) {
+        nereid_response_free(resp);
+    } else if (resp == NULL) {
+        /* Only the final flag: Triton sends an empty response (the request's
+         * id, model name and version) only to a client that asked for it. */
+        if (si->empty_final)
+            bb = infer_codec_stream_error("", si->msg->id, si->msg->model_name,
+                                          si->msg->model_version, 1);
+    } else if (rerr != NULL) {
         code = gfe_status_from_error(rerr);
         message = strdup(nereid_error_message(rerr));
         const char *rid = nereid_response_id(resp), *rmodel = nereid_response_model_name(resp);
@@ -303,32 +336,44 @@ static void stream_infer_done(nereid_response_t *resp, void *userp)
         if (nereid_response_model_version(resp) > 0)
             snprintf(version, sizeof(version), "%" PRId64, nereid_response_model_version(resp));
         nereid_response_free(resp);
-    } else if (!drop) {
+    } else {
         nereid_error_t *err;
-        bb = infer_codec_response(resp, true, &err);
+        bb = infer_codec_stream_response(resp, final, &err);
         if (bb == NULL) {
             code = gfe_status_from_error(err);
             message = strdup(nereid_error_message(err));
             nereid_error_free(err);
         }
-    } else {
-        nereid_response_free(resp);
     }
+    if (final) stream_infer_free(si); /* input memory is no longer used */
 
     pthread_mutex_lock(&s->mu);
     if (bb != NULL)
         stream_enqueue_locked(s, bb);
     else if (code != GRPC_STATUS_OK)
         stream_error_locked(s, code, message != NULL ? message : "out of memory", id, model,
-                            version, true);
-    s->n_inflight--;
-    stream_maybe_finish_locked(s);
-    bool destroy = stream_unref_locked(s);
+                            version, final);
+    bool destroy = false;
+    if (final) {
+        s->n_inflight--;
+        stream_maybe_finish_locked(s);
+        destroy = stream_unref_locked(s);
+    }
     pthread_mutex_unlock(&s->mu);
     free(message);
     free(id);
     free(model);
     if (destroy) stream_destroy(s);
+}
+
+/* The request parameter triton_enable_empty_final_response (the codec has
+ * checked that it is a bool). */
+static bool empty_final_asked(const Inference__ModelInferRequest *msg)
+{
+    for (size_t i = 0; i < msg->n_parameters; i++)
+        if (strcmp(msg->parameters[i]->key, "triton_enable_empty_final_response") == 0)
+            return msg->parameters[i]->value != NULL && msg->parameters[i]->value->bool_param;
+    return false;
 }
 
 /* Submits one request read from the stream. Called without s->mu. */
@@ -341,20 +386,25 @@ static void stream_handle(gfe_stream_t *s, grpc_byte_buffer *bb)
     if (si == NULL) {
         grpc_slice_unref(body);
         pthread_mutex_lock(&s->mu);
-        stream_error_locked(s, GRPC_STATUS_INTERNAL, "out of memory", NULL, NULL, NULL, false);
+        stream_error_locked(s, GRPC_STATUS_INTERNAL, "out of memory", NULL, NULL, NULL, -1);
         pthread_mutex_unlock(&s->mu);
         return;
     }
     si->s = s;
     si->msg = infer_codec_parse(GRPC_SLICE_START_PTR(body), GRPC_SLICE_LENGTH(body), &err);
     grpc_slice_unref(body);
+    si->scratch.shm = s->fe->shm;
     if (si->msg != NULL) err = infer_codec_request(s->fe->server, si->msg, &si->scratch, &req);
     if (err == NULL) {
+        si->empty_final = empty_final_asked(si->msg);
         pthread_mutex_lock(&s->mu);
         s->n_inflight++;
         s->refs++;
         pthread_mutex_unlock(&s->mu);
-        err = nereid_server_infer_async(s->fe->server, req, NULL, stream_infer_done, si);
+        nereid_response_allocator_t alloc;
+        err = nereid_server_infer_stream(s->fe->server, req,
+                                         infer_codec_allocator(&si->scratch, &alloc),
+                                         stream_infer_response, si);
         if (err == NULL) return;
         nereid_request_free(req);
         pthread_mutex_lock(&s->mu);
@@ -364,7 +414,7 @@ static void stream_handle(gfe_stream_t *s, grpc_byte_buffer *bb)
     }
     pthread_mutex_lock(&s->mu);
     stream_error_locked(s, gfe_status_from_error(err), nereid_error_message(err),
-                        si->msg != NULL ? si->msg->id : NULL, NULL, NULL, false);
+                        si->msg != NULL ? si->msg->id : NULL, NULL, NULL, -1);
     pthread_mutex_unlock(&s->mu);
     nereid_error_free(err);
     stream_infer_free(si);

@@ -51,17 +51,17 @@ typedef void (*gfe_unary_fn)(struct gfe_unary_call *c, const uint8_t *data, size
     X(REPOSITORY_MODEL_UNLOAD, "/inference.GRPCInferenceService/RepositoryModelUnload",            \
       gfe_repository_unload, GFE_UNARY, 2)                                                         \
     X(SYSTEM_SHM_STATUS, "/inference.GRPCInferenceService/SystemSharedMemoryStatus",               \
-      gfe_unsupported, GFE_UNARY, 1)                                                               \
+      gfe_system_shm_status, GFE_UNARY, 1)                                                         \
     X(SYSTEM_SHM_REGISTER, "/inference.GRPCInferenceService/SystemSharedMemoryRegister",           \
-      gfe_unsupported, GFE_UNARY, 1)                                                               \
+      gfe_system_shm_update, GFE_UNARY, 1)                                                         \
     X(SYSTEM_SHM_UNREGISTER, "/inference.GRPCInferenceService/SystemSharedMemoryUnregister",       \
-      gfe_unsupported, GFE_UNARY, 1)                                                               \
-    X(CUDA_SHM_STATUS, "/inference.GRPCInferenceService/CudaSharedMemoryStatus", gfe_unsupported,  \
+      gfe_system_shm_update, GFE_UNARY, 1)                                                         \
+    X(CUDA_SHM_STATUS, "/inference.GRPCInferenceService/CudaSharedMemoryStatus", gfe_cuda_shm,     \
       GFE_UNARY, 1)                                                                                \
-    X(CUDA_SHM_REGISTER, "/inference.GRPCInferenceService/CudaSharedMemoryRegister",               \
-      gfe_unsupported, GFE_UNARY, 1)                                                               \
+    X(CUDA_SHM_REGISTER, "/inference.GRPCInferenceService/CudaSharedMemoryRegister", gfe_cuda_shm, \
+      GFE_UNARY, 1)                                                                                \
     X(CUDA_SHM_UNREGISTER, "/inference.GRPCInferenceService/CudaSharedMemoryUnregister",           \
-      gfe_unsupported, GFE_UNARY, 1)                                                               \
+      gfe_cuda_shm, GFE_UNARY, 1)                                                                  \
     X(TRACE_SETTING, "/inference.GRPCInferenceService/TraceSetting", gfe_trace_setting, GFE_UNARY, \
       1)                                                                                           \
     X(LOG_SETTINGS, "/inference.GRPCInferenceService/LogSettings", gfe_log_settings, GFE_UNARY, 1) \
@@ -76,6 +76,7 @@ typedef enum gfe_method {
 
 struct grpc_frontend {
     nereid_server_t *server;
+    nereid_shm_registry_t *shm; /* borrowed; NULL = client shared memory off */
     grpc_server *grpc;
     int port;
     int n_queues;
@@ -123,7 +124,9 @@ void gfe_model_statistics(gfe_unary_call_t *c, const uint8_t *data, size_t len);
 void gfe_repository_index(gfe_unary_call_t *c, const uint8_t *data, size_t len);
 void gfe_repository_load(gfe_unary_call_t *c, const uint8_t *data, size_t len);
 void gfe_repository_unload(gfe_unary_call_t *c, const uint8_t *data, size_t len);
-void gfe_unsupported(gfe_unary_call_t *c, const uint8_t *data, size_t len);
+void gfe_system_shm_status(gfe_unary_call_t *c, const uint8_t *data, size_t len);
+void gfe_system_shm_update(gfe_unary_call_t *c, const uint8_t *data, size_t len);
+void gfe_cuda_shm(gfe_unary_call_t *c, const uint8_t *data, size_t len);
 void gfe_log_settings(gfe_unary_call_t *c, const uint8_t *data, size_t len);
 void gfe_trace_setting(gfe_unary_call_t *c, const uint8_t *data, size_t len);
 void gfe_health_check(gfe_unary_call_t *c, const uint8_t *data, size_t len);

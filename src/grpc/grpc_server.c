@@ -328,6 +328,7 @@ void grpc_options_init(grpc_options_t *opts)
     opts->address = "0.0.0.0";
     opts->port = 8001;
     opts->infer_thread_count = 2;
+    opts->shm = NULL;
 }
 
 int grpc_frontend_port(const grpc_frontend_t *fe)
@@ -383,6 +384,7 @@ nereid_error_t *grpc_frontend_start(nereid_server_t *server, const grpc_options_
         return nereid_error_new(NEREID_ERROR_INTERNAL, "out of memory");
     }
     fe->server = server;
+    fe->shm = opts->shm;
     fe->n_queues = n_queues;
     pthread_mutex_init(&fe->mu, NULL);
     pthread_condattr_t cv_attr;

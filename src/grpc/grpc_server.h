@@ -7,11 +7,14 @@
 #define NEREID_GRPC_SERVER_H
 
 #include "nereid/server.h"
+#include "nereid/shm.h"
 
 typedef struct grpc_options {
     const char *address;    /* "0.0.0.0" when NULL */
     int port;               /* 8001 in Triton; 0 picks a free port */
     int infer_thread_count; /* completion-queue threads; <= 0 means one per core */
+    /* client shared memory (borrowed); NULL = none registered */
+    nereid_shm_registry_t *shm;
 } grpc_options_t;
 
 typedef struct grpc_frontend grpc_frontend_t;

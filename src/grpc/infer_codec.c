@@ -21,6 +21,9 @@
 
 void infer_scratch_free(infer_scratch_t *s)
 {
+    nereid_shm_use_finish(s->shm_use);
+    nereid_shm_use_free(s->shm_use);
+    s->shm_use = NULL;
     for (size_t i = 0; i < s->n_bufs; i++)
         free(s->bufs[i]);
     free(s->bufs);
@@ -269,13 +272,80 @@ static bool has_param(Inference__ModelInferRequest__InferInputTensor__Parameters
     return false;
 }
 
-static nereid_error_t *shm_error(const Inference__InferParameter *v)
+/* Triton's ParseSharedMemoryParams: *region is NULL when the tensor is not
+ * in shared memory. */
+static nereid_error_t *
+shm_params(const char *tensor, Inference__ModelInferRequest__InferInputTensor__ParametersEntry **p,
+           size_t n, const char **region, int64_t *offset, int64_t *byte_size)
 {
-    const char *region = param_case(v) == INFERENCE__INFER_PARAMETER__PARAMETER_CHOICE_STRING_PARAM
-                             ? v->string_param
-                             : "";
-    return nereid_error_new(NEREID_ERROR_INVALID_ARG,
-                            "Unable to find system shared memory region: '%s'", region);
+    const Inference__InferParameter *r = NULL, *o = NULL, *b = NULL;
+    *region = NULL;
+    *offset = *byte_size = 0;
+    bool has_r = has_param(p, n, "shared_memory_region", &r);
+    bool has_o = has_param(p, n, "shared_memory_offset", &o);
+    bool has_b = has_param(p, n, "shared_memory_byte_size", &b);
+    static const char *const keys[3] = {"shared_memory_region", "shared_memory_offset",
+                                        "shared_memory_byte_size"};
+    static const char *const want[3] = {"string_param", "int64_param", "int64_param"};
+    const Inference__InferParameter *v[3] = {r, o, b};
+    bool has[3] = {has_r, has_o, has_b};
+    for (int k = 0; k < 3; k++) {
+        if (!has[k]) continue;
+        if (k > 0 && !has_r)
+            return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                    "'%s' can not be specified without 'shared_memory_region' "
+                                    "parameter for tensor '%s'",
+                                    keys[k], tensor);
+        Inference__InferParameter__ParameterChoiceCase c =
+            k == 0 ? INFERENCE__INFER_PARAMETER__PARAMETER_CHOICE_STRING_PARAM
+                   : INFERENCE__INFER_PARAMETER__PARAMETER_CHOICE_INT64_PARAM;
+        if (param_case(v[k]) != c)
+            return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                    "invalid value type for '%s' parameter for tensor '%s', "
+                                    "expected %s.",
+                                    keys[k], tensor, want[k]);
+    }
+    if (!has_r) return NULL;
+    if (!has_b)
+        return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                "'shared_memory_byte_size' must be specified along with "
+                                "'shared_memory_region' parameter for tensor '%s'",
+                                tensor);
+    *region = r->string_param;
+    *offset = has_o ? o->int64_param : 0;
+    *byte_size = b->int64_param;
+    return NULL;
+}
+
+/* buffer_userp of an output the allocator placed in shared memory. */
+static char shm_output_marker;
+
+static nereid_error_t *shm_alloc(void *userp, const char *name, nereid_datatype_t dt,
+                                 const int64_t *shape, size_t rank, size_t byte_size, void **buffer,
+                                 void **buffer_userp)
+{
+    (void)shape, (void)rank;
+    infer_scratch_t *s = userp;
+    nereid_error_t *err;
+    *buffer_userp = &shm_output_marker;
+    if (nereid_shm_use_alloc(s->shm_use, name, dt, byte_size, buffer, &err)) return err;
+    *buffer_userp = NULL;
+    *buffer = malloc(byte_size > 0 ? byte_size : 1);
+    return *buffer != NULL ? NULL : OOM();
+}
+
+static void shm_release(void *userp, void *buffer, void *buffer_userp, size_t byte_size)
+{
+    (void)userp, (void)byte_size;
+    if (buffer_userp != &shm_output_marker) free(buffer);
+}
+
+const nereid_response_allocator_t *infer_codec_allocator(infer_scratch_t *s,
+                                                         nereid_response_allocator_t *storage)
+{
+    if (!s->shm_outputs) return NULL;
+    *storage = (nereid_response_allocator_t){shm_alloc, shm_release, s};
+    return storage;
 }
 
 static nereid_error_t *build(nereid_request_t *req, const Inference__ModelInferRequest *m,
@@ -298,17 +368,29 @@ static nereid_error_t *build(nereid_request_t *req, const Inference__ModelInferR
     size_t raw_index = 0;
     for (size_t i = 0; i < m->n_inputs; i++) {
         const Inference__ModelInferRequest__InferInputTensor *in = m->inputs[i];
-        const Inference__InferParameter *region;
+        const char *region;
+        int64_t offset, byte_size;
         const void *data = NULL;
         size_t size = 0;
-        if (has_param(in->parameters, in->n_parameters, "shared_memory_region", &region))
-            return shm_error(region);
-        if (in->contents != NULL && m->n_raw_input_contents > 0)
+        err = shm_params(in->name, in->parameters, in->n_parameters, &region, &offset, &byte_size);
+        if (err != NULL) return err;
+        if (region != NULL) {
+            if (in->contents != NULL)
+                return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                        "unexpected 'content' provided when using shared memory "
+                                        "for input tensor '%s' for model '%s'",
+                                        in->name, m->model_name);
+            err = nereid_shm_use_input(&scratch->shm_use, scratch->shm, region, (uint64_t)offset,
+                                       (uint64_t)byte_size, nereid_datatype_from_name(in->datatype),
+                                       &data);
+            if (err != NULL) return err;
+            size = (size_t)byte_size;
+        } else if (in->contents != NULL && m->n_raw_input_contents > 0) {
             return nereid_error_new(NEREID_ERROR_INVALID_ARG,
                                     "contents field must not be specified when using "
                                     "raw_input_contents for '%s' for model '%s'",
                                     in->name, m->model_name);
-        if (in->contents != NULL) {
+        } else if (in->contents != NULL) {
             if ((err = typed_data(in, m->model_name, scratch, &data, &size)) != NULL) return err;
         } else if (raw_index < m->n_raw_input_contents) {
             data = m->raw_input_contents[raw_index].data;
@@ -338,7 +420,20 @@ static nereid_error_t *build(nereid_request_t *req, const Inference__ModelInferR
         /* same entry layout as the input parameters map */
         Inference__ModelInferRequest__InferInputTensor__ParametersEntry **params =
             (Inference__ModelInferRequest__InferInputTensor__ParametersEntry **)out->parameters;
-        if (has_param(params, out->n_parameters, "shared_memory_region", &v)) return shm_error(v);
+        const char *region;
+        int64_t offset, byte_size;
+        err = shm_params(out->name, params, out->n_parameters, &region, &offset, &byte_size);
+        if (err != NULL) return err;
+        if (region != NULL && has_param(params, out->n_parameters, "classification", &v))
+            return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                    "output can't set both 'shared_memory_region' and "
+                                    "'classification'");
+        if (region != NULL) {
+            err = nereid_shm_use_output(&scratch->shm_use, scratch->shm, out->name, region,
+                                        (uint64_t)offset, (uint64_t)byte_size);
+            if (err != NULL) return err;
+            scratch->shm_outputs = true;
+        }
         if (has_param(params, out->n_parameters, "classification", &v)) {
             if (param_case(v) != INFERENCE__INFER_PARAMETER__PARAMETER_CHOICE_INT64_PARAM)
                 return nereid_error_new(NEREID_ERROR_INVALID_ARG,
@@ -422,7 +517,8 @@ typedef struct out_view {
     size_t size;
 } out_view_t;
 
-grpc_byte_buffer *infer_codec_response(nereid_response_t *resp, bool stream, nereid_error_t **err)
+static grpc_byte_buffer *codec_response(nereid_response_t *resp, bool stream, bool final,
+                                        nereid_error_t **err)
 {
     *err = NULL;
     size_t n_out = nereid_response_output_count(resp);
@@ -458,7 +554,7 @@ grpc_byte_buffer *infer_codec_response(nereid_response_t *resp, bool stream, ner
 
     Inference__InferParameter final_value = INFERENCE__INFER_PARAMETER__INIT;
     final_value.parameter_choice_case = INFERENCE__INFER_PARAMETER__PARAMETER_CHOICE_BOOL_PARAM;
-    final_value.bool_param = 1;
+    final_value.bool_param = final;
     Inference__ModelInferResponse__ParametersEntry final_entry =
         INFERENCE__MODEL_INFER_RESPONSE__PARAMETERS_ENTRY__INIT;
     final_entry.key = "triton_final_response";
@@ -501,7 +597,7 @@ grpc_byte_buffer *infer_codec_response(nereid_response_t *resp, bool stream, ner
             size = n_bytes;
         }
         views[i].data = data;
-        views[i].size = size;
+        views[i].size = buffer_userp == &shm_output_marker ? 0 : size; /* in shared memory */
         out_ptrs[i] = &outs[i];
     }
     msg.n_outputs = n_out;
@@ -559,8 +655,19 @@ done:
     return bb;
 }
 
+grpc_byte_buffer *infer_codec_response(nereid_response_t *resp, bool stream, nereid_error_t **err)
+{
+    return codec_response(resp, stream, true, err);
+}
+
+grpc_byte_buffer *infer_codec_stream_response(nereid_response_t *resp, bool final,
+                                              nereid_error_t **err)
+{
+    return codec_response(resp, true, final, err);
+}
+
 grpc_byte_buffer *infer_codec_stream_error(const char *message, const char *id, const char *model,
-                                           const char *version, bool final)
+                                           const char *version, int final)
 {
     Inference__ModelStreamInferResponse msg = INFERENCE__MODEL_STREAM_INFER_RESPONSE__INIT;
     Inference__ModelInferResponse inner = INFERENCE__MODEL_INFER_RESPONSE__INIT;
@@ -572,9 +679,9 @@ grpc_byte_buffer *infer_codec_stream_error(const char *message, const char *id, 
     inner.id = (char *)(id != NULL ? id : "");
     inner.model_name = (char *)(model != NULL ? model : "");
     inner.model_version = (char *)(version != NULL ? version : "");
-    if (final) {
+    if (final >= 0) {
         final_value.parameter_choice_case = INFERENCE__INFER_PARAMETER__PARAMETER_CHOICE_BOOL_PARAM;
-        final_value.bool_param = 1;
+        final_value.bool_param = final > 0;
         final_entry.key = "triton_final_response";
         final_entry.value = &final_value;
         inner.n_parameters = 1;

@@ -14,15 +14,26 @@
 
 #include "grpc_service.pb-c.h"
 #include "nereid/server.h"
+#include "nereid/shm.h"
 
 /* Buffers made while converting typed contents; they back the request's
  * inputs until its completion callback has run. */
 typedef struct infer_scratch {
     void **bufs;
     size_t n_bufs;
+    nereid_shm_registry_t *shm; /* set by the caller: where regions are found */
+    nereid_shm_use_t *shm_use;  /* regions the request uses */
+    bool shm_outputs;           /* some output goes to shared memory */
 } infer_scratch_t;
 
+/* Finishes the request's use of shared memory and frees the buffers. */
 void infer_scratch_free(infer_scratch_t *s);
+
+/* The response allocator a request built with s needs: NULL (Nereid's own
+ * buffers) unless outputs go to shared memory; then *storage, which writes
+ * them into their regions (s must live until the request completes). */
+const nereid_response_allocator_t *infer_codec_allocator(infer_scratch_t *s,
+                                                         nereid_response_allocator_t *storage);
 
 /* Unpacks a ModelInferRequest; NULL (and *err INVALID_ARG) when malformed.
  * Free with inference__model_infer_request__free_unpacked(msg, NULL). */
@@ -48,10 +59,17 @@ nereid_error_t *infer_codec_request(nereid_server_t *server,
  * ownership of resp in every case. NULL with *err on failure. */
 grpc_byte_buffer *infer_codec_response(nereid_response_t *resp, bool stream, nereid_error_t **err);
 
-/* A ModelStreamInferResponse carrying error_message and, in infer_response,
- * only id, model_name and model_version (each may be NULL); final adds the
- * triton_final_response parameter. */
+/* infer_codec_response(resp, true, err) with triton_final_response = final
+ * (a decoupled model's responses before its last are not final). */
+grpc_byte_buffer *infer_codec_stream_response(nereid_response_t *resp, bool final,
+                                              nereid_error_t **err);
+
+/* A ModelStreamInferResponse carrying error_message (may be "": a decoupled
+ * model's empty final response) and, in infer_response, only id, model_name
+ * and model_version (each may be NULL); final >= 0 adds the
+ * triton_final_response parameter with that value (final < 0: none, as for
+ * a request that could not be submitted). */
 grpc_byte_buffer *infer_codec_stream_error(const char *message, const char *id, const char *model,
-                                           const char *version, bool final);
+                                           const char *version, int final);
 
 #endif

@@ -117,9 +117,10 @@ struct http_server {
     size_t n_suspended; /* connections suspended whose handler has not run again */
     bool stopping;
     pthread_mutex_t conns_lock;
-    conn_slot_t idle_conns; /* sentinel of the idle list, longest idle first */
-    size_t n_open;          /* open connections, not counting those we shut */
-    size_t max_connections; /* --http-max-connections after the fd limit */
+    conn_slot_t idle_conns;     /* sentinel of the idle list, longest idle first */
+    size_t n_open;              /* open connections, not counting those we shut */
+    size_t max_connections;     /* --http-max-connections after the fd limit */
+    nereid_shm_registry_t *shm; /* borrowed; NULL = client shared memory off */
 };
 
 /* One output buffer from the response allocator; data follows the header. */
@@ -160,6 +161,7 @@ typedef struct http_conn {
     _Atomic int phase;                     /* infer_phase_t */
     bool suspended;                        /* we suspended it; MHD thread only */
     char seq_echo[132];                    /* sequence id for the reply header, or "" */
+    nereid_shm_use_t *shm;                 /* regions the inference uses, or NULL */
 } http_conn_t;
 
 /* An inference and its connection: the completion resumes the connection
@@ -631,25 +633,93 @@ static enum MHD_Result handle_named_repository(http_conn_t *c)
     return http_queue_error(c->mhd, 501, "'repository_name' specification is not supported");
 }
 
-/* Client shared memory is off (Triton's default --allow-client-shm=false):
- * nothing is ever registered. */
+/* Triton's register body: {"key", "offset" (optional), "byte_size"}. */
+static nereid_error_t *shm_register(http_conn_t *c)
+{
+    nereid_error_t *err;
+    json_t *root = parse_body_json(c, &err);
+    if (err) return err;
+    json_t *key = json_is_object(root) ? json_object_get(root, "key") : NULL;
+    json_t *offset = key ? json_object_get(root, "offset") : NULL;
+    json_t *size = key ? json_object_get(root, "byte_size") : NULL;
+    if (!key)
+        err = nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                               "Shared memory register request has no 'key' field");
+    else if (!json_is_string(key))
+        err =
+            nereid_error_new(NEREID_ERROR_INTERNAL, "attempt to access JSON non-string as string");
+    else if ((offset && (!json_is_integer(offset) || json_integer_value(offset) < 0)) ||
+             (size && (!json_is_integer(size) || json_integer_value(size) < 0)))
+        err = nereid_error_new(NEREID_ERROR_INTERNAL,
+                               "attempt to access JSON non-unsigned-integer as unsigned-integer");
+    else if (!size)
+        err = nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                               "Shared memory register request has no 'byte_size' field");
+    else
+        err = nereid_shm_register(c->srv->shm, c->name, json_string_value(key),
+                                  offset ? (uint64_t)json_integer_value(offset) : 0,
+                                  (uint64_t)json_integer_value(size));
+    if (root) json_decref(root);
+    return err;
+}
+
+/* Triton built without GPU support: CUDA regions can never be registered. */
+static nereid_error_t *cuda_shm(http_conn_t *c, char **json)
+{
+    nereid_shm_registry_t *reg = c->srv->shm;
+    if (c->route == ROUTE_CUDA_SHM_STATUS) {
+        *json = strdup("[]");
+        return *json ? NULL : nereid_error_new(NEREID_ERROR_INTERNAL, "out of memory");
+    }
+    if (c->route == ROUTE_CUDA_SHM_REGION_STATUS) {
+        char *sys = NULL;
+        nereid_error_t *err = nereid_shm_status(reg, c->name, &sys);
+        free(sys);
+        if (err) {
+            nereid_error_free(err);
+            return nereid_error_new(NEREID_ERROR_NOT_FOUND,
+                                    "Unable to find cuda shared memory region: '%s'", c->name);
+        }
+        return nereid_error_new(NEREID_ERROR_NOT_FOUND,
+                                "The region named '%s' is registered as system shared memory, "
+                                "not CUDA shared memory",
+                                c->name);
+    }
+    if (!nereid_shm_allowed(reg))
+        return nereid_error_new(NEREID_ERROR_UNSUPPORTED, NEREID_SHM_DISABLED_TEXT);
+    if (c->route == ROUTE_CUDA_SHM_REGISTER)
+        return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                "failed to register CUDA shared memory region: '%s', GPUs not "
+                                "supported",
+                                c->name);
+    return NULL; /* unregister: no CUDA region is ever registered */
+}
+
+/* The system (and CUDA) shared memory extension, as Triton's
+ * HandleSystemSharedMemory / HandleCudaSharedMemory. */
 static enum MHD_Result handle_shm(http_conn_t *c)
 {
+    char *json = NULL;
+    nereid_error_t *err = NULL;
     switch (c->route) {
     case ROUTE_SYS_SHM_STATUS:
-    case ROUTE_CUDA_SHM_STATUS:
-        return http_queue_text(c->mhd, 200, "application/json", "[]", 2);
     case ROUTE_SYS_SHM_REGION_STATUS:
-    case ROUTE_CUDA_SHM_REGION_STATUS: {
-        char msg[512];
-        snprintf(msg, sizeof msg, "Unable to find shared memory region: '%.400s'", c->name);
-        return http_queue_error(c->mhd, 404, msg);
-    }
+        err = nereid_shm_status(c->srv->shm, c->name, &json);
+        break;
+    case ROUTE_SYS_SHM_REGISTER:
+        err = nereid_shm_allowed(c->srv->shm)
+                  ? shm_register(c)
+                  : nereid_error_new(NEREID_ERROR_UNSUPPORTED, NEREID_SHM_DISABLED_TEXT);
+        break;
+    case ROUTE_SYS_SHM_UNREGISTER:
+    case ROUTE_SYS_SHM_REGION_UNREGISTER:
+        err = nereid_shm_unregister(c->srv->shm, c->name);
+        break;
     default:
-        return http_queue_error(c->mhd, 501,
-                                "Client shared memory is disabled. Start the server with "
-                                "'--allow-client-shm=true' to enable.");
+        err = cuda_shm(c, &json);
     }
+    if (err || json) return reply_json_or_error(c->mhd, err, json);
+    return http_queue_text(c->mhd, 200, "application/json", NULL, 0);
 }
 
 /* ---- Inference ------------------------------------------------------------ */
@@ -667,8 +737,13 @@ static nereid_error_t *alloc_output(void *userp, const char *name, nereid_dataty
                                     const int64_t *shape, size_t rank, size_t byte_size,
                                     void **buffer, void **buffer_userp)
 {
-    (void)dt, (void)shape, (void)rank;
+    (void)shape, (void)rank;
     http_conn_t *c = userp;
+    nereid_error_t *err;
+    if (c->shm && nereid_shm_use_alloc(c->shm, name, dt, byte_size, buffer, &err)) {
+        *buffer_userp = NULL;
+        return err;
+    }
     out_buf_t *b = malloc(sizeof *b + (byte_size ? byte_size : 1));
     if (!b) {
         *buffer = NULL;
@@ -715,6 +790,7 @@ static void infer_done(nereid_response_t *response, void *userp)
     http_conn_t *c = userp;
     http_server_t *srv = c->srv;
     struct MHD_Connection *mc = c->mhd;
+    nereid_shm_use_finish(c->shm); /* the reply does not read shared memory */
     atomic_store(&c->response, response);
     int phase = PHASE_RUNNING;
     /* Still running in the handler: it sees DONE and replies itself. */
@@ -832,6 +908,7 @@ static nereid_error_t *infer_submit(http_conn_t *c, bool *done)
         err = infer_parse(body, len, c->header_len, c->model, srv->max_input_size, &c->parsed);
     }
     if (err) return err;
+    if (c->parsed.has_shm && (err = infer_parsed_shm(&c->parsed, srv->shm, &c->shm))) return err;
     nereid_request_t *req;
     if ((err = infer_parsed_to_request(srv->core, c->model, c->version, &c->parsed, &req)))
         return err;
@@ -952,8 +1029,15 @@ static enum MHD_Result handle_infer(http_conn_t *c)
         return MHD_YES;
     }
     if (c->version < -1) return version_error(c);
-    bool done = false;
-    nereid_error_t *err = infer_submit(c, &done);
+    /* Triton checks the transaction policy before it reads the body. */
+    bool decoupled = false, done = false;
+    nereid_error_t *err =
+        nereid_server_model_decoupled(c->srv->core, c->model, c->version, &decoupled);
+    if (!err && decoupled)
+        err = nereid_error_new(NEREID_ERROR_UNSUPPORTED,
+                               "HTTP end point doesn't support models with decoupled transaction "
+                               "policy");
+    if (!err) err = infer_submit(c, &done);
     if (err) return http_queue_nereid_error(c->mhd, err);
     c->submitted = true;
     return done ? infer_reply(c) : MHD_YES;
@@ -1363,6 +1447,7 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
     if (c->error) nereid_error_free(c->error);
     if (c->submit_error) nereid_error_free(c->submit_error);
     infer_parsed_free(&c->parsed);
+    nereid_shm_use_free(c->shm);
     free(c->inflated);
     free(c->raw_input_name);
     free(c->body.data);
@@ -1380,6 +1465,7 @@ void http_options_init(http_options_t *opts)
     opts->max_input_size = 67108864;
     opts->max_connections = 4096;
     opts->idle_timeout_secs = 60;
+    opts->shm = NULL;
 }
 
 nereid_error_t *http_server_start(nereid_server_t *core, const http_options_t *opts,
@@ -1395,6 +1481,7 @@ nereid_error_t *http_server_start(nereid_server_t *core, const http_options_t *o
     if (!srv) return nereid_error_new(NEREID_ERROR_INTERNAL, "out of memory");
     srv->core = core;
     srv->max_input_size = opts->max_input_size;
+    srv->shm = opts->shm;
     pthread_mutex_init(&srv->lock, NULL);
     pthread_cond_init(&srv->idle, NULL);
     pthread_mutex_init(&srv->conns_lock, NULL);

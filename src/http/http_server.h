@@ -8,6 +8,7 @@
 #include <stddef.h>
 
 #include "nereid/server.h"
+#include "nereid/shm.h"
 
 typedef struct http_options {
     const char *address;   /* "0.0.0.0", "127.0.0.1", "::" ... */
@@ -16,6 +17,8 @@ typedef struct http_options {
     size_t max_input_size; /* --http-max-input-size, bytes */
     int max_connections;   /* --http-max-connections: open connections at most */
     int idle_timeout_secs; /* --http-idle-timeout-secs: 0 = never time out */
+    /* client shared memory (borrowed); NULL = none registered */
+    nereid_shm_registry_t *shm;
 } http_options_t;
 
 typedef struct http_server http_server_t;

@@ -177,6 +177,22 @@ static nereid_error_t *parse_shape(infer_parsed_t *p, infer_input_t *in, const j
     return NULL;
 }
 
+/* Triton's CheckSharedMemoryData: the region name and the optional offset
+ * and byte size (0 when absent). */
+static nereid_error_t *parse_shm(const jv_t *params, const char **region, uint64_t *offset,
+                                 uint64_t *byte_size)
+{
+    const jv_t *r = jv_get(params, "shared_memory_region");
+    if (!is_string(r)) return type_error("shared_memory_region", "string");
+    *region = r->v.s;
+    const jv_t *o = jv_get(params, "shared_memory_offset");
+    if (o && !jv_get_uint(o, offset)) return type_error("shared_memory_offset", "unsigned-integer");
+    const jv_t *b = jv_get(params, "shared_memory_byte_size");
+    if (b && !jv_get_uint(b, byte_size))
+        return type_error("shared_memory_byte_size", "unsigned-integer");
+    return NULL;
+}
+
 static nereid_error_t *parse_input(infer_parsed_t *p, const jv_t *j, infer_input_t *in,
                                    const char *body, size_t len, size_t *offset, const char *model,
                                    size_t max_input_size)
@@ -217,9 +233,8 @@ static nereid_error_t *parse_input(infer_parsed_t *p, const jv_t *j, infer_input
         return nereid_error_new(NEREID_ERROR_INVALID_ARG, "%s", msg);
     }
     if (shm) {
-        if (!is_string(shm)) return type_error("shared_memory_region", "string");
-        return nereid_error_new(NEREID_ERROR_NOT_FOUND, "Unable to find shared memory region: '%s'",
-                                shm->v.s);
+        p->has_shm = true;
+        return parse_shm(params, &in->shm_region, &in->shm_offset, &in->shm_byte_size);
     }
     if (data) return parse_json_data(in, data, n_elements, max_input_size, body);
 
@@ -257,13 +272,23 @@ static nereid_error_t *parse_output(const jv_t *j, infer_output_t *out, bool bin
     const jv_t *params = jv_get(j, "parameters");
     if (!params) return NULL;
     if (params->type != JV_OBJECT) return type_error("parameters", "object");
-    const jv_t *shm = jv_get(params, "shared_memory_region");
-    if (shm) {
-        if (!is_string(shm)) return type_error("shared_memory_region", "string");
-        return nereid_error_new(NEREID_ERROR_NOT_FOUND, "Unable to find shared memory region: '%s'",
-                                shm->v.s);
-    }
     const jv_t *bin = jv_get(params, "binary_data");
+    if (jv_get(params, "shared_memory_region")) {
+        /* Triton's ValidateOutputParameter */
+        if (jv_get(params, "classification"))
+            return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                    "Output can't set both 'shared_memory_region' and "
+                                    "'classification'");
+        if (bin && !is_bool(bin))
+            return nereid_error_new(NEREID_ERROR_INTERNAL,
+                                    "Unable to set 'binary_data': attempt to access JSON "
+                                    "non-boolean as boolean");
+        if (bin && bin->type == JV_TRUE)
+            return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                    "Output can't set both 'shared_memory_region' and "
+                                    "'binary_data'");
+        return parse_shm(params, &out->shm_region, &out->shm_offset, &out->shm_byte_size);
+    }
     if (bin) {
         if (!is_bool(bin)) return type_error("binary_data", "boolean");
         out->binary = bin->type == JV_TRUE;
@@ -364,6 +389,7 @@ static nereid_error_t *parse_root(const jv_t *root, const char *body, size_t len
         for (const jv_t *e = outputs->v.child; e; e = e->next, i++) {
             nereid_error_t *err = parse_output(e, &p->outputs[i], p->binary_data_output);
             if (err) return err;
+            if (p->outputs[i].shm_region) p->has_shm = true;
         }
     }
     return NULL;
@@ -527,6 +553,26 @@ nereid_error_t *infer_parsed_to_request(nereid_server_t *server, const char *mod
     return NULL;
 fail:
     nereid_request_free(req);
+    return err;
+}
+
+nereid_error_t *infer_parsed_shm(infer_parsed_t *p, nereid_shm_registry_t *reg,
+                                 nereid_shm_use_t **use)
+{
+    nereid_error_t *err = NULL;
+    for (size_t i = 0; !err && p->has_shm && i < p->n_inputs; i++) {
+        infer_input_t *in = &p->inputs[i];
+        if (!in->shm_region) continue;
+        err = nereid_shm_use_input(use, reg, in->shm_region, in->shm_offset, in->shm_byte_size,
+                                   in->datatype, &in->data);
+        in->byte_size = (size_t)in->shm_byte_size;
+    }
+    for (size_t i = 0; !err && p->has_shm && i < p->n_outputs; i++) {
+        const infer_output_t *out = &p->outputs[i];
+        if (out->shm_region)
+            err = nereid_shm_use_output(use, reg, out->name, out->shm_region, out->shm_offset,
+                                        out->shm_byte_size);
+    }
     return err;
 }
 

@@ -20,6 +20,7 @@
 
 #include "http/json_reader.h"
 #include "nereid/server.h"
+#include "nereid/shm.h"
 
 /* No Inference-Header-Content-Length: the whole body is JSON. */
 #define INFER_HEADER_LENGTH_NONE SIZE_MAX
@@ -31,13 +32,17 @@ typedef struct infer_input {
     size_t rank;
     const void *data; /* borrowed from the body, or == owned_data */
     size_t byte_size;
-    void *owned_data; /* JSON data converted to the binary layout, or NULL */
+    void *owned_data;       /* JSON data converted to the binary layout, or NULL */
+    const char *shm_region; /* shared_memory_region, or NULL (data set by infer_parsed_shm) */
+    uint64_t shm_offset, shm_byte_size;
 } infer_input_t;
 
 typedef struct infer_output {
     const char *name; /* borrowed from the parsed JSON */
     bool binary;      /* binary_data, or the request's binary_data_output */
     uint32_t class_count;
+    const char *shm_region; /* shared_memory_region, or NULL */
+    uint64_t shm_offset, shm_byte_size;
 } infer_output_t;
 
 typedef struct infer_parsed {
@@ -57,6 +62,7 @@ typedef struct infer_parsed {
     uint64_t timeout_us;
     const jv_t *parameters; /* the request "parameters" object, or NULL */
     bool raw;               /* raw binary request: every output binary */
+    bool has_shm;           /* some input or output names a shared memory region */
     jarena_t arena;         /* last: nodes, strings, inputs, outputs, shapes */
 } infer_parsed_t;
 
@@ -89,6 +95,13 @@ nereid_error_t *infer_parse_raw(const char *body, size_t len, const infer_raw_mo
  * nereid_server_infer_async took it. */
 nereid_error_t *infer_parsed_to_request(nereid_server_t *server, const char *model, int64_t version,
                                         const infer_parsed_t *parsed, nereid_request_t **out);
+
+/* Resolves the shared memory regions parsed names (Triton's checks and
+ * texts): inputs get their data in the region, outputs their targets in
+ * *use, which holds the regions until nereid_shm_use_finish/free. Nothing to
+ * do when parsed->has_shm is false. */
+nereid_error_t *infer_parsed_shm(infer_parsed_t *parsed, nereid_shm_registry_t *reg,
+                                 nereid_shm_use_t **use);
 
 /* Frees what parsed owns; parsed may be zeroed (or freed already). */
 void infer_parsed_free(infer_parsed_t *parsed);

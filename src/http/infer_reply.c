@@ -255,6 +255,11 @@ nereid_error_t *infer_reply_build(const nereid_response_t *resp, const infer_par
             sbuf_append_str(&b, nereid_datatype_name(dt)) || sbuf_append_str(&b, "\",\"shape\":") ||
             write_shape(&b, shape, rank))
             goto oom;
+        /* In shared memory: Triton sends neither data nor parameters. */
+        if (req && req->shm_region) {
+            if (sbuf_append_str(&b, "}")) goto oom;
+            continue;
+        }
         if (binary) {
             snprintf(num, sizeof num, "%zu", byte_size);
             if (sbuf_append_str(&b, ",\"parameters\":{\"binary_data_size\":") ||

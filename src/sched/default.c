@@ -93,13 +93,20 @@ static inline void cpu_relax(void)
 #endif
 }
 
+/* Inline runs this thread is inside (run_inline). */
+static _Thread_local int inline_depth;
+
 static model_instance_t *claim(scheduler_t *s);
 static void run_inline(scheduler_t *s, model_instance_t *inst, nereid_request_t *req);
 
 static nereid_error_t *default_enqueue(scheduler_t *s, nereid_request_t *req)
 {
     default_scheduler_t *d = (default_scheduler_t *)s;
-    model_instance_t *inst = claim(s);
+    /* A request submitted from inside an inline run (an ensemble's next
+     * step, from the previous step's completion) queues: it would otherwise
+     * wait for the instance this thread holds, or nest runs. The inline
+     * caller takes it from the queue once its own run is complete. */
+    model_instance_t *inst = inline_depth ? NULL : claim(s);
     if (inst) {
         run_inline(s, inst, req);
         return NULL;
@@ -213,6 +220,7 @@ static void run_inline(scheduler_t *s, model_instance_t *inst, nereid_request_t 
      * below still needs the scheduler, so the run holds a reference of its
      * own and drops it last. */
     model_ref(m);
+    inline_depth++;
     nereid_request_t *slot[1];
     batch_t batch = {.reqs = slot, .cap_reqs = 1};
     for (int taken = 0; req; taken++) {
@@ -221,6 +229,7 @@ static void run_inline(scheduler_t *s, model_instance_t *inst, nereid_request_t 
         s->core->complete(&batch, true);
         req = release(s, inst, taken < INLINE_TAKE_MAX);
     }
+    inline_depth--;
     model_unref(m);
 }
 

@@ -152,19 +152,24 @@ def test_repository_explicit_load_unload(nereid_server, tmp_path):
         assert e.code() != grpc.StatusCode.OK and "nope" in e.details()
 
 
-def test_unsupported_rpcs_answer(stub):
+def test_shared_memory_rpcs_with_client_shm_off(stub):
+    # Triton's default since 26.04: status answers (empty), changes are refused
+    disabled = ("Client shared memory is disabled. Start the server with "
+                "'--allow-client-shm=true' to enable.")
+    assert len(stub.SystemSharedMemoryStatus(pb.SystemSharedMemoryStatusRequest()).regions) == 0
+    assert len(stub.CudaSharedMemoryStatus(pb.CudaSharedMemoryStatusRequest()).regions) == 0
     calls = [
-        (stub.SystemSharedMemoryStatus, pb.SystemSharedMemoryStatusRequest()),
         (stub.SystemSharedMemoryRegister, pb.SystemSharedMemoryRegisterRequest(name="r", key="/k")),
         (stub.SystemSharedMemoryUnregister, pb.SystemSharedMemoryUnregisterRequest()),
-        (stub.CudaSharedMemoryStatus, pb.CudaSharedMemoryStatusRequest()),
-        (stub.CudaSharedMemoryRegister, pb.CudaSharedMemoryRegisterRequest(name="r")),
         (stub.CudaSharedMemoryUnregister, pb.CudaSharedMemoryUnregisterRequest()),
     ]
     for call, req in calls:
         e = rpc_error(call, req)
-        assert e.code() == grpc.StatusCode.UNIMPLEMENTED
-        assert "not supported" in e.details()
+        assert (e.code(), e.details()) == (grpc.StatusCode.UNIMPLEMENTED, disabled)
+    e = rpc_error(stub.CudaSharedMemoryRegister, pb.CudaSharedMemoryRegisterRequest(name="r"))
+    assert (e.code(), e.details()) == (
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "failed to register CUDA shared memory region: 'r', GPUs not supported")
 
 
 def test_unknown_methods_get_unimplemented(server):

@@ -1,0 +1,289 @@
+"""Decoupled models (model_transaction_policy { decoupled: true }) through the
+real binary: the repeat backend (Triton's repeat_int32 QA model) answers a
+request with 0, 1 or N responses over gRPC ModelStreamInfer, with
+triton_final_response and the optional empty final response as Triton sends
+them; HTTP /infer and unary ModelInfer refuse decoupled models with Triton's
+texts; response_stats count each response index."""
+import os
+import queue
+import shutil
+import threading
+import time
+
+import grpc
+import numpy as np
+import pytest
+import requests
+
+from conftest import EXAMPLES
+from grpc_util import stubs
+
+pb, pbg, _, _ = stubs()
+
+HTTP_REFUSAL = "HTTP end point doesn't support models with decoupled transaction policy"
+UNARY_REFUSAL = "ModelInfer RPC doesn't support models with decoupled transaction policy"
+
+
+@pytest.fixture
+def repo(tmp_path):
+    path = str(tmp_path / "models")
+    os.makedirs(path)
+    shutil.copytree(os.path.join(EXAMPLES, "repeat_int32"), os.path.join(path, "repeat_int32"))
+    # the same model, not decoupled: one response per request
+    src = os.path.join(EXAMPLES, "repeat_int32", "config.pbtxt")
+    dst = os.path.join(path, "repeat_coupled")
+    os.makedirs(os.path.join(dst, "1"))
+    with open(src) as f:
+        text = f.read().replace('name: "repeat_int32"', 'name: "repeat_coupled"')
+    with open(os.path.join(dst, "config.pbtxt"), "w") as f:
+        f.write(text.replace("decoupled: true", "decoupled: false"))
+    return path
+
+
+@pytest.fixture
+def server(nereid_server, repo):
+    return nereid_server(repo)
+
+
+@pytest.fixture
+def stub(server):
+    with grpc.insecure_channel(server.grpc_addr) as ch:
+        yield pbg.GRPCInferenceServiceStub(ch)
+
+
+def repeat(values, delays=None, wait=0, id="", model="repeat_int32", empty_final=None,
+           fail_at=None):
+    delays = [0] * len(values) if delays is None else delays
+    req = pb.ModelInferRequest(model_name=model, id=id)
+    for name, dt, arr in (("IN", "INT32", np.array(values, np.int32)),
+                          ("DELAY", "UINT32", np.array(delays, np.uint32)),
+                          ("WAIT", "UINT32", np.array([wait], np.uint32))):
+        t = req.inputs.add()
+        t.name, t.datatype = name, dt
+        t.shape.extend([len(arr)])
+        req.raw_input_contents.append(arr.tobytes())
+    if empty_final is not None:
+        req.parameters["triton_enable_empty_final_response"].bool_param = empty_final
+    if fail_at is not None:
+        req.parameters["repeat_fail_at"].int64_param = fail_at
+    return req
+
+
+def final(r):
+    p = r.infer_response.parameters.get("triton_final_response")
+    return None if p is None else p.bool_param
+
+
+def out_idx(r):
+    ir = r.infer_response
+    outs = {o.name: ir.raw_output_contents[i] for i, o in enumerate(ir.outputs)}
+    return (int(np.frombuffer(outs["OUT"], np.int32)[0]),
+            int(np.frombuffer(outs["IDX"], np.uint32)[0]))
+
+
+def stream(stub, reqs, metadata=None):
+    return list(stub.ModelStreamInfer(iter(reqs), timeout=30, metadata=metadata))
+
+
+def by_id(responses):
+    d = {}
+    for r in responses:
+        d.setdefault(r.infer_response.id, []).append(r)
+    return d
+
+
+def test_one_to_many(stub):
+    rs = stream(stub, [repeat([5, 6, 7], [5, 5, 5], wait=1, id="many")])
+    assert [out_idx(r) for r in rs] == [(5, 0), (6, 1), (7, 2)]
+    assert all(r.error_message == "" and final(r) is False for r in rs)
+    ir = rs[0].infer_response
+    assert (ir.model_name, ir.model_version, ir.id) == ("repeat_int32", "1", "many")
+    assert [(o.name, o.datatype, list(o.shape)) for o in ir.outputs] == [
+        ("OUT", "INT32", [1]), ("IDX", "UINT32", [1])]
+
+
+def test_one_to_many_with_empty_final(stub):
+    rs = stream(stub, [repeat([1, 2], id="e", empty_final=True)])
+    assert [out_idx(r) for r in rs[:2]] == [(1, 0), (2, 1)]
+    assert [final(r) for r in rs] == [False, False, True]
+    last = rs[2].infer_response
+    assert (last.id, last.model_name, last.model_version) == ("e", "repeat_int32", "")
+    assert list(last.outputs) == [] and list(last.raw_output_contents) == []
+    assert rs[2].error_message == ""
+
+
+def test_one_to_one(stub):
+    rs = stream(stub, [repeat([42], id="one")])
+    assert [out_idx(r) for r in rs] == [(42, 0)] and final(rs[0]) is False
+    rs = stream(stub, [repeat([42], id="one", empty_final=True)])
+    assert [final(r) for r in rs] == [False, True]
+
+
+def test_one_to_none(stub):
+    # no response at all; the stream still completes (half-close, nothing in flight)
+    assert stream(stub, [repeat([], id="none")]) == []
+    rs = stream(stub, [repeat([], id="none", empty_final=True)])
+    assert len(rs) == 1 and final(rs[0]) is True and rs[0].infer_response.id == "none"
+    assert stream(stub, [repeat([], id="none", empty_final=False)]) == []
+
+
+def test_many_requests_interleave_on_one_stream(stub):
+    reqs = [repeat(list(range(k * 10, k * 10 + k)), [k % 3] * k, id=f"r{k}", empty_final=True)
+            for k in range(8)]
+    got = by_id(stream(stub, reqs))
+    assert set(got) == {f"r{k}" for k in range(8)}
+    for k in range(8):
+        rs = got[f"r{k}"]
+        assert [final(r) for r in rs] == [False] * k + [True]
+        assert [out_idx(r) for r in rs[:-1]] == [(k * 10 + i, i) for i in range(k)]
+
+
+def test_wait_shorter_than_delays_keeps_instance_free(stub):
+    # execute returns after WAIT while the first request still sends: the
+    # second request (same single instance) runs meanwhile
+    reqs = [repeat([1, 2, 3], [100, 100, 100], wait=0, id="slow"),
+            repeat([9], [0], wait=0, id="quick")]
+    got = by_id(stream(stub, reqs))
+    assert [out_idx(r) for r in got["slow"]] == [(1, 0), (2, 1), (3, 2)]
+    assert [out_idx(r) for r in got["quick"]] == [(9, 0)]
+
+
+def test_error_mid_stream(stub):
+    rs = stream(stub, [repeat([1, 2, 3, 4], id="f", fail_at=2)])
+    assert [out_idx(r) for r in rs[:2]] == [(1, 0), (2, 1)]
+    assert len(rs) == 3
+    assert rs[2].error_message == "repeat: response 2 failed as the request asked"
+    assert final(rs[2]) is True and rs[2].infer_response.id == "f"
+    # the stream goes on: a later request on another stream is served
+    assert [out_idx(r) for r in stream(stub, [repeat([8])])] == [(8, 0)]
+
+
+def test_error_mid_stream_with_triton_grpc_error(stub):
+    call = stub.ModelStreamInfer(iter([repeat([1, 2, 3], id="g", fail_at=1)]), timeout=30,
+                                 metadata=(("triton_grpc_error", "true"),))
+    first = next(call)
+    assert out_idx(first) == (1, 0)
+    with pytest.raises(grpc.RpcError) as e:
+        list(call)
+    assert e.value.code() == grpc.StatusCode.INTERNAL
+    assert e.value.details() == "repeat: response 1 failed as the request asked"
+
+
+def test_shape_mismatch_is_one_final_error(stub):
+    req = repeat([1, 2], [0, 0, 0], id="bad")
+    rs = stream(stub, [req])
+    assert len(rs) == 1 and final(rs[0]) is True
+    assert rs[0].error_message == "expected IN and DELAY shape to match, got [2] and [3]"
+
+
+def test_cancel_mid_stream(server, stub):
+    release = threading.Event()
+
+    def reqs():
+        yield repeat([1, 2, 3, 4, 5], [0, 150, 150, 150, 150], id="c")
+        release.wait(30)  # keep the stream open until cancelled
+
+    call = stub.ModelStreamInfer(reqs(), timeout=30)
+    assert out_idx(next(call)) == (1, 0)
+    call.cancel()
+    release.set()
+    with pytest.raises(grpc.RpcError) as e:
+        list(call)
+    assert e.value.code() == grpc.StatusCode.CANCELLED
+    # The backend is not told about the cancel: it finishes its responses,
+    # which the server drops. Wait for them to be counted, then serve again.
+    deadline = time.time() + 20
+    while time.time() < deadline:
+        st = requests.get(f"{server.http_url}/v2/models/repeat_int32/stats", timeout=10).json()
+        if st["model_stats"][0]["inference_stats"]["success"]["count"] == 1:
+            break
+        time.sleep(0.05)
+    rs = st["model_stats"][0]["response_stats"]
+    assert sorted(rs) == ["0", "1", "2", "3", "4"]
+    assert [out_idx(r) for r in stream(stub, [repeat([7, 8])])] == [(7, 0), (8, 1)]
+    assert server.proc.poll() is None
+
+
+def test_shutdown_while_responses_pending(nereid_server, repo):
+    s = nereid_server(repo)
+    with grpc.insecure_channel(s.grpc_addr) as ch:
+        stub = pbg.GRPCInferenceServiceStub(ch)
+        release = threading.Event()
+
+        def reqs():
+            yield repeat([1, 2, 3, 4], [0, 200, 200, 200])
+            release.wait(30)
+
+        call = stub.ModelStreamInfer(reqs(), timeout=30)
+        assert out_idx(next(call)) == (1, 0)
+        assert s.stop() == 0  # the instance waits for its sending thread
+        release.set()
+
+
+def test_http_infer_refuses_decoupled(server):
+    body = {"inputs": [{"name": "IN", "datatype": "INT32", "shape": [1], "data": [1]},
+                       {"name": "DELAY", "datatype": "UINT32", "shape": [1], "data": [0]},
+                       {"name": "WAIT", "datatype": "UINT32", "shape": [1], "data": [0]}]}
+    for url in ("/v2/models/repeat_int32/infer", "/v2/models/repeat_int32/versions/1/infer"):
+        r = requests.post(server.http_url + url, json=body, timeout=10)
+        assert r.status_code == 501 and r.json() == {"error": HTTP_REFUSAL}
+    # checked before the body is read, as in Triton
+    r = requests.post(server.http_url + "/v2/models/repeat_int32/infer", data=b"{", timeout=10)
+    assert r.status_code == 501 and r.json() == {"error": HTTP_REFUSAL}
+    # the model that is not decoupled is served (one element: one response)
+    r = requests.post(server.http_url + "/v2/models/repeat_coupled/infer", json=body, timeout=10)
+    assert r.status_code == 200, r.text
+    assert [o["data"] for o in r.json()["outputs"]] == [[1], [0]]
+
+
+def test_grpc_unary_refuses_decoupled(stub):
+    with pytest.raises(grpc.RpcError) as e:
+        stub.ModelInfer(repeat([1]), timeout=10)
+    assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert e.value.details() == UNARY_REFUSAL
+    bad = pb.ModelInferRequest(model_name="repeat_int32")  # no inputs: refused first anyway
+    with pytest.raises(grpc.RpcError) as e:
+        stub.ModelInfer(bad, timeout=10)
+    assert e.value.details() == UNARY_REFUSAL
+
+
+def test_model_not_decoupled_gives_one_response(stub):
+    r = stub.ModelInfer(repeat([3], model="repeat_coupled"), timeout=10)
+    assert [np.frombuffer(b, np.int32)[0] for b in r.raw_output_contents] == [3, 0]
+    rs = stream(stub, [repeat([3], model="repeat_coupled", id="x", empty_final=True)])
+    assert len(rs) == 1 and final(rs[0]) is True and out_idx(rs[0]) == (3, 0)
+    rs = stream(stub, [repeat([3, 4], model="repeat_coupled", id="y")])
+    assert len(rs) == 1 and final(rs[0]) is True
+    assert rs[0].error_message == ("model 'repeat_coupled' is not decoupled: it sends one "
+                                   "response per request")
+
+
+def test_response_stats_per_index(server, stub):
+    stream(stub, [repeat([1, 2, 3], id="a"), repeat([4], id="b"), repeat([], id="c"),
+                  repeat([5, 6], id="d", fail_at=1)])
+    st = requests.get(f"{server.http_url}/v2/models/repeat_int32/stats", timeout=10).json()
+    m = st["model_stats"][0]
+    rs = m["response_stats"]
+    assert list(rs) == ["0", "1", "2"]
+    assert [rs[k]["success"]["count"] for k in rs] == [3, 1, 1]
+    assert [rs[k]["fail"]["count"] for k in rs] == [0, 1, 0]
+    assert [rs[k]["empty_response"]["count"] for k in rs] == [0, 0, 0]
+    for k in rs:
+        e = rs[k]
+        assert e["compute_infer"]["count"] == e["success"]["count"] + e["fail"]["count"]
+        assert e["compute_output"]["count"] == e["success"]["count"]
+    assert m["inference_stats"]["success"]["count"] == 3
+    assert m["inference_stats"]["fail"]["count"] == 1
+    assert m["execution_count"] == 4 and m["inference_count"] == 4
+    # the same map over gRPC
+    g = stub.ModelStatistics(pb.ModelStatisticsRequest(name="repeat_int32"), timeout=10)
+    grs = g.model_stats[0].response_stats
+    assert sorted(grs) == ["0", "1", "2"] and grs["1"].fail.count == 1
+    assert grs["0"].success.count == 3
+
+
+def test_response_stats_keys_sort_as_text(server, stub):
+    stream(stub, [repeat(list(range(11)))])
+    st = requests.get(f"{server.http_url}/v2/models/repeat_int32/stats", timeout=10).json()
+    keys = list(st["model_stats"][0]["response_stats"])
+    assert keys == ["0", "1", "10", "2", "3", "4", "5", "6", "7", "8", "9"]
