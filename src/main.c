@@ -39,6 +39,8 @@ typedef struct cli {
     int exit_timeout_secs;
     nereid_rate_limit_resource_t rate_limit_resources[MAX_LIST];
     char rate_limit_names[MAX_LIST][256];
+    const char *trace_names[MAX_LIST], *trace_values[MAX_LIST]; /* tracing flags in order */
+    size_t n_trace;
     restricted_apis_t http_restricted, grpc_restricted;
     tls_options_t http_tls, grpc_tls;
     const char *cache_configs[MAX_LIST]; /* --cache-config values */
@@ -58,6 +60,7 @@ typedef enum flag_kind {
     FLAG_LOG_FORMAT,
     FLAG_RATE_LIMIT,
     FLAG_RATE_LIMIT_RESOURCE,
+    FLAG_TRACE,        /* tracing flags, parsed together by nereid_tracer_new */
     FLAG_RESTRICTED,   /* Triton's "<groups>:<key>=<value>", repeatable */
     FLAG_SSL_MUTUAL,   /* a bool that also turns use_ssl on (Triton's rule) */
     FLAG_CACHE_CONFIG, /* --cache-config <name>,<setting>=<value> (repeatable) */
@@ -167,6 +170,15 @@ static const flag_t flags[] = {
     F("rate-limit-resource", FLAG_RATE_LIMIT_RESOURCE, rate_limit_resources,
       "<name>:<count>[:<device>] copies of a resource (repeatable; default: the most any "
       "instance needs)."),
+    F("trace-config", FLAG_TRACE, trace_names,
+      "[<mode>,]<setting>=<value>: tracing (Triton's; modes triton and opentelemetry)."),
+#define TRACE_DEPRECATED(name) F(name, FLAG_TRACE, trace_names, "Deprecated: use --trace-config.")
+    TRACE_DEPRECATED("trace-file"),
+    TRACE_DEPRECATED("trace-level"),
+    TRACE_DEPRECATED("trace-rate"),
+    TRACE_DEPRECATED("trace-count"),
+    TRACE_DEPRECATED("trace-log-frequency"),
+#undef TRACE_DEPRECATED
     F("cache-config", FLAG_CACHE_CONFIG, cache_configs,
       "Response cache: <cache_name>,<setting>=<value>, e.g. local,size=1048576 (repeatable)."),
     F("response-cache-byte-size", FLAG_CACHE_BYTES, cache_byte_size,
@@ -199,7 +211,6 @@ static const flag_t flags[] = {
 #define UNSUPPORTED(name) F(name, FLAG_UNSUPPORTED, repos, "Not supported by Nereid (refused).")
     UNSUPPORTED("model-config-name"),
     UNSUPPORTED("log-file"),
-    UNSUPPORTED("trace-config"),
     UNSUPPORTED("host-policy"),
     UNSUPPORTED("metrics-config"),
 #undef UNSUPPORTED
@@ -376,6 +387,11 @@ static int apply_flag(cli_t *cli, const flag_t *f, const char *value)
     }
     case FLAG_SWITCH:
         *(bool *)field = true;
+        return 0;
+    case FLAG_TRACE:
+        if (cli->n_trace >= MAX_LIST) return -1;
+        cli->trace_names[cli->n_trace] = f->name;
+        cli->trace_values[cli->n_trace++] = value;
         return 0;
     case FLAG_LIST: {
         const char **list = (const char **)field;
@@ -628,6 +644,15 @@ int main(int argc, char **argv)
     cli.server.n_load_models = cli.n_load_models;
     cli.server.rate_limit_resources = cli.rate_limit_resources;
 
+    nereid_tracer_t *tracer;
+    nereid_error_t *terr =
+        nereid_tracer_new(cli.trace_names, cli.trace_values, cli.n_trace, &tracer);
+    if (terr) {
+        fprintf(stderr, "%s\n", nereid_error_message(terr));
+        nereid_error_free(terr);
+        return 2;
+    }
+
     /* Block the shutdown signals in every thread; main waits for them. */
     sigset_t sigs;
     sigemptyset(&sigs);
@@ -645,9 +670,11 @@ int main(int argc, char **argv)
         fprintf(stderr, "error: creating server: %s - %s\n",
                 nereid_error_code_name(nereid_error_code(err)), nereid_error_message(err));
         nereid_error_free(err);
+        nereid_tracer_free(tracer);
         nereid_shm_registry_free(shm);
         return 1;
     }
+    nereid_server_set_tracer(server, tracer);
     int exit_code = 0;
     http_server_t *http = NULL;
     metrics_server_t *metrics = NULL;
@@ -702,6 +729,7 @@ int main(int argc, char **argv)
     frontends_t fe = {.http = http, .metrics = metrics, .grpc = grpc_fe};
     stop_frontends(&fe, server, cli.exit_timeout_secs);
     nereid_server_free(server);
+    nereid_tracer_free(tracer);
     restricted_free(&cli.http_restricted);
     restricted_free(&cli.grpc_restricted);
     nereid_shm_registry_free(shm);
@@ -714,6 +742,7 @@ frontend_failed:
     metrics_server_stop(metrics);
     grpc_frontend_stop(grpc_fe);
     nereid_server_free(server);
+    nereid_tracer_free(tracer);
     nereid_shm_registry_free(shm);
     return 1;
 }

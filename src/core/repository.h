@@ -56,6 +56,7 @@ struct nereid_server {
     _Atomic bool stopping;
     _Atomic bool stopped;
     struct rate_limiter *rate_limiter; /* --rate-limit=execution_count; NULL: off */
+    struct nereid_tracer *tracer;      /* nereid_server_set_tracer, or NULL */
     struct response_cache *cache;      /* --cache-config, or NULL (core/cache.h) */
 };
 
