@@ -112,6 +112,10 @@ typedef struct gfe_unary_call {
     void *userp;               /* handler state (ModelInfer: its request context) */
     grpc_metadata reply_md[1]; /* initial metadata to send (nereid-sequence-id echo) */
     size_t n_reply_md;
+    /* tracing (only while some trace setting is on): Triton's GRPC_*
+     * timestamps, recorded into the trace when the call is freed */
+    uint64_t waitread_start_ns, waitread_end_ns, response_ns, send_start_ns;
+    nereid_trace_t *trace;
 } gfe_unary_call_t;
 
 /* Handlers (one per RPC); each must finish the call exactly once, now or
