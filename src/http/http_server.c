@@ -31,6 +31,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "http/close_watch.h"
 #include "http/compress.h"
 #include "http/http_common.h"
 #include "http/infer_parse.h"
@@ -120,6 +121,7 @@ struct http_server {
     size_t n_open;              /* open connections, not counting those we shut */
     size_t max_connections;     /* --http-max-connections after the fd limit */
     nereid_shm_registry_t *shm; /* borrowed; NULL = client shared memory off */
+    close_watch_t *close_watch; /* cancels inferences whose client closed; may be NULL */
 };
 
 /* One output buffer from the response allocator; data follows the header. */
@@ -161,6 +163,8 @@ typedef struct http_conn {
     bool suspended;                        /* we suspended it; MHD thread only */
     char seq_echo[132];                    /* sequence id for the reply header, or "" */
     nereid_shm_use_t *shm;                 /* regions the inference uses, or NULL */
+    nereid_cancel_token_t *cancel;         /* the inference's, while submitted */
+    uint64_t watch_id;                     /* close watch while suspended, or 0 */
 } http_conn_t;
 
 /* An inference and its connection: the completion resumes the connection
@@ -771,6 +775,13 @@ static void conn_suspend(http_conn_t *c)
     c->srv->n_suspended++;
     pthread_mutex_unlock(&c->srv->lock);
     c->suspended = true;
+    if (c->cancel && !c->watch_id) {
+        /* MHD does not poll a suspended connection: the watcher cancels the
+         * inference when the client closes it meanwhile. */
+        const union MHD_ConnectionInfo *ci =
+            MHD_get_connection_info(c->mhd, MHD_CONNECTION_INFO_CONNECTION_FD);
+        c->watch_id = close_watch_add(c->srv->close_watch, ci ? ci->connect_fd : -1, c->cancel);
+    }
     MHD_suspend_connection(c->mhd);
 }
 
@@ -779,6 +790,8 @@ static void conn_resumed(http_conn_t *c)
 {
     if (!c->suspended) return;
     c->suspended = false;
+    close_watch_remove(c->srv->close_watch, c->watch_id);
+    c->watch_id = 0;
     pthread_mutex_lock(&c->srv->lock);
     if (--c->srv->n_suspended == 0) pthread_cond_broadcast(&c->srv->idle);
     pthread_mutex_unlock(&c->srv->lock);
@@ -926,6 +939,8 @@ static nereid_error_t *infer_submit(http_conn_t *c, bool *done)
     pthread_mutex_unlock(&srv->lock);
 
     atomic_store(&c->phase, PHASE_RUNNING);
+    if (!c->cancel) c->cancel = nereid_cancel_token_new();
+    nereid_request_set_cancel_token(req, c->cancel);
     nereid_response_allocator_t alloc = {alloc_output, release_output, c};
     err = nereid_server_infer_async(srv->core, req, &alloc, infer_done, c);
     if (err) {
@@ -1440,6 +1455,7 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
     if (!c || c == (void *)&nul_in_url) return;
     *con_cls = NULL;
     conn_resumed(c);
+    nereid_cancel_token_free(c->cancel);
     nereid_response_t *resp = atomic_load(&c->response);
     if (resp) nereid_response_free(resp);
     out_bufs_free(atomic_load(&c->outs));
@@ -1492,6 +1508,7 @@ nereid_error_t *http_server_start(nereid_server_t *core, const http_options_t *o
     if (ncpu > 0 && threads > (unsigned)ncpu) threads = (unsigned)ncpu;
     unsigned flags = MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
     if (ipv6) flags |= MHD_USE_IPv6;
+    srv->close_watch = close_watch_start();
     srv->daemon = MHD_start_daemon(
         flags, (uint16_t)opts->port, NULL, NULL, on_request, srv, MHD_OPTION_SOCK_ADDR,
         (struct sockaddr *)&ss, MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,
@@ -1500,6 +1517,7 @@ nereid_error_t *http_server_start(nereid_server_t *core, const http_options_t *o
         (unsigned)(opts->idle_timeout_secs > 0 ? opts->idle_timeout_secs : 0),
         MHD_OPTION_THREAD_POOL_SIZE, threads, MHD_OPTION_END);
     if (!srv->daemon) {
+        close_watch_stop(srv->close_watch);
         pthread_mutex_destroy(&srv->conns_lock);
         pthread_mutex_destroy(&srv->lock);
         pthread_cond_destroy(&srv->idle);
@@ -1525,6 +1543,7 @@ void http_server_stop(http_server_t *srv)
         pthread_cond_wait(&srv->idle, &srv->lock);
     pthread_mutex_unlock(&srv->lock);
     MHD_stop_daemon(srv->daemon);
+    close_watch_stop(srv->close_watch);
     pthread_mutex_destroy(&srv->conns_lock);
     pthread_mutex_destroy(&srv->lock);
     pthread_cond_destroy(&srv->idle);
