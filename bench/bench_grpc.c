@@ -192,7 +192,7 @@ int main(int argc, char **argv)
         repo_options_for(&opts, "examples/models");
         opts.exit_on_error = false;
         nereid_error_t *err = nereid_server_new(&opts, &server);
-        grpc_options_t gopts = {"127.0.0.1", 0, 2, NULL};
+        grpc_options_t gopts = {.address = "127.0.0.1", .port = 0, .infer_thread_count = 2};
         if (err == NULL) err = grpc_frontend_start(server, &gopts, &fe);
         if (err != NULL) {
             fprintf(stderr, "bench_grpc: %s\n", nereid_error_message(err));

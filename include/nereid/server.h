@@ -172,7 +172,8 @@ NEREID_EXPORT nereid_error_t *nereid_server_model_statistics(nereid_server_t *se
 /* [{"name","version","state","reason"}...] for every model in the repositories. */
 NEREID_EXPORT nereid_error_t *nereid_server_repository_index(nereid_server_t *server,
                                                              bool ready_only, char **json_out);
-/* Prometheus text exposition of Triton's metric families. */
+/* Prometheus text exposition of Triton's per-model metric families (the host
+ * metrics, nv_cpu_*, are added by the metrics frontend). */
 NEREID_EXPORT nereid_error_t *nereid_server_metrics(nereid_server_t *server, char **text_out);
 
 /* Explicit model control. config_json may be NULL (use the repository's

@@ -533,3 +533,42 @@ void batch_complete(batch_t *batch, bool finish)
         request_finish(batch->reqs[r], NULL, FAILURE_BACKEND);
     batch_reset(batch);
 }
+
+size_t nereid_batch_request_parameter_count(const nereid_batch_t *batch, size_t r)
+{
+    return r < batch->n_reqs ? batch->reqs[r]->n_params : 0;
+}
+
+nereid_error_t *nereid_batch_request_parameter(const nereid_batch_t *batch, size_t r, size_t index,
+                                               const char **name, nereid_parameter_type_t *type,
+                                               const void **value)
+{
+    *name = NULL;
+    *type = NEREID_PARAMETER_STRING;
+    *value = NULL;
+    if (r >= batch->n_reqs || index >= batch->reqs[r]->n_params)
+        return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                "request %zu has no parameter %zu (batch of %zu requests)", r,
+                                index, batch->n_reqs);
+    const req_param_t *p = &batch->reqs[r]->params[index];
+    *name = p->key;
+    switch (p->type) {
+    case PARAM_STRING:
+        *type = NEREID_PARAMETER_STRING;
+        *value = p->s;
+        break;
+    case PARAM_INT:
+        *type = NEREID_PARAMETER_INT;
+        *value = &p->i;
+        break;
+    case PARAM_BOOL:
+        *type = NEREID_PARAMETER_BOOL;
+        *value = &p->b;
+        break;
+    case PARAM_DOUBLE:
+        *type = NEREID_PARAMETER_DOUBLE;
+        *value = &p->d;
+        break;
+    }
+    return NULL;
+}

@@ -293,6 +293,7 @@ static nereid_error_t *check_runtime(const model_t *m, const char *backend_dir, 
 nereid_error_t *model_load(nereid_server_t *server, const model_load_args_t *args, model_t **out)
 {
     *out = NULL;
+    uint64_t load_start_ns = util_now_ns();
     model_t *m = xcalloc(1, sizeof *m);
     m->server = server;
     m->name = xstrdup(args->name);
@@ -341,6 +342,7 @@ nereid_error_t *model_load(nereid_server_t *server, const model_load_args_t *arg
         err = create_instances(m);
         if (!err) err = model_warmup(m);
         if (err) goto fail;
+        m->stats.load_ns = util_now_ns() - load_start_ns;
     }
     *out = m;
     return NULL;

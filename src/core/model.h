@@ -60,6 +60,7 @@ typedef struct model_stats {
     size_t n_resp_more;
     batch_stat_t *batch; /* index = batch size, 1..n_batch-1 */
     size_t n_batch;
+    uint64_t load_ns; /* backend model's load time (0 for ensembles); set before publishing */
 } model_stats_t;
 
 /* ---- Model ---- */

@@ -513,48 +513,6 @@ nereid_error_t *nereid_server_repository_index(nereid_server_t *s, bool ready_on
 
 /* ---- Metrics ---- */
 
-static void cpu_metrics(FILE *out)
-{
-    static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-    static unsigned long long last_total, last_idle;
-    unsigned long long v[10] = {0}, total = 0, idle;
-    FILE *f = fopen("/proc/stat", "r");
-    if (f) {
-        if (fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2],
-                   &v[3], &v[4], &v[5], &v[6], &v[7], &v[8], &v[9]) < 4)
-            memset(v, 0, sizeof v);
-        fclose(f);
-    }
-    for (int i = 0; i < 8; i++)
-        total += v[i];
-    idle = v[3] + v[4];
-    pthread_mutex_lock(&lock);
-    double util = 0;
-    if (total > last_total && last_total)
-        util = 1.0 - (double)(idle - last_idle) / (double)(total - last_total);
-    last_total = total;
-    last_idle = idle;
-    pthread_mutex_unlock(&lock);
-    unsigned long long mem_total = 0, mem_avail = 0;
-    f = fopen("/proc/meminfo", "r");
-    if (f) {
-        char line[256];
-        while (fgets(line, sizeof line, f)) {
-            sscanf(line, "MemTotal: %llu kB", &mem_total);
-            sscanf(line, "MemAvailable: %llu kB", &mem_avail);
-        }
-        fclose(f);
-    }
-    fprintf(out,
-            "# HELP nv_cpu_utilization CPU utilization rate [0.0 - 1.0]\n"
-            "# TYPE nv_cpu_utilization gauge\nnv_cpu_utilization %g\n"
-            "# HELP nv_cpu_memory_total_bytes CPU total memory (RAM), in bytes\n"
-            "# TYPE nv_cpu_memory_total_bytes gauge\nnv_cpu_memory_total_bytes %llu\n"
-            "# HELP nv_cpu_memory_used_bytes CPU used memory (RAM), in bytes\n"
-            "# TYPE nv_cpu_memory_used_bytes gauge\nnv_cpu_memory_used_bytes %llu\n",
-            util < 0 ? 0 : util, mem_total * 1024, (mem_total - mem_avail) * 1024);
-}
-
 nereid_error_t *nereid_server_metrics(nereid_server_t *s, char **text_out)
 {
     char *buf = NULL;
@@ -574,7 +532,6 @@ nereid_error_t *nereid_server_metrics(nereid_server_t *s, char **text_out)
     cache_metrics_text(out, s->cache);
     pthread_rwlock_unlock(&s->lock);
     free(models);
-    cpu_metrics(out);
     fclose(out);
     *text_out = buf;
     return NULL;

@@ -194,6 +194,25 @@ static uint64_t family_value(const model_t *m, size_t f)
     }
 }
 
+/* Triton's load-time gauge: backend models only, so the family is left out
+ * when only ensembles are loaded (prometheus-cpp omits empty families). */
+static void load_duration_text(FILE *out, const model_t *const *models, size_t n_models)
+{
+    char lab[1024];
+    bool any = false;
+    for (size_t i = 0; i < n_models; i++) {
+        if (!models[i]->backend) continue;
+        if (!any)
+            fputs("# HELP nv_model_load_duration_secs Model load time in seconds\n"
+                  "# TYPE nv_model_load_duration_secs gauge\n",
+                  out);
+        any = true;
+        labels(lab, sizeof lab, models[i]);
+        fprintf(out, "nv_model_load_duration_secs{%s} %.9g\n", lab,
+                (double)models[i]->stats.load_ns / 1e9);
+    }
+}
+
 /* Triton's per-model cache families: only for models whose requests go
  * through the cache (none at all when no model does). */
 static void cache_metrics_per_model(FILE *out, const model_t *const *models, size_t n_models)
@@ -247,5 +266,6 @@ void stats_metrics_text(FILE *out, const model_t *const *models, size_t n_models
             }
         }
     }
+    load_duration_text(out, models, n_models);
     cache_metrics_per_model(out, models, n_models);
 }

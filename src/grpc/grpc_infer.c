@@ -108,7 +108,10 @@ void gfe_model_infer(gfe_unary_call_t *c, const uint8_t *data, size_t len)
     u->scratch.shm = c->fe->shm;
     if (u->msg != NULL) err = refuse_decoupled(c->fe->server, u->msg);
     if (err == NULL) err = infer_codec_request(c->fe->server, u->msg, &u->scratch, &req);
-    if (err == NULL && (err = seq_metadata(c, req)) != NULL) nereid_request_free(req);
+    if (err == NULL &&
+        ((err = seq_metadata(c, req)) != NULL ||
+         (err = gfe_forward_headers(c->fe, c->request_md.metadata, c->request_md.count, req))))
+        nereid_request_free(req);
     if (err == NULL) {
         /* Triton cancels the inference when the client cancels the call. */
         nereid_cancel_token_t *token = nereid_cancel_token_new();
@@ -153,6 +156,8 @@ typedef struct gfe_stream {
     bool failing;      /* an error closes the stream once writes drain */
     grpc_status_code fail_code;
     grpc_slice status_details;
+    grpc_metadata *forward; /* the call's metadata that --grpc-header-forward-pattern matches */
+    size_t n_forward;
 } gfe_stream_t;
 
 typedef struct stream_infer {
@@ -174,6 +179,11 @@ static void stream_destroy(gfe_stream_t *s)
     if (s->in_write != NULL) grpc_byte_buffer_destroy(s->in_write);
     grpc_slice_unref(s->status_details);
     nereid_cancel_token_free(s->cancel);
+    for (size_t i = 0; i < s->n_forward; i++) {
+        grpc_slice_unref(s->forward[i].key);
+        grpc_slice_unref(s->forward[i].value);
+    }
+    free(s->forward);
     grpc_call_unref(s->call);
     pthread_mutex_destroy(&s->mu);
     free(s);
@@ -401,6 +411,8 @@ static void stream_handle(gfe_stream_t *s, grpc_byte_buffer *bb)
     grpc_slice_unref(body);
     si->scratch.shm = s->fe->shm;
     if (si->msg != NULL) err = infer_codec_request(s->fe->server, si->msg, &si->scratch, &req);
+    if (err == NULL && (err = gfe_forward_headers(s->fe, s->forward, s->n_forward, req)) != NULL)
+        nereid_request_free(req);
     if (err == NULL) {
         si->empty_final = empty_final_asked(si->msg);
         nereid_request_set_cancel_token(req, s->cancel);
@@ -525,6 +537,19 @@ void gfe_stream_start(grpc_frontend_t *fe, grpc_call *call, grpc_metadata_array 
     s->status_details = grpc_empty_slice();
     s->error_closes = metadata_true(request_md, "triton_grpc_error");
     s->cancel = nereid_cancel_token_new();
+    /* Keep what forwarding needs: the call's metadata array goes with the
+     * call object that handed the stream over. */
+    for (size_t i = 0; fe->header_forward && i < request_md->count; i++) {
+        const grpc_metadata *md = &request_md->metadata[i];
+        if (!header_forward_match(fe->header_forward, (const char *)GRPC_SLICE_START_PTR(md->key),
+                                  GRPC_SLICE_LENGTH(md->key)))
+            continue;
+        grpc_metadata *grown = realloc(s->forward, (s->n_forward + 1) * sizeof *grown);
+        if (grown == NULL) break;
+        s->forward = grown;
+        s->forward[s->n_forward++] =
+            (grpc_metadata){.key = grpc_slice_ref(md->key), .value = grpc_slice_ref(md->value)};
+    }
     gfe_live_add(fe);
 
     grpc_op op;

@@ -19,6 +19,7 @@
 #include "http/http_server.h"
 
 #include <errno.h>
+#include <gnutls/gnutls.h>
 #include <inttypes.h>
 #include <jansson.h>
 #include <pthread.h>
@@ -32,6 +33,7 @@
 #include <unistd.h>
 
 #include "http/close_watch.h"
+#include "frontend/header_forward.h"
 #include "http/compress.h"
 #include "http/http_common.h"
 #include "http/infer_parse.h"
@@ -110,6 +112,10 @@ typedef struct conn_slot {
 struct http_server {
     nereid_server_t *core;
     struct MHD_Daemon *daemon;
+    const restricted_apis_t *restricted; /* --http-restricted-api; NULL = none */
+    tls_pem_t pem;                       /* HTTPS key material, kept while the daemon runs */
+    bool tls_mutual;                     /* require and verify a client certificate */
+    header_forward_t *header_forward;    /* --http-header-forward-pattern; NULL = off */
     size_t max_input_size;
     pthread_mutex_t lock;
     pthread_cond_t idle;
@@ -134,7 +140,9 @@ typedef struct http_conn {
     http_server_t *srv;
     struct MHD_Connection *mhd;
     http_route_t route;
-    char *path; /* copy of the URL (path_buf or malloc'ed); captures point into it */
+    http_route_t path_route; /* first route whose path matches, whatever the method */
+    bool forbidden;          /* its API group is restricted and the header is wrong */
+    char *path;              /* copy of the URL (path_buf or malloc'ed); captures point into it */
     char path_buf[160];
     const char *model, *version_str, *name;
     int64_t version;
@@ -225,7 +233,7 @@ static bool route_match(const char *pattern, const char *path, const char **cap_
 
 static void route_resolve(http_conn_t *c, const char *url, const char *method)
 {
-    c->route = ROUTE_NOT_FOUND;
+    c->route = c->path_route = ROUTE_NOT_FOUND;
     size_t n = strlen(url);
     c->path = n < sizeof c->path_buf ? c->path_buf : malloc(n + 1);
     if (!c->path) return;
@@ -236,6 +244,7 @@ static void route_resolve(http_conn_t *c, const char *url, const char *method)
             m = v = r = NULL;
             continue;
         }
+        if (c->path_route < 0) c->path_route = (http_route_t)i;
         /* A path may be listed once per method: keep looking on a mismatch. */
         if (strcmp(method, routes[i].method)) {
             c->route = ROUTE_BAD_METHOD;
@@ -256,6 +265,83 @@ static void route_resolve(http_conn_t *c, const char *url, const char *method)
         long long x = strtoll(v, NULL, 10);
         c->version = errno ? -2 : (int64_t)x;
     }
+}
+
+/* Triton's restricted API group of each route (http_server.cc handlers). */
+static restricted_group_t route_group(http_route_t r)
+{
+    switch (r) {
+    case ROUTE_HEALTH_LIVE:
+    case ROUTE_HEALTH_READY:
+    case ROUTE_MODEL_READY:
+    case ROUTE_MODEL_READY_V:
+        return RESTRICTED_HEALTH;
+    case ROUTE_SERVER_METADATA:
+    case ROUTE_MODEL_METADATA:
+    case ROUTE_MODEL_METADATA_V:
+        return RESTRICTED_METADATA;
+    case ROUTE_MODEL_INFER:
+    case ROUTE_MODEL_INFER_V:
+    case ROUTE_MODEL_GENERATE:
+    case ROUTE_MODEL_GENERATE_V:
+    case ROUTE_MODEL_GENERATE_STREAM:
+    case ROUTE_MODEL_GENERATE_STREAM_V:
+        return RESTRICTED_INFERENCE;
+    case ROUTE_MODEL_CONFIG:
+    case ROUTE_MODEL_CONFIG_V:
+        return RESTRICTED_MODEL_CONFIG;
+    case ROUTE_MODELS_STATS:
+    case ROUTE_MODEL_STATS:
+    case ROUTE_MODEL_STATS_V:
+        return RESTRICTED_STATISTICS;
+    case ROUTE_REPO_INDEX:
+    case ROUTE_REPO_LOAD:
+    case ROUTE_REPO_UNLOAD:
+    case ROUTE_REPO_INDEX_NAMED:
+    case ROUTE_REPO_LOAD_NAMED:
+    case ROUTE_REPO_UNLOAD_NAMED:
+        return RESTRICTED_MODEL_REPOSITORY;
+    case ROUTE_SYS_SHM_STATUS:
+    case ROUTE_SYS_SHM_REGION_STATUS:
+    case ROUTE_SYS_SHM_REGISTER:
+    case ROUTE_SYS_SHM_UNREGISTER:
+    case ROUTE_SYS_SHM_REGION_UNREGISTER:
+    case ROUTE_CUDA_SHM_STATUS:
+    case ROUTE_CUDA_SHM_REGION_STATUS:
+    case ROUTE_CUDA_SHM_REGISTER:
+    case ROUTE_CUDA_SHM_UNREGISTER:
+    case ROUTE_CUDA_SHM_REGION_UNREGISTER:
+        return RESTRICTED_SHARED_MEMORY;
+    case ROUTE_LOGGING_GET:
+    case ROUTE_LOGGING_POST:
+        return RESTRICTED_LOGGING;
+    case ROUTE_TRACE_GET:
+    case ROUTE_TRACE_POST:
+    case ROUTE_MODEL_TRACE_GET:
+    case ROUTE_MODEL_TRACE_POST:
+        return RESTRICTED_TRACE;
+    default:
+        return RESTRICTED_NONE;
+    }
+}
+
+/* Triton answers a restricted route before anything else it checks (even
+ * the method): 403 unless the group's header carries the exact value. */
+static bool route_forbidden(http_conn_t *c)
+{
+    restricted_group_t g = route_group(c->path_route);
+    const char *header = restricted_header(c->srv->restricted, g);
+    if (!header) return false;
+    const char *value = MHD_lookup_connection_value(c->mhd, MHD_HEADER_KIND, header);
+    return !restricted_allows(c->srv->restricted, g, value);
+}
+
+static enum MHD_Result reply_forbidden(http_conn_t *c)
+{
+    const char *header = restricted_header(c->srv->restricted, route_group(c->path_route));
+    char msg[600];
+    snprintf(msg, sizeof msg, "This API is restricted, expecting header '%s'", header);
+    return http_queue_error(c->mhd, 403, msg);
 }
 
 /* ---- Small handlers ------------------------------------------------------- */
@@ -892,6 +978,32 @@ static nereid_error_t *seq_headers(http_conn_t *c, nereid_request_t *req)
 
 /* Parses and submits the request; on success the connection is suspended,
  * or *done tells that the response is already there. */
+typedef struct forward_ctx {
+    const header_forward_t *hf;
+    nereid_request_t *req;
+    nereid_error_t *err;
+} forward_ctx_t;
+
+static enum MHD_Result forward_header(void *cls, enum MHD_ValueKind kind, const char *key,
+                                      const char *value)
+{
+    (void)kind;
+    forward_ctx_t *f = cls;
+    size_t n = strlen(key);
+    if (!header_forward_match(f->hf, key, n)) return MHD_YES;
+    f->err = header_forward_apply(f->req, key, n, value ? value : "", value ? strlen(value) : 0);
+    return f->err ? MHD_NO : MHD_YES;
+}
+
+/* --http-header-forward-pattern: matching headers become string parameters
+ * (after the body's, as in Triton). */
+static nereid_error_t *forward_headers(http_conn_t *c, nereid_request_t *req)
+{
+    forward_ctx_t f = {c->srv->header_forward, req, NULL};
+    MHD_get_connection_values(c->mhd, MHD_HEADER_KIND, forward_header, &f);
+    return f.err;
+}
+
 static nereid_error_t *infer_submit(http_conn_t *c, bool *done)
 {
     http_server_t *srv = c->srv;
@@ -924,7 +1036,7 @@ static nereid_error_t *infer_submit(http_conn_t *c, bool *done)
     nereid_request_t *req;
     if ((err = infer_parsed_to_request(srv->core, c->model, c->version, &c->parsed, &req)))
         return err;
-    if ((err = seq_headers(c, req))) {
+    if ((err = seq_headers(c, req)) || (srv->header_forward && (err = forward_headers(c, req)))) {
         nereid_request_free(req);
         return err;
     }
@@ -1178,6 +1290,17 @@ static void on_connection(void *cls, struct MHD_Connection *mc, void **socket_co
         free(s);
         return;
     }
+    if (srv->tls_mutual) {
+        /* MHD only requests a client certificate and never checks it: make
+         * the handshake require one and verify it against the trust list. */
+        const union MHD_ConnectionInfo *ti =
+            MHD_get_connection_info(mc, MHD_CONNECTION_INFO_GNUTLS_SESSION);
+        if (ti && ti->tls_session) {
+            gnutls_session_t session = (gnutls_session_t)ti->tls_session;
+            gnutls_certificate_server_set_request(session, GNUTLS_CERT_REQUIRE);
+            gnutls_session_set_verify_cert(session, NULL, 0);
+        }
+    }
     const union MHD_ConnectionInfo *ci =
         MHD_get_connection_info(mc, MHD_CONNECTION_INFO_CONNECTION_FD);
     int fd = ci ? ci->connect_fd : -1;
@@ -1348,7 +1471,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
         c->chunked = MHD_lookup_connection_value(mc, MHD_HEADER_KIND,
                                                  MHD_HTTP_HEADER_TRANSFER_ENCODING) != NULL;
         route_resolve(c, url, method);
-        if (c->route == ROUTE_MODEL_INFER || c->route == ROUTE_MODEL_INFER_V) {
+        if (srv->restricted && route_forbidden(c)) {
+            c->forbidden = true; /* the body is read and dropped; 403 at the end */
+        } else if (c->route == ROUTE_MODEL_INFER || c->route == ROUTE_MODEL_INFER_V) {
             infer_headers(c);
             /* A declared body over the limit is refused now, unread: MHD then
              * closes the connection after the reply. */
@@ -1377,7 +1502,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
     if (*upload_data_size) {
         size_t n = *upload_data_size;
         *upload_data_size = 0;
-        if (c->route < 0 || c->error || c->refused) return MHD_YES; /* discard */
+        if (c->route < 0 || c->error || c->refused || c->forbidden) return MHD_YES; /* discard */
         if (c->chunked && n < CHUNK_PIECE_SMALL && ++c->n_pieces > MAX_CHUNKS) {
             /* Read (and drop) the rest: MHD 0.9.75 cannot reply mid-body. */
             free(c->body.data);
@@ -1420,6 +1545,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
         return MHD_YES;
     }
     if (c->refused) return MHD_YES;
+    if (c->forbidden) return reply_forbidden(c);
     if (c->route == ROUTE_NOT_FOUND) return http_queue_error(mc, 404, "Not Found");
     if (c->route == ROUTE_BAD_METHOD) return http_queue_error(mc, 405, "Method Not Allowed");
     if (c->error) {
@@ -1494,7 +1620,29 @@ nereid_error_t *http_server_start(nereid_server_t *core, const http_options_t *o
                                 opts->address);
     http_server_t *srv = calloc(1, sizeof *srv);
     if (!srv) return nereid_error_new(NEREID_ERROR_INTERNAL, "out of memory");
+    if (opts->tls.use_ssl) {
+        nereid_error_t *err = tls_pem_read(&opts->tls, "--http", &srv->pem);
+        if (err) {
+            free(srv);
+            return err;
+        }
+        srv->tls_mutual = opts->tls.mutual;
+    }
+    if (opts->header_forward_pattern) {
+        char *why = NULL;
+        srv->header_forward = header_forward_new(opts->header_forward_pattern, &why);
+        if (!srv->header_forward) {
+            nereid_error_t *err = nereid_error_new(
+                NEREID_ERROR_INVALID_ARG, "invalid --http-header-forward-pattern '%s': %s",
+                opts->header_forward_pattern, why ? why : "out of memory");
+            free(why);
+            tls_pem_free(&srv->pem);
+            free(srv);
+            return err;
+        }
+    }
     srv->core = core;
+    srv->restricted = opts->restricted;
     srv->max_input_size = opts->max_input_size;
     srv->shm = opts->shm;
     pthread_mutex_init(&srv->lock, NULL);
@@ -1509,11 +1657,20 @@ nereid_error_t *http_server_start(nereid_server_t *core, const http_options_t *o
     unsigned flags = MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
     if (ipv6) flags |= MHD_USE_IPv6;
     srv->close_watch = close_watch_start();
+    if (opts->tls.use_ssl) flags |= MHD_USE_TLS;
+    /* The TLS options come first; MHD_OPTION_END right after them when off. */
+    struct MHD_OptionItem tls_opts[] = {
+        {MHD_OPTION_HTTPS_MEM_CERT, 0, srv->pem.cert},
+        {MHD_OPTION_HTTPS_MEM_KEY, 0, srv->pem.key},
+        {srv->tls_mutual ? MHD_OPTION_HTTPS_MEM_TRUST : MHD_OPTION_END, 0, srv->pem.root},
+        {MHD_OPTION_END, 0, NULL},
+    };
     srv->daemon = MHD_start_daemon(
-        flags, (uint16_t)opts->port, NULL, NULL, on_request, srv, MHD_OPTION_SOCK_ADDR,
-        (struct sockaddr *)&ss, MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,
-        MHD_OPTION_NOTIFY_CONNECTION, on_connection, srv, MHD_OPTION_URI_LOG_CALLBACK, on_uri, srv,
-        MHD_OPTION_CONNECTION_LIMIT, mhd_limit, MHD_OPTION_CONNECTION_TIMEOUT,
+        flags, (uint16_t)opts->port, NULL, NULL, on_request, srv, MHD_OPTION_ARRAY,
+        opts->tls.use_ssl ? tls_opts : tls_opts + 3, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
+        MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv, MHD_OPTION_NOTIFY_CONNECTION, on_connection,
+        srv, MHD_OPTION_URI_LOG_CALLBACK, on_uri, srv, MHD_OPTION_CONNECTION_LIMIT, mhd_limit,
+        MHD_OPTION_CONNECTION_TIMEOUT,
         (unsigned)(opts->idle_timeout_secs > 0 ? opts->idle_timeout_secs : 0),
         MHD_OPTION_THREAD_POOL_SIZE, threads, MHD_OPTION_END);
     if (!srv->daemon) {
@@ -1521,6 +1678,8 @@ nereid_error_t *http_server_start(nereid_server_t *core, const http_options_t *o
         pthread_mutex_destroy(&srv->conns_lock);
         pthread_mutex_destroy(&srv->lock);
         pthread_cond_destroy(&srv->idle);
+        tls_pem_free(&srv->pem);
+        header_forward_free(srv->header_forward);
         free(srv);
         return nereid_error_new(NEREID_ERROR_UNAVAILABLE, "failed to start HTTP service at %s:%d",
                                 opts->address, opts->port);
@@ -1547,5 +1706,7 @@ void http_server_stop(http_server_t *srv)
     pthread_mutex_destroy(&srv->conns_lock);
     pthread_mutex_destroy(&srv->lock);
     pthread_cond_destroy(&srv->idle);
+    tls_pem_free(&srv->pem);
+    header_forward_free(srv->header_forward);
     free(srv);
 }
