@@ -37,6 +37,8 @@ typedef struct cli {
     long long http_max_input_size;
     int http_max_connections, http_idle_timeout_secs;
     int exit_timeout_secs;
+    const char *trace_names[MAX_LIST], *trace_values[MAX_LIST]; /* tracing flags in order */
+    size_t n_trace;
     restricted_apis_t http_restricted, grpc_restricted;
     tls_options_t http_tls, grpc_tls;
     const char *cache_configs[MAX_LIST]; /* --cache-config values */
@@ -54,6 +56,7 @@ typedef enum flag_kind {
     FLAG_MODE,
     FLAG_LLONG,
     FLAG_LOG_FORMAT,
+    FLAG_TRACE,        /* tracing flags, parsed together by nereid_tracer_new */
     FLAG_RESTRICTED,   /* Triton's "<groups>:<key>=<value>", repeatable */
     FLAG_SSL_MUTUAL,   /* a bool that also turns use_ssl on (Triton's rule) */
     FLAG_CACHE_CONFIG, /* --cache-config <name>,<setting>=<value> (repeatable) */
@@ -157,6 +160,15 @@ static const flag_t flags[] = {
     F("log-warning", FLAG_BOOL, server.log_warning, "Log warnings (true)."),
     F("log-error", FLAG_BOOL, server.log_error, "Log errors (true)."),
     F("log-format", FLAG_LOG_FORMAT, server.log_format, "default|ISO8601 (default)."),
+    F("trace-config", FLAG_TRACE, trace_names,
+      "[<mode>,]<setting>=<value>: tracing (Triton's; modes triton and opentelemetry)."),
+#define TRACE_DEPRECATED(name) F(name, FLAG_TRACE, trace_names, "Deprecated: use --trace-config.")
+    TRACE_DEPRECATED("trace-file"),
+    TRACE_DEPRECATED("trace-level"),
+    TRACE_DEPRECATED("trace-rate"),
+    TRACE_DEPRECATED("trace-count"),
+    TRACE_DEPRECATED("trace-log-frequency"),
+#undef TRACE_DEPRECATED
     F("cache-config", FLAG_CACHE_CONFIG, cache_configs,
       "Response cache: <cache_name>,<setting>=<value>, e.g. local,size=1048576 (repeatable)."),
     F("response-cache-byte-size", FLAG_CACHE_BYTES, cache_byte_size,
@@ -189,7 +201,6 @@ static const flag_t flags[] = {
 #define UNSUPPORTED(name) F(name, FLAG_UNSUPPORTED, repos, "Not supported by Nereid (refused).")
     UNSUPPORTED("model-config-name"),
     UNSUPPORTED("log-file"),
-    UNSUPPORTED("trace-config"),
     UNSUPPORTED("rate-limit"),
     UNSUPPORTED("host-policy"),
     UNSUPPORTED("metrics-config"),
@@ -303,6 +314,11 @@ static int apply_flag(cli_t *cli, const flag_t *f, const char *value)
     }
     case FLAG_SWITCH:
         *(bool *)field = true;
+        return 0;
+    case FLAG_TRACE:
+        if (cli->n_trace >= MAX_LIST) return -1;
+        cli->trace_names[cli->n_trace] = f->name;
+        cli->trace_values[cli->n_trace++] = value;
         return 0;
     case FLAG_LIST: {
         const char **list = (const char **)field;
@@ -554,6 +570,15 @@ int main(int argc, char **argv)
     cli.server.load_models = cli.load_models;
     cli.server.n_load_models = cli.n_load_models;
 
+    nereid_tracer_t *tracer;
+    nereid_error_t *terr =
+        nereid_tracer_new(cli.trace_names, cli.trace_values, cli.n_trace, &tracer);
+    if (terr) {
+        fprintf(stderr, "%s\n", nereid_error_message(terr));
+        nereid_error_free(terr);
+        return 2;
+    }
+
     /* Block the shutdown signals in every thread; main waits for them. */
     sigset_t sigs;
     sigemptyset(&sigs);
@@ -571,9 +596,11 @@ int main(int argc, char **argv)
         fprintf(stderr, "error: creating server: %s - %s\n",
                 nereid_error_code_name(nereid_error_code(err)), nereid_error_message(err));
         nereid_error_free(err);
+        nereid_tracer_free(tracer);
         nereid_shm_registry_free(shm);
         return 1;
     }
+    nereid_server_set_tracer(server, tracer);
     int exit_code = 0;
     http_server_t *http = NULL;
     metrics_server_t *metrics = NULL;
@@ -628,6 +655,7 @@ int main(int argc, char **argv)
     frontends_t fe = {.http = http, .metrics = metrics, .grpc = grpc_fe};
     stop_frontends(&fe, server, cli.exit_timeout_secs);
     nereid_server_free(server);
+    nereid_tracer_free(tracer);
     restricted_free(&cli.http_restricted);
     restricted_free(&cli.grpc_restricted);
     nereid_shm_registry_free(shm);
@@ -640,6 +668,7 @@ frontend_failed:
     metrics_server_stop(metrics);
     grpc_frontend_stop(grpc_fe);
     nereid_server_free(server);
+    nereid_tracer_free(tracer);
     nereid_shm_registry_free(shm);
     return 1;
 }

@@ -9,6 +9,7 @@
 
 #include "backend/loader.h"
 #include "core/core.h"
+#include "core/trace.h"
 #include "core/decoupled.h"
 #include "core/util.h"
 
@@ -512,6 +513,9 @@ static void batch_record(batch_t *batch)
                                 : &rs->success,
                       resp_infer_ns + out_ns);
         }
+        if (req->trace)
+            trace_compute(req->trace, batch->t_start_ns, batch->t_input_end_ns,
+                          batch->t_infer_end_ns, batch->t_end_ns);
         if (!failed) {
             stats_add(&s->compute_input, in_ns);
             stats_add(&s->compute_infer, infer_ns);

@@ -55,6 +55,7 @@ struct nereid_server {
     bool poll_stop;
     _Atomic bool stopping;
     _Atomic bool stopped;
+    struct nereid_tracer *tracer; /* nereid_server_set_tracer, or NULL */
     struct response_cache *cache; /* --cache-config, or NULL (core/cache.h) */
 };
 

@@ -18,6 +18,7 @@
 
 #include "core/cache.h"
 #include "core/core.h"
+#include "core/trace.h"
 #include "core/repository.h"
 #include "core/stats.h"
 #include "core/util.h"
@@ -230,6 +231,7 @@ static nereid_error_t *submit(model_t *m, nereid_request_t *req,
     req->t_request_ns = now;
     req->t_queue_start_ns = now;
     req->t_compute_start_ns = 0;
+    if (req->trace) trace_request_start(req);
     if (allocator)
         req->alloc = *allocator;
     else
@@ -307,13 +309,19 @@ static nereid_error_t *dump(json_t *doc, char **out)
 
 nereid_error_t *nereid_server_metadata(nereid_server_t *s, char **json_out)
 {
-    static const char *extensions[] = {
-        "classification",       "sequence",
-        "model_repository",     "model_repository(unload_dependents)",
-        "schedule_policy",      "model_configuration",
-        "system_shared_memory", "cuda_shared_memory",
-        "binary_tensor_data",   "parameters",
-        "statistics",           "logging"};
+    static const char *extensions[] = {"classification",
+                                       "sequence",
+                                       "model_repository",
+                                       "model_repository(unload_dependents)",
+                                       "schedule_policy",
+                                       "model_configuration",
+                                       "system_shared_memory",
+                                       "cuda_shared_memory",
+                                       "binary_tensor_data",
+                                       "parameters",
+                                       "statistics",
+                                       "trace",
+                                       "logging"};
     json_t *ext = json_array();
     for (size_t i = 0; i < ARRAY_LEN(extensions); i++)
         json_array_append_new(ext, json_string(extensions[i]));

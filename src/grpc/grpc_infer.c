@@ -39,6 +39,7 @@ static void unary_infer_done(nereid_response_t *resp, void *userp)
     gfe_unary_call_t *c = u->call;
     unary_infer_free(u); /* input memory is no longer used */
     const nereid_error_t *rerr = nereid_response_error(resp);
+    if (c->trace && rerr == NULL) c->response_ns = nereid_trace_now_ns();
     if (rerr != NULL) {
         gfe_unary_finish_status(c, gfe_status_from_error(rerr), nereid_error_message(rerr), NULL);
         nereid_response_free(resp);
@@ -77,6 +78,22 @@ static nereid_error_t *seq_metadata(gfe_unary_call_t *c, nereid_request_t *req)
     return err;
 }
 
+/* Samples a trace (W3C traceparent/tracestate from the call's metadata). */
+static void start_trace(gfe_unary_call_t *c, const char *model, nereid_request_t *req)
+{
+    char *v[2] = {NULL, NULL};
+    static const char *const keys[2] = {"traceparent", "tracestate"};
+    const grpc_metadata_array *md = &c->request_md;
+    for (size_t i = 0; i < md->count; i++)
+        for (int k = 0; k < 2; k++)
+            if (v[k] == NULL && grpc_slice_str_cmp(md->metadata[i].key, keys[k]) == 0)
+                v[k] = grpc_slice_to_c_string(md->metadata[i].value);
+    c->trace = nereid_server_trace_start(c->fe->server, model, v[0], v[1]);
+    for (int k = 0; k < 2; k++)
+        gpr_free(v[k]);
+    if (c->trace) nereid_request_set_trace(req, c->trace);
+}
+
 /* Triton checks the model's transaction policy first (after the version):
  * unary ModelInfer cannot carry a decoupled model's responses. */
 static nereid_error_t *refuse_decoupled(nereid_server_t *server,
@@ -112,6 +129,13 @@ void gfe_model_infer(gfe_unary_call_t *c, const uint8_t *data, size_t len)
         ((err = seq_metadata(c, req)) != NULL ||
          (err = gfe_forward_headers(c->fe, c->request_md.metadata, c->request_md.count, req))))
         nereid_request_free(req);
+    if (err == NULL && nereid_server_tracing(c->fe->server)) {
+        /* A call posted while tracing was off has no wait start: its
+         * arrival stands for both. */
+        if (c->waitread_start_ns == 0)
+            c->waitread_start_ns = c->waitread_end_ns = nereid_trace_now_ns();
+        start_trace(c, u->msg->model_name, req);
+    }
     if (err == NULL) {
         /* Triton cancels the inference when the client cancels the call. */
         nereid_cancel_token_t *token = nereid_cancel_token_new();

@@ -119,6 +119,10 @@ typedef struct gfe_unary_call {
     bool close_started;
     _Atomic int close_refs;
     nereid_cancel_token_t *cancel;
+    /* tracing (only while some trace setting is on): Triton's GRPC_*
+     * timestamps, recorded into the trace when the call is freed */
+    uint64_t waitread_start_ns, waitread_end_ns, response_ns, send_start_ns;
+    nereid_trace_t *trace;
 } gfe_unary_call_t;
 
 /* Starts watching c for the client's cancellation (RECV_CLOSE_ON_SERVER

@@ -148,6 +148,15 @@ nereid_error_t *gfe_forward_headers(const grpc_frontend_t *fe, const grpc_metada
 static void unary_free(gfe_unary_call_t *c)
 {
     grpc_frontend_t *fe = c->fe;
+    if (c->trace) {
+        nereid_trace_timestamp(c->trace, "GRPC_WAITREAD_START", c->waitread_start_ns);
+        nereid_trace_timestamp(c->trace, "GRPC_WAITREAD_END", c->waitread_end_ns);
+        if (c->response_ns)
+            nereid_trace_timestamp(c->trace, "INFER_RESPONSE_COMPLETE", c->response_ns);
+        nereid_trace_timestamp(c->trace, "GRPC_SEND_START", c->send_start_ns);
+        nereid_trace_timestamp(c->trace, "GRPC_SEND_END", nereid_trace_now_ns());
+        nereid_trace_release(c->trace);
+    }
     if (c->call != NULL) grpc_call_unref(c->call);
     grpc_metadata_array_destroy(&c->request_md);
     if (c->payload != NULL) grpc_byte_buffer_destroy(c->payload);
@@ -193,6 +202,7 @@ void gfe_unary_watch_close(gfe_unary_call_t *c, nereid_cancel_token_t *token)
 void gfe_unary_finish_status(gfe_unary_call_t *c, grpc_status_code code, const char *details,
                              grpc_byte_buffer *reply)
 {
+    if (c->trace) c->send_start_ns = nereid_trace_now_ns();
     grpc_op ops[4];
     size_t n = 0;
     memset(ops, 0, sizeof(ops));
@@ -306,6 +316,7 @@ static void unary_arrived(gfe_tag_t *tag, bool ok)
         unary_free(c);
         return;
     }
+    if (c->waitread_start_ns) c->waitread_end_ns = nereid_trace_now_ns();
     if (!atomic_load(&fe->stopping)) post_unary(fe, c->queue, c->method);
     if (fe->restricted && refuse_restricted(c)) return;
     if (gfe_methods[c->method].kind == GFE_STREAM) {
@@ -329,6 +340,8 @@ static void post_unary(grpc_frontend_t *fe, int queue, gfe_method_t method)
     c->method = method;
     c->arrive_tag.fn = unary_arrived;
     c->status_details = grpc_empty_slice();
+    if (method == GFE_M_MODEL_INFER && nereid_server_tracing(fe->server))
+        c->waitread_start_ns = nereid_trace_now_ns();
     grpc_metadata_array_init(&c->request_md);
     gfe_live_add(fe);
     grpc_completion_queue *cq = fe->queues[queue];

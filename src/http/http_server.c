@@ -22,6 +22,7 @@
 #include <gnutls/gnutls.h>
 #include <inttypes.h>
 #include <jansson.h>
+#include <malloc.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -170,9 +171,12 @@ typedef struct http_conn {
     _Atomic int phase;                     /* infer_phase_t */
     bool suspended;                        /* we suspended it; MHD thread only */
     char seq_echo[132];                    /* sequence id for the reply header, or "" */
-    nereid_shm_use_t *shm;                 /* regions the inference uses, or NULL */
-    nereid_cancel_token_t *cancel;         /* the inference's, while submitted */
-    uint64_t watch_id;                     /* close watch while suspended, or 0 */
+    /* tracing (only while some trace setting is on) */
+    uint64_t recv_start_ns, recv_end_ns;
+    nereid_trace_t *trace;
+    nereid_shm_use_t *shm;         /* regions the inference uses, or NULL */
+    nereid_cancel_token_t *cancel; /* the inference's, while submitted */
+    uint64_t watch_id;             /* close watch while suspended, or 0 */
 } http_conn_t;
 
 /* An inference and its connection: the completion resumes the connection
@@ -666,53 +670,54 @@ static enum MHD_Result handle_trace(http_conn_t *c)
         nereid_error_t *err = nereid_server_trace_settings(c->srv->core, c->model, &json);
         return reply_json_or_error(c->mhd, err, json);
     }
+    /* Triton reads each known key with TritonJson: trace_level must be an
+     * array of strings, the others strings; null clears; an empty body
+     * changes nothing. */
+    static const char *const keys[] = {"trace_file", "trace_level", "trace_rate", "trace_count",
+                                       "log_frequency"};
+    enum { N_KEYS = sizeof keys / sizeof keys[0] };
+    static const char *const no_values[1] = {NULL};
     nereid_error_t *err;
     json_t *root = parse_body_json(c, &err);
-    if (!err && !json_is_object(root))
+    if (!err && root && !json_is_object(root))
         err = nereid_error_new(NEREID_ERROR_INVALID_ARG,
                                "expect a JSON object with the trace settings to update");
-    size_t n = err ? 0 : json_object_size(root), k = 0;
-    nereid_trace_setting_t *settings = calloc(n ? n : 1, sizeof *settings);
-    const char ***owned = calloc(n ? n : 1, sizeof *owned); /* each key's value array */
-    if (!err && (!settings || !owned))
-        err = nereid_error_new(NEREID_ERROR_INTERNAL, "out of memory");
-    const char *key;
-    json_t *v;
-    if (!err) {
-        json_object_foreach(root, key, v)
-        {
-            nereid_trace_setting_t *t = &settings[k];
-            t->key = key;
-            if (json_is_null(v)) {
-                k++;
-                continue;
-            }
-            size_t nv = json_is_array(v) ? json_array_size(v) : 1;
-            const char **vals = calloc(nv ? nv : 1, sizeof *vals);
-            if (!vals) {
-                err = nereid_error_new(NEREID_ERROR_INTERNAL, "out of memory");
+    nereid_trace_setting_t settings[N_KEYS];
+    const char **vals[N_KEYS] = {NULL};
+    size_t n = 0;
+    for (size_t k = 0; !err && root && k < N_KEYS; k++) {
+        json_t *v = json_object_get(root, keys[k]);
+        if (!v) continue;
+        nereid_trace_setting_t *t = &settings[n++];
+        *t = (nereid_trace_setting_t){.key = keys[k]};
+        if (json_is_null(v)) continue;
+        bool level = k == 1;
+        if (level && !json_is_array(v)) {
+            t->type_error = "attempt to access JSON non-array as array";
+            continue;
+        }
+        size_t nv = level ? json_array_size(v) : 1;
+        vals[k] = calloc(nv ? nv : 1, sizeof *vals[k]);
+        if (!vals[k]) {
+            err = nereid_error_new(NEREID_ERROR_INTERNAL, "out of memory");
+            break;
+        }
+        for (size_t i = 0; i < nv; i++) {
+            json_t *e = level ? json_array_get(v, i) : v;
+            if (!json_is_string(e)) {
+                t->type_error = "attempt to access JSON non-string as string";
                 break;
             }
-            owned[k++] = vals;
-            for (size_t i = 0; i < nv; i++) {
-                json_t *e = json_is_array(v) ? json_array_get(v, i) : v;
-                if (!json_is_string(e)) {
-                    err = nereid_error_new(NEREID_ERROR_INVALID_ARG,
-                                           "expect string or array of strings for '%s'", key);
-                    break;
-                }
-                vals[i] = json_string_value(e);
-            }
-            if (err) break;
-            t->values = vals;
-            t->n_values = nv;
+            vals[k][i] = json_string_value(e);
         }
+        t->values = nv ? vals[k] : no_values;
+        t->n_values = nv;
     }
-    if (!err) err = nereid_server_update_trace_settings(c->srv->core, c->model, settings, k, &json);
-    for (size_t i = 0; owned && i < k; i++)
-        free(owned[i]);
-    free(owned);
-    free(settings);
+    if (!err)
+        err =
+            nereid_server_update_trace_settings(c->srv->core, c->model, settings, n, false, &json);
+    for (size_t k = 0; k < N_KEYS; k++)
+        free(vals[k]);
     if (root) json_decref(root);
     return reply_json_or_error(c->mhd, err, json);
 }
@@ -888,6 +893,8 @@ static void infer_done(nereid_response_t *response, void *userp)
     http_conn_t *c = userp;
     http_server_t *srv = c->srv;
     struct MHD_Connection *mc = c->mhd;
+    if (c->trace)
+        nereid_trace_timestamp(c->trace, "INFER_RESPONSE_COMPLETE", nereid_trace_now_ns());
     nereid_shm_use_finish(c->shm); /* the reply does not read shared memory */
     atomic_store(&c->response, response);
     int phase = PHASE_RUNNING;
@@ -1040,6 +1047,17 @@ static nereid_error_t *infer_submit(http_conn_t *c, bool *done)
         nereid_request_free(req);
         return err;
     }
+    if (c->recv_start_ns) {
+        c->trace = nereid_server_trace_start(
+            srv->core, c->model,
+            MHD_lookup_connection_value(c->mhd, MHD_HEADER_KIND, "traceparent"),
+            MHD_lookup_connection_value(c->mhd, MHD_HEADER_KIND, "tracestate"));
+        if (c->trace) {
+            nereid_trace_timestamp(c->trace, "HTTP_RECV_START", c->recv_start_ns);
+            nereid_trace_timestamp(c->trace, "HTTP_RECV_END", c->recv_end_ns);
+            nereid_request_set_trace(req, c->trace);
+        }
+    }
 
     pthread_mutex_lock(&srv->lock);
     if (srv->stopping) {
@@ -1070,6 +1088,7 @@ static enum MHD_Result infer_reply(http_conn_t *c)
 {
     nereid_response_t *resp = atomic_exchange(&c->response, NULL);
     if (!resp) return MHD_YES;
+    if (c->trace) nereid_trace_timestamp(c->trace, "HTTP_SEND_START", nereid_trace_now_ns());
     const nereid_error_t *rerr = nereid_response_error(resp);
     if (rerr) {
         enum MHD_Result ret = http_queue_error(
@@ -1155,6 +1174,7 @@ static enum MHD_Result handle_infer(http_conn_t *c)
         return MHD_YES;
     }
     if (c->version < -1) return version_error(c);
+    if (c->recv_start_ns) c->recv_end_ns = nereid_trace_now_ns();
     /* Triton checks the transaction policy before it reads the body. */
     bool decoupled = false, done = false;
     nereid_error_t *err =
@@ -1474,6 +1494,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
         if (srv->restricted && route_forbidden(c)) {
             c->forbidden = true; /* the body is read and dropped; 403 at the end */
         } else if (c->route == ROUTE_MODEL_INFER || c->route == ROUTE_MODEL_INFER_V) {
+            if (nereid_server_tracing(srv->core)) c->recv_start_ns = nereid_trace_now_ns();
             infer_headers(c);
             /* A declared body over the limit is refused now, unread: MHD then
              * closes the connection after the reply. */
@@ -1582,6 +1603,10 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
     *con_cls = NULL;
     conn_resumed(c);
     nereid_cancel_token_free(c->cancel);
+    if (c->trace) {
+        nereid_trace_timestamp(c->trace, "HTTP_SEND_END", nereid_trace_now_ns());
+        nereid_trace_release(c->trace);
+    }
     nereid_response_t *resp = atomic_load(&c->response);
     if (resp) nereid_response_free(resp);
     out_bufs_free(atomic_load(&c->outs));
@@ -1654,6 +1679,12 @@ nereid_error_t *http_server_start(nereid_server_t *core, const http_options_t *o
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     unsigned threads = opts->thread_count > 0 ? (unsigned)opts->thread_count : 1;
     if (ncpu > 0 && threads > (unsigned)ncpu) threads = (unsigned)ncpu;
+    /* A large tensor's body, JSON reply and tensors are MBs each: served by
+     * fresh mmaps (glibc's default above 128 KiB) or trimmed from the heap
+     * after each request, every page of them faults in again on the next
+     * (~750 faults per 65,536-element JSON request). Kept in the heap. */
+    mallopt(M_MMAP_THRESHOLD, 32 << 20);
+    mallopt(M_TRIM_THRESHOLD, 256 << 20);
     unsigned flags = MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
     if (ipv6) flags |= MHD_USE_IPv6;
     srv->close_watch = close_watch_start();
