@@ -42,6 +42,18 @@
 
 static char repo[256];
 static int seconds = 2, rounds = 3;
+static pid_t children[8];
+static int n_children;
+
+/* Stops the servers this process started (also when it exits on an error). */
+static void stop_children(void)
+{
+    for (int i = 0; i < n_children; i++) {
+        kill(children[i], SIGTERM);
+        waitpid(children[i], NULL, 0);
+    }
+    n_children = 0;
+}
 
 static void die(const char *what)
 {
@@ -251,6 +263,7 @@ static void start_server(server_t *s)
               "--http-thread-count=2", "--log-info=false", (char *)NULL);
         _exit(127);
     }
+    children[n_children++] = s->pid;
     for (int i = 0; i < 600; i++) {
         if (http_ok(s->port, "/v2/health/ready")) return;
         struct timespec ts = {0, 50000000};
@@ -465,6 +478,7 @@ int main(int argc, char **argv)
     write_models();
     for (size_t i = 0; i < N_CASES; i++)
         write_script(&cases[i]);
+    atexit(stop_children);
     for (int i = 0; i < n_servers; i++)
         start_server(&servers[i]);
     server_t *echo = &servers[n_servers];
@@ -513,10 +527,7 @@ int main(int argc, char **argv)
         }
         fflush(stdout);
     }
-    for (int i = 0; i < n_servers; i++) {
-        kill(servers[i].pid, SIGTERM);
-        waitpid(servers[i].pid, NULL, 0);
-    }
+    stop_children();
     MHD_stop_daemon(echo_daemon);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", repo);

@@ -30,7 +30,7 @@ typedef struct infer_input {
     nereid_datatype_t datatype;
     int64_t *shape; /* in the arena */
     size_t rank;
-    const void *data; /* borrowed from the body, or == owned_data */
+    const void *data; /* borrowed from the body or the parse arena, or == owned_data */
     size_t byte_size;
     void *owned_data;       /* JSON data converted to the binary layout, or NULL */
     const char *shm_region; /* shared_memory_region, or NULL (data set by infer_parsed_shm) */
