@@ -10,10 +10,14 @@
  *   fail (string "true") this request fails, the rest of the batch succeeds
  *   wait_for_file (string) execute waits until this path exists (10 s at
  *                          most), so a test decides when the batch ends
+ *   started_file (string) execute creates this file when it starts
+ *   stop_on_cancel (string "true") the wait above also ends when the request
+ *                          is cancelled, which then fails with CANCELLED
  * Every execute also checks the core's promise that one instance never runs
  * two batches at once, and fails the batch if it does.
  */
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -86,6 +90,11 @@ NEREID_EXPORT nereid_error_t *nereid_backend_execute(nereid_instance_t *instance
 static nereid_error_t *execute(nereid_instance_t *instance, nereid_batch_t *batch)
 {
     const nereid_model_t *model = nereid_instance_model(instance);
+    for (size_t r = 0; r < nereid_batch_request_count(batch); r++) {
+        const char *path = nereid_batch_request_parameter_string(batch, r, "started_file");
+        FILE *f = path ? fopen(path, "w") : NULL;
+        if (f) fclose(f);
+    }
     const char *delay = nereid_model_parameter(model, "execute_delay_ms");
     long ms = delay ? strtol(delay, NULL, 10) : 0;
     for (size_t r = 0; r < nereid_batch_request_count(batch); r++) {
@@ -96,14 +105,24 @@ static nereid_error_t *execute(nereid_instance_t *instance, nereid_batch_t *batc
     if (ms > 0) sleep_ms(ms);
     for (size_t r = 0; r < nereid_batch_request_count(batch); r++) {
         const char *path = nereid_batch_request_parameter_string(batch, r, "wait_for_file");
-        for (int i = 0; path && access(path, F_OK) != 0 && i < 10000; i++)
+        const char *stop = nereid_batch_request_parameter_string(batch, r, "stop_on_cancel");
+        bool may_stop = stop && strcmp(stop, "true") == 0;
+        for (int i = 0; path && access(path, F_OK) != 0 && i < 10000; i++) {
+            if (may_stop && nereid_batch_request_is_cancelled(batch, r)) break;
             sleep_ms(1);
+        }
     }
     if (param_true(model, "fail_execute"))
         return nereid_error_new(NEREID_ERROR_INTERNAL, "testing backend: execute failed");
     nereid_error_t *err = copy_inputs_to_outputs(model, batch, false);
     if (err) return err;
     for (size_t r = 0; r < nereid_batch_request_count(batch); r++) {
+        const char *stop = nereid_batch_request_parameter_string(batch, r, "stop_on_cancel");
+        if (stop && strcmp(stop, "true") == 0 && nereid_batch_request_is_cancelled(batch, r)) {
+            nereid_batch_set_request_error(
+                batch, r, nereid_error_new(NEREID_ERROR_CANCELLED, "testing backend: cancelled"));
+            continue;
+        }
         const char *fail = nereid_batch_request_parameter_string(batch, r, "fail");
         if (fail && strcmp(fail, "true") == 0)
             nereid_batch_set_request_error(

@@ -44,7 +44,8 @@ extern "C" {
 #endif
 
 #define NEREID_BACKEND_ABI_MAJOR 1u
-#define NEREID_BACKEND_ABI_MINOR 1u
+/* 1: decoupled responses; 2: nereid_batch_request_is_cancelled */
+#define NEREID_BACKEND_ABI_MINOR 2u
 #define NEREID_BACKEND_ABI_VERSION ((NEREID_BACKEND_ABI_MAJOR << 16) | NEREID_BACKEND_ABI_MINOR)
 
 typedef struct nereid_backend nereid_backend_t;   /* one per loaded library */
@@ -124,9 +125,9 @@ NEREID_EXPORT int64_t nereid_batch_size(const nereid_batch_t *batch);
  * The data has no alignment guarantee (a client's bytes sit anywhere in an
  * HTTP body or a protobuf message): read elements with memcpy. */
 NEREID_EXPORT nereid_error_t *nereid_batch_input(nereid_batch_t *batch, const char *name,
-                                                 nereid_datatype_t *datatype,
-                                                 const int64_t **shape, size_t *rank,
-                                                 const void **data, size_t *byte_size);
+                                                 nereid_datatype_t *datatype, const int64_t **shape,
+                                                 size_t *rank, const void **data,
+                                                 size_t *byte_size);
 NEREID_EXPORT size_t nereid_batch_input_count(const nereid_batch_t *batch);
 /* Name of input i of the first request (all requests share input names). */
 NEREID_EXPORT const char *nereid_batch_input_name(const nereid_batch_t *batch, size_t i);
@@ -141,9 +142,8 @@ NEREID_EXPORT bool nereid_batch_output_requested(const nereid_batch_t *batch, co
  * is the response's own memory. Outputs nobody requested return a scratch
  * buffer. Owned by the core. */
 NEREID_EXPORT nereid_error_t *nereid_batch_output(nereid_batch_t *batch, const char *name,
-                                                  nereid_datatype_t datatype,
-                                                  const int64_t *shape, size_t rank,
-                                                  size_t byte_size, void **buffer);
+                                                  nereid_datatype_t datatype, const int64_t *shape,
+                                                  size_t rank, size_t byte_size, void **buffer);
 
 /* Per-request view, for backends that handle requests one by one. */
 NEREID_EXPORT const char *nereid_batch_request_id(const nereid_batch_t *batch, size_t r);
@@ -230,6 +230,11 @@ NEREID_EXPORT nereid_error_t *nereid_sender_send(nereid_response_sender_t *sende
 NEREID_EXPORT nereid_error_t *nereid_sender_send_flags(nereid_response_sender_t *sender,
                                                        uint32_t flags);
 
+/* ABI 1.2: whether request r's client has cancelled it (server.h,
+ * cancellation). A backend may stop early and fail the request with
+ * NEREID_ERROR_CANCELLED (counted as a cancelled response); it may also
+ * ignore it (the response is then dropped by the frontend). */
+NEREID_EXPORT bool nereid_batch_request_is_cancelled(const nereid_batch_t *batch, size_t r);
 
 #ifdef __cplusplus
 }

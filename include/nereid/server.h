@@ -104,14 +104,14 @@ typedef struct nereid_server_options {
     nereid_model_control_mode_t model_control_mode;
     const char *const *load_models; /* explicit mode start-up models; "*" = all */
     size_t n_load_models;
-    int repository_poll_secs;         /* poll mode period, default 15 */
-    bool strict_model_config;         /* default false: autofill allowed */
-    bool disable_auto_complete_config; /* default false */
-    bool exit_on_error;               /* default true: a failed model load fails start-up */
-    bool strict_readiness;            /* default true */
-    int log_verbose;                  /* 0 = quiet */
-    const char *server_id;            /* default "triton" */
-    int model_load_thread_count;      /* default 4 */
+    int repository_poll_secs;              /* poll mode period, default 15 */
+    bool strict_model_config;              /* default false: autofill allowed */
+    bool disable_auto_complete_config;     /* default false */
+    bool exit_on_error;                    /* default true: a failed model load fails start-up */
+    bool strict_readiness;                 /* default true */
+    int log_verbose;                       /* 0 = quiet */
+    const char *server_id;                 /* default "triton" */
+    int model_load_thread_count;           /* default 4 */
     bool log_info, log_warning, log_error; /* default true: which log lines are printed */
     int log_format; /* a nereid_log_format_t; default NEREID_LOG_FORMAT_DEFAULT */
     /* Response cache (Triton's --cache-config): the implementation's name
@@ -152,9 +152,8 @@ NEREID_EXPORT nereid_error_t *nereid_server_model_metadata(nereid_server_t *serv
                                                            const char *model, int64_t version,
                                                            char **json_out);
 /* The normalized model config as Triton's model config endpoint prints it. */
-NEREID_EXPORT nereid_error_t *nereid_server_model_config(nereid_server_t *server,
-                                                         const char *model, int64_t version,
-                                                         char **json_out);
+NEREID_EXPORT nereid_error_t *nereid_server_model_config(nereid_server_t *server, const char *model,
+                                                         int64_t version, char **json_out);
 /* The normalized model config as a serialized inference.ModelConfig protobuf;
  * *bytes_out is freed by the caller with free(). */
 NEREID_EXPORT nereid_error_t *nereid_server_model_config_proto(nereid_server_t *server,
@@ -183,8 +182,7 @@ NEREID_EXPORT nereid_error_t *nereid_server_load_model(nereid_server_t *server, 
                                                        const char *const *file_paths,
                                                        const void *const *file_contents,
                                                        const size_t *file_sizes, size_t n_files);
-NEREID_EXPORT nereid_error_t *nereid_server_unload_model(nereid_server_t *server,
-                                                         const char *model,
+NEREID_EXPORT nereid_error_t *nereid_server_unload_model(nereid_server_t *server, const char *model,
                                                          bool unload_dependents);
 
 /* ---- Inference --------------------------------------------------------- */
@@ -209,15 +207,14 @@ NEREID_EXPORT nereid_error_t *nereid_request_add_input(nereid_request_t *req, co
 /* Asks for one output (none asked = all outputs). class_count > 0 asks for
  * classification (top-k) of that output; the frontend formats it with
  * nereid_response_classify. */
-NEREID_EXPORT nereid_error_t *nereid_request_add_requested_output(nereid_request_t *req,
-                                                                  const char *name,
-                                                                  uint32_t class_count);
+NEREID_EXPORT nereid_error_t *
+nereid_request_add_requested_output(nereid_request_t *req, const char *name, uint32_t class_count);
 NEREID_EXPORT void nereid_request_set_priority(nereid_request_t *req, uint64_t priority);
 NEREID_EXPORT void nereid_request_set_timeout_us(nereid_request_t *req, uint64_t timeout_us);
 NEREID_EXPORT void nereid_request_set_correlation_id(nereid_request_t *req, uint64_t id);
 /* Copies id (at most 128 bytes; longer is UNSUPPORTED as in Triton). */
 NEREID_EXPORT nereid_error_t *nereid_request_set_correlation_id_string(nereid_request_t *req,
-                                                                      const char *id);
+                                                                       const char *id);
 NEREID_EXPORT void nereid_request_set_sequence_flags(nereid_request_t *req, bool start, bool end);
 /* Nereid extension (not in Triton): the sequence id and flags carried in
  * request headers (HTTP Nereid-Sequence-Id/-Start/-End, gRPC metadata
@@ -230,15 +227,42 @@ NEREID_EXPORT void nereid_request_set_sequence_flags(nereid_request_t *req, bool
  * otherwise); a header fills what the body left unset. echo (echo_size bytes,
  * 130 is enough) receives the request's resulting sequence id as text, ""
  * when it has none. */
-NEREID_EXPORT nereid_error_t *nereid_request_sequence_headers(nereid_request_t *req,
-                                                              const char *const names[3],
-                                                              const char *id, const char *start,
-                                                              const char *end, char *echo,
-                                                              size_t echo_size);
+NEREID_EXPORT nereid_error_t *
+nereid_request_sequence_headers(nereid_request_t *req, const char *const names[3], const char *id,
+                                const char *start, const char *end, char *echo, size_t echo_size);
+/* ---- Cancellation (Triton's request cancellation) ----
+ * A cancel token stands for "the client is gone": a frontend makes one per
+ * call (an HTTP connection's request, a gRPC call or stream), attaches it to
+ * the requests it submits, and cancels it when the client closes the
+ * connection or cancels the call. Cancelling is safe from any thread at any
+ * time, before, during or after the requests run:
+ *   - a request still queued is removed when its scheduler next looks at its
+ *     queue and completed with NEREID_ERROR_CANCELLED (Triton's CANCELLED
+ *     status, empty message), without executing;
+ *   - a request already executing completes normally (the backend may ask
+ *     nereid_batch_request_is_cancelled and stop early with CANCELLED);
+ *   - an ensemble submits no further steps and its queued steps are
+ *     cancelled like any request;
+ *   - a cancelled sequence request ends its sequence (its slot is freed,
+ *     later queued requests of the sequence are cancelled too).
+ * Statistics: failures with reason CANCELED; a backend's CANCELLED answer
+ * counts in response_stats "cancel". */
+typedef struct nereid_cancel_token nereid_cancel_token_t;
+/* A new token (not cancelled), with one reference for the caller. */
+NEREID_EXPORT nereid_cancel_token_t *nereid_cancel_token_new(void);
+/* Drops the caller's reference (requests keep their own). NULL is a no-op. */
+NEREID_EXPORT void nereid_cancel_token_free(nereid_cancel_token_t *token);
+/* Attaches token to req (the request takes its own reference; a second
+ * call replaces the first token). Call before submission. */
+NEREID_EXPORT void nereid_request_set_cancel_token(nereid_request_t *req,
+                                                   nereid_cancel_token_t *token);
+/* Cancels every request carrying token (idempotent). */
+NEREID_EXPORT void nereid_request_cancel(nereid_cancel_token_t *token);
+NEREID_EXPORT bool nereid_cancel_token_cancelled(const nereid_cancel_token_t *token);
+
 /* Free-form parameters (copied); backends can read them. */
-NEREID_EXPORT nereid_error_t *nereid_request_set_parameter_string(nereid_request_t *req,
-                                                                  const char *key,
-                                                                  const char *value);
+NEREID_EXPORT nereid_error_t *
+nereid_request_set_parameter_string(nereid_request_t *req, const char *key, const char *value);
 NEREID_EXPORT nereid_error_t *nereid_request_set_parameter_int(nereid_request_t *req,
                                                                const char *key, int64_t value);
 NEREID_EXPORT nereid_error_t *nereid_request_set_parameter_bool(nereid_request_t *req,
@@ -247,9 +271,9 @@ NEREID_EXPORT nereid_error_t *nereid_request_set_parameter_double(nereid_request
                                                                   const char *key, double value);
 
 /* Output allocation: called on the executing thread (see nereid_complete_fn)
- * once per output with its final datatype, shape and byte size. Set *buffer to byte_size writable bytes
- * (byte_size may be 0) and *buffer_userp to anything release_fn needs.
- * Returning an error fails the request with it. */
+ * once per output with its final datatype, shape and byte size. Set *buffer to byte_size writable
+ * bytes (byte_size may be 0) and *buffer_userp to anything release_fn needs. Returning an error
+ * fails the request with it. */
 typedef nereid_error_t *(*nereid_alloc_fn)(void *userp, const char *output_name,
                                            nereid_datatype_t datatype, const int64_t *shape,
                                            size_t rank, size_t byte_size, void **buffer,
@@ -275,11 +299,10 @@ typedef void (*nereid_complete_fn)(nereid_response_t *response, void *userp);
  * will be called exactly once. On failure (unknown model, bad input, queue
  * full, ...) the caller keeps req and done_fn is never called.
  * allocator is copied; NULL means malloc'ed outputs. */
-NEREID_EXPORT nereid_error_t *nereid_server_infer_async(nereid_server_t *server,
-                                                        nereid_request_t *req,
-                                                        const nereid_response_allocator_t *allocator,
-                                                        nereid_complete_fn done_fn,
-                                                        void *done_userp);
+NEREID_EXPORT nereid_error_t *
+nereid_server_infer_async(nereid_server_t *server, nereid_request_t *req,
+                          const nereid_response_allocator_t *allocator, nereid_complete_fn done_fn,
+                          void *done_userp);
 
 /* ---- Decoupled (streaming) inference ---- */
 
@@ -330,10 +353,10 @@ NEREID_EXPORT uint32_t nereid_response_output_class_count(const nereid_response_
 /* Top-k of output index as Triton formats it ("value:index[:label]" per
  * batch item, descending), serialized as a BYTES tensor (4-byte LE length
  * prefixes). *bytes_out caller frees with free(); shape_out has room for 2. */
-NEREID_EXPORT nereid_error_t *nereid_response_classify(const nereid_response_t *resp,
-                                                       size_t index, uint32_t k,
-                                                       char **bytes_out, size_t *byte_size_out,
-                                                       int64_t *shape_out, size_t *rank_out);
+NEREID_EXPORT nereid_error_t *nereid_response_classify(const nereid_response_t *resp, size_t index,
+                                                       uint32_t k, char **bytes_out,
+                                                       size_t *byte_size_out, int64_t *shape_out,
+                                                       size_t *rank_out);
 NEREID_EXPORT void nereid_response_free(nereid_response_t *resp);
 
 /* ---- Logging and trace settings ------------------------------------------ */
@@ -365,12 +388,10 @@ NEREID_EXPORT void nereid_server_log_settings(nereid_server_t *server, nereid_lo
  * log_format is validated first, so an error changes nothing. The log file
  * can not be changed (Triton: UNSUPPORTED "log file location can not be
  * updated through network protocol"); frontends check that themselves. */
-NEREID_EXPORT nereid_error_t *nereid_server_update_log_settings(nereid_server_t *server,
-                                                                const bool *log_info,
-                                                                const bool *log_warning,
-                                                                const bool *log_error,
-                                                                const uint32_t *log_verbose_level,
-                                                                const char *log_format);
+NEREID_EXPORT nereid_error_t *
+nereid_server_update_log_settings(nereid_server_t *server, const bool *log_info,
+                                  const bool *log_warning, const bool *log_error,
+                                  const uint32_t *log_verbose_level, const char *log_format);
 
 /* Tracing is not implemented: the settings are fixed at Triton's defaults
  * with trace_level ["OFF"]. model NULL or "" = the global settings; otherwise
@@ -394,9 +415,10 @@ typedef struct nereid_trace_setting {
  * TENSORS, or changing another value, gives UNSUPPORTED "tracing is not
  * supported by this server ..."; an unknown key or level gives INVALID_ARG.
  * On success *json_out is as nereid_server_trace_settings. */
-NEREID_EXPORT nereid_error_t *nereid_server_update_trace_settings(
-    nereid_server_t *server, const char *model, const nereid_trace_setting_t *settings,
-    size_t n_settings, char **json_out);
+NEREID_EXPORT nereid_error_t *
+nereid_server_update_trace_settings(nereid_server_t *server, const char *model,
+                                    const nereid_trace_setting_t *settings, size_t n_settings,
+                                    char **json_out);
 
 #ifdef __cplusplus
 }

@@ -253,6 +253,11 @@ void nereid_batch_set_request_error(nereid_batch_t *batch, size_t r, nereid_erro
     request_set_error(batch->reqs[r], err);
 }
 
+bool nereid_batch_request_is_cancelled(const nereid_batch_t *batch, size_t r)
+{
+    return r < batch->n_reqs && request_cancelled(batch->reqs[r]);
+}
+
 void nereid_batch_report_compute(nereid_batch_t *batch, uint64_t input_end_ns,
                                  uint64_t infer_end_ns)
 {
@@ -499,7 +504,13 @@ static void batch_record(batch_t *batch)
         if (!decoupled_has_sender(req)) { /* else the sender counts each response */
             stats_add(&rs->compute_infer, resp_infer_ns);
             stats_add(&rs->compute_output, out_ns);
-            stats_add(failed ? &rs->fail : &rs->success, resp_infer_ns + out_ns);
+            /* A backend that stopped a cancelled request answers CANCELLED:
+             * Triton counts that response as cancelled, not failed. */
+            bool cancelled = failed && request_failed_cancelled(req);
+            stats_add(cancelled ? &rs->cancel
+                      : failed  ? &rs->fail
+                                : &rs->success,
+                      resp_infer_ns + out_ns);
         }
         if (!failed) {
             stats_add(&s->compute_input, in_ns);

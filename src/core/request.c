@@ -89,6 +89,7 @@ void request_free(nereid_request_t *req)
     request_strfree(req, req->model_name);
     if (req->id) request_strfree(req, req->id);
     free(req->corr_id_str);
+    nereid_cancel_token_free(req->cancel);
     if (req->response) nereid_response_free(req->response);
     if (req->model) model_unref(req->model);
     free(req);
@@ -97,6 +98,47 @@ void request_free(nereid_request_t *req)
 void nereid_request_free(nereid_request_t *req)
 {
     request_free(req);
+}
+
+/* ---- Cancellation ---- */
+
+nereid_cancel_token_t *nereid_cancel_token_new(void)
+{
+    nereid_cancel_token_t *t = xcalloc(1, sizeof *t);
+    atomic_store(&t->refs, 1);
+    return t;
+}
+
+void nereid_cancel_token_free(nereid_cancel_token_t *token)
+{
+    if (token && atomic_fetch_sub(&token->refs, 1) == 1) free(token);
+}
+
+void nereid_request_set_cancel_token(nereid_request_t *req, nereid_cancel_token_t *token)
+{
+    if (token) atomic_fetch_add(&token->refs, 1);
+    nereid_cancel_token_free(req->cancel);
+    req->cancel = token;
+}
+
+void nereid_request_cancel(nereid_cancel_token_t *token)
+{
+    if (token) atomic_store_explicit(&token->cancelled, true, memory_order_release);
+}
+
+bool nereid_cancel_token_cancelled(const nereid_cancel_token_t *token)
+{
+    return token && atomic_load_explicit(&token->cancelled, memory_order_acquire);
+}
+
+void request_share_cancel(nereid_request_t *dst, const nereid_request_t *src)
+{
+    nereid_request_set_cancel_token(dst, src->cancel);
+}
+
+void request_finish_cancelled(nereid_request_t *req)
+{
+    request_finish(req, nereid_error_new(NEREID_ERROR_CANCELLED, "%s", ""), FAILURE_CANCELED);
 }
 
 nereid_error_t *nereid_request_set_id(nereid_request_t *req, const char *id)
@@ -773,6 +815,11 @@ bool request_failed(const nereid_request_t *req)
     return req->response && req->response->error;
 }
 
+bool request_failed_cancelled(const nereid_request_t *req)
+{
+    return request_failed(req) && nereid_error_code(req->response->error) == NEREID_ERROR_CANCELLED;
+}
+
 nereid_request_t *request_new_filler(nereid_server_t *server)
 {
     nereid_request_t *f = xcalloc(1, sizeof *f);
@@ -869,6 +916,7 @@ void request_finish(nereid_request_t *req, nereid_error_t *err, failure_reason_t
     }
     model_stats_t *s = &m->stats;
     uint64_t start = req->t_request_ns;
+    if (err && nereid_error_code(err) == NEREID_ERROR_CANCELLED) reason = FAILURE_CANCELED;
     if (err) {
         stats_add(&s->fail, now - start);
         atomic_fetch_add(&s->failures[reason], 1);

@@ -21,6 +21,12 @@ typedef struct req_input {
     bool owned; /* data malloc'ed by the core (controls, state), freed with the request */
 } req_input_t;
 
+/* nereid_cancel_token_t (server.h). */
+struct nereid_cancel_token {
+    _Atomic int refs;
+    _Atomic bool cancelled;
+};
+
 typedef enum param_type { PARAM_STRING, PARAM_INT, PARAM_BOOL, PARAM_DOUBLE } param_type_t;
 
 typedef struct req_param {
@@ -59,7 +65,7 @@ typedef struct resp_output {
  * serves (request.c asserts it). */
 #define REQ_INLINE_INPUTS 3
 #define REQ_INLINE_OUTPUTS 4
-#define REQ_ARENA_BYTES 184
+#define REQ_ARENA_BYTES 176
 #define RESP_INLINE_OUTPUTS 3
 #define RESP_ARENA_BYTES 320
 
@@ -110,6 +116,7 @@ struct nereid_request {
     /* An ensemble step's request: its queue and compute durations are also
      * added here (the ensemble sums its steps' as Triton does). */
     struct model_stats *parent_stats;
+    nereid_cancel_token_t *cancel; /* reference held, or NULL */
 
     req_input_t inputs_inline[REQ_INLINE_INPUTS];
     char *out_names_inline[REQ_INLINE_OUTPUTS];
@@ -202,10 +209,21 @@ void request_output_set_shape(resp_output_t *o, const int64_t *shape, size_t ran
 /* Takes a filled internal output's heap buffer (the caller frees it), or
  * NULL when the output is not internal (then copy o->data). */
 void *request_output_take(resp_output_t *o);
+/* Whether the request's client cancelled it (nereid_request_cancel). */
+static inline bool request_cancelled(const nereid_request_t *req)
+{
+    return req->cancel && atomic_load_explicit(&req->cancel->cancelled, memory_order_acquire);
+}
+/* Completes a cancelled request without running it: Triton's CANCELLED
+ * status (empty message), failure reason CANCELED. */
+void request_finish_cancelled(nereid_request_t *req);
+/* Gives dst the cancel token of src (an ensemble step: its request's). */
+void request_share_cancel(nereid_request_t *dst, const nereid_request_t *src);
 /* Fails the request's response with err (owned) unless it failed already. */
 void request_set_error(nereid_request_t *req, nereid_error_t *err);
-/* Whether the request's response has failed. */
+/* Whether the request's response has failed; with CANCELLED. */
 bool request_failed(const nereid_request_t *req);
+bool request_failed_cancelled(const nereid_request_t *req);
 /* A filler row: a request standing for no client (the sequence batcher's
  * empty slots), batch size 1, with an empty response; the caller adds its
  * inputs (request_add_owned_input) and frees it with request_free. */

@@ -224,9 +224,13 @@ static void run_inline(scheduler_t *s, model_instance_t *inst, nereid_request_t 
     nereid_request_t *slot[1];
     batch_t batch = {.reqs = slot, .cap_reqs = 1};
     for (int taken = 0; req; taken++) {
-        batch_add(&batch, req);
-        s->core->execute(inst, &batch);
-        s->core->complete(&batch, true);
+        if (request_cancelled(req)) {
+            request_finish_cancelled(req);
+        } else {
+            batch_add(&batch, req);
+            s->core->execute(inst, &batch);
+            s->core->complete(&batch, true);
+        }
         req = release(s, inst, taken < INLINE_TAKE_MAX);
     }
     inline_depth--;
@@ -276,6 +280,7 @@ static bool can_take(const default_scheduler_t *d, const default_inst_t *di)
 static bool default_next_batch(scheduler_t *s, model_instance_t *inst, batch_t *batch)
 {
     default_scheduler_t *d = (default_scheduler_t *)s;
+again:
     atomic_fetch_add(&d->n_seeking, 1);
     if (d->spin_ns && !inline_ok(d)) spin_for_work(d);
     pthread_mutex_lock(&d->lock);
@@ -300,6 +305,11 @@ static bool default_next_batch(scheduler_t *s, model_instance_t *inst, batch_t *
     }
     pthread_mutex_unlock(&d->lock);
     if (!req) return false;
+    if (request_cancelled(req)) {
+        /* Removed from the queue without running (Triton's CANCELLED). */
+        request_finish_cancelled(req);
+        goto again;
+    }
     batch_add(batch, req);
     return true;
 }

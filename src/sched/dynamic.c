@@ -195,6 +195,49 @@ static uint64_t expire_timeouts(dynamic_batcher_t *d, uint64_t now, dyn_queue_t 
     return next;
 }
 
+/* Moves cancelled requests out of q into *out (lock held). */
+static size_t sweep_cancelled(dyn_queue_t *q, dyn_queue_t *out)
+{
+    size_t n_moved = 0;
+    dyn_node_t **link = &q->head, *prev = NULL;
+    while (*link) {
+        dyn_node_t *n = *link;
+        if (!request_cancelled(n->req)) {
+            prev = n;
+            link = &n->next;
+            continue;
+        }
+        *link = n->next;
+        if (q->tail == n) q->tail = prev;
+        queue_push(out, n);
+        n_moved++;
+    }
+    return n_moved;
+}
+
+/* Takes every cancelled request out of the queues, as Triton's queue does
+ * while it forms a batch (lock held); the caller completes them. */
+static void take_cancelled(dynamic_batcher_t *d, dyn_queue_t *cancelled)
+{
+    for (size_t l = 0; l < d->n_levels; l++) {
+        dyn_level_t *lv = &d->levels[l];
+        size_t n =
+            sweep_cancelled(&lv->queue, cancelled) + sweep_cancelled(&lv->delayed, cancelled);
+        lv->n_queued -= n;
+        d->n_queued -= n;
+        atomic_fetch_sub(&d->base.model->stats.pending, (int64_t)n);
+    }
+}
+
+static void finish_cancelled(dyn_queue_t *cancelled)
+{
+    dyn_node_t *n;
+    while ((n = queue_pop(cancelled))) {
+        request_finish_cancelled(n->req);
+        free(n);
+    }
+}
+
 static bool is_ragged(const dynamic_batcher_t *d, const char *name)
 {
     for (size_t i = 0; i < d->n_ragged; i++)
@@ -388,10 +431,13 @@ static bool dynamic_next_batch(scheduler_t *s, model_instance_t *inst, batch_t *
         dyn_queue_t rejected = {0};
         uint64_t now = util_now_ns();
         uint64_t wake = expire_timeouts(d, now, &rejected);
-        if (rejected.head) {
+        dyn_queue_t cancelled = {0};
+        take_cancelled(d, &cancelled);
+        if (rejected.head || cancelled.head) {
             /* Fail outside the lock; the forming slot keeps the queue ours. */
             pthread_mutex_unlock(&d->lock);
             fail_rejected(&rejected);
+            finish_cancelled(&cancelled);
             pthread_mutex_lock(&d->lock);
             continue;
         }

@@ -398,7 +398,13 @@ static void launch(ens_ctx_t *c, size_t step)
     ens_step_t *st = &c->e->steps[step];
     nereid_request_t *src = c->req;
     nereid_request_t *r = NULL;
-    nereid_error_t *err = nereid_request_new(src->server, st->model, st->version, &r);
+    nereid_error_t *err = NULL;
+    /* A cancelled ensemble submits no further step (Triton's); its queued
+     * steps carry its cancel token and are cancelled by their schedulers. */
+    if (request_cancelled(src))
+        err = nereid_error_new(NEREID_ERROR_CANCELLED, "%s", "");
+    else
+        err = nereid_request_new(src->server, st->model, st->version, &r);
     if (!err && src->id) err = nereid_request_set_id(r, src->id);
     c->calls[step].batch_size = 0;
     for (size_t i = 0; !err && i < st->n_in; i++) {
@@ -426,6 +432,7 @@ static void launch(ens_ctx_t *c, size_t step)
     }
     if (!err) {
         r->parent_stats = &c->agg;
+        request_share_cancel(r, src);
         nereid_response_allocator_t alloc = {
             .alloc_fn = step_alloc, .release_fn = step_release, .userp = &c->calls[step]};
         err = c->e->base.core->submit(c->held[step], r, &alloc, step_done, &c->calls[step]);

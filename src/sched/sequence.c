@@ -591,6 +591,46 @@ static nereid_request_t *pop_head(seq_sched_t *q, seq_t *s)
     return req;
 }
 
+/* ---- Cancellation ----
+ * As in Triton, a sequence whose next request was cancelled ends: that
+ * request and every one queued behind it are completed as cancelled, and
+ * the sequence's position is freed (later requests for its correlation id
+ * need START again). Looked at when an instance forms a batch, for the
+ * sequences of its positions with nothing in flight. Lock held; the caller
+ * completes *out's requests (linked by next) without it. */
+static bool sweep_cancelled(seq_sched_t *q, seq_inst_t *si, nereid_request_t **out)
+{
+    bool any = false;
+    for (size_t k = 0; k < si->n_slots; k++) {
+        seq_t *s = si->slots[k];
+        if (!s || !s->qhead || s->in_flight || !request_cancelled(s->qhead)) continue;
+        while (s->qhead) {
+            nereid_request_t *r = s->qhead;
+            s->qhead = r->next;
+            r->next = *out;
+            *out = r;
+            atomic_fetch_sub(&q->base.model->stats.pending, 1);
+        }
+        s->qtail = NULL;
+        seq_release(q, s);
+        any = true;
+    }
+    return any;
+}
+
+static void finish_cancelled(seq_sched_t *q, nereid_request_t *list)
+{
+    pthread_mutex_unlock(&q->lock);
+    while (list) {
+        nereid_request_t *r = list;
+        list = r->next;
+        r->next = NULL;
+        r->sched_data = NULL;
+        request_finish_cancelled(r);
+    }
+    pthread_mutex_lock(&q->lock);
+}
+
 /* ---- Test hooks ----
  * NEREID_DELAY_SCHEDULER (or Triton's TRITONSERVER_DELAY_SCHEDULER) = N
  * holds each instance's first batch, as Triton's sequence batcher does:
@@ -656,6 +696,11 @@ static bool direct_next_batch(seq_sched_t *q, seq_inst_t *si, batch_t *batch)
     pthread_mutex_lock(&q->lock);
     size_t n_ready;
     for (;;) {
+        nereid_request_t *cancelled = NULL;
+        if (sweep_cancelled(q, si, &cancelled)) {
+            finish_cancelled(q, cancelled);
+            continue;
+        }
         if (direct_held(q, si)) {
             cond_wait_until(&si->cond, &q->lock, util_now_ns() + HOLD_POLL_NS);
             continue;
@@ -754,6 +799,11 @@ static bool oldest_next_batch(seq_sched_t *q, seq_inst_t *si, batch_t *batch)
     pthread_mutex_lock(&q->lock);
     size_t n, take;
     for (;;) {
+        nereid_request_t *cancelled = NULL;
+        if (sweep_cancelled(q, si, &cancelled)) {
+            finish_cancelled(q, cancelled);
+            continue;
+        }
         n = 0;
         for (size_t k = 0; k < si->n_slots; k++) {
             seq_t *s = si->slots[k];
