@@ -33,6 +33,8 @@
  *   1.0  one response per request, produced inside execute
  *   1.1  decoupled responses: nereid_batch_request_sender and the
  *        nereid_sender_* functions, nereid_model_decoupled
+ *   1.2  nereid_batch_request_is_cancelled
+ *   1.3  nereid_sender_is_cancelled
  */
 #ifndef NEREID_BACKEND_H
 #define NEREID_BACKEND_H
@@ -44,8 +46,9 @@ extern "C" {
 #endif
 
 #define NEREID_BACKEND_ABI_MAJOR 1u
-/* 1: decoupled responses; 2: nereid_batch_request_is_cancelled */
-#define NEREID_BACKEND_ABI_MINOR 2u
+/* 1: decoupled responses; 2: nereid_batch_request_is_cancelled;
+ * 3: nereid_sender_is_cancelled */
+#define NEREID_BACKEND_ABI_MINOR 3u
 #define NEREID_BACKEND_ABI_VERSION ((NEREID_BACKEND_ABI_MAJOR << 16) | NEREID_BACKEND_ABI_MINOR)
 
 typedef struct nereid_backend nereid_backend_t;   /* one per loaded library */
@@ -235,6 +238,13 @@ NEREID_EXPORT nereid_error_t *nereid_sender_send_flags(nereid_response_sender_t 
  * NEREID_ERROR_CANCELLED (counted as a cancelled response); it may also
  * ignore it (the response is then dropped by the frontend). */
 NEREID_EXPORT bool nereid_batch_request_is_cancelled(const nereid_batch_t *batch, size_t r);
+
+/* ABI 1.3: whether the client of the sender's request has cancelled it
+ * (nereid_batch_request_is_cancelled for the responses sent after execute).
+ * A backend may stop early: send the final response with a
+ * NEREID_ERROR_CANCELLED error (counted under "cancel" in response_stats);
+ * responses it sends anyway are dropped by the frontend. */
+NEREID_EXPORT bool nereid_sender_is_cancelled(const nereid_response_sender_t *sender);
 
 #ifdef __cplusplus
 }
