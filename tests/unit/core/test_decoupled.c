@@ -78,8 +78,8 @@ static void on_response(nereid_response_t *resp, uint32_t flags, void *userp)
     if (flags & NEREID_RESPONSE_FINAL) {
         c->finals++;
         c->final_null = resp == NULL;
-        pthread_cond_broadcast(&c->cond);
     }
+    pthread_cond_broadcast(&c->cond); /* collector_wait_n waits for any response */
     pthread_mutex_unlock(&c->lock);
 }
 
