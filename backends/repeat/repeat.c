@@ -14,7 +14,7 @@
  * responses interleave.
  *
  * Unlike Triton's repeat backend it stops when the client cancels: the
- * request then ends with a CANCELLED final response (ABI 1.3).
+ * request then ends with a CANCELLED final response (ABI 1.4).
  *
  * Nereid extension for tests: the request parameter repeat_fail_at (int64)
  * k makes response k an error ("repeat: response k failed as the request
