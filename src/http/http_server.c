@@ -1609,6 +1609,7 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
 
 void http_options_init(http_options_t *opts)
 {
+    memset(opts, 0, sizeof *opts); /* every later field off */
     opts->address = "0.0.0.0";
     opts->port = 8000;
     opts->thread_count = 8;
