@@ -37,6 +37,8 @@ typedef struct cli {
     long long http_max_input_size;
     int http_max_connections, http_idle_timeout_secs;
     int exit_timeout_secs;
+    nereid_rate_limit_resource_t rate_limit_resources[MAX_LIST];
+    char rate_limit_names[MAX_LIST][256];
     const char *trace_names[MAX_LIST], *trace_values[MAX_LIST]; /* tracing flags in order */
     size_t n_trace;
     restricted_apis_t http_restricted, grpc_restricted;
@@ -56,6 +58,8 @@ typedef enum flag_kind {
     FLAG_MODE,
     FLAG_LLONG,
     FLAG_LOG_FORMAT,
+    FLAG_RATE_LIMIT,
+    FLAG_RATE_LIMIT_RESOURCE,
     FLAG_TRACE,        /* tracing flags, parsed together by nereid_tracer_new */
     FLAG_RESTRICTED,   /* Triton's "<groups>:<key>=<value>", repeatable */
     FLAG_SSL_MUTUAL,   /* a bool that also turns use_ssl on (Triton's rule) */
@@ -160,6 +164,12 @@ static const flag_t flags[] = {
     F("log-warning", FLAG_BOOL, server.log_warning, "Log warnings (true)."),
     F("log-error", FLAG_BOOL, server.log_error, "Log errors (true)."),
     F("log-format", FLAG_LOG_FORMAT, server.log_format, "default|ISO8601 (default)."),
+    F("rate-limit", FLAG_RATE_LIMIT, server.rate_limit,
+      "execution_count|off (off): run instances only when their rate_limiter resources are "
+      "free, in turn by execution count and priority."),
+    F("rate-limit-resource", FLAG_RATE_LIMIT_RESOURCE, rate_limit_resources,
+      "<name>:<count>[:<device>] copies of a resource (repeatable; default: the most any "
+      "instance needs)."),
     F("trace-config", FLAG_TRACE, trace_names,
       "[<mode>,]<setting>=<value>: tracing (Triton's; modes triton and opentelemetry)."),
 #define TRACE_DEPRECATED(name) F(name, FLAG_TRACE, trace_names, "Deprecated: use --trace-config.")
@@ -201,7 +211,6 @@ static const flag_t flags[] = {
 #define UNSUPPORTED(name) F(name, FLAG_UNSUPPORTED, repos, "Not supported by Nereid (refused).")
     UNSUPPORTED("model-config-name"),
     UNSUPPORTED("log-file"),
-    UNSUPPORTED("rate-limit"),
     UNSUPPORTED("host-policy"),
     UNSUPPORTED("metrics-config"),
 #undef UNSUPPORTED
@@ -225,6 +234,60 @@ static int parse_bool(const char *v, bool *out)
         *out = false;
     else
         return -1;
+    return 0;
+}
+
+/* std::stoi as Triton's ParseOption<int> uses it: leading space and a
+ * trailing rest are accepted. Prints Triton's text and returns -2 on error. */
+static int parse_triton_int(const char *text, int *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(text, &end, 10);
+    if (end == text) {
+        fprintf(stderr, "nereid: Invalid option value. Got %s\n", text);
+        return -2;
+    }
+    if (errno == ERANGE || v < INT_MIN || v > INT_MAX) {
+        fprintf(stderr, "nereid: Provided option value is out of bound. Got %s\n", text);
+        return -2;
+    }
+    *out = (int)v;
+    return 0;
+}
+
+/* --rate-limit-resource=<name>:<count>[:<device>] (Triton's format and texts). */
+static int parse_rate_limit_resource(cli_t *cli, const char *value)
+{
+    const char *c1 = strchr(value, ':'), *c2 = c1 ? strchr(c1 + 1, ':') : NULL;
+    if (!c1 || (c2 && strchr(c2 + 1, ':'))) {
+        fprintf(stderr,
+                "nereid: --rate-limit-resource option format is "
+                "'<resource_name>:<count>:<device>' or '<resource_name>:<count>'. Got %s\n",
+                value);
+        return -2;
+    }
+    size_t n = cli->server.n_rate_limit_resources, name_len = (size_t)(c1 - value);
+    char count_text[32];
+    size_t count_len = c2 ? (size_t)(c2 - c1 - 1) : strlen(c1 + 1);
+    if (n >= MAX_LIST || name_len >= sizeof cli->rate_limit_names[n] ||
+        count_len >= sizeof count_text)
+        return -1;
+    memcpy(count_text, c1 + 1, count_len);
+    count_text[count_len] = 0;
+    int count, device = -1;
+    int rc = parse_triton_int(count_text, &count);
+    if (rc == 0 && c2) rc = parse_triton_int(c2 + 1, &device);
+    if (rc) return rc;
+    if (count < 0) {
+        fprintf(stderr, "nereid: Invalid option value. Got %s\n", count_text);
+        return -2;
+    }
+    memcpy(cli->rate_limit_names[n], value, name_len);
+    cli->rate_limit_names[n][name_len] = 0;
+    cli->rate_limit_resources[n] = (nereid_rate_limit_resource_t){
+        .name = cli->rate_limit_names[n], .count = (size_t)count, .device = device};
+    cli->server.n_rate_limit_resources = n + 1;
     return 0;
 }
 
@@ -270,6 +333,16 @@ static int apply_flag(cli_t *cli, const flag_t *f, const char *value)
         nereid_error_free(err);
         return -2;
     }
+    case FLAG_RATE_LIMIT:
+        if (!strcasecmp(value, "execution_count"))
+            cli->server.rate_limit = NEREID_RATE_LIMIT_EXECUTION_COUNT;
+        else if (!strcasecmp(value, "off"))
+            cli->server.rate_limit = NEREID_RATE_LIMIT_OFF;
+        else
+            return -1;
+        return 0;
+    case FLAG_RATE_LIMIT_RESOURCE:
+        return parse_rate_limit_resource(cli, value);
     case FLAG_RESTRICTED: {
         bool grpc = strncmp(f->name, "grpc", 4) == 0;
         char *msg =
@@ -569,6 +642,7 @@ int main(int argc, char **argv)
     cli.server.n_model_repositories = cli.n_repos;
     cli.server.load_models = cli.load_models;
     cli.server.n_load_models = cli.n_load_models;
+    cli.server.rate_limit_resources = cli.rate_limit_resources;
 
     nereid_tracer_t *tracer;
     nereid_error_t *terr =

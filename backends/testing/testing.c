@@ -6,6 +6,10 @@
  *   fail_model_init      "true": model init fails
  *   fail_instance_init   "true": instance init fails
  *   fail_execute         "true": every execute fails
+ *   execution_log        path: every execute appends "start <model> <n>"
+ *                        (n: executes running in the process with this
+ *                        parameter, itself included) and "end <model>"
+ *                        lines, so a test sees order and overlap
  * and per-request parameters:
  *   delay_ms (int)       extra sleep for a batch that contains this request
  *   fail (string "true") this request fails, the rest of the batch succeeds
@@ -22,6 +26,7 @@
  * two batches at once, and fails the batch if it does.
  */
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -82,6 +87,28 @@ NEREID_EXPORT nereid_error_t *nereid_backend_instance_fini(nereid_instance_t *in
 
 static nereid_error_t *execute(nereid_instance_t *instance, nereid_batch_t *batch);
 
+/* execution_log: executes running (across models), and the lock that
+ * orders the log's lines as the executes happened. */
+static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
+static int log_running;
+
+static void log_execution(const nereid_model_t *model, bool start)
+{
+    const char *path = nereid_model_parameter(model, "execution_log");
+    if (!path) return;
+    pthread_mutex_lock(&log_lock);
+    log_running += start ? 1 : -1;
+    FILE *f = fopen(path, "a");
+    if (f) {
+        if (start)
+            fprintf(f, "start %s %d\n", nereid_model_name(model), log_running);
+        else
+            fprintf(f, "end %s\n", nereid_model_name(model));
+        fclose(f);
+    }
+    pthread_mutex_unlock(&log_lock);
+}
+
 /* "name=value" of parameter i of request r into buf (at most cap bytes). */
 static size_t parameter_text(const nereid_batch_t *batch, size_t r, size_t i, char *buf, size_t cap)
 {
@@ -138,7 +165,9 @@ NEREID_EXPORT nereid_error_t *nereid_backend_execute(nereid_instance_t *instance
         return nereid_error_new(NEREID_ERROR_INTERNAL,
                                 "testing backend: instance '%s' entered twice at once",
                                 nereid_instance_name(instance));
+    log_execution(nereid_instance_model(instance), true);
     nereid_error_t *err = execute(instance, batch);
+    log_execution(nereid_instance_model(instance), false);
     atomic_store(&st->busy, false);
     return err;
 }

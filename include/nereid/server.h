@@ -97,6 +97,18 @@ typedef enum nereid_model_control_mode {
     NEREID_MODEL_CONTROL_EXPLICIT,
 } nereid_model_control_mode_t;
 
+typedef enum nereid_rate_limit_mode {
+    NEREID_RATE_LIMIT_OFF,             /* rate_limiter configs are ignored */
+    NEREID_RATE_LIMIT_EXECUTION_COUNT, /* Triton's "execution_count" */
+} nereid_rate_limit_mode_t;
+
+/* One --rate-limit-resource=<name>:<count>[:<device>]. */
+typedef struct nereid_rate_limit_resource {
+    const char *name;
+    size_t count;
+    int device; /* -1: every device */
+} nereid_rate_limit_resource_t;
+
 typedef struct nereid_server_options {
     const char *const *model_repositories; /* borrowed during nereid_server_new */
     size_t n_model_repositories;
@@ -114,6 +126,10 @@ typedef struct nereid_server_options {
     int model_load_thread_count;           /* default 4 */
     bool log_info, log_warning, log_error; /* default true: which log lines are printed */
     int log_format; /* a nereid_log_format_t; default NEREID_LOG_FORMAT_DEFAULT */
+    nereid_rate_limit_mode_t rate_limit; /* default NEREID_RATE_LIMIT_OFF */
+    const nereid_rate_limit_resource_t
+        *rate_limit_resources; /* borrowed during nereid_server_new */
+    size_t n_rate_limit_resources;
     /* Response cache (Triton's --cache-config): the implementation's name
      * (only "local") and its settings as a JSON object, e.g.
      * {"size":"1048576"}. NULL = no cache; models with response_cache

@@ -9,6 +9,7 @@
 
 #include "backend/loader.h"
 #include "core/core.h"
+#include "core/rate_limiter.h"
 #include "core/trace.h"
 #include "core/decoupled.h"
 #include "core/util.h"
@@ -452,6 +453,8 @@ void batch_execute(model_instance_t *inst, batch_t *batch)
 {
     model_t *m = inst->model;
     batch->instance = inst;
+    /* --rate-limit: wait for the instance's turn (queue time, as in Triton). */
+    if (inst->rate_limit) rate_limiter_acquire(inst->rate_limit);
     batch->t_start_ns = util_now_ns();
     for (size_t r = 0; r < batch->n_reqs; r++)
         batch->reqs[r]->t_compute_start_ns = batch->t_start_ns;
@@ -472,6 +475,9 @@ void batch_execute(model_instance_t *inst, batch_t *batch)
         scatter_outputs(batch); /* one request: only flat batch outputs to shape */
     }
     batch->t_end_ns = util_now_ns();
+    if (inst->rate_limit)
+        rate_limiter_release(inst->rate_limit,
+                             atomic_load_explicit(&m->stats.pending, memory_order_relaxed) > 0);
     if (!batch->timing_reported) {
         batch->t_input_end_ns = batch->t_start_ns;
         batch->t_infer_end_ns = exec_end;

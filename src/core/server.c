@@ -18,6 +18,7 @@
 
 #include "core/cache.h"
 #include "core/core.h"
+#include "core/rate_limiter.h"
 #include "core/trace.h"
 #include "core/repository.h"
 #include "core/stats.h"
@@ -59,6 +60,10 @@ nereid_error_t *nereid_server_new(const nereid_server_options_t *opts, nereid_se
     s->server_id = xstrdup(opts->server_id ? opts->server_id : "triton");
     s->opts.load_models = NULL;
     s->opts.model_repositories = NULL;
+    s->opts.rate_limit_resources = NULL;
+    if (opts->rate_limit == NEREID_RATE_LIMIT_EXECUTION_COUNT)
+        s->rate_limiter =
+            rate_limiter_new(opts->rate_limit_resources, opts->n_rate_limit_resources);
     log_verbose_level = opts->log_verbose;
     log_info_enabled = opts->log_info;
     log_warning_enabled = opts->log_warning;
@@ -118,6 +123,7 @@ void nereid_server_free(nereid_server_t *s)
     free(s->repos);
     free(s->backend_dir);
     free(s->server_id);
+    rate_limiter_free(s->rate_limiter); /* every model was unloaded */
     cache_destroy(s->cache);
     pthread_rwlock_destroy(&s->lock);
     pthread_mutex_destroy(&s->control);
