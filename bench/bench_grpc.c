@@ -182,6 +182,7 @@ int main(int argc, char **argv)
     double seconds = argc > 1 ? atof(argv[1]) : 2.0;
     const char *target = argc > 2 ? argv[2] : NULL;
     nereid_server_t *server = NULL;
+    nereid_tracer_t *tracer = NULL;
     grpc_frontend_t *fe = NULL;
     char addr[128];
     if (seconds <= 0) seconds = 3.0;
@@ -192,7 +193,10 @@ int main(int argc, char **argv)
         repo_options_for(&opts, "examples/models");
         opts.exit_on_error = false;
         nereid_error_t *err = nereid_server_new(&opts, &server);
-        grpc_options_t gopts = {"127.0.0.1", 0, 2, NULL};
+        /* As the binary runs: a tracer with tracing off (Triton's default). */
+        if (err == NULL && (err = nereid_tracer_new(NULL, NULL, 0, &tracer)) == NULL)
+            nereid_server_set_tracer(server, tracer);
+        grpc_options_t gopts = {.address = "127.0.0.1", .port = 0, .infer_thread_count = 2};
         if (err == NULL) err = grpc_frontend_start(server, &gopts, &fe);
         if (err != NULL) {
             fprintf(stderr, "bench_grpc: %s\n", nereid_error_message(err));
@@ -255,6 +259,7 @@ int main(int argc, char **argv)
     grpc_channel_destroy(ch);
     grpc_frontend_stop(fe);
     nereid_server_free(server);
+    nereid_tracer_free(tracer);
     grpc_shutdown();
     return rc;
 }

@@ -226,6 +226,10 @@ int main(void)
         fprintf(stderr, "bench: %s\n", nereid_error_message(err));
         return 1;
     }
+    /* As the binary runs: a tracer with tracing off (Triton's default). */
+    nereid_tracer_t *tracer = NULL;
+    nereid_error_free(nereid_tracer_new(NULL, NULL, 0, &tracer));
+    nereid_server_set_tracer(server, tracer);
     http_options_t ho;
     http_options_init(&ho);
     ho.address = "127.0.0.1";
@@ -310,6 +314,7 @@ int main(void)
 
     http_server_stop(http);
     nereid_server_free(server);
+    nereid_tracer_free(tracer);
     free((void *)s_identity);
     free((void *)s_add_sub);
     free((void *)s_big_bin);

@@ -14,6 +14,8 @@
 #include <time.h>
 
 #include "config/config.h"
+#include "frontend/restricted.h"
+#include "frontend/tls.h"
 #include "grpc/grpc_server.h"
 #include "http/http_server.h"
 #include "metrics/metrics_server.h"
@@ -27,13 +29,20 @@ typedef struct cli {
     size_t n_repos;
     const char *load_models[MAX_LIST];
     size_t n_load_models;
-    bool allow_http, allow_grpc, allow_metrics;
+    bool allow_http, allow_grpc, allow_metrics, allow_cpu_metrics;
     const char *http_address, *grpc_address, *metrics_address;
-    int http_port, grpc_port, metrics_port;
+    const char *http_header_forward_pattern, *grpc_header_forward_pattern;
+    int http_port, grpc_port, metrics_port, metrics_interval_ms;
     int http_thread_count, grpc_infer_thread_count;
     long long http_max_input_size;
     int http_max_connections, http_idle_timeout_secs;
     int exit_timeout_secs;
+    nereid_rate_limit_resource_t rate_limit_resources[MAX_LIST];
+    char rate_limit_names[MAX_LIST][256];
+    const char *trace_names[MAX_LIST], *trace_values[MAX_LIST]; /* tracing flags in order */
+    size_t n_trace;
+    restricted_apis_t http_restricted, grpc_restricted;
+    tls_options_t http_tls, grpc_tls;
     const char *cache_configs[MAX_LIST]; /* --cache-config values */
     size_t n_cache_configs;
     const char *cache_byte_size; /* --response-cache-byte-size */
@@ -49,6 +58,11 @@ typedef enum flag_kind {
     FLAG_MODE,
     FLAG_LLONG,
     FLAG_LOG_FORMAT,
+    FLAG_RATE_LIMIT,
+    FLAG_RATE_LIMIT_RESOURCE,
+    FLAG_TRACE,        /* tracing flags, parsed together by nereid_tracer_new */
+    FLAG_RESTRICTED,   /* Triton's "<groups>:<key>=<value>", repeatable */
+    FLAG_SSL_MUTUAL,   /* a bool that also turns use_ssl on (Triton's rule) */
     FLAG_CACHE_CONFIG, /* --cache-config <name>,<setting>=<value> (repeatable) */
     FLAG_CACHE_BYTES,  /* --response-cache-byte-size: Triton's deprecated local cache size */
     FLAG_IGNORED,      /* Triton tuning knob with no effect here: accepted with a warning */
@@ -100,14 +114,49 @@ static const flag_t flags[] = {
       "keep-alive connection (4096)."),
     F("http-idle-timeout-secs", FLAG_INT, http_idle_timeout_secs,
       "Close an HTTP connection idle this long; 0 = never (60)."),
+    F("http-restricted-api", FLAG_RESTRICTED, http_restricted,
+      "<api>[,<api>...]:<key>=<value>: these API groups need header <key> with <value> "
+      "(health, metadata, inference, shared-memory, model-config, model-repository, "
+      "statistics, trace, logging)."),
+    F("http-use-ssl", FLAG_BOOL, http_tls.use_ssl,
+      "Serve HTTPS (GnuTLS) with --http-server-cert/--http-server-key (false)."),
+    F("http-use-ssl-mutual", FLAG_SSL_MUTUAL, http_tls.mutual,
+      "HTTPS that requires a client certificate signed by --http-root-cert; implies "
+      "--http-use-ssl (false)."),
+    F("http-server-cert", FLAG_STR, http_tls.server_cert, "PEM file of the HTTPS certificate."),
+    F("http-server-key", FLAG_STR, http_tls.server_key, "PEM file of the HTTPS private key."),
+    F("http-root-cert", FLAG_STR, http_tls.root_cert,
+      "PEM file of the CAs that sign HTTPS client certificates."),
+    F("http-header-forward-pattern", FLAG_STR, http_header_forward_pattern,
+      "Regex (RE2, case-insensitive): matching HTTP headers become inference request "
+      "parameters."),
     F("allow-grpc", FLAG_BOOL, allow_grpc, "Serve gRPC (true)."),
     F("grpc-port", FLAG_INT, grpc_port, "gRPC port (8001)."),
     F("grpc-address", FLAG_STR, grpc_address, "gRPC address (0.0.0.0)."),
     F("grpc-infer-thread-count", FLAG_INT, grpc_infer_thread_count,
       "gRPC completion-queue threads (2)."),
+    F("grpc-restricted-protocol", FLAG_RESTRICTED, grpc_restricted,
+      "<protocol>[,<protocol>...]:<key>=<value>: these RPC groups need metadata "
+      "triton-grpc-protocol-<key> with <value> (groups as --http-restricted-api)."),
+    F("grpc-header-forward-pattern", FLAG_STR, grpc_header_forward_pattern,
+      "Regex (RE2, case-insensitive): matching gRPC metadata become inference request "
+      "parameters."),
+    F("grpc-use-ssl", FLAG_BOOL, grpc_tls.use_ssl,
+      "Serve gRPC over TLS with --grpc-server-cert/--grpc-server-key (false)."),
+    F("grpc-use-ssl-mutual", FLAG_SSL_MUTUAL, grpc_tls.mutual,
+      "gRPC TLS that requires a client certificate signed by --grpc-root-cert; implies "
+      "--grpc-use-ssl (false)."),
+    F("grpc-server-cert", FLAG_STR, grpc_tls.server_cert, "PEM file of the gRPC certificate."),
+    F("grpc-server-key", FLAG_STR, grpc_tls.server_key, "PEM file of the gRPC private key."),
+    F("grpc-root-cert", FLAG_STR, grpc_tls.root_cert,
+      "PEM file of the CAs that sign gRPC client certificates."),
     F("allow-metrics", FLAG_BOOL, allow_metrics, "Serve Prometheus metrics (true)."),
     F("metrics-port", FLAG_INT, metrics_port, "Metrics port (8002)."),
     F("metrics-address", FLAG_STR, metrics_address, "Metrics address (the HTTP address)."),
+    F("allow-cpu-metrics", FLAG_BOOL, allow_cpu_metrics,
+      "Serve the nv_cpu_* host metrics; ignored unless --allow-metrics (true)."),
+    F("metrics-interval-ms", FLAG_INT, metrics_interval_ms,
+      "Host metrics are refreshed every <metrics-interval-ms> (2000)."),
     F("exit-timeout-secs", FLAG_INT, exit_timeout_secs,
       "On SIGINT/SIGTERM, how long in-flight requests may take before models are stopped "
       "under them (30)."),
@@ -115,6 +164,21 @@ static const flag_t flags[] = {
     F("log-warning", FLAG_BOOL, server.log_warning, "Log warnings (true)."),
     F("log-error", FLAG_BOOL, server.log_error, "Log errors (true)."),
     F("log-format", FLAG_LOG_FORMAT, server.log_format, "default|ISO8601 (default)."),
+    F("rate-limit", FLAG_RATE_LIMIT, server.rate_limit,
+      "execution_count|off (off): run instances only when their rate_limiter resources are "
+      "free, in turn by execution count and priority."),
+    F("rate-limit-resource", FLAG_RATE_LIMIT_RESOURCE, rate_limit_resources,
+      "<name>:<count>[:<device>] copies of a resource (repeatable; default: the most any "
+      "instance needs)."),
+    F("trace-config", FLAG_TRACE, trace_names,
+      "[<mode>,]<setting>=<value>: tracing (Triton's; modes triton and opentelemetry)."),
+#define TRACE_DEPRECATED(name) F(name, FLAG_TRACE, trace_names, "Deprecated: use --trace-config.")
+    TRACE_DEPRECATED("trace-file"),
+    TRACE_DEPRECATED("trace-level"),
+    TRACE_DEPRECATED("trace-rate"),
+    TRACE_DEPRECATED("trace-count"),
+    TRACE_DEPRECATED("trace-log-frequency"),
+#undef TRACE_DEPRECATED
     F("cache-config", FLAG_CACHE_CONFIG, cache_configs,
       "Response cache: <cache_name>,<setting>=<value>, e.g. local,size=1048576 (repeatable)."),
     F("response-cache-byte-size", FLAG_CACHE_BYTES, cache_byte_size,
@@ -132,8 +196,6 @@ static const flag_t flags[] = {
     IGNORED("min-supported-compute-capability"),
     IGNORED("buffer-manager-thread-count"),
     IGNORED("allow-gpu-metrics"),
-    IGNORED("allow-cpu-metrics"),
-    IGNORED("metrics-interval-ms"),
     IGNORED("grpc-infer-allocation-pool-size"),
     IGNORED("grpc-max-response-pool-size"),
     IGNORED("grpc-infer-response-compression-level"),
@@ -147,17 +209,8 @@ static const flag_t flags[] = {
     IGNORED("reuse-grpc-port"),
 #undef IGNORED
 #define UNSUPPORTED(name) F(name, FLAG_UNSUPPORTED, repos, "Not supported by Nereid (refused).")
-    UNSUPPORTED("grpc-use-ssl"),
-    UNSUPPORTED("grpc-use-ssl-mutual"),
-    UNSUPPORTED("grpc-server-cert"),
-    UNSUPPORTED("grpc-server-key"),
-    UNSUPPORTED("grpc-root-cert"),
-    UNSUPPORTED("http-restricted-api"),
-    UNSUPPORTED("grpc-restricted-protocol"),
     UNSUPPORTED("model-config-name"),
     UNSUPPORTED("log-file"),
-    UNSUPPORTED("trace-config"),
-    UNSUPPORTED("rate-limit"),
     UNSUPPORTED("host-policy"),
     UNSUPPORTED("metrics-config"),
 #undef UNSUPPORTED
@@ -181,6 +234,60 @@ static int parse_bool(const char *v, bool *out)
         *out = false;
     else
         return -1;
+    return 0;
+}
+
+/* std::stoi as Triton's ParseOption<int> uses it: leading space and a
+ * trailing rest are accepted. Prints Triton's text and returns -2 on error. */
+static int parse_triton_int(const char *text, int *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(text, &end, 10);
+    if (end == text) {
+        fprintf(stderr, "nereid: Invalid option value. Got %s\n", text);
+        return -2;
+    }
+    if (errno == ERANGE || v < INT_MIN || v > INT_MAX) {
+        fprintf(stderr, "nereid: Provided option value is out of bound. Got %s\n", text);
+        return -2;
+    }
+    *out = (int)v;
+    return 0;
+}
+
+/* --rate-limit-resource=<name>:<count>[:<device>] (Triton's format and texts). */
+static int parse_rate_limit_resource(cli_t *cli, const char *value)
+{
+    const char *c1 = strchr(value, ':'), *c2 = c1 ? strchr(c1 + 1, ':') : NULL;
+    if (!c1 || (c2 && strchr(c2 + 1, ':'))) {
+        fprintf(stderr,
+                "nereid: --rate-limit-resource option format is "
+                "'<resource_name>:<count>:<device>' or '<resource_name>:<count>'. Got %s\n",
+                value);
+        return -2;
+    }
+    size_t n = cli->server.n_rate_limit_resources, name_len = (size_t)(c1 - value);
+    char count_text[32];
+    size_t count_len = c2 ? (size_t)(c2 - c1 - 1) : strlen(c1 + 1);
+    if (n >= MAX_LIST || name_len >= sizeof cli->rate_limit_names[n] ||
+        count_len >= sizeof count_text)
+        return -1;
+    memcpy(count_text, c1 + 1, count_len);
+    count_text[count_len] = 0;
+    int count, device = -1;
+    int rc = parse_triton_int(count_text, &count);
+    if (rc == 0 && c2) rc = parse_triton_int(c2 + 1, &device);
+    if (rc) return rc;
+    if (count < 0) {
+        fprintf(stderr, "nereid: Invalid option value. Got %s\n", count_text);
+        return -2;
+    }
+    memcpy(cli->rate_limit_names[n], value, name_len);
+    cli->rate_limit_names[n][name_len] = 0;
+    cli->rate_limit_resources[n] = (nereid_rate_limit_resource_t){
+        .name = cli->rate_limit_names[n], .count = (size_t)count, .device = device};
+    cli->server.n_rate_limit_resources = n + 1;
     return 0;
 }
 
@@ -209,6 +316,12 @@ static int apply_flag(cli_t *cli, const flag_t *f, const char *value)
     }
     case FLAG_BOOL:
         return parse_bool(value, (bool *)field);
+    case FLAG_SSL_MUTUAL: {
+        /* Triton: --grpc-use-ssl-mutual sets use_ssl whatever its value. */
+        tls_options_t *tls = (tls_options_t *)(field - offsetof(tls_options_t, mutual));
+        tls->use_ssl = true;
+        return parse_bool(value, &tls->mutual);
+    }
     case FLAG_LOG_FORMAT: {
         nereid_log_format_t format;
         nereid_error_t *err = nereid_log_format_parse(value, &format);
@@ -218,6 +331,26 @@ static int apply_flag(cli_t *cli, const flag_t *f, const char *value)
         }
         fprintf(stderr, "nereid: %s\n", nereid_error_message(err));
         nereid_error_free(err);
+        return -2;
+    }
+    case FLAG_RATE_LIMIT:
+        if (!strcasecmp(value, "execution_count"))
+            cli->server.rate_limit = NEREID_RATE_LIMIT_EXECUTION_COUNT;
+        else if (!strcasecmp(value, "off"))
+            cli->server.rate_limit = NEREID_RATE_LIMIT_OFF;
+        else
+            return -1;
+        return 0;
+    case FLAG_RATE_LIMIT_RESOURCE:
+        return parse_rate_limit_resource(cli, value);
+    case FLAG_RESTRICTED: {
+        bool grpc = strncmp(f->name, "grpc", 4) == 0;
+        char *msg =
+            restricted_parse((restricted_apis_t *)field, value, f->name,
+                             grpc ? "triton-grpc-protocol-" : "", grpc ? "protocol" : "api");
+        if (!msg) return 0;
+        fprintf(stderr, "%s\n", msg);
+        free(msg);
         return -2;
     }
     case FLAG_CACHE_CONFIG:
@@ -254,6 +387,11 @@ static int apply_flag(cli_t *cli, const flag_t *f, const char *value)
     }
     case FLAG_SWITCH:
         *(bool *)field = true;
+        return 0;
+    case FLAG_TRACE:
+        if (cli->n_trace >= MAX_LIST) return -1;
+        cli->trace_names[cli->n_trace] = f->name;
+        cli->trace_values[cli->n_trace++] = value;
         return 0;
     case FLAG_LIST: {
         const char **list = (const char **)field;
@@ -463,13 +601,14 @@ int main(int argc, char **argv)
 {
     if (argc > 1 && strcmp(argv[1], "check-config") == 0)
         return config_check_main(argc - 1, argv + 1);
-    cli_t cli = {0};
+    static cli_t cli; /* static: what the flags allocate stays reachable on early exits */
     nereid_server_options_init(&cli.server);
-    cli.allow_http = cli.allow_grpc = cli.allow_metrics = true;
+    cli.allow_http = cli.allow_grpc = cli.allow_metrics = cli.allow_cpu_metrics = true;
     cli.http_address = cli.grpc_address = "0.0.0.0";
     cli.http_port = 8000;
     cli.grpc_port = 8001;
     cli.metrics_port = 8002;
+    cli.metrics_interval_ms = 2000;
     cli.http_thread_count = 8;
     cli.grpc_infer_thread_count = 2;
     cli.http_max_input_size = 67108864;
@@ -491,6 +630,10 @@ int main(int argc, char **argv)
                         "--http-idle-timeout-secs >= 0\n");
         return 2;
     }
+    if (cli.metrics_interval_ms < 0) {
+        fprintf(stderr, "nereid: --metrics-interval-ms must be >= 0\n");
+        return 2;
+    }
     char *cache_json;
     rc = cache_options(&cli, &cache_json);
     if (rc) return rc < 0 ? 2 : 1;
@@ -499,6 +642,16 @@ int main(int argc, char **argv)
     cli.server.n_model_repositories = cli.n_repos;
     cli.server.load_models = cli.load_models;
     cli.server.n_load_models = cli.n_load_models;
+    cli.server.rate_limit_resources = cli.rate_limit_resources;
+
+    nereid_tracer_t *tracer;
+    nereid_error_t *terr =
+        nereid_tracer_new(cli.trace_names, cli.trace_values, cli.n_trace, &tracer);
+    if (terr) {
+        fprintf(stderr, "%s\n", nereid_error_message(terr));
+        nereid_error_free(terr);
+        return 2;
+    }
 
     /* Block the shutdown signals in every thread; main waits for them. */
     sigset_t sigs;
@@ -517,9 +670,11 @@ int main(int argc, char **argv)
         fprintf(stderr, "error: creating server: %s - %s\n",
                 nereid_error_code_name(nereid_error_code(err)), nereid_error_message(err));
         nereid_error_free(err);
+        nereid_tracer_free(tracer);
         nereid_shm_registry_free(shm);
         return 1;
     }
+    nereid_server_set_tracer(server, tracer);
     int exit_code = 0;
     http_server_t *http = NULL;
     metrics_server_t *metrics = NULL;
@@ -531,6 +686,9 @@ int main(int argc, char **argv)
         gopts.address = cli.grpc_address;
         gopts.port = cli.grpc_port;
         gopts.infer_thread_count = cli.grpc_infer_thread_count;
+        gopts.restricted = &cli.grpc_restricted;
+        gopts.tls = cli.grpc_tls;
+        gopts.header_forward_pattern = cli.grpc_header_forward_pattern;
         gopts.shm = shm;
         if ((err = grpc_frontend_start(server, &gopts, &grpc_fe))) goto frontend_failed;
         fprintf(stderr, "Started GRPCInferenceService at %s:%d\n", cli.grpc_address,
@@ -541,6 +699,8 @@ int main(int argc, char **argv)
         metrics_options_init(&mo);
         mo.address = cli.metrics_address;
         mo.port = cli.metrics_port;
+        mo.cpu_metrics = cli.allow_cpu_metrics;
+        mo.interval_ms = cli.metrics_interval_ms;
         if ((err = metrics_server_start(server, &mo, &metrics))) goto frontend_failed;
         fprintf(stderr, "Started Metrics Service at %s:%d\n", mo.address,
                 metrics_server_port(metrics));
@@ -555,6 +715,9 @@ int main(int argc, char **argv)
         ho.max_input_size = (size_t)cli.http_max_input_size;
         ho.max_connections = cli.http_max_connections;
         ho.idle_timeout_secs = cli.http_idle_timeout_secs;
+        ho.restricted = &cli.http_restricted;
+        ho.tls = cli.http_tls;
+        ho.header_forward_pattern = cli.http_header_forward_pattern;
         ho.shm = shm;
         if ((err = http_server_start(server, &ho, &http))) goto frontend_failed;
         fprintf(stderr, "Started HTTPService at %s:%d\n", ho.address, http_server_port(http));
@@ -566,6 +729,9 @@ int main(int argc, char **argv)
     frontends_t fe = {.http = http, .metrics = metrics, .grpc = grpc_fe};
     stop_frontends(&fe, server, cli.exit_timeout_secs);
     nereid_server_free(server);
+    nereid_tracer_free(tracer);
+    restricted_free(&cli.http_restricted);
+    restricted_free(&cli.grpc_restricted);
     nereid_shm_registry_free(shm);
     return exit_code;
 
@@ -576,6 +742,7 @@ frontend_failed:
     metrics_server_stop(metrics);
     grpc_frontend_stop(grpc_fe);
     nereid_server_free(server);
+    nereid_tracer_free(tracer);
     nereid_shm_registry_free(shm);
     return 1;
 }

@@ -2,9 +2,14 @@
  * This file contains the testing backend, for scheduler and fault tests.
  * It copies input i to output i like identity and obeys config parameters:
  *   execute_delay_ms     sleep this long in every execute
+ *   model_init_delay_ms  sleep this long in model init (a known load time)
  *   fail_model_init      "true": model init fails
  *   fail_instance_init   "true": instance init fails
  *   fail_execute         "true": every execute fails
+ *   execution_log        path: every execute appends "start <model> <n>"
+ *                        (n: executes running in the process with this
+ *                        parameter, itself included) and "end <model>"
+ *                        lines, so a test sees order and overlap
  * and per-request parameters:
  *   delay_ms (int)       extra sleep for a batch that contains this request
  *   fail (string "true") this request fails, the rest of the batch succeeds
@@ -13,9 +18,15 @@
  *   started_file (string) execute creates this file when it starts
  *   stop_on_cancel (string "true") the wait above also ends when the request
  *                          is cancelled, which then fails with CANCELLED
+ *   echo_parameters      names a TYPE_STRING output (models with
+ *                        max_batch_size 0): each request gets there its
+ *                        parameters as "name=value" elements, in order
+ *                        (ABI 1.3 nereid_batch_request_parameter)
  * Every execute also checks the core's promise that one instance never runs
  * two batches at once, and fails the batch if it does.
  */
+#include <inttypes.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -48,6 +59,8 @@ NEREID_EXPORT nereid_error_t *nereid_backend_model_init(nereid_model_t *model)
 {
     if (param_true(model, "fail_model_init"))
         return nereid_error_new(NEREID_ERROR_INTERNAL, "testing backend: model init failed");
+    const char *delay = nereid_model_parameter(model, "model_init_delay_ms");
+    if (delay) sleep_ms(strtol(delay, NULL, 10));
     return NULL;
 }
 
@@ -74,6 +87,76 @@ NEREID_EXPORT nereid_error_t *nereid_backend_instance_fini(nereid_instance_t *in
 
 static nereid_error_t *execute(nereid_instance_t *instance, nereid_batch_t *batch);
 
+/* execution_log: executes running (across models), and the lock that
+ * orders the log's lines as the executes happened. */
+static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
+static int log_running;
+
+static void log_execution(const nereid_model_t *model, bool start)
+{
+    const char *path = nereid_model_parameter(model, "execution_log");
+    if (!path) return;
+    pthread_mutex_lock(&log_lock);
+    log_running += start ? 1 : -1;
+    FILE *f = fopen(path, "a");
+    if (f) {
+        if (start)
+            fprintf(f, "start %s %d\n", nereid_model_name(model), log_running);
+        else
+            fprintf(f, "end %s\n", nereid_model_name(model));
+        fclose(f);
+    }
+    pthread_mutex_unlock(&log_lock);
+}
+
+/* "name=value" of parameter i of request r into buf (at most cap bytes). */
+static size_t parameter_text(const nereid_batch_t *batch, size_t r, size_t i, char *buf, size_t cap)
+{
+    const char *name;
+    nereid_parameter_type_t type;
+    const void *value;
+    if (nereid_batch_request_parameter(batch, r, i, &name, &type, &value)) return 0;
+    int n;
+    switch (type) {
+    case NEREID_PARAMETER_STRING:
+        n = snprintf(buf, cap, "%s=%s", name, (const char *)value);
+        break;
+    case NEREID_PARAMETER_INT:
+        n = snprintf(buf, cap, "%s=%" PRId64, name, *(const int64_t *)value);
+        break;
+    case NEREID_PARAMETER_BOOL:
+        n = snprintf(buf, cap, "%s=%s", name, *(const bool *)value ? "true" : "false");
+        break;
+    default:
+        n = snprintf(buf, cap, "%s=%.17g", name, *(const double *)value);
+        break;
+    }
+    return n < 0 ? 0 : (size_t)n < cap ? (size_t)n : cap - 1;
+}
+
+/* The echo_parameters output of request r: BYTES [n_parameters]. */
+static nereid_error_t *echo_parameters(nereid_batch_t *batch, size_t r, const char *output)
+{
+    size_t n = nereid_batch_request_parameter_count(batch, r), total = 0;
+    char text[1024];
+    for (size_t i = 0; i < n; i++)
+        total += 4 + parameter_text(batch, r, i, text, sizeof text);
+    int64_t shape[1] = {(int64_t)n};
+    void *buf;
+    nereid_error_t *err =
+        nereid_batch_request_output(batch, r, output, NEREID_TYPE_BYTES, shape, 1, total, &buf);
+    if (err) return err;
+    unsigned char *p = buf;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t len = (uint32_t)parameter_text(batch, r, i, text, sizeof text);
+        for (int b = 0; b < 4; b++)
+            *p++ = (unsigned char)(len >> (8 * b));
+        memcpy(p, text, len);
+        p += len;
+    }
+    return NULL;
+}
+
 NEREID_EXPORT nereid_error_t *nereid_backend_execute(nereid_instance_t *instance,
                                                      nereid_batch_t *batch)
 {
@@ -82,7 +165,9 @@ NEREID_EXPORT nereid_error_t *nereid_backend_execute(nereid_instance_t *instance
         return nereid_error_new(NEREID_ERROR_INTERNAL,
                                 "testing backend: instance '%s' entered twice at once",
                                 nereid_instance_name(instance));
+    log_execution(nereid_instance_model(instance), true);
     nereid_error_t *err = execute(instance, batch);
+    log_execution(nereid_instance_model(instance), false);
     atomic_store(&st->busy, false);
     return err;
 }
@@ -116,6 +201,11 @@ static nereid_error_t *execute(nereid_instance_t *instance, nereid_batch_t *batc
         return nereid_error_new(NEREID_ERROR_INTERNAL, "testing backend: execute failed");
     nereid_error_t *err = copy_inputs_to_outputs(model, batch, false);
     if (err) return err;
+    const char *echo = nereid_model_parameter(model, "echo_parameters");
+    for (size_t r = 0; echo && nereid_batch_output_requested(batch, echo) &&
+                       r < nereid_batch_request_count(batch);
+         r++)
+        if ((err = echo_parameters(batch, r, echo))) return err;
     for (size_t r = 0; r < nereid_batch_request_count(batch); r++) {
         const char *stop = nereid_batch_request_parameter_string(batch, r, "stop_on_cancel");
         if (stop && strcmp(stop, "true") == 0 && nereid_batch_request_is_cancelled(batch, r)) {

@@ -44,8 +44,9 @@ extern "C" {
 #endif
 
 #define NEREID_BACKEND_ABI_MAJOR 1u
-/* 1: decoupled responses; 2: nereid_batch_request_is_cancelled */
-#define NEREID_BACKEND_ABI_MINOR 2u
+/* 1: decoupled responses; 2: nereid_batch_request_is_cancelled; 3: request
+ * parameters by index */
+#define NEREID_BACKEND_ABI_MINOR 3u
 #define NEREID_BACKEND_ABI_VERSION ((NEREID_BACKEND_ABI_MAJOR << 16) | NEREID_BACKEND_ABI_MINOR)
 
 typedef struct nereid_backend nereid_backend_t;   /* one per loaded library */
@@ -235,6 +236,29 @@ NEREID_EXPORT nereid_error_t *nereid_sender_send_flags(nereid_response_sender_t 
  * NEREID_ERROR_CANCELLED (counted as a cancelled response); it may also
  * ignore it (the response is then dropped by the frontend). */
 NEREID_EXPORT bool nereid_batch_request_is_cancelled(const nereid_batch_t *batch, size_t r);
+
+/* ---- ABI 1.3: request parameters by index ----
+ * Triton's TRITONBACKEND_RequestParameterCount/RequestParameter: every
+ * parameter of request r — the body's "parameters" and headers forwarded by
+ * --http-header-forward-pattern / --grpc-header-forward-pattern — in the
+ * order they were set (a name set twice keeps its first place and its last
+ * value). */
+typedef enum nereid_parameter_type {
+    NEREID_PARAMETER_STRING = 0, /* value: const char * (NUL-terminated) */
+    NEREID_PARAMETER_INT = 1,    /* value: const int64_t * */
+    NEREID_PARAMETER_BOOL = 2,   /* value: const bool * */
+    NEREID_PARAMETER_DOUBLE = 3, /* value: const double * */
+} nereid_parameter_type_t;
+
+/* Parameters of request r; 0 when r is out of range. */
+NEREID_EXPORT size_t nereid_batch_request_parameter_count(const nereid_batch_t *batch, size_t r);
+/* Parameter index of request r: its name, type and a pointer to its value
+ * (see nereid_parameter_type_t), all borrowed until execute returns.
+ * INVALID_ARG when r or index is out of range (out-parameters zeroed). */
+NEREID_EXPORT nereid_error_t *nereid_batch_request_parameter(const nereid_batch_t *batch, size_t r,
+                                                             size_t index, const char **name,
+                                                             nereid_parameter_type_t *type,
+                                                             const void **value);
 
 #ifdef __cplusplus
 }

@@ -97,6 +97,18 @@ typedef enum nereid_model_control_mode {
     NEREID_MODEL_CONTROL_EXPLICIT,
 } nereid_model_control_mode_t;
 
+typedef enum nereid_rate_limit_mode {
+    NEREID_RATE_LIMIT_OFF,             /* rate_limiter configs are ignored */
+    NEREID_RATE_LIMIT_EXECUTION_COUNT, /* Triton's "execution_count" */
+} nereid_rate_limit_mode_t;
+
+/* One --rate-limit-resource=<name>:<count>[:<device>]. */
+typedef struct nereid_rate_limit_resource {
+    const char *name;
+    size_t count;
+    int device; /* -1: every device */
+} nereid_rate_limit_resource_t;
+
 typedef struct nereid_server_options {
     const char *const *model_repositories; /* borrowed during nereid_server_new */
     size_t n_model_repositories;
@@ -114,6 +126,10 @@ typedef struct nereid_server_options {
     int model_load_thread_count;           /* default 4 */
     bool log_info, log_warning, log_error; /* default true: which log lines are printed */
     int log_format; /* a nereid_log_format_t; default NEREID_LOG_FORMAT_DEFAULT */
+    nereid_rate_limit_mode_t rate_limit; /* default NEREID_RATE_LIMIT_OFF */
+    const nereid_rate_limit_resource_t
+        *rate_limit_resources; /* borrowed during nereid_server_new */
+    size_t n_rate_limit_resources;
     /* Response cache (Triton's --cache-config): the implementation's name
      * (only "local") and its settings as a JSON object, e.g.
      * {"size":"1048576"}. NULL = no cache; models with response_cache
@@ -172,7 +188,8 @@ NEREID_EXPORT nereid_error_t *nereid_server_model_statistics(nereid_server_t *se
 /* [{"name","version","state","reason"}...] for every model in the repositories. */
 NEREID_EXPORT nereid_error_t *nereid_server_repository_index(nereid_server_t *server,
                                                              bool ready_only, char **json_out);
-/* Prometheus text exposition of Triton's metric families. */
+/* Prometheus text exposition of Triton's per-model metric families (the host
+ * metrics, nv_cpu_*, are added by the metrics frontend). */
 NEREID_EXPORT nereid_error_t *nereid_server_metrics(nereid_server_t *server, char **text_out);
 
 /* Explicit model control. config_json may be NULL (use the repository's
@@ -393,32 +410,80 @@ nereid_server_update_log_settings(nereid_server_t *server, const bool *log_info,
                                   const bool *log_warning, const bool *log_error,
                                   const uint32_t *log_verbose_level, const char *log_format);
 
-/* Tracing is not implemented: the settings are fixed at Triton's defaults
- * with trace_level ["OFF"]. model NULL or "" = the global settings; otherwise
- * an unknown model gives INVALID_ARG "Request for unknown model : <m>".
- * *json_out: {"trace_level":["OFF"],"trace_rate":"1000","trace_count":"-1",
- * "log_frequency":"0","trace_file":"","trace_mode":"triton"}; caller frees
- * with free(). */
+/* ---- Tracing (Triton's trace extension, --trace-config) ------------------ */
+
+/* A tracer holds the trace settings (global and per model), writes trace
+ * files (triton mode) or exports spans (opentelemetry mode). */
+typedef struct nereid_tracer nereid_tracer_t;
+/* One sampled request's trace. Reference counted: the frontend that started
+ * it and the request it is attached to each hold one. */
+typedef struct nereid_trace nereid_trace_t;
+
+/* Creates a tracer from Triton's tracing flags in command-line order:
+ * names[i] is "trace-config" or one of the deprecated "trace-file",
+ * "trace-level", "trace-rate", "trace-count", "trace-log-frequency";
+ * values[i] its value (both borrowed during the call). Bad values give
+ * INVALID_ARG with Triton's parse error text. Warnings for deprecated flags
+ * go to stderr. Caller frees with nereid_tracer_free (after the server). */
+NEREID_EXPORT nereid_error_t *nereid_tracer_new(const char *const *names, const char *const *values,
+                                                size_t n, nereid_tracer_t **out);
+/* Writes what trace files still hold, exports queued spans, frees. */
+NEREID_EXPORT void nereid_tracer_free(nereid_tracer_t *tracer);
+/* Attaches tracer (borrowed until nereid_server_free) to server. Without one
+ * the settings API answers UNAVAILABLE "the server does not support tracing". */
+NEREID_EXPORT void nereid_server_set_tracer(nereid_server_t *server, nereid_tracer_t *tracer);
+
+/* Whether any trace setting has a level other than OFF: frontends test this
+ * (one atomic load) before doing anything else for tracing. */
+NEREID_EXPORT bool nereid_server_tracing(nereid_server_t *server);
+/* Samples a trace for a request to model by the model's (or the global)
+ * setting: Triton's rate and count. In opentelemetry mode a valid W3C
+ * traceparent (tracestate may be NULL; both borrowed) forces sampling and
+ * becomes the parent of the trace's spans. NULL: not traced. Caller owns one
+ * reference (nereid_trace_release). Thread: any. */
+NEREID_EXPORT nereid_trace_t *nereid_server_trace_start(nereid_server_t *server, const char *model,
+                                                        const char *traceparent,
+                                                        const char *tracestate);
+/* The trace clock (CLOCK_MONOTONIC ns, Triton's steady clock). */
+NEREID_EXPORT uint64_t nereid_trace_now_ns(void);
+/* Records a frontend timestamp (HTTP_RECV_START, GRPC_SEND_END, ...). */
+NEREID_EXPORT void nereid_trace_timestamp(nereid_trace_t *trace, const char *name, uint64_t ns);
+/* The request records the core's timestamps into trace (it takes its own
+ * reference, dropped when the request is released). Call before
+ * nereid_server_infer_async. */
+NEREID_EXPORT void nereid_request_set_trace(nereid_request_t *req, nereid_trace_t *trace);
+/* Drops a reference; the last one writes or exports the trace. NULL is a no-op. */
+NEREID_EXPORT void nereid_trace_release(nereid_trace_t *trace);
+
+/* The trace settings as Triton reports them. model NULL or "" = the global
+ * settings; otherwise a model that is not ready gives INVALID_ARG "Request
+ * for unknown model : <m>". *json_out: {"trace_level":["TIMESTAMPS"],
+ * "trace_rate":"1000","trace_count":"-1","log_frequency":"0",
+ * "trace_file":"/tmp/t.json","trace_mode":"triton", <mode settings>...};
+ * caller frees with free(). */
 NEREID_EXPORT nereid_error_t *nereid_server_trace_settings(nereid_server_t *server,
                                                            const char *model, char **json_out);
 
-/* One requested trace setting change: values[0..n_values) (n_values 0 =
- * clear, i.e. back to the default). All borrowed during the call. */
+/* One requested trace setting change. values NULL (and n_values 0) clears
+ * the setting: a model's falls back to the global one, a global one to the
+ * command line's. type_error, when set, is the frontend's text for a value
+ * of the wrong JSON type, reported (INTERNAL) when this key's turn comes in
+ * Triton's order. All borrowed during the call. */
 typedef struct nereid_trace_setting {
     const char *key;
     const char *const *values;
     size_t n_values;
+    const char *type_error;
 } nereid_trace_setting_t;
 
-/* Accepts only changes that keep tracing off: trace_level ["OFF"] and the
- * other keys set to their fixed values (or cleared). Enabling TIMESTAMPS or
- * TENSORS, or changing another value, gives UNSUPPORTED "tracing is not
- * supported by this server ..."; an unknown key or level gives INVALID_ARG.
- * On success *json_out is as nereid_server_trace_settings. */
+/* Updates the settings as Triton does (trace_file refused, then
+ * trace_level, trace_rate, trace_count, log_frequency; unknown keys
+ * ignored), with Triton's error texts for the HTTP (grpc false) or gRPC
+ * frontend. On success *json_out is as nereid_server_trace_settings. */
 NEREID_EXPORT nereid_error_t *
 nereid_server_update_trace_settings(nereid_server_t *server, const char *model,
                                     const nereid_trace_setting_t *settings, size_t n_settings,
-                                    char **json_out);
+                                    bool grpc, char **json_out);
 
 #ifdef __cplusplus
 }

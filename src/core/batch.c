@@ -9,6 +9,8 @@
 
 #include "backend/loader.h"
 #include "core/core.h"
+#include "core/rate_limiter.h"
+#include "core/trace.h"
 #include "core/decoupled.h"
 #include "core/util.h"
 
@@ -451,6 +453,8 @@ void batch_execute(model_instance_t *inst, batch_t *batch)
 {
     model_t *m = inst->model;
     batch->instance = inst;
+    /* --rate-limit: wait for the instance's turn (queue time, as in Triton). */
+    if (inst->rate_limit) rate_limiter_acquire(inst->rate_limit);
     batch->t_start_ns = util_now_ns();
     for (size_t r = 0; r < batch->n_reqs; r++)
         batch->reqs[r]->t_compute_start_ns = batch->t_start_ns;
@@ -471,6 +475,9 @@ void batch_execute(model_instance_t *inst, batch_t *batch)
         scatter_outputs(batch); /* one request: only flat batch outputs to shape */
     }
     batch->t_end_ns = util_now_ns();
+    if (inst->rate_limit)
+        rate_limiter_release(inst->rate_limit,
+                             atomic_load_explicit(&m->stats.pending, memory_order_relaxed) > 0);
     if (!batch->timing_reported) {
         batch->t_input_end_ns = batch->t_start_ns;
         batch->t_infer_end_ns = exec_end;
@@ -512,6 +519,9 @@ static void batch_record(batch_t *batch)
                                 : &rs->success,
                       resp_infer_ns + out_ns);
         }
+        if (req->trace)
+            trace_compute(req->trace, batch->t_start_ns, batch->t_input_end_ns,
+                          batch->t_infer_end_ns, batch->t_end_ns);
         if (!failed) {
             stats_add(&s->compute_input, in_ns);
             stats_add(&s->compute_infer, infer_ns);
@@ -532,4 +542,43 @@ void batch_complete(batch_t *batch, bool finish)
     for (size_t r = 0; r < batch->n_reqs; r++)
         request_finish(batch->reqs[r], NULL, FAILURE_BACKEND);
     batch_reset(batch);
+}
+
+size_t nereid_batch_request_parameter_count(const nereid_batch_t *batch, size_t r)
+{
+    return r < batch->n_reqs ? batch->reqs[r]->n_params : 0;
+}
+
+nereid_error_t *nereid_batch_request_parameter(const nereid_batch_t *batch, size_t r, size_t index,
+                                               const char **name, nereid_parameter_type_t *type,
+                                               const void **value)
+{
+    *name = NULL;
+    *type = NEREID_PARAMETER_STRING;
+    *value = NULL;
+    if (r >= batch->n_reqs || index >= batch->reqs[r]->n_params)
+        return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                "request %zu has no parameter %zu (batch of %zu requests)", r,
+                                index, batch->n_reqs);
+    const req_param_t *p = &batch->reqs[r]->params[index];
+    *name = p->key;
+    switch (p->type) {
+    case PARAM_STRING:
+        *type = NEREID_PARAMETER_STRING;
+        *value = p->s;
+        break;
+    case PARAM_INT:
+        *type = NEREID_PARAMETER_INT;
+        *value = &p->i;
+        break;
+    case PARAM_BOOL:
+        *type = NEREID_PARAMETER_BOOL;
+        *value = &p->b;
+        break;
+    case PARAM_DOUBLE:
+        *type = NEREID_PARAMETER_DOUBLE;
+        *value = &p->d;
+        break;
+    }
+    return NULL;
 }

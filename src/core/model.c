@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "backend/loader.h"
+#include "core/rate_limiter.h"
 #include "core/util.h"
 #include "sched/scheduler.h"
 
@@ -177,10 +178,13 @@ static nereid_error_t *create_instances(model_t *m)
                              ? NEREID_INSTANCE_KIND_MODEL
                              : NEREID_INSTANCE_KIND_CPU;
             inst->device_id = grp && grp->n_gpus ? grp->gpus[0] : 0;
+            inst->group = grp;
             m->instances[k++] = inst;
         }
     }
     m->n_instances = k;
+    nereid_error_t *rl_err = rate_limiter_add_model(m);
+    if (rl_err) return rl_err;
     for (size_t i = 0; i < k; i++) {
         if (pthread_create(&m->instances[i]->thread, NULL, instance_main, m->instances[i]) != 0)
             return nereid_error_new(NEREID_ERROR_INTERNAL, "unable to start instance thread");
@@ -293,6 +297,7 @@ static nereid_error_t *check_runtime(const model_t *m, const char *backend_dir, 
 nereid_error_t *model_load(nereid_server_t *server, const model_load_args_t *args, model_t **out)
 {
     *out = NULL;
+    uint64_t load_start_ns = util_now_ns();
     model_t *m = xcalloc(1, sizeof *m);
     m->server = server;
     m->name = xstrdup(args->name);
@@ -341,6 +346,7 @@ nereid_error_t *model_load(nereid_server_t *server, const model_load_args_t *arg
         err = create_instances(m);
         if (!err) err = model_warmup(m);
         if (err) goto fail;
+        m->stats.load_ns = util_now_ns() - load_start_ns;
     }
     *out = m;
     return NULL;
@@ -366,6 +372,7 @@ void model_unload(model_t *m)
         pthread_cond_wait(&m->cond, &m->lock);
     pthread_mutex_unlock(&m->lock);
     stop_instances(m);
+    rate_limiter_remove_model(m);
     model_unref(m);
 }
 

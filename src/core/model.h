@@ -60,6 +60,7 @@ typedef struct model_stats {
     size_t n_resp_more;
     batch_stat_t *batch; /* index = batch size, 1..n_batch-1 */
     size_t n_batch;
+    uint64_t load_ns; /* backend model's load time (0 for ensembles); set before publishing */
 } model_stats_t;
 
 /* ---- Model ---- */
@@ -97,7 +98,12 @@ typedef struct model_instance {
     void *backend_state;
     nereid_error_t *init_error; /* set by the thread if instance init failed */
     bool init_done;
-    void *sched_state; /* for the scheduler's per-instance data */
+    void *sched_state;                          /* for the scheduler's per-instance data */
+    const Inference__ModelInstanceGroup *group; /* its instance_group (config); NULL: none */
+    /* Registered with the rate limiter (rate_limiter.h): executions wait
+     * for their turn. NULL when the limiter is off or the group needs no
+     * resources. */
+    struct rate_limiter_instance *rate_limit;
 } model_instance_t;
 
 /* A loaded model version. nereid_model_t (backend.h) is this struct. */
@@ -132,6 +138,7 @@ typedef struct model {
     bool autocomplete_allowed;
     bool config_replaced;
     bool model_initialized; /* backend model_init succeeded: model_fini owed */
+    bool rate_limited;      /* an instance has rate_limit: never run on a caller's thread */
     pthread_mutex_t lock;   /* guards instance init handshake */
     pthread_cond_t cond;
 } model_t;

@@ -55,7 +55,9 @@ struct nereid_server {
     bool poll_stop;
     _Atomic bool stopping;
     _Atomic bool stopped;
-    struct response_cache *cache; /* --cache-config, or NULL (core/cache.h) */
+    struct rate_limiter *rate_limiter; /* --rate-limit=execution_count; NULL: off */
+    struct nereid_tracer *tracer;      /* nereid_server_set_tracer, or NULL */
+    struct response_cache *cache;      /* --cache-config, or NULL (core/cache.h) */
 };
 
 /* Finds an entry by name; caller holds s->lock. */

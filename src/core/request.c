@@ -12,6 +12,7 @@
 #include <strings.h>
 
 #include "core/core.h"
+#include "core/trace.h"
 #include "core/decoupled.h"
 #include "core/util.h"
 
@@ -70,6 +71,7 @@ nereid_error_t *nereid_request_new(nereid_server_t *server, const char *model, i
 void request_free(nereid_request_t *req)
 {
     if (!req) return;
+    if (req->trace) trace_request_end(req);
     for (size_t i = 0; i < req->n_inputs; i++) {
         request_strfree(req, req->inputs[i].name);
         if (req->inputs[i].owned) free((void *)req->inputs[i].data);

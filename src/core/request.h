@@ -65,7 +65,7 @@ typedef struct resp_output {
  * serves (request.c asserts it). */
 #define REQ_INLINE_INPUTS 3
 #define REQ_INLINE_OUTPUTS 4
-#define REQ_ARENA_BYTES 176
+#define REQ_ARENA_BYTES 168
 #define RESP_INLINE_OUTPUTS 3
 #define RESP_ARENA_BYTES 320
 
@@ -116,6 +116,7 @@ struct nereid_request {
     /* An ensemble step's request: its queue and compute durations are also
      * added here (the ensemble sums its steps' as Triton does). */
     struct model_stats *parent_stats;
+    struct nereid_trace *trace;    /* sampled for tracing (trace.h), or NULL */
     nereid_cancel_token_t *cancel; /* reference held, or NULL */
 
     req_input_t inputs_inline[REQ_INLINE_INPUTS];
@@ -168,6 +169,9 @@ void request_free(nereid_request_t *req);
  * lives as long as req and is released by request_strfree. */
 char *request_strdup(nereid_request_t *req, const char *s);
 void request_strfree(nereid_request_t *req, char *s);
+/* An ensemble step's request gets a child of parent's trace (parent->trace
+ * set; trace.c): its own trace id, parent_id the ensemble's. */
+void request_inherit_trace(nereid_request_t *step, const nereid_request_t *parent);
 /* Adds a core-owned input (takes ownership of data, malloc'ed). */
 void request_add_owned_input(nereid_request_t *req, const char *name, nereid_datatype_t dt,
                              const int64_t *shape, size_t rank, void *data, size_t byte_size);

@@ -18,6 +18,8 @@
 
 #include "core/cache.h"
 #include "core/core.h"
+#include "core/rate_limiter.h"
+#include "core/trace.h"
 #include "core/repository.h"
 #include "core/stats.h"
 #include "core/util.h"
@@ -58,6 +60,10 @@ nereid_error_t *nereid_server_new(const nereid_server_options_t *opts, nereid_se
     s->server_id = xstrdup(opts->server_id ? opts->server_id : "triton");
     s->opts.load_models = NULL;
     s->opts.model_repositories = NULL;
+    s->opts.rate_limit_resources = NULL;
+    if (opts->rate_limit == NEREID_RATE_LIMIT_EXECUTION_COUNT)
+        s->rate_limiter =
+            rate_limiter_new(opts->rate_limit_resources, opts->n_rate_limit_resources);
     log_verbose_level = opts->log_verbose;
     log_info_enabled = opts->log_info;
     log_warning_enabled = opts->log_warning;
@@ -117,6 +123,7 @@ void nereid_server_free(nereid_server_t *s)
     free(s->repos);
     free(s->backend_dir);
     free(s->server_id);
+    rate_limiter_free(s->rate_limiter); /* every model was unloaded */
     cache_destroy(s->cache);
     pthread_rwlock_destroy(&s->lock);
     pthread_mutex_destroy(&s->control);
@@ -230,6 +237,7 @@ static nereid_error_t *submit(model_t *m, nereid_request_t *req,
     req->t_request_ns = now;
     req->t_queue_start_ns = now;
     req->t_compute_start_ns = 0;
+    if (req->trace) trace_request_start(req);
     if (allocator)
         req->alloc = *allocator;
     else
@@ -307,13 +315,19 @@ static nereid_error_t *dump(json_t *doc, char **out)
 
 nereid_error_t *nereid_server_metadata(nereid_server_t *s, char **json_out)
 {
-    static const char *extensions[] = {
-        "classification",       "sequence",
-        "model_repository",     "model_repository(unload_dependents)",
-        "schedule_policy",      "model_configuration",
-        "system_shared_memory", "cuda_shared_memory",
-        "binary_tensor_data",   "parameters",
-        "statistics",           "logging"};
+    static const char *extensions[] = {"classification",
+                                       "sequence",
+                                       "model_repository",
+                                       "model_repository(unload_dependents)",
+                                       "schedule_policy",
+                                       "model_configuration",
+                                       "system_shared_memory",
+                                       "cuda_shared_memory",
+                                       "binary_tensor_data",
+                                       "parameters",
+                                       "statistics",
+                                       "trace",
+                                       "logging"};
     json_t *ext = json_array();
     for (size_t i = 0; i < ARRAY_LEN(extensions); i++)
         json_array_append_new(ext, json_string(extensions[i]));
@@ -513,48 +527,6 @@ nereid_error_t *nereid_server_repository_index(nereid_server_t *s, bool ready_on
 
 /* ---- Metrics ---- */
 
-static void cpu_metrics(FILE *out)
-{
-    static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-    static unsigned long long last_total, last_idle;
-    unsigned long long v[10] = {0}, total = 0, idle;
-    FILE *f = fopen("/proc/stat", "r");
-    if (f) {
-        if (fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2],
-                   &v[3], &v[4], &v[5], &v[6], &v[7], &v[8], &v[9]) < 4)
-            memset(v, 0, sizeof v);
-        fclose(f);
-    }
-    for (int i = 0; i < 8; i++)
-        total += v[i];
-    idle = v[3] + v[4];
-    pthread_mutex_lock(&lock);
-    double util = 0;
-    if (total > last_total && last_total)
-        util = 1.0 - (double)(idle - last_idle) / (double)(total - last_total);
-    last_total = total;
-    last_idle = idle;
-    pthread_mutex_unlock(&lock);
-    unsigned long long mem_total = 0, mem_avail = 0;
-    f = fopen("/proc/meminfo", "r");
-    if (f) {
-        char line[256];
-        while (fgets(line, sizeof line, f)) {
-            sscanf(line, "MemTotal: %llu kB", &mem_total);
-            sscanf(line, "MemAvailable: %llu kB", &mem_avail);
-        }
-        fclose(f);
-    }
-    fprintf(out,
-            "# HELP nv_cpu_utilization CPU utilization rate [0.0 - 1.0]\n"
-            "# TYPE nv_cpu_utilization gauge\nnv_cpu_utilization %g\n"
-            "# HELP nv_cpu_memory_total_bytes CPU total memory (RAM), in bytes\n"
-            "# TYPE nv_cpu_memory_total_bytes gauge\nnv_cpu_memory_total_bytes %llu\n"
-            "# HELP nv_cpu_memory_used_bytes CPU used memory (RAM), in bytes\n"
-            "# TYPE nv_cpu_memory_used_bytes gauge\nnv_cpu_memory_used_bytes %llu\n",
-            util < 0 ? 0 : util, mem_total * 1024, (mem_total - mem_avail) * 1024);
-}
-
 nereid_error_t *nereid_server_metrics(nereid_server_t *s, char **text_out)
 {
     char *buf = NULL;
@@ -574,7 +546,6 @@ nereid_error_t *nereid_server_metrics(nereid_server_t *s, char **text_out)
     cache_metrics_text(out, s->cache);
     pthread_rwlock_unlock(&s->lock);
     free(models);
-    cpu_metrics(out);
     fclose(out);
     *text_out = buf;
     return NULL;

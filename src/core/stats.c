@@ -194,8 +194,33 @@ static uint64_t family_value(const model_t *m, size_t f)
     }
 }
 
+/* Triton's load-time gauge: backend models only, so the family is left out
+ * when only ensembles are loaded (prometheus-cpp omits empty families). */
+static void load_duration_text(FILE *out, const model_t *const *models, size_t n_models)
+{
+    char lab[1024];
+    bool any = false;
+    for (size_t i = 0; i < n_models; i++) {
+        if (!models[i]->backend) continue;
+        if (!any)
+            fputs("# HELP nv_model_load_duration_secs Model load time in seconds\n"
+                  "# TYPE nv_model_load_duration_secs gauge\n",
+                  out);
+        any = true;
+        labels(lab, sizeof lab, models[i]);
+        fprintf(out, "nv_model_load_duration_secs{%s} %.9g\n", lab,
+                (double)models[i]->stats.load_ns / 1e9);
+    }
+}
+
 /* Triton's per-model cache families: only for models whose requests go
- * through the cache (none at all when no model does). */
+ * through the cache (none at all when no model does). Ensembles have none:
+ * Triton creates their metric reporter with the cache off. */
+static bool cache_metrics_for(const model_t *m)
+{
+    return cache_enabled(m) && m->backend_name;
+}
+
 static void cache_metrics_per_model(FILE *out, const model_t *const *models, size_t n_models)
 {
     static const char *const families[][2] = {
@@ -207,7 +232,7 @@ static void cache_metrics_per_model(FILE *out, const model_t *const *models, siz
     };
     bool any = false;
     for (size_t i = 0; i < n_models && !any; i++)
-        any = cache_enabled(models[i]);
+        any = cache_metrics_for(models[i]);
     if (!any) return;
     char lab[1024];
     for (size_t f = 0; f < ARRAY_LEN(families); f++) {
@@ -215,7 +240,7 @@ static void cache_metrics_per_model(FILE *out, const model_t *const *models, siz
                 families[f][0]);
         for (size_t i = 0; i < n_models; i++) {
             const model_t *m = models[i];
-            if (!cache_enabled(m)) continue;
+            if (!cache_metrics_for(m)) continue;
             const stat_duration_t *d = f < 2 ? &m->stats.cache_hit : &m->stats.cache_miss;
             uint64_t v = f % 2 ? atomic_load(&d->ns) / 1000 : atomic_load(&d->count);
             labels(lab, sizeof lab, m);
@@ -247,5 +272,6 @@ void stats_metrics_text(FILE *out, const model_t *const *models, size_t n_models
             }
         }
     }
+    load_duration_text(out, models, n_models);
     cache_metrics_per_model(out, models, n_models);
 }

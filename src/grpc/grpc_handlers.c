@@ -824,14 +824,16 @@ void gfe_trace_setting(gfe_unary_call_t *c, const uint8_t *data, size_t len)
         if (settings == NULL) {
             err = nereid_error_new(NEREID_ERROR_INTERNAL, "out of memory");
         } else {
+            /* No value clears the setting (Triton: an empty SettingValue). */
             for (size_t i = 0; i < req->n_settings; i++) {
                 const Inference__TraceSettingRequest__SettingValue *v = req->settings[i]->value;
                 settings[i].key = req->settings[i]->key;
-                settings[i].values = v != NULL ? (const char *const *)v->value : NULL;
-                settings[i].n_values = v != NULL ? v->n_value : 0;
+                bool has = v != NULL && v->n_value > 0;
+                settings[i].values = has ? (const char *const *)v->value : NULL;
+                settings[i].n_values = has ? v->n_value : 0;
             }
             err = nereid_server_update_trace_settings(c->fe->server, req->model_name, settings,
-                                                      req->n_settings, &text);
+                                                      req->n_settings, true, &text);
             free(settings);
         }
     }

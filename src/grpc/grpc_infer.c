@@ -39,6 +39,7 @@ static void unary_infer_done(nereid_response_t *resp, void *userp)
     gfe_unary_call_t *c = u->call;
     unary_infer_free(u); /* input memory is no longer used */
     const nereid_error_t *rerr = nereid_response_error(resp);
+    if (c->trace && rerr == NULL) c->response_ns = nereid_trace_now_ns();
     if (rerr != NULL) {
         gfe_unary_finish_status(c, gfe_status_from_error(rerr), nereid_error_message(rerr), NULL);
         nereid_response_free(resp);
@@ -77,6 +78,22 @@ static nereid_error_t *seq_metadata(gfe_unary_call_t *c, nereid_request_t *req)
     return err;
 }
 
+/* Samples a trace (W3C traceparent/tracestate from the call's metadata). */
+static void start_trace(gfe_unary_call_t *c, const char *model, nereid_request_t *req)
+{
+    char *v[2] = {NULL, NULL};
+    static const char *const keys[2] = {"traceparent", "tracestate"};
+    const grpc_metadata_array *md = &c->request_md;
+    for (size_t i = 0; i < md->count; i++)
+        for (int k = 0; k < 2; k++)
+            if (v[k] == NULL && grpc_slice_str_cmp(md->metadata[i].key, keys[k]) == 0)
+                v[k] = grpc_slice_to_c_string(md->metadata[i].value);
+    c->trace = nereid_server_trace_start(c->fe->server, model, v[0], v[1]);
+    for (int k = 0; k < 2; k++)
+        gpr_free(v[k]);
+    if (c->trace) nereid_request_set_trace(req, c->trace);
+}
+
 /* Triton checks the model's transaction policy first (after the version):
  * unary ModelInfer cannot carry a decoupled model's responses. */
 static nereid_error_t *refuse_decoupled(nereid_server_t *server,
@@ -108,7 +125,17 @@ void gfe_model_infer(gfe_unary_call_t *c, const uint8_t *data, size_t len)
     u->scratch.shm = c->fe->shm;
     if (u->msg != NULL) err = refuse_decoupled(c->fe->server, u->msg);
     if (err == NULL) err = infer_codec_request(c->fe->server, u->msg, &u->scratch, &req);
-    if (err == NULL && (err = seq_metadata(c, req)) != NULL) nereid_request_free(req);
+    if (err == NULL &&
+        ((err = seq_metadata(c, req)) != NULL ||
+         (err = gfe_forward_headers(c->fe, c->request_md.metadata, c->request_md.count, req))))
+        nereid_request_free(req);
+    if (err == NULL && nereid_server_tracing(c->fe->server)) {
+        /* A call posted while tracing was off has no wait start: its
+         * arrival stands for both. */
+        if (c->waitread_start_ns == 0)
+            c->waitread_start_ns = c->waitread_end_ns = nereid_trace_now_ns();
+        start_trace(c, u->msg->model_name, req);
+    }
     if (err == NULL) {
         nereid_response_allocator_t alloc;
         err = nereid_server_infer_async(
@@ -148,6 +175,8 @@ typedef struct gfe_stream {
     bool failing;      /* an error closes the stream once writes drain */
     grpc_status_code fail_code;
     grpc_slice status_details;
+    grpc_metadata *forward; /* the call's metadata that --grpc-header-forward-pattern matches */
+    size_t n_forward;
 } gfe_stream_t;
 
 typedef struct stream_infer {
@@ -168,6 +197,11 @@ static void stream_destroy(gfe_stream_t *s)
     if (s->recv != NULL) grpc_byte_buffer_destroy(s->recv);
     if (s->in_write != NULL) grpc_byte_buffer_destroy(s->in_write);
     grpc_slice_unref(s->status_details);
+    for (size_t i = 0; i < s->n_forward; i++) {
+        grpc_slice_unref(s->forward[i].key);
+        grpc_slice_unref(s->forward[i].value);
+    }
+    free(s->forward);
     grpc_call_unref(s->call);
     pthread_mutex_destroy(&s->mu);
     free(s);
@@ -395,6 +429,8 @@ static void stream_handle(gfe_stream_t *s, grpc_byte_buffer *bb)
     grpc_slice_unref(body);
     si->scratch.shm = s->fe->shm;
     if (si->msg != NULL) err = infer_codec_request(s->fe->server, si->msg, &si->scratch, &req);
+    if (err == NULL && (err = gfe_forward_headers(s->fe, s->forward, s->n_forward, req)) != NULL)
+        nereid_request_free(req);
     if (err == NULL) {
         si->empty_final = empty_final_asked(si->msg);
         pthread_mutex_lock(&s->mu);
@@ -514,6 +550,19 @@ void gfe_stream_start(grpc_frontend_t *fe, grpc_call *call, grpc_metadata_array 
     s->status_tag.fn = stream_status_done;
     s->status_details = grpc_empty_slice();
     s->error_closes = metadata_true(request_md, "triton_grpc_error");
+    /* Keep what forwarding needs: the call's metadata array goes with the
+     * call object that handed the stream over. */
+    for (size_t i = 0; fe->header_forward && i < request_md->count; i++) {
+        const grpc_metadata *md = &request_md->metadata[i];
+        if (!header_forward_match(fe->header_forward, (const char *)GRPC_SLICE_START_PTR(md->key),
+                                  GRPC_SLICE_LENGTH(md->key)))
+            continue;
+        grpc_metadata *grown = realloc(s->forward, (s->n_forward + 1) * sizeof *grown);
+        if (grown == NULL) break;
+        s->forward = grown;
+        s->forward[s->n_forward++] =
+            (grpc_metadata){.key = grpc_slice_ref(md->key), .value = grpc_slice_ref(md->value)};
+    }
     gfe_live_add(fe);
 
     grpc_op op;

@@ -14,6 +14,7 @@
 #include <grpc/grpc.h>
 #include <protobuf-c/protobuf-c.h>
 
+#include "frontend/header_forward.h"
 #include "grpc/grpc_server.h"
 #include "nereid/server.h"
 
@@ -83,6 +84,8 @@ struct grpc_frontend {
     grpc_completion_queue **queues;
     pthread_t *threads;
     void *method_handles[GFE_N_METHODS];
+    const restricted_apis_t *restricted; /* borrowed from the options; NULL = none */
+    header_forward_t *header_forward;    /* --grpc-header-forward-pattern; NULL = off */
 
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -109,6 +112,10 @@ typedef struct gfe_unary_call {
     void *userp;               /* handler state (ModelInfer: its request context) */
     grpc_metadata reply_md[1]; /* initial metadata to send (nereid-sequence-id echo) */
     size_t n_reply_md;
+    /* tracing (only while some trace setting is on): Triton's GRPC_*
+     * timestamps, recorded into the trace when the call is freed */
+    uint64_t waitread_start_ns, waitread_end_ns, response_ns, send_start_ns;
+    nereid_trace_t *trace;
 } gfe_unary_call_t;
 
 /* Handlers (one per RPC); each must finish the call exactly once, now or
@@ -145,6 +152,12 @@ void gfe_unary_finish_error(gfe_unary_call_t *c, nereid_error_t *err);
 /* Starts the stream state machine for a freshly arrived ModelStreamInfer
  * call (grpc_infer.c). Takes the call reference. */
 void gfe_stream_start(grpc_frontend_t *fe, grpc_call *call, grpc_metadata_array *request_md);
+
+/* --grpc-header-forward-pattern: the entries of md whose key matches become
+ * string parameters of req (Triton's reserved names refused). No-op when
+ * forwarding is off. */
+nereid_error_t *gfe_forward_headers(const grpc_frontend_t *fe, const grpc_metadata *md, size_t n,
+                                    nereid_request_t *req);
 
 /* Object accounting so stop waits for every call object to be freed. */
 void gfe_live_add(grpc_frontend_t *fe);

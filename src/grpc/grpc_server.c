@@ -128,11 +128,35 @@ grpc_call_error gfe_start_batch(grpc_call *call, const grpc_op *ops, size_t n, v
     return grpc_call_start_batch(call, ops, n, tag, NULL);
 }
 
+nereid_error_t *gfe_forward_headers(const grpc_frontend_t *fe, const grpc_metadata *md, size_t n,
+                                    nereid_request_t *req)
+{
+    for (size_t i = 0; fe->header_forward && i < n; i++) {
+        const char *key = (const char *)GRPC_SLICE_START_PTR(md[i].key);
+        size_t key_len = GRPC_SLICE_LENGTH(md[i].key);
+        if (!header_forward_match(fe->header_forward, key, key_len)) continue;
+        nereid_error_t *err =
+            header_forward_apply(req, key, key_len, (const char *)GRPC_SLICE_START_PTR(md[i].value),
+                                 GRPC_SLICE_LENGTH(md[i].value));
+        if (err) return err;
+    }
+    return NULL;
+}
+
 /* ---- Unary calls -------------------------------------------------------- */
 
 static void unary_free(gfe_unary_call_t *c)
 {
     grpc_frontend_t *fe = c->fe;
+    if (c->trace) {
+        nereid_trace_timestamp(c->trace, "GRPC_WAITREAD_START", c->waitread_start_ns);
+        nereid_trace_timestamp(c->trace, "GRPC_WAITREAD_END", c->waitread_end_ns);
+        if (c->response_ns)
+            nereid_trace_timestamp(c->trace, "INFER_RESPONSE_COMPLETE", c->response_ns);
+        nereid_trace_timestamp(c->trace, "GRPC_SEND_START", c->send_start_ns);
+        nereid_trace_timestamp(c->trace, "GRPC_SEND_END", nereid_trace_now_ns());
+        nereid_trace_release(c->trace);
+    }
     if (c->call != NULL) grpc_call_unref(c->call);
     grpc_metadata_array_destroy(&c->request_md);
     if (c->payload != NULL) grpc_byte_buffer_destroy(c->payload);
@@ -155,6 +179,7 @@ static void unary_done(gfe_tag_t *tag, bool ok)
 void gfe_unary_finish_status(gfe_unary_call_t *c, grpc_status_code code, const char *details,
                              grpc_byte_buffer *reply)
 {
+    if (c->trace) c->send_start_ns = nereid_trace_now_ns();
     grpc_op ops[4];
     size_t n = 0;
     memset(ops, 0, sizeof(ops));
@@ -199,6 +224,64 @@ void gfe_unary_finish_error(gfe_unary_call_t *c, nereid_error_t *err)
     nereid_error_free(err);
 }
 
+/* Triton's restricted protocol group of each RPC (grpc_server.cc). */
+static restricted_group_t method_group(gfe_method_t m)
+{
+    switch (m) {
+    case GFE_M_SERVER_LIVE:
+    case GFE_M_SERVER_READY:
+    case GFE_M_MODEL_READY:
+    case GFE_M_HEALTH_CHECK:
+        return RESTRICTED_HEALTH;
+    case GFE_M_SERVER_METADATA:
+    case GFE_M_MODEL_METADATA:
+        return RESTRICTED_METADATA;
+    case GFE_M_MODEL_INFER:
+    case GFE_M_MODEL_STREAM_INFER:
+        return RESTRICTED_INFERENCE;
+    case GFE_M_MODEL_CONFIG:
+        return RESTRICTED_MODEL_CONFIG;
+    case GFE_M_MODEL_STATISTICS:
+        return RESTRICTED_STATISTICS;
+    case GFE_M_REPOSITORY_INDEX:
+    case GFE_M_REPOSITORY_MODEL_LOAD:
+    case GFE_M_REPOSITORY_MODEL_UNLOAD:
+        return RESTRICTED_MODEL_REPOSITORY;
+    case GFE_M_SYSTEM_SHM_STATUS:
+    case GFE_M_SYSTEM_SHM_REGISTER:
+    case GFE_M_SYSTEM_SHM_UNREGISTER:
+    case GFE_M_CUDA_SHM_STATUS:
+    case GFE_M_CUDA_SHM_REGISTER:
+    case GFE_M_CUDA_SHM_UNREGISTER:
+        return RESTRICTED_SHARED_MEMORY;
+    case GFE_M_TRACE_SETTING:
+        return RESTRICTED_TRACE;
+    case GFE_M_LOG_SETTINGS:
+        return RESTRICTED_LOGGING;
+    default:
+        return RESTRICTED_NONE;
+    }
+}
+
+/* Triton's ExecutePrecondition: the first metadata entry with the group's
+ * key must carry exactly its value. On refusal the call (unary or stream)
+ * is finished UNAVAILABLE with Triton's text and true is returned. */
+static bool refuse_restricted(gfe_unary_call_t *c)
+{
+    restricted_group_t g = method_group(c->method);
+    const char *header = restricted_header(c->fe->restricted, g);
+    if (!header) return false;
+    const grpc_metadata *found = NULL;
+    for (size_t i = 0; i < c->request_md.count && !found; i++)
+        if (grpc_slice_str_cmp(c->request_md.metadata[i].key, header) == 0)
+            found = &c->request_md.metadata[i];
+    if (found && grpc_slice_str_cmp(found->value, c->fe->restricted->value[g]) == 0) return false;
+    char msg[600];
+    snprintf(msg, sizeof msg, "This protocol is restricted, expecting header '%s'", header);
+    gfe_unary_finish_status(c, GRPC_STATUS_UNAVAILABLE, msg, NULL);
+    return true;
+}
+
 static void unary_arrived(gfe_tag_t *tag, bool ok)
 {
     gfe_unary_call_t *c = GFE_CONTAINER_OF(tag, gfe_unary_call_t, arrive_tag);
@@ -207,7 +290,9 @@ static void unary_arrived(gfe_tag_t *tag, bool ok)
         unary_free(c);
         return;
     }
+    if (c->waitread_start_ns) c->waitread_end_ns = nereid_trace_now_ns();
     if (!atomic_load(&fe->stopping)) post_unary(fe, c->queue, c->method);
+    if (fe->restricted && refuse_restricted(c)) return;
     if (gfe_methods[c->method].kind == GFE_STREAM) {
         grpc_call *call = c->call;
         c->call = NULL;
@@ -229,6 +314,8 @@ static void post_unary(grpc_frontend_t *fe, int queue, gfe_method_t method)
     c->method = method;
     c->arrive_tag.fn = unary_arrived;
     c->status_details = grpc_empty_slice();
+    if (method == GFE_M_MODEL_INFER && nereid_server_tracing(fe->server))
+        c->waitread_start_ns = nereid_trace_now_ns();
     grpc_metadata_array_init(&c->request_md);
     gfe_live_add(fe);
     grpc_completion_queue *cq = fe->queues[queue];
@@ -328,6 +415,9 @@ void grpc_options_init(grpc_options_t *opts)
     opts->address = "0.0.0.0";
     opts->port = 8001;
     opts->infer_thread_count = 2;
+    opts->restricted = NULL;
+    opts->tls = (tls_options_t){0};
+    opts->header_forward_pattern = NULL;
     opts->shm = NULL;
 }
 
@@ -353,6 +443,7 @@ static void destroy_queues(grpc_frontend_t *fe, int n_threads)
         }
         grpc_completion_queue_destroy(fe->queues[i]);
     }
+    header_forward_free(fe->header_forward);
     free(fe->queues);
     free(fe->threads);
     pthread_mutex_destroy(&fe->mu);
@@ -376,15 +467,36 @@ nereid_error_t *grpc_frontend_start(nereid_server_t *server, const grpc_options_
     }
     if (opts->port < 0 || opts->port > 65535)
         return nereid_error_new(NEREID_ERROR_INVALID_ARG, "invalid gRPC port %d", opts->port);
+    tls_pem_t pem = {0};
+    if (opts->tls.use_ssl) {
+        nereid_error_t *err = tls_pem_read(&opts->tls, "--grpc", &pem);
+        if (err) return err;
+    }
 
     grpc_init();
     grpc_frontend_t *fe = calloc(1, sizeof(*fe));
     if (fe == NULL) {
+        tls_pem_free(&pem);
         grpc_shutdown();
         return nereid_error_new(NEREID_ERROR_INTERNAL, "out of memory");
     }
     fe->server = server;
     fe->shm = opts->shm;
+    fe->restricted = opts->restricted;
+    if (opts->header_forward_pattern) {
+        char *why = NULL;
+        fe->header_forward = header_forward_new(opts->header_forward_pattern, &why);
+        if (!fe->header_forward) {
+            nereid_error_t *err = nereid_error_new(
+                NEREID_ERROR_INVALID_ARG, "invalid --grpc-header-forward-pattern '%s': %s",
+                opts->header_forward_pattern, why ? why : "out of memory");
+            free(why);
+            tls_pem_free(&pem);
+            free(fe);
+            grpc_shutdown();
+            return err;
+        }
+    }
     fe->n_queues = n_queues;
     pthread_mutex_init(&fe->mu, NULL);
     pthread_condattr_t cv_attr;
@@ -424,9 +536,22 @@ nereid_error_t *grpc_frontend_start(nereid_server_t *server, const grpc_options_
     char target[300];
     bool v6 = strchr(address, ':') != NULL && address[0] != '[';
     snprintf(target, sizeof(target), v6 ? "[%s]:%d" : "%s:%d", address, opts->port);
-    grpc_server_credentials *creds = grpc_insecure_server_credentials_create();
-    fe->port = grpc_server_add_http2_port(fe->grpc, target, creds);
-    grpc_server_credentials_release(creds);
+    grpc_server_credentials *creds;
+    if (opts->tls.use_ssl) {
+        /* Triton's SslServerCredentials: the root certificates verify client
+         * certificates, which only mutual TLS requires. */
+        grpc_ssl_pem_key_cert_pair pair = {pem.key, pem.cert};
+        creds = grpc_ssl_server_credentials_create_ex(
+            pem.root, &pair, 1,
+            opts->tls.mutual ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
+                             : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE,
+            NULL);
+    } else {
+        creds = grpc_insecure_server_credentials_create();
+    }
+    fe->port = creds ? grpc_server_add_http2_port(fe->grpc, target, creds) : 0;
+    if (creds) grpc_server_credentials_release(creds);
+    tls_pem_free(&pem);
     if (fe->port == 0) {
         grpc_server_destroy(fe->grpc);
         destroy_queues(fe, 0);

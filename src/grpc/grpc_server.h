@@ -6,13 +6,18 @@
 #ifndef NEREID_GRPC_SERVER_H
 #define NEREID_GRPC_SERVER_H
 
+#include "frontend/restricted.h"
+#include "frontend/tls.h"
 #include "nereid/server.h"
 #include "nereid/shm.h"
 
 typedef struct grpc_options {
-    const char *address;    /* "0.0.0.0" when NULL */
-    int port;               /* 8001 in Triton; 0 picks a free port */
-    int infer_thread_count; /* completion-queue threads; <= 0 means one per core */
+    const char *address;                 /* "0.0.0.0" when NULL */
+    int port;                            /* 8001 in Triton; 0 picks a free port */
+    int infer_thread_count;              /* completion-queue threads; <= 0 means one per core */
+    const restricted_apis_t *restricted; /* --grpc-restricted-protocol (borrowed); NULL = none */
+    tls_options_t tls; /* --grpc-use-ssl, --grpc-use-ssl-mutual, --grpc-*-cert/key; off */
+    const char *header_forward_pattern; /* --grpc-header-forward-pattern (RE2); NULL = off */
     /* client shared memory (borrowed); NULL = none registered */
     nereid_shm_registry_t *shm;
 } grpc_options_t;
@@ -25,7 +30,9 @@ void grpc_options_init(grpc_options_t *opts);
 /* Binds address:port and starts serving server (borrowed: it must outlive
  * the frontend). On success *out is the frontend; stop it with
  * grpc_frontend_stop. Fails (UNAVAILABLE) when the port cannot be bound,
- * including when another process already listens on it. */
+ * including when another process already listens on it, and (INVALID_ARG)
+ * when TLS is on and its files cannot be read or RE2 refuses the header
+ * forwarding pattern. */
 nereid_error_t *grpc_frontend_start(nereid_server_t *server, const grpc_options_t *opts,
                                     grpc_frontend_t **out);
 /* The port actually bound (useful with port 0). */

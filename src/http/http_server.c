@@ -19,8 +19,10 @@
 #include "http/http_server.h"
 
 #include <errno.h>
+#include <gnutls/gnutls.h>
 #include <inttypes.h>
 #include <jansson.h>
+#include <malloc.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -31,6 +33,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "frontend/header_forward.h"
 #include "http/compress.h"
 #include "http/http_common.h"
 #include "http/infer_parse.h"
@@ -109,6 +112,10 @@ typedef struct conn_slot {
 struct http_server {
     nereid_server_t *core;
     struct MHD_Daemon *daemon;
+    const restricted_apis_t *restricted; /* --http-restricted-api; NULL = none */
+    tls_pem_t pem;                       /* HTTPS key material, kept while the daemon runs */
+    bool tls_mutual;                     /* require and verify a client certificate */
+    header_forward_t *header_forward;    /* --http-header-forward-pattern; NULL = off */
     size_t max_input_size;
     pthread_mutex_t lock;
     pthread_cond_t idle;
@@ -132,7 +139,9 @@ typedef struct http_conn {
     http_server_t *srv;
     struct MHD_Connection *mhd;
     http_route_t route;
-    char *path; /* copy of the URL (path_buf or malloc'ed); captures point into it */
+    http_route_t path_route; /* first route whose path matches, whatever the method */
+    bool forbidden;          /* its API group is restricted and the header is wrong */
+    char *path;              /* copy of the URL (path_buf or malloc'ed); captures point into it */
     char path_buf[160];
     const char *model, *version_str, *name;
     int64_t version;
@@ -160,7 +169,10 @@ typedef struct http_conn {
     _Atomic int phase;                     /* infer_phase_t */
     bool suspended;                        /* we suspended it; MHD thread only */
     char seq_echo[132];                    /* sequence id for the reply header, or "" */
-    nereid_shm_use_t *shm;                 /* regions the inference uses, or NULL */
+    /* tracing (only while some trace setting is on) */
+    uint64_t recv_start_ns, recv_end_ns;
+    nereid_trace_t *trace;
+    nereid_shm_use_t *shm; /* regions the inference uses, or NULL */
 } http_conn_t;
 
 /* An inference and its connection: the completion resumes the connection
@@ -221,7 +233,7 @@ static bool route_match(const char *pattern, const char *path, const char **cap_
 
 static void route_resolve(http_conn_t *c, const char *url, const char *method)
 {
-    c->route = ROUTE_NOT_FOUND;
+    c->route = c->path_route = ROUTE_NOT_FOUND;
     size_t n = strlen(url);
     c->path = n < sizeof c->path_buf ? c->path_buf : malloc(n + 1);
     if (!c->path) return;
@@ -232,6 +244,7 @@ static void route_resolve(http_conn_t *c, const char *url, const char *method)
             m = v = r = NULL;
             continue;
         }
+        if (c->path_route < 0) c->path_route = (http_route_t)i;
         /* A path may be listed once per method: keep looking on a mismatch. */
         if (strcmp(method, routes[i].method)) {
             c->route = ROUTE_BAD_METHOD;
@@ -252,6 +265,83 @@ static void route_resolve(http_conn_t *c, const char *url, const char *method)
         long long x = strtoll(v, NULL, 10);
         c->version = errno ? -2 : (int64_t)x;
     }
+}
+
+/* Triton's restricted API group of each route (http_server.cc handlers). */
+static restricted_group_t route_group(http_route_t r)
+{
+    switch (r) {
+    case ROUTE_HEALTH_LIVE:
+    case ROUTE_HEALTH_READY:
+    case ROUTE_MODEL_READY:
+    case ROUTE_MODEL_READY_V:
+        return RESTRICTED_HEALTH;
+    case ROUTE_SERVER_METADATA:
+    case ROUTE_MODEL_METADATA:
+    case ROUTE_MODEL_METADATA_V:
+        return RESTRICTED_METADATA;
+    case ROUTE_MODEL_INFER:
+    case ROUTE_MODEL_INFER_V:
+    case ROUTE_MODEL_GENERATE:
+    case ROUTE_MODEL_GENERATE_V:
+    case ROUTE_MODEL_GENERATE_STREAM:
+    case ROUTE_MODEL_GENERATE_STREAM_V:
+        return RESTRICTED_INFERENCE;
+    case ROUTE_MODEL_CONFIG:
+    case ROUTE_MODEL_CONFIG_V:
+        return RESTRICTED_MODEL_CONFIG;
+    case ROUTE_MODELS_STATS:
+    case ROUTE_MODEL_STATS:
+    case ROUTE_MODEL_STATS_V:
+        return RESTRICTED_STATISTICS;
+    case ROUTE_REPO_INDEX:
+    case ROUTE_REPO_LOAD:
+    case ROUTE_REPO_UNLOAD:
+    case ROUTE_REPO_INDEX_NAMED:
+    case ROUTE_REPO_LOAD_NAMED:
+    case ROUTE_REPO_UNLOAD_NAMED:
+        return RESTRICTED_MODEL_REPOSITORY;
+    case ROUTE_SYS_SHM_STATUS:
+    case ROUTE_SYS_SHM_REGION_STATUS:
+    case ROUTE_SYS_SHM_REGISTER:
+    case ROUTE_SYS_SHM_UNREGISTER:
+    case ROUTE_SYS_SHM_REGION_UNREGISTER:
+    case ROUTE_CUDA_SHM_STATUS:
+    case ROUTE_CUDA_SHM_REGION_STATUS:
+    case ROUTE_CUDA_SHM_REGISTER:
+    case ROUTE_CUDA_SHM_UNREGISTER:
+    case ROUTE_CUDA_SHM_REGION_UNREGISTER:
+        return RESTRICTED_SHARED_MEMORY;
+    case ROUTE_LOGGING_GET:
+    case ROUTE_LOGGING_POST:
+        return RESTRICTED_LOGGING;
+    case ROUTE_TRACE_GET:
+    case ROUTE_TRACE_POST:
+    case ROUTE_MODEL_TRACE_GET:
+    case ROUTE_MODEL_TRACE_POST:
+        return RESTRICTED_TRACE;
+    default:
+        return RESTRICTED_NONE;
+    }
+}
+
+/* Triton answers a restricted route before anything else it checks (even
+ * the method): 403 unless the group's header carries the exact value. */
+static bool route_forbidden(http_conn_t *c)
+{
+    restricted_group_t g = route_group(c->path_route);
+    const char *header = restricted_header(c->srv->restricted, g);
+    if (!header) return false;
+    const char *value = MHD_lookup_connection_value(c->mhd, MHD_HEADER_KIND, header);
+    return !restricted_allows(c->srv->restricted, g, value);
+}
+
+static enum MHD_Result reply_forbidden(http_conn_t *c)
+{
+    const char *header = restricted_header(c->srv->restricted, route_group(c->path_route));
+    char msg[600];
+    snprintf(msg, sizeof msg, "This API is restricted, expecting header '%s'", header);
+    return http_queue_error(c->mhd, 403, msg);
 }
 
 /* ---- Small handlers ------------------------------------------------------- */
@@ -576,53 +666,54 @@ static enum MHD_Result handle_trace(http_conn_t *c)
         nereid_error_t *err = nereid_server_trace_settings(c->srv->core, c->model, &json);
         return reply_json_or_error(c->mhd, err, json);
     }
+    /* Triton reads each known key with TritonJson: trace_level must be an
+     * array of strings, the others strings; null clears; an empty body
+     * changes nothing. */
+    static const char *const keys[] = {"trace_file", "trace_level", "trace_rate", "trace_count",
+                                       "log_frequency"};
+    enum { N_KEYS = sizeof keys / sizeof keys[0] };
+    static const char *const no_values[1] = {NULL};
     nereid_error_t *err;
     json_t *root = parse_body_json(c, &err);
-    if (!err && !json_is_object(root))
+    if (!err && root && !json_is_object(root))
         err = nereid_error_new(NEREID_ERROR_INVALID_ARG,
                                "expect a JSON object with the trace settings to update");
-    size_t n = err ? 0 : json_object_size(root), k = 0;
-    nereid_trace_setting_t *settings = calloc(n ? n : 1, sizeof *settings);
-    const char ***owned = calloc(n ? n : 1, sizeof *owned); /* each key's value array */
-    if (!err && (!settings || !owned))
-        err = nereid_error_new(NEREID_ERROR_INTERNAL, "out of memory");
-    const char *key;
-    json_t *v;
-    if (!err) {
-        json_object_foreach(root, key, v)
-        {
-            nereid_trace_setting_t *t = &settings[k];
-            t->key = key;
-            if (json_is_null(v)) {
-                k++;
-                continue;
-            }
-            size_t nv = json_is_array(v) ? json_array_size(v) : 1;
-            const char **vals = calloc(nv ? nv : 1, sizeof *vals);
-            if (!vals) {
-                err = nereid_error_new(NEREID_ERROR_INTERNAL, "out of memory");
+    nereid_trace_setting_t settings[N_KEYS];
+    const char **vals[N_KEYS] = {NULL};
+    size_t n = 0;
+    for (size_t k = 0; !err && root && k < N_KEYS; k++) {
+        json_t *v = json_object_get(root, keys[k]);
+        if (!v) continue;
+        nereid_trace_setting_t *t = &settings[n++];
+        *t = (nereid_trace_setting_t){.key = keys[k]};
+        if (json_is_null(v)) continue;
+        bool level = k == 1;
+        if (level && !json_is_array(v)) {
+            t->type_error = "attempt to access JSON non-array as array";
+            continue;
+        }
+        size_t nv = level ? json_array_size(v) : 1;
+        vals[k] = calloc(nv ? nv : 1, sizeof *vals[k]);
+        if (!vals[k]) {
+            err = nereid_error_new(NEREID_ERROR_INTERNAL, "out of memory");
+            break;
+        }
+        for (size_t i = 0; i < nv; i++) {
+            json_t *e = level ? json_array_get(v, i) : v;
+            if (!json_is_string(e)) {
+                t->type_error = "attempt to access JSON non-string as string";
                 break;
             }
-            owned[k++] = vals;
-            for (size_t i = 0; i < nv; i++) {
-                json_t *e = json_is_array(v) ? json_array_get(v, i) : v;
-                if (!json_is_string(e)) {
-                    err = nereid_error_new(NEREID_ERROR_INVALID_ARG,
-                                           "expect string or array of strings for '%s'", key);
-                    break;
-                }
-                vals[i] = json_string_value(e);
-            }
-            if (err) break;
-            t->values = vals;
-            t->n_values = nv;
+            vals[k][i] = json_string_value(e);
         }
+        t->values = nv ? vals[k] : no_values;
+        t->n_values = nv;
     }
-    if (!err) err = nereid_server_update_trace_settings(c->srv->core, c->model, settings, k, &json);
-    for (size_t i = 0; owned && i < k; i++)
-        free(owned[i]);
-    free(owned);
-    free(settings);
+    if (!err)
+        err =
+            nereid_server_update_trace_settings(c->srv->core, c->model, settings, n, false, &json);
+    for (size_t k = 0; k < N_KEYS; k++)
+        free(vals[k]);
     if (root) json_decref(root);
     return reply_json_or_error(c->mhd, err, json);
 }
@@ -789,6 +880,8 @@ static void infer_done(nereid_response_t *response, void *userp)
     http_conn_t *c = userp;
     http_server_t *srv = c->srv;
     struct MHD_Connection *mc = c->mhd;
+    if (c->trace)
+        nereid_trace_timestamp(c->trace, "INFER_RESPONSE_COMPLETE", nereid_trace_now_ns());
     nereid_shm_use_finish(c->shm); /* the reply does not read shared memory */
     atomic_store(&c->response, response);
     int phase = PHASE_RUNNING;
@@ -879,6 +972,32 @@ static nereid_error_t *seq_headers(http_conn_t *c, nereid_request_t *req)
 
 /* Parses and submits the request; on success the connection is suspended,
  * or *done tells that the response is already there. */
+typedef struct forward_ctx {
+    const header_forward_t *hf;
+    nereid_request_t *req;
+    nereid_error_t *err;
+} forward_ctx_t;
+
+static enum MHD_Result forward_header(void *cls, enum MHD_ValueKind kind, const char *key,
+                                      const char *value)
+{
+    (void)kind;
+    forward_ctx_t *f = cls;
+    size_t n = strlen(key);
+    if (!header_forward_match(f->hf, key, n)) return MHD_YES;
+    f->err = header_forward_apply(f->req, key, n, value ? value : "", value ? strlen(value) : 0);
+    return f->err ? MHD_NO : MHD_YES;
+}
+
+/* --http-header-forward-pattern: matching headers become string parameters
+ * (after the body's, as in Triton). */
+static nereid_error_t *forward_headers(http_conn_t *c, nereid_request_t *req)
+{
+    forward_ctx_t f = {c->srv->header_forward, req, NULL};
+    MHD_get_connection_values(c->mhd, MHD_HEADER_KIND, forward_header, &f);
+    return f.err;
+}
+
 static nereid_error_t *infer_submit(http_conn_t *c, bool *done)
 {
     http_server_t *srv = c->srv;
@@ -911,9 +1030,20 @@ static nereid_error_t *infer_submit(http_conn_t *c, bool *done)
     nereid_request_t *req;
     if ((err = infer_parsed_to_request(srv->core, c->model, c->version, &c->parsed, &req)))
         return err;
-    if ((err = seq_headers(c, req))) {
+    if ((err = seq_headers(c, req)) || (srv->header_forward && (err = forward_headers(c, req)))) {
         nereid_request_free(req);
         return err;
+    }
+    if (c->recv_start_ns) {
+        c->trace = nereid_server_trace_start(
+            srv->core, c->model,
+            MHD_lookup_connection_value(c->mhd, MHD_HEADER_KIND, "traceparent"),
+            MHD_lookup_connection_value(c->mhd, MHD_HEADER_KIND, "tracestate"));
+        if (c->trace) {
+            nereid_trace_timestamp(c->trace, "HTTP_RECV_START", c->recv_start_ns);
+            nereid_trace_timestamp(c->trace, "HTTP_RECV_END", c->recv_end_ns);
+            nereid_request_set_trace(req, c->trace);
+        }
     }
 
     pthread_mutex_lock(&srv->lock);
@@ -943,6 +1073,7 @@ static enum MHD_Result infer_reply(http_conn_t *c)
 {
     nereid_response_t *resp = atomic_exchange(&c->response, NULL);
     if (!resp) return MHD_YES;
+    if (c->trace) nereid_trace_timestamp(c->trace, "HTTP_SEND_START", nereid_trace_now_ns());
     const nereid_error_t *rerr = nereid_response_error(resp);
     if (rerr) {
         enum MHD_Result ret = http_queue_error(
@@ -1028,6 +1159,7 @@ static enum MHD_Result handle_infer(http_conn_t *c)
         return MHD_YES;
     }
     if (c->version < -1) return version_error(c);
+    if (c->recv_start_ns) c->recv_end_ns = nereid_trace_now_ns();
     /* Triton checks the transaction policy before it reads the body. */
     bool decoupled = false, done = false;
     nereid_error_t *err =
@@ -1162,6 +1294,17 @@ static void on_connection(void *cls, struct MHD_Connection *mc, void **socket_co
         pthread_mutex_unlock(&srv->conns_lock);
         free(s);
         return;
+    }
+    if (srv->tls_mutual) {
+        /* MHD only requests a client certificate and never checks it: make
+         * the handshake require one and verify it against the trust list. */
+        const union MHD_ConnectionInfo *ti =
+            MHD_get_connection_info(mc, MHD_CONNECTION_INFO_GNUTLS_SESSION);
+        if (ti && ti->tls_session) {
+            gnutls_session_t session = (gnutls_session_t)ti->tls_session;
+            gnutls_certificate_server_set_request(session, GNUTLS_CERT_REQUIRE);
+            gnutls_session_set_verify_cert(session, NULL, 0);
+        }
     }
     const union MHD_ConnectionInfo *ci =
         MHD_get_connection_info(mc, MHD_CONNECTION_INFO_CONNECTION_FD);
@@ -1333,7 +1476,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
         c->chunked = MHD_lookup_connection_value(mc, MHD_HEADER_KIND,
                                                  MHD_HTTP_HEADER_TRANSFER_ENCODING) != NULL;
         route_resolve(c, url, method);
-        if (c->route == ROUTE_MODEL_INFER || c->route == ROUTE_MODEL_INFER_V) {
+        if (srv->restricted && route_forbidden(c)) {
+            c->forbidden = true; /* the body is read and dropped; 403 at the end */
+        } else if (c->route == ROUTE_MODEL_INFER || c->route == ROUTE_MODEL_INFER_V) {
+            if (nereid_server_tracing(srv->core)) c->recv_start_ns = nereid_trace_now_ns();
             infer_headers(c);
             /* A declared body over the limit is refused now, unread: MHD then
              * closes the connection after the reply. */
@@ -1362,7 +1508,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
     if (*upload_data_size) {
         size_t n = *upload_data_size;
         *upload_data_size = 0;
-        if (c->route < 0 || c->error || c->refused) return MHD_YES; /* discard */
+        if (c->route < 0 || c->error || c->refused || c->forbidden) return MHD_YES; /* discard */
         if (c->chunked && n < CHUNK_PIECE_SMALL && ++c->n_pieces > MAX_CHUNKS) {
             /* Read (and drop) the rest: MHD 0.9.75 cannot reply mid-body. */
             free(c->body.data);
@@ -1405,6 +1551,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
         return MHD_YES;
     }
     if (c->refused) return MHD_YES;
+    if (c->forbidden) return reply_forbidden(c);
     if (c->route == ROUTE_NOT_FOUND) return http_queue_error(mc, 404, "Not Found");
     if (c->route == ROUTE_BAD_METHOD) return http_queue_error(mc, 405, "Method Not Allowed");
     if (c->error) {
@@ -1440,6 +1587,10 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
     if (!c || c == (void *)&nul_in_url) return;
     *con_cls = NULL;
     conn_resumed(c);
+    if (c->trace) {
+        nereid_trace_timestamp(c->trace, "HTTP_SEND_END", nereid_trace_now_ns());
+        nereid_trace_release(c->trace);
+    }
     nereid_response_t *resp = atomic_load(&c->response);
     if (resp) nereid_response_free(resp);
     out_bufs_free(atomic_load(&c->outs));
@@ -1458,6 +1609,7 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
 
 void http_options_init(http_options_t *opts)
 {
+    memset(opts, 0, sizeof *opts); /* every later field off */
     opts->address = "0.0.0.0";
     opts->port = 8000;
     opts->thread_count = 8;
@@ -1478,7 +1630,29 @@ nereid_error_t *http_server_start(nereid_server_t *core, const http_options_t *o
                                 opts->address);
     http_server_t *srv = calloc(1, sizeof *srv);
     if (!srv) return nereid_error_new(NEREID_ERROR_INTERNAL, "out of memory");
+    if (opts->tls.use_ssl) {
+        nereid_error_t *err = tls_pem_read(&opts->tls, "--http", &srv->pem);
+        if (err) {
+            free(srv);
+            return err;
+        }
+        srv->tls_mutual = opts->tls.mutual;
+    }
+    if (opts->header_forward_pattern) {
+        char *why = NULL;
+        srv->header_forward = header_forward_new(opts->header_forward_pattern, &why);
+        if (!srv->header_forward) {
+            nereid_error_t *err = nereid_error_new(
+                NEREID_ERROR_INVALID_ARG, "invalid --http-header-forward-pattern '%s': %s",
+                opts->header_forward_pattern, why ? why : "out of memory");
+            free(why);
+            tls_pem_free(&srv->pem);
+            free(srv);
+            return err;
+        }
+    }
     srv->core = core;
+    srv->restricted = opts->restricted;
     srv->max_input_size = opts->max_input_size;
     srv->shm = opts->shm;
     pthread_mutex_init(&srv->lock, NULL);
@@ -1490,19 +1664,36 @@ nereid_error_t *http_server_start(nereid_server_t *core, const http_options_t *o
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     unsigned threads = opts->thread_count > 0 ? (unsigned)opts->thread_count : 1;
     if (ncpu > 0 && threads > (unsigned)ncpu) threads = (unsigned)ncpu;
+    /* A large tensor's body, JSON reply and tensors are MBs each: served by
+     * fresh mmaps (glibc's default above 128 KiB) or trimmed from the heap
+     * after each request, every page of them faults in again on the next
+     * (~750 faults per 65,536-element JSON request). Kept in the heap. */
+    mallopt(M_MMAP_THRESHOLD, 32 << 20);
+    mallopt(M_TRIM_THRESHOLD, 256 << 20);
     unsigned flags = MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
     if (ipv6) flags |= MHD_USE_IPv6;
+    if (opts->tls.use_ssl) flags |= MHD_USE_TLS;
+    /* The TLS options come first; MHD_OPTION_END right after them when off. */
+    struct MHD_OptionItem tls_opts[] = {
+        {MHD_OPTION_HTTPS_MEM_CERT, 0, srv->pem.cert},
+        {MHD_OPTION_HTTPS_MEM_KEY, 0, srv->pem.key},
+        {srv->tls_mutual ? MHD_OPTION_HTTPS_MEM_TRUST : MHD_OPTION_END, 0, srv->pem.root},
+        {MHD_OPTION_END, 0, NULL},
+    };
     srv->daemon = MHD_start_daemon(
-        flags, (uint16_t)opts->port, NULL, NULL, on_request, srv, MHD_OPTION_SOCK_ADDR,
-        (struct sockaddr *)&ss, MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,
-        MHD_OPTION_NOTIFY_CONNECTION, on_connection, srv, MHD_OPTION_URI_LOG_CALLBACK, on_uri, srv,
-        MHD_OPTION_CONNECTION_LIMIT, mhd_limit, MHD_OPTION_CONNECTION_TIMEOUT,
+        flags, (uint16_t)opts->port, NULL, NULL, on_request, srv, MHD_OPTION_ARRAY,
+        opts->tls.use_ssl ? tls_opts : tls_opts + 3, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
+        MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv, MHD_OPTION_NOTIFY_CONNECTION, on_connection,
+        srv, MHD_OPTION_URI_LOG_CALLBACK, on_uri, srv, MHD_OPTION_CONNECTION_LIMIT, mhd_limit,
+        MHD_OPTION_CONNECTION_TIMEOUT,
         (unsigned)(opts->idle_timeout_secs > 0 ? opts->idle_timeout_secs : 0),
         MHD_OPTION_THREAD_POOL_SIZE, threads, MHD_OPTION_END);
     if (!srv->daemon) {
         pthread_mutex_destroy(&srv->conns_lock);
         pthread_mutex_destroy(&srv->lock);
         pthread_cond_destroy(&srv->idle);
+        tls_pem_free(&srv->pem);
+        header_forward_free(srv->header_forward);
         free(srv);
         return nereid_error_new(NEREID_ERROR_UNAVAILABLE, "failed to start HTTP service at %s:%d",
                                 opts->address, opts->port);
@@ -1528,5 +1719,7 @@ void http_server_stop(http_server_t *srv)
     pthread_mutex_destroy(&srv->conns_lock);
     pthread_mutex_destroy(&srv->lock);
     pthread_cond_destroy(&srv->idle);
+    tls_pem_free(&srv->pem);
+    header_forward_free(srv->header_forward);
     free(srv);
 }

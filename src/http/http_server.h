@@ -7,16 +7,21 @@
 
 #include <stddef.h>
 
+#include "frontend/restricted.h"
+#include "frontend/tls.h"
 #include "nereid/server.h"
 #include "nereid/shm.h"
 
 typedef struct http_options {
-    const char *address;   /* "0.0.0.0", "127.0.0.1", "::" ... */
-    int port;              /* 0 = any free port (see http_server_port) */
-    int thread_count;      /* MHD worker threads; capped at the online CPUs */
-    size_t max_input_size; /* --http-max-input-size, bytes */
-    int max_connections;   /* --http-max-connections: open connections at most */
-    int idle_timeout_secs; /* --http-idle-timeout-secs: 0 = never time out */
+    const char *address;                 /* "0.0.0.0", "127.0.0.1", "::" ... */
+    int port;                            /* 0 = any free port (see http_server_port) */
+    int thread_count;                    /* MHD worker threads; capped at the online CPUs */
+    size_t max_input_size;               /* --http-max-input-size, bytes */
+    int max_connections;                 /* --http-max-connections: open connections at most */
+    int idle_timeout_secs;               /* --http-idle-timeout-secs: 0 = never time out */
+    const restricted_apis_t *restricted; /* --http-restricted-api (borrowed); NULL = none */
+    tls_options_t tls; /* HTTPS: --http-use-ssl, --http-use-ssl-mutual, --http-*-cert/key */
+    const char *header_forward_pattern; /* --http-header-forward-pattern (RE2); NULL = off */
     /* client shared memory (borrowed); NULL = none registered */
     nereid_shm_registry_t *shm;
 } http_options_t;
@@ -32,9 +37,11 @@ void http_options_init(http_options_t *opts);
  * it, and lowers the limit (with a warning) when even that is too few. At
  * the limit, a new connection closes the longest-idle keep-alive connection,
  * or is itself closed when every connection has a request in progress.
- * On success
- * *out is the running server; on failure (e.g. the port is taken) an
- * UNAVAILABLE error and *out is NULL. */
+ * With opts->tls.use_ssl it serves HTTPS (GnuTLS); with tls.mutual the TLS
+ * handshake fails unless the client presents a certificate that root_cert
+ * signed. On success *out is the running server; on failure (e.g. the port
+ * is taken) an UNAVAILABLE error, or INVALID_ARG for unreadable TLS files
+ * or a header forwarding pattern RE2 refuses, and *out is NULL. */
 nereid_error_t *http_server_start(nereid_server_t *core, const http_options_t *opts,
                                   http_server_t **out);
 

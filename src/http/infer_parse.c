@@ -119,6 +119,13 @@ static nereid_error_t *parse_json_data(infer_input_t *in, const jv_t *data, size
         byte_size = n_elements * f.element_size;
     }
     if (byte_size > max_input_size) return too_large_error(in->name, byte_size, max_input_size);
+    const jv_span_t *span = jv_span(data);
+    if (span && span->data && span->datatype == in->datatype && span->count == n_elements) {
+        /* Converted during the parse (json_reader_parse_infer). */
+        in->data = span->data;
+        in->byte_size = byte_size;
+        return NULL;
+    }
     in->owned_data = malloc(byte_size ? byte_size : 1);
     if (!in->owned_data)
         return nereid_error_new(NEREID_ERROR_INTERNAL, "out of memory for input '%s'", in->name);
@@ -406,7 +413,8 @@ nereid_error_t *infer_parse(const char *body, size_t len, size_t header_len, con
                                 "limit.",
                                 header_len, max_input_size);
     jv_t *root;
-    nereid_error_t *err = json_reader_parse(body, header_len, &out->arena, &root);
+    nereid_error_t *err =
+        json_reader_parse_infer(body, header_len, &out->arena, max_input_size, &root);
     if (!err) err = parse_root(root, body, len, header_len, model, max_input_size, out);
     if (err) infer_parsed_free(out);
     return err;

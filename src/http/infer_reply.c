@@ -91,61 +91,54 @@ int sbuf_append_json_string(sbuf_t *b, const char *s, size_t n)
 
 /* ---- Numbers -------------------------------------------------------------- */
 
-/* Writes the flat JSON array of n elements of a fixed-size datatype: one
- * loop per datatype, each element printed straight into the buffer reserved
- * once for the longest text (24 chars for doubles, 20 digits for u64). */
+/* Writes the flat JSON array of n elements of a fixed-size datatype straight
+ * into the buffer, reserved once for the longest text (numfmt_array: one
+ * loop per datatype). */
 static int write_numeric_array(sbuf_t *b, nereid_datatype_t dt, const char *p, size_t n)
 {
-    if (sbuf_reserve(b, n * 28 + NUMFMT_DOUBLE_ROOM + 2)) return -1;
-    char *o = b->data + b->len;
-    *o++ = '[';
-#define EACH(T, WRITE)                                                                             \
-    for (size_t i = 0; i < n; i++) {                                                               \
-        T v;                                                                                       \
-        memcpy(&v, p + i * sizeof v, sizeof v);                                                    \
-        if (i) *o++ = ',';                                                                         \
-        o = WRITE;                                                                                 \
-    }                                                                                              \
-    break
+    numfmt_kind_t kind;
     switch (dt) {
     case NEREID_TYPE_BOOL:
-        for (size_t i = 0; i < n; i++) {
-            if (i) *o++ = ',';
-            if (p[i]) {
-                memcpy(o, "true", 4);
-                o += 4;
-            } else {
-                memcpy(o, "false", 5);
-                o += 5;
-            }
-        }
+        kind = NUMFMT_BOOL;
         break;
     case NEREID_TYPE_UINT8:
-        EACH(uint8_t, numfmt_u64(o, v));
+        kind = NUMFMT_U8;
+        break;
     case NEREID_TYPE_UINT16:
-        EACH(uint16_t, numfmt_u64(o, v));
+        kind = NUMFMT_U16;
+        break;
     case NEREID_TYPE_UINT32:
-        EACH(uint32_t, numfmt_u64(o, v));
+        kind = NUMFMT_U32;
+        break;
     case NEREID_TYPE_UINT64:
-        EACH(uint64_t, numfmt_u64(o, v));
+        kind = NUMFMT_U64;
+        break;
     case NEREID_TYPE_INT8:
-        EACH(int8_t, numfmt_i64(o, v));
+        kind = NUMFMT_I8;
+        break;
     case NEREID_TYPE_INT16:
-        EACH(int16_t, numfmt_i64(o, v));
+        kind = NUMFMT_I16;
+        break;
     case NEREID_TYPE_INT32:
-        EACH(int32_t, numfmt_i64(o, v));
+        kind = NUMFMT_I32;
+        break;
     case NEREID_TYPE_INT64:
-        EACH(int64_t, numfmt_i64(o, v));
-    /* FP32 outputs are widened to double first, as Triton writes them
-     * (0.1f prints as 0.10000000149011612). */
+        kind = NUMFMT_I64;
+        break;
     case NEREID_TYPE_FP32:
-        EACH(float, numfmt_double(o, (double)v));
+        kind = NUMFMT_F32;
+        break;
     case NEREID_TYPE_FP64:
-        EACH(double, numfmt_double(o, v));
+        kind = NUMFMT_F64;
+        break;
     default:
         return -1;
     }
-#undef EACH
+    if (n > (SIZE_MAX - 64) / NUMFMT_ARRAY_ROOM || sbuf_reserve(b, n * NUMFMT_ARRAY_ROOM + 2))
+        return -1;
+    char *o = b->data + b->len;
+    *o++ = '[';
+    o = numfmt_array(o, kind, p, n);
     *o++ = ']';
     b->len = (size_t)(o - b->data);
     b->data[b->len] = '\0';

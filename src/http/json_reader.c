@@ -64,6 +64,12 @@ void *jarena_alloc(jarena_t *a, size_t n)
     return p;
 }
 
+void jarena_adopt(jarena_t *a, void *block)
+{
+    *(void **)block = a->blocks;
+    a->blocks = block;
+}
+
 void jarena_free(jarena_t *a)
 {
     void *b = a->blocks;
@@ -440,7 +446,8 @@ typedef struct jparser {
     const char *err;
     size_t err_off;
     bool oom;
-    bool nul; /* the error is a NUL in a string (400, not a syntax error) */
+    bool nul;        /* the error is a NUL in a string (400, not a syntax error) */
+    size_t data_max; /* json_reader_parse_infer's bound; 0: no conversion */
 } jparser_t;
 
 static bool fail(jparser_t *p, const char *msg, const char *at)
@@ -504,6 +511,270 @@ static bool parse_string(jparser_t *p, const char **out, size_t *out_len)
     return true;
 }
 
+/* ---- One-pass conversion of flat "data" arrays ---------------------------- */
+
+static inline const char *ws_skip(const char *p, const char *end)
+{
+    while (p < end && (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t'))
+        p++;
+    return p;
+}
+
+static inline bool digit_at(const char *p, const char *end)
+{
+    return p < end && (unsigned)(*p - '0') <= 9;
+}
+
+/* After element i of n at p: a comma and whitespace (returns the next
+ * element's start), or the closing bracket after the last element (sets
+ * *done, returns the position after it); NULL otherwise. */
+static inline const char *next_element(const char *p, const char *end, size_t i, size_t n,
+                                       bool *done)
+{
+    if (p < end && *p == ',') {
+        if (i + 1 == n) return NULL;
+        return ws_skip(p + 1, end);
+    }
+    p = ws_skip(p, end);
+    if (p >= end) return NULL;
+    if (*p == ',') {
+        if (i + 1 == n) return NULL;
+        return ws_skip(p + 1, end);
+    }
+    if (*p == ']' && i + 1 == n) {
+        *done = true;
+        return p + 1;
+    }
+    return NULL;
+}
+
+/* An integer number token at *pp by the JSON grammar: sign and magnitude
+ * (at most UINT64_MAX). False when the token is not such an integer (a
+ * fraction, an exponent, more than 64 bits, a leading zero, not a number). */
+static inline bool int_token(const char **pp, const char *end, bool *neg, uint64_t *mag)
+{
+    const char *p = *pp;
+    *neg = p < end && *p == '-';
+    p += *neg;
+    if (!digit_at(p, end)) return false;
+    uint64_t m = (uint64_t)(*p++ - '0');
+    if (m) {
+        const char *stop = end - p > 18 ? p + 18 : end;
+        while (p < stop && (unsigned)(*p - '0') <= 9)
+            m = m * 10 + (uint64_t)(*p++ - '0');
+        if (digit_at(p, end)) {
+            uint64_t d = (uint64_t)(*p++ - '0');
+            if (m > (UINT64_MAX - d) / 10) return false;
+            m = m * 10 + d;
+            if (digit_at(p, end)) return false;
+        }
+    }
+    if (p < end && (*p == '.' || *p == 'e' || *p == 'E')) return false;
+    *pp = p;
+    *mag = m;
+    return true;
+}
+
+/* A real number token at *pp by the JSON grammar (no NaN/Infinity) into the
+ * nearest double: exact for at most 19 significant digits forming an
+ * integer <= 2^53 scaled by 10^-22..10^22 (one correctly rounded operation),
+ * fast_float otherwise. False for anything else or an overflow. */
+static inline bool real_token(const char **pp, const char *end, double *out)
+{
+    const char *s = *pp, *p = s;
+    bool neg = p < end && *p == '-';
+    p += neg;
+    if (!digit_at(p, end)) return false;
+    uint64_t m = 0;
+    int nd = 0, e10 = 0;
+    bool many = false;
+    if (*p == '0') {
+        p++;
+    } else {
+        for (; digit_at(p, end); p++) {
+            if (nd < 19)
+                m = m * 10 + (uint64_t)(*p - '0'), nd++;
+            else
+                many = true;
+        }
+    }
+    if (p < end && *p == '.') {
+        p++;
+        if (!digit_at(p, end)) return false;
+        for (; digit_at(p, end); p++) {
+            unsigned d = (unsigned)(*p - '0');
+            if (!m && !d) {
+                e10--;
+            } else if (nd < 19) {
+                m = m * 10 + d, nd++, e10--;
+            } else {
+                many = true;
+            }
+        }
+    }
+    if (p < end && (*p == 'e' || *p == 'E')) {
+        p++;
+        bool eneg = p < end && *p == '-';
+        if (p < end && (*p == '-' || *p == '+')) p++;
+        if (!digit_at(p, end)) return false;
+        int x = 0;
+        for (; digit_at(p, end); p++)
+            if (x < 100000) x = x * 10 + (*p - '0');
+        e10 += eneg ? -x : x;
+    }
+    double d;
+    if (!many && m <= (1ULL << 53) && e10 >= -22 && e10 <= 22) {
+        d = (double)m;
+        d = e10 < 0 ? d / pow10_exact[-e10] : d * pow10_exact[e10];
+        if (neg) d = -d;
+    } else {
+        if (numfmt_parse_double(s, p, &d) != p) return false;
+        if (isinf(d)) return false;
+    }
+    *out = d;
+    *pp = p;
+    return true;
+}
+
+/* Element readers: one token at *pp into *v, false when it is not one. */
+static inline bool read_signed(const char **pp, const char *end, uint64_t *v)
+{
+    bool neg;
+    uint64_t m;
+    if (!int_token(pp, end, &neg, &m) || m > (uint64_t)INT64_MAX + neg) return false;
+    *v = neg ? 0 - m : m; /* two's complement; the caller keeps the low bits */
+    return true;
+}
+
+static inline bool read_unsigned(const char **pp, const char *end, uint64_t *v)
+{
+    bool neg;
+    return int_token(pp, end, &neg, v) && !(neg && *v);
+}
+
+/* One loop per datatype: R reads each element as a U, stored as a T. */
+#define FAST_LOOP(name, T, U, R)                                                                   \
+    static const char *name(const char *p, const char *end, char *out, size_t n)                   \
+    {                                                                                              \
+        bool done = false;                                                                         \
+        for (size_t i = 0; !done; i++) {                                                           \
+            U u;                                                                                   \
+            if (!R(&p, end, &u)) return NULL;                                                      \
+            T v = (T)u;                                                                            \
+            memcpy(out + i * sizeof v, &v, sizeof v);                                              \
+            if (!(p = next_element(p, end, i, n, &done))) return NULL;                             \
+        }                                                                                          \
+        return p;                                                                                  \
+    }
+#define FAST_SIGNED(name, T) FAST_LOOP(name, T, uint64_t, read_signed)
+#define FAST_UNSIGNED(name, T) FAST_LOOP(name, T, uint64_t, read_unsigned)
+/* FP32 is parsed as a double and rounded, as Triton does. */
+#define FAST_REAL(name, T) FAST_LOOP(name, T, double, real_token)
+FAST_SIGNED(fast_int8, uint8_t)
+FAST_SIGNED(fast_int16, uint16_t)
+FAST_SIGNED(fast_int32, uint32_t)
+FAST_SIGNED(fast_int64, uint64_t)
+FAST_UNSIGNED(fast_uint8, uint8_t)
+FAST_UNSIGNED(fast_uint16, uint16_t)
+FAST_UNSIGNED(fast_uint32, uint32_t)
+FAST_UNSIGNED(fast_uint64, uint64_t)
+FAST_REAL(fast_fp32, float)
+FAST_REAL(fast_fp64, double)
+
+static const char *fast_bool(const char *p, const char *end, char *out, size_t n)
+{
+    bool done = false;
+    for (size_t i = 0; !done; i++) {
+        if (end - p >= 4 && !memcmp(p, "true", 4)) {
+            out[i] = 1;
+            p += 4;
+        } else if (end - p >= 5 && !memcmp(p, "false", 5)) {
+            out[i] = 0;
+            p += 5;
+        } else {
+            return NULL;
+        }
+        if (!(p = next_element(p, end, i, n, &done))) return NULL;
+    }
+    return p;
+}
+
+typedef const char *fast_fn(const char *p, const char *end, char *out, size_t n);
+
+static fast_fn *fast_converter(nereid_datatype_t dt)
+{
+    switch (dt) {
+    case NEREID_TYPE_BOOL:
+        return fast_bool;
+    case NEREID_TYPE_INT8:
+        return fast_int8;
+    case NEREID_TYPE_INT16:
+        return fast_int16;
+    case NEREID_TYPE_INT32:
+        return fast_int32;
+    case NEREID_TYPE_INT64:
+        return fast_int64;
+    case NEREID_TYPE_UINT8:
+        return fast_uint8;
+    case NEREID_TYPE_UINT16:
+        return fast_uint16;
+    case NEREID_TYPE_UINT32:
+        return fast_uint32;
+    case NEREID_TYPE_UINT64:
+        return fast_uint64;
+    case NEREID_TYPE_FP32:
+        return fast_fp32;
+    case NEREID_TYPE_FP64:
+        return fast_fp64;
+    default:
+        return NULL;
+    }
+}
+
+/* Tries the one-pass conversion of the "data" value at p->p of an input
+ * object whose first "datatype" and "shape" members (if any) came before
+ * it. On success p->p is past the value and span is filled; else nothing
+ * changed (the memory taken is given back). */
+static bool convert_span(jparser_t *p, const jv_t *datatype, const jv_t *shape, jv_span_t *span)
+{
+    if (!datatype || !shape || datatype->type != JV_STRING || shape->type != JV_ARRAY) return false;
+    nereid_datatype_t dt = nereid_datatype_from_name(datatype->v.s);
+    fast_fn *fn = fast_converter(dt);
+    size_t es = nereid_datatype_byte_size(dt);
+    if (!fn || !es) return false;
+    size_t count = 1;
+    for (const jv_t *d = shape->v.child; d; d = d->next) {
+        if (d->type != JV_INT || d->v.i < 0) return false;
+        if (d->v.i != 0 && count > p->data_max / (size_t)d->v.i) return false;
+        count *= (size_t)d->v.i;
+    }
+    if (count > p->data_max / es) return false;
+    const char *q = p->p, *end = p->end;
+    if (q >= end || *q != '[') return false;
+    q = ws_skip(q + 1, end);
+    if (count == 0) {
+        if (q >= end || *q != ']') return false;
+        span->data = jarena_alloc(p->arena, 1);
+        q++;
+    } else {
+        /* The tensor gets its own block, given back on failure. */
+        char *out = malloc(16 + count * es);
+        if (!out) return false;
+        q = fn(q, end, out + 16, count);
+        if (!q) {
+            free(out);
+            return false;
+        }
+        jarena_adopt(p->arena, out);
+        span->data = out + 16;
+    }
+    if (!span->data) return false;
+    span->count = count;
+    span->datatype = dt;
+    p->p = q;
+    return true;
+}
+
 /* Parses the value at p->p (after whitespace). out NULL: check only.
  * level is the nesting level of the value (root 0). */
 static bool parse_value(jparser_t *p, jv_t **out, int level);
@@ -558,6 +829,7 @@ static bool parse_object(jparser_t *p, jv_t **out, int level)
         p->p++;
         return true;
     }
+    const jv_t *datatype = NULL, *shape = NULL; /* first of each, before "data" */
     for (;;) {
         if (p->p >= p->end || *p->p != '"') return fail(p, E_MISS_NAME, p->p);
         const char *key = NULL;
@@ -569,15 +841,31 @@ static bool parse_object(jparser_t *p, jv_t **out, int level)
         skip_ws(p);
         jv_t *m = NULL;
         if (out && level == 2 && key_len == 4 && !memcmp(key, "data", 4)) {
-            /* Tensor data: check it, keep the text. */
+            /* Tensor data: converted in one pass when it can be, else
+             * checked and kept as text. */
             const char *start = p->p;
-            if (!parse_value(p, NULL, level + 1)) return false;
-            if (!(m = new_node(p, JV_SPAN))) return false;
+            jv_span_t *span = jarena_alloc(p->arena, sizeof *span);
+            if (!span) {
+                p->oom = true;
+                return fail(p, "out of memory", p->p);
+            }
+            memset(span, 0, sizeof *span);
+            if (!(p->data_max && convert_span(p, datatype, shape, span)) &&
+                !parse_value(p, NULL, level + 1))
+                return false;
+            m = &span->node;
+            m->type = JV_SPAN;
             m->v.s = start;
             m->len = (size_t)(p->p - start);
         } else if (!parse_value(p, out ? &m : NULL, level + 1)) {
             return false;
         }
+        if (out && level == 2 && m->type == JV_STRING && key_len == 8 &&
+            !memcmp(key, "datatype", 8) && !datatype)
+            datatype = m;
+        if (out && level == 2 && m->type == JV_ARRAY && key_len == 5 && !memcmp(key, "shape", 5) &&
+            !shape)
+            shape = m;
         if (out) {
             m->key = key;
             *tail = m;
@@ -650,8 +938,15 @@ static bool parse_value(jparser_t *p, jv_t **out, int level)
 
 nereid_error_t *json_reader_parse(const char *text, size_t len, jarena_t *arena, jv_t **root)
 {
+    return json_reader_parse_infer(text, len, arena, 0, root);
+}
+
+nereid_error_t *json_reader_parse_infer(const char *text, size_t len, jarena_t *arena,
+                                        size_t data_max, jv_t **root)
+{
     *root = NULL;
-    jparser_t p = {.base = text, .p = text, .end = text + len, .arena = arena};
+    jparser_t p = {
+        .base = text, .p = text, .end = text + len, .arena = arena, .data_max = data_max};
     skip_ws(&p);
     if (p.p >= p.end) {
         fail(&p, E_EMPTY, p.p);

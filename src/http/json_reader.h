@@ -55,11 +55,39 @@ typedef struct jarena {
 void jarena_init(jarena_t *a);
 /* 16-byte aligned; NULL on OOM. */
 void *jarena_alloc(jarena_t *a, size_t n);
+/* Takes a malloc'ed block whose first 16 bytes are free for the arena's
+ * use; freed with the arena. */
+void jarena_adopt(jarena_t *a, void *block);
 void jarena_free(jarena_t *a);
 
 /* Parses text[0..len) into *root (nodes in arena). Errors are INTERNAL with
  * "failed to parse the request JSON buffer: <rapidjson text> at <offset>". */
 nereid_error_t *json_reader_parse(const char *text, size_t len, jarena_t *arena, jv_t **root);
+
+/* json_reader_parse for an inference request: a "data" value that follows
+ * its input's "datatype" (a number type or BOOL) and "shape" (non-negative
+ * integers of at most data_max bytes in all) and is a flat array of exactly
+ * that many valid elements of that type is checked and converted in one
+ * pass, straight into tensor memory in the arena (jv_span_t.data); any other
+ * "data" is only checked and left to json_reader_fill_data, which then
+ * gives the errors. data_max 0 converts nothing. */
+nereid_error_t *json_reader_parse_infer(const char *text, size_t len, jarena_t *arena,
+                                        size_t data_max, jv_t **root);
+
+/* A JV_SPAN node (jv_span: v as one, or NULL). data, when not NULL, is the span already converted into
+ * count elements of datatype (little-endian, as json_reader_fill_data would
+ * write them). */
+typedef struct jv_span {
+    jv_t node;
+    void *data;
+    size_t count;
+    nereid_datatype_t datatype;
+} jv_span_t;
+
+static inline const jv_span_t *jv_span(const jv_t *v)
+{
+    return v && v->type == JV_SPAN ? (const jv_span_t *)v : NULL;
+}
 
 /* First member named key of object o (rapidjson's FindMember), or NULL. */
 const jv_t *jv_get(const jv_t *o, const char *key);

@@ -24,11 +24,41 @@ extern "C" {
  * and infinities as "Infinity"/"-Infinity". Returns the end of the text. */
 char *numfmt_double(char *o, double v);
 
+/* numfmt_double without the short-decimal shortcut: rapidjson's dtoa as it
+ * is (for tests that compare the two). */
+char *numfmt_double_grisu(char *o, double v);
+
 /* Writes v in decimal (at most 20 bytes). Returns the end of the text. */
 char *numfmt_u64(char *o, uint64_t v);
 
 /* Writes v in decimal (at most 20 bytes). Returns the end of the text. */
 char *numfmt_i64(char *o, int64_t v);
+
+/* Element types of numfmt_array. */
+typedef enum numfmt_kind {
+    NUMFMT_BOOL,
+    NUMFMT_U8,
+    NUMFMT_U16,
+    NUMFMT_U32,
+    NUMFMT_U64,
+    NUMFMT_I8,
+    NUMFMT_I16,
+    NUMFMT_I32,
+    NUMFMT_I64,
+    NUMFMT_F32,
+    NUMFMT_F64,
+} numfmt_kind_t;
+
+/* Bytes per element numfmt_array may write (the longest double text, 25
+ * bytes, and its comma). */
+#define NUMFMT_ARRAY_ROOM 26
+
+/* Writes the n elements at data (any alignment) as JSON values separated by
+ * commas, without brackets: one loop per kind, each number printed as
+ * numfmt_double / numfmt_u64 / numfmt_i64 do (FP32 widened to double, as
+ * Triton writes it), BOOL as true/false. o needs n * NUMFMT_ARRAY_ROOM
+ * bytes. Returns the end of the text. */
+char *numfmt_array(char *o, numfmt_kind_t kind, const void *data, size_t n);
 
 /* Parses the JSON number text at s (< end) already checked by the grammar
  * (digits, fraction, exponent; no NaN/Infinity) into the nearest double.

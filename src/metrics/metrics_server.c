@@ -10,10 +10,12 @@
 #include <string.h>
 
 #include "http/http_common.h"
+#include "metrics/host_metrics.h"
 
 struct metrics_server {
     nereid_server_t *core;
     struct MHD_Daemon *daemon;
+    host_metrics_t *host; /* NULL with --allow-cpu-metrics=false */
 };
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const char *url,
@@ -33,11 +35,24 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
     if (strcmp(method, "GET")) return http_queue_error(mc, 405, "Method Not Allowed");
     if (strcmp(url, "/metrics") && strcmp(url, "/metrics/"))
         return http_queue_text(mc, 200, NULL, NULL, 0);
-    char *text = NULL;
-    nereid_error_t *err = nereid_server_metrics(srv->core, &text);
+    char *core_text = NULL;
+    nereid_error_t *err = nereid_server_metrics(srv->core, &core_text);
     if (err) {
-        free(text);
+        free(core_text);
         return http_queue_nereid_error(mc, err);
+    }
+    char *text = core_text;
+    if (srv->host) {
+        size_t len = 0;
+        FILE *out = open_memstream(&text, &len);
+        if (!out) {
+            free(core_text);
+            return http_queue_error(mc, 500, "unable to build metrics");
+        }
+        fputs(core_text, out);
+        host_metrics_text(srv->host, out);
+        fclose(out);
+        free(core_text);
     }
     struct MHD_Response *r =
         MHD_create_response_from_buffer(strlen(text), text, MHD_RESPMEM_MUST_FREE);
@@ -55,6 +70,8 @@ void metrics_options_init(metrics_options_t *opts)
 {
     opts->address = "0.0.0.0";
     opts->port = 8002;
+    opts->cpu_metrics = true;
+    opts->interval_ms = 2000;
 }
 
 nereid_error_t *metrics_server_start(nereid_server_t *core, const metrics_options_t *opts,
@@ -73,6 +90,10 @@ nereid_error_t *metrics_server_start(nereid_server_t *core, const metrics_option
     if (ipv6) flags |= MHD_USE_IPv6;
     srv->daemon = MHD_start_daemon(flags, (uint16_t)opts->port, NULL, NULL, on_request, srv,
                                    MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss, MHD_OPTION_END);
+    if (srv->daemon && opts->cpu_metrics && !(srv->host = host_metrics_start(opts->interval_ms))) {
+        MHD_stop_daemon(srv->daemon);
+        srv->daemon = NULL;
+    }
     if (!srv->daemon) {
         free(srv);
         return nereid_error_new(NEREID_ERROR_UNAVAILABLE,
@@ -92,5 +113,6 @@ void metrics_server_stop(metrics_server_t *srv)
 {
     if (!srv) return;
     MHD_stop_daemon(srv->daemon);
+    host_metrics_stop(srv->host);
     free(srv);
 }

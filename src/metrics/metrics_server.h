@@ -10,6 +10,8 @@
 typedef struct metrics_options {
     const char *address; /* default: the HTTP address */
     int port;            /* --metrics-port, default 8002; 0 = any free port */
+    bool cpu_metrics;    /* --allow-cpu-metrics, default true: the nv_cpu_* gauges */
+    int interval_ms;     /* --metrics-interval-ms, default 2000: host metrics polling */
 } metrics_options_t;
 
 typedef struct metrics_server metrics_server_t;

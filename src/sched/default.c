@@ -69,7 +69,9 @@ typedef struct default_scheduler {
 /* Whether the model's executions are short enough to run on the caller. */
 static bool inline_ok(const default_scheduler_t *d)
 {
-    return d->inline_ns &&
+    /* A rate-limited instance may wait for its turn: never on a frontend's
+     * thread. */
+    return d->inline_ns && !d->base.model->rate_limited &&
            atomic_load_explicit(&d->base.model->exec_avg_ns, memory_order_relaxed) <= d->inline_ns;
 }
 

@@ -431,6 +431,7 @@ static void launch(ens_ctx_t *c, size_t step)
     }
     if (!err) {
         r->parent_stats = &c->agg;
+        if (src->trace) request_inherit_trace(r, src);
         request_share_cancel(r, src);
         nereid_response_allocator_t alloc = {
             .alloc_fn = step_alloc, .release_fn = step_release, .userp = &c->calls[step]};

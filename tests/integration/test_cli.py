@@ -47,11 +47,9 @@ def test_missing_repository_fails_startup(tmp_path):
     assert r.returncode == 1 and "failed to open model repository" in r.stderr
 
 
-def test_unsupported_security_flags_are_refused():
-    r = run("--model-repository", EXAMPLES, "--grpc-use-ssl=true")
-    assert r.returncode == 2 and "--grpc-use-ssl is not supported" in r.stderr
-    r = run("--model-repository", EXAMPLES, "--http-restricted-api=inference:key=value")
-    assert r.returncode == 2 and "--http-restricted-api is not supported" in r.stderr
+def test_unsupported_flags_are_refused():
+    r = run("--model-repository", EXAMPLES, "--host-policy=gpu0,numa-node=0")
+    assert r.returncode == 2 and "--host-policy is not supported" in r.stderr
 
 
 def test_ignored_tuning_flags_warn_and_serve(nereid_server):

@@ -1,5 +1,5 @@
-"""Triton's logging extension (/v2/logging, LogSettings) and the trace-settings
-surface (tracing is not implemented: it reports OFF and refuses to turn on)."""
+"""Triton's logging extension (/v2/logging, LogSettings). Trace settings are
+in test_trace.py."""
 import os
 import re
 import subprocess
@@ -15,11 +15,6 @@ pb, pbg, _, _ = stubs()
 
 DEFAULTS = {"log_file": "", "log_info": True, "log_warning": True, "log_error": True,
             "log_verbose_level": 0, "log_format": "default"}
-TRACE_DEFAULTS = {"trace_level": ["OFF"], "trace_rate": "1000", "trace_count": "-1",
-                  "log_frequency": "0", "trace_file": "", "trace_mode": "triton"}
-# gRPC: every value is a list of strings.
-TRACE_DEFAULTS_GRPC = {k: v if isinstance(v, list) else [v] for k, v in TRACE_DEFAULTS.items()}
-
 
 @pytest.fixture
 def server(nereid_server):
@@ -41,7 +36,6 @@ def test_http_get_and_metadata(server):
     assert r.json() == DEFAULTS
     assert list(r.json()) == list(DEFAULTS)  # Triton's key order
     assert "logging" in requests.get(server.http_url + "/v2", timeout=10).json()["extensions"]
-    assert "trace" not in requests.get(server.http_url + "/v2", timeout=10).json()["extensions"]
 
 
 def test_http_set_partial_and_null_means_no_change(server):
@@ -98,28 +92,6 @@ def test_http_bad_json_and_method(server):
     assert r.status_code == 405
 
 
-def test_http_trace_settings(server):
-    for path in ("/v2/trace/setting", "/v2/models/add_sub/trace/setting"):
-        r = requests.get(server.http_url + path, timeout=10)
-        assert r.status_code == 200 and r.json() == TRACE_DEFAULTS
-        r = post(server, path, {"trace_level": ["OFF"], "trace_rate": None})
-        assert r.status_code == 200 and r.json() == TRACE_DEFAULTS
-        r = post(server, path, {"trace_level": ["TIMESTAMPS"]})
-        assert r.status_code == 501 and "tracing is not supported" in r.json()["error"]
-        r = post(server, path, {"trace_rate": "5"})
-        assert r.status_code == 501 and "tracing is not supported" in r.json()["error"]
-    r = post(server, "/v2/trace/setting", {"trace_level": ["BOGUS"]})
-    assert r.status_code == 400
-    r = post(server, "/v2/trace/setting", {"trace_level": [1]})
-    assert r.status_code == 400
-    r = post(server, "/v2/trace/setting", {"no_such_key": "1"})
-    assert r.status_code == 400
-    for r in (requests.get(server.http_url + "/v2/models/nope/trace/setting", timeout=10),
-              post(server, "/v2/models/nope/trace/setting", {"trace_level": ["OFF"]})):
-        assert r.status_code == 400
-        assert r.json()["error"] == "Request for unknown model : nope"
-
-
 def _sv(**kw):
     return pb.LogSettingsRequest.SettingValue(**kw)
 
@@ -151,28 +123,6 @@ def test_grpc_log_settings(server):
             with pytest.raises(grpc.RpcError) as e:
                 stub.LogSettings(req)
             assert e.value.code() == code and text in e.value.details()
-
-
-def test_grpc_trace_setting(server):
-    with grpc.insecure_channel(server.grpc_addr) as ch:
-        stub = pbg.GRPCInferenceServiceStub(ch)
-        for model in ("", "add_sub"):
-            r = stub.TraceSetting(pb.TraceSettingRequest(model_name=model))
-            assert {k: list(v.value) for k, v in r.settings.items()} == TRACE_DEFAULTS_GRPC
-            req = pb.TraceSettingRequest(model_name=model)
-            req.settings["trace_level"].value.append("OFF")
-            r = stub.TraceSetting(req)
-            assert {k: list(v.value) for k, v in r.settings.items()} == TRACE_DEFAULTS_GRPC
-            req = pb.TraceSettingRequest(model_name=model)
-            req.settings["trace_level"].value.extend(["TIMESTAMPS", "TENSORS"])
-            with pytest.raises(grpc.RpcError) as e:
-                stub.TraceSetting(req)
-            assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
-            assert "tracing is not supported" in e.value.details()
-        with pytest.raises(grpc.RpcError) as e:
-            stub.TraceSetting(pb.TraceSettingRequest(model_name="nope"))
-        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        assert e.value.details() == "Request for unknown model : nope"
 
 
 def test_cli_log_format(nereid_server):

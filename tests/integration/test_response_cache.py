@@ -431,6 +431,10 @@ def test_ensemble_and_its_steps(nereid_server, tmp_path):
         doc, raw = fp32(s, "ens", [[4, 5, 6]], name="X")
         assert output_array(doc, raw, "Y").tolist() == [[4, 5, 6]]
     assert counts(s, "ens") == {"hit": 2, "miss": 1, "exec": 1}
+    # Triton reports no per-model cache metrics for an ensemble
+    v = metrics(s)
+    assert ("nv_cache_num_hits_per_model", "ens", "1") not in v
+    assert v[("nv_cache_num_hits", None, None)] == 2
     assert counts(s, "plain") == {"hit": 0, "miss": 0, "exec": 1}
     assert counts(s, "cached") == {"hit": 0, "miss": 1, "exec": 1}
     # the step alone with the same input and the output the ensemble asks

@@ -88,7 +88,7 @@ static grpc_slice reply_bytes(grpc_byte_buffer *bb)
 
 static void test_round_trips(nereid_server_t *server)
 {
-    grpc_options_t opts = {"127.0.0.1", 0, 2, NULL};
+    grpc_options_t opts = {.address = "127.0.0.1", .port = 0, .infer_thread_count = 2};
     grpc_frontend_t *fe;
     nereid_error_t *err = grpc_frontend_start(server, &opts, &fe);
     CHECK(err == NULL);
@@ -157,7 +157,8 @@ static void test_round_trips(nereid_server_t *server)
     if (reply) grpc_byte_buffer_destroy(reply);
 
     /* A second frontend on the same port fails. */
-    grpc_options_t clash = {"127.0.0.1", grpc_frontend_port(fe), 1, NULL};
+    grpc_options_t clash = {
+        .address = "127.0.0.1", .port = grpc_frontend_port(fe), .infer_thread_count = 1};
     grpc_frontend_t *fe2 = NULL;
     err = grpc_frontend_start(server, &clash, &fe2);
     CHECK(err != NULL && fe2 == NULL);
@@ -187,7 +188,7 @@ int main(void)
     grpc_init();
     test_round_trips(server);
     for (int i = 0; i < 5; i++) { /* start/stop cycles, with and without calls */
-        grpc_options_t o = {"127.0.0.1", 0, 1 + i % 2, NULL};
+        grpc_options_t o = {.address = "127.0.0.1", .port = 0, .infer_thread_count = 1 + i % 2};
         grpc_frontend_t *fe;
         err = grpc_frontend_start(server, &o, &fe);
         CHECK(err == NULL);

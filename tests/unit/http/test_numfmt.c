@@ -122,11 +122,15 @@ static bool layout_ok(const char *text, double v)
     return last >= 1 && last <= 17;
 }
 
+static int grisu_differs; /* numfmt_double's short-decimal path vs plain Grisu2 */
+
 /* parse(print(x)) is x, bit for bit, and print(x) has the layout. */
 static void check_double(double v, int *layout, int *roundtrip)
 {
-    char a[64];
+    char a[64], g[64];
     *numfmt_double(a, v) = '\0';
+    *numfmt_double_grisu(g, v) = '\0';
+    if (strcmp(a, g) && grisu_differs++ < 10) fprintf(stderr, "%a: %s, Grisu2 %s\n", v, a, g);
     if (!layout_ok(a, v) && (*layout)++ < 10) fprintf(stderr, "bad layout for %a: %s\n", v, a);
     double back;
     const char *end = numfmt_parse_double(a, a + strlen(a), &back);
@@ -176,6 +180,99 @@ static void test_random_floats(void)
     }
     CHECK_MSG(layout == 0, "%d floats printed in a wrong layout", layout);
     CHECK_MSG(roundtrip == 0, "%d floats did not round-trip", roundtrip);
+}
+
+/* The short-decimal shortcut prints what Grisu2 prints: exact binary
+ * fractions and integers around its 15-digit bound, and numfmt_array's loops
+ * match element by element. */
+static void test_short_decimals(void)
+{
+    CHECK_STR(fmt(999999999999999.0), "999999999999999.0");
+    CHECK_STR(fmt(1e15), "1000000000000000.0");
+    CHECK_STR(fmt(9007199254740991.0), "9007199254740991.0");
+    CHECK_STR(fmt(0x1p-20), "9.5367431640625e-7");
+    CHECK_STR(fmt(0x1p-21), "4.76837158203125e-7");
+    CHECK_STR(fmt(0x1p-22), "2.384185791015625e-7");
+    CHECK_STR(fmt(1024.0), "1024.0");
+    CHECK_STR(fmt(-0.125), "-0.125");
+    CHECK_STR(fmt(1e20), "100000000000000000000.0");
+    CHECK_STR(fmt(0x1p60), "1152921504606847000.0"); /* Grisu2, not exact */
+    int layout = 0, roundtrip = 0;
+    grisu_differs = 0;
+    for (int64_t i = -100000; i <= 100000; i++)
+        for (int k = 0; k <= 24 && i; k += 3)
+            check_double(ldexp((double)i, -k), &layout, &roundtrip);
+    for (int i = 0; i < 200000; i++) {
+        uint64_t r = next_random();
+        double v = ldexp((double)(r >> (r % 64) | 1), (int)(next_random() % 80) - 40);
+        check_double(i & 1 ? -v : v, &layout, &roundtrip);
+        double p10 = pow(10, (int)(next_random() % 30) - 15);
+        check_double((double)(int64_t)(next_random() >> 40 | 1) * p10, &layout, &roundtrip);
+    }
+    CHECK_MSG(grisu_differs == 0, "%d values printed differently from Grisu2", grisu_differs);
+    CHECK(layout == 0 && roundtrip == 0);
+
+    /* numfmt_array against element-by-element printing. */
+    enum { N = 4096 };
+    static union {
+        double d[N];
+        float f[N];
+        int64_t i[N];
+        uint8_t b[N * 8];
+    } in;
+    static char got[N * NUMFMT_ARRAY_ROOM + 1], want[N * NUMFMT_ARRAY_ROOM + 1];
+    for (int kind = NUMFMT_BOOL; kind <= NUMFMT_F64; kind++) {
+        for (size_t i = 0; i < sizeof in.b; i++)
+            in.b[i] = (uint8_t)next_random();
+        for (int i = 0; i < N / 2; i++) {
+            if (kind == NUMFMT_F32) in.f[i] = (float)(i % 1024) / 8;
+            if (kind == NUMFMT_F64) in.d[i] = (double)(i % 1000) / 16;
+            if (kind == NUMFMT_BOOL) in.b[i] &= 1;
+        }
+        for (size_t n = 0; n <= N; n = n ? n * 4 : 1) {
+            *numfmt_array(got, (numfmt_kind_t)kind, in.b, n) = '\0';
+            char *o = want;
+            for (size_t i = 0; i < n; i++) {
+                if (i) *o++ = ',';
+                switch (kind) {
+                case NUMFMT_BOOL:
+                    o += sprintf(o, "%s", in.b[i] ? "true" : "false");
+                    break;
+                case NUMFMT_U8:
+                    o = numfmt_u64(o, in.b[i]);
+                    break;
+                case NUMFMT_U16:
+                    o = numfmt_u64(o, ((uint16_t *)in.b)[i]);
+                    break;
+                case NUMFMT_U32:
+                    o = numfmt_u64(o, ((uint32_t *)in.b)[i]);
+                    break;
+                case NUMFMT_U64:
+                    o = numfmt_u64(o, ((uint64_t *)in.b)[i]);
+                    break;
+                case NUMFMT_I8:
+                    o = numfmt_i64(o, ((int8_t *)in.b)[i]);
+                    break;
+                case NUMFMT_I16:
+                    o = numfmt_i64(o, ((int16_t *)in.b)[i]);
+                    break;
+                case NUMFMT_I32:
+                    o = numfmt_i64(o, ((int32_t *)in.b)[i]);
+                    break;
+                case NUMFMT_I64:
+                    o = numfmt_i64(o, in.i[i]);
+                    break;
+                case NUMFMT_F32:
+                    o = numfmt_double_grisu(o, (double)in.f[i]);
+                    break;
+                default:
+                    o = numfmt_double_grisu(o, in.d[i]);
+                }
+            }
+            *o = '\0';
+            CHECK_MSG(!strcmp(got, want), "numfmt_array kind %d, %zu elements", kind, n);
+        }
+    }
 }
 
 static const char *fmt_u(uint64_t v)
@@ -298,12 +395,161 @@ static void test_fill(void)
     CHECK_ERROR(fill(NEREID_TYPE_BOOL, "[1]", b, 1), NEREID_ERROR_INTERNAL, NON("boolean"));
 }
 
+/* json_reader_parse_infer with and without the one-pass conversion: the
+ * same outcome (error text, or tensor bytes) for flat arrays of every type,
+ * valid and not, and the conversion taken exactly for the valid ones. */
+static bool one_pass_quiet;
+
+static bool one_pass_case(const char *dt, const char *data, int64_t n, bool want_fast)
+{
+    char body[8192];
+    snprintf(body, sizeof body,
+             "{\"inputs\":[{\"name\":\"I\",\"datatype\":\"%s\",\"shape\":[%" PRId64
+             "],\"data\":%s}]}",
+             dt, n, data);
+    size_t len = strlen(body);
+    jarena_t a, b;
+    jarena_init(&a);
+    jarena_init(&b);
+    jv_t *ra, *rb;
+    nereid_error_t *ea = json_reader_parse_infer(body, len, &a, 1 << 20, &ra);
+    nereid_error_t *eb = json_reader_parse(body, len, &b, &rb);
+    bool ok = (ea == NULL) == (eb == NULL);
+    if (ok && ea) ok = !strcmp(nereid_error_message(ea), nereid_error_message(eb));
+    if (ok && !ea) {
+        const jv_t *in = jv_get(jv_get(ra, "inputs")->v.child, "data");
+        const jv_t *in_b = jv_get(jv_get(rb, "inputs")->v.child, "data");
+        const jv_span_t *span = jv_span(in);
+        ok = span && (span->data != NULL) == want_fast;
+        nereid_datatype_t t = nereid_datatype_from_name(dt);
+        size_t es = nereid_datatype_byte_size(t);
+        static char slow[8192];
+        if (ok && span->data) {
+            ok = span->count == (size_t)n && span->datatype == t &&
+                 !fill(t, in_b->v.s, slow, (size_t)n) && !memcmp(slow, span->data, (size_t)n * es);
+        }
+    }
+    if (!ok && !one_pass_quiet) fprintf(stderr, "one pass differs: %s %s\n", dt, data);
+    if (ea) nereid_error_free(ea);
+    if (eb) nereid_error_free(eb);
+    jarena_free(&a);
+    jarena_free(&b);
+    return ok;
+}
+
+/* Same outcome, with or without the one pass (either is right). */
+static bool one_pass_same(const char *dt, const char *data, int64_t n)
+{
+    one_pass_quiet = true;
+    bool ok = one_pass_case(dt, data, n, false) || one_pass_case(dt, data, n, true);
+    one_pass_quiet = false;
+    if (!ok) fprintf(stderr, "one pass differs: %s %s\n", dt, data);
+    return ok;
+}
+
+static void test_one_pass(void)
+{
+    static const char *types[] = {"BOOL",   "INT8",   "INT16",  "INT32", "INT64", "UINT8",
+                                  "UINT16", "UINT32", "UINT64", "FP32",  "FP64"};
+    static const char *tokens[] = {"0",
+                                   "-0",
+                                   "1",
+                                   "-1",
+                                   "127",
+                                   "-128",
+                                   "255",
+                                   "256",
+                                   "32767",
+                                   "-32768",
+                                   "65535",
+                                   "2147483647",
+                                   "-2147483648",
+                                   "4294967295",
+                                   "9223372036854775807",
+                                   "-9223372036854775808",
+                                   "9223372036854775808",
+                                   "18446744073709551615",
+                                   "18446744073709551616",
+                                   "123456789012345678",
+                                   "0.5",
+                                   "-0.0",
+                                   "1e-7",
+                                   "1E+2",
+                                   "3.4028234663852886e38",
+                                   "1e39",
+                                   "1e309",
+                                   "-1.8e308",
+                                   "5e-324",
+                                   "2.2250738585072014e-308",
+                                   "0.10000000149011612",
+                                   "123.456e-5",
+                                   "0.000000000000000000000000001",
+                                   "12345678901234567890123",
+                                   "true",
+                                   "false",
+                                   "NaN",
+                                   "-Infinity",
+                                   "Inf",
+                                   "null",
+                                   "\"s\"",
+                                   "[1]",
+                                   "{}",
+                                   "01",
+                                   "1.",
+                                   ".5",
+                                   "-",
+                                   "+1",
+                                   "1e",
+                                   "1e+",
+                                   "--1",
+                                   "0x1",
+                                   "1.5.5",
+                                   "tru",
+                                   "truex",
+                                   "1 2"};
+    size_t nt = sizeof tokens / sizeof *tokens;
+    int bad = 0;
+    for (size_t t = 0; t < sizeof types / sizeof *types; t++) {
+        for (size_t k = 0; k < nt; k++) {
+            char data[256];
+            /* Alone, and between two valid elements with spacing variants. */
+            snprintf(data, sizeof data, "[%s]", tokens[k]);
+            bad += !one_pass_same(types[t], data, 1);
+            const char *ok = t == 0 ? "true" : "1";
+            snprintf(data, sizeof data, "[ %s ,%s, %s\n]", ok, tokens[k], ok);
+            bad += !one_pass_same(types[t], data, 3);
+            bad += !one_pass_case(types[t], data, 2, false);
+            bad += !one_pass_case(types[t], data, 4, false);
+        }
+        bad += !one_pass_case(types[t], "[]", 0, true);
+        bad += !one_pass_case(types[t], "[ ]", 0, true);
+        bad += !one_pass_case(types[t], "[[1]]", 1, false);
+        bad += !one_pass_case(types[t], "[1,]", 1, false);
+        bad += !one_pass_case(types[t], "[1", 1, false);
+    }
+    /* The valid ones took the one pass. */
+    CHECK(one_pass_case("INT64", "[-9223372036854775808,9223372036854775807]", 2, true));
+    CHECK(one_pass_case("UINT64", "[18446744073709551615,-0]", 2, true));
+    CHECK(one_pass_case("INT8", "[-129,300]", 2, true)); /* truncated, as Triton */
+    CHECK(one_pass_case("FP32", "[0.1,-0.0,1e-7,3.4028234663852886e38,1e39]", 5, true));
+    CHECK(one_pass_case("FP64", "[5e-324,123456789012345678,0.000000000000000000000000001]", 3,
+                        true));
+    CHECK(one_pass_case("BOOL", "[true, false]", 2, true));
+    /* Not taken: NaN, a leading zero, too many digits for an integer. */
+    CHECK(one_pass_case("FP32", "[NaN]", 1, false));
+    CHECK(one_pass_case("INT32", "[1.0]", 1, false));
+    CHECK(one_pass_case("UINT64", "[18446744073709551616]", 1, false));
+    CHECK_MSG(bad == 0, "%d one-pass cases differ", bad);
+}
+
 int main(void)
 {
     test_golden_doubles();
     test_random_doubles();
     test_random_floats();
+    test_short_decimals();
     test_integers();
     test_fill();
+    test_one_pass();
     return check_summary();
 }
