@@ -137,6 +137,10 @@ void gfe_model_infer(gfe_unary_call_t *c, const uint8_t *data, size_t len)
         start_trace(c, u->msg->model_name, req);
     }
     if (err == NULL) {
+        /* Triton cancels the inference when the client cancels the call. */
+        nereid_cancel_token_t *token = nereid_cancel_token_new();
+        nereid_request_set_cancel_token(req, token);
+        gfe_unary_watch_close(c, token);
         nereid_response_allocator_t alloc;
         err = nereid_server_infer_async(
             c->fe->server, req, infer_codec_allocator(&u->scratch, &alloc), unary_infer_done, u);
@@ -166,10 +170,11 @@ typedef struct gfe_stream {
     bool writing;     /* a SEND_MESSAGE is outstanding */
     grpc_byte_buffer *in_write;
     stream_write_t *head, *tail;
-    bool md_sent;        /* initial metadata went with an earlier batch */
-    bool status_started; /* the final status is on its way */
-    bool dead;           /* cancelled or broken: nothing more is sent */
-    int cancelled;       /* from RECV_CLOSE_ON_SERVER */
+    bool md_sent;                  /* initial metadata went with an earlier batch */
+    bool status_started;           /* the final status is on its way */
+    bool dead;                     /* cancelled or broken: nothing more is sent */
+    int cancelled;                 /* from RECV_CLOSE_ON_SERVER */
+    nereid_cancel_token_t *cancel; /* every request of the stream carries it */
     size_t n_inflight;
     bool error_closes; /* client metadata triton_grpc_error: true */
     bool failing;      /* an error closes the stream once writes drain */
@@ -197,6 +202,7 @@ static void stream_destroy(gfe_stream_t *s)
     if (s->recv != NULL) grpc_byte_buffer_destroy(s->recv);
     if (s->in_write != NULL) grpc_byte_buffer_destroy(s->in_write);
     grpc_slice_unref(s->status_details);
+    nereid_cancel_token_free(s->cancel);
     for (size_t i = 0; i < s->n_forward; i++) {
         grpc_slice_unref(s->forward[i].key);
         grpc_slice_unref(s->forward[i].value);
@@ -433,6 +439,7 @@ static void stream_handle(gfe_stream_t *s, grpc_byte_buffer *bb)
         nereid_request_free(req);
     if (err == NULL) {
         si->empty_final = empty_final_asked(si->msg);
+        nereid_request_set_cancel_token(req, s->cancel);
         pthread_mutex_lock(&s->mu);
         s->n_inflight++;
         s->refs++;
@@ -506,6 +513,9 @@ static void stream_close_done(gfe_tag_t *tag, bool ok)
     if (s->cancelled || !s->status_started) {
         s->dead = true;
         stream_drop_queue_locked(s);
+        /* The stream ended (cancelled or broken) with requests in flight:
+         * Triton cancels them. */
+        nereid_request_cancel(s->cancel);
     }
     bool destroy = stream_unref_locked(s);
     pthread_mutex_unlock(&s->mu);
@@ -550,6 +560,7 @@ void gfe_stream_start(grpc_frontend_t *fe, grpc_call *call, grpc_metadata_array 
     s->status_tag.fn = stream_status_done;
     s->status_details = grpc_empty_slice();
     s->error_closes = metadata_true(request_md, "triton_grpc_error");
+    s->cancel = nereid_cancel_token_new();
     /* Keep what forwarding needs: the call's metadata array goes with the
      * call object that handed the stream over. */
     for (size_t i = 0; fe->header_forward && i < request_md->count; i++) {

@@ -112,11 +112,23 @@ typedef struct gfe_unary_call {
     void *userp;               /* handler state (ModelInfer: its request context) */
     grpc_metadata reply_md[1]; /* initial metadata to send (nereid-sequence-id echo) */
     size_t n_reply_md;
+    /* ModelInfer watches the call from its start (gfe_unary_watch_close):
+     * a client cancellation cancels the inference. The call is freed when
+     * both the close and the final batch have completed. */
+    gfe_tag_t close_tag;
+    bool close_started;
+    _Atomic int close_refs;
+    nereid_cancel_token_t *cancel;
     /* tracing (only while some trace setting is on): Triton's GRPC_*
      * timestamps, recorded into the trace when the call is freed */
     uint64_t waitread_start_ns, waitread_end_ns, response_ns, send_start_ns;
     nereid_trace_t *trace;
 } gfe_unary_call_t;
+
+/* Starts watching c for the client's cancellation (RECV_CLOSE_ON_SERVER
+ * now instead of with the final status); when the client cancels, token
+ * (owned by c from here on) is cancelled. */
+void gfe_unary_watch_close(gfe_unary_call_t *c, nereid_cancel_token_t *token);
 
 /* Handlers (one per RPC); each must finish the call exactly once, now or
  * later from any thread. */

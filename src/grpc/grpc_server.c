@@ -162,6 +162,7 @@ static void unary_free(gfe_unary_call_t *c)
     if (c->payload != NULL) grpc_byte_buffer_destroy(c->payload);
     if (c->reply != NULL) grpc_byte_buffer_destroy(c->reply);
     grpc_slice_unref(c->status_details);
+    nereid_cancel_token_free(c->cancel);
     for (size_t i = 0; i < c->n_reply_md; i++) {
         grpc_slice_unref(c->reply_md[i].key);
         grpc_slice_unref(c->reply_md[i].value);
@@ -173,7 +174,29 @@ static void unary_free(gfe_unary_call_t *c)
 static void unary_done(gfe_tag_t *tag, bool ok)
 {
     (void)ok;
-    unary_free(GFE_CONTAINER_OF(tag, gfe_unary_call_t, done_tag));
+    gfe_unary_call_t *c = GFE_CONTAINER_OF(tag, gfe_unary_call_t, done_tag);
+    if (!c->close_started || atomic_fetch_sub(&c->close_refs, 1) == 1) unary_free(c);
+}
+
+static void unary_close_done(gfe_tag_t *tag, bool ok)
+{
+    (void)ok;
+    gfe_unary_call_t *c = GFE_CONTAINER_OF(tag, gfe_unary_call_t, close_tag);
+    if (c->cancelled) nereid_request_cancel(c->cancel);
+    if (atomic_fetch_sub(&c->close_refs, 1) == 1) unary_free(c);
+}
+
+void gfe_unary_watch_close(gfe_unary_call_t *c, nereid_cancel_token_t *token)
+{
+    c->cancel = token;
+    grpc_op op;
+    memset(&op, 0, sizeof(op));
+    op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+    op.data.recv_close_on_server.cancelled = &c->cancelled;
+    c->close_tag.fn = unary_close_done;
+    atomic_store(&c->close_refs, 2); /* the close and the final batch */
+    c->close_started = true;
+    if (gfe_start_batch(c->call, &op, 1, &c->close_tag) != GRPC_CALL_OK) c->close_started = false;
 }
 
 void gfe_unary_finish_status(gfe_unary_call_t *c, grpc_status_code code, const char *details,
@@ -200,11 +223,14 @@ void gfe_unary_finish_status(gfe_unary_call_t *c, grpc_status_code code, const c
     ops[n].data.send_status_from_server.status_details =
         code == GRPC_STATUS_OK ? NULL : &c->status_details;
     n++;
-    ops[n].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
-    ops[n].data.recv_close_on_server.cancelled = &c->cancelled;
-    n++;
+    if (!c->close_started) {
+        ops[n].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+        ops[n].data.recv_close_on_server.cancelled = &c->cancelled;
+        n++;
+    }
     c->done_tag.fn = unary_done;
-    if (gfe_start_batch(c->call, ops, n, &c->done_tag) != GRPC_CALL_OK) unary_free(c);
+    if (gfe_start_batch(c->call, ops, n, &c->done_tag) != GRPC_CALL_OK)
+        unary_done(&c->done_tag, false);
 }
 
 void gfe_unary_finish(gfe_unary_call_t *c, grpc_byte_buffer *reply)

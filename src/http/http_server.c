@@ -33,6 +33,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "http/close_watch.h"
 #include "frontend/header_forward.h"
 #include "http/compress.h"
 #include "http/http_common.h"
@@ -127,6 +128,7 @@ struct http_server {
     size_t n_open;              /* open connections, not counting those we shut */
     size_t max_connections;     /* --http-max-connections after the fd limit */
     nereid_shm_registry_t *shm; /* borrowed; NULL = client shared memory off */
+    close_watch_t *close_watch; /* cancels inferences whose client closed; may be NULL */
 };
 
 /* One output buffer from the response allocator; data follows the header. */
@@ -172,7 +174,9 @@ typedef struct http_conn {
     /* tracing (only while some trace setting is on) */
     uint64_t recv_start_ns, recv_end_ns;
     nereid_trace_t *trace;
-    nereid_shm_use_t *shm; /* regions the inference uses, or NULL */
+    nereid_shm_use_t *shm;         /* regions the inference uses, or NULL */
+    nereid_cancel_token_t *cancel; /* the inference's, while submitted */
+    uint64_t watch_id;             /* close watch while suspended, or 0 */
 } http_conn_t;
 
 /* An inference and its connection: the completion resumes the connection
@@ -862,6 +866,13 @@ static void conn_suspend(http_conn_t *c)
     c->srv->n_suspended++;
     pthread_mutex_unlock(&c->srv->lock);
     c->suspended = true;
+    if (c->cancel && !c->watch_id) {
+        /* MHD does not poll a suspended connection: the watcher cancels the
+         * inference when the client closes it meanwhile. */
+        const union MHD_ConnectionInfo *ci =
+            MHD_get_connection_info(c->mhd, MHD_CONNECTION_INFO_CONNECTION_FD);
+        c->watch_id = close_watch_add(c->srv->close_watch, ci ? ci->connect_fd : -1, c->cancel);
+    }
     MHD_suspend_connection(c->mhd);
 }
 
@@ -870,6 +881,8 @@ static void conn_resumed(http_conn_t *c)
 {
     if (!c->suspended) return;
     c->suspended = false;
+    close_watch_remove(c->srv->close_watch, c->watch_id);
+    c->watch_id = 0;
     pthread_mutex_lock(&c->srv->lock);
     if (--c->srv->n_suspended == 0) pthread_cond_broadcast(&c->srv->idle);
     pthread_mutex_unlock(&c->srv->lock);
@@ -1056,6 +1069,8 @@ static nereid_error_t *infer_submit(http_conn_t *c, bool *done)
     pthread_mutex_unlock(&srv->lock);
 
     atomic_store(&c->phase, PHASE_RUNNING);
+    if (!c->cancel) c->cancel = nereid_cancel_token_new();
+    nereid_request_set_cancel_token(req, c->cancel);
     nereid_response_allocator_t alloc = {alloc_output, release_output, c};
     err = nereid_server_infer_async(srv->core, req, &alloc, infer_done, c);
     if (err) {
@@ -1587,6 +1602,7 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
     if (!c || c == (void *)&nul_in_url) return;
     *con_cls = NULL;
     conn_resumed(c);
+    nereid_cancel_token_free(c->cancel);
     if (c->trace) {
         nereid_trace_timestamp(c->trace, "HTTP_SEND_END", nereid_trace_now_ns());
         nereid_trace_release(c->trace);
@@ -1672,6 +1688,7 @@ nereid_error_t *http_server_start(nereid_server_t *core, const http_options_t *o
     mallopt(M_TRIM_THRESHOLD, 256 << 20);
     unsigned flags = MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
     if (ipv6) flags |= MHD_USE_IPv6;
+    srv->close_watch = close_watch_start();
     if (opts->tls.use_ssl) flags |= MHD_USE_TLS;
     /* The TLS options come first; MHD_OPTION_END right after them when off. */
     struct MHD_OptionItem tls_opts[] = {
@@ -1689,6 +1706,7 @@ nereid_error_t *http_server_start(nereid_server_t *core, const http_options_t *o
         (unsigned)(opts->idle_timeout_secs > 0 ? opts->idle_timeout_secs : 0),
         MHD_OPTION_THREAD_POOL_SIZE, threads, MHD_OPTION_END);
     if (!srv->daemon) {
+        close_watch_stop(srv->close_watch);
         pthread_mutex_destroy(&srv->conns_lock);
         pthread_mutex_destroy(&srv->lock);
         pthread_cond_destroy(&srv->idle);
@@ -1716,6 +1734,7 @@ void http_server_stop(http_server_t *srv)
         pthread_cond_wait(&srv->idle, &srv->lock);
     pthread_mutex_unlock(&srv->lock);
     MHD_stop_daemon(srv->daemon);
+    close_watch_stop(srv->close_watch);
     pthread_mutex_destroy(&srv->conns_lock);
     pthread_mutex_destroy(&srv->lock);
     pthread_cond_destroy(&srv->idle);
