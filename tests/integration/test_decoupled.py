@@ -155,6 +155,9 @@ def test_error_mid_stream(stub):
     assert len(rs) == 3
     assert rs[2].error_message == "repeat: response 2 failed as the request asked"
     assert final(rs[2]) is True and rs[2].infer_response.id == "f"
+    # named after the request as the client wrote it (no version given)
+    assert (rs[2].infer_response.model_name, rs[2].infer_response.model_version) == (
+        "repeat_int32", "")
     # the stream goes on: a later request on another stream is served
     assert [out_idx(r) for r in stream(stub, [repeat([8])])] == [(8, 0)]
 
