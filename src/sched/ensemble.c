@@ -674,7 +674,7 @@ static nereid_error_t *check_step(ensemble_t *e, model_t *ens, ens_step_t *st, m
  * (or the ensemble's outputs together) whose inputs carry different labels
  * mixes responses of different decoupled models and is refused. The walk
  * goes breadth-first from the ensemble inputs, in Triton's edge order. */
-static nereid_error_t *check_decoupled_flow(ensemble_t *e, model_t *ens)
+static nereid_error_t *check_decoupled_flow(ensemble_t *e, model_t *ens, bool *decoupled_out)
 {
     typedef struct node {
         size_t *prev, n_prev, *next, n_next;
@@ -749,6 +749,8 @@ static nereid_error_t *check_decoupled_flow(ensemble_t *e, model_t *ens)
             queue[tail++] = nx;
         }
     }
+    /* Triton: the ensemble is decoupled when its outputs carry a label. */
+    *decoupled_out = !err && nodes[sink].label != 0;
     for (size_t i = 0; i < n; i++) {
         free(nodes[i].prev);
         free(nodes[i].next);
@@ -871,7 +873,14 @@ static nereid_error_t *validate(ensemble_t *e, model_t *ens)
         }
         model_release(sm);
     }
-    if (!err) err = check_decoupled_flow(e, ens);
+    bool decoupled = false;
+    if (!err) err = check_decoupled_flow(e, ens, &decoupled);
+    /* Triton validates the ensemble again as decoupled: no response cache. */
+    if (!err && decoupled && ens->config->response_cache && ens->config->response_cache->enable)
+        err = nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                               "Response Cache does not currently support model %s with "
+                               "'decoupled' transaction policy. Please disable the response cache.",
+                               ens->name);
     if (!err) err = check_flow(e, ens);
     return err;
 }
