@@ -13,6 +13,9 @@
  * own, so one instance can serve several requests at once and their
  * responses interleave.
  *
+ * Unlike Triton's repeat backend it stops when the client cancels: the
+ * request then ends with a CANCELLED final response (ABI 1.4).
+ *
  * Nereid extension for tests: the request parameter repeat_fail_at (int64)
  * k makes response k an error ("repeat: response k failed as the request
  * asked", INTERNAL), sent as the request's final response.
@@ -211,11 +214,29 @@ static nereid_error_t *send_outputs(nereid_response_sender_t *sender, nereid_bat
     return NULL;
 }
 
+/* Sleeps ms in slices; false as soon as the client has cancelled. */
+static bool wait_uncancelled(nereid_response_sender_t *sender, uint32_t ms)
+{
+    for (;;) {
+        if (nereid_sender_is_cancelled(sender)) return false;
+        if (ms == 0) return true;
+        uint32_t slice = ms < 10 ? ms : 10;
+        sleep_ms(slice);
+        ms -= slice;
+    }
+}
+
 static void *respond(void *arg)
 {
     job_t *job = arg;
     for (size_t e = 0; e < job->n; e++) {
-        sleep_ms(job->delay[e]);
+        if (!wait_uncancelled(job->sender, job->delay[e])) {
+            /* The client is gone: end with CANCELLED (Triton's empty text). */
+            nereid_error_free(
+                nereid_sender_send(job->sender, NEREID_RESPONSE_FLAG_FINAL,
+                                   nereid_error_new(NEREID_ERROR_CANCELLED, "%s", "")));
+            goto out;
+        }
         nereid_error_t *err =
             (int64_t)e == job->fail_at
                 ? nereid_error_new(NEREID_ERROR_INTERNAL,

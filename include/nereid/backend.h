@@ -33,6 +33,9 @@
  *   1.0  one response per request, produced inside execute
  *   1.1  decoupled responses: nereid_batch_request_sender and the
  *        nereid_sender_* functions, nereid_model_decoupled
+ *   1.2  nereid_batch_request_is_cancelled
+ *   1.3  request parameters by index
+ *   1.4  nereid_sender_is_cancelled
  */
 #ifndef NEREID_BACKEND_H
 #define NEREID_BACKEND_H
@@ -45,8 +48,8 @@ extern "C" {
 
 #define NEREID_BACKEND_ABI_MAJOR 1u
 /* 1: decoupled responses; 2: nereid_batch_request_is_cancelled; 3: request
- * parameters by index */
-#define NEREID_BACKEND_ABI_MINOR 3u
+ * parameters by index; 4: nereid_sender_is_cancelled */
+#define NEREID_BACKEND_ABI_MINOR 4u
 #define NEREID_BACKEND_ABI_VERSION ((NEREID_BACKEND_ABI_MAJOR << 16) | NEREID_BACKEND_ABI_MINOR)
 
 typedef struct nereid_backend nereid_backend_t;   /* one per loaded library */
@@ -259,6 +262,13 @@ NEREID_EXPORT nereid_error_t *nereid_batch_request_parameter(const nereid_batch_
                                                              size_t index, const char **name,
                                                              nereid_parameter_type_t *type,
                                                              const void **value);
+
+/* ABI 1.4: whether the client of the sender's request has cancelled it
+ * (nereid_batch_request_is_cancelled for the responses sent after execute).
+ * A backend may stop early: send the final response with a
+ * NEREID_ERROR_CANCELLED error (counted under "cancel" in response_stats);
+ * responses it sends anyway are dropped by the frontend. */
+NEREID_EXPORT bool nereid_sender_is_cancelled(const nereid_response_sender_t *sender);
 
 #ifdef __cplusplus
 }

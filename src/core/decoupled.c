@@ -202,13 +202,24 @@ static void sender_finish(nereid_response_sender_t *s)
     nereid_response_t *resp = s->final_resp;
     ctx->flags_only = resp == NULL;
     if (!resp) resp = request_new_response(req);
+    /* A final CANCELLED answer counts as a cancellation in the metrics. */
+    nereid_error_t *err = NULL;
+    if (resp->error && nereid_error_code(resp->error) == NEREID_ERROR_CANCELLED) {
+        err = resp->error;
+        resp->error = NULL;
+    }
     nereid_response_free(req->response);
     req->response = resp;
     if (s->pending) nereid_response_free(s->pending);
     free_scratch(s);
     pthread_mutex_destroy(&s->mu);
     free(s);
-    request_finish(req, NULL, FAILURE_BACKEND);
+    request_finish(req, err, err ? FAILURE_CANCELED : FAILURE_BACKEND);
+}
+
+bool nereid_sender_is_cancelled(const nereid_response_sender_t *s)
+{
+    return request_cancelled(s->req);
 }
 
 bool decoupled_release(nereid_request_t *req, nereid_error_t *err)

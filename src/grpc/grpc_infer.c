@@ -356,8 +356,7 @@ static void stream_infer_response(nereid_response_t *resp, uint32_t flags, void 
 
     grpc_byte_buffer *bb = NULL;
     grpc_status_code code = GRPC_STATUS_OK;
-    char *message = NULL, *id = NULL, *model = NULL;
-    char version[32] = "";
+    char *message = NULL, *id = NULL, *model = NULL, *version = NULL;
     const nereid_error_t *rerr = resp != NULL ? nereid_response_error(resp) : NULL;
     if (drop) {
         nereid_response_free(resp);
@@ -368,13 +367,13 @@ static void stream_infer_response(nereid_response_t *resp, uint32_t flags, void 
             bb = infer_codec_stream_error("", si->msg->id, si->msg->model_name,
                                           si->msg->model_version, 1);
     } else if (rerr != NULL) {
+        /* Triton names a failed response after the request: its id, model
+         * name and model version as the client wrote them. */
         code = gfe_status_from_error(rerr);
         message = strdup(nereid_error_message(rerr));
-        const char *rid = nereid_response_id(resp), *rmodel = nereid_response_model_name(resp);
-        id = rid != NULL ? strdup(rid) : NULL;
-        model = rmodel != NULL ? strdup(rmodel) : NULL;
-        if (nereid_response_model_version(resp) > 0)
-            snprintf(version, sizeof(version), "%" PRId64, nereid_response_model_version(resp));
+        id = strdup(si->msg->id);
+        model = strdup(si->msg->model_name);
+        version = strdup(si->msg->model_version);
         nereid_response_free(resp);
     } else {
         nereid_error_t *err;
@@ -403,6 +402,7 @@ static void stream_infer_response(nereid_response_t *resp, uint32_t flags, void 
     free(message);
     free(id);
     free(model);
+    free(version);
     if (destroy) stream_destroy(s);
 }
 

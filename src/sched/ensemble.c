@@ -45,7 +45,8 @@ typedef struct ens_map {
 typedef struct ens_step {
     char *model;
     int64_t version;
-    bool batching; /* the composing model has max_batch_size > 0 */
+    bool batching;  /* the composing model has max_batch_size > 0 */
+    bool decoupled; /* the composing model's transaction policy */
     ens_map_t *in;
     size_t n_in;
     ens_map_t *out;
@@ -667,6 +668,100 @@ static nereid_error_t *check_step(ensemble_t *e, model_t *ens, ens_step_t *st, m
     return NULL;
 }
 
+/* Triton's check of the decoupled data flow (ValidateEnsembleConfig): a
+ * tensor a decoupled step writes starts a new label (all outputs of one
+ * step share theirs), any other tensor takes its inputs' label; a tensor
+ * (or the ensemble's outputs together) whose inputs carry different labels
+ * mixes responses of different decoupled models and is refused. The walk
+ * goes breadth-first from the ensemble inputs, in Triton's edge order. */
+static nereid_error_t *check_decoupled_flow(ensemble_t *e, model_t *ens, bool *decoupled_out)
+{
+    typedef struct node {
+        size_t *prev, n_prev, *next, n_next;
+        bool decoupled, visited;
+        size_t label;
+        size_t step; /* the step writing it (its sibling group), or SIZE_MAX */
+    } node_t;
+    size_t n = e->n_tensors + 1, sink = e->n_tensors;
+    node_t *nodes = xcalloc(n, sizeof *nodes);
+    bool *step_seen = xcalloc(e->n_steps ? e->n_steps : 1, sizeof *step_seen);
+    size_t *step_label = xcalloc(e->n_steps ? e->n_steps : 1, sizeof *step_label);
+    size_t *queue = xcalloc(n, sizeof *queue), head = 0, tail = 0;
+    for (size_t i = 0; i < n; i++)
+        nodes[i].step = SIZE_MAX;
+#define EDGE(a, b)                                                                                 \
+    do {                                                                                           \
+        nodes[b].prev = xrealloc(nodes[b].prev, (nodes[b].n_prev + 1) * sizeof(size_t));           \
+        nodes[b].prev[nodes[b].n_prev++] = (a);                                                    \
+        nodes[a].next = xrealloc(nodes[a].next, (nodes[a].n_next + 1) * sizeof(size_t));           \
+        nodes[a].next[nodes[a].n_next++] = (b);                                                    \
+    } while (0)
+    for (size_t i = 0; i < ens->n_outputs; i++) {
+        size_t t = find_tensor(e, ens->outputs[i].name);
+        if (t != (size_t)-1) EDGE(t, sink);
+    }
+    for (size_t s = 0; s < e->n_steps; s++)
+        for (size_t o = 0; o < e->steps[s].n_out; o++) {
+            size_t t = e->steps[s].out[o].tensor;
+            nodes[t].decoupled = e->steps[s].decoupled;
+            nodes[t].step = s;
+            for (size_t i = 0; i < e->steps[s].n_in; i++)
+                EDGE(e->steps[s].in[i].tensor, t);
+        }
+#undef EDGE
+    for (size_t i = 0; i < ens->n_inputs; i++) {
+        size_t t = find_tensor(e, ens->inputs[i].name);
+        if (t == (size_t)-1 || nodes[t].visited) continue;
+        nodes[t].visited = true;
+        queue[tail++] = t;
+    }
+    size_t labels = 0;
+    nereid_error_t *err = NULL;
+    while (head < tail && !err) {
+        node_t *cur = &nodes[queue[head++]];
+        for (size_t k = 0; k < cur->n_next && !err; k++) {
+            size_t nx = cur->next[k];
+            node_t *x = &nodes[nx];
+            bool ready = !x->visited;
+            for (size_t p = 0; ready && p < x->n_prev; p++)
+                ready = nodes[x->prev[p]].visited;
+            if (!ready) continue;
+            size_t label = x->n_prev ? nodes[x->prev[0]].label : 0;
+            for (size_t p = 0; p < x->n_prev && !err; p++)
+                if (nodes[x->prev[p]].label != label)
+                    err = nereid_error_new(
+                        NEREID_ERROR_INVALID_ARG,
+                        "in ensemble %s, step of model '%s' receives inputs "
+                        "originated from different decoupled models",
+                        ens->name,
+                        nx == sink || !e->tensors[nx].origin ? ens->name : e->tensors[nx].origin);
+            if (err) break;
+            if (x->step != SIZE_MAX && step_seen[x->step]) {
+                x->label = step_label[x->step];
+            } else {
+                x->label = x->decoupled ? ++labels : label;
+                if (x->step != SIZE_MAX) {
+                    step_label[x->step] = x->label;
+                    step_seen[x->step] = true;
+                }
+            }
+            x->visited = true;
+            queue[tail++] = nx;
+        }
+    }
+    /* Triton: the ensemble is decoupled when its outputs carry a label. */
+    *decoupled_out = !err && nodes[sink].label != 0;
+    for (size_t i = 0; i < n; i++) {
+        free(nodes[i].prev);
+        free(nodes[i].next);
+    }
+    free(nodes);
+    free(step_seen);
+    free(step_label);
+    free(queue);
+    return err;
+}
+
 /* Whether every step can run: its inputs are ensemble inputs or written by
  * steps that can run (the config check reports cycles with Triton's texts;
  * this keeps a request from waiting forever if one slips through). */
@@ -767,6 +862,8 @@ static nereid_error_t *validate(ensemble_t *e, model_t *ens)
                                    ens->name, (long long)ens->max_batch_size, st->model,
                                    (long long)sm->max_batch_size);
         if (!err) err = check_step(e, ens, st, sm);
+        st->decoupled =
+            sm->config->model_transaction_policy && sm->config->model_transaction_policy->decoupled;
         for (size_t i = 0; !err && i < st->n_out; i++) {
             model_io_t *out = NULL;
             for (size_t k = 0; k < ens->n_outputs; k++)
@@ -776,6 +873,14 @@ static nereid_error_t *validate(ensemble_t *e, model_t *ens)
         }
         model_release(sm);
     }
+    bool decoupled = false;
+    if (!err) err = check_decoupled_flow(e, ens, &decoupled);
+    /* Triton validates the ensemble again as decoupled: no response cache. */
+    if (!err && decoupled && ens->config->response_cache && ens->config->response_cache->enable)
+        err = nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                               "Response Cache does not currently support model %s with "
+                               "'decoupled' transaction policy. Please disable the response cache.",
+                               ens->name);
     if (!err) err = check_flow(e, ens);
     return err;
 }

@@ -17,6 +17,7 @@ import requests
 
 from conftest import EXAMPLES
 from grpc_util import stubs
+from http_helpers import write_model
 
 pb, pbg, _, _ = stubs()
 
@@ -154,6 +155,9 @@ def test_error_mid_stream(stub):
     assert len(rs) == 3
     assert rs[2].error_message == "repeat: response 2 failed as the request asked"
     assert final(rs[2]) is True and rs[2].infer_response.id == "f"
+    # named after the request as the client wrote it (no version given)
+    assert (rs[2].infer_response.model_name, rs[2].infer_response.model_version) == (
+        "repeat_int32", "")
     # the stream goes on: a later request on another stream is served
     assert [out_idx(r) for r in stream(stub, [repeat([8])])] == [(8, 0)]
 
@@ -180,7 +184,7 @@ def test_cancel_mid_stream(server, stub):
     release = threading.Event()
 
     def reqs():
-        yield repeat([1, 2, 3, 4, 5], [0, 150, 150, 150, 150], id="c")
+        yield repeat([1, 2, 3, 4, 5], [0, 60000, 60000, 60000, 60000], id="c")
         release.wait(30)  # keep the stream open until cancelled
 
     call = stub.ModelStreamInfer(reqs(), timeout=30)
@@ -190,16 +194,19 @@ def test_cancel_mid_stream(server, stub):
     with pytest.raises(grpc.RpcError) as e:
         list(call)
     assert e.value.code() == grpc.StatusCode.CANCELLED
-    # The backend is not told about the cancel: it finishes its responses,
-    # which the server drops. Wait for them to be counted, then serve again.
+    # The stream's cancel reaches the request: the repeat backend stops
+    # before its next response and ends the request CANCELLED.
     deadline = time.time() + 20
     while time.time() < deadline:
         st = requests.get(f"{server.http_url}/v2/models/repeat_int32/stats", timeout=10).json()
-        if st["model_stats"][0]["inference_stats"]["success"]["count"] == 1:
+        inf = st["model_stats"][0]["inference_stats"]
+        if inf["success"]["count"] + inf["fail"]["count"] == 1:
             break
         time.sleep(0.05)
     rs = st["model_stats"][0]["response_stats"]
-    assert sorted(rs) == ["0", "1", "2", "3", "4"]
+    assert inf["fail"]["count"] == 1 and inf["success"]["count"] == 0
+    assert sorted(rs) == ["0", "1"], rs  # response 0, then the cancelled final
+    assert rs["0"]["success"]["count"] == 1 and rs["1"]["cancel"]["count"] == 1
     assert [out_idx(r) for r in stream(stub, [repeat([7, 8])])] == [(7, 0), (8, 1)]
     assert server.proc.poll() is None
 
@@ -287,3 +294,62 @@ def test_response_stats_keys_sort_as_text(server, stub):
     st = requests.get(f"{server.http_url}/v2/models/repeat_int32/stats", timeout=10).json()
     keys = list(st["model_stats"][0]["response_stats"])
     assert keys == ["0", "1", "10", "2", "3", "4", "5", "6", "7", "8", "9"]
+
+
+IDENTITY2 = """name: "id2"
+backend: "identity"
+max_batch_size: 0
+input [ { name: "INPUT0" data_type: TYPE_INT32 dims: [ 1 ] },
+        { name: "INPUT1" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 1 ] },
+         { name: "OUTPUT1" data_type: TYPE_INT32 dims: [ 1 ] } ]
+"""
+
+REPEAT_STEP = """{{ model_name: "repeat_int32" model_version: -1
+      input_map {{ key: "IN" value: "IN" }} input_map {{ key: "DELAY" value: "DELAY" }}
+      input_map {{ key: "WAIT" value: "WAIT" }} output_map {{ key: "{out}" value: "{to}" }} }}"""
+
+ENSEMBLE_IO = """input [ { name: "IN" data_type: TYPE_INT32 dims: [ -1 ] },
+        { name: "DELAY" data_type: TYPE_UINT32 dims: [ -1 ] },
+        { name: "WAIT" data_type: TYPE_UINT32 dims: [ 1 ] } ]
+"""
+
+
+def test_ensemble_mixing_decoupled_models_is_refused(nereid_server, repo):
+    # Triton's ensemble check: a step (or the ensemble's outputs) must not
+    # take inputs that come from different decoupled models.
+    write_model(repo, "id2", IDENTITY2)
+    write_model(repo, "mix_step", 'name: "mix_step"\nplatform: "ensemble"\nmax_batch_size: 0\n'
+                "ensemble_scheduling { step [ "
+                + REPEAT_STEP.format(out="OUT", to="r1") + ", "
+                + REPEAT_STEP.format(out="OUT", to="r2") + """,
+      { model_name: "id2" model_version: -1
+        input_map { key: "INPUT0" value: "r1" } input_map { key: "INPUT1" value: "r2" }
+        output_map { key: "OUTPUT0" value: "m0" } output_map { key: "OUTPUT1" value: "m1" } },
+      { model_name: "id2" model_version: -1
+        input_map { key: "INPUT0" value: "m0" } input_map { key: "INPUT1" value: "m1" }
+        output_map { key: "OUTPUT0" value: "OUT" } } ] }
+""" + ENSEMBLE_IO + 'output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]\n')
+    write_model(repo, "mix_outputs", 'name: "mix_outputs"\nplatform: "ensemble"\n'
+                "max_batch_size: 0\nensemble_scheduling { step [ "
+                + REPEAT_STEP.format(out="OUT", to="OUT") + ", "
+                + REPEAT_STEP.format(out="IDX", to="IDX") + " ] }\n" + ENSEMBLE_IO
+                + 'output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] },\n'
+                '         { name: "IDX" data_type: TYPE_UINT32 dims: [ 1 ] } ]\n')
+    # one decoupled model feeding a step is fine
+    write_model(repo, "one_source", 'name: "one_source"\nplatform: "ensemble"\n'
+                "max_batch_size: 0\nensemble_scheduling { step [ "
+                + REPEAT_STEP.format(out="OUT", to="OUT") + " ] }\n" + ENSEMBLE_IO
+                + 'output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]\n')
+    s = nereid_server(repo, "--exit-on-error=false", "--strict-readiness=false")
+    index = requests.post(f"{s.http_url}/v2/repository/index", json={}, timeout=10).json()
+    by_name = {m["name"]: m for m in index}
+    assert by_name["mix_step"]["state"] == "UNAVAILABLE"
+    assert by_name["mix_step"]["reason"].endswith(
+        "in ensemble mix_step, step of model 'id2' receives inputs originated from "
+        "different decoupled models")
+    assert by_name["mix_outputs"]["state"] == "UNAVAILABLE"
+    assert by_name["mix_outputs"]["reason"].endswith(
+        "in ensemble mix_outputs, step of model 'mix_outputs' receives inputs originated "
+        "from different decoupled models")
+    assert by_name["one_source"]["state"] == "READY"

@@ -441,3 +441,45 @@ def test_ensemble_and_its_steps(nereid_server, tmp_path):
     # for is a hit of the step's entry
     fp32(s, "cached", [[4, 5, 6]], outputs=[{"name": "OUTPUT0"}])
     assert counts(s, "cached") == {"hit": 1, "miss": 1, "exec": 1}
+
+
+REPEAT = """name: "repeat"
+backend: "repeat"
+max_batch_size: 0
+model_transaction_policy { decoupled: true }
+input [ { name: "IN" data_type: TYPE_INT32 dims: [ -1 ] },
+        { name: "DELAY" data_type: TYPE_UINT32 dims: [ -1 ] },
+        { name: "WAIT" data_type: TYPE_UINT32 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] },
+         { name: "IDX" data_type: TYPE_UINT32 dims: [ 1 ] } ]
+"""
+DECOUPLED_ENSEMBLE = """name: "ens_dec"
+platform: "ensemble"
+max_batch_size: 0
+input [ { name: "IN" data_type: TYPE_INT32 dims: [ -1 ] },
+        { name: "DELAY" data_type: TYPE_UINT32 dims: [ -1 ] },
+        { name: "WAIT" data_type: TYPE_UINT32 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+ensemble_scheduling { step [
+  { model_name: "repeat" model_version: -1
+    input_map { key: "IN" value: "IN" } input_map { key: "DELAY" value: "DELAY" }
+    input_map { key: "WAIT" value: "WAIT" }
+    output_map { key: "OUT" value: "OUT" } } ] }
+response_cache { enable: true }
+"""
+
+
+def test_ensemble_of_a_decoupled_model_refuses_the_cache(nereid_server, tmp_path):
+    # Triton: the ensemble is decoupled through its step, so its cache is
+    # refused as for a decoupled model (L0_response_cache's check).
+    repo = repo_with(tmp_path, {"repeat": REPEAT, "ens_dec": DECOUPLED_ENSEMBLE})
+    s = nereid_server(repo, "--model-control-mode=explicit", "--cache-config=local,size=10480")
+    r = requests.post(s.http_url + "/v2/repository/models/ens_dec/load")
+    assert r.status_code == 400
+    assert ("Response Cache does not currently support model ens_dec with 'decoupled' "
+            "transaction policy. Please disable the response cache.") in r.json()["error"]
+    # without the cache it loads
+    with open(os.path.join(repo, "ens_dec", "config.pbtxt"), "w") as f:
+        f.write(DECOUPLED_ENSEMBLE.replace("response_cache { enable: true }", ""))
+    r = requests.post(s.http_url + "/v2/repository/models/ens_dec/load")
+    assert r.status_code == 200, r.text

@@ -38,6 +38,8 @@ typedef struct collector {
     bool order_ok;        /* nothing after the final */
     int32_t in[MAX_RESP]; /* the request's inputs, alive until the final */
     uint32_t delay[MAX_RESP], wait;
+    int error_code;               /* of the last error response */
+    nereid_cancel_token_t *token; /* attached to the request when set */
 } collector_t;
 
 static void collector_init(collector_t *c)
@@ -63,6 +65,7 @@ static void on_response(nereid_response_t *resp, uint32_t flags, void *userp)
         const nereid_error_t *e = nereid_response_error(resp);
         if (e) {
             c->errors++;
+            c->error_code = (int)nereid_error_code(e);
             snprintf(c->error, sizeof c->error, "%s", nereid_error_message(e));
         } else if (c->n < MAX_RESP) {
             const void *d;
@@ -75,8 +78,8 @@ static void on_response(nereid_response_t *resp, uint32_t flags, void *userp)
     if (flags & NEREID_RESPONSE_FINAL) {
         c->finals++;
         c->final_null = resp == NULL;
-        pthread_cond_broadcast(&c->cond);
     }
+    pthread_cond_broadcast(&c->cond); /* collector_wait_n waits for any response */
     pthread_mutex_unlock(&c->lock);
 }
 
@@ -94,7 +97,7 @@ static nereid_error_t *submit(nereid_server_t *s, const char *model, collector_t
 {
     for (int i = 0; i < n; i++) {
         c->in[i] = base + i;
-        c->delay[i] = delay_ms;
+        if (delay_ms != UINT32_MAX) c->delay[i] = delay_ms; /* else the caller's */
     }
     c->wait = wait_ms;
     tensor_t in[3] = {
@@ -105,6 +108,7 @@ static nereid_error_t *submit(nereid_server_t *s, const char *model, collector_t
     nereid_request_t *req;
     nereid_error_t *err = request_with_inputs(s, model, in, 3, &req);
     if (err) return err;
+    if (c->token) nereid_request_set_cancel_token(req, c->token);
     err = nereid_server_infer_stream(s, req, NULL, on_response, c);
     if (err) nereid_request_free(req);
     return err;
@@ -228,6 +232,50 @@ static void test_stats(nereid_server_t *s)
     json_decref(st);
 }
 
+/* Waits until c has at least n responses. */
+static void collector_wait_n(collector_t *c, int n)
+{
+    pthread_mutex_lock(&c->lock);
+    while (c->n < n && !c->finals)
+        pthread_cond_wait(&c->cond, &c->lock);
+    pthread_mutex_unlock(&c->lock);
+}
+
+/* The client cancels after the first response: the repeat backend stops
+ * (nereid_sender_is_cancelled) and ends with a CANCELLED final response,
+ * counted under "cancel" and as a CANCELED failure. */
+static void test_cancel_mid_stream(nereid_server_t *s)
+{
+    json_t *before = model_stats_json(s, "rep", 1);
+    json_int_t fails0 = json_integer_value(json_object_get(
+        json_object_get(json_object_get(before, "inference_stats"), "fail"), "count"));
+    json_decref(before);
+    collector_t c;
+    collector_init(&c);
+    c.token = nereid_cancel_token_new();
+    /* the first response at once, the others a minute later each */
+    c.delay[0] = 0;
+    c.delay[1] = c.delay[2] = c.delay[3] = 60000;
+    nereid_error_t *err = submit(s, "rep", &c, 4, 50, UINT32_MAX, 0);
+    CHECK(err == NULL);
+    nereid_error_free(err);
+    collector_wait_n(&c, 1);
+    nereid_request_cancel(c.token);
+    collector_wait(&c);
+    CHECK_MSG(c.n == 1, "%d responses", c.n);
+    CHECK(c.errors == 1 && c.error_code == NEREID_ERROR_CANCELLED && c.finals == 1 &&
+          !c.final_null && c.order_ok);
+    json_t *st = model_stats_json(s, "rep", 1);
+    json_t *r1 = json_object_get(json_object_get(st, "response_stats"), "1");
+    CHECK(json_integer_value(json_object_get(json_object_get(r1, "cancel"), "count")) == 1);
+    json_int_t fails = json_integer_value(
+        json_object_get(json_object_get(json_object_get(st, "inference_stats"), "fail"), "count"));
+    CHECK(fails == fails0 + 1);
+    json_decref(st);
+    nereid_cancel_token_free(c.token);
+    collector_destroy(&c);
+}
+
 /* An unload while a request still sends: the instance waits for its thread,
  * every response arrives, the final last. */
 static void test_unload_while_sending(void)
@@ -271,6 +319,7 @@ int main(void)
         test_policy_query(s);
         test_threads(s);
         test_stats(s);
+        test_cancel_mid_stream(s);
         nereid_server_free(s);
     }
     test_unload_while_sending();
