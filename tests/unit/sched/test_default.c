@@ -187,10 +187,8 @@ static void test_turns_slow(nereid_server_t *s)
     CHECK(!failed);
     CHECK(!run_one(s, "fast2", 0, &failed));
     CHECK(!failed);
-    int here = 0;
-    for (int i = 0; i < 100; i++)
-        here += run_one(s, "fast2", 0, &failed);
-    CHECK(here > 0);
+    /* Fast runs on the instance thread bring the average down again. */
+    CHECK(until_inline(s, "fast2"));
 }
 
 typedef struct hammer {
@@ -242,8 +240,12 @@ static void test_concurrent(nereid_server_t *s, const char *model)
         here += h[t].here;
     }
     CHECK_MSG(failures == 0, "%d, want %d", failures, 0);
-    CHECK(here > 0);
     CHECK(stat_value(s, model, 1, "execution_count", NULL) - before == THREADS * PER);
+    /* Usually some of them ran inline; on a machine loaded enough to keep the
+     * instance thread off a CPU throughout, all may have queued: then a serial
+     * client still finds the instance idle afterwards. */
+    if (here == 0) fprintf(stderr, "%s: no concurrent request ran inline\n", model);
+    CHECK(here > 0 || until_inline(s, model));
 }
 
 /* The ensemble's scheduler submits its first step from inside its enqueue,
