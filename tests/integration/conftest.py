@@ -33,6 +33,18 @@ def _port_open(port):
 
 class Server:
     def __init__(self, repo, args, wait_port="http"):
+        # A port free_port() found may be taken by someone else's connection
+        # before the server binds it: then start again on other ports.
+        for attempt in range(3):
+            try:
+                self._start(repo, args, wait_port)
+                return
+            except RuntimeError:
+                if attempt == 2 or "Address already in use" not in self.output():
+                    raise
+                self.log.close()
+
+    def _start(self, repo, args, wait_port):
         self.http_port, self.grpc_port, self.metrics_port = free_port(), free_port(), free_port()
         self.http_url = f"http://127.0.0.1:{self.http_port}"
         self.grpc_addr = f"127.0.0.1:{self.grpc_port}"
@@ -47,7 +59,9 @@ class Server:
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
         port = {"http": self.http_port, "grpc": self.grpc_port}.get(wait_port)
         deadline = time.time() + 60
-        while port is not None and not _port_open(port):
+        # "nereid ready" follows the start of every frontend: an open port
+        # alone may be someone else's listener.
+        while port is not None and not ("nereid ready" in self.output() and _port_open(port)):
             if self.proc.poll() is not None:
                 raise RuntimeError(f"nereid exited with {self.proc.returncode}:\n{self.output()}")
             if time.time() > deadline:

@@ -302,10 +302,14 @@ def test_log_frequency_files(nereid_server, tmp_path):
     deadline = time.time() + 30
     while not os.path.exists(f + ".1") and time.time() < deadline:
         time.sleep(0.05)
-    assert sorted(read_traces(f + ".0")) == [1, 2]
-    assert sorted(read_traces(f + ".1")) == [3, 4]
+    # A trace is released as its reply is sent, so two back-to-back requests
+    # may be released in either order: each file holds two traces, whichever.
+    first, second = read_traces(f + ".0"), read_traces(f + ".1")
+    assert len(first) == 2 and len(second) == 2, (sorted(first), sorted(second))
     assert s.stop() == 0
-    assert sorted(read_traces(f + ".2")) == [5]  # the rest, at shutdown
+    rest = read_traces(f + ".2")  # the rest, at shutdown
+    assert len(rest) == 1
+    assert sorted([*first, *second, *rest]) == [1, 2, 3, 4, 5]
     assert not os.path.exists(f)
 
 
