@@ -16,22 +16,10 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "../tests/unit/test_util.h"
 #include "nereid/server.h"
 
 #define MODEL "add_sub"
-
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-static int cmp_u64(const void *a, const void *b)
-{
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return x < y ? -1 : x > y;
-}
 
 static float in0[16], in1[16];
 static _Atomic(nereid_response_t *) done_response;

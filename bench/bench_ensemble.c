@@ -85,12 +85,6 @@ static int submit(nereid_server_t *s, const char *model, waiter_t *w)
     return 0;
 }
 
-static int cmp_d(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 static void latency(nereid_server_t *s, const char *model, int n)
 {
     double *lat = calloc((size_t)n, sizeof *lat);
@@ -102,7 +96,7 @@ static void latency(nereid_server_t *s, const char *model, int n)
         waiter_wait(&w, i + 1);
         lat[i] = now_us() - t0;
     }
-    qsort(lat, (size_t)n, sizeof *lat, cmp_d);
+    qsort(lat, (size_t)n, sizeof *lat, cmp_double);
     printf("  %-9s p50 %7.1f us  p99 %7.1f us  (%d failed)\n", model, lat[n / 2], lat[n * 99 / 100],
            w.failed);
     nereid_response_free(waiter_take(&w));

@@ -48,12 +48,6 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 static grpc_slice packed(const ProtobufCMessage *msg)
 {
     size_t n = protobuf_c_message_get_packed_size(msg);

@@ -290,4 +290,11 @@ static inline int cmp_u64(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+/* qsort order for double samples. */
+static inline int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
 #endif
