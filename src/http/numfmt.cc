@@ -408,17 +408,18 @@ extern "C" char *numfmt_array(char *o, numfmt_kind_t kind, const void *data, siz
 {
     const char *p = static_cast<const char *>(data);
     switch (kind) {
-    case NUMFMT_BOOL:
+    case NUMFMT_BOOL: { /* 8 bytes stored either way (room is 26), no branch */
+        uint64_t t, f;
+        std::memcpy(&t, "true,\0\0\0", 8);
+        std::memcpy(&f, "false,\0\0", 8);
         for (size_t i = 0; i < n; i++) {
-            if (p[i]) {
-                std::memcpy(o, "true,", 5);
-                o += 5;
-            } else {
-                std::memcpy(o, "false,", 6);
-                o += 6;
-            }
+            bool b = p[i] != 0;
+            uint64_t w = b ? t : f;
+            std::memcpy(o, &w, 8);
+            o += 6 - b;
         }
         return n ? o - 1 : o;
+    }
     case NUMFMT_U8:
         return put_array<uint8_t>(o, p, n, put_u64);
     case NUMFMT_U16:
