@@ -301,12 +301,35 @@ static size_t utf8_sequence(const unsigned char *q, const unsigned char *end)
 /* Scans the string whose opening quote is at s. Returns the position after
  * the closing quote, or NULL with *err and *at set. *escaped tells whether the
  * content needs decoding. */
+/* Skips the bytes at q that need no attention inside a string (printable
+ * ASCII other than '"' and '\\') eight at a time: per byte, the high bit
+ * of x - 0x20 & ~x marks < 0x20, of (x ^ c) - 1 & ~(x ^ c) a byte equal to
+ * c, and of x itself >= 0x80. A borrow can mark a byte above a real mark,
+ * never below, so the lowest mark is exact. Returns the first byte to look
+ * at (or where fewer than 8 bytes remain). */
+static inline const char *skip_plain(const char *q, const char *end)
+{
+    const uint64_t ones = 0x0101010101010101ULL, highs = 0x8080808080808080ULL;
+    while (end - q >= 8) {
+        uint64_t x, xq, xb;
+        memcpy(&x, q, 8);
+        xq = x ^ (ones * '"');
+        xb = x ^ (ones * '\\');
+        uint64_t m =
+            (((x - ones * 0x20) & ~x) | ((xq - ones) & ~xq) | ((xb - ones) & ~xb) | x) & highs;
+        if (m) return q + (__builtin_ctzll(m) >> 3);
+        q += 8;
+    }
+    return q;
+}
+
 static const char *scan_string(const char *s, const char *end, bool *escaped, const char **err,
                                const char **at)
 {
     const char *q = s + 1;
     *escaped = false;
     for (;;) {
+        q = skip_plain(q, end);
         if (q >= end) {
             *err = E_QUOTE, *at = q;
             return NULL;
