@@ -8,6 +8,7 @@
 #include "http/json_reader.h"
 
 #include "http/numfmt.h"
+#include "http/swar.h"
 
 #include <errno.h>
 #include <math.h>
@@ -302,21 +303,14 @@ static size_t utf8_sequence(const unsigned char *q, const unsigned char *end)
  * the closing quote, or NULL with *err and *at set. *escaped tells whether the
  * content needs decoding. */
 /* Skips the bytes at q that need no attention inside a string (printable
- * ASCII other than '"' and '\\') eight at a time: per byte, the high bit
- * of x - 0x20 & ~x marks < 0x20, of (x ^ c) - 1 & ~(x ^ c) a byte equal to
- * c, and of x itself >= 0x80. A borrow can mark a byte above a real mark,
- * never below, so the lowest mark is exact. Returns the first byte to look
- * at (or where fewer than 8 bytes remain). */
+ * ASCII other than '"' and '\\') eight at a time. Returns the first byte
+ * to look at (or where fewer than 8 bytes remain). */
 static inline const char *skip_plain(const char *q, const char *end)
 {
-    const uint64_t ones = 0x0101010101010101ULL, highs = 0x8080808080808080ULL;
     while (end - q >= 8) {
-        uint64_t x, xq, xb;
+        uint64_t x;
         memcpy(&x, q, 8);
-        xq = x ^ (ones * '"');
-        xb = x ^ (ones * '\\');
-        uint64_t m =
-            (((x - ones * 0x20) & ~x) | ((xq - ones) & ~xq) | ((xb - ones) & ~xb) | x) & highs;
+        uint64_t m = swar_json_specials(x) | (x & 0x8080808080808080ULL);
         if (m) return q + (__builtin_ctzll(m) >> 3);
         q += 8;
     }

@@ -4,12 +4,16 @@
  * closing quote, an escape, a control byte, valid and invalid UTF-8, the end
  * of the text) is put at every offset of a string that starts at every
  * alignment, and the parse must give the same value, or the same error text
- * at the same offset, as the byte-by-byte rules say.
+ * at the same offset, as the byte-by-byte rules say. The string writer,
+ * which copies plain bytes eight at a time, is checked the same way against
+ * a byte-by-byte escaper.
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "check.h"
+#include "http/infer_reply.h"
 #include "http/json_reader.h"
 
 /* Parses text; returns the error message or NULL, and the string member
@@ -37,8 +41,60 @@ static bool error_at(const char *msg, const char *what, size_t offset)
     return msg && n >= w && !strcmp(msg + n - w, want);
 }
 
+/* The writer's rules one byte at a time: '"' and '\\' escaped, control
+ * bytes as \n \r \t \b \f or \u00XX, everything else as it is. */
+static size_t escape_slowly(const unsigned char *s, size_t n, char *o)
+{
+    char *start = o;
+    *o++ = '"';
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = s[i];
+        const char *named = c == '\n'   ? "n"
+                            : c == '\r' ? "r"
+                            : c == '\t' ? "t"
+                            : c == '\b' ? "b"
+                            : c == '\f' ? "f"
+                                        : NULL;
+        if (c == '"' || c == '\\')
+            o += sprintf(o, "\\%c", c);
+        else if (named)
+            o += sprintf(o, "\\%s", named);
+        else if (c < 0x20)
+            o += sprintf(o, "\\u%04x", c);
+        else
+            *o++ = (char)c;
+    }
+    *o++ = '"';
+    return (size_t)(o - start);
+}
+
+static void test_writer(void)
+{
+    static const unsigned char specials[] = {'"', '\\', '\n', 0x01, 0x1F, 0x7F, 0x80, 0xFF, ' '};
+    int bad = 0;
+    for (size_t len = 0; len <= 40; len++) {
+        for (size_t pos = 0; pos < len || (len == 0 && pos == 0); pos++) {
+            for (size_t k = 0; k < sizeof specials; k++) {
+                unsigned char in[64];
+                char want[512];
+                memset(in, 'a' + (int)(len % 26), len);
+                if (len) in[pos] = specials[k];
+                if (len > 3 && pos + 3 < len) in[pos + 3] = specials[(k + 1) % sizeof specials];
+                size_t wn = escape_slowly(in, len, want);
+                sbuf_t b = {0};
+                if (sbuf_append_json_string(&b, (const char *)in, len) || b.len != wn ||
+                    memcmp(b.data, want, wn))
+                    bad++;
+                free(b.data);
+            }
+        }
+    }
+    CHECK_MSG(bad == 0, "%d written strings differ", bad);
+}
+
 int main(void)
 {
+    test_writer();
     int bad = 0;
     for (int align = 1; align <= 8; align++) {
         for (int pos = 0; pos <= 24; pos++) {
@@ -67,7 +123,10 @@ int main(void)
 
             /* Valid two- and four-byte UTF-8. */
             jarena_init(&arena);
-            memcpy(text + at, "\xC3\xA9\xF0\x9F\x98\x80" "bbbbbbbbb\"}", 17);
+            memcpy(text + at,
+                   "\xC3\xA9\xF0\x9F\x98\x80"
+                   "bbbbbbbbb\"}",
+                   17);
             err = parse(text, at + 17, &arena, &k);
             if (err)
                 bad++;
