@@ -255,6 +255,16 @@ static void test_short_decimals(void)
             if (kind == NUMFMT_F64) in.d[i] = (double)(i % 1000) / 16;
             if (kind == NUMFMT_BOOL) in.b[i] &= 1;
         }
+        /* Every plain layout, both signs: 1e-6 <= |v| < 1e21 at every decade,
+         * integers and 16 to 18 digits among them. */
+        for (int i = N / 2; i < N / 2 + N / 4; i++) {
+            double m = (double)(next_random() >> 11) * 0x1p-53;
+            if (i % 3 == 0) m = (double)(next_random() >> (11 + next_random() % 50));
+            double v = m * pow(10, (int)(next_random() % 30) - 7);
+            v = i & 1 ? -v : v;
+            if (kind == NUMFMT_F32) in.f[i] = (float)v;
+            if (kind == NUMFMT_F64) in.d[i] = v;
+        }
         for (size_t n = 0; n <= N; n = n ? n * 4 : 1) {
             *numfmt_array(got, (numfmt_kind_t)kind, in.b, n) = '\0';
             char *o = want;
