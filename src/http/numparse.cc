@@ -40,7 +40,7 @@ NUMPARSE_INLINE const char *scan_digits(const char *p, const char *end, uint64_t
 {
     while (end - p >= 8) {
         uint64_t v = fast_float::read_u64(p);
-        if (!fast_float::is_made_of_eight_digits_fast(v)) break;
+        if (__builtin_expect(!fast_float::is_made_of_eight_digits_fast(v), 1)) break;
         uint64_t x = fast_float::parse_eight_digits_unrolled(v);
         if (Checked) {
             if (__builtin_mul_overflow(m, 100000000, &m) || __builtin_add_overflow(m, x, &m))
@@ -127,7 +127,7 @@ NUMPARSE_INLINE const char *read_double(const char *s, const char *end, double *
     if (p < end && (*p | 0x20) == 'e' && !(p = read_exponent(p + 1, end, &e10))) return nullptr;
     if (n_digits > 19) return slow_double(s, p, out);
     if (m <= (1ULL << 53) && e10 >= -22 && e10 <= 22) {
-        double d = (double)m; /* m == 0 gives 0 for any e10 */
+        double d = (double)(int64_t)m; /* m == 0 gives 0 for any e10 */
         d = e10 < 0 ? d / pow10_exact[-e10] : d * pow10_exact[e10];
         *out = neg ? -d : d;
         return p;
