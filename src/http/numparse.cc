@@ -18,6 +18,10 @@
 #include <cmath>
 #include <cstring>
 
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
+
 #define NUMPARSE_INLINE inline __attribute__((always_inline))
 
 namespace
@@ -172,7 +176,70 @@ NUMPARSE_INLINE const char *skip_ws(const char *p, const char *end)
     return p;
 }
 
-/* Element readers: one token at p into v; NULL when it is not one. */
+/* ---- Tokens of known length ----------------------------------------------
+ * Inside an array whose separators are known, a token's length is known
+ * before it is read: a short plain decimal ('-'? digits ('.' digits)?, at
+ * most 8 bytes) is then checked and converted from one load, with no loop
+ * and no branch on its digits; longer tokens take the scanners above. */
+
+/* Bytes a token start needs before the buffer's end for the loads below. */
+const ptrdiff_t PLAIN_ROOM = 8;
+
+/* Bit 7 of each byte of v that is not a digit; exact for every byte (no
+ * carry crosses bytes, unlike is_made_of_eight_digits_fast's test). */
+NUMPARSE_INLINE uint64_t non_digit_flags(uint64_t v)
+{
+    uint64_t x = v ^ 0x3030303030303030ULL; /* digits become 0..9 */
+    return (((x & 0x7F7F7F7F7F7F7F7FULL) + 0x7676767676767676ULL) | x) & 0x8080808080808080ULL;
+}
+
+/* low_mask[k]: the low k (0..8) bytes of a word. */
+const uint64_t low_mask[9] = {0,
+                              0xFFULL,
+                              0xFFFFULL,
+                              0xFFFFFFULL,
+                              0xFFFFFFFFULL,
+                              0xFFFFFFFFFFULL,
+                              0xFFFFFFFFFFFFULL,
+                              0xFFFFFFFFFFFFFFULL,
+                              ~0ULL};
+
+/* The value of the first n (1..8) digit bytes of v: the run is moved to the
+ * end of the eight, '0's in front of it, and converted by fast_float's SWAR
+ * step. */
+NUMPARSE_INLINE uint64_t run_value(uint64_t v, unsigned n)
+{
+    return fast_float::parse_eight_digits_unrolled(v << (8 * (8 - n)) |
+                                                   (0x3030303030303030ULL & low_mask[8 - n]));
+}
+
+/* Whether s[0..len) (8 bytes readable from s) is a plain decimal of at
+ * most 8 bytes: '-'? digits ('.' digits)?; then its sign, its digits as m
+ * and the count of fraction digits. With !point, only integers qualify.
+ * One load: the point is closed up and all digits converted at once. */
+NUMPARSE_INLINE bool plain_decimal(const char *s, ptrdiff_t len, bool point, bool *neg, uint64_t *m,
+                                   unsigned *frac)
+{
+    if (len > 8) return false;
+    uint64_t w = fast_float::read_u64(s);
+    *neg = (w & 0xFF) == '-';
+    w >>= 8 * *neg;
+    ptrdiff_t k = len - *neg, a = k, b = 0; /* digits and point; integer, fraction digits */
+    uint64_t f = non_digit_flags(w) & low_mask[k];
+    if (f) {
+        a = __builtin_ctzll(f) >> 3, b = k - a - 1;
+        if (!point || (f & (f - 1)) || ((w >> (8 * a)) & 0xFF) != '.' || b < 1) return false;
+        w = (w & low_mask[a]) | ((w >> 8) & ~low_mask[a]);
+    }
+    if (a < 1 || (a > 1 && (w & 0xFF) == '0')) return false;
+    *m = run_value(w, (unsigned)(a + b));
+    *frac = (unsigned)b;
+    return true;
+}
+
+/* Element readers: one token at p into v; NULL when it is not one. exact:
+ * the token is exactly s[0..e), PLAIN_ROOM bytes readable from s when
+ * room. */
 template <typename T> struct read_signed {
     NUMPARSE_INLINE const char *operator()(const char *p, const char *end, T *v) const
     {
@@ -182,6 +249,18 @@ template <typename T> struct read_signed {
         if (!p || m > (uint64_t)INT64_MAX + neg) return nullptr;
         *v = (T)(neg ? 0 - m : m); /* two's complement; the low bits are kept */
         return p;
+    }
+    NUMPARSE_INLINE bool exact(const char *s, const char *e, bool room, T *v) const
+    {
+        bool neg;
+        uint64_t m;
+        unsigned frac;
+        if (room && plain_decimal(s, e - s, false, &neg, &m, &frac) &&
+            m <= (uint64_t)INT64_MAX + neg) {
+            *v = (T)(neg ? 0 - m : m);
+            return true;
+        }
+        return (*this)(s, e, v) == e;
     }
 };
 
@@ -195,6 +274,17 @@ template <typename T> struct read_unsigned {
         *v = (T)m;
         return p;
     }
+    NUMPARSE_INLINE bool exact(const char *s, const char *e, bool room, T *v) const
+    {
+        bool neg;
+        uint64_t m;
+        unsigned frac;
+        if (room && plain_decimal(s, e - s, false, &neg, &m, &frac) && !(neg && m)) {
+            *v = (T)m;
+            return true;
+        }
+        return (*this)(s, e, v) == e;
+    }
 };
 
 /* FP32 is parsed as a double and rounded, as Triton does. */
@@ -206,15 +296,29 @@ template <typename T> struct read_real {
         if (p) *v = (T)d;
         return p;
     }
+    NUMPARSE_INLINE bool exact(const char *s, const char *e, bool room, T *v) const
+    {
+        bool neg;
+        uint64_t m;
+        unsigned frac;
+        if (room && plain_decimal(s, e - s, true, &neg, &m, &frac)) {
+            /* At most 8 digits: Clinger's exact case. */
+            double d = (double)(int64_t)m / pow10_exact[frac];
+            *v = (T)(neg ? -d : d);
+            return true;
+        }
+        return (*this)(s, e, v) == e;
+    }
 };
 
-/* n elements separated by commas (whitespace allowed around them) and the
- * closing bracket; anything else (a count other than n included) fails. */
+/* Elements i.. of n separated by commas (whitespace allowed around them)
+ * and the closing bracket, one after the other; anything else (a count other
+ * than n included) fails. */
 template <typename T, typename Read>
-const char *array_loop(const char *p, const char *end, char *out, size_t n)
+const char *array_serial(const char *p, const char *end, char *out, size_t i, size_t n)
 {
     Read read;
-    for (size_t i = 0;; i++) {
+    for (;; i++) {
         T v;
         if (!(p = read(p, end, &v))) return nullptr;
         memcpy(out + i * sizeof v, &v, sizeof v);
@@ -232,6 +336,56 @@ const char *array_loop(const char *p, const char *end, char *out, size_t n)
     }
 }
 
+#ifdef __SSE2__
+/* One bit per byte of p[0..64) that is a ',' or a ']'. */
+NUMPARSE_INLINE uint64_t separators64(const char *p)
+{
+    const __m128i comma = _mm_set1_epi8(','), close = _mm_set1_epi8(']');
+    uint64_t bits = 0;
+    for (int k = 0; k < 4; k++) {
+        __m128i x = _mm_loadu_si128((const __m128i *)(p + 16 * k));
+        __m128i hit = _mm_or_si128(_mm_cmpeq_epi8(x, comma), _mm_cmpeq_epi8(x, close));
+        bits |= (uint64_t)(uint32_t)_mm_movemask_epi8(hit) << (16 * k);
+    }
+    return bits;
+}
+#endif
+
+/* The n elements from p: where 64 bytes remain, the separators of the next
+ * 64 are found at once and each token is read between its start and its
+ * separator, so no token's reading waits for the one before it (the reads
+ * overlap in the core) and short ones take plain_decimal; a token that is
+ * not exactly one number (whitespace before its separator included), the
+ * tail, and arrays whose first token is long go one after the other. */
+template <typename T, typename Read>
+const char *array_loop(const char *p, const char *end, char *out, size_t n)
+{
+    size_t i = 0;
+#ifdef __SSE2__
+    Read read;
+    while (end - p >= 64) {
+        const char *block = p;
+        uint64_t seps = separators64(block);
+        /* An array that starts with a long token (17-digit reals, big
+         * integers) is read serially: the scan would not pay for itself. */
+        if (!seps || (i == 0 && __builtin_ctzll(seps) > 12)) break;
+        do {
+            const char *sep = block + __builtin_ctzll(seps);
+            seps &= seps - 1;
+            T v = 0;
+            if (!read.exact(p, sep, end - p >= PLAIN_ROOM, &v))
+                return array_serial<T, Read>(p, end, out, i, n);
+            memcpy(out + i * sizeof v, &v, sizeof v);
+            if (*sep == ']') return i + 1 == n ? sep + 1 : nullptr;
+            if (++i == n) return nullptr;
+            p = sep + 1;
+            if (p < end && is_ws(*p)) p = skip_ws(p, end);
+        } while (seps);
+    }
+#endif
+    return array_serial<T, Read>(p, end, out, i, n);
+}
+
 } // namespace
 
 extern "C" const char *numparse_double(const char *s, const char *end, double *out)
@@ -244,6 +398,10 @@ extern "C" const char *numparse_integer(const char *s, const char *end, bool *ne
     return read_integer(s, end, neg, mag);
 }
 
+/* Reals and 8/16-bit integers, mostly short tokens, take the separators
+ * first; 32/64-bit integers, mostly longer than one load, are read one
+ * after the other (measured: the separator pass cost them more than it
+ * saved). */
 extern "C" const char *numparse_array(numparse_kind_t kind, const char *p, const char *end,
                                       char *out, size_t n)
 {
@@ -253,17 +411,17 @@ extern "C" const char *numparse_array(numparse_kind_t kind, const char *p, const
     case NUMPARSE_INT16:
         return array_loop<uint16_t, read_signed<uint16_t>>(p, end, out, n);
     case NUMPARSE_INT32:
-        return array_loop<uint32_t, read_signed<uint32_t>>(p, end, out, n);
+        return array_serial<uint32_t, read_signed<uint32_t>>(p, end, out, 0, n);
     case NUMPARSE_INT64:
-        return array_loop<uint64_t, read_signed<uint64_t>>(p, end, out, n);
+        return array_serial<uint64_t, read_signed<uint64_t>>(p, end, out, 0, n);
     case NUMPARSE_UINT8:
         return array_loop<uint8_t, read_unsigned<uint8_t>>(p, end, out, n);
     case NUMPARSE_UINT16:
         return array_loop<uint16_t, read_unsigned<uint16_t>>(p, end, out, n);
     case NUMPARSE_UINT32:
-        return array_loop<uint32_t, read_unsigned<uint32_t>>(p, end, out, n);
+        return array_serial<uint32_t, read_unsigned<uint32_t>>(p, end, out, 0, n);
     case NUMPARSE_UINT64:
-        return array_loop<uint64_t, read_unsigned<uint64_t>>(p, end, out, n);
+        return array_serial<uint64_t, read_unsigned<uint64_t>>(p, end, out, 0, n);
     case NUMPARSE_FP32:
         return array_loop<float, read_real<float>>(p, end, out, n);
     case NUMPARSE_FP64:

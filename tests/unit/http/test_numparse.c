@@ -85,6 +85,26 @@ static void check_double(const char *text)
             return;
         }
     }
+    /* The same token as a one-element array, with and without room after
+     * it (the array loops read tokens of known length their own way). */
+    for (int where = 0; where < 2; where++) {
+        char *b = where ? pad_buf : tail_buf + ROOM - (n + 1);
+        memcpy(b, text, n);
+        b[n] = ']';
+        if (where) memset(b + n + 1, ' ', 40);
+        const char *end = where ? b + n + 41 : tail_buf + ROOM;
+        double d = 0;
+        float f = 0;
+        const char *after = numparse_array(NUMPARSE_FP64, b, end, (char *)&d, 1);
+        const char *after32 = numparse_array(NUMPARSE_FP32, b, end, (char *)&f, 1);
+        if (isinf(want) ? after || after32
+                        : after != b + n + 1 || bits_of(d) != bits_of(want) ||
+                              after32 != b + n + 1 || memcmp(&f, &(float){(float)want}, 4)) {
+            CHECK_MSG(0, "[%s] (%s): got %.17g, want %.17g", text, where ? "padded" : "at end", d,
+                      want);
+            return;
+        }
+    }
     n_double_checks++;
     if (n_double_checks % 65536 == 0) CHECK(1);
 }
@@ -101,6 +121,16 @@ static void check_double_stop(const char *text, long stop)
         long at = after ? (long)(after - s) : -1;
         CHECK_MSG(at == stop, "\"%s\" (%s): stopped at %ld, want %ld", text,
                   where ? "padded" : "at end", at, stop);
+        /* As a one-element array, any of these is refused ("1 " aside). */
+        if (n && text[n - 1] == ' ') continue;
+        char *b = where ? pad_buf : tail_buf + ROOM - (n + 1);
+        memcpy(b, text, n);
+        b[n] = ']';
+        if (where) memset(b + n + 1, ' ', 40);
+        double d;
+        CHECK_MSG(
+            !numparse_array(NUMPARSE_FP64, b, where ? b + n + 41 : tail_buf + ROOM, (char *)&d, 1),
+            "[%s] accepted", text);
     }
 }
 
@@ -318,6 +348,23 @@ static void check_integer(const char *text, int ok, int want_neg, uint64_t want)
         uint64_t mag = 0;
         const char *after = numparse_integer(s, end, &neg, &mag);
         int good = ok ? after == s + n && neg == want_neg && mag == want : !after;
+        char *b = where ? pad_buf : tail_buf + ROOM - (n + 1);
+        memcpy(b, text, n);
+        b[n] = ']';
+        if (where) memset(b + n + 1, ' ', 40);
+        const char *aend = where ? b + n + 41 : tail_buf + ROOM;
+        uint64_t u = 0;
+        const char *au = numparse_array(NUMPARSE_UINT64, b, aend, (char *)&u, 1);
+        int64_t i64 = 0;
+        const char *ai = numparse_array(NUMPARSE_INT64, b, aend, (char *)&i64, 1);
+        if (ok && !(want_neg && want))
+            good = good && au == b + n + 1 && u == want;
+        else
+            good = good && !au;
+        if (ok && want <= (uint64_t)INT64_MAX + want_neg)
+            good = good && ai == b + n + 1 && (uint64_t)i64 == (want_neg ? 0 - want : want);
+        else
+            good = good && !ai;
         if (!good) {
             CHECK_MSG(0, "\"%s\" (%s): got %s%" PRIu64 " end %td, want %s", text,
                       where ? "padded" : "at end", neg ? "-" : "", mag, after ? after - s : -1,
@@ -442,6 +489,129 @@ static void test_arrays(void)
     CHECK(array(NUMPARSE_UINT16, "65535,7]", 2, u16) == 8 && u16[0] == 65535 && u16[1] == 7);
 }
 
+/* A random valid number token for kind into buf. */
+static void random_token(char *buf, size_t size, numparse_kind_t kind)
+{
+    uint64_t r = next_random();
+    if (kind == NUMPARSE_FP32 || kind == NUMPARSE_FP64) {
+        double u = (double)(next_random() >> 11) * 0x1p-53 * 2 - 1;
+        switch (r % 6) {
+        case 5:
+            snprintf(buf, size, "%" PRIu64 "e%d", next_random() >> (r >> 8) % 64,
+                     (int)(r >> 16) % 40 - 20);
+            break;
+        case 0:
+            snprintf(buf, size, "%.17g", (double)(float)(u * 1000));
+            break;
+        case 1:
+            snprintf(buf, size, "%g", (double)(r >> 8 & 1023) / 8);
+            break;
+        case 2:
+            snprintf(buf, size, "%.17g", random_finite());
+            break;
+        case 3:
+            snprintf(buf, size, "%.*g", 1 + (int)(r >> 8) % 17, u * 1e6);
+            break;
+        default:
+            snprintf(buf, size, "%" PRId64, (int64_t)next_random() >> (r >> 8) % 64);
+        }
+        return;
+    }
+    uint64_t v = next_random() >> (r >> 8) % 64;
+    if (kind == NUMPARSE_INT8 || kind == NUMPARSE_UINT16) {
+        /* Mostly in range, sometimes any 64-bit value (its low bits kept). */
+        if ((r >> 20) % 8) v &= kind == NUMPARSE_INT8 ? 0x7F : 0xFFFF;
+        snprintf(buf, size, "%s%" PRIu64, kind == NUMPARSE_INT8 && (r >> 24) & 1 ? "-" : "",
+                 v >> 1);
+        return;
+    }
+    if (kind == NUMPARSE_INT64)
+        snprintf(buf, size, "%s%" PRIu64, (r >> 20) & 1 ? "-" : "", v >> 1);
+    else
+        snprintf(buf, size, "%" PRIu64, v);
+}
+
+static const char *const separators[] = {",", ", ", " ,", " , ", ",\n  ", "\t,\r\n"};
+static const char *const bad_tokens[] = {"1.", "01",  "NaN", "1e",    "--1",  "",    "-",
+                                         ".5", "1e+", "0x1", "1.5.5", "true", "1 2", "\"1\""};
+
+/* Random arrays of up to 200 elements, every separator JSON allows, checked
+ * element by element against numparse_double / numparse_integer on each
+ * token; with a bad token or a wrong count somewhere, refused. */
+static void test_random_arrays(void)
+{
+    static const numparse_kind_t kinds[] = {NUMPARSE_FP64,   NUMPARSE_FP32, NUMPARSE_INT64,
+                                            NUMPARSE_UINT64, NUMPARSE_INT8, NUMPARSE_UINT16};
+    static const size_t sizes[] = {8, 4, 8, 8, 1, 2};
+    size_t cap = 200 * 48 + 64;
+    char *text = malloc(cap), tok[64];
+    double *want_d = malloc(200 * sizeof *want_d);
+    uint64_t *want_u = malloc(200 * sizeof *want_u);
+    int n_ok = 0, n_refused = 0;
+    for (int iter = 0; iter < 20000; iter++) {
+        uint64_t r = next_random();
+        numparse_kind_t kind = kinds[r % 6];
+        size_t es = sizes[r % 6];
+        size_t n = 1 + (r >> 2) % 200, len = 0;
+        int one_sep = (r >> 10) & 1; /* one separator style for the whole array */
+        const char *sep0 = separators[(r >> 11) % 6];
+        long bad_at = (r >> 14) % 4 == 0 ? (long)((r >> 16) % n) : -1;
+        size_t count = n + ((r >> 30) % 8 == 0 ? 1 : 0) - ((r >> 30) % 8 == 1 && n > 1 ? 1 : 0);
+        for (size_t i = 0; i < count; i++) {
+            if (i) {
+                const char *sep = one_sep ? sep0 : separators[next_random() % 6];
+                len += (size_t)snprintf(text + len, cap - len, "%s", sep);
+            }
+            if ((long)i == bad_at)
+                snprintf(tok, sizeof tok, "%s", bad_tokens[next_random() % 14]);
+            else
+                random_token(tok, sizeof tok, kind);
+            if (i < n) {
+                if (kind != NUMPARSE_FP64 && kind != NUMPARSE_FP32) {
+                    bool neg;
+                    uint64_t mag = 0;
+                    numparse_integer(tok, tok + strlen(tok), &neg, &mag);
+                    want_u[i] = neg ? 0 - mag : mag;
+                } else {
+                    want_d[i] = strtod(tok, NULL);
+                }
+            }
+            len += (size_t)snprintf(text + len, cap - len, "%s", tok);
+        }
+        len += (size_t)snprintf(text + len, cap - len, "%s]", (r >> 40) & 1 ? " " : "");
+        size_t close = len;
+        if ((r >> 41) & 1) len += (size_t)snprintf(text + len, cap - len, "}]}%40s", "");
+        char *b = malloc(len); /* exact size: ASan sees a read past the end */
+        memcpy(b, text, len);
+        char *out = malloc(n * 8); /* exact size too */
+        const char *after = numparse_array(kind, b, b + len, out, n);
+        int valid = bad_at < 0 && count == n;
+        if (!valid) {
+            CHECK_MSG(after == NULL, "kind %d n %zu: accepted \"%.*s\"", (int)kind, n, (int)close,
+                      text);
+            n_refused++;
+        } else {
+            int same = after == b + close;
+            for (size_t i = 0; same && i < n; i++) {
+                if (kind == NUMPARSE_FP64)
+                    same = bits_of(((double *)out)[i]) == bits_of(want_d[i]);
+                else if (kind == NUMPARSE_FP32)
+                    same = !memcmp(out + 4 * i, &(float){(float)want_d[i]}, 4);
+                else
+                    same = !memcmp(out + es * i, &want_u[i], es);
+            }
+            CHECK_MSG(same, "kind %d n %zu: \"%.*s\" read wrong", (int)kind, n, (int)close, text);
+            n_ok++;
+        }
+        free(b);
+        free(out);
+    }
+    CHECK(n_ok > 10000 && n_refused > 3000);
+    free(text);
+    free(want_d);
+    free(want_u);
+}
+
 int main(void)
 {
     tail_buf = malloc(ROOM);
@@ -449,6 +619,7 @@ int main(void)
     test_double_edges();
     test_integers();
     test_arrays();
+    test_random_arrays();
     test_random_doubles();
     free(tail_buf);
     free(pad_buf);
