@@ -521,30 +521,7 @@ static inline const char *ws_skip(const char *p, const char *end)
     return p;
 }
 
-/* After element i of n at p: a comma and whitespace (returns the next
- * element's start), or the closing bracket after the last element (sets
- * *done, returns the position after it); NULL otherwise. */
-static inline const char *next_element(const char *p, const char *end, size_t i, size_t n,
-                                       bool *done)
-{
-    if (p < end && *p == ',') {
-        if (i + 1 == n) return NULL;
-        return ws_skip(p + 1, end);
-    }
-    p = ws_skip(p, end);
-    if (p >= end) return NULL;
-    if (*p == ',') {
-        if (i + 1 == n) return NULL;
-        return ws_skip(p + 1, end);
-    }
-    if (*p == ']' && i + 1 == n) {
-        *done = true;
-        return p + 1;
-    }
-    return NULL;
-}
-
-/* One loop per number datatype (numparse.cc). */
+/* One loop per number datatype and BOOL (numparse.cc). */
 #define FAST_NUMBERS(name, kind)                                                                   \
     static const char *name(const char *p, const char *end, char *out, size_t n)                   \
     {                                                                                              \
@@ -561,23 +538,7 @@ FAST_NUMBERS(fast_uint64, NUMPARSE_UINT64)
 FAST_NUMBERS(fast_fp32, NUMPARSE_FP32)
 FAST_NUMBERS(fast_fp64, NUMPARSE_FP64)
 
-static const char *fast_bool(const char *p, const char *end, char *out, size_t n)
-{
-    bool done = false;
-    for (size_t i = 0; !done; i++) {
-        if (end - p >= 4 && !memcmp(p, "true", 4)) {
-            out[i] = 1;
-            p += 4;
-        } else if (end - p >= 5 && !memcmp(p, "false", 5)) {
-            out[i] = 0;
-            p += 5;
-        } else {
-            return NULL;
-        }
-        if (!(p = next_element(p, end, i, n, &done))) return NULL;
-    }
-    return p;
-}
+FAST_NUMBERS(fast_bool, NUMPARSE_BOOL)
 
 typedef const char *fast_fn(const char *p, const char *end, char *out, size_t n);
 

@@ -311,6 +311,37 @@ template <typename T> struct read_real {
     }
 };
 
+/* BOOL: true/false as 1/0; exact reads the word with no branch on which. */
+struct read_bool {
+    NUMPARSE_INLINE const char *operator()(const char *p, const char *end, uint8_t *v) const
+    {
+        if (end - p >= 4 && !memcmp(p, "true", 4)) {
+            *v = 1;
+            return p + 4;
+        }
+        if (end - p >= 5 && !memcmp(p, "false", 5)) {
+            *v = 0;
+            return p + 5;
+        }
+        return nullptr;
+    }
+    NUMPARSE_INLINE bool exact(const char *s, const char *e, bool room, uint8_t *v) const
+    {
+        if (room) {
+            uint64_t w = fast_float::read_u64(s);
+            bool t = (e - s == 4) & ((w & 0xFFFFFFFFULL) == 0x65757274ULL);     /* "true" */
+            bool f = (e - s == 5) & ((w & 0xFFFFFFFFFFULL) == 0x65736C6166ULL); /* "false" */
+            unsigned ok = t | f;
+            __asm__("" : "+r"(ok)); /* one branch on both, not one on each */
+            if (ok) {
+                *v = t;
+                return true;
+            }
+        }
+        return (*this)(s, e, v) == e;
+    }
+};
+
 /* Elements i.. of n separated by commas (whitespace allowed around them)
  * and the closing bracket, one after the other; anything else (a count other
  * than n included) fails. */
@@ -398,7 +429,7 @@ extern "C" const char *numparse_integer(const char *s, const char *end, bool *ne
     return read_integer(s, end, neg, mag);
 }
 
-/* Reals and 8/16-bit integers, mostly short tokens, take the separators
+/* Reals, BOOL and 8/16-bit integers, mostly short tokens, take the separators
  * first; 32/64-bit integers, mostly longer than one load, are read one
  * after the other (measured: the separator pass cost them more than it
  * saved). */
@@ -426,6 +457,8 @@ extern "C" const char *numparse_array(numparse_kind_t kind, const char *p, const
         return array_loop<float, read_real<float>>(p, end, out, n);
     case NUMPARSE_FP64:
         return array_loop<double, read_real<double>>(p, end, out, n);
+    case NUMPARSE_BOOL:
+        return array_loop<uint8_t, read_bool>(p, end, out, n);
     }
     return nullptr;
 }

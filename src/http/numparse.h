@@ -45,16 +45,18 @@ typedef enum numparse_kind {
     NUMPARSE_UINT64,
     NUMPARSE_FP32,
     NUMPARSE_FP64,
+    NUMPARSE_BOOL,
 } numparse_kind_t;
 
-/* Reads a flat JSON array of exactly n (>= 1) numbers of kind whose first
+/* Reads a flat JSON array of exactly n (>= 1) elements of kind whose first
  * element starts at p (after the '[' and any whitespace), up to and
  * including its ']', into out (n elements, little-endian, any alignment):
  * integers by numparse_integer within the type's range (INTn: the low bits
  * of an int64; UINTn: the low bits of a uint64, "-0" allowed), reals by
- * numparse_double (FP32: that double rounded to float, as Triton does).
- * Returns the position after the ']', or NULL for anything else (another
- * count, another token, a value out of range or overflowing). */
+ * numparse_double (FP32: that double rounded to float, as Triton does),
+ * BOOL true/false as one byte 1/0. Returns the position after the ']', or
+ * NULL for anything else (another count, another token, a value out of
+ * range or overflowing). */
 const char *numparse_array(numparse_kind_t kind, const char *p, const char *end, char *out,
                            size_t n);
 

@@ -517,6 +517,10 @@ static void random_token(char *buf, size_t size, numparse_kind_t kind)
         }
         return;
     }
+    if (kind == NUMPARSE_BOOL) {
+        snprintf(buf, size, "%s", r & 1 ? "true" : "false");
+        return;
+    }
     uint64_t v = next_random() >> (r >> 8) % 64;
     if (kind == NUMPARSE_INT8 || kind == NUMPARSE_UINT16) {
         /* Mostly in range, sometimes any 64-bit value (its low bits kept). */
@@ -532,17 +536,21 @@ static void random_token(char *buf, size_t size, numparse_kind_t kind)
 }
 
 static const char *const separators[] = {",", ", ", " ,", " , ", ",\n  ", "\t,\r\n"};
+static const char *const bad_bools[] = {"tru",      "True", "1",         "falsey", "nul",
+                                        "\"true\"", "fals", "truefalse", "",       "true false"};
 static const char *const bad_tokens[] = {"1.", "01",  "NaN", "1e",    "--1",  "",    "-",
                                          ".5", "1e+", "0x1", "1.5.5", "true", "1 2", "\"1\""};
 
 /* Random arrays of up to 200 elements, every separator JSON allows, checked
  * element by element against numparse_double / numparse_integer on each
- * token; with a bad token or a wrong count somewhere, refused. */
+ * token (BOOL: true/false); with a bad token or a wrong count somewhere,
+ * refused. */
 static void test_random_arrays(void)
 {
     static const numparse_kind_t kinds[] = {NUMPARSE_FP64,   NUMPARSE_FP32, NUMPARSE_INT64,
-                                            NUMPARSE_UINT64, NUMPARSE_INT8, NUMPARSE_UINT16};
-    static const size_t sizes[] = {8, 4, 8, 8, 1, 2};
+                                            NUMPARSE_UINT64, NUMPARSE_INT8, NUMPARSE_UINT16,
+                                            NUMPARSE_BOOL};
+    static const size_t sizes[] = {8, 4, 8, 8, 1, 2, 1};
     size_t cap = 200 * 48 + 64;
     char *text = malloc(cap), tok[64];
     double *want_d = malloc(200 * sizeof *want_d);
@@ -550,8 +558,8 @@ static void test_random_arrays(void)
     int n_ok = 0, n_refused = 0;
     for (int iter = 0; iter < 20000; iter++) {
         uint64_t r = next_random();
-        numparse_kind_t kind = kinds[r % 6];
-        size_t es = sizes[r % 6];
+        numparse_kind_t kind = kinds[r % 7];
+        size_t es = sizes[r % 7];
         size_t n = 1 + (r >> 2) % 200, len = 0;
         int one_sep = (r >> 10) & 1; /* one separator style for the whole array */
         const char *sep0 = separators[(r >> 11) % 6];
@@ -562,12 +570,16 @@ static void test_random_arrays(void)
                 const char *sep = one_sep ? sep0 : separators[next_random() % 6];
                 len += (size_t)snprintf(text + len, cap - len, "%s", sep);
             }
-            if ((long)i == bad_at)
+            if ((long)i == bad_at && kind == NUMPARSE_BOOL)
+                snprintf(tok, sizeof tok, "%s", bad_bools[next_random() % 10]);
+            else if ((long)i == bad_at)
                 snprintf(tok, sizeof tok, "%s", bad_tokens[next_random() % 14]);
             else
                 random_token(tok, sizeof tok, kind);
             if (i < n) {
-                if (kind != NUMPARSE_FP64 && kind != NUMPARSE_FP32) {
+                if (kind == NUMPARSE_BOOL) {
+                    want_u[i] = !strcmp(tok, "true");
+                } else if (kind != NUMPARSE_FP64 && kind != NUMPARSE_FP32) {
                     bool neg;
                     uint64_t mag = 0;
                     numparse_integer(tok, tok + strlen(tok), &neg, &mag);
