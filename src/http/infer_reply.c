@@ -8,6 +8,7 @@
 #include "http/infer_reply.h"
 
 #include "http/numfmt.h"
+#include "http/swar.h"
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -50,6 +51,18 @@ int sbuf_append_json_string(sbuf_t *b, const char *s, size_t n)
     char *o = b->data + b->len;
     *o++ = '"';
     for (size_t i = 0; i < n; i++) {
+        /* Plain bytes eight at a time, up to the first one to escape. */
+        while (n - i >= 8) {
+            uint64_t x;
+            memcpy(&x, s + i, 8);
+            uint64_t m = swar_json_specials(x);
+            size_t k = m ? (size_t)__builtin_ctzll(m) >> 3 : 8;
+            memcpy(o, s + i, 8); /* room: n * 6 reserved */
+            o += k;
+            i += k;
+            if (m) break;
+        }
+        if (i == n) break;
         unsigned char c = (unsigned char)s[i];
         if (c == '"' || c == '\\') {
             *o++ = '\\';

@@ -9,6 +9,7 @@
 
 #include "http/numfmt.h"
 #include "http/numparse.h"
+#include "http/swar.h"
 
 #include <errno.h>
 #include <math.h>
@@ -302,12 +303,28 @@ static size_t utf8_sequence(const unsigned char *q, const unsigned char *end)
 /* Scans the string whose opening quote is at s. Returns the position after
  * the closing quote, or NULL with *err and *at set. *escaped tells whether the
  * content needs decoding. */
+/* Skips the bytes at q that need no attention inside a string (printable
+ * ASCII other than '"' and '\\') eight at a time. Returns the first byte
+ * to look at (or where fewer than 8 bytes remain). */
+static inline const char *skip_plain(const char *q, const char *end)
+{
+    while (end - q >= 8) {
+        uint64_t x;
+        memcpy(&x, q, 8);
+        uint64_t m = swar_json_specials(x) | (x & 0x8080808080808080ULL);
+        if (m) return q + (__builtin_ctzll(m) >> 3);
+        q += 8;
+    }
+    return q;
+}
+
 static const char *scan_string(const char *s, const char *end, bool *escaped, const char **err,
                                const char **at)
 {
     const char *q = s + 1;
     *escaped = false;
     for (;;) {
+        q = skip_plain(q, end);
         if (q >= end) {
             *err = E_QUOTE, *at = q;
             return NULL;

@@ -1,10 +1,11 @@
 /*
- * This file contains the number text converters declared in numfmt.h: a C
- * wrapper over rapidjson's double printer (Grisu2 and its layout, the very
- * code Triton's JSON writer runs, so the bytes are Triton's) with an exact
- * shortcut for short decimals, fast_float's exact parser, integer printing
- * with a digit-pair table, and the per-datatype loops that print a whole
- * tensor.
+ * This file contains the number text converters declared in numfmt.h:
+ * doubles printed exactly as Triton's JSON writer prints them (rapidjson's
+ * Grisu2 and its layout, the very code Triton runs), through an exact
+ * shortcut for short decimals and a loop-free computation of Grisu2's own
+ * digits, with rapidjson itself for the few values neither covers;
+ * fast_float's exact parser; integer printing with a digit-pair table; and
+ * the per-datatype loops that print a whole tensor.
  */
 #include "http/numfmt.h"
 
@@ -81,6 +82,24 @@ inline void put_digits(char *e, uint64_t v)
         e[-1] = (char)('0' + w);
 }
 
+/* Writes exactly f digits of v < 10^f ending at e (exclusive), with
+ * leading zeros. */
+inline void put_fixed(char *e, uint64_t v, int f)
+{
+    for (; f >= 8; f -= 8) {
+        e -= 8;
+        put8(e, (uint32_t)(v % 100000000));
+        v /= 100000000;
+    }
+    uint32_t w = (uint32_t)v;
+    for (; f >= 2; f -= 2) {
+        e -= 2;
+        std::memcpy(e, kPairs + 2 * (w % 100), 2);
+        w /= 100;
+    }
+    if (f) e[-1] = (char)('0' + w);
+}
+
 inline char *put_u64(char *o, uint64_t v)
 {
     if (v < 10) {
@@ -99,6 +118,64 @@ inline char *put_i64(char *o, int64_t v)
         return put_u64(o, (uint64_t)0 - (uint64_t)v);
     }
     return put_u64(o, (uint64_t)v);
+}
+
+typedef unsigned __int128 u128;
+
+/* Division by 10^f (1 <= f <= 19) of any d < 2^60 as one multiplication:
+ * with L = ceil(log2 10^f), m = ceil(2^(60+L) / 10^f) < 2^61 and
+ * floor(d * m / 2^(60+L)) = floor(d / 10^f), since the error d * (m -
+ * 2^(60+L) / 10^f) / 2^(60+L) stays below 2^-L <= 10^-f. */
+struct Recip {
+    uint64_t m[20];
+    int shift[20];
+    constexpr Recip() : m(), shift()
+    {
+        for (int f = 1; f < 20; f++) {
+            int L = 0;
+            while (((u128)1 << L) < kPow10[f])
+                L++;
+            u128 num = (u128)1 << (60 + L);
+            m[f] = (uint64_t)((num + kPow10[f] - 1) / kPow10[f]);
+            shift[f] = 60 + L;
+        }
+    }
+};
+constexpr Recip kRecip;
+
+inline uint64_t div_pow10(uint64_t d, int f)
+{
+    return (uint64_t)(((u128)d * kRecip.m[f]) >> kRecip.shift[f]);
+}
+
+/* Writes the n digits of d (10^(n-1) <= d < 10^n, d < 2^60) times 10^k in
+ * rapidjson's layout, as Prettify(buffer, n, k, 324) does, without moving
+ * digits around: "12340000000.0", "12.34" (the two parts written in place),
+ * "0.001234"; the exponent forms ("1e30", "1.234e-7") through Prettify
+ * itself. Writes at most 25 bytes from o. Returns the end. */
+inline char *put_layout(char *o, uint64_t d, int n, int k)
+{
+    int kk = n + k;           /* 10^(kk-1) <= value < 10^kk */
+    if (k >= 0 && kk <= 21) { /* 1234e7 -> 12340000000.0 */
+        put_digits(o + n, d);
+        std::memset(o + n, '0', (size_t)k);
+        std::memcpy(o + kk, ".0", 2);
+        return o + kk + 2;
+    }
+    if (kk > 0 && kk <= 21) {                                     /* 1234e-2 -> 12.34 */
+        uint64_t hi = div_pow10(d, -k), lo = d - hi * kPow10[-k]; /* -k < n */
+        put_fixed(o + n + 1, lo, -k);
+        put_digits(o + kk, hi);
+        o[kk] = '.';
+        return o + n + 1;
+    }
+    if (kk > -6 && kk <= 0) {          /* 1234e-6 -> 0.001234 */
+        std::memcpy(o, "0.000000", 8); /* "0." and up to 5 zeros */
+        put_digits(o + 2 - kk + n, d);
+        return o + 2 - kk + n;
+    }
+    put_digits(o + n, d);
+    return rapidjson::internal::Prettify(o, n, k, 324);
 }
 
 /* 5^j and the bound on f for f * 5^j < 10^15, j <= 21 (5^22 > 10^15). */
@@ -140,10 +217,9 @@ constexpr Pow5Bounds kPow5Bound;
  * at most 2^-52 v, while any decimal with fewer digits is at least 10^-15 v
  * away from D, so the digit generation stops exactly at D's last digit, and
  * GrisuRound cannot move it (one unit of that digit exceeds the interval).
- * Writes D in rapidjson's layout (Prettify's, for the plain forms; the
- * exponent forms go through Prettify itself) and returns the end, or NULL
- * when v is not such a value. Checked against plain Grisu2 for every float
- * (make test-exhaustive) and random doubles (test_numfmt). */
+ * Writes D in rapidjson's layout and returns the end, or NULL when v is not
+ * such a value. Checked against plain Grisu2 for every float (make
+ * test-exhaustive) and random doubles (test_numfmt). */
 inline char *short_decimal(double v, char *o)
 {
     uint64_t bits;
@@ -169,34 +245,101 @@ inline char *short_decimal(double v, char *o)
         d = f * kPow5[-e]; /* odd: no trailing zero */
         k = e;
     }
-    int n = digit_count(d), kk = n + k;
-    if (k >= 0 && kk <= 21) { /* 1234e7 -> 12340000000.0 */
-        put_digits(o + n, d);
-        std::memset(o + n, '0', (size_t)k);
-        std::memcpy(o + kk, ".0", 2);
-        return o + kk + 2;
+    return put_layout(o, d, digit_count(d), k);
+}
+
+/* rapidjson's GetCachedPower(e, &K) picks cached power number
+ * (ceil((-61 - e) * 0.30102999566398114 + 347) >> 3) + 1 (and K from it)
+ * with double arithmetic; the same expression evaluated at compile time for
+ * every exponent a boundary can have gives the same numbers by table. */
+constexpr int kCachedIndexMinE = -1150, kCachedIndexMaxE = 980;
+struct CachedIndex {
+    uint8_t v[kCachedIndexMaxE - kCachedIndexMinE + 1];
+    constexpr CachedIndex() : v()
+    {
+        for (int e = kCachedIndexMinE; e <= kCachedIndexMaxE; e++) {
+            double dk = (-61 - e) * 0.30102999566398114 + 347;
+            int k = static_cast<int>(dk);
+            if (dk - k > 0.0) k++;
+            v[e - kCachedIndexMinE] = (uint8_t)((k >> 3) + 1);
+        }
     }
-    if (kk > 0 && kk <= 21) {                              /* 1234e-2 -> 12.34 */
-        uint64_t hi = d / kPow10[-k], lo = d % kPow10[-k]; /* -k < n <= 15 */
-        std::memset(o + kk + 1, '0', (size_t)-k);          /* lo's leading zeros */
-        put_digits(o + n + 1, lo);
-        put_digits(o + kk, hi);
-        o[kk] = '.';
-        return o + n + 1;
+};
+constexpr CachedIndex kCachedIndex;
+
+/* rapidjson's Grisu2 (Grisu2 + DigitGen + GrisuRound in internal/dtoa.h),
+ * computed without its digit-by-digit loop for the case that covers every
+ * double but a few: the integral part p1 of the scaled upper bound Mp has
+ * 1..9 digits and the generation stops in the fraction (p2 > delta, so no
+ * integral step stops). The fraction step j stops at the first j with
+ * (p2 * 10^j mod 2^s) < delta * 10^j; once true that stays true, and it is
+ * true as soon as delta * 10^j >= 2^s, so j is found from delta's magnitude
+ * with a check or two. The digits are then p1 * 10^j + floor(p2 * 10^j /
+ * 2^s), GrisuRound's decrements are applied to that integer (the last digit
+ * never drops below 0: a 0 there would have stopped the previous step), and
+ * rapidjson's quirk is kept that from the ninth fraction digit on it does
+ * not round (its power table has 9 entries). False when v needs the real
+ * Grisu2. Checked against rapidjson for every float (make test-exhaustive)
+ * and random doubles (test_numfmt). */
+inline bool grisu2_fast(double v, uint64_t *digits, int *len, int *K)
+{
+    using rapidjson::internal::DiyFp;
+    const DiyFp dv(v);
+    DiyFp w_m, w_p;
+    dv.NormalizedBoundaries(&w_m, &w_p);
+    if (w_p.e < kCachedIndexMinE || w_p.e > kCachedIndexMaxE) return false;
+    unsigned index = kCachedIndex.v[w_p.e - kCachedIndexMinE];
+    *K = 348 - (int)(index << 3);
+    const DiyFp c_mk = rapidjson::internal::GetCachedPowerByIndex(index);
+    const DiyFp W = dv.Normalize() * c_mk;
+    DiyFp Wp = w_p * c_mk, Wm = w_m * c_mk;
+    Wm.f++;
+    Wp.f--;
+    uint64_t delta = Wp.f - Wm.f;
+    int s = -Wp.e;
+    if (s > 60 || s < 4 || delta < 256) return false;
+    uint64_t one = 1ULL << s, mask = one - 1;
+    uint64_t p1 = Wp.f >> s, p2 = Wp.f & mask;
+    if (p1 == 0 || p1 >= 1000000000 || p2 <= delta) return false;
+    /* jmax, the first j with delta * 10^j >= 2^s, is the estimate j0
+     * (1233/4096 < log10 2: never above it) plus at most 2; below jmax,
+     * delta * 10^j < 2^s, so those products do not wrap. The stop is at
+     * jmax, jmax - 1 or (rarely) lower: the tests at j0 - 1, j0 and j0 + 1
+     * are made side by side (each counts only below jmax, and at j >= 1)
+     * and the lowest true one wins; below j0 - 1 a loop goes on. */
+    int j0 = ((s - (63 - __builtin_clzll(delta)) - 1) * 1233) >> 12;
+    if (j0 > 17) return false;
+    uint64_t pm = j0 ? kPow10[j0 - 1] : 0, p0 = kPow10[j0], pp = kPow10[j0 + 1];
+    int ca = delta * p0 < one, cb = delta * pp < one;
+    int jmax = j0 + ca + (ca & cb);
+    bool cm = ((p2 * pm) & mask) < delta * pm; /* false when pm is 0 (j0 = 0) */
+    bool c0 = ((p2 * p0) & mask) < delta * p0;
+    bool cp = ((p2 * pp) & mask) < delta * pp;
+    int j = jmax;
+    j = cp && j0 + 1 < jmax ? j0 + 1 : j;
+    j = c0 && j0 < jmax && j0 >= 1 ? j0 : j;
+    j = cm && j0 - 1 < jmax && j0 >= 2 ? j0 - 1 : j;
+    if (j == j0 - 1)
+        while (j > 1 && ((p2 * kPow10[j - 1]) & mask) < delta * kPow10[j - 1])
+            j--;
+    uint64_t rest = (p2 * kPow10[j]) & mask, dj = delta * kPow10[j];
+    uint64_t d = p1 * kPow10[j] + (uint64_t)(((u128)p2 * kPow10[j]) >> s);
+    uint64_t wp_w = (Wp.f - W.f) * (j < 9 ? kPow10[j] : 0);
+    while (rest < wp_w && dj - rest >= one &&
+           (rest + one < wp_w || wp_w - rest > rest + one - wp_w)) {
+        d--;
+        rest += one;
     }
-    if (kk > -6 && kk <= 0) { /* 1234e-6 -> 0.001234 */
-        std::memcpy(o, "0.", 2);
-        std::memset(o + 2, '0', (size_t)-kk);
-        put_digits(o + 2 - kk + n, d);
-        return o + 2 - kk + n;
-    }
-    put_digits(o + n, d);
-    return rapidjson::internal::Prettify(o, n, k, 324);
+    *digits = d;
+    *len = digit_count(p1) + j;
+    *K -= j;
+    return true;
 }
 
 /* rapidjson's Writer::WriteDouble with kWriteNanAndInfFlag, as Triton's
  * TritonJson writes: NaN (any sign), Infinity and -Infinity spelled out,
- * else internal::dtoa (at most 25 bytes), short decimals without Grisu2. */
+ * else internal::dtoa's text (at most 25 bytes): short decimals directly,
+ * nearly all others through grisu2_fast, the rest through rapidjson. */
 inline char *put_double(char *o, double v)
 {
     uint64_t bits;
@@ -206,14 +349,17 @@ inline char *put_double(char *o, double v)
         if (bits >> 63) return std::memcpy(o, "-Infinity", 9), o + 9;
         return std::memcpy(o, "Infinity", 8), o + 8;
     }
-    if (bits >> 63) *o++ = '-';
+    *o = '-';
+    o += bits >> 63;
     if (!(bits << 1)) {
         std::memcpy(o, "0.0", 3);
         return o + 3;
     }
     double a = v < 0 ? -v : v;
     if (char *e = short_decimal(a, o)) return e;
+    uint64_t d;
     int length, K;
+    if (grisu2_fast(a, &d, &length, &K)) return put_layout(o, d, length, K);
     rapidjson::internal::Grisu2(a, o, &length, &K);
     return rapidjson::internal::Prettify(o, length, K, 324);
 }
@@ -262,17 +408,18 @@ extern "C" char *numfmt_array(char *o, numfmt_kind_t kind, const void *data, siz
 {
     const char *p = static_cast<const char *>(data);
     switch (kind) {
-    case NUMFMT_BOOL:
+    case NUMFMT_BOOL: { /* 8 bytes stored either way (room is 26), no branch */
+        uint64_t t, f;
+        std::memcpy(&t, "true,\0\0\0", 8);
+        std::memcpy(&f, "false,\0\0", 8);
         for (size_t i = 0; i < n; i++) {
-            if (p[i]) {
-                std::memcpy(o, "true,", 5);
-                o += 5;
-            } else {
-                std::memcpy(o, "false,", 6);
-                o += 6;
-            }
+            bool b = p[i] != 0;
+            uint64_t w = b ? t : f;
+            std::memcpy(o, &w, 8);
+            o += 6 - b;
         }
         return n ? o - 1 : o;
+    }
     case NUMFMT_U8:
         return put_array<uint8_t>(o, p, n, put_u64);
     case NUMFMT_U16:

@@ -141,7 +141,8 @@ static void check_double(double v, int *layout, int *roundtrip)
 static void test_random_doubles(void)
 {
     int mismatch = 0, roundtrip = 0;
-    for (int i = 0; i < 200000; i++) {
+    grisu_differs = 0;
+    for (int i = 0; i < 1000000; i++) {
         double v = double_of(next_random());
         if (!isfinite(v) || v == 0) continue;
         check_double(v, &mismatch, &roundtrip);
@@ -154,6 +155,31 @@ static void test_random_doubles(void)
     }
     CHECK_MSG(mismatch == 0, "%d doubles printed in a wrong layout", mismatch);
     CHECK_MSG(roundtrip == 0, "%d doubles did not round-trip", roundtrip);
+    CHECK_MSG(grisu_differs == 0, "%d doubles printed differently from Grisu2", grisu_differs);
+}
+
+/* Every binary exponent (so every cached power numfmt's table picks, and
+ * the subnormals), each with the significands where Grisu2's cases change:
+ * a power of two (its lower boundary is closer), one ulp above and below,
+ * all ones, and random ones; all printed as rapidjson prints them. */
+static void test_every_exponent(void)
+{
+    int layout = 0, roundtrip = 0;
+    grisu_differs = 0;
+    for (uint64_t be = 0; be < 2047; be++) {
+        uint64_t sig[8] = {0, 1, 2, 0x000FFFFFFFFFFFFFULL, 0x0008000000000000ULL};
+        for (int i = 5; i < 8; i++)
+            sig[i] = next_random() >> 12;
+        for (int i = 0; i < 8; i++) {
+            double v = double_of(be << 52 | sig[i]);
+            if (v == 0) continue;
+            check_double(v, &layout, &roundtrip);
+            check_double(-v, &layout, &roundtrip);
+        }
+    }
+    CHECK_MSG(layout == 0 && roundtrip == 0, "%d layout, %d round-trip failures", layout,
+              roundtrip);
+    CHECK_MSG(grisu_differs == 0, "%d doubles printed differently from Grisu2", grisu_differs);
 }
 
 static void test_random_floats(void)
@@ -546,6 +572,7 @@ int main(void)
 {
     test_golden_doubles();
     test_random_doubles();
+    test_every_exponent();
     test_random_floats();
     test_short_decimals();
     test_integers();
