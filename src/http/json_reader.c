@@ -8,6 +8,7 @@
 #include "http/json_reader.h"
 
 #include "http/numfmt.h"
+#include "http/numparse.h"
 #include "http/swar.h"
 
 #include <errno.h>
@@ -537,184 +538,24 @@ static inline const char *ws_skip(const char *p, const char *end)
     return p;
 }
 
-static inline bool digit_at(const char *p, const char *end)
-{
-    return p < end && (unsigned)(*p - '0') <= 9;
-}
-
-/* After element i of n at p: a comma and whitespace (returns the next
- * element's start), or the closing bracket after the last element (sets
- * *done, returns the position after it); NULL otherwise. */
-static inline const char *next_element(const char *p, const char *end, size_t i, size_t n,
-                                       bool *done)
-{
-    if (p < end && *p == ',') {
-        if (i + 1 == n) return NULL;
-        return ws_skip(p + 1, end);
-    }
-    p = ws_skip(p, end);
-    if (p >= end) return NULL;
-    if (*p == ',') {
-        if (i + 1 == n) return NULL;
-        return ws_skip(p + 1, end);
-    }
-    if (*p == ']' && i + 1 == n) {
-        *done = true;
-        return p + 1;
-    }
-    return NULL;
-}
-
-/* An integer number token at *pp by the JSON grammar: sign and magnitude
- * (at most UINT64_MAX). False when the token is not such an integer (a
- * fraction, an exponent, more than 64 bits, a leading zero, not a number). */
-static inline bool int_token(const char **pp, const char *end, bool *neg, uint64_t *mag)
-{
-    const char *p = *pp;
-    *neg = p < end && *p == '-';
-    p += *neg;
-    if (!digit_at(p, end)) return false;
-    uint64_t m = (uint64_t)(*p++ - '0');
-    if (m) {
-        const char *stop = end - p > 18 ? p + 18 : end;
-        while (p < stop && (unsigned)(*p - '0') <= 9)
-            m = m * 10 + (uint64_t)(*p++ - '0');
-        if (digit_at(p, end)) {
-            uint64_t d = (uint64_t)(*p++ - '0');
-            if (m > (UINT64_MAX - d) / 10) return false;
-            m = m * 10 + d;
-            if (digit_at(p, end)) return false;
-        }
-    }
-    if (p < end && (*p == '.' || *p == 'e' || *p == 'E')) return false;
-    *pp = p;
-    *mag = m;
-    return true;
-}
-
-/* A real number token at *pp by the JSON grammar (no NaN/Infinity) into the
- * nearest double: exact for at most 19 significant digits forming an
- * integer <= 2^53 scaled by 10^-22..10^22 (one correctly rounded operation),
- * fast_float otherwise. False for anything else or an overflow. */
-static inline bool real_token(const char **pp, const char *end, double *out)
-{
-    const char *s = *pp, *p = s;
-    bool neg = p < end && *p == '-';
-    p += neg;
-    if (!digit_at(p, end)) return false;
-    uint64_t m = 0;
-    int nd = 0, e10 = 0;
-    bool many = false;
-    if (*p == '0') {
-        p++;
-    } else {
-        for (; digit_at(p, end); p++) {
-            if (nd < 19)
-                m = m * 10 + (uint64_t)(*p - '0'), nd++;
-            else
-                many = true;
-        }
-    }
-    if (p < end && *p == '.') {
-        p++;
-        if (!digit_at(p, end)) return false;
-        for (; digit_at(p, end); p++) {
-            unsigned d = (unsigned)(*p - '0');
-            if (!m && !d) {
-                e10--;
-            } else if (nd < 19) {
-                m = m * 10 + d, nd++, e10--;
-            } else {
-                many = true;
-            }
-        }
-    }
-    if (p < end && (*p == 'e' || *p == 'E')) {
-        p++;
-        bool eneg = p < end && *p == '-';
-        if (p < end && (*p == '-' || *p == '+')) p++;
-        if (!digit_at(p, end)) return false;
-        int x = 0;
-        for (; digit_at(p, end); p++)
-            if (x < 100000) x = x * 10 + (*p - '0');
-        e10 += eneg ? -x : x;
-    }
-    double d;
-    if (!many && m <= (1ULL << 53) && e10 >= -22 && e10 <= 22) {
-        d = (double)m;
-        d = e10 < 0 ? d / pow10_exact[-e10] : d * pow10_exact[e10];
-        if (neg) d = -d;
-    } else {
-        if (numfmt_parse_double(s, p, &d) != p) return false;
-        if (isinf(d)) return false;
-    }
-    *out = d;
-    *pp = p;
-    return true;
-}
-
-/* Element readers: one token at *pp into *v, false when it is not one. */
-static inline bool read_signed(const char **pp, const char *end, uint64_t *v)
-{
-    bool neg;
-    uint64_t m;
-    if (!int_token(pp, end, &neg, &m) || m > (uint64_t)INT64_MAX + neg) return false;
-    *v = neg ? 0 - m : m; /* two's complement; the caller keeps the low bits */
-    return true;
-}
-
-static inline bool read_unsigned(const char **pp, const char *end, uint64_t *v)
-{
-    bool neg;
-    return int_token(pp, end, &neg, v) && !(neg && *v);
-}
-
-/* One loop per datatype: R reads each element as a U, stored as a T. */
-#define FAST_LOOP(name, T, U, R)                                                                   \
+/* One loop per number datatype and BOOL (numparse.cc). */
+#define FAST_NUMBERS(name, kind)                                                                   \
     static const char *name(const char *p, const char *end, char *out, size_t n)                   \
     {                                                                                              \
-        bool done = false;                                                                         \
-        for (size_t i = 0; !done; i++) {                                                           \
-            U u;                                                                                   \
-            if (!R(&p, end, &u)) return NULL;                                                      \
-            T v = (T)u;                                                                            \
-            memcpy(out + i * sizeof v, &v, sizeof v);                                              \
-            if (!(p = next_element(p, end, i, n, &done))) return NULL;                             \
-        }                                                                                          \
-        return p;                                                                                  \
+        return numparse_array(kind, p, end, out, n);                                               \
     }
-#define FAST_SIGNED(name, T) FAST_LOOP(name, T, uint64_t, read_signed)
-#define FAST_UNSIGNED(name, T) FAST_LOOP(name, T, uint64_t, read_unsigned)
-/* FP32 is parsed as a double and rounded, as Triton does. */
-#define FAST_REAL(name, T) FAST_LOOP(name, T, double, real_token)
-FAST_SIGNED(fast_int8, uint8_t)
-FAST_SIGNED(fast_int16, uint16_t)
-FAST_SIGNED(fast_int32, uint32_t)
-FAST_SIGNED(fast_int64, uint64_t)
-FAST_UNSIGNED(fast_uint8, uint8_t)
-FAST_UNSIGNED(fast_uint16, uint16_t)
-FAST_UNSIGNED(fast_uint32, uint32_t)
-FAST_UNSIGNED(fast_uint64, uint64_t)
-FAST_REAL(fast_fp32, float)
-FAST_REAL(fast_fp64, double)
+FAST_NUMBERS(fast_int8, NUMPARSE_INT8)
+FAST_NUMBERS(fast_int16, NUMPARSE_INT16)
+FAST_NUMBERS(fast_int32, NUMPARSE_INT32)
+FAST_NUMBERS(fast_int64, NUMPARSE_INT64)
+FAST_NUMBERS(fast_uint8, NUMPARSE_UINT8)
+FAST_NUMBERS(fast_uint16, NUMPARSE_UINT16)
+FAST_NUMBERS(fast_uint32, NUMPARSE_UINT32)
+FAST_NUMBERS(fast_uint64, NUMPARSE_UINT64)
+FAST_NUMBERS(fast_fp32, NUMPARSE_FP32)
+FAST_NUMBERS(fast_fp64, NUMPARSE_FP64)
 
-static const char *fast_bool(const char *p, const char *end, char *out, size_t n)
-{
-    bool done = false;
-    for (size_t i = 0; !done; i++) {
-        if (end - p >= 4 && !memcmp(p, "true", 4)) {
-            out[i] = 1;
-            p += 4;
-        } else if (end - p >= 5 && !memcmp(p, "false", 5)) {
-            out[i] = 0;
-            p += 5;
-        } else {
-            return NULL;
-        }
-        if (!(p = next_element(p, end, i, n, &done))) return NULL;
-    }
-    return p;
-}
+FAST_NUMBERS(fast_bool, NUMPARSE_BOOL)
 
 typedef const char *fast_fn(const char *p, const char *end, char *out, size_t n);
 
