@@ -40,6 +40,7 @@
 #include "http/infer_parse.h"
 #include "http/infer_reply.h"
 #include "http/load_request.h"
+#include "http/par.h"
 
 #define HEADER_IHCL "Inference-Header-Content-Length"
 
@@ -1716,6 +1717,9 @@ nereid_error_t *http_server_start(nereid_server_t *core, const http_options_t *o
         return nereid_error_new(NEREID_ERROR_UNAVAILABLE, "failed to start HTTP service at %s:%d",
                                 opts->address, opts->port);
     }
+    /* Helpers for large JSON tensors (par.h); without them callers convert
+     * alone. */
+    par_start(-1);
     *out = srv;
     return NULL;
 }
@@ -1734,6 +1738,7 @@ void http_server_stop(http_server_t *srv)
         pthread_cond_wait(&srv->idle, &srv->lock);
     pthread_mutex_unlock(&srv->lock);
     MHD_stop_daemon(srv->daemon);
+    par_stop();
     close_watch_stop(srv->close_watch);
     pthread_mutex_destroy(&srv->conns_lock);
     pthread_mutex_destroy(&srv->lock);

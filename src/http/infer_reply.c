@@ -8,6 +8,7 @@
 #include "http/infer_reply.h"
 
 #include "http/numfmt.h"
+#include "http/par.h"
 #include "http/swar.h"
 
 #include <inttypes.h>
@@ -151,7 +152,7 @@ static int write_numeric_array(sbuf_t *b, nereid_datatype_t dt, const char *p, s
         return -1;
     char *o = b->data + b->len;
     *o++ = '[';
-    o = numfmt_array(o, kind, p, n);
+    o = par_numfmt_array(o, kind, p, n);
     *o++ = ']';
     b->len = (size_t)(o - b->data);
     b->data[b->len] = '\0';

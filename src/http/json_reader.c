@@ -9,6 +9,7 @@
 
 #include "http/numfmt.h"
 #include "http/numparse.h"
+#include "http/par.h"
 #include "http/swar.h"
 
 #include <errno.h>
@@ -542,7 +543,7 @@ static inline const char *ws_skip(const char *p, const char *end)
 #define FAST_NUMBERS(name, kind)                                                                   \
     static const char *name(const char *p, const char *end, char *out, size_t n)                   \
     {                                                                                              \
-        return numparse_array(kind, p, end, out, n);                                               \
+        return par_numparse_array(kind, p, end, out, n);                                           \
     }
 FAST_NUMBERS(fast_int8, NUMPARSE_INT8)
 FAST_NUMBERS(fast_int16, NUMPARSE_INT16)

@@ -343,10 +343,11 @@ struct read_bool {
 };
 
 /* Elements i.. of n separated by commas (whitespace allowed around them)
- * and the closing bracket, one after the other; anything else (a count other
- * than n included) fails. */
+ * and the closing bracket (close ']') or the comma after the last one (close
+ * ','), one after the other; anything else (a count other than n included)
+ * fails. */
 template <typename T, typename Read>
-const char *array_serial(const char *p, const char *end, char *out, size_t i, size_t n)
+const char *array_serial(const char *p, const char *end, char *out, size_t i, size_t n, char close)
 {
     Read read;
     for (;; i++) {
@@ -358,11 +359,11 @@ const char *array_serial(const char *p, const char *end, char *out, size_t i, si
         } else {
             p = skip_ws(p, end);
             if (p >= end) return nullptr;
-            if (*p == ']') return i + 1 == n ? p + 1 : nullptr;
+            if (*p == ']') return i + 1 == n && close == ']' ? p + 1 : nullptr;
             if (*p != ',') return nullptr;
             p++;
         }
-        if (i + 1 == n) return nullptr;
+        if (i + 1 == n) return close == ',' ? p : nullptr;
         if (p < end && is_ws(*p)) p = skip_ws(p, end);
     }
 }
@@ -389,7 +390,7 @@ NUMPARSE_INLINE uint64_t separators64(const char *p)
  * not exactly one number (whitespace before its separator included), the
  * tail, and arrays whose first token is long go one after the other. */
 template <typename T, typename Read>
-const char *array_loop(const char *p, const char *end, char *out, size_t n)
+const char *array_loop(const char *p, const char *end, char *out, size_t n, char close)
 {
     size_t i = 0;
 #ifdef __SSE2__
@@ -405,16 +406,16 @@ const char *array_loop(const char *p, const char *end, char *out, size_t n)
             seps &= seps - 1;
             T v = 0;
             if (!read.exact(p, sep, end - p >= PLAIN_ROOM, &v))
-                return array_serial<T, Read>(p, end, out, i, n);
+                return array_serial<T, Read>(p, end, out, i, n, close);
             memcpy(out + i * sizeof v, &v, sizeof v);
-            if (*sep == ']') return i + 1 == n ? sep + 1 : nullptr;
-            if (++i == n) return nullptr;
+            if (*sep == ']') return i + 1 == n && close == ']' ? sep + 1 : nullptr;
+            if (++i == n) return close == ',' ? sep + 1 : nullptr;
             p = sep + 1;
             if (p < end && is_ws(*p)) p = skip_ws(p, end);
         } while (seps);
     }
 #endif
-    return array_serial<T, Read>(p, end, out, i, n);
+    return array_serial<T, Read>(p, end, out, i, n, close);
 }
 
 } // namespace
@@ -433,32 +434,63 @@ extern "C" const char *numparse_integer(const char *s, const char *end, bool *ne
  * first; 32/64-bit integers, mostly longer than one load, are read one
  * after the other (measured: the separator pass cost them more than it
  * saved). */
-extern "C" const char *numparse_array(numparse_kind_t kind, const char *p, const char *end,
-                                      char *out, size_t n)
+extern "C" const char *numparse_array_run(numparse_kind_t kind, const char *p, const char *end,
+                                          char *out, size_t n, char close)
 {
     switch (kind) {
     case NUMPARSE_INT8:
-        return array_loop<uint8_t, read_signed<uint8_t>>(p, end, out, n);
+        return array_loop<uint8_t, read_signed<uint8_t>>(p, end, out, n, close);
     case NUMPARSE_INT16:
-        return array_loop<uint16_t, read_signed<uint16_t>>(p, end, out, n);
+        return array_loop<uint16_t, read_signed<uint16_t>>(p, end, out, n, close);
     case NUMPARSE_INT32:
-        return array_serial<uint32_t, read_signed<uint32_t>>(p, end, out, 0, n);
+        return array_serial<uint32_t, read_signed<uint32_t>>(p, end, out, 0, n, close);
     case NUMPARSE_INT64:
-        return array_serial<uint64_t, read_signed<uint64_t>>(p, end, out, 0, n);
+        return array_serial<uint64_t, read_signed<uint64_t>>(p, end, out, 0, n, close);
     case NUMPARSE_UINT8:
-        return array_loop<uint8_t, read_unsigned<uint8_t>>(p, end, out, n);
+        return array_loop<uint8_t, read_unsigned<uint8_t>>(p, end, out, n, close);
     case NUMPARSE_UINT16:
-        return array_loop<uint16_t, read_unsigned<uint16_t>>(p, end, out, n);
+        return array_loop<uint16_t, read_unsigned<uint16_t>>(p, end, out, n, close);
     case NUMPARSE_UINT32:
-        return array_serial<uint32_t, read_unsigned<uint32_t>>(p, end, out, 0, n);
+        return array_serial<uint32_t, read_unsigned<uint32_t>>(p, end, out, 0, n, close);
     case NUMPARSE_UINT64:
-        return array_serial<uint64_t, read_unsigned<uint64_t>>(p, end, out, 0, n);
+        return array_serial<uint64_t, read_unsigned<uint64_t>>(p, end, out, 0, n, close);
     case NUMPARSE_FP32:
-        return array_loop<float, read_real<float>>(p, end, out, n);
+        return array_loop<float, read_real<float>>(p, end, out, n, close);
     case NUMPARSE_FP64:
-        return array_loop<double, read_real<double>>(p, end, out, n);
+        return array_loop<double, read_real<double>>(p, end, out, n, close);
     case NUMPARSE_BOOL:
-        return array_loop<uint8_t, read_bool>(p, end, out, n);
+        return array_loop<uint8_t, read_bool>(p, end, out, n, close);
     }
+    return nullptr;
+}
+
+extern "C" const char *numparse_array(numparse_kind_t kind, const char *p, const char *end,
+                                      char *out, size_t n)
+{
+    return numparse_array_run(kind, p, end, out, n, ']');
+}
+
+extern "C" const char *numparse_nth_comma(const char *p, const char *end, size_t k)
+{
+    if (k == 0) return nullptr;
+#ifdef __SSE2__
+    /* The commas of 64 bytes are counted by summing the compare masks (no
+     * popcount instruction in the baseline); the block holding the k-th is
+     * then searched byte by byte. */
+    const __m128i comma = _mm_set1_epi8(','), zero = _mm_setzero_si128();
+    while (end - p >= 64) {
+        __m128i sum = zero;
+        for (int j = 0; j < 4; j++)
+            sum = _mm_sub_epi8(
+                sum, _mm_cmpeq_epi8(_mm_loadu_si128((const __m128i *)(p + 16 * j)), comma));
+        __m128i sad = _mm_sad_epu8(sum, zero);
+        size_t c = (size_t)_mm_cvtsi128_si32(sad) + (size_t)_mm_extract_epi16(sad, 4);
+        if (c >= k) break;
+        k -= c;
+        p += 64;
+    }
+#endif
+    for (; p < end; p++)
+        if (*p == ',' && --k == 0) return p;
     return nullptr;
 }

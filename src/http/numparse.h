@@ -60,6 +60,16 @@ typedef enum numparse_kind {
 const char *numparse_array(numparse_kind_t kind, const char *p, const char *end, char *out,
                            size_t n);
 
+/* numparse_array for one run of an array split in parts: the n elements
+ * from p, followed by the closing bracket (close ']', the last part; returns
+ * the position after it) or by a comma (close ',', any other part; returns
+ * the position after the comma). */
+const char *numparse_array_run(numparse_kind_t kind, const char *p, const char *end, char *out,
+                               size_t n, char close);
+
+/* The k-th (k >= 1) comma of [p, end), or NULL when there are fewer. */
+const char *numparse_nth_comma(const char *p, const char *end, size_t k);
+
 #ifdef __cplusplus
 }
 #endif

@@ -171,6 +171,42 @@ def test_large_json_int_and_bytes(http_server):
     assert r.json()["outputs"][0]["data"] == strs
 
 
+def test_large_json_tensor_read_and_written_in_parts(http_server):
+    """Arrays of 40,000 numbers are read and written in parts on idle cores
+    (src/http/par.c): whitespace around any comma reads the same, the text
+    written is the one-run text, and a broken array is refused with the
+    error a small one gets, wherever in the array the fault is."""
+    n = 40000
+    rng = np.random.default_rng(7)
+    vals = (rng.standard_normal(n) * 1000).astype(np.float32)
+    toks = [repr(float(v)) for v in vals]
+    seps = [", ", " ,", ",\n", ",", " , "]
+    text = "[" + "".join(t + seps[i % 5] for i, t in enumerate(toks[:-1])) + toks[-1] + " ]"
+    r = post(http_server, "id_fp32", req("FP32", text, [1, n]))
+    assert r.status_code == 200, r.text
+    written = data_text(r)
+    assert np.array_equal(np.array(written, dtype=np.float64).astype(np.float32), vals)
+    one_run = []  # the same values in requests too small to split
+    for i in range(0, n, 10000):
+        r = post(http_server, "id_fp32", req("FP32", json.dumps(toks[i:i + 10000]).replace('"', ""),
+                                             [1, 10000]))
+        one_run += data_text(r)
+    assert written == one_run
+
+    def error(tokens, shape):
+        r = post(http_server, "id_fp32", req("FP32", "[" + ",".join(tokens) + "]", shape))
+        assert r.status_code != 200, r.text
+        return re.sub(r"[0-9]+", "N", r.json()["error"])
+
+    small = error(["1", "2x", "3"], [1, 3])
+    for at in (0, n // 4, n // 2 - 1, n // 2, n // 2 + 1, 3 * n // 4, n - 1):
+        broken = list(toks)
+        broken[at] = "2x"
+        assert error(broken, [1, n]) == small, at
+    assert error(toks + ["1"], [1, n]) == error(["1", "2"], [1, 1])
+    assert error(toks[:-1], [1, n]) == error(["1"], [1, 2])
+
+
 @pytest.mark.parametrize("text,message", [
     ("", "The document is empty."),
     ("{\"inputs\":[}", "Invalid value."),
