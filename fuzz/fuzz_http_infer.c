@@ -4,7 +4,9 @@
  * taken from the next two bytes, or a raw binary request), the rest is the
  * body. Every input must parse or fail with an error, never crash or leak.
  * The JSON header is also parsed with and without the one-pass conversion of
- * "data" arrays: the outcome (error text, or tensor bytes) must be the same.
+ * "data" arrays (in this build read in two parts from 2 elements on, with
+ * one helper thread): the outcome (error text, or tensor bytes) must be the
+ * same.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -12,6 +14,7 @@
 
 #include "http/infer_parse.h"
 #include "http/json_reader.h"
+#include "http/par.h"
 
 /* json_reader_parse_infer's one-pass tensors equal json_reader_fill_data's
  * conversion of the same text; errors are the same. */
@@ -48,6 +51,18 @@ static void check_one_pass(const char *text, size_t len)
     if (eb) nereid_error_free(eb);
     jarena_free(&a);
     jarena_free(&b);
+}
+
+int LLVMFuzzerInitialize(int *argc, char ***argv);
+
+/* One helper: arrays (of 2 elements and more in this build) are read in
+ * two parts, checked against the one-run conversion below. */
+int LLVMFuzzerInitialize(int *argc, char ***argv)
+{
+    (void)argc;
+    (void)argv;
+    par_start(1);
+    return 0;
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

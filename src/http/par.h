@@ -18,8 +18,11 @@
 extern "C" {
 #endif
 
-/* Arrays of fewer elements are converted by their caller alone. */
+/* Arrays of fewer elements are converted by their caller alone (the fuzz
+ * build splits arrays of 2 and more, so the fuzzers reach the parts). */
+#ifndef PAR_MIN_ELEMENTS
 #define PAR_MIN_ELEMENTS 16384
+#endif
 
 /* At most this many helper threads (parts per array: helpers + 1). */
 #define PAR_MAX_HELPERS 3
