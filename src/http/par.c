@@ -118,6 +118,7 @@ int par_start(int helpers)
             pthread_mutex_destroy(&s->lock);
             break;
         }
+        pthread_setname_np(s->thread, "json-helper");
         atomic_store(&s->claimed, false);
     }
     pthread_attr_destroy(&attr);
@@ -247,7 +248,8 @@ const char *par_numparse_array(numparse_kind_t kind, const char *p, const char *
                                size_t n)
 {
     slot_t *slots[PAR_MAX_HELPERS];
-    int k = n >= PAR_MIN_ELEMENTS ? claim(slots, PAR_MAX_HELPERS) : 0;
+    size_t min = kind == NUMPARSE_BOOL ? 8 * (size_t)PAR_MIN_ELEMENTS : PAR_MIN_ELEMENTS;
+    int k = n >= min ? claim(slots, PAR_MAX_HELPERS) : 0;
     if (k == 0) return numparse_array(kind, p, end, out, n);
     int parts = k + 1;
     parse_part_t t[PAR_MAX_HELPERS + 1];
@@ -311,7 +313,8 @@ static void fmt_part(void *arg)
 char *par_numfmt_array(char *o, numfmt_kind_t kind, const void *data, size_t n)
 {
     slot_t *slots[PAR_MAX_HELPERS];
-    int k = n >= PAR_MIN_ELEMENTS ? claim(slots, PAR_MAX_HELPERS) : 0;
+    size_t min = kind == NUMFMT_BOOL ? 8 * (size_t)PAR_MIN_ELEMENTS : PAR_MIN_ELEMENTS;
+    int k = n >= min ? claim(slots, PAR_MAX_HELPERS) : 0;
     if (k == 0) return numfmt_array(o, kind, data, n);
     int parts = k + 1;
     size_t es = fmt_size(kind);

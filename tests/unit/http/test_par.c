@@ -28,7 +28,9 @@ static uint64_t next_random(uint64_t *s)
     return *s * 2685821657736338717ULL;
 }
 
+/* Elements of the long arrays (BOOL splits from 8 times the minimum). */
 #define N_ELEMENTS (3 * PAR_MIN_ELEMENTS + 7)
+#define N_BOOL (8 * PAR_MIN_ELEMENTS + 7)
 
 static const numparse_kind_t kParseKinds[] = {
     NUMPARSE_INT8,  NUMPARSE_INT16,  NUMPARSE_INT32,  NUMPARSE_INT64,
@@ -130,9 +132,12 @@ static void test_reads(int helpers)
     for (size_t k = 0; k < sizeof kParseKinds / sizeof *kParseKinds; k++) {
         numparse_kind_t kind = kParseKinds[k];
         const char *name = kParseNames[k];
-        size_t n = N_ELEMENTS, len;
+        size_t n = kind == NUMPARSE_BOOL ? N_BOOL : N_ELEMENTS, len;
         char *text = array_text(kind, n, 77 + k, &len);
+        unsigned long was = par_parts_helped();
         compare_read(kind, name, text, len, n, "valid");
+        CHECK_MSG((par_parts_helped() > was) == (helpers > 0), "%s: split %lu parts, %d helpers",
+                  name, par_parts_helped() - was, helpers);
         compare_read(kind, name, text, len, n - 1, "one fewer");
         compare_read(kind, name, text, len, n + 1, "one more");
         compare_read(kind, name, text, len, PAR_MIN_ELEMENTS, "a prefix");
@@ -198,7 +203,10 @@ static void test_writes(int helpers)
 {
     unsigned long before = par_parts_helped();
     for (size_t k = 0; k < sizeof kFmtKinds / sizeof *kFmtKinds; k++) {
-        compare_write(kFmtKinds[k], N_ELEMENTS, 5 + k);
+        unsigned long was = par_parts_helped();
+        compare_write(kFmtKinds[k], kFmtKinds[k] == NUMFMT_BOOL ? N_BOOL : N_ELEMENTS, 5 + k);
+        CHECK_MSG((par_parts_helped() > was) == (helpers > 0), "kind %d: split %lu parts", (int)k,
+                  par_parts_helped() - was);
         compare_write(kFmtKinds[k], PAR_MIN_ELEMENTS, 9 + k);
         compare_write(kFmtKinds[k], PAR_MIN_ELEMENTS - 1, 13 + k);
     }
