@@ -162,23 +162,6 @@ inline char *put_layout(char *o, uint64_t d, int n, int k)
         std::memcpy(o + kk, ".0", 2);
         return o + kk + 2;
     }
-    if (n >= 16 && kk > 0 && kk <= 8) { /* 16-17 digits in fixed blocks, the point put in */
-        char buf[32];
-        uint64_t top = div_pow10(d, 8), low = d - top * 100000000;
-        if (n == 17) {
-            uint64_t a = div_pow10(top, 8);
-            buf[0] = (char)('0' + a);
-            put8(buf + 1, (uint32_t)(top - a * 100000000));
-            put8(buf + 9, (uint32_t)low);
-        } else {
-            put8(buf, (uint32_t)top);
-            put8(buf + 8, (uint32_t)low);
-        }
-        std::memcpy(o, buf, 16);
-        o[kk] = '.';
-        std::memcpy(o + kk + 1, buf + kk, 16);
-        return o + n + 1;
-    }
     if (kk > 0 && kk <= 21) {                                     /* 1234e-2 -> 12.34 */
         uint64_t hi = div_pow10(d, -k), lo = d - hi * kPow10[-k]; /* -k < n */
         put_fixed(o + n + 1, lo, -k);
