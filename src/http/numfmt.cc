@@ -408,14 +408,16 @@ extern "C" char *numfmt_array(char *o, numfmt_kind_t kind, const void *data, siz
 {
     const char *p = static_cast<const char *>(data);
     switch (kind) {
-    case NUMFMT_BOOL: { /* 8 bytes stored either way (room is 26), no branch */
-        uint64_t t, f;
-        std::memcpy(&t, "true,\0\0\0", 8);
-        std::memcpy(&f, "false,\0\0", 8);
+    case NUMFMT_BOOL: {
+        /* 8 bytes stored either way (room is 26), "false," or "true," picked
+         * by index: no branch (-O3 makes one of a select, mispredicted on
+         * random data). */
+        uint64_t words[2];
+        std::memcpy(&words[0], "false,\0\0", 8);
+        std::memcpy(&words[1], "true,\0\0\0", 8);
         for (size_t i = 0; i < n; i++) {
-            bool b = p[i] != 0;
-            uint64_t w = b ? t : f;
-            std::memcpy(o, &w, 8);
+            unsigned b = p[i] != 0;
+            std::memcpy(o, &words[b], 8);
             o += 6 - b;
         }
         return n ? o - 1 : o;
