@@ -36,6 +36,7 @@
  *   1.2  nereid_batch_request_is_cancelled
  *   1.3  request parameters by index
  *   1.4  nereid_sender_is_cancelled
+ *   1.5  nereid_model_server (in-process requests from a backend: BLS)
  */
 #ifndef NEREID_BACKEND_H
 #define NEREID_BACKEND_H
@@ -48,8 +49,8 @@ extern "C" {
 
 #define NEREID_BACKEND_ABI_MAJOR 1u
 /* 1: decoupled responses; 2: nereid_batch_request_is_cancelled; 3: request
- * parameters by index; 4: nereid_sender_is_cancelled */
-#define NEREID_BACKEND_ABI_MINOR 4u
+ * parameters by index; 4: nereid_sender_is_cancelled; 5: nereid_model_server */
+#define NEREID_BACKEND_ABI_MINOR 5u
 #define NEREID_BACKEND_ABI_VERSION ((NEREID_BACKEND_ABI_MAJOR << 16) | NEREID_BACKEND_ABI_MINOR)
 
 typedef struct nereid_backend nereid_backend_t;   /* one per loaded library */
@@ -269,6 +270,13 @@ NEREID_EXPORT nereid_error_t *nereid_batch_request_parameter(const nereid_batch_
  * NEREID_ERROR_CANCELLED error (counted under "cancel" in response_stats);
  * responses it sends anyway are dropped by the frontend. */
 NEREID_EXPORT bool nereid_sender_is_cancelled(const nereid_response_sender_t *sender);
+
+/* ABI 1.5: the server that loaded the model, for in-process requests from
+ * a backend (Triton's BLS): nereid_request_new / nereid_server_infer_async
+ * (server.h) into any model the server serves, with its normal scheduling.
+ * Valid while the model is loaded. A backend must not wait inside execute
+ * for a request to a model whose instances are all busy waiting on it. */
+NEREID_EXPORT nereid_server_t *nereid_model_server(const nereid_model_t *model);
 
 #ifdef __cplusplus
 }

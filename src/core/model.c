@@ -443,6 +443,11 @@ nereid_backend_t *nereid_model_backend(const nereid_model_t *model)
     return (nereid_backend_t *)m->backend;
 }
 
+nereid_server_t *nereid_model_server(const nereid_model_t *model)
+{
+    return ((const model_t *)model)->server;
+}
+
 const char *nereid_model_name(const nereid_model_t *model)
 {
     return ((const model_t *)model)->name;
