@@ -431,8 +431,10 @@ static char *locate(nereid_server_t *s, const char *name, size_t *count)
 typedef struct load_ctx {
     const char *chain[MAX_ENSEMBLE_DEPTH + 1]; /* ensembles being loaded, outermost first */
     size_t depth;
-    bool load_deps; /* load an ensemble's composing models that are not ready */
-    bool force;     /* reload versions even when nothing changed */
+    bool load_deps;         /* load an ensemble's composing models that are not ready */
+    bool force;             /* reload versions even when nothing changed */
+    model_config_t *config; /* the model's config already read from its directory, or
+                               NULL; taken (and freed) by load_model */
 } load_ctx_t;
 
 static nereid_error_t *load_model(nereid_server_t *s, const char *name, const char *override_json,
@@ -727,7 +729,12 @@ static nereid_error_t *load_model(nereid_server_t *s, const char *name, const ch
     }
     const char *load_dir = tmp ? tmp : dir;
     model_config_t *cfg = NULL;
-    err = read_config(s, name, load_dir, override_json, &cfg);
+    if (ctx->config && !override_json && !tmp) {
+        cfg = ctx->config; /* read by the start-up pass: not twice */
+        ctx->config = NULL;
+    } else {
+        err = read_config(s, name, load_dir, override_json, &cfg);
+    }
     if (!err && is_ensemble(cfg)) err = load_dependencies(s, name, cfg, ctx);
     int64_t *avail = NULL, *chosen = NULL;
     size_t k = 0;
@@ -1025,10 +1032,14 @@ typedef struct load_pool {
     nereid_server_t *server;
     char **names;
     size_t n;
+    bool *is_ensemble; /* [n], set by the workers */
     pthread_mutex_t lock;
     size_t next;
 } load_pool_t;
 
+/* Loads the plain models among p->names; an ensemble (it needs its steps)
+ * is only marked in p->is_ensemble for the caller. Each config is read once,
+ * here, and handed to load_model. */
 static void *load_worker(void *arg)
 {
     load_pool_t *p = arg;
@@ -1037,15 +1048,29 @@ static void *load_worker(void *arg)
         size_t i = p->next++;
         pthread_mutex_unlock(&p->lock);
         if (i >= p->n) return NULL;
-        load_ctx_t ctx = {.depth = 0, .load_deps = false};
+        size_t count;
+        char *dir = locate(p->server, p->names[i], &count);
+        model_config_t *cfg = NULL;
+        if (dir && count == 1)
+            nereid_error_free(read_config(p->server, p->names[i], dir, NULL, &cfg));
+        free(dir);
+        if (is_ensemble(cfg)) {
+            config_free(cfg);
+            p->is_ensemble[i] = true;
+            continue;
+        }
+        load_ctx_t ctx = {.depth = 0, .load_deps = false, .config = cfg};
         ctx.chain[0] = p->names[i];
         nereid_error_free(load_model(p->server, p->names[i], NULL, NULL, NULL, NULL, 0, &ctx));
+        if (ctx.config) config_free(ctx.config);
     }
 }
 
-static void load_parallel(nereid_server_t *s, char **names, size_t n)
+/* Loads names' plain models on --model-load-thread-count threads and sets
+ * is_ensemble[i] for each ensemble among them (not loaded). */
+static void load_parallel(nereid_server_t *s, char **names, size_t n, bool *is_ensemble)
 {
-    load_pool_t pool = {.server = s, .names = names, .n = n};
+    load_pool_t pool = {.server = s, .names = names, .n = n, .is_ensemble = is_ensemble};
     pthread_mutex_init(&pool.lock, NULL);
     size_t nt = s->opts.model_load_thread_count > 0 ? (size_t)s->opts.model_load_thread_count : 1;
     if (nt > n) nt = n;
@@ -1058,17 +1083,6 @@ static void load_parallel(nereid_server_t *s, char **names, size_t n)
         pthread_join(threads[i], NULL);
     free(threads);
     pthread_mutex_destroy(&pool.lock);
-}
-
-/* Whether dir's config.pbtxt declares an ensemble (cheap pre-read). */
-static bool dir_is_ensemble(nereid_server_t *s, const char *name, const char *dir)
-{
-    model_config_t *cfg = NULL;
-    nereid_error_t *err = read_config(s, name, dir, NULL, &cfg);
-    nereid_error_free(err);
-    bool ens = is_ensemble(cfg);
-    if (cfg) config_free(cfg);
-    return ens;
 }
 
 static bool wanted_at_start(nereid_server_t *s, const char *name)
@@ -1142,28 +1156,23 @@ nereid_error_t *repository_start(nereid_server_t *s)
     }
     pthread_rwlock_unlock(&s->lock);
     /* Plain models in parallel, then ensembles (they need their steps). */
-    char **plain = xcalloc(n ? n : 1, sizeof *plain), **ens = xcalloc(n ? n : 1, sizeof *ens);
-    size_t n_plain = 0, n_ens = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (!wanted_at_start(s, names[i])) continue;
-        size_t count;
-        char *dir = locate(s, names[i], &count);
-        if (dir && dir_is_ensemble(s, names[i], dir))
-            ens[n_ens++] = names[i];
-        else
-            plain[n_plain++] = names[i];
-        free(dir);
-    }
-    load_parallel(s, plain, n_plain);
-    for (size_t i = 0; i < n_ens; i++) {
+    char **wanted = xcalloc(n ? n : 1, sizeof *wanted);
+    bool *ens = xcalloc(n ? n : 1, sizeof *ens);
+    size_t n_wanted = 0;
+    for (size_t i = 0; i < n; i++)
+        if (wanted_at_start(s, names[i])) wanted[n_wanted++] = names[i];
+    load_parallel(s, wanted, n_wanted, ens);
+    for (size_t i = 0; i < n_wanted; i++) {
         /* loaded (or tried) as another ensemble's step */
-        if (model_ready(s, ens[i]) || entry_state(s, ens[i], NULL) != MODEL_UNKNOWN_STATE) continue;
+        if (!ens[i] || model_ready(s, wanted[i]) ||
+            entry_state(s, wanted[i], NULL) != MODEL_UNKNOWN_STATE)
+            continue;
         load_ctx_t ctx = {.depth = 0,
                           .load_deps = s->opts.model_control_mode == NEREID_MODEL_CONTROL_EXPLICIT};
-        ctx.chain[0] = ens[i];
-        nereid_error_free(load_model(s, ens[i], NULL, NULL, NULL, NULL, 0, &ctx));
+        ctx.chain[0] = wanted[i];
+        nereid_error_free(load_model(s, wanted[i], NULL, NULL, NULL, NULL, 0, &ctx));
     }
-    free(plain);
+    free(wanted);
     free(ens);
     for (size_t i = 0; i < n; i++)
         free(names[i]);
@@ -1235,12 +1244,16 @@ void repository_poll(nereid_server_t *s)
             model_entry_t *e = repository_find(s, names[i]);
             bool changed = !e || e->tree_sig != sig;
             pthread_rwlock_unlock(&s->lock);
-            if (changed && dir_is_ensemble(s, names[i], dir) == (pass == 1)) {
+            model_config_t *cfg = NULL;
+            if (changed) nereid_error_free(read_config(s, names[i], dir, NULL, &cfg));
+            if (changed && is_ensemble(cfg) == (pass == 1)) {
                 LOG_INFO("repository", "model '%s' changed on disk, (re)loading", names[i]);
-                load_ctx_t ctx = {.depth = 0, .load_deps = true};
+                load_ctx_t ctx = {.depth = 0, .load_deps = true, .config = cfg};
                 ctx.chain[0] = names[i];
                 nereid_error_free(load_model(s, names[i], NULL, NULL, NULL, NULL, 0, &ctx));
+                cfg = ctx.config;
             }
+            if (cfg) config_free(cfg);
             free(dir);
         }
     }
