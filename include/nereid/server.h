@@ -136,6 +136,16 @@ typedef struct nereid_server_options {
      * enabled are then served without it, as in Triton. */
     const char *cache_name;
     const char *cache_config_json;
+    /* Load on demand (an extension; explicit model control only): a request
+     * for a model that is in a repository but not loaded loads it first
+     * (concurrent requests wait for one load). With a budget (> 0 bytes),
+     * after each such load the least recently used models with nothing in
+     * flight are unloaded until the loaded models' memory (each measured as
+     * the process's RSS growth across its load) fits; models named by
+     * load_models, the model just loaded and the composing models of a
+     * loaded ensemble are never unloaded this way. Default off / 0. */
+    bool model_load_on_demand;
+    long long model_memory_budget_bytes;
 } nereid_server_options_t;
 
 typedef struct nereid_server nereid_server_t;

@@ -894,10 +894,10 @@ static nereid_error_t *load_model(nereid_server_t *s, const char *name, const ch
 /* ---- Unloading ---- */
 
 /* Whether a ready ensemble other than except uses model name. */
-static bool used_by_other(nereid_server_t *s, const char *name, const char *except)
+/* used_by_other with s->lock held. */
+static bool used_by_other_locked(nereid_server_t *s, const char *name, const char *except)
 {
     bool used = false;
-    pthread_rwlock_rdlock(&s->lock);
     for (size_t i = 0; i < s->n_models && !used; i++) {
         model_entry_t *e = s->models[i];
         if (strcmp(e->name, except) == 0 || !entry_has_ready(e) || !is_ensemble(e->config))
@@ -906,6 +906,13 @@ static bool used_by_other(nereid_server_t *s, const char *name, const char *exce
         for (size_t k = 0; es && k < es->n_step; k++)
             used |= strcmp(es->step[k]->model_name, name) == 0;
     }
+    return used;
+}
+
+static bool used_by_other(nereid_server_t *s, const char *name, const char *except)
+{
+    pthread_rwlock_rdlock(&s->lock);
+    bool used = used_by_other_locked(s, name, except);
     pthread_rwlock_unlock(&s->lock);
     return used;
 }
@@ -1024,6 +1031,126 @@ nereid_error_t *nereid_server_unload_model(nereid_server_t *s, const char *model
     unload_model(s, model, unload_dependents, 0);
     pthread_mutex_unlock(&s->control);
     return NULL;
+}
+
+/* ---- Load on demand ---- */
+
+/* The process's resident bytes (/proc/self/statm), 0 when unknown. */
+static long long rss_bytes(void)
+{
+    FILE *f = fopen("/proc/self/statm", "r");
+    long long pages = 0, resident = 0;
+    if (f) {
+        if (fscanf(f, "%lld %lld", &pages, &resident) != 2) resident = 0;
+        fclose(f);
+    }
+    return resident * (long long)sysconf(_SC_PAGESIZE);
+}
+
+/* Whether a request or an ensemble still uses one of e's models (beyond the
+ * loader's reference). Caller holds s->lock. */
+static bool entry_in_use(const model_entry_t *e)
+{
+    for (size_t v = 0; v < e->n_versions; v++) {
+        model_t *m = e->versions[v].model;
+        if (m && (atomic_load(&m->refcount) > 1 || atomic_load(&m->holds) > 0)) return true;
+    }
+    return false;
+}
+
+/* Unloads least recently used models until the loaded ones fit the budget;
+ * keep (just loaded) stays. Caller holds s->control. */
+static void evict_over_budget(nereid_server_t *s, const char *keep)
+{
+    long long budget = s->opts.model_memory_budget_bytes;
+    while (budget > 0) {
+        pthread_rwlock_rdlock(&s->lock);
+        long long total = 0;
+        model_entry_t *victim = NULL;
+        for (size_t i = 0; i < s->n_models; i++) {
+            model_entry_t *e = s->models[i];
+            if (!entry_has_ready(e)) continue;
+            total += e->memory_bytes;
+            if (e->pinned || strcmp(e->name, keep) == 0 || entry_in_use(e) ||
+                used_by_other_locked(s, e->name, e->name))
+                continue;
+            if (!victim || atomic_load(&e->last_used_ns) < atomic_load(&victim->last_used_ns))
+                victim = e;
+        }
+        char *name = victim && total > budget ? xstrdup(victim->name) : NULL;
+        long long bytes = victim ? victim->memory_bytes : 0;
+        pthread_rwlock_unlock(&s->lock);
+        if (!name) {
+            if (total > budget)
+                LOG_WARN("repository",
+                         "loaded models use %lld bytes, over the memory budget of %lld bytes, "
+                         "and none can be unloaded (pinned, in use or just loaded)",
+                         total, budget);
+            return;
+        }
+        LOG_INFO("repository",
+                 "unloading '%s' (%lld bytes, least recently used): loaded models use %lld bytes, "
+                 "over the memory budget of %lld bytes",
+                 name, bytes, total, budget);
+        unload_model(s, name, false, 0);
+        pthread_rwlock_wrlock(&s->lock);
+        model_entry_t *e = repository_find(s, name);
+        if (e) e->memory_bytes = 0;
+        pthread_rwlock_unlock(&s->lock);
+        atomic_fetch_add(&s->on_demand_evictions, 1);
+        free(name);
+    }
+}
+
+nereid_error_t *repository_load_on_demand(nereid_server_t *s, const char *name)
+{
+    if (!valid_model_name(name))
+        return nereid_error_new(NEREID_ERROR_NOT_FOUND,
+                                "Request for unknown model: '%s' is not found", name ? name : "");
+    pthread_mutex_lock(&s->control);
+    nereid_error_t *err = NULL;
+    if (atomic_load(&s->stopping)) {
+        err = nereid_error_new(NEREID_ERROR_UNAVAILABLE, "Server not ready");
+    } else if (!model_ready(s, name)) { /* else another request loaded it meanwhile */
+        size_t count;
+        char *dir = locate(s, name, &count);
+        free(dir);
+        if (!dir) {
+            err = nereid_error_new(NEREID_ERROR_NOT_FOUND,
+                                   "Request for unknown model: '%s' is not found", name);
+        } else {
+            LOG_INFO("repository", "loading '%s' on demand", name);
+            long long rss0 = rss_bytes();
+            uint64_t t0 = util_now_ns();
+            load_ctx_t ctx = {.depth = 0, .load_deps = true};
+            ctx.chain[0] = name;
+            err = load_model(s, name, NULL, NULL, NULL, NULL, 0, &ctx);
+            atomic_fetch_add(&s->on_demand_load_ns, util_now_ns() - t0);
+            long long grown = rss_bytes() - rss0;
+            if (err || !model_ready(s, name)) {
+                atomic_fetch_add(&s->on_demand_load_failures, 1);
+                if (!err)
+                    err = nereid_error_new(NEREID_ERROR_UNAVAILABLE,
+                                           "Request for unknown model: '%s' has no available "
+                                           "versions",
+                                           name);
+            } else {
+                atomic_fetch_add(&s->on_demand_loads, 1);
+                pthread_rwlock_wrlock(&s->lock);
+                model_entry_t *e = repository_find(s, name);
+                if (e) {
+                    e->memory_bytes = grown > 0 ? grown : 1;
+                    atomic_store(&e->last_used_ns, util_now_ns());
+                }
+                pthread_rwlock_unlock(&s->lock);
+                LOG_INFO("repository", "loaded '%s' on demand (%lld bytes)", name,
+                         grown > 0 ? grown : 1);
+                evict_over_budget(s, name);
+            }
+        }
+    }
+    pthread_mutex_unlock(&s->control);
+    return err;
 }
 
 /* ---- Start-up ---- */
@@ -1155,6 +1282,12 @@ nereid_error_t *repository_start(nereid_server_t *s)
         free(dir);
     }
     pthread_rwlock_unlock(&s->lock);
+    if (s->opts.model_load_on_demand) { /* what --load-model names is never evicted */
+        pthread_rwlock_wrlock(&s->lock);
+        for (size_t i = 0; i < s->n_models; i++)
+            s->models[i]->pinned = wanted_at_start(s, s->models[i]->name);
+        pthread_rwlock_unlock(&s->lock);
+    }
     /* Plain models in parallel, then ensembles (they need their steps). */
     char **wanted = xcalloc(n ? n : 1, sizeof *wanted);
     bool *ens = xcalloc(n ? n : 1, sizeof *ens);

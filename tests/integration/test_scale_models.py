@@ -8,13 +8,14 @@ import concurrent.futures
 import json
 import os
 import shutil
+import subprocess
 import sys
 import time
 
 import numpy as np
 import requests
 
-from conftest import EXAMPLES, ROOT
+from conftest import EXAMPLES, NEREID, ROOT
 
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 import make_models  # noqa: E402
@@ -115,3 +116,139 @@ def test_memory_returns_after_a_burst(nereid_server, tmp_path):
         rss = proc_status(s.proc.pid)[1]
     assert rss <= bound, (f"RSS {rss / MIB:.0f} MiB 10 s after the burst "
                           f"(before {before / MIB:.0f}, peak {peak / MIB:.0f})")
+
+
+# ---- Load on demand and eviction under a memory budget ----
+
+def write_testing_model(repo, name, **params):
+    """A testing-backend model (copies INPUT0 to OUTPUT0); params become
+    config parameters (model_init_delay_ms, fail_model_init, ...)."""
+    os.makedirs(os.path.join(repo, name, "1"), exist_ok=True)
+    with open(os.path.join(repo, name, "config.pbtxt"), "w") as f:
+        f.write('backend: "testing" max_batch_size: 0\n'
+                'instance_group [ { count: 1 kind: KIND_CPU } ]\n'
+                'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
+                'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
+                + make_models._params(**params))
+
+
+def infer(s, name, parameters=None):
+    body = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [2], "data": [1, 2]}]}
+    if parameters:
+        body["parameters"] = parameters
+    return requests.post(f"{s.http_url}/v2/models/{name}/infer", json=body, timeout=60)
+
+
+def states(s):
+    index = requests.post(f"{s.http_url}/v2/repository/index", json={}, timeout=30).json()
+    return {m["name"]: m.get("state") for m in index}
+
+
+def metric(s, name):
+    for line in requests.get(f"{s.metrics_url}/metrics", timeout=10).text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.split()[-1])
+    return None
+
+
+ON_DEMAND = ("--model-control-mode=explicit", "--model-load-on-demand=true")
+
+
+def test_on_demand_loads_and_evicts_least_recently_used(nereid_server, tmp_path):
+    repo = str(tmp_path / "models")
+    for name in ("a", "b", "c", "p"):
+        write_testing_model(repo, name)
+    # A budget smaller than any model keeps only the model just used (and p).
+    s = nereid_server(repo, *ON_DEMAND, "--model-memory-budget=1", "--load-model=p")
+    st = states(s)
+    assert st["p"] == "READY" and st["a"] != "READY", st
+
+    assert infer(s, "a").status_code == 200
+    assert infer(s, "b").status_code == 200
+    st = states(s)
+    assert (st["a"], st["b"], st["p"]) == ("UNAVAILABLE", "READY", "READY"), st
+
+    # b is in use (its request waits for a file): loading a must keep it.
+    go, started = tmp_path / "go", tmp_path / "started"
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        slow = pool.submit(infer, s, "b", {"wait_for_file": str(go),
+                                           "started_file": str(started)})
+        deadline = time.time() + 30
+        while not started.exists():
+            assert time.time() < deadline, "b's request did not start"
+            time.sleep(0.01)
+        assert infer(s, "a").status_code == 200
+        st = states(s)
+        assert (st["a"], st["b"]) == ("READY", "READY"), st
+        go.touch()
+        assert slow.result().status_code == 200
+
+    # c's load evicts both, least recently used (b) first; p is pinned.
+    log_before = len(s.output())
+    assert infer(s, "c").status_code == 200
+    st = states(s)
+    assert (st["a"], st["b"], st["c"], st["p"]) == ("UNAVAILABLE", "UNAVAILABLE", "READY",
+                                                     "READY"), st
+    log = s.output()[log_before:]
+    assert log.index("unloading 'b'") < log.index("unloading 'a'"), log
+    assert metric(s, "nereid_model_on_demand_loads_total") == 4
+    assert metric(s, "nereid_model_on_demand_evictions_total") == 3
+    assert metric(s, "nereid_model_on_demand_load_failures_total") == 0
+    assert metric(s, 'nereid_model_memory_bytes{model="c"}') >= 1
+    assert metric(s, 'nereid_model_memory_bytes{model="a"}') is None
+
+
+def test_concurrent_first_requests_wait_for_one_load(nereid_server, tmp_path):
+    repo = str(tmp_path / "models")
+    write_testing_model(repo, "slowload", model_init_delay_ms="300")
+    s = nereid_server(repo, *ON_DEMAND)
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        codes = list(pool.map(lambda _: infer(s, "slowload").status_code, range(8)))
+    assert codes == [200] * 8
+    assert metric(s, "nereid_model_on_demand_loads_total") == 1
+    assert s.output().count("loading 'slowload' on demand") == 1
+    assert metric(s, "nereid_model_on_demand_load_duration_us_total") >= 300000
+
+
+def test_failed_on_demand_load_answers_and_next_request_retries(nereid_server, tmp_path):
+    repo = str(tmp_path / "models")
+    write_testing_model(repo, "broken", fail_model_init="true")
+    s = nereid_server(repo, *ON_DEMAND)
+    r = infer(s, "broken")
+    assert r.status_code != 200
+    assert "model init failed" in r.json()["error"], r.text
+    assert metric(s, "nereid_model_on_demand_load_failures_total") == 1
+    write_testing_model(repo, "broken")  # fixed on disk
+    assert infer(s, "broken").status_code == 200
+    assert metric(s, "nereid_model_on_demand_loads_total") == 1
+    assert infer(s, "missing").status_code == 404
+
+
+def test_on_demand_flags_are_checked(tmp_path):
+    repo = str(tmp_path / "models")
+    write_testing_model(repo, "a")
+    for args, text in [
+            (["--model-load-on-demand=true"], "requires --model-control-mode=explicit"),
+            (["--model-control-mode=explicit", "--model-memory-budget=100"],
+             "--model-memory-budget requires --model-load-on-demand=true")]:
+        r = subprocess.run([NEREID, f"--model-repository={repo}", "--http-port=0",
+                            "--grpc-port=0", "--allow-metrics=false", *args],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode != 0 and text in r.stderr + r.stdout, (args, r.stderr)
+
+
+def test_on_demand_ensemble_holds_its_steps(nereid_server, model_repo):
+    for name in ("ensemble_add_sub", "add_sub", "add_sub_onnx", "identity_fp32"):
+        model_repo.add(name)
+    s = nereid_server(model_repo.path, *ON_DEMAND, "--model-memory-budget=1")
+    a = np.arange(16, dtype=np.float32)
+    b = np.ones(16, dtype=np.float32)
+    body = {"inputs": [
+        {"name": "INPUT0", "datatype": "FP32", "shape": [1, 16], "data": a.tolist()},
+        {"name": "INPUT1", "datatype": "FP32", "shape": [1, 16], "data": b.tolist()}]}
+    r = requests.post(f"{s.http_url}/v2/models/ensemble_add_sub/infer", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    outs = {o["name"]: o["data"] for o in r.json()["outputs"]}
+    assert outs["OUTPUT0"] == (3 * a).tolist()
+    # The steps stay while the ensemble is loaded, whatever the budget.
+    assert all(v == "READY" for v in states(s).values()), states(s)
