@@ -1102,20 +1102,26 @@ static void evict_over_budget(nereid_server_t *s, const char *keep)
     }
 }
 
+/* Set on the thread running an on-demand load: a request that the load
+ * itself makes (a backend's model init) must not wait for s->control. */
+static _Thread_local bool loading_on_demand;
+
 nereid_error_t *repository_load_on_demand(nereid_server_t *s, const char *name)
 {
-    if (!valid_model_name(name))
+    if (!valid_model_name(name) || loading_on_demand)
         return nereid_error_new(NEREID_ERROR_NOT_FOUND,
                                 "Request for unknown model: '%s' is not found", name ? name : "");
     pthread_mutex_lock(&s->control);
+    loading_on_demand = true;
     nereid_error_t *err = NULL;
     if (atomic_load(&s->stopping)) {
         err = nereid_error_new(NEREID_ERROR_UNAVAILABLE, "Server not ready");
     } else if (!model_ready(s, name)) { /* else another request loaded it meanwhile */
         size_t count;
         char *dir = locate(s, name, &count);
+        bool found = dir != NULL;
         free(dir);
-        if (!dir) {
+        if (!found) {
             err = nereid_error_new(NEREID_ERROR_NOT_FOUND,
                                    "Request for unknown model: '%s' is not found", name);
         } else {
@@ -1149,6 +1155,7 @@ nereid_error_t *repository_load_on_demand(nereid_server_t *s, const char *name)
             }
         }
     }
+    loading_on_demand = false;
     pthread_mutex_unlock(&s->control);
     return err;
 }
