@@ -69,18 +69,19 @@ def test_fifty_models_serve_with_bounded_threads(nereid_server, tmp_path):
 
 def test_intra_op_thread_count_gets_its_own_pool(nereid_server, tmp_path):
     """Triton's onnxruntime backend gives a model that sets a thread count
-    pools of its own: 8 models with intra_op_thread_count 2 start 8 pool
-    threads (the caller is the second) that 8 sharing models do not."""
+    pools of its own: 8 models with intra_op_thread_count 3 start 16 pool
+    threads (the caller is the third) that 8 sharing models do not. (A few
+    of the server's other threads come and go: a margin of 4.)"""
     n = 8
     shared, own = str(tmp_path / "shared"), str(tmp_path / "own")
     make_models.make_many(shared, n)
-    make_models.make_many(own, n, make_models._params(intra_op_thread_count="2"))
+    make_models.make_many(own, n, make_models._params(intra_op_thread_count="3"))
     counts = []
     for repo in (shared, own):
         s = nereid_server(repo)
         check_add_sub(s, "add_sub_0000")
         counts.append(proc_status(s.proc.pid)[0])
-    assert counts[1] - counts[0] >= n, counts
+    assert counts[1] - counts[0] >= 2 * n - 4, counts
 
 
 def test_memory_returns_after_a_burst(nereid_server, tmp_path):
