@@ -94,12 +94,10 @@ typedef struct backend_state {
 
 static backend_state_t *g_backend; /* one python backend per process */
 
-/* --backend-config=python,<key>=<value>, when the server has that ABI. */
+/* --backend-config=python,<key>=<value> (or a global --backend-config). */
 static const char *backend_config(nereid_backend_t *b, const char *key)
 {
-    typedef const char *(*fn_t)(const nereid_backend_t *, const char *);
-    fn_t fn = (fn_t)dlsym(RTLD_DEFAULT, "nereid_backend_config");
-    return fn ? fn(b, key) : NULL;
+    return nereid_backend_config(b, key);
 }
 
 static void plog(char level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -1001,6 +999,8 @@ static void worker_stop(instance_t *in)
     pthread_mutex_unlock(&in->mu);
 }
 
+static nereid_error_t *worker_init(instance_t *in, const char *init_json, msg_t **ready);
+
 /* Starts a worker and sends it init_json (INIT). On success the worker's
  * READY message is returned (caller frees). */
 static nereid_error_t *worker_start(instance_t *in, const char *init_json, msg_t **ready)
@@ -1036,6 +1036,14 @@ static nereid_error_t *worker_start(instance_t *in, const char *init_json, msg_t
     pthread_mutex_unlock(&in->mu);
     if (pthread_create(&in->reader, NULL, reader_main, in) != 0) abort();
     in->reader_running = true;
+    return worker_init(in, init_json, ready);
+}
+
+/* Sends INIT (init_json) to the running worker and waits for READY. On
+ * failure the worker is stopped. */
+static nereid_error_t *worker_init(instance_t *in, const char *init_json, msg_t **ready)
+{
+    *ready = NULL;
     json_error_t jerr;
     send_json(in->chan, M_INIT, json_loads(init_json, 0, &jerr));
     msg_t *m = wait_reply(in, M_READY, 0);
@@ -1059,7 +1067,47 @@ static nereid_error_t *worker_start(instance_t *in, const char *init_json, msg_t
 
 typedef struct model_state {
     char *file; /* <model dir>/<version>/model.py */
+    /* The worker that ran auto_complete_config, kept for the first instance
+     * (named after it) so a model starts one interpreter, not two. */
+    pthread_mutex_t mu;
+    instance_t *spare;
 } model_state_t;
+
+static void instance_free(instance_t *in)
+{
+    free(in->init_json);
+    free(in->name);
+    free(in->death);
+    pthread_mutex_destroy(&in->mu);
+    pthread_cond_destroy(&in->cv);
+    free(in);
+}
+
+static instance_t *instance_new(const char *name, nereid_model_t *model)
+{
+    instance_t *in = calloc(1, sizeof *in);
+    if (!in) abort();
+    in->name = strdup(name);
+    in->model = model;
+    in->server = nereid_model_server(model);
+    in->decoupled = nereid_model_decoupled(model);
+    pthread_mutex_init(&in->mu, NULL);
+    pthread_cond_init(&in->cv, NULL);
+    return in;
+}
+
+/* The name Triton gives the first instance: <first group's name>_0. */
+static char *first_instance_name(nereid_model_t *model)
+{
+    json_error_t jerr;
+    json_t *cfg = json_loads(nereid_model_config_json(model), 0, &jerr);
+    const char *g = json_string_value(
+        json_object_get(json_array_get(json_object_get(cfg, "instance_group"), 0), "name"));
+    char *name = NULL;
+    if (g && asprintf(&name, "%s_0", g) < 0) name = NULL;
+    json_decref(cfg);
+    return name;
+}
 
 static const char *kind_name(nereid_instance_kind_t k)
 {
@@ -1118,46 +1166,49 @@ NEREID_EXPORT nereid_error_t *nereid_backend_model_init(nereid_model_t *model)
         free(file);
         return e;
     }
-    if (nereid_model_autocomplete_allowed(model)) {
-        /* auto_complete_config runs in a short-lived worker, as in Triton. */
-        instance_t tmp = {.name = (char *)nereid_model_name(model),
-                          .model = model,
-                          .server = nereid_model_server(model)};
-        pthread_mutex_init(&tmp.mu, NULL);
-        pthread_cond_init(&tmp.cv, NULL);
-        char *init = init_message(model, file, nereid_model_name(model), "CPU", 0, true);
-        msg_t *ready;
-        nereid_error_t *e = worker_start(&tmp, init, &ready);
-        free(init);
-        if (!e) {
-            json_t *cfg = json_object_get(ready->json, "config");
-            if (json_is_object(cfg)) {
-                char *s = json_dumps(cfg, JSON_COMPACT);
-                e = nereid_model_set_config(model, s);
-                free(s);
-            }
-            msg_free(ready);
-            worker_stop(&tmp);
-        }
-        free(tmp.death);
-        pthread_mutex_destroy(&tmp.mu);
-        pthread_cond_destroy(&tmp.cv);
-        if (e) {
-            free(file);
-            return e;
-        }
-    }
     model_state_t *st = calloc(1, sizeof *st);
     if (!st) abort();
     st->file = file;
+    pthread_mutex_init(&st->mu, NULL);
     nereid_model_set_state(model, st);
-    return NULL;
+    if (!nereid_model_autocomplete_allowed(model)) return NULL;
+    /* auto_complete_config runs in a worker before the config is final. */
+    char *first = first_instance_name(model);
+    instance_t *tmp = instance_new(first ? first : nereid_model_name(model), model);
+    char *init = init_message(model, file, tmp->name, "CPU", 0, true);
+    msg_t *ready;
+    nereid_error_t *e = worker_start(tmp, init, &ready);
+    free(init);
+    if (!e) {
+        json_t *cfg = json_object_get(ready->json, "config");
+        if (json_is_object(cfg)) {
+            char *s = json_dumps(cfg, JSON_COMPACT);
+            e = nereid_model_set_config(model, s);
+            free(s);
+        }
+        msg_free(ready);
+    }
+    char *now_first = e ? NULL : first_instance_name(model);
+    if (!e && first && now_first && strcmp(first, now_first) == 0) {
+        st->spare = tmp;
+    } else {
+        worker_stop(tmp);
+        instance_free(tmp);
+    }
+    free(first);
+    free(now_first);
+    return e; /* on error the core calls model fini */
 }
 
 NEREID_EXPORT nereid_error_t *nereid_backend_model_fini(nereid_model_t *model)
 {
     model_state_t *st = nereid_model_state(model);
     if (st) {
+        if (st->spare) {
+            worker_stop(st->spare);
+            instance_free(st->spare);
+        }
+        pthread_mutex_destroy(&st->mu);
         free(st->file);
         free(st);
     }
@@ -1174,25 +1225,18 @@ NEREID_EXPORT nereid_error_t *nereid_backend_instance_init(nereid_instance_t *in
     if (strpbrk(name, BAD_NAME_CHARS))
         return nereid_error_new(NEREID_ERROR_INVALID_ARG,
                                 "Invalid stub name: contains invalid characters");
-    instance_t *in = calloc(1, sizeof *in);
-    if (!in) abort();
-    in->name = strdup(name);
-    in->model = model;
-    in->server = nereid_model_server(model);
-    in->decoupled = nereid_model_decoupled(model);
-    pthread_mutex_init(&in->mu, NULL);
-    pthread_cond_init(&in->cv, NULL);
+    pthread_mutex_lock(&ms->mu);
+    instance_t *in = ms->spare && strcmp(ms->spare->name, name) == 0 ? ms->spare : NULL;
+    if (in) ms->spare = NULL;
+    pthread_mutex_unlock(&ms->mu);
+    if (!in) in = instance_new(name, model);
     in->init_json = init_message(model, ms->file, name, kind_name(nereid_instance_kind(instance)),
                                  nereid_instance_device_id(instance), false);
     msg_t *ready;
-    nereid_error_t *e = worker_start(in, in->init_json, &ready);
+    nereid_error_t *e = in->reader_running ? worker_init(in, in->init_json, &ready)
+                                           : worker_start(in, in->init_json, &ready);
     if (e) {
-        free(in->init_json);
-        free(in->name);
-        free(in->death);
-        pthread_mutex_destroy(&in->mu);
-        pthread_cond_destroy(&in->cv);
-        free(in);
+        instance_free(in);
         return e;
     }
     msg_free(ready);
@@ -1215,12 +1259,7 @@ NEREID_EXPORT nereid_error_t *nereid_backend_instance_fini(nereid_instance_t *in
     while (in->bls_inflight)
         pthread_cond_wait(&in->cv, &in->mu);
     pthread_mutex_unlock(&in->mu);
-    free(in->init_json);
-    free(in->name);
-    free(in->death);
-    pthread_mutex_destroy(&in->mu);
-    pthread_cond_destroy(&in->cv);
-    free(in);
+    instance_free(in);
     return NULL;
 }
 

@@ -540,12 +540,13 @@ def test_worker_death_fails_request_then_restarts(server, how):
     # the dead worker was reaped: no zombie left
     assert not os.path.exists(f"/proc/{old_pid}")
     assert "restarted the worker of 'misbehave_0'" in server.output()
-    # the server's fds did not grow with restarts
+    # the server's fds do not grow with restarts (a leak would add 8 or more;
+    # a little slack for HTTP connections still closing)
     fds = len(os.listdir(f"/proc/{server.proc.pid}/fd"))
-    for _ in range(3):
+    for _ in range(8):
         assert mode(server, how).status_code == 500
         assert mode(server, "ok").status_code == 200
-    assert len(os.listdir(f"/proc/{server.proc.pid}/fd")) <= fds
+    assert len(os.listdir(f"/proc/{server.proc.pid}/fd")) <= fds + 3
 
 
 def test_two_instances_run_in_parallel(server):
@@ -633,7 +634,7 @@ def test_bls_many_calls_do_not_leak_fds(server):
     fds = len(os.listdir(f"/proc/{server.proc.pid}/fd"))
     for _ in range(20):
         assert post(server, "bls", body).status_code == 200
-    assert len(os.listdir(f"/proc/{server.proc.pid}/fd")) <= fds
+    assert len(os.listdir(f"/proc/{server.proc.pid}/fd")) <= fds + 3
 
 
 def test_auto_complete_config(server):
