@@ -693,3 +693,22 @@ def test_load_failures(tmp_path):
             f"'{path}/no_model_py/1/model.py'")
     finally:
         assert s.stop() == 0, s.output()
+
+
+def test_example_model(tmp_path):
+    """examples/models/add_sub_python, over HTTP JSON."""
+    import shutil
+    from conftest import EXAMPLES
+    path = str(tmp_path / "models")
+    shutil.copytree(os.path.join(EXAMPLES, "add_sub_python"), os.path.join(path, "add_sub_python"))
+    s = Server(path, [], "http")
+    try:
+        r = post(s, "add_sub_python", [
+            {"name": "INPUT0", "datatype": "FP32", "data": np.array([1, 2, 3, 4], np.float32)},
+            {"name": "INPUT1", "datatype": "FP32", "data": np.array([4, 3, 2, 1], np.float32)}])
+        assert r.status_code == 200, r.text
+        outs = {o["name"]: o["data"] for o in r.json()["outputs"]}
+        assert outs == {"OUTPUT0": [5, 5, 5, 5], "OUTPUT1": [-3, -1, 1, 3]}
+    finally:
+        assert s.stop() == 0
+    assert "add_sub_python: finalize" in open(s.log_path).read()
