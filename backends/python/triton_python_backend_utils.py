@@ -290,6 +290,11 @@ class InferenceRequest:
     def __init__(self, model_name, inputs, requested_output_names, request_id="",
                  correlation_id=0, model_version=-1, flags=0, timeout=0,
                  preferred_memory=None, trace=None, parameters=None):
+        # Like pybind11's std::string, names may be given as bytes.
+        if isinstance(model_name, bytes):
+            model_name = model_name.decode("utf-8")
+        if isinstance(request_id, bytes):
+            request_id = request_id.decode("utf-8")
         if not isinstance(model_name, str) or not isinstance(inputs, list) or \
                 not isinstance(requested_output_names, list) or \
                 not isinstance(request_id, str) or not isinstance(model_version, int) or \
