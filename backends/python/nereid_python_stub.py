@@ -34,6 +34,7 @@ HDR = struct.Struct("<IIQ")
 INLINE_MAX = 60 * 1024  # a whole message up to this size travels in the datagram
 RECV_MAX = 64 * 1024
 ALIGN = 64
+M_REGION = 0x80000000  # payload in the sender's persistent region (EXECUTE, DONE)
 
 # C -> worker
 M_INIT, M_EXECUTE, M_FINALIZE, M_BLS_RESULT, M_CANCEL_ANSWER = 1, 2, 3, 4, 5
@@ -101,10 +102,12 @@ class Worker:
         self.decoupled = False
         self.in_execute = False
         self.bg_loop = None
+        self.rx_map = None  # the server's region for EXECUTE inputs
+        self.tx_map = None  # ours for DONE outputs (sealed against shrinking)
         self.loop = asyncio.new_event_loop()
 
     # ---- transport ----
-    def send(self, mtype, obj, tensors=()):
+    def send(self, mtype, obj, tensors=(), region=False):
         descs, views, blob_len = encode_tensors(tensors)
         if descs:
             obj["tensors"] = descs
@@ -121,6 +124,8 @@ class Worker:
             with self.send_lock:
                 self.sock.sendmsg([buf])
             return
+        if region:
+            return self.send_region(mtype, js, views, blob_len)
         fd = os.memfd_create("nereid-python", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         try:
             os.ftruncate(fd, total)
@@ -139,6 +144,30 @@ class Worker:
         finally:
             os.close(fd)
 
+    def send_region(self, mtype, js, views, blob_len):
+        total = len(js) + blob_len
+        fd = -1
+        if self.tx_map is None or len(self.tx_map) < total:
+            size = max(total, 1 << 20, 2 * len(self.tx_map) if self.tx_map else 0)
+            fd = os.memfd_create("nereid-python", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+            os.ftruncate(fd, size)
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
+            if self.tx_map is not None:
+                self.tx_map.close()
+            self.tx_map = mmap.mmap(fd, size)
+        try:
+            mv = memoryview(self.tx_map)
+            mv[0:len(js)] = js
+            for off, data in views:
+                mv[len(js) + off:len(js) + off + data.nbytes] = data
+            mv.release()
+            anc = [] if fd < 0 else [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))]
+            with self.send_lock:
+                self.sock.sendmsg([HDR.pack(mtype | M_REGION, len(js), blob_len)], anc)
+        finally:
+            if fd >= 0:
+                os.close(fd)
+
     def recv(self):
         buf = bytearray(RECV_MAX)
         n, anc, flags, _ = self.sock.recvmsg_into([buf], socket.CMSG_SPACE(4))
@@ -149,7 +178,19 @@ class Worker:
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                 fds.extend(array.array("i", data[:len(data) - len(data) % 4]))
         mtype, jlen, blen = HDR.unpack_from(buf, 0)
-        if fds:
+        in_region = mtype & M_REGION
+        mtype &= ~M_REGION
+        if in_region and fds:
+            fd = fds[0]
+            try:
+                self.rx_map = mmap.mmap(fd, os.fstat(fd).st_size)
+            finally:
+                for f in fds:
+                    os.close(f)
+            payload = memoryview(self.rx_map)
+        elif in_region:
+            payload = memoryview(self.rx_map)
+        elif fds:
             fd = fds[0]
             try:
                 size = os.fstat(fd).st_size
@@ -297,6 +338,10 @@ class Worker:
         reqs = []
         for i, r in enumerate(obj["requests"]):
             inputs = decode_tensors(r["inputs"], blob)
+            if self.decoupled:  # kept past execute: not views of the reused region
+                for t in inputs:
+                    if t._array.dtype != np.object_:
+                        t._array = t._array.copy()
             req = pb_utils.InferenceRequest("", [], [])
             req._inputs = inputs
             req._requested = r["outputs"]
@@ -380,7 +425,7 @@ class Worker:
             mine = [t for t in resp.output_tensors() if t.name() in requested]
             out.append({"n_outputs": len(mine)})
             tensors.extend(mine)
-        self.send(M_DONE, {"responses": out}, tensors)
+        self.send(M_DONE, {"responses": out}, tensors, region=True)
 
     def handle_finalize(self):
         if self.bg_loop is not None:

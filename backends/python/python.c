@@ -219,6 +219,28 @@ static void plog_at(char level, const char *where, const char *fmt, ...)
 
 /* ---- Messages ---- */
 
+/* A memfd mapping that lives across messages: the server's region for
+ * EXECUTE inputs (written here, read by the worker) or the worker's region
+ * for DONE outputs (read here). Reference counted: a message read from a
+ * region keeps it mapped after the worker replaced it. */
+typedef struct region {
+    uint8_t *map;
+    size_t size;
+    atomic_int refs;
+} region_t;
+
+static void region_unref(region_t *r)
+{
+    if (!r || atomic_fetch_sub(&r->refs, 1) != 1) return;
+    munmap(r->map, r->size);
+    free(r);
+}
+
+/* A message type with this bit has its payload in the sender's persistent
+ * region (a new region when a memfd comes with it). Only EXECUTE and DONE
+ * use it: one of each is in flight at a time. */
+#define M_REGION 0x80000000u
+
 /* A received message: JSON and a blob view into the datagram or memfd map. */
 typedef struct msg {
     uint32_t type;
@@ -227,7 +249,8 @@ typedef struct msg {
     size_t blob_len;
     void *map; /* memfd mapping, or NULL */
     size_t map_len;
-    uint8_t *buf; /* datagram buffer */
+    uint8_t *buf;     /* datagram buffer */
+    region_t *region; /* the worker's region the payload is in, or NULL */
 } msg_t;
 
 static void msg_free(msg_t *m)
@@ -235,6 +258,7 @@ static void msg_free(msg_t *m)
     if (!m) return;
     json_decref(m->json);
     if (m->map) munmap(m->map, m->map_len);
+    region_unref(m->region);
     free(m->buf);
     free(m);
 }
@@ -305,7 +329,53 @@ static json_t *outmsg_add(outmsg_t *m, const tview_t *v)
 }
 
 /* Sends m (and frees what it holds). -1 when the peer is gone. */
+static int outmsg_send_region(chan_t *c, uint32_t type, outmsg_t *m, region_t **tx);
+
 static int outmsg_send(chan_t *c, uint32_t type, outmsg_t *m)
+{
+    return outmsg_send_region(c, type, m, NULL);
+}
+
+/* Copies the message's JSON and tensors to dst. */
+static void outmsg_copy(const outmsg_t *m, uint8_t *dst, const char *js, size_t jlen)
+{
+    memcpy(dst, js, jlen);
+    size_t off = 0;
+    for (size_t i = 0; i < m->n; i++) {
+        if (m->t[i].size) memcpy(dst + jlen + off, m->t[i].data, m->t[i].size);
+        off = (off + m->t[i].size + ALIGN - 1) / ALIGN * ALIGN;
+    }
+}
+
+/* Sends header hdr with fd (-1: none). */
+static int send_with_fd(chan_t *c, const uint8_t *hdr, int fd)
+{
+    struct iovec iov = {(void *)hdr, HDR_BYTES};
+    union {
+        char buf[CMSG_SPACE(sizeof(int))];
+        struct cmsghdr align;
+    } u;
+    memset(&u, 0, sizeof u);
+    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
+    if (fd >= 0) {
+        mh.msg_control = u.buf;
+        mh.msg_controllen = sizeof u.buf;
+        struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+        cm->cmsg_level = SOL_SOCKET;
+        cm->cmsg_type = SCM_RIGHTS;
+        cm->cmsg_len = CMSG_LEN(sizeof(int));
+        memcpy(CMSG_DATA(cm), &fd, sizeof fd);
+    }
+    pthread_mutex_lock(&c->send_mu);
+    ssize_t s = sendmsg(c->fd, &mh, MSG_NOSIGNAL);
+    pthread_mutex_unlock(&c->send_mu);
+    return s == HDR_BYTES ? 0 : -1;
+}
+
+/* Sends m (and frees what it holds). A large message goes into *tx, the
+ * persistent region (grown, and its new memfd sent, when too small), when
+ * tx is given; otherwise into a memfd of its own. -1 when the peer is gone. */
+static int outmsg_send_region(chan_t *c, uint32_t type, outmsg_t *m, region_t **tx)
 {
     char *js = json_dumps(m->obj, JSON_COMPACT);
     json_decref(m->obj);
@@ -336,6 +406,34 @@ static int outmsg_send(chan_t *c, uint32_t type, outmsg_t *m)
         rc = s == (ssize_t)(HDR_BYTES + total) ? 0 : -1;
         goto out;
     }
+    if (tx) {
+        int fd = -1;
+        if (!*tx || (*tx)->size < total) {
+            size_t size = total < (1u << 20) ? (1u << 20) : total;
+            if (*tx && size < (*tx)->size * 2) size = (*tx)->size * 2;
+            fd = memfd_create("nereid-python", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+            uint8_t *map = MAP_FAILED;
+            if (fd >= 0 && ftruncate(fd, (off_t)size) == 0 &&
+                fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) == 0)
+                map = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+            if (map == MAP_FAILED) {
+                if (fd >= 0) close(fd);
+                goto out;
+            }
+            region_unref(*tx);
+            *tx = calloc(1, sizeof **tx);
+            if (!*tx) abort();
+            (*tx)->map = map;
+            (*tx)->size = size;
+            atomic_init(&(*tx)->refs, 1);
+        }
+        outmsg_copy(m, (*tx)->map, js, jlen);
+        t32 |= M_REGION;
+        memcpy(hdr, &t32, 4);
+        rc = send_with_fd(c, hdr, fd);
+        if (fd >= 0) close(fd);
+        goto out;
+    }
     int fd = memfd_create("nereid-python", MFD_CLOEXEC);
     if (fd < 0) goto out;
     uint8_t *map = MAP_FAILED;
@@ -345,31 +443,10 @@ static int outmsg_send(chan_t *c, uint32_t type, outmsg_t *m)
         close(fd);
         goto out;
     }
-    memcpy(map, js, jlen);
-    size_t off = 0;
-    for (size_t i = 0; i < m->n; i++) {
-        if (m->t[i].size) memcpy(map + jlen + off, m->t[i].data, m->t[i].size);
-        off = (off + m->t[i].size + ALIGN - 1) / ALIGN * ALIGN;
-    }
+    outmsg_copy(m, map, js, jlen);
     munmap(map, total);
-    struct iovec iov = {hdr, HDR_BYTES};
-    union {
-        char buf[CMSG_SPACE(sizeof(int))];
-        struct cmsghdr align;
-    } u;
-    memset(&u, 0, sizeof u);
-    struct msghdr mh = {
-        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof u.buf};
-    struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
-    cm->cmsg_level = SOL_SOCKET;
-    cm->cmsg_type = SCM_RIGHTS;
-    cm->cmsg_len = CMSG_LEN(sizeof(int));
-    memcpy(CMSG_DATA(cm), &fd, sizeof fd);
-    pthread_mutex_lock(&c->send_mu);
-    ssize_t s = sendmsg(c->fd, &mh, MSG_NOSIGNAL);
-    pthread_mutex_unlock(&c->send_mu);
+    rc = send_with_fd(c, hdr, fd);
     close(fd);
-    rc = s == HDR_BYTES ? 0 : -1;
 out:
     free(js);
     free(m->t);
@@ -386,7 +463,7 @@ static int send_json(chan_t *c, uint32_t type, json_t *obj)
 
 /* Receives one message. Returns 1 with *out, 0 at EOF, -1 with *why on a
  * malformed message or a socket error. */
-static int msg_recv(int fd, msg_t **out, char *why, size_t why_cap)
+static int msg_recv(int fd, region_t **rx, msg_t **out, char *why, size_t why_cap)
 {
     *out = NULL;
     msg_t *m = calloc(1, sizeof *m);
@@ -443,7 +520,21 @@ static int msg_recv(int fd, msg_t **out, char *why, size_t why_cap)
         goto fail;
     }
     const uint8_t *payload;
-    if (n_fds == 1) {
+    bool in_region = m->type & M_REGION;
+    m->type &= ~M_REGION;
+    if (in_region && (m->type != M_DONE || !rx || n != HDR_BYTES)) {
+        snprintf(why, why_cap, "unexpected region message");
+        goto fail;
+    }
+    if (in_region && n_fds == 0) {
+        if (!*rx || (*rx)->size < (uint64_t)jlen + blen) {
+            snprintf(why, why_cap, "message outside the shared-memory region");
+            goto fail;
+        }
+        m->region = *rx;
+        atomic_fetch_add(&m->region->refs, 1);
+        payload = m->region->map;
+    } else if (n_fds == 1) {
         struct stat st;
         int seals = fcntl(fds[0], F_GET_SEALS);
         if (n != HDR_BYTES || fstat(fds[0], &st) != 0 || seals < 0 || !(seals & F_SEAL_SHRINK) ||
@@ -461,6 +552,17 @@ static int msg_recv(int fd, msg_t **out, char *why, size_t why_cap)
         }
         m->map = map;
         payload = map;
+        if (in_region) { /* the worker's new region: kept for later messages */
+            region_t *r = calloc(1, sizeof *r);
+            if (!r) abort();
+            r->map = map;
+            r->size = m->map_len;
+            atomic_init(&r->refs, 2);
+            m->map = NULL;
+            m->region = r;
+            region_unref(*rx);
+            *rx = r;
+        }
     } else {
         if ((uint64_t)n != HDR_BYTES + (uint64_t)jlen + blen) {
             snprintf(why, why_cap, "message length does not match its header");
@@ -485,6 +587,30 @@ fail:
         close(fds[i]);
     msg_free(m);
     return rc;
+}
+
+/* Whether p[0..size) is exactly elems serialized BYTES elements. Memory the
+ * worker can still write is checked again after it was copied. */
+static bool bytes_ok(const uint8_t *p, size_t size, uint64_t elems)
+{
+    size_t pos = 0;
+    uint64_t count = 0;
+    while (size - pos >= 4) {
+        uint32_t len;
+        memcpy(&len, p + pos, 4);
+        if (len > size - pos - 4) break;
+        pos += 4 + len;
+        count++;
+    }
+    return pos == size && count == elems;
+}
+
+static uint64_t elements(const int64_t *shape, size_t rank)
+{
+    uint64_t n = 1;
+    for (size_t i = 0; i < rank; i++)
+        n *= (uint64_t)shape[i];
+    return n;
 }
 
 /* A tensor a worker described: checked against the blob and its type. */
@@ -531,16 +657,7 @@ static bool parse_tensor(json_t *d, const uint8_t *blob, size_t blob_len, tview_
     size_t esize = nereid_datatype_byte_size(t);
     const uint8_t *p = blob + off;
     if (t == NEREID_TYPE_BYTES) {
-        size_t pos = 0, count = 0;
-        while (pos < (size_t)size) {
-            uint32_t len;
-            if ((size_t)size - pos < 4) break;
-            memcpy(&len, p + pos, 4);
-            if (len > (size_t)size - pos - 4) break;
-            pos += 4 + len;
-            count++;
-        }
-        if (pos != (size_t)size || count != elems) {
+        if (!bytes_ok(p, (size_t)size, (uint64_t)elems)) {
             snprintf(why, why_cap, "BYTES tensor '%.256s' does not hold %llu serialized elements",
                      name, (unsigned long long)elems);
             return false;
@@ -574,6 +691,8 @@ typedef struct instance {
     chan_t *chan;
     pthread_t reader;
     bool reader_running;
+    region_t *tx; /* EXECUTE inputs (instance thread only) */
+    region_t *rx; /* the worker's DONE outputs (reader thread only) */
 
     pthread_mutex_t mu; /* guards what follows */
     pthread_cond_t cv;
@@ -665,6 +784,14 @@ static bool on_response(instance_t *in, msg_t *m, char *why, size_t why_cap)
             bad = nereid_sender_output(s, v.name, v.datatype, v.shape, v.rank, v.size, &buf);
             if (bad) break;
             if (v.size) memcpy(buf, v.data, v.size);
+            if (v.datatype == NEREID_TYPE_BYTES &&
+                !bytes_ok(buf, v.size, elements(v.shape, v.rank))) {
+                bad = nereid_error_new(NEREID_ERROR_INTERNAL,
+                                       "Python model '%s': BYTES tensor '%s' changed while it "
+                                       "was read",
+                                       in->name, v.name);
+                break;
+            }
         }
         e = nereid_sender_send(s, flags, bad);
     }
@@ -786,6 +913,16 @@ static bool bls_start(instance_t *in, msg_t *m, char *why, size_t why_cap)
         return false;
     }
     json_int_t id = json_integer_value(jid);
+    if (m->map) { /* the worker can still write its memfd: take a private copy */
+        uint8_t *copy = malloc(m->blob_len ? m->blob_len : 1);
+        if (!copy) abort();
+        memcpy(copy, m->blob, m->blob_len);
+        munmap(m->map, m->map_len);
+        m->map = NULL;
+        free(m->buf);
+        m->buf = copy;
+        m->blob = copy;
+    }
     bool want_decoupled = json_is_true(json_object_get(j, "decoupled"));
     chan_t *c = in->chan;
     bool target_decoupled = false;
@@ -897,7 +1034,7 @@ static void *reader_main(void *arg)
     char why[512] = "";
     for (;;) {
         msg_t *m;
-        int rc = msg_recv(in->chan->fd, &m, why, sizeof why);
+        int rc = msg_recv(in->chan->fd, &in->rx, &m, why, sizeof why);
         if (rc <= 0) break;
         bool ok = true;
         switch (m->type) {
@@ -1027,6 +1164,9 @@ static nereid_error_t *worker_start(instance_t *in, const char *init_json, msg_t
                                 in->name, strerror(rc));
     }
     in->pid = pid;
+    region_unref(in->tx);
+    region_unref(in->rx);
+    in->tx = in->rx = NULL;
     in->chan = chan_new(sv[0]);
     if (!in->chan) abort();
     pthread_mutex_lock(&in->mu);
@@ -1075,6 +1215,8 @@ typedef struct model_state {
 
 static void instance_free(instance_t *in)
 {
+    region_unref(in->tx);
+    region_unref(in->rx);
     free(in->init_json);
     free(in->name);
     free(in->death);
@@ -1336,6 +1478,12 @@ static bool apply_done(instance_t *in, nereid_batch_t *batch, msg_t *m, char *wh
             bad = nereid_batch_request_output(batch, r, v.name, v.datatype, v.shape, v.rank, v.size,
                                               &buf);
             if (!bad && v.size) memcpy(buf, v.data, v.size);
+            if (!bad && v.datatype == NEREID_TYPE_BYTES &&
+                !bytes_ok(buf, v.size, elements(v.shape, v.rank)))
+                bad = nereid_error_new(NEREID_ERROR_INTERNAL,
+                                       "Python model '%s': BYTES tensor '%s' changed while it "
+                                       "was read",
+                                       in->name, v.name);
         }
         if (bad) nereid_batch_set_request_error(batch, r, bad);
     }
@@ -1415,7 +1563,7 @@ NEREID_EXPORT nereid_error_t *nereid_backend_execute(nereid_instance_t *instance
     pthread_mutex_lock(&in->mu);
     in->batch = batch;
     pthread_mutex_unlock(&in->mu);
-    int rc = outmsg_send(in->chan, M_EXECUTE, &om);
+    int rc = outmsg_send_region(in->chan, M_EXECUTE, &om, &in->tx);
     uint64_t input_end = nereid_now_ns();
     msg_t *m = rc == 0 ? wait_reply(in, M_DONE, 0) : NULL;
     uint64_t infer_end = nereid_now_ns();
