@@ -696,9 +696,10 @@ typedef struct instance {
 
     pthread_mutex_t mu; /* guards what follows */
     pthread_cond_t cv;
-    bool dead;    /* the worker is gone (reader thread ended) */
-    char *death;  /* why, when it sent something invalid */
-    msg_t *reply; /* READY / DONE / FINALIZED for the instance thread */
+    bool dead;       /* the worker is gone (reader thread ended) */
+    char *death;     /* why, when it sent something invalid */
+    msg_t *reply;    /* READY / DONE / FINALIZED for the instance thread */
+    uint32_t expect; /* the reply type the instance thread waits for; 0: none */
     sender_slot_t *senders;
     uint64_t next_sender;
     nereid_batch_t *batch; /* during execute, for cancellation checks */
@@ -1042,10 +1043,11 @@ static void *reader_main(void *arg)
         case M_DONE:
         case M_FINALIZED:
             pthread_mutex_lock(&in->mu);
-            if (in->reply) {
+            if (in->reply || m->type != in->expect) {
                 ok = false;
                 snprintf(why, sizeof why, "an unexpected reply");
             } else {
+                in->expect = 0;
                 in->reply = m;
                 m = NULL;
                 pthread_cond_broadcast(&in->cv);
@@ -1095,6 +1097,15 @@ static void *reader_main(void *arg)
     return NULL;
 }
 
+/* Announces the reply the next message sent asks for: any other reply,
+ * or one nobody waits for, is a protocol error. */
+static void expect_reply(instance_t *in, uint32_t type)
+{
+    pthread_mutex_lock(&in->mu);
+    in->expect = type;
+    pthread_mutex_unlock(&in->mu);
+}
+
 /* Waits for the worker's reply of type want (or its end). timeout_s 0 =
  * no limit. NULL when the worker died or the time ran out. */
 static msg_t *wait_reply(instance_t *in, uint32_t want, long timeout_s)
@@ -1112,6 +1123,7 @@ static msg_t *wait_reply(instance_t *in, uint32_t want, long timeout_s)
     }
     msg_t *m = in->reply;
     in->reply = NULL;
+    in->expect = 0;
     pthread_mutex_unlock(&in->mu);
     if (m && m->type != want) {
         msg_free(m);
@@ -1185,6 +1197,7 @@ static nereid_error_t *worker_init(instance_t *in, const char *init_json, msg_t 
 {
     *ready = NULL;
     json_error_t jerr;
+    expect_reply(in, M_READY);
     send_json(in->chan, M_INIT, json_loads(init_json, 0, &jerr));
     msg_t *m = wait_reply(in, M_READY, 0);
     if (!m) {
@@ -1393,6 +1406,7 @@ NEREID_EXPORT nereid_error_t *nereid_backend_instance_fini(nereid_instance_t *in
     if (in->reader_running) {
         /* finalize() runs in the worker; a worker that does not answer in
          * time is killed. */
+        expect_reply(in, M_FINALIZED);
         if (send_json(in->chan, M_FINALIZE, json_object()) == 0)
             msg_free(wait_reply(in, M_FINALIZED, g_backend->finalize_wait_s));
         worker_stop(in);
@@ -1563,6 +1577,7 @@ NEREID_EXPORT nereid_error_t *nereid_backend_execute(nereid_instance_t *instance
     pthread_mutex_lock(&in->mu);
     in->batch = batch;
     pthread_mutex_unlock(&in->mu);
+    expect_reply(in, M_DONE);
     int rc = outmsg_send_region(in->chan, M_EXECUTE, &om, &in->tx);
     uint64_t input_end = nereid_now_ns();
     msg_t *m = rc == 0 ? wait_reply(in, M_DONE, 0) : NULL;

@@ -153,6 +153,24 @@ class TritonPythonModel:
             os.kill(os.getpid(), signal.SIGKILL)
         if mode == "exit":
             os._exit(3)
+        if mode in ("garbage", "unsealed", "outside"):
+            # a hostile model writing its own datagrams to the server
+            import socket, struct, array
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET, fileno=os.dup(3))
+            if mode == "garbage":
+                sock.send(b"xx")
+            elif mode == "unsealed":
+                fd = os.memfd_create("x")
+                os.ftruncate(fd, 4096)
+                sock.sendmsg([struct.pack("<IIQ", 102, 2, 0)],
+                              [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))])
+            else:
+                js = b'{"responses":[{"n_outputs":1}],"tensors":[{"name":"OUT","datatype":' \
+                     b'"INT64","shape":[1000000],"offset":0,"size":8000000}]}'
+                sock.send(struct.pack("<IIQ", 102, len(js), 8) + js + bytes(8))
+            sock.detach()
+            time.sleep(0.5)
+            return [ok()]
         if mode == "big":
             n = 1 << 20
             return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT",
@@ -712,3 +730,19 @@ def test_example_model(tmp_path):
     finally:
         assert s.stop() == 0
     assert "add_sub_python: finalize" in open(s.log_path).read()
+
+
+@pytest.mark.parametrize("how,why", [
+    ("garbage", "malformed message header"),
+    ("unsealed", "bad shared-memory region"),
+    ("outside", "tensor 'OUT' lies outside its message"),
+])
+def test_hostile_worker_messages(server, how, why):
+    r = mode(server, how)
+    assert r.status_code == 500
+    if how == "outside":  # a forged answer: its tensor is refused, then the real one
+        assert r.json()["error"] == f"Python model 'misbehave_0': {why}"  # ends the worker
+    else:
+        assert r.json()["error"].startswith("Stub process 'misbehave_0' is not healthy")
+        assert why in server.output()
+    assert mode(server, "ok").status_code == 200  # restarted
