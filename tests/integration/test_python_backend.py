@@ -746,3 +746,68 @@ def test_hostile_worker_messages(server, how, why):
         assert r.json()["error"].startswith("Stub process 'misbehave_0' is not healthy")
         assert why in server.output()
     assert mode(server, "ok").status_code == 200  # restarted
+
+
+HANG_FINALIZE = """
+import os
+import time
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", np.array([os.getpid()],
+                                                                         np.int64))])
+                for r in requests]
+
+    def finalize(self):
+        print("hang_finalize: finalize started", flush=True)
+        time.sleep(3600)
+"""
+
+
+def test_unload_reload_and_finalize_timeout(tmp_path):
+    """Explicit model control: unload ends the workers (finalize that hangs
+    is cut off after stub-timeout-seconds), load starts new ones."""
+    path = str(tmp_path / "models")
+    cfg = ('name: "{}"\nbackend: "python"\n'
+           'input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+           'output [ { name: "Y" data_type: TYPE_INT64 dims: [ 1 ] } ]\n'
+           'instance_group [ { count: 2 kind: KIND_CPU } ]\n')
+    write(path, "hang_finalize", cfg.replace("{}", "hang_finalize"), HANG_FINALIZE)
+    s = Server(path, ["--model-control-mode=explicit", "--load-model=hang_finalize",
+                      "--backend-config=python,stub-timeout-seconds=1",
+                      "--backend-config=python,shm-default-byte-size=4194304"], "http")
+    try:
+        assert "shm-default-byte-size is accepted and ignored" in s.output()
+        body = [{"name": "X", "datatype": "FP32", "data": np.array([1], np.float32)}]
+        pid = post(s, "hang_finalize", body).json()["outputs"][0]["data"][0]
+        assert os.path.exists(f"/proc/{pid}")
+        r = requests.post(s.http_url + "/v2/repository/models/hang_finalize/unload", timeout=60)
+        assert r.status_code == 200, r.text
+        deadline = time.time() + 30
+        while os.path.exists(f"/proc/{pid}") and time.time() < deadline:
+            time.sleep(0.05)
+        assert not os.path.exists(f"/proc/{pid}")
+        assert "hang_finalize: finalize started" in s.output()
+        r = requests.post(s.http_url + "/v2/repository/models/hang_finalize/load", timeout=60)
+        assert r.status_code == 200, r.text
+        new_pid = post(s, "hang_finalize", body).json()["outputs"][0]["data"][0]
+        assert new_pid != pid
+    finally:
+        assert s.stop() == 0, s.output()
+    assert not workers()
+
+
+def test_workers_exit_when_the_server_is_killed(tmp_path):
+    path = str(tmp_path / "models")
+    write(path, "add_sub", ADD_SUB_CONFIG, ADD_SUB)
+    s = Server(path, [], "http")
+    assert workers()
+    s.proc.kill()
+    s.proc.wait()
+    s.log.close()
+    deadline = time.time() + 30
+    while workers() and time.time() < deadline:
+        time.sleep(0.05)
+    assert not workers()
