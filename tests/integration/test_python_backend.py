@@ -377,16 +377,17 @@ def repo(tmp_path_factory):
 def server(repo):
     s = Server(repo, [], "http")
     yield s
+    mine = workers(s.proc.pid)
     rc = s.stop()
     with open(s.log_path) as f:
         out = f.read()
     assert rc == 0, out
     assert "add_sub finalize invoked" in out
-    assert not workers(), "a python worker outlived the server"
+    assert not [p for p in mine if os.path.exists(f"/proc/{p}")], "a worker outlived the server"
 
 
-def workers():
-    """pids of every python worker of this test run's build."""
+def workers(parent=None):
+    """pids of the python workers of this test run's build (of one server)."""
     stub = os.path.join(BUILD, "backends", "python", "nereid_python_stub.py").encode()
     pids = []
     for p in os.listdir("/proc"):
@@ -394,8 +395,12 @@ def workers():
             continue
         try:
             with open(f"/proc/{p}/cmdline", "rb") as f:
-                if stub in f.read():
-                    pids.append(int(p))
+                if stub not in f.read():
+                    continue
+            with open(f"/proc/{p}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            if parent is None or ppid == parent:
+                pids.append(int(p))
         except OSError:
             pass
     return pids
@@ -795,19 +800,22 @@ def test_unload_reload_and_finalize_timeout(tmp_path):
         new_pid = post(s, "hang_finalize", body).json()["outputs"][0]["data"][0]
         assert new_pid != pid
     finally:
+        mine = workers(s.proc.pid)
         assert s.stop() == 0, s.output()
-    assert not workers()
+    assert not [p for p in mine if os.path.exists(f"/proc/{p}")]
 
 
 def test_workers_exit_when_the_server_is_killed(tmp_path):
     path = str(tmp_path / "models")
     write(path, "add_sub", ADD_SUB_CONFIG, ADD_SUB)
     s = Server(path, [], "http")
-    assert workers()
+    mine = workers(s.proc.pid)
+    assert mine
     s.proc.kill()
     s.proc.wait()
     s.log.close()
+    alive = lambda: [p for p in mine if os.path.exists(f"/proc/{p}")]
     deadline = time.time() + 30
-    while workers() and time.time() < deadline:
+    while alive() and time.time() < deadline:
         time.sleep(0.05)
-    assert not workers()
+    assert not alive()
