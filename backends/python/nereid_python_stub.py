@@ -8,24 +8,27 @@ in the same datagram or, when large, in an anonymous shared-memory file
 (memfd) passed with SCM_RIGHTS. Tensors are described in the JSON by name,
 datatype, shape, offset and size within the blob.
 
-Threads: a reader thread receives every message. Work for the model (init,
-execute, finalize) goes to the main thread through a queue; answers to the
-model's own calls (BLS results, cancellation checks) wake the caller. The
-worker exits when the server closes the socket (or dies).
+Threads: the socket is read by whichever thread is waiting for something
+(leader/follower, Worker.wait_for): the main thread when it waits for work
+(init, execute, finalize run on it), a model thread when it waits for its
+BLS result or cancellation answer. The worker exits when the server closes
+the socket, or, checked every 0.3 s by a watchdog thread, when the server
+process is gone.
 """
 import array
 import asyncio
+import collections
 import fcntl
 import importlib
 import inspect
 import json
 import mmap
 import os
-import queue
 import socket
 import struct
 import sys
 import threading
+import time
 import traceback
 
 import numpy as np
@@ -92,9 +95,10 @@ class Worker:
     def __init__(self, sock):
         self.sock = sock
         self.send_lock = threading.Lock()
-        self.work = queue.Queue()
-        self.pending = {}  # call id -> [event, results]
-        self.pending_lock = threading.Lock()
+        self.work = collections.deque()
+        self.pending = {}  # call id -> [done, results]
+        self.cv = threading.Condition()  # guards work, pending, reading
+        self.reading = False
         self.next_id = 1
         self.model = None
         self.model_dir = ""
@@ -204,40 +208,58 @@ class Worker:
         obj = json.loads(bytes(payload[:jlen]))
         return mtype, obj, payload[jlen:jlen + blen]
 
-    def reader(self):
-        try:
-            while True:
-                msg = self.recv()
-                if msg is None:
-                    break
+    def wait_for(self, ready):
+        """Returns when ready() is true. Whichever waiting thread finds nobody
+        reading the socket reads it (leader/follower): the main thread waiting
+        for work, or a thread waiting for its BLS result, so an EXECUTE reaches
+        the main thread without a hop through another thread."""
+        with self.cv:
+            while not ready():
+                if self.reading:
+                    self.cv.wait()
+                    continue
+                self.reading = True
+                self.cv.release()
+                try:
+                    msg = self.recv()
+                except OSError:
+                    msg = None
+                finally:
+                    self.cv.acquire()
+                    self.reading = False
+                if msg is None:  # the server is gone (or closed our socket)
+                    os._exit(0)
                 mtype, obj, blob = msg
                 if mtype in (M_BLS_RESULT, M_CANCEL_ANSWER):
-                    with self.pending_lock:
-                        slot = self.pending.get(obj["id"])
+                    slot = self.pending.get(obj.get("id"))
                     if slot is not None:
                         slot[1].append((obj, blob))
                         if mtype == M_CANCEL_ANSWER or obj.get("final", True):
-                            slot[0].set()
+                            slot[0] = True
                 else:
-                    self.work.put(msg)
-        except OSError:
-            pass
-        # The server is gone (or closed our socket): nothing more to do.
-        os._exit(0)
+                    self.work.append(msg)
+                self.cv.notify_all()
+
+    def watch_parent(self):
+        """Exits when the server dies, even while the model is busy."""
+        parent = os.getppid()
+        while True:
+            time.sleep(0.3)
+            if os.getppid() != parent:
+                os._exit(0)
 
     def call(self, mtype, obj, tensors=()):
-        ev = threading.Event()
-        slot = [ev, []]
-        with self.pending_lock:
+        slot = [False, []]
+        with self.cv:
             cid = self.next_id
             self.next_id += 1
             self.pending[cid] = slot
         obj["id"] = cid
         try:
             self.send(mtype, obj, tensors)
-            ev.wait()
+            self.wait_for(lambda: slot[0])
         finally:
-            with self.pending_lock:
+            with self.cv:
                 del self.pending[cid]
         return slot[1]
 
@@ -440,9 +462,11 @@ class Worker:
         self.send(M_FINALIZED, {})
 
     def run(self):
-        threading.Thread(target=self.reader, daemon=True).start()
+        threading.Thread(target=self.watch_parent, daemon=True).start()
         while True:
-            mtype, obj, blob = self.work.get()
+            self.wait_for(lambda: self.work)
+            with self.cv:
+                mtype, obj, blob = self.work.popleft()
             if mtype == M_INIT:
                 self.handle_init(obj)
             elif mtype == M_EXECUTE:
