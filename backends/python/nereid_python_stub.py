@@ -447,7 +447,11 @@ class Worker:
             mine = [t for t in resp.output_tensors() if t.name() in requested]
             out.append({"n_outputs": len(mine)})
             tensors.extend(mine)
-        self.send(M_DONE, {"responses": out}, tensors, region=True)
+        try:
+            self.send(M_DONE, {"responses": out}, tensors, region=True)
+        except Exception as e:  # e.g. a BYTES element that cannot be encoded
+            self.send(M_DONE, {"error": f"Failed to process the request(s) for model "
+                                        f"'{self.instance}', message: {error_text(e)}"})
 
     def handle_finalize(self):
         if self.bg_loop is not None:

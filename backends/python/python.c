@@ -691,8 +691,9 @@ typedef struct instance {
     chan_t *chan;
     pthread_t reader;
     bool reader_running;
-    region_t *tx; /* EXECUTE inputs (instance thread only) */
-    region_t *rx; /* the worker's DONE outputs (reader thread only) */
+    const char *python; /* interpreter (borrowed from the model or backend) */
+    region_t *tx;       /* EXECUTE inputs (instance thread only) */
+    region_t *rx;       /* the worker's DONE outputs (reader thread only) */
 
     pthread_mutex_t mu; /* guards what follows */
     pthread_cond_t cv;
@@ -1163,17 +1164,17 @@ static nereid_error_t *worker_start(instance_t *in, const char *init_json, msg_t
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_adddup2(&fa, sv[1], 3);
     posix_spawn_file_actions_addclosefrom_np(&fa, 4);
-    char *argv[] = {g_backend->python, "-u", g_backend->stub, "triton_python_backend_stub",
-                    in->name,          NULL};
+    char *python = (char *)(in->python ? in->python : g_backend->python);
+    char *argv[] = {python, "-u", g_backend->stub, "triton_python_backend_stub", in->name, NULL};
     pid_t pid;
-    int rc = posix_spawn(&pid, g_backend->python, &fa, NULL, argv, environ);
+    int rc = posix_spawn(&pid, python, &fa, NULL, argv, environ);
     posix_spawn_file_actions_destroy(&fa);
     close(sv[1]);
     if (rc != 0) {
         close(sv[0]);
         return nereid_error_new(NEREID_ERROR_INTERNAL,
-                                "python backend: cannot start '%s' for '%s': %s", g_backend->python,
-                                in->name, strerror(rc));
+                                "python backend: cannot start '%s' for '%s': %s", python, in->name,
+                                strerror(rc));
     }
     in->pid = pid;
     region_unref(in->tx);
@@ -1219,7 +1220,8 @@ static nereid_error_t *worker_init(instance_t *in, const char *init_json, msg_t 
 /* ---- Model ---- */
 
 typedef struct model_state {
-    char *file; /* <model dir>/<version>/model.py */
+    char *file;   /* <model dir>/<version>/model.py */
+    char *python; /* EXECUTION_ENV_PATH's interpreter, or NULL: the backend's */
     /* The worker that ran auto_complete_config, kept for the first instance
      * (named after it) so a model starts one interpreter, not two. */
     pthread_mutex_t mu;
@@ -1248,7 +1250,39 @@ static instance_t *instance_new(const char *name, nereid_model_t *model)
     in->decoupled = nereid_model_decoupled(model);
     pthread_mutex_init(&in->mu, NULL);
     pthread_cond_init(&in->cv, NULL);
+    model_state_t *ms = nereid_model_state(model);
+    in->python = ms ? ms->python : NULL;
     return in;
+}
+
+/* A model's EXECUTION_ENV_PATH: an unpacked environment directory (its
+ * bin/python3 runs the workers; $$TRITON_MODEL_DIRECTORY is the model's
+ * directory). Packed archives are refused. *python NULL: not set. */
+static nereid_error_t *execution_env(nereid_model_t *model, char **python)
+{
+    *python = NULL;
+    const char *env = nereid_model_parameter(model, "EXECUTION_ENV_PATH");
+    if (!env || !*env) return NULL;
+    const char *var = "$$TRITON_MODEL_DIRECTORY";
+    const char *at = strstr(env, var);
+    char path[PATH_MAX];
+    if (at)
+        snprintf(path, sizeof path, "%.*s%s%s", (int)(at - env), env, nereid_model_directory(model),
+                 at + strlen(var));
+    else
+        snprintf(path, sizeof path, "%s", env);
+    char exe[PATH_MAX + 16];
+    snprintf(exe, sizeof exe, "%s/bin/python3", path);
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode) && access(exe, X_OK) == 0) {
+        *python = strdup(exe);
+        return NULL;
+    }
+    return nereid_error_new(NEREID_ERROR_UNSUPPORTED,
+                            "EXECUTION_ENV_PATH '%s': Nereid runs an unpacked Python environment "
+                            "(a directory with bin/python3), not a packed archive; unpack it and "
+                            "point EXECUTION_ENV_PATH at the directory, or set NEREID_PYTHON",
+                            path);
 }
 
 /* The name Triton gives the first instance: <first group's name>_0. */
@@ -1295,13 +1329,9 @@ static char *init_message(nereid_model_t *model, const char *file, const char *i
 NEREID_EXPORT nereid_error_t *nereid_backend_model_init(nereid_model_t *model)
 {
     if (!g_server) g_server = nereid_model_server(model);
-    const char *env = nereid_model_parameter(model, "EXECUTION_ENV_PATH");
-    if (env && *env)
-        return nereid_error_new(NEREID_ERROR_UNSUPPORTED,
-                                "EXECUTION_ENV_PATH is not supported by Nereid's Python backend "
-                                "(got '%s'): start the server with NEREID_PYTHON=<env>/bin/python3 "
-                                "or --backend-config=python,python-executable=<interpreter>",
-                                env);
+    char *python = NULL;
+    nereid_error_t *env_err = execution_env(model, &python);
+    if (env_err) return env_err;
     char *file = nereid_model_file_path(model, "model.py");
     if (!file) return nereid_error_new(NEREID_ERROR_INTERNAL, "python backend: out of memory");
     size_t len = strlen(file);
@@ -1311,6 +1341,7 @@ NEREID_EXPORT nereid_error_t *nereid_backend_model_init(nereid_model_t *model)
             NEREID_ERROR_INVALID_ARG, "Model name must end with '.py'. Model name is \"%s\".",
             base ? base + 1 : file);
         free(file);
+        free(python);
         return e;
     }
     if (access(file, R_OK) != 0) {
@@ -1319,11 +1350,13 @@ NEREID_EXPORT nereid_error_t *nereid_backend_model_init(nereid_model_t *model)
                                              "file not found in '%s'",
                                              file);
         free(file);
+        free(python);
         return e;
     }
     model_state_t *st = calloc(1, sizeof *st);
     if (!st) abort();
     st->file = file;
+    st->python = python;
     pthread_mutex_init(&st->mu, NULL);
     nereid_model_set_state(model, st);
     if (!nereid_model_autocomplete_allowed(model)) return NULL;
@@ -1364,6 +1397,7 @@ NEREID_EXPORT nereid_error_t *nereid_backend_model_fini(nereid_model_t *model)
             instance_free(st->spare);
         }
         pthread_mutex_destroy(&st->mu);
+        free(st->python);
         free(st->file);
         free(st);
     }

@@ -702,6 +702,28 @@ def test_load_failures(tmp_path):
         write(path, name, f'name: "{name}"\nbackend: "python"\n'
                           'input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
                           'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] } ]\n', src)
+    # EXECUTION_ENV_PATH: an unpacked environment runs; a packed one is refused
+    io = ('input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+          'output [ { name: "Y" data_type: TYPE_STRING dims: [ 1 ] } ]\n')
+    env_model = """
+import sys
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", np.array(
+            [sys.executable.encode()], dtype=np.object_))]) for r in requests]
+"""
+    env_param = ('parameters { key: "EXECUTION_ENV_PATH" '
+                 'value { string_value: "$$TRITON_MODEL_DIRECTORY/%s" } }\n')
+    write(path, "env_dir", 'name: "env_dir"\nbackend: "python"\n' + io + env_param % "env",
+          env_model)
+    os.makedirs(os.path.join(path, "env_dir", "env", "bin"))
+    os.symlink("/usr/bin/python3", os.path.join(path, "env_dir", "env", "bin", "python3"))
+    write(path, "env_tar", 'name: "env_tar"\nbackend: "python"\n' + io + env_param % "e.tar.gz",
+          env_model)
+    open(os.path.join(path, "env_tar", "e.tar.gz"), "wb").close()
     write(path, "no_model_py", 'name: "no_model_py"\nbackend: "python"\n'
                                'input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
                                'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] } ]\n', None)
@@ -711,6 +733,11 @@ def test_load_failures(tmp_path):
         reasons = {m["name"]: (m["state"], m.get("reason", "")) for m in index}
         for name, (_, text) in FAIL_MODELS.items():
             assert reasons[name][0] == "UNAVAILABLE" and text in reasons[name][1], reasons[name]
+        assert reasons["env_dir"][0] == "READY", reasons["env_dir"]
+        r = post(s, "env_dir", [{"name": "X", "datatype": "FP32",
+                                 "data": np.array([1], np.float32)}])
+        assert r.json()["outputs"][0]["data"] == [f"{path}/env_dir/env/bin/python3"]
+        assert "Nereid runs an unpacked Python environment" in reasons["env_tar"][1]
         assert reasons["no_model_py"][1].endswith(
             "Failed to preinitialize Python stub: Python model file not found in "
             f"'{path}/no_model_py/1/model.py'")
