@@ -370,6 +370,7 @@ class Worker:
             req._request_id = r["id"]
             req._correlation_id = r["correlation_id"]
             req._flags = r["flags"]
+            req._timeout = r.get("timeout", 0)
             req._parameters = json.dumps(r["parameters"])
             req._model_name = r.get("model", "")
             if self.decoupled:

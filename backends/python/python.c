@@ -1583,9 +1583,15 @@ NEREID_EXPORT nereid_error_t *nereid_backend_execute(nereid_instance_t *instance
             json_array_append_new(ins, outmsg_add(&om, &v));
         }
         const char *id = nereid_batch_request_id(batch, r);
-        json_t *rq = json_pack("{s:s, s:I, s:i, s:o, s:O, s:o}", "id", id ? id : "",
-                               "correlation_id", (json_int_t)0, "flags", 0, "parameters",
-                               request_parameters(batch, r), "outputs", outputs, "inputs", ins);
+        uint64_t corr, timeout_us;
+        const char *corr_str;
+        uint32_t flags;
+        nereid_batch_request_sequence(batch, r, &corr, &corr_str, &flags, &timeout_us);
+        json_t *rq =
+            json_pack("{s:s, s:o, s:i, s:I, s:o, s:O, s:o}", "id", id ? id : "", "correlation_id",
+                      corr_str ? json_string(corr_str) : json_integer((json_int_t)corr), "flags",
+                      (int)flags, "timeout", (json_int_t)timeout_us, "parameters",
+                      request_parameters(batch, r), "outputs", outputs, "inputs", ins);
         if (in->decoupled) {
             nereid_response_sender_t *s;
             nereid_error_t *e = nereid_batch_request_sender(batch, r, &s);

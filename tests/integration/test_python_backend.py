@@ -101,6 +101,7 @@ class TritonPythonModel:
                     "parameters": json.loads(r.parameters()),
                     "requested": sorted(r.requested_output_names()),
                     "correlation_id": r.correlation_id(), "flags": r.flags(),
+                    "timeout": r.timeout(),
                     "cancelled": r.is_cancelled(),
                     "types": [pb_utils.triton_to_numpy_type(t.triton_dtype()).__name__
                               for t in r.inputs()]}
@@ -481,6 +482,22 @@ def test_every_datatype_and_request_details(server):
     assert info["parameters"] == {"p_int": 7, "p_str": "s"}
     assert info["requested"] == sorted([f"OUT_{t}" for t in TYPES] + ["INFO"])
     assert info["correlation_id"] == 0 and info["flags"] == 0 and info["cancelled"] is False
+    assert info["timeout"] == 0
+
+
+@pytest.mark.parametrize("seq,expect", [(42, 42), ("corr-7", "corr-7")])
+def test_correlation_id_flags_and_timeout(server, seq, expect):
+    params = {"sequence_id": seq, "sequence_start": True, "sequence_end": True,
+              "timeout": 5000000}
+    r = post(server, "all_types", [{"name": "IN_INT32", "datatype": "INT32",
+                                    "data": np.array([1], np.int32)}], parameters=params)
+    assert r.status_code == 200, r.text
+    doc, raw = split_response(r)
+    info = json.loads(output_array(doc, raw, "INFO")[0])
+    assert info["correlation_id"] == expect
+    assert info["flags"] == 3  # SEQUENCE_START | SEQUENCE_END
+    assert info["timeout"] == 5000000
+    assert info["parameters"] == {}
     assert "all_types initialized" in server.output()
 
 
