@@ -172,6 +172,17 @@ class TritonPythonModel:
             sock.detach()
             time.sleep(0.5)
             return [ok()]
+        if mode == "wait_cancel":
+            # tells the test it runs, then polls is_cancelled() as Triton's QA model does
+            open(os.path.join(pb_utils.get_model_dir(), "running"), "w").close()
+            deadline = time.time() + 30
+            while not requests[0].is_cancelled() and time.time() < deadline:
+                time.sleep(0.01)
+            if requests[0].is_cancelled():
+                pb_utils.Logger.log_info("misbehave: request cancelled")
+                return [pb_utils.InferenceResponse(error=pb_utils.TritonError(
+                    "cancelled by the client", pb_utils.TritonError.CANCELLED))]
+            return [ok()]
         if mode == "big":
             n = 1 << 20
             return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT",
@@ -863,3 +874,25 @@ def test_workers_exit_when_the_server_is_killed(tmp_path):
     while alive() and time.time() < deadline:
         time.sleep(0.05)
     assert not alive()
+
+
+def test_is_cancelled_sees_a_grpc_cancel(server, repo):
+    marker = os.path.join(repo, "misbehave", "running")
+    req = pb.ModelInferRequest(model_name="misbehave")
+    t = req.inputs.add()
+    t.name, t.datatype = "MODE", "BYTES"
+    t.shape.extend([1])
+    t.contents.bytes_contents.append(b"wait_cancel")
+    with grpc.insecure_channel(server.grpc_addr) as ch:
+        fut = pbg.GRPCInferenceServiceStub(ch).ModelInfer.future(req, timeout=60)
+        deadline = time.time() + 30
+        while not os.path.exists(marker) and time.time() < deadline:
+            time.sleep(0.01)
+        assert os.path.exists(marker)
+        fut.cancel()
+    deadline = time.time() + 30
+    while "misbehave: request cancelled" not in server.output() and time.time() < deadline:
+        time.sleep(0.05)
+    assert "misbehave: request cancelled" in server.output()
+    os.unlink(marker)
+    assert mode(server, "ok").status_code == 200
