@@ -35,6 +35,7 @@
 #include <fcntl.h>
 #include <jansson.h>
 #include <limits.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <spawn.h>
@@ -463,7 +464,15 @@ static int send_json(chan_t *c, uint32_t type, json_t *obj)
 
 /* Receives one message. Returns 1 with *out, 0 at EOF, -1 with *why on a
  * malformed message or a socket error. */
+static int msg_recv_flags(int fd, region_t **rx, msg_t **out, char *why, size_t why_cap, int flags);
+
 static int msg_recv(int fd, region_t **rx, msg_t **out, char *why, size_t why_cap)
+{
+    return msg_recv_flags(fd, rx, out, why, why_cap, 0);
+}
+
+/* msg_recv with recvmsg flags (MSG_DONTWAIT: 2 when nothing is waiting). */
+static int msg_recv_flags(int fd, region_t **rx, msg_t **out, char *why, size_t why_cap, int flags)
 {
     *out = NULL;
     msg_t *m = calloc(1, sizeof *m);
@@ -484,8 +493,12 @@ static int msg_recv(int fd, region_t **rx, msg_t **out, char *why, size_t why_ca
         .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof u.buf};
     ssize_t n;
     do {
-        n = recvmsg(fd, &mh, MSG_CMSG_CLOEXEC);
+        n = recvmsg(fd, &mh, MSG_CMSG_CLOEXEC | flags);
     } while (n < 0 && errno == EINTR);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        msg_free(m);
+        return 2;
+    }
     int fds[4], n_fds = 0;
     for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm)) {
         if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS) continue;
@@ -697,10 +710,13 @@ typedef struct instance {
 
     pthread_mutex_t mu; /* guards what follows */
     pthread_cond_t cv;
-    bool dead;       /* the worker is gone (reader thread ended) */
-    char *death;     /* why, when it sent something invalid */
-    msg_t *reply;    /* READY / DONE / FINALIZED for the instance thread */
-    uint32_t expect; /* the reply type the instance thread waits for; 0: none */
+    bool dead;         /* the worker is gone (reader thread ended) */
+    char *death;       /* why, when it sent something invalid */
+    msg_t *reply;      /* READY / DONE / FINALIZED for the instance thread */
+    uint32_t expect;   /* the reply type the instance thread waits for; 0: none */
+    bool exec_reading; /* execute reads the socket itself (the reader is parked) */
+    bool bg_in_recv;   /* the reader thread is receiving */
+    bool reaped;       /* the worker was killed and waited for */
     sender_slot_t *senders;
     uint64_t next_sender;
     nereid_batch_t *batch; /* during execute, for cancellation checks */
@@ -1030,56 +1046,42 @@ static bool bls_start(instance_t *in, msg_t *m, char *why, size_t why_cap)
 
 /* ---- The reader thread ---- */
 
-static void *reader_main(void *arg)
+/* Handles a message that is not a reply (log, decoupled response,
+ * cancellation check, BLS call), on whichever thread reads the socket.
+ * Takes *m (sets it NULL when kept). false: the worker misbehaved. */
+static bool dispatch(instance_t *in, msg_t **m, char *why, size_t why_cap)
 {
-    instance_t *in = arg;
-    char why[512] = "";
-    for (;;) {
-        msg_t *m;
-        int rc = msg_recv(in->chan->fd, &in->rx, &m, why, sizeof why);
-        if (rc <= 0) break;
-        bool ok = true;
-        switch (m->type) {
-        case M_READY:
-        case M_DONE:
-        case M_FINALIZED:
-            pthread_mutex_lock(&in->mu);
-            if (in->reply || m->type != in->expect) {
-                ok = false;
-                snprintf(why, sizeof why, "an unexpected reply");
-            } else {
-                in->expect = 0;
-                in->reply = m;
-                m = NULL;
-                pthread_cond_broadcast(&in->cv);
-            }
-            pthread_mutex_unlock(&in->mu);
-            break;
-        case M_LOG:
-            on_log(in, m);
-            break;
-        case M_RESPONSE:
-            ok = on_response(in, m, why, sizeof why);
-            break;
-        case M_CANCEL_QUERY:
-            on_cancel_query(in, m);
-            break;
-        case M_BLS_CALL:
-            ok = bls_start(in, m, why, sizeof why);
-            if (ok) m = NULL; /* the call owns it now */
-            break;
-        default:
-            ok = false;
-            snprintf(why, sizeof why, "unknown message type %u", m->type);
-        }
-        msg_free(m);
-        if (!ok) break;
-        why[0] = '\0';
+    switch ((*m)->type) {
+    case M_LOG:
+        on_log(in, *m);
+        return true;
+    case M_RESPONSE:
+        return on_response(in, *m, why, why_cap);
+    case M_CANCEL_QUERY:
+        on_cancel_query(in, *m);
+        return true;
+    case M_BLS_CALL:
+        if (!bls_start(in, *m, why, why_cap)) return false;
+        *m = NULL; /* the call owns it now */
+        return true;
+    default:
+        snprintf(why, why_cap, "unknown message type %u", (*m)->type);
+        return false;
     }
-    /* The worker is gone or misbehaved: end it and everything it held. */
+}
+
+/* The worker is gone or misbehaved: end it (once) and everything it held. */
+static void worker_died(instance_t *in, const char *why)
+{
     if (why[0]) plog('E', "python backend: worker of '%s': %s", in->name, why);
-    kill(in->pid, SIGKILL);
-    while (waitpid(in->pid, NULL, 0) < 0 && errno == EINTR) {
+    pthread_mutex_lock(&in->mu);
+    bool first = !in->reaped;
+    in->reaped = true;
+    pthread_mutex_unlock(&in->mu);
+    if (first) {
+        kill(in->pid, SIGKILL);
+        while (waitpid(in->pid, NULL, 0) < 0 && errno == EINTR) {
+        }
     }
     pthread_mutex_lock(&in->mu);
     in->dead = true;
@@ -1095,7 +1097,88 @@ static void *reader_main(void *arg)
         free(senders);
         senders = next;
     }
+}
+
+/* The reader thread: serves the worker's messages between executes (during
+ * one, the instance thread reads the socket itself and this thread stays
+ * parked, so an answer reaches execute without a thread hand-off). */
+static void *reader_main(void *arg)
+{
+    instance_t *in = arg;
+    char why[512] = "";
+    for (;;) {
+        struct pollfd p = {in->chan->fd, POLLIN, 0};
+        if (poll(&p, 1, -1) < 0 && errno != EINTR) {
+            snprintf(why, sizeof why, "poll failed: %s", strerror(errno));
+            break;
+        }
+        pthread_mutex_lock(&in->mu);
+        while (in->exec_reading)
+            pthread_cond_wait(&in->cv, &in->mu);
+        in->bg_in_recv = true;
+        pthread_mutex_unlock(&in->mu);
+        msg_t *m;
+        int rc = msg_recv_flags(in->chan->fd, &in->rx, &m, why, sizeof why, MSG_DONTWAIT);
+        pthread_mutex_lock(&in->mu);
+        in->bg_in_recv = false;
+        pthread_cond_broadcast(&in->cv);
+        pthread_mutex_unlock(&in->mu);
+        if (rc == 2) continue;
+        if (rc <= 0) break;
+        bool ok = true;
+        if (m->type == M_READY || m->type == M_DONE || m->type == M_FINALIZED) {
+            pthread_mutex_lock(&in->mu);
+            if (in->reply || m->type != in->expect) {
+                ok = false;
+                snprintf(why, sizeof why, "an unexpected reply");
+            } else {
+                in->expect = 0;
+                in->reply = m;
+                m = NULL;
+                pthread_cond_broadcast(&in->cv);
+            }
+            pthread_mutex_unlock(&in->mu);
+        } else {
+            ok = dispatch(in, &m, why, sizeof why);
+        }
+        msg_free(m);
+        if (!ok) break;
+        why[0] = '\0';
+    }
+    worker_died(in, why);
     return NULL;
+}
+
+/* Execute's side: takes the socket from the reader thread, reads until the
+ * worker's DONE (serving everything else on the way). NULL when the worker
+ * died or misbehaved (it is then ended). */
+static msg_t *execute_read_done(instance_t *in)
+{
+    char why[512] = "";
+    msg_t *done = NULL;
+    for (;;) {
+        msg_t *m;
+        int rc = msg_recv(in->chan->fd, &in->rx, &m, why, sizeof why);
+        if (rc <= 0) break;
+        if (m->type == M_DONE) {
+            done = m;
+            break;
+        }
+        bool ok = m->type != M_READY && m->type != M_FINALIZED;
+        if (!ok)
+            snprintf(why, sizeof why, "an unexpected reply");
+        else
+            ok = dispatch(in, &m, why, sizeof why);
+        msg_free(m);
+        if (!ok) break;
+        why[0] = '\0';
+    }
+    pthread_mutex_lock(&in->mu);
+    in->exec_reading = false;
+    pthread_cond_broadcast(&in->cv);
+    pthread_mutex_unlock(&in->mu);
+    if (!done) worker_died(in, why);
+    return done;
 }
 
 /* Announces the reply the next message sent asks for: any other reply,
@@ -1138,7 +1221,9 @@ static void worker_stop(instance_t *in)
 {
     if (!in->reader_running) return;
     shutdown(in->chan->fd, SHUT_RDWR);
-    kill(in->pid, SIGKILL);
+    pthread_mutex_lock(&in->mu);
+    if (!in->reaped) kill(in->pid, SIGKILL); /* once reaped, the pid may be another's */
+    pthread_mutex_unlock(&in->mu);
     pthread_join(in->reader, NULL);
     in->reader_running = false;
     chan_unref(in->chan);
@@ -1184,6 +1269,7 @@ static nereid_error_t *worker_start(instance_t *in, const char *init_json, msg_t
     if (!in->chan) abort();
     pthread_mutex_lock(&in->mu);
     in->dead = false;
+    in->reaped = false;
     free(in->death);
     in->death = NULL;
     pthread_mutex_unlock(&in->mu);
@@ -1617,10 +1703,22 @@ NEREID_EXPORT nereid_error_t *nereid_backend_execute(nereid_instance_t *instance
     pthread_mutex_lock(&in->mu);
     in->batch = batch;
     pthread_mutex_unlock(&in->mu);
-    expect_reply(in, M_DONE);
+    pthread_mutex_lock(&in->mu);
+    in->exec_reading = true;
+    while (in->bg_in_recv)
+        pthread_cond_wait(&in->cv, &in->mu);
+    pthread_mutex_unlock(&in->mu);
     int rc = outmsg_send_region(in->chan, M_EXECUTE, &om, &in->tx);
     uint64_t input_end = nereid_now_ns();
-    msg_t *m = rc == 0 ? wait_reply(in, M_DONE, 0) : NULL;
+    msg_t *m = NULL;
+    if (rc == 0) {
+        m = execute_read_done(in);
+    } else {
+        pthread_mutex_lock(&in->mu);
+        in->exec_reading = false;
+        pthread_cond_broadcast(&in->cv);
+        pthread_mutex_unlock(&in->mu);
+    }
     uint64_t infer_end = nereid_now_ns();
     pthread_mutex_lock(&in->mu);
     in->batch = NULL;
