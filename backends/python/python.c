@@ -1119,14 +1119,8 @@ static void *reader_main(void *arg)
         pthread_mutex_unlock(&in->mu);
         msg_t *m;
         int rc = msg_recv_flags(in->chan->fd, &in->rx, &m, why, sizeof why, MSG_DONTWAIT);
-        pthread_mutex_lock(&in->mu);
-        in->bg_in_recv = false;
-        pthread_cond_broadcast(&in->cv);
-        pthread_mutex_unlock(&in->mu);
-        if (rc == 2) continue;
-        if (rc <= 0) break;
-        bool ok = true;
-        if (m->type == M_READY || m->type == M_DONE || m->type == M_FINALIZED) {
+        bool ok = rc == 1;
+        if (ok && (m->type == M_READY || m->type == M_DONE || m->type == M_FINALIZED)) {
             pthread_mutex_lock(&in->mu);
             if (in->reply || m->type != in->expect) {
                 ok = false;
@@ -1138,10 +1132,17 @@ static void *reader_main(void *arg)
                 pthread_cond_broadcast(&in->cv);
             }
             pthread_mutex_unlock(&in->mu);
-        } else {
+        } else if (ok) {
             ok = dispatch(in, &m, why, sizeof why);
         }
         msg_free(m);
+        /* Only now may execute read: a decoupled sender's responses are sent
+         * in order and never from two threads at once. */
+        pthread_mutex_lock(&in->mu);
+        in->bg_in_recv = false;
+        pthread_cond_broadcast(&in->cv);
+        pthread_mutex_unlock(&in->mu);
+        if (rc == 2) continue;
         if (!ok) break;
         why[0] = '\0';
     }
