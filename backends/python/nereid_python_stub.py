@@ -488,6 +488,7 @@ def main():
     # Shutdown is driven by the server (finalize, then the socket closes).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    os.set_inheritable(3, False)  # programs the model starts must not hold our socket
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET, fileno=3)
     w = Worker(sock)
     pb_utils._worker = w
