@@ -410,6 +410,12 @@ nereid_server_update_log_settings(nereid_server_t *server, const bool *log_info,
                                   const bool *log_warning, const bool *log_error,
                                   const uint32_t *log_verbose_level, const char *log_format);
 
+/* Writes one line to Nereid's log as the core does: level 'I', 'W', 'E' or
+ * 'V' (verbose, printed only when --log-verbose > 0), module shown before
+ * "]" (Triton prints "file:line" there), msg as is. Used by Triton
+ * backends' TRITONSERVER_LogMessage. */
+NEREID_EXPORT void nereid_log_message(char level, const char *module, const char *msg);
+
 /* ---- Tracing (Triton's trace extension, --trace-config) ------------------ */
 
 /* A tracer holds the trace settings (global and per model), writes trace

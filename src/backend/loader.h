@@ -1,5 +1,6 @@
 /*
- * This file contains the backend loader: finding libnereid_<name>.so,
+ * This file contains the backend loader: finding libnereid_<name>.so (or a
+ * Triton backend, libtriton_<name>.so, run through libtritonserver.so),
  * checking its ABI version and resolving its entry points. Libraries are
  * loaded once per process and shared by every model that uses them.
  */
@@ -22,6 +23,7 @@ typedef struct backend_lib {
     instance_fn instance_init, instance_fini;
     execute_fn execute;
     void *state;
+    bool triton;  /* a Triton library driven through libtritonserver.so */
     int refcount; /* guarded by the loader's lock */
 } backend_lib_t;
 
@@ -29,8 +31,20 @@ struct nereid_backend {
     backend_lib_t lib;
 };
 
-/* Loads (or shares) the backend library `name` from dir. */
-nereid_error_t *backend_acquire(const char *dir, const char *name, backend_lib_t **out);
+/* Where a model's backend library is searched: libnereid_<name>.so in
+ * backend_dir/<name>/ then backend_dir/; else Triton's libtriton_<name>.so
+ * (or the config's runtime file) in model_dir/<version>/, model_dir/,
+ * backend_dir/<name>/. model_dir may be NULL. */
+typedef struct backend_search {
+    const char *backend_dir;
+    const char *model_dir;
+    int64_t version;
+    const char *runtime;
+} backend_search_t;
+
+/* Loads (or shares: one library per path) the backend library `name`. */
+nereid_error_t *backend_acquire(const backend_search_t *search, const char *name,
+                                backend_lib_t **out);
 /* Drops a reference; the last one runs fini and dlcloses. */
 void backend_release(backend_lib_t *lib);
 

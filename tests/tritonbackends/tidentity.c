@@ -1,0 +1,229 @@
+/*
+ * This file contains a Triton backend written against Nereid's copy of
+ * Triton's headers, for tests/integration/test_triton_backend.py: it copies
+ * every input INPUT<k> to output OUTPUT<k> (any datatype, BYTES included),
+ * request by request, the way Triton's identity backend does. A request
+ * parameter "mode" makes it break the backend contract on purpose:
+ *   execute_error   Execute returns an error (the server answers every request)
+ *   no_release      responds, never releases the request
+ *   double_release  releases twice; answers with the second release's error
+ *   double_send     sends two final responses
+ *   no_final        sends its response without the FINAL flag
+ *   no_response     releases without responding
+ *   error_response  sends an error response (INVALID_ARG "requested error")
+ * Model config parameter "fail" = "model_init" / "instance_init" fails that
+ * entry point.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "triton/core/tritonbackend.h"
+
+#define RETURN_IF_ERROR(x)                                                                         \
+    do {                                                                                           \
+        TRITONSERVER_Error *e_ = (x);                                                              \
+        if (e_) return e_;                                                                         \
+    } while (0)
+
+static void log_error(TRITONSERVER_Error *err)
+{
+    if (!err) return;
+    TRITONSERVER_LogMessage(TRITONSERVER_LOG_ERROR, __FILE__, __LINE__,
+                            TRITONSERVER_ErrorMessage(err));
+    TRITONSERVER_ErrorDelete(err);
+}
+
+TRITONSERVER_Error *TRITONBACKEND_Initialize(TRITONBACKEND_Backend *backend)
+{
+    uint32_t major, minor;
+    RETURN_IF_ERROR(TRITONBACKEND_ApiVersion(&major, &minor));
+    if (major != TRITONBACKEND_API_VERSION_MAJOR || minor < TRITONBACKEND_API_VERSION_MINOR)
+        return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_UNSUPPORTED,
+                                     "triton backend API version does not support this backend");
+    const char *name;
+    TRITONSERVER_Message *config;
+    const char *json;
+    size_t size;
+    RETURN_IF_ERROR(TRITONBACKEND_BackendName(backend, &name));
+    RETURN_IF_ERROR(TRITONBACKEND_BackendConfig(backend, &config));
+    RETURN_IF_ERROR(TRITONSERVER_MessageSerializeToJson(config, &json, &size));
+    char msg[512];
+    snprintf(msg, sizeof msg, "tidentity initialized: backend %s, API %u.%u, config %s", name,
+             major, minor, json);
+    return TRITONSERVER_LogMessage(TRITONSERVER_LOG_INFO, __FILE__, __LINE__, msg);
+}
+
+TRITONSERVER_Error *TRITONBACKEND_Finalize(TRITONBACKEND_Backend *backend)
+{
+    (void)backend;
+    return TRITONSERVER_LogMessage(TRITONSERVER_LOG_INFO, __FILE__, __LINE__,
+                                   "tidentity finalized");
+}
+
+static bool config_says(TRITONBACKEND_Model *model, const char *what)
+{
+    TRITONSERVER_Message *config;
+    if (TRITONBACKEND_ModelConfig(model, 1, &config)) return false;
+    const char *json;
+    size_t size;
+    bool found = false;
+    if (!TRITONSERVER_MessageSerializeToJson(config, &json, &size)) {
+        char pattern[128];
+        snprintf(pattern, sizeof pattern, "\"fail\":{\"string_value\":\"%s\"}", what);
+        found = strstr(json, pattern) != NULL;
+    }
+    TRITONSERVER_MessageDelete(config);
+    return found;
+}
+
+TRITONSERVER_Error *TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model *model)
+{
+    if (config_says(model, "model_init"))
+        return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INVALID_ARG,
+                                     "tidentity: model initialization failed as configured");
+    return NULL;
+}
+
+TRITONSERVER_Error *TRITONBACKEND_ModelInstanceInitialize(TRITONBACKEND_ModelInstance *instance)
+{
+    TRITONBACKEND_Model *model;
+    RETURN_IF_ERROR(TRITONBACKEND_ModelInstanceModel(instance, &model));
+    if (config_says(model, "instance_init"))
+        return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INVALID_ARG,
+                                     "tidentity: instance initialization failed as configured");
+    TRITONSERVER_InstanceGroupKind kind;
+    RETURN_IF_ERROR(TRITONBACKEND_ModelInstanceKind(instance, &kind));
+    if (kind != TRITONSERVER_INSTANCEGROUPKIND_CPU && kind != TRITONSERVER_INSTANCEGROUPKIND_MODEL)
+        return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INVALID_ARG, "tidentity runs on CPU only");
+    return NULL;
+}
+
+static const char *request_mode(TRITONBACKEND_Request *request)
+{
+    uint32_t n = 0;
+    if (TRITONBACKEND_RequestParameterCount(request, &n)) return "";
+    for (uint32_t i = 0; i < n; i++) {
+        const char *key;
+        TRITONSERVER_ParameterType type;
+        const void *value;
+        if (TRITONBACKEND_RequestParameter(request, i, &key, &type, &value) == NULL &&
+            strcmp(key, "mode") == 0 && type == TRITONSERVER_PARAMETER_STRING)
+            return value;
+    }
+    return "";
+}
+
+/* Fills response with OUTPUT<k> = INPUT<k> for every input. */
+static TRITONSERVER_Error *copy_inputs(TRITONBACKEND_Request *request,
+                                       TRITONBACKEND_Response *response)
+{
+    uint32_t n;
+    RETURN_IF_ERROR(TRITONBACKEND_RequestInputCount(request, &n));
+    for (uint32_t i = 0; i < n; i++) {
+        TRITONBACKEND_Input *input;
+        const char *name;
+        TRITONSERVER_DataType datatype;
+        const int64_t *shape;
+        uint32_t dims, buffers;
+        uint64_t byte_size;
+        RETURN_IF_ERROR(TRITONBACKEND_RequestInputByIndex(request, i, &input));
+        RETURN_IF_ERROR(TRITONBACKEND_InputProperties(input, &name, &datatype, &shape, &dims,
+                                                      &byte_size, &buffers));
+        if (strncmp(name, "INPUT", 5) != 0) continue;
+        char out_name[64];
+        snprintf(out_name, sizeof out_name, "OUTPUT%s", name + 5);
+        TRITONBACKEND_Output *output;
+        RETURN_IF_ERROR(
+            TRITONBACKEND_ResponseOutput(response, &output, out_name, datatype, shape, dims));
+        void *out;
+        TRITONSERVER_MemoryType type = TRITONSERVER_MEMORY_CPU;
+        int64_t type_id = 0;
+        RETURN_IF_ERROR(TRITONBACKEND_OutputBuffer(output, &out, byte_size, &type, &type_id));
+        if (type == TRITONSERVER_MEMORY_GPU)
+            return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_UNSUPPORTED, "GPU output buffer");
+        uint64_t done = 0;
+        for (uint32_t b = 0; b < buffers; b++) {
+            const void *in;
+            uint64_t size;
+            TRITONSERVER_MemoryType in_type = TRITONSERVER_MEMORY_CPU;
+            int64_t in_id = 0;
+            RETURN_IF_ERROR(TRITONBACKEND_InputBuffer(input, b, &in, &size, &in_type, &in_id));
+            if (done + size > byte_size)
+                return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INTERNAL, "input buffers overflow");
+            memcpy((char *)out + done, in, size);
+            done += size;
+        }
+    }
+    return NULL;
+}
+
+static void respond(TRITONBACKEND_Request *request, uint32_t flags)
+{
+    TRITONBACKEND_Response *response;
+    TRITONSERVER_Error *err = TRITONBACKEND_ResponseNew(&response, request);
+    if (err) return log_error(err);
+    err = copy_inputs(request, response);
+    log_error(TRITONBACKEND_ResponseSend(response, flags, err));
+    TRITONSERVER_ErrorDelete(err);
+}
+
+TRITONSERVER_Error *TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_ModelInstance *instance,
+                                                       TRITONBACKEND_Request **requests,
+                                                       const uint32_t count)
+{
+    uint64_t start = 0;
+    for (uint32_t r = 0; r < count; r++)
+        if (strcmp(request_mode(requests[r]), "execute_error") == 0)
+            return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_UNAVAILABLE,
+                                         "tidentity: execute failed as requested");
+    for (uint32_t r = 0; r < count; r++) {
+        TRITONBACKEND_Request *request = requests[r];
+        const char *mode = request_mode(request);
+        bool release = true;
+        if (strcmp(mode, "no_release") == 0) {
+            respond(request, TRITONSERVER_RESPONSE_COMPLETE_FINAL);
+            release = false;
+        } else if (strcmp(mode, "double_release") == 0) {
+            TRITONBACKEND_ResponseFactory *factory;
+            log_error(TRITONBACKEND_ResponseFactoryNew(&factory, request));
+            log_error(TRITONBACKEND_RequestRelease(request, TRITONSERVER_REQUEST_RELEASE_ALL));
+            TRITONSERVER_Error *second =
+                TRITONBACKEND_RequestRelease(request, TRITONSERVER_REQUEST_RELEASE_ALL);
+            TRITONBACKEND_Response *response;
+            if (!TRITONBACKEND_ResponseNewFromFactory(&response, factory)) {
+                TRITONSERVER_Error *err = second
+                                              ? second
+                                              : TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INTERNAL,
+                                                                      "second release succeeded");
+                log_error(TRITONBACKEND_ResponseSend(response, TRITONSERVER_RESPONSE_COMPLETE_FINAL,
+                                                     err));
+                TRITONSERVER_ErrorDelete(err);
+            }
+            TRITONBACKEND_ResponseFactoryDelete(factory);
+            continue;
+        } else if (strcmp(mode, "double_send") == 0) {
+            respond(request, TRITONSERVER_RESPONSE_COMPLETE_FINAL);
+            respond(request, TRITONSERVER_RESPONSE_COMPLETE_FINAL);
+        } else if (strcmp(mode, "no_final") == 0) {
+            respond(request, 0);
+        } else if (strcmp(mode, "error_response") == 0) {
+            TRITONBACKEND_Response *response;
+            if (!TRITONBACKEND_ResponseNew(&response, request)) {
+                TRITONSERVER_Error *err =
+                    TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INVALID_ARG, "requested error");
+                log_error(TRITONBACKEND_ResponseSend(response, TRITONSERVER_RESPONSE_COMPLETE_FINAL,
+                                                     err));
+                TRITONSERVER_ErrorDelete(err);
+            }
+        } else if (strcmp(mode, "no_response") != 0) {
+            respond(request, TRITONSERVER_RESPONSE_COMPLETE_FINAL);
+        }
+        log_error(TRITONBACKEND_ModelInstanceReportStatistics(instance, request, true, start, start,
+                                                              start, start));
+        if (release)
+            log_error(TRITONBACKEND_RequestRelease(request, TRITONSERVER_REQUEST_RELEASE_ALL));
+    }
+    return TRITONBACKEND_ModelInstanceReportBatchStatistics(instance, count, start, start, start,
+                                                            start);
+}
