@@ -1291,9 +1291,15 @@ static nereid_error_t *channel_send(tb_channel_t *c, bool has_response, const ui
                                     TRITONSERVER_Error *error)
 {
     bool final = flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL;
-    if (c->final_sent)
-        return nereid_error_new(NEREID_ERROR_INVALID_ARG,
-                                "a response was already sent with the final flag for this request");
+    if (c->final_sent) {
+        nereid_error_t *err =
+            nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                             "a response was already sent with the final flag for this request");
+        if (c->batch) /* still executing: the request fails with the reason */
+            nereid_batch_set_request_error(c->batch, c->r,
+                                           tritonapi_error_copy((TRITONSERVER_Error *)err));
+        return err;
+    }
     if (c->sender) {
         nereid_error_t *err =
             has_response ? nereid_sender_send(c->sender, flags, tritonapi_error_copy(error))
