@@ -4,6 +4,8 @@
  *   execute_delay_ms     sleep this long in every execute
  *   model_init_delay_ms  sleep this long in model init (a known load time)
  *   fail_model_init      "true": model init fails
+ *   show_backend_config  "true": model init fails with the backend's
+ *                        --backend-config JSON as its reason (ABI 1.5)
  *   fail_instance_init   "true": instance init fails
  *   fail_execute         "true": every execute fails
  *   execution_log        path: every execute appends "start <model> <n>"
@@ -57,6 +59,9 @@ static void sleep_ms(long ms)
 
 NEREID_EXPORT nereid_error_t *nereid_backend_model_init(nereid_model_t *model)
 {
+    if (param_true(model, "show_backend_config"))
+        return nereid_error_new(NEREID_ERROR_INVALID_ARG, "backend config %s",
+                                nereid_backend_config_json(nereid_model_backend(model)));
     if (param_true(model, "fail_model_init"))
         return nereid_error_new(NEREID_ERROR_INTERNAL, "testing backend: model init failed");
     const char *delay = nereid_model_parameter(model, "model_init_delay_ms");

@@ -25,6 +25,10 @@ typedef struct backend_lib {
     void *state;
     bool triton;  /* a Triton library driven through libtritonserver.so */
     int refcount; /* guarded by the loader's lock */
+    /* --backend-config as resolved for this backend (nereid_backend_config) */
+    char **config_settings, **config_values;
+    size_t n_config;
+    char *config_json;
 } backend_lib_t;
 
 struct nereid_backend {
@@ -34,12 +38,15 @@ struct nereid_backend {
 /* Where a model's backend library is searched: libnereid_<name>.so in
  * backend_dir/<name>/ then backend_dir/; else Triton's libtriton_<name>.so
  * (or the config's runtime file) in model_dir/<version>/, model_dir/,
- * backend_dir/<name>/. model_dir may be NULL. */
+ * backend_dir/<name>/. model_dir may be NULL. settings: --backend-config,
+ * resolved for the backend at its first load (nereid_backend_config). */
 typedef struct backend_search {
     const char *backend_dir;
     const char *model_dir;
     int64_t version;
     const char *runtime;
+    const nereid_backend_setting_t *settings;
+    size_t n_settings;
 } backend_search_t;
 
 /* Loads (or shares: one library per path) the backend library `name`. */

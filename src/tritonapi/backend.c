@@ -171,9 +171,6 @@ static nereid_error_t *from_triton(TRITONSERVER_Error *err)
     return (nereid_error_t *)err; /* the same object: codes and layout are Nereid's */
 }
 
-extern const char *nereid_backend_config_json(const nereid_backend_t *backend)
-    __attribute__((weak));
-
 static nereid_error_t *tritonapi_open(nereid_backend_t *nb, const char *path)
 {
     TRITONBACKEND_Backend *b = calloc(1, sizeof *b);
@@ -183,7 +180,7 @@ static nereid_error_t *tritonapi_open(nereid_backend_t *nb, const char *path)
     b->dir = strdup(path);
     char *slash = strrchr(b->dir, '/');
     if (slash) *slash = '\0';
-    const char *config = nereid_backend_config_json ? nereid_backend_config_json(nb) : NULL;
+    const char *config = nereid_backend_config_json(nb);
     tritonapi_message_set(&b->config, config ? config : "{}");
     b->handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     nereid_error_t *err = NULL;

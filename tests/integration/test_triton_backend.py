@@ -93,7 +93,8 @@ output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
 def server(layout):
     from conftest import Server
     backends, repo = layout
-    s = Server(repo, [f"--backend-directory={backends}", "--exit-on-error=false"])
+    s = Server(repo, [f"--backend-directory={backends}", "--exit-on-error=false",
+                      "--backend-config=tidentity,greeting=hello"])
     yield s
     assert s.stop() == 0, s.output()
 
@@ -139,6 +140,8 @@ def test_models_load_with_triton_lifecycle(server):
     out = server.output()
     # TRITONBACKEND_Initialize ran once, logged through TRITONSERVER_LogMessage
     assert out.count("tidentity initialized: backend tidentity, API 1.19") == 1
+    # TRITONBACKEND_BackendConfig: --backend-config for this backend as Triton's JSON
+    assert '"greeting":"hello"' in out and '{"cmdline":{' in out
     assert "tidentity.c:" in out
 
 
