@@ -38,6 +38,7 @@
  *   1.4  nereid_sender_is_cancelled
  *   1.5  nereid_model_server (in-process requests from a backend: BLS),
  *        nereid_backend_config / nereid_backend_config_json (--backend-config)
+ *   1.6  nereid_batch_request_correlation_id, nereid_batch_request_flags
  */
 #ifndef NEREID_BACKEND_H
 #define NEREID_BACKEND_H
@@ -51,8 +52,8 @@ extern "C" {
 #define NEREID_BACKEND_ABI_MAJOR 1u
 /* 1: decoupled responses; 2: nereid_batch_request_is_cancelled; 3: request
  * parameters by index; 4: nereid_sender_is_cancelled; 5: nereid_model_server,
- * nereid_backend_config */
-#define NEREID_BACKEND_ABI_MINOR 5u
+ * nereid_backend_config; 6: request sequence id and flags */
+#define NEREID_BACKEND_ABI_MINOR 6u
 #define NEREID_BACKEND_ABI_VERSION ((NEREID_BACKEND_ABI_MAJOR << 16) | NEREID_BACKEND_ABI_MINOR)
 
 typedef struct nereid_backend nereid_backend_t;   /* one per loaded library */
@@ -291,6 +292,19 @@ NEREID_EXPORT bool nereid_sender_is_cancelled(const nereid_response_sender_t *se
  * Valid while the model is loaded. A backend must not wait inside execute
  * for a request to a model whose instances are all busy waiting on it. */
 NEREID_EXPORT nereid_server_t *nereid_model_server(const nereid_model_t *model);
+
+/* ABI 1.6: the sequence of request r (Triton's TRITONBACKEND_Request
+ * CorrelationId / CorrelationIdString / Flags). Returns the numeric
+ * correlation id, 0 when the request has none or a string id; *id_string
+ * (may be NULL) gets the string id or NULL, borrowed until execute returns.
+ * 0 when r is out of range. */
+NEREID_EXPORT uint64_t nereid_batch_request_correlation_id(const nereid_batch_t *batch, size_t r,
+                                                           const char **id_string);
+/* Sequence flags of request r: NEREID_REQUEST_FLAG_SEQUENCE_START |
+ * NEREID_REQUEST_FLAG_SEQUENCE_END (Triton's values). */
+#define NEREID_REQUEST_FLAG_SEQUENCE_START 1u
+#define NEREID_REQUEST_FLAG_SEQUENCE_END 2u
+NEREID_EXPORT uint32_t nereid_batch_request_flags(const nereid_batch_t *batch, size_t r);
 
 #ifdef __cplusplus
 }

@@ -582,3 +582,19 @@ nereid_error_t *nereid_batch_request_parameter(const nereid_batch_t *batch, size
     }
     return NULL;
 }
+
+uint64_t nereid_batch_request_correlation_id(const nereid_batch_t *batch, size_t r,
+                                             const char **id_string)
+{
+    const nereid_request_t *req = r < batch->n_reqs ? batch->reqs[r] : NULL;
+    if (id_string) *id_string = req ? req->corr_id_str : NULL;
+    return req && !req->corr_id_str ? req->corr_id : 0;
+}
+
+uint32_t nereid_batch_request_flags(const nereid_batch_t *batch, size_t r)
+{
+    const nereid_request_t *req = r < batch->n_reqs ? batch->reqs[r] : NULL;
+    if (!req) return 0;
+    return (req->seq_start ? NEREID_REQUEST_FLAG_SEQUENCE_START : 0) |
+           (req->seq_end ? NEREID_REQUEST_FLAG_SEQUENCE_END : 0);
+}

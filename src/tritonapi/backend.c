@@ -858,14 +858,17 @@ TRITONSERVER_Error *TRITONBACKEND_RequestId(TRITONBACKEND_Request *request, cons
     return NULL;
 }
 
-/* The sequence id travels as the request parameters the sequence batcher
- * reads; Nereid's batch carries no id, so a request has none here. */
 TRITONSERVER_Error *TRITONBACKEND_RequestCorrelationId(TRITONBACKEND_Request *request, uint64_t *id)
 {
     TRITONSERVER_Error *err = live(request);
     if (err) return err;
     if (!id) return null_arg("id");
-    *id = 0;
+    const char *s = NULL;
+    *id = nereid_batch_request_correlation_id(request->batch, request->r, &s);
+    if (s)
+        return terr(TRITONSERVER_ERROR_INVALID_ARG,
+                    "correlation id of the request is a string, use "
+                    "TRITONBACKEND_RequestCorrelationIdString");
     return NULL;
 }
 
@@ -875,8 +878,14 @@ TRITONSERVER_Error *TRITONBACKEND_RequestCorrelationIdString(TRITONBACKEND_Reque
     TRITONSERVER_Error *err = live(request);
     if (err) return err;
     if (!id) return null_arg("id");
-    *id = "";
-    return terr(TRITONSERVER_ERROR_INVALID_ARG, "correlation id of the request is not a string");
+    const char *s = NULL;
+    nereid_batch_request_correlation_id(request->batch, request->r, &s);
+    *id = s ? s : "";
+    if (!s)
+        return terr(TRITONSERVER_ERROR_INVALID_ARG,
+                    "correlation id of the request is not a string, use "
+                    "TRITONBACKEND_RequestCorrelationId");
+    return NULL;
 }
 
 TRITONSERVER_Error *TRITONBACKEND_RequestFlags(TRITONBACKEND_Request *request, uint32_t *flags)
@@ -884,7 +893,7 @@ TRITONSERVER_Error *TRITONBACKEND_RequestFlags(TRITONBACKEND_Request *request, u
     TRITONSERVER_Error *err = live(request);
     if (err) return err;
     if (!flags) return null_arg("flags");
-    *flags = 0;
+    *flags = nereid_batch_request_flags(request->batch, request->r);
     return NULL;
 }
 

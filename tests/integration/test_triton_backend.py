@@ -61,6 +61,16 @@ input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 2 ] }, { name: "INPUT1" da
 output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 2 ] }, { name: "OUTPUT1" data_type: TYPE_INT64 dims: [ 1 ] } ]
 instance_group [ { count: 2 kind: KIND_CPU } ]
 """)
+    write_model(repo, "t_seq", """
+name: "t_seq"
+backend: "tidentity"
+max_batch_size: 0
+sequence_batching { }
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] },
+         { name: "CORRID" data_type: TYPE_UINT64 dims: [ 1 ] },
+         { name: "FLAGS" data_type: TYPE_UINT32 dims: [ 1 ] } ]
+""")
     write_model(repo, "t_fail_model", identity_config(
         "t_fail_model", "TYPE_FP32",
         extra='parameters { key: "fail" value: { string_value: "model_init" } }'))
@@ -123,7 +133,7 @@ def test_models_load_with_triton_lifecycle(server):
     state = {m["name"]: (m["state"], m.get("reason", "")) for m in index}
     for dt in DATATYPES:
         assert state[f"t_{dt.lower()}"][0] == "READY"
-    for name in ("t_batch", "t_runtime", "t_versiondir", "nereid_identity", "t_repeat"):
+    for name in ("t_batch", "t_seq", "t_runtime", "t_versiondir", "nereid_identity", "t_repeat"):
         assert state[name][0] == "READY", state[name]
     assert state["t_fail_model"] == (
         "UNAVAILABLE", "Invalid argument: tidentity: model initialization failed as configured")
@@ -195,6 +205,20 @@ def test_runtime_and_version_directory_search(server):
 def test_nereid_backend_beside_triton_backends(server):
     r = infer_json(server, "nereid_identity", [f32([1.0, 2.0])])
     assert r.status_code == 200 and r.json()["outputs"][0]["data"] == [1.0, 2.0], r.text
+
+
+def test_sequence_id_and_flags(server):
+    got = []
+    for params in ({"sequence_id": 42, "sequence_start": True}, {"sequence_id": 42},
+                   {"sequence_id": 42, "sequence_end": True}):
+        r = infer_json(server, "t_seq", [f32([1.0])], parameters=params)
+        assert r.status_code == 200, r.text
+        outs = {o["name"]: o["data"] for o in r.json()["outputs"]}
+        got.append((outs["CORRID"], outs["FLAGS"], outs["OUTPUT0"]))
+    assert got == [([42], [1], [1.0]), ([42], [0], [1.0]), ([42], [2], [1.0])]
+    # a request without a sequence id: 0, no error (Triton's bls relies on it)
+    r = infer_json(server, "t_fp32", [f32([1.0])])
+    assert r.status_code == 200
 
 
 # ---- Batching, instances, statistics ----

@@ -158,12 +158,49 @@ static TRITONSERVER_Error *copy_inputs(TRITONBACKEND_Request *request,
     return NULL;
 }
 
+/* Outputs CORRID (UINT64 [1]) and FLAGS (UINT32 [1]), when the client asks
+ * for them: the request's sequence id and flags. */
+static TRITONSERVER_Error *sequence_outputs(TRITONBACKEND_Request *request,
+                                            TRITONBACKEND_Response *response)
+{
+    uint32_t n;
+    RETURN_IF_ERROR(TRITONBACKEND_RequestOutputCount(request, &n));
+    for (uint32_t i = 0; i < n; i++) {
+        const char *name;
+        RETURN_IF_ERROR(TRITONBACKEND_RequestOutputName(request, i, &name));
+        uint64_t id = 0;
+        uint32_t flags = 0;
+        bool is_id = strcmp(name, "CORRID") == 0;
+        if (is_id)
+            RETURN_IF_ERROR(TRITONBACKEND_RequestCorrelationId(request, &id));
+        else if (strcmp(name, "FLAGS") == 0)
+            RETURN_IF_ERROR(TRITONBACKEND_RequestFlags(request, &flags));
+        else
+            continue;
+        const int64_t shape[1] = {1};
+        TRITONBACKEND_Output *output;
+        RETURN_IF_ERROR(TRITONBACKEND_ResponseOutput(
+            response, &output, name, is_id ? TRITONSERVER_TYPE_UINT64 : TRITONSERVER_TYPE_UINT32,
+            shape, 1));
+        void *out;
+        TRITONSERVER_MemoryType type = TRITONSERVER_MEMORY_CPU;
+        int64_t type_id = 0;
+        RETURN_IF_ERROR(TRITONBACKEND_OutputBuffer(output, &out, is_id ? 8 : 4, &type, &type_id));
+        if (is_id)
+            memcpy(out, &id, 8);
+        else
+            memcpy(out, &flags, 4);
+    }
+    return NULL;
+}
+
 static void respond(TRITONBACKEND_Request *request, uint32_t flags)
 {
     TRITONBACKEND_Response *response;
     TRITONSERVER_Error *err = TRITONBACKEND_ResponseNew(&response, request);
     if (err) return log_error(err);
     err = copy_inputs(request, response);
+    if (!err) err = sequence_outputs(request, response);
     log_error(TRITONBACKEND_ResponseSend(response, flags, err));
     TRITONSERVER_ErrorDelete(err);
 }
