@@ -103,7 +103,7 @@ static TRITONSERVER_Error *start(TRITONBACKEND_Request *request)
     job_t *job = calloc(1, sizeof *job);
     job->n = (uint32_t)(size / 4);
     job->values = malloc(size ? size : 1);
-    memcpy(job->values, data, size); /* the request is released before the thread reads */
+    if (size) memcpy(job->values, data, size); /* the request is released before the thread reads */
     job->drop_final = drop_final(request);
     err = TRITONBACKEND_ResponseFactoryNew(&job->factory, request);
     if (err) {
