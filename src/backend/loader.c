@@ -6,6 +6,7 @@
 #include <dlfcn.h>
 #include <jansson.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -71,9 +72,11 @@ static char *triton_library(const backend_search_t *s, const char *name)
 }
 
 /* libtritonserver.so: next to the executable, else where the build put it. */
+static const tritonapi_entry_t *_Atomic tritonapi_loaded;
+
 static const tritonapi_entry_t *tritonapi(nereid_error_t **err)
 {
-    static const tritonapi_entry_t *entry;
+    const tritonapi_entry_t *entry = atomic_load(&tritonapi_loaded);
     if (entry) return entry;
     char exe[4096];
     ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
@@ -102,7 +105,14 @@ static const tritonapi_entry_t *tritonapi(nereid_error_t **err)
         return NULL;
     }
     entry = fn();
+    atomic_store(&tritonapi_loaded, entry);
     return entry;
+}
+
+void backend_metrics_text(FILE *out)
+{
+    const tritonapi_entry_t *entry = atomic_load(&tritonapi_loaded);
+    if (entry && entry->metrics_text) entry->metrics_text(out);
 }
 
 static nereid_error_t *open_library(const backend_search_t *s, const char *name,

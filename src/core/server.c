@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "backend/loader.h"
 #include "core/cache.h"
 #include "core/core.h"
 #include "core/rate_limiter.h"
@@ -568,6 +569,7 @@ nereid_error_t *nereid_server_metrics(nereid_server_t *s, char **text_out)
             if (s->models[i]->versions[v].model) models[k++] = s->models[i]->versions[v].model;
     stats_metrics_text(out, models, k);
     cache_metrics_text(out, s->cache);
+    backend_metrics_text(out);
     pthread_rwlock_unlock(&s->lock);
     free(models);
     fclose(out);

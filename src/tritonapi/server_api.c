@@ -322,49 +322,103 @@ TRITONSERVER_Error *TRITONSERVER_InferenceTraceReportActivity(TRITONSERVER_Infer
 }
 
 /* ---- Custom metrics ----
- * Families and metrics keep their values here; they are not yet shown on
- * Nereid's /metrics page (docs/triton_backends.md). */
+ * A process-wide registry of families and their metrics (counters and
+ * gauges), printed on Nereid's /metrics page after its own families. */
 
 struct TRITONSERVER_MetricFamily {
+    struct TRITONSERVER_MetricFamily *next;
     TRITONSERVER_MetricKind kind;
     char *name, *description;
-    atomic_int n_metrics;
+    struct TRITONSERVER_Metric *metrics;
 };
 
 struct TRITONSERVER_Metric {
+    struct TRITONSERVER_Metric *next;
     TRITONSERVER_MetricFamily *family;
-    pthread_mutex_t mu;
+    char *labels; /* {k="v",...} or "" */
     double value;
 };
+
+static pthread_mutex_t metrics_lock = PTHREAD_MUTEX_INITIALIZER;
+static TRITONSERVER_MetricFamily *families;
+
+static TRITONSERVER_Error *bad(const char *msg)
+{
+    return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INVALID_ARG, msg);
+}
+
+void tritonapi_metrics_text(FILE *out)
+{
+    pthread_mutex_lock(&metrics_lock);
+    for (TRITONSERVER_MetricFamily *f = families; f; f = f->next) {
+        fprintf(out, "# HELP %s %s\n# TYPE %s %s\n", f->name, f->description, f->name,
+                f->kind == TRITONSERVER_METRIC_KIND_COUNTER ? "counter" : "gauge");
+        for (TRITONSERVER_Metric *m = f->metrics; m; m = m->next)
+            fprintf(out, "%s%s %.17g\n", f->name, m->labels, m->value);
+    }
+    pthread_mutex_unlock(&metrics_lock);
+}
+
+static bool metric_name_ok(const char *name)
+{
+    if (!name[0] || (name[0] >= '0' && name[0] <= '9')) return false;
+    for (const char *p = name; *p; p++)
+        if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') ||
+              *p == '_' || *p == ':'))
+            return false;
+    return true;
+}
 
 TRITONSERVER_Error *TRITONSERVER_MetricFamilyNew(TRITONSERVER_MetricFamily **family,
                                                  const TRITONSERVER_MetricKind kind,
                                                  const char *name, const char *description)
 {
-    if (!family || !name)
-        return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INVALID_ARG,
-                                     "family and name must not be NULL");
+    if (!family || !name) return bad("family and name must not be NULL");
     *family = NULL;
     if (kind != TRITONSERVER_METRIC_KIND_COUNTER && kind != TRITONSERVER_METRIC_KIND_GAUGE)
         return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_UNSUPPORTED,
                                      "only COUNTER and GAUGE metric families are supported");
+    if (!metric_name_ok(name)) return bad("invalid metric family name");
     TRITONSERVER_MetricFamily *f = calloc(1, sizeof *f);
     if (!f) return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INTERNAL, "out of memory");
     f->kind = kind;
     f->name = strdup(name);
     f->description = strdup(description ? description : "");
+    for (char *p = f->description; p && *p; p++)
+        if (*p == '\n') *p = ' ';
+    pthread_mutex_lock(&metrics_lock);
+    for (TRITONSERVER_MetricFamily *o = families; o; o = o->next)
+        if (strcmp(o->name, name) == 0 && o->kind != kind) {
+            pthread_mutex_unlock(&metrics_lock);
+            free(f->name);
+            free(f->description);
+            free(f);
+            return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INVALID_ARG,
+                                         "a metric family of this name and another kind exists");
+        }
+    f->next = families;
+    families = f;
+    pthread_mutex_unlock(&metrics_lock);
     *family = f;
     return NULL;
 }
 
 TRITONSERVER_Error *TRITONSERVER_MetricFamilyDelete(TRITONSERVER_MetricFamily *family)
 {
-    if (!family)
-        return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INVALID_ARG, "family must not be NULL");
-    if (atomic_load(&family->n_metrics) > 0)
+    if (!family) return bad("family must not be NULL");
+    pthread_mutex_lock(&metrics_lock);
+    if (family->metrics) {
+        pthread_mutex_unlock(&metrics_lock);
         return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INTERNAL,
                                      "Must call MetricDelete on all dependent metrics before "
                                      "calling MetricFamilyDelete.");
+    }
+    for (TRITONSERVER_MetricFamily **p = &families; *p; p = &(*p)->next)
+        if (*p == family) {
+            *p = family->next;
+            break;
+        }
+    pthread_mutex_unlock(&metrics_lock);
     free(family->name);
     free(family->description);
     free(family);
@@ -374,11 +428,40 @@ TRITONSERVER_Error *TRITONSERVER_MetricFamilyDelete(TRITONSERVER_MetricFamily *f
 TRITONSERVER_Error *TRITONSERVER_GetMetricFamilyKind(TRITONSERVER_MetricFamily *family,
                                                      TRITONSERVER_MetricKind *kind)
 {
-    if (!family || !kind)
-        return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INVALID_ARG,
-                                     "family and kind must not be NULL");
+    if (!family || !kind) return bad("family and kind must not be NULL");
     *kind = family->kind;
     return NULL;
+}
+
+/* {k="v",...} with Prometheus escapes; NULL on a bad label. */
+static char *format_labels(const TRITONSERVER_Parameter **labels, uint64_t n)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *out = open_memstream(&buf, &len);
+    if (!out) return NULL;
+    bool ok = true;
+    for (uint64_t i = 0; i < n && ok; i++) {
+        const TRITONSERVER_Parameter *p = labels[i];
+        ok = p && p->type == TRITONSERVER_PARAMETER_STRING && metric_name_ok(p->name);
+        if (!ok) break;
+        fprintf(out, "%s%s=\"", i ? "," : "{", p->name);
+        for (const char *c = p->v.s; *c; c++)
+            if (*c == '\\' || *c == '"')
+                fprintf(out, "\\%c", *c);
+            else if (*c == '\n')
+                fputs("\\n", out);
+            else
+                fputc(*c, out);
+        fputc('"', out);
+    }
+    if (ok && n) fputc('}', out);
+    fclose(out);
+    if (!ok) {
+        free(buf);
+        return NULL;
+    }
+    return buf;
 }
 
 TRITONSERVER_Error *TRITONSERVER_MetricNew(TRITONSERVER_Metric **metric,
@@ -386,62 +469,69 @@ TRITONSERVER_Error *TRITONSERVER_MetricNew(TRITONSERVER_Metric **metric,
                                            const TRITONSERVER_Parameter **labels,
                                            const uint64_t label_count)
 {
-    (void)labels, (void)label_count;
-    if (!metric || !family)
-        return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INVALID_ARG,
-                                     "metric and family must not be NULL");
+    if (!metric || !family || (!labels && label_count))
+        return bad("metric, family and labels must not be NULL");
+    *metric = NULL;
+    char *text = format_labels(labels, label_count);
+    if (!text) return bad("metric labels must be STRING parameters with valid names");
     TRITONSERVER_Metric *m = calloc(1, sizeof *m);
-    if (!m) return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INTERNAL, "out of memory");
+    if (!m) {
+        free(text);
+        return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INTERNAL, "out of memory");
+    }
     m->family = family;
-    pthread_mutex_init(&m->mu, NULL);
-    atomic_fetch_add(&family->n_metrics, 1);
+    m->labels = text;
+    pthread_mutex_lock(&metrics_lock);
+    m->next = family->metrics;
+    family->metrics = m;
+    pthread_mutex_unlock(&metrics_lock);
     *metric = m;
     return NULL;
 }
 
 TRITONSERVER_Error *TRITONSERVER_MetricDelete(TRITONSERVER_Metric *metric)
 {
-    if (!metric)
-        return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INVALID_ARG, "metric must not be NULL");
-    atomic_fetch_sub(&metric->family->n_metrics, 1);
-    pthread_mutex_destroy(&metric->mu);
+    if (!metric) return bad("metric must not be NULL");
+    pthread_mutex_lock(&metrics_lock);
+    for (TRITONSERVER_Metric **p = &metric->family->metrics; *p; p = &(*p)->next)
+        if (*p == metric) {
+            *p = metric->next;
+            break;
+        }
+    pthread_mutex_unlock(&metrics_lock);
+    free(metric->labels);
     free(metric);
     return NULL;
 }
 
 TRITONSERVER_Error *TRITONSERVER_MetricValue(TRITONSERVER_Metric *metric, double *value)
 {
-    if (!metric || !value)
-        return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INVALID_ARG,
-                                     "metric and value must not be NULL");
-    pthread_mutex_lock(&metric->mu);
+    if (!metric || !value) return bad("metric and value must not be NULL");
+    pthread_mutex_lock(&metrics_lock);
     *value = metric->value;
-    pthread_mutex_unlock(&metric->mu);
+    pthread_mutex_unlock(&metrics_lock);
     return NULL;
 }
 
 TRITONSERVER_Error *TRITONSERVER_MetricIncrement(TRITONSERVER_Metric *metric, double value)
 {
-    if (!metric)
-        return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INVALID_ARG, "metric must not be NULL");
+    if (!metric) return bad("metric must not be NULL");
     if (metric->family->kind == TRITONSERVER_METRIC_KIND_COUNTER && value < 0)
-        return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INVALID_ARG,
-                                     "value must be >= 0 when incrementing a counter");
-    pthread_mutex_lock(&metric->mu);
+        return bad("value must be >= 0 when incrementing a counter");
+    pthread_mutex_lock(&metrics_lock);
     metric->value += value;
-    pthread_mutex_unlock(&metric->mu);
+    pthread_mutex_unlock(&metrics_lock);
     return NULL;
 }
 
 TRITONSERVER_Error *TRITONSERVER_MetricSet(TRITONSERVER_Metric *metric, double value)
 {
-    if (!metric)
-        return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INVALID_ARG, "metric must not be NULL");
+    if (!metric) return bad("metric must not be NULL");
     if (metric->family->kind != TRITONSERVER_METRIC_KIND_GAUGE)
         return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_UNSUPPORTED,
                                      "metric kind does not support Set");
-    pthread_mutex_lock(&metric->mu);
+    pthread_mutex_lock(&metrics_lock);
     metric->value = value;
-    pthread_mutex_unlock(&metric->mu);
+    pthread_mutex_unlock(&metrics_lock);
     return NULL;
 }

@@ -254,6 +254,22 @@ def test_statistics_count_each_request_once(server):
     assert s["execution_count"] == before["model_stats"][0]["execution_count"] + 3
 
 
+def test_custom_metrics_on_metrics_page(server):
+    line = 'tidentity_input_bytes{model="t_int16",version="1"} '
+
+    def value():
+        text = requests.get(f"{server.metrics_url}/metrics", timeout=10).text
+        assert "# HELP tidentity_input_bytes Input bytes received by tidentity" in text
+        assert "# TYPE tidentity_input_bytes counter" in text
+        return float(next(x for x in text.splitlines() if x.startswith(line))[len(line):])
+
+    before = value()
+    for _ in range(2):
+        assert infer_json(server, "t_int16", [
+            {"name": "INPUT0", "datatype": "INT16", "shape": [3], "data": [1, 2, 3]}]).status_code == 200
+    assert value() == before + 12
+
+
 # ---- The backend contract broken on purpose ----
 
 @pytest.mark.parametrize("mode,status,text", [

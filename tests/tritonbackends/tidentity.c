@@ -12,7 +12,8 @@
  *   no_response     releases without responding
  *   error_response  sends an error response (INVALID_ARG "requested error")
  * Model config parameter "fail" = "model_init" / "instance_init" fails that
- * entry point.
+ * entry point. Custom metric: counter tidentity_input_bytes{model,version},
+ * the input bytes each model received.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,6 +35,8 @@ static void log_error(TRITONSERVER_Error *err)
     TRITONSERVER_ErrorDelete(err);
 }
 
+static TRITONSERVER_MetricFamily *input_bytes;
+
 TRITONSERVER_Error *TRITONBACKEND_Initialize(TRITONBACKEND_Backend *backend)
 {
     uint32_t major, minor;
@@ -51,12 +54,16 @@ TRITONSERVER_Error *TRITONBACKEND_Initialize(TRITONBACKEND_Backend *backend)
     char msg[512];
     snprintf(msg, sizeof msg, "tidentity initialized: backend %s, API %u.%u, config %s", name,
              major, minor, json);
+    RETURN_IF_ERROR(TRITONSERVER_MetricFamilyNew(&input_bytes, TRITONSERVER_METRIC_KIND_COUNTER,
+                                                 "tidentity_input_bytes",
+                                                 "Input bytes received by tidentity"));
     return TRITONSERVER_LogMessage(TRITONSERVER_LOG_INFO, __FILE__, __LINE__, msg);
 }
 
 TRITONSERVER_Error *TRITONBACKEND_Finalize(TRITONBACKEND_Backend *backend)
 {
     (void)backend;
+    RETURN_IF_ERROR(TRITONSERVER_MetricFamilyDelete(input_bytes));
     return TRITONSERVER_LogMessage(TRITONSERVER_LOG_INFO, __FILE__, __LINE__,
                                    "tidentity finalized");
 }
@@ -82,7 +89,28 @@ TRITONSERVER_Error *TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model *model)
     if (config_says(model, "model_init"))
         return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INVALID_ARG,
                                      "tidentity: model initialization failed as configured");
-    return NULL;
+    const char *name;
+    uint64_t version;
+    RETURN_IF_ERROR(TRITONBACKEND_ModelName(model, &name));
+    RETURN_IF_ERROR(TRITONBACKEND_ModelVersion(model, &version));
+    char v[32];
+    snprintf(v, sizeof v, "%llu", (unsigned long long)version);
+    const TRITONSERVER_Parameter *labels[2] = {
+        TRITONSERVER_ParameterNew("model", TRITONSERVER_PARAMETER_STRING, name),
+        TRITONSERVER_ParameterNew("version", TRITONSERVER_PARAMETER_STRING, v)};
+    TRITONSERVER_Metric *metric = NULL;
+    TRITONSERVER_Error *err = TRITONSERVER_MetricNew(&metric, input_bytes, labels, 2);
+    TRITONSERVER_ParameterDelete((TRITONSERVER_Parameter *)labels[0]);
+    TRITONSERVER_ParameterDelete((TRITONSERVER_Parameter *)labels[1]);
+    if (err) return err;
+    return TRITONBACKEND_ModelSetState(model, metric);
+}
+
+TRITONSERVER_Error *TRITONBACKEND_ModelFinalize(TRITONBACKEND_Model *model)
+{
+    void *metric;
+    RETURN_IF_ERROR(TRITONBACKEND_ModelState(model, &metric));
+    return TRITONSERVER_MetricDelete(metric);
 }
 
 TRITONSERVER_Error *TRITONBACKEND_ModelInstanceInitialize(TRITONBACKEND_ModelInstance *instance)
@@ -116,7 +144,8 @@ static const char *request_mode(TRITONBACKEND_Request *request)
 
 /* Fills response with OUTPUT<k> = INPUT<k> for every input. */
 static TRITONSERVER_Error *copy_inputs(TRITONBACKEND_Request *request,
-                                       TRITONBACKEND_Response *response)
+                                       TRITONBACKEND_Response *response,
+                                       TRITONSERVER_Metric *metric)
 {
     uint32_t n;
     RETURN_IF_ERROR(TRITONBACKEND_RequestInputCount(request, &n));
@@ -130,6 +159,7 @@ static TRITONSERVER_Error *copy_inputs(TRITONBACKEND_Request *request,
         RETURN_IF_ERROR(TRITONBACKEND_RequestInputByIndex(request, i, &input));
         RETURN_IF_ERROR(TRITONBACKEND_InputProperties(input, &name, &datatype, &shape, &dims,
                                                       &byte_size, &buffers));
+        if (metric) RETURN_IF_ERROR(TRITONSERVER_MetricIncrement(metric, (double)byte_size));
         if (strncmp(name, "INPUT", 5) != 0) continue;
         char out_name[64];
         snprintf(out_name, sizeof out_name, "OUTPUT%s", name + 5);
@@ -194,12 +224,17 @@ static TRITONSERVER_Error *sequence_outputs(TRITONBACKEND_Request *request,
     return NULL;
 }
 
-static void respond(TRITONBACKEND_Request *request, uint32_t flags)
+static void respond(TRITONBACKEND_ModelInstance *instance, TRITONBACKEND_Request *request,
+                    uint32_t flags)
 {
+    TRITONBACKEND_Model *model;
+    void *metric = NULL;
+    log_error(TRITONBACKEND_ModelInstanceModel(instance, &model));
+    log_error(TRITONBACKEND_ModelState(model, &metric));
     TRITONBACKEND_Response *response;
     TRITONSERVER_Error *err = TRITONBACKEND_ResponseNew(&response, request);
     if (err) return log_error(err);
-    err = copy_inputs(request, response);
+    err = copy_inputs(request, response, metric);
     if (!err) err = sequence_outputs(request, response);
     log_error(TRITONBACKEND_ResponseSend(response, flags, err));
     TRITONSERVER_ErrorDelete(err);
@@ -219,7 +254,7 @@ TRITONSERVER_Error *TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_ModelInstan
         const char *mode = request_mode(request);
         bool release = true;
         if (strcmp(mode, "no_release") == 0) {
-            respond(request, TRITONSERVER_RESPONSE_COMPLETE_FINAL);
+            respond(instance, request, TRITONSERVER_RESPONSE_COMPLETE_FINAL);
             release = false;
         } else if (strcmp(mode, "double_release") == 0) {
             TRITONBACKEND_ResponseFactory *factory;
@@ -240,10 +275,10 @@ TRITONSERVER_Error *TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_ModelInstan
             TRITONBACKEND_ResponseFactoryDelete(factory);
             continue;
         } else if (strcmp(mode, "double_send") == 0) {
-            respond(request, TRITONSERVER_RESPONSE_COMPLETE_FINAL);
-            respond(request, TRITONSERVER_RESPONSE_COMPLETE_FINAL);
+            respond(instance, request, TRITONSERVER_RESPONSE_COMPLETE_FINAL);
+            respond(instance, request, TRITONSERVER_RESPONSE_COMPLETE_FINAL);
         } else if (strcmp(mode, "no_final") == 0) {
-            respond(request, 0);
+            respond(instance, request, 0);
         } else if (strcmp(mode, "error_response") == 0) {
             TRITONBACKEND_Response *response;
             if (!TRITONBACKEND_ResponseNew(&response, request)) {
@@ -254,7 +289,7 @@ TRITONSERVER_Error *TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_ModelInstan
                 TRITONSERVER_ErrorDelete(err);
             }
         } else if (strcmp(mode, "no_response") != 0) {
-            respond(request, TRITONSERVER_RESPONSE_COMPLETE_FINAL);
+            respond(instance, request, TRITONSERVER_RESPONSE_COMPLETE_FINAL);
         }
         log_error(TRITONBACKEND_ModelInstanceReportStatistics(instance, request, true, start, start,
                                                               start, start));
