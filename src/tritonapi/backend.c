@@ -73,6 +73,16 @@ struct TRITONBACKEND_Input {
     tb_input_t in;
 };
 
+struct TRITONBACKEND_State {
+    struct TRITONBACKEND_State *next;
+    TRITONBACKEND_Request *request;
+    nereid_datatype_t datatype;
+    uint32_t rank;
+    bool allocated;
+    int64_t *shape;
+    char name[];
+};
+
 enum { REQ_FREE, REQ_LIVE, REQ_RELEASED };
 
 struct TRITONBACKEND_Request {
@@ -85,7 +95,8 @@ struct TRITONBACKEND_Request {
     struct TRITONBACKEND_Input *inputs; /* sorted by name, built on first use */
     uint32_t n_inputs, cap_inputs;
     bool inputs_ready;
-    const char **outputs; /* requested outputs, sorted */
+    struct TRITONBACKEND_State *states; /* freed when execute returns */
+    const char **outputs;               /* requested outputs, sorted */
     uint32_t n_outputs, cap_outputs;
     bool outputs_ready;
 };
@@ -344,6 +355,15 @@ static TRITONBACKEND_Request *request_get(TRITONBACKEND_ModelInstance *in)
     return calloc(1, sizeof *req);
 }
 
+static void free_states(TRITONBACKEND_Request *req)
+{
+    while (req->states) {
+        struct TRITONBACKEND_State *next = req->states->next;
+        free(req->states);
+        req->states = next;
+    }
+}
+
 /* Ends request r after execute returned successfully: the reason it failed
  * if the backend broke the contract, and the channel stops writing into the
  * batch. Returns true when the request object can be reused. */
@@ -376,6 +396,7 @@ static bool request_finish(TRITONBACKEND_ModelInstance *in, TRITONBACKEND_Reques
                              b, m));
     req->chan = NULL;
     channel_unref(c);
+    free_states(req);
     req->batch = NULL;
     req->inputs_ready = req->outputs_ready = false;
     return req->status == REQ_RELEASED;
@@ -422,6 +443,7 @@ static nereid_error_t *tritonapi_execute(nereid_instance_t *ni, nereid_batch_t *
                 req->chan = NULL;
             }
             nereid_batch_set_request_error(batch, r, tritonapi_error_copy(terr_));
+            free_states(req);
             req->status = REQ_RELEASED;
             req->batch = NULL;
             req->inputs_ready = req->outputs_ready = false;
@@ -1377,25 +1399,56 @@ TRITONSERVER_Error *TRITONBACKEND_ResponseFactoryIsCancelled(TRITONBACKEND_Respo
     return NULL;
 }
 
-/* ---- Implicit state: not available through Nereid's backend ABI yet ---- */
+/* ---- Implicit state (sequence batcher `state`) ----
+ * The state is an output of the request named after the state's
+ * output_name, which the sequence batcher keeps as the sequence's next
+ * input state. It is committed once its buffer is allocated
+ * (TRITONBACKEND_StateBuffer); StateUpdate confirms it. */
+
+/* Whether the model config declares a state with this output_name. */
+static bool is_state_output(TRITONBACKEND_Model *m, const char *name)
+{
+    const char *json = nereid_model_config_json(m->nm);
+    const char *seq = strstr(json, "\"sequence_batching\"");
+    if (!seq) return false;
+    for (const char *p = seq; (p = strstr(p, "\"output_name\"")) != NULL;) {
+        p += strlen("\"output_name\"");
+        while (*p == ' ' || *p == ':')
+            p++;
+        size_t n = strlen(name);
+        if (*p == '"' && strncmp(p + 1, name, n) == 0 && p[1 + n] == '"') return true;
+    }
+    return false;
+}
 
 TRITONSERVER_Error *TRITONBACKEND_StateNew(TRITONBACKEND_State **state,
                                            TRITONBACKEND_Request *request, const char *name,
                                            const TRITONSERVER_DataType datatype,
                                            const int64_t *shape, const uint32_t dims_count)
 {
-    (void)request, (void)datatype, (void)shape, (void)dims_count;
-    if (state) *state = NULL;
-    return terr(TRITONSERVER_ERROR_UNSUPPORTED,
-                "implicit state '%s': TRITONBACKEND_StateNew is not supported by Nereid's Triton "
-                "backend API",
-                name ? name : "");
-}
-
-TRITONSERVER_Error *TRITONBACKEND_StateUpdate(TRITONBACKEND_State *state)
-{
-    (void)state;
-    return terr(TRITONSERVER_ERROR_UNSUPPORTED, "TRITONBACKEND_StateUpdate is not supported");
+    if (!state || !name || (!shape && dims_count)) return null_arg("state, name and shape");
+    *state = NULL;
+    TRITONSERVER_Error *err = live(request);
+    if (err) return err;
+    if (!is_state_output(request->inst->model, name))
+        return terr(TRITONSERVER_ERROR_INVALID_ARG,
+                    "state '%s' is not a state output of model '%s' "
+                    "(sequence_batching.state.output_name)",
+                    name, model_name(request->inst->model));
+    size_t name_bytes = strlen(name) + 1;
+    size_t shape_at = (sizeof(struct TRITONBACKEND_State) + name_bytes + 7) & ~(size_t)7;
+    TRITONBACKEND_State *st = calloc(1, shape_at + dims_count * sizeof(int64_t) + 1);
+    if (!st) return terr(TRITONSERVER_ERROR_INTERNAL, "out of memory");
+    memcpy(st->name, name, name_bytes);
+    st->shape = (int64_t *)((char *)st + shape_at);
+    if (dims_count) memcpy(st->shape, shape, dims_count * sizeof(int64_t));
+    st->rank = dims_count;
+    st->datatype = (nereid_datatype_t)datatype;
+    st->request = request;
+    st->next = request->states;
+    request->states = st;
+    *state = st;
+    return NULL;
 }
 
 TRITONSERVER_Error *TRITONBACKEND_StateBuffer(TRITONBACKEND_State *state, void **buffer,
@@ -1403,7 +1456,29 @@ TRITONSERVER_Error *TRITONBACKEND_StateBuffer(TRITONBACKEND_State *state, void *
                                               TRITONSERVER_MemoryType *memory_type,
                                               int64_t *memory_type_id)
 {
-    (void)state, (void)buffer_byte_size, (void)memory_type, (void)memory_type_id;
-    if (buffer) *buffer = NULL;
-    return terr(TRITONSERVER_ERROR_UNSUPPORTED, "TRITONBACKEND_StateBuffer is not supported");
+    if (!state || !buffer || !memory_type || !memory_type_id)
+        return null_arg("state and out-parameters");
+    *buffer = NULL;
+    TRITONSERVER_Error *err = live(state->request);
+    if (err) return err;
+    if (state->allocated)
+        return terr(TRITONSERVER_ERROR_ALREADY_EXISTS, "buffer for state '%s' already allocated",
+                    state->name);
+    nereid_error_t *e = nereid_batch_request_output(state->request->batch, state->request->r,
+                                                    state->name, state->datatype, state->shape,
+                                                    state->rank, buffer_byte_size, buffer);
+    if (e) return (TRITONSERVER_Error *)e;
+    state->allocated = true;
+    *memory_type = TRITONSERVER_MEMORY_CPU;
+    *memory_type_id = 0;
+    return NULL;
+}
+
+TRITONSERVER_Error *TRITONBACKEND_StateUpdate(TRITONBACKEND_State *state)
+{
+    if (!state) return null_arg("state");
+    if (!state->allocated)
+        return terr(TRITONSERVER_ERROR_INVALID_ARG,
+                    "state '%s' has no buffer: call TRITONBACKEND_StateBuffer first", state->name);
+    return NULL;
 }

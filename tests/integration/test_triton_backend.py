@@ -42,7 +42,7 @@ output [ {{ name: "OUTPUT0" data_type: {cfg} dims: [ -1 ] }} ]
 def layout(tmp_path_factory):
     root = tmp_path_factory.mktemp("triton")
     backends = root / "backends"
-    for name in ("tidentity", "trepeat", "tbadversion", "tnoexecute"):
+    for name in ("tidentity", "trepeat", "tbadversion", "tnoexecute", "taccumulate"):
         os.makedirs(backends / name)
         os.symlink(lib(name), backends / name / f"libtriton_{name}.so")
     # Nereid's own identity backend, in the same backend directory
@@ -70,6 +70,18 @@ input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
 output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] },
          { name: "CORRID" data_type: TYPE_UINT64 dims: [ 1 ] },
          { name: "FLAGS" data_type: TYPE_UINT32 dims: [ 1 ] } ]
+""")
+    write_model(repo, "t_state", """
+name: "t_state"
+backend: "taccumulate"
+max_batch_size: 0
+sequence_batching {
+  state [ { input_name: "INPUT_STATE" output_name: "OUTPUT_STATE" data_type: TYPE_INT32
+            dims: [ 1 ] initial_state { data_type: TYPE_INT32 dims: [ 1 ] zero_data: true
+            name: "zero" } } ]
+}
+input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
 """)
     write_model(repo, "t_fail_model", identity_config(
         "t_fail_model", "TYPE_FP32",
@@ -133,7 +145,7 @@ def test_models_load_with_triton_lifecycle(server):
     state = {m["name"]: (m["state"], m.get("reason", "")) for m in index}
     for dt in DATATYPES:
         assert state[f"t_{dt.lower()}"][0] == "READY"
-    for name in ("t_batch", "t_seq", "t_runtime", "t_versiondir", "nereid_identity", "t_repeat"):
+    for name in ("t_batch", "t_seq", "t_state", "t_runtime", "t_versiondir", "nereid_identity", "t_repeat"):
         assert state[name][0] == "READY", state[name]
     assert state["t_fail_model"] == (
         "UNAVAILABLE", "Invalid argument: tidentity: model initialization failed as configured")
@@ -219,6 +231,20 @@ def test_sequence_id_and_flags(server):
     # a request without a sequence id: 0, no error (Triton's bls relies on it)
     r = infer_json(server, "t_fp32", [f32([1.0])])
     assert r.status_code == 200
+
+
+def test_implicit_state(server):
+    def step(value, **params):
+        r = infer_json(server, "t_state",
+                       [{"name": "INPUT", "datatype": "INT32", "shape": [1], "data": [value]}],
+                       parameters=dict(sequence_id=7, **params))
+        assert r.status_code == 200, r.text
+        return r.json()["outputs"][0]["data"][0]
+    assert step(1, sequence_start=True) == 1
+    assert step(2) == 3
+    assert step(10, skip_update=True) == 13  # no StateNew: the state stays 3
+    assert step(4, sequence_end=True) == 7
+    assert step(5, sequence_start=True) == 5  # a new sequence starts from zero
 
 
 # ---- Batching, instances, statistics ----
