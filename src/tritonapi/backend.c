@@ -48,6 +48,7 @@ struct TRITONBACKEND_ResponseFactory {
 struct TRITONBACKEND_Output {
     struct TRITONBACKEND_Output *next;
     TRITONBACKEND_Response *resp;
+    TRITONSERVER_BufferAttributes attrs;
     nereid_datatype_t datatype;
     uint32_t rank;
     bool allocated;
@@ -76,6 +77,8 @@ struct TRITONBACKEND_Input {
 struct TRITONBACKEND_State {
     struct TRITONBACKEND_State *next;
     TRITONBACKEND_Request *request;
+    TRITONSERVER_BufferAttributes attrs;
+    void *buffer;
     nereid_datatype_t datatype;
     uint32_t rank;
     bool allocated;
@@ -1310,8 +1313,17 @@ TRITONSERVER_Error *TRITONBACKEND_OutputBuffer(TRITONBACKEND_Output *output, voi
     pthread_mutex_unlock(&c->mu);
     if (err) return (TRITONSERVER_Error *)err;
     output->allocated = true;
+    output->attrs.byte_size = buffer_byte_size;
     *memory_type = TRITONSERVER_MEMORY_CPU;
     *memory_type_id = 0;
+    return NULL;
+}
+
+TRITONSERVER_Error *TRITONBACKEND_OutputBufferAttributes(TRITONBACKEND_Output *output,
+                                                         TRITONSERVER_BufferAttributes **attrs)
+{
+    if (!output || !attrs) return null_arg("output and buffer_attributes");
+    *attrs = &output->attrs;
     return NULL;
 }
 
@@ -1405,13 +1417,16 @@ TRITONSERVER_Error *TRITONBACKEND_ResponseFactoryIsCancelled(TRITONBACKEND_Respo
  * input state. It is committed once its buffer is allocated
  * (TRITONBACKEND_StateBuffer); StateUpdate confirms it. */
 
-/* Whether the model config declares a state with this output_name. */
-static bool is_state_output(TRITONBACKEND_Model *m, const char *name)
+/* Whether the model config declares states (*any) and one with this
+ * output_name (the return value). */
+static bool is_state_output(TRITONBACKEND_Model *m, const char *name, bool *any)
 {
+    *any = false;
     const char *json = nereid_model_config_json(m->nm);
     const char *seq = strstr(json, "\"sequence_batching\"");
     if (!seq) return false;
     for (const char *p = seq; (p = strstr(p, "\"output_name\"")) != NULL;) {
+        *any = true;
         p += strlen("\"output_name\"");
         while (*p == ' ' || *p == ':')
             p++;
@@ -1430,11 +1445,14 @@ TRITONSERVER_Error *TRITONBACKEND_StateNew(TRITONBACKEND_State **state,
     *state = NULL;
     TRITONSERVER_Error *err = live(request);
     if (err) return err;
-    if (!is_state_output(request->inst->model, name))
-        return terr(TRITONSERVER_ERROR_INVALID_ARG,
-                    "state '%s' is not a state output of model '%s' "
-                    "(sequence_batching.state.output_name)",
-                    name, model_name(request->inst->model));
+    bool any;
+    if (!is_state_output(request->inst->model, name, &any))
+        return any ? terr(TRITONSERVER_ERROR_INVALID_ARG, "state '%s' is not a valid state name.",
+                          name)
+                   : terr(TRITONSERVER_ERROR_INVALID_ARG,
+                          "unable to add state '%s'. State configuration is missing for model "
+                          "'%s'.",
+                          name, model_name(request->inst->model));
     size_t name_bytes = strlen(name) + 1;
     size_t shape_at = (sizeof(struct TRITONBACKEND_State) + name_bytes + 7) & ~(size_t)7;
     TRITONBACKEND_State *st = calloc(1, shape_at + dims_count * sizeof(int64_t) + 1);
@@ -1461,16 +1479,32 @@ TRITONSERVER_Error *TRITONBACKEND_StateBuffer(TRITONBACKEND_State *state, void *
     *buffer = NULL;
     TRITONSERVER_Error *err = live(state->request);
     if (err) return err;
-    if (state->allocated)
-        return terr(TRITONSERVER_ERROR_ALREADY_EXISTS, "buffer for state '%s' already allocated",
-                    state->name);
+    if (state->allocated) { /* asked again: the same buffer when the size matches */
+        if (buffer_byte_size != state->attrs.byte_size)
+            return terr(TRITONSERVER_ERROR_INVALID_ARG,
+                        "buffer for state '%s' already allocated with another size", state->name);
+        *buffer = state->buffer;
+        *memory_type = TRITONSERVER_MEMORY_CPU;
+        *memory_type_id = 0;
+        return NULL;
+    }
     nereid_error_t *e = nereid_batch_request_output(state->request->batch, state->request->r,
                                                     state->name, state->datatype, state->shape,
                                                     state->rank, buffer_byte_size, buffer);
     if (e) return (TRITONSERVER_Error *)e;
     state->allocated = true;
+    state->buffer = *buffer;
+    state->attrs.byte_size = buffer_byte_size;
     *memory_type = TRITONSERVER_MEMORY_CPU;
     *memory_type_id = 0;
+    return NULL;
+}
+
+TRITONSERVER_Error *TRITONBACKEND_StateBufferAttributes(TRITONBACKEND_State *state,
+                                                        TRITONSERVER_BufferAttributes **attrs)
+{
+    if (!state || !attrs) return null_arg("state and buffer_attributes");
+    *attrs = &state->attrs;
     return NULL;
 }
 

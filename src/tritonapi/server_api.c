@@ -151,6 +151,48 @@ const char *TRITONSERVER_InstanceGroupKindString(TRITONSERVER_InstanceGroupKind 
     return (unsigned)kind < 4 ? names[kind] : "<invalid>";
 }
 
+/* ---- Buffer attributes ---- */
+
+TRITONSERVER_Error *TRITONSERVER_BufferAttributesNew(TRITONSERVER_BufferAttributes **attrs)
+{
+    if (!attrs)
+        return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INVALID_ARG,
+                                     "buffer_attributes must not be NULL");
+    *attrs = calloc(1, sizeof **attrs);
+    return *attrs ? NULL : TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INTERNAL, "out of memory");
+}
+
+TRITONSERVER_Error *TRITONSERVER_BufferAttributesDelete(TRITONSERVER_BufferAttributes *attrs)
+{
+    free(attrs);
+    return NULL;
+}
+
+#define ATTR_ACCESSORS(field, type, Name)                                                          \
+    TRITONSERVER_Error *TRITONSERVER_BufferAttributesSet##Name(                                    \
+        TRITONSERVER_BufferAttributes *attrs, type value)                                          \
+    {                                                                                              \
+        if (!attrs)                                                                                \
+            return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INVALID_ARG,                           \
+                                         "buffer_attributes must not be NULL");                    \
+        attrs->field = value;                                                                      \
+        return NULL;                                                                               \
+    }                                                                                              \
+    TRITONSERVER_Error *TRITONSERVER_BufferAttributes##Name(TRITONSERVER_BufferAttributes *attrs,  \
+                                                            type *value)                           \
+    {                                                                                              \
+        if (!attrs || !value)                                                                      \
+            return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INVALID_ARG,                           \
+                                         "buffer_attributes and value must not be NULL");          \
+        *value = attrs->field;                                                                     \
+        return NULL;                                                                               \
+    }
+ATTR_ACCESSORS(memory_type_id, int64_t, MemoryTypeId)
+ATTR_ACCESSORS(memory_type, TRITONSERVER_MemoryType, MemoryType)
+ATTR_ACCESSORS(cuda_ipc_handle, void *, CudaIpcHandle)
+ATTR_ACCESSORS(byte_size, size_t, ByteSize)
+#undef ATTR_ACCESSORS
+
 /* ---- Parameters ---- */
 
 struct TRITONSERVER_Parameter {

@@ -29,6 +29,13 @@ struct TRITONSERVER_Message {
     size_t byte_size;
 };
 
+struct TRITONSERVER_BufferAttributes {
+    TRITONSERVER_MemoryType memory_type;
+    int64_t memory_type_id;
+    size_t byte_size;
+    void *cuda_ipc_handle;
+};
+
 struct TRITONBACKEND_Backend {
     nereid_backend_t *nb;
     void *handle;

@@ -245,6 +245,10 @@ def test_implicit_state(server):
     assert step(10, skip_update=True) == 13  # no StateNew: the state stays 3
     assert step(4, sequence_end=True) == 7
     assert step(5, sequence_start=True) == 5  # a new sequence starts from zero
+    r = infer_json(server, "t_state",
+                   [{"name": "INPUT", "datatype": "INT32", "shape": [1], "data": [1]}],
+                   parameters={"sequence_id": 8, "sequence_start": True, "bad_state": True})
+    assert r.status_code == 400 and r.json()["error"] == "state 'NOPE' is not a valid state name."
 
 
 # ---- Batching, instances, statistics ----

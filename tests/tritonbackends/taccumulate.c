@@ -3,7 +3,8 @@
  * tests/integration/test_triton_backend.py: OUTPUT = INPUT + INPUT_STATE
  * (INT32 [1]); the sum becomes the next state of the sequence through
  * TRITONBACKEND_StateNew("OUTPUT_STATE") / StateBuffer / StateUpdate. With
- * request parameter "skip_update" the state is left as it was.
+ * request parameter "skip_update" the state is left as it was; with
+ * "bad_state" it asks for a state the model does not have.
  */
 #include <string.h>
 
@@ -29,7 +30,7 @@ static TRITONSERVER_Error *read_int(TRITONBACKEND_Request *request, const char *
     return NULL;
 }
 
-static bool skip_update(TRITONBACKEND_Request *request)
+static bool has_param(TRITONBACKEND_Request *request, const char *name)
 {
     uint32_t n = 0;
     TRITONBACKEND_RequestParameterCount(request, &n);
@@ -37,8 +38,7 @@ static bool skip_update(TRITONBACKEND_Request *request)
         const char *key;
         TRITONSERVER_ParameterType type;
         const void *value;
-        if (!TRITONBACKEND_RequestParameter(request, i, &key, &type, &value) &&
-            !strcmp(key, "skip_update"))
+        if (!TRITONBACKEND_RequestParameter(request, i, &key, &type, &value) && !strcmp(key, name))
             return true;
     }
     return false;
@@ -46,7 +46,7 @@ static bool skip_update(TRITONBACKEND_Request *request)
 
 static TRITONSERVER_Error *run(TRITONBACKEND_Request *request, TRITONBACKEND_Response *response)
 {
-    int32_t in, state;
+    int32_t in = 0, state = 0;
     RETURN_IF_ERROR(read_int(request, "INPUT", &in));
     RETURN_IF_ERROR(read_int(request, "INPUT_STATE", &state));
     int32_t sum = in + state;
@@ -59,10 +59,11 @@ static TRITONSERVER_Error *run(TRITONBACKEND_Request *request, TRITONBACKEND_Res
                                                  TRITONSERVER_TYPE_INT32, shape, 1));
     RETURN_IF_ERROR(TRITONBACKEND_OutputBuffer(output, &buffer, 4, &type, &type_id));
     memcpy(buffer, &sum, 4);
-    if (skip_update(request)) return NULL;
+    if (has_param(request, "skip_update")) return NULL;
+    const char *state_name = has_param(request, "bad_state") ? "NOPE" : "OUTPUT_STATE";
     TRITONBACKEND_State *st;
     RETURN_IF_ERROR(
-        TRITONBACKEND_StateNew(&st, request, "OUTPUT_STATE", TRITONSERVER_TYPE_INT32, shape, 1));
+        TRITONBACKEND_StateNew(&st, request, state_name, TRITONSERVER_TYPE_INT32, shape, 1));
     RETURN_IF_ERROR(TRITONBACKEND_StateBuffer(st, &buffer, 4, &type, &type_id));
     memcpy(buffer, &sum, 4);
     return TRITONBACKEND_StateUpdate(st);

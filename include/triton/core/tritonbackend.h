@@ -114,6 +114,11 @@ TRITONBACKEND_OutputBuffer(TRITONBACKEND_Output *output, void **buffer,
                            const uint64_t buffer_byte_size, TRITONSERVER_MemoryType *memory_type,
                            int64_t *memory_type_id);
 
+/* Borrowed attributes of the output's buffer (after OutputBuffer). */
+TRITONBACKEND_DECLSPEC TRITONSERVER_Error *
+TRITONBACKEND_OutputBufferAttributes(TRITONBACKEND_Output *output,
+                                     TRITONSERVER_BufferAttributes **buffer_attributes);
+
 /* ---- Requests ---- */
 
 TRITONBACKEND_DECLSPEC TRITONSERVER_Error *TRITONBACKEND_RequestId(TRITONBACKEND_Request *request,
@@ -208,6 +213,10 @@ TRITONBACKEND_StateNew(TRITONBACKEND_State **state, TRITONBACKEND_Request *reque
                        const char *name, const TRITONSERVER_DataType datatype, const int64_t *shape,
                        const uint32_t dims_count);
 TRITONBACKEND_DECLSPEC TRITONSERVER_Error *TRITONBACKEND_StateUpdate(TRITONBACKEND_State *state);
+/* Borrowed attributes of the state's buffer (after StateBuffer). */
+TRITONBACKEND_DECLSPEC TRITONSERVER_Error *
+TRITONBACKEND_StateBufferAttributes(TRITONBACKEND_State *state,
+                                    TRITONSERVER_BufferAttributes **buffer_attributes);
 TRITONBACKEND_DECLSPEC TRITONSERVER_Error *
 TRITONBACKEND_StateBuffer(TRITONBACKEND_State *state, void **buffer,
                           const uint64_t buffer_byte_size, TRITONSERVER_MemoryType *memory_type,

@@ -194,6 +194,37 @@ TRITONSERVER_ParameterTypeString(TRITONSERVER_ParameterType paramtype);
 TRITONSERVER_DECLSPEC const char *
 TRITONSERVER_InstanceGroupKindString(TRITONSERVER_InstanceGroupKind kind);
 
+/* ---- Buffer attributes: memory type, type id, byte size, CUDA IPC handle ---- */
+
+TRITONSERVER_DECLSPEC TRITONSERVER_Error *
+TRITONSERVER_BufferAttributesNew(TRITONSERVER_BufferAttributes **buffer_attributes);
+TRITONSERVER_DECLSPEC TRITONSERVER_Error *
+TRITONSERVER_BufferAttributesDelete(TRITONSERVER_BufferAttributes *buffer_attributes);
+TRITONSERVER_DECLSPEC TRITONSERVER_Error *
+TRITONSERVER_BufferAttributesSetMemoryTypeId(TRITONSERVER_BufferAttributes *buffer_attributes,
+                                             int64_t memory_type_id);
+TRITONSERVER_DECLSPEC TRITONSERVER_Error *
+TRITONSERVER_BufferAttributesSetMemoryType(TRITONSERVER_BufferAttributes *buffer_attributes,
+                                           TRITONSERVER_MemoryType memory_type);
+TRITONSERVER_DECLSPEC TRITONSERVER_Error *
+TRITONSERVER_BufferAttributesSetCudaIpcHandle(TRITONSERVER_BufferAttributes *buffer_attributes,
+                                              void *cuda_ipc_handle);
+TRITONSERVER_DECLSPEC TRITONSERVER_Error *
+TRITONSERVER_BufferAttributesSetByteSize(TRITONSERVER_BufferAttributes *buffer_attributes,
+                                         size_t byte_size);
+TRITONSERVER_DECLSPEC TRITONSERVER_Error *
+TRITONSERVER_BufferAttributesMemoryTypeId(TRITONSERVER_BufferAttributes *buffer_attributes,
+                                          int64_t *memory_type_id);
+TRITONSERVER_DECLSPEC TRITONSERVER_Error *
+TRITONSERVER_BufferAttributesMemoryType(TRITONSERVER_BufferAttributes *buffer_attributes,
+                                        TRITONSERVER_MemoryType *memory_type);
+TRITONSERVER_DECLSPEC TRITONSERVER_Error *
+TRITONSERVER_BufferAttributesCudaIpcHandle(TRITONSERVER_BufferAttributes *buffer_attributes,
+                                           void **cuda_ipc_handle);
+TRITONSERVER_DECLSPEC TRITONSERVER_Error *
+TRITONSERVER_BufferAttributesByteSize(TRITONSERVER_BufferAttributes *buffer_attributes,
+                                      size_t *byte_size);
+
 /* ---- Parameters ---- */
 
 /* value points to a NUL-terminated string, int64_t, bool or double by type
