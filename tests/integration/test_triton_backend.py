@@ -83,6 +83,19 @@ sequence_batching {
 input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
 output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
 """)
+    write_model(repo, "t_ensemble", """
+name: "t_ensemble"
+platform: "ensemble"
+max_batch_size: 0
+input [ { name: "IN" data_type: TYPE_FP32 dims: [ -1 ] } ]
+output [ { name: "OUT" data_type: TYPE_FP32 dims: [ -1 ] } ]
+ensemble_scheduling { step [
+  { model_name: "t_fp32" model_version: -1
+    input_map { key: "INPUT0" value: "IN" } output_map { key: "OUTPUT0" value: "MID" } },
+  { model_name: "t_batch_free" model_version: -1
+    input_map { key: "INPUT0" value: "MID" } output_map { key: "OUTPUT0" value: "OUT" } } ] }
+""")
+    write_model(repo, "t_batch_free", identity_config("t_batch_free", "TYPE_FP32"))
     write_model(repo, "t_fail_model", identity_config(
         "t_fail_model", "TYPE_FP32",
         extra='parameters { key: "fail" value: { string_value: "model_init" } }'))
@@ -249,6 +262,13 @@ def test_implicit_state(server):
                    [{"name": "INPUT", "datatype": "INT32", "shape": [1], "data": [1]}],
                    parameters={"sequence_id": 8, "sequence_start": True, "bad_state": True})
     assert r.status_code == 400 and r.json()["error"] == "state 'NOPE' is not a valid state name."
+
+
+def test_ensemble_of_triton_models(server):
+    r = infer_json(server, "t_ensemble",
+                   [{"name": "IN", "datatype": "FP32", "shape": [3], "data": [1.5, 2.5, 3.5]}])
+    assert r.status_code == 200, r.text
+    assert r.json()["outputs"][0]["data"] == [1.5, 2.5, 3.5]
 
 
 # ---- Batching, instances, statistics ----
