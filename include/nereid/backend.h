@@ -38,7 +38,9 @@
  *   1.4  nereid_sender_is_cancelled
  *   1.5  nereid_model_server (in-process requests from a backend: BLS),
  *        nereid_backend_config / nereid_backend_config_json (--backend-config)
- *   1.6  nereid_batch_request_correlation_id, nereid_batch_request_flags
+ *   1.6  nereid_batch_request_correlation_id, nereid_batch_request_flags,
+ *        response parameters (nereid_batch_request_set_response_parameter,
+ *        nereid_sender_set_parameter)
  */
 #ifndef NEREID_BACKEND_H
 #define NEREID_BACKEND_H
@@ -305,6 +307,21 @@ NEREID_EXPORT uint64_t nereid_batch_request_correlation_id(const nereid_batch_t 
 #define NEREID_REQUEST_FLAG_SEQUENCE_START 1u
 #define NEREID_REQUEST_FLAG_SEQUENCE_END 2u
 NEREID_EXPORT uint32_t nereid_batch_request_flags(const nereid_batch_t *batch, size_t r);
+
+/* ABI 1.6: a parameter of request r's response (Triton's
+ * TRITONBACKEND_ResponseSet*Parameter; clients see it in the response's
+ * "parameters"). value points to a NUL-terminated string, int64_t, bool or
+ * double as type says (copied); a key set again is replaced. Only during
+ * execute. INVALID_ARG when r is out of range or the request has no
+ * response (a sender took it). */
+NEREID_EXPORT nereid_error_t *
+nereid_batch_request_set_response_parameter(nereid_batch_t *batch, size_t r, const char *key,
+                                            nereid_parameter_type_t type, const void *value);
+/* The same for the sender's next response. */
+NEREID_EXPORT nereid_error_t *nereid_sender_set_parameter(nereid_response_sender_t *sender,
+                                                          const char *key,
+                                                          nereid_parameter_type_t type,
+                                                          const void *value);
 
 #ifdef __cplusplus
 }

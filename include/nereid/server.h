@@ -387,6 +387,13 @@ NEREID_EXPORT nereid_error_t *nereid_response_classify(const nereid_response_t *
                                                        size_t *byte_size_out, int64_t *shape_out,
                                                        size_t *rank_out);
 NEREID_EXPORT void nereid_response_free(nereid_response_t *resp);
+/* Response parameters a backend set (Triton's response parameters), in the
+ * order first set. nereid_response_parameter's type is a
+ * nereid_parameter_type_t (backend.h): 0 string (const char *), 1 int64_t,
+ * 2 bool, 3 double; index must be below the count. Borrowed. */
+NEREID_EXPORT size_t nereid_response_parameter_count(const nereid_response_t *resp);
+NEREID_EXPORT void nereid_response_parameter(const nereid_response_t *resp, size_t index,
+                                             const char **name, int *type, const void **value);
 
 /* ---- Logging and trace settings ------------------------------------------ */
 

@@ -598,3 +598,16 @@ uint32_t nereid_batch_request_flags(const nereid_batch_t *batch, size_t r)
     return (req->seq_start ? NEREID_REQUEST_FLAG_SEQUENCE_START : 0) |
            (req->seq_end ? NEREID_REQUEST_FLAG_SEQUENCE_END : 0);
 }
+
+nereid_error_t *nereid_batch_request_set_response_parameter(nereid_batch_t *batch, size_t r,
+                                                            const char *key,
+                                                            nereid_parameter_type_t type,
+                                                            const void *value)
+{
+    if (r >= batch->n_reqs || !batch->reqs[r]->response || !key || !value ||
+        (unsigned)type > NEREID_PARAMETER_DOUBLE)
+        return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                "invalid response parameter for request index %zu", r);
+    response_set_parameter(batch->reqs[r]->response, key, (int)type, value);
+    return NULL;
+}

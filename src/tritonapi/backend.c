@@ -56,9 +56,22 @@ struct TRITONBACKEND_Output {
     char name[]; /* shape follows the name */
 };
 
+typedef struct tb_param {
+    struct tb_param *next;
+    nereid_parameter_type_t type;
+    union {
+        int64_t i;
+        bool b;
+        double d;
+    } v;
+    char *s;
+    char key[];
+} tb_param_t;
+
 struct TRITONBACKEND_Response {
     tb_channel_t *chan;
     struct TRITONBACKEND_Output *outputs;
+    tb_param_t *params, **params_tail; /* in the order set */
 };
 
 typedef struct tb_input {
@@ -1195,6 +1208,12 @@ TRITONSERVER_Error *TRITONBACKEND_ResponseNewFromFactory(TRITONBACKEND_Response 
 
 static void response_free(TRITONBACKEND_Response *r)
 {
+    while (r->params) {
+        tb_param_t *next = r->params->next;
+        free(r->params->s);
+        free(r->params);
+        r->params = next;
+    }
     while (r->outputs) {
         struct TRITONBACKEND_Output *next = r->outputs->next;
         free(r->outputs);
@@ -1211,34 +1230,69 @@ TRITONSERVER_Error *TRITONBACKEND_ResponseDelete(TRITONBACKEND_Response *respons
     return NULL;
 }
 
-/* Response parameters have no place in Nereid's response yet: accepted and
- * dropped (docs/triton_backends.md). */
+/* Response parameters: kept with the response, handed to Nereid's response
+ * when it is sent (clients see them in "parameters"). */
+static TRITONSERVER_Error *add_param(TRITONBACKEND_Response *response, const char *name,
+                                     nereid_parameter_type_t type, const void *value)
+{
+    if (!response || !name || !value) return null_arg("response, name and value");
+    size_t n = strlen(name) + 1;
+    tb_param_t *p = calloc(1, sizeof *p + n);
+    if (!p) return terr(TRITONSERVER_ERROR_INTERNAL, "out of memory");
+    memcpy(p->key, name, n);
+    p->type = type;
+    if (type == NEREID_PARAMETER_STRING && !(p->s = strdup(value))) {
+        free(p);
+        return terr(TRITONSERVER_ERROR_INTERNAL, "out of memory");
+    }
+    if (type == NEREID_PARAMETER_INT) memcpy(&p->v.i, value, sizeof p->v.i);
+    if (type == NEREID_PARAMETER_BOOL) memcpy(&p->v.b, value, sizeof p->v.b);
+    if (type == NEREID_PARAMETER_DOUBLE) memcpy(&p->v.d, value, sizeof p->v.d);
+    if (!response->params_tail) response->params_tail = &response->params;
+    *response->params_tail = p;
+    response->params_tail = &p->next;
+    return NULL;
+}
+
 TRITONSERVER_Error *TRITONBACKEND_ResponseSetStringParameter(TRITONBACKEND_Response *response,
                                                              const char *name, const char *value)
 {
-    (void)value;
-    return response && name ? NULL : null_arg("response and name");
+    return add_param(response, name, NEREID_PARAMETER_STRING, value);
 }
 
 TRITONSERVER_Error *TRITONBACKEND_ResponseSetIntParameter(TRITONBACKEND_Response *response,
                                                           const char *name, const int64_t value)
 {
-    (void)value;
-    return response && name ? NULL : null_arg("response and name");
+    return add_param(response, name, NEREID_PARAMETER_INT, &value);
 }
 
 TRITONSERVER_Error *TRITONBACKEND_ResponseSetBoolParameter(TRITONBACKEND_Response *response,
                                                            const char *name, const bool value)
 {
-    (void)value;
-    return response && name ? NULL : null_arg("response and name");
+    return add_param(response, name, NEREID_PARAMETER_BOOL, &value);
 }
 
 TRITONSERVER_Error *TRITONBACKEND_ResponseSetDoubleParameter(TRITONBACKEND_Response *response,
                                                              const char *name, const double value)
 {
-    (void)value;
-    return response && name ? NULL : null_arg("response and name");
+    return add_param(response, name, NEREID_PARAMETER_DOUBLE, &value);
+}
+
+/* Hands the response's parameters to the sender's next response or the
+ * request's response (channel locked). */
+static void send_params(tb_channel_t *c, const TRITONBACKEND_Response *resp)
+{
+    for (const tb_param_t *p = resp ? resp->params : NULL; p; p = p->next) {
+        const void *value = p->type == NEREID_PARAMETER_STRING ? (const void *)p->s
+                            : p->type == NEREID_PARAMETER_INT  ? (const void *)&p->v.i
+                            : p->type == NEREID_PARAMETER_BOOL ? (const void *)&p->v.b
+                                                               : (const void *)&p->v.d;
+        nereid_error_t *err =
+            c->sender ? nereid_sender_set_parameter(c->sender, p->key, p->type, value)
+                      : nereid_batch_request_set_response_parameter(c->batch, c->r, p->key, p->type,
+                                                                    value);
+        nereid_error_free(err);
+    }
 }
 
 TRITONSERVER_Error *TRITONBACKEND_ResponseOutput(TRITONBACKEND_Response *response,
@@ -1328,9 +1382,10 @@ TRITONSERVER_Error *TRITONBACKEND_OutputBufferAttributes(TRITONBACKEND_Output *o
 }
 
 /* Sends flags and maybe a response's error through channel c (locked). */
-static nereid_error_t *channel_send(tb_channel_t *c, bool has_response, const uint32_t flags,
-                                    TRITONSERVER_Error *error)
+static nereid_error_t *channel_send(tb_channel_t *c, const TRITONBACKEND_Response *resp,
+                                    const uint32_t flags, TRITONSERVER_Error *error)
 {
+    bool has_response = resp != NULL;
     bool final = flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL;
     if (c->final_sent) {
         nereid_error_t *err =
@@ -1342,6 +1397,7 @@ static nereid_error_t *channel_send(tb_channel_t *c, bool has_response, const ui
         return err;
     }
     if (c->sender) {
+        send_params(c, resp);
         nereid_error_t *err =
             has_response ? nereid_sender_send(c->sender, flags, tritonapi_error_copy(error))
                          : nereid_sender_send_flags(c->sender, flags);
@@ -1370,6 +1426,7 @@ static nereid_error_t *channel_send(tb_channel_t *c, bool has_response, const ui
         return err;
     }
     if (has_response) c->n_sent++;
+    send_params(c, resp);
     if (error) nereid_batch_set_request_error(c->batch, c->r, tritonapi_error_copy(error));
     if (final) c->final_sent = true;
     return NULL;
@@ -1381,7 +1438,7 @@ TRITONSERVER_Error *TRITONBACKEND_ResponseSend(TRITONBACKEND_Response *response,
     if (!response) return null_arg("response");
     tb_channel_t *c = response->chan;
     pthread_mutex_lock(&c->mu);
-    nereid_error_t *err = channel_send(c, true, send_flags, error);
+    nereid_error_t *err = channel_send(c, response, send_flags, error);
     pthread_mutex_unlock(&c->mu);
     response_free(response);
     return (TRITONSERVER_Error *)err;
@@ -1393,7 +1450,7 @@ TRITONSERVER_Error *TRITONBACKEND_ResponseFactorySendFlags(TRITONBACKEND_Respons
     if (!factory) return null_arg("factory");
     tb_channel_t *c = factory->chan;
     pthread_mutex_lock(&c->mu);
-    nereid_error_t *err = channel_send(c, false, send_flags, NULL);
+    nereid_error_t *err = channel_send(c, NULL, send_flags, NULL);
     pthread_mutex_unlock(&c->mu);
     return (TRITONSERVER_Error *)err;
 }

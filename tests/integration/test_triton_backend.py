@@ -206,6 +206,34 @@ def raw(dt, n):
     return arr.tobytes(), n
 
 
+PARAMS = {"param0": "an example", "param1": 42, "param2": False, "param3": 0.5}
+
+
+def test_response_parameters_http(server):
+    r = infer_json(server, "t_fp32", [f32([1.0])])
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["parameters"] == PARAMS
+    # Triton's order: model_name, model_version, parameters, outputs
+    assert list(body) == ["model_name", "model_version", "parameters", "outputs"]
+    # a Nereid backend's responses carry none
+    r = infer_json(server, "nereid_identity", [f32([1.0])])
+    assert "parameters" not in r.json()
+
+
+def test_response_parameters_grpc(stub):
+    req = pb.ModelInferRequest(model_name="t_fp32")
+    t = req.inputs.add()
+    t.name, t.datatype = "INPUT0", "FP32"
+    t.shape.extend([1])
+    req.raw_input_contents.append(np.array([1], np.float32).tobytes())
+    resp = stub.ModelInfer(req, timeout=30)
+    p = resp.parameters
+    assert (p["param0"].string_param, p["param1"].int64_param, p["param2"].bool_param,
+            p["param3"].double_param) == ("an example", 42, False, 0.5)
+    assert len(p) == 4
+
+
 def test_grpc_raw_every_datatype(stub):
     for dt in DATATYPES:
         data, n = raw(dt, 3)
@@ -375,6 +403,7 @@ def test_decoupled_responses_after_execute(stub):
     assert [np.frombuffer(r.infer_response.raw_output_contents[0], np.int32).tolist()
             for r in out] == [[7], [8], [9]]
     assert all(r.infer_response.id == "a" for r in out)
+    assert [r.infer_response.parameters["index"].int64_param for r in out] == [0, 1, 2]
 
 
 def test_decoupled_zero_responses_then_final(stub):

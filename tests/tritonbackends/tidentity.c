@@ -236,6 +236,11 @@ static void respond(TRITONBACKEND_ModelInstance *instance, TRITONBACKEND_Request
     if (err) return log_error(err);
     err = copy_inputs(request, response, metric);
     if (!err) err = sequence_outputs(request, response);
+    /* as Triton's identity backend does */
+    if (!err) err = TRITONBACKEND_ResponseSetStringParameter(response, "param0", "an example");
+    if (!err) err = TRITONBACKEND_ResponseSetIntParameter(response, "param1", 42);
+    if (!err) err = TRITONBACKEND_ResponseSetBoolParameter(response, "param2", false);
+    if (!err) err = TRITONBACKEND_ResponseSetDoubleParameter(response, "param3", 0.5);
     log_error(TRITONBACKEND_ResponseSend(response, flags, err));
     TRITONSERVER_ErrorDelete(err);
 }

@@ -2,7 +2,8 @@
  * This file contains a decoupled Triton backend written against Nereid's
  * copy of Triton's headers, for tests/integration/test_triton_backend.py:
  * for input IN (INT32 [n]) it releases the request inside Execute and then,
- * from its own thread, sends n responses OUT = [IN[i]] through a response
+ * from its own thread, sends n responses OUT = [IN[i]] (response parameter
+ * index = i) through a response
  * factory, then the FINAL flag alone (as Triton's repeat backend). With
  * request parameter "mode" = "drop_final" it drops the factory without
  * the final flag.
@@ -51,6 +52,7 @@ static void *send_all(void *arg)
                                            1);
         if (!err) err = TRITONBACKEND_OutputBuffer(output, &buffer, 4, &type, &type_id);
         if (!err) memcpy(buffer, &job->values[i], 4);
+        if (!err) err = TRITONBACKEND_ResponseSetIntParameter(response, "index", (int64_t)i);
         log_error(TRITONBACKEND_ResponseSend(response, 0, err));
         TRITONSERVER_ErrorDelete(err);
     }
