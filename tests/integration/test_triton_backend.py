@@ -206,6 +206,15 @@ def raw(dt, n):
     return arr.tobytes(), n
 
 
+def grpc_f32(model):
+    req = pb.ModelInferRequest(model_name=model)
+    t = req.inputs.add()
+    t.name, t.datatype = "INPUT0", "FP32"
+    t.shape.extend([1])
+    req.raw_input_contents.append(np.array([1], np.float32).tobytes())
+    return req
+
+
 PARAMS = {"param0": "an example", "param1": 42, "param2": False, "param3": 0.5}
 
 
@@ -222,11 +231,7 @@ def test_response_parameters_http(server):
 
 
 def test_response_parameters_grpc(stub):
-    req = pb.ModelInferRequest(model_name="t_fp32")
-    t = req.inputs.add()
-    t.name, t.datatype = "INPUT0", "FP32"
-    t.shape.extend([1])
-    req.raw_input_contents.append(np.array([1], np.float32).tobytes())
+    req = grpc_f32("t_fp32")
     resp = stub.ModelInfer(req, timeout=30)
     p = resp.parameters
     assert (p["param0"].string_param, p["param1"].int64_param, p["param2"].bool_param,
@@ -372,11 +377,7 @@ def test_contract_errors_fail_the_request(server, mode, status, text):
 
 
 def test_grpc_error_texts(stub):
-    req = pb.ModelInferRequest(model_name="t_fp32")
-    t = req.inputs.add()
-    t.name, t.datatype = "INPUT0", "FP32"
-    t.shape.extend([1])
-    req.raw_input_contents.append(np.array([1], np.float32).tobytes())
+    req = grpc_f32("t_fp32")
     req.parameters["mode"].string_param = "error_response"
     with pytest.raises(grpc.RpcError) as e:
         stub.ModelInfer(req, timeout=30)
