@@ -4,8 +4,9 @@
  * on one client thread (as bench_core), once into Nereid's identity backend
  * (libnereid_identity.so) and once into the Triton-API test backend
  * tests/tritonbackends/tidentity.c (libtriton_tidentity.so through
- * libtritonserver.so). The difference of the medians is what the Triton
- * layer costs per request. Rounds alternate between the two models.
+ * libtritonserver.so), without and with the four response parameters
+ * Triton's identity backend sets. The difference of the medians is what the
+ * Triton layer costs per request. Rounds alternate between the models.
  *
  *   build/bench/bench_triton [iterations per round]   (default 20000; from the repo root)
  */
@@ -57,7 +58,7 @@ static int once(nereid_server_t *server, const char *model)
     return rc;
 }
 
-static void write_config(const char *repo, const char *name, const char *backend)
+static void write_config(const char *repo, const char *name, const char *backend, const char *extra)
 {
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", repo, name);
@@ -70,8 +71,8 @@ static void write_config(const char *repo, const char *name, const char *backend
     fprintf(f,
             "name: \"%s\"\nbackend: \"%s\"\nmax_batch_size: 0\n"
             "input [ { name: \"INPUT0\" data_type: TYPE_FP32 dims: [ -1 ] } ]\n"
-            "output [ { name: \"OUTPUT0\" data_type: TYPE_FP32 dims: [ -1 ] } ]\n",
-            name, backend);
+            "output [ { name: \"OUTPUT0\" data_type: TYPE_FP32 dims: [ -1 ] } ]\n%s\n",
+            name, backend, extra);
     fclose(f);
 }
 
@@ -89,14 +90,20 @@ int main(int argc, char **argv)
         in0[i] = (float)i * 0.25f;
     char repo[] = "/tmp/nereid-bench-triton-XXXXXX";
     if (!mkdtemp(repo)) return 1;
-    write_config(repo, "nereid_identity", "identity");
-    write_config(repo, "triton_identity", "tidentity");
+    write_config(repo, "nereid_identity", "identity", "");
+    write_config(repo, "triton_identity", "tidentity", "");
+    write_config(repo, "triton_noparams", "tidentity",
+                 "parameters { key: \"response_parameters\" value { string_value: \"false\" } }");
     /* Triton's search finds the library in the model directory. */
-    char link[4096];
-    snprintf(link, sizeof link, "%s/triton_identity/libtriton_tidentity.so", repo);
-    if (symlink(NEREID_DEFAULT_BACKEND_DIR "/../tritonbackends/tidentity/libtriton_tidentity.so",
-                link) != 0)
-        return 1;
+    const char *triton_models[2] = {"triton_identity", "triton_noparams"};
+    char link[2][4096];
+    for (int i = 0; i < 2; i++) {
+        snprintf(link[i], sizeof link[i], "%s/%s/libtriton_tidentity.so", repo, triton_models[i]);
+        if (symlink(NEREID_DEFAULT_BACKEND_DIR
+                    "/../tritonbackends/tidentity/libtriton_tidentity.so",
+                    link[i]) != 0)
+            return 1;
+    }
     nereid_server_options_t opts;
     nereid_server_options_init(&opts);
     const char *repos[] = {repo};
@@ -111,12 +118,12 @@ int main(int argc, char **argv)
         nereid_error_free(err);
         rc = 1;
     }
-    const char *models[2] = {"nereid_identity", "triton_identity"};
-    enum { ROUNDS = 3 };
-    double med[2][ROUNDS];
+    enum { MODELS = 3, ROUNDS = 3 };
+    const char *models[MODELS] = {"nereid_identity", "triton_noparams", "triton_identity"};
+    double med[MODELS][ROUNDS];
     uint64_t *t = calloc(iters, sizeof *t);
     for (int round = 0; round < ROUNDS && !rc; round++)
-        for (int m = 0; m < 2 && !rc; m++) {
+        for (int m = 0; m < MODELS && !rc; m++) {
             for (size_t i = 0; i < iters && !rc; i++) {
                 uint64_t t0 = now_ns();
                 rc = once(server, models[m]);
@@ -127,14 +134,16 @@ int main(int argc, char **argv)
     if (!rc) {
         printf("identity [16] FP32, %zu calls per round, one client thread, medians per round\n",
                iters);
-        for (int m = 0; m < 2; m++)
+        for (int m = 0; m < MODELS; m++)
             printf("  %-16s %7.2f %7.2f %7.2f us\n", models[m], med[m][0], med[m][1], med[m][2]);
-        printf("  Triton layer     %+7.2f %+7.2f %+7.2f us per request\n", med[1][0] - med[0][0],
-               med[1][1] - med[0][1], med[1][2] - med[0][2]);
+        for (int m = 1; m < MODELS; m++)
+            printf("  %-16s %+7.2f %+7.2f %+7.2f us per request over nereid_identity\n", models[m],
+                   med[m][0] - med[0][0], med[m][1] - med[0][1], med[m][2] - med[0][2]);
     }
     free(t);
     if (server) nereid_server_free(server);
-    unlink(link);
+    unlink(link[0]);
+    unlink(link[1]);
     char cmd[4200];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", repo);
     if (system(cmd) != 0) rc = 1;

@@ -12,7 +12,9 @@
  *   no_response     releases without responding
  *   error_response  sends an error response (INVALID_ARG "requested error")
  * Model config parameter "fail" = "model_init" / "instance_init" fails that
- * entry point. Custom metric: counter tidentity_input_bytes{model,version},
+ * entry point; "response_parameters" = "false" leaves out the four response
+ * parameters param0..param3 it otherwise sets as Triton's identity does.
+ * Custom metric: counter tidentity_input_bytes{model,version},
  * the input bytes each model received.
  */
 #include <stdio.h>
@@ -68,7 +70,13 @@ TRITONSERVER_Error *TRITONBACKEND_Finalize(TRITONBACKEND_Backend *backend)
                                    "tidentity finalized");
 }
 
-static bool config_says(TRITONBACKEND_Model *model, const char *what)
+typedef struct model_state {
+    TRITONSERVER_Metric *metric;
+    bool response_parameters; /* false with parameter response_parameters=false */
+} model_state_t;
+
+/* Whether config parameter key has string value what. */
+static bool config_param(TRITONBACKEND_Model *model, const char *key, const char *what)
 {
     TRITONSERVER_Message *config;
     if (TRITONBACKEND_ModelConfig(model, 1, &config)) return false;
@@ -77,7 +85,7 @@ static bool config_says(TRITONBACKEND_Model *model, const char *what)
     bool found = false;
     if (!TRITONSERVER_MessageSerializeToJson(config, &json, &size)) {
         char pattern[128];
-        snprintf(pattern, sizeof pattern, "\"fail\":{\"string_value\":\"%s\"}", what);
+        snprintf(pattern, sizeof pattern, "\"%s\":{\"string_value\":\"%s\"}", key, what);
         found = strstr(json, pattern) != NULL;
     }
     TRITONSERVER_MessageDelete(config);
@@ -86,7 +94,7 @@ static bool config_says(TRITONBACKEND_Model *model, const char *what)
 
 TRITONSERVER_Error *TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model *model)
 {
-    if (config_says(model, "model_init"))
+    if (config_param(model, "fail", "model_init"))
         return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INVALID_ARG,
                                      "tidentity: model initialization failed as configured");
     const char *name;
@@ -103,21 +111,31 @@ TRITONSERVER_Error *TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model *model)
     TRITONSERVER_ParameterDelete((TRITONSERVER_Parameter *)labels[0]);
     TRITONSERVER_ParameterDelete((TRITONSERVER_Parameter *)labels[1]);
     if (err) return err;
-    return TRITONBACKEND_ModelSetState(model, metric);
+    model_state_t *state = malloc(sizeof *state);
+    if (!state) {
+        TRITONSERVER_MetricDelete(metric);
+        return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INTERNAL, "out of memory");
+    }
+    state->metric = metric;
+    state->response_parameters = !config_param(model, "response_parameters", "false");
+    return TRITONBACKEND_ModelSetState(model, state);
 }
 
 TRITONSERVER_Error *TRITONBACKEND_ModelFinalize(TRITONBACKEND_Model *model)
 {
-    void *metric;
-    RETURN_IF_ERROR(TRITONBACKEND_ModelState(model, &metric));
-    return TRITONSERVER_MetricDelete(metric);
+    void *vstate;
+    RETURN_IF_ERROR(TRITONBACKEND_ModelState(model, &vstate));
+    model_state_t *state = vstate;
+    TRITONSERVER_Error *err = TRITONSERVER_MetricDelete(state->metric);
+    free(state);
+    return err;
 }
 
 TRITONSERVER_Error *TRITONBACKEND_ModelInstanceInitialize(TRITONBACKEND_ModelInstance *instance)
 {
     TRITONBACKEND_Model *model;
     RETURN_IF_ERROR(TRITONBACKEND_ModelInstanceModel(instance, &model));
-    if (config_says(model, "instance_init"))
+    if (config_param(model, "fail", "instance_init"))
         return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INVALID_ARG,
                                      "tidentity: instance initialization failed as configured");
     TRITONSERVER_InstanceGroupKind kind;
@@ -228,19 +246,22 @@ static void respond(TRITONBACKEND_ModelInstance *instance, TRITONBACKEND_Request
                     uint32_t flags)
 {
     TRITONBACKEND_Model *model;
-    void *metric = NULL;
+    void *vstate = NULL;
     log_error(TRITONBACKEND_ModelInstanceModel(instance, &model));
-    log_error(TRITONBACKEND_ModelState(model, &metric));
+    log_error(TRITONBACKEND_ModelState(model, &vstate));
+    const model_state_t *state = vstate;
     TRITONBACKEND_Response *response;
     TRITONSERVER_Error *err = TRITONBACKEND_ResponseNew(&response, request);
     if (err) return log_error(err);
-    err = copy_inputs(request, response, metric);
+    err = copy_inputs(request, response, state->metric);
     if (!err) err = sequence_outputs(request, response);
     /* as Triton's identity backend does */
+    if (!err && !state->response_parameters) goto send;
     if (!err) err = TRITONBACKEND_ResponseSetStringParameter(response, "param0", "an example");
     if (!err) err = TRITONBACKEND_ResponseSetIntParameter(response, "param1", 42);
     if (!err) err = TRITONBACKEND_ResponseSetBoolParameter(response, "param2", false);
     if (!err) err = TRITONBACKEND_ResponseSetDoubleParameter(response, "param3", 0.5);
+send:
     log_error(TRITONBACKEND_ResponseSend(response, flags, err));
     TRITONSERVER_ErrorDelete(err);
 }
