@@ -38,7 +38,9 @@
  *   1.4  nereid_sender_is_cancelled
  *   1.5  nereid_model_server (in-process requests from a backend: BLS),
  *        nereid_backend_config / nereid_backend_config_json (--backend-config)
- *   1.6  nereid_batch_request_sequence (correlation id, flags, timeout)
+ *   1.6  nereid_batch_request_sequence (correlation id, flags, timeout),
+ *        response parameters (nereid_batch_request_set_response_parameter,
+ *        nereid_sender_set_parameter)
  */
 #ifndef NEREID_BACKEND_H
 #define NEREID_BACKEND_H
@@ -52,7 +54,7 @@ extern "C" {
 #define NEREID_BACKEND_ABI_MAJOR 1u
 /* 1: decoupled responses; 2: nereid_batch_request_is_cancelled; 3: request
  * parameters by index; 4: nereid_sender_is_cancelled; 5: nereid_model_server,
- * nereid_backend_config; 6: nereid_batch_request_sequence */
+ * nereid_backend_config; 6: nereid_batch_request_sequence, response parameters */
 #define NEREID_BACKEND_ABI_MINOR 6u
 #define NEREID_BACKEND_ABI_VERSION ((NEREID_BACKEND_ABI_MAJOR << 16) | NEREID_BACKEND_ABI_MINOR)
 
@@ -305,6 +307,21 @@ NEREID_EXPORT nereid_server_t *nereid_model_server(const nereid_model_t *model);
 NEREID_EXPORT void nereid_batch_request_sequence(const nereid_batch_t *batch, size_t r,
                                                  uint64_t *corr_id, const char **corr_id_str,
                                                  uint32_t *flags, uint64_t *timeout_us);
+
+/* ABI 1.6: a parameter of request r's response (Triton's
+ * TRITONBACKEND_ResponseSet*Parameter; clients see it in the response's
+ * "parameters"). value points to a NUL-terminated string, int64_t, bool or
+ * double as type says (copied); a key set again is replaced. Only during
+ * execute. INVALID_ARG when r is out of range or the request has no
+ * response (a sender took it). */
+NEREID_EXPORT nereid_error_t *
+nereid_batch_request_set_response_parameter(nereid_batch_t *batch, size_t r, const char *key,
+                                            nereid_parameter_type_t type, const void *value);
+/* The same for the sender's next response. */
+NEREID_EXPORT nereid_error_t *nereid_sender_set_parameter(nereid_response_sender_t *sender,
+                                                          const char *key,
+                                                          nereid_parameter_type_t type,
+                                                          const void *value);
 
 #ifdef __cplusplus
 }

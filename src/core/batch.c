@@ -595,3 +595,16 @@ nereid_error_t *nereid_batch_request_parameter(const nereid_batch_t *batch, size
     }
     return NULL;
 }
+
+nereid_error_t *nereid_batch_request_set_response_parameter(nereid_batch_t *batch, size_t r,
+                                                            const char *key,
+                                                            nereid_parameter_type_t type,
+                                                            const void *value)
+{
+    if (r >= batch->n_reqs || !batch->reqs[r]->response || !key || !value ||
+        (unsigned)type > NEREID_PARAMETER_DOUBLE)
+        return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                "invalid response parameter for request index %zu", r);
+    response_set_parameter(batch->reqs[r]->response, key, (int)type, value);
+    return NULL;
+}
