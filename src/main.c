@@ -47,6 +47,8 @@ typedef struct cli {
     size_t n_cache_configs;
     const char *cache_byte_size; /* --response-cache-byte-size */
     bool allow_client_shm;
+    const char *log_file; /* --log-file; NULL/"" = stderr */
+    long long pinned_memory_pool_byte_size;
 } cli_t;
 
 typedef enum flag_kind {
@@ -97,6 +99,8 @@ static const flag_t flags[] = {
       "Fail start-up if a model fails to load (true)."),
     F("strict-readiness", FLAG_BOOL, server.strict_readiness,
       "Ready only when every model is ready (true)."),
+    F("model-config-name", FLAG_STR, server.model_config_name,
+      "Configure each model by its configs/<name>.pbtxt when it has one (else config.pbtxt)."),
     F("model-load-thread-count", FLAG_INT, server.model_load_thread_count,
       "Models loaded in parallel (4)."),
     F("backend-directory", FLAG_STR, server.backend_directory,
@@ -164,6 +168,7 @@ static const flag_t flags[] = {
     F("log-warning", FLAG_BOOL, server.log_warning, "Log warnings (true)."),
     F("log-error", FLAG_BOOL, server.log_error, "Log errors (true)."),
     F("log-format", FLAG_LOG_FORMAT, server.log_format, "default|ISO8601 (default)."),
+    F("log-file", FLAG_STR, log_file, "Write log records to this file (appended), not stderr."),
     F("rate-limit", FLAG_RATE_LIMIT, server.rate_limit,
       "execution_count|off (off): run instances only when their rate_limiter resources are "
       "free, in turn by execution count and priority."),
@@ -183,6 +188,8 @@ static const flag_t flags[] = {
       "Response cache: <cache_name>,<setting>=<value>, e.g. local,size=1048576 (repeatable)."),
     F("response-cache-byte-size", FLAG_CACHE_BYTES, cache_byte_size,
       "DEPRECATED: Please use --cache-config instead."),
+    F("pinned-memory-pool-byte-size", FLAG_LLONG, pinned_memory_pool_byte_size,
+      "Reported as nv_pinned_memory_pool_total_bytes; no pinned pool without CUDA (268435456)."),
     F("allow-client-shm", FLAG_BOOL, allow_client_shm,
       "Allow clients to register/unregister and use system shared memory regions (false)."),
 #define IGNORED(name) F(name, FLAG_IGNORED, repos, "Accepted for Triton compatibility; no effect.")
@@ -191,7 +198,6 @@ static const flag_t flags[] = {
     IGNORED("model-namespacing"),
     IGNORED("repoagent-directory"),
     IGNORED("backend-config"),
-    IGNORED("pinned-memory-pool-byte-size"),
     IGNORED("cuda-memory-pool-byte-size"),
     IGNORED("min-supported-compute-capability"),
     IGNORED("buffer-manager-thread-count"),
@@ -209,8 +215,6 @@ static const flag_t flags[] = {
     IGNORED("reuse-grpc-port"),
 #undef IGNORED
 #define UNSUPPORTED(name) F(name, FLAG_UNSUPPORTED, repos, "Not supported by Nereid (refused).")
-    UNSUPPORTED("model-config-name"),
-    UNSUPPORTED("log-file"),
     UNSUPPORTED("host-policy"),
     UNSUPPORTED("metrics-config"),
 #undef UNSUPPORTED
@@ -296,6 +300,13 @@ static int apply_flag(cli_t *cli, const flag_t *f, const char *value)
     char *field = (char *)cli + f->offset;
     switch (f->kind) {
     case FLAG_STR:
+        if (f->offset == offsetof(cli_t, server.model_config_name) &&
+            (!*value || strchr(value, '/'))) {
+            fprintf(stderr, "%s\n",
+                    *value ? "Error: --model-config-name must not contain '/'"
+                           : "Error: empty argument for --model-config-name");
+            return -2;
+        }
         *(const char **)field = value;
         return 0;
     case FLAG_INT: {
@@ -310,7 +321,8 @@ static int apply_flag(cli_t *cli, const flag_t *f, const char *value)
         char *end;
         errno = 0;
         long long v = strtoll(value, &end, 10);
-        if (errno || *end || end == value || v <= 0) return -1;
+        bool zero_ok = f->offset == offsetof(cli_t, pinned_memory_pool_byte_size);
+        if (errno || *end || end == value || v < 0 || (v == 0 && !zero_ok)) return -1;
         *(long long *)field = v;
         return 0;
     }
@@ -597,6 +609,14 @@ static void stop_frontends(frontends_t *fe, nereid_server_t *server, int timeout
     pthread_cond_destroy(&fe->cond);
 }
 
+/* Triton's "Started <service> at <address>:<port>" log record. */
+static void log_started(const char *service, const char *address, int port)
+{
+    char msg[512];
+    snprintf(msg, sizeof msg, "Started %s at %s:%d", service, address, port);
+    nereid_log_message(NEREID_LOG_INFO, __FILE__, __LINE__, msg);
+}
+
 int main(int argc, char **argv)
 {
     if (argc > 1 && strcmp(argv[1], "check-config") == 0)
@@ -615,6 +635,7 @@ int main(int argc, char **argv)
     cli.http_max_connections = 4096;
     cli.http_idle_timeout_secs = 60;
     cli.exit_timeout_secs = 30;
+    cli.pinned_memory_pool_byte_size = 268435456;
     int rc = parse_args(&cli, argc, argv);
     if (rc == 1) {
         usage(stdout);
@@ -643,6 +664,16 @@ int main(int argc, char **argv)
     cli.server.load_models = cli.load_models;
     cli.server.n_load_models = cli.n_load_models;
     cli.server.rate_limit_resources = cli.rate_limit_resources;
+    cli.server.pinned_memory_pool_byte_size = (uint64_t)cli.pinned_memory_pool_byte_size;
+
+    if (cli.log_file && *cli.log_file) {
+        nereid_error_t *lerr = nereid_log_set_file(cli.log_file);
+        if (lerr) {
+            fprintf(stderr, "nereid: %s\n", nereid_error_message(lerr));
+            nereid_error_free(lerr);
+            return 1;
+        }
+    }
 
     nereid_tracer_t *tracer;
     nereid_error_t *terr =
@@ -691,8 +722,7 @@ int main(int argc, char **argv)
         gopts.header_forward_pattern = cli.grpc_header_forward_pattern;
         gopts.shm = shm;
         if ((err = grpc_frontend_start(server, &gopts, &grpc_fe))) goto frontend_failed;
-        fprintf(stderr, "Started GRPCInferenceService at %s:%d\n", cli.grpc_address,
-                grpc_frontend_port(grpc_fe));
+        log_started("GRPCInferenceService", cli.grpc_address, grpc_frontend_port(grpc_fe));
     }
     if (cli.allow_metrics) {
         metrics_options_t mo;
@@ -702,8 +732,7 @@ int main(int argc, char **argv)
         mo.cpu_metrics = cli.allow_cpu_metrics;
         mo.interval_ms = cli.metrics_interval_ms;
         if ((err = metrics_server_start(server, &mo, &metrics))) goto frontend_failed;
-        fprintf(stderr, "Started Metrics Service at %s:%d\n", mo.address,
-                metrics_server_port(metrics));
+        log_started("Metrics Service", mo.address, metrics_server_port(metrics));
     }
 
     if (cli.allow_http) {
@@ -720,7 +749,7 @@ int main(int argc, char **argv)
         ho.header_forward_pattern = cli.http_header_forward_pattern;
         ho.shm = shm;
         if ((err = http_server_start(server, &ho, &http))) goto frontend_failed;
-        fprintf(stderr, "Started HTTPService at %s:%d\n", ho.address, http_server_port(http));
+        log_started("HTTPService", ho.address, http_server_port(http));
     }
     fprintf(stderr, "nereid ready\n");
     int sig;

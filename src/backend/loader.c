@@ -46,8 +46,8 @@ static nereid_error_t *open_library(const char *dir, const char *name, struct ne
         b->lib.path = xstrdup(candidates[i]);
     }
     if (!b->lib.handle && !err) {
-        LOG_INFO("backend", "no library for backend '%s': searched '%s' and '%s'", name,
-                 candidates[0], candidates[1]);
+        LOG_INFO("no library for backend '%s': searched '%s' and '%s'", name, candidates[0],
+                 candidates[1]);
         err = not_found(name);
     }
     free(candidates[0]);
@@ -105,7 +105,7 @@ nereid_error_t *backend_acquire(const char *dir, const char *name, backend_lib_t
     loaded[n_loaded++] = b;
     *out = &b->lib;
     pthread_mutex_unlock(&loader_lock);
-    LOG_INFO("backend", "loaded backend '%s' from %s", name, b->lib.path);
+    LOG_INFO("loaded backend '%s' from %s", name, b->lib.path);
     return NULL;
 }
 

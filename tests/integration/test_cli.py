@@ -47,6 +47,49 @@ def test_missing_repository_fails_startup(tmp_path):
     assert r.returncode == 1 and "failed to open model repository" in r.stderr
 
 
+def test_missing_repository_without_exit_on_error_stays_up(nereid_server, tmp_path):
+    """Triton (L0_lifecycle test_parse_error_noexit): the server keeps serving
+    health and metadata, neither live nor ready, whatever the readiness mode;
+    one missing repository among several fails them all."""
+    good = tmp_path / "models"
+    good.mkdir()
+    for repos, strict in (([str(tmp_path / "absent")], "true"),
+                          ([str(tmp_path / "absent")], "false"),
+                          ([str(tmp_path / "absent"), str(good)], "true")):
+        s = nereid_server(repos, f"--strict-readiness={strict}", "--exit-on-error=false")
+        assert requests.get(s.http_url + "/v2/health/live").status_code == 400
+        assert requests.get(s.http_url + "/v2/health/ready").status_code == 400
+        md = requests.get(s.http_url + "/v2").json()
+        assert md["name"] == "triton"
+        assert "failed to open model repository" in s.output()
+
+
+def test_model_config_name(nereid_server, tmp_path):
+    """--model-config-name=<name>: configs/<name>.pbtxt when the model has it,
+    else config.pbtxt (Triton's L0_custom_model_config)."""
+    model = tmp_path / "models" / "m"
+    for d in ("1", "2", "configs"):
+        (model / d).mkdir(parents=True)
+    base = ('name: "m"\nbackend: "identity"\nmax_batch_size: 0\n'
+            'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
+            'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]\n')
+    (model / "config.pbtxt").write_text(base + "version_policy: { all { } }\n")
+    (model / "configs" / "h100.pbtxt").write_text(
+        base + "version_policy: { specific: { versions: [1] } }\n")
+    repo = str(tmp_path / "models")
+    for flag, want in (("h100", {"specific": {"versions": [1]}}),
+                       ("h200", {"all": {}})):
+        s = nereid_server(repo, f"--model-config-name={flag}")
+        cfg = requests.get(s.http_url + "/v2/models/m/config").json()
+        assert cfg["version_policy"] == want
+        ready2 = requests.get(s.http_url + "/v2/models/m/versions/2/ready").status_code
+        assert ready2 == (400 if flag == "h100" else 200)
+    r = run(f"--model-repository={repo}", "--model-config-name=")
+    assert r.returncode == 2 and "Error: empty argument for --model-config-name" in r.stderr
+    r = run(f"--model-repository={repo}", "--model-config-name=../x")
+    assert r.returncode == 2 and "must not contain '/'" in r.stderr
+
+
 def test_unsupported_flags_are_refused():
     r = run("--model-repository", EXAMPLES, "--host-policy=gpu0,numa-node=0")
     assert r.returncode == 2 and "--host-policy is not supported" in r.stderr

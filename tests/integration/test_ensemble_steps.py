@@ -1,0 +1,100 @@
+"""Which ensemble steps run, and how many at once: steps whose outputs the
+response does not need are not run (Triton's L0_simple_ensemble
+test_ensemble_add_sub_one_output), and ensemble_scheduling
+.max_inflight_requests bounds each step's requests in flight across the
+ensemble's requests."""
+import os
+import shutil
+import threading
+
+import pytest
+import requests
+
+from conftest import EXAMPLES
+
+needs_onnx = pytest.mark.skipif(
+    not os.path.exists(os.path.join(EXAMPLES, "add_sub_onnx", "1", "model.onnx")),
+    reason="run `make models` first")
+
+SLOW = """name: "slow"
+backend: "testing"
+max_batch_size: 8
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+dynamic_batching { max_queue_delay_microseconds: 500000 }
+"""
+
+LIMITED = """name: "limited"
+platform: "ensemble"
+max_batch_size: 8
+input [ { name: "IN" data_type: TYPE_FP32 dims: [ -1 ] } ]
+output [ { name: "OUT" data_type: TYPE_FP32 dims: [ -1 ] } ]
+ensemble_scheduling {
+  step [ { model_name: "slow" model_version: -1
+           input_map { key: "INPUT0" value: "IN" }
+           output_map { key: "OUTPUT0" value: "OUT" } } ]
+  max_inflight_requests: 1
+}
+"""
+
+
+def stats(s, model):
+    r = requests.get(f"{s.http_url}/v2/models/{model}/stats", timeout=10)
+    assert r.status_code == 200, r.text
+    st = r.json()["model_stats"][0]
+    return st["inference_stats"]["success"]["count"], {
+        b["batch_size"]: b["compute_infer"]["count"] for b in st["batch_stats"]}
+
+
+@needs_onnx
+def test_unneeded_steps_do_not_run(nereid_server, tmp_path):
+    repo = tmp_path / "models"
+    for m in ("ensemble_add_sub", "add_sub", "add_sub_onnx", "identity_fp32"):
+        shutil.copytree(os.path.join(EXAMPLES, m), repo / m)
+    s = nereid_server(str(repo))
+    x = [1.0] * 16
+    body = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 16], "data": x},
+                       {"name": "INPUT1", "datatype": "FP32", "shape": [1, 16], "data": x}],
+            "outputs": [{"name": "OUTPUT1"}]}
+    r = requests.post(f"{s.http_url}/v2/models/ensemble_add_sub/infer", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    out = r.json()["outputs"]
+    assert [o["name"] for o in out] == ["OUTPUT1"] and out[0]["data"] == [2.0] * 16
+    # OUTPUT1 needs add_sub (preprocess) and add_sub_onnx only.
+    assert stats(s, "identity_fp32")[0] == 0
+    assert stats(s, "add_sub_onnx")[0] == 1
+    assert stats(s, "add_sub")[0] == 1
+    del body["outputs"]  # every output: every step
+    r = requests.post(f"{s.http_url}/v2/models/ensemble_add_sub/infer", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    assert stats(s, "identity_fp32")[0] == 1
+    assert stats(s, "add_sub")[0] == 3
+
+
+def test_max_inflight_requests(nereid_server, tmp_path):
+    repo = tmp_path / "models"
+    for name, cfg in (("slow", SLOW), ("limited", LIMITED)):
+        (repo / name / "1").mkdir(parents=True)
+        (repo / name / "config.pbtxt").write_text(cfg)
+    s = nereid_server(str(repo))
+    cfg = requests.get(f"{s.http_url}/v2/models/limited/config", timeout=10).json()
+    assert cfg["ensemble_scheduling"]["max_inflight_requests"] == 1
+    results = [None] * 4
+
+    def run(k):
+        body = {"inputs": [{"name": "IN", "datatype": "FP32", "shape": [1, 2],
+                            "data": [k, k]}], "parameters": {"delay_ms": 50}}
+        results[k] = requests.post(f"{s.http_url}/v2/models/limited/infer", json=body,
+                                   timeout=60)
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    for k, r in enumerate(results):
+        assert r.status_code == 200, r.text
+        assert r.json()["outputs"][0]["data"] == [k, k]
+    # One step request in flight at a time: the step model never saw two
+    # queued together, so it never batched (its queue delay is 0.5 s).
+    assert stats(s, "slow") == (4, {1: 4})
