@@ -805,6 +805,16 @@ nereid_error_t *response_alloc_output(nereid_request_t *req, nereid_response_t *
     return NULL;
 }
 
+void request_drop_output(nereid_request_t *req, size_t i)
+{
+    nereid_response_t *resp = req->response;
+    if (!resp || i >= resp->n_outputs || resp->outputs[i].allocated) return;
+    if (resp->outputs[i].owns_name) free(resp->outputs[i].name);
+    memmove(&resp->outputs[i], &resp->outputs[i + 1],
+            (resp->n_outputs - i - 1) * sizeof *resp->outputs);
+    resp->n_outputs--;
+}
+
 void request_output_set_filled(resp_output_t *o)
 {
     o->filled = true;

@@ -88,6 +88,8 @@ typedef struct ensemble_scheduler {
 
 typedef struct ens_value {
     bool ready;
+    bool absent;        /* an optional ensemble input the request lacks, or an output
+                           a step did not produce: its readers run without it */
     int64_t batch_size; /* of the request that produced it; 0: not batching */
     nereid_datatype_t datatype;
     int64_t shape[NEREID_MAX_RANK];
@@ -232,17 +234,25 @@ static void ctx_finish(ens_ctx_t *c)
     nereid_error_t *err = c->error;
     c->error = NULL;
     if (!err) {
-        size_t n = request_output_count(req);
-        for (size_t i = 0; i < n && !err; i++) {
+        for (size_t i = 0; i < request_output_count(req) && !err;) {
             resp_output_t *o = request_output_at(req, i);
-            if (request_output_filled(o)) continue;
+            if (request_output_filled(o)) {
+                i++;
+                continue;
+            }
             size_t t = find_tensor(c->e, o->name);
-            if (t != (size_t)-1 && c->values[t].ready)
+            if (t != (size_t)-1 && c->values[t].ready) {
                 err = fill_slot_copy(req, o, &c->values[t]);
-            else
+                i++;
+            } else if (t != (size_t)-1 && c->values[t].absent && !request_output_allocated(o)) {
+                LOG_VERBOSE("Composing models did not output tensor %s", o->name);
+                request_drop_output(req, i);
+            } else {
                 err = nereid_error_new(NEREID_ERROR_INTERNAL, "output '%s' was not produced",
                                        o->name);
+            }
         }
+        size_t n = request_output_count(req);
         for (size_t i = 0; i < n && !err; i++) {
             resp_output_t *o = request_output_at(req, i);
             size_t t = find_tensor(c->e, o->name);
@@ -374,12 +384,11 @@ static void step_done(nereid_response_t *resp, void *userp)
                 memcpy(v->shape, shape, v->rank * sizeof *shape);
             }
             if (!found) {
-                fail_locked(c, nereid_error_new(NEREID_ERROR_INTERNAL,
-                                                "in ensemble '%s', step model '%s' did not "
-                                                "produce output '%s'",
-                                                c->req->model->name, st->model,
-                                                st->out[i].model_name));
-                break;
+                /* Triton: a placeholder that lets readers with an optional
+                 * input run; a requested ensemble output is left out. */
+                v->absent = true;
+                publish(c, t, ready, &n_ready);
+                continue;
             }
             /* A routed ensemble output is now filled in the client response. */
             resp_output_t *o = request_find_output(c->req, c->e->tensors[t].name);
@@ -513,6 +522,7 @@ static void submit_step(ens_ctx_t *c, size_t step)
     c->calls[step].batch_size = 0;
     for (size_t i = 0; !err && i < st->n_in; i++) {
         const ens_value_t *v = &c->values[st->in[i].tensor];
+        if (v->absent) continue; /* the step's model decides whether it may be missing */
         int64_t shape[NEREID_MAX_RANK];
         size_t rank;
         convert_dims(st->in[i].dims, st->in[i].rank, st->batching, v->batch_size, v->shape, v->rank,
@@ -628,6 +638,17 @@ static nereid_error_t *ensemble_enqueue(scheduler_t *s, nereid_request_t *req)
         v->data = req->inputs[i].data;
         v->byte_size = req->inputs[i].byte_size;
         v->ready = true;
+        publish(c, t, ready, &n_ready);
+    }
+    /* Optional ensemble inputs the request lacks: their readers run
+     * without them (Triton's L0_optional_input). */
+    const model_t *em = e->base.model;
+    for (size_t i = 0; i < em->config->n_input; i++) {
+        const char *name = em->config->input[i]->name;
+        if (request_find_input(req, name)) continue;
+        size_t t = find_tensor(e, name);
+        if (t == (size_t)-1 || c->values[t].ready || c->values[t].absent) continue;
+        c->values[t].absent = true;
         publish(c, t, ready, &n_ready);
     }
     /* Steps without inputs (none in a valid config) would never start. */

@@ -98,3 +98,70 @@ def test_max_inflight_requests(nereid_server, tmp_path):
     # One step request in flight at a time: the step model never saw two
     # queued together, so it never batched (its queue delay is 0.5 s).
     assert stats(s, "slow") == (4, {1: 4})
+
+
+IDENTITY_2 = """name: "identity_2"
+backend: "identity"
+max_batch_size: 4
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 1 ] optional: true },
+        { name: "INPUT1" data_type: TYPE_FP32 dims: [ 1 ] optional: true } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 1 ] },
+         { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 1 ] } ]
+"""
+
+WRAPPER = """name: "wrapper"
+platform: "ensemble"
+max_batch_size: 4
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 1 ] optional: true },
+        { name: "INPUT1" data_type: TYPE_FP32 dims: [ 1 ] optional: true } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 1 ] },
+         { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 1 ] } ]
+ensemble_scheduling { step [ { model_name: "identity_2" model_version: -1
+  input_map { key: "INPUT0" value: "INPUT0" } input_map { key: "INPUT1" value: "INPUT1" }
+  output_map { key: "OUTPUT0" value: "OUTPUT0" } output_map { key: "OUTPUT1" value: "OUTPUT1" }
+} ] }
+"""
+
+PIPELINE = WRAPPER.replace('"wrapper"', '"pipeline"').replace(
+    """ensemble_scheduling { step [ { model_name: "identity_2" model_version: -1
+  input_map { key: "INPUT0" value: "INPUT0" } input_map { key: "INPUT1" value: "INPUT1" }
+  output_map { key: "OUTPUT0" value: "OUTPUT0" } output_map { key: "OUTPUT1" value: "OUTPUT1" }
+} ] }""",
+    """ensemble_scheduling { step [
+  { model_name: "identity_2" model_version: -1
+    input_map { key: "INPUT0" value: "INPUT0" } input_map { key: "INPUT1" value: "INPUT1" }
+    output_map { key: "OUTPUT0" value: "internal" } },
+  { model_name: "identity_2" model_version: -1
+    input_map { key: "INPUT1" value: "internal" }
+    output_map { key: "OUTPUT0" value: "OUTPUT0" } output_map { key: "OUTPUT1" value: "OUTPUT1" } }
+] }""")
+
+
+def test_optional_inputs_in_ensembles(nereid_server, tmp_path):
+    """Triton's L0_optional_input: an optional ensemble input the request
+    lacks is left out of the steps that read it; the identity model answers
+    a requested output of a missing optional input with zeros."""
+    repo = tmp_path / "models"
+    for name, cfg in (("identity_2", IDENTITY_2), ("wrapper", WRAPPER),
+                      ("pipeline", PIPELINE)):
+        (repo / name / "1").mkdir(parents=True)
+        (repo / name / "config.pbtxt").write_text(cfg)
+    s = nereid_server(str(repo))
+
+    def infer(model, inputs, outputs=None):
+        body = {"inputs": [{"name": n, "datatype": "FP32", "shape": [1, 1], "data": [v]}
+                           for n, v in inputs]}
+        if outputs:
+            body["outputs"] = [{"name": o} for o in outputs]
+        r = requests.post(f"{s.http_url}/v2/models/{model}/infer", json=body, timeout=60)
+        assert r.status_code == 200, r.text
+        return {o["name"]: o["data"] for o in r.json()["outputs"]}
+
+    assert infer("identity_2", [("INPUT1", 5.0)], ["OUTPUT0", "OUTPUT1"]) == {
+        "OUTPUT0": [0.0], "OUTPUT1": [5.0]}
+    assert infer("wrapper", [("INPUT0", 3.0)], ["OUTPUT0"]) == {"OUTPUT0": [3.0]}
+    assert infer("wrapper", [("INPUT1", 4.0)], ["OUTPUT1"]) == {"OUTPUT1": [4.0]}
+    assert infer("wrapper", [("INPUT0", 3.0)]) == {"OUTPUT0": [3.0], "OUTPUT1": [0.0]}
+    # OUTPUT0 of the second step has no input: zeros; OUTPUT1 = INPUT0.
+    assert infer("pipeline", [("INPUT0", 1.0), ("INPUT1", 0.0)]) == {
+        "OUTPUT0": [0.0], "OUTPUT1": [1.0]}
