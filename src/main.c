@@ -3,7 +3,9 @@
  * flags, creating the server, starting the frontends, and waiting for a
  * signal to shut down. Subcommand: `nereid check-config <path>...`.
  */
+#include <arpa/inet.h>
 #include <errno.h>
+#include <netdb.h>
 #include <jansson.h>
 #include <limits.h>
 #include <pthread.h>
@@ -12,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "config/config.h"
 #include "frontend/restricted.h"
@@ -609,6 +612,45 @@ static void stop_frontends(frontends_t *fe, nereid_server_t *server, int timeout
     pthread_cond_destroy(&fe->cond);
 }
 
+/* Whether address:port is taken by another listener (bind fails with
+ * EADDRINUSE). */
+static bool port_in_use(const char *address, int port)
+{
+    struct addrinfo hints = {.ai_family = AF_UNSPEC,
+                             .ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
+    struct addrinfo *ai = NULL;
+    char service[16];
+    snprintf(service, sizeof service, "%d", port);
+    if (getaddrinfo(address, service, &hints, &ai) != 0 || !ai) return false;
+    bool in_use = false;
+    int fd = socket(ai->ai_family, ai->ai_socktype, ai->ai_protocol);
+    if (fd >= 0) {
+        int one = 1;
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        in_use = bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 && errno == EADDRINUSE;
+        close(fd);
+    }
+    freeaddrinfo(ai);
+    return in_use;
+}
+
+/* A frontend that did not start: Triton's record, "failed to start <name>
+ * service: Unavailable - Socket '<address>:<port>' already in use" when
+ * another process holds the port, else the frontend's own message. */
+static void log_start_failure(const char *name, const char *address, int port,
+                              const nereid_error_t *err)
+{
+    char msg[1024];
+    if (port > 0 && port_in_use(address, port))
+        snprintf(msg, sizeof msg,
+                 "failed to start %s service: Unavailable - Socket '%s:%d' already in use", name,
+                 address, port);
+    else
+        snprintf(msg, sizeof msg, "%s", nereid_error_message(err));
+    nereid_log_message(NEREID_LOG_ERROR, __FILE__, __LINE__, msg);
+}
+
 /* Triton's "Started <service> at <address>:<port>" log record. */
 static void log_started(const char *service, const char *address, int port)
 {
@@ -721,7 +763,10 @@ int main(int argc, char **argv)
         gopts.tls = cli.grpc_tls;
         gopts.header_forward_pattern = cli.grpc_header_forward_pattern;
         gopts.shm = shm;
-        if ((err = grpc_frontend_start(server, &gopts, &grpc_fe))) goto frontend_failed;
+        if ((err = grpc_frontend_start(server, &gopts, &grpc_fe))) {
+            log_start_failure("GRPC", cli.grpc_address, cli.grpc_port, err);
+            goto frontend_failed;
+        }
         log_started("GRPCInferenceService", cli.grpc_address, grpc_frontend_port(grpc_fe));
     }
     if (cli.allow_metrics) {
@@ -731,7 +776,10 @@ int main(int argc, char **argv)
         mo.port = cli.metrics_port;
         mo.cpu_metrics = cli.allow_cpu_metrics;
         mo.interval_ms = cli.metrics_interval_ms;
-        if ((err = metrics_server_start(server, &mo, &metrics))) goto frontend_failed;
+        if ((err = metrics_server_start(server, &mo, &metrics))) {
+            log_start_failure("Metrics", mo.address, mo.port, err);
+            goto frontend_failed;
+        }
         log_started("Metrics Service", mo.address, metrics_server_port(metrics));
     }
 
@@ -748,7 +796,10 @@ int main(int argc, char **argv)
         ho.tls = cli.http_tls;
         ho.header_forward_pattern = cli.http_header_forward_pattern;
         ho.shm = shm;
-        if ((err = http_server_start(server, &ho, &http))) goto frontend_failed;
+        if ((err = http_server_start(server, &ho, &http))) {
+            log_start_failure("HTTP", ho.address, ho.port, err);
+            goto frontend_failed;
+        }
         log_started("HTTPService", ho.address, http_server_port(http));
     }
     fprintf(stderr, "nereid ready\n");

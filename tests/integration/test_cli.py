@@ -120,3 +120,23 @@ def test_strict_model_config_deprecation_warnings(tmp_path):
     assert ("Warning: Overriding deprecated '--strict-model-config' from False to True in favor "
             "of '--disable-auto-complete-config'!") in r.stderr
     assert "config.pbtxt not found" in r.stderr
+
+
+def test_port_collision_texts(nereid_server, tmp_path):
+    """Triton's L0_lifecycle port collision checks: the second server logs
+    "failed to start <X> service: Unavailable - Socket '<addr>:<port>' already
+    in use" and exits."""
+    a = nereid_server(EXAMPLES, "--model-control-mode=explicit")
+    for flag, name, port in (("--grpc-port", "GRPC", a.grpc_port),
+                             ("--http-port", "HTTP", a.http_port),
+                             ("--metrics-port", "Metrics", a.metrics_port)):
+        free = {"--grpc-port": 0, "--http-port": 0, "--metrics-port": 0}
+        args = [f"--model-repository={EXAMPLES}", "--model-control-mode=explicit",
+                "--http-address=127.0.0.1", "--grpc-address=127.0.0.1",
+                "--metrics-address=127.0.0.1"]
+        for f in free:
+            args.append(f"{f}={port}" if f == flag else f"{f}=0")
+        r = run(*args)
+        assert r.returncode == 1, r.stderr
+        assert (f"failed to start {name} service: Unavailable - Socket '127.0.0.1:{port}' "
+                "already in use") in r.stdout + r.stderr
