@@ -276,7 +276,9 @@ static void ctx_finish(ens_ctx_t *c)
     }
     /* One execution with the steps' summed queue and compute durations. */
     if (!err) request_record_stats(req, &c->agg);
-    request_finish(req, err, FAILURE_BACKEND);
+    /* Triton counts every failed ensemble request under reason OTHER (its
+     * L0_model_queue test_policy_reject: a step rejected by its queue). */
+    request_finish(req, err, FAILURE_OTHER);
     /* The response took the ensemble's reference and may be freed already:
      * from here on only c itself (no c->e, no m) is touched. */
     ctx_free(c);
