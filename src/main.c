@@ -3,7 +3,9 @@
  * flags, creating the server, starting the frontends, and waiting for a
  * signal to shut down. Subcommand: `nereid check-config <path>...`.
  */
+#include <arpa/inet.h>
 #include <errno.h>
+#include <netdb.h>
 #include <jansson.h>
 #include <limits.h>
 #include <pthread.h>
@@ -12,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "config/config.h"
 #include "frontend/restricted.h"
@@ -49,6 +52,8 @@ typedef struct cli {
     nereid_backend_setting_t backend_settings[MAX_LIST]; /* --backend-config */
     char *backend_setting_text[MAX_LIST];                /* their strings, split in place */
     bool allow_client_shm;
+    const char *log_file; /* --log-file; NULL/"" = stderr */
+    long long pinned_memory_pool_byte_size;
 } cli_t;
 
 typedef enum flag_kind {
@@ -100,6 +105,8 @@ static const flag_t flags[] = {
       "Fail start-up if a model fails to load (true)."),
     F("strict-readiness", FLAG_BOOL, server.strict_readiness,
       "Ready only when every model is ready (true)."),
+    F("model-config-name", FLAG_STR, server.model_config_name,
+      "Configure each model by its configs/<name>.pbtxt when it has one (else config.pbtxt)."),
     F("model-load-thread-count", FLAG_INT, server.model_load_thread_count,
       "Models loaded in parallel (4)."),
     F("model-load-on-demand", FLAG_BOOL, server.model_load_on_demand,
@@ -171,6 +178,7 @@ static const flag_t flags[] = {
     F("log-warning", FLAG_BOOL, server.log_warning, "Log warnings (true)."),
     F("log-error", FLAG_BOOL, server.log_error, "Log errors (true)."),
     F("log-format", FLAG_LOG_FORMAT, server.log_format, "default|ISO8601 (default)."),
+    F("log-file", FLAG_STR, log_file, "Write log records to this file (appended), not stderr."),
     F("rate-limit", FLAG_RATE_LIMIT, server.rate_limit,
       "execution_count|off (off): run instances only when their rate_limiter resources are "
       "free, in turn by execution count and priority."),
@@ -193,6 +201,8 @@ static const flag_t flags[] = {
       "for every backend (repeatable)."),
     F("response-cache-byte-size", FLAG_CACHE_BYTES, cache_byte_size,
       "DEPRECATED: Please use --cache-config instead."),
+    F("pinned-memory-pool-byte-size", FLAG_LLONG, pinned_memory_pool_byte_size,
+      "Reported as nv_pinned_memory_pool_total_bytes; no pinned pool without CUDA (268435456)."),
     F("allow-client-shm", FLAG_BOOL, allow_client_shm,
       "Allow clients to register/unregister and use system shared memory regions (false)."),
 #define IGNORED(name) F(name, FLAG_IGNORED, repos, "Accepted for Triton compatibility; no effect.")
@@ -200,7 +210,6 @@ static const flag_t flags[] = {
     IGNORED("model-load-retry-count"),
     IGNORED("model-namespacing"),
     IGNORED("repoagent-directory"),
-    IGNORED("pinned-memory-pool-byte-size"),
     IGNORED("cuda-memory-pool-byte-size"),
     IGNORED("min-supported-compute-capability"),
     IGNORED("buffer-manager-thread-count"),
@@ -218,8 +227,6 @@ static const flag_t flags[] = {
     IGNORED("reuse-grpc-port"),
 #undef IGNORED
 #define UNSUPPORTED(name) F(name, FLAG_UNSUPPORTED, repos, "Not supported by Nereid (refused).")
-    UNSUPPORTED("model-config-name"),
-    UNSUPPORTED("log-file"),
     UNSUPPORTED("host-policy"),
     UNSUPPORTED("metrics-config"),
 #undef UNSUPPORTED
@@ -343,6 +350,13 @@ static int apply_flag(cli_t *cli, const flag_t *f, const char *value)
     char *field = (char *)cli + f->offset;
     switch (f->kind) {
     case FLAG_STR:
+        if (f->offset == offsetof(cli_t, server.model_config_name) &&
+            (!*value || strchr(value, '/'))) {
+            fprintf(stderr, "%s\n",
+                    *value ? "Error: --model-config-name must not contain '/'"
+                           : "Error: empty argument for --model-config-name");
+            return -2;
+        }
         *(const char **)field = value;
         return 0;
     case FLAG_INT: {
@@ -357,7 +371,8 @@ static int apply_flag(cli_t *cli, const flag_t *f, const char *value)
         char *end;
         errno = 0;
         long long v = strtoll(value, &end, 10);
-        if (errno || *end || end == value || v <= 0) return -1;
+        bool zero_ok = f->offset == offsetof(cli_t, pinned_memory_pool_byte_size);
+        if (errno || *end || end == value || v < 0 || (v == 0 && !zero_ok)) return -1;
         *(long long *)field = v;
         return 0;
     }
@@ -646,6 +661,53 @@ static void stop_frontends(frontends_t *fe, nereid_server_t *server, int timeout
     pthread_cond_destroy(&fe->cond);
 }
 
+/* Whether address:port is taken by another listener (bind fails with
+ * EADDRINUSE). */
+static bool port_in_use(const char *address, int port)
+{
+    struct addrinfo hints = {.ai_family = AF_UNSPEC,
+                             .ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
+    struct addrinfo *ai = NULL;
+    char service[16];
+    snprintf(service, sizeof service, "%d", port);
+    if (getaddrinfo(address, service, &hints, &ai) != 0 || !ai) return false;
+    bool in_use = false;
+    int fd = socket(ai->ai_family, ai->ai_socktype, ai->ai_protocol);
+    if (fd >= 0) {
+        int one = 1;
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        in_use = bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 && errno == EADDRINUSE;
+        close(fd);
+    }
+    freeaddrinfo(ai);
+    return in_use;
+}
+
+/* A frontend that did not start: Triton's record, "failed to start <name>
+ * service: Unavailable - Socket '<address>:<port>' already in use" when
+ * another process holds the port, else the frontend's own message. */
+static void log_start_failure(const char *name, const char *address, int port,
+                              const nereid_error_t *err)
+{
+    char msg[1024];
+    if (port > 0 && port_in_use(address, port))
+        snprintf(msg, sizeof msg,
+                 "failed to start %s service: Unavailable - Socket '%s:%d' already in use", name,
+                 address, port);
+    else
+        snprintf(msg, sizeof msg, "%s", nereid_error_message(err));
+    nereid_log_message(NEREID_LOG_ERROR, __FILE__, __LINE__, msg);
+}
+
+/* Triton's "Started <service> at <address>:<port>" log record. */
+static void log_started(const char *service, const char *address, int port)
+{
+    char msg[512];
+    snprintf(msg, sizeof msg, "Started %s at %s:%d", service, address, port);
+    nereid_log_message(NEREID_LOG_INFO, __FILE__, __LINE__, msg);
+}
+
 int main(int argc, char **argv)
 {
     if (argc > 1 && strcmp(argv[1], "check-config") == 0)
@@ -664,6 +726,7 @@ int main(int argc, char **argv)
     cli.http_max_connections = 4096;
     cli.http_idle_timeout_secs = 60;
     cli.exit_timeout_secs = 30;
+    cli.pinned_memory_pool_byte_size = 268435456;
     int rc = parse_args(&cli, argc, argv);
     if (rc == 1) {
         usage(stdout);
@@ -693,6 +756,16 @@ int main(int argc, char **argv)
     cli.server.n_load_models = cli.n_load_models;
     cli.server.rate_limit_resources = cli.rate_limit_resources;
     cli.server.backend_settings = cli.backend_settings;
+    cli.server.pinned_memory_pool_byte_size = (uint64_t)cli.pinned_memory_pool_byte_size;
+
+    if (cli.log_file && *cli.log_file) {
+        nereid_error_t *lerr = nereid_log_set_file(cli.log_file);
+        if (lerr) {
+            fprintf(stderr, "nereid: %s\n", nereid_error_message(lerr));
+            nereid_error_free(lerr);
+            return 1;
+        }
+    }
 
     nereid_tracer_t *tracer;
     nereid_error_t *terr =
@@ -742,9 +815,11 @@ int main(int argc, char **argv)
         gopts.tls = cli.grpc_tls;
         gopts.header_forward_pattern = cli.grpc_header_forward_pattern;
         gopts.shm = shm;
-        if ((err = grpc_frontend_start(server, &gopts, &grpc_fe))) goto frontend_failed;
-        fprintf(stderr, "Started GRPCInferenceService at %s:%d\n", cli.grpc_address,
-                grpc_frontend_port(grpc_fe));
+        if ((err = grpc_frontend_start(server, &gopts, &grpc_fe))) {
+            log_start_failure("GRPC", cli.grpc_address, cli.grpc_port, err);
+            goto frontend_failed;
+        }
+        log_started("GRPCInferenceService", cli.grpc_address, grpc_frontend_port(grpc_fe));
     }
     if (cli.allow_metrics) {
         metrics_options_t mo;
@@ -753,9 +828,11 @@ int main(int argc, char **argv)
         mo.port = cli.metrics_port;
         mo.cpu_metrics = cli.allow_cpu_metrics;
         mo.interval_ms = cli.metrics_interval_ms;
-        if ((err = metrics_server_start(server, &mo, &metrics))) goto frontend_failed;
-        fprintf(stderr, "Started Metrics Service at %s:%d\n", mo.address,
-                metrics_server_port(metrics));
+        if ((err = metrics_server_start(server, &mo, &metrics))) {
+            log_start_failure("Metrics", mo.address, mo.port, err);
+            goto frontend_failed;
+        }
+        log_started("Metrics Service", mo.address, metrics_server_port(metrics));
     }
 
     if (cli.allow_http) {
@@ -771,8 +848,11 @@ int main(int argc, char **argv)
         ho.tls = cli.http_tls;
         ho.header_forward_pattern = cli.http_header_forward_pattern;
         ho.shm = shm;
-        if ((err = http_server_start(server, &ho, &http))) goto frontend_failed;
-        fprintf(stderr, "Started HTTPService at %s:%d\n", ho.address, http_server_port(http));
+        if ((err = http_server_start(server, &ho, &http))) {
+            log_start_failure("HTTP", ho.address, ho.port, err);
+            goto frontend_failed;
+        }
+        log_started("HTTPService", ho.address, http_server_port(http));
     }
     fprintf(stderr, "nereid ready\n");
     int sig;

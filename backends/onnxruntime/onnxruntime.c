@@ -70,6 +70,7 @@ typedef struct ort_model {
     OrtSessionOptions *options;
     int64_t max_batch_size;
     size_t n_inputs, n_outputs;
+    size_t n_cfg_inputs;      /* the config's inputs, first in input_names; then injected ones */
     const char **input_names; /* borrowed from the model's config */
     nereid_datatype_t *input_datatypes;
     int *input_elem_types;
@@ -86,6 +87,7 @@ typedef struct ort_instance {
     bool no_prebind; /* a bound output's shape once disagreed: let ORT allocate */
     /* Per-execute scratch, grown as needed and reused. */
     OrtValue **in_values;
+    const char **in_names; /* the inputs fed to this run (optional ones may be absent) */
     const char **out_names;
     OrtValue **out_values;
     size_t *out_index;
@@ -417,15 +419,21 @@ static nereid_error_t *type_info_read(const ort_api_t *api, OrtTypeInfo *ti, ort
     return NULL;
 }
 
-/* Reads the session's inputs (is_output false) or outputs. */
-static nereid_error_t *session_tensors(ort_backend_t *b, OrtSession *session, bool is_output,
+enum { TENSORS_INPUTS, TENSORS_OUTPUTS, TENSORS_INITIALIZERS };
+
+/* Reads the session's inputs, outputs or overridable initializers (graph
+ * inputs that have an initializer: a request may feed them, Triton lists
+ * them as optional config inputs). */
+static nereid_error_t *session_tensors(ort_backend_t *b, OrtSession *session, int kind,
                                        ort_tensor_t **out, size_t *n_out)
 {
     const ort_api_t *api = &b->api;
     size_t n = 0;
     *out = NULL;
     *n_out = 0;
+    bool is_output = kind == TENSORS_OUTPUTS, is_init = kind == TENSORS_INITIALIZERS;
     ORT_TRY(api, is_output ? api->SessionGetOutputCount(session, &n)
+                 : is_init ? api->SessionGetOverridableInitializerCount(session, &n)
                            : api->SessionGetInputCount(session, &n));
     ort_tensor_t *t = calloc(n + 1, sizeof(*t));
     if (!t) return nereid_error_new(NEREID_ERROR_INTERNAL, "out of memory");
@@ -433,6 +441,8 @@ static nereid_error_t *session_tensors(ort_backend_t *b, OrtSession *session, bo
     for (size_t i = 0; i < n && !err; i++) {
         char *name = NULL;
         err = ort_error(api, is_output ? api->SessionGetOutputName(session, i, b->allocator, &name)
+                             : is_init ? api->SessionGetOverridableInitializerName(
+                                             session, i, b->allocator, &name)
                                        : api->SessionGetInputName(session, i, b->allocator, &name));
         if (err) break;
         t[i].name = strdup(name);
@@ -444,7 +454,9 @@ static nereid_error_t *session_tensors(ort_backend_t *b, OrtSession *session, bo
         }
         OrtTypeInfo *ti = NULL;
         err = ort_error(api, is_output ? api->SessionGetOutputTypeInfo(session, i, &ti)
-                                       : api->SessionGetInputTypeInfo(session, i, &ti));
+                             : is_init
+                                 ? api->SessionGetOverridableInitializerTypeInfo(session, i, &ti)
+                                 : api->SessionGetInputTypeInfo(session, i, &ti));
         if (!err) err = type_info_read(api, ti, &t[i]);
         if (ti) api->ReleaseTypeInfo(ti);
     }
@@ -750,7 +762,8 @@ static int add_seq_name(ort_model_t *m, const char *name)
 
 /* Sequence batching: the control inputs and implicit state inputs the core
  * injects into every request (and the state outputs it captures) are model
- * tensors that config.pbtxt does not list as input/output. Collects those
+ * tensors that config.pbtxt does not list as input/output; so are the
+ * targets of batch_input (the core computes them per batch). Collects those
  * the session has into m->seq_names: *n_seq_in inputs, then outputs. */
 static int sequence_names(ort_model_t *m, const nereid_model_t *model, const ort_tensor_t *in,
                           size_t n_in, const ort_tensor_t *out, size_t n_out, size_t *n_seq_in)
@@ -782,24 +795,54 @@ static int sequence_names(ort_model_t *m, const nereid_model_t *model, const ort
         }
         if (pass == 0) *n_seq_in = m->n_seq_names;
     }
+    json_t *bis = json_object_get(cfg, "batch_input"), *bi, *target;
+    size_t i, k;
+    json_array_foreach(bis, i, bi)
+    {
+        json_array_foreach(json_object_get(bi, "target_name"), k, target)
+        {
+            const char *n = json_string_value(target);
+            if (n && tensor_find(in, n_in, n) && !config_has_io(model, true, n)) {
+                size_t before = m->n_seq_names;
+                rc |= add_seq_name(m, n);
+                /* inputs first: move it in front of the state outputs */
+                if (m->n_seq_names > before && before > *n_seq_in) {
+                    char *name = m->seq_names[before];
+                    memmove(&m->seq_names[*n_seq_in + 1], &m->seq_names[*n_seq_in],
+                            (before - *n_seq_in) * sizeof(*m->seq_names));
+                    m->seq_names[*n_seq_in] = name;
+                }
+                if (m->n_seq_names > before) (*n_seq_in)++;
+            }
+        }
+    }
     json_decref(cfg);
     return rc;
 }
 
-/* Binds the (possibly autofilled) config's inputs and outputs to the model. */
+/* Binds the (possibly autofilled) config's inputs and outputs to the model.
+ * A config input may also name an overridable initializer (Triton's
+ * L0_initializer_as_input): it is not counted against the model's inputs. */
 static nereid_error_t *bind_config(ort_model_t *m, nereid_model_t *model, const ort_tensor_t *in,
-                                   size_t n_in, const ort_tensor_t *out, size_t n_out)
+                                   size_t n_in, const ort_tensor_t *inits, size_t n_inits,
+                                   const ort_tensor_t *out, size_t n_out)
 {
     const char *name = nereid_model_name(model);
     m->max_batch_size = nereid_model_max_batch_size(model);
     m->n_inputs = nereid_model_input_count(model);
     m->n_outputs = nereid_model_output_count(model);
-    size_t n_cfg_in = m->n_inputs, n_cfg_out = m->n_outputs, n_seq_in = 0;
+    size_t n_cfg_in = m->n_inputs, n_cfg_out = m->n_outputs, n_seq_in = 0, n_init_in = 0;
+    m->n_cfg_inputs = n_cfg_in;
+    for (size_t i = 0; i < n_cfg_in; i++) {
+        const char *io;
+        nereid_model_input(model, i, &io, NULL, NULL, NULL);
+        if (!tensor_find(in, n_in, io) && tensor_find(inits, n_inits, io)) n_init_in++;
+    }
     if (sequence_names(m, model, in, n_in, out, n_out, &n_seq_in) != 0)
         return nereid_error_new(NEREID_ERROR_INTERNAL, "out of memory");
     m->n_inputs += n_seq_in;
     m->n_outputs += m->n_seq_names - n_seq_in;
-    if (m->n_inputs != n_in)
+    if (m->n_inputs - n_init_in != n_in)
         return nereid_error_new(NEREID_ERROR_INVALID_ARG,
                                 "unable to load model '%s', configuration expects %zu inputs, "
                                 "model provides %zu",
@@ -821,9 +864,11 @@ static nereid_error_t *bind_config(ort_model_t *m, nereid_model_t *model, const 
             continue;
         }
         nereid_model_input(model, i, &m->input_names[i], &m->input_datatypes[i], &dims, &rank);
-        nereid_error_t *err =
-            check_io(name, "input", m->input_names[i], m->input_datatypes[i], dims, rank,
-                     m->max_batch_size, in, n_in, dims_mode(model, true, m->input_names[i]));
+        bool init = !tensor_find(in, n_in, m->input_names[i]) &&
+                    tensor_find(inits, n_inits, m->input_names[i]);
+        nereid_error_t *err = check_io(
+            name, "input", m->input_names[i], m->input_datatypes[i], dims, rank, m->max_batch_size,
+            init ? inits : in, init ? n_inits : n_in, dims_mode(model, true, m->input_names[i]));
         if (err) return err;
         m->input_elem_types[i] = elem_from_datatype(m->input_datatypes[i]);
     }
@@ -869,8 +914,8 @@ NEREID_EXPORT nereid_error_t *nereid_backend_model_init(nereid_model_t *model)
     pthread_mutex_init(&m->lock, NULL);
 
     nereid_error_t *err = NULL;
-    ort_tensor_t *in = NULL, *out = NULL;
-    size_t n_in = 0, n_out = 0;
+    ort_tensor_t *in = NULL, *out = NULL, *inits = NULL;
+    size_t n_in = 0, n_out = 0, n_inits = 0;
     struct stat st;
 
     m->path = nereid_model_file_path(model, ORT_DEFAULT_FILENAME);
@@ -894,21 +939,24 @@ NEREID_EXPORT nereid_error_t *nereid_backend_model_init(nereid_model_t *model)
     }
     if ((err = make_session_options(m, model))) goto fail;
     if ((err = create_session(m, &m->spare))) goto fail;
-    if ((err = session_tensors(b, m->spare, false, &in, &n_in))) goto fail;
-    if ((err = session_tensors(b, m->spare, true, &out, &n_out))) goto fail;
+    if ((err = session_tensors(b, m->spare, TENSORS_INPUTS, &in, &n_in))) goto fail;
+    if ((err = session_tensors(b, m->spare, TENSORS_OUTPUTS, &out, &n_out))) goto fail;
+    if ((err = session_tensors(b, m->spare, TENSORS_INITIALIZERS, &inits, &n_inits))) goto fail;
 
     if (nereid_model_autocomplete_allowed(model) &&
         (nereid_model_input_count(model) == 0 || nereid_model_output_count(model) == 0))
         if ((err = autofill(model, in, n_in, out, n_out))) goto fail;
-    if ((err = bind_config(m, model, in, n_in, out, n_out))) goto fail;
+    if ((err = bind_config(m, model, in, n_in, inits, n_inits, out, n_out))) goto fail;
 
     tensors_free(in, n_in);
     tensors_free(out, n_out);
+    tensors_free(inits, n_inits);
     nereid_model_set_state(model, m);
     return NULL;
 fail:
     tensors_free(in, n_in);
     tensors_free(out, n_out);
+    tensors_free(inits, n_inits);
     model_free(m);
     return err;
 }
@@ -927,6 +975,7 @@ static void instance_free(ort_instance_t *s)
     if (!s) return;
     if (s->session) s->model->backend->api.ReleaseSession(s->session);
     free(s->in_values);
+    free(s->in_names);
     free(s->out_names);
     free(s->out_values);
     free(s->out_index);
@@ -945,11 +994,13 @@ NEREID_EXPORT nereid_error_t *nereid_backend_instance_init(nereid_instance_t *in
     s->model = m;
     size_t n = m->n_outputs + 1;
     s->in_values = calloc(m->n_inputs + 1, sizeof(*s->in_values));
+    s->in_names = calloc(m->n_inputs + 1, sizeof(*s->in_names));
     s->out_names = calloc(n, sizeof(*s->out_names));
     s->out_values = calloc(n, sizeof(*s->out_values));
     s->out_index = calloc(n, sizeof(*s->out_index));
     s->out_bound = calloc(n, sizeof(*s->out_bound));
-    if (!s->in_values || !s->out_names || !s->out_values || !s->out_index || !s->out_bound) {
+    if (!s->in_values || !s->in_names || !s->out_names || !s->out_values || !s->out_index ||
+        !s->out_bound) {
         instance_free(s);
         return nereid_error_new(NEREID_ERROR_INTERNAL, "out of memory");
     }
@@ -1104,7 +1155,8 @@ static const uint8_t empty_buffer[8];
 
 /* Runs the session; outputs with a known shape are bound to the core's
  * buffers first (unless bind is false). */
-static nereid_error_t *run(ort_instance_t *s, nereid_batch_t *batch, size_t n_out, bool bind)
+static nereid_error_t *run(ort_instance_t *s, nereid_batch_t *batch, size_t n_in, size_t n_out,
+                           bool bind)
 {
     ort_model_t *m = s->model;
     const ort_backend_t *b = m->backend;
@@ -1131,9 +1183,17 @@ static nereid_error_t *run(ort_instance_t *s, nereid_batch_t *batch, size_t n_ou
                          o->elem_type, &s->out_values[k]));
         s->out_bound[k] = true;
     }
-    return ort_error(api, api->Run(s->session, NULL, m->input_names,
-                                   (const OrtValue *const *)s->in_values, m->n_inputs, s->out_names,
-                                   n_out, s->out_values));
+    return ort_error(api,
+                     api->Run(s->session, NULL, s->in_names, (const OrtValue *const *)s->in_values,
+                              n_in, s->out_names, n_out, s->out_values));
+}
+
+static bool batch_request_has_input(nereid_batch_t *batch, const char *name)
+{
+    nereid_error_t *err = nereid_batch_request_input(batch, 0, name, NULL, NULL, NULL, NULL, NULL);
+    bool found = err == NULL;
+    nereid_error_free(err);
+    return found;
 }
 
 NEREID_EXPORT nereid_error_t *nereid_backend_execute(nereid_instance_t *instance,
@@ -1146,22 +1206,30 @@ NEREID_EXPORT nereid_error_t *nereid_backend_execute(nereid_instance_t *instance
     nereid_error_t *err = NULL;
     size_t n_out = 0;
 
+    size_t n_in = 0; /* inputs fed: an optional input the requests lack is left out */
     for (size_t i = 0; i < m->n_inputs && !err; i++) {
         nereid_datatype_t dt;
         const int64_t *shape;
         size_t rank, byte_size;
         const void *data;
+        /* An optional config input the requests lack (the core batches only
+         * requests with the same inputs); injected inputs are always there. */
+        if (i < m->n_cfg_inputs && nereid_batch_request_count(batch) > 0 &&
+            !batch_request_has_input(batch, m->input_names[i]))
+            continue;
         err = nereid_batch_input(batch, m->input_names[i], &dt, &shape, &rank, &data, &byte_size);
         if (err) break;
+        s->in_names[n_in] = m->input_names[i];
         if (dt == NEREID_TYPE_BYTES) {
-            err =
-                string_input(s, m->input_names[i], shape, rank, data, byte_size, &s->in_values[i]);
+            err = string_input(s, m->input_names[i], shape, rank, data, byte_size,
+                               &s->in_values[n_in]);
         } else {
             err = ort_error(api,
                             api->CreateTensorWithDataAsOrtValue(
                                 b->cpu_info, data ? (void *)data : (void *)empty_buffer, byte_size,
-                                shape, rank, m->input_elem_types[i], &s->in_values[i]));
+                                shape, rank, m->input_elem_types[i], &s->in_values[n_in]));
         }
+        n_in++;
     }
     if (err) goto done;
     uint64_t input_end_ns = nereid_now_ns();
@@ -1177,7 +1245,7 @@ NEREID_EXPORT nereid_error_t *nereid_backend_execute(nereid_instance_t *instance
             s->out_index[n_out++] = o;
         }
     }
-    err = run(s, batch, n_out, !s->no_prebind);
+    err = run(s, batch, n_in, n_out, !s->no_prebind);
     if (err) {
         /* A bound output whose real shape differs from the model's declared
          * one fails the run; later runs let ORT allocate such outputs. */

@@ -88,13 +88,19 @@ enum {                                           /* GraphOptimizationLevel */
     X(25, OrtStatus *, SetInterOpNumThreads, (OrtSessionOptions * opts, int n))                    \
     X(30, OrtStatus *, SessionGetInputCount, (const OrtSession *session, size_t *out))             \
     X(31, OrtStatus *, SessionGetOutputCount, (const OrtSession *session, size_t *out))            \
+    X(32, OrtStatus *, SessionGetOverridableInitializerCount,                                      \
+      (const OrtSession *session, size_t *out))                                                    \
     X(33, OrtStatus *, SessionGetInputTypeInfo,                                                    \
       (const OrtSession *session, size_t index, OrtTypeInfo **out))                                \
     X(34, OrtStatus *, SessionGetOutputTypeInfo,                                                   \
       (const OrtSession *session, size_t index, OrtTypeInfo **out))                                \
+    X(35, OrtStatus *, SessionGetOverridableInitializerTypeInfo,                                   \
+      (const OrtSession *session, size_t index, OrtTypeInfo **out))                                \
     X(36, OrtStatus *, SessionGetInputName,                                                        \
       (const OrtSession *session, size_t index, OrtAllocator *allocator, char **out))              \
     X(37, OrtStatus *, SessionGetOutputName,                                                       \
+      (const OrtSession *session, size_t index, OrtAllocator *allocator, char **out))              \
+    X(38, OrtStatus *, SessionGetOverridableInitializerName,                                       \
       (const OrtSession *session, size_t index, OrtAllocator *allocator, char **out))              \
     X(48, OrtStatus *, CreateTensorAsOrtValue,                                                     \
       (OrtAllocator * allocator, const int64_t *shape, size_t rank, int elem_type,                 \

@@ -101,7 +101,9 @@ static const char *backend_config(nereid_backend_t *b, const char *key)
     return nereid_backend_config(b, key);
 }
 
-static void plog(char level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void plog_line(char level, int line, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+#define plog(level, ...) plog_line(level, __LINE__, __VA_ARGS__)
 
 NEREID_EXPORT nereid_error_t *nereid_backend_init(nereid_backend_t *backend)
 {
@@ -170,54 +172,28 @@ NEREID_EXPORT nereid_error_t *nereid_backend_fini(nereid_backend_t *backend)
 
 /* ---- Logging (the server's format and filters) ---- */
 
-static nereid_server_t *g_server; /* for the log settings; any loaded model's */
-
-static void plog_v(char level, const char *where, const char *fmt, va_list ap)
+/* Lines go through the server's log (its format, filters and --log-file):
+ * the backend's own with this file's name and line, a worker's Logger
+ * calls with the model file's. */
+static void plog_v(nereid_log_level_t level, const char *file, int line, const char *fmt,
+                   va_list ap)
 {
-    nereid_log_settings_t ls = {true, true, true, 0, NEREID_LOG_FORMAT_DEFAULT};
-    if (g_server) nereid_server_log_settings(g_server, &ls);
-    if ((level == 'I' && !ls.log_info) || (level == 'W' && !ls.log_warning) ||
-        (level == 'E' && !ls.log_error) || (level == 'V' && ls.log_verbose_level < 1))
-        return;
-    char line[8192];
-    struct timeval tv;
-    struct tm tm;
-    gettimeofday(&tv, NULL);
-    int n;
-    char lv = level == 'V' ? 'I' : level;
-    if (ls.log_format == NEREID_LOG_FORMAT_ISO8601) {
-        gmtime_r(&tv.tv_sec, &tm);
-        n = snprintf(line, sizeof line, "%04d-%02d-%02dT%02d:%02d:%02dZ %c %d %s] ",
-                     tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
-                     lv, (int)getpid(), where);
-    } else {
-        localtime_r(&tv.tv_sec, &tm);
-        n = snprintf(line, sizeof line, "%c%02d%02d %02d:%02d:%02d.%06ld %d %s] ", lv,
-                     tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, (long)tv.tv_usec,
-                     (int)getpid(), where);
-    }
-    if (n > 0 && (size_t)n < sizeof line) vsnprintf(line + n, sizeof line - (size_t)n, fmt, ap);
-    fprintf(stderr, "%s\n", line);
+    char text[8192];
+    vsnprintf(text, sizeof text, fmt, ap);
+    nereid_log_message(level, file, line, text);
 }
 
-static void plog(char level, const char *fmt, ...)
+static void plog_line(char level, int line, const char *fmt, ...)
 {
+    nereid_log_level_t lv = level == 'W'   ? NEREID_LOG_WARN
+                            : level == 'E' ? NEREID_LOG_ERROR
+                            : level == 'V' ? NEREID_LOG_VERBOSE
+                                           : NEREID_LOG_INFO;
     va_list ap;
     va_start(ap, fmt);
-    plog_v(level, "python", fmt, ap);
+    plog_v(lv, "python.c", line, fmt, ap);
     va_end(ap);
 }
-
-static void plog_at(char level, const char *where, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void plog_at(char level, const char *where, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    plog_v(level, where, fmt, ap);
-    va_end(ap);
-}
-
 /* ---- Messages ---- */
 
 /* A memfd mapping that lives across messages: the server's region for
@@ -825,15 +801,17 @@ static void on_log(instance_t *in, msg_t *m)
     json_t *jline = json_object_get(m->json, "line");
     if (!text) return;
     json_int_t lv = json_is_integer(jl) ? json_integer_value(jl) : 0;
-    char level = lv == 1 ? 'W' : lv == 2 ? 'E' : lv == 3 ? 'V' : 'I';
-    char where[512];
+    nereid_log_level_t level = lv == 1   ? NEREID_LOG_WARN
+                               : lv == 2 ? NEREID_LOG_ERROR
+                               : lv == 3 ? NEREID_LOG_VERBOSE
+                                         : NEREID_LOG_INFO;
     const char *base = file ? strrchr(file, '/') : NULL;
-    snprintf(where, sizeof where, "%.400s:%lld",
-             base   ? base + 1
-             : file ? file
-                    : in->name,
-             json_is_integer(jline) ? (long long)json_integer_value(jline) : 0LL);
-    plog_at(level, where, "%s", text);
+    json_int_t line = json_is_integer(jline) ? json_integer_value(jline) : 0;
+    nereid_log_message(level,
+                       base   ? base + 1
+                       : file ? file
+                              : in->name,
+                       line < 0 || line > INT32_MAX ? 0 : (int)line, text);
 }
 
 static void on_cancel_query(instance_t *in, msg_t *m)
@@ -1415,7 +1393,7 @@ static char *init_message(nereid_model_t *model, const char *file, const char *i
 
 NEREID_EXPORT nereid_error_t *nereid_backend_model_init(nereid_model_t *model)
 {
-    if (!g_server) g_server = nereid_model_server(model);
+
     char *python = NULL;
     nereid_error_t *env_err = execution_env(model, &python);
     if (env_err) return env_err;

@@ -189,6 +189,7 @@ struct ModelState {
     std::vector<TensorSpec> inputs, outputs;
     std::vector<std::string> controls; /* sequence control input names */
     std::vector<StateSpec> states;
+    std::vector<std::string> batch_inputs; /* batch_input targets: the core computes them */
     bool optimized_execution = true;
     bool inference_mode = true;
     OptBool tensor_fuser, jit_profiling, jit_executor;
@@ -274,9 +275,18 @@ void read_config_json(nereid_model_t *model, ModelState *ms)
     json_error_t jerr;
     std::unique_ptr<json_t, void (*)(json_t *)> root(json_loads(text, 0, &jerr), json_decref);
     if (!root) fail(NEREID_ERROR_INTERNAL, std::string("model config JSON: ") + jerr.text);
+    size_t i, k;
+    json_t *bi, *target;
+    json_array_foreach(json_object_get(root.get(), "batch_input"), i, bi)
+    {
+        json_array_foreach(json_object_get(bi, "target_name"), k, target)
+        {
+            if (json_is_string(target) && ms->max_batch_size > 0)
+                ms->batch_inputs.push_back(json_string_value(target));
+        }
+    }
     json_t *seq = json_object_get(root.get(), "sequence_batching");
     if (!json_is_object(seq)) return;
-    size_t i;
     json_t *ci;
     json_array_foreach(json_object_get(seq, "control_input"), i, ci)
     {
@@ -392,7 +402,8 @@ void map_inputs(InstanceState *is)
     const c10::FunctionSchema &schema = is->module.get_method("forward").function().getSchema();
     const std::vector<c10::Argument> &args = schema.arguments();
     size_t start = (!args.empty() && args[0].type()->kind() == c10::TypeKind::ClassType) ? 1 : 0;
-    size_t expected = ms->inputs.size() + ms->controls.size() + ms->states.size();
+    size_t expected =
+        ms->inputs.size() + ms->controls.size() + ms->states.size() + ms->batch_inputs.size();
     std::vector<std::string> allowed;
     if (args.size() == start + 1 && args[start].type()->kind() == c10::TypeKind::DictType) {
         is->dict_input = true;
@@ -463,6 +474,19 @@ void map_inputs(InstanceState *is)
                 for (size_t a = 0; a < allowed.size(); a++)
                     if (allowed[a] == name) idx = a;
             } else if (convention == NAMED_INDEX) {
+                idx = static_cast<size_t>(named_index(name));
+            }
+        }
+        is->input_index[name] = idx;
+    }
+    for (size_t k = 0; k < ms->batch_inputs.size(); k++) {
+        const std::string &name = ms->batch_inputs[k];
+        size_t idx = ms->inputs.size() + k; /* CONFIG_ORDER: after the config's inputs */
+        if (!is->dict_input) {
+            if (convention == FORWARD_ARGUMENT) {
+                for (size_t a = 0; a < allowed.size(); a++)
+                    if (allowed[a] == name) idx = a;
+            } else if (convention == NAMED_INDEX && named_index(name) >= 0) {
                 idx = static_cast<size_t>(named_index(name));
             }
         }
@@ -605,9 +629,11 @@ std::vector<torch::jit::IValue> gather_inputs(InstanceState *is, nereid_batch_t 
     std::vector<torch::jit::IValue> args(is->n_args);
     std::vector<bool> set(is->n_args, false);
     c10::Dict<std::string, torch::Tensor> dict;
-    size_t n = nereid_batch_input_count(batch);
+    size_t n_req = nereid_batch_input_count(batch), n = n_req + ms->batch_inputs.size();
     for (size_t i = 0; i < n; i++) {
-        const char *name = nereid_batch_input_name(batch, i);
+        /* the requests' inputs, then the batch inputs the core computes */
+        const char *name =
+            i < n_req ? nereid_batch_input_name(batch, i) : ms->batch_inputs[i - n_req].c_str();
         auto it = is->input_index.find(name);
         if (it == is->input_index.end())
             fail(NEREID_ERROR_INVALID_ARG, std::string("unexpected inference input '") + name +

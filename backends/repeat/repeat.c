@@ -22,8 +22,9 @@
  *
  * A request that can take one response only (a model that is not decoupled,
  * or a client such as an ensemble step that accepts one response) is
- * answered the ABI 1.0 way when IN has exactly one element, else with an
- * error.
+ * answered the ABI 1.0 way when IN has exactly one element; a model that is
+ * not decoupled answers a longer IN with its first response only (Triton's
+ * frontends keep the first response of such a model); otherwise an error.
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -289,8 +290,11 @@ static nereid_error_t *process(nereid_instance_t *instance, nereid_batch_t *batc
     nereid_response_sender_t *sender;
     err = nereid_batch_request_sender(batch, r, &sender);
     if (err) {
-        /* One response only: possible for exactly one element. */
-        if (n != 1) return err;
+        /* One response only: possible for exactly one element. A model that
+         * is not decoupled answers with its first response, as Triton's
+         * frontends keep only that one (L0_grpc_state_cleanup). */
+        bool first_only = !nereid_model_decoupled(nereid_instance_model(instance)) && n > 1;
+        if (n != 1 && !first_only) return err;
         nereid_error_free(err);
         uint32_t delay;
         int32_t value;

@@ -158,6 +158,14 @@ typedef struct nereid_server_options {
      * loaded ensemble are never unloaded this way. Default off / 0. */
     bool model_load_on_demand;
     long long model_memory_budget_bytes;
+    /* Triton's --model-config-name: a model whose directory has
+     * configs/<name>.pbtxt is configured by that file instead of its
+     * config.pbtxt. NULL or "" = config.pbtxt always; copied. */
+    const char *model_config_name;
+    /* Triton's --pinned-memory-pool-byte-size (default 268435456): reported
+     * as nv_pinned_memory_pool_total_bytes, as Triton reports it on a
+     * CPU-only build (the pool itself needs CUDA: used bytes stay 0). */
+    uint64_t pinned_memory_pool_byte_size;
 } nereid_server_options_t;
 
 typedef struct nereid_server nereid_server_t;
@@ -407,21 +415,38 @@ NEREID_EXPORT void nereid_response_parameter(const nereid_response_t *resp, size
 
 /* ---- Logging and trace settings ------------------------------------------ */
 
-/* Log settings are process-wide (one log on stderr); the server argument names
+/* Log settings are process-wide (one log, on stderr or in the log file); the server argument names
  * the server the request came through. Reads and updates are safe from any
  * thread at any time: each field is an atomic, a log line in progress uses
  * the values it read when it started. */
 
 typedef enum nereid_log_format {
-    NEREID_LOG_FORMAT_DEFAULT, /* "I1122 hh:mm:ss.ssssss <pid> <module>] msg" (local time) */
-    NEREID_LOG_FORMAT_ISO8601, /* "2026-11-22T00:00:00Z I <pid> <module>] msg" (UTC) */
+    NEREID_LOG_FORMAT_DEFAULT, /* "I1122 hh:mm:ss.ssssss <pid> <file>:<line>] msg" (UTC) */
+    NEREID_LOG_FORMAT_ISO8601, /* "2026-11-22T00:00:00Z I <pid> <file>:<line>] msg" (UTC) */
 } nereid_log_format_t;
 
 typedef struct nereid_log_settings {
     bool log_info, log_warning, log_error;
     uint32_t log_verbose_level;
     nereid_log_format_t log_format;
+    const char *log_file; /* "" = stderr; valid until the next nereid_log_set_file */
 } nereid_log_settings_t;
+
+typedef enum nereid_log_level {
+    NEREID_LOG_INFO,
+    NEREID_LOG_WARN,
+    NEREID_LOG_ERROR,
+    NEREID_LOG_VERBOSE,
+} nereid_log_level_t;
+
+/* Sends every later log record to path, appended (Triton's --log-file).
+ * Errors: INVALID_ARG "failed to open log file '<path>': <reason>" (the
+ * previous destination stays). Call it before starting servers. */
+NEREID_EXPORT nereid_error_t *nereid_log_set_file(const char *path);
+/* Writes msg as one log record of the server's, with the caller's file and
+ * line (TRITONSERVER_LogMessage); subject to the level settings; any thread. */
+NEREID_EXPORT void nereid_log_message(nereid_log_level_t level, const char *file, int line,
+                                      const char *msg);
 
 /* "default" / "ISO8601"; static. */
 NEREID_EXPORT const char *nereid_log_format_name(nereid_log_format_t format);
@@ -438,12 +463,6 @@ NEREID_EXPORT nereid_error_t *
 nereid_server_update_log_settings(nereid_server_t *server, const bool *log_info,
                                   const bool *log_warning, const bool *log_error,
                                   const uint32_t *log_verbose_level, const char *log_format);
-
-/* Writes one line to Nereid's log as the core does: level 'I', 'W', 'E' or
- * 'V' (verbose, printed only when --log-verbose > 0), module shown before
- * "]" (Triton prints "file:line" there), msg as is. Used by Triton
- * backends' TRITONSERVER_LogMessage. */
-NEREID_EXPORT void nereid_log_message(char level, const char *module, const char *msg);
 
 /* ---- Tracing (Triton's trace extension, --trace-config) ------------------ */
 

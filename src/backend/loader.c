@@ -132,8 +132,7 @@ static nereid_error_t *open_library(const backend_search_t *s, const char *name,
     }
     path = triton_library(s, name);
     if (!path) {
-        LOG_INFO("backend",
-                 "no library for backend '%s': searched '%s/%s/libnereid_%s.so', "
+        LOG_INFO("no library for backend '%s': searched '%s/%s/libnereid_%s.so', "
                  "'%s/libnereid_%s.so' and libtriton_%s.so in the model, version and backend "
                  "directories",
                  name, s->backend_dir, name, name, s->backend_dir, name, name);
@@ -268,7 +267,7 @@ nereid_error_t *backend_acquire(const backend_search_t *search, const char *name
     loaded[n_loaded++] = b;
     *out = &b->lib;
     pthread_mutex_unlock(&loader_lock);
-    LOG_INFO("backend", "loaded backend '%s' from %s", name, b->lib.path);
+    LOG_INFO("loaded backend '%s' from %s", name, b->lib.path);
     return NULL;
 }
 

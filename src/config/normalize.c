@@ -987,13 +987,7 @@ static void validate_dynamic_batching(nctx_t *c)
                 return;
             }
         }
-    } else if (db->n_priority_queue_policy > 0) {
-        nerr(c, db, "priority_queue_policy", 0,
-             "priority queue policy must have priority level in range [1, 0] for %s (set "
-             "'priority_levels' to use priority queue policies)",
-             c->name);
-        return;
-    }
+    } /* no priority levels: Triton accepts policies and ignores them */
     for (size_t i = 0; i < db->n_priority_queue_policy; i++) {
         for (size_t j = 0; j < i; j++) {
             if (db->priority_queue_policy[j]->key == db->priority_queue_policy[i]->key) {

@@ -180,10 +180,128 @@ static nereid_error_t *gather_input(nereid_batch_t *batch, const char *name, boo
     return NULL;
 }
 
+/* The batch_input whose target is `name`, or NULL. */
+static const Inference__BatchInput *batch_input_for(const model_t *m, const char *name)
+{
+    if (m->max_batch_size <= 0) return NULL;
+    for (size_t i = 0; i < m->config->n_batch_input; i++) {
+        const Inference__BatchInput *bi = m->config->batch_input[i];
+        for (size_t k = 0; k < bi->n_target_name; k++)
+            if (strcmp(bi->target_name[k], name) == 0) return bi;
+    }
+    return NULL;
+}
+
+static void put_number(batch_tensor_t *t, size_t i, int64_t v)
+{
+    if (t->datatype == NEREID_TYPE_FP32)
+        ((float *)t->data)[i] = (float)v;
+    else
+        ((int32_t *)t->data)[i] = (int32_t)v;
+}
+
+/* Computes batch input `bi` (Triton's BackendInputCollector: shapes from
+ * BatchInputShape, values as ProcessBatchInput writes them) over the
+ * batch's requests, from the shapes of its source input. */
+static nereid_error_t *compute_batch_input(nereid_batch_t *batch, const Inference__BatchInput *bi,
+                                           const char *name, batch_tensor_t **out)
+{
+    const char *source = bi->source_input[0]; /* exactly one: validated at load */
+    size_t n = batch->n_reqs;
+    int64_t max_count = 0, items = 0, flat = 0;
+    size_t item_rank = 0;
+    for (size_t r = 0; r < n; r++) {
+        const req_input_t *in = request_find_input(batch->reqs[r], source);
+        if (!in)
+            return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                    "batch input '%s' needs input '%s', missing from request %zu "
+                                    "of the batch",
+                                    name, source, r);
+        int64_t count = elements(in->shape, in->rank);
+        if (count > max_count) max_count = count;
+        if (in->rank > 0) {
+            items += in->shape[0];
+            flat += in->shape[0] * (int64_t)(in->rank - 1);
+            item_rank = in->rank - 1;
+        }
+    }
+    batch_tensor_t *t = push_tensor(&batch->inputs, &batch->n_inputs, name);
+    t->datatype =
+        bi->data_type == INFERENCE__DATA_TYPE__TYPE_FP32 ? NEREID_TYPE_FP32 : NEREID_TYPE_INT32;
+    t->rank = 1;
+    switch (bi->kind) {
+    case INFERENCE__BATCH_INPUT__KIND__BATCH_ELEMENT_COUNT:
+    case INFERENCE__BATCH_INPUT__KIND__BATCH_ACCUMULATED_ELEMENT_COUNT:
+        t->shape[0] = (int64_t)n;
+        break;
+    case INFERENCE__BATCH_INPUT__KIND__BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO:
+        t->shape[0] = (int64_t)n + 1;
+        break;
+    case INFERENCE__BATCH_INPUT__KIND__BATCH_MAX_ELEMENT_COUNT_AS_SHAPE:
+        t->shape[0] = max_count;
+        break;
+    case INFERENCE__BATCH_INPUT__KIND__BATCH_ITEM_SHAPE:
+        t->rank = 2;
+        t->shape[0] = items;
+        t->shape[1] = (int64_t)item_rank;
+        break;
+    default: /* BATCH_ITEM_SHAPE_FLATTEN */
+        t->shape[0] = flat;
+        break;
+    }
+    t->byte_size = (size_t)elements(t->shape, t->rank) * 4;
+    t->data = xcalloc(1, t->byte_size ? t->byte_size : 1);
+    t->owned = true;
+    size_t at = 0;
+    int64_t acc = 0;
+    if (bi->kind == INFERENCE__BATCH_INPUT__KIND__BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO)
+        put_number(t, at++, 0);
+    for (size_t r = 0; r < n; r++) {
+        const req_input_t *in = request_find_input(batch->reqs[r], source);
+        int64_t count = elements(in->shape, in->rank);
+        acc += count;
+        switch (bi->kind) {
+        case INFERENCE__BATCH_INPUT__KIND__BATCH_ELEMENT_COUNT:
+            put_number(t, at++, count);
+            break;
+        case INFERENCE__BATCH_INPUT__KIND__BATCH_ACCUMULATED_ELEMENT_COUNT:
+        case INFERENCE__BATCH_INPUT__KIND__BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO:
+            put_number(t, at++, acc);
+            break;
+        case INFERENCE__BATCH_INPUT__KIND__BATCH_ITEM_SHAPE:
+        case INFERENCE__BATCH_INPUT__KIND__BATCH_ITEM_SHAPE_FLATTEN:
+            /* each batch item's shape without the batch dimension */
+            for (int64_t item = 0; in->rank > 0 && item < in->shape[0]; item++)
+                for (size_t d = 1; d < in->rank; d++)
+                    put_number(t, at++, in->shape[d]);
+            break;
+        default: /* BATCH_MAX_ELEMENT_COUNT_AS_SHAPE: the shape is the value */
+            break;
+        }
+    }
+    *out = t;
+    return NULL;
+}
+
 nereid_error_t *nereid_batch_input(nereid_batch_t *batch, const char *name,
                                    nereid_datatype_t *datatype, const int64_t **shape, size_t *rank,
                                    const void **data, size_t *byte_size)
 {
+    const Inference__BatchInput *bi =
+        batch->n_reqs ? batch_input_for(batch->instance->model, name) : NULL;
+    if (bi) {
+        batch_tensor_t *t = find_tensor(batch->inputs, batch->n_inputs, name);
+        if (!t) {
+            nereid_error_t *err = compute_batch_input(batch, bi, name, &t);
+            if (err) return err;
+        }
+        if (datatype) *datatype = t->datatype;
+        if (shape) *shape = t->shape;
+        if (rank) *rank = t->rank;
+        if (data) *data = t->data;
+        if (byte_size) *byte_size = t->byte_size;
+        return NULL;
+    }
     bool ragged = batch->n_reqs && input_ragged(batch->instance->model, name);
     if (batch->n_reqs == 1 && !ragged)
         return nereid_batch_request_input(batch, 0, name, datatype, shape, rank, data, byte_size);

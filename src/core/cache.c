@@ -107,7 +107,7 @@ nereid_error_t *cache_create(const char *name, const char *config_json, response
         return nereid_error_new(NEREID_ERROR_INVALID_ARG,
                                 "unable to find 'libtritoncache_%s.so' for cache. Searched: %s",
                                 name, CACHE_DIRECTORY);
-    LOG_INFO("cache", "Initializing LocalCache with config: %s", config_json);
+    LOG_INFO("Initializing LocalCache with config: %s", config_json);
     json_t *doc = json_loads(config_json, JSON_DECODE_ANY, NULL);
     json_t *size_json = json_is_object(doc) ? json_object_get(doc, "size") : NULL;
     uint64_t size = 0;
@@ -138,7 +138,7 @@ nereid_error_t *cache_create(const char *name, const char *config_json, response
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     c->seed = ((uint64_t)ts.tv_nsec << 32) ^ (uint64_t)ts.tv_sec ^ (uint64_t)(uintptr_t)c;
-    LOG_INFO("cache", "Response Cache is created at '%p' with size %" PRIu64, (void *)c, size);
+    LOG_INFO("Response Cache is created at '%p' with size %" PRIu64, (void *)c, size);
     *out = c;
     return NULL;
 }
@@ -389,7 +389,7 @@ static void evict_locked(response_cache_t *c)
     c->used -= e->cost;
     c->n_entries--;
     c->evictions++;
-    LOG_VERBOSE("cache", "Evicting key [%" PRIu64 "] from cache.", e->hash);
+    LOG_VERBOSE("Evicting key [%" PRIu64 "] from cache.", e->hash);
     entry_unref(e);
 }
 
@@ -518,8 +518,7 @@ static void on_miss_done(nereid_response_t *resp, void *userp)
             atomic_fetch_add(&s->success.ns, p->lookup_ns + insert_ns);
         }
         if (r == TOO_LARGE)
-            LOG_ERROR("cache",
-                      "Failed to insert key [%" PRIu64 "] into response cache: Requested "
+            LOG_ERROR("Failed to insert key [%" PRIu64 "] into response cache: Requested "
                       "byte_size: %" PRIu64 " is greater than total cache size: %" PRIu64,
                       p->hash, cost, c->size);
     }

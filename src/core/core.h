@@ -71,6 +71,8 @@ response_stat_t *stats_response(model_stats_t *s, uint64_t index);
 
 /* Resolves model/version (<= 0: latest ready) and takes a reference;
  * Triton's lookup error texts. */
+/* Whether the server is shutting down (nereid_server_stop ran). */
+bool server_is_stopping(nereid_server_t *s);
 nereid_error_t *server_lookup_model(nereid_server_t *s, const char *name, int64_t version,
                                     model_t **out);
 /* server_lookup_model for an inference: with --model-load-on-demand, a

@@ -41,6 +41,20 @@ void nereid_server_log_settings(nereid_server_t *server, nereid_log_settings_t *
     out->log_verbose_level = v < 0 ? 0 : (uint32_t)v;
     out->log_format =
         atomic_load(&log_format_iso8601) ? NEREID_LOG_FORMAT_ISO8601 : NEREID_LOG_FORMAT_DEFAULT;
+    out->log_file = log_file_path();
+}
+
+nereid_error_t *nereid_log_set_file(const char *path)
+{
+    return log_open_file(path);
+}
+
+void nereid_log_message(nereid_log_level_t level, const char *file, int line, const char *msg)
+{
+    static const char letters[] = {'I', 'W', 'E', 'V'};
+    if ((unsigned)level >= sizeof letters) return;
+    if (level == NEREID_LOG_VERBOSE && atomic_load(&log_verbose_level) <= 0) return;
+    log_write(letters[level], file ? file : "", line, NULL, msg ? msg : "");
 }
 
 nereid_error_t *nereid_server_update_log_settings(nereid_server_t *server, const bool *log_info,
@@ -62,10 +76,4 @@ nereid_error_t *nereid_server_update_log_settings(nereid_server_t *server, const
     if (log_verbose_level_in) atomic_store(&log_verbose_level, (int)*log_verbose_level_in);
     if (log_format) atomic_store(&log_format_iso8601, format == NEREID_LOG_FORMAT_ISO8601);
     return NULL;
-}
-
-void nereid_log_message(char level, const char *module, const char *msg)
-{
-    if (level == 'V' && atomic_load(&log_verbose_level) <= 0) return;
-    log_msg(level, module ? module : "", "%s", msg ? msg : "");
 }

@@ -374,7 +374,7 @@ void model_unload(model_t *m)
 {
     atomic_store(&m->unloading, true);
     pthread_mutex_lock(&m->lock);
-    while (atomic_load(&m->holds) > 0 && nereid_server_is_live(m->server))
+    while (atomic_load(&m->holds) > 0 && !server_is_stopping(m->server))
         pthread_cond_wait(&m->cond, &m->lock);
     pthread_mutex_unlock(&m->lock);
     stop_instances(m);

@@ -273,10 +273,9 @@ static void post(otel_exporter_t *e, CURL *curl, otel_span_t **spans, size_t n)
     long status = 0;
     if (rc == CURLE_OK) curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &status);
     if (rc != CURLE_OK)
-        log_msg('E', "trace", "OTLP export of %zu spans to %s failed: %s", n, e->url,
-                curl_easy_strerror(rc));
+        LOG_ERROR("OTLP export of %zu spans to %s failed: %s", n, e->url, curl_easy_strerror(rc));
     else if (status < 200 || status >= 300)
-        log_msg('E', "trace", "OTLP export of %zu spans to %s failed: HTTP %ld", n, e->url, status);
+        LOG_ERROR("OTLP export of %zu spans to %s failed: HTTP %ld", n, e->url, status);
     curl_slist_free_all(hdrs);
     free(body);
 }
@@ -397,8 +396,7 @@ void otel_exporter_free(otel_exporter_t *e)
         pthread_join(e->thread, NULL);
     }
     if (e->dropped)
-        log_msg('W', "trace", "%llu spans dropped: the export queue was full",
-                (unsigned long long)e->dropped);
+        LOG_WARN("%llu spans dropped: the export queue was full", (unsigned long long)e->dropped);
     while (e->head) {
         otel_span_t *s = e->head;
         e->head = s->next;

@@ -166,6 +166,29 @@ static bool valid_model_name(const char *name)
            strcmp(name, "..") != 0;
 }
 
+/* Triton's ValidateModelName for explicit loads: the name, trimmed of
+ * whitespace, must not be empty, ".." or contain a '/' (nor, here, be "."
+ * or contain a '\\'). */
+static nereid_error_t *check_load_name(const char *name)
+{
+    const char *ws = " \t\n\v\f\r";
+    if (!name) name = "";
+    size_t start = strspn(name, ws), len = strlen(name + start);
+    while (len && strchr(ws, name[start + len - 1]))
+        len--;
+    if (len == 0)
+        return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                "Model name cannot be empty. Please enter a valid name to deploy.");
+    const char *t = name + start;
+    bool dots = (len == 2 && memcmp(t, "..", 2) == 0) || (len == 1 && t[0] == '.');
+    if (dots || memchr(t, '/', len) || memchr(t, '\\', len) || !valid_model_name(name))
+        return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                "invalid model name '%s', model name must not contain path "
+                                "traversal characters",
+                                name);
+    return NULL;
+}
+
 /* Writes the override files into a new temporary model directory. */
 static nereid_error_t *make_override_dir(const char *name, const char *const *paths,
                                          const void *const *contents, const size_t *sizes, size_t n,
@@ -262,12 +285,25 @@ static bool autofill_allowed(const nereid_server_t *s)
     return !s->opts.strict_model_config && !s->opts.disable_auto_complete_config;
 }
 
+/* The model's config file: configs/<--model-config-name>.pbtxt when the
+ * flag is set and the file exists, else config.pbtxt (Triton's
+ * GetModelConfigFullPath). Caller frees. */
+static char *config_path(const nereid_server_t *s, const char *dir)
+{
+    if (s->model_config_name) {
+        char *custom = xasprintf("%s/configs/%s.pbtxt", dir, s->model_config_name);
+        if (is_file(custom)) return custom;
+        free(custom);
+    }
+    return xasprintf("%s/config.pbtxt", dir);
+}
+
 /* Reads (or takes the override of) a model's config and normalizes it. */
 static nereid_error_t *read_config(nereid_server_t *s, const char *name, const char *dir,
                                    const char *override_json, model_config_t **out)
 {
     *out = NULL;
-    char *path = xasprintf("%s/config.pbtxt", dir);
+    char *path = config_path(s, dir);
     char *errors = NULL;
     model_config_t *cfg = NULL;
     if (override_json) {
@@ -748,7 +784,7 @@ static nereid_error_t *load_model(nereid_server_t *s, const char *name, const ch
                                    "failed to load '%s', no version is available", name);
     }
     if (err) {
-        LOG_ERROR("repository", "failed to load '%s': %s", name, nereid_error_message(err));
+        LOG_ERROR("failed to load '%s': %s", name, nereid_error_message(err));
         if (k == 0 && cfg && nereid_error_code(err) == NEREID_ERROR_INTERNAL) {
             /* Every version directory is gone: nothing is served any more. */
             pthread_rwlock_wrlock(&s->lock);
@@ -813,8 +849,7 @@ static nereid_error_t *load_model(nereid_server_t *s, const char *name, const ch
         if (lerr) {
             nv[i].state = MODEL_UNAVAILABLE;
             nv[i].reason = error_reason(lerr);
-            LOG_ERROR("repository", "failed to load '%s' version %" PRId64 ": %s", name, chosen[i],
-                      nv[i].reason);
+            LOG_ERROR("failed to load '%s' version %" PRId64 ": %s", name, chosen[i], nv[i].reason);
             nereid_error_free(lerr);
             if (old) {
                 /* Keep the old model of this version serving. */
@@ -825,7 +860,7 @@ static nereid_error_t *load_model(nereid_server_t *s, const char *name, const ch
             nv[i].model = m;
             nv[i].state = MODEL_READY;
             any_new = true;
-            LOG_INFO("repository", "successfully loaded '%s' version %" PRId64, name, chosen[i]);
+            LOG_INFO("successfully loaded '%s' version %" PRId64, name, chosen[i]);
         }
     }
     free(chosen);
@@ -957,7 +992,7 @@ static void unload_model(nereid_server_t *s, const char *name, bool dependents, 
     for (size_t i = 0; i < n_drain; i++)
         model_unload(drain[i]);
     free(drain);
-    LOG_INFO("repository", "successfully unloaded '%s'", name);
+    LOG_INFO("successfully unloaded '%s'", name);
 
     pthread_rwlock_wrlock(&s->lock);
     e = repository_find(s, name);
@@ -1008,9 +1043,8 @@ nereid_error_t *nereid_server_load_model(nereid_server_t *s, const char *model,
 {
     nereid_error_t *err = check_explicit(s);
     if (err) return err;
-    if (!valid_model_name(model))
-        return nereid_error_new(NEREID_ERROR_INVALID_ARG, "invalid model name '%s'",
-                                model ? model : "");
+    err = check_load_name(model);
+    if (err) return err;
     if (n_files && (!file_paths || !file_contents || !file_sizes))
         return nereid_error_new(NEREID_ERROR_INVALID_ARG, "file overrides are incomplete");
     pthread_mutex_lock(&s->control);
@@ -1084,14 +1118,12 @@ static void evict_over_budget(nereid_server_t *s, const char *keep)
         pthread_rwlock_unlock(&s->lock);
         if (!name) {
             if (total > budget)
-                LOG_WARN("repository",
-                         "loaded models use %lld bytes, over the memory budget of %lld bytes, "
+                LOG_WARN("loaded models use %lld bytes, over the memory budget of %lld bytes, "
                          "and none can be unloaded (pinned, in use or just loaded)",
                          total, budget);
             return;
         }
-        LOG_INFO("repository",
-                 "unloading '%s' (%lld bytes, least recently used): loaded models use %lld bytes, "
+        LOG_INFO("unloading '%s' (%lld bytes, least recently used): loaded models use %lld bytes, "
                  "over the memory budget of %lld bytes",
                  name, bytes, total, budget);
         unload_model(s, name, false, 0);
@@ -1127,7 +1159,7 @@ nereid_error_t *repository_load_on_demand(nereid_server_t *s, const char *name)
             err = nereid_error_new(NEREID_ERROR_NOT_FOUND,
                                    "Request for unknown model: '%s' is not found", name);
         } else {
-            LOG_INFO("repository", "loading '%s' on demand", name);
+            LOG_INFO("loading '%s' on demand", name);
             long long rss0 = rss_bytes();
             uint64_t t0 = util_now_ns();
             load_ctx_t ctx = {.depth = 0, .load_deps = true};
@@ -1151,8 +1183,7 @@ nereid_error_t *repository_load_on_demand(nereid_server_t *s, const char *name)
                     atomic_store(&e->last_used_ns, util_now_ns());
                 }
                 pthread_rwlock_unlock(&s->lock);
-                LOG_INFO("repository", "loaded '%s' on demand (%lld bytes)", name,
-                         grown > 0 ? grown : 1);
+                LOG_INFO("loaded '%s' on demand (%lld bytes)", name, grown > 0 ? grown : 1);
                 evict_over_budget(s, name);
             }
         }
@@ -1339,7 +1370,7 @@ static void remove_entry(nereid_server_t *s, const char *name)
         break;
     }
     pthread_rwlock_unlock(&s->lock);
-    LOG_INFO("repository", "model '%s' was removed from the repository", name);
+    LOG_INFO("model '%s' was removed from the repository", name);
 }
 
 void repository_poll(nereid_server_t *s)
@@ -1353,7 +1384,7 @@ void repository_poll(nereid_server_t *s)
     nereid_error_t *err;
     size_t n = scan_names(s, &names, &err);
     if (err) {
-        LOG_ERROR("repository", "%s", nereid_error_message(err));
+        LOG_ERROR("%s", nereid_error_message(err));
         nereid_error_free(err);
     }
     /* Removed models. */
@@ -1389,7 +1420,7 @@ void repository_poll(nereid_server_t *s)
             model_config_t *cfg = NULL;
             if (changed) nereid_error_free(read_config(s, names[i], dir, NULL, &cfg));
             if (changed && is_ensemble(cfg) == (pass == 1)) {
-                LOG_INFO("repository", "model '%s' changed on disk, (re)loading", names[i]);
+                LOG_INFO("model '%s' changed on disk, (re)loading", names[i]);
                 load_ctx_t ctx = {.depth = 0, .load_deps = true, .config = cfg};
                 ctx.chain[0] = names[i];
                 nereid_error_free(load_model(s, names[i], NULL, NULL, NULL, NULL, 0, &ctx));

@@ -47,6 +47,7 @@ struct nereid_server {
     size_t n_repos;
     char *backend_dir;
     char *server_id;
+    char *model_config_name; /* --model-config-name, or NULL */
     nereid_server_options_t opts;
     pthread_rwlock_t lock; /* guards models and every entry's versions */
     model_entry_t **models;
@@ -59,6 +60,7 @@ struct nereid_server {
     bool poll_stop;
     _Atomic bool stopping;
     _Atomic bool stopped;
+    bool init_failed; /* --exit-on-error=false and a repository failed: up, not live */
     struct rate_limiter *rate_limiter; /* --rate-limit=execution_count; NULL: off */
     struct nereid_tracer *tracer;      /* nereid_server_set_tracer, or NULL */
     struct response_cache *cache;      /* --cache-config, or NULL (core/cache.h) */

@@ -464,19 +464,46 @@ static bool dims_match(const int64_t *want, size_t want_rank, const int64_t *got
     return true;
 }
 
-/* Checks a BYTES buffer holds exactly n well-formed length-prefixed elements. */
-static bool bytes_well_formed(const uint8_t *p, size_t size, int64_t n)
+/* Checks a BYTES input holds exactly n length-prefixed elements, with
+ * Triton's texts (InferenceRequest::ValidateBytesInputs); unlike Triton, a
+ * last element cut short is an error too. */
+static nereid_error_t *check_bytes_elements(const req_input_t *in, int64_t n, const model_t *m,
+                                            const char *rid)
 {
-    size_t off = 0;
-    for (int64_t i = 0; i < n; i++) {
-        if (size - off < 4) return false;
+    const uint8_t *p = in->data;
+    size_t size = in->byte_size, off = 0;
+    int64_t seen = 0;
+    while (off < size) {
+        if (size - off < 4)
+            return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                    "[request id: %s] incomplete string length indicator for "
+                                    "inference input '%s' for model '%s', expecting 4 bytes but "
+                                    "only %zu bytes available. Please make sure the string length "
+                                    "indicator is in one buffer.",
+                                    rid, in->name, m->name, size - off);
         uint32_t len;
         memcpy(&len, p + off, 4);
         off += 4;
-        if (size - off < len) return false;
+        if (++seen > n)
+            return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                    "[request id: %s] unexpected number of string elements %" PRId64
+                                    " for inference input '%s' for model '%s', expecting %" PRId64,
+                                    rid, seen, in->name, m->name, n);
+        if (size - off < len)
+            return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                    "[request id: %s] incomplete string element %" PRId64
+                                    " for inference input '%s' for model '%s': %" PRIu32
+                                    " bytes announced, %zu available",
+                                    rid, seen, in->name, m->name, len, size - off);
         off += len;
     }
-    return off == size;
+    if (seen != n)
+        return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                "[request id: %s] expected %" PRId64
+                                " string elements for inference input '%s' for model '%s', got "
+                                "%" PRId64,
+                                rid, n, in->name, m->name, seen);
+    return NULL;
 }
 
 static nereid_error_t *validate_inputs(nereid_request_t *req, model_t *m,
@@ -589,12 +616,6 @@ static nereid_error_t *validate_inputs(nereid_request_t *req, model_t *m,
                                         "for model '%s'. Expected %" PRId64 ", got %zu",
                                         rid, in->name, m->name, count * (int64_t)esize,
                                         in->byte_size);
-        } else if (!bytes_well_formed(in->data, in->byte_size, count)) {
-            return nereid_error_new(NEREID_ERROR_INVALID_ARG,
-                                    "[request id: %s] input byte size mismatch for input '%s' for "
-                                    "model '%s'. Expected %" PRId64
-                                    " length-prefixed BYTES elements in %zu bytes",
-                                    rid, in->name, m->name, count, in->byte_size);
         }
         if (io->has_reshape) {
             /* The backend sees the reshape dims; a -1 takes the remaining count. */
@@ -615,6 +636,18 @@ static nereid_error_t *validate_inputs(nereid_request_t *req, model_t *m,
             memcpy(in->shape, newshape, r * sizeof *newshape);
             in->rank = r;
         }
+    }
+    /* BYTES contents last, from the last input back: Triton keeps inputs in
+     * a hash map that visits a few names newest first, and its QA
+     * (L0_input_validation) names the second of two bad inputs. */
+    for (size_t i = req->n_inputs; i-- > 0;) {
+        const req_input_t *in = &req->inputs[i];
+        if (nereid_datatype_byte_size(in->datatype) != 0) continue;
+        int64_t count = 1; /* no overflow: checked above (a reshape keeps the count) */
+        for (size_t d = 0; d < in->rank; d++)
+            count *= in->shape[d];
+        nereid_error_t *err = check_bytes_elements(in, count, m, rid);
+        if (err) return err;
     }
     if (batching) {
         if (batch < 0) batch = 1; /* only optional inputs absent: treat as 1 */
@@ -770,6 +803,16 @@ nereid_error_t *response_alloc_output(nereid_request_t *req, nereid_response_t *
     }
     o->allocated = true;
     return NULL;
+}
+
+void request_drop_output(nereid_request_t *req, size_t i)
+{
+    nereid_response_t *resp = req->response;
+    if (!resp || i >= resp->n_outputs || resp->outputs[i].allocated) return;
+    if (resp->outputs[i].owns_name) free(resp->outputs[i].name);
+    memmove(&resp->outputs[i], &resp->outputs[i + 1],
+            (resp->n_outputs - i - 1) * sizeof *resp->outputs);
+    resp->n_outputs--;
 }
 
 void request_output_set_filled(resp_output_t *o)

@@ -195,6 +195,9 @@ resp_output_t *request_find_output(nereid_request_t *req, const char *name);
 /* The response's output slots, in order. */
 size_t request_output_count(const nereid_request_t *req);
 resp_output_t *request_output_at(nereid_request_t *req, size_t i);
+/* Removes output slot i, never allocated, from the response (a requested
+ * ensemble output no step produced: Triton leaves it out). */
+void request_drop_output(nereid_request_t *req, size_t i);
 /* The one place output memory is chosen: the client's allocator for a
  * client output, else the response's arena while it has room (never for an
  * internal output: its buffer may be taken), else the heap. Sets the slot's

@@ -38,6 +38,7 @@ void nereid_server_options_init(nereid_server_options_t *o)
     o->server_id = "triton";
     o->model_load_thread_count = 4;
     o->log_info = o->log_warning = o->log_error = true;
+    o->pinned_memory_pool_byte_size = 268435456;
 }
 
 /* ---- Server lifecycle ---- */
@@ -66,6 +67,9 @@ nereid_error_t *nereid_server_new(const nereid_server_options_t *opts, nereid_se
         xstrdup(opts->backend_directory && opts->backend_directory[0] ? opts->backend_directory
                                                                       : NEREID_DEFAULT_BACKEND_DIR);
     s->server_id = xstrdup(opts->server_id ? opts->server_id : "triton");
+    if (opts->model_config_name && opts->model_config_name[0])
+        s->model_config_name = xstrdup(opts->model_config_name);
+    s->opts.model_config_name = NULL;
     s->opts.load_models = NULL;
     s->opts.model_repositories = NULL;
     s->opts.rate_limit_resources = NULL;
@@ -111,6 +115,14 @@ nereid_error_t *nereid_server_new(const nereid_server_options_t *opts, nereid_se
     s->opts.load_models = opts->load_models;
     err = repository_start(s);
     s->opts.load_models = NULL;
+    if (err && !opts->exit_on_error) {
+        /* Triton: the repository manager could not be created; the server
+         * stays up answering health (not live, not ready) and metadata. */
+        LOG_ERROR("%s", nereid_error_message(err));
+        nereid_error_free(err);
+        err = NULL;
+        s->init_failed = true;
+    }
     if (err) {
         nereid_server_free(s);
         return err;
@@ -149,6 +161,7 @@ void nereid_server_free(nereid_server_t *s)
     free(s->repos);
     free(s->backend_dir);
     free(s->server_id);
+    free(s->model_config_name);
     rate_limiter_free(s->rate_limiter); /* every model was unloaded */
     cache_destroy(s->cache);
     for (size_t i = 0; i < s->n_backend_settings; i++) {
@@ -164,14 +177,19 @@ void nereid_server_free(nereid_server_t *s)
     free(s);
 }
 
+bool server_is_stopping(nereid_server_t *s)
+{
+    return atomic_load(&s->stopping);
+}
+
 bool nereid_server_is_live(nereid_server_t *s)
 {
-    return s && !atomic_load(&s->stopping);
+    return s && !s->init_failed && !atomic_load(&s->stopping);
 }
 
 bool nereid_server_is_ready(nereid_server_t *s)
 {
-    if (!s || atomic_load(&s->stopping)) return false;
+    if (!s || s->init_failed || atomic_load(&s->stopping)) return false;
     if (!s->opts.strict_readiness) return true;
     bool ready = true;
     pthread_rwlock_rdlock(&s->lock);
@@ -619,6 +637,16 @@ nereid_error_t *nereid_server_metrics(nereid_server_t *s, char **text_out)
         for (size_t v = 0; v < s->models[i]->n_versions; v++)
             if (s->models[i]->versions[v].model) models[k++] = s->models[i]->versions[v].model;
     stats_metrics_text(out, models, k);
+    /* Triton's pinned memory gauges (always present when metrics are on;
+     * no CUDA here, so nothing is ever allocated from the pool). */
+    fprintf(out,
+            "# HELP nv_pinned_memory_pool_total_bytes Pinned memory pool total memory size, in "
+            "bytes\n# TYPE nv_pinned_memory_pool_total_bytes gauge\n"
+            "nv_pinned_memory_pool_total_bytes %llu\n"
+            "# HELP nv_pinned_memory_pool_used_bytes Pinned memory pool used memory size, in "
+            "bytes\n# TYPE nv_pinned_memory_pool_used_bytes gauge\n"
+            "nv_pinned_memory_pool_used_bytes 0\n",
+            (unsigned long long)s->opts.pinned_memory_pool_byte_size);
     cache_metrics_text(out, s->cache);
     if (s->opts.model_load_on_demand) on_demand_metrics_text(out, s);
     backend_metrics_text(out);

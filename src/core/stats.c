@@ -159,14 +159,69 @@ static const metric_family_t families[] = {
 
 static const char *failure_names[FAILURE_N] = {"REJECTED", "CANCELED", "BACKEND", "OTHER"};
 
-static void labels(char *buf, size_t cap, const model_t *m)
+/* Appends text to buf at *n as a Prometheus label value (\\, \" and \n
+ * escaped), never past cap. */
+static void put_escaped(char *buf, size_t cap, size_t *n, const char *text)
 {
-    size_t n =
-        (size_t)snprintf(buf, cap, "model=\"%s\",version=\"%lld\"", m->name, (long long)m->version);
+    for (const char *p = text; *p && *n + 2 < cap; p++) {
+        if (*p == '\\' || *p == '"' || *p == '\n') buf[(*n)++] = '\\';
+        buf[(*n)++] = *p == '\n' ? 'n' : *p;
+    }
+    buf[*n] = '\0';
+}
+
+static void put_label(char *buf, size_t cap, size_t *n, const char *prefix, const char *key,
+                      const char *value)
+{
+    if (*n + 1 >= cap) return;
+    int k = snprintf(buf + *n, cap - *n, "%s%s%s=\"", *n ? "," : "", prefix, key);
+    if (k < 0 || (size_t)k >= cap - *n) {
+        *n = cap - 1;
+        return;
+    }
+    *n += (size_t)k;
+    put_escaped(buf, cap, n, value);
+    if (*n + 1 < cap) {
+        buf[(*n)++] = '"';
+        buf[*n] = '\0';
+    }
+}
+
+static int cmp_tag(const void *a, const void *b)
+{
+    const Inference__ModelConfig__MetricTagsEntry *x = *(const void *const *)a;
+    const Inference__ModelConfig__MetricTagsEntry *y = *(const void *const *)b;
+    return strcmp(x->key, y->key);
+}
+
+/* A model's labels in Triton's order (prometheus-cpp keeps them in a sorted
+ * map): metric tags as "_<key>" (a repeated key keeps its last value, as a
+ * protobuf map does), model, the failure reason when given, version. */
+static void labels(char *buf, size_t cap, const model_t *m, const char *reason)
+{
     const model_config_t *c = m->config;
-    for (size_t i = 0; i < c->n_metric_tags && n < cap; i++)
-        n += (size_t)snprintf(buf + n, cap - n, ",_%s=\"%s\"", c->metric_tags[i]->key,
-                              c->metric_tags[i]->value);
+    size_t n = 0;
+    buf[0] = '\0';
+    if (c->n_metric_tags) {
+        const Inference__ModelConfig__MetricTagsEntry **tags =
+            xmalloc(c->n_metric_tags * sizeof *tags);
+        size_t n_tags = 0;
+        for (size_t i = c->n_metric_tags; i-- > 0;) { /* last occurrence first */
+            bool seen = false;
+            for (size_t j = 0; j < n_tags && !seen; j++)
+                seen = strcmp(tags[j]->key, c->metric_tags[i]->key) == 0;
+            if (!seen) tags[n_tags++] = c->metric_tags[i];
+        }
+        qsort(tags, n_tags, sizeof *tags, cmp_tag);
+        for (size_t i = 0; i < n_tags; i++)
+            put_label(buf, cap, &n, "_", tags[i]->key, tags[i]->value);
+        free(tags);
+    }
+    char version[32];
+    snprintf(version, sizeof version, "%lld", (long long)m->version);
+    put_label(buf, cap, &n, "", "model", m->name);
+    if (reason) put_label(buf, cap, &n, "", "reason", reason);
+    put_label(buf, cap, &n, "", "version", version);
 }
 
 static uint64_t family_value(const model_t *m, size_t f)
@@ -207,7 +262,7 @@ static void load_duration_text(FILE *out, const model_t *const *models, size_t n
                   "# TYPE nv_model_load_duration_secs gauge\n",
                   out);
         any = true;
-        labels(lab, sizeof lab, models[i]);
+        labels(lab, sizeof lab, models[i], NULL);
         fprintf(out, "nv_model_load_duration_secs{%s} %.9g\n", lab,
                 (double)models[i]->stats.load_ns / 1e9);
     }
@@ -243,7 +298,7 @@ static void cache_metrics_per_model(FILE *out, const model_t *const *models, siz
             if (!cache_metrics_for(m)) continue;
             const stat_duration_t *d = f < 2 ? &m->stats.cache_hit : &m->stats.cache_miss;
             uint64_t v = f % 2 ? atomic_load(&d->ns) / 1000 : atomic_load(&d->count);
-            labels(lab, sizeof lab, m);
+            labels(lab, sizeof lab, m, NULL);
             fprintf(out, "%s{%s} %llu\n", families[f][0], lab, (unsigned long long)v);
         }
     }
@@ -257,12 +312,13 @@ void stats_metrics_text(FILE *out, const model_t *const *models, size_t n_models
                 families[f].name, families[f].type);
         for (size_t i = 0; i < n_models; i++) {
             const model_t *m = models[i];
-            labels(lab, sizeof lab, m);
+            labels(lab, sizeof lab, m, NULL);
             if (f == 1) {
-                for (int r = 0; r < FAILURE_N; r++)
-                    fprintf(out, "%s{%s,reason=\"%s\"} %llu\n", families[f].name, lab,
-                            failure_names[r],
+                for (int r = 0; r < FAILURE_N; r++) {
+                    labels(lab, sizeof lab, m, failure_names[r]);
+                    fprintf(out, "%s{%s} %llu\n", families[f].name, lab,
                             (unsigned long long)atomic_load(&m->stats.failures[r]));
+                }
             } else if (f == 9) {
                 int64_t p = atomic_load(&m->stats.pending);
                 fprintf(out, "%s{%s} %lld\n", families[f].name, lab, (long long)(p < 0 ? 0 : p));

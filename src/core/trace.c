@@ -272,7 +272,7 @@ static void file_save(trace_file_t *f, const sbuf_t *traces, bool to_index_file)
         char *name = xasprintf("%s.%u", f->name, atomic_fetch_add(&f->index, 1));
         FILE *out = fopen(name, "w");
         if (!out) {
-            LOG_ERROR("trace", "failed creating trace file: %s: %s", name, strerror(errno));
+            LOG_ERROR("failed creating trace file: %s: %s", name, strerror(errno));
         } else {
             fprintf(out, "[%s]", text);
             fclose(out);
@@ -284,7 +284,7 @@ static void file_save(trace_file_t *f, const sbuf_t *traces, bool to_index_file)
     if (f->first_write) {
         f->f = fopen(f->name, "w");
         if (!f->f) {
-            LOG_ERROR("trace", "failed creating trace file: %s: %s", f->name, strerror(errno));
+            LOG_ERROR("failed creating trace file: %s: %s", f->name, strerror(errno));
             pthread_mutex_unlock(&f->lock);
             return;
         }
@@ -689,7 +689,7 @@ nereid_error_t *nereid_tracer_new(const char *const *names, const char *const *v
     if (!err && explicit_off) level = 0;
     if (!err) {
         if (level & TRACE_LEVEL_TENSORS)
-            LOG_WARN("trace", "trace level TENSORS is not supported: tensors are not traced");
+            LOG_WARN("trace level TENSORS is not supported: tensors are not traced");
         t->global_default =
             setting_new(t, level, (uint32_t)rate, count, (uint32_t)log_frequency, file, mode);
         t->global =
@@ -1379,7 +1379,7 @@ nereid_error_t *nereid_server_update_trace_settings(nereid_server_t *server, con
         }
     }
     if (ns.level && (*ns.level & TRACE_LEVEL_TENSORS))
-        LOG_WARN("trace", "trace level TENSORS is not supported: tensors are not traced");
+        LOG_WARN("trace level TENSORS is not supported: tensors are not traced");
     err = update(t, model && model[0] ? model : NULL, &ns);
     if (err) return err;
     return nereid_server_trace_settings(server, model, json_out);

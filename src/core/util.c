@@ -5,6 +5,8 @@
 #include "core/util.h"
 
 #include <errno.h>
+#include <pthread.h>
+#include <stdarg.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -84,32 +86,176 @@ uint64_t util_wall_ms(void)
     return (uint64_t)ts.tv_sec * 1000ull + (uint64_t)ts.tv_nsec / 1000000ull;
 }
 
-void log_msg(char level, const char *module, const char *fmt, ...)
+/* Appends text to a growable buffer. */
+typedef struct log_buf {
+    char *p;
+    size_t len, cap;
+    char small[2048];
+} log_buf_t;
+
+static void lb_put(log_buf_t *b, const char *text, size_t n)
+{
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = 2 * (b->len + n + 1);
+        if (b->p == b->small) {
+            b->p = xmalloc(cap);
+            memcpy(b->p, b->small, b->len);
+        } else {
+            b->p = xrealloc(b->p, cap);
+        }
+        b->cap = cap;
+    }
+    memcpy(b->p + b->len, text, n);
+    b->len += n;
+    b->p[b->len] = '\0';
+}
+
+/* The message as a JSON string (Triton's TritonJson::SerializeString, as
+ * rapidjson writes it): quotes, backslash and control characters escaped,
+ * other bytes as they are. */
+static void lb_put_json_string(log_buf_t *b, const char *msg)
+{
+    lb_put(b, "\"", 1);
+    const char *run = msg;
+    for (const char *p = msg; *p; p++) {
+        unsigned char ch = (unsigned char)*p;
+        if (ch >= 0x20 && ch != '"' && ch != '\\') continue;
+        lb_put(b, run, (size_t)(p - run));
+        char esc[8];
+        switch (ch) {
+        case '"':
+            lb_put(b, "\\\"", 2);
+            break;
+        case '\\':
+            lb_put(b, "\\\\", 2);
+            break;
+        case '\b':
+            lb_put(b, "\\b", 2);
+            break;
+        case '\f':
+            lb_put(b, "\\f", 2);
+            break;
+        case '\n':
+            lb_put(b, "\\n", 2);
+            break;
+        case '\r':
+            lb_put(b, "\\r", 2);
+            break;
+        case '\t':
+            lb_put(b, "\\t", 2);
+            break;
+        default:
+            snprintf(esc, sizeof esc, "\\u%04X", ch);
+            lb_put(b, esc, 6);
+        }
+        run = p + 1;
+    }
+    lb_put(b, run, strlen(run));
+    lb_put(b, "\"", 1);
+}
+
+static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
+static FILE *log_file;      /* --log-file, or NULL: stderr */
+static char *log_file_name; /* "" when none */
+static int log_escape = -1; /* TRITON_SERVER_ESCAPE_LOG_MESSAGES; -1 = not read yet */
+
+nereid_error_t *log_open_file(const char *path)
+{
+    FILE *f = fopen(path, "a");
+    if (!f)
+        return nereid_error_new(NEREID_ERROR_INVALID_ARG, "failed to open log file '%s': %s", path,
+                                strerror(errno));
+    pthread_mutex_lock(&log_lock);
+    if (log_file) fclose(log_file);
+    log_file = f;
+    free(log_file_name);
+    log_file_name = xstrdup(path);
+    pthread_mutex_unlock(&log_lock);
+    return NULL;
+}
+
+const char *log_file_path(void)
+{
+    return log_file_name ? log_file_name : "";
+}
+
+void log_write(char level, const char *file, int line, const char *heading, const char *msg)
 {
     if ((level == 'I' && !log_info_enabled) || (level == 'W' && !log_warning_enabled) ||
         (level == 'E' && !log_error_enabled))
         return;
+    if (level == 'V') level = 'I'; /* Triton prints verbose records as INFO */
+    const char *base = strrchr(file, '/');
+    base = base ? base + 1 : file;
     struct timeval tv;
     struct tm tm;
-    char line[2048];
     gettimeofday(&tv, NULL);
-    int n;
-    if (atomic_load_explicit(&log_format_iso8601, memory_order_relaxed)) {
-        gmtime_r(&tv.tv_sec, &tm);
-        n = snprintf(line, sizeof line, "%04d-%02d-%02dT%02d:%02d:%02dZ %c %d %s] ",
-                     tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
-                     level, (int)getpid(), module);
-    } else {
-        localtime_r(&tv.tv_sec, &tm);
-        n = snprintf(line, sizeof line, "%c%02d%02d %02d:%02d:%02d.%06ld %d %s] ", level,
-                     tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, (long)tv.tv_usec,
-                     (int)getpid(), module);
+    gmtime_r(&tv.tv_sec, &tm);
+    char pre[256];
+    if (atomic_load_explicit(&log_format_iso8601, memory_order_relaxed))
+        snprintf(pre, sizeof pre, "%04d-%02d-%02dT%02d:%02d:%02dZ %c %d %s:%d] ", tm.tm_year + 1900,
+                 tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, level, (int)getpid(),
+                 base, line);
+    else
+        snprintf(pre, sizeof pre, "%c%02d%02d %02d:%02d:%02d.%06ld %d %s:%d] ", level,
+                 tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, (long)tv.tv_usec,
+                 (int)getpid(), base, line);
+    log_buf_t b;
+    b.p = b.small;
+    b.len = 0;
+    b.cap = sizeof b.small;
+    lb_put(&b, pre, strlen(pre));
+    pthread_mutex_lock(&log_lock);
+    if (log_escape < 0) {
+        const char *v = getenv("TRITON_SERVER_ESCAPE_LOG_MESSAGES");
+        log_escape = !(v && strcmp(v, "0") == 0);
     }
+    bool escape = log_escape;
+    pthread_mutex_unlock(&log_lock);
+    if (heading) { /* a heading line, then the object (table, config) as it is */
+        if (escape)
+            lb_put_json_string(&b, heading);
+        else
+            lb_put(&b, heading, strlen(heading));
+        lb_put(&b, "\n", 1);
+        lb_put(&b, msg, strlen(msg));
+    } else if (escape) {
+        lb_put_json_string(&b, msg);
+    } else {
+        lb_put(&b, msg, strlen(msg));
+    }
+    lb_put(&b, "\n", 1);
+    pthread_mutex_lock(&log_lock);
+    /* Triton: everything to the log file, else INFO on stdout, WARNING and
+     * ERROR on stderr. */
+    FILE *out = log_file ? log_file : level == 'I' ? stdout : stderr;
+    fwrite(b.p, 1, b.len, out);
+    fflush(out);
+    pthread_mutex_unlock(&log_lock);
+    if (b.p != b.small) free(b.p);
+}
+
+void log_msg(char level, const char *file, int line, const char *fmt, ...)
+{
+    if ((level == 'I' && !log_info_enabled) || (level == 'W' && !log_warning_enabled) ||
+        (level == 'E' && !log_error_enabled))
+        return;
+    char small[1024];
     va_list ap;
     va_start(ap, fmt);
-    if (n > 0 && (size_t)n < sizeof line) vsnprintf(line + n, sizeof line - (size_t)n, fmt, ap);
+    int n = vsnprintf(small, sizeof small, fmt, ap);
     va_end(ap);
-    fprintf(stderr, "%s\n", line);
+    if (n < 0) return;
+    if ((size_t)n < sizeof small) {
+        log_write(level, file, line, NULL, small);
+        return;
+    }
+    char *big = xmalloc((size_t)n + 1);
+    va_start(ap, fmt);
+    vsnprintf(big, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    log_write(level, file, line, NULL, big);
+    free(big);
 }
 
 /* ---- Files a model configuration names ---- */

@@ -81,15 +81,28 @@ nereid_error_t *util_read_tensor_file(const char *root, const char *folder, cons
 extern _Atomic int log_verbose_level;
 extern _Atomic bool log_info_enabled, log_warning_enabled, log_error_enabled;
 extern _Atomic int log_format_iso8601; /* 0 = Triton default format */
-/* Triton-style log lines on stderr: "I1122 00:00:00.000000 <pid> <module>] msg". */
-void log_msg(char level, const char *module, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-#define LOG_INFO(mod, ...) log_msg('I', mod, __VA_ARGS__)
-#define LOG_WARN(mod, ...) log_msg('W', mod, __VA_ARGS__)
-#define LOG_ERROR(mod, ...) log_msg('E', mod, __VA_ARGS__)
-#define LOG_VERBOSE(mod, ...)                                                                      \
+/* Triton's log records, on stderr or in the --log-file:
+ * "I1122 00:00:00.000000 <pid> <file>:<line>] msg" (UTC; or ISO8601's
+ * "2026-11-22T00:00:00Z I <pid> <file>:<line>] msg"). The message is written
+ * as a JSON string (escaped, so client text can not forge a record) unless
+ * TRITON_SERVER_ESCAPE_LOG_MESSAGES=0, as Triton does. level: 'I', 'W', 'E',
+ * or 'V' (verbose: printed as 'I', whatever --log-info says). Any thread. */
+void log_msg(char level, const char *file, int line, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* One record of a finished message; with a heading, the heading is the
+ * (escaped) first line and msg follows unescaped on the next lines (Triton's
+ * tables and config dumps). */
+void log_write(char level, const char *file, int line, const char *heading, const char *msg);
+/* Sends every later record to path (appended; Triton's --log-file). */
+nereid_error_t *log_open_file(const char *path);
+/* The --log-file path, "" when records go to stderr. */
+const char *log_file_path(void);
+#define LOG_INFO(...) log_msg('I', __FILE__, __LINE__, __VA_ARGS__)
+#define LOG_WARN(...) log_msg('W', __FILE__, __LINE__, __VA_ARGS__)
+#define LOG_ERROR(...) log_msg('E', __FILE__, __LINE__, __VA_ARGS__)
+#define LOG_VERBOSE(...)                                                                           \
     do {                                                                                           \
-        if (log_verbose_level > 0) log_msg('V', mod, __VA_ARGS__);                                 \
+        if (log_verbose_level > 0) log_msg('V', __FILE__, __LINE__, __VA_ARGS__);                  \
     } while (0)
 
 #endif

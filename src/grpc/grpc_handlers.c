@@ -134,18 +134,15 @@ void gfe_model_ready(gfe_unary_call_t *c, const uint8_t *data, size_t len)
     bool ready = false;
     nereid_error_t *err = infer_codec_version(req->version, &version);
     if (err == NULL) err = nereid_server_model_is_ready(c->fe->server, req->name, version, &ready);
-    /* A version the model does not have is not ready (Triton's
-     * L0_server_status expects ready=false over gRPC as over HTTP); an
-     * unknown model stays an error. */
-    if (err != NULL && version > 0 && nereid_error_code(err) == NEREID_ERROR_NOT_FOUND) {
-        bool any;
-        nereid_error_t *model_err =
-            nereid_server_model_is_ready(c->fe->server, req->name, -1, &any);
-        if (model_err == NULL) {
-            nereid_error_free(err);
-            err = NULL;
-        }
-        nereid_error_free(model_err);
+    /* Triton's QA (L0_lifecycle, L0_server_status, the model-control
+     * examples) expects an unknown, unloaded or missing version to be
+     * "not ready" with no error, as over HTTP: its ModelIsReady ignored the
+     * lookup's failure until core #502. */
+    if (err != NULL && (nereid_error_code(err) == NEREID_ERROR_NOT_FOUND ||
+                        nereid_error_code(err) == NEREID_ERROR_UNAVAILABLE)) {
+        nereid_error_free(err);
+        err = NULL;
+        ready = false;
     }
     inference__model_ready_request__free_unpacked(req, NULL);
     r.ready = err == NULL && ready;
@@ -789,7 +786,7 @@ void gfe_log_settings(gfe_unary_call_t *c, const uint8_t *data, size_t len)
     }
     vals[0].parameter_choice_case =
         INFERENCE__LOG_SETTINGS_RESPONSE__SETTING_VALUE__PARAMETER_CHOICE_STRING_PARAM;
-    vals[0].string_param = (char *)"";
+    vals[0].string_param = (char *)ls.log_file;
     bool b[3] = {ls.log_info, ls.log_warning, ls.log_error};
     for (int i = 0; i < 3; i++) {
         vals[1 + i].parameter_choice_case =

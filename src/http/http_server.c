@@ -593,8 +593,8 @@ static enum MHD_Result reply_log_settings(http_conn_t *c)
 {
     nereid_log_settings_t ls;
     nereid_server_log_settings(c->srv->core, &ls);
-    json_t *doc = json_pack("{s:s,s:b,s:b,s:b,s:I,s:s}", "log_file", "", "log_info", ls.log_info,
-                            "log_warning", ls.log_warning, "log_error", ls.log_error,
+    json_t *doc = json_pack("{s:s,s:b,s:b,s:b,s:I,s:s}", "log_file", ls.log_file, "log_info",
+                            ls.log_info, "log_warning", ls.log_warning, "log_error", ls.log_error,
                             "log_verbose_level", (json_int_t)ls.log_verbose_level, "log_format",
                             nereid_log_format_name(ls.log_format));
     char *json = doc ? json_dumps(doc, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
@@ -1089,6 +1089,16 @@ static nereid_error_t *infer_submit(http_conn_t *c, bool *done)
     return NULL;
 }
 
+/* Triton's verbose "[request id: <id>] Infer failed: <message>" record. */
+static void log_infer_failed(http_conn_t *c, const char *message)
+{
+    const char *id = c->parsed.id && *c->parsed.id ? c->parsed.id : "<id_unknown>";
+    char *msg = NULL;
+    if (asprintf(&msg, "[request id: %s] Infer failed: %s", id, message) < 0) return;
+    nereid_log_message(NEREID_LOG_VERBOSE, __FILE__, __LINE__, msg);
+    free(msg);
+}
+
 static enum MHD_Result infer_reply(http_conn_t *c)
 {
     nereid_response_t *resp = atomic_exchange(&c->response, NULL);
@@ -1096,6 +1106,7 @@ static enum MHD_Result infer_reply(http_conn_t *c)
     if (c->trace) nereid_trace_timestamp(c->trace, "HTTP_SEND_START", nereid_trace_now_ns());
     const nereid_error_t *rerr = nereid_response_error(resp);
     if (rerr) {
+        log_infer_failed(c, nereid_error_message(rerr));
         enum MHD_Result ret = http_queue_error(
             c->mhd, http_status_from_code(nereid_error_code(rerr)), nereid_error_message(rerr));
         nereid_response_free(resp);
@@ -1189,7 +1200,10 @@ static enum MHD_Result handle_infer(http_conn_t *c)
                                "HTTP end point doesn't support models with decoupled transaction "
                                "policy");
     if (!err) err = infer_submit(c, &done);
-    if (err) return http_queue_nereid_error(c->mhd, err);
+    if (err) {
+        log_infer_failed(c, nereid_error_message(err));
+        return http_queue_nereid_error(c->mhd, err);
+    }
     c->submitted = true;
     return done ? infer_reply(c) : MHD_YES;
 }

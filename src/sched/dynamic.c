@@ -1,6 +1,8 @@
 /*
  * This file contains the dynamic batcher (config `dynamic_batching`): one
- * FIFO per priority level shared by all of the model's instances. A free
+ * FIFO per priority level shared by all of the model's instances (a level
+ * exists while it has a policy of its own or queued requests, as in Triton's
+ * PriorityQueue, so priority_levels may be any uint64). A free
  * instance takes the "forming" slot and builds the next batch from the head
  * of the queues (level 1 first) by Triton's rule (plan_batch): the largest
  * preferred batch size that the queued requests can make, else everything
@@ -38,6 +40,8 @@ typedef struct dyn_queue {
 } dyn_queue_t;
 
 typedef struct dyn_level {
+    uint64_t priority;       /* 1..priority_levels; 0 when priority_levels is 0 */
+    bool permanent;          /* a policy of its own (or the only level): never removed */
     dyn_queue_t queue;       /* requests within their timeout, FIFO */
     dyn_queue_t delayed;     /* timed-out requests under timeout_action DELAY */
     size_t n_queued;         /* both queues */
@@ -52,10 +56,12 @@ typedef struct dynamic_batcher {
     pthread_mutex_t lock;
     pthread_cond_t work_cond; /* the forming instance: a request arrived, stop */
     pthread_cond_t slot_cond; /* free instances: the forming slot was released */
-    dyn_level_t *levels;      /* index 0 = priority level 1 */
-    size_t n_levels;
-    size_t default_level; /* index */
-    size_t n_queued;      /* all levels */
+    dyn_level_t *levels; /* by priority, ascending: the permanent levels and any with requests */
+    size_t n_levels, cap_levels;
+    uint64_t priority_levels;   /* config; 0 = one level */
+    uint64_t default_priority;  /* level of priority 0 and out-of-range priorities */
+    dyn_level_t default_policy; /* policy fields for levels created on demand */
+    size_t n_queued;            /* all levels */
     int64_t max_batch_size;
     int32_t *preferred; /* preferred batch sizes within [1, max_batch_size] */
     size_t n_preferred;
@@ -113,10 +119,52 @@ static const char *req_id(const nereid_request_t *req)
 }
 
 /* Priority 0, or above priority_levels, uses default_priority_level. */
-static size_t pick_level(const dynamic_batcher_t *d, uint64_t priority)
+static uint64_t pick_priority(const dynamic_batcher_t *d, uint64_t priority)
 {
-    if (priority == 0 || priority > d->n_levels) return d->default_level;
-    return (size_t)(priority - 1);
+    if (d->priority_levels == 0) return 0;
+    if (priority == 0 || priority > d->priority_levels) return d->default_priority;
+    return priority;
+}
+
+/* Index of the first level whose priority is >= priority (lock held). */
+static size_t level_index(const dynamic_batcher_t *d, uint64_t priority)
+{
+    size_t lo = 0, hi = d->n_levels;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (d->levels[mid].priority < priority)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* The level of a priority, created with the default policy when absent
+ * (lock held). The pointer is valid until the next level is created. */
+static dyn_level_t *level_get(dynamic_batcher_t *d, uint64_t priority)
+{
+    size_t i = level_index(d, priority);
+    if (i < d->n_levels && d->levels[i].priority == priority) return &d->levels[i];
+    if (d->n_levels == d->cap_levels) {
+        d->cap_levels = d->cap_levels ? 2 * d->cap_levels : 4;
+        d->levels = xrealloc(d->levels, d->cap_levels * sizeof *d->levels);
+    }
+    memmove(&d->levels[i + 1], &d->levels[i], (d->n_levels - i) * sizeof *d->levels);
+    d->n_levels++;
+    d->levels[i] = d->default_policy;
+    d->levels[i].priority = priority;
+    return &d->levels[i];
+}
+
+/* Drops the empty levels that have no policy of their own (lock held), so
+ * the levels kept are bounded by the policies and the queued requests. */
+static void prune_levels(dynamic_batcher_t *d)
+{
+    size_t kept = 0;
+    for (size_t l = 0; l < d->n_levels; l++)
+        if (d->levels[l].permanent || d->levels[l].n_queued) d->levels[kept++] = d->levels[l];
+    d->n_levels = kept;
 }
 
 /* The request's queue timeout: the level's default, shortened (never
@@ -137,7 +185,7 @@ static nereid_error_t *dynamic_enqueue(scheduler_t *s, nereid_request_t *req)
         pthread_mutex_unlock(&d->lock);
         return nereid_error_new(NEREID_ERROR_UNAVAILABLE, "Server not ready");
     }
-    dyn_level_t *lv = &d->levels[pick_level(d, req->priority)];
+    dyn_level_t *lv = level_get(d, pick_priority(d, req->priority));
     if (lv->max_queue_size && lv->n_queued >= lv->max_queue_size) {
         pthread_mutex_unlock(&d->lock);
         return nereid_error_new(NEREID_ERROR_UNAVAILABLE,
@@ -192,6 +240,7 @@ static uint64_t expire_timeouts(dynamic_batcher_t *d, uint64_t now, dyn_queue_t 
             }
         }
     }
+    if (rejected->head) prune_levels(d);
     return next;
 }
 
@@ -227,6 +276,7 @@ static void take_cancelled(dynamic_batcher_t *d, dyn_queue_t *cancelled)
         d->n_queued -= n;
         atomic_fetch_sub(&d->base.model->stats.pending, (int64_t)n);
     }
+    if (cancelled->head) prune_levels(d);
 }
 
 static void finish_cancelled(dyn_queue_t *cancelled)
@@ -350,6 +400,7 @@ static void take_batch(dynamic_batcher_t *d, size_t n, batch_t *batch)
             }
         }
     }
+    prune_levels(d);
     if (d->preserve_ordering) pthread_mutex_unlock(&d->order_lock);
 }
 
@@ -585,18 +636,23 @@ nereid_error_t *dynamic_batcher_create(model_t *m, const sched_core_t *core, sch
         int32_t size = db->preferred_batch_size[i];
         if (size >= 1 && size <= d->max_batch_size) d->preferred[d->n_preferred++] = size;
     }
-    /* priority_levels 0: one queue under default_queue_policy. */
-    d->n_levels = db->priority_levels ? (size_t)db->priority_levels : 1;
-    d->levels = xcalloc(d->n_levels, sizeof *d->levels);
-    d->default_level = db->default_priority_level >= 1 && db->default_priority_level <= d->n_levels
-                           ? (size_t)db->default_priority_level - 1
-                           : d->n_levels - 1;
-    for (size_t l = 0; l < d->n_levels; l++)
-        set_policy(&d->levels[l], db->default_queue_policy);
-    for (size_t i = 0; i < db->n_priority_queue_policy; i++) {
+    /* priority_levels 0: one queue under default_queue_policy; otherwise a
+     * level per priority policy, the others created as requests come. */
+    d->priority_levels = db->priority_levels;
+    d->default_priority =
+        db->default_priority_level >= 1 && db->default_priority_level <= db->priority_levels
+            ? db->default_priority_level
+            : db->priority_levels;
+    set_policy(&d->default_policy, db->default_queue_policy);
+    bool timeouts = d->default_policy.timeout_us != 0;
+    if (d->priority_levels == 0) level_get(d, 0)->permanent = true;
+    for (size_t i = 0; d->priority_levels && i < db->n_priority_queue_policy; i++) {
         uint64_t key = db->priority_queue_policy[i]->key;
-        if (db->priority_levels && key >= 1 && key <= d->n_levels)
-            set_policy(&d->levels[key - 1], db->priority_queue_policy[i]->value);
+        if (key < 1 || key > d->priority_levels) continue; /* refused by validation */
+        dyn_level_t *lv = level_get(d, key);
+        set_policy(lv, db->priority_queue_policy[i]->value);
+        lv->permanent = true;
+        timeouts |= lv->timeout_us != 0;
     }
     for (size_t i = 0; i < m->config->n_input; i++) {
         if (!m->config->input[i]->allow_ragged_batch) continue;
@@ -613,9 +669,6 @@ nereid_error_t *dynamic_batcher_create(model_t *m, const sched_core_t *core, sch
     pthread_cond_init(&d->slot_cond, &attr);
     pthread_cond_init(&d->reaper_cond, &attr);
     pthread_condattr_destroy(&attr);
-    bool timeouts = false;
-    for (size_t l = 0; l < d->n_levels; l++)
-        timeouts |= d->levels[l].timeout_us != 0;
     if (timeouts) {
         if (pthread_create(&d->reaper, NULL, reaper_main, d) != 0) {
             dynamic_destroy(&d->base);

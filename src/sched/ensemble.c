@@ -13,7 +13,14 @@
  *
  * The first failing step fails the request with its message (steps already
  * running finish first, because they read the request's memory).
+ *
+ * ensemble_scheduling.max_inflight_requests = N bounds, per step, the step
+ * requests in flight across all of the ensemble's requests (Triton's
+ * StepInflightRequestLimiter). Triton blocks the submitting thread; here a
+ * step over the limit waits in the step's FIFO and is submitted when a
+ * request of that step completes (no thread ever waits).
  */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,8 +60,23 @@ typedef struct ens_step {
     size_t n_out;
 } ens_step_t;
 
+/* A step submission waiting for room under max_inflight_requests. */
+typedef struct ens_pending {
+    struct ens_ctx *ctx;
+    size_t step;
+    struct ens_pending *next;
+} ens_pending_t;
+
+typedef struct ens_limit {
+    pthread_mutex_t lock;
+    uint32_t inflight; /* step requests submitted and not completed, <= max */
+    ens_pending_t *head, *tail;
+} ens_limit_t;
+
 typedef struct ensemble_scheduler {
     scheduler_t base;
+    uint32_t max_inflight; /* max_inflight_requests; 0 = no limit */
+    ens_limit_t *limits;   /* per step when max_inflight > 0, else NULL */
     ens_tensor_t *tensors;
     size_t n_tensors;
     ens_step_t *steps;
@@ -66,6 +88,8 @@ typedef struct ensemble_scheduler {
 
 typedef struct ens_value {
     bool ready;
+    bool absent;        /* an optional ensemble input the request lacks, or an output
+                           a step did not produce: its readers run without it */
     int64_t batch_size; /* of the request that produced it; 0: not batching */
     nereid_datatype_t datatype;
     int64_t shape[NEREID_MAX_RANK];
@@ -88,6 +112,7 @@ struct ens_ctx {
     pthread_mutex_t lock;
     ens_value_t *values;
     size_t *waiting; /* per step: inputs not yet available */
+    bool *needed;    /* per step: writes a tensor the response needs (else never run) */
     ens_call_t *calls;
     size_t inflight; /* steps submitted and not completed, plus launch guards */
     nereid_error_t *error;
@@ -182,6 +207,7 @@ static void ctx_free(ens_ctx_t *c)
     free(c->held);
     free(c->values);
     free(c->waiting);
+    free(c->needed);
     free(c->calls);
     nereid_error_free(c->error);
     pthread_mutex_destroy(&c->lock);
@@ -208,17 +234,25 @@ static void ctx_finish(ens_ctx_t *c)
     nereid_error_t *err = c->error;
     c->error = NULL;
     if (!err) {
-        size_t n = request_output_count(req);
-        for (size_t i = 0; i < n && !err; i++) {
+        for (size_t i = 0; i < request_output_count(req) && !err;) {
             resp_output_t *o = request_output_at(req, i);
-            if (request_output_filled(o)) continue;
+            if (request_output_filled(o)) {
+                i++;
+                continue;
+            }
             size_t t = find_tensor(c->e, o->name);
-            if (t != (size_t)-1 && c->values[t].ready)
+            if (t != (size_t)-1 && c->values[t].ready) {
                 err = fill_slot_copy(req, o, &c->values[t]);
-            else
+                i++;
+            } else if (t != (size_t)-1 && c->values[t].absent && !request_output_allocated(o)) {
+                LOG_VERBOSE("Composing models did not output tensor %s", o->name);
+                request_drop_output(req, i);
+            } else {
                 err = nereid_error_new(NEREID_ERROR_INTERNAL, "output '%s' was not produced",
                                        o->name);
+            }
         }
+        size_t n = request_output_count(req);
         for (size_t i = 0; i < n && !err; i++) {
             resp_output_t *o = request_output_at(req, i);
             size_t t = find_tensor(c->e, o->name);
@@ -242,13 +276,16 @@ static void ctx_finish(ens_ctx_t *c)
     }
     /* One execution with the steps' summed queue and compute durations. */
     if (!err) request_record_stats(req, &c->agg);
-    request_finish(req, err, FAILURE_BACKEND);
+    /* Triton counts every failed ensemble request under reason OTHER (its
+     * L0_model_queue test_policy_reject: a step rejected by its queue). */
+    request_finish(req, err, FAILURE_OTHER);
     /* The response took the ensemble's reference and may be freed already:
      * from here on only c itself (no c->e, no m) is touched. */
     ctx_free(c);
 }
 
 static void launch(ens_ctx_t *c, size_t step);
+static void step_slot_free(ensemble_t *e, size_t step);
 
 /* Drops one in-flight count; launches steps that became ready. */
 static void ctx_release(ens_ctx_t *c, size_t *ready, size_t n_ready)
@@ -267,7 +304,7 @@ static void publish(ens_ctx_t *c, size_t t, size_t *ready, size_t *n_ready)
     ens_tensor_t *tensor = &c->e->tensors[t];
     for (size_t k = 0; k < tensor->n_consumers; k++) {
         size_t s = tensor->consumers[k];
-        if (--c->waiting[s] == 0 && !c->error) {
+        if (--c->waiting[s] == 0 && !c->error && c->needed[s]) {
             ready[(*n_ready)++] = s;
             c->inflight++;
         }
@@ -349,12 +386,11 @@ static void step_done(nereid_response_t *resp, void *userp)
                 memcpy(v->shape, shape, v->rank * sizeof *shape);
             }
             if (!found) {
-                fail_locked(c, nereid_error_new(NEREID_ERROR_INTERNAL,
-                                                "in ensemble '%s', step model '%s' did not "
-                                                "produce output '%s'",
-                                                c->req->model->name, st->model,
-                                                st->out[i].model_name));
-                break;
+                /* Triton: a placeholder that lets readers with an optional
+                 * input run; a requested ensemble output is left out. */
+                v->absent = true;
+                publish(c, t, ready, &n_ready);
+                continue;
             }
             /* A routed ensemble output is now filled in the client response. */
             resp_output_t *o = request_find_output(c->req, c->e->tensors[t].name);
@@ -365,6 +401,9 @@ static void step_done(nereid_response_t *resp, void *userp)
         }
     }
     pthread_mutex_unlock(&c->lock);
+    /* c->e stays valid: the ensemble request (and so its model) lives until
+     * ctx_release below drops the last in-flight count. */
+    step_slot_free(c->e, call->step);
     ctx_release(c, ready, n_ready);
     free(ready);
 }
@@ -392,8 +431,84 @@ static void copy_params(nereid_request_t *dst, const nereid_request_t *src)
     }
 }
 
-/* Submits one step (its in-flight count was taken by the caller). */
+static void submit_step(ens_ctx_t *c, size_t step);
+
+/* Launches queued step submissions on this thread one after another, so a
+ * completion that runs inline inside a submission (and frees a slot that a
+ * pending step takes) does not nest another submission in its stack. */
+static _Thread_local struct {
+    ens_pending_t *head, *tail;
+    bool active;
+} trampoline;
+
+static void launch_pending(ens_pending_t *p)
+{
+    p->next = NULL;
+    if (trampoline.tail)
+        trampoline.tail->next = p;
+    else
+        trampoline.head = p;
+    trampoline.tail = p;
+    if (trampoline.active) return;
+    trampoline.active = true;
+    ens_pending_t *n;
+    while ((n = trampoline.head)) {
+        trampoline.head = n->next;
+        if (!trampoline.head) trampoline.tail = NULL;
+        ens_ctx_t *c = n->ctx;
+        size_t step = n->step;
+        free(n);
+        submit_step(c, step);
+    }
+    trampoline.active = false;
+}
+
+/* Submits one step now or, at the step's max_inflight_requests, queues it
+ * (its in-flight count was taken by the caller either way). */
 static void launch(ens_ctx_t *c, size_t step)
+{
+    ensemble_t *e = c->e;
+    if (e->limits) {
+        ens_limit_t *l = &e->limits[step];
+        pthread_mutex_lock(&l->lock);
+        if (l->inflight >= e->max_inflight) {
+            ens_pending_t *p = xcalloc(1, sizeof *p);
+            p->ctx = c;
+            p->step = step;
+            if (l->tail)
+                l->tail->next = p;
+            else
+                l->head = p;
+            l->tail = p;
+            pthread_mutex_unlock(&l->lock);
+            return;
+        }
+        l->inflight++;
+        pthread_mutex_unlock(&l->lock);
+    }
+    submit_step(c, step);
+}
+
+/* A step request of this step completed (or was never submitted): its slot
+ * goes to the oldest waiting submission, if any. */
+static void step_slot_free(ensemble_t *e, size_t step)
+{
+    if (!e->limits) return;
+    ens_limit_t *l = &e->limits[step];
+    pthread_mutex_lock(&l->lock);
+    ens_pending_t *p = l->head;
+    if (p) {
+        l->head = p->next;
+        if (!l->head) l->tail = NULL;
+    } else {
+        l->inflight--;
+    }
+    pthread_mutex_unlock(&l->lock);
+    if (p) launch_pending(p);
+}
+
+/* Submits one step (its in-flight count and limit slot were taken). */
+static void submit_step(ens_ctx_t *c, size_t step)
 {
     ens_step_t *st = &c->e->steps[step];
     nereid_request_t *src = c->req;
@@ -409,6 +524,7 @@ static void launch(ens_ctx_t *c, size_t step)
     c->calls[step].batch_size = 0;
     for (size_t i = 0; !err && i < st->n_in; i++) {
         const ens_value_t *v = &c->values[st->in[i].tensor];
+        if (v->absent) continue; /* the step's model decides whether it may be missing */
         int64_t shape[NEREID_MAX_RANK];
         size_t rank;
         convert_dims(st->in[i].dims, st->in[i].rank, st->batching, v->batch_size, v->shape, v->rank,
@@ -443,8 +559,37 @@ static void launch(ens_ctx_t *c, size_t step)
         pthread_mutex_lock(&c->lock);
         fail_locked(c, err);
         pthread_mutex_unlock(&c->lock);
+        step_slot_free(c->e, step);
         ctx_release(c, NULL, 0);
     }
+}
+
+/* Marks the steps the response needs (Triton prunes the others): those
+ * writing a requested ensemble output, then, transitively, those writing a
+ * tensor a needed step reads. */
+static void mark_needed(ens_ctx_t *c)
+{
+    ensemble_t *e = c->e;
+    bool *tensor_needed = xcalloc(e->n_tensors ? e->n_tensors : 1, sizeof *tensor_needed);
+    size_t n = request_output_count(c->req);
+    for (size_t i = 0; i < n; i++) {
+        size_t t = find_tensor(e, request_output_at(c->req, i)->name);
+        if (t != (size_t)-1) tensor_needed[t] = true;
+    }
+    for (bool changed = true; changed;) {
+        changed = false;
+        for (size_t s = 0; s < e->n_steps; s++) {
+            if (c->needed[s]) continue;
+            const ens_step_t *st = &e->steps[s];
+            for (size_t k = 0; k < st->n_out && !c->needed[s]; k++)
+                c->needed[s] = tensor_needed[st->out[k].tensor];
+            if (!c->needed[s]) continue;
+            changed = true;
+            for (size_t k = 0; k < st->n_in; k++)
+                tensor_needed[st->in[k].tensor] = true;
+        }
+    }
+    free(tensor_needed);
 }
 
 /* ---- Scheduler ops ---- */
@@ -461,6 +606,8 @@ static nereid_error_t *ensemble_enqueue(scheduler_t *s, nereid_request_t *req)
     c->values = xcalloc(e->n_tensors ? e->n_tensors : 1, sizeof *c->values);
     c->waiting = xcalloc(e->n_steps ? e->n_steps : 1, sizeof *c->waiting);
     c->calls = xcalloc(e->n_steps ? e->n_steps : 1, sizeof *c->calls);
+    c->needed = xcalloc(e->n_steps ? e->n_steps : 1, sizeof *c->needed);
+    mark_needed(c);
     for (size_t i = 0; i < e->n_steps; i++) {
         c->calls[i].ctx = c;
         c->calls[i].step = i;
@@ -495,6 +642,17 @@ static nereid_error_t *ensemble_enqueue(scheduler_t *s, nereid_request_t *req)
         v->ready = true;
         publish(c, t, ready, &n_ready);
     }
+    /* Optional ensemble inputs the request lacks: their readers run
+     * without them (Triton's L0_optional_input). */
+    const model_t *em = e->base.model;
+    for (size_t i = 0; i < em->config->n_input; i++) {
+        const char *name = em->config->input[i]->name;
+        if (request_find_input(req, name)) continue;
+        size_t t = find_tensor(e, name);
+        if (t == (size_t)-1 || c->values[t].ready || c->values[t].absent) continue;
+        c->values[t].absent = true;
+        publish(c, t, ready, &n_ready);
+    }
     /* Steps without inputs (none in a valid config) would never start. */
     pthread_mutex_unlock(&c->lock);
     ctx_release(c, ready, n_ready);
@@ -526,6 +684,9 @@ static void ensemble_destroy(scheduler_t *s)
         free(st->out);
     }
     free(e->steps);
+    for (size_t i = 0; e->limits && i < e->n_steps; i++) /* no request left: queues empty */
+        pthread_mutex_destroy(&e->limits[i].lock);
+    free(e->limits);
     free(e);
 }
 
@@ -924,6 +1085,12 @@ nereid_error_t *ensemble_scheduler_create(model_t *m, const sched_core_t *core, 
             t->consumers = xrealloc(t->consumers, (t->n_consumers + 1) * sizeof *t->consumers);
             t->consumers[t->n_consumers++] = s;
         }
+    e->max_inflight = es->max_inflight_requests;
+    if (e->max_inflight) {
+        e->limits = xcalloc(e->n_steps, sizeof *e->limits);
+        for (size_t i = 0; i < e->n_steps; i++)
+            pthread_mutex_init(&e->limits[i].lock, NULL);
+    }
     nereid_error_t *err = validate(e, m);
     if (err) {
         ensemble_destroy(&e->base);

@@ -38,7 +38,7 @@ size_t scheduler_env_count(const char *nereid_name, const char *triton_name)
     errno = 0;
     unsigned long long n = strtoull(v, &end, 10);
     if (errno || *end || v[0] == '-') {
-        LOG_WARN("scheduler", "ignoring %s='%s' (not a count)", name, v);
+        LOG_WARN("ignoring %s='%s' (not a count)", name, v);
         return 0;
     }
     return (size_t)n;

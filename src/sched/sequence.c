@@ -396,8 +396,7 @@ static nereid_error_t *seq_enqueue(scheduler_t *base, nereid_request_t *req)
     } else if (req->seq_start) {
         char idbuf[160];
         format_id(idbuf, sizeof idbuf, sid, req->corr_id);
-        LOG_WARN("sequence",
-                 "sequence %s for model '%s' has a conflict. The previous sequence did not end "
+        LOG_WARN("sequence %s for model '%s' has a conflict. The previous sequence did not end "
                  "before this sequence start. Previous sequence will be terminated early.",
                  idbuf, m->name);
     }
@@ -958,7 +957,7 @@ static void *reaper_main(void *arg)
                 } else {
                     char idbuf[160];
                     format_id(idbuf, sizeof idbuf, s->sid, s->id);
-                    LOG_VERBOSE("sequence", "sequence %s for model '%s' idle, aborted", idbuf,
+                    LOG_VERBOSE("sequence %s for model '%s' idle, aborted", idbuf,
                                 q->base.model->name);
                     seq_unhash(q, s);
                     if (!s->qhead && !s->in_flight)

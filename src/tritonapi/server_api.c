@@ -290,13 +290,11 @@ bool TRITONSERVER_LogIsEnabled(TRITONSERVER_LogLevel level)
 TRITONSERVER_Error *TRITONSERVER_LogMessage(TRITONSERVER_LogLevel level, const char *filename,
                                             const int line, const char *msg)
 {
-    static const char letters[] = {'I', 'W', 'E', 'V'};
     if ((unsigned)level > TRITONSERVER_LOG_VERBOSE)
         return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INVALID_ARG, "unknown log level");
+    /* TRITONSERVER_LOG_INFO..VERBOSE are NEREID_LOG_INFO..VERBOSE */
     const char *base = filename ? strrchr(filename, '/') : NULL;
-    char module[256];
-    snprintf(module, sizeof module, "%s:%d", base ? base + 1 : filename ? filename : "", line);
-    nereid_log_message(letters[level], module, msg);
+    nereid_log_message((nereid_log_level_t)level, base ? base + 1 : filename, line, msg);
     return NULL;
 }
 

@@ -58,7 +58,7 @@ def cancelled_responses(s):
 
 def canceled_failures(s):
     text = requests.get(f"{s.metrics_url}/metrics", timeout=10).text
-    key = 'nv_inference_request_failure{model="slow",version="1",reason="CANCELED"}'
+    key = 'nv_inference_request_failure{model="slow",reason="CANCELED",version="1"}'
     for line in text.splitlines():
         if line.startswith(key):
             return int(float(line.split()[-1]))

@@ -47,6 +47,49 @@ def test_missing_repository_fails_startup(tmp_path):
     assert r.returncode == 1 and "failed to open model repository" in r.stderr
 
 
+def test_missing_repository_without_exit_on_error_stays_up(nereid_server, tmp_path):
+    """Triton (L0_lifecycle test_parse_error_noexit): the server keeps serving
+    health and metadata, neither live nor ready, whatever the readiness mode;
+    one missing repository among several fails them all."""
+    good = tmp_path / "models"
+    good.mkdir()
+    for repos, strict in (([str(tmp_path / "absent")], "true"),
+                          ([str(tmp_path / "absent")], "false"),
+                          ([str(tmp_path / "absent"), str(good)], "true")):
+        s = nereid_server(repos, f"--strict-readiness={strict}", "--exit-on-error=false")
+        assert requests.get(s.http_url + "/v2/health/live").status_code == 400
+        assert requests.get(s.http_url + "/v2/health/ready").status_code == 400
+        md = requests.get(s.http_url + "/v2").json()
+        assert md["name"] == "triton"
+        assert "failed to open model repository" in s.output()
+
+
+def test_model_config_name(nereid_server, tmp_path):
+    """--model-config-name=<name>: configs/<name>.pbtxt when the model has it,
+    else config.pbtxt (Triton's L0_custom_model_config)."""
+    model = tmp_path / "models" / "m"
+    for d in ("1", "2", "configs"):
+        (model / d).mkdir(parents=True)
+    base = ('name: "m"\nbackend: "identity"\nmax_batch_size: 0\n'
+            'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
+            'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]\n')
+    (model / "config.pbtxt").write_text(base + "version_policy: { all { } }\n")
+    (model / "configs" / "h100.pbtxt").write_text(
+        base + "version_policy: { specific: { versions: [1] } }\n")
+    repo = str(tmp_path / "models")
+    for flag, want in (("h100", {"specific": {"versions": [1]}}),
+                       ("h200", {"all": {}})):
+        s = nereid_server(repo, f"--model-config-name={flag}")
+        cfg = requests.get(s.http_url + "/v2/models/m/config").json()
+        assert cfg["version_policy"] == want
+        ready2 = requests.get(s.http_url + "/v2/models/m/versions/2/ready").status_code
+        assert ready2 == (400 if flag == "h100" else 200)
+    r = run(f"--model-repository={repo}", "--model-config-name=")
+    assert r.returncode == 2 and "Error: empty argument for --model-config-name" in r.stderr
+    r = run(f"--model-repository={repo}", "--model-config-name=../x")
+    assert r.returncode == 2 and "must not contain '/'" in r.stderr
+
+
 def test_unsupported_flags_are_refused():
     r = run("--model-repository", EXAMPLES, "--host-policy=gpu0,numa-node=0")
     assert r.returncode == 2 and "--host-policy is not supported" in r.stderr
@@ -109,3 +152,23 @@ def test_strict_model_config_deprecation_warnings(tmp_path):
     assert ("Warning: Overriding deprecated '--strict-model-config' from False to True in favor "
             "of '--disable-auto-complete-config'!") in r.stderr
     assert "config.pbtxt not found" in r.stderr
+
+
+def test_port_collision_texts(nereid_server, tmp_path):
+    """Triton's L0_lifecycle port collision checks: the second server logs
+    "failed to start <X> service: Unavailable - Socket '<addr>:<port>' already
+    in use" and exits."""
+    a = nereid_server(EXAMPLES, "--model-control-mode=explicit")
+    for flag, name, port in (("--grpc-port", "GRPC", a.grpc_port),
+                             ("--http-port", "HTTP", a.http_port),
+                             ("--metrics-port", "Metrics", a.metrics_port)):
+        free = {"--grpc-port": 0, "--http-port": 0, "--metrics-port": 0}
+        args = [f"--model-repository={EXAMPLES}", "--model-control-mode=explicit",
+                "--http-address=127.0.0.1", "--grpc-address=127.0.0.1",
+                "--metrics-address=127.0.0.1"]
+        for f in free:
+            args.append(f"{f}={port}" if f == flag else f"{f}=0")
+        r = run(*args)
+        assert r.returncode == 1, r.stderr
+        assert (f"failed to start {name} service: Unavailable - Socket '127.0.0.1:{port}' "
+                "already in use") in r.stdout + r.stderr

@@ -122,3 +122,35 @@ def test_queue_timeout_is_503(nereid_server, tmp_path, monkeypatch):
     assert results[0].status_code == 200, results[0].text
     assert r.status_code == 503
     assert r.json() == {"error": "Request timeout expired"}
+
+
+def test_uint64_priority_levels(nereid_server, tmp_path, monkeypatch):
+    # Triton's L0_config_json max_priority_level: any uint64 level count
+    # loads (a queue exists only for a level with a policy or requests) and
+    # the config echoes the 64-bit values as JSON numbers.
+    repo = make_repo(tmp_path, "dynamic_batching { priority_levels: 18446744073709551615 "
+                               "default_priority_level: 4294967295 "
+                               "priority_queue_policy { key: 4294967296 value { "
+                               "timeout_action: REJECT "
+                               "default_timeout_microseconds: 18446744073709551615 "
+                               "allow_timeout_override: true max_queue_size: 1 } } }")
+    monkeypatch.setenv("NEREID_DELAY_SCHEDULER", "4")
+    srv = nereid_server(repo)
+    text = requests.get(f"{srv.http_url}/v2/models/m/config", timeout=10).text
+    assert '"priority_levels":18446744073709551615' in text
+    assert '"default_priority_level":4294967295' in text
+    assert ('"4294967296":{"timeout_action":"REJECT","default_timeout_microseconds":'
+            '18446744073709551615,"allow_timeout_override":true,"max_queue_size":10}'
+            .replace("10}", "1}")) in text
+    threads, results = in_threads(srv, [body(1, priority=4294967296)])
+    wait_pending(srv, 1)
+    r = post(srv, body(2, priority=4294967296))
+    assert r.status_code == 503
+    assert r.json() == {"error": "[request id: r2] Exceeds maximum queue size"}
+    more, more_results = in_threads(
+        srv, [body(3, priority=7), body(4), body(5, priority=18446744073709551615)])
+    for t in threads + more:
+        t.join(60)
+    for res in results + more_results:
+        assert res.status_code == 200, res.text
+    assert batch_stats(srv) == {4: 1}

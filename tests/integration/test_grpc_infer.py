@@ -100,6 +100,29 @@ def test_typed_and_raw_errors(stub):
                   infer_request(pb, "id_int32", [("INPUT0", "INT32", [5], ints)]))
     assert e.code() == grpc.StatusCode.INVALID_ARGUMENT and "byte size" in e.details()
 
+    # BYTES element counts: Triton's texts (L0_input_validation)
+    e = rpc_error(stub.ModelInfer,
+                  infer_request(pb, "id_bytes", [("INPUT0", "BYTES", [4], [b"a", b"bc"])]))
+    assert e.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert e.details() == ("[request id: <id_unknown>] expected 4 string elements for inference "
+                           "input 'INPUT0' for model 'id_bytes', got 2")
+    e = rpc_error(stub.ModelInfer,
+                  infer_request(pb, "id_bytes", [("INPUT0", "BYTES", [2], [b"a", b"", b"c"])]))
+    assert e.details() == ("[request id: <id_unknown>] unexpected number of string elements 3 "
+                           "for inference input 'INPUT0' for model 'id_bytes', expecting 2")
+    req = infer_request(pb, "id_bytes", [("INPUT0", "BYTES", [2], [b"a"])])
+    req.raw_input_contents[0] += b"\x01\x00"
+    e = rpc_error(stub.ModelInfer, req)
+    assert e.details() == ("[request id: <id_unknown>] incomplete string length indicator for "
+                           "inference input 'INPUT0' for model 'id_bytes', expecting 4 bytes but "
+                           "only 2 bytes available. Please make sure the string length indicator "
+                           "is in one buffer.")
+    req = infer_request(pb, "id_bytes", [("INPUT0", "BYTES", [1], [b"abc"])])
+    req.raw_input_contents[0] = req.raw_input_contents[0][:-1]  # last element cut short
+    e = rpc_error(stub.ModelInfer, req)
+    assert e.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "incomplete string element 1 for inference input 'INPUT0'" in e.details()
+
     e = rpc_error(stub.ModelInfer, infer_request(pb, "nope", [("INPUT0", "INT32", [4], ints)]))
     assert e.code() == grpc.StatusCode.NOT_FOUND
     assert e.details() == "Request for unknown model: 'nope' is not found"

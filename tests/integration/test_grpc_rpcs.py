@@ -64,12 +64,13 @@ def test_model_metadata(stub):
 def test_model_ready(stub):
     assert stub.ModelReady(pb.ModelReadyRequest(name="id_fp32")).ready is True
     assert stub.ModelReady(pb.ModelReadyRequest(name="id_fp32", version="1")).ready is True
-    e = rpc_error(stub.ModelReady, pb.ModelReadyRequest(name="nope"))
-    assert e.code() == grpc.StatusCode.NOT_FOUND
-    # a version the model does not have: not ready, no error (Triton's L0_server_status)
+    # an unknown model or a version the model does not have: not ready, no
+    # error (Triton's L0_server_status, L0_lifecycle, model-control examples)
+    assert stub.ModelReady(pb.ModelReadyRequest(name="nope")).ready is False
     assert stub.ModelReady(pb.ModelReadyRequest(name="id_fp32", version="7")).ready is False
-    e = rpc_error(stub.ModelReady, pb.ModelReadyRequest(name="nope", version="1"))
-    assert e.code() == grpc.StatusCode.NOT_FOUND
+    assert stub.ModelReady(pb.ModelReadyRequest(name="nope", version="1")).ready is False
+    e = rpc_error(stub.ModelReady, pb.ModelReadyRequest(name="id_fp32", version="x"))
+    assert e.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
 def test_model_config(stub):
@@ -144,10 +145,8 @@ def test_repository_explicit_load_unload(nereid_server, tmp_path):
         unload = pb.RepositoryModelUnloadRequest(model_name="id_int8")
         unload.parameters["unload_dependents"].bool_param = False
         stub.RepositoryModelUnload(unload, timeout=30)
-        try:
-            assert not stub.ModelReady(pb.ModelReadyRequest(name="id_int8"), timeout=10).ready
-        except grpc.RpcError as e:
-            assert e.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNAVAILABLE)
+        # unloaded: not ready, no error (Triton's simple_grpc_model_control.py)
+        assert not stub.ModelReady(pb.ModelReadyRequest(name="id_int8"), timeout=10).ready
         e = rpc_error(stub.RepositoryModelLoad, pb.RepositoryModelLoadRequest(model_name="nope"))
         assert e.code() != grpc.StatusCode.OK and "nope" in e.details()
 

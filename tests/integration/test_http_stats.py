@@ -1,6 +1,7 @@
 """Statistics extension and Prometheus metrics: exact counts after a known
 sequence of requests, on a fresh server."""
 import json
+import os
 import re
 
 import numpy as np
@@ -134,6 +135,37 @@ def test_metrics_exact(server):
     # the endpoint and the statistics agree
     st = requests.get(server.http_url + "/v2/models/id_fp32/stats").json()["model_stats"][0]
     assert st["inference_stats"]["success"]["count"] == 4
+
+
+def test_metrics_label_order(nereid_server, tmp_path):
+    """Triton's label order (prometheus-cpp sorts label names): metric tags
+    "_<key>" first, then model, reason (failures), version -- the QA suites'
+    regexes (L0_request_cancellation, L0_model_queue) depend on it. A
+    repeated tag key keeps its last value; label values are escaped."""
+    repo = make_repo(tmp_path)
+    with open(os.path.join(repo, "id_fp32", "config.pbtxt"), "a") as f:
+        f.write('metric_tags { key: "zone" value: "a" }\n'
+                'metric_tags { key: "app" value: "say \\"hi\\"" }\n'
+                'metric_tags { key: "zone" value: "b" }\n')
+    s = nereid_server(repo)
+    text = requests.get(s.metrics_url + "/metrics").text
+    assert 'nv_inference_request_failure{model="add_sub",reason="CANCELED",version="1"} 0\n' in text
+    assert 'nv_inference_request_success{model="add_sub",version="1"} 0\n' in text
+    assert ('nv_inference_request_failure{_app="say \\"hi\\"",_zone="b",model="id_fp32",'
+            'reason="REJECTED",version="1"} 0\n') in text
+    assert 'nv_inference_count{_app="say \\"hi\\"",_zone="b",model="id_fp32",version="1"} 0\n' \
+        in text
+
+
+def test_pinned_memory_pool_metrics(server, nereid_server, tmp_path):
+    # Triton on a CPU-only build: the pool size flag is the total, 0 used.
+    text = requests.get(server.metrics_url + "/metrics").text
+    assert "# TYPE nv_pinned_memory_pool_total_bytes gauge\n" in text
+    assert "\nnv_pinned_memory_pool_total_bytes 268435456\n" in text
+    assert "\nnv_pinned_memory_pool_used_bytes 0\n" in text
+    s = nereid_server(make_repo(tmp_path / "other"), "--pinned-memory-pool-byte-size=1024")
+    text = requests.get(s.metrics_url + "/metrics").text
+    assert "\nnv_pinned_memory_pool_total_bytes 1024\n" in text
 
 
 def test_metrics_routes(server):

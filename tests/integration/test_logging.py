@@ -1,5 +1,6 @@
 """Triton's logging extension (/v2/logging, LogSettings). Trace settings are
 in test_trace.py."""
+import json
 import os
 import re
 import subprocess
@@ -135,3 +136,63 @@ def test_cli_log_format(nereid_server):
                        capture_output=True, text=True, timeout=30)
     assert p.returncode == 2
     assert "invalid argument for --log_format, got: xml" in p.stderr
+
+
+RECORD = re.compile(r"^(?P<level>[IWE])(?P<month>\d{2})(?P<day>\d{2}) "
+                    r"\d{2}:\d{2}:\d{2}\.\d{6} (?P<pid>\d+) (?P<file>[\w\.]+):(?P<line>\d+)\] "
+                    r"(?P<message>.*)$")
+FORGED = 'I0205 18:34:18.707423 1 file.cc:123] "THIS ENTRY WAS INJECTED"'
+
+
+def _forge_attempt(s):
+    # Triton's L0_logging log_format_test: a client-chosen input name that
+    # carries a whole log record after a newline.
+    body = {"inputs": [{"name": f"\n{FORGED}\n{FORGED}", "datatype": "FP32", "shape": [1],
+                        "data": [1.0]}]}
+    r = requests.post(f"{s.http_url}/v2/models/identity_fp32/infer", json=body, timeout=10)
+    assert r.status_code == 400
+
+
+def test_log_file_records_in_triton_format(nereid_server, tmp_path, monkeypatch):
+    monkeypatch.delenv("TRITON_SERVER_ESCAPE_LOG_MESSAGES", raising=False)
+    log = tmp_path / "server.log"
+    s = nereid_server(EXAMPLES, f"--log-file={log}", "--log-verbose=1",
+                      "--model-control-mode=explicit", "--load-model=identity_fp32")
+    assert requests.get(s.http_url + "/v2/logging", timeout=10).json()["log_file"] == str(log)
+    _forge_attempt(s)
+    assert "successfully loaded" not in s.output()  # records go to the file only
+    assert s.stop() == 0
+    lines = log.read_text().splitlines()
+    assert any("successfully loaded 'identity_fp32'" in ln for ln in lines)
+    assert any("Started HTTPService at" in ln for ln in lines)
+    assert any("Infer failed: " in ln for ln in lines)  # verbose, as Triton's HTTP frontend
+    for ln in lines:  # one record per line, its message a JSON string
+        m = RECORD.match(ln)
+        assert m, ln
+        assert isinstance(json.loads(m.group("message")), str), ln
+    assert FORGED not in lines
+
+
+def test_unescaped_log_messages(nereid_server, tmp_path, monkeypatch):
+    # TRITON_SERVER_ESCAPE_LOG_MESSAGES=0: messages as they are (Triton's
+    # switch; a forged record then shows up as a line of its own).
+    monkeypatch.setenv("TRITON_SERVER_ESCAPE_LOG_MESSAGES", "0")
+    log = tmp_path / "server.log"
+    s = nereid_server(EXAMPLES, f"--log-file={log}", "--log-verbose=1", "--log-format=ISO8601",
+                      "--model-control-mode=explicit", "--load-model=identity_fp32")
+    _forge_attempt(s)
+    assert s.stop() == 0
+    lines = log.read_text().splitlines()
+    loaded = [ln for ln in lines if "successfully loaded 'identity_fp32'" in ln]
+    assert len(loaded) == 1
+    assert re.match(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ I \d+ [\w\.]+:\d+\] successfully loaded "
+                    r"'identity_fp32' version 1$", loaded[0]), loaded[0]
+    assert FORGED in lines
+
+
+def test_log_file_that_can_not_be_opened(tmp_path):
+    p = subprocess.run([NEREID, f"--model-repository={EXAMPLES}",
+                        f"--log-file={tmp_path}/no/such/dir/x.log"],
+                       capture_output=True, text=True, timeout=30)
+    assert p.returncode == 1
+    assert f"failed to open log file '{tmp_path}/no/such/dir/x.log'" in p.stderr

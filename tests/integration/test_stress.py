@@ -669,7 +669,7 @@ def test_client_disconnects(nereid_server, tmp_path):
     # The queue has drained, so every abandoned request has completed.
     metrics = sess.get(s.metrics_url + "/metrics", timeout=10).text
     st = sess.get(f"{s.http_url}/v2/models/st_slow/stats", timeout=10).json()["model_stats"][0]
-    key = 'nv_inference_request_failure{model="st_slow",version="1",reason="CANCELED"} '
+    key = 'nv_inference_request_failure{model="st_slow",reason="CANCELED",version="1"} '
     canceled = int(float(metrics.split(key)[1].split()[0])) if key in metrics else 0
     assert st["inference_stats"]["fail"]["count"] == canceled
 

@@ -89,6 +89,24 @@ static void test_names(nereid_server_t *s)
                 NEREID_ERROR_INVALID_ARG, "invalid model name");
     CHECK_ERROR(nereid_server_load_model(s, "a/b", NULL, NULL, NULL, NULL, 0),
                 NEREID_ERROR_INVALID_ARG, "invalid model name");
+    /* Triton's ValidateModelName texts (L0_input_validation) */
+    CHECK_ERROR(nereid_server_load_model(s, "../plain", NULL, NULL, NULL, NULL, 0),
+                NEREID_ERROR_INVALID_ARG,
+                "invalid model name '../plain', model name must not contain path traversal "
+                "characters");
+    CHECK_ERROR(nereid_server_load_model(s, " .. ", NULL, NULL, NULL, NULL, 0),
+                NEREID_ERROR_INVALID_ARG, "must not contain path traversal characters");
+    CHECK_ERROR(nereid_server_load_model(s, "a\\b", NULL, NULL, NULL, NULL, 0),
+                NEREID_ERROR_INVALID_ARG, "must not contain path traversal characters");
+    CHECK_ERROR(nereid_server_load_model(s, "", NULL, NULL, NULL, NULL, 0),
+                NEREID_ERROR_INVALID_ARG,
+                "Model name cannot be empty. Please enter a valid name to deploy.");
+    CHECK_ERROR(nereid_server_load_model(s, " \t\n\r\f\v", NULL, NULL, NULL, NULL, 0),
+                NEREID_ERROR_INVALID_ARG,
+                "Model name cannot be empty. Please enter a valid name to deploy.");
+    CHECK_ERROR(nereid_server_load_model(s, "...", NULL, NULL, NULL, NULL, 0),
+                NEREID_ERROR_INTERNAL,
+                "failed to load '...', failed to poll from model repository");
     CHECK_ERROR(nereid_server_unload_model(s, "../etc", false), NEREID_ERROR_INVALID_ARG,
                 "invalid model name");
     CHECK_ERROR(nereid_server_load_model(s, "nope", NULL, NULL, NULL, NULL, 0),

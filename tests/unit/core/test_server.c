@@ -313,7 +313,7 @@ static void test_stats(nereid_server_t *s)
     CHECK(nereid_server_metrics(s, &text) == NULL);
     CHECK_STR_CONTAINS(text, "nv_inference_count{model=\"add_sub\",version=\"1\"} 2\n");
     CHECK_STR_CONTAINS(
-        text, "nv_inference_request_failure{model=\"add_sub\",version=\"1\",reason=\"BACKEND\"} 0");
+        text, "nv_inference_request_failure{model=\"add_sub\",reason=\"BACKEND\",version=\"1\"} 0");
     free(text);
 }
 

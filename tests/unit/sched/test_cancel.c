@@ -104,7 +104,7 @@ static long long cancel_failures(nereid_server_t *s, const char *model)
     nereid_error_free(err);
     char want[200];
     snprintf(want, sizeof want,
-             "nv_inference_request_failure{model=\"%s\",version=\"1\",reason=\"CANCELED\"} ",
+             "nv_inference_request_failure{model=\"%s\",reason=\"CANCELED\",version=\"1\"} ",
              model);
     char *p = text ? strstr(text, want) : NULL;
     long long n = p ? atoll(p + strlen(want)) : -1;
