@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 
 #include "config/config.h"
@@ -47,6 +48,9 @@ typedef struct cli {
     size_t n_cache_configs;
     const char *cache_byte_size; /* --response-cache-byte-size */
     bool allow_client_shm;
+    bool http_reuse_port;         /* --reuse-http-port */
+    grpc_options_t grpc;          /* the gRPC socket flags (keepalive, reuse, compression) */
+    const char *grpc_compression; /* --grpc-infer-response-compression-level */
 } cli_t;
 
 typedef enum flag_kind {
@@ -99,6 +103,27 @@ static const flag_t flags[] = {
       "Ready only when every model is ready (true)."),
     F("model-load-thread-count", FLAG_INT, server.model_load_thread_count,
       "Models loaded in parallel (4)."),
+    F("model-load-retry-count", FLAG_INT, server.model_load_retry_count,
+      "Times a failed model load is tried again before it counts as failed (0)."),
+    F("reuse-http-port", FLAG_BOOL, http_reuse_port,
+      "Let several servers listen on the HTTP port (SO_REUSEPORT) (false)."),
+    F("reuse-grpc-port", FLAG_BOOL, grpc.reuse_port,
+      "Let several servers listen on the gRPC port (SO_REUSEPORT) (false)."),
+    F("grpc-infer-response-compression-level", FLAG_STR, grpc_compression,
+      "none|low|medium|high: compression of inference responses (none)."),
+    F("grpc-keepalive-time", FLAG_INT, grpc.keepalive_time_ms,
+      "Milliseconds after which a keepalive ping is sent (7200000)."),
+    F("grpc-keepalive-timeout", FLAG_INT, grpc.keepalive_timeout_ms,
+      "Milliseconds a keepalive ping waits for its acknowledgement (20000)."),
+    F("grpc-keepalive-permit-without-calls", FLAG_BOOL, grpc.keepalive_permit_without_calls,
+      "Allow keepalive pings with no call in flight (false)."),
+    F("grpc-http2-max-pings-without-data", FLAG_INT, grpc.http2_max_pings_without_data,
+      "Pings sent with no data before one must be sent (2; 0 = no limit)."),
+    F("grpc-http2-min-recv-ping-interval-without-data", FLAG_INT,
+      grpc.http2_min_recv_ping_interval_without_data_ms,
+      "Milliseconds between pings below which a ping is a strike (300000)."),
+    F("grpc-http2-max-ping-strikes", FLAG_INT, grpc.http2_max_ping_strikes,
+      "Bad pings tolerated before the connection is closed (2; 0 = any)."),
     F("backend-directory", FLAG_STR, server.backend_directory,
       "Where libnereid_<name>.so backends live."),
     F("log-verbose", FLAG_INT, server.log_verbose, "Verbose logging level (0)."),
@@ -187,8 +212,6 @@ static const flag_t flags[] = {
       "Allow clients to register/unregister and use system shared memory regions (false)."),
 #define IGNORED(name) F(name, FLAG_IGNORED, repos, "Accepted for Triton compatibility; no effect.")
     IGNORED("cache-directory"),
-    IGNORED("model-load-retry-count"),
-    IGNORED("model-namespacing"),
     IGNORED("repoagent-directory"),
     IGNORED("backend-config"),
     IGNORED("pinned-memory-pool-byte-size"),
@@ -198,21 +221,15 @@ static const flag_t flags[] = {
     IGNORED("allow-gpu-metrics"),
     IGNORED("grpc-infer-allocation-pool-size"),
     IGNORED("grpc-max-response-pool-size"),
-    IGNORED("grpc-infer-response-compression-level"),
-    IGNORED("grpc-keepalive-time"),
-    IGNORED("grpc-keepalive-timeout"),
-    IGNORED("grpc-keepalive-permit-without-calls"),
-    IGNORED("grpc-http2-max-pings-without-data"),
-    IGNORED("grpc-http2-min-recv-ping-interval-without-data"),
-    IGNORED("grpc-http2-max-ping-strikes"),
-    IGNORED("reuse-http-port"),
-    IGNORED("reuse-grpc-port"),
 #undef IGNORED
 #define UNSUPPORTED(name) F(name, FLAG_UNSUPPORTED, repos, "Not supported by Nereid (refused).")
     UNSUPPORTED("model-config-name"),
     UNSUPPORTED("log-file"),
     UNSUPPORTED("host-policy"),
     UNSUPPORTED("metrics-config"),
+    /* Same model name in several repositories, told apart by repository:
+     * not implemented; off (Triton's default) is accepted. */
+    UNSUPPORTED("model-namespacing"),
 #undef UNSUPPORTED
 };
 #undef F
@@ -382,7 +399,10 @@ static int apply_flag(cli_t *cli, const flag_t *f, const char *value)
         bool off;
         /* Turning a feature off is what Nereid does anyway. */
         if (parse_bool(value, &off) == 0 && !off) return 0;
-        fprintf(stderr, "nereid: --%s is not supported\n", f->name);
+        fprintf(stderr, "nereid: --%s is not supported%s\n", f->name,
+                !strcmp(f->name, "model-namespacing")
+                    ? " (a model name must be unique across the model repositories)"
+                    : "");
         return -2;
     }
     case FLAG_SWITCH:
@@ -615,6 +635,7 @@ int main(int argc, char **argv)
     cli.http_max_connections = 4096;
     cli.http_idle_timeout_secs = 60;
     cli.exit_timeout_secs = 30;
+    grpc_options_init(&cli.grpc);
     int rc = parse_args(&cli, argc, argv);
     if (rc == 1) {
         usage(stdout);
@@ -629,6 +650,17 @@ int main(int argc, char **argv)
         fprintf(stderr, "nereid: --http-max-connections must be >= 1 and "
                         "--http-idle-timeout-secs >= 0\n");
         return 2;
+    }
+    if (cli.grpc_compression) {
+        static const char *const levels[] = {"none", "low", "medium", "high"};
+        int level = -1;
+        for (int i = 0; i < 4; i++)
+            if (!strcasecmp(cli.grpc_compression, levels[i])) level = i;
+        if (level < 0) {
+            fprintf(stderr, "invalid argument for --grpc_infer_response_compression_level\n");
+            return 2;
+        }
+        cli.grpc.infer_compression_level = level; /* grpc_compression_level's order */
     }
     if (cli.metrics_interval_ms < 0) {
         fprintf(stderr, "nereid: --metrics-interval-ms must be >= 0\n");
@@ -681,8 +713,7 @@ int main(int argc, char **argv)
     grpc_frontend_t *grpc_fe = NULL;
     /* HTTP starts last: once its port answers, every frontend is up. */
     if (cli.allow_grpc) {
-        grpc_options_t gopts;
-        grpc_options_init(&gopts);
+        grpc_options_t gopts = cli.grpc; /* defaults and the socket flags */
         gopts.address = cli.grpc_address;
         gopts.port = cli.grpc_port;
         gopts.infer_thread_count = cli.grpc_infer_thread_count;
@@ -719,6 +750,7 @@ int main(int argc, char **argv)
         ho.tls = cli.http_tls;
         ho.header_forward_pattern = cli.http_header_forward_pattern;
         ho.shm = shm;
+        ho.reuse_port = cli.http_reuse_port;
         if ((err = http_server_start(server, &ho, &http))) goto frontend_failed;
         fprintf(stderr, "Started HTTPService at %s:%d\n", ho.address, http_server_port(http));
     }
