@@ -46,7 +46,9 @@ typedef struct cli {
     tls_options_t http_tls, grpc_tls;
     const char *cache_configs[MAX_LIST]; /* --cache-config values */
     size_t n_cache_configs;
-    const char *cache_byte_size; /* --response-cache-byte-size */
+    const char *cache_byte_size;                         /* --response-cache-byte-size */
+    nereid_backend_setting_t backend_settings[MAX_LIST]; /* --backend-config */
+    char *backend_setting_text[MAX_LIST];                /* their strings, split in place */
     bool allow_client_shm;
     bool http_reuse_port;         /* --reuse-http-port */
     grpc_options_t grpc;          /* the gRPC socket flags (keepalive, reuse, compression) */
@@ -64,13 +66,14 @@ typedef enum flag_kind {
     FLAG_LOG_FORMAT,
     FLAG_RATE_LIMIT,
     FLAG_RATE_LIMIT_RESOURCE,
-    FLAG_TRACE,        /* tracing flags, parsed together by nereid_tracer_new */
-    FLAG_RESTRICTED,   /* Triton's "<groups>:<key>=<value>", repeatable */
-    FLAG_SSL_MUTUAL,   /* a bool that also turns use_ssl on (Triton's rule) */
-    FLAG_CACHE_CONFIG, /* --cache-config <name>,<setting>=<value> (repeatable) */
-    FLAG_CACHE_BYTES,  /* --response-cache-byte-size: Triton's deprecated local cache size */
-    FLAG_IGNORED,      /* Triton tuning knob with no effect here: accepted with a warning */
-    FLAG_UNSUPPORTED   /* Triton feature whose absence would surprise (TLS, restrictions): error */
+    FLAG_TRACE,          /* tracing flags, parsed together by nereid_tracer_new */
+    FLAG_RESTRICTED,     /* Triton's "<groups>:<key>=<value>", repeatable */
+    FLAG_SSL_MUTUAL,     /* a bool that also turns use_ssl on (Triton's rule) */
+    FLAG_CACHE_CONFIG,   /* --cache-config <name>,<setting>=<value> (repeatable) */
+    FLAG_CACHE_BYTES,    /* --response-cache-byte-size: Triton's deprecated local cache size */
+    FLAG_BACKEND_CONFIG, /* --backend-config [<backend>,]<setting>=<value> (repeatable) */
+    FLAG_IGNORED,        /* Triton tuning knob with no effect here: accepted with a warning */
+    FLAG_UNSUPPORTED /* Triton feature whose absence would surprise (TLS, restrictions): error */
 } flag_kind_t;
 
 typedef struct flag {
@@ -206,6 +209,9 @@ static const flag_t flags[] = {
 #undef TRACE_DEPRECATED
     F("cache-config", FLAG_CACHE_CONFIG, cache_configs,
       "Response cache: <cache_name>,<setting>=<value>, e.g. local,size=1048576 (repeatable)."),
+    F("backend-config", FLAG_BACKEND_CONFIG, backend_settings,
+      "<backend>,<setting>=<value>: a setting the backend reads; <setting>=<value> sets it "
+      "for every backend (repeatable)."),
     F("response-cache-byte-size", FLAG_CACHE_BYTES, cache_byte_size,
       "DEPRECATED: Please use --cache-config instead."),
     F("allow-client-shm", FLAG_BOOL, allow_client_shm,
@@ -213,7 +219,6 @@ static const flag_t flags[] = {
 #define IGNORED(name) F(name, FLAG_IGNORED, repos, "Accepted for Triton compatibility; no effect.")
     IGNORED("cache-directory"),
     IGNORED("repoagent-directory"),
-    IGNORED("backend-config"),
     IGNORED("pinned-memory-pool-byte-size"),
     IGNORED("cuda-memory-pool-byte-size"),
     IGNORED("min-supported-compute-capability"),
@@ -274,6 +279,44 @@ static int parse_triton_int(const char *text, int *out)
 }
 
 /* --rate-limit-resource=<name>:<count>[:<device>] (Triton's format and texts). */
+/* --backend-config=[<backend>,]<setting>=<value>, split as Triton splits it:
+ * the first ',' ends the backend name, the first '=' after it the setting.
+ * Returns 0, or -2 with Triton's message printed. */
+static int parse_backend_config(cli_t *cli, const char *value)
+{
+    size_t n = cli->server.n_backend_settings;
+    if (n >= MAX_LIST) return -1;
+    const char *comma = strchr(value, ',');
+    if (comma == value) {
+        fprintf(stderr,
+                "No backend specified. --backend-config option format is <backend "
+                "name>,<setting>=<value> or <setting>=<value>. Got %s\n",
+                value);
+        return -2;
+    }
+    const char *setting = comma ? comma + 1 : value;
+    const char *eq = strchr(setting, '=');
+    if (!eq || eq == setting || !eq[1]) {
+        fprintf(stderr,
+                "--backend-config option format is '<backend name>,<setting>=<value>'. Got %s\n",
+                value);
+        return -2;
+    }
+    char *text = strdup(value);
+    if (!text) return -1;
+    char *set = text;
+    if (comma) {
+        text[comma - value] = '\0';
+        set = text + (comma - value) + 1;
+    }
+    char *q = strchr(set, '=');
+    *q = '\0';
+    cli->backend_setting_text[n] = text;
+    cli->backend_settings[n] = (nereid_backend_setting_t){comma ? text : "", set, q + 1};
+    cli->server.n_backend_settings = n + 1;
+    return 0;
+}
+
 static int parse_rate_limit_resource(cli_t *cli, const char *value)
 {
     const char *c1 = strchr(value, ':'), *c2 = c1 ? strchr(c1 + 1, ':') : NULL;
@@ -374,6 +417,8 @@ static int apply_flag(cli_t *cli, const flag_t *f, const char *value)
         if (cli->n_cache_configs >= MAX_LIST) return -1;
         cli->cache_configs[cli->n_cache_configs++] = value;
         return 0;
+    case FLAG_BACKEND_CONFIG:
+        return parse_backend_config(cli, value);
     case FLAG_CACHE_BYTES: {
         char *end;
         errno = 0;
@@ -675,6 +720,7 @@ int main(int argc, char **argv)
     cli.server.load_models = cli.load_models;
     cli.server.n_load_models = cli.n_load_models;
     cli.server.rate_limit_resources = cli.rate_limit_resources;
+    cli.server.backend_settings = cli.backend_settings;
 
     nereid_tracer_t *tracer;
     nereid_error_t *terr =
@@ -696,6 +742,8 @@ int main(int argc, char **argv)
     nereid_server_t *server;
     nereid_error_t *err = nereid_server_new(&cli.server, &server);
     free((char *)cli.server.cache_name);
+    for (size_t i = 0; i < cli.server.n_backend_settings; i++)
+        free(cli.backend_setting_text[i]);
     free(cache_json);
     nereid_shm_registry_t *shm = nereid_shm_registry_new(cli.allow_client_shm);
     if (err) {

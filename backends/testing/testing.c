@@ -7,6 +7,8 @@
  *   fail_model_init_attempts  N with init_attempts_file path: every model
  *                        init appends a line to the file, and the first N
  *                        (lines already there < N) fail
+ *   show_backend_config  "true": model init fails with the backend's
+ *                        --backend-config JSON as its reason (ABI 1.5)
  *   fail_instance_init   "true": instance init fails
  *   fail_execute         "true": every execute fails
  *   execution_log        path: every execute appends "start <model> <n>"
@@ -60,6 +62,9 @@ static void sleep_ms(long ms)
 
 NEREID_EXPORT nereid_error_t *nereid_backend_model_init(nereid_model_t *model)
 {
+    if (param_true(model, "show_backend_config"))
+        return nereid_error_new(NEREID_ERROR_INVALID_ARG, "backend config %s",
+                                nereid_backend_config_json(nereid_model_backend(model)));
     if (param_true(model, "fail_model_init"))
         return nereid_error_new(NEREID_ERROR_INTERNAL, "testing backend: model init failed");
     const char *attempts = nereid_model_parameter(model, "fail_model_init_attempts");

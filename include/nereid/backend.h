@@ -36,7 +36,8 @@
  *   1.2  nereid_batch_request_is_cancelled
  *   1.3  request parameters by index
  *   1.4  nereid_sender_is_cancelled
- *   1.5  nereid_model_server (in-process requests from a backend: BLS)
+ *   1.5  nereid_model_server (in-process requests from a backend: BLS),
+ *        nereid_backend_config / nereid_backend_config_json (--backend-config)
  */
 #ifndef NEREID_BACKEND_H
 #define NEREID_BACKEND_H
@@ -49,7 +50,8 @@ extern "C" {
 
 #define NEREID_BACKEND_ABI_MAJOR 1u
 /* 1: decoupled responses; 2: nereid_batch_request_is_cancelled; 3: request
- * parameters by index; 4: nereid_sender_is_cancelled; 5: nereid_model_server */
+ * parameters by index; 4: nereid_sender_is_cancelled; 5: nereid_model_server,
+ * nereid_backend_config */
 #define NEREID_BACKEND_ABI_MINOR 5u
 #define NEREID_BACKEND_ABI_VERSION ((NEREID_BACKEND_ABI_MAJOR << 16) | NEREID_BACKEND_ABI_MINOR)
 
@@ -69,6 +71,18 @@ typedef enum nereid_instance_kind {
 NEREID_EXPORT const char *nereid_backend_name(const nereid_backend_t *backend);
 NEREID_EXPORT void nereid_backend_set_state(nereid_backend_t *backend, void *state);
 NEREID_EXPORT void *nereid_backend_state(const nereid_backend_t *backend);
+/* ABI 1.5: the backend's --backend-config settings, as Triton resolves them
+ * when it loads a backend: the global settings (`--backend-config=<s>=<v>`,
+ * plus the server's own auto-complete-config, min-compute-capability and
+ * backend-directory) overridden by the backend's own
+ * (`--backend-config=<backend>,<s>=<v>`), and default-max-batch-size "4"
+ * when neither sets it. The value of `setting`, or NULL when unset; valid
+ * while the backend is loaded (from nereid_backend_init on). */
+NEREID_EXPORT const char *nereid_backend_config(const nereid_backend_t *backend,
+                                                const char *setting);
+/* The same settings as Triton's TRITONBACKEND_BackendConfig JSON:
+ * {"cmdline":{"<setting>":"<value>",...}}. */
+NEREID_EXPORT const char *nereid_backend_config_json(const nereid_backend_t *backend);
 
 /* ---- Model (borrowed strings live as long as the model) ---- */
 NEREID_EXPORT nereid_backend_t *nereid_model_backend(const nereid_model_t *model);

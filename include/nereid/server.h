@@ -109,6 +109,13 @@ typedef struct nereid_rate_limit_resource {
     int device; /* -1: every device */
 } nereid_rate_limit_resource_t;
 
+/* One --backend-config=[<backend>,]<setting>=<value>. */
+typedef struct nereid_backend_setting {
+    const char *backend; /* "" = every backend (a global setting) */
+    const char *setting;
+    const char *value;
+} nereid_backend_setting_t;
+
 typedef struct nereid_server_options {
     const char *const *model_repositories; /* borrowed during nereid_server_new */
     size_t n_model_repositories;
@@ -137,6 +144,11 @@ typedef struct nereid_server_options {
      * enabled are then served without it, as in Triton. */
     const char *cache_name;
     const char *cache_config_json;
+    /* --backend-config settings in command-line order (borrowed during
+     * nereid_server_new); each backend sees the global ones overridden by
+     * its own (nereid_backend_config, backend.h). */
+    const nereid_backend_setting_t *backend_settings;
+    size_t n_backend_settings;
 } nereid_server_options_t;
 
 typedef struct nereid_server nereid_server_t;

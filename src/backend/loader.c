@@ -4,6 +4,7 @@
 #include "backend/loader.h"
 
 #include <dlfcn.h>
+#include <jansson.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -55,6 +56,65 @@ static nereid_error_t *open_library(const char *dir, const char *name, struct ne
     return err;
 }
 
+/* Triton's resolution: global settings, then the backend's own over them,
+ * in setting order (a std::map there), then the defaults neither set. */
+static void resolve_config(backend_lib_t *lib, const nereid_backend_setting_t *settings,
+                           size_t n_settings)
+{
+    lib->config_settings = xcalloc(n_settings + 1, sizeof *lib->config_settings);
+    lib->config_values = xcalloc(n_settings + 1, sizeof *lib->config_values);
+    for (int pass = 0; pass < 2; pass++)
+        for (size_t i = 0; i < n_settings; i++) {
+            const nereid_backend_setting_t *s = &settings[i];
+            if (pass == 0 ? s->backend[0] != '\0' : strcmp(s->backend, lib->name) != 0) continue;
+            size_t k = 0;
+            while (k < lib->n_config && strcmp(lib->config_settings[k], s->setting) < 0)
+                k++;
+            if (k < lib->n_config && strcmp(lib->config_settings[k], s->setting) == 0) {
+                free(lib->config_values[k]);
+                lib->config_values[k] = xstrdup(s->value);
+                continue;
+            }
+            memmove(&lib->config_settings[k + 1], &lib->config_settings[k],
+                    (lib->n_config - k) * sizeof *lib->config_settings);
+            memmove(&lib->config_values[k + 1], &lib->config_values[k],
+                    (lib->n_config - k) * sizeof *lib->config_values);
+            lib->config_settings[k] = xstrdup(s->setting);
+            lib->config_values[k] = xstrdup(s->value);
+            lib->n_config++;
+        }
+    bool has_default = false;
+    for (size_t k = 0; k < lib->n_config; k++)
+        has_default |= strcmp(lib->config_settings[k], "default-max-batch-size") == 0;
+    if (!has_default) {
+        lib->config_settings[lib->n_config] = xstrdup("default-max-batch-size");
+        lib->config_values[lib->n_config++] = xstrdup("4");
+    }
+    json_t *cmdline = json_object();
+    for (size_t k = 0; k < lib->n_config; k++)
+        json_object_set_new(cmdline, lib->config_settings[k], json_string(lib->config_values[k]));
+    json_t *root = json_object();
+    json_object_set_new(root, "cmdline", cmdline);
+    char *text = json_dumps(root, JSON_PRESERVE_ORDER | JSON_COMPACT);
+    lib->config_json = xstrdup(text ? text : "{}");
+    free(text);
+    json_decref(root);
+}
+
+static void free_lib(struct nereid_backend *b)
+{
+    for (size_t k = 0; k < b->lib.n_config; k++) {
+        free(b->lib.config_settings[k]);
+        free(b->lib.config_values[k]);
+    }
+    free(b->lib.config_settings);
+    free(b->lib.config_values);
+    free(b->lib.config_json);
+    free(b->lib.name);
+    free(b->lib.path);
+    free(b);
+}
+
 static nereid_error_t *resolve(struct nereid_backend *b)
 {
     void *h = b->lib.handle;
@@ -77,7 +137,9 @@ static nereid_error_t *resolve(struct nereid_backend *b)
     return init ? init(b) : NULL;
 }
 
-nereid_error_t *backend_acquire(const char *dir, const char *name, backend_lib_t **out)
+nereid_error_t *backend_acquire(const char *dir, const char *name,
+                                const nereid_backend_setting_t *settings, size_t n_settings,
+                                backend_lib_t **out)
 {
     *out = NULL;
     pthread_mutex_lock(&loader_lock);
@@ -90,13 +152,12 @@ nereid_error_t *backend_acquire(const char *dir, const char *name, backend_lib_t
         }
     struct nereid_backend *b = xcalloc(1, sizeof *b);
     b->lib.name = xstrdup(name);
+    resolve_config(&b->lib, settings, n_settings);
     nereid_error_t *err = open_library(dir, name, b);
     if (!err) err = resolve(b);
     if (err) {
         if (b->lib.handle) dlclose(b->lib.handle);
-        free(b->lib.name);
-        free(b->lib.path);
-        free(b);
+        free_lib(b);
         pthread_mutex_unlock(&loader_lock);
         return err;
     }
@@ -130,9 +191,7 @@ void backend_release(backend_lib_t *lib)
     pthread_mutex_unlock(&loader_lock);
     if (lib->fini) nereid_error_free(lib->fini(b));
     if (!getenv("NEREID_NO_DLCLOSE")) dlclose(lib->handle);
-    free(lib->name);
-    free(lib->path);
-    free(b);
+    free_lib(b);
 }
 
 const char *nereid_backend_name(const nereid_backend_t *backend)
@@ -148,4 +207,17 @@ void nereid_backend_set_state(nereid_backend_t *backend, void *state)
 void *nereid_backend_state(const nereid_backend_t *backend)
 {
     return backend->lib.state;
+}
+
+const char *nereid_backend_config(const nereid_backend_t *backend, const char *setting)
+{
+    for (size_t k = 0; setting && k < backend->lib.n_config; k++)
+        if (strcmp(backend->lib.config_settings[k], setting) == 0)
+            return backend->lib.config_values[k];
+    return NULL;
+}
+
+const char *nereid_backend_config_json(const nereid_backend_t *backend)
+{
+    return backend->lib.config_json;
 }

@@ -23,14 +23,21 @@ typedef struct backend_lib {
     execute_fn execute;
     void *state;
     int refcount; /* guarded by the loader's lock */
+    /* --backend-config as resolved for this backend (nereid_backend_config) */
+    char **config_settings, **config_values;
+    size_t n_config;
+    char *config_json;
 } backend_lib_t;
 
 struct nereid_backend {
     backend_lib_t lib;
 };
 
-/* Loads (or shares) the backend library `name` from dir. */
-nereid_error_t *backend_acquire(const char *dir, const char *name, backend_lib_t **out);
+/* Loads (or shares) the backend library `name` from dir. The first load
+ * resolves its --backend-config from settings (nereid_backend_config). */
+nereid_error_t *backend_acquire(const char *dir, const char *name,
+                                const nereid_backend_setting_t *settings, size_t n_settings,
+                                backend_lib_t **out);
 /* Drops a reference; the last one runs fini and dlcloses. */
 void backend_release(backend_lib_t *lib);
 

@@ -20,6 +20,8 @@ typedef struct model_load_args {
     int64_t version;
     const model_config_t *config; /* normalized; copied */
     const char *backend_dir;
+    const nereid_backend_setting_t *backend_settings; /* --backend-config */
+    size_t n_backend_settings;
     bool autocomplete_allowed;
 } model_load_args_t;
 

@@ -797,6 +797,8 @@ static nereid_error_t *load_model(nereid_server_t *s, const char *name, const ch
             .version = chosen[i],
             .config = cfg,
             .backend_dir = s->backend_dir,
+            .backend_settings = s->backend_settings,
+            .n_backend_settings = s->n_backend_settings,
             .autocomplete_allowed = autofill_allowed(s),
         };
         model_t *m = NULL;

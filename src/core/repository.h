@@ -58,6 +58,11 @@ struct nereid_server {
     struct rate_limiter *rate_limiter; /* --rate-limit=execution_count; NULL: off */
     struct nereid_tracer *tracer;      /* nereid_server_set_tracer, or NULL */
     struct response_cache *cache;      /* --cache-config, or NULL (core/cache.h) */
+    /* --backend-config settings (owned copies) and the server's own global
+     * ones Triton adds: auto-complete-config, min-compute-capability,
+     * backend-directory */
+    nereid_backend_setting_t *backend_settings;
+    size_t n_backend_settings;
 };
 
 /* Finds an entry by name; caller holds s->lock. */

@@ -61,6 +61,24 @@ nereid_error_t *nereid_server_new(const nereid_server_options_t *opts, nereid_se
     s->opts.load_models = NULL;
     s->opts.model_repositories = NULL;
     s->opts.rate_limit_resources = NULL;
+    s->opts.backend_settings = NULL;
+    /* Triton adds three global settings of its own after the command line's. */
+    size_t n_user = opts->n_backend_settings;
+    s->backend_settings = xcalloc(n_user + 3, sizeof *s->backend_settings);
+    for (size_t i = 0; i < n_user; i++) {
+        const nereid_backend_setting_t *o = &opts->backend_settings[i];
+        s->backend_settings[i] = (nereid_backend_setting_t){xstrdup(o->backend ? o->backend : ""),
+                                                            xstrdup(o->setting), xstrdup(o->value)};
+    }
+    const char *own[3][2] = {
+        {"auto-complete-config", opts->strict_model_config ? "false" : "true"},
+        {"min-compute-capability", "6.000000"},
+        {"backend-directory", s->backend_dir},
+    };
+    for (size_t i = 0; i < 3; i++)
+        s->backend_settings[n_user + i] =
+            (nereid_backend_setting_t){xstrdup(""), xstrdup(own[i][0]), xstrdup(own[i][1])};
+    s->n_backend_settings = n_user + 3;
     if (opts->rate_limit == NEREID_RATE_LIMIT_EXECUTION_COUNT)
         s->rate_limiter =
             rate_limiter_new(opts->rate_limit_resources, opts->n_rate_limit_resources);
@@ -125,6 +143,12 @@ void nereid_server_free(nereid_server_t *s)
     free(s->server_id);
     rate_limiter_free(s->rate_limiter); /* every model was unloaded */
     cache_destroy(s->cache);
+    for (size_t i = 0; i < s->n_backend_settings; i++) {
+        free((char *)s->backend_settings[i].backend);
+        free((char *)s->backend_settings[i].setting);
+        free((char *)s->backend_settings[i].value);
+    }
+    free(s->backend_settings);
     pthread_rwlock_destroy(&s->lock);
     pthread_mutex_destroy(&s->control);
     pthread_mutex_destroy(&s->poll_lock);

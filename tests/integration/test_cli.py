@@ -53,12 +53,44 @@ def test_unsupported_flags_are_refused():
 
 
 def test_ignored_tuning_flags_warn_and_serve(nereid_server):
-    s = nereid_server(EXAMPLES, "--backend-config=onnxruntime,default-max-batch-size=4",
-                      "--pinned-memory-pool-byte-size=0", "--log-info=false")
+    s = nereid_server(EXAMPLES, "--pinned-memory-pool-byte-size=0", "--log-info=false")
     assert requests.get(s.http_url + "/v2/health/live").status_code == 200
     out = s.output()
-    assert "--backend-config is accepted for Triton compatibility" in out
+    assert "--pinned-memory-pool-byte-size is accepted for Triton compatibility" in out
     assert "successfully loaded" not in out  # --log-info=false silences info lines
+
+
+def test_backend_config_reaches_the_backend(nereid_server, tmp_path):
+    # Triton's resolution: global settings, the backend's own over them,
+    # sorted by setting, then default-max-batch-size when unset; the server
+    # adds auto-complete-config, min-compute-capability, backend-directory.
+    (tmp_path / "show" / "1").mkdir(parents=True)
+    (tmp_path / "show" / "config.pbtxt").write_text(
+        'backend: "testing" max_batch_size: 0\n'
+        'input [{ name: "INPUT0" data_type: TYPE_FP32 dims: [1] }]\n'
+        'output [{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [1] }]\n'
+        'parameters { key: "show_backend_config" value { string_value: "true" } }\n')
+    s = nereid_server(str(tmp_path), "--exit-on-error=false", "--strict-readiness=false",
+                      "--backend-config=zeta=global", "--backend-config=testing,alpha=1",
+                      "--backend-config=testing,zeta=own", "--backend-config=other,beta=2",
+                      "--backend-config=testing,x=a=b")
+    index = requests.post(s.http_url + "/v2/repository/index").json()
+    reason = [m for m in index if m["name"] == "show"][0]["reason"]
+    prefix = 'backend config {"cmdline":{"alpha":"1","auto-complete-config":"true",'
+    assert prefix in reason, reason
+    assert '"min-compute-capability":"6.000000","x":"a=b","zeta":"own",' \
+           '"default-max-batch-size":"4"}}' in reason, reason
+    assert '"backend-directory":"' in reason and "beta" not in reason
+
+
+def test_backend_config_format_errors():
+    r = run("--model-repository", EXAMPLES, "--backend-config=,a=b")
+    assert r.returncode == 2 and "No backend specified. --backend-config option format is " \
+        "<backend name>,<setting>=<value> or <setting>=<value>. Got ,a=b" in r.stderr
+    for bad in ("onnxruntime,novalue", "onnxruntime,a=", "onnxruntime,=1", "plain"):
+        r = run("--model-repository", EXAMPLES, f"--backend-config={bad}")
+        assert r.returncode == 2 and "--backend-config option format is '<backend name>," \
+            f"<setting>=<value>'. Got {bad}" in r.stderr, bad
 
 
 def test_strict_model_config_deprecation_warnings(tmp_path):
