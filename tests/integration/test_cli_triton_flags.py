@@ -142,3 +142,37 @@ def test_bad_compression_level_is_refused():
     r = run("--model-repository", EXAMPLES, "--grpc-infer-response-compression-level=max")
     assert r.returncode == 2
     assert "invalid argument for --grpc_infer_response_compression_level" in r.stderr
+
+
+def onnx_auto_repo(tmp_path):
+    """One ONNX add/sub model that can batch (first dimension variable) and
+    a config.pbtxt naming only the platform: auto-complete fills the rest."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "make_models", os.path.join(os.path.dirname(EXAMPLES), "..", "scripts", "make_models.py"))
+    mm = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mm)
+    repo = str(tmp_path / "models")
+    os.makedirs(os.path.join(repo, "auto_batch", "1"))
+    with open(os.path.join(repo, "auto_batch", "1", "model.onnx"), "wb") as f:
+        f.write(mm.add_sub((-1, 16)).SerializeToString())
+    with open(os.path.join(repo, "auto_batch", "config.pbtxt"), "w") as f:
+        f.write('platform: "onnxruntime_onnx"\n')
+    return repo
+
+
+def test_backend_config_default_max_batch_size_drives_auto_complete(nereid_server, tmp_path):
+    """Triton's L0_backend_config: the ONNX Runtime auto-complete gives a
+    batchable model default-max-batch-size (4 unless set, per backend or
+    global), with a dynamic batcher when it is above 1; 0 leaves it unbatched."""
+    repo = onnx_auto_repo(tmp_path)
+    for args, want in (((), 4), (("--backend-config=onnxruntime,default-max-batch-size=5",), 5),
+                       (("--backend-config=default-max-batch-size=6",), 6),
+                       (("--backend-config=default-max-batch-size=6",
+                         "--backend-config=onnxruntime,default-max-batch-size=2"), 2),
+                       (("--backend-config=onnxruntime,default-max-batch-size=0",), 0)):
+        s = nereid_server(repo, *args)
+        cfg = requests.get(f"{s.http_url}/v2/models/auto_batch/config", timeout=10).json()
+        assert cfg["max_batch_size"] == want, (args, cfg)
+        assert ("dynamic_batching" in cfg) == (want > 1), (args, cfg)
+        assert s.stop() == 0
