@@ -563,13 +563,17 @@ nereid_error_t *grpc_frontend_start(nereid_server_t *server, const grpc_options_
     enum { N_ARGS = sizeof int_args / sizeof int_args[0] };
     grpc_arg args[N_ARGS];
     memset(args, 0, sizeof(args));
+    size_t n_args = 0;
     for (size_t i = 0; i < N_ARGS; i++) {
-        args[i].type = GRPC_ARG_INTEGER;
-        args[i].key = (char *)int_args[i].key;
-        args[i].value.integer = int_args[i].value;
+        bool is_time = !strcmp(int_args[i].key, GRPC_ARG_KEEPALIVE_TIME_MS) ||
+                       !strcmp(int_args[i].key, GRPC_ARG_KEEPALIVE_TIMEOUT_MS);
+        if (is_time && int_args[i].value <= 0) continue;
+        args[n_args].type = GRPC_ARG_INTEGER;
+        args[n_args].key = (char *)int_args[i].key;
+        args[n_args++].value.integer = int_args[i].value;
     }
     fe->infer_compression_level = opts->infer_compression_level;
-    grpc_channel_args channel_args = {N_ARGS, args};
+    grpc_channel_args channel_args = {n_args, args};
     fe->grpc = grpc_server_create(&channel_args, NULL);
     for (int i = 0; i < n_queues; i++) {
         fe->queues[i] = grpc_completion_queue_create_for_next(NULL);

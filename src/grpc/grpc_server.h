@@ -22,7 +22,8 @@ typedef struct grpc_options {
     nereid_shm_registry_t *shm;
     bool reuse_port; /* --reuse-grpc-port: SO_REUSEPORT (false) */
     /* Triton's gRPC keepalive flags (grpc's channel arguments; Triton's
-     * defaults from grpc_options_init). */
+     * defaults from grpc_options_init; a keepalive time or timeout <= 0
+     * leaves grpc's own default). */
     int keepalive_time_ms;                            /* 7200000 */
     int keepalive_timeout_ms;                         /* 20000 */
     bool keepalive_permit_without_calls;              /* false */
