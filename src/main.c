@@ -72,6 +72,7 @@ typedef enum flag_kind {
     FLAG_CACHE_CONFIG,   /* --cache-config <name>,<setting>=<value> (repeatable) */
     FLAG_CACHE_BYTES,    /* --response-cache-byte-size: Triton's deprecated local cache size */
     FLAG_BACKEND_CONFIG, /* --backend-config [<backend>,]<setting>=<value> (repeatable) */
+    FLAG_METRICS_CONFIG, /* --metrics-config <setting>=<value> (repeatable) */
     FLAG_IGNORED,        /* Triton tuning knob with no effect here: accepted with a warning */
     FLAG_UNSUPPORTED /* Triton feature whose absence would surprise (TLS, restrictions): error */
 } flag_kind_t;
@@ -108,6 +109,9 @@ static const flag_t flags[] = {
       "Models loaded in parallel (4)."),
     F("model-load-retry-count", FLAG_INT, server.model_load_retry_count,
       "Times a failed model load is tried again before it counts as failed (0)."),
+    F("metrics-config", FLAG_METRICS_CONFIG, server,
+      "<setting>=<value>: counter_latencies=true|false (true), histogram_latencies=true|false "
+      "(false; nv_inference_first_response_histogram_ms); summary_latencies=true is refused."),
     F("reuse-http-port", FLAG_BOOL, http_reuse_port,
       "Let several servers listen on the HTTP port (SO_REUSEPORT) (false)."),
     F("reuse-grpc-port", FLAG_BOOL, grpc.reuse_port,
@@ -231,7 +235,6 @@ static const flag_t flags[] = {
     UNSUPPORTED("model-config-name"),
     UNSUPPORTED("log-file"),
     UNSUPPORTED("host-policy"),
-    UNSUPPORTED("metrics-config"),
     /* Same model name in several repositories, told apart by repository:
      * not implemented; off (Triton's default) is accepted. */
     UNSUPPORTED("model-namespacing"),
@@ -314,6 +317,32 @@ static int parse_backend_config(cli_t *cli, const char *value)
     cli->backend_setting_text[n] = text;
     cli->backend_settings[n] = (nereid_backend_setting_t){comma ? text : "", set, q + 1};
     cli->server.n_backend_settings = n + 1;
+    return 0;
+}
+
+/* Triton's --metrics-config <setting>=<value> (its format errors): the
+ * latency families. Triton reads counter_latencies "false" and
+ * histogram_latencies "true" only; other settings have no effect there
+ * either, except summary_latencies=true, which Nereid does not serve. */
+static int parse_metrics_config(cli_t *cli, const char *value)
+{
+    const char *eq = strchr(value, '=');
+    size_t n = eq ? (size_t)(eq - value) : 0;
+    if (!eq || n == 0 || !eq[1] || memchr(value, ',', n)) {
+        fprintf(stderr, "--metrics-config option format is <setting>=<value>. Got %s\n", value);
+        return -2;
+    }
+    if (n == strlen("counter_latencies") && !strncmp(value, "counter_latencies", n))
+        cli->server.metrics_counter_latencies = strcmp(eq + 1, "false") != 0;
+    else if (n == strlen("histogram_latencies") && !strncmp(value, "histogram_latencies", n))
+        cli->server.metrics_histogram_latencies = strcmp(eq + 1, "true") == 0;
+    else if (n == strlen("summary_latencies") && !strncmp(value, "summary_latencies", n) &&
+             !strcmp(eq + 1, "true")) {
+        fprintf(stderr, "nereid: --metrics-config summary_latencies=true is not supported (latency "
+                        "summaries are not implemented; counters and the first-response "
+                        "histogram are)\n");
+        return -2;
+    }
     return 0;
 }
 
@@ -419,6 +448,8 @@ static int apply_flag(cli_t *cli, const flag_t *f, const char *value)
         return 0;
     case FLAG_BACKEND_CONFIG:
         return parse_backend_config(cli, value);
+    case FLAG_METRICS_CONFIG:
+        return parse_metrics_config(cli, value);
     case FLAG_CACHE_BYTES: {
         char *end;
         errno = 0;

@@ -132,6 +132,11 @@ typedef struct nereid_server_options {
     const char *server_id;             /* default "triton" */
     int model_load_thread_count;       /* default 4 */
     int model_load_retry_count; /* default 0: a failed model load is tried again this often */
+    /* --metrics-config: the per-model latency counters (default true) and
+     * the nv_inference_first_response_histogram_ms histogram (default
+     * false), as Triton's counter_latencies / histogram_latencies. */
+    bool metrics_counter_latencies;
+    bool metrics_histogram_latencies;
     bool log_info, log_warning, log_error; /* default true: which log lines are printed */
     int log_format; /* a nereid_log_format_t; default NEREID_LOG_FORMAT_DEFAULT */
     nereid_rate_limit_mode_t rate_limit; /* default NEREID_RATE_LIMIT_OFF */

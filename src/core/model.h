@@ -53,6 +53,10 @@ typedef struct model_stats {
     stat_duration_t cache_hit, cache_miss;
     _Atomic uint64_t failures[FAILURE_N];
     _Atomic int64_t pending; /* requests queued, not yet executing */
+    /* Time to first response: per bucket of STATS_FIRST_RESPONSE_BUCKETS_MS
+     * (not cumulative; the last is +Inf), and the sum of observations. */
+    _Atomic uint64_t first_response_count[5];
+    _Atomic uint64_t first_response_sum_ms;
     response_stat_t response0;
     /* Entries 1.. of a decoupled model's response_stats (stats_response). */
     pthread_mutex_t resp_mu;

@@ -36,6 +36,7 @@ void nereid_server_options_init(nereid_server_options_t *o)
     o->strict_readiness = true;
     o->server_id = "triton";
     o->model_load_thread_count = 4;
+    o->metrics_counter_latencies = true;
     o->log_info = o->log_warning = o->log_error = true;
 }
 
@@ -566,7 +567,8 @@ nereid_error_t *nereid_server_metrics(nereid_server_t *s, char **text_out)
     for (size_t i = 0; i < s->n_models; i++)
         for (size_t v = 0; v < s->models[i]->n_versions; v++)
             if (s->models[i]->versions[v].model) models[k++] = s->models[i]->versions[v].model;
-    stats_metrics_text(out, models, k);
+    stats_metrics_text(out, models, k, s->opts.metrics_counter_latencies,
+                       s->opts.metrics_histogram_latencies);
     cache_metrics_text(out, s->cache);
     pthread_rwlock_unlock(&s->lock);
     free(models);

@@ -249,10 +249,57 @@ static void cache_metrics_per_model(FILE *out, const model_t *const *models, siz
     }
 }
 
-void stats_metrics_text(FILE *out, const model_t *const *models, size_t n_models)
+/* Triton's default buckets of nv_inference_first_response_histogram_ms. */
+static const uint64_t first_response_le_ms[4] = {100, 500, 2000, 5000};
+
+void stats_first_response(model_stats_t *s, uint64_t ms)
+{
+    size_t b = 0;
+    while (b < 4 && ms > first_response_le_ms[b])
+        b++;
+    atomic_fetch_add(&s->first_response_count[b], 1);
+    atomic_fetch_add(&s->first_response_sum_ms, ms);
+}
+
+/* prometheus-cpp's histogram text: _count, _sum, then cumulative _bucket
+ * lines with le. */
+static void first_response_text(FILE *out, const model_t *const *models, size_t n_models)
+{
+    static const char *name = "nv_inference_first_response_histogram_ms";
+    char lab[1024];
+    fprintf(out,
+            "# HELP %s Duration from request to first response in milliseconds\n"
+            "# TYPE %s histogram\n",
+            name, name);
+    for (size_t i = 0; i < n_models; i++) {
+        const model_stats_t *s = &models[i]->stats;
+        labels(lab, sizeof lab, models[i]);
+        uint64_t n[5], total = 0;
+        for (int b = 0; b < 5; b++)
+            total += n[b] = atomic_load(&s->first_response_count[b]);
+        fprintf(out, "%s_count{%s} %llu\n%s_sum{%s} %llu\n", name, lab, (unsigned long long)total,
+                name, lab, (unsigned long long)atomic_load(&s->first_response_sum_ms));
+        uint64_t cum = 0;
+        for (int b = 0; b < 5; b++) {
+            cum += n[b];
+            if (b < 4)
+                fprintf(out, "%s_bucket{%s,le=\"%llu\"} %llu\n", name, lab,
+                        (unsigned long long)first_response_le_ms[b], (unsigned long long)cum);
+            else
+                fprintf(out, "%s_bucket{%s,le=\"+Inf\"} %llu\n", name, lab,
+                        (unsigned long long)cum);
+        }
+    }
+}
+
+void stats_metrics_text(FILE *out, const model_t *const *models, size_t n_models,
+                        bool counter_latencies, bool histogram_latencies)
 {
     char lab[1024];
     for (size_t f = 0; f < ARRAY_LEN(families); f++) {
+        /* Families 4..8 are the latency counters (--metrics-config
+         * counter_latencies=false leaves them out). */
+        if (!counter_latencies && f >= 4 && f <= 8) continue;
         fprintf(out, "# HELP %s %s\n# TYPE %s %s\n", families[f].name, families[f].help,
                 families[f].name, families[f].type);
         for (size_t i = 0; i < n_models; i++) {
@@ -272,6 +319,7 @@ void stats_metrics_text(FILE *out, const model_t *const *models, size_t n_models
             }
         }
     }
+    if (histogram_latencies) first_response_text(out, models, n_models);
     load_duration_text(out, models, n_models);
     cache_metrics_per_model(out, models, n_models);
 }
