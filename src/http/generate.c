@@ -178,38 +178,13 @@ static nereid_error_t *fill_leaf(fill_t *f, const jv_t *v)
         }
         return NULL;
     }
-    case NEREID_TYPE_INT8:
-        lo = INT8_MIN, hi = INT8_MAX, range = "-128 to 127";
-        break;
-    case NEREID_TYPE_INT16:
-        lo = INT16_MIN, hi = INT16_MAX, range = "-32768 to 32767";
-        break;
-    case NEREID_TYPE_INT32:
-        lo = INT32_MIN, hi = INT32_MAX, range = "-2147483648 to 2147483647";
-        break;
-    case NEREID_TYPE_INT64:
-        lo = INT64_MIN, hi = INT64_MAX, range = "";
-        break;
-    case NEREID_TYPE_UINT8:
-        hi = UINT8_MAX, range = "0 to 255";
-        break;
-    case NEREID_TYPE_UINT16:
-        hi = UINT16_MAX, range = "0 to 65535";
-        break;
-    case NEREID_TYPE_UINT32:
-        hi = UINT32_MAX, range = "0 to 4294967295";
-        break;
-    case NEREID_TYPE_UINT64:
-        hi = UINT64_MAX, range = "";
-        break;
     default:
-        return nereid_error_new(NEREID_ERROR_INVALID_ARG, "invalid datatype for input %s",
-                                f->input);
+        if (!json_int_range(f->dt, &lo, &hi, &range))
+            return nereid_error_new(NEREID_ERROR_INVALID_ARG, "invalid datatype for input %s",
+                                    f->input);
     }
-    bool is_signed = f->dt == NEREID_TYPE_INT8 || f->dt == NEREID_TYPE_INT16 ||
-                     f->dt == NEREID_TYPE_INT32 || f->dt == NEREID_TYPE_INT64;
     uint64_t bits;
-    if (is_signed) {
+    if (lo < 0) { /* a signed datatype */
         if (v->type != JV_INT) return access_error("signed-integer");
         if (v->v.i < lo || (v->v.i > 0 && (uint64_t)v->v.i > hi)) return range_error(f, v, range);
         bits = (uint64_t)v->v.i;

@@ -1042,13 +1042,42 @@ static jv_t int_leaf(const char **pp, const char *end)
     return v;
 }
 
+static const struct {
+    nereid_datatype_t dt;
+    int64_t lo;
+    uint64_t hi;
+    const char *text;
+} int_ranges[] = {
+    {NEREID_TYPE_INT8, INT8_MIN, INT8_MAX, "-128 to 127"},
+    {NEREID_TYPE_INT16, INT16_MIN, INT16_MAX, "-32768 to 32767"},
+    {NEREID_TYPE_INT32, INT32_MIN, INT32_MAX, "-2147483648 to 2147483647"},
+    {NEREID_TYPE_INT64, INT64_MIN, INT64_MAX, "-9223372036854775808 to 9223372036854775807"},
+    {NEREID_TYPE_UINT8, 0, UINT8_MAX, "0 to 255"},
+    {NEREID_TYPE_UINT16, 0, UINT16_MAX, "0 to 65535"},
+    {NEREID_TYPE_UINT32, 0, UINT32_MAX, "0 to 4294967295"},
+    {NEREID_TYPE_UINT64, 0, UINT64_MAX, "0 to 18446744073709551615"},
+};
+
+bool json_int_range(nereid_datatype_t dt, int64_t *lo, uint64_t *hi, const char **text)
+{
+    for (size_t i = 0; i < sizeof int_ranges / sizeof int_ranges[0]; i++) {
+        if (int_ranges[i].dt != dt) continue;
+        *lo = int_ranges[i].lo, *hi = int_ranges[i].hi, *text = int_ranges[i].text;
+        return true;
+    }
+    return false;
+}
+
 /* An integer that Triton would cast to a narrower type (300 as UINT8 becomes
  * 44) is refused instead. The text names the input, the value as sent and
  * the range. Integers no int64 (signed types) or uint64 (unsigned types)
  * holds keep Triton's type error. */
-static nereid_error_t *range_error(const char *p, const char *after, const jfill_t *f,
-                                   const char *range)
+static nereid_error_t *range_error(const char *p, const char *after, const jfill_t *f)
 {
+    int64_t lo;
+    uint64_t hi;
+    const char *range = "";
+    json_int_range(f->datatype, &lo, &hi, &range);
     int len = after - p > 64 ? 64 : (int)(after - p);
     return nereid_error_new(NEREID_ERROR_INVALID_ARG,
                             "value %.*s%s of input '%s' is out of range for datatype %s (%s)", len,
@@ -1056,38 +1085,37 @@ static nereid_error_t *range_error(const char *p, const char *after, const jfill
                             nereid_datatype_name(f->datatype), range);
 }
 
-#define SIGNED_LEAF(name, T, MIN, MAX, RANGE)                                                      \
+#define SIGNED_LEAF(name, T, MIN, MAX)                                                             \
     static nereid_error_t *name(const char **pp, const char *end, jfill_t *f, char *dst)           \
     {                                                                                              \
         const char *p = *pp;                                                                       \
         jv_t v = int_leaf(pp, end);                                                                \
         if (v.type != JV_INT) return type_error(f->field, "signed-integer");                       \
-        if (v.v.i < (MIN) || v.v.i > (MAX)) return range_error(p, *pp, f, RANGE);                  \
+        if (v.v.i < (MIN) || v.v.i > (MAX)) return range_error(p, *pp, f);                         \
         T y = (T)v.v.u;                                                                            \
         memcpy(dst, &y, sizeof y);                                                                 \
         return NULL;                                                                               \
     }
-#define UNSIGNED_LEAF(name, T, MAX, RANGE)                                                         \
+#define UNSIGNED_LEAF(name, T, MAX)                                                                \
     static nereid_error_t *name(const char **pp, const char *end, jfill_t *f, char *dst)           \
     {                                                                                              \
         const char *p = *pp;                                                                       \
         jv_t v = int_leaf(pp, end);                                                                \
         uint64_t x;                                                                                \
         if (!jv_get_uint(&v, &x)) return type_error(f->field, "unsigned-integer");                 \
-        if (x > (MAX)) return range_error(p, *pp, f, RANGE);                                       \
+        if (x > (MAX)) return range_error(p, *pp, f);                                              \
         T y = (T)x;                                                                                \
         memcpy(dst, &y, sizeof y);                                                                 \
         return NULL;                                                                               \
     }
-SIGNED_LEAF(leaf_int8, uint8_t, INT8_MIN, INT8_MAX, "-128 to 127")
-SIGNED_LEAF(leaf_int16, uint16_t, INT16_MIN, INT16_MAX, "-32768 to 32767")
-SIGNED_LEAF(leaf_int32, uint32_t, INT32_MIN, INT32_MAX, "-2147483648 to 2147483647")
-SIGNED_LEAF(leaf_int64, uint64_t, INT64_MIN, INT64_MAX,
-            "-9223372036854775808 to 9223372036854775807")
-UNSIGNED_LEAF(leaf_uint8, uint8_t, UINT8_MAX, "0 to 255")
-UNSIGNED_LEAF(leaf_uint16, uint16_t, UINT16_MAX, "0 to 65535")
-UNSIGNED_LEAF(leaf_uint32, uint32_t, UINT32_MAX, "0 to 4294967295")
-UNSIGNED_LEAF(leaf_uint64, uint64_t, UINT64_MAX, "0 to 18446744073709551615")
+SIGNED_LEAF(leaf_int8, uint8_t, INT8_MIN, INT8_MAX)
+SIGNED_LEAF(leaf_int16, uint16_t, INT16_MIN, INT16_MAX)
+SIGNED_LEAF(leaf_int32, uint32_t, INT32_MIN, INT32_MAX)
+SIGNED_LEAF(leaf_int64, uint64_t, INT64_MIN, INT64_MAX)
+UNSIGNED_LEAF(leaf_uint8, uint8_t, UINT8_MAX)
+UNSIGNED_LEAF(leaf_uint16, uint16_t, UINT16_MAX)
+UNSIGNED_LEAF(leaf_uint32, uint32_t, UINT32_MAX)
+UNSIGNED_LEAF(leaf_uint64, uint64_t, UINT64_MAX)
 
 /* The nearest double to the number leaf at *pp (rapidjson's NaN, Inf and
  * Infinity included); false when it overflows a double. */

@@ -133,4 +133,8 @@ typedef struct jfill {
  * beyond n_expected (the caller checks too few). */
 nereid_error_t *json_reader_fill_data(const jv_t *span, jfill_t *f);
 
+/* The range JSON integers of datatype dt must be in (*lo..*hi) and its text
+ * for errors ("0 to 255"); false when dt is not an integer datatype. */
+bool json_int_range(nereid_datatype_t dt, int64_t *lo, uint64_t *hi, const char **text);
+
 #endif
