@@ -19,10 +19,30 @@ LATENCY_COUNTERS = ("nv_inference_request_duration_us", "nv_inference_queue_dura
 HIST = "nv_inference_first_response_histogram_ms"
 
 
+BUCKETS = """
+model_metrics {
+  metric_control: [ {
+    metric_identifier { family: "nv_inference_first_response_histogram_ms" }
+    histogram_options { buckets: [ 1, 2.5, 4, 8 ] }
+  }, {
+    metric_identifier { family: "nv_no_such_family" }
+    histogram_options { buckets: [ 1 ] }
+  } ]
+}
+"""
+
+
 def repo(tmp_path):
     path = str(tmp_path / "models")
     for name in ("repeat_int32", "identity_fp32"):
         shutil.copytree(os.path.join(EXAMPLES, name), os.path.join(path, name))
+    # identity_fp32 with its own buckets (Triton's model_metrics).
+    shutil.copytree(os.path.join(EXAMPLES, "identity_fp32"), os.path.join(path, "id_buckets"))
+    cfg = os.path.join(path, "id_buckets", "config.pbtxt")
+    with open(cfg) as f:
+        text = f.read().replace('name: "identity_fp32"', 'name: "id_buckets"')
+    with open(cfg, "w") as f:
+        f.write(text + BUCKETS)
     return path
 
 
@@ -68,6 +88,13 @@ def test_counter_latencies_false_histogram_true(nereid_server, tmp_path):
         assert f'{HIST}_bucket{{{lab},le="{le}"}} ' in text
     lab = 'model="repeat_int32",version="1"'
     assert f"{HIST}_count{{{lab}}} 1\n" in text  # one request, three responses
+    # model_metrics buckets replace the defaults for that model.
+    lab = 'model="id_buckets",version="1"'
+    buckets = [line.split("{")[1].split("}")[0] for line in text.splitlines()
+               if line.startswith(f"{HIST}_bucket{{{lab}")]
+    assert buckets == [f'{lab},le="{le}"' for le in ("1", "2.5", "4", "8", "+Inf")]
+    assert ("Metric family 'nv_no_such_family' in 'metric_identifier' is not a customizable "
+            "metric in Triton core.") in s.output()
 
 
 def run(*args):
