@@ -36,6 +36,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_proc.h"
+
 #define N_ELEMENTS 65536
 #define MAX_SERVERS 4
 #define MAX_ROUNDS 16
@@ -213,17 +215,6 @@ typedef struct server {
     int port;
 } server_t;
 
-static int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t n = sizeof a;
-    if (fd < 0 || bind(fd, (struct sockaddr *)&a, n) || getsockname(fd, (struct sockaddr *)&a, &n))
-        die("free port");
-    close(fd);
-    return ntohs(a.sin_port);
-}
-
 /* True once GET url answers 200. */
 static bool http_ok(int port, const char *url)
 {
@@ -245,10 +236,10 @@ static bool http_ok(int port, const char *url)
 
 static void start_server(server_t *s)
 {
-    s->port = free_port();
+    s->port = bench_free_port();
     char port[32], grpc[32], repo_arg[300], backends[600];
     snprintf(port, sizeof port, "--http-port=%d", s->port);
-    snprintf(grpc, sizeof grpc, "--grpc-port=%d", free_port());
+    snprintf(grpc, sizeof grpc, "--grpc-port=%d", bench_free_port());
     snprintf(repo_arg, sizeof repo_arg, "--model-repository=%s", repo);
     snprintf(backends, sizeof backends, "--backend-directory=%s", s->path);
     char *slash = strrchr(backends, '/');
@@ -271,23 +262,6 @@ static void start_server(server_t *s)
     }
     fprintf(stderr, "bench_json: %s did not become ready\n", s->path);
     exit(1);
-}
-
-/* Server CPU seconds (utime + stime) of pid; this process for the echo. */
-static double cpu_of(pid_t pid)
-{
-    char path[64], buf[1024];
-    snprintf(path, sizeof path, "/proc/%d/stat", pid ? (int)pid : (int)getpid());
-    FILE *f = fopen(path, "r");
-    if (!f) return 0;
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = 0;
-    char *p = strrchr(buf, ')');
-    unsigned long ut = 0, st = 0;
-    if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) != 2)
-        return 0;
-    return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
 }
 
 /* ---- The echo floor ------------------------------------------------------ */
@@ -353,7 +327,7 @@ static void echo_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
  * loopback server (keep in step with it). */
 static struct MHD_Daemon *start_echo(server_t *s)
 {
-    s->port = free_port();
+    s->port = bench_free_port();
     s->pid = 0;
     return MHD_start_daemon(
         MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG,
@@ -384,7 +358,7 @@ static sample_t run_wrk(const server_t *s, const bench_case_t *c)
         snprintf(url, sizeof url, "/v2/models/id_%s/infer", c->datatype);
     snprintf(cmd, sizeof cmd, "wrk -t1 -c1 -d%ds --latency -s %s http://127.0.0.1:%d%s 2>&1",
              seconds, c->script, s->port, url);
-    double cpu0 = cpu_of(s->pid);
+    double cpu0 = bench_cpu_seconds(s->pid);
     FILE *p = popen(cmd, "r");
     if (!p) die("wrk");
     sample_t r = {0};
@@ -407,7 +381,7 @@ static sample_t run_wrk(const server_t *s, const bench_case_t *c)
         fprintf(stderr, "bench_json: wrk failed: %s\n", cmd);
         exit(1);
     }
-    r.cpu_us = n > 0 ? (cpu_of(s->pid) - cpu0) * 1e6 / n : 0;
+    r.cpu_us = n > 0 ? (bench_cpu_seconds(s->pid) - cpu0) * 1e6 / n : 0;
     return r;
 }
 

@@ -3,6 +3,7 @@
 
     make_models.py [DIR]          example models into DIR (default examples/models)
     make_models.py --test DIR     a test repository (models and config.pbtxt) into DIR
+    make_models.py --many N DIR   N add_sub models (add_sub_0000 ...) into DIR
 
 Run with Debian's /usr/bin/python3 (python3-onnx). Example models are a list
 of (path, generator) pairs: a generator returns an onnx.ModelProto. Their
@@ -168,6 +169,17 @@ def make_test_repository(root):
             _write(os.path.join(root, name, "config.pbtxt"), config.encode())
 
 
+def make_many(root, n, extra=""):
+    """Writes n add_sub models (FP32 [-1,16], one CPU instance, shared ONNX
+    Runtime thread pools) named add_sub_0000, add_sub_0001, ... under root.
+    extra is appended to every config.pbtxt."""
+    data = add_sub((-1, 16)).SerializeToString()
+    for i in range(n):
+        name = f"add_sub_{i:04d}"
+        _write(os.path.join(root, name, "1", "model.onnx"), data)
+        _write(os.path.join(root, name, "config.pbtxt"), _add_sub_config(name, extra).encode())
+
+
 def make_examples(root):
     script_mtime = os.path.getmtime(__file__)
     todo = [(p, g) for p, g in EXAMPLES
@@ -181,6 +193,8 @@ def make_examples(root):
 def main(argv):
     if len(argv) >= 2 and argv[0] == "--test":
         make_test_repository(argv[1])
+    elif len(argv) >= 3 and argv[0] == "--many":
+        make_many(argv[2], int(argv[1]))
     else:
         make_examples(argv[0] if argv else "examples/models")
     return 0

@@ -7,10 +7,11 @@
  * the server builds and runs without it; model loads then fail with the
  * reason.
  *
- * One OrtEnv per backend, one OrtSession per instance (the session made at
- * model init to read the model's inputs and outputs is handed to the first
- * instance). Inputs are wrapped around the core's buffers without a copy;
- * outputs whose shape is known before the run (static dims plus the batch
+ * One OrtEnv per backend, with the intra-op and inter-op thread pools that
+ * all sessions share unless their model sets its own thread counts; one
+ * OrtSession per instance (the session made at model init to read the
+ * model's inputs and outputs is handed to the first instance). Inputs are wrapped around the core's
+ * buffers without a copy; outputs whose shape is known before the run (static dims plus the batch
  * dimension) are bound to the core's output buffers so ONNX Runtime writes
  * straight into them, other outputs are allocated by ONNX Runtime and copied.
  * Should a model's declared output shape prove wrong, that run fails and the
@@ -221,6 +222,25 @@ static void load_runtime(ort_backend_t *b)
              why);
 }
 
+/* One environment whose intra-op and inter-op thread pools every session
+ * shares (sessions opt in with DisablePerSessionThreads), sized by ONNX
+ * Runtime (one thread per physical core, the caller counting as one). The
+ * pools block when idle instead of spin-waiting: a thousand idle models cost
+ * no CPU, and a spin after one model's run would take the core another
+ * model's instance thread needs. */
+static nereid_error_t *create_env(ort_backend_t *b)
+{
+    const ort_api_t *api = &b->api;
+    OrtThreadingOptions *tp = NULL;
+    ORT_TRY(api, api->CreateThreadingOptions(&tp));
+    OrtStatus *st = api->SetGlobalIntraOpNumThreads(tp, 0);
+    if (!st) st = api->SetGlobalInterOpNumThreads(tp, 0);
+    if (!st) st = api->SetGlobalSpinControl(tp, 0);
+    if (!st) st = api->CreateEnvWithGlobalThreadPools(ORT_LOG_WARNING, "nereid", tp, &b->env);
+    api->ReleaseThreadingOptions(tp);
+    return ort_error(api, st);
+}
+
 NEREID_EXPORT uint32_t nereid_backend_abi_version(void)
 {
     return NEREID_BACKEND_ABI_VERSION;
@@ -234,7 +254,7 @@ NEREID_EXPORT nereid_error_t *nereid_backend_init(nereid_backend_t *backend)
     load_runtime(b);
     if (b->load_error[0]) return NULL; /* model loads report it */
     const ort_api_t *api = &b->api;
-    nereid_error_t *err = ort_error(api, api->CreateEnv(ORT_LOG_WARNING, "nereid", &b->env));
+    nereid_error_t *err = create_env(b);
     if (!err)
         err = ort_error(
             api, api->CreateCpuMemoryInfo(ORT_ARENA_ALLOCATOR, ORT_MEM_TYPE_DEFAULT, &b->cpu_info));
@@ -320,16 +340,30 @@ static nereid_error_t *make_session_options(ort_model_t *m, nereid_model_t *mode
                                  : ORT_ENABLE_ALL;
     ORT_TRY(api, api->SetSessionGraphOptimizationLevel(m->options, ort_level));
 
+    /* A model that sets a thread count gets pools of its own, as in Triton's
+     * onnxruntime backend (they block when idle too); others share the
+     * environment's. */
     const char *v;
     int n;
     nereid_error_t *err;
+    bool own_pools = false;
     if ((v = nereid_model_parameter(model, "intra_op_thread_count"))) {
         if ((err = parse_int(v, &n))) return err;
         ORT_TRY(api, api->SetIntraOpNumThreads(m->options, n));
+        own_pools = true;
     }
     if ((v = nereid_model_parameter(model, "inter_op_thread_count"))) {
         if ((err = parse_int(v, &n))) return err;
         ORT_TRY(api, api->SetInterOpNumThreads(m->options, n));
+        own_pools = true;
+    }
+    if (own_pools) {
+        ORT_TRY(api,
+                api->AddSessionConfigEntry(m->options, "session.intra_op.allow_spinning", "0"));
+        ORT_TRY(api,
+                api->AddSessionConfigEntry(m->options, "session.inter_op.allow_spinning", "0"));
+    } else {
+        ORT_TRY(api, api->DisablePerSessionThreads(m->options));
     }
     if ((v = nereid_model_parameter(model, "execution_mode"))) {
         if ((err = parse_int(v, &n))) return err;

@@ -3,10 +3,11 @@
  * declared here because no headers ship with the runtime library. The C API
  * is a table of function pointers in a fixed, append-only order (OrtApi in
  * onnxruntime_c_api.h); each function below is listed with its slot index in
- * that table. Every slot used but one is inside the frozen "Version 1" block
- * (0-101); GetResizedStringTensorElementBuffer (slot 252, binary-safe string
- * input) came with API version 13 (ORT 1.13), so the table is requested with
- * API version 13.
+ * that table. Most slots used are inside the frozen "Version 1" block
+ * (0-101); the shared (global) thread pool calls (119-149) were added after it,
+ * GetResizedStringTensorElementBuffer (slot 252, binary-safe string input)
+ * with API version 13 (ORT 1.13), so the table is requested with API
+ * version 13.
  *
  * ort_api_load() dlopens the library, checks OrtGetApiBase and fills a
  * struct of typed function pointers. Shared by the onnxruntime backend and
@@ -32,6 +33,7 @@ typedef struct OrtTypeInfo OrtTypeInfo;
 typedef struct OrtTensorTypeAndShapeInfo OrtTensorTypeAndShapeInfo;
 typedef struct OrtSessionOptions OrtSessionOptions;
 typedef struct OrtAllocator OrtAllocator;
+typedef struct OrtThreadingOptions OrtThreadingOptions;
 
 /* ONNXTensorElementDataType (TensorProto.DataType numbering). */
 enum {
@@ -127,6 +129,16 @@ enum {                                           /* GraphOptimizationLevel */
     X(98, void, ReleaseTypeInfo, (OrtTypeInfo * type_info))                                        \
     X(99, void, ReleaseTensorTypeAndShapeInfo, (OrtTensorTypeAndShapeInfo * info))                 \
     X(100, void, ReleaseSessionOptions, (OrtSessionOptions * opts))                                \
+    X(119, OrtStatus *, CreateEnvWithGlobalThreadPools,                                            \
+      (int log_level, const char *logid, const OrtThreadingOptions *tp_options, OrtEnv **out))     \
+    X(120, OrtStatus *, DisablePerSessionThreads, (OrtSessionOptions * opts))                      \
+    X(121, OrtStatus *, CreateThreadingOptions, (OrtThreadingOptions * *out))                      \
+    X(122, void, ReleaseThreadingOptions, (OrtThreadingOptions * tp_options))                      \
+    X(130, OrtStatus *, AddSessionConfigEntry,                                                     \
+      (OrtSessionOptions * opts, const char *key, const char *value))                              \
+    X(147, OrtStatus *, SetGlobalIntraOpNumThreads, (OrtThreadingOptions * tp_options, int n))     \
+    X(148, OrtStatus *, SetGlobalInterOpNumThreads, (OrtThreadingOptions * tp_options, int n))     \
+    X(149, OrtStatus *, SetGlobalSpinControl, (OrtThreadingOptions * tp_options, int allow_spin))  \
     X(252, OrtStatus *, GetResizedStringTensorElementBuffer,                                       \
       (OrtValue * value, size_t index, size_t length, char **buffer))
 

@@ -154,6 +154,16 @@ typedef struct nereid_server_options {
      * its own (nereid_backend_config, backend.h). */
     const nereid_backend_setting_t *backend_settings;
     size_t n_backend_settings;
+    /* Load on demand (an extension; explicit model control only): a request
+     * for a model that is in a repository but not loaded loads it first
+     * (concurrent requests wait for one load). With a budget (> 0 bytes),
+     * after each such load the least recently used models with nothing in
+     * flight are unloaded until the loaded models' memory (each measured as
+     * the process's RSS growth across its load) fits; models named by
+     * load_models, the model just loaded and the composing models of a
+     * loaded ensemble are never unloaded this way. Default off / 0. */
+    bool model_load_on_demand;
+    long long model_memory_budget_bytes;
 } nereid_server_options_t;
 
 typedef struct nereid_server nereid_server_t;

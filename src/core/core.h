@@ -74,6 +74,11 @@ response_stat_t *stats_response(model_stats_t *s, uint64_t index);
  * Triton's lookup error texts. */
 nereid_error_t *server_lookup_model(nereid_server_t *s, const char *name, int64_t version,
                                     model_t **out);
+/* server_lookup_model for an inference: with --model-load-on-demand, a
+ * model in the repository that is not loaded is loaded first (the caller
+ * waits) and looked up again. */
+nereid_error_t *server_lookup_for_infer(nereid_server_t *s, const char *name, int64_t version,
+                                        model_t **out);
 /* Looks model name/version up and holds it (model_hold). */
 nereid_error_t *server_hold_model(nereid_server_t *s, const char *name, int64_t version,
                                   model_t **out);

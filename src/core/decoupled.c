@@ -90,7 +90,7 @@ nereid_error_t *nereid_server_model_decoupled(nereid_server_t *server, const cha
 {
     *decoupled_out = false;
     model_t *m;
-    nereid_error_t *err = server_lookup_model(server, model, version, &m);
+    nereid_error_t *err = server_lookup_for_infer(server, model, version, &m);
     if (err) return err;
     *decoupled_out = model_is_decoupled(m);
     model_unref(m);

@@ -431,8 +431,10 @@ static char *locate(nereid_server_t *s, const char *name, size_t *count)
 typedef struct load_ctx {
     const char *chain[MAX_ENSEMBLE_DEPTH + 1]; /* ensembles being loaded, outermost first */
     size_t depth;
-    bool load_deps; /* load an ensemble's composing models that are not ready */
-    bool force;     /* reload versions even when nothing changed */
+    bool load_deps;         /* load an ensemble's composing models that are not ready */
+    bool force;             /* reload versions even when nothing changed */
+    model_config_t *config; /* the model's config already read from its directory, or
+                               NULL; taken (and freed) by load_model */
 } load_ctx_t;
 
 static nereid_error_t *load_model(nereid_server_t *s, const char *name, const char *override_json,
@@ -727,7 +729,12 @@ static nereid_error_t *load_model(nereid_server_t *s, const char *name, const ch
     }
     const char *load_dir = tmp ? tmp : dir;
     model_config_t *cfg = NULL;
-    err = read_config(s, name, load_dir, override_json, &cfg);
+    if (ctx->config && !override_json && !tmp) {
+        cfg = ctx->config; /* read by the start-up pass: not twice */
+        ctx->config = NULL;
+    } else {
+        err = read_config(s, name, load_dir, override_json, &cfg);
+    }
     if (!err && is_ensemble(cfg)) err = load_dependencies(s, name, cfg, ctx);
     int64_t *avail = NULL, *chosen = NULL;
     size_t k = 0;
@@ -899,10 +906,10 @@ static nereid_error_t *load_model(nereid_server_t *s, const char *name, const ch
 /* ---- Unloading ---- */
 
 /* Whether a ready ensemble other than except uses model name. */
-static bool used_by_other(nereid_server_t *s, const char *name, const char *except)
+/* used_by_other with s->lock held. */
+static bool used_by_other_locked(nereid_server_t *s, const char *name, const char *except)
 {
     bool used = false;
-    pthread_rwlock_rdlock(&s->lock);
     for (size_t i = 0; i < s->n_models && !used; i++) {
         model_entry_t *e = s->models[i];
         if (strcmp(e->name, except) == 0 || !entry_has_ready(e) || !is_ensemble(e->config))
@@ -911,6 +918,13 @@ static bool used_by_other(nereid_server_t *s, const char *name, const char *exce
         for (size_t k = 0; es && k < es->n_step; k++)
             used |= strcmp(es->step[k]->model_name, name) == 0;
     }
+    return used;
+}
+
+static bool used_by_other(nereid_server_t *s, const char *name, const char *except)
+{
+    pthread_rwlock_rdlock(&s->lock);
+    bool used = used_by_other_locked(s, name, except);
     pthread_rwlock_unlock(&s->lock);
     return used;
 }
@@ -1031,16 +1045,147 @@ nereid_error_t *nereid_server_unload_model(nereid_server_t *s, const char *model
     return NULL;
 }
 
+/* ---- Load on demand ---- */
+
+/* The process's resident bytes (/proc/self/statm), 0 when unknown. */
+static long long rss_bytes(void)
+{
+    FILE *f = fopen("/proc/self/statm", "r");
+    long long pages = 0, resident = 0;
+    if (f) {
+        if (fscanf(f, "%lld %lld", &pages, &resident) != 2) resident = 0;
+        fclose(f);
+    }
+    return resident * (long long)sysconf(_SC_PAGESIZE);
+}
+
+/* Whether a request or an ensemble still uses one of e's models (beyond the
+ * loader's reference). Caller holds s->lock. */
+static bool entry_in_use(const model_entry_t *e)
+{
+    for (size_t v = 0; v < e->n_versions; v++) {
+        model_t *m = e->versions[v].model;
+        if (m && (atomic_load(&m->refcount) > 1 || atomic_load(&m->holds) > 0)) return true;
+    }
+    return false;
+}
+
+/* Unloads least recently used models until the loaded ones fit the budget;
+ * keep (just loaded) stays. Caller holds s->control. */
+static void evict_over_budget(nereid_server_t *s, const char *keep)
+{
+    long long budget = s->opts.model_memory_budget_bytes;
+    while (budget > 0) {
+        pthread_rwlock_rdlock(&s->lock);
+        long long total = 0;
+        model_entry_t *victim = NULL;
+        for (size_t i = 0; i < s->n_models; i++) {
+            model_entry_t *e = s->models[i];
+            if (!entry_has_ready(e)) continue;
+            total += e->memory_bytes;
+            if (e->pinned || strcmp(e->name, keep) == 0 || entry_in_use(e) ||
+                used_by_other_locked(s, e->name, e->name))
+                continue;
+            if (!victim || atomic_load(&e->last_used_ns) < atomic_load(&victim->last_used_ns))
+                victim = e;
+        }
+        char *name = victim && total > budget ? xstrdup(victim->name) : NULL;
+        long long bytes = victim ? victim->memory_bytes : 0;
+        pthread_rwlock_unlock(&s->lock);
+        if (!name) {
+            if (total > budget)
+                LOG_WARN("repository",
+                         "loaded models use %lld bytes, over the memory budget of %lld bytes, "
+                         "and none can be unloaded (pinned, in use or just loaded)",
+                         total, budget);
+            return;
+        }
+        LOG_INFO("repository",
+                 "unloading '%s' (%lld bytes, least recently used): loaded models use %lld bytes, "
+                 "over the memory budget of %lld bytes",
+                 name, bytes, total, budget);
+        unload_model(s, name, false, 0);
+        pthread_rwlock_wrlock(&s->lock);
+        model_entry_t *e = repository_find(s, name);
+        if (e) e->memory_bytes = 0;
+        pthread_rwlock_unlock(&s->lock);
+        atomic_fetch_add(&s->on_demand_evictions, 1);
+        free(name);
+    }
+}
+
+/* Set on the thread running an on-demand load: a request that the load
+ * itself makes (a backend's model init) must not wait for s->control. */
+static _Thread_local bool loading_on_demand;
+
+nereid_error_t *repository_load_on_demand(nereid_server_t *s, const char *name)
+{
+    if (!valid_model_name(name) || loading_on_demand)
+        return nereid_error_new(NEREID_ERROR_NOT_FOUND,
+                                "Request for unknown model: '%s' is not found", name ? name : "");
+    pthread_mutex_lock(&s->control);
+    loading_on_demand = true;
+    nereid_error_t *err = NULL;
+    if (atomic_load(&s->stopping)) {
+        err = nereid_error_new(NEREID_ERROR_UNAVAILABLE, "Server not ready");
+    } else if (!model_ready(s, name)) { /* else another request loaded it meanwhile */
+        size_t count;
+        char *dir = locate(s, name, &count);
+        bool found = dir != NULL;
+        free(dir);
+        if (!found) {
+            err = nereid_error_new(NEREID_ERROR_NOT_FOUND,
+                                   "Request for unknown model: '%s' is not found", name);
+        } else {
+            LOG_INFO("repository", "loading '%s' on demand", name);
+            long long rss0 = rss_bytes();
+            uint64_t t0 = util_now_ns();
+            load_ctx_t ctx = {.depth = 0, .load_deps = true};
+            ctx.chain[0] = name;
+            err = load_model(s, name, NULL, NULL, NULL, NULL, 0, &ctx);
+            atomic_fetch_add(&s->on_demand_load_ns, util_now_ns() - t0);
+            long long grown = rss_bytes() - rss0;
+            if (err || !model_ready(s, name)) {
+                atomic_fetch_add(&s->on_demand_load_failures, 1);
+                if (!err)
+                    err = nereid_error_new(NEREID_ERROR_UNAVAILABLE,
+                                           "Request for unknown model: '%s' has no available "
+                                           "versions",
+                                           name);
+            } else {
+                atomic_fetch_add(&s->on_demand_loads, 1);
+                pthread_rwlock_wrlock(&s->lock);
+                model_entry_t *e = repository_find(s, name);
+                if (e) {
+                    e->memory_bytes = grown > 0 ? grown : 1;
+                    atomic_store(&e->last_used_ns, util_now_ns());
+                }
+                pthread_rwlock_unlock(&s->lock);
+                LOG_INFO("repository", "loaded '%s' on demand (%lld bytes)", name,
+                         grown > 0 ? grown : 1);
+                evict_over_budget(s, name);
+            }
+        }
+    }
+    loading_on_demand = false;
+    pthread_mutex_unlock(&s->control);
+    return err;
+}
+
 /* ---- Start-up ---- */
 
 typedef struct load_pool {
     nereid_server_t *server;
     char **names;
     size_t n;
+    bool *is_ensemble; /* [n], set by the workers */
     pthread_mutex_t lock;
     size_t next;
 } load_pool_t;
 
+/* Loads the plain models among p->names; an ensemble (it needs its steps)
+ * is only marked in p->is_ensemble for the caller. Each config is read once,
+ * here, and handed to load_model. */
 static void *load_worker(void *arg)
 {
     load_pool_t *p = arg;
@@ -1049,15 +1194,29 @@ static void *load_worker(void *arg)
         size_t i = p->next++;
         pthread_mutex_unlock(&p->lock);
         if (i >= p->n) return NULL;
-        load_ctx_t ctx = {.depth = 0, .load_deps = false};
+        size_t count;
+        char *dir = locate(p->server, p->names[i], &count);
+        model_config_t *cfg = NULL;
+        if (dir && count == 1)
+            nereid_error_free(read_config(p->server, p->names[i], dir, NULL, &cfg));
+        free(dir);
+        if (is_ensemble(cfg)) {
+            config_free(cfg);
+            p->is_ensemble[i] = true;
+            continue;
+        }
+        load_ctx_t ctx = {.depth = 0, .load_deps = false, .config = cfg};
         ctx.chain[0] = p->names[i];
         nereid_error_free(load_model(p->server, p->names[i], NULL, NULL, NULL, NULL, 0, &ctx));
+        if (ctx.config) config_free(ctx.config);
     }
 }
 
-static void load_parallel(nereid_server_t *s, char **names, size_t n)
+/* Loads names' plain models on --model-load-thread-count threads and sets
+ * is_ensemble[i] for each ensemble among them (not loaded). */
+static void load_parallel(nereid_server_t *s, char **names, size_t n, bool *is_ensemble)
 {
-    load_pool_t pool = {.server = s, .names = names, .n = n};
+    load_pool_t pool = {.server = s, .names = names, .n = n, .is_ensemble = is_ensemble};
     pthread_mutex_init(&pool.lock, NULL);
     size_t nt = s->opts.model_load_thread_count > 0 ? (size_t)s->opts.model_load_thread_count : 1;
     if (nt > n) nt = n;
@@ -1070,17 +1229,6 @@ static void load_parallel(nereid_server_t *s, char **names, size_t n)
         pthread_join(threads[i], NULL);
     free(threads);
     pthread_mutex_destroy(&pool.lock);
-}
-
-/* Whether dir's config.pbtxt declares an ensemble (cheap pre-read). */
-static bool dir_is_ensemble(nereid_server_t *s, const char *name, const char *dir)
-{
-    model_config_t *cfg = NULL;
-    nereid_error_t *err = read_config(s, name, dir, NULL, &cfg);
-    nereid_error_free(err);
-    bool ens = is_ensemble(cfg);
-    if (cfg) config_free(cfg);
-    return ens;
 }
 
 static bool wanted_at_start(nereid_server_t *s, const char *name)
@@ -1153,29 +1301,30 @@ nereid_error_t *repository_start(nereid_server_t *s)
         free(dir);
     }
     pthread_rwlock_unlock(&s->lock);
-    /* Plain models in parallel, then ensembles (they need their steps). */
-    char **plain = xcalloc(n ? n : 1, sizeof *plain), **ens = xcalloc(n ? n : 1, sizeof *ens);
-    size_t n_plain = 0, n_ens = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (!wanted_at_start(s, names[i])) continue;
-        size_t count;
-        char *dir = locate(s, names[i], &count);
-        if (dir && dir_is_ensemble(s, names[i], dir))
-            ens[n_ens++] = names[i];
-        else
-            plain[n_plain++] = names[i];
-        free(dir);
+    if (s->opts.model_load_on_demand) { /* what --load-model names is never evicted */
+        pthread_rwlock_wrlock(&s->lock);
+        for (size_t i = 0; i < s->n_models; i++)
+            s->models[i]->pinned = wanted_at_start(s, s->models[i]->name);
+        pthread_rwlock_unlock(&s->lock);
     }
-    load_parallel(s, plain, n_plain);
-    for (size_t i = 0; i < n_ens; i++) {
+    /* Plain models in parallel, then ensembles (they need their steps). */
+    char **wanted = xcalloc(n ? n : 1, sizeof *wanted);
+    bool *ens = xcalloc(n ? n : 1, sizeof *ens);
+    size_t n_wanted = 0;
+    for (size_t i = 0; i < n; i++)
+        if (wanted_at_start(s, names[i])) wanted[n_wanted++] = names[i];
+    load_parallel(s, wanted, n_wanted, ens);
+    for (size_t i = 0; i < n_wanted; i++) {
         /* loaded (or tried) as another ensemble's step */
-        if (model_ready(s, ens[i]) || entry_state(s, ens[i], NULL) != MODEL_UNKNOWN_STATE) continue;
+        if (!ens[i] || model_ready(s, wanted[i]) ||
+            entry_state(s, wanted[i], NULL) != MODEL_UNKNOWN_STATE)
+            continue;
         load_ctx_t ctx = {.depth = 0,
                           .load_deps = s->opts.model_control_mode == NEREID_MODEL_CONTROL_EXPLICIT};
-        ctx.chain[0] = ens[i];
-        nereid_error_free(load_model(s, ens[i], NULL, NULL, NULL, NULL, 0, &ctx));
+        ctx.chain[0] = wanted[i];
+        nereid_error_free(load_model(s, wanted[i], NULL, NULL, NULL, NULL, 0, &ctx));
     }
-    free(plain);
+    free(wanted);
     free(ens);
     for (size_t i = 0; i < n; i++)
         free(names[i]);
@@ -1247,12 +1396,16 @@ void repository_poll(nereid_server_t *s)
             model_entry_t *e = repository_find(s, names[i]);
             bool changed = !e || e->tree_sig != sig;
             pthread_rwlock_unlock(&s->lock);
-            if (changed && dir_is_ensemble(s, names[i], dir) == (pass == 1)) {
+            model_config_t *cfg = NULL;
+            if (changed) nereid_error_free(read_config(s, names[i], dir, NULL, &cfg));
+            if (changed && is_ensemble(cfg) == (pass == 1)) {
                 LOG_INFO("repository", "model '%s' changed on disk, (re)loading", names[i]);
-                load_ctx_t ctx = {.depth = 0, .load_deps = true};
+                load_ctx_t ctx = {.depth = 0, .load_deps = true, .config = cfg};
                 ctx.chain[0] = names[i];
                 nereid_error_free(load_model(s, names[i], NULL, NULL, NULL, NULL, 0, &ctx));
+                cfg = ctx.config;
             }
+            if (cfg) config_free(cfg);
             free(dir);
         }
     }

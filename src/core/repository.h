@@ -36,6 +36,10 @@ typedef struct model_entry {
     uint64_t tree_sig; /* poll: signature of the model directory when last loaded */
     char **tmp_dirs;   /* override copies made for this model, removed with it */
     size_t n_tmp_dirs;
+    /* Load on demand (nereid_server_options_t.model_load_on_demand): */
+    bool pinned;                   /* named by --load-model: never evicted */
+    long long memory_bytes;        /* RSS growth across its last load, >= 1 when loaded */
+    _Atomic uint64_t last_used_ns; /* last lookup (util_now_ns) */
 } model_entry_t;
 
 struct nereid_server {
@@ -63,6 +67,9 @@ struct nereid_server {
      * backend-directory */
     nereid_backend_setting_t *backend_settings;
     size_t n_backend_settings;
+    /* Load on demand: totals for the metrics. */
+    _Atomic uint64_t on_demand_loads, on_demand_load_failures, on_demand_evictions;
+    _Atomic uint64_t on_demand_load_ns;
 };
 
 /* Finds an entry by name; caller holds s->lock. */
@@ -76,5 +83,11 @@ nereid_error_t *repository_start(nereid_server_t *s);
 void repository_stop(nereid_server_t *s);
 /* One poll pass now (poll mode's thread calls it periodically). */
 void repository_poll(nereid_server_t *s);
+/* Load on demand: loads model name if it is in a repository and not ready
+ * (waiting for a load already under way), then unloads least recently used
+ * models past the memory budget. NULL when the model is ready afterwards,
+ * NOT_FOUND (Triton's text) when no repository has it, else the load's
+ * error. Any thread; blocks for the load. */
+nereid_error_t *repository_load_on_demand(nereid_server_t *s, const char *name);
 
 #endif

@@ -47,6 +47,13 @@ nereid_error_t *nereid_server_new(const nereid_server_options_t *opts, nereid_se
     *out = NULL;
     if (!opts || opts->n_model_repositories == 0)
         return nereid_error_new(NEREID_ERROR_INVALID_ARG, "--model-repository must be specified");
+    if (opts->model_load_on_demand && opts->model_control_mode != NEREID_MODEL_CONTROL_EXPLICIT)
+        return nereid_error_new(
+            NEREID_ERROR_INVALID_ARG,
+            "--model-load-on-demand=true requires --model-control-mode=explicit");
+    if (opts->model_memory_budget_bytes > 0 && !opts->model_load_on_demand)
+        return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                "--model-memory-budget requires --model-load-on-demand=true");
     nereid_server_t *s = xcalloc(1, sizeof *s);
     s->opts = *opts;
     s->n_repos = opts->n_model_repositories;
@@ -219,6 +226,7 @@ static nereid_error_t *lookup_locked(nereid_server_t *s, const char *name, int64
         *out = ve->model;
     }
     model_ref(*out); /* the caller's (a request's until its response is freed) */
+    if (s->opts.model_load_on_demand) atomic_store(&e->last_used_ns, util_now_ns());
     return NULL;
 }
 
@@ -233,6 +241,20 @@ nereid_error_t *server_lookup_model(nereid_server_t *s, const char *name, int64_
     nereid_error_t *err = lookup_locked(s, name, version, out);
     pthread_rwlock_unlock(&s->lock);
     return err;
+}
+
+nereid_error_t *server_lookup_for_infer(nereid_server_t *s, const char *name, int64_t version,
+                                        model_t **out)
+{
+    nereid_error_t *err = server_lookup_model(s, name, version, out);
+    if (!err || !s->opts.model_load_on_demand || atomic_load(&s->stopping) ||
+        (nereid_error_code(err) != NEREID_ERROR_NOT_FOUND &&
+         nereid_error_code(err) != NEREID_ERROR_UNAVAILABLE))
+        return err;
+    /* Not loaded: load it now (this thread waits), then look again. */
+    nereid_error_free(err);
+    err = repository_load_on_demand(s, name);
+    return err ? err : server_lookup_model(s, name, version, out);
 }
 
 /* ---- Inference ---- */
@@ -306,7 +328,7 @@ nereid_error_t *nereid_server_infer_async(nereid_server_t *s, nereid_request_t *
     for (int attempt = 0; attempt < 2; attempt++) {
         nereid_error_free(err);
         model_t *m;
-        err = server_lookup_model(s, req->model_name, req->version_req, &m);
+        err = server_lookup_for_infer(s, req->model_name, req->version_req, &m);
         if (err) return err;
         bool stopped;
         err = submit(m, req, allocator, done_fn, done_userp, &stopped);
@@ -552,6 +574,35 @@ nereid_error_t *nereid_server_repository_index(nereid_server_t *s, bool ready_on
 
 /* ---- Metrics ---- */
 
+/* Load on demand's counters and each loaded model's measured bytes (an
+ * extension: nereid_ names). Caller holds s->lock. */
+static void on_demand_metrics_text(FILE *out, nereid_server_t *s)
+{
+    const struct {
+        const char *name, *help;
+        uint64_t value;
+    } counters[] = {
+        {"nereid_model_on_demand_loads_total",
+         "Models loaded on a request (--model-load-on-demand)", atomic_load(&s->on_demand_loads)},
+        {"nereid_model_on_demand_load_failures_total", "On-demand loads that failed",
+         atomic_load(&s->on_demand_load_failures)},
+        {"nereid_model_on_demand_evictions_total", "Models unloaded to fit --model-memory-budget",
+         atomic_load(&s->on_demand_evictions)},
+        {"nereid_model_on_demand_load_duration_us_total",
+         "Cumulative time spent in on-demand loads, in microseconds",
+         atomic_load(&s->on_demand_load_ns) / 1000},
+    };
+    for (size_t i = 0; i < sizeof counters / sizeof counters[0]; i++)
+        fprintf(out, "# HELP %s %s\n# TYPE %s counter\n%s %" PRIu64 "\n", counters[i].name,
+                counters[i].help, counters[i].name, counters[i].name, counters[i].value);
+    fprintf(out, "# HELP nereid_model_memory_bytes Resident memory the model's on-demand load "
+                 "added to the process\n# TYPE nereid_model_memory_bytes gauge\n");
+    for (size_t i = 0; i < s->n_models; i++)
+        if (s->models[i]->memory_bytes > 0 && s->models[i]->state == MODEL_READY)
+            fprintf(out, "nereid_model_memory_bytes{model=\"%s\"} %lld\n", s->models[i]->name,
+                    s->models[i]->memory_bytes);
+}
+
 nereid_error_t *nereid_server_metrics(nereid_server_t *s, char **text_out)
 {
     char *buf = NULL;
@@ -570,6 +621,7 @@ nereid_error_t *nereid_server_metrics(nereid_server_t *s, char **text_out)
     stats_metrics_text(out, models, k, s->opts.metrics_counter_latencies,
                        s->opts.metrics_histogram_latencies);
     cache_metrics_text(out, s->cache);
+    if (s->opts.model_load_on_demand) on_demand_metrics_text(out, s);
     pthread_rwlock_unlock(&s->lock);
     free(models);
     fclose(out);

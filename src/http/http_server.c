@@ -42,9 +42,12 @@
 #include "http/infer_reply.h"
 #include "http/json_reader.h"
 #include "http/load_request.h"
+#include "http/mem_trim.h"
 #include "http/par.h"
 
 #define HEADER_IHCL "Inference-Header-Content-Length"
+/* No request ended for this long: freed heap pages go back to the system. */
+#define HTTP_TRIM_QUIET_NS 1000000000u
 
 /* X(id, method, path pattern, handler). Patterns match whole paths segment by
  * segment; {m} is a non-empty segment (model), {v} digits (version), {r} a
@@ -132,6 +135,7 @@ struct http_server {
     size_t max_connections;     /* --http-max-connections after the fd limit */
     nereid_shm_registry_t *shm; /* borrowed; NULL = client shared memory off */
     close_watch_t *close_watch; /* cancels inferences whose client closed; may be NULL */
+    mem_trim_t *mem_trim;       /* returns freed heap pages when idle; may be NULL */
 };
 
 /* One output buffer from the response allocator; data follows the header. */
@@ -1820,6 +1824,7 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
     free(c->body.data);
     if (c->path != c->path_buf) free(c->path);
     free(c);
+    mem_trim_note(((http_server_t *)cls)->mem_trim);
 }
 
 /* ---- Lifecycle ------------------------------------------------------------ */
@@ -1884,9 +1889,15 @@ nereid_error_t *http_server_start(nereid_server_t *core, const http_options_t *o
     /* A large tensor's body, JSON reply and tensors are MBs each: served by
      * fresh mmaps (glibc's default above 128 KiB) or trimmed from the heap
      * after each request, every page of them faults in again on the next
-     * (~750 faults per 65,536-element JSON request). Kept in the heap. */
+     * (~750 faults per 65,536-element JSON request). Kept in the heap: an
+     * arena's free top is trimmed only past 16 MiB (a few such requests),
+     * and the rest goes back to the system once requests stop for a while
+     * (malloc_trim, mem_trim.h), so a burst does not leave the process at
+     * its peak size. (malloc_trim releases free pages inside every arena but
+     * the top of the main one only: the threshold bounds the other tops.) */
     mallopt(M_MMAP_THRESHOLD, 32 << 20);
-    mallopt(M_TRIM_THRESHOLD, 256 << 20);
+    mallopt(M_TRIM_THRESHOLD, 16 << 20);
+    srv->mem_trim = mem_trim_start(HTTP_TRIM_QUIET_NS);
     unsigned flags = MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
     if (ipv6) flags |= MHD_USE_IPv6;
     srv->close_watch = close_watch_start();
@@ -1912,6 +1923,7 @@ nereid_error_t *http_server_start(nereid_server_t *core, const http_options_t *o
         MHD_OPTION_THREAD_POOL_SIZE, threads, MHD_OPTION_END);
     if (!srv->daemon) {
         close_watch_stop(srv->close_watch);
+        mem_trim_stop(srv->mem_trim);
         pthread_mutex_destroy(&srv->conns_lock);
         pthread_mutex_destroy(&srv->lock);
         pthread_cond_destroy(&srv->idle);
@@ -1944,6 +1956,7 @@ void http_server_stop(http_server_t *srv)
     MHD_stop_daemon(srv->daemon);
     par_stop();
     close_watch_stop(srv->close_watch);
+    mem_trim_stop(srv->mem_trim);
     pthread_mutex_destroy(&srv->conns_lock);
     pthread_mutex_destroy(&srv->lock);
     pthread_cond_destroy(&srv->idle);
