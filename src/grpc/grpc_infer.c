@@ -54,7 +54,7 @@ static void unary_infer_done(nereid_response_t *resp, void *userp)
 }
 
 /* Nereid extension: the sequence id and flags from the call's metadata
- * (README "Running at scale"); the id is echoed in the initial metadata. */
+ * (docs/deploy.md); the id is echoed in the initial metadata. */
 static nereid_error_t *seq_metadata(gfe_unary_call_t *c, nereid_request_t *req)
 {
     static const char *const names[3] = {"nereid-sequence-id", "nereid-sequence-start",

@@ -915,7 +915,7 @@ static bool infer_wait(http_conn_t *c)
 }
 
 /* Nereid extension: the sequence id and flags from the request headers
- * (README "Running at scale"); the id is echoed in the reply. */
+ * (docs/deploy.md); the id is echoed in the reply. */
 static const char *const seq_header_names[3] = {"Nereid-Sequence-Id", "Nereid-Sequence-Start",
                                                 "Nereid-Sequence-End"};
 
