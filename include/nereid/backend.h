@@ -38,6 +38,9 @@
  *   1.4  nereid_sender_is_cancelled
  *   1.5  nereid_model_server (in-process requests from a backend: BLS),
  *        nereid_backend_config / nereid_backend_config_json (--backend-config)
+ *   1.6  nereid_batch_request_sequence (correlation id, flags, timeout),
+ *        response parameters (nereid_batch_request_set_response_parameter,
+ *        nereid_sender_set_parameter)
  */
 #ifndef NEREID_BACKEND_H
 #define NEREID_BACKEND_H
@@ -51,8 +54,8 @@ extern "C" {
 #define NEREID_BACKEND_ABI_MAJOR 1u
 /* 1: decoupled responses; 2: nereid_batch_request_is_cancelled; 3: request
  * parameters by index; 4: nereid_sender_is_cancelled; 5: nereid_model_server,
- * nereid_backend_config */
-#define NEREID_BACKEND_ABI_MINOR 5u
+ * nereid_backend_config; 6: nereid_batch_request_sequence, response parameters */
+#define NEREID_BACKEND_ABI_MINOR 6u
 #define NEREID_BACKEND_ABI_VERSION ((NEREID_BACKEND_ABI_MAJOR << 16) | NEREID_BACKEND_ABI_MINOR)
 
 typedef struct nereid_backend nereid_backend_t;   /* one per loaded library */
@@ -291,6 +294,34 @@ NEREID_EXPORT bool nereid_sender_is_cancelled(const nereid_response_sender_t *se
  * Valid while the model is loaded. A backend must not wait inside execute
  * for a request to a model whose instances are all busy waiting on it. */
 NEREID_EXPORT nereid_server_t *nereid_model_server(const nereid_model_t *model);
+
+/* ABI 1.6: what request r carries besides tensors and parameters (Triton's
+ * TRITONBACKEND_RequestCorrelationId/-String, RequestFlags, timeout):
+ * *corr_id the numeric correlation id (0: none or a string id),
+ * *corr_id_str the string id or NULL (borrowed until execute returns),
+ * *flags NEREID_REQUEST_FLAG_SEQUENCE_START / _END bits, *timeout_us the
+ * request's timeout (0: none). Any pointer may be NULL; all are zeroed when
+ * r is out of range. */
+#define NEREID_REQUEST_FLAG_SEQUENCE_START 1u
+#define NEREID_REQUEST_FLAG_SEQUENCE_END 2u
+NEREID_EXPORT void nereid_batch_request_sequence(const nereid_batch_t *batch, size_t r,
+                                                 uint64_t *corr_id, const char **corr_id_str,
+                                                 uint32_t *flags, uint64_t *timeout_us);
+
+/* ABI 1.6: a parameter of request r's response (Triton's
+ * TRITONBACKEND_ResponseSet*Parameter; clients see it in the response's
+ * "parameters"). value points to a NUL-terminated string, int64_t, bool or
+ * double as type says (copied); a key set again is replaced. Only during
+ * execute. INVALID_ARG when r is out of range or the request has no
+ * response (a sender took it). */
+NEREID_EXPORT nereid_error_t *
+nereid_batch_request_set_response_parameter(nereid_batch_t *batch, size_t r, const char *key,
+                                            nereid_parameter_type_t type, const void *value);
+/* The same for the sender's next response. */
+NEREID_EXPORT nereid_error_t *nereid_sender_set_parameter(nereid_response_sender_t *sender,
+                                                          const char *key,
+                                                          nereid_parameter_type_t type,
+                                                          const void *value);
 
 #ifdef __cplusplus
 }

@@ -403,6 +403,13 @@ NEREID_EXPORT nereid_error_t *nereid_response_classify(const nereid_response_t *
                                                        size_t *byte_size_out, int64_t *shape_out,
                                                        size_t *rank_out);
 NEREID_EXPORT void nereid_response_free(nereid_response_t *resp);
+/* Response parameters a backend set (Triton's response parameters), in the
+ * order first set. nereid_response_parameter's type is a
+ * nereid_parameter_type_t (backend.h): 0 string (const char *), 1 int64_t,
+ * 2 bool, 3 double; index must be below the count. Borrowed. */
+NEREID_EXPORT size_t nereid_response_parameter_count(const nereid_response_t *resp);
+NEREID_EXPORT void nereid_response_parameter(const nereid_response_t *resp, size_t index,
+                                             const char **name, int *type, const void **value);
 
 /* ---- Logging and trace settings ------------------------------------------ */
 
@@ -437,6 +444,12 @@ NEREID_EXPORT nereid_error_t *
 nereid_server_update_log_settings(nereid_server_t *server, const bool *log_info,
                                   const bool *log_warning, const bool *log_error,
                                   const uint32_t *log_verbose_level, const char *log_format);
+
+/* Writes one line to Nereid's log as the core does: level 'I', 'W', 'E' or
+ * 'V' (verbose, printed only when --log-verbose > 0), module shown before
+ * "]" (Triton prints "file:line" there), msg as is. Used by Triton
+ * backends' TRITONSERVER_LogMessage. */
+NEREID_EXPORT void nereid_log_message(char level, const char *module, const char *msg);
 
 /* ---- Tracing (Triton's trace extension, --trace-config) ------------------ */
 

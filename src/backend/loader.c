@@ -6,11 +6,13 @@
 #include <dlfcn.h>
 #include <jansson.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "core/util.h"
+#include "tritonapi/adapter.h"
 
 static pthread_mutex_t loader_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct nereid_backend **loaded;
@@ -30,30 +32,116 @@ static nereid_error_t *not_found(const char *name)
                             name);
 }
 
-static nereid_error_t *open_library(const char *dir, const char *name, struct nereid_backend *b)
+static char *nereid_library(const char *dir, const char *name)
 {
-    if (!plain_name(name)) return not_found(name);
     char *candidates[2] = {xasprintf("%s/%s/libnereid_%s.so", dir, name, name),
                            xasprintf("%s/libnereid_%s.so", dir, name)};
-    nereid_error_t *err = NULL;
-    for (int i = 0; i < 2 && !b->lib.handle; i++) {
-        if (access(candidates[i], R_OK) != 0) continue;
-        b->lib.handle = dlopen(candidates[i], RTLD_NOW | RTLD_LOCAL);
-        if (!b->lib.handle) {
-            err = nereid_error_new(NEREID_ERROR_INVALID_ARG, "unable to load backend '%s': %s",
-                                   name, dlerror());
-            break;
+    for (int i = 0; i < 2; i++)
+        if (access(candidates[i], R_OK) == 0) {
+            free(candidates[1 - i]);
+            return candidates[i];
         }
-        b->lib.path = xstrdup(candidates[i]);
-    }
-    if (!b->lib.handle && !err) {
-        LOG_INFO("backend", "no library for backend '%s': searched '%s' and '%s'", name,
-                 candidates[0], candidates[1]);
-        err = not_found(name);
-    }
     free(candidates[0]);
     free(candidates[1]);
-    return err;
+    return NULL;
+}
+
+/* Triton's search (backend_model.cc): the runtime file name or
+ * libtriton_<name>.so in <model>/<version>/, <model>/, <dir>/<name>/. */
+static char *triton_library(const backend_search_t *s, const char *name)
+{
+    const char *rt = s->runtime;
+    bool use_rt = rt && rt[0] && !strchr(rt, '/') && strcmp(rt, "..") != 0 && strlen(rt) > 3 &&
+                  strcmp(rt + strlen(rt) - 3, ".so") == 0;
+    char *file = use_rt ? xstrdup(rt) : xasprintf("libtriton_%s.so", name);
+    char *dirs[3] = {
+        s->model_dir ? xasprintf("%s/%lld", s->model_dir, (long long)s->version) : NULL,
+        s->model_dir ? xstrdup(s->model_dir) : NULL, xasprintf("%s/%s", s->backend_dir, name)};
+    char *found = NULL;
+    for (int i = 0; i < 3; i++) {
+        if (!dirs[i]) continue;
+        char *path = xasprintf("%s/%s", dirs[i], file);
+        if (!found && access(path, R_OK) == 0)
+            found = path;
+        else
+            free(path);
+        free(dirs[i]);
+    }
+    free(file);
+    return found;
+}
+
+/* libtritonserver.so: next to the executable, else where the build put it. */
+static const tritonapi_entry_t *_Atomic tritonapi_loaded;
+
+static const tritonapi_entry_t *tritonapi(nereid_error_t **err)
+{
+    const tritonapi_entry_t *entry = atomic_load(&tritonapi_loaded);
+    if (entry) return entry;
+    char exe[4096];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    char *paths[2] = {NULL, xstrdup(NEREID_TRITONSERVER_LIB)};
+    if (n > 0) {
+        exe[n] = '\0';
+        char *slash = strrchr(exe, '/');
+        if (slash) *slash = '\0';
+        paths[0] = xasprintf("%s/%s", exe, TRITONAPI_LIBRARY_NAME);
+    }
+    void *h = NULL;
+    const char *why = "not found";
+    for (int i = 0; i < 2 && !h; i++) {
+        if (!paths[i] || access(paths[i], R_OK) != 0) continue;
+        h = dlopen(paths[i], RTLD_NOW | RTLD_GLOBAL);
+        if (!h) why = dlerror();
+    }
+    free(paths[0]);
+    free(paths[1]);
+    tritonapi_entry_fn fn = h ? (tritonapi_entry_fn)dlsym(h, TRITONAPI_ENTRY_SYMBOL) : NULL;
+    if (!fn) {
+        *err = nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                "unable to load %s (Triton backend API) next to the nereid "
+                                "executable: %s",
+                                TRITONAPI_LIBRARY_NAME, h ? "no " TRITONAPI_ENTRY_SYMBOL : why);
+        return NULL;
+    }
+    entry = fn();
+    atomic_store(&tritonapi_loaded, entry);
+    return entry;
+}
+
+void backend_metrics_text(FILE *out)
+{
+    const tritonapi_entry_t *entry = atomic_load(&tritonapi_loaded);
+    if (entry && entry->metrics_text) entry->metrics_text(out);
+}
+
+static nereid_error_t *open_library(const backend_search_t *s, const char *name,
+                                    struct nereid_backend *b)
+{
+    if (!plain_name(name)) return not_found(name);
+    char *path = nereid_library(s->backend_dir, name);
+    if (path) {
+        b->lib.handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+        if (!b->lib.handle) {
+            free(path);
+            return nereid_error_new(NEREID_ERROR_INVALID_ARG, "unable to load backend '%s': %s",
+                                    name, dlerror());
+        }
+        b->lib.path = path;
+        return NULL;
+    }
+    path = triton_library(s, name);
+    if (!path) {
+        LOG_INFO("backend",
+                 "no library for backend '%s': searched '%s/%s/libnereid_%s.so', "
+                 "'%s/libnereid_%s.so' and libtriton_%s.so in the model, version and backend "
+                 "directories",
+                 name, s->backend_dir, name, name, s->backend_dir, name, name);
+        return not_found(name);
+    }
+    b->lib.path = path;
+    b->lib.triton = true;
+    return NULL;
 }
 
 /* Triton's resolution: global settings, then the backend's own over them,
@@ -117,6 +205,18 @@ static void free_lib(struct nereid_backend *b)
 
 static nereid_error_t *resolve(struct nereid_backend *b)
 {
+    if (b->lib.triton) {
+        nereid_error_t *err = NULL;
+        const tritonapi_entry_t *t = tritonapi(&err);
+        if (!t) return err;
+        b->lib.fini = t->fini;
+        b->lib.model_init = t->model_init;
+        b->lib.model_fini = t->model_fini;
+        b->lib.instance_init = t->instance_init;
+        b->lib.instance_fini = t->instance_fini;
+        b->lib.execute = t->execute;
+        return t->open(b, b->lib.path);
+    }
     void *h = b->lib.handle;
     uint32_t (*version)(void) = (uint32_t(*)(void))dlsym(h, "nereid_backend_abi_version");
     uint32_t v = version ? version() : (1u << 16);
@@ -137,23 +237,25 @@ static nereid_error_t *resolve(struct nereid_backend *b)
     return init ? init(b) : NULL;
 }
 
-nereid_error_t *backend_acquire(const char *dir, const char *name,
-                                const nereid_backend_setting_t *settings, size_t n_settings,
+nereid_error_t *backend_acquire(const backend_search_t *search, const char *name,
                                 backend_lib_t **out)
 {
     *out = NULL;
     pthread_mutex_lock(&loader_lock);
-    for (size_t i = 0; i < n_loaded; i++)
-        if (strcmp(loaded[i]->lib.name, name) == 0) {
+    struct nereid_backend *b = xcalloc(1, sizeof *b);
+    b->lib.name = xstrdup(name);
+    nereid_error_t *err = open_library(search, name, b);
+    /* One library per path, shared by every model that finds it there. */
+    for (size_t i = 0; !err && i < n_loaded; i++)
+        if (strcmp(loaded[i]->lib.path, b->lib.path) == 0) {
+            if (b->lib.handle) dlclose(b->lib.handle);
+            free_lib(b);
             loaded[i]->lib.refcount++;
             *out = &loaded[i]->lib;
             pthread_mutex_unlock(&loader_lock);
             return NULL;
         }
-    struct nereid_backend *b = xcalloc(1, sizeof *b);
-    b->lib.name = xstrdup(name);
-    resolve_config(&b->lib, settings, n_settings);
-    nereid_error_t *err = open_library(dir, name, b);
+    if (!err) resolve_config(&b->lib, search->settings, search->n_settings);
     if (!err) err = resolve(b);
     if (err) {
         if (b->lib.handle) dlclose(b->lib.handle);
@@ -190,7 +292,7 @@ void backend_release(backend_lib_t *lib)
     }
     pthread_mutex_unlock(&loader_lock);
     if (lib->fini) nereid_error_free(lib->fini(b));
-    if (!getenv("NEREID_NO_DLCLOSE")) dlclose(lib->handle);
+    if (lib->handle && !getenv("NEREID_NO_DLCLOSE")) dlclose(lib->handle);
     free_lib(b);
 }
 

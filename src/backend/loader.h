@@ -1,10 +1,13 @@
 /*
- * This file contains the backend loader: finding libnereid_<name>.so,
+ * This file contains the backend loader: finding libnereid_<name>.so (or a
+ * Triton backend, libtriton_<name>.so, run through libtritonserver.so),
  * checking its ABI version and resolving its entry points. Libraries are
  * loaded once per process and shared by every model that uses them.
  */
 #ifndef NEREID_LOADER_H
 #define NEREID_LOADER_H
+
+#include <stdio.h>
 
 #include "nereid/backend.h"
 
@@ -22,6 +25,7 @@ typedef struct backend_lib {
     instance_fn instance_init, instance_fini;
     execute_fn execute;
     void *state;
+    bool triton;  /* a Triton library driven through libtritonserver.so */
     int refcount; /* guarded by the loader's lock */
     /* --backend-config as resolved for this backend (nereid_backend_config) */
     char **config_settings, **config_values;
@@ -33,11 +37,26 @@ struct nereid_backend {
     backend_lib_t lib;
 };
 
-/* Loads (or shares) the backend library `name` from dir. The first load
- * resolves its --backend-config from settings (nereid_backend_config). */
-nereid_error_t *backend_acquire(const char *dir, const char *name,
-                                const nereid_backend_setting_t *settings, size_t n_settings,
+/* Where a model's backend library is searched: libnereid_<name>.so in
+ * backend_dir/<name>/ then backend_dir/; else Triton's libtriton_<name>.so
+ * (or the config's runtime file) in model_dir/<version>/, model_dir/,
+ * backend_dir/<name>/. model_dir may be NULL. settings: --backend-config,
+ * resolved for the backend at its first load (nereid_backend_config). */
+typedef struct backend_search {
+    const char *backend_dir;
+    const char *model_dir;
+    int64_t version;
+    const char *runtime;
+    const nereid_backend_setting_t *settings;
+    size_t n_settings;
+} backend_search_t;
+
+/* Loads (or shares: one library per path) the backend library `name`. */
+nereid_error_t *backend_acquire(const backend_search_t *search, const char *name,
                                 backend_lib_t **out);
+/* Writes the custom metrics of Triton backends (TRITONSERVER_Metric*) in
+ * Prometheus text format; nothing when no Triton backend was loaded. */
+void backend_metrics_text(FILE *out);
 /* Drops a reference; the last one runs fini and dlcloses. */
 void backend_release(backend_lib_t *lib);
 

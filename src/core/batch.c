@@ -260,6 +260,19 @@ bool nereid_batch_request_is_cancelled(const nereid_batch_t *batch, size_t r)
     return r < batch->n_reqs && request_cancelled(batch->reqs[r]);
 }
 
+void nereid_batch_request_sequence(const nereid_batch_t *batch, size_t r, uint64_t *corr_id,
+                                   const char **corr_id_str, uint32_t *flags, uint64_t *timeout_us)
+{
+    const nereid_request_t *req = r < batch->n_reqs ? batch->reqs[r] : NULL;
+    if (corr_id) *corr_id = req && !req->corr_id_str ? req->corr_id : 0;
+    if (corr_id_str) *corr_id_str = req ? req->corr_id_str : NULL;
+    if (flags)
+        *flags = req ? (req->seq_start ? NEREID_REQUEST_FLAG_SEQUENCE_START : 0) |
+                           (req->seq_end ? NEREID_REQUEST_FLAG_SEQUENCE_END : 0)
+                     : 0;
+    if (timeout_us) *timeout_us = req ? req->timeout_us : 0;
+}
+
 void nereid_batch_report_compute(nereid_batch_t *batch, uint64_t input_end_ns,
                                  uint64_t infer_end_ns)
 {
@@ -580,5 +593,18 @@ nereid_error_t *nereid_batch_request_parameter(const nereid_batch_t *batch, size
         *value = &p->d;
         break;
     }
+    return NULL;
+}
+
+nereid_error_t *nereid_batch_request_set_response_parameter(nereid_batch_t *batch, size_t r,
+                                                            const char *key,
+                                                            nereid_parameter_type_t type,
+                                                            const void *value)
+{
+    if (r >= batch->n_reqs || !batch->reqs[r]->response || !key || !value ||
+        (unsigned)type > NEREID_PARAMETER_DOUBLE)
+        return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                "invalid response parameter for request index %zu", r);
+    response_set_parameter(batch->reqs[r]->response, key, (int)type, value);
     return NULL;
 }

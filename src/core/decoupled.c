@@ -304,3 +304,15 @@ nereid_error_t *nereid_sender_send_flags(nereid_response_sender_t *s, uint32_t f
     if (flags & NEREID_RESPONSE_FLAG_FINAL) sender_final(s, NULL);
     return NULL;
 }
+
+nereid_error_t *nereid_sender_set_parameter(nereid_response_sender_t *s, const char *key,
+                                            nereid_parameter_type_t type, const void *value)
+{
+    if (!key || !value || (unsigned)type > NEREID_PARAMETER_DOUBLE)
+        return nereid_error_new(NEREID_ERROR_INVALID_ARG, "invalid response parameter");
+    if (s->final_sent)
+        return nereid_error_new(NEREID_ERROR_INVALID_ARG, "the final response was already sent");
+    if (!s->pending) s->pending = request_new_response(s->req);
+    response_set_parameter(s->pending, key, (int)type, value);
+    return NULL;
+}

@@ -63,3 +63,9 @@ nereid_error_t *nereid_server_update_log_settings(nereid_server_t *server, const
     if (log_format) atomic_store(&log_format_iso8601, format == NEREID_LOG_FORMAT_ISO8601);
     return NULL;
 }
+
+void nereid_log_message(char level, const char *module, const char *msg)
+{
+    if (level == 'V' && atomic_load(&log_verbose_level) <= 0) return;
+    log_msg(level, module ? module : "", "%s", msg ? msg : "");
+}

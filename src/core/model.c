@@ -321,8 +321,13 @@ nereid_error_t *model_load(nereid_server_t *server, const model_load_args_t *arg
         m->backend_name = xstrdup(bname);
         /* The loader refuses a backend name that is not a plain name, so
          * the runtime search below stays in the backend's directory. */
-        err = backend_acquire(args->backend_dir, bname, args->backend_settings,
-                              args->n_backend_settings, &m->backend);
+        backend_search_t search = {args->backend_dir ? args->backend_dir : "",
+                                   m->dir,
+                                   m->version,
+                                   m->config->runtime,
+                                   args->backend_settings,
+                                   args->n_backend_settings};
+        err = backend_acquire(&search, bname, &m->backend);
         if (!err) err = check_model_files(m);
         if (!err) err = check_runtime(m, args->backend_dir, bname);
         if (err) goto fail;

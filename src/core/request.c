@@ -880,8 +880,62 @@ void nereid_response_free(nereid_response_t *resp)
     if (resp->outputs != resp->outputs_inline) free(resp->outputs);
     if (!in_arena(resp->arena, sizeof resp->arena, resp->id)) free(resp->id);
     nereid_error_free(resp->error);
+    for (size_t i = 0; resp->params && i < resp->params->n; i++) {
+        free(resp->params->p[i].key);
+        free(resp->params->p[i].s);
+    }
+    free(resp->params);
     if (resp->model) model_unref(resp->model);
     free(resp);
+}
+
+void response_set_parameter(nereid_response_t *resp, const char *key, int type, const void *value)
+{
+    req_param_t *p = NULL;
+    size_t n = resp->params ? resp->params->n : 0;
+    for (size_t i = 0; i < n && !p; i++)
+        if (strcmp(resp->params->p[i].key, key) == 0) p = &resp->params->p[i];
+    if (!p) {
+        resp->params = xrealloc(resp->params, sizeof *resp->params + (n + 1) * sizeof(req_param_t));
+        resp->params->n = n + 1;
+        p = &resp->params->p[n];
+        memset(p, 0, sizeof *p);
+        p->key = xstrdup(key);
+    }
+    free(p->s);
+    p->s = NULL;
+    p->type = (param_type_t)type;
+    switch (type) {
+    case NEREID_PARAMETER_STRING:
+        p->s = xstrdup(value);
+        break;
+    case NEREID_PARAMETER_INT:
+        memcpy(&p->i, value, sizeof p->i);
+        break;
+    case NEREID_PARAMETER_BOOL:
+        memcpy(&p->b, value, sizeof p->b);
+        break;
+    default:
+        memcpy(&p->d, value, sizeof p->d);
+        break;
+    }
+}
+
+size_t nereid_response_parameter_count(const nereid_response_t *resp)
+{
+    return resp->params ? resp->params->n : 0;
+}
+
+void nereid_response_parameter(const nereid_response_t *resp, size_t index, const char **name,
+                               int *type, const void **value)
+{
+    const req_param_t *p = &resp->params->p[index];
+    *name = p->key;
+    *type = (int)p->type;
+    *value = p->type == PARAM_STRING ? (const void *)p->s
+             : p->type == PARAM_INT  ? (const void *)&p->i
+             : p->type == PARAM_BOOL ? (const void *)&p->b
+                                     : (const void *)&p->d;
 }
 
 /* Drops internal and unfilled slots so the client sees only its outputs. */

@@ -40,6 +40,12 @@ typedef struct req_param {
     double d;
 } req_param_t;
 
+/* Response parameters (one allocation, grown as set). */
+typedef struct resp_params {
+    size_t n;
+    req_param_t p[];
+} resp_params_t;
+
 typedef struct resp_output {
     char *name;
     nereid_datatype_t datatype;
@@ -79,7 +85,8 @@ struct nereid_response {
     resp_output_t *outputs; /* outputs_inline or malloc'ed */
     size_t n_outputs, cap_outputs;
     nereid_response_allocator_t alloc;
-    model_t *model; /* reference held for labels; NULL on early errors */
+    model_t *model;             /* reference held for labels; NULL on early errors */
+    struct resp_params *params; /* set by the backend (Triton's response parameters), or NULL */
     resp_output_t outputs_inline[RESP_INLINE_OUTPUTS];
     size_t arena_used;
     _Alignas(64) unsigned char arena[RESP_ARENA_BYTES]; /* not zeroed */
@@ -182,6 +189,9 @@ void request_add_owned_input(nereid_request_t *req, const char *name, nereid_dat
 req_input_t *request_find_input(nereid_request_t *req, const char *name);
 /* Marks output name as captured for the core (not returned unless the client
  * asked for it); returns its response slot. */
+/* Sets (or replaces) response parameter key of resp; value as
+ * nereid_parameter_type_t says (copied). */
+void response_set_parameter(nereid_response_t *resp, const char *key, int type, const void *value);
 resp_output_t *request_capture_output(nereid_request_t *req, const char *name);
 /* The response slot of output name, or NULL when nobody asked for it. */
 resp_output_t *request_find_output(nereid_request_t *req, const char *name);

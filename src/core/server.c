@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "backend/loader.h"
 #include "core/cache.h"
 #include "core/core.h"
 #include "core/rate_limiter.h"
@@ -622,6 +623,7 @@ nereid_error_t *nereid_server_metrics(nereid_server_t *s, char **text_out)
                        s->opts.metrics_histogram_latencies);
     cache_metrics_text(out, s->cache);
     if (s->opts.model_load_on_demand) on_demand_metrics_text(out, s);
+    backend_metrics_text(out);
     pthread_rwlock_unlock(&s->lock);
     free(models);
     fclose(out);

@@ -538,6 +538,9 @@ static grpc_byte_buffer *codec_response(nereid_response_t *resp, bool stream, bo
     out_view_t *views = calloc(n_out + 1, sizeof(*views));
     int64_t *class_shapes = calloc(2 * (n_out + 1), sizeof(*class_shapes));
     grpc_byte_buffer *bb = NULL;
+    Inference__InferParameter *param_values = NULL;
+    Inference__ModelInferResponse__ParametersEntry *param_entries = NULL;
+    Inference__ModelInferResponse__ParametersEntry **param_ptrs = NULL;
     if (hold->extra == NULL || outs == NULL || out_ptrs == NULL || views == NULL ||
         class_shapes == NULL) {
         *err = OOM();
@@ -559,11 +562,45 @@ static grpc_byte_buffer *codec_response(nereid_response_t *resp, bool stream, bo
         INFERENCE__MODEL_INFER_RESPONSE__PARAMETERS_ENTRY__INIT;
     final_entry.key = "triton_final_response";
     final_entry.value = &final_value;
-    Inference__ModelInferResponse__ParametersEntry *entries[1] = {&final_entry};
-    if (stream) {
-        msg.n_parameters = 1;
-        msg.parameters = entries;
+    /* The backend's response parameters, then the stream's final flag. */
+    size_t n_params = nereid_response_parameter_count(hold->resp);
+    param_values = calloc(n_params + 1, sizeof(*param_values));
+    param_entries = calloc(n_params + 1, sizeof(*param_entries));
+    param_ptrs = calloc(n_params + 1, sizeof(*param_ptrs));
+    if (param_values == NULL || param_entries == NULL || param_ptrs == NULL) {
+        *err = OOM();
+        goto done;
     }
+    for (size_t i = 0; i < n_params; i++) {
+        Inference__InferParameter pv = INFERENCE__INFER_PARAMETER__INIT;
+        Inference__ModelInferResponse__ParametersEntry pe =
+            INFERENCE__MODEL_INFER_RESPONSE__PARAMETERS_ENTRY__INIT;
+        const char *pname;
+        int ptype;
+        const void *value;
+        nereid_response_parameter(hold->resp, i, &pname, &ptype, &value);
+        if (ptype == 0) {
+            pv.parameter_choice_case = INFERENCE__INFER_PARAMETER__PARAMETER_CHOICE_STRING_PARAM;
+            pv.string_param = (char *)value;
+        } else if (ptype == 1) {
+            pv.parameter_choice_case = INFERENCE__INFER_PARAMETER__PARAMETER_CHOICE_INT64_PARAM;
+            memcpy(&pv.int64_param, value, sizeof(pv.int64_param));
+        } else if (ptype == 2) {
+            pv.parameter_choice_case = INFERENCE__INFER_PARAMETER__PARAMETER_CHOICE_BOOL_PARAM;
+            pv.bool_param = *(const bool *)value;
+        } else {
+            pv.parameter_choice_case = INFERENCE__INFER_PARAMETER__PARAMETER_CHOICE_DOUBLE_PARAM;
+            memcpy(&pv.double_param, value, sizeof(pv.double_param));
+        }
+        param_values[i] = pv;
+        pe.key = (char *)pname;
+        pe.value = &param_values[i];
+        param_entries[i] = pe;
+        param_ptrs[i] = &param_entries[i];
+    }
+    if (stream) param_ptrs[n_params++] = &final_entry;
+    msg.n_parameters = n_params;
+    msg.parameters = n_params ? param_ptrs : NULL;
 
     for (size_t i = 0; i < n_out; i++) {
         Inference__ModelInferResponse__InferOutputTensor init =
@@ -648,6 +685,9 @@ static grpc_byte_buffer *codec_response(nereid_response_t *resp, bool stream, bo
 
 done:
     hold_release(hold);
+    free(param_values);
+    free(param_entries);
+    free(param_ptrs);
     free(outs);
     free(out_ptrs);
     free(views);

@@ -207,6 +207,42 @@ static const infer_output_t *find_requested(const infer_parsed_t *parsed, const 
     return NULL;
 }
 
+/* ,"parameters":{...} of the response parameters a backend set (Triton's
+ * order: after model_version), nothing when there are none. */
+static int write_parameters(sbuf_t *b, const nereid_response_t *resp)
+{
+    size_t n = nereid_response_parameter_count(resp);
+    if (n == 0) return 0;
+    if (sbuf_append_str(b, ",\"parameters\":{")) return -1;
+    for (size_t i = 0; i < n; i++) {
+        const char *name;
+        int type;
+        const void *value;
+        nereid_response_parameter(resp, i, &name, &type, &value);
+        if ((i && sbuf_append_str(b, ",")) || sbuf_append_json_string(b, name, strlen(name)) ||
+            sbuf_append_str(b, ":"))
+            return -1;
+        char num[NUMFMT_DOUBLE_ROOM + 8];
+        char *end = num;
+        if (type == 0) {
+            if (sbuf_append_json_string(b, value, strlen(value))) return -1;
+            continue;
+        } else if (type == 1) {
+            int64_t v;
+            memcpy(&v, value, sizeof v);
+            end = numfmt_i64(num, v);
+        } else if (type == 2) {
+            end = stpcpy(num, *(const bool *)value ? "true" : "false");
+        } else {
+            double v;
+            memcpy(&v, value, sizeof v);
+            end = numfmt_double(num, v);
+        }
+        if (sbuf_append(b, num, (size_t)(end - num))) return -1;
+    }
+    return sbuf_append_str(b, "}");
+}
+
 static int write_shape(sbuf_t *b, const int64_t *shape, size_t rank)
 {
     if (sbuf_reserve(b, rank * 21 + 2)) return -1;
@@ -251,7 +287,8 @@ nereid_error_t *infer_reply_build(const nereid_response_t *resp, const infer_par
     if (sbuf_append_str(&b, "\"model_name\":") ||
         sbuf_append_json_string(&b, model ? model : "", model ? strlen(model) : 0) ||
         sbuf_append_str(&b, ",\"model_version\":\"") || sbuf_append_str(&b, num) ||
-        sbuf_append_str(&b, "\",\"outputs\":["))
+        sbuf_append_str(&b, "\"") || write_parameters(&b, resp) ||
+        sbuf_append_str(&b, ",\"outputs\":["))
         goto oom;
 
     for (size_t i = 0; i < n_outputs; i++) {

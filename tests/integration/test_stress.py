@@ -308,7 +308,7 @@ def test_concurrent_mixed_clients(nereid_server, tmp_path):
                        "add_sub_onnx": 2 * h + 2 * g, "ensemble_add_sub": h + g,
                        "st_dyn": 4 * g, "st_acc": h + g, "st_slow": 0, "st_victim": 0,
                        "accumulator_direct": 0, "accumulator_oldest": 0,
-                       "accumulator_onnx": 0, "repeat_int32": 0}, (h, g)
+                       "accumulator_onnx": 0, "repeat_int32": 0, "add_sub_python": 0}, (h, g)
     healthy(s)
 
 

@@ -1,0 +1,1744 @@
+/*
+ * This file contains the python backend: Triton's Python backend for
+ * `backend: "python"` models (a model.py with class TritonPythonModel).
+ *
+ * Every model instance runs its model.py in a worker process of its own
+ * (Debian's python3 running nereid_python_stub.py, which ships next to this
+ * library), so instances run in parallel and a crash, os._exit or leak in
+ * model code stays in the worker. A worker that dies fails the requests it
+ * held; the next execute starts a new one.
+ *
+ * The worker talks to this library over a Unix SOCK_SEQPACKET socketpair.
+ * One datagram is one message: a 16-byte header {type, json_len, blob_len}
+ * (little-endian u32, u32, u64), then a JSON object and a blob of tensor
+ * bytes. Small messages carry JSON and blob inline; larger ones carry them
+ * in an anonymous shared-memory file (memfd, never /dev/shm) passed with
+ * SCM_RIGHTS. Tensors are described in the JSON ("tensors": [{name,
+ * datatype, shape, offset, size}]) with offsets into the blob. The worker is
+ * untrusted: every datagram is size-checked, a memfd must be sealed against
+ * shrinking before it is mapped, and every name, datatype, shape, offset and
+ * size is checked before a byte is copied; a malformed message kills the
+ * worker and fails its requests.
+ *
+ * Threads: each worker has a reader thread here that receives all its
+ * messages. Replies the instance thread waits for (ready, execute done,
+ * finalized) are handed to it through a one-slot mailbox; decoupled
+ * responses, BLS calls, log lines and cancellation checks are served on the
+ * reader thread itself. BLS completions arrive on Nereid's threads and
+ * write to the socket under the channel's send lock.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <limits.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/time.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "nereid/backend.h"
+
+extern char **environ;
+
+NEREID_EXPORT uint32_t nereid_backend_abi_version(void)
+{
+    return NEREID_BACKEND_ABI_VERSION;
+}
+
+enum {
+    M_INIT = 1,
+    M_EXECUTE = 2,
+    M_FINALIZE = 3,
+    M_BLS_RESULT = 4,
+    M_CANCEL_ANSWER = 5,
+    M_READY = 101,
+    M_DONE = 102,
+    M_LOG = 103,
+    M_RESPONSE = 104,
+    M_BLS_CALL = 105,
+    M_CANCEL_QUERY = 106,
+    M_FINALIZED = 107,
+};
+
+#define HDR_BYTES 16
+#define RECV_MAX (64 * 1024)
+#define INLINE_MAX (60 * 1024)
+#define JSON_MAX (64u << 20)
+#define BLOB_MAX (1ull << 40)
+#define ALIGN 64
+#define MAX_RANK 16
+#define MAX_NAME 4096
+#define FINALIZE_WAIT_S 30
+
+/* ---- Backend settings ---- */
+
+typedef struct backend_state {
+    char *python; /* interpreter */
+    char *stub;   /* nereid_python_stub.py */
+    long finalize_wait_s;
+} backend_state_t;
+
+static backend_state_t *g_backend; /* one python backend per process */
+
+/* --backend-config=python,<key>=<value> (or a global --backend-config). */
+static const char *backend_config(nereid_backend_t *b, const char *key)
+{
+    return nereid_backend_config(b, key);
+}
+
+static void plog(char level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+NEREID_EXPORT nereid_error_t *nereid_backend_init(nereid_backend_t *backend)
+{
+    backend_state_t *st = calloc(1, sizeof *st);
+    if (!st) return nereid_error_new(NEREID_ERROR_INTERNAL, "python backend: out of memory");
+    Dl_info info;
+    char dir[PATH_MAX] = ".";
+    if (dladdr((void *)nereid_backend_init, &info) && info.dli_fname) {
+        snprintf(dir, sizeof dir, "%s", info.dli_fname);
+        char *slash = strrchr(dir, '/');
+        if (slash) *slash = '\0';
+    }
+    const char *cands[2] = {"%s/nereid_python_stub.py", "%s/python/nereid_python_stub.py"};
+    for (int i = 0; i < 2 && !st->stub; i++) {
+        char path[PATH_MAX + 64];
+        snprintf(path, sizeof path, cands[i], dir);
+        if (access(path, R_OK) == 0) st->stub = strdup(path);
+    }
+    if (!st->stub) {
+        free(st);
+        return nereid_error_new(NEREID_ERROR_NOT_FOUND,
+                                "python backend: nereid_python_stub.py not found next to %s", dir);
+    }
+    const char *py = backend_config(backend, "python-executable");
+    if (!py) py = getenv("NEREID_PYTHON");
+    st->python = strdup(py && *py ? py : "/usr/bin/python3");
+    st->finalize_wait_s = FINALIZE_WAIT_S;
+    const char *t = backend_config(backend, "stub-timeout-seconds");
+    if (t) {
+        char *end;
+        long v = strtol(t, &end, 10);
+        if (*end || v <= 0) {
+            free(st->python);
+            free(st->stub);
+            free(st);
+            return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                    "stub-timeout-seconds must be a positive integer, got '%s'", t);
+        }
+        st->finalize_wait_s = v;
+    }
+    static const char *const ignored[] = {"shm-default-byte-size",  "shm-growth-byte-size",
+                                          "shm_message_queue_size", "shm-message-queue-size",
+                                          "thread-pool-size",       "shm-region-prefix-name"};
+    for (size_t i = 0; i < sizeof ignored / sizeof *ignored; i++)
+        if (backend_config(backend, ignored[i]))
+            plog('W',
+                 "python backend: --backend-config=python,%s is accepted and ignored: tensors "
+                 "travel in per-message memfd regions, not in a /dev/shm pool",
+                 ignored[i]);
+    g_backend = st;
+    nereid_backend_set_state(backend, st);
+    return NULL;
+}
+
+NEREID_EXPORT nereid_error_t *nereid_backend_fini(nereid_backend_t *backend)
+{
+    backend_state_t *st = nereid_backend_state(backend);
+    if (st) {
+        free(st->python);
+        free(st->stub);
+        free(st);
+    }
+    g_backend = NULL;
+    return NULL;
+}
+
+/* ---- Logging (the server's format and filters) ---- */
+
+static nereid_server_t *g_server; /* for the log settings; any loaded model's */
+
+static void plog_v(char level, const char *where, const char *fmt, va_list ap)
+{
+    nereid_log_settings_t ls = {true, true, true, 0, NEREID_LOG_FORMAT_DEFAULT};
+    if (g_server) nereid_server_log_settings(g_server, &ls);
+    if ((level == 'I' && !ls.log_info) || (level == 'W' && !ls.log_warning) ||
+        (level == 'E' && !ls.log_error) || (level == 'V' && ls.log_verbose_level < 1))
+        return;
+    char line[8192];
+    struct timeval tv;
+    struct tm tm;
+    gettimeofday(&tv, NULL);
+    int n;
+    char lv = level == 'V' ? 'I' : level;
+    if (ls.log_format == NEREID_LOG_FORMAT_ISO8601) {
+        gmtime_r(&tv.tv_sec, &tm);
+        n = snprintf(line, sizeof line, "%04d-%02d-%02dT%02d:%02d:%02dZ %c %d %s] ",
+                     tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
+                     lv, (int)getpid(), where);
+    } else {
+        localtime_r(&tv.tv_sec, &tm);
+        n = snprintf(line, sizeof line, "%c%02d%02d %02d:%02d:%02d.%06ld %d %s] ", lv,
+                     tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, (long)tv.tv_usec,
+                     (int)getpid(), where);
+    }
+    if (n > 0 && (size_t)n < sizeof line) vsnprintf(line + n, sizeof line - (size_t)n, fmt, ap);
+    fprintf(stderr, "%s\n", line);
+}
+
+static void plog(char level, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    plog_v(level, "python", fmt, ap);
+    va_end(ap);
+}
+
+static void plog_at(char level, const char *where, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void plog_at(char level, const char *where, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    plog_v(level, where, fmt, ap);
+    va_end(ap);
+}
+
+/* ---- Messages ---- */
+
+/* A memfd mapping that lives across messages: the server's region for
+ * EXECUTE inputs (written here, read by the worker) or the worker's region
+ * for DONE outputs (read here). Reference counted: a message read from a
+ * region keeps it mapped after the worker replaced it. */
+typedef struct region {
+    uint8_t *map;
+    size_t size;
+    atomic_int refs;
+} region_t;
+
+static void region_unref(region_t *r)
+{
+    if (!r || atomic_fetch_sub(&r->refs, 1) != 1) return;
+    munmap(r->map, r->size);
+    free(r);
+}
+
+/* A message type with this bit has its payload in the sender's persistent
+ * region (a new region when a memfd comes with it). Only EXECUTE and DONE
+ * use it: one of each is in flight at a time. */
+#define M_REGION 0x80000000u
+
+/* A received message: JSON and a blob view into the datagram or memfd map. */
+typedef struct msg {
+    uint32_t type;
+    json_t *json;
+    const uint8_t *blob;
+    size_t blob_len;
+    void *map; /* memfd mapping, or NULL */
+    size_t map_len;
+    uint8_t *buf;     /* datagram buffer */
+    region_t *region; /* the worker's region the payload is in, or NULL */
+} msg_t;
+
+static void msg_free(msg_t *m)
+{
+    if (!m) return;
+    json_decref(m->json);
+    if (m->map) munmap(m->map, m->map_len);
+    region_unref(m->region);
+    free(m->buf);
+    free(m);
+}
+
+/* The socket and its send lock; shared with BLS completions, which may
+ * outlive the worker (they then write to a closed peer and are dropped). */
+typedef struct chan {
+    int fd;
+    pthread_mutex_t send_mu;
+    atomic_int refs;
+} chan_t;
+
+static chan_t *chan_new(int fd)
+{
+    chan_t *c = calloc(1, sizeof *c);
+    if (!c) return NULL;
+    c->fd = fd;
+    pthread_mutex_init(&c->send_mu, NULL);
+    atomic_init(&c->refs, 1);
+    return c;
+}
+
+static void chan_unref(chan_t *c)
+{
+    if (!c || atomic_fetch_sub(&c->refs, 1) != 1) return;
+    close(c->fd);
+    pthread_mutex_destroy(&c->send_mu);
+    free(c);
+}
+
+/* A tensor to send: a view, never owned. */
+typedef struct tview {
+    const char *name;
+    nereid_datatype_t datatype;
+    const int64_t *shape;
+    size_t rank;
+    const void *data;
+    size_t size;
+} tview_t;
+
+/* A message being built: JSON plus the tensors its blob will hold. */
+typedef struct outmsg {
+    json_t *obj;
+    tview_t *t;
+    size_t n, cap;
+    size_t blob_len;
+} outmsg_t;
+
+/* Adds tensor v to the blob; returns its descriptor (a new reference). */
+static json_t *outmsg_add(outmsg_t *m, const tview_t *v)
+{
+    if (m->n == m->cap) {
+        size_t cap = m->cap ? m->cap * 2 : 8;
+        tview_t *t = realloc(m->t, cap * sizeof *t);
+        if (!t) abort();
+        m->t = t;
+        m->cap = cap;
+    }
+    json_t *shape = json_array();
+    for (size_t i = 0; i < v->rank; i++)
+        json_array_append_new(shape, json_integer(v->shape[i]));
+    json_t *d = json_pack("{s:s, s:s, s:o, s:I, s:I}", "name", v->name, "datatype",
+                          nereid_datatype_name(v->datatype), "shape", shape, "offset",
+                          (json_int_t)m->blob_len, "size", (json_int_t)v->size);
+    m->t[m->n++] = *v;
+    m->blob_len = (m->blob_len + v->size + ALIGN - 1) / ALIGN * ALIGN;
+    return d;
+}
+
+/* Sends m (and frees what it holds). -1 when the peer is gone. */
+static int outmsg_send_region(chan_t *c, uint32_t type, outmsg_t *m, region_t **tx);
+
+static int outmsg_send(chan_t *c, uint32_t type, outmsg_t *m)
+{
+    return outmsg_send_region(c, type, m, NULL);
+}
+
+/* Copies the message's JSON and tensors to dst. */
+static void outmsg_copy(const outmsg_t *m, uint8_t *dst, const char *js, size_t jlen)
+{
+    memcpy(dst, js, jlen);
+    size_t off = 0;
+    for (size_t i = 0; i < m->n; i++) {
+        if (m->t[i].size) memcpy(dst + jlen + off, m->t[i].data, m->t[i].size);
+        off = (off + m->t[i].size + ALIGN - 1) / ALIGN * ALIGN;
+    }
+}
+
+/* Sends header hdr with fd (-1: none). */
+static int send_with_fd(chan_t *c, const uint8_t *hdr, int fd)
+{
+    struct iovec iov = {(void *)hdr, HDR_BYTES};
+    union {
+        char buf[CMSG_SPACE(sizeof(int))];
+        struct cmsghdr align;
+    } u;
+    memset(&u, 0, sizeof u);
+    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
+    if (fd >= 0) {
+        mh.msg_control = u.buf;
+        mh.msg_controllen = sizeof u.buf;
+        struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+        cm->cmsg_level = SOL_SOCKET;
+        cm->cmsg_type = SCM_RIGHTS;
+        cm->cmsg_len = CMSG_LEN(sizeof(int));
+        memcpy(CMSG_DATA(cm), &fd, sizeof fd);
+    }
+    pthread_mutex_lock(&c->send_mu);
+    ssize_t s = sendmsg(c->fd, &mh, MSG_NOSIGNAL);
+    pthread_mutex_unlock(&c->send_mu);
+    return s == HDR_BYTES ? 0 : -1;
+}
+
+/* Sends m (and frees what it holds). A large message goes into *tx, the
+ * persistent region (grown, and its new memfd sent, when too small), when
+ * tx is given; otherwise into a memfd of its own. -1 when the peer is gone. */
+static int outmsg_send_region(chan_t *c, uint32_t type, outmsg_t *m, region_t **tx)
+{
+    char *js = json_dumps(m->obj, JSON_COMPACT);
+    json_decref(m->obj);
+    m->obj = NULL;
+    int rc = -1;
+    if (!js) goto out;
+    size_t jlen = strlen(js), total = jlen + m->blob_len;
+    uint8_t hdr[HDR_BYTES];
+    uint32_t t32 = type, j32 = (uint32_t)jlen;
+    uint64_t b64 = m->blob_len;
+    memcpy(hdr, &t32, 4);
+    memcpy(hdr + 4, &j32, 4);
+    memcpy(hdr + 8, &b64, 8);
+    if (HDR_BYTES + total <= INLINE_MAX) {
+        uint8_t *buf = calloc(1, HDR_BYTES + total);
+        if (!buf) goto out;
+        memcpy(buf, hdr, HDR_BYTES);
+        memcpy(buf + HDR_BYTES, js, jlen);
+        size_t off = 0;
+        for (size_t i = 0; i < m->n; i++) {
+            if (m->t[i].size) memcpy(buf + HDR_BYTES + jlen + off, m->t[i].data, m->t[i].size);
+            off = (off + m->t[i].size + ALIGN - 1) / ALIGN * ALIGN;
+        }
+        pthread_mutex_lock(&c->send_mu);
+        ssize_t s = send(c->fd, buf, HDR_BYTES + total, MSG_NOSIGNAL);
+        pthread_mutex_unlock(&c->send_mu);
+        free(buf);
+        rc = s == (ssize_t)(HDR_BYTES + total) ? 0 : -1;
+        goto out;
+    }
+    if (tx) {
+        int fd = -1;
+        if (!*tx || (*tx)->size < total) {
+            size_t size = total < (1u << 20) ? (1u << 20) : total;
+            if (*tx && size < (*tx)->size * 2) size = (*tx)->size * 2;
+            fd = memfd_create("nereid-python", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+            uint8_t *map = MAP_FAILED;
+            if (fd >= 0 && ftruncate(fd, (off_t)size) == 0 &&
+                fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) == 0)
+                map = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+            if (map == MAP_FAILED) {
+                if (fd >= 0) close(fd);
+                goto out;
+            }
+            region_unref(*tx);
+            *tx = calloc(1, sizeof **tx);
+            if (!*tx) abort();
+            (*tx)->map = map;
+            (*tx)->size = size;
+            atomic_init(&(*tx)->refs, 1);
+        }
+        outmsg_copy(m, (*tx)->map, js, jlen);
+        t32 |= M_REGION;
+        memcpy(hdr, &t32, 4);
+        rc = send_with_fd(c, hdr, fd);
+        if (fd >= 0) close(fd);
+        goto out;
+    }
+    int fd = memfd_create("nereid-python", MFD_CLOEXEC);
+    if (fd < 0) goto out;
+    uint8_t *map = MAP_FAILED;
+    if (ftruncate(fd, (off_t)total) == 0)
+        map = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (map == MAP_FAILED) {
+        close(fd);
+        goto out;
+    }
+    outmsg_copy(m, map, js, jlen);
+    munmap(map, total);
+    rc = send_with_fd(c, hdr, fd);
+    close(fd);
+out:
+    free(js);
+    free(m->t);
+    m->t = NULL;
+    m->n = m->cap = 0;
+    return rc;
+}
+
+static int send_json(chan_t *c, uint32_t type, json_t *obj)
+{
+    outmsg_t m = {.obj = obj};
+    return outmsg_send(c, type, &m);
+}
+
+/* Receives one message. Returns 1 with *out, 0 at EOF, -1 with *why on a
+ * malformed message or a socket error. */
+static int msg_recv_flags(int fd, region_t **rx, msg_t **out, char *why, size_t why_cap, int flags);
+
+static int msg_recv(int fd, region_t **rx, msg_t **out, char *why, size_t why_cap)
+{
+    return msg_recv_flags(fd, rx, out, why, why_cap, 0);
+}
+
+/* msg_recv with recvmsg flags (MSG_DONTWAIT: 2 when nothing is waiting). */
+static int msg_recv_flags(int fd, region_t **rx, msg_t **out, char *why, size_t why_cap, int flags)
+{
+    *out = NULL;
+    msg_t *m = calloc(1, sizeof *m);
+    uint8_t *buf = malloc(RECV_MAX);
+    if (!m || !buf) {
+        free(m);
+        free(buf);
+        snprintf(why, why_cap, "out of memory");
+        return -1;
+    }
+    m->buf = buf;
+    union {
+        char buf[CMSG_SPACE(4 * sizeof(int))];
+        struct cmsghdr align;
+    } u;
+    struct iovec iov = {buf, RECV_MAX};
+    struct msghdr mh = {
+        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof u.buf};
+    ssize_t n;
+    do {
+        n = recvmsg(fd, &mh, MSG_CMSG_CLOEXEC | flags);
+    } while (n < 0 && errno == EINTR);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        msg_free(m);
+        return 2;
+    }
+    int fds[4], n_fds = 0;
+    for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm)) {
+        if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS) continue;
+        size_t k = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t i = 0; i < k && n_fds < 4; i++)
+            memcpy(&fds[n_fds++], CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
+    }
+    int rc = -1;
+    if (n == 0 && n_fds == 0) {
+        msg_free(m);
+        return 0;
+    }
+    if (n < 0) {
+        snprintf(why, why_cap, "receive failed: %s", strerror(errno));
+        goto fail;
+    }
+    if (mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) {
+        snprintf(why, why_cap, "message larger than %d bytes", RECV_MAX);
+        goto fail;
+    }
+    if (n < HDR_BYTES || n_fds > 1) {
+        snprintf(why, why_cap, "malformed message header");
+        goto fail;
+    }
+    uint32_t jlen;
+    uint64_t blen;
+    memcpy(&m->type, buf, 4);
+    memcpy(&jlen, buf + 4, 4);
+    memcpy(&blen, buf + 8, 8);
+    if (jlen > JSON_MAX || blen > BLOB_MAX) {
+        snprintf(why, why_cap, "message too large");
+        goto fail;
+    }
+    const uint8_t *payload;
+    bool in_region = m->type & M_REGION;
+    m->type &= ~M_REGION;
+    if (in_region && (m->type != M_DONE || !rx || n != HDR_BYTES)) {
+        snprintf(why, why_cap, "unexpected region message");
+        goto fail;
+    }
+    if (in_region && n_fds == 0) {
+        if (!*rx || (*rx)->size < (uint64_t)jlen + blen) {
+            snprintf(why, why_cap, "message outside the shared-memory region");
+            goto fail;
+        }
+        m->region = *rx;
+        atomic_fetch_add(&m->region->refs, 1);
+        payload = m->region->map;
+    } else if (n_fds == 1) {
+        struct stat st;
+        int seals = fcntl(fds[0], F_GET_SEALS);
+        if (n != HDR_BYTES || fstat(fds[0], &st) != 0 || seals < 0 || !(seals & F_SEAL_SHRINK) ||
+            (uint64_t)st.st_size < jlen + blen || st.st_size == 0) {
+            snprintf(why, why_cap,
+                     "bad shared-memory region (it must be a memfd sealed "
+                     "against shrinking, holding the message)");
+            goto fail;
+        }
+        m->map_len = (size_t)st.st_size;
+        void *map = mmap(NULL, m->map_len, PROT_READ, MAP_SHARED, fds[0], 0);
+        if (map == MAP_FAILED) {
+            snprintf(why, why_cap, "cannot map the message region: %s", strerror(errno));
+            goto fail;
+        }
+        m->map = map;
+        payload = map;
+        if (in_region) { /* the worker's new region: kept for later messages */
+            region_t *r = calloc(1, sizeof *r);
+            if (!r) abort();
+            r->map = map;
+            r->size = m->map_len;
+            atomic_init(&r->refs, 2);
+            m->map = NULL;
+            m->region = r;
+            region_unref(*rx);
+            *rx = r;
+        }
+    } else {
+        if ((uint64_t)n != HDR_BYTES + (uint64_t)jlen + blen) {
+            snprintf(why, why_cap, "message length does not match its header");
+            goto fail;
+        }
+        payload = buf + HDR_BYTES;
+    }
+    json_error_t jerr;
+    m->json = json_loadb((const char *)payload, jlen, JSON_REJECT_DUPLICATES, &jerr);
+    if (!m->json || !json_is_object(m->json)) {
+        snprintf(why, why_cap, "invalid JSON in message: %s",
+                 m->json ? "not an object" : jerr.text);
+        goto fail;
+    }
+    m->blob = payload + jlen;
+    m->blob_len = (size_t)blen;
+    *out = m;
+    rc = 1;
+    m = NULL;
+fail:
+    for (int i = 0; i < n_fds; i++)
+        close(fds[i]);
+    msg_free(m);
+    return rc;
+}
+
+/* Whether p[0..size) is exactly elems serialized BYTES elements. Memory the
+ * worker can still write is checked again after it was copied. */
+static bool bytes_ok(const uint8_t *p, size_t size, uint64_t elems)
+{
+    size_t pos = 0;
+    uint64_t count = 0;
+    while (size - pos >= 4) {
+        uint32_t len;
+        memcpy(&len, p + pos, 4);
+        if (len > size - pos - 4) break;
+        pos += 4 + len;
+        count++;
+    }
+    return pos == size && count == elems;
+}
+
+static uint64_t elements(const int64_t *shape, size_t rank)
+{
+    uint64_t n = 1;
+    for (size_t i = 0; i < rank; i++)
+        n *= (uint64_t)shape[i];
+    return n;
+}
+
+/* A tensor a worker described: checked against the blob and its type. */
+static bool parse_tensor(json_t *d, const uint8_t *blob, size_t blob_len, tview_t *v,
+                         int64_t *shape, char *why, size_t why_cap)
+{
+    const char *name = json_string_value(json_object_get(d, "name"));
+    const char *dt = json_string_value(json_object_get(d, "datatype"));
+    json_t *js = json_object_get(d, "shape");
+    json_t *jo = json_object_get(d, "offset"), *jz = json_object_get(d, "size");
+    if (!json_is_object(d) || !name || !*name || strlen(name) > MAX_NAME || !dt ||
+        !json_is_array(js) || !json_is_integer(jo) || !json_is_integer(jz)) {
+        snprintf(why, why_cap, "malformed tensor description");
+        return false;
+    }
+    nereid_datatype_t t = nereid_datatype_from_name(dt);
+    if (t == NEREID_TYPE_INVALID) {
+        snprintf(why, why_cap, "tensor '%.256s' has an unknown datatype", name);
+        return false;
+    }
+    size_t rank = json_array_size(js);
+    if (rank > MAX_RANK) {
+        snprintf(why, why_cap, "tensor '%.256s' has more than %d dimensions", name, MAX_RANK);
+        return false;
+    }
+    unsigned __int128 elems = 1;
+    for (size_t i = 0; i < rank; i++) {
+        json_t *e = json_array_get(js, i);
+        if (!json_is_integer(e) || json_integer_value(e) < 0 ||
+            json_integer_value(e) > INT64_MAX / 2) {
+            snprintf(why, why_cap, "tensor '%.256s' has an invalid shape", name);
+            return false;
+        }
+        shape[i] = json_integer_value(e);
+        elems *= (uint64_t)shape[i];
+        if (elems > ((unsigned __int128)1 << 62)) elems = (unsigned __int128)1 << 62;
+    }
+    json_int_t off = json_integer_value(jo), size = json_integer_value(jz);
+    if (off < 0 || size < 0 || (uint64_t)off > blob_len ||
+        (uint64_t)size > blob_len - (size_t)off) {
+        snprintf(why, why_cap, "tensor '%.256s' lies outside its message", name);
+        return false;
+    }
+    size_t esize = nereid_datatype_byte_size(t);
+    const uint8_t *p = blob + off;
+    if (t == NEREID_TYPE_BYTES) {
+        if (!bytes_ok(p, (size_t)size, (uint64_t)elems)) {
+            snprintf(why, why_cap, "BYTES tensor '%.256s' does not hold %llu serialized elements",
+                     name, (unsigned long long)elems);
+            return false;
+        }
+    } else if (elems * esize != (unsigned __int128)(uint64_t)size) {
+        snprintf(why, why_cap, "tensor '%.256s' has %lld bytes, its shape and datatype need %llu",
+                 name, (long long)size, (unsigned long long)(elems * esize));
+        return false;
+    }
+    *v = (tview_t){name, t, shape, rank, p, (size_t)size};
+    return true;
+}
+
+/* ---- Instances and their workers ---- */
+
+typedef struct sender_slot {
+    uint64_t id;
+    nereid_response_sender_t *sender;
+    struct sender_slot *next;
+} sender_slot_t;
+
+typedef struct instance {
+    char *name;
+    nereid_model_t *model;
+    nereid_server_t *server;
+    bool decoupled;
+    char *init_json; /* the INIT message, kept for restarts */
+
+    /* The current worker; replaced by the instance thread only. */
+    pid_t pid;
+    chan_t *chan;
+    pthread_t reader;
+    bool reader_running;
+    const char *python; /* interpreter (borrowed from the model or backend) */
+    region_t *tx;       /* EXECUTE inputs (instance thread only) */
+    region_t *rx;       /* the worker's DONE outputs (reader thread only) */
+
+    pthread_mutex_t mu; /* guards what follows */
+    pthread_cond_t cv;
+    bool dead;         /* the worker is gone (reader thread ended) */
+    char *death;       /* why, when it sent something invalid */
+    msg_t *reply;      /* READY / DONE / FINALIZED for the instance thread */
+    uint32_t expect;   /* the reply type the instance thread waits for; 0: none */
+    bool exec_reading; /* execute reads the socket itself (the reader is parked) */
+    bool bg_in_recv;   /* the reader thread is receiving */
+    bool reaped;       /* the worker was killed and waited for */
+    sender_slot_t *senders;
+    uint64_t next_sender;
+    nereid_batch_t *batch; /* during execute, for cancellation checks */
+    size_t bls_inflight;
+} instance_t;
+
+static nereid_error_t *unhealthy(instance_t *in)
+{
+    pthread_mutex_lock(&in->mu);
+    nereid_error_t *e =
+        in->death ? nereid_error_new(NEREID_ERROR_INTERNAL,
+                                     "Stub process '%s' is not healthy: it sent an invalid "
+                                     "message: %s",
+                                     in->name, in->death)
+                  : nereid_error_new(NEREID_ERROR_INTERNAL, "Stub process '%s' is not healthy.",
+                                     in->name);
+    pthread_mutex_unlock(&in->mu);
+    return e;
+}
+
+static nereid_error_t *error_from_json(json_t *e)
+{
+    const char *text = json_string_value(json_object_get(e, "message"));
+    json_t *jc = json_object_get(e, "code");
+    json_int_t code = json_is_integer(jc) ? json_integer_value(jc) : NEREID_ERROR_INTERNAL;
+    if (code < NEREID_ERROR_UNKNOWN || code > NEREID_ERROR_CANCELLED) code = NEREID_ERROR_INTERNAL;
+    return nereid_error_new((nereid_error_code_t)code, "%s", text ? text : "");
+}
+
+/* Removes and returns the sender with this id (NULL if unknown). */
+static nereid_response_sender_t *sender_take(instance_t *in, uint64_t id, bool remove)
+{
+    pthread_mutex_lock(&in->mu);
+    nereid_response_sender_t *s = NULL;
+    for (sender_slot_t **p = &in->senders; *p; p = &(*p)->next) {
+        if ((*p)->id != id) continue;
+        s = (*p)->sender;
+        if (remove) {
+            sender_slot_t *dead = *p;
+            *p = dead->next;
+            free(dead);
+        }
+        break;
+    }
+    pthread_mutex_unlock(&in->mu);
+    return s;
+}
+
+/* A decoupled response from the worker. */
+static bool on_response(instance_t *in, msg_t *m, char *why, size_t why_cap)
+{
+    json_t *js = json_object_get(m->json, "sender"), *jf = json_object_get(m->json, "flags");
+    if (!json_is_integer(js) || !json_is_integer(jf) ||
+        (json_integer_value(jf) & ~(json_int_t)NEREID_RESPONSE_FLAG_FINAL)) {
+        snprintf(why, why_cap, "malformed response");
+        return false;
+    }
+    uint32_t flags = (uint32_t)json_integer_value(jf);
+    bool final = flags & NEREID_RESPONSE_FLAG_FINAL;
+    nereid_response_sender_t *s = sender_take(in, (uint64_t)json_integer_value(js), final);
+    if (!s) return true; /* already closed: the model is told nothing more is sent */
+    json_t *err = json_object_get(m->json, "error");
+    nereid_error_t *e = NULL;
+    if (json_is_object(err)) {
+        e = nereid_sender_send(s, flags, error_from_json(err));
+    } else if (json_is_true(json_object_get(m->json, "empty"))) {
+        e = nereid_sender_send_flags(s, flags);
+    } else {
+        json_t *ts = json_object_get(m->json, "tensors");
+        nereid_error_t *bad = NULL;
+        size_t i;
+        json_t *d;
+        json_array_foreach(ts, i, d)
+        {
+            tview_t v;
+            int64_t shape[MAX_RANK];
+            char w[512];
+            if (!parse_tensor(d, m->blob, m->blob_len, &v, shape, w, sizeof w)) {
+                bad = nereid_error_new(NEREID_ERROR_INTERNAL, "Python model '%s': %s", in->name, w);
+                break;
+            }
+            void *buf;
+            bad = nereid_sender_output(s, v.name, v.datatype, v.shape, v.rank, v.size, &buf);
+            if (bad) break;
+            if (v.size) memcpy(buf, v.data, v.size);
+            if (v.datatype == NEREID_TYPE_BYTES &&
+                !bytes_ok(buf, v.size, elements(v.shape, v.rank))) {
+                bad = nereid_error_new(NEREID_ERROR_INTERNAL,
+                                       "Python model '%s': BYTES tensor '%s' changed while it "
+                                       "was read",
+                                       in->name, v.name);
+                break;
+            }
+        }
+        e = nereid_sender_send(s, flags, bad);
+    }
+    nereid_error_free(e);
+    return true;
+}
+
+static void on_log(instance_t *in, msg_t *m)
+{
+    json_t *jl = json_object_get(m->json, "level");
+    const char *text = json_string_value(json_object_get(m->json, "message"));
+    const char *file = json_string_value(json_object_get(m->json, "file"));
+    json_t *jline = json_object_get(m->json, "line");
+    if (!text) return;
+    json_int_t lv = json_is_integer(jl) ? json_integer_value(jl) : 0;
+    char level = lv == 1 ? 'W' : lv == 2 ? 'E' : lv == 3 ? 'V' : 'I';
+    char where[512];
+    const char *base = file ? strrchr(file, '/') : NULL;
+    snprintf(where, sizeof where, "%.400s:%lld",
+             base   ? base + 1
+             : file ? file
+                    : in->name,
+             json_is_integer(jline) ? (long long)json_integer_value(jline) : 0LL);
+    plog_at(level, where, "%s", text);
+}
+
+static void on_cancel_query(instance_t *in, msg_t *m)
+{
+    json_t *id = json_object_get(m->json, "id"), *tok = json_object_get(m->json, "token");
+    bool cancelled = false;
+    json_t *jr = json_object_get(tok, "request"), *js = json_object_get(tok, "sender");
+    if (json_is_integer(js)) {
+        pthread_mutex_lock(&in->mu);
+        for (sender_slot_t *p = in->senders; p; p = p->next)
+            if (p->id == (uint64_t)json_integer_value(js))
+                cancelled = nereid_sender_is_cancelled(p->sender);
+        pthread_mutex_unlock(&in->mu);
+    } else if (json_is_integer(jr)) {
+        pthread_mutex_lock(&in->mu);
+        json_int_t r = json_integer_value(jr);
+        if (in->batch && r >= 0 && (size_t)r < nereid_batch_request_count(in->batch))
+            cancelled = nereid_batch_request_is_cancelled(in->batch, (size_t)r);
+        pthread_mutex_unlock(&in->mu);
+    }
+    send_json(in->chan, M_CANCEL_ANSWER,
+              json_pack("{s:O, s:b}", "id", id ? id : json_null(), "cancelled", cancelled));
+}
+
+/* ---- BLS: a worker's request into any model of the server ---- */
+
+typedef struct bls_call {
+    instance_t *in;
+    chan_t *chan;
+    msg_t *msg; /* holds the inputs' bytes until the final response */
+    json_int_t id;
+} bls_call_t;
+
+static void bls_reply_error(chan_t *c, json_int_t id, const char *text, nereid_error_code_t code)
+{
+    send_json(c, M_BLS_RESULT,
+              json_pack("{s:I, s:b, s:{s:s, s:i}}", "id", id, "final", 1, "error", "message", text,
+                        "code", (int)code));
+}
+
+static void bls_done(bls_call_t *call)
+{
+    instance_t *in = call->in;
+    msg_free(call->msg);
+    chan_unref(call->chan);
+    free(call);
+    pthread_mutex_lock(&in->mu);
+    in->bls_inflight--;
+    pthread_cond_broadcast(&in->cv);
+    pthread_mutex_unlock(&in->mu);
+}
+
+static void bls_on_response(nereid_response_t *resp, uint32_t flags, void *userp)
+{
+    bls_call_t *call = userp;
+    bool final = flags & NEREID_RESPONSE_FINAL;
+    if (!resp) {
+        send_json(call->chan, M_BLS_RESULT,
+                  json_pack("{s:I, s:b, s:b}", "id", call->id, "final", 1, "empty", 1));
+    } else if (nereid_response_error(resp)) {
+        const nereid_error_t *e = nereid_response_error(resp);
+        send_json(call->chan, M_BLS_RESULT,
+                  json_pack("{s:I, s:b, s:{s:s, s:i}}", "id", call->id, "final", final, "error",
+                            "message", nereid_error_message(e), "code", (int)nereid_error_code(e)));
+    } else {
+        outmsg_t om = {.obj = json_pack("{s:I, s:b}", "id", call->id, "final", final)};
+        json_t *descs = json_array();
+        for (size_t i = 0; i < nereid_response_output_count(resp); i++) {
+            tview_t v;
+            void *userp_unused;
+            nereid_response_output(resp, i, &v.name, &v.datatype, &v.shape, &v.rank, &v.data,
+                                   &v.size, &userp_unused);
+            json_array_append_new(descs, outmsg_add(&om, &v));
+        }
+        json_object_set_new(om.obj, "tensors", descs);
+        outmsg_send(call->chan, M_BLS_RESULT, &om);
+    }
+    if (resp) nereid_response_free(resp);
+    if (final) bls_done(call);
+}
+
+static bool bls_start(instance_t *in, msg_t *m, char *why, size_t why_cap)
+{
+    json_t *j = m->json;
+    json_t *jid = json_object_get(j, "id");
+    const char *model = json_string_value(json_object_get(j, "model"));
+    json_t *jver = json_object_get(j, "version"), *jouts = json_object_get(j, "outputs");
+    json_t *jcorr = json_object_get(j, "correlation_id"), *jflags = json_object_get(j, "flags");
+    json_t *jtimeout = json_object_get(j, "timeout"), *jparams = json_object_get(j, "parameters");
+    const char *rid = json_string_value(json_object_get(j, "request_id"));
+    if (!json_is_integer(jid) || !model || !json_is_integer(jver) || !json_is_array(jouts) ||
+        !json_is_integer(jflags) || !json_is_integer(jtimeout) || !json_is_object(jparams) ||
+        !rid || !(json_is_integer(jcorr) || json_is_string(jcorr))) {
+        snprintf(why, why_cap, "malformed BLS request");
+        return false;
+    }
+    json_int_t id = json_integer_value(jid);
+    if (m->map) { /* the worker can still write its memfd: take a private copy */
+        uint8_t *copy = malloc(m->blob_len ? m->blob_len : 1);
+        if (!copy) abort();
+        memcpy(copy, m->blob, m->blob_len);
+        munmap(m->map, m->map_len);
+        m->map = NULL;
+        free(m->buf);
+        m->buf = copy;
+        m->blob = copy;
+    }
+    bool want_decoupled = json_is_true(json_object_get(j, "decoupled"));
+    chan_t *c = in->chan;
+    bool target_decoupled = false;
+    nereid_error_t *err = nereid_server_model_decoupled(in->server, model, json_integer_value(jver),
+                                                        &target_decoupled);
+    if (err) {
+        char text[2048];
+        snprintf(text, sizeof text,
+                 "Model %s - Error when running inference: Failed for execute the inference "
+                 "request. %s",
+                 model, nereid_error_message(err));
+        bls_reply_error(c, id, text, nereid_error_code(err));
+        nereid_error_free(err);
+        msg_free(m);
+        return true;
+    }
+    if (target_decoupled && !want_decoupled) {
+        char text[2048];
+        snprintf(text, sizeof text,
+                 "Model %s - Error when running inference: Model %s is using the decoupled. The "
+                 "current BLS request call doesn't support models using the decoupled "
+                 "transaction policy. Please use 'decoupled=True' argument to the 'exec' or "
+                 "'async_exec' calls for decoupled models.'",
+                 model, model);
+        bls_reply_error(c, id, text, NEREID_ERROR_INVALID_ARG);
+        msg_free(m);
+        return true;
+    }
+    nereid_request_t *req = NULL;
+    err = nereid_request_new(in->server, model, json_integer_value(jver), &req);
+    if (!err && *rid) err = nereid_request_set_id(req, rid);
+    if (!err) {
+        if (json_is_string(jcorr))
+            err = nereid_request_set_correlation_id_string(req, json_string_value(jcorr));
+        else if (json_integer_value(jcorr))
+            nereid_request_set_correlation_id(req, (uint64_t)json_integer_value(jcorr));
+    }
+    if (!err) {
+        json_int_t f = json_integer_value(jflags);
+        if (f) nereid_request_set_sequence_flags(req, f & 1, f & 2);
+        if (json_integer_value(jtimeout) > 0)
+            nereid_request_set_timeout_us(req, (uint64_t)json_integer_value(jtimeout));
+    }
+    const char *key;
+    json_t *val;
+    json_object_foreach(jparams, key, val)
+    {
+        if (err) break;
+        if (json_is_string(val))
+            err = nereid_request_set_parameter_string(req, key, json_string_value(val));
+        else if (json_is_boolean(val))
+            err = nereid_request_set_parameter_bool(req, key, json_is_true(val));
+        else if (json_is_integer(val))
+            err = nereid_request_set_parameter_int(req, key, json_integer_value(val));
+        else if (json_is_real(val))
+            err = nereid_request_set_parameter_double(req, key, json_real_value(val));
+    }
+    size_t i;
+    json_t *d;
+    json_array_foreach(json_object_get(j, "tensors"), i, d)
+    {
+        if (err) break;
+        tview_t v;
+        int64_t shape[MAX_RANK];
+        if (!parse_tensor(d, m->blob, m->blob_len, &v, shape, why, why_cap)) {
+            nereid_request_free(req);
+            return false;
+        }
+        err = nereid_request_add_input(req, v.name, v.datatype, v.shape, v.rank, v.data, v.size);
+    }
+    json_array_foreach(jouts, i, d)
+    {
+        if (err) break;
+        if (!json_is_string(d)) {
+            snprintf(why, why_cap, "malformed BLS requested output");
+            nereid_request_free(req);
+            return false;
+        }
+        err = nereid_request_add_requested_output(req, json_string_value(d), 0);
+    }
+    if (!err) {
+        bls_call_t *call = calloc(1, sizeof *call);
+        if (!call) abort();
+        *call = (bls_call_t){in, c, m, id};
+        atomic_fetch_add(&c->refs, 1);
+        pthread_mutex_lock(&in->mu);
+        in->bls_inflight++;
+        pthread_mutex_unlock(&in->mu);
+        err = nereid_server_infer_stream(in->server, req, NULL, bls_on_response, call);
+        if (!err) return true;
+        call->msg = NULL;
+        bls_done(call);
+    }
+    nereid_request_free(req);
+    char text[2048];
+    snprintf(text, sizeof text, "Model %s - Error when running inference: %s", model,
+             nereid_error_message(err));
+    bls_reply_error(c, id, text, nereid_error_code(err));
+    nereid_error_free(err);
+    msg_free(m);
+    return true;
+}
+
+/* ---- The reader thread ---- */
+
+/* Handles a message that is not a reply (log, decoupled response,
+ * cancellation check, BLS call), on whichever thread reads the socket.
+ * Takes *m (sets it NULL when kept). false: the worker misbehaved. */
+static bool dispatch(instance_t *in, msg_t **m, char *why, size_t why_cap)
+{
+    switch ((*m)->type) {
+    case M_LOG:
+        on_log(in, *m);
+        return true;
+    case M_RESPONSE:
+        return on_response(in, *m, why, why_cap);
+    case M_CANCEL_QUERY:
+        on_cancel_query(in, *m);
+        return true;
+    case M_BLS_CALL:
+        if (!bls_start(in, *m, why, why_cap)) return false;
+        *m = NULL; /* the call owns it now */
+        return true;
+    default:
+        snprintf(why, why_cap, "unknown message type %u", (*m)->type);
+        return false;
+    }
+}
+
+/* The worker is gone or misbehaved: end it (once) and everything it held. */
+static void worker_died(instance_t *in, const char *why)
+{
+    if (why[0]) plog('E', "python backend: worker of '%s': %s", in->name, why);
+    pthread_mutex_lock(&in->mu);
+    bool first = !in->reaped;
+    in->reaped = true;
+    pthread_mutex_unlock(&in->mu);
+    if (first) {
+        kill(in->pid, SIGKILL);
+        while (waitpid(in->pid, NULL, 0) < 0 && errno == EINTR) {
+        }
+    }
+    pthread_mutex_lock(&in->mu);
+    in->dead = true;
+    if (why[0] && !in->death) in->death = strdup(why);
+    sender_slot_t *senders = in->senders;
+    in->senders = NULL;
+    pthread_cond_broadcast(&in->cv);
+    pthread_mutex_unlock(&in->mu);
+    while (senders) {
+        sender_slot_t *next = senders->next;
+        nereid_error_free(
+            nereid_sender_send(senders->sender, NEREID_RESPONSE_FLAG_FINAL, unhealthy(in)));
+        free(senders);
+        senders = next;
+    }
+}
+
+/* The reader thread: serves the worker's messages between executes (during
+ * one, the instance thread reads the socket itself and this thread stays
+ * parked, so an answer reaches execute without a thread hand-off). */
+static void *reader_main(void *arg)
+{
+    instance_t *in = arg;
+    char why[512] = "";
+    for (;;) {
+        struct pollfd p = {in->chan->fd, POLLIN, 0};
+        if (poll(&p, 1, -1) < 0 && errno != EINTR) {
+            snprintf(why, sizeof why, "poll failed: %s", strerror(errno));
+            break;
+        }
+        pthread_mutex_lock(&in->mu);
+        while (in->exec_reading)
+            pthread_cond_wait(&in->cv, &in->mu);
+        in->bg_in_recv = true;
+        pthread_mutex_unlock(&in->mu);
+        msg_t *m;
+        int rc = msg_recv_flags(in->chan->fd, &in->rx, &m, why, sizeof why, MSG_DONTWAIT);
+        bool ok = rc == 1;
+        if (ok && (m->type == M_READY || m->type == M_DONE || m->type == M_FINALIZED)) {
+            pthread_mutex_lock(&in->mu);
+            if (in->reply || m->type != in->expect) {
+                ok = false;
+                snprintf(why, sizeof why, "an unexpected reply");
+            } else {
+                in->expect = 0;
+                in->reply = m;
+                m = NULL;
+                pthread_cond_broadcast(&in->cv);
+            }
+            pthread_mutex_unlock(&in->mu);
+        } else if (ok) {
+            ok = dispatch(in, &m, why, sizeof why);
+        }
+        msg_free(m);
+        /* Only now may execute read: a decoupled sender's responses are sent
+         * in order and never from two threads at once. */
+        pthread_mutex_lock(&in->mu);
+        in->bg_in_recv = false;
+        pthread_cond_broadcast(&in->cv);
+        pthread_mutex_unlock(&in->mu);
+        if (rc == 2) continue;
+        if (!ok) break;
+        why[0] = '\0';
+    }
+    worker_died(in, why);
+    return NULL;
+}
+
+/* Execute's side: takes the socket from the reader thread, reads until the
+ * worker's DONE (serving everything else on the way). NULL when the worker
+ * died or misbehaved (it is then ended). */
+static msg_t *execute_read_done(instance_t *in)
+{
+    char why[512] = "";
+    msg_t *done = NULL;
+    for (;;) {
+        msg_t *m;
+        int rc = msg_recv(in->chan->fd, &in->rx, &m, why, sizeof why);
+        if (rc <= 0) break;
+        if (m->type == M_DONE) {
+            done = m;
+            break;
+        }
+        bool ok = m->type != M_READY && m->type != M_FINALIZED;
+        if (!ok)
+            snprintf(why, sizeof why, "an unexpected reply");
+        else
+            ok = dispatch(in, &m, why, sizeof why);
+        msg_free(m);
+        if (!ok) break;
+        why[0] = '\0';
+    }
+    pthread_mutex_lock(&in->mu);
+    in->exec_reading = false;
+    pthread_cond_broadcast(&in->cv);
+    pthread_mutex_unlock(&in->mu);
+    if (!done) worker_died(in, why);
+    return done;
+}
+
+/* Announces the reply the next message sent asks for: any other reply,
+ * or one nobody waits for, is a protocol error. */
+static void expect_reply(instance_t *in, uint32_t type)
+{
+    pthread_mutex_lock(&in->mu);
+    in->expect = type;
+    pthread_mutex_unlock(&in->mu);
+}
+
+/* Waits for the worker's reply of type want (or its end). timeout_s 0 =
+ * no limit. NULL when the worker died or the time ran out. */
+static msg_t *wait_reply(instance_t *in, uint32_t want, long timeout_s)
+{
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    dl.tv_sec += timeout_s;
+    pthread_mutex_lock(&in->mu);
+    while (!in->reply && !in->dead) {
+        if (timeout_s) {
+            if (pthread_cond_timedwait(&in->cv, &in->mu, &dl) == ETIMEDOUT) break;
+        } else {
+            pthread_cond_wait(&in->cv, &in->mu);
+        }
+    }
+    msg_t *m = in->reply;
+    in->reply = NULL;
+    in->expect = 0;
+    pthread_mutex_unlock(&in->mu);
+    if (m && m->type != want) {
+        msg_free(m);
+        m = NULL;
+    }
+    return m;
+}
+
+/* Ends the current worker (if any) and joins its reader. */
+static void worker_stop(instance_t *in)
+{
+    if (!in->reader_running) return;
+    shutdown(in->chan->fd, SHUT_RDWR);
+    pthread_mutex_lock(&in->mu);
+    if (!in->reaped) kill(in->pid, SIGKILL); /* once reaped, the pid may be another's */
+    pthread_mutex_unlock(&in->mu);
+    pthread_join(in->reader, NULL);
+    in->reader_running = false;
+    chan_unref(in->chan);
+    in->chan = NULL;
+    pthread_mutex_lock(&in->mu);
+    msg_free(in->reply);
+    in->reply = NULL;
+    pthread_mutex_unlock(&in->mu);
+}
+
+static nereid_error_t *worker_init(instance_t *in, const char *init_json, msg_t **ready);
+
+/* Starts a worker and sends it init_json (INIT). On success the worker's
+ * READY message is returned (caller frees). */
+static nereid_error_t *worker_start(instance_t *in, const char *init_json, msg_t **ready)
+{
+    *ready = NULL;
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0)
+        return nereid_error_new(NEREID_ERROR_INTERNAL, "python backend: socketpair: %s",
+                                strerror(errno));
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, sv[1], 3);
+    posix_spawn_file_actions_addclosefrom_np(&fa, 4);
+    char *python = (char *)(in->python ? in->python : g_backend->python);
+    char *argv[] = {python, "-u", g_backend->stub, "triton_python_backend_stub", in->name, NULL};
+    pid_t pid;
+    int rc = posix_spawn(&pid, python, &fa, NULL, argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    close(sv[1]);
+    if (rc != 0) {
+        close(sv[0]);
+        return nereid_error_new(NEREID_ERROR_INTERNAL,
+                                "python backend: cannot start '%s' for '%s': %s", python, in->name,
+                                strerror(rc));
+    }
+    in->pid = pid;
+    region_unref(in->tx);
+    region_unref(in->rx);
+    in->tx = in->rx = NULL;
+    in->chan = chan_new(sv[0]);
+    if (!in->chan) abort();
+    pthread_mutex_lock(&in->mu);
+    in->dead = false;
+    in->reaped = false;
+    free(in->death);
+    in->death = NULL;
+    pthread_mutex_unlock(&in->mu);
+    if (pthread_create(&in->reader, NULL, reader_main, in) != 0) abort();
+    in->reader_running = true;
+    return worker_init(in, init_json, ready);
+}
+
+/* Sends INIT (init_json) to the running worker and waits for READY. On
+ * failure the worker is stopped. */
+static nereid_error_t *worker_init(instance_t *in, const char *init_json, msg_t **ready)
+{
+    *ready = NULL;
+    json_error_t jerr;
+    expect_reply(in, M_READY);
+    send_json(in->chan, M_INIT, json_loads(init_json, 0, &jerr));
+    msg_t *m = wait_reply(in, M_READY, 0);
+    if (!m) {
+        nereid_error_t *e = unhealthy(in);
+        worker_stop(in);
+        return e;
+    }
+    json_t *e = json_object_get(m->json, "error");
+    if (json_is_string(e)) {
+        nereid_error_t *err = nereid_error_new(NEREID_ERROR_INTERNAL, "%s", json_string_value(e));
+        msg_free(m);
+        worker_stop(in);
+        return err;
+    }
+    *ready = m;
+    return NULL;
+}
+
+/* ---- Model ---- */
+
+typedef struct model_state {
+    char *file;   /* <model dir>/<version>/model.py */
+    char *python; /* EXECUTION_ENV_PATH's interpreter, or NULL: the backend's */
+    /* The worker that ran auto_complete_config, kept for the first instance
+     * (named after it) so a model starts one interpreter, not two. */
+    pthread_mutex_t mu;
+    instance_t *spare;
+} model_state_t;
+
+static void instance_free(instance_t *in)
+{
+    region_unref(in->tx);
+    region_unref(in->rx);
+    free(in->init_json);
+    free(in->name);
+    free(in->death);
+    pthread_mutex_destroy(&in->mu);
+    pthread_cond_destroy(&in->cv);
+    free(in);
+}
+
+static instance_t *instance_new(const char *name, nereid_model_t *model)
+{
+    instance_t *in = calloc(1, sizeof *in);
+    if (!in) abort();
+    in->name = strdup(name);
+    in->model = model;
+    in->server = nereid_model_server(model);
+    in->decoupled = nereid_model_decoupled(model);
+    pthread_mutex_init(&in->mu, NULL);
+    pthread_cond_init(&in->cv, NULL);
+    model_state_t *ms = nereid_model_state(model);
+    in->python = ms ? ms->python : NULL;
+    return in;
+}
+
+/* A model's EXECUTION_ENV_PATH: an unpacked environment directory (its
+ * bin/python3 runs the workers; $$TRITON_MODEL_DIRECTORY is the model's
+ * directory). Packed archives are refused. *python NULL: not set. */
+static nereid_error_t *execution_env(nereid_model_t *model, char **python)
+{
+    *python = NULL;
+    const char *env = nereid_model_parameter(model, "EXECUTION_ENV_PATH");
+    if (!env || !*env) return NULL;
+    const char *var = "$$TRITON_MODEL_DIRECTORY";
+    const char *at = strstr(env, var);
+    char path[PATH_MAX];
+    if (at)
+        snprintf(path, sizeof path, "%.*s%s%s", (int)(at - env), env, nereid_model_directory(model),
+                 at + strlen(var));
+    else
+        snprintf(path, sizeof path, "%s", env);
+    char exe[PATH_MAX + 16];
+    snprintf(exe, sizeof exe, "%s/bin/python3", path);
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode) && access(exe, X_OK) == 0) {
+        *python = strdup(exe);
+        return NULL;
+    }
+    return nereid_error_new(NEREID_ERROR_UNSUPPORTED,
+                            "EXECUTION_ENV_PATH '%s': Nereid runs an unpacked Python environment "
+                            "(a directory with bin/python3), not a packed archive; unpack it and "
+                            "point EXECUTION_ENV_PATH at the directory, or set NEREID_PYTHON",
+                            path);
+}
+
+/* The name Triton gives the first instance: <first group's name>_0. */
+static char *first_instance_name(nereid_model_t *model)
+{
+    json_error_t jerr;
+    json_t *cfg = json_loads(nereid_model_config_json(model), 0, &jerr);
+    const char *g = json_string_value(
+        json_object_get(json_array_get(json_object_get(cfg, "instance_group"), 0), "name"));
+    char *name = NULL;
+    if (g && asprintf(&name, "%s_0", g) < 0) name = NULL;
+    json_decref(cfg);
+    return name;
+}
+
+static const char *kind_name(nereid_instance_kind_t k)
+{
+    return k == NEREID_INSTANCE_KIND_GPU     ? "GPU"
+           : k == NEREID_INSTANCE_KIND_MODEL ? "MODEL"
+                                             : "CPU";
+}
+
+static char *init_message(nereid_model_t *model, const char *file, const char *instance,
+                          const char *kind, int device, bool auto_complete)
+{
+    char version[32], dev[32];
+    snprintf(version, sizeof version, "%lld", (long long)nereid_model_version(model));
+    snprintf(dev, sizeof dev, "%d", device);
+    json_t *args = json_pack("{s:s, s:s, s:s, s:s, s:s, s:s, s:s}", "model_config",
+                             nereid_model_config_json(model), "model_instance_kind", kind,
+                             "model_instance_name", instance, "model_instance_device_id", dev,
+                             "model_repository", nereid_model_directory(model), "model_version",
+                             version, "model_name", nereid_model_name(model));
+    json_error_t jerr;
+    json_t *cfg = json_loads(nereid_model_config_json(model), 0, &jerr);
+    json_t *o = json_pack("{s:s, s:s, s:b, s:b, s:o, s:o}", "model_file", file, "instance",
+                          instance, "decoupled", nereid_model_decoupled(model), "auto_complete",
+                          auto_complete, "args", args, "config", cfg ? cfg : json_object());
+    char *s = json_dumps(o, JSON_COMPACT);
+    json_decref(o);
+    return s;
+}
+
+NEREID_EXPORT nereid_error_t *nereid_backend_model_init(nereid_model_t *model)
+{
+    if (!g_server) g_server = nereid_model_server(model);
+    char *python = NULL;
+    nereid_error_t *env_err = execution_env(model, &python);
+    if (env_err) return env_err;
+    char *file = nereid_model_file_path(model, "model.py");
+    if (!file) return nereid_error_new(NEREID_ERROR_INTERNAL, "python backend: out of memory");
+    size_t len = strlen(file);
+    if (len < 3 || strcmp(file + len - 3, ".py") != 0) {
+        const char *base = strrchr(file, '/');
+        nereid_error_t *e = nereid_error_new(
+            NEREID_ERROR_INVALID_ARG, "Model name must end with '.py'. Model name is \"%s\".",
+            base ? base + 1 : file);
+        free(file);
+        free(python);
+        return e;
+    }
+    if (access(file, R_OK) != 0) {
+        nereid_error_t *e = nereid_error_new(NEREID_ERROR_INTERNAL,
+                                             "Failed to preinitialize Python stub: Python model "
+                                             "file not found in '%s'",
+                                             file);
+        free(file);
+        free(python);
+        return e;
+    }
+    model_state_t *st = calloc(1, sizeof *st);
+    if (!st) abort();
+    st->file = file;
+    st->python = python;
+    pthread_mutex_init(&st->mu, NULL);
+    nereid_model_set_state(model, st);
+    if (!nereid_model_autocomplete_allowed(model)) return NULL;
+    /* auto_complete_config runs in a worker before the config is final. */
+    char *first = first_instance_name(model);
+    instance_t *tmp = instance_new(first ? first : nereid_model_name(model), model);
+    char *init = init_message(model, file, tmp->name, "CPU", 0, true);
+    msg_t *ready;
+    nereid_error_t *e = worker_start(tmp, init, &ready);
+    free(init);
+    if (!e) {
+        json_t *cfg = json_object_get(ready->json, "config");
+        if (json_is_object(cfg)) {
+            char *s = json_dumps(cfg, JSON_COMPACT);
+            e = nereid_model_set_config(model, s);
+            free(s);
+        }
+        msg_free(ready);
+    }
+    char *now_first = e ? NULL : first_instance_name(model);
+    if (!e && first && now_first && strcmp(first, now_first) == 0) {
+        st->spare = tmp;
+    } else {
+        worker_stop(tmp);
+        instance_free(tmp);
+    }
+    free(first);
+    free(now_first);
+    return e; /* on error the core calls model fini */
+}
+
+NEREID_EXPORT nereid_error_t *nereid_backend_model_fini(nereid_model_t *model)
+{
+    model_state_t *st = nereid_model_state(model);
+    if (st) {
+        if (st->spare) {
+            worker_stop(st->spare);
+            instance_free(st->spare);
+        }
+        pthread_mutex_destroy(&st->mu);
+        free(st->python);
+        free(st->file);
+        free(st);
+    }
+    return NULL;
+}
+
+static const char *const BAD_NAME_CHARS = ";|&$`<>()[]{}\\\"'*?~#!";
+
+NEREID_EXPORT nereid_error_t *nereid_backend_instance_init(nereid_instance_t *instance)
+{
+    nereid_model_t *model = nereid_instance_model(instance);
+    model_state_t *ms = nereid_model_state(model);
+    const char *name = nereid_instance_name(instance);
+    if (strpbrk(name, BAD_NAME_CHARS))
+        return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                "Invalid stub name: contains invalid characters");
+    pthread_mutex_lock(&ms->mu);
+    instance_t *in = ms->spare && strcmp(ms->spare->name, name) == 0 ? ms->spare : NULL;
+    if (in) ms->spare = NULL;
+    pthread_mutex_unlock(&ms->mu);
+    if (!in) in = instance_new(name, model);
+    in->init_json = init_message(model, ms->file, name, kind_name(nereid_instance_kind(instance)),
+                                 nereid_instance_device_id(instance), false);
+    msg_t *ready;
+    nereid_error_t *e = in->reader_running ? worker_init(in, in->init_json, &ready)
+                                           : worker_start(in, in->init_json, &ready);
+    if (e) {
+        instance_free(in);
+        return e;
+    }
+    msg_free(ready);
+    nereid_instance_set_state(instance, in);
+    return NULL;
+}
+
+NEREID_EXPORT nereid_error_t *nereid_backend_instance_fini(nereid_instance_t *instance)
+{
+    instance_t *in = nereid_instance_state(instance);
+    if (!in) return NULL;
+    if (in->reader_running) {
+        /* finalize() runs in the worker; a worker that does not answer in
+         * time is killed. */
+        expect_reply(in, M_FINALIZED);
+        if (send_json(in->chan, M_FINALIZE, json_object()) == 0)
+            msg_free(wait_reply(in, M_FINALIZED, g_backend->finalize_wait_s));
+        worker_stop(in);
+    }
+    pthread_mutex_lock(&in->mu);
+    while (in->bls_inflight)
+        pthread_cond_wait(&in->cv, &in->mu);
+    pthread_mutex_unlock(&in->mu);
+    instance_free(in);
+    return NULL;
+}
+
+/* ---- Execute ---- */
+
+static json_t *request_parameters(nereid_batch_t *batch, size_t r)
+{
+    json_t *o = json_object();
+    for (size_t i = 0; i < nereid_batch_request_parameter_count(batch, r); i++) {
+        const char *name;
+        nereid_parameter_type_t type;
+        const void *value;
+        if (nereid_batch_request_parameter(batch, r, i, &name, &type, &value)) continue;
+        json_t *v = type == NEREID_PARAMETER_STRING ? json_string(value)
+                    : type == NEREID_PARAMETER_INT  ? json_integer(*(const int64_t *)value)
+                    : type == NEREID_PARAMETER_BOOL ? json_boolean(*(const bool *)value)
+                                                    : json_real(*(const double *)value);
+        json_object_set_new(o, name, v);
+    }
+    return o;
+}
+
+static void fail_all(nereid_batch_t *batch, nereid_error_t *err)
+{
+    for (size_t r = 0; r < nereid_batch_request_count(batch); r++)
+        nereid_batch_set_request_error(
+            batch, r, nereid_error_new(nereid_error_code(err), "%s", nereid_error_message(err)));
+    nereid_error_free(err);
+}
+
+/* The worker's answer to a non-decoupled execute. false: it is malformed. */
+static bool apply_done(instance_t *in, nereid_batch_t *batch, msg_t *m, char *why, size_t why_cap)
+{
+    size_t n = nereid_batch_request_count(batch);
+    json_t *e = json_object_get(m->json, "error");
+    if (json_is_string(e)) {
+        fail_all(batch, nereid_error_new(NEREID_ERROR_INTERNAL, "%s", json_string_value(e)));
+        return true;
+    }
+    if (in->decoupled) return true;
+    json_t *resps = json_object_get(m->json, "responses"),
+           *ts = json_object_get(m->json, "tensors");
+    if (!json_is_array(resps) || json_array_size(resps) != n || (ts && !json_is_array(ts))) {
+        snprintf(why, why_cap, "malformed execute answer");
+        return false;
+    }
+    size_t next = 0;
+    for (size_t r = 0; r < n; r++) {
+        json_t *resp = json_array_get(resps, r);
+        json_t *err = json_object_get(resp, "error");
+        if (json_is_object(err)) {
+            nereid_batch_set_request_error(batch, r, error_from_json(err));
+            continue;
+        }
+        json_t *jn = json_object_get(resp, "n_outputs");
+        if (!json_is_integer(jn) || json_integer_value(jn) < 0 ||
+            (size_t)json_integer_value(jn) > json_array_size(ts) - next) {
+            snprintf(why, why_cap, "malformed execute answer");
+            return false;
+        }
+        size_t k = (size_t)json_integer_value(jn);
+        nereid_error_t *bad = NULL;
+        for (size_t i = 0; i < k; i++, next++) {
+            if (bad) continue;
+            tview_t v;
+            int64_t shape[MAX_RANK];
+            char w[512];
+            if (!parse_tensor(json_array_get(ts, next), m->blob, m->blob_len, &v, shape, w,
+                              sizeof w)) {
+                bad = nereid_error_new(NEREID_ERROR_INTERNAL, "Python model '%s': %s", in->name, w);
+                continue;
+            }
+            void *buf;
+            bad = nereid_batch_request_output(batch, r, v.name, v.datatype, v.shape, v.rank, v.size,
+                                              &buf);
+            if (!bad && v.size) memcpy(buf, v.data, v.size);
+            if (!bad && v.datatype == NEREID_TYPE_BYTES &&
+                !bytes_ok(buf, v.size, elements(v.shape, v.rank)))
+                bad = nereid_error_new(NEREID_ERROR_INTERNAL,
+                                       "Python model '%s': BYTES tensor '%s' changed while it "
+                                       "was read",
+                                       in->name, v.name);
+        }
+        if (bad) nereid_batch_set_request_error(batch, r, bad);
+    }
+    return true;
+}
+
+NEREID_EXPORT nereid_error_t *nereid_backend_execute(nereid_instance_t *instance,
+                                                     nereid_batch_t *batch)
+{
+    instance_t *in = nereid_instance_state(instance);
+    size_t n = nereid_batch_request_count(batch);
+    pthread_mutex_lock(&in->mu);
+    bool dead = in->dead;
+    pthread_mutex_unlock(&in->mu);
+    if (dead || !in->reader_running) {
+        /* The worker died since the last call: start a new one. */
+        worker_stop(in);
+        msg_t *ready;
+        nereid_error_t *e = worker_start(in, in->init_json, &ready);
+        if (e) return e;
+        msg_free(ready);
+        plog('I', "python backend: restarted the worker of '%s'", in->name);
+    }
+    outmsg_t om = {.obj = json_object()};
+    json_t *reqs = json_array();
+    size_t n_in = nereid_batch_input_count(batch);
+    size_t n_out = nereid_model_output_count(in->model);
+    json_t *outputs = json_array();
+    for (size_t o = 0; o < n_out; o++) {
+        const char *name;
+        nereid_datatype_t dt;
+        const int64_t *dims;
+        size_t rank;
+        nereid_model_output(in->model, o, &name, &dt, &dims, &rank);
+        if (nereid_batch_output_requested(batch, name))
+            json_array_append_new(outputs, json_string(name));
+    }
+    for (size_t r = 0; r < n; r++) {
+        json_t *ins = json_array();
+        for (size_t i = 0; i < n_in; i++) {
+            tview_t v;
+            v.name = nereid_batch_input_name(batch, i);
+            nereid_error_t *e = nereid_batch_request_input(batch, r, v.name, &v.datatype, &v.shape,
+                                                           &v.rank, &v.data, &v.size);
+            if (e) {
+                nereid_error_free(e);
+                continue;
+            }
+            json_array_append_new(ins, outmsg_add(&om, &v));
+        }
+        const char *id = nereid_batch_request_id(batch, r);
+        uint64_t corr, timeout_us;
+        const char *corr_str;
+        uint32_t flags;
+        nereid_batch_request_sequence(batch, r, &corr, &corr_str, &flags, &timeout_us);
+        json_t *rq =
+            json_pack("{s:s, s:o, s:i, s:I, s:o, s:O, s:o}", "id", id ? id : "", "correlation_id",
+                      corr_str ? json_string(corr_str) : json_integer((json_int_t)corr), "flags",
+                      (int)flags, "timeout", (json_int_t)timeout_us, "parameters",
+                      request_parameters(batch, r), "outputs", outputs, "inputs", ins);
+        if (in->decoupled) {
+            nereid_response_sender_t *s;
+            nereid_error_t *e = nereid_batch_request_sender(batch, r, &s);
+            if (e) {
+                nereid_batch_set_request_error(batch, r, e);
+                json_object_set_new(rq, "sender", json_integer(-1));
+            } else {
+                sender_slot_t *slot = calloc(1, sizeof *slot);
+                if (!slot) abort();
+                pthread_mutex_lock(&in->mu);
+                slot->id = ++in->next_sender;
+                slot->sender = s;
+                slot->next = in->senders;
+                in->senders = slot;
+                pthread_mutex_unlock(&in->mu);
+                json_object_set_new(rq, "sender", json_integer((json_int_t)slot->id));
+            }
+        }
+        json_array_append_new(reqs, rq);
+    }
+    json_decref(outputs);
+    json_object_set_new(om.obj, "requests", reqs);
+    pthread_mutex_lock(&in->mu);
+    in->batch = batch;
+    pthread_mutex_unlock(&in->mu);
+    pthread_mutex_lock(&in->mu);
+    in->exec_reading = true;
+    while (in->bg_in_recv)
+        pthread_cond_wait(&in->cv, &in->mu);
+    pthread_mutex_unlock(&in->mu);
+    int rc = outmsg_send_region(in->chan, M_EXECUTE, &om, &in->tx);
+    uint64_t input_end = nereid_now_ns();
+    msg_t *m = NULL;
+    if (rc == 0) {
+        m = execute_read_done(in);
+    } else {
+        pthread_mutex_lock(&in->mu);
+        in->exec_reading = false;
+        pthread_cond_broadcast(&in->cv);
+        pthread_mutex_unlock(&in->mu);
+    }
+    uint64_t infer_end = nereid_now_ns();
+    pthread_mutex_lock(&in->mu);
+    in->batch = NULL;
+    pthread_mutex_unlock(&in->mu);
+    if (!m) {
+        worker_stop(in);
+        if (!in->decoupled) fail_all(batch, unhealthy(in));
+        return NULL;
+    }
+    char why[512];
+    if (!apply_done(in, batch, m, why, sizeof why)) {
+        plog('E', "python backend: worker of '%s': %s", in->name, why);
+        pthread_mutex_lock(&in->mu);
+        if (!in->death) in->death = strdup(why);
+        pthread_mutex_unlock(&in->mu);
+        fail_all(batch, unhealthy(in));
+        worker_stop(in);
+    }
+    msg_free(m);
+    nereid_batch_report_compute(batch, input_end, infer_end);
+    return NULL;
+}

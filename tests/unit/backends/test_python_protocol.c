@@ -1,0 +1,227 @@
+/*
+ * This file contains the tests of the python backend's side of the worker
+ * protocol (backends/python/python.c, included here): what a hostile
+ * worker can send — truncated or oversized datagrams, memfds that are not
+ * sealed or too small, region messages out of place, JSON that is not an
+ * object, and tensor descriptions whose name, datatype, shape, offset or
+ * size do not add up — must be refused with a reason, never read out of
+ * bounds (the ASan build checks that).
+ */
+#include "../../../backends/python/python.c"
+
+#include "check.h"
+
+static int sv[2];
+
+static void send_raw(const void *data, size_t n, int fd)
+{
+    struct iovec iov = {(void *)data, n};
+    union {
+        char buf[CMSG_SPACE(sizeof(int))];
+        struct cmsghdr align;
+    } u;
+    memset(&u, 0, sizeof u);
+    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
+    if (fd >= 0) {
+        mh.msg_control = u.buf;
+        mh.msg_controllen = sizeof u.buf;
+        struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+        cm->cmsg_level = SOL_SOCKET;
+        cm->cmsg_type = SCM_RIGHTS;
+        cm->cmsg_len = CMSG_LEN(sizeof(int));
+        memcpy(CMSG_DATA(cm), &fd, sizeof fd);
+    }
+    if (sendmsg(sv[1], &mh, 0) != (ssize_t)n) abort();
+}
+
+static size_t header(uint8_t *buf, uint32_t type, uint32_t jlen, uint64_t blen)
+{
+    memcpy(buf, &type, 4);
+    memcpy(buf + 4, &jlen, 4);
+    memcpy(buf + 8, &blen, 8);
+    return HDR_BYTES;
+}
+
+/* Receives one message; returns msg_recv's result, the reason in why. */
+static int recv_one(region_t **rx, msg_t **m, char *why)
+{
+    why[0] = '\0';
+    return msg_recv(sv[0], rx, m, why, 512);
+}
+
+static int memfd_with(const char *text, size_t size, bool seal)
+{
+    int fd = memfd_create("t", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0 || ftruncate(fd, (off_t)size) != 0) abort();
+    if (text && pwrite(fd, text, strlen(text), 0) != (ssize_t)strlen(text)) abort();
+    if (seal && fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) != 0) abort();
+    return fd;
+}
+
+static void test_datagrams(void)
+{
+    char why[512];
+    msg_t *m;
+    region_t *rx = NULL;
+    uint8_t buf[256];
+
+    send_raw("xx", 2, -1);
+    CHECK(recv_one(&rx, &m, why) == -1 && !m);
+    CHECK_STR_CONTAINS(why, "malformed message header");
+
+    size_t n = header(buf, M_LOG, 10, 0);
+    memcpy(buf + n, "{}", 2);
+    send_raw(buf, n + 2, -1);
+    CHECK(recv_one(&rx, &m, why) == -1);
+    CHECK_STR_CONTAINS(why, "does not match its header");
+
+    n = header(buf, M_LOG, 3, 0);
+    memcpy(buf + n, "[1]", 3);
+    send_raw(buf, n + 3, -1);
+    CHECK(recv_one(&rx, &m, why) == -1);
+    CHECK_STR_CONTAINS(why, "not an object");
+
+    n = header(buf, M_LOG, 0xffffffffu, 0);
+    send_raw(buf, n, -1);
+    CHECK(recv_one(&rx, &m, why) == -1);
+    CHECK_STR_CONTAINS(why, "too large");
+
+    n = header(buf, M_LOG, 7, 3);
+    memcpy(buf + n, "{\"a\":1}abc", 10);
+    send_raw(buf, n + 10, -1);
+    CHECK(recv_one(&rx, &m, why) == 1 && m);
+    if (m) {
+        CHECK(m->type == M_LOG && json_is_object(m->json) && m->blob_len == 3);
+        CHECK(memcmp(m->blob, "abc", 3) == 0);
+        msg_free(m);
+    }
+
+    /* memfds: must be sealed against shrinking and hold the message */
+    int fd = memfd_with("{}", 4096, false);
+    send_raw(buf, header(buf, M_BLS_CALL, 2, 0), fd);
+    close(fd);
+    CHECK(recv_one(&rx, &m, why) == -1);
+    CHECK_STR_CONTAINS(why, "bad shared-memory region");
+
+    fd = memfd_with("{}", 16, true);
+    send_raw(buf, header(buf, M_BLS_CALL, 2, 100), fd);
+    close(fd);
+    CHECK(recv_one(&rx, &m, why) == -1);
+    CHECK_STR_CONTAINS(why, "bad shared-memory region");
+
+    fd = memfd_with("{\"x\":2}", 4096, true);
+    send_raw(buf, header(buf, M_BLS_CALL, 7, 100), fd);
+    close(fd);
+    CHECK(recv_one(&rx, &m, why) == 1 && m);
+    if (m) {
+        CHECK(json_integer_value(json_object_get(m->json, "x")) == 2 && m->blob_len == 100);
+        msg_free(m);
+    }
+
+    /* the persistent region: only DONE, and only inside it */
+    send_raw(buf, header(buf, M_DONE | M_REGION, 2, 0), -1);
+    CHECK(recv_one(&rx, &m, why) == -1);
+    CHECK_STR_CONTAINS(why, "outside the shared-memory region");
+    fd = memfd_with("{}", 4096, true);
+    send_raw(buf, header(buf, M_LOG | M_REGION, 2, 0), fd);
+    close(fd);
+    CHECK(recv_one(&rx, &m, why) == -1);
+    CHECK_STR_CONTAINS(why, "unexpected region message");
+    fd = memfd_with("{\"r\":1}", 4096, true);
+    send_raw(buf, header(buf, M_DONE | M_REGION, 7, 0), fd);
+    close(fd);
+    CHECK(recv_one(&rx, &m, why) == 1 && m && rx);
+    msg_free(m);
+    send_raw(buf, header(buf, M_DONE | M_REGION, 7, 4089), -1);
+    CHECK(recv_one(&rx, &m, why) == 1 && m);
+    if (m) {
+        CHECK(m->type == M_DONE && json_integer_value(json_object_get(m->json, "r")) == 1);
+        msg_free(m);
+    }
+    send_raw(buf, header(buf, M_DONE | M_REGION, 7, 4090), -1);
+    CHECK(recv_one(&rx, &m, why) == -1);
+    CHECK_STR_CONTAINS(why, "outside the shared-memory region");
+    region_unref(rx);
+}
+
+/* parse_tensor on a description (JSON text) against blob. */
+static bool tensor(const char *desc, const uint8_t *blob, size_t blob_len, char *why)
+{
+    json_error_t jerr;
+    json_t *d = json_loads(desc, 0, &jerr);
+    if (!d) abort();
+    tview_t v;
+    int64_t shape[MAX_RANK];
+    why[0] = '\0';
+    bool ok = parse_tensor(d, blob, blob_len, &v, shape, why, 512);
+    json_decref(d);
+    return ok;
+}
+
+static void test_tensors(void)
+{
+    char why[512];
+    uint8_t blob[64] = {0};
+    CHECK(tensor("{\"name\":\"A\",\"datatype\":\"FP32\",\"shape\":[2,2],\"offset\":0,\"size\":16}",
+                 blob, 64, why));
+    CHECK(tensor("{\"name\":\"A\",\"datatype\":\"FP32\",\"shape\":[0],\"offset\":64,\"size\":0}",
+                 blob, 64, why));
+    CHECK(!tensor("{\"name\":\"\",\"datatype\":\"FP32\",\"shape\":[1],\"offset\":0,\"size\":4}",
+                  blob, 64, why));
+    CHECK_STR_CONTAINS(why, "malformed tensor description");
+    CHECK(!tensor("{\"name\":\"A\",\"datatype\":\"FP128\",\"shape\":[1],\"offset\":0,\"size\":4}",
+                  blob, 64, why));
+    CHECK_STR_CONTAINS(why, "unknown datatype");
+    CHECK(!tensor("{\"name\":\"A\",\"datatype\":\"INT8\",\"shape\":[1,1,1,1,1,1,1,1,1,1,1,1,1,1,"
+                  "1,1,1],\"offset\":0,\"size\":1}",
+                  blob, 64, why));
+    CHECK_STR_CONTAINS(why, "more than 16 dimensions");
+    CHECK(!tensor("{\"name\":\"A\",\"datatype\":\"INT8\",\"shape\":[-1],\"offset\":0,\"size\":1}",
+                  blob, 64, why));
+    CHECK_STR_CONTAINS(why, "invalid shape");
+    CHECK(!tensor("{\"name\":\"A\",\"datatype\":\"FP32\",\"shape\":[3],\"offset\":0,\"size\":8}",
+                  blob, 64, why));
+    CHECK_STR_CONTAINS(why, "has 8 bytes, its shape and datatype need 12");
+    CHECK(!tensor("{\"name\":\"A\",\"datatype\":\"FP32\",\"shape\":[4],\"offset\":56,\"size\":16}",
+                  blob, 64, why));
+    CHECK_STR_CONTAINS(why, "lies outside its message");
+    CHECK(!tensor("{\"name\":\"A\",\"datatype\":\"FP32\",\"shape\":[1],\"offset\":-4,\"size\":4}",
+                  blob, 64, why));
+    CHECK_STR_CONTAINS(why, "lies outside its message");
+    /* shapes whose element count overflows 64 bits */
+    CHECK(!tensor("{\"name\":\"A\",\"datatype\":\"FP64\",\"shape\":[4611686018427387903,"
+                  "4611686018427387903,4611686018427387903],\"offset\":0,\"size\":8}",
+                  blob, 64, why));
+    CHECK(!tensor("{\"name\":\"A\",\"datatype\":\"INT8\",\"shape\":[4294967296,4294967296],"
+                  "\"offset\":0,\"size\":0}",
+                  blob, 64, why));
+
+    /* BYTES: exactly the shape's element count, each length inside */
+    uint8_t b[32];
+    uint32_t one = 1, three = 3, huge = 0xfffffff0u;
+    memcpy(b, &one, 4);
+    b[4] = 'x';
+    memcpy(b + 5, &three, 4);
+    memcpy(b + 9, "abc", 3);
+    CHECK(tensor("{\"name\":\"S\",\"datatype\":\"BYTES\",\"shape\":[2],\"offset\":0,\"size\":12}",
+                 b, 32, why));
+    CHECK(!tensor("{\"name\":\"S\",\"datatype\":\"BYTES\",\"shape\":[3],\"offset\":0,\"size\":12}",
+                  b, 32, why));
+    CHECK_STR_CONTAINS(why, "does not hold 3 serialized elements");
+    CHECK(!tensor("{\"name\":\"S\",\"datatype\":\"BYTES\",\"shape\":[2],\"offset\":0,\"size\":11}",
+                  b, 32, why));
+    memcpy(b + 5, &huge, 4);
+    CHECK(!tensor("{\"name\":\"S\",\"datatype\":\"BYTES\",\"shape\":[2],\"offset\":0,\"size\":12}",
+                  b, 32, why));
+    CHECK(bytes_ok(b, 0, 0) && !bytes_ok(b, 3, 1) && !bytes_ok(b, 2, 0));
+}
+
+int main(void)
+{
+    if (socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv) != 0) return 1;
+    test_datagrams();
+    test_tensors();
+    close(sv[0]);
+    close(sv[1]);
+    return check_summary();
+}
