@@ -190,7 +190,9 @@ int main(int argc, char **argv)
         /* As the binary runs: a tracer with tracing off (Triton's default). */
         if (err == NULL && (err = nereid_tracer_new(NULL, NULL, 0, &tracer)) == NULL)
             nereid_server_set_tracer(server, tracer);
-        grpc_options_t gopts = {.address = "127.0.0.1", .port = 0, .infer_thread_count = 2};
+        grpc_options_t gopts;
+        grpc_options_init(&gopts);
+        gopts.address = "127.0.0.1", gopts.port = 0, gopts.infer_thread_count = 2;
         if (err == NULL) err = grpc_frontend_start(server, &gopts, &fe);
         if (err != NULL) {
             fprintf(stderr, "bench_grpc: %s\n", nereid_error_message(err));

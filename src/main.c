@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -54,6 +55,9 @@ typedef struct cli {
     bool allow_client_shm;
     const char *log_file; /* --log-file; NULL/"" = stderr */
     long long pinned_memory_pool_byte_size;
+    bool http_reuse_port;         /* --reuse-http-port */
+    grpc_options_t grpc;          /* the gRPC socket flags (keepalive, reuse, compression) */
+    const char *grpc_compression; /* --grpc-infer-response-compression-level */
 } cli_t;
 
 typedef enum flag_kind {
@@ -73,6 +77,7 @@ typedef enum flag_kind {
     FLAG_CACHE_CONFIG,   /* --cache-config <name>,<setting>=<value> (repeatable) */
     FLAG_CACHE_BYTES,    /* --response-cache-byte-size: Triton's deprecated local cache size */
     FLAG_BACKEND_CONFIG, /* --backend-config [<backend>,]<setting>=<value> (repeatable) */
+    FLAG_METRICS_CONFIG, /* --metrics-config <setting>=<value> (repeatable) */
     FLAG_IGNORED,        /* Triton tuning knob with no effect here: accepted with a warning */
     FLAG_UNSUPPORTED /* Triton feature whose absence would surprise (TLS, restrictions): error */
 } flag_kind_t;
@@ -109,6 +114,30 @@ static const flag_t flags[] = {
       "Configure each model by its configs/<name>.pbtxt when it has one (else config.pbtxt)."),
     F("model-load-thread-count", FLAG_INT, server.model_load_thread_count,
       "Models loaded in parallel (4)."),
+    F("model-load-retry-count", FLAG_INT, server.model_load_retry_count,
+      "Times a failed model load is tried again before it counts as failed (0)."),
+    F("metrics-config", FLAG_METRICS_CONFIG, server,
+      "<setting>=<value>: counter_latencies=true|false (true), histogram_latencies=true|false "
+      "(false; nv_inference_first_response_histogram_ms); summary_latencies=true is refused."),
+    F("reuse-http-port", FLAG_BOOL, http_reuse_port,
+      "Let several servers listen on the HTTP port (SO_REUSEPORT) (false)."),
+    F("reuse-grpc-port", FLAG_BOOL, grpc.reuse_port,
+      "Let several servers listen on the gRPC port (SO_REUSEPORT) (false)."),
+    F("grpc-infer-response-compression-level", FLAG_STR, grpc_compression,
+      "none|low|medium|high: compression of inference responses (none)."),
+    F("grpc-keepalive-time", FLAG_INT, grpc.keepalive_time_ms,
+      "Milliseconds after which a keepalive ping is sent (7200000)."),
+    F("grpc-keepalive-timeout", FLAG_INT, grpc.keepalive_timeout_ms,
+      "Milliseconds a keepalive ping waits for its acknowledgement (20000)."),
+    F("grpc-keepalive-permit-without-calls", FLAG_BOOL, grpc.keepalive_permit_without_calls,
+      "Allow keepalive pings with no call in flight (false)."),
+    F("grpc-http2-max-pings-without-data", FLAG_INT, grpc.http2_max_pings_without_data,
+      "Pings sent with no data before one must be sent (2; 0 = no limit)."),
+    F("grpc-http2-min-recv-ping-interval-without-data", FLAG_INT,
+      grpc.http2_min_recv_ping_interval_without_data_ms,
+      "Milliseconds between pings below which a ping is a strike (300000)."),
+    F("grpc-http2-max-ping-strikes", FLAG_INT, grpc.http2_max_ping_strikes,
+      "Bad pings tolerated before the connection is closed (2; 0 = any)."),
     F("model-load-on-demand", FLAG_BOOL, server.model_load_on_demand,
       "Explicit mode: load a model on its first request (false)."),
     F("model-memory-budget", FLAG_LLONG, server.model_memory_budget_bytes,
@@ -207,8 +236,6 @@ static const flag_t flags[] = {
       "Allow clients to register/unregister and use system shared memory regions (false)."),
 #define IGNORED(name) F(name, FLAG_IGNORED, repos, "Accepted for Triton compatibility; no effect.")
     IGNORED("cache-directory"),
-    IGNORED("model-load-retry-count"),
-    IGNORED("model-namespacing"),
     IGNORED("repoagent-directory"),
     IGNORED("cuda-memory-pool-byte-size"),
     IGNORED("min-supported-compute-capability"),
@@ -216,19 +243,12 @@ static const flag_t flags[] = {
     IGNORED("allow-gpu-metrics"),
     IGNORED("grpc-infer-allocation-pool-size"),
     IGNORED("grpc-max-response-pool-size"),
-    IGNORED("grpc-infer-response-compression-level"),
-    IGNORED("grpc-keepalive-time"),
-    IGNORED("grpc-keepalive-timeout"),
-    IGNORED("grpc-keepalive-permit-without-calls"),
-    IGNORED("grpc-http2-max-pings-without-data"),
-    IGNORED("grpc-http2-min-recv-ping-interval-without-data"),
-    IGNORED("grpc-http2-max-ping-strikes"),
-    IGNORED("reuse-http-port"),
-    IGNORED("reuse-grpc-port"),
 #undef IGNORED
 #define UNSUPPORTED(name) F(name, FLAG_UNSUPPORTED, repos, "Not supported by Nereid (refused).")
     UNSUPPORTED("host-policy"),
-    UNSUPPORTED("metrics-config"),
+    /* Same model name in several repositories, told apart by repository:
+     * not implemented; off (Triton's default) is accepted. */
+    UNSUPPORTED("model-namespacing"),
 #undef UNSUPPORTED
 };
 #undef F
@@ -308,6 +328,32 @@ static int parse_backend_config(cli_t *cli, const char *value)
     cli->backend_setting_text[n] = text;
     cli->backend_settings[n] = (nereid_backend_setting_t){comma ? text : "", set, q + 1};
     cli->server.n_backend_settings = n + 1;
+    return 0;
+}
+
+/* Triton's --metrics-config <setting>=<value> (its format errors): the
+ * latency families. Triton reads counter_latencies "false" and
+ * histogram_latencies "true" only; other settings have no effect there
+ * either, except summary_latencies=true, which Nereid does not serve. */
+static int parse_metrics_config(cli_t *cli, const char *value)
+{
+    const char *eq = strchr(value, '=');
+    size_t n = eq ? (size_t)(eq - value) : 0;
+    if (!eq || n == 0 || !eq[1] || memchr(value, ',', n)) {
+        fprintf(stderr, "--metrics-config option format is <setting>=<value>. Got %s\n", value);
+        return -2;
+    }
+    if (n == strlen("counter_latencies") && !strncmp(value, "counter_latencies", n))
+        cli->server.metrics_counter_latencies = strcmp(eq + 1, "false") != 0;
+    else if (n == strlen("histogram_latencies") && !strncmp(value, "histogram_latencies", n))
+        cli->server.metrics_histogram_latencies = strcmp(eq + 1, "true") == 0;
+    else if (n == strlen("summary_latencies") && !strncmp(value, "summary_latencies", n) &&
+             !strcmp(eq + 1, "true")) {
+        fprintf(stderr, "nereid: --metrics-config summary_latencies=true is not supported (latency "
+                        "summaries are not implemented; counters and the first-response "
+                        "histogram are)\n");
+        return -2;
+    }
     return 0;
 }
 
@@ -421,6 +467,8 @@ static int apply_flag(cli_t *cli, const flag_t *f, const char *value)
         return 0;
     case FLAG_BACKEND_CONFIG:
         return parse_backend_config(cli, value);
+    case FLAG_METRICS_CONFIG:
+        return parse_metrics_config(cli, value);
     case FLAG_CACHE_BYTES: {
         char *end;
         errno = 0;
@@ -446,7 +494,10 @@ static int apply_flag(cli_t *cli, const flag_t *f, const char *value)
         bool off;
         /* Turning a feature off is what Nereid does anyway. */
         if (parse_bool(value, &off) == 0 && !off) return 0;
-        fprintf(stderr, "nereid: --%s is not supported\n", f->name);
+        fprintf(stderr, "nereid: --%s is not supported%s\n", f->name,
+                !strcmp(f->name, "model-namespacing")
+                    ? " (a model name must be unique across the model repositories)"
+                    : "");
         return -2;
     }
     case FLAG_SWITCH:
@@ -727,6 +778,7 @@ int main(int argc, char **argv)
     cli.http_idle_timeout_secs = 60;
     cli.exit_timeout_secs = 30;
     cli.pinned_memory_pool_byte_size = 268435456;
+    grpc_options_init(&cli.grpc);
     int rc = parse_args(&cli, argc, argv);
     if (rc == 1) {
         usage(stdout);
@@ -741,6 +793,17 @@ int main(int argc, char **argv)
         fprintf(stderr, "nereid: --http-max-connections must be >= 1 and "
                         "--http-idle-timeout-secs >= 0\n");
         return 2;
+    }
+    if (cli.grpc_compression) {
+        static const char *const levels[] = {"none", "low", "medium", "high"};
+        int level = -1;
+        for (int i = 0; i < 4; i++)
+            if (!strcasecmp(cli.grpc_compression, levels[i])) level = i;
+        if (level < 0) {
+            fprintf(stderr, "invalid argument for --grpc_infer_response_compression_level\n");
+            return 2;
+        }
+        cli.grpc.infer_compression_level = level; /* grpc_compression_level's order */
     }
     if (cli.metrics_interval_ms < 0) {
         fprintf(stderr, "nereid: --metrics-interval-ms must be >= 0\n");
@@ -806,8 +869,7 @@ int main(int argc, char **argv)
     grpc_frontend_t *grpc_fe = NULL;
     /* HTTP starts last: once its port answers, every frontend is up. */
     if (cli.allow_grpc) {
-        grpc_options_t gopts;
-        grpc_options_init(&gopts);
+        grpc_options_t gopts = cli.grpc; /* defaults and the socket flags */
         gopts.address = cli.grpc_address;
         gopts.port = cli.grpc_port;
         gopts.infer_thread_count = cli.grpc_infer_thread_count;
@@ -848,6 +910,7 @@ int main(int argc, char **argv)
         ho.tls = cli.http_tls;
         ho.header_forward_pattern = cli.http_header_forward_pattern;
         ho.shm = shm;
+        ho.reuse_port = cli.http_reuse_port;
         if ((err = http_server_start(server, &ho, &http))) {
             log_start_failure("HTTP", ho.address, ho.port, err);
             goto frontend_failed;

@@ -530,6 +530,18 @@ static json_t *io_json(const ort_tensor_t *t, size_t n, bool batching, json_t *c
     return arr;
 }
 
+/* --backend-config=[onnxruntime,]default-max-batch-size=N (the core passes
+ * Triton's 4 when unset): the max_batch_size auto-complete gives a model
+ * that can batch; 0 leaves it unbatched. */
+static int64_t default_max_batch_size(const nereid_model_t *model)
+{
+    const char *v = nereid_backend_config(nereid_model_backend(model), "default-max-batch-size");
+    char *end;
+    long long n = v ? strtoll(v, &end, 10) : ORT_DEFAULT_MAX_BATCH_SIZE;
+    if (v && (*end || end == v || n < 0)) n = ORT_DEFAULT_MAX_BATCH_SIZE;
+    return n;
+}
+
 /* Triton's onnxruntime auto-complete: fills max_batch_size and missing
  * inputs/outputs from the model. */
 static nereid_error_t *autofill(nereid_model_t *model, const ort_tensor_t *in, size_t n_in,
@@ -546,8 +558,7 @@ static nereid_error_t *autofill(nereid_model_t *model, const ort_tensor_t *in, s
     }
     int64_t mbs = nereid_model_max_batch_size(model);
     if (batching_supported(in, n_in, out, n_out)) {
-        if (mbs == 0) {
-            mbs = ORT_DEFAULT_MAX_BATCH_SIZE;
+        if (mbs == 0 && (mbs = default_max_batch_size(model)) > 0) {
             json_object_set_new(cfg, "max_batch_size", json_integer(mbs));
             fprintf(stderr,
                     "W onnxruntime: autofilled max_batch_size to %lld for model '%s' since "

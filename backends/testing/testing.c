@@ -4,6 +4,9 @@
  *   execute_delay_ms     sleep this long in every execute
  *   model_init_delay_ms  sleep this long in model init (a known load time)
  *   fail_model_init      "true": model init fails
+ *   fail_model_init_attempts  N with init_attempts_file path: every model
+ *                        init appends a line to the file, and the first N
+ *                        (lines already there < N) fail
  *   show_backend_config  "true": model init fails with the backend's
  *                        --backend-config JSON as its reason (ABI 1.5)
  *   fail_instance_init   "true": instance init fails
@@ -64,6 +67,21 @@ NEREID_EXPORT nereid_error_t *nereid_backend_model_init(nereid_model_t *model)
                                 nereid_backend_config_json(nereid_model_backend(model)));
     if (param_true(model, "fail_model_init"))
         return nereid_error_new(NEREID_ERROR_INTERNAL, "testing backend: model init failed");
+    const char *attempts = nereid_model_parameter(model, "fail_model_init_attempts");
+    const char *path = nereid_model_parameter(model, "init_attempts_file");
+    if (attempts && path) {
+        long seen = 0;
+        FILE *f = fopen(path, "a+");
+        if (!f)
+            return nereid_error_new(NEREID_ERROR_INTERNAL, "testing backend: cannot open %s", path);
+        for (int c; (c = fgetc(f)) != EOF;)
+            seen += c == '\n';
+        fputs("init\n", f);
+        fclose(f);
+        if (seen < strtol(attempts, NULL, 10))
+            return nereid_error_new(NEREID_ERROR_INTERNAL,
+                                    "testing backend: model init attempt %ld failed", seen + 1);
+    }
     const char *delay = nereid_model_parameter(model, "model_init_delay_ms");
     if (delay) sleep_ms(strtol(delay, NULL, 10));
     return NULL;

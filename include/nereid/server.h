@@ -123,14 +123,20 @@ typedef struct nereid_server_options {
     nereid_model_control_mode_t model_control_mode;
     const char *const *load_models; /* explicit mode start-up models; "*" = all */
     size_t n_load_models;
-    int repository_poll_secs;              /* poll mode period, default 15 */
-    bool strict_model_config;              /* default false: autofill allowed */
-    bool disable_auto_complete_config;     /* default false */
-    bool exit_on_error;                    /* default true: a failed model load fails start-up */
-    bool strict_readiness;                 /* default true */
-    int log_verbose;                       /* 0 = quiet */
-    const char *server_id;                 /* default "triton" */
-    int model_load_thread_count;           /* default 4 */
+    int repository_poll_secs;          /* poll mode period, default 15 */
+    bool strict_model_config;          /* default false: autofill allowed */
+    bool disable_auto_complete_config; /* default false */
+    bool exit_on_error;                /* default true: a failed model load fails start-up */
+    bool strict_readiness;             /* default true */
+    int log_verbose;                   /* 0 = quiet */
+    const char *server_id;             /* default "triton" */
+    int model_load_thread_count;       /* default 4 */
+    int model_load_retry_count; /* default 0: a failed model load is tried again this often */
+    /* --metrics-config: the per-model latency counters (default true) and
+     * the nv_inference_first_response_histogram_ms histogram (default
+     * false), as Triton's counter_latencies / histogram_latencies. */
+    bool metrics_counter_latencies;
+    bool metrics_histogram_latencies;
     bool log_info, log_warning, log_error; /* default true: which log lines are printed */
     int log_format; /* a nereid_log_format_t; default NEREID_LOG_FORMAT_DEFAULT */
     nereid_rate_limit_mode_t rate_limit; /* default NEREID_RATE_LIMIT_OFF */

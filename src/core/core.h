@@ -63,7 +63,8 @@ void batch_complete(batch_t *batch, bool finish);
 nereid_error_t *model_warmup(model_t *m);
 
 /* Statistics hooks. */
-void stats_init(model_stats_t *s, int64_t max_batch_size);
+/* cfg's model_metrics may set the first-response histogram's buckets. */
+void stats_init(model_stats_t *s, int64_t max_batch_size, const model_config_t *cfg);
 void stats_destroy(model_stats_t *s);
 void stats_add(stat_duration_t *d, uint64_t ns);
 /* response_stats entry `index` (0 = response0), created on first use. */

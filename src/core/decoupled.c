@@ -14,11 +14,13 @@
  * the scheduler's release after execute if that comes later.
  */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/core.h"
 #include "core/decoupled.h"
+#include "core/stats.h"
 #include "core/util.h"
 
 typedef struct stream_ctx {
@@ -100,6 +102,20 @@ nereid_error_t *nereid_server_model_decoupled(nereid_server_t *server, const cha
 static stream_ctx_t *stream_of(const nereid_request_t *req)
 {
     return req->done_fn == stream_final ? req->done_userp : NULL;
+}
+
+bool decoupled_flags_only(const nereid_request_t *req)
+{
+    const stream_ctx_t *ctx = stream_of(req);
+    return ctx && ctx->flags_only;
+}
+
+void request_first_response(nereid_request_t *req)
+{
+    if (req->warmup || atomic_exchange(&req->first_response_seen, true)) return;
+    uint64_t now = util_now_ns();
+    stats_first_response(&req->model->stats,
+                         now > req->t_request_ns ? (now - req->t_request_ns) / 1000000 : 0);
 }
 
 bool decoupled_has_sender(const nereid_request_t *req)
@@ -270,6 +286,7 @@ nereid_error_t *nereid_sender_send(nereid_response_sender_t *s, uint32_t flags, 
     response_compact(resp);
     model_ref(req->model);
     resp->model = req->model;
+    request_first_response(req);
     s->ctx->fn(resp, 0, s->ctx->userp);
     return NULL;
 }

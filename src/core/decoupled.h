@@ -18,6 +18,11 @@ bool decoupled_release(nereid_request_t *req, nereid_error_t *err);
 /* True when a backend took req's sender (its responses are counted by the
  * sender, not by the batch). */
 bool decoupled_has_sender(const nereid_request_t *req);
+/* True when req's final goes to its client as the final flag alone. */
+bool decoupled_flags_only(const nereid_request_t *req);
+/* Observes req's first response for the time-to-first-response histogram
+ * (once per request; later calls do nothing). */
+void request_first_response(nereid_request_t *req);
 /* The model's config says model_transaction_policy { decoupled: true }. */
 bool model_is_decoupled(const model_t *m);
 

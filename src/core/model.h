@@ -53,6 +53,13 @@ typedef struct model_stats {
     stat_duration_t cache_hit, cache_miss;
     _Atomic uint64_t failures[FAILURE_N];
     _Atomic int64_t pending; /* requests queued, not yet executing */
+    /* Time to first response (ms): fr_le[i] the bucket bounds (Triton's
+     * defaults or the config's model_metrics), fr_count[i] the observations
+     * <= fr_le[i] (cumulative), fr_total and fr_sum_ms over all. */
+    double *fr_le;
+    _Atomic uint64_t *fr_count;
+    size_t n_fr_le;
+    _Atomic uint64_t fr_total, fr_sum_ms;
     response_stat_t response0;
     /* Entries 1.. of a decoupled model's response_stats (stats_response). */
     pthread_mutex_t resp_mu;

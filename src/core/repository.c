@@ -846,6 +846,15 @@ static nereid_error_t *load_model(nereid_server_t *s, const char *name, const ch
         };
         model_t *m = NULL;
         nereid_error_t *lerr = model_load(s, &args, &m);
+        /* Triton's --model-load-retry-count: each version's load is tried
+         * up to that many more times before it counts as failed. */
+        for (int retry = 0; lerr && retry < s->opts.model_load_retry_count; retry++) {
+            LOG_INFO("retrying load of '%s' version %" PRId64 " (%d of %d): %s", name, chosen[i],
+                     retry + 1, s->opts.model_load_retry_count, nereid_error_message(lerr));
+            nereid_error_free(lerr);
+            m = NULL;
+            lerr = model_load(s, &args, &m);
+        }
         if (lerr) {
             nv[i].state = MODEL_UNAVAILABLE;
             nv[i].reason = error_reason(lerr);

@@ -7,6 +7,8 @@
 #ifndef NEREID_REQUEST_H
 #define NEREID_REQUEST_H
 
+#include <stdatomic.h>
+
 #include "core/model.h"
 
 /* ---- Requests and responses ---- */
@@ -109,6 +111,7 @@ struct nereid_request {
     bool seq_start, seq_end;
     bool warmup;         /* model warmup sample: schedulers' test hooks must not hold it */
     bool stats_recorded; /* request_record_stats ran: request_finish skips the queue time */
+    atomic_bool first_response_seen; /* first_response_histogram observed (in the padding) */
 
     /* Set at submission. */
     model_t *model;     /* reference held until the request is finished */

@@ -37,6 +37,7 @@ void nereid_server_options_init(nereid_server_options_t *o)
     o->strict_readiness = true;
     o->server_id = "triton";
     o->model_load_thread_count = 4;
+    o->metrics_counter_latencies = true;
     o->log_info = o->log_warning = o->log_error = true;
     o->pinned_memory_pool_byte_size = 268435456;
 }
@@ -636,7 +637,8 @@ nereid_error_t *nereid_server_metrics(nereid_server_t *s, char **text_out)
     for (size_t i = 0; i < s->n_models; i++)
         for (size_t v = 0; v < s->models[i]->n_versions; v++)
             if (s->models[i]->versions[v].model) models[k++] = s->models[i]->versions[v].model;
-    stats_metrics_text(out, models, k);
+    stats_metrics_text(out, models, k, s->opts.metrics_counter_latencies,
+                       s->opts.metrics_histogram_latencies);
     /* Triton's pinned memory gauges (always present when metrics are on;
      * no CUDA here, so nothing is ever allocated from the pool). */
     fprintf(out,

@@ -12,15 +12,44 @@
 #include "core/cache.h"
 #include "core/util.h"
 
-void stats_init(model_stats_t *s, int64_t max_batch_size)
+#define FIRST_RESPONSE_FAMILY "nv_inference_first_response_histogram_ms"
+
+/* Triton's default buckets of nv_inference_first_response_histogram_ms. */
+static const double first_response_le_ms[4] = {100, 500, 2000, 5000};
+
+void stats_init(model_stats_t *s, int64_t max_batch_size, const model_config_t *cfg)
 {
     s->n_batch = (size_t)(max_batch_size > 0 ? max_batch_size : 1) + 1;
     s->batch = xcalloc(s->n_batch, sizeof *s->batch);
     pthread_mutex_init(&s->resp_mu, NULL);
+    /* model_metrics may override a histogram's buckets, as in Triton. */
+    const double *le = first_response_le_ms;
+    size_t n = ARRAY_LEN(first_response_le_ms);
+    const Inference__ModelMetrics *mm = cfg ? cfg->model_metrics : NULL;
+    for (size_t i = 0; mm && i < mm->n_metric_control; i++) {
+        const Inference__ModelMetrics__MetricControl *mc = mm->metric_control[i];
+        const char *family = mc->metric_identifier ? mc->metric_identifier->family : "";
+        if (strcmp(family, FIRST_RESPONSE_FAMILY) != 0) {
+            LOG_WARN("Metric family '%s' in 'metric_identifier' is not a customizable metric in "
+                     "Triton core.",
+                     family);
+        } else if (mc->histogram_options && mc->histogram_options->n_buckets) {
+            le = mc->histogram_options->buckets;
+            n = mc->histogram_options->n_buckets;
+        }
+    }
+    s->n_fr_le = n;
+    s->fr_le = xcalloc(n, sizeof *s->fr_le);
+    memcpy(s->fr_le, le, n * sizeof *le);
+    s->fr_count = xcalloc(n, sizeof *s->fr_count);
 }
 
 void stats_destroy(model_stats_t *s)
 {
+    free(s->fr_le);
+    free((void *)s->fr_count);
+    s->fr_le = NULL;
+    s->fr_count = NULL;
     free(s->batch);
     s->batch = NULL;
     for (size_t i = 0; i < s->n_resp_more; i++)
@@ -304,10 +333,45 @@ static void cache_metrics_per_model(FILE *out, const model_t *const *models, siz
     }
 }
 
-void stats_metrics_text(FILE *out, const model_t *const *models, size_t n_models)
+void stats_first_response(model_stats_t *s, uint64_t ms)
+{
+    for (size_t b = 0; b < s->n_fr_le; b++)
+        if ((double)ms <= s->fr_le[b]) atomic_fetch_add(&s->fr_count[b], 1);
+    atomic_fetch_add(&s->fr_total, 1);
+    atomic_fetch_add(&s->fr_sum_ms, ms);
+}
+
+/* prometheus-cpp's histogram text: _count, _sum, then cumulative _bucket
+ * lines with le. */
+static void first_response_text(FILE *out, const model_t *const *models, size_t n_models)
+{
+    static const char *name = FIRST_RESPONSE_FAMILY;
+    char lab[1024];
+    fprintf(out,
+            "# HELP %s Duration from request to first response in milliseconds\n"
+            "# TYPE %s histogram\n",
+            name, name);
+    for (size_t i = 0; i < n_models; i++) {
+        const model_stats_t *s = &models[i]->stats;
+        labels(lab, sizeof lab, models[i], NULL);
+        uint64_t total = atomic_load(&s->fr_total);
+        fprintf(out, "%s_count{%s} %llu\n%s_sum{%s} %llu\n", name, lab, (unsigned long long)total,
+                name, lab, (unsigned long long)atomic_load(&s->fr_sum_ms));
+        for (size_t b = 0; b < s->n_fr_le; b++)
+            fprintf(out, "%s_bucket{%s,le=\"%.15g\"} %llu\n", name, lab, s->fr_le[b],
+                    (unsigned long long)atomic_load(&s->fr_count[b]));
+        fprintf(out, "%s_bucket{%s,le=\"+Inf\"} %llu\n", name, lab, (unsigned long long)total);
+    }
+}
+
+void stats_metrics_text(FILE *out, const model_t *const *models, size_t n_models,
+                        bool counter_latencies, bool histogram_latencies)
 {
     char lab[1024];
     for (size_t f = 0; f < ARRAY_LEN(families); f++) {
+        /* Families 4..8 are the latency counters (--metrics-config
+         * counter_latencies=false leaves them out). */
+        if (!counter_latencies && f >= 4 && f <= 8) continue;
         fprintf(out, "# HELP %s %s\n# TYPE %s %s\n", families[f].name, families[f].help,
                 families[f].name, families[f].type);
         for (size_t i = 0; i < n_models; i++) {
@@ -328,6 +392,7 @@ void stats_metrics_text(FILE *out, const model_t *const *models, size_t n_models
             }
         }
     }
+    if (histogram_latencies) first_response_text(out, models, n_models);
     load_duration_text(out, models, n_models);
     cache_metrics_per_model(out, models, n_models);
 }

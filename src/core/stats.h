@@ -13,6 +13,10 @@
 /* One model_stats entry of the statistics extension (new reference). */
 json_t *stats_model_json(const model_t *m);
 /* Appends Triton's per-model metric families for these models. */
-void stats_metrics_text(FILE *out, const model_t *const *models, size_t n_models);
+void stats_metrics_text(FILE *out, const model_t *const *models, size_t n_models,
+                        bool counter_latencies, bool histogram_latencies);
+/* Observes one request's first response, ms after the request arrived
+ * (nv_inference_first_response_histogram_ms). */
+void stats_first_response(model_stats_t *s, uint64_t ms);
 
 #endif

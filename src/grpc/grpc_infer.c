@@ -54,7 +54,7 @@ static void unary_infer_done(nereid_response_t *resp, void *userp)
 }
 
 /* Nereid extension: the sequence id and flags from the call's metadata
- * (README "Running at scale"); the id is echoed in the initial metadata. */
+ * (docs/deploy.md); the id is echoed in the initial metadata. */
 static nereid_error_t *seq_metadata(gfe_unary_call_t *c, nereid_request_t *req)
 {
     static const char *const names[3] = {"nereid-sequence-id", "nereid-sequence-start",
@@ -158,6 +158,15 @@ typedef struct stream_write {
     grpc_byte_buffer *bb;
 } stream_write_t;
 
+/* The place of one non-decoupled request's reply in the stream: Triton
+ * answers those in the order it read them (decoupled models' responses go
+ * out as they come). */
+typedef struct stream_slot {
+    struct stream_slot *next;
+    bool ready;           /* the reply is known */
+    grpc_byte_buffer *bb; /* the reply, or NULL when there is none to send */
+} stream_slot_t;
+
 typedef struct gfe_stream {
     grpc_frontend_t *fe;
     grpc_call *call;
@@ -170,11 +179,12 @@ typedef struct gfe_stream {
     bool writing;     /* a SEND_MESSAGE is outstanding */
     grpc_byte_buffer *in_write;
     stream_write_t *head, *tail;
-    bool md_sent;                  /* initial metadata went with an earlier batch */
-    bool status_started;           /* the final status is on its way */
-    bool dead;                     /* cancelled or broken: nothing more is sent */
-    int cancelled;                 /* from RECV_CLOSE_ON_SERVER */
-    nereid_cancel_token_t *cancel; /* every request of the stream carries it */
+    stream_slot_t *order_head, *order_tail; /* non-decoupled replies, in request order */
+    bool md_sent;                           /* initial metadata went with an earlier batch */
+    bool status_started;                    /* the final status is on its way */
+    bool dead;                              /* cancelled or broken: nothing more is sent */
+    int cancelled;                          /* from RECV_CLOSE_ON_SERVER */
+    nereid_cancel_token_t *cancel;          /* every request of the stream carries it */
     size_t n_inflight;
     bool error_closes; /* client metadata triton_grpc_error: true */
     bool failing;      /* an error closes the stream once writes drain */
@@ -188,7 +198,8 @@ typedef struct stream_infer {
     gfe_stream_t *s;
     Inference__ModelInferRequest *msg;
     infer_scratch_t scratch;
-    bool empty_final; /* triton_enable_empty_final_response: true */
+    stream_slot_t *slot; /* non-decoupled: where the reply goes, else NULL */
+    bool empty_final;    /* triton_enable_empty_final_response: true */
 } stream_infer_t;
 
 static void stream_destroy(gfe_stream_t *s)
@@ -198,6 +209,11 @@ static void stream_destroy(gfe_stream_t *s)
         next = w->next;
         grpc_byte_buffer_destroy(w->bb);
         free(w);
+    }
+    for (stream_slot_t *o = s->order_head, *next; o != NULL; o = next) {
+        next = o->next;
+        if (o->bb != NULL) grpc_byte_buffer_destroy(o->bb);
+        free(o);
     }
     if (s->recv != NULL) grpc_byte_buffer_destroy(s->recv);
     if (s->in_write != NULL) grpc_byte_buffer_destroy(s->in_write);
@@ -259,6 +275,7 @@ static void stream_pump_writes_locked(gfe_stream_t *s)
     size_t n = 0;
     memset(ops, 0, sizeof(ops));
     if (!s->md_sent) {
+        gfe_set_infer_compression(s->fe, true, &ops[n]);
         ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
         s->md_sent = true;
     }
@@ -288,6 +305,7 @@ static void stream_maybe_finish_locked(gfe_stream_t *s)
     size_t n = 0;
     memset(ops, 0, sizeof(ops));
     if (!s->md_sent) {
+        gfe_set_infer_compression(s->fe, true, &ops[n]);
         ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
         s->md_sent = true;
     }
@@ -318,10 +336,46 @@ static void stream_enqueue_locked(gfe_stream_t *s, grpc_byte_buffer *bb)
     stream_pump_writes_locked(s);
 }
 
-/* An error for one request: a message on the stream, or (with
- * triton_grpc_error) the stream's final status. Called with s->mu held. */
-static void stream_error_locked(gfe_stream_t *s, grpc_status_code code, const char *message,
-                                const char *id, const char *model, const char *version, int final)
+/* Appends a slot for the next non-decoupled request (NULL when out of
+ * memory: its reply then goes out when it comes). Called with s->mu held. */
+static stream_slot_t *stream_slot_add_locked(gfe_stream_t *s)
+{
+    stream_slot_t *o = calloc(1, sizeof(*o));
+    if (o == NULL) return NULL;
+    if (s->order_tail != NULL)
+        s->order_tail->next = o;
+    else
+        s->order_head = o;
+    s->order_tail = o;
+    return o;
+}
+
+/* Queues a reply (takes bb, which may be NULL for none): into its slot when
+ * it has one, then every ready reply at the head of the order goes out;
+ * straight to the writes otherwise. Called with s->mu held. */
+static void stream_reply_locked(gfe_stream_t *s, stream_slot_t *slot, grpc_byte_buffer *bb)
+{
+    if (slot == NULL) {
+        if (bb != NULL) stream_enqueue_locked(s, bb);
+        return;
+    }
+    slot->bb = bb;
+    slot->ready = true;
+    while (s->order_head != NULL && s->order_head->ready) {
+        stream_slot_t *o = s->order_head;
+        s->order_head = o->next;
+        if (s->order_head == NULL) s->order_tail = NULL;
+        if (o->bb != NULL) stream_enqueue_locked(s, o->bb);
+        free(o);
+    }
+}
+
+/* An error for one request: a message on the stream (in its slot, if any),
+ * or (with triton_grpc_error) the stream's final status. Called with s->mu
+ * held. */
+static void stream_error_locked(gfe_stream_t *s, stream_slot_t *slot, grpc_status_code code,
+                                const char *message, const char *id, const char *model,
+                                const char *version, int final)
 {
     if (s->error_closes) {
         if (!s->failing) {
@@ -330,9 +384,10 @@ static void stream_error_locked(gfe_stream_t *s, grpc_status_code code, const ch
             grpc_slice_unref(s->status_details);
             s->status_details = grpc_slice_from_copied_string(message);
         }
+        stream_reply_locked(s, slot, NULL);
         return;
     }
-    stream_enqueue_locked(s, infer_codec_stream_error(message, id, model, version, final));
+    stream_reply_locked(s, slot, infer_codec_stream_error(message, id, model, version, final));
 }
 
 static void stream_infer_free(stream_infer_t *si)
@@ -349,6 +404,7 @@ static void stream_infer_response(nereid_response_t *resp, uint32_t flags, void 
 {
     stream_infer_t *si = userp;
     gfe_stream_t *s = si->s;
+    stream_slot_t *slot = si->slot;
     bool final = (flags & NEREID_RESPONSE_FINAL) != 0;
     pthread_mutex_lock(&s->mu);
     bool drop = s->status_started || s->dead;
@@ -387,11 +443,11 @@ static void stream_infer_response(nereid_response_t *resp, uint32_t flags, void 
     if (final) stream_infer_free(si); /* input memory is no longer used */
 
     pthread_mutex_lock(&s->mu);
-    if (bb != NULL)
-        stream_enqueue_locked(s, bb);
-    else if (code != GRPC_STATUS_OK)
-        stream_error_locked(s, code, message != NULL ? message : "out of memory", id, model,
+    if (code != GRPC_STATUS_OK)
+        stream_error_locked(s, slot, code, message != NULL ? message : "out of memory", id, model,
                             version, final);
+    else if (bb != NULL || final)
+        stream_reply_locked(s, final ? slot : NULL, bb);
     bool destroy = false;
     if (final) {
         s->n_inflight--;
@@ -426,13 +482,28 @@ static void stream_handle(gfe_stream_t *s, grpc_byte_buffer *bb)
     if (si == NULL) {
         grpc_slice_unref(body);
         pthread_mutex_lock(&s->mu);
-        stream_error_locked(s, GRPC_STATUS_INTERNAL, "out of memory", NULL, NULL, NULL, -1);
+        stream_error_locked(s, NULL, GRPC_STATUS_INTERNAL, "out of memory", NULL, NULL, NULL, -1);
         pthread_mutex_unlock(&s->mu);
         return;
     }
     si->s = s;
     si->msg = infer_codec_parse(GRPC_SLICE_START_PTR(body), GRPC_SLICE_LENGTH(body), &err);
     grpc_slice_unref(body);
+    /* Like Triton, a request whose model is not known to be decoupled (its
+     * lookup failed too) is answered in its place in the order. */
+    bool decoupled = false;
+    int64_t version;
+    nereid_error_t *lookup_err = NULL;
+    if (si->msg != NULL &&
+        (lookup_err = infer_codec_version(si->msg->model_version, &version)) == NULL)
+        lookup_err =
+            nereid_server_model_decoupled(s->fe->server, si->msg->model_name, version, &decoupled);
+    nereid_error_free(lookup_err);
+    if (!decoupled) {
+        pthread_mutex_lock(&s->mu);
+        si->slot = stream_slot_add_locked(s);
+        pthread_mutex_unlock(&s->mu);
+    }
     si->scratch.shm = s->fe->shm;
     if (si->msg != NULL) err = infer_codec_request(s->fe->server, si->msg, &si->scratch, &req);
     if (err == NULL && (err = gfe_forward_headers(s->fe, s->forward, s->n_forward, req)) != NULL)
@@ -456,7 +527,7 @@ static void stream_handle(gfe_stream_t *s, grpc_byte_buffer *bb)
         pthread_mutex_unlock(&s->mu);
     }
     pthread_mutex_lock(&s->mu);
-    stream_error_locked(s, gfe_status_from_error(err), nereid_error_message(err),
+    stream_error_locked(s, si->slot, gfe_status_from_error(err), nereid_error_message(err),
                         si->msg != NULL ? si->msg->id : NULL, NULL, NULL, -1);
     pthread_mutex_unlock(&s->mu);
     nereid_error_free(err);

@@ -86,6 +86,7 @@ struct grpc_frontend {
     void *method_handles[GFE_N_METHODS];
     const restricted_apis_t *restricted; /* borrowed from the options; NULL = none */
     header_forward_t *header_forward;    /* --grpc-header-forward-pattern; NULL = off */
+    int infer_compression_level;         /* a grpc_compression_level for inference replies */
 
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -189,5 +190,15 @@ grpc_slice gfe_buffer_read(grpc_byte_buffer *bb);
  * completion on a queue thread made visible to ThreadSanitizer (gRPC core's
  * own synchronisation is not instrumented). Every batch goes through it. */
 grpc_call_error gfe_start_batch(grpc_call *call, const grpc_op *ops, size_t n, void *tag);
+
+/* Triton's --grpc-infer-response-compression-level applies to inference
+ * replies only: sets it on op (a SEND_INITIAL_METADATA) when infer. */
+static inline void gfe_set_infer_compression(const grpc_frontend_t *fe, bool infer, grpc_op *op)
+{
+    if (!infer || fe->infer_compression_level == GRPC_COMPRESS_LEVEL_NONE) return;
+    op->data.send_initial_metadata.maybe_compression_level.is_set = 1;
+    op->data.send_initial_metadata.maybe_compression_level.level =
+        (grpc_compression_level)fe->infer_compression_level;
+}
 
 #endif

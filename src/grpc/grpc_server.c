@@ -209,6 +209,7 @@ void gfe_unary_finish_status(gfe_unary_call_t *c, grpc_status_code code, const c
     ops[n].op = GRPC_OP_SEND_INITIAL_METADATA;
     ops[n].data.send_initial_metadata.count = c->n_reply_md;
     ops[n].data.send_initial_metadata.metadata = c->reply_md;
+    gfe_set_infer_compression(c->fe, c->method == GFE_M_MODEL_INFER, &ops[n]);
     n++;
     if (reply != NULL) {
         c->reply = reply;
@@ -445,6 +446,14 @@ void grpc_options_init(grpc_options_t *opts)
     opts->tls = (tls_options_t){0};
     opts->header_forward_pattern = NULL;
     opts->shm = NULL;
+    opts->reuse_port = false;
+    opts->keepalive_time_ms = 7200000;
+    opts->keepalive_timeout_ms = 20000;
+    opts->keepalive_permit_without_calls = false;
+    opts->http2_max_pings_without_data = 2;
+    opts->http2_min_recv_ping_interval_without_data_ms = 300000;
+    opts->http2_max_ping_strikes = 2;
+    opts->infer_compression_level = GRPC_COMPRESS_LEVEL_NONE;
 }
 
 int grpc_frontend_port(const grpc_frontend_t *fe)
@@ -534,19 +543,37 @@ nereid_error_t *grpc_frontend_start(nereid_server_t *server, const grpc_options_
     fe->queues = calloc((size_t)n_queues, sizeof(*fe->queues));
     fe->threads = calloc((size_t)n_queues, sizeof(*fe->threads));
 
-    /* No 4 MiB limit; no SO_REUSEPORT, so a taken port fails start-up. */
-    grpc_arg args[3];
+    /* No 4 MiB limit; SO_REUSEPORT only with --reuse-grpc-port, so a taken
+     * port fails start-up; Triton's keepalive settings. */
+    const struct {
+        const char *key;
+        int value;
+    } int_args[] = {
+        {GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, -1},
+        {GRPC_ARG_MAX_SEND_MESSAGE_LENGTH, -1},
+        {GRPC_ARG_ALLOW_REUSEPORT, opts->reuse_port},
+        {GRPC_ARG_KEEPALIVE_TIME_MS, opts->keepalive_time_ms},
+        {GRPC_ARG_KEEPALIVE_TIMEOUT_MS, opts->keepalive_timeout_ms},
+        {GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, opts->keepalive_permit_without_calls},
+        {GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, opts->http2_max_pings_without_data},
+        {GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
+         opts->http2_min_recv_ping_interval_without_data_ms},
+        {GRPC_ARG_HTTP2_MAX_PING_STRIKES, opts->http2_max_ping_strikes},
+    };
+    enum { N_ARGS = sizeof int_args / sizeof int_args[0] };
+    grpc_arg args[N_ARGS];
     memset(args, 0, sizeof(args));
-    args[0].type = GRPC_ARG_INTEGER;
-    args[0].key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
-    args[0].value.integer = -1;
-    args[1].type = GRPC_ARG_INTEGER;
-    args[1].key = GRPC_ARG_MAX_SEND_MESSAGE_LENGTH;
-    args[1].value.integer = -1;
-    args[2].type = GRPC_ARG_INTEGER;
-    args[2].key = GRPC_ARG_ALLOW_REUSEPORT;
-    args[2].value.integer = 0;
-    grpc_channel_args channel_args = {3, args};
+    size_t n_args = 0;
+    for (size_t i = 0; i < N_ARGS; i++) {
+        bool is_time = !strcmp(int_args[i].key, GRPC_ARG_KEEPALIVE_TIME_MS) ||
+                       !strcmp(int_args[i].key, GRPC_ARG_KEEPALIVE_TIMEOUT_MS);
+        if (is_time && int_args[i].value <= 0) continue;
+        args[n_args].type = GRPC_ARG_INTEGER;
+        args[n_args].key = (char *)int_args[i].key;
+        args[n_args++].value.integer = int_args[i].value;
+    }
+    fe->infer_compression_level = opts->infer_compression_level;
+    grpc_channel_args channel_args = {n_args, args};
     fe->grpc = grpc_server_create(&channel_args, NULL);
     for (int i = 0; i < n_queues; i++) {
         fe->queues[i] = grpc_completion_queue_create_for_next(NULL);

@@ -20,6 +20,19 @@ typedef struct grpc_options {
     const char *header_forward_pattern; /* --grpc-header-forward-pattern (RE2); NULL = off */
     /* client shared memory (borrowed); NULL = none registered */
     nereid_shm_registry_t *shm;
+    bool reuse_port; /* --reuse-grpc-port: SO_REUSEPORT (false) */
+    /* Triton's gRPC keepalive flags (grpc's channel arguments; Triton's
+     * defaults from grpc_options_init; a keepalive time or timeout <= 0
+     * leaves grpc's own default). */
+    int keepalive_time_ms;                            /* 7200000 */
+    int keepalive_timeout_ms;                         /* 20000 */
+    bool keepalive_permit_without_calls;              /* false */
+    int http2_max_pings_without_data;                 /* 2 */
+    int http2_min_recv_ping_interval_without_data_ms; /* 300000 */
+    int http2_max_ping_strikes;                       /* 2 */
+    /* --grpc-infer-response-compression-level: a grpc_compression_level
+     * (0 none .. 3 high) for ModelInfer and ModelStreamInfer responses */
+    int infer_compression_level;
 } grpc_options_t;
 
 typedef struct grpc_frontend grpc_frontend_t;

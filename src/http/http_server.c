@@ -38,7 +38,9 @@
 #include "http/compress.h"
 #include "http/http_common.h"
 #include "http/infer_parse.h"
+#include "http/generate.h"
 #include "http/infer_reply.h"
+#include "http/json_reader.h"
 #include "http/load_request.h"
 #include "http/mem_trim.h"
 #include "http/par.h"
@@ -182,6 +184,7 @@ typedef struct http_conn {
     nereid_shm_use_t *shm;         /* regions the inference uses, or NULL */
     nereid_cancel_token_t *cancel; /* the inference's, while submitted */
     uint64_t watch_id;             /* close watch while suspended, or 0 */
+    struct gen_call *gen;          /* a generate request, once submitted */
 } http_conn_t;
 
 /* An inference and its connection: the completion resumes the connection
@@ -397,17 +400,7 @@ static enum MHD_Result handle_model_metadata(http_conn_t *c)
 
 /* Triton's generate extension is not served: the model is looked up and the
  * body size checked (before this) as Triton does, then 501. */
-static enum MHD_Result handle_generate(http_conn_t *c)
-{
-    if (c->version < -1) return version_error(c);
-    char *json = NULL;
-    nereid_error_t *err = nereid_server_model_metadata(c->srv->core, c->model, c->version, &json);
-    free(json);
-    if (err) return http_queue_nereid_error(c->mhd, err);
-    return http_queue_error(c->mhd, 501,
-                            "the generate extension is not supported by this server: use "
-                            "/v2/models/<model>/infer");
-}
+static enum MHD_Result handle_generate(http_conn_t *c);
 
 static enum MHD_Result handle_model_config(http_conn_t *c)
 {
@@ -445,98 +438,45 @@ static enum MHD_Result handle_stats(http_conn_t *c)
 /* Parses the body with jansson; *too_deep (may be NULL) tells that it failed
  * on jansson's nesting limit (2048), which Triton's iterative rapidjson
  * does not have. */
-static json_t *parse_body_json_depth(http_conn_t *c, nereid_error_t **err, bool *too_deep)
+/* Levels of a JSON body that handlers read: deeper containers are read as
+ * empty ones (no handler looks that deep; a member expected to be a scalar
+ * is then an array or object, refused by its type check). */
+#define JSON_TREE_DEPTH 64
+
+/* Every JSON body but the inference request's goes through here: checked at
+ * any depth without recursion, as Triton's iterative parse (its texts), so
+ * one body is refused or read the same way on every endpoint whatever its
+ * nesting; jansson then builds the tree of its first JSON_TREE_DEPTH levels
+ * (and refuses a NUL in a string). */
+static json_t *parse_body_json(http_conn_t *c, nereid_error_t **err)
 {
     *err = NULL;
-    if (too_deep) *too_deep = false;
     if (c->body.len == 0) return NULL;
+    char *flat;
+    size_t flat_len;
+    if ((*err = json_reader_check(c->body.data, c->body.len, JSON_TREE_DEPTH, &flat, &flat_len)))
+        return NULL;
     json_error_t jerr;
-    json_t *root = json_loadb(c->body.data, c->body.len, 0, &jerr);
+    json_t *root = flat ? json_loadb(flat, flat_len, 0, &jerr)
+                        : json_loadb(c->body.data, c->body.len, 0, &jerr);
+    free(flat);
     if (root) return root;
     /* jansson refuses \u0000 in strings: a NUL in a name or key is the
      * client's error (400), as in the inference JSON reader. */
     enum json_error_code code = json_error_code(&jerr);
     bool nul = code == json_error_null_character || code == json_error_null_byte_in_key;
-    if (too_deep) *too_deep = code == json_error_stack_overflow;
     *err = nereid_error_new(nul ? NEREID_ERROR_INVALID_ARG : NEREID_ERROR_INTERNAL,
                             "failed to parse the request JSON buffer: %s at %d", jerr.text,
                             jerr.position);
     return NULL;
 }
 
-static json_t *parse_body_json(http_conn_t *c, nereid_error_t **err)
-{
-    return parse_body_json_depth(c, err, NULL);
-}
-
-static size_t skip_ws(const char *s, size_t n, size_t i)
-{
-    while (i < n && (s[i] == ' ' || s[i] == '\t' || s[i] == '\r' || s[i] == '\n'))
-        i++;
-    return i;
-}
-
-/* i at an opening quote: returns the index of the closing one (n if none). */
-static size_t skip_string(const char *s, size_t n, size_t i)
-{
-    for (i++; i < n && s[i] != '"'; i++)
-        if (s[i] == '\\') i++;
-    return i < n ? i : n;
-}
-
-/* The first character of the value of top-level member key of the JSON
- * object s, found without recursion (any depth), or 0 when s is not an
- * object or has no such member. */
-static char top_member_start(const char *s, size_t n, const char *key)
-{
-    size_t klen = strlen(key), i = skip_ws(s, n, 0);
-    if (i >= n || s[i] != '{') return 0;
-    for (i++;;) {
-        i = skip_ws(s, n, i);
-        if (i >= n || s[i] != '"') return 0;
-        size_t k0 = i + 1;
-        i = skip_string(s, n, i);
-        if (i >= n) return 0;
-        bool match = i - k0 == klen && !memcmp(s + k0, key, klen);
-        i = skip_ws(s, n, i + 1);
-        if (i >= n || s[i] != ':') return 0;
-        i = skip_ws(s, n, i + 1);
-        if (i >= n) return 0;
-        if (match) return s[i];
-        size_t depth = 0;
-        for (; i < n; i++) {
-            char ch = s[i];
-            if (ch == '"')
-                i = skip_string(s, n, i);
-            else if (ch == '[' || ch == '{')
-                depth++;
-            else if ((ch == ']' || ch == '}') && depth-- == 0)
-                return 0;
-            else if (ch == ',' && depth == 0)
-                break;
-        }
-        if (i >= n) return 0;
-        i++;
-    }
-}
-
 static enum MHD_Result handle_repository_index(http_conn_t *c)
 {
     nereid_error_t *err;
-    bool too_deep;
-    json_t *root = parse_body_json_depth(c, &err, &too_deep);
-    bool ready_only = false;
-    if (err && too_deep) {
-        /* Nested deeper than jansson reads (Triton reads any depth): only
-         * "ready" matters here, found without parsing. */
-        char first = top_member_start(c->body.data, c->body.len, "ready");
-        nereid_error_free(err);
-        err = NULL;
-        if (first != 't' && first != 'f' && first != 0)
-            return http_queue_error(c->mhd, 400, "Invalid value for 'ready': expected a boolean");
-        ready_only = first == 't';
-    }
+    json_t *root = parse_body_json(c, &err);
     if (err) return http_queue_nereid_error(c->mhd, err);
+    bool ready_only = false;
     if (root) {
         json_t *ready = json_is_object(root) ? json_object_get(root, "ready") : NULL;
         if (ready && !json_is_boolean(ready)) {
@@ -975,7 +915,7 @@ static bool infer_wait(http_conn_t *c)
 }
 
 /* Nereid extension: the sequence id and flags from the request headers
- * (README "Running at scale"); the id is echoed in the reply. */
+ * (docs/deploy.md); the id is echoed in the reply. */
 static const char *const seq_header_names[3] = {"Nereid-Sequence-Id", "Nereid-Sequence-Start",
                                                 "Nereid-Sequence-End"};
 
@@ -1206,6 +1146,258 @@ static enum MHD_Result handle_infer(http_conn_t *c)
     }
     c->submitted = true;
     return done ? infer_reply(c) : MHD_YES;
+}
+
+/* ---- Generate extension ---------------------------------------------------- */
+
+/* One piece of the reply: a response's JSON object (an SSE event when
+ * streaming) or an error object. */
+typedef struct gen_chunk {
+    struct gen_chunk *next;
+    size_t len, off; /* off: bytes already handed to MHD */
+    char data[];
+} gen_chunk_t;
+
+/* A generate request and its reply. Shared by the connection, the
+ * inference's response callbacks and (streaming) the MHD response: freed by
+ * the last of them. Everything below mu is under it. */
+typedef struct gen_call {
+    pthread_mutex_t mu;
+    int refs;
+    http_server_t *srv;
+    struct MHD_Connection *mhd;
+    http_conn_t *conn; /* NULL once the connection's request ended */
+    bool streaming;    /* /generate_stream: server-sent events */
+    gen_chunk_t *head, *tail;
+    size_t n_chunks; /* queued since the start (responses and errors) */
+    unsigned status; /* HTTP status, from the first response */
+    bool started;    /* the first response (or final flag) came */
+    bool final;      /* the final flag came */
+    bool waiting;    /* the connection is suspended until the next chunk */
+    generate_buffers_t bufs;
+} gen_call_t;
+
+static void gen_unref(gen_call_t *g)
+{
+    pthread_mutex_lock(&g->mu);
+    bool last = --g->refs == 0;
+    pthread_mutex_unlock(&g->mu);
+    if (!last) return;
+    for (gen_chunk_t *k = g->head, *next; k; k = next) {
+        next = k->next;
+        free(k);
+    }
+    generate_buffers_free(&g->bufs);
+    pthread_mutex_destroy(&g->mu);
+    free(g);
+}
+
+/* A response of the generate request (Triton's
+ * GenerateRequestClass::InferResponseComplete): its JSON object or error
+ * object is queued, the first one sets the HTTP status, and the connection
+ * is woken when it waits for it (streaming: any chunk; else the final). */
+static void gen_response(nereid_response_t *resp, uint32_t flags, void *userp)
+{
+    gen_call_t *g = userp;
+    bool final = (flags & NEREID_RESPONSE_FINAL) != 0;
+    unsigned status = 200;
+    sbuf_t b = {0};
+    bool oom = false;
+    if (resp) {
+        const nereid_error_t *rerr = nereid_response_error(resp);
+        nereid_error_t *err = NULL;
+        if (g->streaming) oom |= sbuf_append_str(&b, "data: ") != 0;
+        if (rerr) {
+            status = http_status_from_code(nereid_error_code(rerr));
+            oom |= generate_error_json(nereid_error_message(rerr), &b) != 0;
+        } else if ((err = generate_response_json(resp, &b))) {
+            status = http_status_from_code(nereid_error_code(err));
+            oom |= generate_error_json(nereid_error_message(err), &b) != 0;
+            nereid_error_free(err);
+        }
+        if (g->streaming) oom |= sbuf_append_str(&b, "\n\n") != 0;
+        nereid_response_free(resp);
+    }
+    gen_chunk_t *k = resp && !oom ? malloc(sizeof *k + b.len) : NULL;
+    if (k) {
+        k->next = NULL;
+        k->len = b.len;
+        k->off = 0;
+        memcpy(k->data, b.data, b.len);
+    }
+    free(b.data);
+    if (final) generate_buffers_free(&g->bufs); /* inputs are no longer read */
+    pthread_mutex_lock(&g->mu);
+    if (!g->started) {
+        g->started = true;
+        g->status = resp && oom ? 500 : status;
+    }
+    if (k) {
+        if (g->tail)
+            g->tail->next = k;
+        else
+            g->head = k;
+        g->tail = k;
+    }
+    if (resp) g->n_chunks++;
+    if (final) g->final = true;
+    if (g->waiting && (g->streaming || g->final)) {
+        g->waiting = false;
+        MHD_resume_connection(g->mhd);
+    }
+    pthread_mutex_unlock(&g->mu);
+    if (!final) return;
+    pthread_mutex_lock(&g->srv->lock);
+    if (--g->srv->n_inflight == 0) pthread_cond_broadcast(&g->srv->idle);
+    pthread_mutex_unlock(&g->srv->lock);
+    gen_unref(g);
+}
+
+/* The streaming body: queued events as they come; while none is queued the
+ * connection is suspended until the next (or the final flag). */
+static ssize_t gen_read(void *cls, uint64_t pos, char *buf, size_t max)
+{
+    (void)pos;
+    gen_call_t *g = cls;
+    pthread_mutex_lock(&g->mu);
+    http_conn_t *c = g->conn;
+    if (c && c->suspended) conn_resumed(c);
+    gen_chunk_t *k = g->head;
+    if (k) {
+        size_t n = k->len - k->off < max ? k->len - k->off : max;
+        memcpy(buf, k->data + k->off, n);
+        k->off += n;
+        if (k->off == k->len) {
+            g->head = k->next;
+            if (!g->head) g->tail = NULL;
+            free(k);
+        }
+        pthread_mutex_unlock(&g->mu);
+        return (ssize_t)n;
+    }
+    if (g->final || !c) {
+        pthread_mutex_unlock(&g->mu);
+        return MHD_CONTENT_READER_END_OF_STREAM;
+    }
+    conn_suspend(c);
+    g->waiting = true;
+    pthread_mutex_unlock(&g->mu);
+    return 0;
+}
+
+static void gen_read_free(void *cls)
+{
+    gen_unref(cls);
+}
+
+/* The reply, once the first response (streaming) or the final flag came. */
+static enum MHD_Result gen_reply(http_conn_t *c)
+{
+    gen_call_t *g = c->gen;
+    struct MHD_Response *r;
+    pthread_mutex_lock(&g->mu);
+    unsigned status = g->status;
+    if (g->streaming) {
+        g->refs++; /* the MHD response's */
+        pthread_mutex_unlock(&g->mu);
+        r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, gen_read, g, gen_read_free);
+        if (!r) {
+            gen_unref(g);
+            return MHD_NO;
+        }
+        MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE,
+                                "text/event-stream; charset=utf-8");
+    } else {
+        /* Triton's /generate takes exactly one response. */
+        const char *one = g->n_chunks == 1 && g->head ? g->head->data : NULL;
+        size_t len = one ? g->head->len : 0;
+        sbuf_t b = {0};
+        if (!one) {
+            generate_error_json("generate expects model to produce exactly 1 response, use "
+                                "generate stream for model that generates various number of "
+                                "responses",
+                                &b);
+            one = b.data;
+            len = b.len;
+        }
+        r = one ? MHD_create_response_from_buffer(len, (void *)one, MHD_RESPMEM_MUST_COPY) : NULL;
+        pthread_mutex_unlock(&g->mu);
+        free(b.data);
+        if (!r) return MHD_NO;
+        MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
+    }
+    enum MHD_Result ret = MHD_queue_response(c->mhd, status, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
+/* POST /v2/models/<m>[/versions/<v>]/generate[_stream] (Triton's
+ * HandleGenerate): errors before the inference starts are one JSON error
+ * reply; then one JSON reply, or one server-sent event per response. */
+static enum MHD_Result handle_generate(http_conn_t *c)
+{
+    http_server_t *srv = c->srv;
+    if (c->gen) {
+        conn_resumed(c);
+        return gen_reply(c);
+    }
+    if (c->version < -1) return version_error(c);
+    const char *ce =
+        MHD_lookup_connection_value(c->mhd, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_ENCODING);
+    if (ce && (!strcasecmp(ce, "gzip") || !strcasecmp(ce, "deflate")))
+        return http_queue_error(c->mhd, 400,
+                                "Unsupported content-encoding, only 'identity' is supported.");
+    gen_call_t *g = calloc(1, sizeof *g);
+    if (!g) return http_queue_error(c->mhd, 500, "out of memory");
+    pthread_mutex_init(&g->mu, NULL);
+    g->refs = 2; /* the connection's and the inference's */
+    g->srv = srv;
+    g->mhd = c->mhd;
+    g->conn = c;
+    g->streaming =
+        c->route == ROUTE_MODEL_GENERATE_STREAM || c->route == ROUTE_MODEL_GENERATE_STREAM_V;
+    const char *body = c->body.data ? c->body.data + c->body_pad : "";
+    size_t len = c->body.data ? c->body.len - c->body_pad : 0;
+    nereid_request_t *req;
+    nereid_error_t *err = generate_request_build(srv->core, c->model, c->version, body, len,
+                                                 srv->max_input_size, &req, &g->bufs);
+    if (!err && srv->header_forward && (err = forward_headers(c, req))) nereid_request_free(req);
+    if (!err) {
+        pthread_mutex_lock(&srv->lock);
+        if (srv->stopping) {
+            err = nereid_error_new(NEREID_ERROR_UNAVAILABLE, "Server not ready");
+            nereid_request_free(req);
+        } else {
+            srv->n_inflight++;
+        }
+        pthread_mutex_unlock(&srv->lock);
+    }
+    if (!err) {
+        if (!c->cancel) c->cancel = nereid_cancel_token_new();
+        nereid_request_set_cancel_token(req, c->cancel);
+        c->gen = g;
+        err = nereid_server_infer_stream(srv->core, req, NULL, gen_response, g);
+        if (err) {
+            nereid_request_free(req);
+            c->gen = NULL;
+            pthread_mutex_lock(&srv->lock);
+            if (--srv->n_inflight == 0) pthread_cond_broadcast(&srv->idle);
+            pthread_mutex_unlock(&srv->lock);
+        }
+    }
+    if (err) {
+        g->refs = 1;
+        gen_unref(g);
+        return http_queue_nereid_error(c->mhd, err);
+    }
+    pthread_mutex_lock(&g->mu);
+    bool ready = g->streaming ? g->started : g->final;
+    if (!ready) {
+        conn_suspend(c);
+        g->waiting = true;
+    }
+    pthread_mutex_unlock(&g->mu);
+    return ready ? gen_reply(c) : MHD_YES;
 }
 
 /* Reads the framing headers of an infer request and checks the declared
@@ -1621,6 +1813,14 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
     if (!c || c == (void *)&nul_in_url) return;
     *con_cls = NULL;
     conn_resumed(c);
+    if (c->gen) {
+        /* A client gone mid-stream: Triton cancels the request. */
+        nereid_request_cancel(c->cancel);
+        pthread_mutex_lock(&c->gen->mu);
+        c->gen->conn = NULL;
+        pthread_mutex_unlock(&c->gen->mu);
+        gen_unref(c->gen);
+    }
     nereid_cancel_token_free(c->cancel);
     if (c->trace) {
         nereid_trace_timestamp(c->trace, "HTTP_SEND_END", nereid_trace_now_ns());
@@ -1723,12 +1923,16 @@ nereid_error_t *http_server_start(nereid_server_t *core, const http_options_t *o
         {srv->tls_mutual ? MHD_OPTION_HTTPS_MEM_TRUST : MHD_OPTION_END, 0, srv->pem.root},
         {MHD_OPTION_END, 0, NULL},
     };
+    struct MHD_OptionItem reuse_opts[] = {
+        {opts->reuse_port ? MHD_OPTION_LISTENING_ADDRESS_REUSE : MHD_OPTION_END, 1, NULL},
+        {MHD_OPTION_END, 0, NULL},
+    };
     srv->daemon = MHD_start_daemon(
         flags, (uint16_t)opts->port, NULL, NULL, on_request, srv, MHD_OPTION_ARRAY,
-        opts->tls.use_ssl ? tls_opts : tls_opts + 3, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
-        MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv, MHD_OPTION_NOTIFY_CONNECTION, on_connection,
-        srv, MHD_OPTION_URI_LOG_CALLBACK, on_uri, srv, MHD_OPTION_CONNECTION_LIMIT, mhd_limit,
-        MHD_OPTION_CONNECTION_TIMEOUT,
+        opts->tls.use_ssl ? tls_opts : tls_opts + 3, MHD_OPTION_ARRAY, reuse_opts,
+        MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss, MHD_OPTION_NOTIFY_COMPLETED, on_completed,
+        srv, MHD_OPTION_NOTIFY_CONNECTION, on_connection, srv, MHD_OPTION_URI_LOG_CALLBACK, on_uri,
+        srv, MHD_OPTION_CONNECTION_LIMIT, mhd_limit, MHD_OPTION_CONNECTION_TIMEOUT,
         (unsigned)(opts->idle_timeout_secs > 0 ? opts->idle_timeout_secs : 0),
         MHD_OPTION_THREAD_POOL_SIZE, threads, MHD_OPTION_END);
     if (!srv->daemon) {

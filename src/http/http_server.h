@@ -24,6 +24,7 @@ typedef struct http_options {
     const char *header_forward_pattern; /* --http-header-forward-pattern (RE2); NULL = off */
     /* client shared memory (borrowed); NULL = none registered */
     nereid_shm_registry_t *shm;
+    bool reuse_port; /* --reuse-http-port: SO_REUSEPORT, several servers on one port (false) */
 } http_options_t;
 
 typedef struct http_server http_server_t;

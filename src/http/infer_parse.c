@@ -103,6 +103,7 @@ static nereid_error_t *parse_json_data(infer_input_t *in, const jv_t *data, size
                                 in->name);
     jfill_t f = {.datatype = in->datatype,
                  .field = "data",
+                 .input = in->name,
                  .base = base,
                  .element_size = nereid_datatype_byte_size(in->datatype),
                  .n_expected = n_elements};

@@ -183,6 +183,21 @@ bad:
     return nereid_error_new(NEREID_ERROR_INTERNAL, "output '%s' holds malformed BYTES data", name);
 }
 
+nereid_error_t *infer_reply_write_data(sbuf_t *b, nereid_datatype_t dt, const void *data,
+                                       size_t byte_size, const char *name)
+{
+    if (dt == NEREID_TYPE_BYTES) return write_bytes_array(b, data, byte_size, name);
+    if (dt == NEREID_TYPE_FP16 || dt == NEREID_TYPE_BF16)
+        return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                "sending %s data via JSON is not supported. Please use the "
+                                "binary data format for output",
+                                nereid_datatype_name(dt));
+    size_t es = nereid_datatype_byte_size(dt);
+    if (es == 0 || write_numeric_array(b, dt, data, byte_size / es))
+        return nereid_error_new(NEREID_ERROR_INTERNAL, "out of memory building the response");
+    return NULL;
+}
+
 /* ---- Reply ---------------------------------------------------------------- */
 
 static const infer_output_t *find_requested(const infer_parsed_t *parsed, const char *name)

@@ -51,6 +51,12 @@ typedef struct sbuf {
     size_t len, cap;
 } sbuf_t;
 
+/* Appends the tensor (byte_size bytes of datatype dt at data; BYTES
+ * serialized with 4-byte length prefixes) as one flat JSON array, as the
+ * "data" of an inference reply. FP16/BF16 are INVALID_ARG, as in Triton. */
+nereid_error_t *infer_reply_write_data(sbuf_t *b, nereid_datatype_t dt, const void *data,
+                                       size_t byte_size, const char *name);
+
 int sbuf_reserve(sbuf_t *b, size_t extra);
 int sbuf_append(sbuf_t *b, const char *s, size_t n);
 int sbuf_append_str(sbuf_t *b, const char *s);

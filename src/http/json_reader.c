@@ -800,10 +800,175 @@ nereid_error_t *json_reader_parse(const char *text, size_t len, jarena_t *arena,
     return json_reader_parse_infer(text, len, arena, 0, root);
 }
 
+/* ---- Checking any depth ---------------------------------------------------- */
+
+static inline const char *ws_at(const char *p, const char *end)
+{
+    while (p < end && (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t'))
+        p++;
+    return p;
+}
+
+typedef struct flat_text {
+    char *data;
+    size_t len, cap;
+} flat_text_t;
+
+/* Appends text[from, to) to the flattened copy, then, when opener is set,
+ * its empty container. Returns -1 when out of memory. */
+static int flat_put(flat_text_t *flat, const char *from, const char *to, char opener)
+{
+    size_t n = (size_t)(to - from) + 2;
+    if (flat->len + n + 1 > flat->cap) {
+        size_t cap = flat->cap ? flat->cap : 256;
+        while (cap < flat->len + n + 1)
+            cap *= 2;
+        char *grown = realloc(flat->data, cap);
+        if (!grown) return -1;
+        flat->data = grown, flat->cap = cap;
+    }
+    memcpy(flat->data + flat->len, from, (size_t)(to - from));
+    flat->len += (size_t)(to - from);
+    if (opener) {
+        memcpy(flat->data + flat->len, opener == '[' ? "[]" : "{}", 2);
+        flat->len += 2;
+    }
+    flat->data[flat->len] = '\0';
+    return 0;
+}
+
+nereid_error_t *json_reader_check(const char *text, size_t len, size_t keep_depth, char **flat,
+                                  size_t *flat_len)
+{
+    *flat = NULL;
+    *flat_len = 0;
+    const char *p = text, *end = text + len, *err = NULL, *at = NULL;
+    const char *copied = text; /* flat holds text[0, copied) */
+    flat_text_t out = {0};
+    char *stack = NULL; /* '[' or '{' per open container */
+    size_t depth = 0, cap = 0;
+    bool oom = false;
+    p = ws_at(p, end);
+    if (p >= end) {
+        err = E_EMPTY, at = p;
+        goto done;
+    }
+    for (;;) {
+        /* A value at p. */
+        if (p >= end) {
+            err = E_VALUE, at = p;
+            goto done;
+        }
+        char c = *p;
+        if (c == '[' || c == '{') {
+            if (depth == cap) {
+                size_t ncap = cap ? 2 * cap : 64;
+                char *grown = realloc(stack, ncap);
+                if (!grown) {
+                    oom = true;
+                    goto done;
+                }
+                stack = grown, cap = ncap;
+            }
+            stack[depth++] = c;
+            if (depth == keep_depth + 1) {
+                if (flat_put(&out, copied, p, c)) {
+                    oom = true;
+                    goto done;
+                }
+            }
+            p = ws_at(p + 1, end);
+            if (p < end && *p == (c == '[' ? ']' : '}')) {
+                p++;
+                goto closed;
+            }
+            if (c == '[') continue;
+            goto member;
+        } else if (c == '"') {
+            bool escaped;
+            const char *after = scan_string(p, end, &escaped, &err, &at);
+            if (!after) goto done;
+            p = after;
+        } else if (c == 't' || c == 'f' || c == 'n') {
+            const char *word = c == 't' ? "true" : c == 'f' ? "false" : "null";
+            size_t n = strlen(word);
+            if ((size_t)(end - p) < n || memcmp(p, word, n)) {
+                err = E_VALUE, at = p;
+                goto done;
+            }
+            p += n;
+        } else {
+            const char *after = scan_number(p, end, &err);
+            if (!after) {
+                at = p;
+                goto done;
+            }
+            jv_t v;
+            if (!convert_number(p, (size_t)(after - p), &v)) {
+                err = E_TOO_BIG, at = p;
+                goto done;
+            }
+            p = after;
+        }
+    next:
+        /* After a value: the end, or what its container allows. */
+        if (depth == 0) {
+            p = ws_at(p, end);
+            if (p < end) err = E_NOT_SINGULAR, at = p;
+            goto done;
+        }
+        p = ws_at(p, end);
+        if (p < end && *p == ',') {
+            p = ws_at(p + 1, end);
+            if (stack[depth - 1] == '[') continue;
+            goto member;
+        }
+        if (p < end && *p == (stack[depth - 1] == '[' ? ']' : '}')) {
+            p++;
+            goto closed;
+        }
+        err = stack[depth - 1] == '[' ? E_ARR_COMMA : E_OBJ_COMMA, at = p;
+        goto done;
+    closed:
+        if (depth-- == keep_depth + 1) copied = p; /* past the flattened container */
+        goto next;
+    member:
+        if (p >= end || *p != '"') {
+            err = E_MISS_NAME, at = p;
+            goto done;
+        }
+        {
+            bool escaped;
+            const char *after = scan_string(p, end, &escaped, &err, &at);
+            if (!after) goto done;
+            p = ws_at(after, end);
+        }
+        if (p >= end || *p != ':') {
+            err = E_MISS_COLON, at = p;
+            goto done;
+        }
+        p = ws_at(p + 1, end);
+    }
+done:
+    free(stack);
+    if (oom || (!err && out.data && flat_put(&out, copied, end, 0))) {
+        free(out.data);
+        return nereid_error_new(NEREID_ERROR_INTERNAL, "out of memory parsing the request JSON");
+    }
+    if (err) {
+        free(out.data);
+        return nereid_error_new(NEREID_ERROR_INTERNAL, PREFIX "%s at %zu", err,
+                                (size_t)(at - text));
+    }
+    *flat = out.data;
+    *flat_len = out.len;
+    return NULL;
+}
+
 nereid_error_t *json_reader_parse_infer(const char *text, size_t len, jarena_t *arena,
                                         size_t data_max, jv_t **root)
 {
-    *root = NULL;
+    if (root) *root = NULL;
     jparser_t p = {
         .base = text, .p = text, .end = text + len, .arena = arena, .data_max = data_max};
     skip_ws(&p);
@@ -814,7 +979,7 @@ nereid_error_t *json_reader_parse_infer(const char *text, size_t len, jarena_t *
         if (p.p < p.end) fail(&p, E_NOT_SINGULAR, p.p);
     }
     if (!p.err) return NULL;
-    *root = NULL;
+    if (root) *root = NULL;
     if (p.oom)
         return nereid_error_new(NEREID_ERROR_INTERNAL, "out of memory parsing the request JSON");
     return nereid_error_new(p.nul ? NEREID_ERROR_INVALID_ARG : NEREID_ERROR_INTERNAL,
@@ -877,33 +1042,80 @@ static jv_t int_leaf(const char **pp, const char *end)
     return v;
 }
 
-#define SIGNED_LEAF(name, T)                                                                       \
+static const struct {
+    nereid_datatype_t dt;
+    int64_t lo;
+    uint64_t hi;
+    const char *text;
+} int_ranges[] = {
+    {NEREID_TYPE_INT8, INT8_MIN, INT8_MAX, "-128 to 127"},
+    {NEREID_TYPE_INT16, INT16_MIN, INT16_MAX, "-32768 to 32767"},
+    {NEREID_TYPE_INT32, INT32_MIN, INT32_MAX, "-2147483648 to 2147483647"},
+    {NEREID_TYPE_INT64, INT64_MIN, INT64_MAX, "-9223372036854775808 to 9223372036854775807"},
+    {NEREID_TYPE_UINT8, 0, UINT8_MAX, "0 to 255"},
+    {NEREID_TYPE_UINT16, 0, UINT16_MAX, "0 to 65535"},
+    {NEREID_TYPE_UINT32, 0, UINT32_MAX, "0 to 4294967295"},
+    {NEREID_TYPE_UINT64, 0, UINT64_MAX, "0 to 18446744073709551615"},
+};
+
+bool json_int_range(nereid_datatype_t dt, int64_t *lo, uint64_t *hi, const char **text)
+{
+    for (size_t i = 0; i < sizeof int_ranges / sizeof int_ranges[0]; i++) {
+        if (int_ranges[i].dt != dt) continue;
+        *lo = int_ranges[i].lo, *hi = int_ranges[i].hi, *text = int_ranges[i].text;
+        return true;
+    }
+    return false;
+}
+
+/* An integer that Triton would cast to a narrower type (300 as UINT8 becomes
+ * 44) is refused instead. The text names the input, the value as sent and
+ * the range. Integers no int64 (signed types) or uint64 (unsigned types)
+ * holds keep Triton's type error. */
+static nereid_error_t *range_error(const char *p, const char *after, const jfill_t *f)
+{
+    int64_t lo;
+    uint64_t hi;
+    const char *range = "";
+    json_int_range(f->datatype, &lo, &hi, &range);
+    int len = after - p > 64 ? 64 : (int)(after - p);
+    return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                            "value %.*s%s of input '%s' is out of range for datatype %s (%s)", len,
+                            p, after - p > 64 ? "..." : "", f->input ? f->input : "",
+                            nereid_datatype_name(f->datatype), range);
+}
+
+#define SIGNED_LEAF(name, T, MIN, MAX)                                                             \
     static nereid_error_t *name(const char **pp, const char *end, jfill_t *f, char *dst)           \
     {                                                                                              \
+        const char *p = *pp;                                                                       \
         jv_t v = int_leaf(pp, end);                                                                \
         if (v.type != JV_INT) return type_error(f->field, "signed-integer");                       \
+        if (v.v.i < (MIN) || v.v.i > (MAX)) return range_error(p, *pp, f);                         \
         T y = (T)v.v.u;                                                                            \
         memcpy(dst, &y, sizeof y);                                                                 \
         return NULL;                                                                               \
     }
-#define UNSIGNED_LEAF(name, T)                                                                     \
+#define UNSIGNED_LEAF(name, T, MAX)                                                                \
     static nereid_error_t *name(const char **pp, const char *end, jfill_t *f, char *dst)           \
     {                                                                                              \
+        const char *p = *pp;                                                                       \
         jv_t v = int_leaf(pp, end);                                                                \
         uint64_t x;                                                                                \
         if (!jv_get_uint(&v, &x)) return type_error(f->field, "unsigned-integer");                 \
+        if (x > (MAX)) return range_error(p, *pp, f);                                              \
         T y = (T)x;                                                                                \
         memcpy(dst, &y, sizeof y);                                                                 \
         return NULL;                                                                               \
     }
-SIGNED_LEAF(leaf_int8, uint8_t)
-SIGNED_LEAF(leaf_int16, uint16_t)
-SIGNED_LEAF(leaf_int32, uint32_t)
-SIGNED_LEAF(leaf_int64, uint64_t)
-UNSIGNED_LEAF(leaf_uint8, uint8_t)
-UNSIGNED_LEAF(leaf_uint16, uint16_t)
-UNSIGNED_LEAF(leaf_uint32, uint32_t)
-UNSIGNED_LEAF(leaf_uint64, uint64_t)
+SIGNED_LEAF(leaf_int8, uint8_t, INT8_MIN, INT8_MAX)
+SIGNED_LEAF(leaf_int16, uint16_t, INT16_MIN, INT16_MAX)
+SIGNED_LEAF(leaf_int32, uint32_t, INT32_MIN, INT32_MAX)
+SIGNED_LEAF(leaf_int64, uint64_t, INT64_MIN, INT64_MAX)
+UNSIGNED_LEAF(leaf_uint8, uint8_t, UINT8_MAX)
+UNSIGNED_LEAF(leaf_uint16, uint16_t, UINT16_MAX)
+UNSIGNED_LEAF(leaf_uint32, uint32_t, UINT32_MAX)
+UNSIGNED_LEAF(leaf_uint64, uint64_t, UINT64_MAX)
 
 /* The nearest double to the number leaf at *pp (rapidjson's NaN, Inf and
  * Infinity included); false when it overflows a double. */

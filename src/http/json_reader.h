@@ -64,6 +64,15 @@ void jarena_free(jarena_t *a);
  * "failed to parse the request JSON buffer: <rapidjson text> at <offset>". */
 nereid_error_t *json_reader_parse(const char *text, size_t len, jarena_t *arena, jv_t **root);
 
+/* Checks the document text[0..len) at any depth without recursion (as
+ * Triton's iterative rapidjson parse; its error texts, INTERNAL). When it
+ * nests deeper than keep_depth, *flat is a copy in which each container
+ * opened at depth keep_depth + 1 is empty ("[]" or "{}"): the same document
+ * for every reader of its first keep_depth levels (caller frees with free);
+ * else *flat is NULL. */
+nereid_error_t *json_reader_check(const char *text, size_t len, size_t keep_depth, char **flat,
+                                  size_t *flat_len);
+
 /* json_reader_parse for an inference request: a "data" value that follows
  * its input's "datatype" (a number type or BOOL) and "shape" (non-negative
  * integers of at most data_max bytes in all) and is a flat array of exactly
@@ -74,9 +83,8 @@ nereid_error_t *json_reader_parse(const char *text, size_t len, jarena_t *arena,
 nereid_error_t *json_reader_parse_infer(const char *text, size_t len, jarena_t *arena,
                                         size_t data_max, jv_t **root);
 
-/* A JV_SPAN node (jv_span: v as one, or NULL). data, when not NULL, is the span already converted into
- * count elements of datatype (little-endian, as json_reader_fill_data would
- * write them). */
+/* A JV_SPAN node (jv_span: v as one, or NULL). data, when not NULL, is the span already converted
+ * into count elements of datatype (little-endian, as json_reader_fill_data would write them). */
 typedef struct jv_span {
     jv_t node;
     void *data;
@@ -110,6 +118,7 @@ static inline bool jv_get_uint(const jv_t *v, uint64_t *out)
 typedef struct jfill {
     nereid_datatype_t datatype;
     const char *field;   /* "data", for error texts */
+    const char *input;   /* the input's name, for error texts (may be NULL) */
     const char *base;    /* start of the parsed text, for error offsets */
     char *out;           /* NULL on the BYTES sizing pass */
     size_t element_size; /* 0 for BYTES */
@@ -123,5 +132,9 @@ typedef struct jfill {
  * writing each leaf; Triton's texts for wrong leaf types and leaf counts
  * beyond n_expected (the caller checks too few). */
 nereid_error_t *json_reader_fill_data(const jv_t *span, jfill_t *f);
+
+/* The range JSON integers of datatype dt must be in (*lo..*hi) and its text
+ * for errors ("0 to 255"); false when dt is not an integer datatype. */
+bool json_int_range(nereid_datatype_t dt, int64_t *lo, uint64_t *hi, const char **text);
 
 #endif

@@ -17,6 +17,8 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
+#include <type_traits>
 
 #ifdef __SSE2__
 #include <emmintrin.h>
@@ -237,17 +239,29 @@ NUMPARSE_INLINE bool plain_decimal(const char *s, ptrdiff_t len, bool point, boo
     return true;
 }
 
-/* Element readers: one token at p into v; NULL when it is not one. exact:
- * the token is exactly s[0..e), PLAIN_ROOM bytes readable from s when
- * room. */
+/* Element readers: one token at p into v; NULL when it is not one or its
+ * value is outside the element type's range (the caller's slow path names
+ * it). exact: the token is exactly s[0..e), PLAIN_ROOM bytes readable from
+ * s when room. T is the storage type; signed types are stored in the
+ * unsigned type of their width. */
+template <typename T> NUMPARSE_INLINE bool signed_in_range(bool neg, uint64_t m)
+{
+    return m <= (uint64_t)std::numeric_limits<std::make_signed_t<T>>::max() + neg;
+}
+
+template <typename T> NUMPARSE_INLINE bool unsigned_in_range(bool neg, uint64_t m)
+{
+    return !(neg && m) && m <= std::numeric_limits<T>::max();
+}
+
 template <typename T> struct read_signed {
     NUMPARSE_INLINE const char *operator()(const char *p, const char *end, T *v) const
     {
         bool neg;
         uint64_t m;
         p = read_integer(p, end, &neg, &m);
-        if (!p || m > (uint64_t)INT64_MAX + neg) return nullptr;
-        *v = (T)(neg ? 0 - m : m); /* two's complement; the low bits are kept */
+        if (!p || !signed_in_range<T>(neg, m)) return nullptr;
+        *v = (T)(neg ? 0 - m : m); /* two's complement of a value in range */
         return p;
     }
     NUMPARSE_INLINE bool exact(const char *s, const char *e, bool room, T *v) const
@@ -255,8 +269,7 @@ template <typename T> struct read_signed {
         bool neg;
         uint64_t m;
         unsigned frac;
-        if (room && plain_decimal(s, e - s, false, &neg, &m, &frac) &&
-            m <= (uint64_t)INT64_MAX + neg) {
+        if (room && plain_decimal(s, e - s, false, &neg, &m, &frac) && signed_in_range<T>(neg, m)) {
             *v = (T)(neg ? 0 - m : m);
             return true;
         }
@@ -270,7 +283,7 @@ template <typename T> struct read_unsigned {
         bool neg;
         uint64_t m;
         p = read_integer(p, end, &neg, &m);
-        if (!p || (neg && m)) return nullptr;
+        if (!p || !unsigned_in_range<T>(neg, m)) return nullptr;
         *v = (T)m;
         return p;
     }
@@ -279,7 +292,8 @@ template <typename T> struct read_unsigned {
         bool neg;
         uint64_t m;
         unsigned frac;
-        if (room && plain_decimal(s, e - s, false, &neg, &m, &frac) && !(neg && m)) {
+        if (room && plain_decimal(s, e - s, false, &neg, &m, &frac) &&
+            unsigned_in_range<T>(neg, m)) {
             *v = (T)m;
             return true;
         }

@@ -51,8 +51,8 @@ typedef enum numparse_kind {
 /* Reads a flat JSON array of exactly n (>= 1) elements of kind whose first
  * element starts at p (after the '[' and any whitespace), up to and
  * including its ']', into out (n elements, little-endian, any alignment):
- * integers by numparse_integer within the type's range (INTn: the low bits
- * of an int64; UINTn: the low bits of a uint64, "-0" allowed), reals by
+ * integers by numparse_integer within the type's range (INTn: [-2^(n-1),
+ * 2^(n-1)-1]; UINTn: [0, 2^n-1], "-0" allowed; nothing wraps), reals by
  * numparse_double (FP32: that double rounded to float, as Triton does),
  * BOOL true/false as one byte 1/0. Returns the position after the ']', or
  * NULL for anything else (another count, another token, a value out of

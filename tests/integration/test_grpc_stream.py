@@ -1,5 +1,6 @@
 """gRPC ModelStreamInfer: many requests in flight, errors as stream messages,
 triton_grpc_error, half-close with work in flight, cancellation, churn."""
+import os
 import queue
 import threading
 import time
@@ -223,3 +224,31 @@ def test_shutdown_with_calls_in_flight(nereid_server, tmp_path):
             list(stream)
         for f in unary:
             assert f.exception(timeout=10) is not None or f.result().id.startswith("u")
+
+
+def test_non_decoupled_replies_in_request_order(stub, tmp_path):
+    """Triton answers a stream's requests to non-decoupled models in the
+    order it read them, whatever order they complete in: here the first
+    request is held on the backend until the later ones have run (4
+    instances), and errors found before the backend (an unknown model) keep
+    their place too."""
+    gate, started = str(tmp_path / "gate"), str(tmp_path / "started")
+    first = slow(0, "first")
+    first.parameters["wait_for_file"].string_param = gate
+    later = slow(0, "later")
+    later.parameters["started_file"].string_param = started
+    reqs = [first, fp32("nope", 1, "unknown"), fp32("id_fp32", 1, "fast"), later,
+            fp32("id_int32", 1, "bad-type")]
+
+    def gen():
+        for r in reqs:
+            yield r
+        # Every later request has run before the first is let go.
+        deadline = time.time() + 30
+        while not os.path.exists(started) and time.time() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.1)
+        open(gate, "w").close()
+
+    ids = [r.infer_response.id for r in stub.ModelStreamInfer(gen(), timeout=60)]
+    assert ids == ["first", "unknown", "fast", "later", "bad-type"]

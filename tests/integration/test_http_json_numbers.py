@@ -261,3 +261,41 @@ def test_random_values_print_shortest(http_server, dt, np_t):
     longer = [(t, repr(float(v))) for t, v in zip(tokens, vals)
               if n_digits(t) > n_digits(repr(float(v)))]
     assert len(longer) < n // 100, longer[:5]
+
+
+@pytest.mark.parametrize("dt,value,rng", [
+    ("UINT8", "300", "0 to 255"),
+    ("UINT8", "256", "0 to 255"),
+    ("INT8", "-129", "-128 to 127"),
+    ("INT8", "128", "-128 to 127"),
+    ("UINT16", "65536", "0 to 65535"),
+    ("INT16", "-32769", "-32768 to 32767"),
+    ("INT32", "3000000000", "-2147483648 to 2147483647"),
+    ("INT32", "-2147483649", "-2147483648 to 2147483647"),
+    ("UINT32", "4294967296", "0 to 4294967295"),
+])
+def test_integer_out_of_range_is_an_error(http_server, dt, value, rng):
+    """A deliberate difference from Triton (which casts: 300 as UINT8 becomes
+    44): an integer outside its datatype's range is refused, naming the input
+    and the value, at any position and on both the block and serial readers."""
+    want = (f"value {value} of input 'INPUT0' is out of range for datatype {dt} ({rng})")
+    for vals in ([value], ["1"] * 40 + [value] + ["2"] * 40, [value] + ["1"] * 99):
+        text = "[" + ",".join(vals) + "]"
+        r = post(http_server, f"id_{dt.lower()}", req(dt, text, [1, len(vals)]))
+        assert r.status_code == 400, r.text
+        assert r.json()["error"] == want
+        nested = "[[" + "],[".join(vals) + "]]"
+        r = post(http_server, f"id_{dt.lower()}", req(dt, nested, [1, len(vals)]))
+        assert r.status_code == 400, r.text
+        assert r.json()["error"] == want
+
+
+@pytest.mark.parametrize("dt,lo,hi", [
+    ("UINT8", 0, 255), ("INT8", -128, 127), ("UINT16", 0, 65535), ("INT16", -32768, 32767),
+    ("INT32", -2**31, 2**31 - 1), ("UINT32", 0, 2**32 - 1),
+])
+def test_integer_range_edges_accepted(http_server, dt, lo, hi):
+    vals = [lo, hi] * 40
+    r = post(http_server, f"id_{dt.lower()}", req(dt, json.dumps(vals), [1, len(vals)]))
+    assert r.status_code == 200, r.text
+    assert [int(t) for t in data_text(r)] == vals

@@ -1,6 +1,6 @@
 """Triton's texts and statuses for errors its QA suite (L0_http http_test.py)
 and its example clients match: data nested too deep, a duplicate requested
-output, shape overflows, a deeply nested 'ready' on the repository index, a
+output, shape overflows, the repository index body's JSON rules, a
 malformed config override and an unwritable file override on load, and a raw
 binary request for a one-element BYTES input (the whole body is the
 element)."""
@@ -72,16 +72,36 @@ def test_shape_overflow(srv):
         "size (4) exceeds maximum allowed size (9223372036854775807)")
 
 
-def test_repository_index_deeply_nested_ready(srv):
-    depth = 250000
+def test_repository_index_body_same_json_rules(srv):
+    """The index body is read as every other JSON body: checked at any depth
+    (Triton parses iteratively), then its members' types; no shortcut that
+    reads "ready" without checking the rest."""
+    url = f"{srv.http_url}/v2/repository/index"
+    depth = 250000  # Triton's L0_http test_repository_index_deeply_nested_json
     body = '{"ready":' + "[" * depth + "true" + "]" * depth + "}"
-    r = requests.post(f"{srv.http_url}/v2/repository/index", data=body, timeout=60)
+    r = requests.post(url, data=body, timeout=60)
     assert r.status_code == 400
     assert r.json()["error"] == "Invalid value for 'ready': expected a boolean"
-    # Deep nesting elsewhere: "ready" still read.
     body = '{"x":' + "[" * 5000 + "]" * 5000 + ',"ready":true}'
-    r = requests.post(f"{srv.http_url}/v2/repository/index", data=body, timeout=60)
+    r = requests.post(url, data=body, timeout=60)
     assert r.status_code == 200 and all(m["state"] == "READY" for m in r.json())
+    # Malformed after deep nesting: refused with rapidjson's text, the same
+    # way by another endpoint.
+    head = '{"x":' + "[" * 5000 + "]" * 4999 + ',"ready"'
+    body = head + ':true}'
+    want = ("failed to parse the request JSON buffer: Missing a comma or ']' after an array "
+            f"element. at {len(head)}")
+    for path in ("/v2/repository/index", "/v2/repository/models/id_fp32/load", "/v2/logging"):
+        r = requests.post(f"{srv.http_url}{path}", data=body, timeout=60)
+        assert (r.status_code, r.json()["error"]) == (500, want), path
+    r = requests.post(url, data='{"ready":[true]}', timeout=60)
+    assert r.status_code == 400
+    assert r.json()["error"] == "Invalid value for 'ready': expected a boolean"
+    r = requests.post(url, data='{"ready":true} x', timeout=60)
+    assert r.status_code == 500
+    assert r.json()["error"] == (
+        "failed to parse the request JSON buffer: The document root must not be followed by "
+        "other values. at 15")
 
 
 def test_load_texts(srv):
@@ -131,9 +151,12 @@ def test_json_body_size_text(small):
     assert r.status_code == 400 and r.json()["error"] == text.format(len(body)), r.text
 
 
-def test_generate_not_served(srv):
+def test_generate_routes(srv):
+    """The generate routes look the model up first (404 unknown), then map
+    the body (test_http_generate.py has the rest)."""
     r = requests.post(f"{srv.http_url}/v2/models/nope/generate", json={}, timeout=30)
     assert r.status_code == 404 and "nope" in r.json()["error"]
     for path in ("generate", "generate_stream", "versions/1/generate"):
         r = requests.post(f"{srv.http_url}/v2/models/id_fp32/{path}", json={}, timeout=30)
-        assert r.status_code == 501 and "generate" in r.json()["error"], r.text
+        assert r.status_code == 400, r.text
+        assert "expected 1 inputs but got 0 inputs for model 'id_fp32'" in r.json()["error"]

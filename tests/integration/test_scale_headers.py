@@ -1,5 +1,5 @@
-"""The sequence id and flags in request headers (a Nereid extension, README
-"Running at scale"): HTTP Nereid-Sequence-Id/-Start/-End and gRPC metadata
+"""The sequence id and flags in request headers (a Nereid extension,
+docs/deploy.md): HTTP Nereid-Sequence-Id/-Start/-End and gRPC metadata
 nereid-sequence-id/-start/-end drive the sequence batcher like the body
 parameters do, must agree with the body when both are given (400 /
 INVALID_ARGUMENT otherwise), and the id is echoed in the reply."""

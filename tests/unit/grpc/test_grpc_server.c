@@ -88,7 +88,9 @@ static grpc_slice reply_bytes(grpc_byte_buffer *bb)
 
 static void test_round_trips(nereid_server_t *server)
 {
-    grpc_options_t opts = {.address = "127.0.0.1", .port = 0, .infer_thread_count = 2};
+    grpc_options_t opts;
+    grpc_options_init(&opts);
+    opts.address = "127.0.0.1", opts.port = 0, opts.infer_thread_count = 2;
     grpc_frontend_t *fe;
     nereid_error_t *err = grpc_frontend_start(server, &opts, &fe);
     CHECK(err == NULL);
@@ -157,8 +159,9 @@ static void test_round_trips(nereid_server_t *server)
     if (reply) grpc_byte_buffer_destroy(reply);
 
     /* A second frontend on the same port fails. */
-    grpc_options_t clash = {
-        .address = "127.0.0.1", .port = grpc_frontend_port(fe), .infer_thread_count = 1};
+    grpc_options_t clash;
+    grpc_options_init(&clash);
+    clash.address = "127.0.0.1", clash.port = grpc_frontend_port(fe), clash.infer_thread_count = 1;
     grpc_frontend_t *fe2 = NULL;
     err = grpc_frontend_start(server, &clash, &fe2);
     CHECK(err != NULL && fe2 == NULL);
@@ -188,7 +191,9 @@ int main(void)
     grpc_init();
     test_round_trips(server);
     for (int i = 0; i < 5; i++) { /* start/stop cycles, with and without calls */
-        grpc_options_t o = {.address = "127.0.0.1", .port = 0, .infer_thread_count = 1 + i % 2};
+        grpc_options_t o;
+        grpc_options_init(&o);
+        o.address = "127.0.0.1", o.port = 0, o.infer_thread_count = 1 + i % 2;
         grpc_frontend_t *fe;
         err = grpc_frontend_start(server, &o, &fe);
         CHECK(err == NULL);
