@@ -96,10 +96,10 @@ def test_unsupported_flags_are_refused():
 
 
 def test_ignored_tuning_flags_warn_and_serve(nereid_server):
-    s = nereid_server(EXAMPLES, "--pinned-memory-pool-byte-size=0", "--log-info=false")
+    s = nereid_server(EXAMPLES, "--buffer-manager-thread-count=2", "--log-info=false")
     assert requests.get(s.http_url + "/v2/health/live").status_code == 200
     out = s.output()
-    assert "--pinned-memory-pool-byte-size is accepted for Triton compatibility" in out
+    assert "--buffer-manager-thread-count is accepted for Triton compatibility" in out
     assert "successfully loaded" not in out  # --log-info=false silences info lines
 
 
