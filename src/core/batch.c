@@ -283,6 +283,19 @@ static nereid_error_t *compute_batch_input(nereid_batch_t *batch, const Inferenc
     return NULL;
 }
 
+/* Fills the optional out-parameters of an input lookup from t. */
+static nereid_error_t *tensor_out(const batch_tensor_t *t, nereid_datatype_t *datatype,
+                                  const int64_t **shape, size_t *rank, const void **data,
+                                  size_t *byte_size)
+{
+    if (datatype) *datatype = t->datatype;
+    if (shape) *shape = t->shape;
+    if (rank) *rank = t->rank;
+    if (data) *data = t->data;
+    if (byte_size) *byte_size = t->byte_size;
+    return NULL;
+}
+
 nereid_error_t *nereid_batch_input(nereid_batch_t *batch, const char *name,
                                    nereid_datatype_t *datatype, const int64_t **shape, size_t *rank,
                                    const void **data, size_t *byte_size)
@@ -295,12 +308,7 @@ nereid_error_t *nereid_batch_input(nereid_batch_t *batch, const char *name,
             nereid_error_t *err = compute_batch_input(batch, bi, name, &t);
             if (err) return err;
         }
-        if (datatype) *datatype = t->datatype;
-        if (shape) *shape = t->shape;
-        if (rank) *rank = t->rank;
-        if (data) *data = t->data;
-        if (byte_size) *byte_size = t->byte_size;
-        return NULL;
+        return tensor_out(t, datatype, shape, rank, data, byte_size);
     }
     bool ragged = batch->n_reqs && input_ragged(batch->instance->model, name);
     if (batch->n_reqs == 1 && !ragged)
@@ -310,12 +318,7 @@ nereid_error_t *nereid_batch_input(nereid_batch_t *batch, const char *name,
         nereid_error_t *err = gather_input(batch, name, ragged, &t);
         if (err) return err;
     }
-    if (datatype) *datatype = t->datatype;
-    if (shape) *shape = t->shape;
-    if (rank) *rank = t->rank;
-    if (data) *data = t->data;
-    if (byte_size) *byte_size = t->byte_size;
-    return NULL;
+    return tensor_out(t, datatype, shape, rank, data, byte_size);
 }
 
 nereid_error_t *nereid_batch_request_input(nereid_batch_t *batch, size_t r, const char *name,
