@@ -12,23 +12,29 @@ Threads: the socket is read by whichever thread is waiting for something
 (leader/follower, Worker.wait_for): the main thread when it waits for work
 (init, execute, finalize run on it), a model thread when it waits for its
 BLS result or cancellation answer. The worker exits when the server closes
-the socket, or, checked every 0.3 s by a watchdog thread, when the server
-process is gone.
+the socket; a watchdog thread blocked in poll() sees the hang-up even while
+the model is busy.
+
+Started as `nereid_python_stub.py nereid_python_zygote`, the script is the
+pre-started "zygote" instead (zygote_main): it forks one worker per request,
+so an instance starts without a new interpreter and a new numpy import.
 """
 import array
 import asyncio
 import collections
 import fcntl
+import gc
 import importlib
 import inspect
 import json
 import mmap
 import os
+import select
+import signal
 import socket
 import struct
 import sys
 import threading
-import time
 import traceback
 
 import numpy as np
@@ -108,7 +114,13 @@ class Worker:
         self.bg_loop = None
         self.rx_map = None  # the server's region for EXECUTE inputs
         self.tx_map = None  # ours for DONE outputs (sealed against shrinking)
-        self.loop = asyncio.new_event_loop()
+        self._loop = None  # made on first use: most models never need one
+
+    @property
+    def loop(self):
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+        return self._loop
 
     # ---- transport ----
     def send(self, mtype, obj, tensors=(), region=False):
@@ -241,11 +253,13 @@ class Worker:
                 self.cv.notify_all()
 
     def watch_parent(self):
-        """Exits when the server dies, even while the model is busy."""
-        parent = os.getppid()
+        """Exits when the server dies (or drops us), even while the model is
+        busy: the socket hangs up when the server's end closes. Blocks in
+        poll, so an idle worker is never woken."""
+        p = select.poll()
+        p.register(self.sock.fileno(), 0)  # POLLHUP and POLLERR are always reported
         while True:
-            time.sleep(0.3)
-            if os.getppid() != parent:
+            if p.poll():
                 os._exit(0)
 
     def call(self, mtype, obj, tensors=()):
@@ -483,8 +497,7 @@ class Worker:
                 os._exit(0)
 
 
-def main():
-    import signal
+def worker_main():
     # Shutdown is driven by the server (finalize, then the socket closes).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -493,6 +506,73 @@ def main():
     w = Worker(sock)
     pb_utils._worker = w
     w.run()
+
+
+def zygote_main():
+    """The pre-started worker: numpy and pb_utils are imported once, then
+    each FORK request (the instance name, with the worker's socket end as
+    SCM_RIGHTS) forks a child that becomes that instance's worker. The answer
+    is the child's pid (4 bytes, little endian) with a pidfd for it, through
+    which the server signals and watches the child. Children are reaped by
+    the kernel (SIGCHLD ignored here). Single-threaded, so fork is safe;
+    exits when the server closes the control socket (fd 3)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    os.set_inheritable(3, False)
+    ctl = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET, fileno=3)
+    # Nothing here becomes garbage; frozen objects are never touched by a
+    # child's collector, so their pages stay shared (no copy-on-write).
+    gc.disable()
+    while True:
+        try:
+            data, anc, _, _ = ctl.recvmsg(4096, socket.CMSG_SPACE(4 * 4))
+        except OSError:
+            os._exit(0)
+        if not data and not anc:
+            os._exit(0)
+        fds = []
+        for level, kind, d in anc:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds.extend(array.array("i", d[:len(d) - len(d) % 4]))
+        pid, pidfd = -1, -1
+        if len(fds) == 1:
+            gc.freeze()
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    gc.enable()
+                    ctl.close()
+                    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                    os.dup2(fds[0], 3)
+                    os.close(fds[0])
+                    sys.argv[1:] = ["triton_python_backend_stub",
+                                    data.decode(errors="replace")]
+                    worker_main()
+                finally:
+                    os._exit(1)
+            try:
+                pidfd = os.pidfd_open(pid)
+            except OSError:  # it already ended
+                pid = -1
+        for f in fds:
+            os.close(f)
+        try:
+            ctl.sendmsg([struct.pack("<i", pid)],
+                        [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [pidfd]))]
+                        if pidfd >= 0 else [])
+        except OSError:
+            os._exit(0)
+        finally:
+            if pidfd >= 0:
+                os.close(pidfd)
+
+
+def main():
+    if sys.argv[1:2] == ["nereid_python_zygote"]:
+        zygote_main()
+    else:
+        worker_main()
 
 
 if __name__ == "__main__":

@@ -44,6 +44,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/pidfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/time.h>
@@ -91,6 +92,14 @@ typedef struct backend_state {
     char *python; /* interpreter */
     char *stub;   /* nereid_python_stub.py */
     long finalize_wait_s;
+
+    /* The zygote: a pre-started python3 (numpy and pb_utils imported) that
+     * forks the workers of models using the backend's interpreter. */
+    pthread_mutex_t zy_mu; /* guards what follows; held for one fork */
+    bool zy_off;           /* disabled, or it failed before its first fork */
+    bool zy_served;        /* the current zygote forked a worker */
+    int zy_fd;             /* control socket, -1: not running */
+    pid_t zy_pid;
 } backend_state_t;
 
 static backend_state_t *g_backend; /* one python backend per process */
@@ -131,6 +140,18 @@ NEREID_EXPORT nereid_error_t *nereid_backend_init(nereid_backend_t *backend)
     if (!py) py = getenv("NEREID_PYTHON");
     st->python = strdup(py && *py ? py : "/usr/bin/python3");
     st->finalize_wait_s = FINALIZE_WAIT_S;
+    pthread_mutex_init(&st->zy_mu, NULL);
+    st->zy_fd = -1;
+    const char *zy = backend_config(backend, "zygote");
+    if (zy && strcmp(zy, "true") != 0 && strcmp(zy, "false") != 0) {
+        pthread_mutex_destroy(&st->zy_mu);
+        free(st->python);
+        free(st->stub);
+        free(st);
+        return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                "python backend: zygote must be 'true' or 'false', got '%s'", zy);
+    }
+    st->zy_off = zy && strcmp(zy, "false") == 0;
     const char *t = backend_config(backend, "stub-timeout-seconds");
     if (t) {
         char *end;
@@ -158,10 +179,14 @@ NEREID_EXPORT nereid_error_t *nereid_backend_init(nereid_backend_t *backend)
     return NULL;
 }
 
+static void zygote_end(backend_state_t *st);
+
 NEREID_EXPORT nereid_error_t *nereid_backend_fini(nereid_backend_t *backend)
 {
     backend_state_t *st = nereid_backend_state(backend);
     if (st) {
+        zygote_end(st);
+        pthread_mutex_destroy(&st->zy_mu);
         free(st->python);
         free(st->stub);
         free(st);
@@ -677,6 +702,8 @@ typedef struct instance {
 
     /* The current worker; replaced by the instance thread only. */
     pid_t pid;
+    int pidfd; /* a worker forked by the zygote: signalled and watched here; -1 when
+                  spawned (our child: kill and waitpid) */
     chan_t *chan;
     pthread_t reader;
     bool reader_running;
@@ -1056,7 +1083,12 @@ static void worker_died(instance_t *in, const char *why)
     bool first = !in->reaped;
     in->reaped = true;
     pthread_mutex_unlock(&in->mu);
-    if (first) {
+    if (first && in->pidfd >= 0) { /* the zygote reaps it; its end is seen here */
+        pidfd_send_signal(in->pidfd, SIGKILL, NULL, 0);
+        struct pollfd p = {in->pidfd, POLLIN, 0};
+        while (poll(&p, 1, -1) < 0 && errno == EINTR) {
+        }
+    } else if (first) {
         kill(in->pid, SIGKILL);
         while (waitpid(in->pid, NULL, 0) < 0 && errno == EINTR) {
         }
@@ -1201,10 +1233,15 @@ static void worker_stop(instance_t *in)
     if (!in->reader_running) return;
     shutdown(in->chan->fd, SHUT_RDWR);
     pthread_mutex_lock(&in->mu);
-    if (!in->reaped) kill(in->pid, SIGKILL); /* once reaped, the pid may be another's */
+    if (in->pidfd >= 0) /* a pidfd names its process even after it was reaped */
+        pidfd_send_signal(in->pidfd, SIGKILL, NULL, 0);
+    else if (!in->reaped)
+        kill(in->pid, SIGKILL); /* once reaped, the pid may be another's */
     pthread_mutex_unlock(&in->mu);
     pthread_join(in->reader, NULL);
     in->reader_running = false;
+    if (in->pidfd >= 0) close(in->pidfd);
+    in->pidfd = -1;
     chan_unref(in->chan);
     in->chan = NULL;
     pthread_mutex_lock(&in->mu);
@@ -1215,6 +1252,139 @@ static void worker_stop(instance_t *in)
 
 static nereid_error_t *worker_init(instance_t *in, const char *init_json, msg_t **ready);
 
+/* posix_spawn's argv[0] with sock as its fd 3 and no other fd above 2.
+ * Returns posix_spawn's error number. */
+static int spawn_with_socket(const char *exe, char *const argv[], int sock, pid_t *pid)
+{
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, sock, 3);
+    posix_spawn_file_actions_addclosefrom_np(&fa, 4);
+    int rc = posix_spawn(pid, exe, &fa, NULL, argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    return rc;
+}
+
+/* ---- The zygote ----
+ *
+ * One pre-started python3 running nereid_python_stub.py as a zygote (numpy
+ * and pb_utils already imported) forks the workers of models that use the
+ * backend's interpreter: an instance then starts in a few milliseconds, not
+ * an interpreter start and a numpy import. A FORK request is the instance
+ * name with the worker's socket end (SCM_RIGHTS); the answer is the child's
+ * pid (4 bytes) with a pidfd for it. The child is the zygote's, which lets
+ * the kernel reap it; the pidfd lets this library kill it and see it end
+ * without the pid being reused meanwhile. A zygote that ends is started
+ * again on the next request; one that never forked a worker disables the
+ * zygote, and workers are spawned as fresh interpreters, as they are for
+ * an EXECUTION_ENV_PATH interpreter or with --backend-config=python,zygote=false. */
+
+#define ZYGOTE_WAIT_MS 60000 /* the first answer waits for python3 and numpy to start */
+
+/* Ends the zygote (its workers live on). Called with zy_mu held or at fini. */
+static void zygote_end(backend_state_t *st)
+{
+    if (st->zy_fd < 0) return;
+    close(st->zy_fd);
+    st->zy_fd = -1;
+    kill(st->zy_pid, SIGKILL); /* our child, not reaped yet: the pid is still its */
+    while (waitpid(st->zy_pid, NULL, 0) < 0 && errno == EINTR) {
+    }
+}
+
+static int zygote_start(backend_state_t *st)
+{
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) return -1;
+    char *argv[] = {st->python, "-u", st->stub, "nereid_python_zygote", NULL};
+    int rc = spawn_with_socket(st->python, argv, sv[1], &st->zy_pid);
+    close(sv[1]);
+    if (rc != 0) {
+        close(sv[0]);
+        return -1;
+    }
+    st->zy_fd = sv[0];
+    st->zy_served = false;
+    return 0;
+}
+
+/* One FORK exchange with the running zygote. 1: forked; 0: the zygote
+ * answered but has no worker (it ended at once); -1: the zygote failed. */
+static int zygote_ask(backend_state_t *st, const char *name, int sock, pid_t *pid, int *pidfd)
+{
+    union {
+        char buf[CMSG_SPACE(sizeof(int))];
+        struct cmsghdr align;
+    } u;
+    memset(&u, 0, sizeof u);
+    struct iovec iov = {(void *)name, strlen(name)};
+    struct msghdr mh = {
+        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof u.buf};
+    struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(cm), &sock, sizeof sock);
+    if (sendmsg(st->zy_fd, &mh, MSG_NOSIGNAL) != (ssize_t)iov.iov_len) return -1;
+    struct pollfd p = {st->zy_fd, POLLIN, 0};
+    int pr;
+    while ((pr = poll(&p, 1, ZYGOTE_WAIT_MS)) < 0 && errno == EINTR) {
+    }
+    if (pr <= 0) return -1;
+    int32_t answer;
+    iov = (struct iovec){&answer, sizeof answer};
+    memset(&u, 0, sizeof u);
+    mh = (struct msghdr){
+        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof u.buf};
+    ssize_t n = recvmsg(st->zy_fd, &mh, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+    int fd = -1;
+    cm = n > 0 ? CMSG_FIRSTHDR(&mh) : NULL;
+    if (cm && cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS &&
+        cm->cmsg_len == CMSG_LEN(sizeof(int)))
+        memcpy(&fd, CMSG_DATA(cm), sizeof fd);
+    if (n != sizeof answer || (mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC))) {
+        if (fd >= 0) close(fd);
+        return -1;
+    }
+    if (answer <= 0 || fd < 0) {
+        if (fd >= 0) close(fd);
+        return 0;
+    }
+    *pid = answer;
+    *pidfd = fd;
+    return 1;
+}
+
+/* Forks a worker for instance `name` around its socket end sock. 0 with
+ * *pid and *pidfd; -1 when no zygote can do it (the caller spawns one). */
+static int zygote_fork(backend_state_t *st, const char *name, int sock, pid_t *pid, int *pidfd)
+{
+    int rc = -1;
+    pthread_mutex_lock(&st->zy_mu);
+    for (int attempt = 0; attempt < 2 && !st->zy_off; attempt++) {
+        if (st->zy_fd < 0 && zygote_start(st) != 0) {
+            st->zy_off = true;
+            break;
+        }
+        int r = zygote_ask(st, name, sock, pid, pidfd);
+        if (r == 1) {
+            st->zy_served = true;
+            rc = 0;
+            break;
+        }
+        if (r == 0) break;
+        bool served = st->zy_served;
+        zygote_end(st);
+        if (!served) {
+            plog('W', "python backend: the zygote process failed to start; workers are "
+                      "started as fresh interpreters");
+            st->zy_off = true;
+        }
+    }
+    pthread_mutex_unlock(&st->zy_mu);
+    return rc;
+}
+
 /* Starts a worker and sends it init_json (INIT). On success the worker's
  * READY message is returned (caller frees). */
 static nereid_error_t *worker_start(instance_t *in, const char *init_json, msg_t **ready)
@@ -1224,15 +1394,14 @@ static nereid_error_t *worker_start(instance_t *in, const char *init_json, msg_t
     if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0)
         return nereid_error_new(NEREID_ERROR_INTERNAL, "python backend: socketpair: %s",
                                 strerror(errno));
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, sv[1], 3);
-    posix_spawn_file_actions_addclosefrom_np(&fa, 4);
     char *python = (char *)(in->python ? in->python : g_backend->python);
-    char *argv[] = {python, "-u", g_backend->stub, "triton_python_backend_stub", in->name, NULL};
-    pid_t pid;
-    int rc = posix_spawn(&pid, python, &fa, NULL, argv, environ);
-    posix_spawn_file_actions_destroy(&fa);
+    pid_t pid = -1;
+    int rc = 0, pidfd = -1;
+    if (in->python || zygote_fork(g_backend, in->name, sv[1], &pid, &pidfd) != 0) {
+        char *argv[] = {python,   "-u", g_backend->stub, "triton_python_backend_stub",
+                        in->name, NULL};
+        rc = spawn_with_socket(python, argv, sv[1], &pid);
+    }
     close(sv[1]);
     if (rc != 0) {
         close(sv[0]);
@@ -1241,6 +1410,7 @@ static nereid_error_t *worker_start(instance_t *in, const char *init_json, msg_t
                                 strerror(rc));
     }
     in->pid = pid;
+    in->pidfd = pidfd;
     region_unref(in->tx);
     region_unref(in->rx);
     in->tx = in->rx = NULL;
@@ -1313,6 +1483,7 @@ static instance_t *instance_new(const char *name, nereid_model_t *model)
     in->model = model;
     in->server = nereid_model_server(model);
     in->decoupled = nereid_model_decoupled(model);
+    in->pidfd = -1;
     pthread_mutex_init(&in->mu, NULL);
     pthread_cond_init(&in->cv, NULL);
     model_state_t *ms = nereid_model_state(model);
