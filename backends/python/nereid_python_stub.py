@@ -40,9 +40,11 @@ import traceback
 import numpy as np
 
 HDR = struct.Struct("<IIQ")
+CMSG_FD_SPACE = socket.CMSG_SPACE(4)
 INLINE_MAX = 60 * 1024  # a whole message up to this size travels in the datagram
 RECV_MAX = 64 * 1024
 ALIGN = 64
+ZEROS = bytes(ALIGN)  # padding between tensors (always < ALIGN bytes)
 M_REGION = 0x80000000  # payload in the sender's persistent region (EXECUTE, DONE)
 
 # C -> worker
@@ -63,21 +65,54 @@ def error_text(e):
     return "\n".join(lines)
 
 
+_JSON_NAMES = {}  # tensor name -> its JSON string (names repeat on every request)
+
+
+def json_name(name):
+    j = _JSON_NAMES.get(name)
+    if j is None:
+        j = json.dumps(name)
+        if len(_JSON_NAMES) < 4096:
+            _JSON_NAMES[name] = j
+    return j
+
+
 def encode_tensors(tensors):
-    """Descriptors and the byte views of a list of pb_utils.Tensor."""
+    """Descriptors (JSON text) and the byte views of a list of pb_utils.Tensor."""
     descs, views, off = [], [], 0
     for t in tensors:
         arr = t._array
         if t._dtype == "BYTES":
             ser = pb_utils.serialize_byte_tensor(arr)
             data = np.asarray(ser, dtype=np.uint8) if len(ser) else np.empty(0, np.uint8)
+        elif arr.flags.c_contiguous:
+            data = arr
         else:
-            data = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
-        descs.append({"name": t._name, "datatype": t._dtype, "shape": list(arr.shape),
-                      "offset": off, "size": int(data.nbytes)})
+            data = np.ascontiguousarray(arr)
+        n = data.nbytes
+        descs.append(f'{{"name":{json_name(t._name)},"datatype":"{t._dtype}","shape":['
+                     f'{",".join(map(str, arr.shape))}],"offset":{off},"size":{n}}}')
         views.append((off, data))
-        off = (off + data.nbytes + ALIGN - 1) // ALIGN * ALIGN
+        off = (off + n + ALIGN - 1) // ALIGN * ALIGN
     return descs, views, off
+
+
+def as_bytes(arr):
+    """A C-contiguous array as a flat byte view (no copy)."""
+    return memoryview(arr).cast("B") if arr.ndim else memoryview(arr.reshape(1)).cast("B")
+
+
+_NUMPY_DTYPE = {n: np.dtype(t) for n, t in pb_utils._NAME_TO_NUMPY.items()
+                if t is not None and t is not np.object_}
+_NUMPY_DTYPE["BF16"] = np.dtype(np.uint16)
+
+
+def new_tensor(name, arr, dtype):
+    """A pb_utils.Tensor of a checked array, without the checks of its
+    constructor (the hot path: one per input of every request)."""
+    t = object.__new__(pb_utils.Tensor)
+    t._name, t._array, t._dtype = name, arr, dtype
+    return t
 
 
 def decode_tensors(descs, blob):
@@ -86,14 +121,14 @@ def decode_tensors(descs, blob):
         dt, shape, off, size = d["datatype"], d["shape"], d["offset"], d["size"]
         if off < 0 or size < 0 or off + size > len(blob):
             raise pb_utils.TritonModelException("tensor outside its message")
-        raw = np.frombuffer(blob, dtype=np.uint8, count=size, offset=off)
         if dt == "BYTES":
+            raw = np.frombuffer(blob, dtype=np.uint8, count=size, offset=off)
             arr = pb_utils.deserialize_bytes_tensor(raw).reshape(shape)
-        elif dt == "BF16":
-            arr = raw.view(np.uint16).reshape(shape)
         else:
-            arr = raw.view(pb_utils._NAME_TO_NUMPY[dt]).reshape(shape)
-        out.append(pb_utils.Tensor(d["name"], arr, _dtype=dt))
+            npdt = _NUMPY_DTYPE[dt]
+            arr = np.frombuffer(blob, dtype=npdt, count=size // npdt.itemsize,
+                                offset=off).reshape(shape)
+        out.append(new_tensor(d["name"], arr, dt))
     return out
 
 
@@ -112,8 +147,10 @@ class Worker:
         self.decoupled = False
         self.in_execute = False
         self.bg_loop = None
+        self.rbuf = bytearray(RECV_MAX)  # receive buffer (read by the reading thread only)
         self.rx_map = None  # the server's region for EXECUTE inputs
         self.tx_map = None  # ours for DONE outputs (sealed against shrinking)
+        self.req_proto = None
         self._loop = None  # made on first use: most models never need one
 
     @property
@@ -124,21 +161,26 @@ class Worker:
 
     # ---- transport ----
     def send(self, mtype, obj, tensors=(), region=False):
+        """Sends obj (a dict, or its JSON text) with tensors in the blob."""
         descs, views, blob_len = encode_tensors(tensors)
+        js = obj if isinstance(obj, str) else json.dumps(obj)
         if descs:
-            obj["tensors"] = descs
-        js = json.dumps(obj).encode()
+            js = f'{js[:-1]}{"," if len(js) > 2 else ""}"tensors":[{",".join(descs)}]}}'
+        js = js.encode()
         total = len(js) + blob_len
         if HDR.size + total <= INLINE_MAX:
-            buf = bytearray(HDR.size + total)
-            HDR.pack_into(buf, 0, mtype, len(js), blob_len)
-            buf[HDR.size:HDR.size + len(js)] = js
-            base = HDR.size + len(js)
-            mv = memoryview(buf)
+            # one datagram gathered from the pieces: no copy into a buffer here
+            parts = [HDR.pack(mtype, len(js), blob_len), js]
+            pos = 0
             for off, data in views:
-                mv[base + off:base + off + data.nbytes] = data
+                if off > pos:
+                    parts.append(ZEROS[:off - pos])
+                parts.append(as_bytes(data))
+                pos = off + data.nbytes
+            if blob_len > pos:
+                parts.append(ZEROS[:blob_len - pos])
             with self.send_lock:
-                self.sock.sendmsg([buf])
+                self.sock.sendmsg(parts)
             return
         if region:
             return self.send_region(mtype, js, views, blob_len)
@@ -149,7 +191,7 @@ class Worker:
                 mm[0:len(js)] = js
                 mv = memoryview(mm)
                 for off, data in views:
-                    mv[len(js) + off:len(js) + off + data.nbytes] = data
+                    mv[len(js) + off:len(js) + off + data.nbytes] = as_bytes(data)
                 mv.release()
             fcntl.fcntl(fd, fcntl.F_ADD_SEALS,
                         fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
@@ -175,7 +217,7 @@ class Worker:
             mv = memoryview(self.tx_map)
             mv[0:len(js)] = js
             for off, data in views:
-                mv[len(js) + off:len(js) + off + data.nbytes] = data
+                mv[len(js) + off:len(js) + off + data.nbytes] = as_bytes(data)
             mv.release()
             anc = [] if fd < 0 else [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))]
             with self.send_lock:
@@ -185,10 +227,16 @@ class Worker:
                 os.close(fd)
 
     def recv(self):
-        buf = bytearray(RECV_MAX)
-        n, anc, flags, _ = self.sock.recvmsg_into([buf], socket.CMSG_SPACE(4))
+        buf = self.rbuf
+        n, anc, flags, _ = self.sock.recvmsg_into([buf], CMSG_FD_SPACE)
         if n == 0:
             return None
+        if not anc and n >= HDR.size:  # the common case: a whole message inline
+            mtype, jlen, blen = HDR.unpack_from(buf, 0)
+            if not mtype & M_REGION:
+                # copied out: the arrays of an execute must outlive the next recv
+                payload = memoryview(bytes(memoryview(buf)[HDR.size:n]))
+                return mtype, json.loads(str(payload[:jlen], "utf-8")), payload[jlen:jlen + blen]
         fds = []
         for level, kind, data in anc:
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
@@ -371,6 +419,8 @@ class Worker:
             self.send(M_READY, {"error": error_text(e)})
 
     def build_requests(self, obj, blob):
+        if self.req_proto is None:  # the attributes of a request, set below or defaults
+            self.req_proto = pb_utils.InferenceRequest("", [], []).__dict__
         reqs = []
         for i, r in enumerate(obj["requests"]):
             inputs = decode_tensors(r["inputs"], blob)
@@ -378,14 +428,16 @@ class Worker:
                 for t in inputs:
                     if t._array.dtype != np.object_:
                         t._array = t._array.copy()
-            req = pb_utils.InferenceRequest("", [], [])
+            req = object.__new__(pb_utils.InferenceRequest)
+            req.__dict__.update(self.req_proto)
             req._inputs = inputs
             req._requested = r["outputs"]
             req._request_id = r["id"]
             req._correlation_id = r["correlation_id"]
             req._flags = r["flags"]
             req._timeout = r.get("timeout", 0)
-            req._parameters = json.dumps(r["parameters"])
+            params = r["parameters"]
+            req._parameters = json.dumps(params) if params else "{}"
             req._model_name = r.get("model", "")
             if self.decoupled:
                 req._sender_id = r["sender"]
@@ -456,14 +508,14 @@ class Worker:
         for req, resp in zip(reqs, res):
             if resp.has_error():
                 e = resp.error()
-                out.append({"error": {"message": e.message(), "code": e.code()}})
+                out.append(json.dumps({"error": {"message": e.message(), "code": e.code()}}))
                 continue
             requested = req._requested
             mine = [t for t in resp.output_tensors() if t.name() in requested]
-            out.append({"n_outputs": len(mine)})
+            out.append(f'{{"n_outputs":{len(mine)}}}')
             tensors.extend(mine)
         try:
-            self.send(M_DONE, {"responses": out}, tensors, region=True)
+            self.send(M_DONE, f'{{"responses":[{",".join(out)}]}}', tensors, region=True)
         except Exception as e:  # e.g. a BYTES element that cannot be encoded
             self.send(M_DONE, {"error": f"Failed to process the request(s) for model "
                                         f"'{self.instance}', message: {error_text(e)}"})

@@ -43,6 +43,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/mman.h>
 #include <sys/pidfd.h>
 #include <sys/socket.h>
@@ -85,6 +86,7 @@ enum {
 #define MAX_RANK 16
 #define MAX_NAME 4096
 #define FINALIZE_WAIT_S 30
+#define INLINE_MAX_US 1000 /* longest average execute run on the caller's thread */
 
 /* ---- Backend settings ---- */
 
@@ -705,6 +707,8 @@ typedef struct instance {
     int pidfd; /* a worker forked by the zygote: signalled and watched here; -1 when
                   spawned (our child: kill and waitpid) */
     chan_t *chan;
+    int epfd; /* the reader thread waits here; the socket is out of it during an
+                 execute, so the worker's answer wakes only the instance thread */
     pthread_t reader;
     bool reader_running;
     const char *python; /* interpreter (borrowed from the model or backend) */
@@ -1117,9 +1121,9 @@ static void *reader_main(void *arg)
     instance_t *in = arg;
     char why[512] = "";
     for (;;) {
-        struct pollfd p = {in->chan->fd, POLLIN, 0};
-        if (poll(&p, 1, -1) < 0 && errno != EINTR) {
-            snprintf(why, sizeof why, "poll failed: %s", strerror(errno));
+        struct epoll_event ev;
+        if (epoll_wait(in->epfd, &ev, 1, -1) < 0 && errno != EINTR) {
+            snprintf(why, sizeof why, "epoll_wait failed: %s", strerror(errno));
             break;
         }
         pthread_mutex_lock(&in->mu);
@@ -1160,6 +1164,33 @@ static void *reader_main(void *arg)
     return NULL;
 }
 
+/* Execute takes the socket from the reader thread: the socket leaves the
+ * reader's epoll set (so the worker's messages wake the instance thread
+ * only: no wake-up of the reader per request), and a receive the reader
+ * already started is waited for. */
+static void exec_reading_begin(instance_t *in)
+{
+    epoll_ctl(in->epfd, EPOLL_CTL_DEL, in->chan->fd, NULL);
+    pthread_mutex_lock(&in->mu);
+    in->exec_reading = true;
+    while (in->bg_in_recv)
+        pthread_cond_wait(&in->cv, &in->mu);
+    pthread_mutex_unlock(&in->mu);
+}
+
+/* Gives the socket back to the reader thread (woken only if a message
+ * waits, or the worker hung up). */
+static void exec_reading_end(instance_t *in)
+{
+    pthread_mutex_lock(&in->mu);
+    in->exec_reading = false;
+    pthread_cond_broadcast(&in->cv);
+    pthread_mutex_unlock(&in->mu);
+    struct epoll_event ev = {.events = EPOLLIN};
+    if (epoll_ctl(in->epfd, EPOLL_CTL_ADD, in->chan->fd, &ev) != 0 && errno != EEXIST)
+        shutdown(in->chan->fd, SHUT_RDWR); /* cannot watch it: end the worker */
+}
+
 /* Execute's side: takes the socket from the reader thread, reads until the
  * worker's DONE (serving everything else on the way). NULL when the worker
  * died or misbehaved (it is then ended). */
@@ -1184,10 +1215,7 @@ static msg_t *execute_read_done(instance_t *in)
         if (!ok) break;
         why[0] = '\0';
     }
-    pthread_mutex_lock(&in->mu);
-    in->exec_reading = false;
-    pthread_cond_broadcast(&in->cv);
-    pthread_mutex_unlock(&in->mu);
+    exec_reading_end(in);
     if (!done) worker_died(in, why);
     return done;
 }
@@ -1240,6 +1268,8 @@ static void worker_stop(instance_t *in)
     pthread_mutex_unlock(&in->mu);
     pthread_join(in->reader, NULL);
     in->reader_running = false;
+    close(in->epfd);
+    in->epfd = -1;
     if (in->pidfd >= 0) close(in->pidfd);
     in->pidfd = -1;
     chan_unref(in->chan);
@@ -1394,6 +1424,14 @@ static nereid_error_t *worker_start(instance_t *in, const char *init_json, msg_t
     if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0)
         return nereid_error_new(NEREID_ERROR_INTERNAL, "python backend: socketpair: %s",
                                 strerror(errno));
+    int epfd = epoll_create1(EPOLL_CLOEXEC);
+    if (epfd < 0) {
+        nereid_error_t *e = nereid_error_new(NEREID_ERROR_INTERNAL,
+                                             "python backend: epoll_create1: %s", strerror(errno));
+        close(sv[0]);
+        close(sv[1]);
+        return e;
+    }
     char *python = (char *)(in->python ? in->python : g_backend->python);
     pid_t pid = -1;
     int rc = 0, pidfd = -1;
@@ -1405,6 +1443,7 @@ static nereid_error_t *worker_start(instance_t *in, const char *init_json, msg_t
     close(sv[1]);
     if (rc != 0) {
         close(sv[0]);
+        close(epfd);
         return nereid_error_new(NEREID_ERROR_INTERNAL,
                                 "python backend: cannot start '%s' for '%s': %s", python, in->name,
                                 strerror(rc));
@@ -1416,6 +1455,9 @@ static nereid_error_t *worker_start(instance_t *in, const char *init_json, msg_t
     in->tx = in->rx = NULL;
     in->chan = chan_new(sv[0]);
     if (!in->chan) abort();
+    in->epfd = epfd;
+    struct epoll_event ev = {.events = EPOLLIN};
+    if (epoll_ctl(epfd, EPOLL_CTL_ADD, sv[0], &ev) != 0) abort(); /* only ENOMEM */
     pthread_mutex_lock(&in->mu);
     in->dead = false;
     in->reaped = false;
@@ -1484,6 +1526,7 @@ static instance_t *instance_new(const char *name, nereid_model_t *model)
     in->server = nereid_model_server(model);
     in->decoupled = nereid_model_decoupled(model);
     in->pidfd = -1;
+    in->epfd = -1;
     pthread_mutex_init(&in->mu, NULL);
     pthread_cond_init(&in->cv, NULL);
     model_state_t *ms = nereid_model_state(model);
@@ -1595,6 +1638,10 @@ NEREID_EXPORT nereid_error_t *nereid_backend_model_init(nereid_model_t *model)
     st->python = python;
     pthread_mutex_init(&st->mu, NULL);
     nereid_model_set_state(model, st);
+    /* An execute is a message to the worker and a wait for its answer: run
+     * on the request's own thread when an instance is idle, a hand-off to
+     * the instance thread and back costs more than the wait. */
+    nereid_model_set_inline_max_us(model, INLINE_MAX_US);
     if (!nereid_model_autocomplete_allowed(model)) return NULL;
     /* auto_complete_config runs in a worker before the config is final. */
     char *first = first_instance_name(model);
@@ -1853,21 +1900,14 @@ NEREID_EXPORT nereid_error_t *nereid_backend_execute(nereid_instance_t *instance
     pthread_mutex_lock(&in->mu);
     in->batch = batch;
     pthread_mutex_unlock(&in->mu);
-    pthread_mutex_lock(&in->mu);
-    in->exec_reading = true;
-    while (in->bg_in_recv)
-        pthread_cond_wait(&in->cv, &in->mu);
-    pthread_mutex_unlock(&in->mu);
+    exec_reading_begin(in);
     int rc = outmsg_send_region(in->chan, M_EXECUTE, &om, &in->tx);
     uint64_t input_end = nereid_now_ns();
     msg_t *m = NULL;
     if (rc == 0) {
         m = execute_read_done(in);
     } else {
-        pthread_mutex_lock(&in->mu);
-        in->exec_reading = false;
-        pthread_cond_broadcast(&in->cv);
-        pthread_mutex_unlock(&in->mu);
+        exec_reading_end(in);
     }
     uint64_t infer_end = nereid_now_ns();
     pthread_mutex_lock(&in->mu);

@@ -54,8 +54,9 @@ extern "C" {
 #define NEREID_BACKEND_ABI_MAJOR 1u
 /* 1: decoupled responses; 2: nereid_batch_request_is_cancelled; 3: request
  * parameters by index; 4: nereid_sender_is_cancelled; 5: nereid_model_server,
- * nereid_backend_config; 6: nereid_batch_request_sequence, response parameters */
-#define NEREID_BACKEND_ABI_MINOR 6u
+ * nereid_backend_config; 6: nereid_batch_request_sequence, response parameters;
+ * 7: nereid_model_set_inline_max_us */
+#define NEREID_BACKEND_ABI_MINOR 7u
 #define NEREID_BACKEND_ABI_VERSION ((NEREID_BACKEND_ABI_MAJOR << 16) | NEREID_BACKEND_ABI_MINOR)
 
 typedef struct nereid_backend nereid_backend_t;   /* one per loaded library */
@@ -122,6 +123,12 @@ NEREID_EXPORT nereid_error_t *nereid_model_set_config(nereid_model_t *model,
                                                       const char *config_json);
 /* True when the config may be autofilled (not strict, not disabled). */
 NEREID_EXPORT bool nereid_model_autocomplete_allowed(const nereid_model_t *model);
+/* (ABI 1.7) Lets the default scheduler run this model's executions on the
+ * submitting thread (no hand-off to an instance thread) when an instance is
+ * idle and their average duration is at most max_us, instead of the server's
+ * NEREID_INLINE_US bound (which still disables inline runs when 0): for a
+ * backend whose execute mostly waits on another process. Any thread. */
+NEREID_EXPORT void nereid_model_set_inline_max_us(nereid_model_t *model, uint64_t max_us);
 NEREID_EXPORT void nereid_model_set_state(nereid_model_t *model, void *state);
 NEREID_EXPORT void *nereid_model_state(const nereid_model_t *model);
 

@@ -533,6 +533,11 @@ bool nereid_model_autocomplete_allowed(const nereid_model_t *model)
     return ((const model_t *)model)->autocomplete_allowed;
 }
 
+void nereid_model_set_inline_max_us(nereid_model_t *model, uint64_t max_us)
+{
+    atomic_store(&((model_t *)model)->inline_max_ns, max_us * 1000u);
+}
+
 nereid_error_t *nereid_model_set_config(nereid_model_t *model, const char *config_json)
 {
     model_t *m = (model_t *)model;

@@ -136,6 +136,9 @@ typedef struct model {
     /* Moving average of one execution's duration (ns); UINT64_MAX until the
      * first one. Decides whether a request may run on the caller's thread. */
     _Atomic uint64_t exec_avg_ns;
+    /* The backend's bound on exec_avg_ns for runs on the caller's thread
+     * (nereid_model_set_inline_max_us); 0: the scheduler's default. */
+    _Atomic uint64_t inline_max_ns;
     _Atomic int refcount;
     /* Ensemble requests in flight that will still submit steps here
      * (model_hold); model_unload waits for them before it stops the model. */

@@ -71,8 +71,10 @@ static bool inline_ok(const default_scheduler_t *d)
 {
     /* A rate-limited instance may wait for its turn: never on a frontend's
      * thread. */
+    uint64_t bound = atomic_load_explicit(&d->base.model->inline_max_ns, memory_order_relaxed);
     return d->inline_ns && !d->base.model->rate_limited &&
-           atomic_load_explicit(&d->base.model->exec_avg_ns, memory_order_relaxed) <= d->inline_ns;
+           atomic_load_explicit(&d->base.model->exec_avg_ns, memory_order_relaxed) <=
+               (bound ? bound : d->inline_ns);
 }
 
 /* Wakes an unclaimed blocked instance, if any (lock held). A claimed one

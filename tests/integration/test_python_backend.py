@@ -399,9 +399,10 @@ def server(repo):
 
 
 def workers(parent=None):
-    """pids of the python workers of this test run's build (of one server)."""
+    """pids of the python workers of this test run's build (of one server:
+    its children, and the zygote's)."""
     stub = os.path.join(BUILD, "backends", "python", "nereid_python_stub.py").encode()
-    pids = []
+    found = {}
     for p in os.listdir("/proc"):
         if not p.isdigit():
             continue
@@ -410,12 +411,12 @@ def workers(parent=None):
                 if stub not in f.read():
                     continue
             with open(f"/proc/{p}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            if parent is None or ppid == parent:
-                pids.append(int(p))
+                found[int(p)] = int(f.read().rsplit(")", 1)[1].split()[1])
         except OSError:
             pass
-    return pids
+    if parent is None:
+        return list(found)
+    return [p for p, pp in found.items() if pp == parent or found.get(pp) == parent]
 
 
 def post(server, model, inputs, outputs=None, parameters=None, request_id=None):
