@@ -560,6 +560,27 @@ def worker_main():
     w.run()
 
 
+def set_cmdline(tail):
+    """Rewrites this process's command line after its third argument (the
+    script) with tail, as a spawned worker's reads ('... nereid_python_stub.py
+    triton_python_backend_stub <instance>', what pgrep -f looks for). The
+    zygote's command line ends in a blank argument that makes room; a tail
+    longer than the room is cut."""
+    import ctypes
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        start, end = int(fields[45]), int(fields[46])  # arg_start, arg_end
+        area = ctypes.string_at(start, end - start)
+        at = 0
+        for _ in range(3):  # interpreter, -u, script
+            at = area.index(b"\0", at) + 1
+        new = b"\0".join(a.encode(errors="replace") for a in tail)[:end - start - at - 1]
+        ctypes.memmove(start + at, new + bytes(end - start - at - len(new)), end - start - at)
+    except (OSError, ValueError, IndexError):
+        pass  # only the name shown by ps is at stake
+
+
 def zygote_main():
     """The pre-started worker: numpy and pb_utils are imported once, then
     each FORK request (the instance name, with the worker's socket end as
@@ -600,6 +621,7 @@ def zygote_main():
                     os.close(fds[0])
                     sys.argv[1:] = ["triton_python_backend_stub",
                                     data.decode(errors="replace")]
+                    set_cmdline(sys.argv[1:])
                     worker_main()
                 finally:
                     os._exit(1)

@@ -1326,7 +1326,12 @@ static int zygote_start(backend_state_t *st)
 {
     int sv[2];
     if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) return -1;
-    char *argv[] = {st->python, "-u", st->stub, "nereid_python_zygote", NULL};
+    /* The blank argument makes room for a child's command line
+     * ("triton_python_backend_stub <instance>", set by the child). */
+    char room[256];
+    memset(room, ' ', sizeof room - 1);
+    room[sizeof room - 1] = '\0';
+    char *argv[] = {st->python, "-u", st->stub, "nereid_python_zygote", room, NULL};
     int rc = spawn_with_socket(st->python, argv, sv[1], &st->zy_pid);
     close(sv[1]);
     if (rc != 0) {

@@ -117,6 +117,9 @@ def test_workers_are_forked_by_one_zygote(repo):
         assert (n_fds, max_fd) == (4, 3)
         stub = os.path.join(BUILD, "backends", "python", "nereid_python_stub.py").encode()
         assert stub in cmdline(zs[0])
+        # it reads like a spawned worker's (pgrep -f triton_python_backend_stub)
+        assert cmdline(pid)[2:4] == [stub, b"triton_python_backend_stub"]
+        assert cmdline(pid)[4] in (b"who_0_0", b"who_0_1")
     finally:
         assert s.stop() == 0, output(s)
     out = output(s)
