@@ -468,6 +468,11 @@ static int send_json(chan_t *c, uint32_t type, json_t *obj)
 /* Receives one message. Returns 1 with *out, 0 at EOF, -1 with *why on a
  * malformed message or a socket error. */
 static int msg_recv_flags(int fd, region_t **rx, msg_t **out, char *why, size_t why_cap, int flags);
+static int msg_recv_into(int fd, region_t **rx, msg_t **out, char *why, size_t why_cap, int flags,
+                         uint8_t *scratch);
+
+static int msg_recv(int fd, region_t **rx, msg_t **out, char *why, size_t why_cap)
+    __attribute__((unused)); /* the protocol's unit tests receive with it */
 
 static int msg_recv(int fd, region_t **rx, msg_t **out, char *why, size_t why_cap)
 {
@@ -477,16 +482,25 @@ static int msg_recv(int fd, region_t **rx, msg_t **out, char *why, size_t why_ca
 /* msg_recv with recvmsg flags (MSG_DONTWAIT: 2 when nothing is waiting). */
 static int msg_recv_flags(int fd, region_t **rx, msg_t **out, char *why, size_t why_cap, int flags)
 {
+    return msg_recv_into(fd, rx, out, why, why_cap, flags, NULL);
+}
+
+/* msg_recv_flags receiving into scratch (RECV_MAX bytes, reused by the
+ * caller): the message keeps a copy of just the bytes received, so a small
+ * message costs no 64 KiB allocation. NULL: into a buffer of its own. */
+static int msg_recv_into(int fd, region_t **rx, msg_t **out, char *why, size_t why_cap, int flags,
+                         uint8_t *scratch)
+{
     *out = NULL;
     msg_t *m = calloc(1, sizeof *m);
-    uint8_t *buf = malloc(RECV_MAX);
+    uint8_t *buf = scratch ? scratch : malloc(RECV_MAX);
     if (!m || !buf) {
         free(m);
-        free(buf);
+        if (!scratch) free(buf);
         snprintf(why, why_cap, "out of memory");
         return -1;
     }
-    m->buf = buf;
+    if (!scratch) m->buf = buf;
     union {
         char buf[CMSG_SPACE(4 * sizeof(int))];
         struct cmsghdr align;
@@ -501,6 +515,12 @@ static int msg_recv_flags(int fd, region_t **rx, msg_t **out, char *why, size_t 
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
         msg_free(m);
         return 2;
+    }
+    if (scratch && n > 0) {
+        m->buf = malloc((size_t)n);
+        if (!m->buf) abort();
+        memcpy(m->buf, scratch, (size_t)n);
+        buf = m->buf;
     }
     int fds[4], n_fds = 0;
     for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm)) {
@@ -714,6 +734,7 @@ typedef struct instance {
     const char *python; /* interpreter (borrowed from the model or backend) */
     region_t *tx;       /* EXECUTE inputs (instance thread only) */
     region_t *rx;       /* the worker's DONE outputs (reader thread only) */
+    uint8_t *rbuf;      /* receive buffer (RECV_MAX) of whichever thread reads */
 
     pthread_mutex_t mu; /* guards what follows */
     pthread_cond_t cv;
@@ -1132,7 +1153,7 @@ static void *reader_main(void *arg)
         in->bg_in_recv = true;
         pthread_mutex_unlock(&in->mu);
         msg_t *m;
-        int rc = msg_recv_flags(in->chan->fd, &in->rx, &m, why, sizeof why, MSG_DONTWAIT);
+        int rc = msg_recv_into(in->chan->fd, &in->rx, &m, why, sizeof why, MSG_DONTWAIT, in->rbuf);
         bool ok = rc == 1;
         if (ok && (m->type == M_READY || m->type == M_DONE || m->type == M_FINALIZED)) {
             pthread_mutex_lock(&in->mu);
@@ -1200,7 +1221,7 @@ static msg_t *execute_read_done(instance_t *in)
     msg_t *done = NULL;
     for (;;) {
         msg_t *m;
-        int rc = msg_recv(in->chan->fd, &in->rx, &m, why, sizeof why);
+        int rc = msg_recv_into(in->chan->fd, &in->rx, &m, why, sizeof why, 0, in->rbuf);
         if (rc <= 0) break;
         if (m->type == M_DONE) {
             done = m;
@@ -1514,6 +1535,7 @@ static void instance_free(instance_t *in)
 {
     region_unref(in->tx);
     region_unref(in->rx);
+    free(in->rbuf);
     free(in->init_json);
     free(in->name);
     free(in->death);
@@ -1532,6 +1554,8 @@ static instance_t *instance_new(const char *name, nereid_model_t *model)
     in->decoupled = nereid_model_decoupled(model);
     in->pidfd = -1;
     in->epfd = -1;
+    in->rbuf = malloc(RECV_MAX);
+    if (!in->rbuf) abort();
     pthread_mutex_init(&in->mu, NULL);
     pthread_cond_init(&in->cv, NULL);
     model_state_t *ms = nereid_model_state(model);
