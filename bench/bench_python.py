@@ -197,6 +197,17 @@ def med(xs):
     return statistics.median(xs)
 
 
+def compare(s, a, b, n, rounds):
+    """Alternating rounds of models a and b with FP32[n]: the median p50 and
+    CPU per request of each, and every round's p50."""
+    res = {a: [], b: []}
+    for _ in range(rounds):
+        for m in res:
+            res[m].append(s.perf(m, n))
+    return [(med(x[0] for x in res[m]), med(x[2] for x in res[m]), [x[0] for x in res[m]])
+            for m in (a, b)]
+
+
 def bench_latency(build, tmp, rounds):
     repo = os.path.join(tmp, "latency")
     write_model(repo, "identity_py", config("identity_py", "python"), IDENTITY_PY)
@@ -204,18 +215,11 @@ def bench_latency(build, tmp, rounds):
     s = Server(build, repo)
     try:
         for n in (1, 65536):
-            res = {"identity_c": [], "identity_py": []}
-            for _ in range(rounds):
-                for m in res:
-                    res[m].append(s.perf(m, n))
-            c, p = res["identity_c"], res["identity_py"]
-            cp50, pp50 = med(x[0] for x in c), med(x[0] for x in p)
-            ccpu, pcpu = med(x[2] for x in c), med(x[2] for x in p)
+            (cp50, ccpu, c), (pp50, pcpu, p) = compare(s, "identity_c", "identity_py", n, rounds)
             print(f"latency FP32[{n}]: C identity p50 {cp50:.0f} us, Python identity p50 "
                   f"{pp50:.0f} us: +{pp50 - cp50:.0f} us, x{pp50 / cp50:.2f} | CPU per "
                   f"request C {ccpu:.0f} us, Python {pcpu:.0f} us: +{pcpu - ccpu:.0f} us, "
-                  f"x{pcpu / ccpu:.2f}  (p50 per round C {[x[0] for x in c]}, "
-                  f"Python {[x[0] for x in p]})", flush=True)
+                  f"x{pcpu / ccpu:.2f}  (p50 per round C {c}, Python {p})", flush=True)
     finally:
         s.stop()
 
@@ -272,17 +276,11 @@ def bench_bls(build, tmp, rounds):
     write_model(repo, "ens_py_onnx", ENSEMBLE)
     s = Server(build, repo)
     try:
-        res = {"ens_py_onnx": [], "bls_py": []}
-        for _ in range(rounds):
-            for m in res:
-                res[m].append(s.perf(m, 1))
-        e, b = res["ens_py_onnx"], res["bls_py"]
-        ep50, bp50 = med(x[0] for x in e), med(x[0] for x in b)
-        ecpu, bcpu = med(x[2] for x in e), med(x[2] for x in b)
+        (ep50, ecpu, e), (bp50, bcpu, b) = compare(s, "ens_py_onnx", "bls_py", 1, rounds)
         print(f"bls: ensemble (Python step -> ONNX step) p50 {ep50:.0f} us, Python model "
               f"calling the ONNX model by BLS p50 {bp50:.0f} us: BLS {bp50 - ep50:+.0f} us per "
               f"call | CPU per request {ecpu:.0f} vs {bcpu:.0f} us: {bcpu - ecpu:+.0f} us "
-              f"(p50 per round ensemble {[x[0] for x in e]}, BLS {[x[0] for x in b]})",
+              f"(p50 per round ensemble {e}, BLS {b})",
               flush=True)
     finally:
         s.stop()

@@ -10,7 +10,6 @@ import time
 
 import numpy as np
 import pytest
-import requests
 
 from conftest import BUILD, Server
 from http_helpers import build_infer, infer
