@@ -264,7 +264,7 @@ class Worker:
                     os.close(f)
             payload = memoryview(mm)
         else:
-            payload = memoryview(buf)[HDR.size:n]
+            payload = memoryview(bytes(memoryview(buf)[HDR.size:n]))
         obj = json.loads(bytes(payload[:jlen]))
         return mtype, obj, payload[jlen:jlen + blen]
 

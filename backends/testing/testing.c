@@ -7,6 +7,7 @@
  *   fail_model_init_attempts  N with init_attempts_file path: every model
  *                        init appends a line to the file, and the first N
  *                        (lines already there < N) fail
+ *   inline_max_us        N: nereid_model_set_inline_max_us(model, N) (ABI 1.7)
  *   show_backend_config  "true": model init fails with the backend's
  *                        --backend-config JSON as its reason (ABI 1.5)
  *   fail_instance_init   "true": instance init fails
@@ -84,6 +85,8 @@ NEREID_EXPORT nereid_error_t *nereid_backend_model_init(nereid_model_t *model)
     }
     const char *delay = nereid_model_parameter(model, "model_init_delay_ms");
     if (delay) sleep_ms(strtol(delay, NULL, 10));
+    const char *inline_max = nereid_model_parameter(model, "inline_max_us");
+    if (inline_max) nereid_model_set_inline_max_us(model, strtoull(inline_max, NULL, 10));
     return NULL;
 }
 

@@ -7,7 +7,9 @@
  * twice at once (the testing backend fails a batch if they do), lose no
  * request, and count every execution; unloading while requests run inline
  * neither crashes nor hangs; an ensemble's first step, submitted while the
- * server lock is held, is queued rather than run inline. "Short" is set to
+ * server lock is held, is queued rather than run inline; a backend's own
+ * bound (nereid_model_set_inline_max_us) lets a slow model run inline, and
+ * NEREID_INLINE_US=0 still wins over it. "Short" is set to
  * 100 ms here (INLINE_US) so the outcomes do not depend on the machine's
  * load; the slow cases sleep 300 ms and more.
  */
@@ -121,17 +123,28 @@ static bool run_one(nereid_server_t *s, const char *model, int delay_ms, bool *f
     return here;
 }
 
-static void write_testing_model(const char *name, int instances, int delay_ms)
+/* A testing model; inline_max_us > 0 also sets the backend's own inline
+ * bound for it. */
+static void write_testing_model_bound(const char *name, int instances, int delay_ms,
+                                      long inline_max_us)
 {
-    char config[1024];
+    char config[1024], bound[128] = "";
+    if (inline_max_us > 0)
+        snprintf(bound, sizeof bound,
+                 ", { key: \"inline_max_us\" value: { string_value: \"%ld\" } }", inline_max_us);
     snprintf(config, sizeof config,
              "name: \"%s\"\nbackend: \"testing\"\nmax_batch_size: 0\n"
              "instance_group [ { count: %d kind: KIND_CPU } ]\n"
              "input [ { name: \"INPUT0\" data_type: TYPE_FP32 dims: [ -1 ] } ]\n"
              "output [ { name: \"OUTPUT0\" data_type: TYPE_FP32 dims: [ -1 ] } ]\n"
-             "parameters [ { key: \"execute_delay_ms\" value: { string_value: \"%d\" } } ]\n",
-             name, instances, delay_ms);
+             "parameters [ { key: \"execute_delay_ms\" value: { string_value: \"%d\" } }%s ]\n",
+             name, instances, delay_ms, bound);
     write_model(name, config);
+}
+
+static void write_testing_model(const char *name, int instances, int delay_ms)
+{
+    write_testing_model_bound(name, instances, delay_ms, 0);
 }
 
 /* Runs requests until one runs inline (at most 1000); returns whether one
@@ -347,6 +360,8 @@ int main(void)
     write_testing_model("fast2", 1, 0);
     write_testing_model("fast_two", 2, 0);
     write_testing_model("slow", 1, 300);
+    /* 300 ms executions under a backend bound of 10 s: inline like a fast one */
+    write_testing_model_bound("slow_bound", 1, 300, 10 * 1000 * 1000);
     write_testing_model("fast3", 1, 0);
     write_model("ens", "platform: \"ensemble\"\nmax_batch_size: 0\n"
                        "input [ { name: \"INPUT0\" data_type: TYPE_FP32 dims: [ -1 ] } ]\n"
@@ -367,6 +382,7 @@ int main(void)
     if (s) {
         test_fast_runs_inline(s);
         test_slow_not_inline(s);
+        CHECK(until_inline(s, "slow_bound"));
         test_turns_slow(s);
         test_concurrent(s, "fast1");
         test_concurrent(s, "fast_two");
@@ -385,6 +401,8 @@ int main(void)
         int here = 0;
         for (int i = 0; i < 10; i++)
             here += run_one(s, "fast1", 0, &failed);
+        for (int i = 0; i < 3; i++)
+            here += run_one(s, "slow_bound", 0, &failed);
         CHECK_MSG(here == 0, "%d, want %d", here, 0);
         nereid_server_free(s);
     }
