@@ -41,6 +41,7 @@ import numpy as np
 
 HDR = struct.Struct("<IIQ")
 CMSG_FD_SPACE = socket.CMSG_SPACE(4)
+PR_SET_PDEATHSIG = 1
 INLINE_MAX = 60 * 1024  # a whole message up to this size travels in the datagram
 RECV_MAX = 64 * 1024
 ALIGN = 64
@@ -587,12 +588,15 @@ def zygote_main():
     SCM_RIGHTS) forks a child that becomes that instance's worker. The answer
     is the child's pid (4 bytes, little endian) with a pidfd for it, through
     which the server signals and watches the child. Children are reaped by
-    the kernel (SIGCHLD ignored here). Single-threaded, so fork is safe;
+    the kernel (SIGCHLD ignored here) and die with the zygote
+    (PR_SET_PDEATHSIG). Single-threaded, so fork is safe;
     exits when the server closes the control socket (fd 3)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)
     os.set_inheritable(3, False)
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
     ctl = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET, fileno=3)
     # Nothing here becomes garbage; frozen objects are never touched by a
     # child's collector, so their pages stay shared (no copy-on-write).
@@ -611,9 +615,15 @@ def zygote_main():
         pid, pidfd = -1, -1
         if len(fds) == 1:
             gc.freeze()
+            zygote = os.getpid()
             pid = os.fork()
             if pid == 0:
                 try:
+                    # Dies with the zygote: killing the server's child
+                    # processes ends every worker, as with spawned ones.
+                    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+                    if os.getppid() != zygote:
+                        os._exit(1)
                     gc.enable()
                     ctl.close()
                     signal.signal(signal.SIGCHLD, signal.SIG_DFL)

@@ -1324,15 +1324,17 @@ static int spawn_with_socket(const char *exe, char *const argv[], int sock, pid_
  * an interpreter start and a numpy import. A FORK request is the instance
  * name with the worker's socket end (SCM_RIGHTS); the answer is the child's
  * pid (4 bytes) with a pidfd for it. The child is the zygote's, which lets
- * the kernel reap it; the pidfd lets this library kill it and see it end
- * without the pid being reused meanwhile. A zygote that ends is started
+ * the kernel reap it, and dies with it (so killing the server's children
+ * ends every worker, as Triton's QA expects of its stubs); the pidfd lets
+ * this library kill it and see it end without the pid being reused. A zygote that ends is started
  * again on the next request; one that never forked a worker disables the
  * zygote, and workers are spawned as fresh interpreters, as they are for
  * an EXECUTION_ENV_PATH interpreter or with --backend-config=python,zygote=false. */
 
 #define ZYGOTE_WAIT_MS 60000 /* the first answer waits for python3 and numpy to start */
 
-/* Ends the zygote (its workers live on). Called with zy_mu held or at fini. */
+/* Ends the zygote (and with it the workers it forked, which have
+ * PR_SET_PDEATHSIG). Called with zy_mu held or at fini. */
 static void zygote_end(backend_state_t *st)
 {
     if (st->zy_fd < 0) return;

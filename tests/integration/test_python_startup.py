@@ -158,20 +158,33 @@ def test_crash_of_a_forked_worker_is_contained(repo, mode):
     assert gone(z)
 
 
-def test_a_killed_zygote_is_started_again(repo):
+def test_killing_the_servers_children_ends_the_workers(repo):
+    """Triton's L0_backend_python/restart kills the server's child processes
+    (kill -9 $(pgrep --parent $SERVER_PID)): the forked workers die with the
+    zygote, and the next request is served by a worker of a new zygote
+    (started when the death is seen)."""
     s = Server(repo, [], "http")
     try:
         z = zygotes(s.proc.pid)[0]
-        assert isinstance(who(s, "who1"), list)
-        os.kill(z, signal.SIGKILL)
-        assert isinstance(who(s, "who1"), list)  # running workers do not need the zygote
-        # the next worker start finds it dead: it is reaped and a new one forks
-        assert who(s, "who1", 1).status_code == 500
+        old = who(s, "who1")[0]
+        for p in os.listdir("/proc"):
+            if p.isdigit() and os.path.exists(f"/proc/{p}") and _ppid_or_0(int(p)) == s.proc.pid:
+                os.kill(int(p), signal.SIGKILL)
+        assert gone(old)
         pid, parent, _, _ = who(s, "who1")
+        assert pid != old
         assert gone(z)
-        assert zygotes(s.proc.pid) == [parent]
+        assert zygotes(s.proc.pid) == [parent] and parent != z
+        assert "restarted the worker of 'who1_0_0'" in output(s)
     finally:
         assert s.stop() == 0, output(s)
+
+
+def _ppid_or_0(pid):
+    try:
+        return ppid(pid)
+    except OSError:
+        return 0
 
 
 def test_zygote_false_starts_fresh_interpreters(repo):
