@@ -109,12 +109,6 @@ static const tritonapi_entry_t *tritonapi(nereid_error_t **err)
     return entry;
 }
 
-void backend_metrics_text(FILE *out)
-{
-    const tritonapi_entry_t *entry = atomic_load(&tritonapi_loaded);
-    if (entry && entry->metrics_text) entry->metrics_text(out);
-}
-
 static nereid_error_t *open_library(const backend_search_t *s, const char *name,
                                     struct nereid_backend *b)
 {
