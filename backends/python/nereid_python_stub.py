@@ -44,6 +44,8 @@ M_INIT, M_EXECUTE, M_FINALIZE, M_BLS_RESULT, M_CANCEL_ANSWER = 1, 2, 3, 4, 5
 # worker -> C
 M_READY, M_DONE, M_LOG, M_RESPONSE, M_BLS_CALL, M_CANCEL_QUERY, M_FINALIZED = (
     101, 102, 103, 104, 105, 106, 107)
+# pb_utils calls besides inference (metrics, model control): call, answer
+M_API_CALL, M_API_ANSWER = 120, 20
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import triton_python_backend_utils as pb_utils  # noqa: E402
@@ -230,11 +232,11 @@ class Worker:
                 if msg is None:  # the server is gone (or closed our socket)
                     os._exit(0)
                 mtype, obj, blob = msg
-                if mtype in (M_BLS_RESULT, M_CANCEL_ANSWER):
+                if mtype in (M_BLS_RESULT, M_CANCEL_ANSWER, M_API_ANSWER):
                     slot = self.pending.get(obj.get("id"))
                     if slot is not None:
                         slot[1].append((obj, blob))
-                        if mtype == M_CANCEL_ANSWER or obj.get("final", True):
+                        if mtype != M_BLS_RESULT or obj.get("final", True):
                             slot[0] = True
                 else:
                     self.work.append(msg)
@@ -270,6 +272,14 @@ class Worker:
     def is_cancelled(self, token):
         res = self.call(M_CANCEL_QUERY, {"token": token})
         return bool(res[0][0].get("cancelled"))
+
+    def api(self, obj, tensors=()):
+        """A metric or model control call; the answer, or TritonModelException."""
+        res = self.call(M_API_CALL, obj, tensors)[0][0]
+        err = res.get("error")
+        if err:
+            raise pb_utils.TritonModelException(err["message"])
+        return res
 
     def send_response(self, sender_id, response, flags, requested):
         obj = {"sender": sender_id, "flags": flags}

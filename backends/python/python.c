@@ -52,6 +52,7 @@
 #include <unistd.h>
 
 #include "nereid/backend.h"
+#include "python_api.h"
 
 extern char **environ;
 
@@ -73,6 +74,8 @@ enum {
     M_BLS_CALL = 105,
     M_CANCEL_QUERY = 106,
     M_FINALIZED = 107,
+    M_API_ANSWER = 20, /* pb_utils calls besides inference (python_api.c) */
+    M_API_CALL = 120,
 };
 
 #define HDR_BYTES 16
@@ -238,6 +241,21 @@ static void msg_free(msg_t *m)
     region_unref(m->region);
     free(m->buf);
     free(m);
+}
+
+/* A message kept past its reading: the worker can still write its memfd,
+ * so the blob becomes a private copy. */
+static void msg_own_blob(msg_t *m)
+{
+    if (!m->map) return;
+    uint8_t *copy = malloc(m->blob_len ? m->blob_len : 1);
+    if (!copy) abort();
+    memcpy(copy, m->blob, m->blob_len);
+    munmap(m->map, m->map_len);
+    m->map = NULL;
+    free(m->buf);
+    m->buf = copy;
+    m->blob = copy;
 }
 
 /* The socket and its send lock; shared with BLS completions, which may
@@ -697,6 +715,7 @@ typedef struct instance {
     uint64_t next_sender;
     nereid_batch_t *batch; /* during execute, for cancellation checks */
     size_t bls_inflight;
+    python_api_t *api; /* the worker's metrics (python_api.c) */
 } instance_t;
 
 static nereid_error_t *unhealthy(instance_t *in)
@@ -909,16 +928,7 @@ static bool bls_start(instance_t *in, msg_t *m, char *why, size_t why_cap)
         return false;
     }
     json_int_t id = json_integer_value(jid);
-    if (m->map) { /* the worker can still write its memfd: take a private copy */
-        uint8_t *copy = malloc(m->blob_len ? m->blob_len : 1);
-        if (!copy) abort();
-        memcpy(copy, m->blob, m->blob_len);
-        munmap(m->map, m->map_len);
-        m->map = NULL;
-        free(m->buf);
-        m->buf = copy;
-        m->blob = copy;
-    }
+    msg_own_blob(m);
     bool want_decoupled = json_is_true(json_object_get(j, "decoupled"));
     chan_t *c = in->chan;
     bool target_decoupled = false;
@@ -1022,6 +1032,64 @@ static bool bls_start(instance_t *in, msg_t *m, char *why, size_t why_cap)
     return true;
 }
 
+/* ---- pb_utils calls besides inference (python_api.c) ---- */
+
+typedef struct api_job {
+    instance_t *in;
+    chan_t *chan;
+    msg_t *msg;
+} api_job_t;
+
+static void api_answer(chan_t *c, json_t *call, json_t *answer)
+{
+    json_t *id = json_object_get(call, "id");
+    json_object_set(answer, "id", json_is_integer(id) ? id : json_null());
+    send_json(c, M_API_ANSWER, answer);
+}
+
+/* Model control may wait for loads and unloads: it runs on a thread of its
+ * own, counted with the BLS calls so the instance outlives it. */
+static void *api_job_main(void *arg)
+{
+    api_job_t *job = arg;
+    api_answer(job->chan, job->msg->json,
+               python_api_model_control(job->in->server, job->msg->json, job->msg->blob,
+                                        job->msg->blob_len));
+    instance_t *in = job->in;
+    msg_free(job->msg);
+    chan_unref(job->chan);
+    free(job);
+    pthread_mutex_lock(&in->mu);
+    in->bls_inflight--;
+    pthread_cond_broadcast(&in->cv);
+    pthread_mutex_unlock(&in->mu);
+    return NULL;
+}
+
+static void api_call(instance_t *in, msg_t **m)
+{
+    if (!python_api_blocks((*m)->json)) {
+        api_answer(in->chan, (*m)->json, python_api_metrics(in->api, (*m)->json));
+        return;
+    }
+    msg_t *msg = *m;
+    *m = NULL;
+    msg_own_blob(msg);
+    api_job_t *job = malloc(sizeof *job);
+    if (!job) abort();
+    *job = (api_job_t){in, in->chan, msg};
+    atomic_fetch_add(&in->chan->refs, 1);
+    pthread_mutex_lock(&in->mu);
+    in->bls_inflight++;
+    pthread_mutex_unlock(&in->mu);
+    pthread_t t;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    if (pthread_create(&t, &attr, api_job_main, job) != 0) api_job_main(job);
+    pthread_attr_destroy(&attr);
+}
+
 /* ---- The reader thread ---- */
 
 /* Handles a message that is not a reply (log, decoupled response,
@@ -1042,6 +1110,9 @@ static bool dispatch(instance_t *in, msg_t **m, char *why, size_t why_cap)
         if (!bls_start(in, *m, why, why_cap)) return false;
         *m = NULL; /* the call owns it now */
         return true;
+    case M_API_CALL:
+        api_call(in, m);
+        return true;
     default:
         snprintf(why, why_cap, "unknown message type %u", (*m)->type);
         return false;
@@ -1061,6 +1132,7 @@ static void worker_died(instance_t *in, const char *why)
         while (waitpid(in->pid, NULL, 0) < 0 && errno == EINTR) {
         }
     }
+    python_api_reset(in->api); /* the worker's metric objects are gone */
     pthread_mutex_lock(&in->mu);
     in->dead = true;
     if (why[0] && !in->death) in->death = strdup(why);
@@ -1300,6 +1372,7 @@ static void instance_free(instance_t *in)
     free(in->init_json);
     free(in->name);
     free(in->death);
+    python_api_free(in->api);
     pthread_mutex_destroy(&in->mu);
     pthread_cond_destroy(&in->cv);
     free(in);
@@ -1315,6 +1388,7 @@ static instance_t *instance_new(const char *name, nereid_model_t *model)
     in->decoupled = nereid_model_decoupled(model);
     pthread_mutex_init(&in->mu, NULL);
     pthread_cond_init(&in->cv, NULL);
+    in->api = python_api_new();
     model_state_t *ms = nereid_model_state(model);
     in->python = ms ? ms->python : NULL;
     return in;
