@@ -290,6 +290,8 @@ class Worker:
                                 "code": response.error().code()}
             else:
                 tensors = [t for t in response.output_tensors() if t.name() in requested]
+                if response._parameters != "{}":
+                    obj["parameters"] = json.loads(response._parameters)
         else:
             obj["empty"] = True
         self.send(M_RESPONSE, obj, tensors)
@@ -457,6 +459,8 @@ class Worker:
             requested = req._requested
             mine = [t for t in resp.output_tensors() if t.name() in requested]
             out.append({"n_outputs": len(mine)})
+            if resp._parameters != "{}":
+                out[-1]["parameters"] = json.loads(resp._parameters)
             tensors.extend(mine)
         try:
             self.send(M_DONE, {"responses": out}, tensors, region=True)

@@ -780,8 +780,9 @@ static bool on_response(instance_t *in, msg_t *m, char *why, size_t why_cap)
     } else if (json_is_true(json_object_get(m->json, "empty"))) {
         e = nereid_sender_send_flags(s, flags);
     } else {
-        json_t *ts = json_object_get(m->json, "tensors");
-        nereid_error_t *bad = NULL;
+        nereid_error_t *bad =
+            python_api_response_parameters(json_object_get(m->json, "parameters"), NULL, 0, s);
+        json_t *ts = bad ? NULL : json_object_get(m->json, "tensors");
         size_t i;
         json_t *d;
         json_array_foreach(ts, i, d)
@@ -1611,6 +1612,22 @@ static json_t *request_parameters(nereid_batch_t *batch, size_t r)
     return o;
 }
 
+/* The outputs request r asked for (Triton's requested_output_names()). */
+static json_t *requested_outputs(nereid_model_t *model, nereid_batch_t *batch, size_t r)
+{
+    json_t *outputs = json_array();
+    for (size_t o = 0; o < nereid_model_output_count(model); o++) {
+        const char *name;
+        nereid_datatype_t dt;
+        const int64_t *dims;
+        size_t rank;
+        nereid_model_output(model, o, &name, &dt, &dims, &rank);
+        if (nereid_batch_request_output_requested(batch, r, name))
+            json_array_append_new(outputs, json_string(name));
+    }
+    return outputs;
+}
+
 static void fail_all(nereid_batch_t *batch, nereid_error_t *err)
 {
     for (size_t r = 0; r < nereid_batch_request_count(batch); r++)
@@ -1672,6 +1689,9 @@ static bool apply_done(instance_t *in, nereid_batch_t *batch, msg_t *m, char *wh
                                        "was read",
                                        in->name, v.name);
         }
+        if (!bad)
+            bad =
+                python_api_response_parameters(json_object_get(resp, "parameters"), batch, r, NULL);
         if (bad) nereid_batch_set_request_error(batch, r, bad);
     }
     return true;
@@ -1697,18 +1717,8 @@ NEREID_EXPORT nereid_error_t *nereid_backend_execute(nereid_instance_t *instance
     outmsg_t om = {.obj = json_object()};
     json_t *reqs = json_array();
     size_t n_in = nereid_batch_input_count(batch);
-    size_t n_out = nereid_model_output_count(in->model);
-    json_t *outputs = json_array();
-    for (size_t o = 0; o < n_out; o++) {
-        const char *name;
-        nereid_datatype_t dt;
-        const int64_t *dims;
-        size_t rank;
-        nereid_model_output(in->model, o, &name, &dt, &dims, &rank);
-        if (nereid_batch_output_requested(batch, name))
-            json_array_append_new(outputs, json_string(name));
-    }
     for (size_t r = 0; r < n; r++) {
+        json_t *outputs = requested_outputs(in->model, batch, r);
         json_t *ins = json_array();
         for (size_t i = 0; i < n_in; i++) {
             tview_t v;
@@ -1731,6 +1741,7 @@ NEREID_EXPORT nereid_error_t *nereid_backend_execute(nereid_instance_t *instance
                       corr_str ? json_string(corr_str) : json_integer((json_int_t)corr), "flags",
                       (int)flags, "timeout", (json_int_t)timeout_us, "parameters",
                       request_parameters(batch, r), "outputs", outputs, "inputs", ins);
+        json_decref(outputs);
         if (in->decoupled) {
             nereid_response_sender_t *s;
             nereid_error_t *e = nereid_batch_request_sender(batch, r, &s);
@@ -1751,7 +1762,6 @@ NEREID_EXPORT nereid_error_t *nereid_backend_execute(nereid_instance_t *instance
         }
         json_array_append_new(reqs, rq);
     }
-    json_decref(outputs);
     json_object_set_new(om.obj, "requests", reqs);
     pthread_mutex_lock(&in->mu);
     in->batch = batch;

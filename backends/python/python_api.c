@@ -25,6 +25,7 @@
 #define MAX_LABELS 256
 #define MAX_BUCKETS 4096
 #define MAX_FILES 4096
+#define MAX_PARAMETERS 1024
 
 typedef struct handle {
     nereid_metric_family_t *family; /* a family slot, or NULL */
@@ -364,4 +365,43 @@ json_t *python_api_model_control(nereid_server_t *server, json_t *call, const ui
     nereid_error_t *err = nereid_server_model_is_ready(server, model, v, &ready);
     nereid_error_free(err); /* an unknown model is not ready */
     return json_pack("{s:b}", "ready", ready && !err);
+}
+
+nereid_error_t *python_api_response_parameters(json_t *params, nereid_batch_t *batch, size_t r,
+                                               nereid_response_sender_t *sender)
+{
+    if (!params) return NULL;
+    if (!json_is_object(params) || json_object_size(params) > MAX_PARAMETERS)
+        return nereid_error_new(NEREID_ERROR_INTERNAL,
+                                "response parameters must be a dictionary of at most %d entries",
+                                MAX_PARAMETERS);
+    const char *key;
+    json_t *val;
+    json_object_foreach(params, key, val)
+    {
+        nereid_parameter_type_t type;
+        const void *value;
+        int64_t i;
+        bool b;
+        if (json_is_string(val)) {
+            type = NEREID_PARAMETER_STRING;
+            value = json_string_value(val);
+        } else if (json_is_boolean(val)) {
+            type = NEREID_PARAMETER_BOOL;
+            b = json_is_true(val);
+            value = &b;
+        } else if (json_is_integer(val)) {
+            type = NEREID_PARAMETER_INT;
+            i = json_integer_value(val);
+            value = &i;
+        } else {
+            return nereid_error_new(NEREID_ERROR_INTERNAL,
+                                    "Expect parameters values to have type bool/int/str");
+        }
+        nereid_error_t *err =
+            sender ? nereid_sender_set_parameter(sender, key, type, value)
+                   : nereid_batch_request_set_response_parameter(batch, r, key, type, value);
+        if (err) return err;
+    }
+    return NULL;
 }

@@ -42,4 +42,10 @@ json_t *python_api_metrics(python_api_t *api, json_t *call);
 json_t *python_api_model_control(nereid_server_t *server, json_t *call, const uint8_t *blob,
                                  size_t blob_len);
 
+/* Sets a response's parameters ({"key": string | int | bool}, as
+ * InferenceResponse(parameters=...) gives them) on request r of batch, or
+ * on sender's next response when sender is not NULL. NULL params: none. */
+nereid_error_t *python_api_response_parameters(json_t *params, nereid_batch_t *batch, size_t r,
+                                               nereid_response_sender_t *sender);
+
 #endif

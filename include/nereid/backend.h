@@ -42,7 +42,8 @@
  *        response parameters (nereid_batch_request_set_response_parameter,
  *        nereid_sender_set_parameter)
  *   1.7  custom metrics: nereid_metric_family_* / nereid_metric_* (counters,
- *        gauges, histograms shown on /metrics)
+ *        gauges, histograms shown on /metrics);
+ *        nereid_batch_request_output_requested
  */
 #ifndef NEREID_BACKEND_H
 #define NEREID_BACKEND_H
@@ -325,6 +326,13 @@ NEREID_EXPORT nereid_error_t *nereid_sender_set_parameter(nereid_response_sender
                                                           const char *key,
                                                           nereid_parameter_type_t type,
                                                           const void *value);
+
+/* ABI 1.7: whether request r wants output name (Triton's requested outputs:
+ * every output when the client named none, plus implicit state). Call it
+ * before a sender takes the request's response; false when r is out of
+ * range. */
+NEREID_EXPORT bool nereid_batch_request_output_requested(const nereid_batch_t *batch, size_t r,
+                                                         const char *name);
 
 /* ---- ABI 1.7: custom metrics (Triton's TRITONSERVER_MetricFamily and
  * TRITONSERVER_Metric) ----
