@@ -11,7 +11,6 @@ pb_utils directly and checks what the server shows for it.
 """
 import json
 import os
-import shutil
 import textwrap
 
 import grpc
@@ -19,22 +18,12 @@ import numpy as np
 import pytest
 import requests
 
-from conftest import BUILD, Server
+from conftest import Server
 from grpc_util import stubs
 from http_helpers import build_infer, infer, output_array, split_response
+from test_python_backend import write
 
 pb, pbg, _, _ = stubs()
-
-
-def write(repo, name, config, model_py, version="1", filename="model.py"):
-    d = os.path.join(repo, name)
-    os.makedirs(os.path.join(d, version), exist_ok=True)
-    if config is not None:
-        with open(os.path.join(d, "config.pbtxt"), "w") as f:
-            f.write(textwrap.dedent(config))
-    if model_py is not None:
-        with open(os.path.join(d, version, filename), "w") as f:
-            f.write(textwrap.dedent(model_py))
 
 
 API = """
