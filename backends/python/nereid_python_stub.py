@@ -331,7 +331,8 @@ class Worker:
             raise FileNotFoundError(f"Python model file not found in '{path}'")
         version_dir = os.path.dirname(path)
         model_dir = os.path.dirname(version_dir)
-        self.model_dir = model_dir
+        # Triton's get_model_dir(): the directory of the version's model file
+        self.model_dir = obj.get("model_dir") or version_dir
         for p in (version_dir, model_dir):
             if p not in sys.path:
                 sys.path.append(p)

@@ -1461,9 +1461,37 @@ static char *init_message(nereid_model_t *model, const char *file, const char *i
     json_t *o = json_pack("{s:s, s:s, s:b, s:b, s:o, s:o}", "model_file", file, "instance",
                           instance, "decoupled", nereid_model_decoupled(model), "auto_complete",
                           auto_complete, "args", args, "config", cfg ? cfg : json_object());
+    /* pb_utils.get_model_dir(): the version directory, also for a
+     * Python-based backend whose model.py lives elsewhere */
+    char *vdir = nereid_model_file_path(model, "model.py");
+    char *slash = vdir ? strrchr(vdir, '/') : NULL;
+    if (slash) {
+        *slash = '\0';
+        json_object_set_new(o, "model_dir", json_string(vdir));
+    }
+    free(vdir);
     char *s = json_dumps(o, JSON_COMPACT);
     json_decref(o);
     return s;
+}
+
+/* A Python-based backend (Triton's layout: `backend: "<name>"` with
+ * <backend-directory>/<name>/model.py, which the core loads through this
+ * backend): that model.py; NULL for a `backend: "python"` model. */
+static char *python_based_backend_file(nereid_model_t *model)
+{
+    json_t *cfg = json_loads(nereid_model_config_json(model), 0, NULL);
+    const char *name = json_string_value(json_object_get(cfg, "backend"));
+    const char *dir = nereid_backend_config(nereid_model_backend(model), "backend-directory");
+    char *file = NULL;
+    if (name && *name && strcmp(name, "python") != 0 && dir && !strchr(name, '/')) {
+        size_t n = strlen(dir) + strlen(name) + sizeof "//model.py";
+        file = malloc(n);
+        if (!file) abort();
+        snprintf(file, n, "%s/%s/model.py", dir, name);
+    }
+    json_decref(cfg);
+    return file;
 }
 
 NEREID_EXPORT nereid_error_t *nereid_backend_model_init(nereid_model_t *model)
@@ -1472,7 +1500,8 @@ NEREID_EXPORT nereid_error_t *nereid_backend_model_init(nereid_model_t *model)
     char *python = NULL;
     nereid_error_t *env_err = execution_env(model, &python);
     if (env_err) return env_err;
-    char *file = nereid_model_file_path(model, "model.py");
+    char *file = python_based_backend_file(model);
+    if (!file) file = nereid_model_file_path(model, "model.py");
     if (!file) return nereid_error_new(NEREID_ERROR_INTERNAL, "python backend: out of memory");
     size_t len = strlen(file);
     if (len < 3 || strcmp(file + len - 3, ".py") != 0) {

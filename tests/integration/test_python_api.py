@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import requests
 
-from conftest import Server
+from conftest import BUILD, Server
 from grpc_util import stubs
 from http_helpers import build_infer, infer, output_array, split_response
 from test_python_backend import write
@@ -411,3 +411,70 @@ def test_response_parameters_over_grpc_and_decoupled(server):
                r.infer_response.parameters["last"].bool_param) for r in got
               if r.infer_response.outputs]
     assert params == [(0, False), (1, True)]
+
+
+# ---- Python-based backends ----
+
+BACKEND_MODEL = """
+import json
+import os
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    @staticmethod
+    def auto_complete_config(config):
+        config.add_input({"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [4]})
+        config.add_input({"name": "INPUT1", "data_type": "TYPE_FP32", "dims": [4]})
+        config.add_output({"name": "OUTPUT", "data_type": "TYPE_FP32", "dims": [4]})
+        return config
+
+    def initialize(self, args):
+        with open(os.path.join(pb_utils.get_model_dir(), "model.json")) as f:
+            self.op = json.load(f)["operation"]
+
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            a = pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy()
+            b = pb_utils.get_input_tensor_by_name(r, "INPUT1").as_numpy()
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor(
+                "OUTPUT", a + b if self.op == "add" else a - b)]))
+        return out
+"""
+
+
+def test_python_based_backend(tmp_path):
+    backends = tmp_path / "backends"
+    backends.mkdir()
+    for f in ("libnereid_python.so", "python"):
+        os.symlink(os.path.join(BUILD, "backends", f), backends / f)
+    (backends / "add_sub").mkdir()
+    (backends / "add_sub" / "model.py").write_text(textwrap.dedent(BACKEND_MODEL))
+    repo = tmp_path / "models"
+    for name, op, extra in (("add", "add", ""), ("sub", "sub", 'runtime: "model.py"\n'),
+                            ("missing", "add", 'runtime: "model.py"\n')):
+        (repo / name / "1").mkdir(parents=True)
+        (repo / name / "1" / "model.json").write_text(json.dumps({"operation": op}))
+        backend = "no_such_backend" if name == "missing" else "add_sub"
+        (repo / name / "config.pbtxt").write_text(f'backend: "{backend}"\n{extra}')
+    s = Server(str(repo), [f"--backend-directory={backends}", "--model-control-mode=explicit",
+                           "--load-model=add", "--load-model=sub"], "http")
+    try:
+        a, b = np.arange(4, dtype=np.float32), np.full(4, 10, np.float32)
+        for name, want in (("add", a + b), ("sub", a - b)):
+            body, headers = build_infer([{"name": "INPUT0", "datatype": "FP32", "data": a},
+                                         {"name": "INPUT1", "datatype": "FP32", "data": b}])
+            r = infer(s, name, body, headers)
+            assert r.status_code == 200, r.text
+            doc, raw = split_response(r)
+            assert output_array(doc, raw, "OUTPUT").tolist() == want.tolist()
+        cfg = requests.get(s.http_url + "/v2/models/add/config", timeout=10).json()
+        assert cfg["backend"] == "add_sub"
+        assert [i["name"] for i in cfg["input"]] == ["INPUT0", "INPUT1"]
+        r = requests.post(s.http_url + "/v2/repository/models/missing/load", timeout=60)
+        assert r.status_code == 400
+        assert ("unable to find Python backend based backend library 'model.py' for model "
+                f"'missing', searched: '{backends}/no_such_backend/model.py'") in r.json()["error"]
+    finally:
+        assert s.stop() == 0
