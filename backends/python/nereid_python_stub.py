@@ -504,6 +504,9 @@ def main():
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     os.set_inheritable(3, False)  # programs the model starts must not hold our socket
+    # Triton's stub embeds Python with an empty argv: model code that parses
+    # it (unittest.main() in Triton's QA models) must not see our arguments
+    sys.argv = [""]
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET, fileno=3)
     w = Worker(sock)
     pb_utils._worker = w
