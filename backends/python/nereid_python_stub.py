@@ -318,7 +318,8 @@ class Worker:
                     error=pb_utils.TritonError(err["message"], err["code"])))
             else:
                 responses.append(pb_utils.InferenceResponse(
-                    decode_tensors(res.get("tensors", []), blob)))
+                    decode_tensors(res.get("tensors", []), blob),
+                    parameters=json.dumps(res.get("parameters", {}))))
         if decoupled:
             return pb_utils.ResponseIterator(responses)
         return responses[0] if responses else pb_utils.InferenceResponse(

@@ -907,6 +907,8 @@ static void bls_on_response(nereid_response_t *resp, uint32_t flags, void *userp
             json_array_append_new(descs, outmsg_add(&om, &v));
         }
         json_object_set_new(om.obj, "tensors", descs);
+        json_t *params = python_api_response_parameters_json(resp);
+        if (params) json_object_set_new(om.obj, "parameters", params);
         outmsg_send(call->chan, M_BLS_RESULT, &om);
     }
     if (resp) nereid_response_free(resp);

@@ -48,4 +48,8 @@ json_t *python_api_model_control(nereid_server_t *server, json_t *call, const ui
 nereid_error_t *python_api_response_parameters(json_t *params, nereid_batch_t *batch, size_t r,
                                                nereid_response_sender_t *sender);
 
+/* A BLS response's parameters as a JSON object for the worker
+ * (InferenceResponse.parameters()); NULL when it has none. */
+json_t *python_api_response_parameters_json(const nereid_response_t *resp);
+
 #endif

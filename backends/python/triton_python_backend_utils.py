@@ -265,7 +265,8 @@ def _check_parameters(parameters):
         json.loads(parameters)
         return parameters
     if not isinstance(parameters, dict):
-        raise TypeError("parameters must be a dict")
+        # Triton's text (pybind11's typeid name of py::dict)
+        raise TritonModelException(f"Expect N8pybind114dictE, got {type(parameters)}")
     for k, v in parameters.items():
         if not isinstance(k, str):
             raise TritonModelException(
@@ -300,8 +301,8 @@ class InferenceRequest:
                 not isinstance(request_id, str) or not isinstance(model_version, int) or \
                 not isinstance(flags, int) or not isinstance(timeout, int):
             raise TypeError("incompatible InferenceRequest arguments")
-        if not isinstance(correlation_id, (int, str)):
-            raise TritonModelException("Correlation ID must be integer or string")
+        if not isinstance(correlation_id, (int, str)):  # pybind11's signature check
+            raise TypeError("Correlation ID must be integer or string")
         for t in inputs:
             if t is None:
                 raise TritonModelException(
@@ -383,9 +384,9 @@ class InferenceRequest:
 
 
 class InferenceResponse:
-    def __init__(self, output_tensors=None, error=None, parameters=None):
-        if output_tensors is None:
-            output_tensors = []
+    def __init__(self, output_tensors=(), error=None, parameters=None):
+        if isinstance(output_tensors, tuple) and not output_tensors:
+            output_tensors = []  # the default (None is refused, as pybind11 does)
         if not isinstance(output_tensors, list):
             raise TypeError("output_tensors must be a list")
         for t in output_tensors:
@@ -465,21 +466,25 @@ class ResponseIterator:
         pass
 
 
-class Logger:
-    INFO = 0
-    WARNING = 1
-    ERROR = 2
-    VERBOSE = 3
+class _LogLevel(int):
+    """A member of Triton's LogLevel enum: a plain int is not one."""
 
+
+class Logger:
     class LogLevel:
-        INFO = 0
-        WARNING = 1
-        ERROR = 2
-        VERBOSE = 3
+        INFO = _LogLevel(0)
+        WARNING = _LogLevel(1)
+        ERROR = _LogLevel(2)
+        VERBOSE = _LogLevel(3)
+
+    INFO = LogLevel.INFO
+    WARNING = LogLevel.WARNING
+    ERROR = LogLevel.ERROR
+    VERBOSE = LogLevel.VERBOSE
 
     @staticmethod
-    def log(message, level=0):
-        if not isinstance(message, str) or type(level) is not int or level not in (0, 1, 2, 3):
+    def log(message, level=LogLevel.INFO):
+        if not isinstance(message, str) or not isinstance(level, _LogLevel):
             raise TypeError("Logger.log(message: str, level: Logger.LogLevel)")
         import inspect
         frame = inspect.currentframe().f_back

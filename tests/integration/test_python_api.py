@@ -143,8 +143,6 @@ def repo(tmp_path_factory):
     write(path, "outs", OUTS_CONFIG, OUTS)
     write(path, "dec", DECOUPLED_CONFIG, DECOUPLED)
     write(path, "on_disk", DECOUPLED_CONFIG.replace('"dec"', '"on_disk"'), DECOUPLED)
-    # only a name in the repository: load_model brings config and model.py
-    os.makedirs(os.path.join(path, "loaded"))
     return path
 
 
@@ -302,7 +300,7 @@ def test_metrics_of_an_unloaded_model_leave_the_page(server):
 def test_load_with_config_and_files_then_unload(server):
     code = textwrap.dedent(f"""
         pb_utils.load_model("loaded", config={json.dumps(json.dumps(LOADED_CONFIG))},
-                            files={{"file:1/model.py": {LOADED!r}.encode()}})
+                            files={{"file:/1/model.py": {LOADED!r}.encode()}})
         result = [pb_utils.is_model_ready("loaded"), pb_utils.is_model_ready("loaded", "1"),
                   pb_utils.is_model_ready("loaded", "2"), pb_utils.is_model_ready("nope")]
     """)
