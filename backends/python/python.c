@@ -1634,11 +1634,7 @@ static json_t *request_parameters(nereid_batch_t *batch, size_t r)
         nereid_parameter_type_t type;
         const void *value;
         if (nereid_batch_request_parameter(batch, r, i, &name, &type, &value)) continue;
-        json_t *v = type == NEREID_PARAMETER_STRING ? json_string(value)
-                    : type == NEREID_PARAMETER_INT  ? json_integer(*(const int64_t *)value)
-                    : type == NEREID_PARAMETER_BOOL ? json_boolean(*(const bool *)value)
-                                                    : json_real(*(const double *)value);
-        json_object_set_new(o, name, v);
+        json_object_set_new(o, name, python_api_parameter_json((int)type, value));
     }
     return o;
 }

@@ -406,6 +406,14 @@ nereid_error_t *python_api_response_parameters(json_t *params, nereid_batch_t *b
     return NULL;
 }
 
+json_t *python_api_parameter_json(int type, const void *value)
+{
+    return type == NEREID_PARAMETER_STRING ? json_string(value)
+           : type == NEREID_PARAMETER_INT  ? json_integer(*(const int64_t *)value)
+           : type == NEREID_PARAMETER_BOOL ? json_boolean(*(const bool *)value)
+                                           : json_real(*(const double *)value);
+}
+
 json_t *python_api_response_parameters_json(const nereid_response_t *resp)
 {
     size_t n = nereid_response_parameter_count(resp);
@@ -416,11 +424,7 @@ json_t *python_api_response_parameters_json(const nereid_response_t *resp)
         int type;
         const void *value;
         nereid_response_parameter(resp, i, &name, &type, &value);
-        json_t *v = type == NEREID_PARAMETER_STRING ? json_string(value)
-                    : type == NEREID_PARAMETER_INT  ? json_integer(*(const int64_t *)value)
-                    : type == NEREID_PARAMETER_BOOL ? json_boolean(*(const bool *)value)
-                                                    : json_real(*(const double *)value);
-        json_object_set_new(o, name, v);
+        json_object_set_new(o, name, python_api_parameter_json(type, value));
     }
     return o;
 }

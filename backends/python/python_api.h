@@ -48,6 +48,10 @@ json_t *python_api_model_control(nereid_server_t *server, json_t *call, const ui
 nereid_error_t *python_api_response_parameters(json_t *params, nereid_batch_t *batch, size_t r,
                                                nereid_response_sender_t *sender);
 
+/* A parameter's value (nereid_parameter_type_t type, value as
+ * backend.h gives it) as JSON; NULL for a double JSON cannot carry. */
+json_t *python_api_parameter_json(int type, const void *value);
+
 /* A BLS response's parameters as a JSON object for the worker
  * (InferenceResponse.parameters()); NULL when it has none. */
 json_t *python_api_response_parameters_json(const nereid_response_t *resp);
