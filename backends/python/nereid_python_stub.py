@@ -53,6 +53,8 @@ M_INIT, M_EXECUTE, M_FINALIZE, M_BLS_RESULT, M_CANCEL_ANSWER = 1, 2, 3, 4, 5
 # worker -> C
 M_READY, M_DONE, M_LOG, M_RESPONSE, M_BLS_CALL, M_CANCEL_QUERY, M_FINALIZED = (
     101, 102, 103, 104, 105, 106, 107)
+# pb_utils calls besides inference (metrics, model control): call, answer
+M_API_CALL, M_API_ANSWER = 120, 20
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import triton_python_backend_utils as pb_utils  # noqa: E402
@@ -291,11 +293,11 @@ class Worker:
                 if msg is None:  # the server is gone (or closed our socket)
                     os._exit(0)
                 mtype, obj, blob = msg
-                if mtype in (M_BLS_RESULT, M_CANCEL_ANSWER):
+                if mtype in (M_BLS_RESULT, M_CANCEL_ANSWER, M_API_ANSWER):
                     slot = self.pending.get(obj.get("id"))
                     if slot is not None:
                         slot[1].append((obj, blob))
-                        if mtype == M_CANCEL_ANSWER or obj.get("final", True):
+                        if mtype != M_BLS_RESULT or obj.get("final", True):
                             slot[0] = True
                 else:
                     self.work.append(msg)
@@ -334,6 +336,14 @@ class Worker:
         res = self.call(M_CANCEL_QUERY, {"token": token})
         return bool(res[0][0].get("cancelled"))
 
+    def api(self, obj, tensors=()):
+        """A metric or model control call; the answer, or TritonModelException."""
+        res = self.call(M_API_CALL, obj, tensors)[0][0]
+        err = res.get("error")
+        if err:
+            raise pb_utils.TritonModelException(err["message"])
+        return res
+
     def send_response(self, sender_id, response, flags, requested):
         obj = {"sender": sender_id, "flags": flags}
         tensors = []
@@ -343,6 +353,8 @@ class Worker:
                                 "code": response.error().code()}
             else:
                 tensors = [t for t in response.output_tensors() if t.name() in requested]
+                if response._parameters != "{}":
+                    obj["parameters"] = json.loads(response._parameters)
         else:
             obj["empty"] = True
         self.send(M_RESPONSE, obj, tensors)
@@ -369,7 +381,8 @@ class Worker:
                     error=pb_utils.TritonError(err["message"], err["code"])))
             else:
                 responses.append(pb_utils.InferenceResponse(
-                    decode_tensors(res.get("tensors", []), blob)))
+                    decode_tensors(res.get("tensors", []), blob),
+                    parameters=json.dumps(res.get("parameters", {}))))
         if decoupled:
             return pb_utils.ResponseIterator(responses)
         return responses[0] if responses else pb_utils.InferenceResponse(
@@ -382,7 +395,8 @@ class Worker:
             raise FileNotFoundError(f"Python model file not found in '{path}'")
         version_dir = os.path.dirname(path)
         model_dir = os.path.dirname(version_dir)
-        self.model_dir = model_dir
+        # Triton's get_model_dir(): the directory of the version's model file
+        self.model_dir = obj.get("model_dir") or version_dir
         for p in (version_dir, model_dir):
             if p not in sys.path:
                 sys.path.append(p)
@@ -513,7 +527,10 @@ class Worker:
                 continue
             requested = req._requested
             mine = [t for t in resp.output_tensors() if t.name() in requested]
-            out.append(f'{{"n_outputs":{len(mine)}}}')
+            if resp._parameters != "{}":
+                out.append(f'{{"n_outputs":{len(mine)},"parameters":{resp._parameters}}}')
+            else:
+                out.append(f'{{"n_outputs":{len(mine)}}}')
             tensors.extend(mine)
         try:
             self.send(M_DONE, f'{{"responses":[{",".join(out)}]}}', tensors, region=True)
@@ -555,6 +572,9 @@ def worker_main():
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     os.set_inheritable(3, False)  # programs the model starts must not hold our socket
+    # Triton's stub embeds Python with an empty argv: model code that parses
+    # it (unittest.main() in Triton's QA models) must not see our arguments
+    sys.argv = [""]
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET, fileno=3)
     w = Worker(sock)
     pb_utils._worker = w

@@ -54,6 +54,7 @@
 #include <unistd.h>
 
 #include "nereid/backend.h"
+#include "python_api.h"
 
 extern char **environ;
 
@@ -75,6 +76,8 @@ enum {
     M_BLS_CALL = 105,
     M_CANCEL_QUERY = 106,
     M_FINALIZED = 107,
+    M_API_ANSWER = 20, /* pb_utils calls besides inference (python_api.c) */
+    M_API_CALL = 120,
 };
 
 #define HDR_BYTES 16
@@ -265,6 +268,21 @@ static void msg_free(msg_t *m)
     region_unref(m->region);
     free(m->buf);
     free(m);
+}
+
+/* A message kept past its reading: the worker can still write its memfd,
+ * so the blob becomes a private copy. */
+static void msg_own_blob(msg_t *m)
+{
+    if (!m->map) return;
+    uint8_t *copy = malloc(m->blob_len ? m->blob_len : 1);
+    if (!copy) abort();
+    memcpy(copy, m->blob, m->blob_len);
+    munmap(m->map, m->map_len);
+    m->map = NULL;
+    free(m->buf);
+    m->buf = copy;
+    m->blob = copy;
 }
 
 /* The socket and its send lock; shared with BLS completions, which may
@@ -749,6 +767,7 @@ typedef struct instance {
     uint64_t next_sender;
     nereid_batch_t *batch; /* during execute, for cancellation checks */
     size_t bls_inflight;
+    python_api_t *api; /* the worker's metrics (python_api.c) */
 } instance_t;
 
 static nereid_error_t *unhealthy(instance_t *in)
@@ -813,8 +832,9 @@ static bool on_response(instance_t *in, msg_t *m, char *why, size_t why_cap)
     } else if (json_is_true(json_object_get(m->json, "empty"))) {
         e = nereid_sender_send_flags(s, flags);
     } else {
-        json_t *ts = json_object_get(m->json, "tensors");
-        nereid_error_t *bad = NULL;
+        nereid_error_t *bad =
+            python_api_response_parameters(json_object_get(m->json, "parameters"), NULL, 0, s);
+        json_t *ts = bad ? NULL : json_object_get(m->json, "tensors");
         size_t i;
         json_t *d;
         json_array_foreach(ts, i, d)
@@ -939,6 +959,8 @@ static void bls_on_response(nereid_response_t *resp, uint32_t flags, void *userp
             json_array_append_new(descs, outmsg_add(&om, &v));
         }
         json_object_set_new(om.obj, "tensors", descs);
+        json_t *params = python_api_response_parameters_json(resp);
+        if (params) json_object_set_new(om.obj, "parameters", params);
         outmsg_send(call->chan, M_BLS_RESULT, &om);
     }
     if (resp) nereid_response_free(resp);
@@ -961,16 +983,7 @@ static bool bls_start(instance_t *in, msg_t *m, char *why, size_t why_cap)
         return false;
     }
     json_int_t id = json_integer_value(jid);
-    if (m->map) { /* the worker can still write its memfd: take a private copy */
-        uint8_t *copy = malloc(m->blob_len ? m->blob_len : 1);
-        if (!copy) abort();
-        memcpy(copy, m->blob, m->blob_len);
-        munmap(m->map, m->map_len);
-        m->map = NULL;
-        free(m->buf);
-        m->buf = copy;
-        m->blob = copy;
-    }
+    msg_own_blob(m);
     bool want_decoupled = json_is_true(json_object_get(j, "decoupled"));
     chan_t *c = in->chan;
     bool target_decoupled = false;
@@ -1074,6 +1087,64 @@ static bool bls_start(instance_t *in, msg_t *m, char *why, size_t why_cap)
     return true;
 }
 
+/* ---- pb_utils calls besides inference (python_api.c) ---- */
+
+typedef struct api_job {
+    instance_t *in;
+    chan_t *chan;
+    msg_t *msg;
+} api_job_t;
+
+static void api_answer(chan_t *c, json_t *call, json_t *answer)
+{
+    json_t *id = json_object_get(call, "id");
+    json_object_set(answer, "id", json_is_integer(id) ? id : json_null());
+    send_json(c, M_API_ANSWER, answer);
+}
+
+/* Model control may wait for loads and unloads: it runs on a thread of its
+ * own, counted with the BLS calls so the instance outlives it. */
+static void *api_job_main(void *arg)
+{
+    api_job_t *job = arg;
+    api_answer(job->chan, job->msg->json,
+               python_api_model_control(job->in->server, job->msg->json, job->msg->blob,
+                                        job->msg->blob_len));
+    instance_t *in = job->in;
+    msg_free(job->msg);
+    chan_unref(job->chan);
+    free(job);
+    pthread_mutex_lock(&in->mu);
+    in->bls_inflight--;
+    pthread_cond_broadcast(&in->cv);
+    pthread_mutex_unlock(&in->mu);
+    return NULL;
+}
+
+static void api_call(instance_t *in, msg_t **m)
+{
+    if (!python_api_blocks((*m)->json)) {
+        api_answer(in->chan, (*m)->json, python_api_metrics(in->api, (*m)->json));
+        return;
+    }
+    msg_t *msg = *m;
+    *m = NULL;
+    msg_own_blob(msg);
+    api_job_t *job = malloc(sizeof *job);
+    if (!job) abort();
+    *job = (api_job_t){in, in->chan, msg};
+    atomic_fetch_add(&in->chan->refs, 1);
+    pthread_mutex_lock(&in->mu);
+    in->bls_inflight++;
+    pthread_mutex_unlock(&in->mu);
+    pthread_t t;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    if (pthread_create(&t, &attr, api_job_main, job) != 0) api_job_main(job);
+    pthread_attr_destroy(&attr);
+}
+
 /* ---- The reader thread ---- */
 
 /* Handles a message that is not a reply (log, decoupled response,
@@ -1093,6 +1164,9 @@ static bool dispatch(instance_t *in, msg_t **m, char *why, size_t why_cap)
     case M_BLS_CALL:
         if (!bls_start(in, *m, why, why_cap)) return false;
         *m = NULL; /* the call owns it now */
+        return true;
+    case M_API_CALL:
+        api_call(in, m);
         return true;
     default:
         snprintf(why, why_cap, "unknown message type %u", (*m)->type);
@@ -1118,6 +1192,7 @@ static void worker_died(instance_t *in, const char *why)
         while (waitpid(in->pid, NULL, 0) < 0 && errno == EINTR) {
         }
     }
+    python_api_reset(in->api); /* the worker's metric objects are gone */
     pthread_mutex_lock(&in->mu);
     in->dead = true;
     if (why[0] && !in->death) in->death = strdup(why);
@@ -1541,6 +1616,7 @@ static void instance_free(instance_t *in)
     free(in->init_json);
     free(in->name);
     free(in->death);
+    python_api_free(in->api);
     pthread_mutex_destroy(&in->mu);
     pthread_cond_destroy(&in->cv);
     free(in);
@@ -1560,6 +1636,7 @@ static instance_t *instance_new(const char *name, nereid_model_t *model)
     if (!in->rbuf) abort();
     pthread_mutex_init(&in->mu, NULL);
     pthread_cond_init(&in->cv, NULL);
+    in->api = python_api_new();
     model_state_t *ms = nereid_model_state(model);
     in->python = ms ? ms->python : NULL;
     return in;
@@ -1631,9 +1708,37 @@ static char *init_message(nereid_model_t *model, const char *file, const char *i
     json_t *o = json_pack("{s:s, s:s, s:b, s:b, s:o, s:o}", "model_file", file, "instance",
                           instance, "decoupled", nereid_model_decoupled(model), "auto_complete",
                           auto_complete, "args", args, "config", cfg ? cfg : json_object());
+    /* pb_utils.get_model_dir(): the version directory, also for a
+     * Python-based backend whose model.py lives elsewhere */
+    char *vdir = nereid_model_file_path(model, "model.py");
+    char *slash = vdir ? strrchr(vdir, '/') : NULL;
+    if (slash) {
+        *slash = '\0';
+        json_object_set_new(o, "model_dir", json_string(vdir));
+    }
+    free(vdir);
     char *s = json_dumps(o, JSON_COMPACT);
     json_decref(o);
     return s;
+}
+
+/* A Python-based backend (Triton's layout: `backend: "<name>"` with
+ * <backend-directory>/<name>/model.py, which the core loads through this
+ * backend): that model.py; NULL for a `backend: "python"` model. */
+static char *python_based_backend_file(nereid_model_t *model)
+{
+    json_t *cfg = json_loads(nereid_model_config_json(model), 0, NULL);
+    const char *name = json_string_value(json_object_get(cfg, "backend"));
+    const char *dir = nereid_backend_config(nereid_model_backend(model), "backend-directory");
+    char *file = NULL;
+    if (name && *name && strcmp(name, "python") != 0 && dir && !strchr(name, '/')) {
+        size_t n = strlen(dir) + strlen(name) + sizeof "//model.py";
+        file = malloc(n);
+        if (!file) abort();
+        snprintf(file, n, "%s/%s/model.py", dir, name);
+    }
+    json_decref(cfg);
+    return file;
 }
 
 NEREID_EXPORT nereid_error_t *nereid_backend_model_init(nereid_model_t *model)
@@ -1642,7 +1747,8 @@ NEREID_EXPORT nereid_error_t *nereid_backend_model_init(nereid_model_t *model)
     char *python = NULL;
     nereid_error_t *env_err = execution_env(model, &python);
     if (env_err) return env_err;
-    char *file = nereid_model_file_path(model, "model.py");
+    char *file = python_based_backend_file(model);
+    if (!file) file = nereid_model_file_path(model, "model.py");
     if (!file) return nereid_error_new(NEREID_ERROR_INTERNAL, "python backend: out of memory");
     size_t len = strlen(file);
     if (len < 3 || strcmp(file + len - 3, ".py") != 0) {
@@ -1777,13 +1883,25 @@ static json_t *request_parameters(nereid_batch_t *batch, size_t r)
         nereid_parameter_type_t type;
         const void *value;
         if (nereid_batch_request_parameter(batch, r, i, &name, &type, &value)) continue;
-        json_t *v = type == NEREID_PARAMETER_STRING ? json_string(value)
-                    : type == NEREID_PARAMETER_INT  ? json_integer(*(const int64_t *)value)
-                    : type == NEREID_PARAMETER_BOOL ? json_boolean(*(const bool *)value)
-                                                    : json_real(*(const double *)value);
-        json_object_set_new(o, name, v);
+        json_object_set_new(o, name, python_api_parameter_json((int)type, value));
     }
     return o;
+}
+
+/* The outputs request r asked for (Triton's requested_output_names()). */
+static json_t *requested_outputs(nereid_model_t *model, nereid_batch_t *batch, size_t r)
+{
+    json_t *outputs = json_array();
+    for (size_t o = 0; o < nereid_model_output_count(model); o++) {
+        const char *name;
+        nereid_datatype_t dt;
+        const int64_t *dims;
+        size_t rank;
+        nereid_model_output(model, o, &name, &dt, &dims, &rank);
+        if (nereid_batch_request_output_requested(batch, r, name))
+            json_array_append_new(outputs, json_string(name));
+    }
+    return outputs;
 }
 
 static void fail_all(nereid_batch_t *batch, nereid_error_t *err)
@@ -1847,6 +1965,9 @@ static bool apply_done(instance_t *in, nereid_batch_t *batch, msg_t *m, char *wh
                                        "was read",
                                        in->name, v.name);
         }
+        if (!bad)
+            bad =
+                python_api_response_parameters(json_object_get(resp, "parameters"), batch, r, NULL);
         if (bad) nereid_batch_set_request_error(batch, r, bad);
     }
     return true;
@@ -1872,18 +1993,8 @@ NEREID_EXPORT nereid_error_t *nereid_backend_execute(nereid_instance_t *instance
     outmsg_t om = {.obj = json_object()};
     json_t *reqs = json_array();
     size_t n_in = nereid_batch_input_count(batch);
-    size_t n_out = nereid_model_output_count(in->model);
-    json_t *outputs = json_array();
-    for (size_t o = 0; o < n_out; o++) {
-        const char *name;
-        nereid_datatype_t dt;
-        const int64_t *dims;
-        size_t rank;
-        nereid_model_output(in->model, o, &name, &dt, &dims, &rank);
-        if (nereid_batch_output_requested(batch, name))
-            json_array_append_new(outputs, json_string(name));
-    }
     for (size_t r = 0; r < n; r++) {
+        json_t *outputs = requested_outputs(in->model, batch, r);
         json_t *ins = json_array();
         for (size_t i = 0; i < n_in; i++) {
             tview_t v;
@@ -1906,6 +2017,7 @@ NEREID_EXPORT nereid_error_t *nereid_backend_execute(nereid_instance_t *instance
                       corr_str ? json_string(corr_str) : json_integer((json_int_t)corr), "flags",
                       (int)flags, "timeout", (json_int_t)timeout_us, "parameters",
                       request_parameters(batch, r), "outputs", outputs, "inputs", ins);
+        json_decref(outputs);
         if (in->decoupled) {
             nereid_response_sender_t *s;
             nereid_error_t *e = nereid_batch_request_sender(batch, r, &s);
@@ -1926,7 +2038,6 @@ NEREID_EXPORT nereid_error_t *nereid_backend_execute(nereid_instance_t *instance
         }
         json_array_append_new(reqs, rq);
     }
-    json_decref(outputs);
     json_object_set_new(om.obj, "requests", reqs);
     pthread_mutex_lock(&in->mu);
     in->batch = batch;

@@ -265,7 +265,8 @@ def _check_parameters(parameters):
         json.loads(parameters)
         return parameters
     if not isinstance(parameters, dict):
-        raise TypeError("parameters must be a dict")
+        # Triton's text (pybind11's typeid name of py::dict)
+        raise TritonModelException(f"Expect N8pybind114dictE, got {type(parameters)}")
     for k, v in parameters.items():
         if not isinstance(k, str):
             raise TritonModelException(
@@ -300,8 +301,8 @@ class InferenceRequest:
                 not isinstance(request_id, str) or not isinstance(model_version, int) or \
                 not isinstance(flags, int) or not isinstance(timeout, int):
             raise TypeError("incompatible InferenceRequest arguments")
-        if not isinstance(correlation_id, (int, str)):
-            raise TritonModelException("Correlation ID must be integer or string")
+        if not isinstance(correlation_id, (int, str)):  # pybind11's signature check
+            raise TypeError("Correlation ID must be integer or string")
         for t in inputs:
             if t is None:
                 raise TritonModelException(
@@ -383,9 +384,9 @@ class InferenceRequest:
 
 
 class InferenceResponse:
-    def __init__(self, output_tensors=None, error=None, parameters=None):
-        if output_tensors is None:
-            output_tensors = []
+    def __init__(self, output_tensors=(), error=None, parameters=None):
+        if isinstance(output_tensors, tuple) and not output_tensors:
+            output_tensors = []  # the default (None is refused, as pybind11 does)
         if not isinstance(output_tensors, list):
             raise TypeError("output_tensors must be a list")
         for t in output_tensors:
@@ -465,21 +466,25 @@ class ResponseIterator:
         pass
 
 
-class Logger:
-    INFO = 0
-    WARNING = 1
-    ERROR = 2
-    VERBOSE = 3
+class _LogLevel(int):
+    """A member of Triton's LogLevel enum: a plain int is not one."""
 
+
+class Logger:
     class LogLevel:
-        INFO = 0
-        WARNING = 1
-        ERROR = 2
-        VERBOSE = 3
+        INFO = _LogLevel(0)
+        WARNING = _LogLevel(1)
+        ERROR = _LogLevel(2)
+        VERBOSE = _LogLevel(3)
+
+    INFO = LogLevel.INFO
+    WARNING = LogLevel.WARNING
+    ERROR = LogLevel.ERROR
+    VERBOSE = LogLevel.VERBOSE
 
     @staticmethod
-    def log(message, level=0):
-        if not isinstance(message, str) or type(level) is not int or level not in (0, 1, 2, 3):
+    def log(message, level=LogLevel.INFO):
+        if not isinstance(message, str) or not isinstance(level, _LogLevel):
             raise TypeError("Logger.log(message: str, level: Logger.LogLevel)")
         import inspect
         frame = inspect.currentframe().f_back
@@ -592,3 +597,148 @@ class ModelConfig:
                 f"trying to change decoupled property in auto-complete-config for model "
                 f"'{self._name()}', which is already set to {policy['decoupled']}")
         policy["decoupled"] = want
+
+
+# ---- Custom metrics (shown on the server's /metrics) ----
+
+def _number(v):
+    """A float as the server reads it (JSON has no inf or nan)."""
+    return repr(float(v))
+
+
+class _Deleted:
+    """Handles whose Python objects are gone; deleted with the next call."""
+    lock = threading.RLock()  # a __del__ may run while it is held
+    families = []
+    metrics = []
+
+    @classmethod
+    def flush(cls):
+        with cls.lock:
+            fams, mets = cls.families, cls.metrics
+            cls.families, cls.metrics = [], []
+        if mets:
+            _worker.api({"op": "metric_delete", "handles": mets})
+        if fams:
+            _worker.api({"op": "family_delete", "handles": fams})
+
+
+def _api(obj):
+    if _worker is None:
+        raise TritonModelException("pb_utils calls need the Python backend's worker")
+    _Deleted.flush()
+    return _worker.api(obj)
+
+
+class Metric:
+    """One series of a MetricFamily (made with MetricFamily.Metric)."""
+
+    def __init__(self, handle, family):
+        self._handle = handle
+        self._cleared = False
+        family._children.add(self)
+
+    def _op(self, action, value=0.0):
+        if self._cleared:
+            raise TritonModelException(
+                "Invalid metric operation as the corresponding 'MetricFamily' has been "
+                "deleted. The 'MetricFamily' object should be deleted AFTER its "
+                "corresponding 'Metric' objects have been deleted.")
+        return _api({"op": "metric", "handle": self._handle, "action": action,
+                     "value": _number(value)})
+
+    def increment(self, value):
+        self._op("increment", value)
+
+    def set(self, value):
+        self._op("set", value)
+
+    def observe(self, value):
+        self._op("observe", value)
+
+    def value(self):
+        return float(self._op("value")["value"])
+
+    def __del__(self):
+        if not self._cleared and _worker is not None:
+            with _Deleted.lock:
+                _Deleted.metrics.append(self._handle)
+
+
+class MetricFamily:
+    """A custom metric family: Triton's pb_utils.MetricFamily."""
+
+    COUNTER = 0
+    GAUGE = 1
+    HISTOGRAM = 2
+
+    def __init__(self, name, description, kind):
+        if name is None or description is None or kind is None:
+            raise TypeError("name, description and kind must not be None")
+        if kind not in (MetricFamily.COUNTER, MetricFamily.GAUGE, MetricFamily.HISTOGRAM):
+            raise TritonModelException("Error when creating MetricFamily: Unknown metric kind")
+        import weakref
+        self._kind = kind
+        self._children = weakref.WeakSet()
+        self._handle = _api({"op": "family_new", "name": str(name),
+                             "description": str(description), "kind": int(kind)})["handle"]
+
+    def Metric(self, labels=None, buckets=None):
+        if labels is not None and not isinstance(labels, dict):
+            raise TritonModelException("Failed to create metric. Labels must be a dictionary.")
+        if buckets is not None:
+            if not isinstance(buckets, list):
+                raise TritonModelException("Failed to create metric. Buckets must be a list.")
+            if self._kind != MetricFamily.HISTOGRAM:
+                raise TritonModelException("Failed to create metric. Unexpected buckets found.")
+            buckets = [_number(b) for b in buckets]
+        elif self._kind == MetricFamily.HISTOGRAM:
+            raise TritonModelException("Failed to create metric. Missing required buckets.")
+        res = _api({"op": "metric_new", "family": self._handle, "labels": labels or {},
+                    "buckets": buckets})
+        return Metric(res["handle"], self)
+
+    def __del__(self):
+        if _worker is None or not hasattr(self, "_handle"):
+            return
+        for m in list(self._children):
+            m._cleared = True
+        with _Deleted.lock:
+            _Deleted.families.append(self._handle)
+
+
+# ---- Model control (refused by the server unless --model-control-mode=explicit) ----
+
+def load_model(model_name, config="", files=None):
+    """Loads (or reloads) model_name; config is a JSON model config and files
+    maps "file:<path>" to the bytes of a file of the model's directory."""
+    if model_name is None or config is None:
+        raise TypeError("model_name and config must not be None")
+    tensors = []
+    if files is not None:
+        if not isinstance(files, dict):
+            raise TritonModelException(
+                f"failed to load model '{model_name}', files should be a dictionary of file "
+                "paths and file contents")
+        for path, content in files.items():
+            if isinstance(content, str):
+                content = content.encode()
+            tensors.append(Tensor(str(path), np.frombuffer(bytes(content), dtype=np.uint8)))
+    if _worker is None:
+        raise TritonModelException("pb_utils calls need the Python backend's worker")
+    _Deleted.flush()
+    _worker.api({"op": "load_model", "model": str(model_name), "config": str(config)}, tensors)
+
+
+def unload_model(model_name, unload_dependents=False):
+    if model_name is None or unload_dependents is None:
+        raise TypeError("model_name and unload_dependents must not be None")
+    _api({"op": "unload_model", "model": str(model_name),
+          "unload_dependents": bool(unload_dependents)})
+
+
+def is_model_ready(model_name, model_version=""):
+    if model_name is None or model_version is None:
+        raise TypeError("model_name and model_version must not be None")
+    return bool(_api({"op": "is_model_ready", "model": str(model_name),
+                      "version": str(model_version)})["ready"])

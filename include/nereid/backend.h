@@ -41,6 +41,9 @@
  *   1.6  nereid_batch_request_sequence (correlation id, flags, timeout),
  *        response parameters (nereid_batch_request_set_response_parameter,
  *        nereid_sender_set_parameter)
+ *   1.7  custom metrics: nereid_metric_family_* / nereid_metric_* (counters,
+ *        gauges, histograms shown on /metrics);
+ *        nereid_batch_request_output_requested; nereid_model_set_inline_max_us
  */
 #ifndef NEREID_BACKEND_H
 #define NEREID_BACKEND_H
@@ -55,7 +58,8 @@ extern "C" {
 /* 1: decoupled responses; 2: nereid_batch_request_is_cancelled; 3: request
  * parameters by index; 4: nereid_sender_is_cancelled; 5: nereid_model_server,
  * nereid_backend_config; 6: nereid_batch_request_sequence, response parameters;
- * 7: nereid_model_set_inline_max_us */
+ * 7: nereid_model_set_inline_max_us, custom metrics,
+ * nereid_batch_request_output_requested */
 #define NEREID_BACKEND_ABI_MINOR 7u
 #define NEREID_BACKEND_ABI_VERSION ((NEREID_BACKEND_ABI_MAJOR << 16) | NEREID_BACKEND_ABI_MINOR)
 
@@ -329,6 +333,60 @@ NEREID_EXPORT nereid_error_t *nereid_sender_set_parameter(nereid_response_sender
                                                           const char *key,
                                                           nereid_parameter_type_t type,
                                                           const void *value);
+
+/* ABI 1.7: whether request r wants output name (Triton's requested outputs:
+ * every output when the client named none, plus implicit state). Call it
+ * before a sender takes the request's response; false when r is out of
+ * range. */
+NEREID_EXPORT bool nereid_batch_request_output_requested(const nereid_batch_t *batch, size_t r,
+                                                         const char *name);
+
+/* ---- ABI 1.7: custom metrics (Triton's TRITONSERVER_MetricFamily and
+ * TRITONSERVER_Metric) ----
+ * A process-wide registry printed on /metrics after Nereid's own families,
+ * in prometheus-cpp's text format. Families are merged by name as Triton's
+ * registry does: a second family of the same name and kind shares the first
+ * one's series; a series (one label set) is shared by every metric created
+ * with the same labels and disappears with the last of them. A family with
+ * no series prints nothing. Any thread may call these; each call takes one
+ * mutex. Errors are Triton's codes and texts. */
+typedef enum nereid_metric_kind {
+    NEREID_METRIC_COUNTER = 0,
+    NEREID_METRIC_GAUGE = 1,
+    NEREID_METRIC_HISTOGRAM = 2,
+} nereid_metric_kind_t;
+typedef struct nereid_metric_family nereid_metric_family_t;
+typedef struct nereid_metric nereid_metric_t;
+
+/* A new family handle (caller frees with nereid_metric_family_delete).
+ * name: [a-zA-Z_:][a-zA-Z0-9_:]*; INVALID_ARG for a bad name, an unknown
+ * kind, or a name registered with another kind. *out NULL on failure. */
+NEREID_EXPORT nereid_error_t *nereid_metric_family_new(nereid_metric_kind_t kind, const char *name,
+                                                       const char *description,
+                                                       nereid_metric_family_t **out);
+/* INTERNAL (and nothing freed) while metrics made from this handle exist. */
+NEREID_EXPORT nereid_error_t *nereid_metric_family_delete(nereid_metric_family_t *family);
+NEREID_EXPORT nereid_metric_kind_t nereid_metric_family_kind(const nereid_metric_family_t *family);
+/* A new metric of family with n_labels (name, value) pairs (copied; a name
+ * given twice keeps the last value). Histograms need buckets (ascending
+ * upper bounds, n_buckets may be 0 for only +Inf); counters and gauges
+ * take buckets == NULL. Caller frees with nereid_metric_delete before the
+ * family. */
+NEREID_EXPORT nereid_error_t *nereid_metric_new(nereid_metric_family_t *family,
+                                                const char *const *label_names,
+                                                const char *const *label_values, size_t n_labels,
+                                                const double *buckets, size_t n_buckets,
+                                                nereid_metric_t **out);
+NEREID_EXPORT nereid_error_t *nereid_metric_delete(nereid_metric_t *metric);
+NEREID_EXPORT nereid_metric_kind_t nereid_metric_kind(const nereid_metric_t *metric);
+/* Counter and gauge only (UNSUPPORTED for a histogram). */
+NEREID_EXPORT nereid_error_t *nereid_metric_value(nereid_metric_t *metric, double *value);
+/* Gauge: any value; counter: value >= 0 (INVALID_ARG otherwise). */
+NEREID_EXPORT nereid_error_t *nereid_metric_increment(nereid_metric_t *metric, double value);
+/* Gauge only. */
+NEREID_EXPORT nereid_error_t *nereid_metric_set(nereid_metric_t *metric, double value);
+/* Histogram only. */
+NEREID_EXPORT nereid_error_t *nereid_metric_observe(nereid_metric_t *metric, double value);
 
 #ifdef __cplusplus
 }

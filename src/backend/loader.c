@@ -71,6 +71,35 @@ static char *triton_library(const backend_search_t *s, const char *name)
     return found;
 }
 
+/* Triton's Python-based backends (backend_model.cc): a model whose runtime
+ * is "model.py", or whose backend has no library but a
+ * <backend-dir>/<name>/model.py, runs on the python backend (which finds
+ * that model.py from the model's backend name). *err is set when the
+ * runtime names model.py and the backend directory has none. */
+static bool python_based(const backend_search_t *s, const char *name, nereid_error_t **err)
+{
+    *err = NULL;
+    if (!plain_name(name) || strcmp(name, "python") == 0) return false;
+    const char *rt = s->runtime;
+    if (rt && rt[0] && strcmp(rt, "model.py") != 0) return false;
+    char *path = xasprintf("%s/%s/model.py", s->backend_dir, name);
+    bool found = access(path, R_OK) == 0;
+    const char *slash = s->model_dir ? strrchr(s->model_dir, '/') : NULL;
+    if (rt && rt[0] && !found)
+        *err = nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                "unable to find Python backend based backend library 'model.py' "
+                                "for model '%s', searched: '%s'",
+                                slash ? slash + 1 : name, path);
+    free(path);
+    if (*err || !found) return false;
+    if (rt && rt[0]) return true;
+    char *lib = nereid_library(s->backend_dir, name);
+    if (!lib) lib = triton_library(s, name);
+    bool has_library = lib != NULL;
+    free(lib);
+    return !has_library;
+}
+
 /* libtritonserver.so: next to the executable, else where the build put it. */
 static const tritonapi_entry_t *_Atomic tritonapi_loaded;
 
@@ -107,12 +136,6 @@ static const tritonapi_entry_t *tritonapi(nereid_error_t **err)
     entry = fn();
     atomic_store(&tritonapi_loaded, entry);
     return entry;
-}
-
-void backend_metrics_text(FILE *out)
-{
-    const tritonapi_entry_t *entry = atomic_load(&tritonapi_loaded);
-    if (entry && entry->metrics_text) entry->metrics_text(out);
 }
 
 static nereid_error_t *open_library(const backend_search_t *s, const char *name,
@@ -240,6 +263,9 @@ nereid_error_t *backend_acquire(const backend_search_t *search, const char *name
                                 backend_lib_t **out)
 {
     *out = NULL;
+    nereid_error_t *py_err = NULL;
+    if (python_based(search, name, &py_err)) name = "python";
+    if (py_err) return py_err;
     pthread_mutex_lock(&loader_lock);
     struct nereid_backend *b = xcalloc(1, sizeof *b);
     b->lib.name = xstrdup(name);

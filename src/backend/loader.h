@@ -54,9 +54,6 @@ typedef struct backend_search {
 /* Loads (or shares: one library per path) the backend library `name`. */
 nereid_error_t *backend_acquire(const backend_search_t *search, const char *name,
                                 backend_lib_t **out);
-/* Writes the custom metrics of Triton backends (TRITONSERVER_Metric*) in
- * Prometheus text format; nothing when no Triton backend was loaded. */
-void backend_metrics_text(FILE *out);
 /* Drops a reference; the last one runs fini and dlcloses. */
 void backend_release(backend_lib_t *lib);
 

@@ -411,6 +411,11 @@ bool nereid_batch_output_requested(const nereid_batch_t *batch, const char *name
     return false;
 }
 
+bool nereid_batch_request_output_requested(const nereid_batch_t *batch, size_t r, const char *name)
+{
+    return r < batch->n_reqs && name && request_find_output(batch->reqs[r], name);
+}
+
 /* The shape the client sees: backends produce the reshape dims of an output
  * that has `reshape`; clients get the config dims (batch dimension kept, a
  * -1 dimension takes the remaining element count). */

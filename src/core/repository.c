@@ -196,7 +196,7 @@ static nereid_error_t *make_override_dir(const char *name, const char *const *pa
 {
     *out = NULL;
     for (size_t i = 0; i < n; i++)
-        if (!safe_relpath(paths[i]))
+        if (!safe_relpath(paths[i] && paths[i][0] == '/' ? paths[i] + 1 : paths[i]))
             return nereid_error_new(NEREID_ERROR_INVALID_ARG,
                                     "failed to load '%s', invalid file path '%s' in override", name,
                                     paths[i] ? paths[i] : "");
@@ -211,7 +211,8 @@ static nereid_error_t *make_override_dir(const char *name, const char *const *pa
         return err;
     }
     for (size_t i = 0; i < n; i++) {
-        char *path = xasprintf("%s/%s", dir, paths[i]);
+        /* "file:/1/model.py" (as Triton's QA sends it) is "1/model.py" */
+        char *path = xasprintf("%s/%s", dir, paths[i] + (paths[i][0] == '/'));
         for (char *p = path + strlen(dir) + 1; *p; p++)
             if (*p == '/') {
                 *p = 0;
@@ -731,6 +732,14 @@ static nereid_error_t *load_model(nereid_server_t *s, const char *name, const ch
                                 name ? name : "");
     size_t count;
     char *dir = locate(s, name, &count);
+    char *tmp = NULL;
+    if (!dir && override_json && n_files) {
+        /* Triton: a model given whole (config and files) needs no
+         * directory in a repository; its files' directory stands in. */
+        nereid_error_t *err = make_override_dir(name, paths, contents, sizes, n_files, &tmp);
+        if (err) return err;
+        dir = xstrdup(tmp);
+    }
     if (!dir)
         return nereid_error_new(NEREID_ERROR_INTERNAL,
                                 "failed to load '%s', failed to poll from model repository", name);
@@ -753,9 +762,8 @@ static nereid_error_t *load_model(nereid_server_t *s, const char *name, const ch
         return err;
     }
 
-    char *tmp = NULL;
     nereid_error_t *err = NULL;
-    if (n_files) {
+    if (n_files && !tmp) {
         err = make_override_dir(name, paths, contents, sizes, n_files, &tmp);
         if (err) {
             free(dir);

@@ -18,6 +18,7 @@
 
 #include "backend/loader.h"
 #include "core/cache.h"
+#include "core/custom_metrics.h"
 #include "core/core.h"
 #include "core/rate_limiter.h"
 #include "core/trace.h"
@@ -651,7 +652,7 @@ nereid_error_t *nereid_server_metrics(nereid_server_t *s, char **text_out)
             (unsigned long long)s->opts.pinned_memory_pool_byte_size);
     cache_metrics_text(out, s->cache);
     if (s->opts.model_load_on_demand) on_demand_metrics_text(out, s);
-    backend_metrics_text(out);
+    custom_metrics_text(out);
     pthread_rwlock_unlock(&s->lock);
     free(models);
     fclose(out);

@@ -26,9 +26,6 @@ typedef struct tritonapi_entry {
     nereid_error_t *(*instance_init)(nereid_instance_t *i);
     nereid_error_t *(*instance_fini)(nereid_instance_t *i);
     nereid_error_t *(*execute)(nereid_instance_t *i, nereid_batch_t *batch);
-    /* Writes the backends' custom metrics (TRITONSERVER_Metric*) in
-     * Prometheus text format. */
-    void (*metrics_text)(FILE *out);
 } tritonapi_entry_t;
 
 /* The one symbol libtritonserver.so exports for the loader. */

@@ -487,7 +487,6 @@ static const tritonapi_entry_t entry = {
     .instance_init = tritonapi_instance_init,
     .instance_fini = tritonapi_instance_fini,
     .execute = tritonapi_execute,
-    .metrics_text = tritonapi_metrics_text,
 };
 
 __attribute__((visibility("default"))) const tritonapi_entry_t *nereid_tritonapi_entry(void)

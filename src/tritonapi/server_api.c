@@ -362,146 +362,121 @@ TRITONSERVER_Error *TRITONSERVER_InferenceTraceReportActivity(TRITONSERVER_Infer
 }
 
 /* ---- Custom metrics ----
- * A process-wide registry of families and their metrics (counters and
- * gauges), printed on Nereid's /metrics page after its own families. */
+ * Thin wrappers over the core's registry (backend.h, nereid_metric_*), the
+ * one Python models use too: the handles are the core's objects. */
 
-struct TRITONSERVER_MetricFamily {
-    struct TRITONSERVER_MetricFamily *next;
+struct TRITONSERVER_MetricArgs {
     TRITONSERVER_MetricKind kind;
-    char *name, *description;
-    struct TRITONSERVER_Metric *metrics;
+    double *buckets;
+    size_t n_buckets;
 };
 
-struct TRITONSERVER_Metric {
-    struct TRITONSERVER_Metric *next;
-    TRITONSERVER_MetricFamily *family;
-    char *labels; /* {k="v",...} or "" */
-    double value;
-};
-
-static pthread_mutex_t metrics_lock = PTHREAD_MUTEX_INITIALIZER;
-static TRITONSERVER_MetricFamily *families;
+#define FAMILY(f) ((nereid_metric_family_t *)(f))
+#define METRIC(m) ((nereid_metric_t *)(m))
 
 static TRITONSERVER_Error *bad(const char *msg)
 {
     return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INVALID_ARG, msg);
 }
 
-void tritonapi_metrics_text(FILE *out)
-{
-    pthread_mutex_lock(&metrics_lock);
-    for (TRITONSERVER_MetricFamily *f = families; f; f = f->next) {
-        fprintf(out, "# HELP %s %s\n# TYPE %s %s\n", f->name, f->description, f->name,
-                f->kind == TRITONSERVER_METRIC_KIND_COUNTER ? "counter" : "gauge");
-        for (TRITONSERVER_Metric *m = f->metrics; m; m = m->next)
-            fprintf(out, "%s%s %.17g\n", f->name, m->labels, m->value);
-    }
-    pthread_mutex_unlock(&metrics_lock);
-}
-
-static bool metric_name_ok(const char *name)
-{
-    if (!name[0] || (name[0] >= '0' && name[0] <= '9')) return false;
-    for (const char *p = name; *p; p++)
-        if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') ||
-              *p == '_' || *p == ':'))
-            return false;
-    return true;
-}
-
 TRITONSERVER_Error *TRITONSERVER_MetricFamilyNew(TRITONSERVER_MetricFamily **family,
                                                  const TRITONSERVER_MetricKind kind,
                                                  const char *name, const char *description)
 {
-    if (!family || !name) return bad("family and name must not be NULL");
-    *family = NULL;
-    if (kind != TRITONSERVER_METRIC_KIND_COUNTER && kind != TRITONSERVER_METRIC_KIND_GAUGE)
-        return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_UNSUPPORTED,
-                                     "only COUNTER and GAUGE metric families are supported");
-    if (!metric_name_ok(name)) return bad("invalid metric family name");
-    TRITONSERVER_MetricFamily *f = calloc(1, sizeof *f);
-    if (!f) return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INTERNAL, "out of memory");
-    f->kind = kind;
-    f->name = strdup(name);
-    f->description = strdup(description ? description : "");
-    for (char *p = f->description; p && *p; p++)
-        if (*p == '\n') *p = ' ';
-    pthread_mutex_lock(&metrics_lock);
-    for (TRITONSERVER_MetricFamily *o = families; o; o = o->next)
-        if (strcmp(o->name, name) == 0 && o->kind != kind) {
-            pthread_mutex_unlock(&metrics_lock);
-            free(f->name);
-            free(f->description);
-            free(f);
-            return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INVALID_ARG,
-                                         "a metric family of this name and another kind exists");
-        }
-    f->next = families;
-    families = f;
-    pthread_mutex_unlock(&metrics_lock);
-    *family = f;
-    return NULL;
+    if (!family) return bad("family must not be NULL");
+    return (TRITONSERVER_Error *)nereid_metric_family_new(
+        (nereid_metric_kind_t)kind, name, description, (nereid_metric_family_t **)family);
 }
 
 TRITONSERVER_Error *TRITONSERVER_MetricFamilyDelete(TRITONSERVER_MetricFamily *family)
 {
-    if (!family) return bad("family must not be NULL");
-    pthread_mutex_lock(&metrics_lock);
-    if (family->metrics) {
-        pthread_mutex_unlock(&metrics_lock);
-        return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INTERNAL,
-                                     "Must call MetricDelete on all dependent metrics before "
-                                     "calling MetricFamilyDelete.");
-    }
-    for (TRITONSERVER_MetricFamily **p = &families; *p; p = &(*p)->next)
-        if (*p == family) {
-            *p = family->next;
-            break;
-        }
-    pthread_mutex_unlock(&metrics_lock);
-    free(family->name);
-    free(family->description);
-    free(family);
-    return NULL;
+    return (TRITONSERVER_Error *)nereid_metric_family_delete(FAMILY(family));
 }
 
 TRITONSERVER_Error *TRITONSERVER_GetMetricFamilyKind(TRITONSERVER_MetricFamily *family,
                                                      TRITONSERVER_MetricKind *kind)
 {
     if (!family || !kind) return bad("family and kind must not be NULL");
-    *kind = family->kind;
+    *kind = (TRITONSERVER_MetricKind)nereid_metric_family_kind(FAMILY(family));
     return NULL;
 }
 
-/* {k="v",...} with Prometheus escapes; NULL on a bad label. */
-static char *format_labels(const TRITONSERVER_Parameter **labels, uint64_t n)
+TRITONSERVER_Error *TRITONSERVER_MetricArgsNew(TRITONSERVER_MetricArgs **args)
 {
-    char *buf = NULL;
-    size_t len = 0;
-    FILE *out = open_memstream(&buf, &len);
-    if (!out) return NULL;
-    bool ok = true;
-    for (uint64_t i = 0; i < n && ok; i++) {
+    if (!args) return bad("args must not be NULL");
+    *args = calloc(1, sizeof **args);
+    if (!*args) return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INTERNAL, "out of memory");
+    (*args)->kind = (TRITONSERVER_MetricKind)-1;
+    return NULL;
+}
+
+TRITONSERVER_Error *TRITONSERVER_MetricArgsSetHistogram(TRITONSERVER_MetricArgs *args,
+                                                        const double *buckets,
+                                                        const uint64_t buckets_count)
+{
+    if (!args || (!buckets && buckets_count)) return bad("args and buckets must not be NULL");
+    if (buckets_count > SIZE_MAX / sizeof(double)) return bad("too many buckets");
+    double *copy = malloc(buckets_count ? buckets_count * sizeof *copy : 1);
+    if (!copy) return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INTERNAL, "out of memory");
+    if (buckets_count) memcpy(copy, buckets, buckets_count * sizeof *copy);
+    free(args->buckets);
+    args->kind = TRITONSERVER_METRIC_KIND_HISTOGRAM;
+    args->buckets = copy;
+    args->n_buckets = buckets_count;
+    return NULL;
+}
+
+TRITONSERVER_Error *TRITONSERVER_MetricArgsDelete(TRITONSERVER_MetricArgs *args)
+{
+    if (args) free(args->buckets);
+    free(args);
+    return NULL;
+}
+
+TRITONSERVER_Error *TRITONSERVER_MetricNewWithArgs(TRITONSERVER_Metric **metric,
+                                                   TRITONSERVER_MetricFamily *family,
+                                                   const TRITONSERVER_Parameter **labels,
+                                                   const uint64_t label_count,
+                                                   const TRITONSERVER_MetricArgs *args)
+{
+    if (!metric || !family || (!labels && label_count))
+        return bad("metric, family and labels must not be NULL");
+    *metric = NULL;
+    TRITONSERVER_MetricKind kind =
+        (TRITONSERVER_MetricKind)nereid_metric_family_kind(FAMILY(family));
+    if (kind == TRITONSERVER_METRIC_KIND_HISTOGRAM) {
+        if (!args) return bad("Bucket boundaries not found in Metric args.");
+        if (args->kind != TRITONSERVER_METRIC_KIND_HISTOGRAM)
+            return bad("Metric args not set to histogram kind.");
+    } else if (args) {
+        return bad(kind == TRITONSERVER_METRIC_KIND_COUNTER
+                       ? "Unexpected args found in counter Metric constructor."
+                       : "Unexpected args found in gauge Metric constructor.");
+    }
+    if (label_count > SIZE_MAX / (2 * sizeof(char *))) return bad("too many metric labels");
+    const char **names = calloc(label_count ? 2 * label_count : 1, sizeof *names);
+    if (!names) return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INTERNAL, "out of memory");
+    const char **values = names + label_count;
+    for (uint64_t i = 0; i < label_count; i++) {
         const TRITONSERVER_Parameter *p = labels[i];
-        ok = p && p->type == TRITONSERVER_PARAMETER_STRING && metric_name_ok(p->name);
-        if (!ok) break;
-        fprintf(out, "%s%s=\"", i ? "," : "{", p->name);
-        for (const char *c = p->v.s; *c; c++)
-            if (*c == '\\' || *c == '"')
-                fprintf(out, "\\%c", *c);
-            else if (*c == '\n')
-                fputs("\\n", out);
-            else
-                fputc(*c, out);
-        fputc('"', out);
+        if (!p || p->type != TRITONSERVER_PARAMETER_STRING) {
+            char msg[512];
+            snprintf(msg, sizeof msg,
+                     "Parameter [%.400s] must have a type of TRITONSERVER_PARAMETER_STRING to be "
+                     "added as a label.",
+                     p ? p->name : "");
+            free(names);
+            return bad(msg);
+        }
+        names[i] = p->name;
+        values[i] = p->v.s;
     }
-    if (ok && n) fputc('}', out);
-    fclose(out);
-    if (!ok) {
-        free(buf);
-        return NULL;
-    }
-    return buf;
+    double none = 0;
+    const double *buckets = args ? (args->buckets ? args->buckets : &none) : NULL;
+    nereid_error_t *err = nereid_metric_new(FAMILY(family), names, values, label_count, buckets,
+                                            args ? args->n_buckets : 0, (nereid_metric_t **)metric);
+    free(names);
+    return (TRITONSERVER_Error *)err;
 }
 
 TRITONSERVER_Error *TRITONSERVER_MetricNew(TRITONSERVER_Metric **metric,
@@ -509,69 +484,38 @@ TRITONSERVER_Error *TRITONSERVER_MetricNew(TRITONSERVER_Metric **metric,
                                            const TRITONSERVER_Parameter **labels,
                                            const uint64_t label_count)
 {
-    if (!metric || !family || (!labels && label_count))
-        return bad("metric, family and labels must not be NULL");
-    *metric = NULL;
-    char *text = format_labels(labels, label_count);
-    if (!text) return bad("metric labels must be STRING parameters with valid names");
-    TRITONSERVER_Metric *m = calloc(1, sizeof *m);
-    if (!m) {
-        free(text);
-        return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INTERNAL, "out of memory");
-    }
-    m->family = family;
-    m->labels = text;
-    pthread_mutex_lock(&metrics_lock);
-    m->next = family->metrics;
-    family->metrics = m;
-    pthread_mutex_unlock(&metrics_lock);
-    *metric = m;
-    return NULL;
+    return TRITONSERVER_MetricNewWithArgs(metric, family, labels, label_count, NULL);
 }
 
 TRITONSERVER_Error *TRITONSERVER_MetricDelete(TRITONSERVER_Metric *metric)
 {
-    if (!metric) return bad("metric must not be NULL");
-    pthread_mutex_lock(&metrics_lock);
-    for (TRITONSERVER_Metric **p = &metric->family->metrics; *p; p = &(*p)->next)
-        if (*p == metric) {
-            *p = metric->next;
-            break;
-        }
-    pthread_mutex_unlock(&metrics_lock);
-    free(metric->labels);
-    free(metric);
-    return NULL;
+    return (TRITONSERVER_Error *)nereid_metric_delete(METRIC(metric));
 }
 
 TRITONSERVER_Error *TRITONSERVER_MetricValue(TRITONSERVER_Metric *metric, double *value)
 {
-    if (!metric || !value) return bad("metric and value must not be NULL");
-    pthread_mutex_lock(&metrics_lock);
-    *value = metric->value;
-    pthread_mutex_unlock(&metrics_lock);
-    return NULL;
+    return (TRITONSERVER_Error *)nereid_metric_value(METRIC(metric), value);
 }
 
 TRITONSERVER_Error *TRITONSERVER_MetricIncrement(TRITONSERVER_Metric *metric, double value)
 {
-    if (!metric) return bad("metric must not be NULL");
-    if (metric->family->kind == TRITONSERVER_METRIC_KIND_COUNTER && value < 0)
-        return bad("value must be >= 0 when incrementing a counter");
-    pthread_mutex_lock(&metrics_lock);
-    metric->value += value;
-    pthread_mutex_unlock(&metrics_lock);
-    return NULL;
+    return (TRITONSERVER_Error *)nereid_metric_increment(METRIC(metric), value);
 }
 
 TRITONSERVER_Error *TRITONSERVER_MetricSet(TRITONSERVER_Metric *metric, double value)
 {
-    if (!metric) return bad("metric must not be NULL");
-    if (metric->family->kind != TRITONSERVER_METRIC_KIND_GAUGE)
-        return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_UNSUPPORTED,
-                                     "metric kind does not support Set");
-    pthread_mutex_lock(&metrics_lock);
-    metric->value = value;
-    pthread_mutex_unlock(&metrics_lock);
+    return (TRITONSERVER_Error *)nereid_metric_set(METRIC(metric), value);
+}
+
+TRITONSERVER_Error *TRITONSERVER_MetricObserve(TRITONSERVER_Metric *metric, double value)
+{
+    return (TRITONSERVER_Error *)nereid_metric_observe(METRIC(metric), value);
+}
+
+TRITONSERVER_Error *TRITONSERVER_GetMetricKind(TRITONSERVER_Metric *metric,
+                                               TRITONSERVER_MetricKind *kind)
+{
+    if (!metric || !kind) return bad("metric and kind must not be NULL");
+    *kind = (TRITONSERVER_MetricKind)nereid_metric_kind(METRIC(metric));
     return NULL;
 }

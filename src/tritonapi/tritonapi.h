@@ -77,7 +77,5 @@ struct TRITONBACKEND_ModelInstance {
 nereid_error_t *tritonapi_error_copy(const TRITONSERVER_Error *err);
 /* A message owning a copy of json. */
 void tritonapi_message_set(TRITONSERVER_Message *msg, const char *json);
-/* The custom metrics in Prometheus text format. */
-void tritonapi_metrics_text(FILE *out);
 
 #endif

@@ -878,7 +878,7 @@ def test_workers_exit_when_the_server_is_killed(tmp_path):
 
 
 def test_is_cancelled_sees_a_grpc_cancel(server, repo):
-    marker = os.path.join(repo, "misbehave", "running")
+    marker = os.path.join(repo, "misbehave", "1", "running")
     req = pb.ModelInferRequest(model_name="misbehave")
     t = req.inputs.add()
     t.name, t.datatype = "MODE", "BYTES"

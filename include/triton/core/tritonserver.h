@@ -381,6 +381,22 @@ TRITONSERVER_DECLSPEC TRITONSERVER_Error *TRITONSERVER_MetricIncrement(TRITONSER
                                                                        double value);
 TRITONSERVER_DECLSPEC TRITONSERVER_Error *TRITONSERVER_MetricSet(TRITONSERVER_Metric *metric,
                                                                  double value);
+/* Histograms: the bucket boundaries travel in a TRITONSERVER_MetricArgs. */
+TRITONSERVER_DECLSPEC TRITONSERVER_Error *
+TRITONSERVER_MetricArgsNew(TRITONSERVER_MetricArgs **args);
+TRITONSERVER_DECLSPEC TRITONSERVER_Error *
+TRITONSERVER_MetricArgsSetHistogram(TRITONSERVER_MetricArgs *args, const double *buckets,
+                                    const uint64_t buckets_count);
+TRITONSERVER_DECLSPEC TRITONSERVER_Error *
+TRITONSERVER_MetricArgsDelete(TRITONSERVER_MetricArgs *args);
+TRITONSERVER_DECLSPEC TRITONSERVER_Error *
+TRITONSERVER_MetricNewWithArgs(TRITONSERVER_Metric **metric, TRITONSERVER_MetricFamily *family,
+                               const TRITONSERVER_Parameter **labels, const uint64_t label_count,
+                               const TRITONSERVER_MetricArgs *args);
+TRITONSERVER_DECLSPEC TRITONSERVER_Error *TRITONSERVER_MetricObserve(TRITONSERVER_Metric *metric,
+                                                                     double value);
+TRITONSERVER_DECLSPEC TRITONSERVER_Error *TRITONSERVER_GetMetricKind(TRITONSERVER_Metric *metric,
+                                                                     TRITONSERVER_MetricKind *kind);
 
 #ifdef __cplusplus
 }

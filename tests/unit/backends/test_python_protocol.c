@@ -8,6 +8,7 @@
  * bounds (the ASan build checks that).
  */
 #include "../../../backends/python/python.c"
+#include "../../../backends/python/python_api.c"
 
 #include "check.h"
 
