@@ -89,6 +89,11 @@ nereid_error_t *server_hold_model(nereid_server_t *s, const char *name, int64_t 
 nereid_error_t *server_infer_held(model_t *m, nereid_request_t *req,
                                   const nereid_response_allocator_t *allocator,
                                   nereid_complete_fn done_fn, void *done_userp);
+/* server_infer_held for a request that takes 0..N responses
+ * (nereid_server_infer_stream's contract): a decoupled ensemble step. */
+nereid_error_t *server_infer_held_stream(model_t *m, nereid_request_t *req,
+                                         const nereid_response_allocator_t *allocator,
+                                         nereid_response_fn fn, void *userp);
 
 /* Validates req against model m and fills req->batch_size; shapes are
  * rewritten to reshape dims. Triton's error texts. */

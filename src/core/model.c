@@ -119,6 +119,7 @@ static const sched_core_t sched_core = {
     .complete = batch_complete,
     .hold_model = server_hold_model,
     .submit = server_infer_held,
+    .submit_stream = server_infer_held_stream,
 };
 
 /* ---- Instances ---- */

@@ -157,5 +157,9 @@ void model_unref(model_t *m);
  * steps to, from its start to its end, so that their unload waits for it
  * (see model.c). model_release ends the hold and drops its reference. */
 void model_release(model_t *m);
+/* Marks m decoupled as Triton marks an ensemble with a decoupled step:
+ * model_transaction_policy { decoupled: true } in its config (and the
+ * config JSON). Thread: the loading one, before m serves requests. */
+void model_set_decoupled(model_t *m);
 
 #endif

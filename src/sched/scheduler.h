@@ -36,6 +36,11 @@ typedef struct sched_core {
     nereid_error_t *(*submit)(model_t *m, nereid_request_t *req,
                               const nereid_response_allocator_t *allocator,
                               nereid_complete_fn done_fn, void *done_userp);
+    /* submit for a step whose model may answer 0..N times (decoupled):
+     * nereid_server_infer_stream's contract. */
+    nereid_error_t *(*submit_stream)(model_t *m, nereid_request_t *req,
+                                     const nereid_response_allocator_t *allocator,
+                                     nereid_response_fn fn, void *userp);
 } sched_core_t;
 
 typedef struct scheduler_ops {
