@@ -7,7 +7,10 @@
  *   instance_wise_delay_multiplier   with execute_delay_ms: instance k
  *                                    (creation order) sleeps
  *                                    execute_delay_ms * max(k * multiplier, 1)
- * which Triton's QA suites use to hold batches.
+ * which Triton's QA suites use to hold batches. Every response carries
+ * the four example parameters Triton's identity backend attaches
+ * (param0..param3: a string, an integer, a bool and a double), which
+ * Triton's L0_backend_identity checks.
  */
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -79,5 +82,20 @@ NEREID_EXPORT nereid_error_t *nereid_backend_execute(nereid_instance_t *instance
         }
         sleep_ms(st->delay_ms * factor);
     }
-    return copy_inputs_to_outputs(model, batch, true);
+    nereid_error_t *err = copy_inputs_to_outputs(model, batch, true);
+    if (err) return err;
+    const int64_t param1 = 42;
+    const bool param2 = false;
+    const double param3 = 123.123;
+    for (size_t r = 0; r < nereid_batch_request_count(batch); r++) {
+        nereid_error_free(nereid_batch_request_set_response_parameter(
+            batch, r, "param0", NEREID_PARAMETER_STRING, "an example string parameter"));
+        nereid_error_free(nereid_batch_request_set_response_parameter(
+            batch, r, "param1", NEREID_PARAMETER_INT, &param1));
+        nereid_error_free(nereid_batch_request_set_response_parameter(
+            batch, r, "param2", NEREID_PARAMETER_BOOL, &param2));
+        nereid_error_free(nereid_batch_request_set_response_parameter(
+            batch, r, "param3", NEREID_PARAMETER_DOUBLE, &param3));
+    }
+    return NULL;
 }

@@ -47,7 +47,10 @@ def test_json_every_datatype(http_server, dt):
     assert doc["id"] == f"req-{dt}"
     assert doc["model_name"] == f"id_{dt.lower()}"
     assert doc["model_version"] == "1"
-    assert list(doc) == ["id", "model_name", "model_version", "outputs"]
+    assert list(doc) == ["id", "model_name", "model_version", "parameters", "outputs"]
+    # Triton's identity backend attaches four example response parameters
+    assert doc["parameters"] == {"param0": "an example string parameter", "param1": 42,
+                                 "param2": False, "param3": 123.123}
     out = doc["outputs"][0]
     assert out["name"] == "OUTPUT0" and out["datatype"] == dt and out["shape"] == [2, 3]
     assert raw == {}
