@@ -21,6 +21,7 @@
 #include "core/core.h"
 #include "core/decoupled.h"
 #include "core/stats.h"
+#include "core/trace.h"
 #include "core/util.h"
 
 typedef struct stream_ctx {
@@ -115,6 +116,7 @@ bool request_send_response(nereid_request_t *req, nereid_response_t *resp)
     }
     stream_ctx_t *ctx = req->done_userp;
     response_compact(resp);
+    if (req->trace) trace_response_outputs(req->trace, resp);
     model_ref(req->model);
     resp->model = req->model;
     request_first_response(req);
@@ -337,6 +339,7 @@ nereid_error_t *nereid_sender_send(nereid_response_sender_t *s, uint32_t flags, 
         return NULL;
     }
     response_compact(resp);
+    if (req->trace) trace_response_outputs(req->trace, resp);
     model_ref(req->model);
     resp->model = req->model;
     request_first_response(req);

@@ -1028,6 +1028,7 @@ void request_finish(nereid_request_t *req, nereid_error_t *err, failure_reason_t
         if (req->parent_stats) stats_add(&req->parent_stats->queue, cs - req->t_queue_start_ns);
     }
     compact_outputs(resp);
+    if (req->trace) trace_response_outputs(req->trace, resp);
     if (!decoupled_flags_only(req)) request_first_response(req);
     req->response = NULL;
     resp->model = req->model;

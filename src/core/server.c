@@ -304,6 +304,11 @@ static nereid_error_t *submit(model_t *m, nereid_request_t *req,
     req->t_queue_start_ns = now;
     req->t_compute_start_ns = 0;
     if (req->trace) trace_request_start(req);
+    /* Triton's dynamic-batch and ensemble schedulers trace the inputs they
+     * take (its sequence batcher does not). */
+    if (req->trace && m->config->scheduling_choice_case !=
+                          INFERENCE__MODEL_CONFIG__SCHEDULING_CHOICE_SEQUENCE_BATCHING)
+        trace_queue_inputs(req);
     if (allocator)
         req->alloc = *allocator;
     else
