@@ -688,8 +688,8 @@ nereid_error_t *nereid_tracer_new(const char *const *names, const char *const *v
     }
     if (!err && explicit_off) level = 0;
     if (!err) {
-        if (level & TRACE_LEVEL_TENSORS)
-            LOG_WARN("trace level TENSORS is not supported: tensors are not traced");
+        if ((level & TRACE_LEVEL_TENSORS) && mode == MODE_OPENTELEMETRY)
+            LOG_WARN("Tensor level tracing is not supported by the mode: opentelemetry");
         t->global_default =
             setting_new(t, level, (uint32_t)rate, count, (uint32_t)log_frequency, file, mode);
         t->global =
@@ -1502,8 +1502,6 @@ nereid_error_t *nereid_server_update_trace_settings(nereid_server_t *server, con
             ns.log_frequency = &log_frequency;
         }
     }
-    if (ns.level && (*ns.level & TRACE_LEVEL_TENSORS))
-        LOG_WARN("trace level TENSORS is not supported: tensors are not traced");
     err = update(t, model && model[0] ? model : NULL, &ns);
     if (err) return err;
     return nereid_server_trace_settings(server, model, json_out);
