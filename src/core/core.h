@@ -54,6 +54,11 @@ nereid_error_t *batch_alloc_response_output(nereid_request_t *req, nereid_respon
 /* Runs one batch on an instance: backend execute, output scatter, timing.
  * Does not finish the requests. Thread: the instance's thread. */
 void batch_execute(model_instance_t *inst, batch_t *batch);
+/* --rate-limit turns taken before a batch is formed (sched_core_t
+ * acquire_turn/release_turn; no-ops for an instance the limiter does not
+ * know). Thread: inst's. */
+void batch_acquire_turn(model_instance_t *inst);
+void batch_release_turn(model_instance_t *inst);
 /* Records the batch's statistics (one execution); with finish, then
  * finishes every request and resets the batch. */
 void batch_complete(batch_t *batch, bool finish);

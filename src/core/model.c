@@ -120,6 +120,8 @@ static const sched_core_t sched_core = {
     .hold_model = server_hold_model,
     .submit = server_infer_held,
     .submit_stream = server_infer_held_stream,
+    .acquire_turn = batch_acquire_turn,
+    .release_turn = batch_release_turn,
 };
 
 /* ---- Instances ---- */

@@ -111,6 +111,9 @@ typedef struct model_instance {
      * for their turn. NULL when the limiter is off or the group needs no
      * resources. */
     struct rate_limiter_instance *rate_limit;
+    /* The scheduler took the turn before forming the batch (sched_core_t
+     * acquire_turn); the next execute uses it. Instance thread only. */
+    bool turn_held;
 } model_instance_t;
 
 /* A loaded model version. nereid_model_t (backend.h) is this struct. */
