@@ -71,6 +71,9 @@ nereid_error_t *model_warmup(model_t *m);
 /* cfg's model_metrics may set the first-response histogram's buckets. */
 void stats_init(model_stats_t *s, int64_t max_batch_size, const model_config_t *cfg);
 void stats_destroy(model_stats_t *s);
+/* --metrics-config summary_latencies=true: m's latency summaries with the
+ * server's quantiles (stats.c); nothing when they are off. */
+void server_enable_summaries(model_t *m);
 void stats_add(stat_duration_t *d, uint64_t ns);
 /* response_stats entry `index` (0 = response0), created on first use. */
 response_stat_t *stats_response(model_stats_t *s, uint64_t index);

@@ -25,6 +25,9 @@ struct backend_lib;
 typedef struct stat_duration {
     _Atomic uint64_t count;
     _Atomic uint64_t ns;
+    /* --metrics-config summary_latencies=true: this duration's Prometheus
+     * summary (stats.c), or NULL. */
+    struct latency_summary *summary;
 } stat_duration_t;
 
 typedef struct batch_stat {
