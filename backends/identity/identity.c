@@ -10,7 +10,9 @@
  * which Triton's QA suites use to hold batches. Every response carries
  * the four example parameters Triton's identity backend attaches
  * (param0..param3: a string, an integer, a bool and a double), which
- * Triton's L0_backend_identity checks.
+ * Triton's L0_backend_identity checks, and counts the byte size of every
+ * request's inputs in the custom counter input_byte_size_counter (Triton's
+ * identity backend's example metric).
  */
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -84,6 +86,24 @@ NEREID_EXPORT nereid_error_t *nereid_backend_execute(nereid_instance_t *instance
     }
     nereid_error_t *err = copy_inputs_to_outputs(model, batch, true);
     if (err) return err;
+    double input_bytes = 0;
+    for (size_t i = 0; i < nereid_batch_input_count(batch); i++) {
+        for (size_t r = 0; r < nereid_batch_request_count(batch); r++) {
+            nereid_datatype_t dt;
+            const int64_t *shape;
+            size_t rank, byte_size;
+            const void *data;
+            nereid_error_t *ierr = nereid_batch_request_input(
+                batch, r, nereid_batch_input_name(batch, i), &dt, &shape, &rank, &data, &byte_size);
+            if (ierr)
+                nereid_error_free(ierr);
+            else
+                input_bytes += (double)byte_size;
+        }
+    }
+    nereid_error_free(nereid_model_counter_add(
+        (nereid_model_t *)model, "input_byte_size_counter",
+        "Cumulative input byte size of all requests received by the model", input_bytes));
     const int64_t param1 = 42;
     const bool param2 = false;
     const double param3 = 123.123;

@@ -41,6 +41,7 @@
  *   1.6  nereid_batch_request_sequence (correlation id, flags, timeout),
  *        response parameters (nereid_batch_request_set_response_parameter,
  *        nereid_sender_set_parameter)
+ *   1.7  per-model custom counters (nereid_model_counter_add)
  */
 #ifndef NEREID_BACKEND_H
 #define NEREID_BACKEND_H
@@ -54,8 +55,9 @@ extern "C" {
 #define NEREID_BACKEND_ABI_MAJOR 1u
 /* 1: decoupled responses; 2: nereid_batch_request_is_cancelled; 3: request
  * parameters by index; 4: nereid_sender_is_cancelled; 5: nereid_model_server,
- * nereid_backend_config; 6: nereid_batch_request_sequence, response parameters */
-#define NEREID_BACKEND_ABI_MINOR 6u
+ * nereid_backend_config; 6: nereid_batch_request_sequence, response parameters;
+ * 7: nereid_model_counter_add */
+#define NEREID_BACKEND_ABI_MINOR 7u
 #define NEREID_BACKEND_ABI_VERSION ((NEREID_BACKEND_ABI_MAJOR << 16) | NEREID_BACKEND_ABI_MINOR)
 
 typedef struct nereid_backend nereid_backend_t;   /* one per loaded library */
@@ -322,6 +324,16 @@ NEREID_EXPORT nereid_error_t *nereid_sender_set_parameter(nereid_response_sender
                                                           const char *key,
                                                           nereid_parameter_type_t type,
                                                           const void *value);
+
+/* ABI 1.7: adds value (>= 0) to model's counter `family`, a metric of the
+ * backend's own (Triton's TRITONSERVER_MetricFamilyNew of kind COUNTER and
+ * TRITONSERVER_MetricNew with labels model and version): /metrics shows
+ * "# HELP <family> <description>", "# TYPE <family> counter" and
+ * "<family>{model="<name>",version="<version>"} <total>" from the first
+ * call on (its description is the first call's). INVALID_ARG for a name
+ * that is not a Prometheus metric name or a negative value. Thread: any. */
+NEREID_EXPORT nereid_error_t *nereid_model_counter_add(nereid_model_t *model, const char *family,
+                                                       const char *description, double value);
 
 #ifdef __cplusplus
 }

@@ -71,6 +71,7 @@ typedef struct model_stats {
     batch_stat_t *batch; /* index = batch size, 1..n_batch-1 */
     size_t n_batch;
     uint64_t load_ns; /* backend model's load time (0 for ensembles); set before publishing */
+    struct model_counter *counters; /* the backend's custom counters (stats.c), or NULL */
 } model_stats_t;
 
 /* ---- Model ---- */

@@ -77,8 +77,91 @@ static void summary_free(stat_duration_t *d)
     d->summary = NULL;
 }
 
+static void labels(char *buf, size_t cap, const model_t *m, const char *reason);
+
+/* A backend's custom counter (nereid_model_counter_add). The list only
+ * grows, under counters_lock; values are read and added under it too. */
+typedef struct model_counter {
+    char *family, *description;
+    double value;
+    struct model_counter *next;
+} model_counter_t;
+
+static pthread_mutex_t counters_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static bool metric_name_ok(const char *name)
+{
+    if (!name[0] || (name[0] >= '0' && name[0] <= '9')) return false;
+    for (const char *p = name; *p; p++)
+        if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') ||
+              *p == '_' || *p == ':'))
+            return false;
+    return true;
+}
+
+nereid_error_t *nereid_model_counter_add(nereid_model_t *model, const char *family,
+                                         const char *description, double value)
+{
+    if (!family || !metric_name_ok(family))
+        return nereid_error_new(NEREID_ERROR_INVALID_ARG, "invalid metric family name '%s'",
+                                family ? family : "");
+    if (!(value >= 0))
+        return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                "a counter can only be increased (got %g for '%s')", value, family);
+    model_stats_t *s = &((model_t *)model)->stats;
+    pthread_mutex_lock(&counters_lock);
+    model_counter_t *c = s->counters, *last = NULL;
+    for (; c && strcmp(c->family, family) != 0; c = c->next)
+        last = c;
+    if (!c) {
+        c = xcalloc(1, sizeof *c);
+        c->family = xstrdup(family);
+        c->description = xstrdup(description ? description : "");
+        for (char *p = c->description; *p; p++)
+            if (*p == '\n') *p = ' ';
+        if (last)
+            last->next = c;
+        else
+            s->counters = c;
+    }
+    c->value += value;
+    pthread_mutex_unlock(&counters_lock);
+    return NULL;
+}
+
+/* The backends' custom counters, one family at a time (HELP and TYPE once,
+ * from the first model that has it). */
+static void counters_text(FILE *out, const model_t *const *models, size_t n_models)
+{
+    char lab[1024];
+    pthread_mutex_lock(&counters_lock);
+    for (size_t i = 0; i < n_models; i++)
+        for (const model_counter_t *c = models[i]->stats.counters; c; c = c->next) {
+            bool seen = false; /* printed with an earlier model */
+            for (size_t k = 0; k < i && !seen; k++)
+                for (const model_counter_t *o = models[k]->stats.counters; o && !seen; o = o->next)
+                    seen = strcmp(o->family, c->family) == 0;
+            if (seen) continue;
+            fprintf(out, "# HELP %s %s\n# TYPE %s counter\n", c->family, c->description, c->family);
+            for (size_t k = i; k < n_models; k++)
+                for (const model_counter_t *o = models[k]->stats.counters; o; o = o->next) {
+                    if (strcmp(o->family, c->family) != 0) continue;
+                    labels(lab, sizeof lab, models[k], NULL);
+                    fprintf(out, "%s{%s} %.17g\n", o->family, lab, o->value);
+                }
+        }
+    pthread_mutex_unlock(&counters_lock);
+}
+
 void stats_destroy(model_stats_t *s)
 {
+    while (s->counters) {
+        model_counter_t *c = s->counters;
+        s->counters = c->next;
+        free(c->family);
+        free(c->description);
+        free(c);
+    }
     stat_duration_t *with[] = {&s->success,       &s->queue,          &s->compute_input,
                                &s->compute_infer, &s->compute_output, &s->cache_hit,
                                &s->cache_miss};
@@ -448,6 +531,7 @@ void stats_metrics_text(FILE *out, const model_t *const *models, size_t n_models
     }
     if (histogram_latencies) first_response_text(out, models, n_models);
     stats_summaries_text(out, models, n_models);
+    counters_text(out, models, n_models);
     load_duration_text(out, models, n_models);
     cache_metrics_per_model(out, models, n_models);
 }

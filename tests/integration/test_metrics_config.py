@@ -154,3 +154,21 @@ def test_malformed():
         r = run(f"--metrics-config={bad}")
         assert r.returncode == 2, bad
         assert f"--metrics-config option format is <setting>=<value>. Got {bad}" in r.stderr
+
+
+def test_backend_custom_counter(nereid_server, tmp_path):
+    # The identity backend counts its requests' input bytes in a counter of
+    # its own (nereid_model_counter_add), as Triton's identity backend does
+    # (L0_backend_identity: input_byte_size_counter{model=...,version=...}).
+    repo = tmp_path / "models"
+    shutil.copytree(os.path.join(EXAMPLES, "identity_fp32"), repo / "identity_fp32")
+    s = nereid_server(str(repo))
+    for n in (4, 12):
+        body = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, n],
+                            "data": [1.0] * n}]}
+        r = requests.post(f"{s.http_url}/v2/models/identity_fp32/infer", json=body, timeout=30)
+        assert r.status_code == 200, r.text
+    text = requests.get(f"{s.metrics_url}/metrics", timeout=10).text
+    assert ("# HELP input_byte_size_counter Cumulative input byte size of all requests "
+            "received by the model\n# TYPE input_byte_size_counter counter\n"
+            'input_byte_size_counter{model="identity_fp32",version="1"} 64\n') in text
