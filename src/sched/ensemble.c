@@ -1295,6 +1295,8 @@ nereid_error_t *ensemble_scheduler_create(model_t *m, const sched_core_t *core, 
         }
     e->max_inflight = es->max_inflight_requests;
     if (e->max_inflight) {
+        LOG_INFO("Ensemble model '%s' configured with max_inflight_requests: %u", m->name,
+                 e->max_inflight);
         e->limits = xcalloc(e->n_steps, sizeof *e->limits);
         for (size_t i = 0; i < e->n_steps; i++)
             pthread_mutex_init(&e->limits[i].lock, NULL);

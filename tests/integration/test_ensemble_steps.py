@@ -79,6 +79,8 @@ def test_max_inflight_requests(nereid_server, tmp_path):
     s = nereid_server(str(repo))
     cfg = requests.get(f"{s.http_url}/v2/models/limited/config", timeout=10).json()
     assert cfg["ensemble_scheduling"]["max_inflight_requests"] == 1
+    # Triton's log line, which L0_simple_ensemble greps
+    assert "Ensemble model 'limited' configured with max_inflight_requests: 1" in s.output()
     results = [None] * 4
 
     def run(k):
