@@ -21,7 +21,8 @@
  * rest of the ensemble runs for that response alone (Triton's iteration
  * counts). An ensemble with a decoupled step is decoupled itself: each lane
  * whose requested outputs are all there becomes one response to the
- * client, and the final flag comes alone once no step is in flight.
+ * client; the one completed by the last step in flight carries the final
+ * flag, else the final flag comes alone once no step is in flight.
  *
  * ensemble_scheduling.max_inflight_requests = N bounds, per step, the step
  * requests in flight across all of the ensemble's requests (Triton's
@@ -137,6 +138,8 @@ struct ens_ctx {
     ens_lane_t *root;          /* the request's own lane; all lanes are on its list */
     bool *needed;              /* per step: writes a tensor the response needs (else never run) */
     bool filled;               /* decoupled, not streamed: a lane filled req's response */
+    ens_lane_t *final_lane;    /* decoupled: the lane completed by the last step in flight; its
+                                  response carries the final flag (Triton's FinishEnsemble) */
     size_t inflight;           /* steps submitted and not completed, plus launch guards */
     nereid_error_t *error;
     model_t **held; /* per step: its composing model, held (model_hold) until ctx_free */
@@ -373,7 +376,8 @@ static void ctx_finish(ens_ctx_t *c)
      * carries the flag alone (Triton's SendFlags). A caller that takes
      * one response got the first lane's in req's response. */
     if (!err && !streamed && !c->filled) err = fill_response(c, c->root);
-    if (!err && streamed) request_final_flags_only(req);
+    if (!err && streamed && c->final_lane) err = fill_response(c, c->final_lane);
+    if (!err && streamed && !c->final_lane) request_final_flags_only(req);
     if (err) {
         /* Triton names the ensemble in front of any failure inside it. */
         nereid_error_t *wrapped = nereid_error_new(nereid_error_code(err), "in ensemble '%s', %s",
@@ -578,8 +582,14 @@ static void step_response(ens_call_t *call, nereid_response_t *resp, bool final)
             v->ready = true;
             publish(c, lane, t, ready, &n_ready);
         }
-        if (c->e->decoupled && output_written && !lane->sent && lane_complete(c, lane))
-            send = lane->sent = true;
+        if (c->e->decoupled && output_written && !lane->sent && lane_complete(c, lane)) {
+            lane->sent = true;
+            /* The last step in flight: this response is the final one. */
+            if (final && c->inflight == 1 && n_ready == 0 && request_is_streamed(c->req))
+                c->final_lane = lane;
+            else
+                send = true;
+        }
     }
     pthread_mutex_unlock(&c->lock);
     if (send) send_lane(c, lane);

@@ -392,14 +392,18 @@ def test_ensemble_forwards_every_response_of_a_decoupled_step(ens_stub):
     s, stub = ens_stub
     rs = stream(stub, [repeat([5, 6, 7], [5, 5, 5], id="e1", model="rep_ens",
                               empty_final=True)])
-    assert [final(r) for r in rs] == [False, False, False, True]
     assert all(r.error_message == "" for r in rs)
-    assert sorted(out_idx(r) for r in rs[:3]) == [(5, 0), (6, 1), (7, 2)]
-    ir = rs[0].infer_response
+    data = [r for r in rs if r.infer_response.outputs]
+    assert sorted(out_idx(r) for r in data) == [(5, 0), (6, 1), (7, 2)]
+    # the final flag rides on the last response when the step that made it
+    # was the last in flight (Triton's FinishEnsemble), else it comes alone
+    assert [final(r) for r in rs] in ([False, False, False, True], [False, False, True])
+    if len(rs) == 4:
+        assert list(rs[3].infer_response.outputs) == []
+    ir = data[0].infer_response
     assert (ir.model_name, ir.id) == ("rep_ens", "e1")
     assert [(o.name, o.datatype, list(o.shape)) for o in ir.outputs] == [
         ("OUT", "INT32", [1]), ("IDX", "UINT32", [1])]
-    assert list(rs[3].infer_response.outputs) == []
     # the ensemble is decoupled itself, as Triton marks it
     cfg = requests.get(f"{s.http_url}/v2/models/rep_ens/config", timeout=10).json()
     assert cfg["model_transaction_policy"] == {"decoupled": True}
@@ -421,8 +425,10 @@ def test_ensemble_with_decoupled_step_many_requests_and_none(ens_stub):
     assert set(got) == {f"r{k}" for k in range(6)}
     for k in range(6):
         rs = got[f"r{k}"]
-        assert [final(r) for r in rs] == [False] * k + [True]
-        assert sorted(out_idx(r) for r in rs[:-1]) == [(k * 10 + i, i) for i in range(k)]
+        data = [r for r in rs if r.infer_response.outputs]
+        assert sorted(out_idx(r) for r in data) == [(k * 10 + i, i) for i in range(k)]
+        assert [final(r) for r in rs][-1] is True and not any(final(r) for r in rs[:-1])
+        assert len(rs) in (k, k + 1)
     # no response of the decoupled step: no response of the ensemble, and
     # without the empty final the stream just ends
     assert stream(stub, [repeat([], id="none", model="rep_ens", empty_final=False)]) == []
@@ -437,3 +443,18 @@ def test_ensemble_decoupled_step_error_ends_the_request(ens_stub):
     bad = [r for r in rs if r.error_message != ""]
     assert [out_idx(r) for r in ok] == [(1, 0)]
     assert len(bad) == 1 and bad[0].error_message.startswith("in ensemble 'rep_ens', ")
+
+
+def test_ensemble_final_flag_rides_on_the_last_response(nereid_server, repo):
+    # Triton's FinishEnsemble: a response made when no other step is in
+    # flight carries the final flag. The step after repeat_int32 takes
+    # 300 ms, so repeat's final flag has long arrived when the last one ends.
+    write_model(repo, "id1", IDENTITY1.replace('backend: "identity"', 'backend: "testing"')
+                + 'parameters { key: "execute_delay_ms" value { string_value: "300" } }\n')
+    write_model(repo, "rep_ens", REPEAT_THEN_IDENTITY)
+    s = nereid_server(repo)
+    with grpc.insecure_channel(s.grpc_addr) as ch:
+        rs = stream(pbg.GRPCInferenceServiceStub(ch),
+                    [repeat([5, 6], id="f", model="rep_ens", empty_final=True)])
+    assert [final(r) for r in rs] == [False, True]
+    assert sorted(out_idx(r) for r in rs) == [(5, 0), (6, 1)]
