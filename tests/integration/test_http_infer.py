@@ -76,6 +76,20 @@ def test_binary_every_datatype(http_server, dt):
     assert raw["OUTPUT0"] == tensor_bytes(dt, data)
 
 
+@pytest.mark.parametrize("dt", ["FP32", "BF16"])
+def test_empty_binary_output_is_json_data(http_server, dt):
+    # An output of zero bytes asked for in binary comes back as "data": [],
+    # which Triton's clients read with the output's datatype (L0_backend_identity)
+    body = json.dumps({"inputs": [{"name": "INPUT0", "datatype": dt, "shape": [1, 0],
+                                   "parameters": {"binary_data_size": 0}}],
+                       "parameters": {"binary_data_output": True}}).encode()
+    r = infer(http_server, f"id_{dt.lower()}", body,
+              {"Inference-Header-Content-Length": str(len(body))})
+    assert r.status_code == 200, r.text
+    out = r.json()["outputs"][0]
+    assert out == {"name": "OUTPUT0", "datatype": dt, "shape": [1, 0], "data": []}
+
+
 def test_fp16_in_binary_out_json_is_refused(http_server):
     data = sample("FP16")
     body, headers = build_infer([{"name": "INPUT0", "datatype": "FP16", "data": data,
