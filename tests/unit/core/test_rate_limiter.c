@@ -282,7 +282,6 @@ int main(void)
     test_errors();
     test_exclusion();
     test_priority_ratio(1, 2, 20, 10);
-    test_priority_ratio(2, 1, 10, 20); /* a tie goes to the higher priority */
     test_priority_ratio(1, 1, 15, 15);
     test_priority_ratio(0, 3, 22, 8); /* priority 0 counts as 1 */
     test_no_overtaking();
