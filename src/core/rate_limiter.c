@@ -221,21 +221,10 @@ nereid_error_t *rate_limiter_register(rate_limiter_t *rl, const void *owner, int
 
 /* ---- Choosing who runs ---- */
 
-/* Whether a goes before b ignoring when they were staged: a lower scaled
- * priority, or an equal one and a higher priority (a smaller number). With
- * priorities 1 and 2 this gives exactly two turns to one (L0_rate_limiter's
- * ratio test); equal priorities tie. */
-static bool ahead(const rate_limiter_instance_t *a, const rate_limiter_instance_t *b)
-{
-    uint64_t sa = a->exec_count * a->priority, sb = b->exec_count * b->priority;
-    return sa != sb ? sa < sb : a->priority < b->priority;
-}
-
 static bool before(const rate_limiter_instance_t *a, const rate_limiter_instance_t *b)
 {
-    if (ahead(a, b)) return true;
-    if (ahead(b, a)) return false;
-    return a->staged_seq < b->staged_seq;
+    uint64_t sa = a->exec_count * a->priority, sb = b->exec_count * b->priority;
+    return sa != sb ? sa < sb : a->staged_seq < b->staged_seq;
 }
 
 static rate_limiter_instance_t *first_staged(const rate_limiter_t *rl)
@@ -374,7 +363,8 @@ void rate_limiter_release(rate_limiter_instance_t *inst, bool more_work)
     /* Triton stages the instance again before choosing when its model has
      * work; defer the choice only when that would change it. */
     rate_limiter_instance_t *first = first_staged(rl);
-    if (more_work && first && ahead(inst, first)) {
+    if (more_work && first &&
+        inst->exec_count * inst->priority < first->exec_count * first->priority) {
         inst->deferred = true;
         rl->n_deferred++;
         pthread_cond_broadcast(&rl->cond); /* waiters now time the deferral */

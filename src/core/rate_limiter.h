@@ -12,8 +12,7 @@
  *
  * An instance that has a batch asks for a turn (it is "staged"); staged
  * instances get their turns in the order of exec_count * priority (lowest
- * first, priority 0 counting as 1, ties to the higher priority, then to the
- * one staged first): an
+ * first, priority 0 counting as 1, ties to the one staged first): an
  * instance of priority 2 gets half the turns of one of priority 1 under
  * contention. Only the first in that order may start: when its resources
  * are busy, the others wait too (no overtaking), as in Triton.
