@@ -118,7 +118,9 @@ static const flag_t flags[] = {
       "Times a failed model load is tried again before it counts as failed (0)."),
     F("metrics-config", FLAG_METRICS_CONFIG, server,
       "<setting>=<value>: counter_latencies=true|false (true), histogram_latencies=true|false "
-      "(false; nv_inference_first_response_histogram_ms); summary_latencies=true is refused."),
+      "(false; nv_inference_first_response_histogram_ms), summary_latencies=true|false (false; "
+      "nv_inference_*_summary_us), summary_quantiles=<q>:<error>,... (0.5, 0.9, 0.95, 0.99, "
+      "0.999)."),
     F("reuse-http-port", FLAG_BOOL, http_reuse_port,
       "Let several servers listen on the HTTP port (SO_REUSEPORT) (false)."),
     F("reuse-grpc-port", FLAG_BOOL, grpc.reuse_port,
@@ -331,10 +333,40 @@ static int parse_backend_config(cli_t *cli, const char *value)
     return 0;
 }
 
+/* summary_quantiles=<q>:<error>,... as Triton's ParseQuantiles: a pair
+ * without ':' or whose numbers do not parse is reported and skipped; no
+ * valid pair keeps the default quantiles (the error bounds are not used:
+ * Nereid's quantiles are exact over the window). */
+static void parse_summary_quantiles(cli_t *cli, const char *list)
+{
+    size_t n = 0;
+    double q[NEREID_MAX_SUMMARY_QUANTILES];
+    while (*list) {
+        size_t len = strcspn(list, ",");
+        char pair[128];
+        snprintf(pair, sizeof pair, "%.*s", (int)(len < sizeof pair ? len : sizeof pair - 1), list);
+        char *colon = strchr(pair, ':'), *end = NULL;
+        double v = colon ? strtod(pair, &end) : 0;
+        if (!colon)
+            fprintf(stderr,
+                    "Invalid option: [%s]. No ':' delimiter found. Expected format is "
+                    "<quantile>:<error>\n",
+                    pair);
+        else if (end == pair)
+            fprintf(stderr, "Invalid option: [%s]. Error: stod\n", pair);
+        else if (n < NEREID_MAX_SUMMARY_QUANTILES)
+            q[n++] = v;
+        list += len + (list[len] == ',');
+    }
+    if (n == 0) return;
+    memcpy(cli->server.metrics_summary_quantiles, q, n * sizeof *q);
+    cli->server.n_metrics_summary_quantiles = n;
+}
+
 /* Triton's --metrics-config <setting>=<value> (its format errors): the
  * latency families. Triton reads counter_latencies "false" and
  * histogram_latencies "true" only; other settings have no effect there
- * either, except summary_latencies=true, which Nereid does not serve. */
+ * either. */
 static int parse_metrics_config(cli_t *cli, const char *value)
 {
     const char *eq = strchr(value, '=');
@@ -347,13 +379,10 @@ static int parse_metrics_config(cli_t *cli, const char *value)
         cli->server.metrics_counter_latencies = strcmp(eq + 1, "false") != 0;
     else if (n == strlen("histogram_latencies") && !strncmp(value, "histogram_latencies", n))
         cli->server.metrics_histogram_latencies = strcmp(eq + 1, "true") == 0;
-    else if (n == strlen("summary_latencies") && !strncmp(value, "summary_latencies", n) &&
-             !strcmp(eq + 1, "true")) {
-        fprintf(stderr, "nereid: --metrics-config summary_latencies=true is not supported (latency "
-                        "summaries are not implemented; counters and the first-response "
-                        "histogram are)\n");
-        return -2;
-    }
+    else if (n == strlen("summary_latencies") && !strncmp(value, "summary_latencies", n))
+        cli->server.metrics_summary_latencies = strcmp(eq + 1, "true") == 0;
+    else if (n == strlen("summary_quantiles") && !strncmp(value, "summary_quantiles", n))
+        parse_summary_quantiles(cli, eq + 1);
     return 0;
 }
 

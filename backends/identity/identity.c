@@ -7,9 +7,16 @@
  *   instance_wise_delay_multiplier   with execute_delay_ms: instance k
  *                                    (creation order) sleeps
  *                                    execute_delay_ms * max(k * multiplier, 1)
- * which Triton's QA suites use to hold batches.
+ * which Triton's QA suites use to hold batches. Every response carries
+ * the four example parameters Triton's identity backend attaches
+ * (param0..param3: a string, an integer, a bool and a double), which
+ * Triton's L0_backend_identity checks, and counts the byte size of every
+ * request's inputs in the custom counter input_byte_size_counter (Triton's
+ * identity backend's example metric).
  */
+#include <inttypes.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
 
@@ -24,7 +31,9 @@ NEREID_EXPORT uint32_t nereid_backend_abi_version(void)
 typedef struct model_state {
     long delay_ms;
     long multiplier;
-    atomic_size_t instances; /* creation counter: the next instance's id */
+    atomic_size_t instances;        /* creation counter: the next instance's id */
+    nereid_metric_family_t *family; /* input_byte_size_counter, or NULL */
+    nereid_metric_t *input_bytes;   /* its series {model, version}, or NULL */
 } model_state_t;
 
 static long param_long(const nereid_model_t *model, const char *key)
@@ -39,13 +48,31 @@ NEREID_EXPORT nereid_error_t *nereid_backend_model_init(nereid_model_t *model)
     if (!st) return nereid_error_new(NEREID_ERROR_INTERNAL, "identity backend: out of memory");
     st->delay_ms = param_long(model, "execute_delay_ms");
     if (st->delay_ms > 0) st->multiplier = param_long(model, "instance_wise_delay_multiplier");
+    /* The counter is an example, as in Triton: a failure to make it only
+     * leaves it out. */
+    nereid_error_t *err = nereid_metric_family_new(
+        NEREID_METRIC_COUNTER, "input_byte_size_counter",
+        "Cumulative input byte size of all requests received by the model", &st->family);
+    if (!err) {
+        char version[24];
+        snprintf(version, sizeof version, "%" PRId64, nereid_model_version(model));
+        const char *names[] = {"model", "version"};
+        const char *values[] = {nereid_model_name(model), version};
+        err = nereid_metric_new(st->family, names, values, 2, NULL, 0, &st->input_bytes);
+    }
+    nereid_error_free(err);
     nereid_model_set_state(model, st);
     return NULL;
 }
 
 NEREID_EXPORT nereid_error_t *nereid_backend_model_fini(nereid_model_t *model)
 {
-    free(nereid_model_state(model));
+    model_state_t *st = nereid_model_state(model);
+    if (st) {
+        if (st->input_bytes) nereid_error_free(nereid_metric_delete(st->input_bytes));
+        if (st->family) nereid_error_free(nereid_metric_family_delete(st->family));
+    }
+    free(st);
     return NULL;
 }
 
@@ -79,5 +106,37 @@ NEREID_EXPORT nereid_error_t *nereid_backend_execute(nereid_instance_t *instance
         }
         sleep_ms(st->delay_ms * factor);
     }
-    return copy_inputs_to_outputs(model, batch, true);
+    nereid_error_t *err = copy_inputs_to_outputs(model, batch, true);
+    if (err) return err;
+    double input_bytes = 0;
+    for (size_t i = 0; i < nereid_batch_input_count(batch); i++) {
+        for (size_t r = 0; r < nereid_batch_request_count(batch); r++) {
+            nereid_datatype_t dt;
+            const int64_t *shape;
+            size_t rank, byte_size;
+            const void *data;
+            nereid_error_t *ierr = nereid_batch_request_input(
+                batch, r, nereid_batch_input_name(batch, i), &dt, &shape, &rank, &data, &byte_size);
+            if (ierr)
+                nereid_error_free(ierr);
+            else
+                input_bytes += (double)byte_size;
+        }
+    }
+    if (st && st->input_bytes)
+        nereid_error_free(nereid_metric_increment(st->input_bytes, input_bytes));
+    const int64_t param1 = 42;
+    const bool param2 = false;
+    const double param3 = 123.123;
+    for (size_t r = 0; r < nereid_batch_request_count(batch); r++) {
+        nereid_error_free(nereid_batch_request_set_response_parameter(
+            batch, r, "param0", NEREID_PARAMETER_STRING, "an example string parameter"));
+        nereid_error_free(nereid_batch_request_set_response_parameter(
+            batch, r, "param1", NEREID_PARAMETER_INT, &param1));
+        nereid_error_free(nereid_batch_request_set_response_parameter(
+            batch, r, "param2", NEREID_PARAMETER_BOOL, &param2));
+        nereid_error_free(nereid_batch_request_set_response_parameter(
+            batch, r, "param3", NEREID_PARAMETER_DOUBLE, &param3));
+    }
+    return NULL;
 }

@@ -116,6 +116,9 @@ typedef struct nereid_backend_setting {
     const char *value;
 } nereid_backend_setting_t;
 
+/* The most quantiles --metrics-config summary_quantiles may list. */
+#define NEREID_MAX_SUMMARY_QUANTILES 16
+
 typedef struct nereid_server_options {
     const char *const *model_repositories; /* borrowed during nereid_server_new */
     size_t n_model_repositories;
@@ -137,6 +140,12 @@ typedef struct nereid_server_options {
      * false), as Triton's counter_latencies / histogram_latencies. */
     bool metrics_counter_latencies;
     bool metrics_histogram_latencies;
+    /* summary_latencies=true (default false): Triton's per-model latency
+     * summaries, with summary_quantiles (Triton's default 0.5, 0.9, 0.95,
+     * 0.99, 0.999 when n_metrics_summary_quantiles is 0). */
+    bool metrics_summary_latencies;
+    double metrics_summary_quantiles[NEREID_MAX_SUMMARY_QUANTILES];
+    size_t n_metrics_summary_quantiles;
     bool log_info, log_warning, log_error; /* default true: which log lines are printed */
     int log_format; /* a nereid_log_format_t; default NEREID_LOG_FORMAT_DEFAULT */
     nereid_rate_limit_mode_t rate_limit; /* default NEREID_RATE_LIMIT_OFF */

@@ -592,8 +592,10 @@ void batch_execute(model_instance_t *inst, batch_t *batch)
 {
     model_t *m = inst->model;
     batch->instance = inst;
-    /* --rate-limit: wait for the instance's turn (queue time, as in Triton). */
-    if (inst->rate_limit) rate_limiter_acquire(inst->rate_limit);
+    /* --rate-limit: wait for the instance's turn (queue time, as in Triton),
+     * unless the scheduler took it before forming the batch. */
+    if (inst->rate_limit && !inst->turn_held) rate_limiter_acquire(inst->rate_limit);
+    inst->turn_held = false;
     batch->t_start_ns = util_now_ns();
     for (size_t r = 0; r < batch->n_reqs; r++)
         batch->reqs[r]->t_compute_start_ns = batch->t_start_ns;
@@ -621,6 +623,20 @@ void batch_execute(model_instance_t *inst, batch_t *batch)
         batch->t_input_end_ns = batch->t_start_ns;
         batch->t_infer_end_ns = exec_end;
     }
+}
+
+void batch_acquire_turn(model_instance_t *inst)
+{
+    if (!inst->rate_limit || inst->turn_held) return;
+    rate_limiter_acquire(inst->rate_limit);
+    inst->turn_held = true;
+}
+
+void batch_release_turn(model_instance_t *inst)
+{
+    if (!inst->turn_held) return;
+    inst->turn_held = false;
+    rate_limiter_release(inst->rate_limit, false);
 }
 
 static void batch_record(batch_t *batch)

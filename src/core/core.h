@@ -54,6 +54,11 @@ nereid_error_t *batch_alloc_response_output(nereid_request_t *req, nereid_respon
 /* Runs one batch on an instance: backend execute, output scatter, timing.
  * Does not finish the requests. Thread: the instance's thread. */
 void batch_execute(model_instance_t *inst, batch_t *batch);
+/* --rate-limit turns taken before a batch is formed (sched_core_t
+ * acquire_turn/release_turn; no-ops for an instance the limiter does not
+ * know). Thread: inst's. */
+void batch_acquire_turn(model_instance_t *inst);
+void batch_release_turn(model_instance_t *inst);
 /* Records the batch's statistics (one execution); with finish, then
  * finishes every request and resets the batch. */
 void batch_complete(batch_t *batch, bool finish);
@@ -66,6 +71,9 @@ nereid_error_t *model_warmup(model_t *m);
 /* cfg's model_metrics may set the first-response histogram's buckets. */
 void stats_init(model_stats_t *s, int64_t max_batch_size, const model_config_t *cfg);
 void stats_destroy(model_stats_t *s);
+/* --metrics-config summary_latencies=true: m's latency summaries with the
+ * server's quantiles (stats.c); nothing when they are off. */
+void server_enable_summaries(model_t *m);
 void stats_add(stat_duration_t *d, uint64_t ns);
 /* response_stats entry `index` (0 = response0), created on first use. */
 response_stat_t *stats_response(model_stats_t *s, uint64_t index);
@@ -89,6 +97,11 @@ nereid_error_t *server_hold_model(nereid_server_t *s, const char *name, int64_t 
 nereid_error_t *server_infer_held(model_t *m, nereid_request_t *req,
                                   const nereid_response_allocator_t *allocator,
                                   nereid_complete_fn done_fn, void *done_userp);
+/* server_infer_held for a request that takes 0..N responses
+ * (nereid_server_infer_stream's contract): a decoupled ensemble step. */
+nereid_error_t *server_infer_held_stream(model_t *m, nereid_request_t *req,
+                                         const nereid_response_allocator_t *allocator,
+                                         nereid_response_fn fn, void *userp);
 
 /* Validates req against model m and fills req->batch_size; shapes are
  * rewritten to reshape dims. Triton's error texts. */

@@ -21,6 +21,7 @@
 #include "core/core.h"
 #include "core/decoupled.h"
 #include "core/stats.h"
+#include "core/trace.h"
 #include "core/util.h"
 
 typedef struct stream_ctx {
@@ -72,17 +73,71 @@ static void stream_final(nereid_response_t *resp, void *userp)
     fn(resp, NEREID_RESPONSE_FINAL, fn_userp);
 }
 
-nereid_error_t *nereid_server_infer_stream(nereid_server_t *server, nereid_request_t *req,
-                                           const nereid_response_allocator_t *allocator,
-                                           nereid_response_fn fn, void *userp)
+/* Submits req with stream_final as its completion: to the held model m
+ * (an ensemble step), or else through the server's model lookup. */
+static nereid_error_t *submit_streamed(nereid_server_t *server, model_t *m, nereid_request_t *req,
+                                       const nereid_response_allocator_t *allocator,
+                                       nereid_response_fn fn, void *userp)
 {
     if (!fn) return nereid_error_new(NEREID_ERROR_INVALID_ARG, "request and callback are required");
     stream_ctx_t *ctx = xcalloc(1, sizeof *ctx);
     ctx->fn = fn;
     ctx->userp = userp;
-    nereid_error_t *err = nereid_server_infer_async(server, req, allocator, stream_final, ctx);
+    nereid_error_t *err = m ? server_infer_held(m, req, allocator, stream_final, ctx)
+                            : nereid_server_infer_async(server, req, allocator, stream_final, ctx);
     if (err) free(ctx);
     return err;
+}
+
+nereid_error_t *nereid_server_infer_stream(nereid_server_t *server, nereid_request_t *req,
+                                           const nereid_response_allocator_t *allocator,
+                                           nereid_response_fn fn, void *userp)
+{
+    return submit_streamed(server, NULL, req, allocator, fn, userp);
+}
+
+nereid_error_t *server_infer_held_stream(model_t *m, nereid_request_t *req,
+                                         const nereid_response_allocator_t *allocator,
+                                         nereid_response_fn fn, void *userp)
+{
+    return submit_streamed(m->server, m, req, allocator, fn, userp);
+}
+
+bool request_is_streamed(const nereid_request_t *req)
+{
+    return req->done_fn == stream_final;
+}
+
+bool request_send_response(nereid_request_t *req, nereid_response_t *resp)
+{
+    if (!request_is_streamed(req)) {
+        nereid_response_free(resp);
+        return false;
+    }
+    stream_ctx_t *ctx = req->done_userp;
+    response_compact(resp);
+    if (req->trace) trace_response_outputs(req->trace, resp);
+    model_ref(req->model);
+    resp->model = req->model;
+    request_first_response(req);
+    ctx->fn(resp, 0, ctx->userp);
+    return true;
+}
+
+void request_final_flags_only(nereid_request_t *req)
+{
+    if (request_is_streamed(req)) ((stream_ctx_t *)req->done_userp)->flags_only = true;
+}
+
+void model_set_decoupled(model_t *m)
+{
+    if (!m->config->model_transaction_policy) {
+        m->config->model_transaction_policy = xcalloc(1, sizeof(Inference__ModelTransactionPolicy));
+        inference__model_transaction_policy__init(m->config->model_transaction_policy);
+    }
+    m->config->model_transaction_policy->decoupled = true;
+    free(m->config_json);
+    m->config_json = config_to_json(m->config);
 }
 
 nereid_error_t *nereid_server_model_decoupled(nereid_server_t *server, const char *model,
@@ -284,6 +339,7 @@ nereid_error_t *nereid_sender_send(nereid_response_sender_t *s, uint32_t flags, 
         return NULL;
     }
     response_compact(resp);
+    if (req->trace) trace_response_outputs(req->trace, resp);
     model_ref(req->model);
     resp->model = req->model;
     request_first_response(req);

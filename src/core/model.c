@@ -119,6 +119,9 @@ static const sched_core_t sched_core = {
     .complete = batch_complete,
     .hold_model = server_hold_model,
     .submit = server_infer_held,
+    .submit_stream = server_infer_held_stream,
+    .acquire_turn = batch_acquire_turn,
+    .release_turn = batch_release_turn,
 };
 
 /* ---- Instances ---- */
@@ -346,6 +349,7 @@ nereid_error_t *model_load(nereid_server_t *server, const model_load_args_t *arg
     err = build_io(m);
     if (err) goto fail;
     stats_init(&m->stats, m->max_batch_size, m->config);
+    server_enable_summaries(m);
     err = scheduler_create(m, &sched_core, &m->sched);
     if (err) goto fail;
     if (m->backend) {

@@ -25,6 +25,9 @@ struct backend_lib;
 typedef struct stat_duration {
     _Atomic uint64_t count;
     _Atomic uint64_t ns;
+    /* --metrics-config summary_latencies=true: this duration's Prometheus
+     * summary (stats.c), or NULL. */
+    struct latency_summary *summary;
 } stat_duration_t;
 
 typedef struct batch_stat {
@@ -111,6 +114,9 @@ typedef struct model_instance {
      * for their turn. NULL when the limiter is off or the group needs no
      * resources. */
     struct rate_limiter_instance *rate_limit;
+    /* The scheduler took the turn before forming the batch (sched_core_t
+     * acquire_turn); the next execute uses it. Instance thread only. */
+    bool turn_held;
 } model_instance_t;
 
 /* A loaded model version. nereid_model_t (backend.h) is this struct. */
@@ -160,5 +166,9 @@ void model_unref(model_t *m);
  * steps to, from its start to its end, so that their unload waits for it
  * (see model.c). model_release ends the hold and drops its reference. */
 void model_release(model_t *m);
+/* Marks m decoupled as Triton marks an ensemble with a decoupled step:
+ * model_transaction_policy { decoupled: true } in its config (and the
+ * config JSON). Thread: the loading one, before m serves requests. */
+void model_set_decoupled(model_t *m);
 
 #endif

@@ -41,7 +41,7 @@
 /* The device of global resources (rate_limiter_capacity). */
 #define RATE_LIMITER_GLOBAL_DEVICE (-2)
 /* How long a deferred choice waits for its instance to come back. */
-#define RATE_LIMITER_DEFER_NS (5 * 1000 * 1000)
+#define RATE_LIMITER_DEFER_NS (20 * 1000 * 1000)
 
 typedef struct rate_limiter rate_limiter_t;
 /* One registered model instance. */

@@ -828,7 +828,8 @@ static nereid_error_t *load_model(nereid_server_t *s, const char *name, const ch
                        strcmp(e->load_dir, load_dir) == 0;
     pthread_rwlock_unlock(&s->lock);
     version_entry_t *nv = xcalloc(k, sizeof *nv);
-    bool any_new = false;
+    model_t **fresh = xcalloc(k, sizeof *fresh); /* per version: loaded now, or NULL */
+    bool any_new = false, any_failed = false;
     for (size_t i = 0; i < k; i++) {
         nv[i].version = chosen[i];
         model_t *old = NULL;
@@ -864,6 +865,7 @@ static nereid_error_t *load_model(nereid_server_t *s, const char *name, const ch
             lerr = model_load(s, &args, &m);
         }
         if (lerr) {
+            any_failed = true;
             nv[i].state = MODEL_UNAVAILABLE;
             nv[i].reason = error_reason(lerr);
             LOG_ERROR("failed to load '%s' version %" PRId64 ": %s", name, chosen[i], nv[i].reason);
@@ -874,18 +876,65 @@ static nereid_error_t *load_model(nereid_server_t *s, const char *name, const ch
                 nv[i].state = MODEL_READY;
             }
         } else {
-            nv[i].model = m;
+            nv[i].model = fresh[i] = m;
             nv[i].state = MODEL_READY;
             any_new = true;
             LOG_INFO("successfully loaded '%s' version %" PRId64, name, chosen[i]);
         }
     }
     free(chosen);
+    char *err_text = NULL;
+    for (size_t i = 0; i < k; i++) {
+        if (!nv[i].reason) continue;
+        char *prev = err_text;
+        err_text = xasprintf("%sversion %" PRId64 " is at UNAVAILABLE state: %s;\n",
+                             prev ? prev : "", nv[i].version, nv[i].reason);
+        free(prev);
+    }
+    /* Triton (ModelLifeCycle::OnLoadFinal): when any version fails, every
+     * version loaded by this load is unloaded again; what served before
+     * keeps serving, the config included. */
+    model_t **discard = NULL;
+    size_t n_discard = 0;
+    if (any_failed) {
+        discard = xcalloc(k, sizeof *discard);
+        pthread_rwlock_rdlock(&s->lock);
+        for (size_t i = 0; i < k; i++) {
+            if (!fresh[i]) continue;
+            discard[n_discard++] = fresh[i];
+            nv[i].model = NULL;
+            nv[i].state = MODEL_UNAVAILABLE;
+            nv[i].reason = xstrdup("unloaded");
+            for (size_t v = 0; v < e->n_versions; v++)
+                if (e->versions[v].version == nv[i].version &&
+                    e->versions[v].state == MODEL_READY) {
+                    nv[i].model = e->versions[v].model;
+                    nv[i].state = MODEL_READY;
+                    free(nv[i].reason);
+                    nv[i].reason = NULL;
+                }
+        }
+        /* Serving versions the new policy would not choose stay too. */
+        for (size_t v = 0; v < e->n_versions; v++) {
+            bool listed = false;
+            for (size_t i = 0; i < k; i++)
+                listed |= nv[i].version == e->versions[v].version;
+            if (listed || e->versions[v].state != MODEL_READY) continue;
+            nv = xrealloc(nv, (k + 1) * sizeof *nv);
+            memset(&nv[k], 0, sizeof nv[k]);
+            nv[k].version = e->versions[v].version;
+            nv[k].model = e->versions[v].model;
+            nv[k].state = MODEL_READY;
+            k++;
+        }
+        pthread_rwlock_unlock(&s->lock);
+        any_new = false;
+    }
+    free(fresh);
 
     /* Swap under the write lock; collect what is replaced. */
     model_t **drain = NULL;
     size_t n_drain = 0;
-    char *err_text = NULL;
     pthread_rwlock_wrlock(&s->lock);
     for (size_t v = 0; v < e->n_versions; v++) {
         model_t *m = e->versions[v].model;
@@ -898,15 +947,8 @@ static nereid_error_t *load_model(nereid_server_t *s, const char *name, const ch
         }
     }
     bool any_ready = false;
-    for (size_t i = 0; i < k; i++) {
+    for (size_t i = 0; i < k; i++)
         if (nv[i].state == MODEL_READY) any_ready = true;
-        if (nv[i].reason) {
-            char *prev = err_text;
-            err_text = xasprintf("%sversion %" PRId64 " is at UNAVAILABLE state: %s;\n",
-                                 prev ? prev : "", nv[i].version, nv[i].reason);
-            free(prev);
-        }
-    }
     free_versions(e->versions, e->n_versions);
     e->versions = nv;
     e->n_versions = k;
@@ -930,6 +972,9 @@ static nereid_error_t *load_model(nereid_server_t *s, const char *name, const ch
     for (size_t i = 0; i < n_drain; i++)
         model_unload(drain[i]);
     free(drain);
+    for (size_t i = 0; i < n_discard; i++)
+        model_unload(discard[i]);
+    free(discard);
     drop_unused_tmp_dirs(s, e);
     if (cfg) config_free(cfg);
     free(key);

@@ -512,6 +512,13 @@ static nereid_error_t *validate_inputs(nereid_request_t *req, model_t *m,
 nereid_error_t *request_validate(nereid_request_t *req, model_t *m)
 {
     const char *rid = req_id(req);
+    /* Triton's Normalize checks the requested outputs before the inputs
+     * (L0_output_name sends a wrong input name and a wrong output name). */
+    for (size_t i = 0; i < req->n_out_names; i++)
+        if (!find_io(m->outputs, m->n_outputs, req->out_names[i]))
+            return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                    "unexpected inference output '%s' for model '%s'",
+                                    req->out_names[i], m->name);
     size_t required = 0, required_given = 0;
     for (size_t i = 0; i < m->n_inputs; i++)
         required += !m->inputs[i].optional;
@@ -660,11 +667,6 @@ static nereid_error_t *validate_inputs(nereid_request_t *req, model_t *m,
     } else {
         req->batch_size = 1;
     }
-    for (size_t i = 0; i < req->n_out_names; i++)
-        if (!find_io(m->outputs, m->n_outputs, req->out_names[i]))
-            return nereid_error_new(NEREID_ERROR_INVALID_ARG,
-                                    "unexpected inference output '%s' for model '%s'",
-                                    req->out_names[i], m->name);
     return NULL;
 }
 
@@ -1028,6 +1030,7 @@ void request_finish(nereid_request_t *req, nereid_error_t *err, failure_reason_t
         if (req->parent_stats) stats_add(&req->parent_stats->queue, cs - req->t_queue_start_ns);
     }
     compact_outputs(resp);
+    if (req->trace) trace_response_outputs(req->trace, resp);
     if (!decoupled_flags_only(req)) request_first_response(req);
     req->response = NULL;
     resp->model = req->model;

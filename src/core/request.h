@@ -239,6 +239,15 @@ static inline bool request_cancelled(const nereid_request_t *req)
 void request_finish_cancelled(nereid_request_t *req);
 /* Gives dst the cancel token of src (an ensemble step: its request's). */
 void request_share_cancel(nereid_request_t *dst, const nereid_request_t *src);
+/* Streamed requests (nereid_server_infer_stream; decoupled.c) for a
+ * scheduler that answers them itself (a decoupled ensemble): whether req
+ * was submitted that way; delivers resp (owned) as one non-final response
+ * (false, resp freed, when req is not streamed); makes req's final, at its
+ * request_finish, carry the final flag alone. Calls for one request must
+ * not overlap. */
+bool request_is_streamed(const nereid_request_t *req);
+bool request_send_response(nereid_request_t *req, nereid_response_t *resp);
+void request_final_flags_only(nereid_request_t *req);
 /* Fails the request's response with err (owned) unless it failed already. */
 void request_set_error(nereid_request_t *req, nereid_error_t *err);
 /* Whether the request's response has failed; with CANCELLED. */

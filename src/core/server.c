@@ -305,6 +305,11 @@ static nereid_error_t *submit(model_t *m, nereid_request_t *req,
     req->t_queue_start_ns = now;
     req->t_compute_start_ns = 0;
     if (req->trace) trace_request_start(req);
+    /* Triton's dynamic-batch and ensemble schedulers trace the inputs they
+     * take (its sequence batcher does not). */
+    if (req->trace && m->config->scheduling_choice_case !=
+                          INFERENCE__MODEL_CONFIG__SCHEDULING_CHOICE_SEQUENCE_BATCHING)
+        trace_queue_inputs(req);
     if (allocator)
         req->alloc = *allocator;
     else
@@ -658,4 +663,16 @@ nereid_error_t *nereid_server_metrics(nereid_server_t *s, char **text_out)
     fclose(out);
     *text_out = buf;
     return NULL;
+}
+
+void server_enable_summaries(model_t *m)
+{
+    /* Triton's default quantiles (MetricReporterConfig::quantiles_). */
+    static const double defaults[] = {0.5, 0.9, 0.95, 0.99, 0.999};
+    const nereid_server_options_t *o = &m->server->opts;
+    if (!o->metrics_summary_latencies) return;
+    if (o->n_metrics_summary_quantiles)
+        stats_enable_summaries(m, o->metrics_summary_quantiles, o->n_metrics_summary_quantiles);
+    else
+        stats_enable_summaries(m, defaults, ARRAY_LEN(defaults));
 }

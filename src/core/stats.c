@@ -5,12 +5,37 @@
  */
 #include "core/stats.h"
 
+#include <math.h>
+#include <pthread.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/cache.h"
 #include "core/util.h"
+
+/* ---- Latency summaries ----
+ *
+ * Triton's summaries (prometheus-cpp Summary: quantiles over the last
+ * minute, sum and count over all time). Each keeps the observations of the
+ * last minute in a ring of SUMMARY_WINDOW (older ones drop out first when
+ * more arrive), and computes exact quantiles of that window at scrape time.
+ * Only models served with summary_latencies=true pay for it. */
+
+#define SUMMARY_WINDOW 1024
+#define SUMMARY_MAX_AGE_NS (60ull * 1000000000ull)
+
+struct latency_summary {
+    pthread_mutex_t mu;
+    uint64_t count;
+    double sum_us;
+    size_t next, n; /* ring position and fill */
+    uint64_t t_ns[SUMMARY_WINDOW];
+    double v_us[SUMMARY_WINDOW];
+    double quantiles[NEREID_MAX_SUMMARY_QUANTILES];
+    size_t n_quantiles;
+};
 
 #define FIRST_RESPONSE_FAMILY "nv_inference_first_response_histogram_ms"
 
@@ -44,8 +69,21 @@ void stats_init(model_stats_t *s, int64_t max_batch_size, const model_config_t *
     s->fr_count = xcalloc(n, sizeof *s->fr_count);
 }
 
+static void summary_free(stat_duration_t *d)
+{
+    if (!d->summary) return;
+    pthread_mutex_destroy(&d->summary->mu);
+    free(d->summary);
+    d->summary = NULL;
+}
+
 void stats_destroy(model_stats_t *s)
 {
+    stat_duration_t *with[] = {&s->success,       &s->queue,          &s->compute_input,
+                               &s->compute_infer, &s->compute_output, &s->cache_hit,
+                               &s->cache_miss};
+    for (size_t i = 0; i < ARRAY_LEN(with); i++)
+        summary_free(with[i]);
     free(s->fr_le);
     free((void *)s->fr_count);
     s->fr_le = NULL;
@@ -73,10 +111,23 @@ response_stat_t *stats_response(model_stats_t *s, uint64_t index)
     return r;
 }
 
+static void summary_observe(struct latency_summary *q, uint64_t ns)
+{
+    pthread_mutex_lock(&q->mu);
+    q->count++;
+    q->sum_us += (double)(ns / 1000);
+    q->t_ns[q->next] = util_now_ns();
+    q->v_us[q->next] = (double)(ns / 1000);
+    q->next = (q->next + 1) % SUMMARY_WINDOW;
+    if (q->n < SUMMARY_WINDOW) q->n++;
+    pthread_mutex_unlock(&q->mu);
+}
+
 void stats_add(stat_duration_t *d, uint64_t ns)
 {
     atomic_fetch_add_explicit(&d->count, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&d->ns, ns, memory_order_relaxed);
+    if (d->summary) summary_observe(d->summary, ns);
 }
 
 static json_t *duration_json(const stat_duration_t *d)
@@ -155,6 +206,9 @@ json_t *stats_model_json(const model_t *m)
                      "inference_stats", inf, "response_stats", response_stats_json(s),
                      "batch_stats", batches, "memory_usage", json_array());
 }
+
+static bool cache_metrics_for(const model_t *m);
+void stats_summaries_text(FILE *out, const model_t *const *models, size_t n_models);
 
 /* ---- Prometheus text ---- */
 
@@ -393,6 +447,124 @@ void stats_metrics_text(FILE *out, const model_t *const *models, size_t n_models
         }
     }
     if (histogram_latencies) first_response_text(out, models, n_models);
+    stats_summaries_text(out, models, n_models);
     load_duration_text(out, models, n_models);
     cache_metrics_per_model(out, models, n_models);
+}
+
+/* ---- Latency summaries: families ---- */
+
+typedef struct summary_family {
+    const char *name, *help;
+    size_t offset; /* of the stat_duration_t in model_stats_t */
+} summary_family_t;
+
+static const summary_family_t summary_families[] = {
+    {"nv_inference_request_summary_us",
+     "Summary of inference request duration in microseconds (includes cached requests)",
+     offsetof(model_stats_t, success)},
+    {"nv_inference_queue_summary_us",
+     "Summary of inference queuing duration in microseconds (includes cached requests)",
+     offsetof(model_stats_t, queue)},
+    {"nv_inference_compute_input_summary_us",
+     "Cumulative compute input duration in microseconds (does not include cached requests)",
+     offsetof(model_stats_t, compute_input)},
+    {"nv_inference_compute_infer_summary_us",
+     "Cumulative compute inference duration in microseconds (does not include cached requests)",
+     offsetof(model_stats_t, compute_infer)},
+    {"nv_inference_compute_output_summary_us",
+     "Cumulative inference compute output duration in microseconds (does not include cached "
+     "requests)",
+     offsetof(model_stats_t, compute_output)},
+    {"nv_cache_hit_summary_per_model",
+     "Summary of cache hit counts/durations per model, in "
+     "microseconds.",
+     offsetof(model_stats_t, cache_hit)},
+    {"nv_cache_miss_summary_per_model",
+     "Summary of cache miss counts/durations per model, in "
+     "microseconds.",
+     offsetof(model_stats_t, cache_miss)},
+};
+
+static stat_duration_t *family_stat(const model_t *m, size_t f)
+{
+    return (stat_duration_t *)((char *)&m->stats + summary_families[f].offset);
+}
+
+void stats_enable_summaries(model_t *m, const double *quantiles, size_t n_quantiles)
+{
+    /* Triton: no request summary for a cached model (its FIXME), cache
+     * summaries only for one. */
+    bool cached = cache_metrics_for(m);
+    for (size_t f = 0; f < ARRAY_LEN(summary_families); f++) {
+        if ((f == 0 && cached) || (f >= 5 && !cached)) continue;
+        struct latency_summary *q = xcalloc(1, sizeof *q);
+        pthread_mutex_init(&q->mu, NULL);
+        q->n_quantiles =
+            n_quantiles < NEREID_MAX_SUMMARY_QUANTILES ? n_quantiles : NEREID_MAX_SUMMARY_QUANTILES;
+        memcpy(q->quantiles, quantiles, q->n_quantiles * sizeof *quantiles);
+        family_stat(m, f)->summary = q;
+    }
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* prometheus-cpp's number format: Nan for no observation. */
+static void put_number(FILE *out, double v)
+{
+    if (isnan(v))
+        fputs("Nan", out);
+    else
+        fprintf(out, "%.16g", v);
+}
+
+static void summary_text(FILE *out, const char *name, const char *lab, struct latency_summary *q)
+{
+    double window[SUMMARY_WINDOW];
+    size_t n = 0;
+    uint64_t now = util_now_ns();
+    pthread_mutex_lock(&q->mu);
+    for (size_t i = 0; i < q->n; i++)
+        if (now - q->t_ns[i] <= SUMMARY_MAX_AGE_NS) window[n++] = q->v_us[i];
+    uint64_t count = q->count;
+    double sum = q->sum_us;
+    pthread_mutex_unlock(&q->mu);
+    qsort(window, n, sizeof *window, cmp_double);
+    for (size_t k = 0; k < q->n_quantiles; k++) {
+        double phi = q->quantiles[k], v = NAN;
+        if (n) {
+            double rank = phi * (double)n;
+            size_t i = rank <= 1 ? 0 : (size_t)(rank + 0.5) - 1;
+            v = window[i < n ? i : n - 1];
+        }
+        fprintf(out, "%s{%s,quantile=\"%.16g\"} ", name, lab, phi);
+        put_number(out, v);
+        fputc('\n', out);
+    }
+    fprintf(out, "%s_sum{%s} ", name, lab);
+    put_number(out, sum);
+    fprintf(out, "\n%s_count{%s} %llu\n", name, lab, (unsigned long long)count);
+}
+
+void stats_summaries_text(FILE *out, const model_t *const *models, size_t n_models)
+{
+    char lab[1024];
+    for (size_t f = 0; f < ARRAY_LEN(summary_families); f++) {
+        bool any = false;
+        for (size_t i = 0; i < n_models && !any; i++)
+            any = family_stat(models[i], f)->summary != NULL;
+        if (!any) continue;
+        const char *name = summary_families[f].name;
+        fprintf(out, "# HELP %s %s\n# TYPE %s summary\n", name, summary_families[f].help, name);
+        for (size_t i = 0; i < n_models; i++) {
+            struct latency_summary *q = family_stat(models[i], f)->summary;
+            if (!q) continue;
+            labels(lab, sizeof lab, models[i], NULL);
+            summary_text(out, name, lab, q);
+        }
+    }
 }

@@ -15,6 +15,12 @@ json_t *stats_model_json(const model_t *m);
 /* Appends Triton's per-model metric families for these models. */
 void stats_metrics_text(FILE *out, const model_t *const *models, size_t n_models,
                         bool counter_latencies, bool histogram_latencies);
+/* --metrics-config summary_latencies=true: gives m's request, queue and
+ * compute durations (cache hit and miss durations instead of the request's
+ * when m's responses are cached, as Triton) a Prometheus summary over the
+ * last minute with these quantiles (copied; at most
+ * NEREID_MAX_SUMMARY_QUANTILES). Before m serves requests. */
+void stats_enable_summaries(model_t *m, const double *quantiles, size_t n_quantiles);
 /* Observes one request's first response, ms after the request arrived
  * (nv_inference_first_response_histogram_ms). */
 void stats_first_response(model_stats_t *s, uint64_t ms);

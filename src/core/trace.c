@@ -688,8 +688,8 @@ nereid_error_t *nereid_tracer_new(const char *const *names, const char *const *v
     }
     if (!err && explicit_off) level = 0;
     if (!err) {
-        if (level & TRACE_LEVEL_TENSORS)
-            LOG_WARN("trace level TENSORS is not supported: tensors are not traced");
+        if ((level & TRACE_LEVEL_TENSORS) && mode == MODE_OPENTELEMETRY)
+            LOG_WARN("Tensor level tracing is not supported by the mode: opentelemetry");
         t->global_default =
             setting_new(t, level, (uint32_t)rate, count, (uint32_t)log_frequency, file, mode);
         t->global =
@@ -985,6 +985,130 @@ void trace_compute(nereid_trace_t *h, uint64_t start_ns, uint64_t input_end_ns,
     activity_locked(h, ACT_COMPUTE_INPUT_END, input_end_ns, NULL);
     activity_locked(h, ACT_COMPUTE_OUTPUT_START, output_start_ns, NULL);
     activity_locked(h, ACT_COMPUTE_END, end_ns, NULL);
+    pthread_mutex_unlock(&r->lock);
+}
+
+/* ---- Tensor activities ---- */
+
+/* One element of a tensor as Triton's tracer writes it with a C++ stream:
+ * integers in decimal, 8-bit integers as the character they hold, bools as
+ * 0/1, floats with six significant digits (here JSON-escaped, so that a
+ * quote byte does not break the file). */
+static void sb_element(sbuf_t *b, nereid_datatype_t dt, const unsigned char *p)
+{
+    switch (dt) {
+    case NEREID_TYPE_BOOL:
+        sb_str(b, p[0] ? "1" : "0");
+        break;
+    case NEREID_TYPE_UINT8:
+    case NEREID_TYPE_INT8: {
+        char c[2] = {(char)p[0], 0};
+        if (c[0] == '"' || c[0] == '\\' || (unsigned char)c[0] < 0x20)
+            sb_fmt(b, "\\u%04x", (unsigned)p[0]);
+        else
+            sb_str(b, c);
+        break;
+    }
+#define INT_CASE(T, ctype, fmt, cast)                                                              \
+    case T: {                                                                                      \
+        ctype v;                                                                                   \
+        memcpy(&v, p, sizeof v);                                                                   \
+        sb_fmt(b, fmt, (cast)v);                                                                   \
+        break;                                                                                     \
+    }
+        INT_CASE(NEREID_TYPE_UINT16, uint16_t, "%u", unsigned)
+        INT_CASE(NEREID_TYPE_UINT32, uint32_t, "%u", unsigned)
+        INT_CASE(NEREID_TYPE_UINT64, uint64_t, "%llu", unsigned long long)
+        INT_CASE(NEREID_TYPE_INT16, int16_t, "%d", int)
+        INT_CASE(NEREID_TYPE_INT32, int32_t, "%d", int)
+        INT_CASE(NEREID_TYPE_INT64, int64_t, "%lld", long long)
+        INT_CASE(NEREID_TYPE_FP32, float, "%g", double)
+        INT_CASE(NEREID_TYPE_FP64, double, "%g", double)
+#undef INT_CASE
+    default:
+        break;
+    }
+}
+
+/* One tensor activity entry on h's stream; caller holds the root's lock. */
+static void tensor_locked(nereid_trace_t *h, const char *activity, const char *name,
+                          nereid_datatype_t dt, const int64_t *shape, size_t rank, const void *data,
+                          size_t byte_size)
+{
+    uint64_t count = 1;
+    for (size_t i = 0; i < rank; i++)
+        count *= (uint64_t)(shape[i] > 0 ? shape[i] : 0);
+    size_t esize = nereid_datatype_byte_size(dt);
+    if (esize && count * esize > byte_size) return; /* never read past the buffer */
+    sbuf_t *b = &h->stream;
+    if (b->len) sb_add(b, ",", 1);
+    sb_fmt(b, "{\"id\":%llu,\"activity\":\"%s\",\"tensor\":{\"name\":", (unsigned long long)h->id,
+           activity);
+    sb_json_str(b, name);
+    sb_str(b, ",\"data\":\"");
+    const unsigned char *p = data;
+    if (dt == NEREID_TYPE_BYTES) {
+        size_t off = 0;
+        for (uint64_t e = 0; e < count; e++) {
+            uint32_t len;
+            if (off + 4 > byte_size) break;
+            memcpy(&len, p + off, 4);
+            off += 4;
+            if (off + len > byte_size) break;
+            /* Triton writes \"<element>\"; the element JSON-escaped */
+            sbuf_t tmp = {0};
+            char *s = dupn((const char *)p + off, len);
+            sb_json_str(&tmp, s);
+            free(s);
+            sb_str(b, "\\\"");
+            if (tmp.len >= 2) sb_add(b, tmp.p + 1, tmp.len - 2);
+            sb_str(b, "\\\"");
+            free(tmp.p);
+            off += len;
+            if (e + 1 < count) sb_add(b, ",", 1);
+        }
+    } else if (esize && dt != NEREID_TYPE_FP16 && dt != NEREID_TYPE_BF16) {
+        for (uint64_t e = 0; e < count; e++) {
+            sb_element(b, dt, p + e * esize);
+            if (e + 1 < count) sb_add(b, ",", 1);
+        }
+    }
+    sb_str(b, "\",\"shape\":\"");
+    for (size_t i = 0; i < rank; i++)
+        sb_fmt(b, "%s%lld", i ? "," : "", (long long)shape[i]);
+    sb_fmt(b, "\",\"dtype\":\"%s\"}}", nereid_datatype_name(dt));
+}
+
+static bool tensors_traced(const nereid_trace_t *h)
+{
+    const trace_setting_t *s = h->root->setting;
+    return (s->level & TRACE_LEVEL_TENSORS) && s->mode == MODE_TRITON;
+}
+
+void trace_queue_inputs(nereid_request_t *req)
+{
+    nereid_trace_t *h = req->trace;
+    if (!h || !tensors_traced(h)) return;
+    trace_root_t *r = h->root;
+    pthread_mutex_lock(&r->lock);
+    for (size_t i = 0; i < req->n_inputs; i++) {
+        const req_input_t *in = &req->inputs[i];
+        tensor_locked(h, "TENSOR_QUEUE_INPUT", in->name, in->datatype, in->shape, in->rank,
+                      in->data, in->byte_size);
+    }
+    pthread_mutex_unlock(&r->lock);
+}
+
+void trace_response_outputs(nereid_trace_t *h, const nereid_response_t *resp)
+{
+    if (!h || !tensors_traced(h) || resp->error) return;
+    trace_root_t *r = h->root;
+    pthread_mutex_lock(&r->lock);
+    for (size_t i = 0; i < resp->n_outputs; i++) {
+        const resp_output_t *o = &resp->outputs[i];
+        tensor_locked(h, "TENSOR_BACKEND_OUTPUT", o->name, o->datatype, o->shape, o->rank, o->data,
+                      o->byte_size);
+    }
     pthread_mutex_unlock(&r->lock);
 }
 
@@ -1378,8 +1502,6 @@ nereid_error_t *nereid_server_update_trace_settings(nereid_server_t *server, con
             ns.log_frequency = &log_frequency;
         }
     }
-    if (ns.level && (*ns.level & TRACE_LEVEL_TENSORS))
-        LOG_WARN("trace level TENSORS is not supported: tensors are not traced");
     err = update(t, model && model[0] ? model : NULL, &ns);
     if (err) return err;
     return nereid_server_trace_settings(server, model, json_out);

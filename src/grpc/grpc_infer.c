@@ -192,14 +192,16 @@ typedef struct gfe_stream {
     grpc_slice status_details;
     grpc_metadata *forward; /* the call's metadata that --grpc-header-forward-pattern matches */
     size_t n_forward;
+    char *traceparent, *tracestate; /* W3C trace context of the call (gpr_malloc'ed), or NULL */
 } gfe_stream_t;
 
 typedef struct stream_infer {
     gfe_stream_t *s;
     Inference__ModelInferRequest *msg;
     infer_scratch_t scratch;
-    stream_slot_t *slot; /* non-decoupled: where the reply goes, else NULL */
-    bool empty_final;    /* triton_enable_empty_final_response: true */
+    stream_slot_t *slot;   /* non-decoupled: where the reply goes, else NULL */
+    bool empty_final;      /* triton_enable_empty_final_response: true */
+    nereid_trace_t *trace; /* sampled for tracing: the frontend's reference, or NULL */
 } stream_infer_t;
 
 static void stream_destroy(gfe_stream_t *s)
@@ -224,6 +226,8 @@ static void stream_destroy(gfe_stream_t *s)
         grpc_slice_unref(s->forward[i].value);
     }
     free(s->forward);
+    gpr_free(s->traceparent);
+    gpr_free(s->tracestate);
     grpc_call_unref(s->call);
     pthread_mutex_destroy(&s->mu);
     free(s);
@@ -392,6 +396,12 @@ static void stream_error_locked(gfe_stream_t *s, stream_slot_t *slot, grpc_statu
 
 static void stream_infer_free(stream_infer_t *si)
 {
+    if (si->trace) {
+        uint64_t now = nereid_trace_now_ns();
+        nereid_trace_timestamp(si->trace, "GRPC_SEND_START", now);
+        nereid_trace_timestamp(si->trace, "GRPC_SEND_END", now);
+        nereid_trace_release(si->trace);
+    }
     if (si->msg != NULL) inference__model_infer_request__free_unpacked(si->msg, NULL);
     infer_scratch_free(&si->scratch);
     free(si);
@@ -511,6 +521,15 @@ static void stream_handle(gfe_stream_t *s, grpc_byte_buffer *bb)
     if (err == NULL) {
         si->empty_final = empty_final_asked(si->msg);
         nereid_request_set_cancel_token(req, s->cancel);
+        /* Each request of a stream is sampled as Triton samples them. */
+        si->trace = nereid_server_trace_start(s->fe->server, si->msg->model_name, s->traceparent,
+                                              s->tracestate);
+        if (si->trace) {
+            uint64_t now = nereid_trace_now_ns();
+            nereid_trace_timestamp(si->trace, "GRPC_WAITREAD_START", now);
+            nereid_trace_timestamp(si->trace, "GRPC_WAITREAD_END", now);
+            nereid_request_set_trace(req, si->trace);
+        }
         pthread_mutex_lock(&s->mu);
         s->n_inflight++;
         s->refs++;
@@ -632,6 +651,13 @@ void gfe_stream_start(grpc_frontend_t *fe, grpc_call *call, grpc_metadata_array 
     s->status_details = grpc_empty_slice();
     s->error_closes = metadata_true(request_md, "triton_grpc_error");
     s->cancel = nereid_cancel_token_new();
+    for (size_t i = 0; i < request_md->count; i++) {
+        const grpc_metadata *md = &request_md->metadata[i];
+        if (s->traceparent == NULL && grpc_slice_str_cmp(md->key, "traceparent") == 0)
+            s->traceparent = grpc_slice_to_c_string(md->value);
+        else if (s->tracestate == NULL && grpc_slice_str_cmp(md->key, "tracestate") == 0)
+            s->tracestate = grpc_slice_to_c_string(md->value);
+    }
     /* Keep what forwarding needs: the call's metadata array goes with the
      * call object that handed the stream over. */
     for (size_t i = 0; fe->header_forward && i < request_md->count; i++) {

@@ -326,6 +326,13 @@ nereid_error_t *infer_reply_build(const nereid_response_t *resp, const infer_par
             if (sbuf_append_str(&b, "}")) goto oom;
             continue;
         }
+        /* An empty output goes as "data":[] even when binary was asked for
+         * (what Triton's clients read back with the output's datatype;
+         * L0_backend_identity's [1,0] tensors). */
+        if (byte_size == 0) {
+            if (sbuf_append_str(&b, ",\"data\":[]}")) goto oom;
+            continue;
+        }
         if (binary) {
             snprintf(num, sizeof num, "%zu", byte_size);
             if (sbuf_append_str(&b, ",\"parameters\":{\"binary_data_size\":") ||

@@ -471,7 +471,6 @@ static void *reaper_main(void *arg)
 
 static bool dynamic_next_batch(scheduler_t *s, model_instance_t *inst, batch_t *batch)
 {
-    (void)inst;
     dynamic_batcher_t *d = (dynamic_batcher_t *)s;
     pthread_mutex_lock(&d->lock);
     while (d->forming)
@@ -507,6 +506,14 @@ static bool dynamic_next_batch(scheduler_t *s, model_instance_t *inst, batch_t *
         }
         uint64_t delay_end;
         size_t n = plan_batch(d, now, &delay_end);
+        if (n && !inst->turn_held && inst->rate_limit) {
+            /* Rate limited: wait for the turn first, then form the batch
+             * from what is queued by then (the forming slot stays ours). */
+            pthread_mutex_unlock(&d->lock);
+            s->core->acquire_turn(inst);
+            pthread_mutex_lock(&d->lock);
+            continue;
+        }
         if (n) {
             take_batch(d, n, batch);
             got = true;
@@ -517,6 +524,7 @@ static bool dynamic_next_batch(scheduler_t *s, model_instance_t *inst, batch_t *
     d->forming = false;
     pthread_cond_signal(&d->slot_cond);
     pthread_mutex_unlock(&d->lock);
+    if (!got && inst->turn_held) s->core->release_turn(inst);
     return got;
 }
 

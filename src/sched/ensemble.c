@@ -14,6 +14,16 @@
  * The first failing step fails the request with its message (steps already
  * running finish first, because they read the request's memory).
  *
+ * A decoupled step (Triton's ValidateEnsembleConfig lets its responses flow
+ * only into steps and outputs of its own) may answer 0..N times: each
+ * response forks the request's data flow into a new lane, a copy of the
+ * lane the step ran in, where the response's tensors are published and the
+ * rest of the ensemble runs for that response alone (Triton's iteration
+ * counts). An ensemble with a decoupled step is decoupled itself: each lane
+ * whose requested outputs are all there becomes one response to the
+ * client; the one completed by the last step in flight carries the final
+ * flag, else the final flag comes alone once no step is in flight.
+ *
  * ensemble_scheduling.max_inflight_requests = N bounds, per step, the step
  * requests in flight across all of the ensemble's requests (Triton's
  * StepInflightRequestLimiter). Triton blocks the submitting thread; here a
@@ -63,6 +73,7 @@ typedef struct ens_step {
 /* A step submission waiting for room under max_inflight_requests. */
 typedef struct ens_pending {
     struct ens_ctx *ctx;
+    struct ens_lane *lane;
     size_t step;
     struct ens_pending *next;
 } ens_pending_t;
@@ -81,6 +92,7 @@ typedef struct ensemble_scheduler {
     size_t n_tensors;
     ens_step_t *steps;
     size_t n_steps;
+    bool decoupled; /* some step is decoupled: the ensemble streams its responses */
     _Atomic bool stopped;
 } ensemble_t;
 
@@ -100,8 +112,20 @@ typedef struct ens_value {
 
 typedef struct ens_ctx ens_ctx_t;
 
+/* One data flow of a request: the first, and one more per response of a
+ * decoupled step (a copy of the lane that step ran in). Values and counts
+ * change under the ctx lock only. */
+typedef struct ens_lane {
+    ens_value_t *values; /* per tensor */
+    size_t *waiting;     /* per step: inputs not yet available */
+    bool sent;           /* decoupled: this lane's response went out */
+    struct ens_lane *next;
+} ens_lane_t;
+
+/* One submitted step request; freed after its final response. */
 typedef struct ens_call {
     ens_ctx_t *ctx;
+    ens_lane_t *lane; /* the lane it read its inputs from */
     size_t step;
     int64_t batch_size; /* of the step's request; 0 for a non-batching model */
 } ens_call_t;
@@ -110,11 +134,13 @@ struct ens_ctx {
     ensemble_t *e;
     nereid_request_t *req;
     pthread_mutex_t lock;
-    ens_value_t *values;
-    size_t *waiting; /* per step: inputs not yet available */
-    bool *needed;    /* per step: writes a tensor the response needs (else never run) */
-    ens_call_t *calls;
-    size_t inflight; /* steps submitted and not completed, plus launch guards */
+    pthread_mutex_t send_lock; /* decoupled: one response delivered at a time */
+    ens_lane_t *root;          /* the request's own lane; all lanes are on its list */
+    bool *needed;              /* per step: writes a tensor the response needs (else never run) */
+    bool filled;               /* decoupled, not streamed: a lane filled req's response */
+    ens_lane_t *final_lane;    /* decoupled: the lane completed by the last step in flight; its
+                                  response carries the final flag (Triton's FinishEnsemble) */
+    size_t inflight;           /* steps submitted and not completed, plus launch guards */
     nereid_error_t *error;
     model_t **held; /* per step: its composing model, held (model_hold) until ctx_free */
     size_t n_held;
@@ -197,6 +223,30 @@ static void output_shape(const model_t *m, const model_io_t *io, const ens_value
     *out_rank = r;
 }
 
+static ens_lane_t *lane_new(ensemble_t *e, const ens_lane_t *from)
+{
+    ens_lane_t *l = xcalloc(1, sizeof *l);
+    l->values = xcalloc(e->n_tensors ? e->n_tensors : 1, sizeof *l->values);
+    l->waiting = xcalloc(e->n_steps ? e->n_steps : 1, sizeof *l->waiting);
+    if (from) {
+        memcpy(l->values, from->values, e->n_tensors * sizeof *l->values);
+        memcpy(l->waiting, from->waiting, e->n_steps * sizeof *l->waiting);
+    } else {
+        for (size_t i = 0; i < e->n_steps; i++)
+            l->waiting[i] = e->steps[i].n_in;
+    }
+    return l;
+}
+
+/* A new lane copied from `from`, on c's list (ctx lock held). */
+static ens_lane_t *lane_fork(ens_ctx_t *c, const ens_lane_t *from)
+{
+    ens_lane_t *l = lane_new(c->e, from);
+    l->next = c->root->next;
+    c->root->next = l;
+    return l;
+}
+
 static void ctx_free(ens_ctx_t *c)
 {
     for (size_t i = 0; i < c->n_responses; i++)
@@ -205,12 +255,16 @@ static void ctx_free(ens_ctx_t *c)
     for (size_t i = 0; i < c->n_held; i++)
         if (c->held[i]) model_release(c->held[i]);
     free(c->held);
-    free(c->values);
-    free(c->waiting);
+    for (ens_lane_t *l = c->root, *next; l; l = next) {
+        next = l->next;
+        free(l->values);
+        free(l->waiting);
+        free(l);
+    }
     free(c->needed);
-    free(c->calls);
     nereid_error_free(c->error);
     pthread_mutex_destroy(&c->lock);
+    pthread_mutex_destroy(&c->send_lock);
     free(c);
 }
 
@@ -226,6 +280,90 @@ static nereid_error_t *fill_slot_copy(nereid_request_t *req, resp_output_t *o, c
     return NULL;
 }
 
+static void fail_locked(ens_ctx_t *c, nereid_error_t *err)
+{
+    if (!c->error)
+        c->error = err;
+    else
+        nereid_error_free(err);
+}
+
+/* Whether tensor t is written by a step (not an ensemble input passed
+ * through). */
+static bool written_by_step(const ensemble_t *e, size_t t)
+{
+    for (size_t s = 0; s < e->n_steps; s++)
+        for (size_t i = 0; i < e->steps[s].n_out; i++)
+            if (e->steps[s].out[i].tensor == t) return true;
+    return false;
+}
+
+/* Triton's ensemble responses carry the request's sequence id and flags
+ * (parameters sequence_id, sequence_start, sequence_end) when one of their
+ * outputs was written by a step. */
+static void set_sequence_params(const ens_ctx_t *c, nereid_response_t *resp)
+{
+    const nereid_request_t *req = c->req;
+    bool from_step = false;
+    for (size_t i = 0; i < resp->n_outputs && !from_step; i++) {
+        size_t t = find_tensor(c->e, resp->outputs[i].name);
+        from_step = t != (size_t)-1 && resp->outputs[i].filled && written_by_step(c->e, t);
+    }
+    if (!from_step) return;
+    if (req->corr_id_str) {
+        response_set_parameter(resp, "sequence_id", NEREID_PARAMETER_STRING, req->corr_id_str);
+    } else {
+        int64_t id = (int64_t)req->corr_id;
+        response_set_parameter(resp, "sequence_id", NEREID_PARAMETER_INT, &id);
+    }
+    bool start = req->seq_start, end = req->seq_end;
+    response_set_parameter(resp, "sequence_start", NEREID_PARAMETER_BOOL, &start);
+    response_set_parameter(resp, "sequence_end", NEREID_PARAMETER_BOOL, &end);
+}
+
+/* Fills the unfilled output slots of req's response from lane l and gives
+ * every output its client shape (ctx lock not held; values of a finished
+ * lane no longer change). */
+static nereid_error_t *fill_response(ens_ctx_t *c, const ens_lane_t *l)
+{
+    nereid_request_t *req = c->req;
+    model_t *m = req->model;
+    nereid_error_t *err = NULL;
+    for (size_t i = 0; i < request_output_count(req) && !err;) {
+        resp_output_t *o = request_output_at(req, i);
+        if (request_output_filled(o)) {
+            i++;
+            continue;
+        }
+        size_t t = find_tensor(c->e, o->name);
+        if (t != (size_t)-1 && l->values[t].ready) {
+            err = fill_slot_copy(req, o, &l->values[t]);
+            i++;
+        } else if (t != (size_t)-1 && l->values[t].absent && !request_output_allocated(o)) {
+            LOG_VERBOSE("Composing models did not output tensor %s", o->name);
+            request_drop_output(req, i);
+        } else {
+            err = nereid_error_new(NEREID_ERROR_INTERNAL, "output '%s' was not produced", o->name);
+        }
+    }
+    size_t n = request_output_count(req);
+    for (size_t i = 0; i < n && !err; i++) {
+        resp_output_t *o = request_output_at(req, i);
+        size_t t = find_tensor(c->e, o->name);
+        const model_io_t *io = NULL;
+        for (size_t k = 0; k < m->n_outputs && !io; k++)
+            if (strcmp(m->outputs[k].name, o->name) == 0) io = &m->outputs[k];
+        if (io && t != (size_t)-1) {
+            int64_t shape[NEREID_MAX_RANK];
+            size_t rank;
+            output_shape(m, io, &l->values[t], shape, &rank);
+            request_output_set_shape(o, shape, rank);
+        }
+    }
+    if (!err) set_sequence_params(c, req->response);
+    return err;
+}
+
 /* Finishes the ensemble request (ctx lock not held, no step in flight). */
 static void ctx_finish(ens_ctx_t *c)
 {
@@ -233,40 +371,13 @@ static void ctx_finish(ens_ctx_t *c)
     model_t *m = req->model;
     nereid_error_t *err = c->error;
     c->error = NULL;
-    if (!err) {
-        for (size_t i = 0; i < request_output_count(req) && !err;) {
-            resp_output_t *o = request_output_at(req, i);
-            if (request_output_filled(o)) {
-                i++;
-                continue;
-            }
-            size_t t = find_tensor(c->e, o->name);
-            if (t != (size_t)-1 && c->values[t].ready) {
-                err = fill_slot_copy(req, o, &c->values[t]);
-                i++;
-            } else if (t != (size_t)-1 && c->values[t].absent && !request_output_allocated(o)) {
-                LOG_VERBOSE("Composing models did not output tensor %s", o->name);
-                request_drop_output(req, i);
-            } else {
-                err = nereid_error_new(NEREID_ERROR_INTERNAL, "output '%s' was not produced",
-                                       o->name);
-            }
-        }
-        size_t n = request_output_count(req);
-        for (size_t i = 0; i < n && !err; i++) {
-            resp_output_t *o = request_output_at(req, i);
-            size_t t = find_tensor(c->e, o->name);
-            const model_io_t *io = NULL;
-            for (size_t k = 0; k < m->n_outputs && !io; k++)
-                if (strcmp(m->outputs[k].name, o->name) == 0) io = &m->outputs[k];
-            if (io && t != (size_t)-1) {
-                int64_t shape[NEREID_MAX_RANK];
-                size_t rank;
-                output_shape(m, io, &c->values[t], shape, &rank);
-                request_output_set_shape(o, shape, rank);
-            }
-        }
-    }
+    bool streamed = c->e->decoupled && request_is_streamed(req);
+    /* A decoupled ensemble's responses went out lane by lane; its final
+     * carries the flag alone (Triton's SendFlags). A caller that takes
+     * one response got the first lane's in req's response. */
+    if (!err && !streamed && !c->filled) err = fill_response(c, c->root);
+    if (!err && streamed && c->final_lane) err = fill_response(c, c->final_lane);
+    if (!err && streamed && !c->final_lane) request_final_flags_only(req);
     if (err) {
         /* Triton names the ensemble in front of any failure inside it. */
         nereid_error_t *wrapped = nereid_error_new(nereid_error_code(err), "in ensemble '%s', %s",
@@ -284,39 +395,99 @@ static void ctx_finish(ens_ctx_t *c)
     ctx_free(c);
 }
 
-static void launch(ens_ctx_t *c, size_t step);
+/* Whether every output the client asked for is there in lane l, ready or
+ * left out by its step (ctx lock held). */
+static bool lane_complete(ens_ctx_t *c, const ens_lane_t *l)
+{
+    size_t n = request_output_count(c->req);
+    for (size_t i = 0; i < n; i++) {
+        size_t t = find_tensor(c->e, request_output_at(c->req, i)->name);
+        if (t == (size_t)-1 || !(l->values[t].ready || l->values[t].absent)) return false;
+    }
+    return true;
+}
+
+/* Sends lane l's outputs as one response of a decoupled ensemble (or, for
+ * a caller that takes one response, fills req's response with the first
+ * lane's). Ctx lock not held. */
+static void send_lane(ens_ctx_t *c, const ens_lane_t *l)
+{
+    nereid_request_t *req = c->req;
+    model_t *m = req->model;
+    nereid_error_t *err = NULL;
+    pthread_mutex_lock(&c->send_lock);
+    if (!request_is_streamed(req)) {
+        if (c->filled)
+            err = nereid_error_new(NEREID_ERROR_UNSUPPORTED,
+                                   "this request to decoupled model '%s' accepts one response only",
+                                   m->name);
+        else
+            err = fill_response(c, l);
+        c->filled = true;
+        pthread_mutex_unlock(&c->send_lock);
+        if (err) {
+            pthread_mutex_lock(&c->lock);
+            fail_locked(c, err);
+            pthread_mutex_unlock(&c->lock);
+        }
+        return;
+    }
+    nereid_response_t *resp = request_new_response(req);
+    for (size_t i = 0; i < resp->n_outputs && !err; i++) {
+        resp_output_t *o = &resp->outputs[i];
+        size_t t = find_tensor(c->e, o->name);
+        const model_io_t *io = NULL;
+        for (size_t k = 0; k < m->n_outputs && !io; k++)
+            if (strcmp(m->outputs[k].name, o->name) == 0) io = &m->outputs[k];
+        if (t == (size_t)-1 || !io || !l->values[t].ready) continue; /* left out */
+        const ens_value_t *v = &l->values[t];
+        int64_t shape[NEREID_MAX_RANK];
+        size_t rank;
+        output_shape(m, io, v, shape, &rank);
+        err = response_alloc_output(req, resp, o, v->datatype, shape, rank, v->byte_size);
+        if (err) break;
+        if (v->byte_size) memcpy(o->data, v->data, v->byte_size);
+        request_output_set_filled(o);
+    }
+    if (!err) {
+        set_sequence_params(c, resp);
+        request_send_response(req, resp);
+    } else {
+        nereid_response_free(resp);
+    }
+    pthread_mutex_unlock(&c->send_lock);
+    if (err) {
+        pthread_mutex_lock(&c->lock);
+        fail_locked(c, err);
+        pthread_mutex_unlock(&c->lock);
+    }
+}
+
+static void launch(ens_ctx_t *c, ens_lane_t *lane, size_t step);
 static void step_slot_free(ensemble_t *e, size_t step);
 
-/* Drops one in-flight count; launches steps that became ready. */
-static void ctx_release(ens_ctx_t *c, size_t *ready, size_t n_ready)
+/* Drops one in-flight count; launches lane's steps that became ready. */
+static void ctx_release(ens_ctx_t *c, ens_lane_t *lane, size_t *ready, size_t n_ready)
 {
     for (size_t i = 0; i < n_ready; i++)
-        launch(c, ready[i]);
+        launch(c, lane, ready[i]);
     pthread_mutex_lock(&c->lock);
     bool done = --c->inflight == 0;
     pthread_mutex_unlock(&c->lock);
     if (done) ctx_finish(c);
 }
 
-/* Marks tensor t ready (ctx lock held); appends steps now runnable. */
-static void publish(ens_ctx_t *c, size_t t, size_t *ready, size_t *n_ready)
+/* Marks tensor t ready in lane (ctx lock held); appends steps now runnable. */
+static void publish(ens_ctx_t *c, ens_lane_t *lane, size_t t, size_t *ready, size_t *n_ready)
 {
     ens_tensor_t *tensor = &c->e->tensors[t];
     for (size_t k = 0; k < tensor->n_consumers; k++) {
         size_t s = tensor->consumers[k];
-        if (--c->waiting[s] == 0 && !c->error && c->needed[s]) {
+        if (--lane->waiting[s] == 0 && !c->error && c->needed[s]) {
             ready[(*n_ready)++] = s;
             c->inflight++;
         }
     }
-}
-
-static void fail_locked(ens_ctx_t *c, nereid_error_t *err)
-{
-    if (!c->error)
-        c->error = err;
-    else
-        nereid_error_free(err);
 }
 
 /* A step's output allocator: ensemble outputs the client asked for go
@@ -334,7 +505,9 @@ static nereid_error_t *step_alloc(void *userp, const char *output_name, nereid_d
             tensor = c->e->tensors[st->out[i].tensor].name;
     nereid_request_t *req = c->req;
     pthread_mutex_lock(&c->lock);
-    resp_output_t *o = tensor ? request_find_output(req, tensor) : NULL;
+    /* A decoupled ensemble copies each lane's outputs into a response of
+     * their own: no step writes into the client's. */
+    resp_output_t *o = tensor && !c->e->decoupled ? request_find_output(req, tensor) : NULL;
     if (o && !request_output_allocated(o)) {
         nereid_error_t *err = request_alloc_output(req, o, dt, shape, rank, byte_size);
         pthread_mutex_unlock(&c->lock);
@@ -355,24 +528,33 @@ static void step_release(void *userp, void *buffer, void *buffer_userp, size_t b
     if (buffer_userp != &routed_marker) free(buffer);
 }
 
-static void step_done(nereid_response_t *resp, void *userp)
+/* One response of a step request (final: its last call). A decoupled
+ * step's response forks a new lane from the one the step ran in. */
+static void step_response(ens_call_t *call, nereid_response_t *resp, bool final)
 {
-    ens_call_t *call = userp;
     ens_ctx_t *c = call->ctx;
     ens_step_t *st = &c->e->steps[call->step];
+    ens_lane_t *lane = call->lane;
     size_t *ready = xcalloc(c->e->n_steps ? c->e->n_steps : 1, sizeof *ready);
     size_t n_ready = 0;
+    bool send = false;
     pthread_mutex_lock(&c->lock);
-    const nereid_error_t *rerr = nereid_response_error(resp);
-    if (rerr) {
+    const nereid_error_t *rerr = resp ? nereid_response_error(resp) : NULL;
+    if (!resp) {
+        /* a decoupled step's final flag alone */
+    } else if (rerr) {
         fail_locked(c, nereid_error_new(nereid_error_code(rerr), "%s", nereid_error_message(rerr)));
         nereid_response_free(resp);
+    } else if (c->error) {
+        nereid_response_free(resp); /* the request failed: nothing more runs */
     } else {
+        if (st->decoupled) lane = lane_fork(c, call->lane);
         c->responses = xrealloc(c->responses, (c->n_responses + 1) * sizeof *c->responses);
         c->responses[c->n_responses++] = resp;
+        bool output_written = false;
         for (size_t i = 0; i < st->n_out; i++) {
             size_t t = st->out[i].tensor;
-            ens_value_t *v = &c->values[t];
+            ens_value_t *v = &lane->values[t];
             bool found = false;
             for (size_t k = 0; k < nereid_response_output_count(resp) && !found; k++) {
                 const char *name;
@@ -385,27 +567,55 @@ static void step_done(nereid_response_t *resp, void *userp)
                 if (v->rank > NEREID_MAX_RANK) v->rank = NEREID_MAX_RANK;
                 memcpy(v->shape, shape, v->rank * sizeof *shape);
             }
+            resp_output_t *o = request_find_output(c->req, c->e->tensors[t].name);
+            output_written |= o != NULL;
             if (!found) {
                 /* Triton: a placeholder that lets readers with an optional
                  * input run; a requested ensemble output is left out. */
                 v->absent = true;
-                publish(c, t, ready, &n_ready);
+                publish(c, lane, t, ready, &n_ready);
                 continue;
             }
             /* A routed ensemble output is now filled in the client response. */
-            resp_output_t *o = request_find_output(c->req, c->e->tensors[t].name);
             if (o && request_output_allocated(o) && o->data == v->data)
                 request_output_set_filled(o);
             v->ready = true;
-            publish(c, t, ready, &n_ready);
+            publish(c, lane, t, ready, &n_ready);
+        }
+        if (c->e->decoupled && output_written && !lane->sent && lane_complete(c, lane)) {
+            lane->sent = true;
+            /* The last step in flight: this response is the final one. */
+            if (final && c->inflight == 1 && n_ready == 0 && request_is_streamed(c->req))
+                c->final_lane = lane;
+            else
+                send = true;
         }
     }
     pthread_mutex_unlock(&c->lock);
+    if (send) send_lane(c, lane);
+    if (!final) {
+        for (size_t i = 0; i < n_ready; i++)
+            launch(c, lane, ready[i]);
+        free(ready);
+        return;
+    }
+    size_t step = call->step;
+    free(call);
     /* c->e stays valid: the ensemble request (and so its model) lives until
      * ctx_release below drops the last in-flight count. */
-    step_slot_free(c->e, call->step);
-    ctx_release(c, ready, n_ready);
+    step_slot_free(c->e, step);
+    ctx_release(c, lane, ready, n_ready);
     free(ready);
+}
+
+static void step_done(nereid_response_t *resp, void *userp)
+{
+    step_response(userp, resp, true);
+}
+
+static void step_stream(nereid_response_t *resp, uint32_t flags, void *userp)
+{
+    step_response(userp, resp, (flags & NEREID_RESPONSE_FINAL) != 0);
 }
 
 static void copy_params(nereid_request_t *dst, const nereid_request_t *src)
@@ -431,7 +641,7 @@ static void copy_params(nereid_request_t *dst, const nereid_request_t *src)
     }
 }
 
-static void submit_step(ens_ctx_t *c, size_t step);
+static void submit_step(ens_ctx_t *c, ens_lane_t *lane, size_t step);
 
 /* Launches queued step submissions on this thread one after another, so a
  * completion that runs inline inside a submission (and frees a slot that a
@@ -456,16 +666,17 @@ static void launch_pending(ens_pending_t *p)
         trampoline.head = n->next;
         if (!trampoline.head) trampoline.tail = NULL;
         ens_ctx_t *c = n->ctx;
+        ens_lane_t *lane = n->lane;
         size_t step = n->step;
         free(n);
-        submit_step(c, step);
+        submit_step(c, lane, step);
     }
     trampoline.active = false;
 }
 
 /* Submits one step now or, at the step's max_inflight_requests, queues it
  * (its in-flight count was taken by the caller either way). */
-static void launch(ens_ctx_t *c, size_t step)
+static void launch(ens_ctx_t *c, ens_lane_t *lane, size_t step)
 {
     ensemble_t *e = c->e;
     if (e->limits) {
@@ -474,6 +685,7 @@ static void launch(ens_ctx_t *c, size_t step)
         if (l->inflight >= e->max_inflight) {
             ens_pending_t *p = xcalloc(1, sizeof *p);
             p->ctx = c;
+            p->lane = lane;
             p->step = step;
             if (l->tail)
                 l->tail->next = p;
@@ -486,7 +698,7 @@ static void launch(ens_ctx_t *c, size_t step)
         l->inflight++;
         pthread_mutex_unlock(&l->lock);
     }
-    submit_step(c, step);
+    submit_step(c, lane, step);
 }
 
 /* A step request of this step completed (or was never submitted): its slot
@@ -507,13 +719,18 @@ static void step_slot_free(ensemble_t *e, size_t step)
     if (p) launch_pending(p);
 }
 
-/* Submits one step (its in-flight count and limit slot were taken). */
-static void submit_step(ens_ctx_t *c, size_t step)
+/* Submits one step of lane (its in-flight count and limit slot were
+ * taken). */
+static void submit_step(ens_ctx_t *c, ens_lane_t *lane, size_t step)
 {
     ens_step_t *st = &c->e->steps[step];
     nereid_request_t *src = c->req;
     nereid_request_t *r = NULL;
     nereid_error_t *err = NULL;
+    ens_call_t *call = xcalloc(1, sizeof *call);
+    call->ctx = c;
+    call->lane = lane;
+    call->step = step;
     /* A cancelled ensemble submits no further step (Triton's); its queued
      * steps carry its cancel token and are cancelled by their schedulers. */
     if (request_cancelled(src))
@@ -521,16 +738,14 @@ static void submit_step(ens_ctx_t *c, size_t step)
     else
         err = nereid_request_new(src->server, st->model, st->version, &r);
     if (!err && src->id) err = nereid_request_set_id(r, src->id);
-    c->calls[step].batch_size = 0;
     for (size_t i = 0; !err && i < st->n_in; i++) {
-        const ens_value_t *v = &c->values[st->in[i].tensor];
+        const ens_value_t *v = &lane->values[st->in[i].tensor];
         if (v->absent) continue; /* the step's model decides whether it may be missing */
         int64_t shape[NEREID_MAX_RANK];
         size_t rank;
         convert_dims(st->in[i].dims, st->in[i].rank, st->batching, v->batch_size, v->shape, v->rank,
                      shape, &rank);
-        if (st->batching && rank > 0 && c->calls[step].batch_size == 0)
-            c->calls[step].batch_size = shape[0];
+        if (st->batching && rank > 0 && call->batch_size == 0) call->batch_size = shape[0];
         err = nereid_request_add_input(r, st->in[i].model_name, v->datatype, shape, rank, v->data,
                                        v->byte_size);
     }
@@ -551,16 +766,20 @@ static void submit_step(ens_ctx_t *c, size_t step)
         if (src->trace) request_inherit_trace(r, src);
         request_share_cancel(r, src);
         nereid_response_allocator_t alloc = {
-            .alloc_fn = step_alloc, .release_fn = step_release, .userp = &c->calls[step]};
-        err = c->e->base.core->submit(c->held[step], r, &alloc, step_done, &c->calls[step]);
+            .alloc_fn = step_alloc, .release_fn = step_release, .userp = call};
+        if (st->decoupled)
+            err = c->e->base.core->submit_stream(c->held[step], r, &alloc, step_stream, call);
+        else
+            err = c->e->base.core->submit(c->held[step], r, &alloc, step_done, call);
     }
     if (err) {
+        free(call);
         if (r) nereid_request_free(r);
         pthread_mutex_lock(&c->lock);
         fail_locked(c, err);
         pthread_mutex_unlock(&c->lock);
         step_slot_free(c->e, step);
-        ctx_release(c, NULL, 0);
+        ctx_release(c, lane, NULL, 0);
     }
 }
 
@@ -603,16 +822,11 @@ static nereid_error_t *ensemble_enqueue(scheduler_t *s, nereid_request_t *req)
     c->e = e;
     c->req = req;
     pthread_mutex_init(&c->lock, NULL);
-    c->values = xcalloc(e->n_tensors ? e->n_tensors : 1, sizeof *c->values);
-    c->waiting = xcalloc(e->n_steps ? e->n_steps : 1, sizeof *c->waiting);
-    c->calls = xcalloc(e->n_steps ? e->n_steps : 1, sizeof *c->calls);
+    pthread_mutex_init(&c->send_lock, NULL);
+    c->root = lane_new(e, NULL);
+    ens_lane_t *root = c->root;
     c->needed = xcalloc(e->n_steps ? e->n_steps : 1, sizeof *c->needed);
     mark_needed(c);
-    for (size_t i = 0; i < e->n_steps; i++) {
-        c->calls[i].ctx = c;
-        c->calls[i].step = i;
-        c->waiting[i] = e->steps[i].n_in;
-    }
     /* Hold every composing model for the request's whole life (Triton's
      * per-request model handles): unloading one, e.g. with the ensemble's
      * unload_dependents, waits for this request instead of failing its
@@ -632,7 +846,7 @@ static nereid_error_t *ensemble_enqueue(scheduler_t *s, nereid_request_t *req)
     for (size_t i = 0; i < req->n_inputs; i++) {
         size_t t = find_tensor(e, req->inputs[i].name);
         if (t == (size_t)-1) continue;
-        ens_value_t *v = &c->values[t];
+        ens_value_t *v = &root->values[t];
         v->batch_size = e->base.model->max_batch_size > 0 ? req->batch_size : 0;
         v->datatype = req->inputs[i].datatype;
         v->rank = req->inputs[i].rank;
@@ -640,7 +854,7 @@ static nereid_error_t *ensemble_enqueue(scheduler_t *s, nereid_request_t *req)
         v->data = req->inputs[i].data;
         v->byte_size = req->inputs[i].byte_size;
         v->ready = true;
-        publish(c, t, ready, &n_ready);
+        publish(c, root, t, ready, &n_ready);
     }
     /* Optional ensemble inputs the request lacks: their readers run
      * without them (Triton's L0_optional_input). */
@@ -649,13 +863,13 @@ static nereid_error_t *ensemble_enqueue(scheduler_t *s, nereid_request_t *req)
         const char *name = em->config->input[i]->name;
         if (request_find_input(req, name)) continue;
         size_t t = find_tensor(e, name);
-        if (t == (size_t)-1 || c->values[t].ready || c->values[t].absent) continue;
-        c->values[t].absent = true;
-        publish(c, t, ready, &n_ready);
+        if (t == (size_t)-1 || root->values[t].ready || root->values[t].absent) continue;
+        root->values[t].absent = true;
+        publish(c, root, t, ready, &n_ready);
     }
     /* Steps without inputs (none in a valid config) would never start. */
     pthread_mutex_unlock(&c->lock);
-    ctx_release(c, ready, n_ready);
+    ctx_release(c, root, ready, n_ready);
     free(ready);
     return NULL;
 }
@@ -910,8 +1124,8 @@ static nereid_error_t *check_decoupled_flow(ensemble_t *e, model_t *ens, bool *d
             queue[tail++] = nx;
         }
     }
-    /* Triton: the ensemble is decoupled when its outputs carry a label. */
-    *decoupled_out = !err && nodes[sink].label != 0;
+    /* Triton: the ensemble is decoupled when any of its steps is. */
+    *decoupled_out = !err && labels != 0;
     for (size_t i = 0; i < n; i++) {
         free(nodes[i].prev);
         free(nodes[i].next);
@@ -1043,6 +1257,10 @@ static nereid_error_t *validate(ensemble_t *e, model_t *ens)
                                "'decoupled' transaction policy. Please disable the response cache.",
                                ens->name);
     if (!err) err = check_flow(e, ens);
+    if (!err && decoupled) {
+        e->decoupled = true;
+        model_set_decoupled(ens);
+    }
     return err;
 }
 
@@ -1087,6 +1305,8 @@ nereid_error_t *ensemble_scheduler_create(model_t *m, const sched_core_t *core, 
         }
     e->max_inflight = es->max_inflight_requests;
     if (e->max_inflight) {
+        LOG_INFO("Ensemble model '%s' configured with max_inflight_requests: %u", m->name,
+                 e->max_inflight);
         e->limits = xcalloc(e->n_steps, sizeof *e->limits);
         for (size_t i = 0; i < e->n_steps; i++)
             pthread_mutex_init(&e->limits[i].lock, NULL);

@@ -36,6 +36,17 @@ typedef struct sched_core {
     nereid_error_t *(*submit)(model_t *m, nereid_request_t *req,
                               const nereid_response_allocator_t *allocator,
                               nereid_complete_fn done_fn, void *done_userp);
+    /* submit for a step whose model may answer 0..N times (decoupled):
+     * nereid_server_infer_stream's contract. */
+    nereid_error_t *(*submit_stream)(model_t *m, nereid_request_t *req,
+                                     const nereid_response_allocator_t *allocator,
+                                     nereid_response_fn fn, void *userp);
+    /* --rate-limit (Triton's rate limiter hands a batcher an instance
+     * first, then the batch is formed): blocks until inst's turn, which its
+     * next execute then uses; release_turn gives an unused turn back.
+     * No-ops for an instance that is not rate limited. Thread: inst's. */
+    void (*acquire_turn)(model_instance_t *inst);
+    void (*release_turn)(model_instance_t *inst);
 } sched_core_t;
 
 typedef struct scheduler_ops {

@@ -354,3 +354,109 @@ def test_ensemble_mixing_decoupled_models_is_refused(nereid_server, repo):
         "in ensemble mix_outputs, step of model 'mix_outputs' receives inputs originated "
         "from different decoupled models")
     assert by_name["one_source"]["state"] == "READY"
+
+
+# IDENTITY2 less its second input and output
+IDENTITY1 = "\n".join(line.replace(",", " ]") for line in IDENTITY2.replace(
+    '"id2"', '"id1"').splitlines() if "INPUT1" not in line and "OUTPUT1" not in line) + "\n"
+
+# repeat_int32, then an identity step on each of its responses: Triton's
+# L0_decoupled simple_repeat shape (the ensemble is decoupled itself).
+REPEAT_THEN_IDENTITY = """name: "rep_ens"
+platform: "ensemble"
+max_batch_size: 0
+ensemble_scheduling { step [
+  { model_name: "repeat_int32" model_version: -1
+    input_map { key: "IN" value: "IN" } input_map { key: "DELAY" value: "DELAY" }
+    input_map { key: "WAIT" value: "WAIT" }
+    output_map { key: "OUT" value: "r" } output_map { key: "IDX" value: "IDX" } },
+  { model_name: "id1" model_version: -1
+    input_map { key: "INPUT0" value: "r" } output_map { key: "OUTPUT0" value: "OUT" } } ] }
+""" + ENSEMBLE_IO + """output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] },
+         { name: "IDX" data_type: TYPE_UINT32 dims: [ 1 ] } ]
+"""
+
+
+@pytest.fixture
+def ens_stub(nereid_server, repo):
+    write_model(repo, "id1", IDENTITY1)
+    write_model(repo, "rep_ens", REPEAT_THEN_IDENTITY)
+    s = nereid_server(repo)
+    with grpc.insecure_channel(s.grpc_addr) as ch:
+        yield s, pbg.GRPCInferenceServiceStub(ch)
+
+
+def test_ensemble_forwards_every_response_of_a_decoupled_step(ens_stub):
+    # Triton runs the rest of the ensemble once per response of a decoupled
+    # step and sends each result as one response of the ensemble.
+    s, stub = ens_stub
+    rs = stream(stub, [repeat([5, 6, 7], [5, 5, 5], id="e1", model="rep_ens",
+                              empty_final=True)])
+    assert all(r.error_message == "" for r in rs)
+    data = [r for r in rs if r.infer_response.outputs]
+    assert sorted(out_idx(r) for r in data) == [(5, 0), (6, 1), (7, 2)]
+    # the final flag rides on the last response when the step that made it
+    # was the last in flight (Triton's FinishEnsemble), else it comes alone
+    assert [final(r) for r in rs] in ([False, False, False, True], [False, False, True])
+    if len(rs) == 4:
+        assert list(rs[3].infer_response.outputs) == []
+    ir = data[0].infer_response
+    assert (ir.model_name, ir.id) == ("rep_ens", "e1")
+    assert [(o.name, o.datatype, list(o.shape)) for o in ir.outputs] == [
+        ("OUT", "INT32", [1]), ("IDX", "UINT32", [1])]
+    # the ensemble is decoupled itself, as Triton marks it
+    cfg = requests.get(f"{s.http_url}/v2/models/rep_ens/config", timeout=10).json()
+    assert cfg["model_transaction_policy"] == {"decoupled": True}
+    r = requests.post(f"{s.http_url}/v2/models/rep_ens/infer", json={"inputs": [
+        {"name": "IN", "datatype": "INT32", "shape": [1], "data": [1]},
+        {"name": "DELAY", "datatype": "UINT32", "shape": [1], "data": [0]},
+        {"name": "WAIT", "datatype": "UINT32", "shape": [1], "data": [0]}]}, timeout=10)
+    assert r.status_code == 501 and HTTP_REFUSAL in r.json()["error"]
+    # every response was counted for the composing models
+    stats = requests.get(f"{s.http_url}/v2/models/id1/stats", timeout=10).json()
+    assert stats["model_stats"][0]["inference_count"] == 3
+
+
+def test_ensemble_with_decoupled_step_many_requests_and_none(ens_stub):
+    _, stub = ens_stub
+    reqs = [repeat(list(range(k * 10, k * 10 + k)), [k % 3] * k, id=f"r{k}", model="rep_ens",
+                   empty_final=True) for k in range(6)]
+    got = by_id(stream(stub, reqs))
+    assert set(got) == {f"r{k}" for k in range(6)}
+    for k in range(6):
+        rs = got[f"r{k}"]
+        data = [r for r in rs if r.infer_response.outputs]
+        assert sorted(out_idx(r) for r in data) == [(k * 10 + i, i) for i in range(k)]
+        assert [final(r) for r in rs][-1] is True and not any(final(r) for r in rs[:-1])
+        assert len(rs) in (k, k + 1)
+    # no response of the decoupled step: no response of the ensemble, and
+    # without the empty final the stream just ends
+    assert stream(stub, [repeat([], id="none", model="rep_ens", empty_final=False)]) == []
+
+
+def test_ensemble_decoupled_step_error_ends_the_request(ens_stub):
+    _, stub = ens_stub
+    # response 1 of the step is a final error: response 0 went through the
+    # ensemble, then the request ends with the error, named after the ensemble
+    # (300 ms apart: a lane still running when the error comes is dropped, as
+    # in Triton, whose ensemble sends nothing more once it failed)
+    rs = stream(stub, [repeat([1, 2, 3], [5, 300, 5], id="f", model="rep_ens", fail_at=1)])
+    ok = [r for r in rs if r.error_message == ""]
+    bad = [r for r in rs if r.error_message != ""]
+    assert [out_idx(r) for r in ok] == [(1, 0)]
+    assert len(bad) == 1 and bad[0].error_message.startswith("in ensemble 'rep_ens', ")
+
+
+def test_ensemble_final_flag_rides_on_the_last_response(nereid_server, repo):
+    # Triton's FinishEnsemble: a response made when no other step is in
+    # flight carries the final flag. The step after repeat_int32 takes
+    # 300 ms, so repeat's final flag has long arrived when the last one ends.
+    write_model(repo, "id1", IDENTITY1.replace('backend: "identity"', 'backend: "testing"')
+                + 'parameters { key: "execute_delay_ms" value { string_value: "300" } }\n')
+    write_model(repo, "rep_ens", REPEAT_THEN_IDENTITY)
+    s = nereid_server(repo)
+    with grpc.insecure_channel(s.grpc_addr) as ch:
+        rs = stream(pbg.GRPCInferenceServiceStub(ch),
+                    [repeat([5, 6], id="f", model="rep_ens", empty_final=True)])
+    assert [final(r) for r in rs] == [False, True]
+    assert sorted(out_idx(r) for r in rs) == [(5, 0), (6, 1)]

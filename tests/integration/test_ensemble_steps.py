@@ -79,6 +79,8 @@ def test_max_inflight_requests(nereid_server, tmp_path):
     s = nereid_server(str(repo))
     cfg = requests.get(f"{s.http_url}/v2/models/limited/config", timeout=10).json()
     assert cfg["ensemble_scheduling"]["max_inflight_requests"] == 1
+    # Triton's log line, which L0_simple_ensemble greps
+    assert "Ensemble model 'limited' configured with max_inflight_requests: 1" in s.output()
     results = [None] * 4
 
     def run(k):
@@ -175,3 +177,39 @@ def test_optional_inputs_in_ensembles(nereid_server, tmp_path):
     # OUTPUT0 of the second step has no input: zeros; OUTPUT1 = INPUT0.
     assert infer("pipeline", [("INPUT0", 1.0), ("INPUT1", 0.0)]) == {
         "OUTPUT0": [0.0], "OUTPUT1": [1.0]}
+
+
+@needs_onnx
+def test_ensemble_responses_echo_sequence_id_and_flags(nereid_server, tmp_path):
+    # Triton's ensemble responses carry the request's sequence id and flags
+    # (L0_simple_ensemble test_ensemble_sequence_flags) when an output came
+    # from a step; an output passed straight through from an input does not.
+    repo = tmp_path / "models"
+    for m in ("ensemble_add_sub", "add_sub", "add_sub_onnx", "identity_fp32"):
+        shutil.copytree(os.path.join(EXAMPLES, m), repo / m)
+    (repo / "passthrough" / "1").mkdir(parents=True)
+    (repo / "passthrough" / "config.pbtxt").write_text(
+        'name: "passthrough"\nplatform: "ensemble"\nmax_batch_size: 0\n'
+        'input [ { name: "IN" data_type: TYPE_FP32 dims: [ 16 ] } ]\n'
+        'output [ { name: "IN" data_type: TYPE_FP32 dims: [ 16 ] },\n'
+        '         { name: "OUT" data_type: TYPE_FP32 dims: [ 16 ] } ]\n'
+        'ensemble_scheduling { step [ { model_name: "identity_fp32" model_version: -1\n'
+        '  input_map { key: "INPUT0" value: "IN" } output_map { key: "OUTPUT0" value: "OUT" } } ] }\n')
+    s = nereid_server(str(repo))
+    x = [1.0] * 16
+    inputs = [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 16], "data": x},
+              {"name": "INPUT1", "datatype": "FP32", "shape": [1, 16], "data": x}]
+    url = f"{s.http_url}/v2/models/ensemble_add_sub/infer"
+    for params, want in (({}, {"sequence_id": 0, "sequence_start": False, "sequence_end": False}),
+                         ({"sequence_id": 7, "sequence_start": True},
+                          {"sequence_id": 7, "sequence_start": True, "sequence_end": False}),
+                         ({"sequence_id": "abc", "sequence_end": True},
+                          {"sequence_id": "abc", "sequence_start": False, "sequence_end": True})):
+        r = requests.post(url, json={"inputs": inputs, "parameters": params}, timeout=60)
+        assert r.status_code == 200, r.text
+        assert r.json()["parameters"] == want
+    r = requests.post(f"{s.http_url}/v2/models/passthrough/infer", json={
+        "inputs": [{"name": "IN", "datatype": "FP32", "shape": [16], "data": x}],
+        "outputs": [{"name": "IN"}]}, timeout=60)
+    assert r.status_code == 200, r.text
+    assert "parameters" not in r.json()

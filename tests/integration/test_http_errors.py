@@ -84,6 +84,9 @@ CASES = [
      "unexpected inference input 'BOGUS' for model 'id_fp32'"),
     ("unknown-output", "id_fp32", j([fp32()], outputs=[{"name": "NOPE"}]), {}, 400,
      ("contains", "unexpected inference output 'NOPE' for model 'id_fp32'")),
+    # Triton checks the requested outputs first (L0_output_name)
+    ("unknown-output-and-input", "id_fp32", j([fp32(name="BOGUS")], outputs=[{"name": "NOPE"}]),
+     {}, 400, ("contains", "unexpected inference output 'NOPE' for model 'id_fp32'")),
     ("datatype-mismatch", "id_fp32", j([fp32(datatype="INT32", data=(1, 2))]), {}, 400,
      P + "inference input 'INPUT0' data-type is 'INT32', but model 'id_fp32' expects 'FP32'"),
     ("id-in-prefix", "id_fp32", j([fp32(datatype="INT32", data=(1, 2))], id="abc"), {}, 400,

@@ -47,7 +47,10 @@ def test_json_every_datatype(http_server, dt):
     assert doc["id"] == f"req-{dt}"
     assert doc["model_name"] == f"id_{dt.lower()}"
     assert doc["model_version"] == "1"
-    assert list(doc) == ["id", "model_name", "model_version", "outputs"]
+    assert list(doc) == ["id", "model_name", "model_version", "parameters", "outputs"]
+    # Triton's identity backend attaches four example response parameters
+    assert doc["parameters"] == {"param0": "an example string parameter", "param1": 42,
+                                 "param2": False, "param3": 123.123}
     out = doc["outputs"][0]
     assert out["name"] == "OUTPUT0" and out["datatype"] == dt and out["shape"] == [2, 3]
     assert raw == {}
@@ -71,6 +74,20 @@ def test_binary_every_datatype(http_server, dt):
     assert "data" not in out
     assert out["parameters"] == {"binary_data_size": len(tensor_bytes(dt, data))}
     assert raw["OUTPUT0"] == tensor_bytes(dt, data)
+
+
+@pytest.mark.parametrize("dt", ["FP32", "BF16"])
+def test_empty_binary_output_is_json_data(http_server, dt):
+    # An output of zero bytes asked for in binary comes back as "data": [],
+    # which Triton's clients read with the output's datatype (L0_backend_identity)
+    body = json.dumps({"inputs": [{"name": "INPUT0", "datatype": dt, "shape": [1, 0],
+                                   "parameters": {"binary_data_size": 0}}],
+                       "parameters": {"binary_data_output": True}}).encode()
+    r = infer(http_server, f"id_{dt.lower()}", body,
+              {"Inference-Header-Content-Length": str(len(body))})
+    assert r.status_code == 200, r.text
+    out = r.json()["outputs"][0]
+    assert out == {"name": "OUTPUT0", "datatype": dt, "shape": [1, 0], "data": []}
 
 
 def test_fp16_in_binary_out_json_is_refused(http_server):

@@ -1,7 +1,8 @@
 """--metrics-config as Triton reads it: counter_latencies=false drops the
 latency counters, histogram_latencies=true adds
 nv_inference_first_response_histogram_ms (Triton's buckets 100, 500, 2000 and
-5000 ms), summary_latencies=true is refused, malformed settings get Triton's
+5000 ms), summary_latencies=true adds Triton's latency summaries (its names,
+default or summary_quantiles quantiles), malformed settings get Triton's
 format error."""
 import json
 import os
@@ -102,10 +103,72 @@ def run(*args):
                           text=True, timeout=60)
 
 
-def test_refused_and_malformed():
-    r = run("--metrics-config=summary_latencies=true")
-    assert r.returncode == 2 and "summary_latencies=true is not supported" in r.stderr
+SUMMARIES = ("nv_inference_request_summary_us", "nv_inference_queue_summary_us",
+             "nv_inference_compute_input_summary_us", "nv_inference_compute_infer_summary_us",
+             "nv_inference_compute_output_summary_us")
+
+
+def summary_lines(s, name):
+    text = requests.get(f"{s.metrics_url}/metrics", timeout=10).text
+    return [line for line in text.splitlines() if line.startswith(name)]
+
+
+def test_summary_latencies(nereid_server):
+    s = nereid_server(EXAMPLES, "--metrics-config=summary_latencies=true",
+                      "--metrics-config=counter_latencies=false")
+    lab = 'model="add_sub",version="1"'
+    # before any request: every quantile is Nan (prometheus-cpp), count 0
+    lines = summary_lines(s, "nv_inference_request_summary_us")
+    assert f'nv_inference_request_summary_us{{{lab},quantile="0.5"}} Nan' in lines
+    assert f"nv_inference_request_summary_us_count{{{lab}}} 0" in lines
+    body = {"inputs": [{"name": n, "datatype": "FP32", "shape": [1, 16], "data": [1.0] * 16}
+                       for n in ("INPUT0", "INPUT1")]}
+    for _ in range(3):
+        r = requests.post(f"{s.http_url}/v2/models/add_sub/infer", json=body, timeout=30)
+        assert r.status_code == 200, r.text
+    text = requests.get(f"{s.metrics_url}/metrics", timeout=10).text
+    for name in SUMMARIES:
+        assert f"# TYPE {name} summary" in text, name
+        qs = [line.split('quantile="')[1].split('"')[0] for line in text.splitlines()
+              if line.startswith(f"{name}{{{lab},quantile=")]
+        assert qs == ["0.5", "0.9", "0.95", "0.99", "0.999"], name
+        assert f"{name}_count{{{lab}}} 3" in text, name
+    q50 = [line for line in text.splitlines()
+           if line.startswith(f'nv_inference_request_summary_us{{{lab},quantile="0.5"}}')][0]
+    assert float(q50.split()[-1]) >= 0
+    assert "nv_inference_request_duration_us" not in text  # counters off
+    assert "nv_cache_hit_summary_per_model" not in text  # no cached model
+
+
+def test_summary_quantiles(nereid_server):
+    # Triton's L0_metrics value: "0.0.1" parses as 0.0 (std::stod), bad pairs are skipped
+    s = nereid_server(EXAMPLES, "--metrics-config=summary_latencies=true",
+                      "--metrics-config=summary_quantiles=0.1:0.0.1,0.7:0.01,bad,0.75:0.01")
+    lines = summary_lines(s, 'nv_inference_queue_summary_us{model="add_sub"')
+    assert [line.split('quantile="')[1].split('"')[0] for line in lines] == ["0.1", "0.7", "0.75"]
+    assert "Invalid option: [bad]. No ':' delimiter found." in s.output()
+
+
+def test_malformed():
     for bad in ("counter_latencies", "=true", "counter_latencies=", "a,b=c"):
         r = run(f"--metrics-config={bad}")
         assert r.returncode == 2, bad
         assert f"--metrics-config option format is <setting>=<value>. Got {bad}" in r.stderr
+
+
+def test_backend_custom_counter(nereid_server, tmp_path):
+    # The identity backend counts its requests' input bytes in a counter of
+    # its own (the custom metrics registry, nereid_metric_*), as Triton's identity backend does
+    # (L0_backend_identity: input_byte_size_counter{model=...,version=...}).
+    repo = tmp_path / "models"
+    shutil.copytree(os.path.join(EXAMPLES, "identity_fp32"), repo / "identity_fp32")
+    s = nereid_server(str(repo))
+    for n in (4, 12):
+        body = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, n],
+                            "data": [1.0] * n}]}
+        r = requests.post(f"{s.http_url}/v2/models/identity_fp32/infer", json=body, timeout=30)
+        assert r.status_code == 200, r.text
+    text = requests.get(f"{s.metrics_url}/metrics", timeout=10).text
+    assert ("# HELP input_byte_size_counter Cumulative input byte size of all requests "
+            "received by the model\n# TYPE input_byte_size_counter counter\n"
+            'input_byte_size_counter{model="identity_fp32",version="1"} 64\n') in text

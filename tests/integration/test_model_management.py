@@ -417,3 +417,54 @@ def test_unload_returns_memory(nereid_server, tmp_path):
 def w_row(model, i):
     from onnx import numpy_helper
     return numpy_helper.to_array(model.graph.initializer[0])[i].tolist()
+
+
+ONNX_ADD_SUB = os.path.join(EXAMPLES, "add_sub_onnx")
+
+
+def versions_repo(tmp_path, policy):
+    """Model m: add_sub_onnx in versions 1 and 2, version 3 without its file."""
+    repo = tmp_path / "models"
+    os.makedirs(repo / "m" / "3")
+    for v in ("1", "2"):
+        shutil.copytree(os.path.join(ONNX_ADD_SUB, "1"), repo / "m" / v)
+    with open(os.path.join(ONNX_ADD_SUB, "config.pbtxt")) as f:
+        text = f.read().replace('name: "add_sub_onnx"', 'name: "m"')
+    (repo / "m" / "config.pbtxt").write_text(text + f"version_policy: {policy}\n")
+    return repo
+
+
+def test_one_version_failing_unloads_the_others(nereid_server, tmp_path):
+    if not os.path.exists(os.path.join(ONNX_ADD_SUB, "1", "model.onnx")):
+        import pytest
+        pytest.skip("run `make models` first")
+    # Triton (L0_lifecycle test_parse_error_modelfail): when one version of
+    # a model fails to load, every version this load loaded is unloaded.
+    repo = versions_repo(tmp_path, "{ all { } }")
+    s = nereid_server(str(repo), "--exit-on-error=false", "--strict-readiness=false")
+    rows = {r["version"]: r for r in index(s) if r["name"] == "m"}
+    assert {v: r["state"] for v, r in rows.items()} == {
+        "1": "UNAVAILABLE", "2": "UNAVAILABLE", "3": "UNAVAILABLE"}
+    assert rows["1"]["reason"] == rows["2"]["reason"] == "unloaded"
+    assert rows["3"]["reason"] != "unloaded"
+    assert requests.get(f"{s.http_url}/v2/models/m/versions/1/ready", timeout=10).status_code \
+        == 400
+    s.stop()
+    # A reload that fails leaves what was serving before in place.
+    (repo / "m" / "config.pbtxt").write_text(
+        (repo / "m" / "config.pbtxt").read_text().replace("{ all { } }",
+                                                         "{ specific { versions: [ 1 ] } }"))
+    s = nereid_server(str(repo), "--model-control-mode=explicit", "--load-model=m")
+    assert requests.get(f"{s.http_url}/v2/models/m/versions/1/ready", timeout=10).status_code \
+        == 200
+    (repo / "m" / "config.pbtxt").write_text(
+        (repo / "m" / "config.pbtxt").read_text().replace("{ specific { versions: [ 1 ] } }",
+                                                         "{ all { } }"))
+    r = post(s, "/v2/repository/models/m/load", None)
+    assert r.status_code == 400 and "version 3 is at UNAVAILABLE state" in r.json()["error"]
+    rows = {r["version"]: r for r in index(s) if r["name"] == "m"}
+    assert rows["1"]["state"] == "READY"
+    assert rows["2"] == {"name": "m", "version": "2", "state": "UNAVAILABLE",
+                         "reason": "unloaded"}
+    assert requests.get(f"{s.http_url}/v2/models/m/versions/1/ready", timeout=10).status_code \
+        == 200

@@ -220,3 +220,25 @@ def test_bad_flag_values_give_tritons_texts():
     # Accepted values reach the repository (which does not exist here).
     r = run_cli("--rate-limit=EXECUTION_COUNT", "--rate-limit-resource=R:2:0")
     assert r.returncode == 1 and "failed to open model repository" in r.stderr, r.stderr
+
+
+def test_dynamic_batch_is_formed_when_the_turn_comes(nereid_server, tmp_path):
+    """Triton's rate limiter hands the dynamic batcher an instance first and
+    the batch is formed then (L0_rate_limiter test_single_model_dynamic_
+    batching): requests that arrive while every instance waits for R make
+    one batch, not one batch each."""
+    repo, log, gate = str(tmp_path / "m"), str(tmp_path / "log"), str(tmp_path / "gate")
+    model(repo, "dyn", log, [("R", 1, False)], count=2)
+    with open(os.path.join(repo, "dyn", "config.pbtxt"), "a") as f:
+        f.write("dynamic_batching { preferred_batch_size: [ 1, 2, 3, 4 ] }\n")
+    s = nereid_server(repo, "--rate-limit=execution_count")
+    held = in_background(infer, s, "dyn", gate)
+    wait_for(lambda: ("dyn", 1) in starts(log), "the gated request did not start")
+    clients = [in_background(infer, s, "dyn") for _ in range(3)]
+    wait_for(lambda: pending_requests(s, "dyn") == 3, "not every request was queued")
+    open_gate(gate)
+    held.join()
+    for t in clients:
+        t.join()
+    st = requests.get(f"{s.http_url}/v2/models/dyn/stats", timeout=10).json()["model_stats"][0]
+    assert {b["batch_size"]: b["compute_infer"]["count"] for b in st["batch_stats"]} == {1: 1, 3: 1}

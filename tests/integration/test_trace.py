@@ -356,6 +356,58 @@ def test_ensemble_children(nereid_server, tmp_path):
         assert p["ns"][2] <= c["ns"][0] and c["ns"][-1] <= p["ns"][4]
 
 
+def test_tensors_level_records_inputs_and_outputs(nereid_server, tmp_path):
+    # Triton's TENSORS level: TENSOR_QUEUE_INPUT for each input a (non
+    # sequence) scheduler takes, TENSOR_BACKEND_OUTPUT for each output sent,
+    # the ensemble's own and its steps' (L0_cmdline_trace counts them).
+    f = str(tmp_path / "t.json")
+    s = nereid_server(EXAMPLES, "--trace-config", f"triton,file={f}", "--trace-level=TIMESTAMPS",
+                      "--trace-level=TENSORS", "--trace-rate=1")
+    infer(s, "ensemble_add_sub", request_id="1")
+    assert s.stop() == 0
+    with open(f) as fh:
+        entries = json.load(fh)
+    headers = {e["id"]: e for e in entries if "model_name" in e}
+    (ens,) = [i for i, h in headers.items() if h["model_name"] == "ensemble_add_sub"]
+    tensors = [e for e in entries if "activity" in e]
+    mine = [(e["activity"], e["tensor"]["name"]) for e in tensors if e["id"] == ens]
+    assert sorted(mine) == [("TENSOR_BACKEND_OUTPUT", "OUTPUT0"),
+                            ("TENSOR_BACKEND_OUTPUT", "OUTPUT1"),
+                            ("TENSOR_QUEUE_INPUT", "INPUT0"), ("TENSOR_QUEUE_INPUT", "INPUT1")]
+    assert {"id": ens, "activity": "TENSOR_QUEUE_INPUT", "tensor": {
+        "name": "INPUT0", "data": ",".join(str(i) for i in range(16)), "shape": "1,16",
+        "dtype": "FP32"}} in tensors
+    assert {"id": ens, "activity": "TENSOR_BACKEND_OUTPUT", "tensor": {
+        "name": "OUTPUT0", "data": ",".join(str(3 * i) for i in range(16)), "shape": "1,16",
+        "dtype": "FP32"}} in tensors
+    # every traced request (the ensemble and its 4 steps) queued 2 inputs
+    # (identity_fp32 takes one) and sent its outputs
+    queued = [e for e in tensors if e["activity"] == "TENSOR_QUEUE_INPUT"]
+    assert len({e["id"] for e in queued}) == len(headers) == 5
+    assert all(e["activity"] != "TENSOR_BACKEND_INPUT" for e in tensors)
+
+
+def test_grpc_stream_requests_are_traced(nereid_server, tmp_path):
+    f = str(tmp_path / "t.json")
+    s = nereid_server(EXAMPLES, "--trace-config", f"triton,file={f}", "--trace-level=TIMESTAMPS",
+                      "--trace-rate=1")
+    req = pb.ModelInferRequest(model_name="add_sub", id="s1")
+    for name in ("INPUT0", "INPUT1"):
+        t = req.inputs.add(name=name, datatype="FP32", shape=[1, 16])
+        t.contents.fp32_contents.extend(np.arange(16, dtype=np.float32).tolist())
+    with grpc.insecure_channel(s.grpc_addr) as ch:
+        rs = list(pbg.GRPCInferenceServiceStub(ch).ModelStreamInfer(iter([req, req]), timeout=30))
+    assert len(rs) == 2 and all(r.error_message == "" for r in rs)
+    assert s.stop() == 0
+    traces = read_traces(f)
+    assert len(traces) == 2
+    for t in traces.values():
+        assert t["header"]["model_name"] == "add_sub" and t["header"]["request_id"] == "s1"
+        assert [n for n in t["names"] if n in CORE_ORDER] == CORE_ORDER
+        assert sorted(n for n in t["names"] if n not in CORE_ORDER) == [
+            "GRPC_SEND_END", "GRPC_SEND_START", "GRPC_WAITREAD_END", "GRPC_WAITREAD_START"]
+
+
 # ---- OpenTelemetry ----
 
 class Collector:

@@ -226,9 +226,11 @@ def test_response_parameters_http(server):
     assert body["parameters"] == PARAMS
     # Triton's order: model_name, model_version, parameters, outputs
     assert list(body) == ["model_name", "model_version", "parameters", "outputs"]
-    # a Nereid backend's responses carry none
+    # a Nereid backend's responses carry what it sets: the identity
+    # backend, Triton's example parameters
     r = infer_json(server, "nereid_identity", [f32([1.0])])
-    assert "parameters" not in r.json()
+    assert r.json()["parameters"] == {"param0": "an example string parameter", "param1": 42,
+                                      "param2": False, "param3": 123.123}
 
 
 def test_response_parameters_grpc(stub):
