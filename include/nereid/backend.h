@@ -41,6 +41,7 @@
  *   1.6  nereid_batch_request_sequence (correlation id, flags, timeout),
  *        response parameters (nereid_batch_request_set_response_parameter,
  *        nereid_sender_set_parameter)
+ *   1.7  nereid_batch_request_reschedule
  */
 #ifndef NEREID_BACKEND_H
 #define NEREID_BACKEND_H
@@ -54,8 +55,9 @@ extern "C" {
 #define NEREID_BACKEND_ABI_MAJOR 1u
 /* 1: decoupled responses; 2: nereid_batch_request_is_cancelled; 3: request
  * parameters by index; 4: nereid_sender_is_cancelled; 5: nereid_model_server,
- * nereid_backend_config; 6: nereid_batch_request_sequence, response parameters */
-#define NEREID_BACKEND_ABI_MINOR 6u
+ * nereid_backend_config; 6: nereid_batch_request_sequence, response parameters;
+ * 7: nereid_batch_request_reschedule */
+#define NEREID_BACKEND_ABI_MINOR 7u
 #define NEREID_BACKEND_ABI_VERSION ((NEREID_BACKEND_ABI_MAJOR << 16) | NEREID_BACKEND_ABI_MINOR)
 
 typedef struct nereid_backend nereid_backend_t;   /* one per loaded library */
@@ -322,6 +324,20 @@ NEREID_EXPORT nereid_error_t *nereid_sender_set_parameter(nereid_response_sender
                                                           const char *key,
                                                           nereid_parameter_type_t type,
                                                           const void *value);
+
+/* ABI 1.7: request r goes back to its model's scheduler when execute
+ * returns, instead of being completed (Triton's
+ * TRITONBACKEND_RequestRelease(TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)):
+ * it runs again in a later batch with the same inputs, its SEQUENCE_START
+ * and SEQUENCE_END flags cleared; its response sender (decoupled) stays the
+ * same; outputs this execution allocated for it are dropped. Only the
+ * sequence batcher with iterative_sequence takes requests back; any other
+ * scheduler refuses with INVALID_ARG "Request is released with
+ * TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, while the model is not configured
+ * to handle such a flag." (Triton's text), and a sequence that has ended
+ * (idle) refuses with the sequence batcher's START error. On error the
+ * request completes as usual. Only during execute. */
+NEREID_EXPORT nereid_error_t *nereid_batch_request_reschedule(nereid_batch_t *batch, size_t r);
 
 #ifdef __cplusplus
 }
