@@ -1344,6 +1344,12 @@ nereid_error_t *sequence_batcher_create(model_t *m, const sched_core_t *core, sc
         sc->output_name = st->output_name;
         sc->datatype = (nereid_datatype_t)st->data_type;
         sc->single_buffer = st->use_same_buffer_for_input_output;
+        if (st->use_growable_memory) /* Triton logs this for every sequence, and goes on */
+            LOG_ERROR("Failed to initialize sequence state: 'use_growable_memory' can only work "
+                      "with KIND_GPU model instances right now. Please either change the "
+                      "instance type to KIND_GPU or set 'use_growable_memory' to false for state "
+                      "input '%s'.",
+                      st->input_name);
         if (st->n_initial_state > 0) {
             nereid_error_t *err = check_initial_state(st);
             if (!err) err = read_initial_state(m, sc, st->initial_state[0]);
