@@ -41,7 +41,7 @@
  *   1.6  nereid_batch_request_sequence (correlation id, flags, timeout),
  *        response parameters (nereid_batch_request_set_response_parameter,
  *        nereid_sender_set_parameter)
- *   1.7  nereid_batch_request_reschedule
+ *   1.7  nereid_batch_request_reschedule, nereid_batch_request_trace
  */
 #ifndef NEREID_BACKEND_H
 #define NEREID_BACKEND_H
@@ -56,7 +56,7 @@ extern "C" {
 /* 1: decoupled responses; 2: nereid_batch_request_is_cancelled; 3: request
  * parameters by index; 4: nereid_sender_is_cancelled; 5: nereid_model_server,
  * nereid_backend_config; 6: nereid_batch_request_sequence, response parameters;
- * 7: nereid_batch_request_reschedule */
+ * 7: nereid_batch_request_reschedule, nereid_batch_request_trace */
 #define NEREID_BACKEND_ABI_MINOR 7u
 #define NEREID_BACKEND_ABI_VERSION ((NEREID_BACKEND_ABI_MAJOR << 16) | NEREID_BACKEND_ABI_MINOR)
 
@@ -338,6 +338,11 @@ NEREID_EXPORT nereid_error_t *nereid_sender_set_parameter(nereid_response_sender
  * (idle) refuses with the sequence batcher's START error. On error the
  * request completes as usual. Only during execute. */
 NEREID_EXPORT nereid_error_t *nereid_batch_request_reschedule(nereid_batch_t *batch, size_t r);
+
+/* ABI 1.7: request r's trace when it is sampled for tracing, else NULL
+ * (borrowed until execute returns; report with nereid_trace_activity, read
+ * with nereid_trace_info, server.h). NULL when r is out of range. */
+NEREID_EXPORT nereid_trace_t *nereid_batch_request_trace(const nereid_batch_t *batch, size_t r);
 
 #ifdef __cplusplus
 }

@@ -395,6 +395,11 @@ void nereid_batch_request_sequence(const nereid_batch_t *batch, size_t r, uint64
     if (timeout_us) *timeout_us = req ? req->timeout_us : 0;
 }
 
+nereid_trace_t *nereid_batch_request_trace(const nereid_batch_t *batch, size_t r)
+{
+    return r < batch->n_reqs ? batch->reqs[r]->trace : NULL;
+}
+
 nereid_error_t *nereid_batch_request_reschedule(nereid_batch_t *batch, size_t r)
 {
     if (r >= batch->n_reqs)

@@ -1158,7 +1158,8 @@ TRITONSERVER_Error *TRITONBACKEND_RequestTrace(TRITONBACKEND_Request *request,
     TRITONSERVER_Error *err = live(request);
     if (err) return err;
     if (!trace) return null_arg("trace");
-    *trace = NULL;
+    /* the request's own trace when it is sampled (server_api.c reads it) */
+    *trace = (TRITONSERVER_InferenceTrace *)nereid_batch_request_trace(request->batch, request->r);
     return NULL;
 }
 

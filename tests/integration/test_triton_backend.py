@@ -5,6 +5,7 @@ datatype, batching, decoupled streaming, the backend-contract errors and the
 load errors; and, when an out dir of /work/shared/compat/tritonbackends/
 build.sh is given (NEREID_TRITON_COMPAT_DIR), Triton's own backends."""
 import concurrent.futures
+import json
 import os
 import shutil
 import struct
@@ -574,3 +575,35 @@ def test_reschedule_refused_outside_iterative_sequences(stub, model, seq):
     assert out[0].error_message == (
         "Request is released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, while the model is "
         "not configured to handle such a flag.")
+
+
+# ---- Tracing: TRITONBACKEND_RequestTrace, TRITONSERVER_InferenceTrace* ----
+
+def test_backend_reports_activity_into_the_request_trace(layout, tmp_path):
+    from conftest import Server
+    backends, repo = layout
+    f = str(tmp_path / "trace.json")
+    s = Server(repo, [f"--backend-directory={backends}", "--exit-on-error=false",
+                      "--trace-config", f"triton,file={f}", "--trace-config", "level=TIMESTAMPS",
+                      "--trace-config", "rate=1"])
+    try:
+        body = {"id": "req-7", "inputs": [f32([1.0])],
+                "parameters": {"trace_activity": "CUSTOM_STEP"}}
+        r = requests.post(f"{s.http_url}/v2/models/t_fp32/infer", json=body, timeout=30)
+        assert r.status_code == 200, r.text
+        p = r.json()["parameters"]
+    finally:
+        assert s.stop() == 0, s.output()
+    assert p["trace_id"] > 0 and p["trace_parent_id"] == 0
+    assert (p["trace_model"], p["trace_version"], p["trace_request_id"]) == ("t_fp32", 1, "req-7")
+    with open(f) as fh:
+        entries = [e for e in json.load(fh) if e["id"] == p["trace_id"]]
+    stamps = {t["name"]: t["ns"] for e in entries for t in e.get("timestamps", [])}
+    # reported during execution, on the trace's own id
+    assert stamps["COMPUTE_START"] <= stamps["CUSTOM_STEP"] <= stamps["COMPUTE_END"]
+
+
+def test_untraced_request_has_no_trace(server):
+    r = infer_json(server, "t_fp32", [f32([1.0])], parameters={"trace_activity": "X"})
+    assert r.status_code == 200, r.text
+    assert r.json()["parameters"]["trace_id"] == 0
