@@ -209,7 +209,18 @@ static seq_t *seq_find(seq_sched_t *q, const char *sid, uint64_t id)
     return NULL;
 }
 
-static bool same_client_shapes(const nereid_request_t *a, const nereid_request_t *b)
+/* Whether the model's input name has allow_ragged_batch. */
+static bool input_ragged(const model_t *m, const char *name)
+{
+    for (size_t i = 0; i < m->config->n_input; i++)
+        if (strcmp(m->config->input[i]->name, name) == 0)
+            return m->config->input[i]->allow_ragged_batch;
+    return false;
+}
+
+/* Same inputs with the same shapes (ragged inputs: any shape, as Triton). */
+static bool same_client_shapes(const model_t *m, const nereid_request_t *a,
+                               const nereid_request_t *b)
 {
     if (a->n_inputs != b->n_inputs) return false;
     for (size_t i = 0; i < a->n_inputs; i++) {
@@ -217,7 +228,9 @@ static bool same_client_shapes(const nereid_request_t *a, const nereid_request_t
         const req_input_t *y = NULL;
         for (size_t j = 0; j < b->n_inputs && !y; j++)
             if (strcmp(b->inputs[j].name, x->name) == 0) y = &b->inputs[j];
-        if (!y || x->rank != y->rank || memcmp(x->shape, y->shape, x->rank * sizeof *x->shape) != 0)
+        if (!y) return false;
+        if ((x->rank != y->rank || memcmp(x->shape, y->shape, x->rank * sizeof *x->shape) != 0) &&
+            !input_ragged(m, x->name))
             return false;
     }
     return true;
@@ -244,7 +257,7 @@ static bool batchable(const seq_sched_t *q, const seq_t *sa, const nereid_reques
                       const seq_t *sb)
 {
     const nereid_request_t *b = sb->qhead;
-    if (!same_client_shapes(a, b)) return false;
+    if (!same_client_shapes(q->base.model, a, b)) return false;
     for (size_t i = 0; i < q->n_states; i++) {
         const int64_t *x, *y;
         size_t rx, ry;

@@ -110,6 +110,15 @@ input [ {{ name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] }} ]
 output [ {{ name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] }},
          {{ name: "FLAGS" data_type: TYPE_INT32 dims: [ 1 ] }} ]
 """)
+    write_model(repo, "t_ragged_seq", """
+name: "t_ragged_seq"
+backend: "tidentity"
+max_batch_size: 4
+sequence_batching { oldest { max_candidate_sequences: 4 preferred_batch_size: [ 2 ]
+                             max_queue_delay_microseconds: 30000000 } }
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] allow_ragged_batch: true } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+""")
     write_model(repo, "t_ensemble", """
 name: "t_ensemble"
 platform: "ensemble"
@@ -607,3 +616,22 @@ def test_untraced_request_has_no_trace(server):
     r = infer_json(server, "t_fp32", [f32([1.0])], parameters={"trace_activity": "X"})
     assert r.status_code == 200, r.text
     assert r.json()["parameters"]["trace_id"] == 0
+
+
+def test_sequences_with_ragged_inputs_share_a_batch(server):
+    # oldest strategy waits for its preferred batch of 2 (30 s delay): the two
+    # sequences' requests differ in shape, and allow_ragged_batch lets them
+    # share one execution (as Triton's L0_dyna_sequence_batcher expects)
+    def one(seq, n):
+        body = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, n],
+                            "data": [float(seq)] * n}],
+                "parameters": {"sequence_id": seq, "sequence_start": True, "sequence_end": True}}
+        return requests.post(f"{server.http_url}/v2/models/t_ragged_seq/infer", json=body,
+                             timeout=60)
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        rs = list(pool.map(one, (31, 32), (2, 3)))
+    assert [r.status_code for r in rs] == [200, 200], [r.text for r in rs]
+    assert [r.json()["outputs"][0]["data"] for r in rs] == [[31.0] * 2, [32.0] * 3]
+    st = requests.get(f"{server.http_url}/v2/models/t_ragged_seq/stats",
+                      timeout=10).json()["model_stats"][0]
+    assert (st["execution_count"], st["inference_count"]) == (1, 2)
