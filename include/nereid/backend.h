@@ -43,7 +43,8 @@
  *        nereid_sender_set_parameter)
  *   1.7  custom metrics: nereid_metric_family_* / nereid_metric_* (counters,
  *        gauges, histograms shown on /metrics);
- *        nereid_batch_request_output_requested; nereid_model_set_inline_max_us
+ *        nereid_batch_request_output_requested; nereid_model_set_inline_max_us;
+ *        nereid_batch_request_reschedule, nereid_batch_request_trace
  */
 #ifndef NEREID_BACKEND_H
 #define NEREID_BACKEND_H
@@ -59,7 +60,8 @@ extern "C" {
  * parameters by index; 4: nereid_sender_is_cancelled; 5: nereid_model_server,
  * nereid_backend_config; 6: nereid_batch_request_sequence, response parameters;
  * 7: nereid_model_set_inline_max_us, custom metrics,
- * nereid_batch_request_output_requested */
+ * nereid_batch_request_output_requested, nereid_batch_request_reschedule,
+ * nereid_batch_request_trace */
 #define NEREID_BACKEND_ABI_MINOR 7u
 #define NEREID_BACKEND_ABI_VERSION ((NEREID_BACKEND_ABI_MAJOR << 16) | NEREID_BACKEND_ABI_MINOR)
 
@@ -387,6 +389,24 @@ NEREID_EXPORT nereid_error_t *nereid_metric_increment(nereid_metric_t *metric, d
 NEREID_EXPORT nereid_error_t *nereid_metric_set(nereid_metric_t *metric, double value);
 /* Histogram only. */
 NEREID_EXPORT nereid_error_t *nereid_metric_observe(nereid_metric_t *metric, double value);
+/* ABI 1.7: request r goes back to its model's scheduler when execute
+ * returns, instead of being completed (Triton's
+ * TRITONBACKEND_RequestRelease(TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)):
+ * it runs again in a later batch with the same inputs, its SEQUENCE_START
+ * and SEQUENCE_END flags cleared; its response sender (decoupled) stays the
+ * same; outputs this execution allocated for it are dropped. Only the
+ * sequence batcher with iterative_sequence takes requests back; any other
+ * scheduler refuses with INVALID_ARG "Request is released with
+ * TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, while the model is not configured
+ * to handle such a flag." (Triton's text), and a sequence that has ended
+ * (idle) refuses with the sequence batcher's START error. On error the
+ * request completes as usual. Only during execute. */
+NEREID_EXPORT nereid_error_t *nereid_batch_request_reschedule(nereid_batch_t *batch, size_t r);
+
+/* ABI 1.7: request r's trace when it is sampled for tracing, else NULL
+ * (borrowed until execute returns; report with nereid_trace_activity, read
+ * with nereid_trace_info, server.h). NULL when r is out of range. */
+NEREID_EXPORT nereid_trace_t *nereid_batch_request_trace(const nereid_batch_t *batch, size_t r);
 
 #ifdef __cplusplus
 }

@@ -523,6 +523,19 @@ NEREID_EXPORT void nereid_trace_timestamp(nereid_trace_t *trace, const char *nam
 NEREID_EXPORT void nereid_request_set_trace(nereid_request_t *req, nereid_trace_t *trace);
 /* Drops a reference; the last one writes or exports the trace. NULL is a no-op. */
 NEREID_EXPORT void nereid_trace_release(nereid_trace_t *trace);
+/* A named activity of this trace at ns (the trace clock), e.g. a backend's
+ * (Triton's TRITONSERVER_InferenceTraceReportActivity): in triton mode an
+ * entry {"id":<this trace's id>,"timestamps":[{"name":...,"ns":...}]}, in
+ * opentelemetry mode an event of the innermost open span. Recorded only
+ * at level TIMESTAMPS. NULL trace or name: nothing. Thread: any. */
+NEREID_EXPORT void nereid_trace_activity(nereid_trace_t *trace, const char *name, uint64_t ns);
+/* What identifies trace: its id, its parent's (0: none), the model and
+ * version it traces and the request's id ("" when none; the model name is
+ * NULL before the request started). Strings borrowed while the caller holds
+ * a reference or the request; any out-pointer may be NULL. */
+NEREID_EXPORT void nereid_trace_info(const nereid_trace_t *trace, uint64_t *id, uint64_t *parent_id,
+                                     const char **model_name, int64_t *model_version,
+                                     const char **request_id);
 
 /* The trace settings as Triton reports them. model NULL or "" = the global
  * settings; otherwise a model that is not ready gives INVALID_ARG "Request

@@ -729,12 +729,73 @@ static bool json_parse_message(jctx_t *c, json_t *obj, ProtobufCMessage *m, cons
     return true;
 }
 
+/* A copy of json with object keys written bare (identifiers, as protobuf's
+ * JSON parser accepts for backward compatibility: Triton parses a config
+ * override with it, and its QA writes `direct: {...}`) quoted; NULL when
+ * there are none (*out_len: its length). Strings are copied as they are. */
+static char *quote_bare_keys(const char *json, size_t len, size_t *out_len)
+{
+    char stack[64]; /* '{' or '[' of the open containers; deeper is left alone */
+    size_t depth = 0, n_bare = 0;
+    char prev = 0; /* last significant character outside strings */
+    cfg_buf_t out = {0};
+    for (size_t i = 0; i < len; i++) {
+        char ch = json[i];
+        if (ch == '"') { /* copy the string through its closing quote */
+            size_t j = i + 1;
+            while (j < len && json[j] != '"')
+                j += json[j] == '\\' ? 2 : 1;
+            size_t end = j < len ? j + 1 : len;
+            cfg_buf_append(&out, json + i, end - i);
+            i = end - 1;
+            prev = '"';
+            continue;
+        }
+        bool ident = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || ch == '_';
+        if (ident && depth > 0 && depth <= sizeof stack && stack[depth - 1] == '{' &&
+            (prev == '{' || prev == ',')) {
+            size_t j = i;
+            while (j < len &&
+                   ((json[j] >= 'a' && json[j] <= 'z') || (json[j] >= 'A' && json[j] <= 'Z') ||
+                    (json[j] >= '0' && json[j] <= '9') || json[j] == '_'))
+                j++;
+            cfg_buf_append(&out, "\"", 1);
+            cfg_buf_append(&out, json + i, j - i);
+            cfg_buf_append(&out, "\"", 1);
+            n_bare++;
+            i = j - 1;
+            prev = '"';
+            continue;
+        }
+        if (ch == '{' || ch == '[') {
+            if (depth < sizeof stack) stack[depth] = ch;
+            depth++;
+        } else if ((ch == '}' || ch == ']') && depth > 0) {
+            depth--;
+        }
+        if (ch != ' ' && ch != '\t' && ch != '\n' && ch != '\r') prev = ch;
+        cfg_buf_append(&out, &ch, 1);
+    }
+    if (!n_bare || out.oom) {
+        cfg_buf_free(&out);
+        return NULL;
+    }
+    *out_len = out.len;
+    return cfg_buf_take(&out);
+}
+
 model_config_t *config_from_json(const char *json, size_t len, char **errors)
 {
     if (errors) *errors = NULL;
     jctx_t c = {0};
     json_error_t jerr;
     json_t *root = json_loadb(json ? json : "", json ? len : 0, JSON_ALLOW_NUL, &jerr);
+    size_t bare_len = 0;
+    char *bare = root || !json ? NULL : quote_bare_keys(json, len, &bare_len);
+    if (bare) {
+        root = json_loadb(bare, bare_len, JSON_ALLOW_NUL, NULL);
+        free(bare);
+    }
     if (!root) {
         cfg_buf_printf(&c.err, "<json>:%d:%d: %s\n", jerr.line, jerr.column, jerr.text);
         if (errors)

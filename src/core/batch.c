@@ -13,6 +13,7 @@
 #include "core/trace.h"
 #include "core/decoupled.h"
 #include "core/util.h"
+#include "sched/scheduler.h"
 
 void batch_add(batch_t *batch, nereid_request_t *req)
 {
@@ -392,6 +393,25 @@ void nereid_batch_request_sequence(const nereid_batch_t *batch, size_t r, uint64
                            (req->seq_end ? NEREID_REQUEST_FLAG_SEQUENCE_END : 0)
                      : 0;
     if (timeout_us) *timeout_us = req ? req->timeout_us : 0;
+}
+
+nereid_trace_t *nereid_batch_request_trace(const nereid_batch_t *batch, size_t r)
+{
+    return r < batch->n_reqs ? batch->reqs[r]->trace : NULL;
+}
+
+nereid_error_t *nereid_batch_request_reschedule(nereid_batch_t *batch, size_t r)
+{
+    if (r >= batch->n_reqs)
+        return nereid_error_new(NEREID_ERROR_INVALID_ARG, "request index %zu out of range", r);
+    nereid_request_t *req = batch->reqs[r];
+    scheduler_t *s = req->model ? req->model->sched : NULL;
+    if (!s || !s->ops->reschedule || !req->sched_data)
+        return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                "Request is released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, "
+                                "while the model is not configured to handle such a flag.");
+    if (req->reschedule) return NULL;
+    return s->ops->reschedule(s, req);
 }
 
 void nereid_batch_report_compute(nereid_batch_t *batch, uint64_t input_end_ns,

@@ -226,6 +226,13 @@ void request_add_owned_input(nereid_request_t *req, const char *name, nereid_dat
     in->owned = true;
 }
 
+void request_add_borrowed_input(nereid_request_t *req, const char *name, nereid_datatype_t dt,
+                                const int64_t *shape, size_t rank, void *data, size_t byte_size)
+{
+    request_add_owned_input(req, name, dt, shape, rank, data, byte_size);
+    request_find_input(req, name)->owned = false;
+}
+
 nereid_error_t *nereid_request_add_requested_output(nereid_request_t *req, const char *name,
                                                     uint32_t class_count)
 {

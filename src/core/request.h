@@ -109,6 +109,7 @@ struct nereid_request {
     uint64_t corr_id;
     char *corr_id_str; /* string correlation id, or NULL */
     bool seq_start, seq_end;
+    bool reschedule;     /* the backend asked to run it again (scheduler.h reschedule) */
     bool warmup;         /* model warmup sample: schedulers' test hooks must not hold it */
     bool stats_recorded; /* request_record_stats ran: request_finish skips the queue time */
     atomic_bool first_response_seen; /* first_response_histogram observed (in the padding) */
@@ -185,6 +186,11 @@ void request_inherit_trace(nereid_request_t *step, const nereid_request_t *paren
 /* Adds a core-owned input (takes ownership of data, malloc'ed). */
 void request_add_owned_input(nereid_request_t *req, const char *name, nereid_datatype_t dt,
                              const int64_t *shape, size_t rank, void *data, size_t byte_size);
+/* Adds a core input that borrows data (the caller keeps it alive and
+ * unchanged by others until the request is finished); replaces one of the
+ * same name. The sequence batcher's single-buffer states use it. */
+void request_add_borrowed_input(nereid_request_t *req, const char *name, nereid_datatype_t dt,
+                                const int64_t *shape, size_t rank, void *data, size_t byte_size);
 /* Finds an input by name, or NULL. */
 req_input_t *request_find_input(nereid_request_t *req, const char *name);
 /* Marks output name as captured for the core (not returned unless the client

@@ -164,6 +164,7 @@ struct nereid_trace {
     uint64_t id, parent_id;
     char *model_name;
     int64_t model_version;
+    char *request_id;               /* set with REQUEST_START ("" when none) */
     bool started;                   /* REQUEST_START reported */
     sbuf_t stream;                  /* this id's JSON entries (triton mode) */
     otel_span_t *stack[SPAN_STACK]; /* open spans, innermost last */
@@ -939,6 +940,16 @@ static void activity_locked(nereid_trace_t *h, int act, uint64_t ns, const char 
            (unsigned long long)h->id, name, (unsigned long long)ns);
 }
 
+/* Triton mode: a named timestamp entry of handle h (root's lock held). */
+static void stamp_locked(nereid_trace_t *h, const char *name, uint64_t ns)
+{
+    sbuf_t *b = &h->stream;
+    if (b->len) sb_add(b, ",", 1);
+    sb_fmt(b, "{\"id\":%llu,\"timestamps\":[{\"name\":", (unsigned long long)h->id);
+    sb_json_str(b, name);
+    sb_fmt(b, ",\"ns\":%llu}]}", (unsigned long long)ns);
+}
+
 void nereid_trace_timestamp(nereid_trace_t *h, const char *name, uint64_t ns)
 {
     if (!h) return;
@@ -951,14 +962,36 @@ void nereid_trace_timestamp(nereid_trace_t *h, const char *name, uint64_t ns)
     } else {
         /* Frontend timestamps go to the trace's own id (Triton's
          * Trace::CaptureTimestamp). */
-        nereid_trace_t *root_handle = r->handles;
-        sbuf_t *b = &root_handle->stream;
-        if (b->len) sb_add(b, ",", 1);
-        sb_fmt(b, "{\"id\":%llu,\"timestamps\":[{\"name\":", (unsigned long long)root_handle->id);
-        sb_json_str(b, name);
-        sb_fmt(b, ",\"ns\":%llu}]}", (unsigned long long)ns);
+        stamp_locked(r->handles, name, ns);
     }
     pthread_mutex_unlock(&r->lock);
+}
+
+void nereid_trace_activity(nereid_trace_t *h, const char *name, uint64_t ns)
+{
+    if (!h || !name) return;
+    trace_root_t *r = h->root;
+    pthread_mutex_lock(&r->lock);
+    if (!(r->setting->level & TRACE_LEVEL_TIMESTAMPS)) {
+        /* not recorded */
+    } else if (r->setting->mode == MODE_OPENTELEMETRY) {
+        if (h->depth > 0)
+            otel_span_add_event(h->stack[h->depth - 1], name,
+                                (uint64_t)((int64_t)ns + r->unix_offset_ns));
+    } else {
+        stamp_locked(h, name, ns);
+    }
+    pthread_mutex_unlock(&r->lock);
+}
+
+void nereid_trace_info(const nereid_trace_t *h, uint64_t *id, uint64_t *parent_id,
+                       const char **model_name, int64_t *model_version, const char **request_id)
+{
+    if (id) *id = h ? h->id : 0;
+    if (parent_id) *parent_id = h ? h->parent_id : 0;
+    if (model_name) *model_name = h ? h->model_name : NULL;
+    if (model_version) *model_version = h ? h->model_version : 0;
+    if (request_id) *request_id = h && h->request_id ? h->request_id : "";
 }
 
 void trace_request_start(nereid_request_t *req)
@@ -971,6 +1004,7 @@ void trace_request_start(nereid_request_t *req)
         h->model_version = req->model->version;
     }
     h->started = true;
+    if (!h->request_id) h->request_id = xstrdup(req->id ? req->id : "");
     activity_locked(h, ACT_REQUEST_START, req->t_request_ns, req->id);
     activity_locked(h, ACT_QUEUE_START, req->t_queue_start_ns, NULL);
     pthread_mutex_unlock(&r->lock);
@@ -1162,6 +1196,7 @@ static void root_free(trace_root_t *r)
         r->handles = h->next;
         free(h->stream.p);
         free(h->model_name);
+        free(h->request_id);
         free(h);
     }
     free(r->trace_state);

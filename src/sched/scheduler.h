@@ -65,6 +65,14 @@ typedef struct scheduler_ops {
      * scheduler then owns completing it (core->complete). Without it the
      * core completes every request. */
     void (*batch_done)(scheduler_t *s, model_instance_t *inst, batch_t *batch);
+    /* Optional: the backend executing req (a request of a batch from
+     * next_batch) wants it back in the queue instead of completed (Triton's
+     * TRITONSERVER_REQUEST_RELEASE_RESCHEDULE). Returns an error when it
+     * cannot be taken back (req is then the backend's to finish); otherwise
+     * sets req->reschedule, and batch_done queues req again instead of
+     * completing it. Thread: inst's execution thread, during execute.
+     * Without it, every reschedule is refused (core/batch.c). */
+    nereid_error_t *(*reschedule)(scheduler_t *s, nereid_request_t *req);
     /* Optional: makes a model warmup sample acceptable to this scheduler
      * (e.g. a one-request sequence), before it is validated and enqueued. */
     void (*prepare_warmup)(scheduler_t *s, nereid_request_t *req);

@@ -26,6 +26,13 @@
  * after execution it keeps each output state as the sequence's next input
  * state. All bookkeeping is under one mutex; a request's inputs and its
  * sequence's state are touched only by the one instance thread executing it.
+ *
+ * iterative_sequence (Triton's iterative sequencer, for backends that run a
+ * request step by step): a request without a correlation id gets one of the
+ * scheduler's own and START; the backend may hand a request back
+ * (seq_reschedule: Triton's TRITONSERVER_REQUEST_RELEASE_RESCHEDULE), which
+ * then queues again on its sequence with START/END cleared; a request that
+ * completes without that ends its sequence.
  */
 #include "sched/scheduler.h"
 
@@ -65,6 +72,10 @@ typedef struct seq_state_cfg {
     size_t init_rank;
     void *init_data; /* data_file contents, or NULL for zeros */
     size_t init_bytes;
+    /* use_same_buffer_for_input_output: the request's input state borrows
+     * the sequence's buffer, so a backend writing it in place (Triton's
+     * TRITONBACKEND_StateBuffer of the same size) updates the state. */
+    bool single_buffer;
 } seq_state_cfg_t;
 
 typedef struct state_buf {
@@ -124,6 +135,8 @@ typedef struct seq_sched {
     const int32_t *preferred; /* oldest: preferred batch sizes (borrowed from the config) */
     size_t n_preferred;
     bool stopped;
+    bool iterative;                /* sequence_batching.iterative_sequence */
+    _Atomic uint64_t next_iter_id; /* iterative: the next correlation id it gives */
     pthread_t reaper;
     bool reaper_started;
     pthread_cond_t reaper_cond;
@@ -196,7 +209,18 @@ static seq_t *seq_find(seq_sched_t *q, const char *sid, uint64_t id)
     return NULL;
 }
 
-static bool same_client_shapes(const nereid_request_t *a, const nereid_request_t *b)
+/* Whether the model's input name has allow_ragged_batch. */
+static bool input_ragged(const model_t *m, const char *name)
+{
+    for (size_t i = 0; i < m->config->n_input; i++)
+        if (strcmp(m->config->input[i]->name, name) == 0)
+            return m->config->input[i]->allow_ragged_batch;
+    return false;
+}
+
+/* Same inputs with the same shapes (ragged inputs: any shape, as Triton). */
+static bool same_client_shapes(const model_t *m, const nereid_request_t *a,
+                               const nereid_request_t *b)
 {
     if (a->n_inputs != b->n_inputs) return false;
     for (size_t i = 0; i < a->n_inputs; i++) {
@@ -204,7 +228,9 @@ static bool same_client_shapes(const nereid_request_t *a, const nereid_request_t
         const req_input_t *y = NULL;
         for (size_t j = 0; j < b->n_inputs && !y; j++)
             if (strcmp(b->inputs[j].name, x->name) == 0) y = &b->inputs[j];
-        if (!y || x->rank != y->rank || memcmp(x->shape, y->shape, x->rank * sizeof *x->shape) != 0)
+        if (!y) return false;
+        if ((x->rank != y->rank || memcmp(x->shape, y->shape, x->rank * sizeof *x->shape) != 0) &&
+            !input_ragged(m, x->name))
             return false;
     }
     return true;
@@ -231,7 +257,7 @@ static bool batchable(const seq_sched_t *q, const seq_t *sa, const nereid_reques
                       const seq_t *sb)
 {
     const nereid_request_t *b = sb->qhead;
-    if (!same_client_shapes(a, b)) return false;
+    if (!same_client_shapes(q->base.model, a, b)) return false;
     for (size_t i = 0; i < q->n_states; i++) {
         const int64_t *x, *y;
         size_t rx, ry;
@@ -354,6 +380,21 @@ static seq_t *seq_create(seq_sched_t *q, const char *sid, uint64_t id)
 
 /* ---- Enqueue ---- */
 
+/* Appends req to its sequence's queue and wakes the sequence's instance.
+ * Lock held. */
+static void queue_push(seq_sched_t *q, seq_t *s, nereid_request_t *req)
+{
+    req->sched_data = s;
+    req->next = NULL;
+    if (s->qtail)
+        s->qtail->next = req;
+    else
+        s->qhead = req;
+    s->qtail = req;
+    atomic_fetch_add(&q->base.model->stats.pending, 1);
+    if (s->inst >= 0) pthread_cond_broadcast(&q->insts[s->inst].cond);
+}
+
 static nereid_error_t *seq_enqueue(scheduler_t *base, nereid_request_t *req)
 {
     seq_sched_t *q = (seq_sched_t *)base;
@@ -363,6 +404,11 @@ static nereid_error_t *seq_enqueue(scheduler_t *base, nereid_request_t *req)
                                 "inference request to model '%s' must specify batch-size 1 due to "
                                 "requirements of sequence batcher",
                                 m->name);
+    if (q->iterative && !req->corr_id_str && req->corr_id == 0) {
+        /* Triton's iterative sequencer: a request of its own is a sequence */
+        req->corr_id = atomic_fetch_add(&q->next_iter_id, 1);
+        req->seq_start = true;
+    }
     const char *sid = req->corr_id_str;
     if (sid ? sid[0] == 0 : req->corr_id == 0)
         return nereid_error_new(NEREID_ERROR_INVALID_ARG,
@@ -411,15 +457,7 @@ static nereid_error_t *seq_enqueue(scheduler_t *base, nereid_request_t *req)
         if (!s->expire_ns || exp < s->expire_ns) s->expire_ns = exp;
         if (exp < q->reaper_wake_ns) pthread_cond_signal(&q->reaper_cond);
     }
-    req->sched_data = s;
-    req->next = NULL;
-    if (s->qtail)
-        s->qtail->next = req;
-    else
-        s->qhead = req;
-    s->qtail = req;
-    atomic_fetch_add(&m->stats.pending, 1);
-    if (s->inst >= 0) pthread_cond_broadcast(&q->insts[s->inst].cond);
+    queue_push(q, s, req);
     pthread_mutex_unlock(&q->lock);
     return NULL;
 }
@@ -511,6 +549,32 @@ static void add_state_input(seq_sched_t *q, nereid_request_t *req, size_t i, con
                             bytes);
 }
 
+/* A single-buffer state: the sequence's own buffer (the initial state at the
+ * start) is lent to the request as its input state. Only the one request of
+ * the sequence that is executing uses it. */
+static void add_single_buffer_state(seq_sched_t *q, nereid_request_t *req, size_t i, state_buf_t *b)
+{
+    const seq_state_cfg_t *cfg = &q->states[i];
+    if (req->seq_start || !b->valid) {
+        free(b->data);
+        b->byte_size = cfg->init_bytes;
+        b->data = xmalloc(b->byte_size ? b->byte_size : 1);
+        if (cfg->init_data)
+            memcpy(b->data, cfg->init_data, b->byte_size);
+        else
+            memset(b->data, 0, b->byte_size ? b->byte_size : 1);
+        b->rank = cfg->init_rank;
+        memcpy(b->shape, cfg->init_shape, b->rank * sizeof *b->shape);
+        b->valid = true;
+    }
+    int64_t full[NEREID_MAX_RANK + 1];
+    size_t r = 0;
+    if (q->batching) full[r++] = 1;
+    for (size_t d = 0; d < b->rank && r < NEREID_MAX_RANK; d++)
+        full[r++] = b->shape[d];
+    request_add_borrowed_input(req, cfg->input_name, cfg->datatype, full, r, b->data, b->byte_size);
+}
+
 /* Adds controls and input states to a request about to execute and asks
  * the core to capture its output states. */
 static void prepare_request(seq_sched_t *q, nereid_request_t *req)
@@ -520,7 +584,9 @@ static void prepare_request(seq_sched_t *q, nereid_request_t *req)
     for (size_t i = 0; i < q->n_states; i++) {
         const seq_state_cfg_t *cfg = &q->states[i];
         state_buf_t *b = &s->states[i];
-        if (req->seq_start || !b->valid)
+        if (cfg->single_buffer) {
+            add_single_buffer_state(q, req, i, b);
+        } else if (req->seq_start || !b->valid)
             add_state_input(q, req, i, cfg->init_data, cfg->init_bytes, cfg->init_shape,
                             cfg->init_rank);
         else
@@ -557,6 +623,11 @@ static void save_states(seq_sched_t *q, seq_t *s, nereid_request_t *req)
         resp_output_t *o = request_find_output(req, q->states[i].output_name);
         if (!o || !request_output_filled(o) || !o->data) continue;
         state_buf_t *b = &s->states[i];
+        if (q->states[i].single_buffer && b->data == o->data) continue; /* written in place */
+        if (q->states[i].single_buffer && b->data && b->byte_size == o->byte_size) {
+            memcpy(b->data, o->data, o->byte_size); /* the buffer the next request gets */
+            continue;
+        }
         free(b->data);
         b->data = request_output_take(o);
         if (!b->data) {
@@ -853,6 +924,45 @@ static bool seq_next_batch(scheduler_t *base, model_instance_t *inst, batch_t *b
     return q->oldest ? oldest_next_batch(q, si, batch) : direct_next_batch(q, si, batch);
 }
 
+/* ---- Rescheduling (iterative_sequence) ---- */
+
+static nereid_error_t *seq_reschedule(scheduler_t *base, nereid_request_t *req)
+{
+    seq_sched_t *q = (seq_sched_t *)base;
+    if (!q->iterative)
+        return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                "Request is released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, "
+                                "while the model is not configured to handle such a flag.");
+    seq_t *s = req->sched_data;
+    pthread_mutex_lock(&q->lock);
+    bool stopped = q->stopped, ended = !s->hashed || s->force_end;
+    pthread_mutex_unlock(&q->lock);
+    if (stopped) return nereid_error_new(NEREID_ERROR_UNAVAILABLE, STOPPING_TEXT);
+    if (ended) {
+        /* As Triton: queued again without START, the sequence is unknown. */
+        char idbuf[160];
+        format_id(idbuf, sizeof idbuf, s->sid, s->id);
+        return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                "inference request for sequence %s to model '%s' must specify the "
+                                "START flag on the first request of the sequence",
+                                idbuf, base->model->name);
+    }
+    req->reschedule = true;
+    return NULL;
+}
+
+/* Queues a rescheduled request again at the end of its sequence's queue,
+ * without START/END and with a fresh response. Lock held. */
+static void requeue(seq_sched_t *q, seq_t *s, nereid_request_t *req)
+{
+    req->reschedule = false;
+    req->seq_start = req->seq_end = false;
+    nereid_response_free(req->response);
+    req->response = request_new_response(req);
+    s->last_arrival_ns = util_now_ns();
+    queue_push(q, s, req);
+}
+
 static void seq_batch_done(scheduler_t *base, model_instance_t *inst, batch_t *batch)
 {
     (void)inst;
@@ -871,17 +981,29 @@ static void seq_batch_done(scheduler_t *base, model_instance_t *inst, batch_t *b
     }
     batch->n_reqs = w;
     pthread_mutex_lock(&q->lock);
+    w = 0;
     for (size_t r = 0; r < batch->n_reqs; r++) {
         nereid_request_t *req = batch->reqs[r];
         seq_t *s = req->sched_data;
         req->sched_data = NULL;
         s->in_flight--;
+        if (req->reschedule && !request_failed(req)) {
+            requeue(q, s, req);
+            continue;
+        }
+        req->reschedule = false;
+        batch->reqs[w++] = req;
+        if (q->iterative) {
+            seq_unhash(q, s); /* its request is done: the sequence ends */
+            s->force_end = true;
+        }
         if (s->qhead) {
             if (s->inst >= 0) pthread_cond_broadcast(&q->insts[s->inst].cond);
         } else if (s->in_flight == 0 && (req->seq_end || s->force_end)) {
             seq_release(q, s);
         }
     }
+    batch->n_reqs = w;
     pthread_mutex_unlock(&q->lock);
     base->core->complete(batch, true);
 }
@@ -1062,6 +1184,7 @@ static const scheduler_ops_t sequence_ops = {
     .enqueue = seq_enqueue,
     .next_batch = seq_next_batch,
     .batch_done = seq_batch_done,
+    .reschedule = seq_reschedule,
     .prepare_warmup = seq_prepare_warmup,
     .stop = seq_stop,
     .destroy = seq_destroy,
@@ -1163,6 +1286,8 @@ nereid_error_t *sequence_batcher_create(model_t *m, const sched_core_t *core, sc
     q->idle_ns =
         (sb->max_sequence_idle_microseconds ? sb->max_sequence_idle_microseconds : 1000000u) *
         1000u;
+    q->iterative = sb->iterative_sequence;
+    atomic_init(&q->next_iter_id, 1);
     q->oldest =
         sb->strategy_choice_case == INFERENCE__MODEL_SEQUENCE_BATCHING__STRATEGY_CHOICE_OLDEST &&
         sb->oldest;
@@ -1231,6 +1356,13 @@ nereid_error_t *sequence_batcher_create(model_t *m, const sched_core_t *core, sc
         sc->input_name = st->input_name;
         sc->output_name = st->output_name;
         sc->datatype = (nereid_datatype_t)st->data_type;
+        sc->single_buffer = st->use_same_buffer_for_input_output;
+        if (st->use_growable_memory) /* Triton logs this for every sequence, and goes on */
+            LOG_ERROR("Failed to initialize sequence state: 'use_growable_memory' can only work "
+                      "with KIND_GPU model instances right now. Please either change the "
+                      "instance type to KIND_GPU or set 'use_growable_memory' to false for state "
+                      "input '%s'.",
+                      st->input_name);
         if (st->n_initial_state > 0) {
             nereid_error_t *err = check_initial_state(st);
             if (!err) err = read_initial_state(m, sc, st->initial_state[0]);

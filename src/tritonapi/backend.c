@@ -25,6 +25,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <jansson.h>
+
 #include "tritonapi/adapter.h"
 #include "tritonapi/tritonapi.h"
 
@@ -38,6 +40,7 @@ typedef struct tb_channel {
     size_t r;
     nereid_response_sender_t *sender; /* streamed decoupled request, until FINAL */
     bool final_sent;
+    bool rescheduled; /* the request runs again: a later execution sends the final */
     uint32_t n_sent;
 } tb_channel_t;
 
@@ -90,8 +93,12 @@ struct TRITONBACKEND_Input {
 struct TRITONBACKEND_State {
     struct TRITONBACKEND_State *next;
     TRITONBACKEND_Request *request;
+    const tb_state_cfg_t *cfg;
     TRITONSERVER_BufferAttributes attrs;
-    void *buffer;
+    void *buffer;    /* own, or the request's input state (single buffer) */
+    void *own;       /* malloc'ed here; committed by StateUpdate, freed with the state */
+    void *committed; /* the request's output the last StateUpdate copied into */
+    size_t committed_bytes;
     nereid_datatype_t datatype;
     uint32_t rank;
     bool allocated;
@@ -115,6 +122,7 @@ struct TRITONBACKEND_Request {
     const char **outputs;               /* requested outputs, sorted */
     uint32_t n_outputs, cap_outputs;
     bool outputs_ready;
+    bool rescheduled; /* released with RELEASE_RESCHEDULE: back to its scheduler */
 };
 
 static TRITONSERVER_Error *terr(TRITONSERVER_Error_Code code, const char *fmt, ...)
@@ -164,7 +172,7 @@ static tb_channel_t *channel_new(TRITONBACKEND_Request *req)
 static void channel_unref(tb_channel_t *c)
 {
     if (!c || atomic_fetch_sub(&c->refs, 1) != 1) return;
-    if (c->sender && !c->final_sent) {
+    if (c->sender && !c->final_sent && !c->rescheduled) {
         nereid_error_t *err = nereid_error_new(
             NEREID_ERROR_INTERNAL,
             "backend '%s' did not send the final response (TRITONSERVER_RESPONSE_COMPLETE_FINAL) "
@@ -276,6 +284,42 @@ static nereid_error_t *tritonapi_fini(nereid_backend_t *nb)
     return err;
 }
 
+/* The model's sequence_batching states, from its (normalized) config JSON. */
+static void read_state_configs(TRITONBACKEND_Model *m)
+{
+    json_t *root = json_loads(nereid_model_config_json(m->nm), 0, NULL);
+    json_t *list = json_object_get(json_object_get(root, "sequence_batching"), "state");
+    size_t n = json_array_size(list);
+    m->states = n ? calloc(n, sizeof *m->states) : NULL;
+    for (size_t i = 0; m->states && i < n; i++) {
+        json_t *st = json_array_get(list, i);
+        const char *in = json_string_value(json_object_get(st, "input_name"));
+        const char *out = json_string_value(json_object_get(st, "output_name"));
+        tb_state_cfg_t *c = &m->states[m->n_states];
+        c->input_name = strdup(in ? in : "");
+        c->output_name = strdup(out ? out : "");
+        c->single_buffer = json_is_true(json_object_get(st, "use_same_buffer_for_input_output"));
+        m->n_states++;
+        if (!c->input_name || !c->output_name) {
+            free(c->input_name);
+            free(c->output_name);
+            m->n_states--;
+        }
+    }
+    json_decref(root);
+}
+
+static void free_state_configs(TRITONBACKEND_Model *m)
+{
+    for (size_t i = 0; i < m->n_states; i++) {
+        free(m->states[i].input_name);
+        free(m->states[i].output_name);
+    }
+    free(m->states);
+    m->states = NULL;
+    m->n_states = 0;
+}
+
 static nereid_error_t *tritonapi_model_init(nereid_model_t *nm)
 {
     TRITONBACKEND_Model *m = calloc(1, sizeof *m);
@@ -296,6 +340,7 @@ static nereid_error_t *tritonapi_model_init(nereid_model_t *nm)
         m->decoupled = nereid_model_decoupled(nm);
         m->max_batch_size = nereid_model_max_batch_size(nm);
     }
+    read_state_configs(m);
     return NULL;
 }
 
@@ -306,6 +351,7 @@ static nereid_error_t *tritonapi_model_fini(nereid_model_t *nm)
     nereid_error_t *err =
         m->backend->model_finalize ? from_triton(m->backend->model_finalize(m)) : NULL;
     nereid_model_set_state(nm, NULL);
+    free_state_configs(m);
     free(m);
     return err;
 }
@@ -375,6 +421,7 @@ static void free_states(TRITONBACKEND_Request *req)
 {
     while (req->states) {
         struct TRITONBACKEND_State *next = req->states->next;
+        free(req->states->own);
         free(req->states);
         req->states = next;
     }
@@ -402,7 +449,7 @@ static bool request_finish(TRITONBACKEND_ModelInstance *in, TRITONBACKEND_Reques
                              "(TRITONBACKEND_RequestRelease) before "
                              "TRITONBACKEND_ModelInstanceExecute returned",
                              b, m));
-    else if (!final)
+    else if (!final && !req->rescheduled)
         nereid_batch_set_request_error(
             req->batch, req->r,
             nereid_error_new(NEREID_ERROR_INTERNAL,
@@ -411,6 +458,7 @@ static bool request_finish(TRITONBACKEND_ModelInstance *in, TRITONBACKEND_Reques
                              "before TRITONBACKEND_ModelInstanceExecute returned",
                              b, m));
     req->chan = NULL;
+    req->rescheduled = false;
     channel_unref(c);
     free_states(req);
     req->batch = NULL;
@@ -442,6 +490,7 @@ static nereid_error_t *tritonapi_execute(nereid_instance_t *ni, nereid_batch_t *
         req->r = r;
         req->status = REQ_LIVE;
         req->chan = NULL;
+        req->rescheduled = false;
         in->ptrs[r] = req;
     }
     in->batch = batch;
@@ -1074,10 +1123,29 @@ TRITONSERVER_Error *TRITONBACKEND_RequestRelease(TRITONBACKEND_Request *request,
     if (!request) return null_arg("request");
     if (request->status != REQ_LIVE)
         return terr(TRITONSERVER_ERROR_INVALID_ARG, "request was already released");
+    if (release_flags & TRITONSERVER_REQUEST_RELEASE_RESCHEDULE) {
+        /* Back to the model's scheduler when Execute returns (the sequence
+         * batcher with iterative_sequence takes it; others refuse, and the
+         * request stays the backend's, as in Triton). */
+        if (!request->batch)
+            return terr(TRITONSERVER_ERROR_INVALID_ARG,
+                        "a request can be released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE "
+                        "only during TRITONBACKEND_ModelInstanceExecute");
+        nereid_error_t *e = nereid_batch_request_reschedule(request->batch, request->r);
+        if (e) return (TRITONSERVER_Error *)e;
+        request->rescheduled = true;
+        if (request->chan) {
+            pthread_mutex_lock(&request->chan->mu);
+            request->chan->rescheduled = true;
+            pthread_mutex_unlock(&request->chan->mu);
+        }
+        request->status = REQ_RELEASED;
+        return NULL;
+    }
     if (release_flags != TRITONSERVER_REQUEST_RELEASE_ALL)
         return terr(TRITONSERVER_ERROR_UNSUPPORTED,
                     "request release flags %u are not supported: only "
-                    "TRITONSERVER_REQUEST_RELEASE_ALL",
+                    "TRITONSERVER_REQUEST_RELEASE_ALL and TRITONSERVER_REQUEST_RELEASE_RESCHEDULE",
                     release_flags);
     request->status = REQ_RELEASED;
     return NULL;
@@ -1089,7 +1157,8 @@ TRITONSERVER_Error *TRITONBACKEND_RequestTrace(TRITONBACKEND_Request *request,
     TRITONSERVER_Error *err = live(request);
     if (err) return err;
     if (!trace) return null_arg("trace");
-    *trace = NULL;
+    /* the request's own trace when it is sampled (server_api.c reads it) */
+    *trace = (TRITONSERVER_InferenceTrace *)nereid_batch_request_trace(request->batch, request->r);
     return NULL;
 }
 
@@ -1470,26 +1539,19 @@ TRITONSERVER_Error *TRITONBACKEND_ResponseFactoryIsCancelled(TRITONBACKEND_Respo
 /* ---- Implicit state (sequence batcher `state`) ----
  * The state is an output of the request named after the state's
  * output_name, which the sequence batcher keeps as the sequence's next
- * input state. It is committed once its buffer is allocated
- * (TRITONBACKEND_StateBuffer); StateUpdate confirms it. */
+ * input state. As in Triton, TRITONBACKEND_StateUpdate commits it: the
+ * buffer StateBuffer gives is the adapter's own until then (a state never
+ * updated leaves the sequence's state as it was). With
+ * use_same_buffer_for_input_output the buffer of the same size is the
+ * request's input state itself, which is the sequence's buffer (the
+ * scheduler lends it): a write is the new state, StateUpdate or not. */
 
-/* Whether the model config declares states (*any) and one with this
- * output_name (the return value). */
-static bool is_state_output(TRITONBACKEND_Model *m, const char *name, bool *any)
+/* The state config with this output_name, or NULL. */
+static const tb_state_cfg_t *state_config(const TRITONBACKEND_Model *m, const char *name)
 {
-    *any = false;
-    const char *json = nereid_model_config_json(m->nm);
-    const char *seq = strstr(json, "\"sequence_batching\"");
-    if (!seq) return false;
-    for (const char *p = seq; (p = strstr(p, "\"output_name\"")) != NULL;) {
-        *any = true;
-        p += strlen("\"output_name\"");
-        while (*p == ' ' || *p == ':')
-            p++;
-        size_t n = strlen(name);
-        if (*p == '"' && strncmp(p + 1, name, n) == 0 && p[1 + n] == '"') return true;
-    }
-    return false;
+    for (size_t i = 0; i < m->n_states; i++)
+        if (strcmp(m->states[i].output_name, name) == 0) return &m->states[i];
+    return NULL;
 }
 
 TRITONSERVER_Error *TRITONBACKEND_StateNew(TRITONBACKEND_State **state,
@@ -1501,14 +1563,15 @@ TRITONSERVER_Error *TRITONBACKEND_StateNew(TRITONBACKEND_State **state,
     *state = NULL;
     TRITONSERVER_Error *err = live(request);
     if (err) return err;
-    bool any;
-    if (!is_state_output(request->inst->model, name, &any))
-        return any ? terr(TRITONSERVER_ERROR_INVALID_ARG, "state '%s' is not a valid state name.",
-                          name)
-                   : terr(TRITONSERVER_ERROR_INVALID_ARG,
-                          "unable to add state '%s'. State configuration is missing for model "
-                          "'%s'.",
-                          name, model_name(request->inst->model));
+    const TRITONBACKEND_Model *m = request->inst->model;
+    const tb_state_cfg_t *cfg = state_config(m, name);
+    if (!cfg)
+        return m->n_states ? terr(TRITONSERVER_ERROR_INVALID_ARG,
+                                  "state '%s' is not a valid state name.", name)
+                           : terr(TRITONSERVER_ERROR_INVALID_ARG,
+                                  "unable to add state '%s'. State configuration is missing for "
+                                  "model '%s'.",
+                                  name, model_name(m));
     size_t name_bytes = strlen(name) + 1;
     size_t shape_at = (sizeof(struct TRITONBACKEND_State) + name_bytes + 7) & ~(size_t)7;
     TRITONBACKEND_State *st = calloc(1, shape_at + dims_count * sizeof(int64_t) + 1);
@@ -1518,11 +1581,31 @@ TRITONSERVER_Error *TRITONBACKEND_StateNew(TRITONBACKEND_State **state,
     if (dims_count) memcpy(st->shape, shape, dims_count * sizeof(int64_t));
     st->rank = dims_count;
     st->datatype = (nereid_datatype_t)datatype;
+    st->cfg = cfg;
     st->request = request;
     st->next = request->states;
     request->states = st;
     *state = st;
     return NULL;
+}
+
+/* The request's input state when it can be the state's buffer (single
+ * buffer, same size), else NULL. */
+static void *single_buffer(TRITONBACKEND_State *st, uint64_t byte_size)
+{
+    if (!st->cfg->single_buffer) return NULL;
+    nereid_datatype_t dt;
+    const int64_t *shape;
+    size_t rank, size;
+    const void *data;
+    nereid_error_t *e = nereid_batch_request_input(
+        st->request->batch, st->request->r, st->cfg->input_name, &dt, &shape, &rank, &data, &size);
+    if (e) {
+        nereid_error_free(e);
+        return NULL;
+    }
+    /* The sequence batcher's own buffer, lent for this request: writable. */
+    return size == byte_size ? (void *)data : NULL;
 }
 
 TRITONSERVER_Error *TRITONBACKEND_StateBuffer(TRITONBACKEND_State *state, void **buffer,
@@ -1535,23 +1618,27 @@ TRITONSERVER_Error *TRITONBACKEND_StateBuffer(TRITONBACKEND_State *state, void *
     *buffer = NULL;
     TRITONSERVER_Error *err = live(state->request);
     if (err) return err;
-    if (state->allocated) { /* asked again: the same buffer when the size matches */
-        if (buffer_byte_size != state->attrs.byte_size)
-            return terr(TRITONSERVER_ERROR_INVALID_ARG,
-                        "buffer for state '%s' already allocated with another size", state->name);
-        *buffer = state->buffer;
-        *memory_type = TRITONSERVER_MEMORY_CPU;
-        *memory_type_id = 0;
-        return NULL;
+    /* Host memory always. Asked for GPU or pinned memory, it is reported as
+     * CPU_PINNED: Triton's fallback for a state it cannot place on a GPU. */
+    TRITONSERVER_MemoryType type = *memory_type == TRITONSERVER_MEMORY_CPU
+                                       ? TRITONSERVER_MEMORY_CPU
+                                       : TRITONSERVER_MEMORY_CPU_PINNED;
+    if (!state->allocated || buffer_byte_size != state->attrs.byte_size) {
+        /* First time, or another size: a new buffer (Triton reallocates). */
+        void *b = single_buffer(state, buffer_byte_size);
+        if (!b) {
+            void *own = realloc(state->own, buffer_byte_size ? buffer_byte_size : 1);
+            if (!own) return terr(TRITONSERVER_ERROR_INTERNAL, "out of memory");
+            state->own = b = own;
+        }
+        state->buffer = b;
+        state->allocated = true;
+        state->attrs.byte_size = buffer_byte_size;
     }
-    nereid_error_t *e = nereid_batch_request_output(state->request->batch, state->request->r,
-                                                    state->name, state->datatype, state->shape,
-                                                    state->rank, buffer_byte_size, buffer);
-    if (e) return (TRITONSERVER_Error *)e;
-    state->allocated = true;
-    state->buffer = *buffer;
-    state->attrs.byte_size = buffer_byte_size;
-    *memory_type = TRITONSERVER_MEMORY_CPU;
+    state->attrs.memory_type = type;
+    state->attrs.memory_type_id = 0;
+    *buffer = state->buffer;
+    *memory_type = type;
     *memory_type_id = 0;
     return NULL;
 }
@@ -1567,8 +1654,23 @@ TRITONSERVER_Error *TRITONBACKEND_StateBufferAttributes(TRITONBACKEND_State *sta
 TRITONSERVER_Error *TRITONBACKEND_StateUpdate(TRITONBACKEND_State *state)
 {
     if (!state) return null_arg("state");
+    TRITONSERVER_Error *err = live(state->request);
+    if (err) return err;
     if (!state->allocated)
         return terr(TRITONSERVER_ERROR_INVALID_ARG,
                     "state '%s' has no buffer: call TRITONBACKEND_StateBuffer first", state->name);
+    if (state->buffer != state->own) return NULL; /* the sequence's buffer, written in place */
+    if (!state->committed) {
+        nereid_error_t *e = nereid_batch_request_output(
+            state->request->batch, state->request->r, state->name, state->datatype, state->shape,
+            state->rank, state->attrs.byte_size, &state->committed);
+        if (e) return (TRITONSERVER_Error *)e;
+        state->committed_bytes = state->attrs.byte_size;
+    } else if (state->committed_bytes != state->attrs.byte_size) {
+        return terr(TRITONSERVER_ERROR_INVALID_ARG,
+                    "state '%s' was already updated with a buffer of %zu bytes", state->name,
+                    state->committed_bytes);
+    }
+    memcpy(state->committed, state->own, state->attrs.byte_size);
     return NULL;
 }

@@ -352,13 +352,59 @@ TRITONSERVER_Error *TRITONBACKEND_MemoryManagerFree(TRITONBACKEND_MemoryManager 
 
 /* ---- Tracing ---- */
 
+/* A TRITONSERVER_InferenceTrace is a nereid_trace_t (TRITONBACKEND_RequestTrace). */
+
 TRITONSERVER_Error *TRITONSERVER_InferenceTraceReportActivity(TRITONSERVER_InferenceTrace *trace,
                                                               uint64_t timestamp,
                                                               const char *activity_name)
 {
-    (void)trace, (void)timestamp, (void)activity_name;
-    return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_UNSUPPORTED,
-                                 "custom trace activities are not supported by Nereid");
+    if (!activity_name)
+        return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INVALID_ARG,
+                                     "activity_name must not be NULL");
+    nereid_trace_activity((nereid_trace_t *)trace, activity_name, timestamp); /* NULL: nothing */
+    return NULL;
+}
+
+static TRITONSERVER_Error *trace_info(TRITONSERVER_InferenceTrace *trace, const void *out,
+                                      uint64_t *id, uint64_t *parent_id, const char **model_name,
+                                      int64_t *model_version, const char **request_id)
+{
+    if (!trace || !out)
+        return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INVALID_ARG,
+                                     "trace and its out-parameter must not be NULL");
+    nereid_trace_info((const nereid_trace_t *)trace, id, parent_id, model_name, model_version,
+                      request_id);
+    if (model_name && !*model_name) *model_name = "";
+    return NULL;
+}
+
+TRITONSERVER_Error *TRITONSERVER_InferenceTraceId(TRITONSERVER_InferenceTrace *trace, uint64_t *id)
+{
+    return trace_info(trace, id, id, NULL, NULL, NULL, NULL);
+}
+
+TRITONSERVER_Error *TRITONSERVER_InferenceTraceParentId(TRITONSERVER_InferenceTrace *trace,
+                                                        uint64_t *parent_id)
+{
+    return trace_info(trace, parent_id, NULL, parent_id, NULL, NULL, NULL);
+}
+
+TRITONSERVER_Error *TRITONSERVER_InferenceTraceModelName(TRITONSERVER_InferenceTrace *trace,
+                                                         const char **model_name)
+{
+    return trace_info(trace, model_name, NULL, NULL, model_name, NULL, NULL);
+}
+
+TRITONSERVER_Error *TRITONSERVER_InferenceTraceModelVersion(TRITONSERVER_InferenceTrace *trace,
+                                                            int64_t *model_version)
+{
+    return trace_info(trace, model_version, NULL, NULL, NULL, model_version, NULL);
+}
+
+TRITONSERVER_Error *TRITONSERVER_InferenceTraceRequestId(TRITONSERVER_InferenceTrace *trace,
+                                                         const char **request_id)
+{
+    return trace_info(trace, request_id, NULL, NULL, NULL, NULL, request_id);
 }
 
 /* ---- Custom metrics ----

@@ -49,12 +49,20 @@ struct TRITONBACKEND_Backend {
     tb_execute_fn execute;
 };
 
+/* One sequence_batching state of a model's config. */
+typedef struct tb_state_cfg {
+    char *input_name, *output_name;
+    bool single_buffer; /* use_same_buffer_for_input_output */
+} tb_state_cfg_t;
+
 struct TRITONBACKEND_Model {
     nereid_model_t *nm;
     TRITONBACKEND_Backend *backend;
     void *state;
     bool decoupled;
     int64_t max_batch_size;
+    tb_state_cfg_t *states; /* read from the config after ModelInitialize */
+    size_t n_states;
 };
 
 struct TRITONBACKEND_Request;

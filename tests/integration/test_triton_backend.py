@@ -5,6 +5,7 @@ datatype, batching, decoupled streaming, the backend-contract errors and the
 load errors; and, when an out dir of /work/shared/compat/tritonbackends/
 build.sh is given (NEREID_TRITON_COMPAT_DIR), Triton's own backends."""
 import concurrent.futures
+import json
 import os
 import shutil
 import struct
@@ -42,7 +43,7 @@ output [ {{ name: "OUTPUT0" data_type: {cfg} dims: [ -1 ] }} ]
 def layout(tmp_path_factory):
     root = tmp_path_factory.mktemp("triton")
     backends = root / "backends"
-    for name in ("tidentity", "trepeat", "tbadversion", "tnoexecute", "taccumulate"):
+    for name in ("tidentity", "trepeat", "tbadversion", "tnoexecute", "taccumulate", "titerate"):
         os.makedirs(backends / name)
         os.symlink(lib(name), backends / name / f"libtriton_{name}.so")
     # Nereid's own identity backend, in the same backend directory
@@ -82,6 +83,41 @@ sequence_batching {
 }
 input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
 output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+""")
+    write_model(repo, "t_state_single", """
+name: "t_state_single"
+backend: "taccumulate"
+max_batch_size: 0
+sequence_batching {
+  state [ { input_name: "INPUT_STATE" output_name: "OUTPUT_STATE" data_type: TYPE_INT32
+            dims: [ 1 ] use_same_buffer_for_input_output: true } ]
+}
+input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] },
+         { name: "SAME" data_type: TYPE_INT32 dims: [ 1 ] },
+         { name: "MEMTYPE" data_type: TYPE_INT32 dims: [ 1 ] } ]
+""")
+    for name, sched in (("t_iterate", "sequence_batching { iterative_sequence: true }"),
+                        ("t_iterate_direct", "sequence_batching { direct { } }"),
+                        ("t_iterate_dynamic", "dynamic_batching { }")):
+        write_model(repo, name, f"""
+name: "{name}"
+backend: "titerate"
+max_batch_size: 0
+model_transaction_policy {{ decoupled: true }}
+{sched}
+input [ {{ name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+output [ {{ name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] }},
+         {{ name: "FLAGS" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+""")
+    write_model(repo, "t_ragged_seq", """
+name: "t_ragged_seq"
+backend: "tidentity"
+max_batch_size: 4
+sequence_batching { oldest { max_candidate_sequences: 4 preferred_batch_size: [ 2 ]
+                             max_queue_delay_microseconds: 30000000 } }
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] allow_ragged_batch: true } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
 """)
     write_model(repo, "t_ensemble", """
 name: "t_ensemble"
@@ -300,6 +336,35 @@ def test_implicit_state(server):
     assert r.status_code == 400 and r.json()["error"] == "state 'NOPE' is not a valid state name."
 
 
+def state_step(server, model, seq, value, **params):
+    r = infer_json(server, model,
+                   [{"name": "INPUT", "datatype": "INT32", "shape": [1], "data": [value]}],
+                   parameters=dict(sequence_id=seq, **params))
+    assert r.status_code == 200, r.text
+    return {o["name"]: o["data"][0] for o in r.json()["outputs"]}
+
+
+def test_state_is_committed_by_state_update_only(server):
+    assert state_step(server, "t_state", 9, 1, sequence_start=True)["OUTPUT"] == 1
+    # buffer written, StateUpdate not called: the sequence keeps state 1 (Triton)
+    assert state_step(server, "t_state", 9, 2, no_commit=True)["OUTPUT"] == 3
+    assert state_step(server, "t_state", 9, 4)["OUTPUT"] == 5
+    assert state_step(server, "t_state", 9, 1, sequence_end=True)["OUTPUT"] == 6
+
+
+def test_single_buffer_state_is_written_in_place(server):
+    out = state_step(server, "t_state_single", 11, 1, sequence_start=True, report_buffer=True)
+    # the state buffer is the input state's own memory; GPU asked -> host memory as CPU_PINNED
+    assert out == {"OUTPUT": 1, "SAME": 1, "MEMTYPE": 1}
+    # no StateUpdate: with one buffer for input and output the write is the state
+    assert state_step(server, "t_state_single", 11, 2, no_commit=True)["OUTPUT"] == 3
+    out = state_step(server, "t_state_single", 11, 4, report_buffer=True)
+    assert out["OUTPUT"] == 7 and out["SAME"] == 1
+    assert state_step(server, "t_state_single", 11, 1, sequence_end=True)["OUTPUT"] == 8
+    # a new sequence starts from the zero initial state, in a buffer of its own
+    assert state_step(server, "t_state_single", 11, 5, sequence_start=True)["OUTPUT"] == 5
+
+
 def test_ensemble_of_triton_models(server):
     r = infer_json(server, "t_ensemble",
                    [{"name": "IN", "datatype": "FP32", "shape": [3], "data": [1.5, 2.5, 3.5]}])
@@ -473,3 +538,102 @@ def test_tritons_own_backends(nereid_server):
         out = list(st.ModelStreamInfer(iter([req]), timeout=30))
         assert [np.frombuffer(r.infer_response.raw_output_contents[0], np.int32).tolist()
                 for r in out] == [[4], [5], [6]]
+
+
+# ---- Request release with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE ----
+
+def iterate_req(model, n, id="", seq=0):
+    req = pb.ModelInferRequest(model_name=model, id=id)
+    t = req.inputs.add()
+    t.name, t.datatype = "INPUT", "INT32"
+    t.shape.extend([1])
+    req.raw_input_contents.append(np.array([n], np.int32).tobytes())
+    if seq:
+        req.parameters["sequence_id"].int64_param = seq
+        req.parameters["sequence_start"].bool_param = True
+    return req
+
+
+def int_outputs(resp):
+    r = resp.infer_response
+    return {o.name: int(np.frombuffer(r.raw_output_contents[i], np.int32)[0])
+            for i, o in enumerate(r.outputs)}
+
+
+def test_rescheduled_request_runs_again_in_its_iterative_sequence(stub):
+    out = list(stub.ModelStreamInfer(iter([iterate_req("t_iterate", 3, id="it")]), timeout=30))
+    assert [r.error_message for r in out] == ["", "", ""]
+    assert [r.infer_response.id for r in out] == ["it"] * 3
+    # one request, executed three times: START only the first time
+    assert [int_outputs(r) for r in out] == [{"OUTPUT": 2, "FLAGS": 1}, {"OUTPUT": 1, "FLAGS": 0},
+                                              {"OUTPUT": 0, "FLAGS": 0}]
+
+
+def test_iterative_sequences_each_get_their_own_id(stub):
+    reqs = [iterate_req("t_iterate", 2, id="a"), iterate_req("t_iterate", 3, id="b")]
+    out = list(stub.ModelStreamInfer(iter(reqs), timeout=30))
+    assert all(r.error_message == "" for r in out)
+    got = {}
+    for r in out:
+        got.setdefault(r.infer_response.id, []).append(int_outputs(r)["OUTPUT"])
+    assert got == {"a": [1, 0], "b": [2, 1, 0]}
+
+
+@pytest.mark.parametrize("model,seq", [("t_iterate_dynamic", 0), ("t_iterate_direct", 21)])
+def test_reschedule_refused_outside_iterative_sequences(stub, model, seq):
+    out = list(stub.ModelStreamInfer(iter([iterate_req(model, 2, seq=seq)]), timeout=30))
+    assert len(out) == 1
+    assert out[0].error_message == (
+        "Request is released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, while the model is "
+        "not configured to handle such a flag.")
+
+
+# ---- Tracing: TRITONBACKEND_RequestTrace, TRITONSERVER_InferenceTrace* ----
+
+def test_backend_reports_activity_into_the_request_trace(layout, tmp_path):
+    from conftest import Server
+    backends, repo = layout
+    f = str(tmp_path / "trace.json")
+    s = Server(repo, [f"--backend-directory={backends}", "--exit-on-error=false",
+                      "--trace-config", f"triton,file={f}", "--trace-config", "level=TIMESTAMPS",
+                      "--trace-config", "rate=1"])
+    try:
+        body = {"id": "req-7", "inputs": [f32([1.0])],
+                "parameters": {"trace_activity": "CUSTOM_STEP"}}
+        r = requests.post(f"{s.http_url}/v2/models/t_fp32/infer", json=body, timeout=30)
+        assert r.status_code == 200, r.text
+        p = r.json()["parameters"]
+    finally:
+        assert s.stop() == 0, s.output()
+    assert p["trace_id"] > 0 and p["trace_parent_id"] == 0
+    assert (p["trace_model"], p["trace_version"], p["trace_request_id"]) == ("t_fp32", 1, "req-7")
+    with open(f) as fh:
+        entries = [e for e in json.load(fh) if e["id"] == p["trace_id"]]
+    stamps = {t["name"]: t["ns"] for e in entries for t in e.get("timestamps", [])}
+    # reported during execution, on the trace's own id
+    assert stamps["COMPUTE_START"] <= stamps["CUSTOM_STEP"] <= stamps["COMPUTE_END"]
+
+
+def test_untraced_request_has_no_trace(server):
+    r = infer_json(server, "t_fp32", [f32([1.0])], parameters={"trace_activity": "X"})
+    assert r.status_code == 200, r.text
+    assert r.json()["parameters"]["trace_id"] == 0
+
+
+def test_sequences_with_ragged_inputs_share_a_batch(server):
+    # oldest strategy waits for its preferred batch of 2 (30 s delay): the two
+    # sequences' requests differ in shape, and allow_ragged_batch lets them
+    # share one execution (as Triton's L0_dyna_sequence_batcher expects)
+    def one(seq, n):
+        body = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, n],
+                            "data": [float(seq)] * n}],
+                "parameters": {"sequence_id": seq, "sequence_start": True, "sequence_end": True}}
+        return requests.post(f"{server.http_url}/v2/models/t_ragged_seq/infer", json=body,
+                             timeout=60)
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        rs = list(pool.map(one, (31, 32), (2, 3)))
+    assert [r.status_code for r in rs] == [200, 200], [r.text for r in rs]
+    assert [r.json()["outputs"][0]["data"] for r in rs] == [[31.0] * 2, [32.0] * 3]
+    st = requests.get(f"{server.http_url}/v2/models/t_ragged_seq/stats",
+                      timeout=10).json()["model_stats"][0]
+    assert (st["execution_count"], st["inference_count"]) == (1, 2)

@@ -4,11 +4,18 @@
  * (INT32 [1]); the sum becomes the next state of the sequence through
  * TRITONBACKEND_StateNew("OUTPUT_STATE") / StateBuffer / StateUpdate. With
  * request parameter "skip_update" the state is left as it was; with
- * "bad_state" it asks for a state the model does not have.
+ * "bad_state" it asks for a state the model does not have; with "no_commit"
+ * it writes the state buffer but does not call StateUpdate (Triton keeps the
+ * old state, unless the state uses one buffer for input and output); with
+ * "report_buffer" it first asks for the state buffer in GPU memory and adds
+ * outputs SAME (1 when the state buffer is the INPUT_STATE buffer itself)
+ * and MEMTYPE (the memory type answered to the GPU request).
  */
 #include <string.h>
 
 #include "triton/core/tritonbackend.h"
+
+#include "tb_util.h"
 
 #define RETURN_IF_ERROR(x)                                                                         \
     do {                                                                                           \
@@ -16,7 +23,8 @@
         if (e_) return e_;                                                                         \
     } while (0)
 
-static TRITONSERVER_Error *read_int(TRITONBACKEND_Request *request, const char *name, int32_t *v)
+static TRITONSERVER_Error *read_int(TRITONBACKEND_Request *request, const char *name, int32_t *v,
+                                    const void **where)
 {
     TRITONBACKEND_Input *input;
     const void *data;
@@ -27,6 +35,7 @@ static TRITONSERVER_Error *read_int(TRITONBACKEND_Request *request, const char *
     RETURN_IF_ERROR(TRITONBACKEND_InputBuffer(input, 0, &data, &size, &type, &type_id));
     if (size != 4) return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INVALID_ARG, "expected 1 INT32");
     memcpy(v, data, 4);
+    if (where) *where = data;
     return NULL;
 }
 
@@ -47,25 +56,32 @@ static bool has_param(TRITONBACKEND_Request *request, const char *name)
 static TRITONSERVER_Error *run(TRITONBACKEND_Request *request, TRITONBACKEND_Response *response)
 {
     int32_t in = 0, state = 0;
-    RETURN_IF_ERROR(read_int(request, "INPUT", &in));
-    RETURN_IF_ERROR(read_int(request, "INPUT_STATE", &state));
+    const void *state_at = NULL;
+    RETURN_IF_ERROR(read_int(request, "INPUT", &in, NULL));
+    RETURN_IF_ERROR(read_int(request, "INPUT_STATE", &state, &state_at));
     int32_t sum = in + state;
     const int64_t shape[1] = {1};
-    TRITONBACKEND_Output *output;
     void *buffer;
     TRITONSERVER_MemoryType type = TRITONSERVER_MEMORY_CPU;
     int64_t type_id = 0;
-    RETURN_IF_ERROR(TRITONBACKEND_ResponseOutput(response, &output, "OUTPUT",
-                                                 TRITONSERVER_TYPE_INT32, shape, 1));
-    RETURN_IF_ERROR(TRITONBACKEND_OutputBuffer(output, &buffer, 4, &type, &type_id));
-    memcpy(buffer, &sum, 4);
+    RETURN_IF_ERROR(tb_add_int32(response, "OUTPUT", sum));
     if (has_param(request, "skip_update")) return NULL;
     const char *state_name = has_param(request, "bad_state") ? "NOPE" : "OUTPUT_STATE";
     TRITONBACKEND_State *st;
     RETURN_IF_ERROR(
         TRITONBACKEND_StateNew(&st, request, state_name, TRITONSERVER_TYPE_INT32, shape, 1));
-    RETURN_IF_ERROR(TRITONBACKEND_StateBuffer(st, &buffer, 4, &type, &type_id));
+    if (has_param(request, "report_buffer")) {
+        TRITONSERVER_MemoryType gpu = TRITONSERVER_MEMORY_GPU;
+        void *first;
+        RETURN_IF_ERROR(TRITONBACKEND_StateBuffer(st, &first, 4, &gpu, &type_id));
+        RETURN_IF_ERROR(tb_add_int32(response, "MEMTYPE", (int32_t)gpu));
+        RETURN_IF_ERROR(TRITONBACKEND_StateBuffer(st, &buffer, 4, &type, &type_id));
+        RETURN_IF_ERROR(tb_add_int32(response, "SAME", buffer == state_at && buffer == first));
+    } else {
+        RETURN_IF_ERROR(TRITONBACKEND_StateBuffer(st, &buffer, 4, &type, &type_id));
+    }
     memcpy(buffer, &sum, 4);
+    if (has_param(request, "no_commit")) return NULL;
     return TRITONBACKEND_StateUpdate(st);
 }
 

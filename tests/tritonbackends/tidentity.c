@@ -11,6 +11,9 @@
  *   no_final        sends its response without the FINAL flag
  *   no_response     releases without responding
  *   error_response  sends an error response (INVALID_ARG "requested error")
+ * Request parameter "trace_activity" = <name> reports that activity into the
+ * request's trace (TRITONBACKEND_RequestTrace) and answers the trace's id,
+ * parent id, model, version and request id as response parameters.
  * Model config parameter "fail" = "model_init" / "instance_init" fails that
  * entry point; "response_parameters" = "false" leaves out the four response
  * parameters param0..param3 it otherwise sets as Triton's identity does.
@@ -20,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "triton/core/tritonbackend.h"
 
@@ -145,7 +149,8 @@ TRITONSERVER_Error *TRITONBACKEND_ModelInstanceInitialize(TRITONBACKEND_ModelIns
     return NULL;
 }
 
-static const char *request_mode(TRITONBACKEND_Request *request)
+/* Request parameter key's string value, or "". */
+static const char *request_param(TRITONBACKEND_Request *request, const char *want)
 {
     uint32_t n = 0;
     if (TRITONBACKEND_RequestParameterCount(request, &n)) return "";
@@ -154,10 +159,47 @@ static const char *request_mode(TRITONBACKEND_Request *request)
         TRITONSERVER_ParameterType type;
         const void *value;
         if (TRITONBACKEND_RequestParameter(request, i, &key, &type, &value) == NULL &&
-            strcmp(key, "mode") == 0 && type == TRITONSERVER_PARAMETER_STRING)
+            strcmp(key, want) == 0 && type == TRITONSERVER_PARAMETER_STRING)
             return value;
     }
     return "";
+}
+
+static const char *request_mode(TRITONBACKEND_Request *request)
+{
+    return request_param(request, "mode");
+}
+
+/* Request parameter "trace_activity": reports that activity into the
+ * request's trace now, and answers what identifies the trace as response
+ * parameters trace_id (0: not traced), trace_parent_id, trace_model,
+ * trace_version, trace_request_id. */
+static TRITONSERVER_Error *trace_activity(TRITONBACKEND_Request *request,
+                                          TRITONBACKEND_Response *response)
+{
+    const char *activity = request_param(request, "trace_activity");
+    if (!activity[0]) return NULL;
+    TRITONSERVER_InferenceTrace *trace = NULL;
+    RETURN_IF_ERROR(TRITONBACKEND_RequestTrace(request, &trace));
+    if (!trace) return TRITONBACKEND_ResponseSetIntParameter(response, "trace_id", 0);
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts); /* Triton's steady clock */
+    uint64_t now = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+    RETURN_IF_ERROR(TRITONSERVER_InferenceTraceReportActivity(trace, now, activity));
+    uint64_t id, parent_id;
+    int64_t version;
+    const char *model, *request_id;
+    RETURN_IF_ERROR(TRITONSERVER_InferenceTraceId(trace, &id));
+    RETURN_IF_ERROR(TRITONSERVER_InferenceTraceParentId(trace, &parent_id));
+    RETURN_IF_ERROR(TRITONSERVER_InferenceTraceModelName(trace, &model));
+    RETURN_IF_ERROR(TRITONSERVER_InferenceTraceModelVersion(trace, &version));
+    RETURN_IF_ERROR(TRITONSERVER_InferenceTraceRequestId(trace, &request_id));
+    RETURN_IF_ERROR(TRITONBACKEND_ResponseSetIntParameter(response, "trace_id", (int64_t)id));
+    RETURN_IF_ERROR(
+        TRITONBACKEND_ResponseSetIntParameter(response, "trace_parent_id", (int64_t)parent_id));
+    RETURN_IF_ERROR(TRITONBACKEND_ResponseSetStringParameter(response, "trace_model", model));
+    RETURN_IF_ERROR(TRITONBACKEND_ResponseSetIntParameter(response, "trace_version", version));
+    return TRITONBACKEND_ResponseSetStringParameter(response, "trace_request_id", request_id);
 }
 
 /* Fills response with OUTPUT<k> = INPUT<k> for every input. */
@@ -255,6 +297,7 @@ static void respond(TRITONBACKEND_ModelInstance *instance, TRITONBACKEND_Request
     if (err) return log_error(err);
     err = copy_inputs(request, response, state->metric);
     if (!err) err = sequence_outputs(request, response);
+    if (!err) err = trace_activity(request, response);
     /* as Triton's identity backend does */
     if (!err && !state->response_parameters) goto send;
     if (!err) err = TRITONBACKEND_ResponseSetStringParameter(response, "param0", "an example");

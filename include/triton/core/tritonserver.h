@@ -263,11 +263,22 @@ TRITONSERVER_DECLSPEC TRITONSERVER_Error *
 TRITONSERVER_MessageSerializeToJson(TRITONSERVER_Message *message, const char **base,
                                     size_t *byte_size);
 
-/* ---- Tracing: requests carry no trace in Nereid's Triton layer ---- */
+/* ---- Tracing: a sampled request's trace (TRITONBACKEND_RequestTrace),
+ * valid while the backend holds the request ---- */
 
 TRITONSERVER_DECLSPEC TRITONSERVER_Error *
 TRITONSERVER_InferenceTraceReportActivity(TRITONSERVER_InferenceTrace *trace, uint64_t timestamp,
                                           const char *activity_name);
+TRITONSERVER_DECLSPEC TRITONSERVER_Error *
+TRITONSERVER_InferenceTraceId(TRITONSERVER_InferenceTrace *trace, uint64_t *id);
+TRITONSERVER_DECLSPEC TRITONSERVER_Error *
+TRITONSERVER_InferenceTraceParentId(TRITONSERVER_InferenceTrace *trace, uint64_t *parent_id);
+TRITONSERVER_DECLSPEC TRITONSERVER_Error *
+TRITONSERVER_InferenceTraceModelName(TRITONSERVER_InferenceTrace *trace, const char **model_name);
+TRITONSERVER_DECLSPEC TRITONSERVER_Error *
+TRITONSERVER_InferenceTraceModelVersion(TRITONSERVER_InferenceTrace *trace, int64_t *model_version);
+TRITONSERVER_DECLSPEC TRITONSERVER_Error *
+TRITONSERVER_InferenceTraceRequestId(TRITONSERVER_InferenceTrace *trace, const char **request_id);
 
 /* ---- Response allocator (in-process inference) ---- */
 

@@ -362,6 +362,21 @@ static void test_json_input(void)
     CHECK(!config_from_json("[1", 2, &err));
     CHECK(err && strncmp(err, "<json>:", 7) == 0);
     free(err);
+    /* bare keys, as protobuf's JSON parser (Triton's) accepts; strings untouched */
+    const char *bare = "{\"max_batch_size\": 2, sequence_batching : { iterative_sequence: true, "
+                       "direct: {max_queue_delay_microseconds: 5}}, "
+                       "\"parameters\": {\"k\": {string_value: \"a, b: {c\"}}}";
+    err = NULL;
+    cfg = config_from_json(bare, strlen(bare), &err);
+    CHECK(cfg && cfg->sequence_batching && cfg->sequence_batching->iterative_sequence);
+    CHECK(cfg && cfg->sequence_batching->direct->max_queue_delay_microseconds == 5);
+    if (cfg) CHECK_STR(cfg->parameters[0]->value->string_value, "a, b: {c");
+    config_free(cfg);
+    free(err);
+    err = NULL;
+    CHECK(!config_from_json("{nope: 1}", 9, &err));
+    CHECK(err && strstr(err, "has no field named \"nope\""));
+    free(err);
     /* an all-default config prints as an empty body, like Triton */
     cfg = config_from_json("{}", 2, NULL);
     char *json = cfg ? config_to_json(cfg) : NULL;
