@@ -315,7 +315,8 @@ static nereid_error_t *submit(model_t *m, nereid_request_t *req,
         request_finish(req, NULL, FAILURE_OTHER);
         return NULL;
     }
-    err = m->sched->ops->enqueue(m->sched, req);
+    err = model_start_instances(m);
+    if (!err) err = m->sched->ops->enqueue(m->sched, req);
     if (err) {
         *stopped = atomic_load(&m->unloading);
         if (!*stopped) atomic_fetch_add(&m->stats.failures[FAILURE_REJECTED], 1);
