@@ -84,6 +84,19 @@ def test_intra_op_thread_count_gets_its_own_pool(nereid_server, tmp_path):
     assert counts[1] - counts[0] >= 2 * n - 4, counts
 
 
+def assert_rss_returns(s, before, peak):
+    """RSS comes back within 64 MiB of before in 10 s (generous: a bound,
+    not a timing)."""
+    bound = before + 64 * MIB
+    deadline = time.time() + 10
+    rss = proc_status(s.proc.pid)[1]
+    while rss > bound and time.time() < deadline:
+        time.sleep(0.25)
+        rss = proc_status(s.proc.pid)[1]
+    assert rss <= bound, (f"RSS {rss / MIB:.0f} MiB 10 s after the burst "
+                          f"(before {before / MIB:.0f}, peak {peak / MIB:.0f})")
+
+
 def test_memory_returns_after_a_burst(nereid_server, tmp_path):
     """32 requests of 1M FP32 values as JSON, 8 at a time: RSS grows by
     ~100+ MiB during the burst and must come back near the idle size."""
@@ -112,14 +125,7 @@ def test_memory_returns_after_a_burst(nereid_server, tmp_path):
         for size in pool.map(one, range(32)):
             assert size > n_values
             peak = max(peak, proc_status(s.proc.pid)[1])
-    bound = before + 64 * MIB
-    deadline = time.time() + 10
-    rss = proc_status(s.proc.pid)[1]
-    while rss > bound and time.time() < deadline:
-        time.sleep(0.25)
-        rss = proc_status(s.proc.pid)[1]
-    assert rss <= bound, (f"RSS {rss / MIB:.0f} MiB 10 s after the burst "
-                          f"(before {before / MIB:.0f}, peak {peak / MIB:.0f})")
+    assert_rss_returns(s, before, peak)
 
 
 # ---- Load on demand and eviction under a memory budget ----
@@ -424,11 +430,4 @@ def test_memory_returns_after_a_grpc_burst(nereid_server, tmp_path):
         with concurrent.futures.ThreadPoolExecutor(8) as pool:
             for rss in pool.map(one, range(32)):
                 peak = max(peak, rss)
-    bound = before + 64 * MIB
-    deadline = time.time() + 10
-    rss = proc_status(s.proc.pid)[1]
-    while rss > bound and time.time() < deadline:
-        time.sleep(0.25)
-        rss = proc_status(s.proc.pid)[1]
-    assert rss <= bound, (f"RSS {rss / MIB:.0f} MiB 10 s after the burst "
-                          f"(before {before / MIB:.0f}, peak {peak / MIB:.0f})")
+    assert_rss_returns(s, before, peak)
