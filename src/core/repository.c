@@ -1161,6 +1161,34 @@ static void evict_over_budget(nereid_server_t *s, const char *keep)
  * itself makes (a backend's model init) must not wait for s->control. */
 static _Thread_local bool loading_on_demand;
 
+bool repository_loading_on_demand(void)
+{
+    return loading_on_demand;
+}
+
+bool repository_has_model(nereid_server_t *s, const char *name)
+{
+    if (!valid_model_name(name)) return false;
+    size_t count;
+    char *dir = locate(s, name, &count);
+    bool found = dir != NULL;
+    free(dir);
+    return found;
+}
+
+bool repository_decoupled_on_disk(nereid_server_t *s, const char *name)
+{
+    size_t count;
+    char *dir = locate(s, name, &count);
+    model_config_t *cfg = NULL;
+    if (dir) nereid_error_free(read_config(s, name, dir, NULL, &cfg));
+    bool decoupled =
+        cfg && cfg->model_transaction_policy && cfg->model_transaction_policy->decoupled;
+    if (cfg) config_free(cfg);
+    free(dir);
+    return decoupled;
+}
+
 nereid_error_t *repository_load_on_demand(nereid_server_t *s, const char *name)
 {
     if (!valid_model_name(name) || loading_on_demand)
@@ -1275,7 +1303,10 @@ static void load_parallel(nereid_server_t *s, char **names, size_t n, bool *is_e
 
 static bool wanted_at_start(nereid_server_t *s, const char *name)
 {
-    if (s->opts.model_control_mode != NEREID_MODEL_CONTROL_EXPLICIT) return true;
+    /* Poll mode with on-demand loads: like explicit, only --load-model. */
+    if (s->opts.model_control_mode != NEREID_MODEL_CONTROL_EXPLICIT &&
+        !s->opts.model_load_on_demand)
+        return true;
     for (size_t i = 0; i < s->opts.n_load_models; i++)
         if (strcmp(s->opts.load_models[i], "*") == 0 || strcmp(s->opts.load_models[i], name) == 0)
             return true;
@@ -1440,7 +1471,17 @@ void repository_poll(nereid_server_t *s)
             pthread_rwlock_rdlock(&s->lock);
             model_entry_t *e = repository_find(s, names[i]);
             bool changed = !e || e->tree_sig != sig;
+            /* On demand: a model not loaded is loaded by its first request,
+             * not by the poll; a new one is only listed. */
+            bool listed_only = s->opts.model_load_on_demand && (!e || !entry_has_ready(e));
             pthread_rwlock_unlock(&s->lock);
+            if (changed && listed_only) {
+                pthread_rwlock_wrlock(&s->lock);
+                if (!repository_find(s, names[i])) entry_add(s, names[i], dir);
+                pthread_rwlock_unlock(&s->lock);
+                free(dir);
+                continue;
+            }
             model_config_t *cfg = NULL;
             if (changed) nereid_error_free(read_config(s, names[i], dir, NULL, &cfg));
             if (changed && is_ensemble(cfg) == (pass == 1)) {

@@ -431,3 +431,49 @@ def test_memory_returns_after_a_grpc_burst(nereid_server, tmp_path):
             for rss in pool.map(one, range(32)):
                 peak = max(peak, rss)
     assert_rss_returns(s, before, peak)
+
+
+def test_on_demand_in_poll_mode(nereid_server, tmp_path):
+    """Poll mode with on-demand loads: nothing loads at start or when the
+    poll finds a new model; a request loads it; the budget evicts."""
+    repo = str(tmp_path / "models")
+    for name in ("a", "b"):
+        write_testing_model(repo, name)
+    s = nereid_server(repo, "--model-control-mode=poll", "--repository-poll-secs=1",
+                      "--model-load-on-demand=true", "--model-memory-budget=1")
+    st = states(s)
+    assert "a" in st and "b" in st and "READY" not in st.values(), st
+    assert infer(s, "a").status_code == 200
+    assert states(s)["a"] == "READY"
+    write_testing_model(repo, "c")
+    deadline = time.time() + 30
+    while "c" not in states(s):
+        assert time.time() < deadline, "the poll did not list c"
+        time.sleep(0.2)
+    assert states(s)["c"] != "READY"
+    assert infer(s, "c").status_code == 200
+    st = states(s)
+    assert (st["a"], st["c"]) == ("UNAVAILABLE", "READY"), st
+    assert metric(s, "nereid_model_on_demand_loads_total") == 2
+
+
+def test_on_demand_load_does_not_block_other_clients(nereid_server, tmp_path):
+    """One HTTP thread: while it has handed a request to an on-demand load
+    that has not finished, other clients' requests are served."""
+    repo = str(tmp_path / "models")
+    go = tmp_path / "go"
+    write_testing_model(repo, "slow", model_init_wait_for_file=str(go))
+    write_testing_model(repo, "fast")
+    s = nereid_server(repo, *ON_DEMAND, "--load-model=fast", "--http-thread-count=1")
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        slow = pool.submit(infer, s, "slow")
+        deadline = time.time() + 30
+        while "loading 'slow' on demand" not in s.output():
+            assert time.time() < deadline, "slow's load did not start"
+            time.sleep(0.01)
+        for _ in range(5):
+            assert infer(s, "fast").status_code == 200
+            assert not slow.done(), slow.result().text
+        go.touch()
+        assert slow.result().status_code == 200
+    assert states(s)["slow"] == "READY"
