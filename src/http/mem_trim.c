@@ -42,7 +42,7 @@ static void *trim_main(void *arg)
 {
     mem_trim_t *t = arg;
     pthread_mutex_lock(&t->lock);
-    uint64_t seen = atomic_load(&t->n_events), trimmed = seen;
+    uint64_t seen = 0, trimmed = 0; /* a note before this thread ran counts too */
     while (!t->stop) {
         if (seen == trimmed) {
             atomic_store(&t->parked, true);
