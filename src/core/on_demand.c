@@ -144,17 +144,26 @@ void on_demand_stop(nereid_server_t *s)
 {
     pthread_once(&queue_once, create_lock_init);
     pthread_mutex_lock(&queue_create_lock);
-    struct on_demand_queue *q = s->on_demand;
-    s->on_demand = NULL; /* no new queue: s->stopping is set */
+    struct on_demand_queue *q = s->on_demand; /* no new one: s->stopping is set */
     pthread_mutex_unlock(&queue_create_lock);
     if (!q) return;
     pthread_mutex_lock(&q->lock);
     q->stop = true;
+    size_t n = q->n_threads; /* no more start: q->stop */
     pthread_cond_broadcast(&q->cond);
     pthread_mutex_unlock(&q->lock);
-    for (size_t i = 0; i < q->n_threads; i++)
+    for (size_t i = 0; i < n; i++)
         pthread_join(q->threads[i], NULL);
-    /* The loaders drained the queue (s->stopping fails what they took). */
+    /* The loaders drained the queue (s->stopping fails what they took). The
+     * queue stays until on_demand_free: a late on_demand_defer finds it
+     * stopped. */
+}
+
+void on_demand_free(nereid_server_t *s)
+{
+    struct on_demand_queue *q = s->on_demand;
+    if (!q) return;
+    s->on_demand = NULL;
     pthread_cond_destroy(&q->cond);
     pthread_mutex_destroy(&q->lock);
     free(q->threads);

@@ -24,5 +24,7 @@ bool on_demand_defer(nereid_server_t *s, nereid_request_t *req,
  * UNAVAILABLE "Server not ready". Once, at server stop, after s->stopping
  * is set. */
 void on_demand_stop(nereid_server_t *s);
+/* Frees the queue, after on_demand_stop, when no thread uses the server. */
+void on_demand_free(nereid_server_t *s);
 
 #endif

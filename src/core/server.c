@@ -159,6 +159,7 @@ void nereid_server_free(nereid_server_t *s)
 {
     if (!s) return;
     nereid_server_stop(s);
+    on_demand_free(s);
     for (size_t i = 0; i < s->n_repos; i++)
         free(s->repos[i]);
     free(s->repos);
