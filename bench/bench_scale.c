@@ -13,10 +13,13 @@
  * backend's start). With -b it also runs the
  * memory-return burst: 32 HTTP/JSON requests of 1M FP32 values each, 8 at a
  * time, to an identity model, and prints the resident memory before the
- * burst, right after it and over the next 5 idle seconds.
+ * burst, right after it and over the next 5 idle seconds. With -e K it then
+ * sends one request to each of K more models in turn (with on-demand
+ * loading and a budget: a load and an eviction each) and prints their mean
+ * and worst latency and the RSS and threads after them.
  *
  * Usage (from the repository root, after `make models`):
- *   build/bench/bench_scale [-i idle_seconds] [-b] [-s path/to/nereid] [N ...]
+ *   build/bench/bench_scale [-i idle_seconds] [-b] [-e K] [-s path/to/nereid] [N ...]
  *                           [-- nereid flags]
  * Defaults: N = 10 100 1000, 10 idle seconds, this build's nereid (-s runs
  * another build, e.g. main's, with its own backends directory).
@@ -50,6 +53,7 @@ static char nereid[512], backends[600];
 static const char *extra[MAX_EXTRA];
 static int n_extra;
 static pid_t child;
+static int evict_models; /* -e: requests to this many more models after the first two */
 
 static void die(const char *what)
 {
@@ -280,6 +284,23 @@ static void run_models(int n, double idle_s, const char *onnx, size_t onnx_len)
            threads, (cpu1 - cpu0) / idle_s * 100.0, rss_idle, first_ms, other_ms,
            status == 200 ? "" : "  (first request failed)");
     fflush(stdout);
+    int k = evict_models < n - 1 ? evict_models : n - 1, failed = 0;
+    double sum_ms = 0, max_ms = 0;
+    for (int i = 1; i <= k; i++) {
+        snprintf(url, sizeof url, "/v2/models/add_sub_%04d/infer", i);
+        t1 = now_s();
+        failed += http_call(port, "POST", url, add_sub_request, sizeof add_sub_request - 1) != 200;
+        double ms = (now_s() - t1) * 1e3;
+        sum_ms += ms;
+        max_ms = ms > max_ms ? ms : max_ms;
+    }
+    if (k > 0) {
+        proc_status(pid, &rss, &threads);
+        printf("       then %d more models, one request each: mean %.2f ms, worst %.2f ms, "
+               "RSS %.1f MiB, %ld threads%s\n",
+               k, sum_ms / k, max_ms, rss, threads, failed ? "  (some requests failed)" : "");
+        fflush(stdout);
+    }
     stop_server();
     remove_repo(repo);
 }
@@ -383,11 +404,13 @@ int main(int argc, char **argv)
             server = argv[++i];
         else if (!strcmp(argv[i], "-b"))
             burst = true;
+        else if (!strcmp(argv[i], "-e") && i + 1 < argc)
+            evict_models = atoi(argv[++i]);
         else if (atoi(argv[i]) > 0 && n_counts < MAX_N)
             counts[n_counts++] = atoi(argv[i]);
         else {
             fprintf(stderr,
-                    "usage: %s [-i idle_seconds] [-b] [-s path/to/nereid] [N ...] "
+                    "usage: %s [-i idle_seconds] [-b] [-e K] [-s path/to/nereid] [N ...] "
                     "[-- nereid flags]\n",
                     argv[0]);
             return 2;

@@ -141,7 +141,7 @@ static const flag_t flags[] = {
     F("grpc-http2-max-ping-strikes", FLAG_INT, grpc.http2_max_ping_strikes,
       "Bad pings tolerated before the connection is closed (2; 0 = any)."),
     F("model-load-on-demand", FLAG_BOOL, server.model_load_on_demand,
-      "Explicit mode: load a model on its first request (false)."),
+      "Explicit or poll mode: load a model on its first request (false)."),
     F("model-memory-budget", FLAG_LLONG, server.model_memory_budget_bytes,
       "With --model-load-on-demand: unload least recently used models past these bytes."),
     F("backend-directory", FLAG_STR, server.backend_directory,

@@ -17,7 +17,9 @@
  * Should a model's declared output shape prove wrong, that run fails and the
  * instance stops binding outputs.
  */
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -26,6 +28,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <gnutls/crypto.h>
 #include <jansson.h>
 
 #include "nereid/backend.h"
@@ -33,14 +36,36 @@
 
 #define ORT_DEFAULT_FILENAME "model.onnx"
 #define ORT_LIBRARY_NAME "libonnxruntime.so.1"
-#define ORT_DEFAULT_MAX_BATCH_SIZE 4 /* Triton's default-max-batch-size */
+#define ORT_DEFAULT_MAX_BATCH_SIZE 4          /* Triton's default-max-batch-size */
+#define ORT_SHARE_MAX_BYTES ((size_t)1 << 31) /* protobuf's limit: larger files are not shared */
+#define ORT_DIGEST_BYTES 32                   /* SHA-256 */
+
+/* Sessions shared by models whose model file bytes and session options are
+ * identical (the same model copied into many tenants' directories): slot i
+ * serves instance i of each such model, so a model's instances still run on
+ * sessions of their own, and a thousand copies of one model cost one
+ * session per instance slot. ONNX Runtime's Run is thread-safe, so
+ * instances of different models may run one session at once. */
+typedef struct ort_shared {
+    struct ort_shared *next;
+    uint8_t digest[ORT_DIGEST_BYTES]; /* SHA-256 of the model file */
+    char *options_key;                /* the session options, as text */
+    int refs;                         /* models using it; under the backend's shared_lock */
+    pthread_mutex_t lock;             /* guards sessions and their creation */
+    OrtSession **sessions;            /* slot i: NULL until an instance i needs it */
+    size_t n_sessions;
+} ort_shared_t;
 
 typedef struct ort_backend {
     ort_api_t api;
     OrtEnv *env;
     OrtMemoryInfo *cpu_info;
     OrtAllocator *allocator; /* ORT's default CPU allocator (not owned) */
-    char load_error[1024];   /* non-empty when the runtime is unavailable */
+    bool global_pools;       /* sessions share the env's pools (enable-global-threadpool) */
+    bool share_sessions;     /* identical models share sessions (share-sessions) */
+    pthread_mutex_t shared_lock;
+    ort_shared_t *shared;  /* list, under shared_lock */
+    char load_error[1024]; /* non-empty when the runtime is unavailable */
 } ort_backend_t;
 
 /* One model input or output as the session declares it. */
@@ -76,14 +101,19 @@ typedef struct ort_model {
     int *input_elem_types;
     ort_output_t *outputs;
     pthread_mutex_t lock;
-    OrtSession *spare; /* session from model init, taken by the first instance */
-    char **seq_names;  /* owned names of sequence control/state tensors */
+    OrtSession *spare;     /* session from model init, taken by the first instance */
+    ort_shared_t *shared;  /* non-NULL: instances borrow this entry's sessions */
+    size_t next_slot;      /* the shared slot the next instance takes (under lock) */
+    char options_key[256]; /* the session options as text (the sharing key's second half) */
+    bool unshared;         /* options that rule sharing out (own thread pools) */
+    char **seq_names;      /* owned names of sequence control/state tensors */
     size_t n_seq_names;
 } ort_model_t;
 
 typedef struct ort_instance {
     ort_model_t *model;
     OrtSession *session;
+    bool borrowed;   /* session belongs to the model's shared entry */
     bool no_prebind; /* a bound output's shape once disagreed: let ORT allocate */
     /* Per-execute scratch, grown as needed and reused. */
     OrtValue **in_values;
@@ -230,13 +260,14 @@ static void load_runtime(ort_backend_t *b)
  * pools block when idle instead of spin-waiting: a thousand idle models cost
  * no CPU, and a spin after one model's run would take the core another
  * model's instance thread needs. */
-static nereid_error_t *create_env(ort_backend_t *b)
+static nereid_error_t *create_env(ort_backend_t *b, int intra, int inter)
 {
     const ort_api_t *api = &b->api;
+    if (!b->global_pools) return ort_error(api, api->CreateEnv(ORT_LOG_WARNING, "nereid", &b->env));
     OrtThreadingOptions *tp = NULL;
     ORT_TRY(api, api->CreateThreadingOptions(&tp));
-    OrtStatus *st = api->SetGlobalIntraOpNumThreads(tp, 0);
-    if (!st) st = api->SetGlobalInterOpNumThreads(tp, 0);
+    OrtStatus *st = api->SetGlobalIntraOpNumThreads(tp, intra);
+    if (!st) st = api->SetGlobalInterOpNumThreads(tp, inter);
     if (!st) st = api->SetGlobalSpinControl(tp, 0);
     if (!st) st = api->CreateEnvWithGlobalThreadPools(ORT_LOG_WARNING, "nereid", tp, &b->env);
     api->ReleaseThreadingOptions(tp);
@@ -248,15 +279,55 @@ NEREID_EXPORT uint32_t nereid_backend_abi_version(void)
     return NEREID_BACKEND_ABI_VERSION;
 }
 
+static nereid_error_t *parse_bool(const char *value, bool *out);
+static nereid_error_t *parse_int(const char *value, int *out);
+
+/* --backend-config=onnxruntime,<key>=<value>: Triton's enable-global-threadpool
+ * (default 1 here, 0 in Triton) with its intra_op_thread_count and
+ * inter_op_thread_count (the shared pools' sizes, 0 = ONNX Runtime's
+ * choice), and Nereid's share-sessions (default 1). */
+static nereid_error_t *read_backend_config(ort_backend_t *b, nereid_backend_t *backend, int *intra,
+                                           int *inter)
+{
+    const char *v;
+    nereid_error_t *err;
+    b->global_pools = b->share_sessions = true;
+    *intra = *inter = 0;
+    if ((v = nereid_backend_config(backend, "enable-global-threadpool")) &&
+        (err = parse_bool(v, &b->global_pools)))
+        return err;
+    if ((v = nereid_backend_config(backend, "share-sessions")) &&
+        (err = parse_bool(v, &b->share_sessions)))
+        return err;
+    if ((v = nereid_backend_config(backend, "intra_op_thread_count")) &&
+        (err = parse_int(v, intra)))
+        return err;
+    if ((v = nereid_backend_config(backend, "inter_op_thread_count")) &&
+        (err = parse_int(v, inter)))
+        return err;
+    if (*intra < 0 || *inter < 0)
+        return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                "onnxruntime thread counts must not be negative");
+    return NULL;
+}
+
 NEREID_EXPORT nereid_error_t *nereid_backend_init(nereid_backend_t *backend)
 {
     ort_backend_t *b = calloc(1, sizeof(*b));
     if (!b) return nereid_error_new(NEREID_ERROR_INTERNAL, "out of memory");
+    pthread_mutex_init(&b->shared_lock, NULL);
+    int intra, inter;
+    nereid_error_t *err = read_backend_config(b, backend, &intra, &inter);
+    if (err) {
+        pthread_mutex_destroy(&b->shared_lock);
+        free(b);
+        return err;
+    }
     nereid_backend_set_state(backend, b);
     load_runtime(b);
     if (b->load_error[0]) return NULL; /* model loads report it */
     const ort_api_t *api = &b->api;
-    nereid_error_t *err = create_env(b);
+    err = create_env(b, intra, inter);
     if (!err)
         err = ort_error(
             api, api->CreateCpuMemoryInfo(ORT_ARENA_ALLOCATOR, ORT_MEM_TYPE_DEFAULT, &b->cpu_info));
@@ -279,6 +350,7 @@ NEREID_EXPORT nereid_error_t *nereid_backend_fini(nereid_backend_t *backend)
         /* The library stays loaded: ONNX Runtime keeps thread-local and
          * static state that does not survive dlclose. */
     }
+    pthread_mutex_destroy(&b->shared_lock);
     free(b);
     nereid_backend_set_state(backend, NULL);
     return NULL;
@@ -330,12 +402,24 @@ static int graph_level(const nereid_model_t *model)
     return v;
 }
 
+/* Appends one session setting to the model's options key. */
+static void key_add(ort_model_t *m, const char *name, const char *value)
+{
+    size_t len = strlen(m->options_key);
+    int n = snprintf(m->options_key + len, sizeof(m->options_key) - len, "%s=%s;", name, value);
+    if (n < 0 || (size_t)n >= sizeof(m->options_key) - len)
+        m->unshared = true; /* too long to compare: the model keeps its sessions */
+}
+
 static nereid_error_t *make_session_options(ort_model_t *m, nereid_model_t *model)
 {
     const ort_api_t *api = &m->backend->api;
     ORT_TRY(api, api->CreateSessionOptions(&m->options));
 
     int level = graph_level(model);
+    char level_text[16];
+    snprintf(level_text, sizeof(level_text), "%d", level);
+    key_add(m, "level", level_text);
     int ort_level = level == -1  ? ORT_ENABLE_BASIC
                     : level == 1 ? ORT_ENABLE_EXTENDED
                     : level == 2 ? ORT_DISABLE_ALL
@@ -348,7 +432,11 @@ static nereid_error_t *make_session_options(ort_model_t *m, nereid_model_t *mode
     const char *v;
     int n;
     nereid_error_t *err;
-    bool own_pools = false;
+    bool own_pools = !m->backend->global_pools;
+    static const char *const keyed[] = {"intra_op_thread_count", "inter_op_thread_count",
+                                        "execution_mode", "enable_mem_arena", "enable_mem_pattern"};
+    for (size_t i = 0; i < sizeof(keyed) / sizeof(keyed[0]); i++)
+        if ((v = nereid_model_parameter(model, keyed[i]))) key_add(m, keyed[i], v);
     if ((v = nereid_model_parameter(model, "intra_op_thread_count"))) {
         if ((err = parse_int(v, &n))) return err;
         ORT_TRY(api, api->SetIntraOpNumThreads(m->options, n));
@@ -360,6 +448,7 @@ static nereid_error_t *make_session_options(ort_model_t *m, nereid_model_t *mode
         own_pools = true;
     }
     if (own_pools) {
+        m->unshared = true; /* pools of its own are what the user asked for */
         ORT_TRY(api,
                 api->AddSessionConfigEntry(m->options, "session.intra_op.allow_spinning", "0"));
         ORT_TRY(api,
@@ -719,10 +808,192 @@ static nereid_error_t *check_io(const char *model_name, const char *what, const 
 
 /* ---- model lifecycle ------------------------------------------------------ */
 
+/* ---- shared sessions ------------------------------------------------------ */
+
+/* Whether path is the only entry of its directory: a model with sibling files
+ * may keep its weights in them (ONNX external data), which its bytes do not
+ * cover, so it is not shared. */
+static bool alone_in_dir(const char *path)
+{
+    const char *slash = strrchr(path, '/');
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof(dir), "%.*s", slash ? (int)(slash - path) : 1, slash ? path : ".");
+    DIR *d = opendir(dir);
+    if (!d) return false;
+    size_t n = 0;
+    struct dirent *ent;
+    while ((ent = readdir(d)) && n < 2)
+        if (strcmp(ent->d_name, ".") && strcmp(ent->d_name, "..")) n++;
+    closedir(d);
+    return n == 1;
+}
+
+/* Reads the model file into memory and hashes it. Returns false (nothing
+ * allocated) when it cannot be read or is too large to share. */
+static bool read_model_file(const char *path, uint8_t **data, size_t *len,
+                            uint8_t digest[ORT_DIGEST_BYTES])
+{
+    *data = NULL;
+    *len = 0;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return false;
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size <= 0 ||
+        (uint64_t)st.st_size > ORT_SHARE_MAX_BYTES) {
+        close(fd);
+        return false;
+    }
+    size_t size = (size_t)st.st_size, got = 0;
+    uint8_t *buf = malloc(size);
+    while (buf && got < size) {
+        ssize_t r = read(fd, buf + got, size - got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) break;
+        got += (size_t)r;
+    }
+    close(fd);
+    if (!buf || got != size || gnutls_hash_fast(GNUTLS_DIG_SHA256, buf, size, digest) != 0) {
+        free(buf);
+        return false;
+    }
+    *data = buf;
+    *len = size;
+    return true;
+}
+
+/* Creates slot's session from the bytes the entry's digest was taken of
+ * (data, or the file read again and checked against the digest), so what a
+ * model gets is what its bytes say, even if the file changes meanwhile. With
+ * entry->lock held. */
+static nereid_error_t *shared_fill_slot(ort_model_t *m, ort_shared_t *e, size_t slot,
+                                        const uint8_t *data, size_t len)
+{
+    const ort_api_t *api = &m->backend->api;
+    if (slot >= e->n_sessions) {
+        OrtSession **grown = realloc(e->sessions, (slot + 1) * sizeof(*grown));
+        if (!grown) return nereid_error_new(NEREID_ERROR_INTERNAL, "out of memory");
+        for (size_t i = e->n_sessions; i <= slot; i++)
+            grown[i] = NULL;
+        e->sessions = grown;
+        e->n_sessions = slot + 1;
+    }
+    if (e->sessions[slot]) return NULL;
+    uint8_t *own = NULL;
+    if (!data) {
+        uint8_t digest[ORT_DIGEST_BYTES];
+        if (!read_model_file(m->path, &own, &len, digest) ||
+            memcmp(digest, e->digest, sizeof(digest)) != 0) {
+            free(own);
+            return nereid_error_new(NEREID_ERROR_UNAVAILABLE,
+                                    "model file '%s' changed while its model was loading", m->path);
+        }
+        data = own;
+    }
+    nereid_error_t *err =
+        ort_error(api, api->CreateSessionFromArray(m->backend->env, data, len, m->options,
+                                                   &e->sessions[slot]));
+    free(own);
+    return err;
+}
+
+/* Finds or adds the entry for (digest, m->options_key) and takes a
+ * reference. */
+static ort_shared_t *shared_acquire(ort_backend_t *b, const uint8_t digest[ORT_DIGEST_BYTES],
+                                    const char *options_key)
+{
+    pthread_mutex_lock(&b->shared_lock);
+    ort_shared_t *e = b->shared;
+    while (e &&
+           (memcmp(e->digest, digest, ORT_DIGEST_BYTES) || strcmp(e->options_key, options_key)))
+        e = e->next;
+    if (!e && (e = calloc(1, sizeof(*e)))) {
+        memcpy(e->digest, digest, ORT_DIGEST_BYTES);
+        e->options_key = strdup(options_key);
+        if (!e->options_key) {
+            free(e);
+            e = NULL;
+        } else {
+            pthread_mutex_init(&e->lock, NULL);
+            e->next = b->shared;
+            b->shared = e;
+        }
+    }
+    if (e) e->refs++;
+    pthread_mutex_unlock(&b->shared_lock);
+    return e;
+}
+
+/* Drops a reference; the last one releases the entry's sessions. */
+static void shared_release(ort_backend_t *b, ort_shared_t *e)
+{
+    pthread_mutex_lock(&b->shared_lock);
+    bool last = --e->refs == 0;
+    if (last)
+        for (ort_shared_t **p = &b->shared; *p; p = &(*p)->next)
+            if (*p == e) {
+                *p = e->next;
+                break;
+            }
+    pthread_mutex_unlock(&b->shared_lock);
+    if (!last) return;
+    for (size_t i = 0; i < e->n_sessions; i++)
+        if (e->sessions[i]) b->api.ReleaseSession(e->sessions[i]);
+    free(e->sessions);
+    free(e->options_key);
+    pthread_mutex_destroy(&e->lock);
+    free(e);
+}
+
+/* Shares slot 0 of the entry for the model's bytes and options when the
+ * model can be shared (its file alone in its directory, no thread pools of
+ * its own); *session is then borrowed from the entry. Otherwise leaves
+ * m->shared NULL and *session NULL: the model makes sessions of its own. */
+static nereid_error_t *shared_open(ort_model_t *m, OrtSession **session)
+{
+    ort_backend_t *b = m->backend;
+    *session = NULL;
+    if (!b->share_sessions || m->unshared || !alone_in_dir(m->path)) return NULL;
+    uint8_t *data, digest[ORT_DIGEST_BYTES];
+    size_t len;
+    if (!read_model_file(m->path, &data, &len, digest)) return NULL;
+    ort_shared_t *e = shared_acquire(b, digest, m->options_key);
+    if (!e) {
+        free(data);
+        return nereid_error_new(NEREID_ERROR_INTERNAL, "out of memory");
+    }
+    pthread_mutex_lock(&e->lock);
+    nereid_error_t *err = shared_fill_slot(m, e, 0, data, len);
+    if (!err) *session = e->sessions[0];
+    pthread_mutex_unlock(&e->lock);
+    free(data);
+    if (err) {
+        shared_release(b, e);
+        return err;
+    }
+    m->shared = e;
+    m->next_slot = 0;
+    return NULL;
+}
+
+/* The session of the model's next instance slot, borrowed from its entry. */
+static nereid_error_t *shared_instance_session(ort_model_t *m, OrtSession **session)
+{
+    pthread_mutex_lock(&m->lock);
+    size_t slot = m->next_slot++;
+    pthread_mutex_unlock(&m->lock);
+    ort_shared_t *e = m->shared;
+    pthread_mutex_lock(&e->lock);
+    nereid_error_t *err = shared_fill_slot(m, e, slot, NULL, 0);
+    *session = err ? NULL : e->sessions[slot];
+    pthread_mutex_unlock(&e->lock);
+    return err;
+}
+
 static void model_free(ort_model_t *m)
 {
     if (!m) return;
     const ort_api_t *api = &m->backend->api;
+    if (m->shared) shared_release(m->backend, m->shared);
     if (m->spare) api->ReleaseSession(m->spare);
     if (m->options) api->ReleaseSessionOptions(m->options);
     for (size_t i = 0; m->outputs && i < m->n_outputs; i++)
@@ -949,10 +1220,15 @@ NEREID_EXPORT nereid_error_t *nereid_backend_model_init(nereid_model_t *model)
         goto fail;
     }
     if ((err = make_session_options(m, model))) goto fail;
-    if ((err = create_session(m, &m->spare))) goto fail;
-    if ((err = session_tensors(b, m->spare, TENSORS_INPUTS, &in, &n_in))) goto fail;
-    if ((err = session_tensors(b, m->spare, TENSORS_OUTPUTS, &out, &n_out))) goto fail;
-    if ((err = session_tensors(b, m->spare, TENSORS_INITIALIZERS, &inits, &n_inits))) goto fail;
+    OrtSession *session;
+    if ((err = shared_open(m, &session))) goto fail;
+    if (!session) {
+        if ((err = create_session(m, &m->spare))) goto fail;
+        session = m->spare;
+    }
+    if ((err = session_tensors(b, session, TENSORS_INPUTS, &in, &n_in))) goto fail;
+    if ((err = session_tensors(b, session, TENSORS_OUTPUTS, &out, &n_out))) goto fail;
+    if ((err = session_tensors(b, session, TENSORS_INITIALIZERS, &inits, &n_inits))) goto fail;
 
     if (nereid_model_autocomplete_allowed(model) &&
         (nereid_model_input_count(model) == 0 || nereid_model_output_count(model) == 0))
@@ -984,7 +1260,7 @@ NEREID_EXPORT nereid_error_t *nereid_backend_model_fini(nereid_model_t *model)
 static void instance_free(ort_instance_t *s)
 {
     if (!s) return;
-    if (s->session) s->model->backend->api.ReleaseSession(s->session);
+    if (s->session && !s->borrowed) s->model->backend->api.ReleaseSession(s->session);
     free(s->in_values);
     free(s->in_names);
     free(s->out_names);
@@ -1014,6 +1290,16 @@ NEREID_EXPORT nereid_error_t *nereid_backend_instance_init(nereid_instance_t *in
         !s->out_bound) {
         instance_free(s);
         return nereid_error_new(NEREID_ERROR_INTERNAL, "out of memory");
+    }
+    if (m->shared) {
+        nereid_error_t *err = shared_instance_session(m, &s->session);
+        if (err) {
+            instance_free(s);
+            return err;
+        }
+        s->borrowed = true;
+        nereid_instance_set_state(instance, s);
+        return NULL;
     }
     pthread_mutex_lock(&m->lock);
     s->session = m->spare;

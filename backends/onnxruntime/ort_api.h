@@ -73,6 +73,9 @@ enum {                                           /* GraphOptimizationLevel */
     X(3, OrtStatus *, CreateEnv, (int log_level, const char *logid, OrtEnv **out))                 \
     X(7, OrtStatus *, CreateSession,                                                               \
       (const OrtEnv *env, const char *path, const OrtSessionOptions *opts, OrtSession **out))      \
+    X(8, OrtStatus *, CreateSessionFromArray,                                                      \
+      (const OrtEnv *env, const void *data, size_t len, const OrtSessionOptions *opts,             \
+       OrtSession **out))                                                                          \
     X(9, OrtStatus *, Run,                                                                         \
       (OrtSession * session, const OrtRunOptions *run_options, const char *const *input_names,     \
        const OrtValue *const *inputs, size_t n_inputs, const char *const *output_names,            \

@@ -3,6 +3,8 @@
  * It copies input i to output i like identity and obeys config parameters:
  *   execute_delay_ms     sleep this long in every execute
  *   model_init_delay_ms  sleep this long in model init (a known load time)
+ *   model_init_wait_for_file  path: model init waits until it exists (30 s
+ *                        at most), so a test decides when a load ends
  *   fail_model_init      "true": model init fails
  *   fail_model_init_attempts  N with init_attempts_file path: every model
  *                        init appends a line to the file, and the first N
@@ -87,6 +89,9 @@ NEREID_EXPORT nereid_error_t *nereid_backend_model_init(nereid_model_t *model)
     if (delay) sleep_ms(strtol(delay, NULL, 10));
     const char *inline_max = nereid_model_parameter(model, "inline_max_us");
     if (inline_max) nereid_model_set_inline_max_us(model, strtoull(inline_max, NULL, 10));
+    const char *wait = nereid_model_parameter(model, "model_init_wait_for_file");
+    for (int i = 0; wait && access(wait, F_OK) != 0 && i < 30000; i++)
+        sleep_ms(1);
     return NULL;
 }
 

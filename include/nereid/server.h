@@ -163,9 +163,10 @@ typedef struct nereid_server_options {
      * its own (nereid_backend_config, backend.h). */
     const nereid_backend_setting_t *backend_settings;
     size_t n_backend_settings;
-    /* Load on demand (an extension; explicit model control only): a request
-     * for a model that is in a repository but not loaded loads it first
-     * (concurrent requests wait for one load). With a budget (> 0 bytes),
+    /* Load on demand (an extension; explicit or poll model control): a
+     * request for a model that is in a repository but not loaded loads it
+     * first, on a loader thread, not the submitting one (concurrent
+     * requests wait for one load). With a budget (> 0 bytes),
      * after each such load the least recently used models with nothing in
      * flight are unloaded until the loaded models' memory (each measured as
      * the process's RSS growth across its load) fits; models named by

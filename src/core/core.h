@@ -84,11 +84,12 @@ response_stat_t *stats_response(model_stats_t *s, uint64_t index);
 bool server_is_stopping(nereid_server_t *s);
 nereid_error_t *server_lookup_model(nereid_server_t *s, const char *name, int64_t version,
                                     model_t **out);
-/* server_lookup_model for an inference: with --model-load-on-demand, a
- * model in the repository that is not loaded is loaded first (the caller
- * waits) and looked up again. */
-nereid_error_t *server_lookup_for_infer(nereid_server_t *s, const char *name, int64_t version,
-                                        model_t **out);
+/* nereid_server_infer_async that loads a model on demand on this thread
+ * instead of handing the request to the on-demand loaders (on_demand.c,
+ * which run it). Same ownership: on error the caller keeps req. */
+nereid_error_t *server_infer_loaded(nereid_server_t *s, nereid_request_t *req,
+                                    const nereid_response_allocator_t *allocator,
+                                    nereid_complete_fn done_fn, void *done_userp);
 /* Looks model name/version up and holds it (model_hold). */
 nereid_error_t *server_hold_model(nereid_server_t *s, const char *name, int64_t version,
                                   model_t **out);

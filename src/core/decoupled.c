@@ -20,6 +20,7 @@
 
 #include "core/core.h"
 #include "core/decoupled.h"
+#include "core/repository.h"
 #include "core/stats.h"
 #include "core/trace.h"
 #include "core/util.h"
@@ -145,7 +146,17 @@ nereid_error_t *nereid_server_model_decoupled(nereid_server_t *server, const cha
 {
     *decoupled_out = false;
     model_t *m;
-    nereid_error_t *err = server_lookup_for_infer(server, model, version, &m);
+    nereid_error_t *err = server_lookup_model(server, model, version, &m);
+    if (err && server->opts.model_load_on_demand && !repository_loading_on_demand() &&
+        (nereid_error_code(err) == NEREID_ERROR_NOT_FOUND ||
+         nereid_error_code(err) == NEREID_ERROR_UNAVAILABLE) &&
+        repository_has_model(server, model)) {
+        /* Not loaded yet: its request loads it (off this frontend thread);
+         * the policy comes from its config. */
+        nereid_error_free(err);
+        *decoupled_out = repository_decoupled_on_disk(server, model);
+        return NULL;
+    }
     if (err) return err;
     *decoupled_out = model_is_decoupled(m);
     model_unref(m);

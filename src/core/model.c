@@ -130,14 +130,16 @@ static void *instance_main(void *arg)
 {
     model_instance_t *inst = arg;
     model_t *m = inst->model;
-    nereid_error_t *err = NULL;
-    if (m->backend->instance_init) err = m->backend->instance_init((nereid_instance_t *)inst);
-    pthread_mutex_lock(&m->lock);
-    inst->init_error = err;
-    inst->init_done = true;
-    pthread_cond_broadcast(&m->cond);
-    pthread_mutex_unlock(&m->lock);
-    if (err) return NULL;
+    if (!m->lazy_thread) { /* a lazy thread's instance was initialized at load */
+        nereid_error_t *err = NULL;
+        if (m->backend->instance_init) err = m->backend->instance_init((nereid_instance_t *)inst);
+        pthread_mutex_lock(&m->lock);
+        inst->init_error = err;
+        inst->init_done = true;
+        pthread_cond_broadcast(&m->cond);
+        pthread_mutex_unlock(&m->lock);
+        if (err) return NULL;
+    }
     scheduler_t *s = m->sched;
     batch_t batch = {0};
     while (s->ops->next_batch(s, inst, &batch)) {
@@ -188,6 +190,16 @@ static nereid_error_t *create_instances(model_t *m)
     m->n_instances = k;
     nereid_error_t *rl_err = rate_limiter_add_model(m);
     if (rl_err) return rl_err;
+    if (k == 1) {
+        /* One instance: initialize it here, as Triton initializes instances
+         * on the loading thread, and start its thread with the first request. */
+        model_instance_t *inst = m->instances[0];
+        nereid_error_t *err = NULL;
+        if (m->backend->instance_init) err = m->backend->instance_init((nereid_instance_t *)inst);
+        inst->init_done = true;
+        m->lazy_thread = !err;
+        return err;
+    }
     for (size_t i = 0; i < k; i++) {
         if (pthread_create(&m->instances[i]->thread, NULL, instance_main, m->instances[i]) != 0)
             return nereid_error_new(NEREID_ERROR_INTERNAL, "unable to start instance thread");
@@ -210,9 +222,36 @@ static nereid_error_t *create_instances(model_t *m)
 /* Stops the scheduler (which joins its own threads, e.g. timeout reapers)
  * and joins every instance thread (they drain first). Runs before the
  * loader's reference is dropped: see "Ownership" below. */
+nereid_error_t *model_start_instances(model_t *m)
+{
+    if (!m->lazy_thread || atomic_load_explicit(&m->thread_running, memory_order_acquire))
+        return NULL;
+    nereid_error_t *err = NULL;
+    pthread_mutex_lock(&m->lock);
+    if (!atomic_load(&m->thread_running)) {
+        model_instance_t *inst = m->instances[0];
+        if (pthread_create(&inst->thread, NULL, instance_main, inst) == 0)
+            inst->thread_started = true;
+        else
+            err = nereid_error_new(NEREID_ERROR_INTERNAL, "unable to start instance thread");
+        if (!err) atomic_store_explicit(&m->thread_running, true, memory_order_release);
+    }
+    pthread_mutex_unlock(&m->lock);
+    return err;
+}
+
 static void stop_instances(model_t *m)
 {
     if (m->sched) m->sched->ops->stop(m->sched);
+    if (m->lazy_thread) {
+        /* No start after this; a thread never started owes the fini. */
+        pthread_mutex_lock(&m->lock);
+        bool never_started = !atomic_load(&m->thread_running);
+        atomic_store(&m->thread_running, true);
+        pthread_mutex_unlock(&m->lock);
+        if (never_started && m->backend->instance_fini)
+            nereid_error_free(m->backend->instance_fini((nereid_instance_t *)m->instances[0]));
+    }
     for (size_t i = 0; i < m->n_instances; i++) {
         model_instance_t *inst = m->instances[i];
         if (inst->thread_started) pthread_join(inst->thread, NULL);

@@ -157,7 +157,17 @@ typedef struct model {
     bool rate_limited;      /* an instance has rate_limit: never run on a caller's thread */
     pthread_mutex_t lock;   /* guards instance init handshake */
     pthread_cond_t cond;
+    /* A one-instance model's execution thread starts with its first request
+     * (model_start_instances), not at load: a thousand loaded, idle models
+     * cost no thread each. Its instance was initialized at load. */
+    bool lazy_thread;            /* the thread is started on demand */
+    _Atomic bool thread_running; /* started (or stopping: no more starts); under lock */
 } model_t;
+
+/* Starts the lazily started instance thread of m if it is not running yet.
+ * Any thread, before it hands a request to m's scheduler; cheap once
+ * started. Fails only when the thread cannot be created. */
+nereid_error_t *model_start_instances(model_t *m);
 
 /* Model references: requests hold one while in flight (model.c, Ownership). */
 void model_ref(model_t *m);

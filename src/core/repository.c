@@ -388,11 +388,26 @@ static char *error_reason(const nereid_error_t *err)
 
 /* ---- Entries ---- */
 
+/* Index of the first entry whose name is not less than name (s->models is
+ * sorted by name): a binary search, so a lookup stays cheap with thousands
+ * of models. */
+static size_t entry_lower_bound(const nereid_server_t *s, const char *name)
+{
+    size_t lo = 0, hi = s->n_models;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (strcmp(s->models[mid]->name, name) < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
 model_entry_t *repository_find(nereid_server_t *s, const char *name)
 {
-    for (size_t i = 0; i < s->n_models; i++)
-        if (strcmp(s->models[i]->name, name) == 0) return s->models[i];
-    return NULL;
+    size_t i = entry_lower_bound(s, name);
+    return i < s->n_models && strcmp(s->models[i]->name, name) == 0 ? s->models[i] : NULL;
 }
 
 static void free_versions(version_entry_t *v, size_t n)
@@ -419,11 +434,6 @@ static void entry_free(model_entry_t *e)
     free(e);
 }
 
-static int cmp_entry(const void *a, const void *b)
-{
-    return strcmp((*(model_entry_t *const *)a)->name, (*(model_entry_t *const *)b)->name);
-}
-
 /* Adds an entry (caller holds the write lock); keeps models sorted by name. */
 static model_entry_t *entry_add(nereid_server_t *s, const char *name, const char *dir)
 {
@@ -431,9 +441,11 @@ static model_entry_t *entry_add(nereid_server_t *s, const char *name, const char
     e->name = xstrdup(name);
     e->dir = xstrdup(dir);
     e->state = MODEL_UNKNOWN_STATE;
+    size_t at = entry_lower_bound(s, name);
     s->models = xrealloc(s->models, (s->n_models + 1) * sizeof *s->models);
-    s->models[s->n_models++] = e;
-    qsort(s->models, s->n_models, sizeof *s->models, cmp_entry);
+    memmove(&s->models[at + 1], &s->models[at], (s->n_models - at) * sizeof *s->models);
+    s->models[at] = e;
+    s->n_models++;
     return e;
 }
 
@@ -1202,6 +1214,34 @@ static void evict_over_budget(nereid_server_t *s, const char *keep)
  * itself makes (a backend's model init) must not wait for s->control. */
 static _Thread_local bool loading_on_demand;
 
+bool repository_loading_on_demand(void)
+{
+    return loading_on_demand;
+}
+
+bool repository_has_model(nereid_server_t *s, const char *name)
+{
+    if (!valid_model_name(name)) return false;
+    size_t count;
+    char *dir = locate(s, name, &count);
+    bool found = dir != NULL;
+    free(dir);
+    return found;
+}
+
+bool repository_decoupled_on_disk(nereid_server_t *s, const char *name)
+{
+    size_t count;
+    char *dir = locate(s, name, &count);
+    model_config_t *cfg = NULL;
+    if (dir) nereid_error_free(read_config(s, name, dir, NULL, &cfg));
+    bool decoupled =
+        cfg && cfg->model_transaction_policy && cfg->model_transaction_policy->decoupled;
+    if (cfg) config_free(cfg);
+    free(dir);
+    return decoupled;
+}
+
 nereid_error_t *repository_load_on_demand(nereid_server_t *s, const char *name)
 {
     if (!valid_model_name(name) || loading_on_demand)
@@ -1316,7 +1356,10 @@ static void load_parallel(nereid_server_t *s, char **names, size_t n, bool *is_e
 
 static bool wanted_at_start(nereid_server_t *s, const char *name)
 {
-    if (s->opts.model_control_mode != NEREID_MODEL_CONTROL_EXPLICIT) return true;
+    /* Poll mode with on-demand loads: like explicit, only --load-model. */
+    if (s->opts.model_control_mode != NEREID_MODEL_CONTROL_EXPLICIT &&
+        !s->opts.model_load_on_demand)
+        return true;
     for (size_t i = 0; i < s->opts.n_load_models; i++)
         if (strcmp(s->opts.load_models[i], "*") == 0 || strcmp(s->opts.load_models[i], name) == 0)
             return true;
@@ -1345,16 +1388,21 @@ static size_t scan_names(nereid_server_t *s, char ***out, nereid_error_t **err)
             bool ok = is_dir(dir);
             free(dir);
             if (!ok) continue;
-            bool dup = false;
-            for (size_t i = 0; i < n; i++)
-                dup |= strcmp(names[i], de->d_name) == 0;
-            if (dup) continue;
-            names = xrealloc(names, (n + 1) * sizeof *names);
+            if (n % 64 == 0) names = xrealloc(names, (n + 64) * sizeof *names);
             names[n++] = xstrdup(de->d_name);
         }
         closedir(d);
     }
     if (n) qsort(names, n, sizeof *names, cmp_str);
+    size_t unique = 0; /* a name in two repositories is listed once */
+    for (size_t i = 0; i < n; i++) {
+        if (unique && strcmp(names[unique - 1], names[i]) == 0) {
+            free(names[i]);
+            continue;
+        }
+        names[unique++] = names[i];
+    }
+    n = unique;
     *out = names;
     return n;
 }
@@ -1454,10 +1502,8 @@ void repository_poll(nereid_server_t *s)
     size_t n_gone = 0;
     pthread_rwlock_rdlock(&s->lock);
     for (size_t i = 0; i < s->n_models; i++) {
-        bool present = false;
-        for (size_t j = 0; j < n && !present; j++)
-            present = strcmp(names[j], s->models[i]->name) == 0;
-        if (!present) {
+        const char *key = s->models[i]->name;
+        if (!n || !bsearch(&key, names, n, sizeof *names, cmp_str)) {
             gone = xrealloc(gone, (n_gone + 1) * sizeof *gone);
             gone[n_gone++] = xstrdup(s->models[i]->name);
         }
@@ -1478,7 +1524,17 @@ void repository_poll(nereid_server_t *s)
             pthread_rwlock_rdlock(&s->lock);
             model_entry_t *e = repository_find(s, names[i]);
             bool changed = !e || e->tree_sig != sig;
+            /* On demand: a model not loaded is loaded by its first request,
+             * not by the poll; a new one is only listed. */
+            bool listed_only = s->opts.model_load_on_demand && (!e || !entry_has_ready(e));
             pthread_rwlock_unlock(&s->lock);
+            if (changed && listed_only) {
+                pthread_rwlock_wrlock(&s->lock);
+                if (!repository_find(s, names[i])) entry_add(s, names[i], dir);
+                pthread_rwlock_unlock(&s->lock);
+                free(dir);
+                continue;
+            }
             model_config_t *cfg = NULL;
             if (changed) nereid_error_free(read_config(s, names[i], dir, NULL, &cfg));
             if (changed && is_ensemble(cfg) == (pass == 1)) {

@@ -72,6 +72,7 @@ struct nereid_server {
     /* Load on demand: totals for the metrics. */
     _Atomic uint64_t on_demand_loads, on_demand_load_failures, on_demand_evictions;
     _Atomic uint64_t on_demand_load_ns;
+    struct on_demand_queue *on_demand; /* on_demand.c; NULL until first used */
 };
 
 /* Finds an entry by name; caller holds s->lock. */
@@ -91,5 +92,14 @@ void repository_poll(nereid_server_t *s);
  * NOT_FOUND (Triton's text) when no repository has it, else the load's
  * error. Any thread; blocks for the load. */
 nereid_error_t *repository_load_on_demand(nereid_server_t *s, const char *name);
+/* Whether a repository has a model directory called name (a valid name). */
+bool repository_has_model(nereid_server_t *s, const char *name);
+/* Whether model name's config on disk says decoupled (false when it cannot
+ * be read: its load reports why): what a frontend checks before a request
+ * for a model that is not loaded yet. */
+bool repository_decoupled_on_disk(nereid_server_t *s, const char *name);
+/* Whether this thread is running an on-demand load (a request the load
+ * makes, from a backend's model init, must not wait for it). */
+bool repository_loading_on_demand(void);
 
 #endif

@@ -68,6 +68,18 @@ nereid_error_t *nereid_request_new(nereid_server_t *server, const char *model, i
     return NULL;
 }
 
+void request_fail_unsubmitted(nereid_request_t *req, nereid_complete_fn done_fn, void *done_userp,
+                              nereid_error_t *err)
+{
+    nereid_response_t *resp = xmalloc(sizeof *resp);
+    memset(resp, 0, offsetof(nereid_response_t, arena));
+    resp->model_name = "";
+    if (req->id) resp->id = xstrdup(req->id);
+    resp->error = err;
+    request_free(req);
+    done_fn(resp, done_userp);
+}
+
 void request_free(nereid_request_t *req)
 {
     if (!req) return;

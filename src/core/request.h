@@ -176,6 +176,11 @@ typedef struct nereid_batch batch_t;
 void request_finish(nereid_request_t *req, nereid_error_t *err, failure_reason_t reason);
 /* Frees a request that was never submitted, or a filler. */
 void request_free(nereid_request_t *req);
+/* Completes a request the core accepted but never submitted to a model (an
+ * on-demand load failed): an error response without outputs or model goes
+ * to done_fn; err (owned) is its error; the request is freed. */
+void request_fail_unsubmitted(nereid_request_t *req, nereid_complete_fn done_fn, void *done_userp,
+                              nereid_error_t *err);
 /* Copies s into the request's arena (or the heap when it is full); the copy
  * lives as long as req and is released by request_strfree. */
 char *request_strdup(nereid_request_t *req, const char *s);

@@ -20,6 +20,7 @@
 #include "core/cache.h"
 #include "core/custom_metrics.h"
 #include "core/core.h"
+#include "core/on_demand.h"
 #include "core/rate_limiter.h"
 #include "core/trace.h"
 #include "core/repository.h"
@@ -50,10 +51,10 @@ nereid_error_t *nereid_server_new(const nereid_server_options_t *opts, nereid_se
     *out = NULL;
     if (!opts || opts->n_model_repositories == 0)
         return nereid_error_new(NEREID_ERROR_INVALID_ARG, "--model-repository must be specified");
-    if (opts->model_load_on_demand && opts->model_control_mode != NEREID_MODEL_CONTROL_EXPLICIT)
+    if (opts->model_load_on_demand && opts->model_control_mode == NEREID_MODEL_CONTROL_NONE)
         return nereid_error_new(
             NEREID_ERROR_INVALID_ARG,
-            "--model-load-on-demand=true requires --model-control-mode=explicit");
+            "--model-load-on-demand=true requires --model-control-mode=explicit or poll");
     if (opts->model_memory_budget_bytes > 0 && !opts->model_load_on_demand)
         return nereid_error_new(NEREID_ERROR_INVALID_ARG,
                                 "--model-memory-budget requires --model-load-on-demand=true");
@@ -150,6 +151,7 @@ nereid_error_t *nereid_server_new(const nereid_server_options_t *opts, nereid_se
 void nereid_server_stop(nereid_server_t *s)
 {
     if (atomic_exchange(&s->stopping, true)) return;
+    on_demand_stop(s);
     repository_stop(s);
     atomic_store(&s->stopped, true);
 }
@@ -158,6 +160,7 @@ void nereid_server_free(nereid_server_t *s)
 {
     if (!s) return;
     nereid_server_stop(s);
+    on_demand_free(s);
     for (size_t i = 0; i < s->n_repos; i++)
         free(s->repos[i]);
     free(s->repos);
@@ -263,20 +266,6 @@ nereid_error_t *server_lookup_model(nereid_server_t *s, const char *name, int64_
     return err;
 }
 
-nereid_error_t *server_lookup_for_infer(nereid_server_t *s, const char *name, int64_t version,
-                                        model_t **out)
-{
-    nereid_error_t *err = server_lookup_model(s, name, version, out);
-    if (!err || !s->opts.model_load_on_demand || atomic_load(&s->stopping) ||
-        (nereid_error_code(err) != NEREID_ERROR_NOT_FOUND &&
-         nereid_error_code(err) != NEREID_ERROR_UNAVAILABLE))
-        return err;
-    /* Not loaded: load it now (this thread waits), then look again. */
-    nereid_error_free(err);
-    err = repository_load_on_demand(s, name);
-    return err ? err : server_lookup_model(s, name, version, out);
-}
-
 /* ---- Inference ---- */
 
 nereid_error_t *server_hold_model(nereid_server_t *s, const char *name, int64_t version,
@@ -321,7 +310,8 @@ static nereid_error_t *submit(model_t *m, nereid_request_t *req,
         request_finish(req, NULL, FAILURE_OTHER);
         return NULL;
     }
-    err = m->sched->ops->enqueue(m->sched, req);
+    err = model_start_instances(m);
+    if (!err) err = m->sched->ops->enqueue(m->sched, req);
     if (err) {
         *stopped = atomic_load(&m->unloading);
         if (!*stopped) atomic_fetch_add(&m->stats.failures[FAILURE_REJECTED], 1);
@@ -337,14 +327,20 @@ fail:
     return err;
 }
 
-nereid_error_t *nereid_server_infer_async(nereid_server_t *s, nereid_request_t *req,
-                                          const nereid_response_allocator_t *allocator,
-                                          nereid_complete_fn done_fn, void *done_userp)
+/* Whether err, from a lookup, asks for an on-demand load. */
+static bool wants_load(nereid_server_t *s, const nereid_error_t *err)
 {
-    if (!req || !done_fn)
-        return nereid_error_new(NEREID_ERROR_INVALID_ARG, "request and callback are required");
-    if (req->model)
-        return nereid_error_new(NEREID_ERROR_INVALID_ARG, "request was already submitted");
+    return err && s->opts.model_load_on_demand && !atomic_load(&s->stopping) &&
+           (nereid_error_code(err) == NEREID_ERROR_NOT_FOUND ||
+            nereid_error_code(err) == NEREID_ERROR_UNAVAILABLE);
+}
+
+/* Looks the model up (loading it on demand on this thread when defer is
+ * false, else handing the request to the on-demand loaders) and submits. */
+static nereid_error_t *infer_lookup_submit(nereid_server_t *s, nereid_request_t *req,
+                                           const nereid_response_allocator_t *allocator,
+                                           nereid_complete_fn done_fn, void *done_userp, bool defer)
+{
     /* The lock covers the lookup only: the request holds a reference to
      * the model it found. A reload or unload may stop that version before
      * the request reaches its scheduler; the request then looks the model
@@ -353,13 +349,42 @@ nereid_error_t *nereid_server_infer_async(nereid_server_t *s, nereid_request_t *
     for (int attempt = 0; attempt < 2; attempt++) {
         nereid_error_free(err);
         model_t *m;
-        err = server_lookup_for_infer(s, req->model_name, req->version_req, &m);
+        err = server_lookup_model(s, req->model_name, req->version_req, &m);
+        if (wants_load(s, err)) {
+            /* Not loaded: the loaders load it while this (frontend) thread
+             * serves others, or this thread loads it and waits. */
+            if (defer && on_demand_defer(s, req, allocator, done_fn, done_userp)) {
+                nereid_error_free(err);
+                return NULL;
+            }
+            nereid_error_free(err);
+            err = repository_load_on_demand(s, req->model_name);
+            if (!err) err = server_lookup_model(s, req->model_name, req->version_req, &m);
+        }
         if (err) return err;
         bool stopped;
         err = submit(m, req, allocator, done_fn, done_userp, &stopped);
         if (!err || !stopped) return err;
     }
     return err;
+}
+
+nereid_error_t *nereid_server_infer_async(nereid_server_t *s, nereid_request_t *req,
+                                          const nereid_response_allocator_t *allocator,
+                                          nereid_complete_fn done_fn, void *done_userp)
+{
+    if (!req || !done_fn)
+        return nereid_error_new(NEREID_ERROR_INVALID_ARG, "request and callback are required");
+    if (req->model)
+        return nereid_error_new(NEREID_ERROR_INVALID_ARG, "request was already submitted");
+    return infer_lookup_submit(s, req, allocator, done_fn, done_userp, true);
+}
+
+nereid_error_t *server_infer_loaded(nereid_server_t *s, nereid_request_t *req,
+                                    const nereid_response_allocator_t *allocator,
+                                    nereid_complete_fn done_fn, void *done_userp)
+{
+    return infer_lookup_submit(s, req, allocator, done_fn, done_userp, false);
 }
 
 nereid_error_t *server_infer_held(model_t *m, nereid_request_t *req,

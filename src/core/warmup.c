@@ -131,7 +131,8 @@ nereid_error_t *model_warmup(model_t *m)
                 req->warmup = true;
                 req->done_userp = &wait;
                 request_prepare_response(req);
-                err = m->sched->ops->enqueue(m->sched, req);
+                err = model_start_instances(m);
+                if (!err) err = m->sched->ops->enqueue(m->sched, req);
             }
             if (err) {
                 request_free(req);

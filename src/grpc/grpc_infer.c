@@ -38,6 +38,7 @@ static void unary_infer_done(nereid_response_t *resp, void *userp)
     unary_infer_t *u = userp;
     gfe_unary_call_t *c = u->call;
     unary_infer_free(u); /* input memory is no longer used */
+    mem_trim_note(c->fe->mem_trim);
     const nereid_error_t *rerr = nereid_response_error(resp);
     if (c->trace && rerr == NULL) c->response_ns = nereid_trace_now_ns();
     if (rerr != NULL) {
@@ -416,6 +417,7 @@ static void stream_infer_response(nereid_response_t *resp, uint32_t flags, void 
     gfe_stream_t *s = si->s;
     stream_slot_t *slot = si->slot;
     bool final = (flags & NEREID_RESPONSE_FINAL) != 0;
+    if (final) mem_trim_note(s->fe->mem_trim);
     pthread_mutex_lock(&s->mu);
     bool drop = s->status_started || s->dead;
     pthread_mutex_unlock(&s->mu);

@@ -16,6 +16,7 @@
 
 #include "frontend/header_forward.h"
 #include "grpc/grpc_server.h"
+#include "http/mem_trim.h"
 #include "nereid/server.h"
 
 #define GFE_CONTAINER_OF(ptr, type, member) ((type *)((char *)(ptr)-offsetof(type, member)))
@@ -87,6 +88,7 @@ struct grpc_frontend {
     const restricted_apis_t *restricted; /* borrowed from the options; NULL = none */
     header_forward_t *header_forward;    /* --grpc-header-forward-pattern; NULL = off */
     int infer_compression_level;         /* a grpc_compression_level for inference replies */
+    mem_trim_t *mem_trim;                /* the shared trimmer (http/mem_trim.h); may be NULL */
 
     pthread_mutex_t mu;
     pthread_cond_t cv;

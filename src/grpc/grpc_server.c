@@ -4,6 +4,7 @@
  * every registered method, the generic call that answers unknown methods
  * UNIMPLEMENTED, and the plumbing that finishes a unary call from any thread.
  */
+#include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,6 +43,7 @@ typedef struct gfe_generic_call {
 
 /* How long stopping waits for calls in flight before cancelling them. */
 #define GFE_SHUTDOWN_GRACE_SECS 5
+#define GFE_TRIM_QUIET_NS 1000000000ull /* the HTTP frontend's quiet period */
 
 static void post_unary(grpc_frontend_t *fe, int queue, gfe_method_t method);
 static void post_generic(grpc_frontend_t *fe, int queue);
@@ -612,6 +614,14 @@ nereid_error_t *grpc_frontend_start(nereid_server_t *server, const grpc_options_
                                 "failed to start GRPC service: unable to bind address '%s'",
                                 target);
     }
+    /* Large tensors leave freed heap pages behind after a burst: the
+     * trimmer the HTTP frontend uses returns them once calls stop ending,
+     * with the HTTP frontend's heap settings (see http_server_start: fixed
+     * thresholds bound what the other arenas' tops keep; glibc's dynamic
+     * ones grow to 32 MiB per arena after one large tensor). */
+    mallopt(M_MMAP_THRESHOLD, 32 << 20);
+    mallopt(M_TRIM_THRESHOLD, 16 << 20);
+    fe->mem_trim = mem_trim_acquire(GFE_TRIM_QUIET_NS);
     grpc_server_start(fe->grpc);
     for (int i = 0; i < n_queues; i++)
         pthread_create(&fe->threads[i], NULL, queue_thread, fe->queues[i]);
@@ -648,5 +658,6 @@ void grpc_frontend_stop(grpc_frontend_t *fe)
         pthread_cond_wait(&fe->cv, &fe->mu);
     pthread_mutex_unlock(&fe->mu);
     grpc_server_destroy(fe->grpc);
+    mem_trim_release(fe->mem_trim);
     destroy_queues(fe, fe->n_queues);
 }

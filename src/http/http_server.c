@@ -1911,7 +1911,7 @@ nereid_error_t *http_server_start(nereid_server_t *core, const http_options_t *o
      * the top of the main one only: the threshold bounds the other tops.) */
     mallopt(M_MMAP_THRESHOLD, 32 << 20);
     mallopt(M_TRIM_THRESHOLD, 16 << 20);
-    srv->mem_trim = mem_trim_start(HTTP_TRIM_QUIET_NS);
+    srv->mem_trim = mem_trim_acquire(HTTP_TRIM_QUIET_NS);
     unsigned flags = MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
     if (ipv6) flags |= MHD_USE_IPv6;
     srv->close_watch = close_watch_start();
@@ -1937,7 +1937,7 @@ nereid_error_t *http_server_start(nereid_server_t *core, const http_options_t *o
         MHD_OPTION_THREAD_POOL_SIZE, threads, MHD_OPTION_END);
     if (!srv->daemon) {
         close_watch_stop(srv->close_watch);
-        mem_trim_stop(srv->mem_trim);
+        mem_trim_release(srv->mem_trim);
         pthread_mutex_destroy(&srv->conns_lock);
         pthread_mutex_destroy(&srv->lock);
         pthread_cond_destroy(&srv->idle);
@@ -1970,7 +1970,7 @@ void http_server_stop(http_server_t *srv)
     MHD_stop_daemon(srv->daemon);
     par_stop();
     close_watch_stop(srv->close_watch);
-    mem_trim_stop(srv->mem_trim);
+    mem_trim_release(srv->mem_trim);
     pthread_mutex_destroy(&srv->conns_lock);
     pthread_mutex_destroy(&srv->lock);
     pthread_cond_destroy(&srv->idle);

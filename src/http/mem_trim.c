@@ -42,7 +42,7 @@ static void *trim_main(void *arg)
 {
     mem_trim_t *t = arg;
     pthread_mutex_lock(&t->lock);
-    uint64_t seen = atomic_load(&t->n_events), trimmed = seen;
+    uint64_t seen = 0, trimmed = 0; /* a note before this thread ran counts too */
     while (!t->stop) {
         if (seen == trimmed) {
             atomic_store(&t->parked, true);
@@ -120,4 +120,28 @@ void mem_trim_stop(mem_trim_t *t)
     pthread_cond_destroy(&t->cond);
     pthread_mutex_destroy(&t->lock);
     free(t);
+}
+
+static pthread_mutex_t shared_lock = PTHREAD_MUTEX_INITIALIZER;
+static mem_trim_t *shared_trim; /* shared_lock */
+static int shared_refs;         /* shared_lock */
+
+mem_trim_t *mem_trim_acquire(uint64_t quiet_ns)
+{
+    pthread_mutex_lock(&shared_lock);
+    if (!shared_trim) shared_trim = mem_trim_start(quiet_ns);
+    if (shared_trim) shared_refs++;
+    mem_trim_t *t = shared_trim;
+    pthread_mutex_unlock(&shared_lock);
+    return t;
+}
+
+void mem_trim_release(mem_trim_t *t)
+{
+    if (!t) return;
+    pthread_mutex_lock(&shared_lock);
+    bool last = --shared_refs == 0;
+    if (last) shared_trim = NULL;
+    pthread_mutex_unlock(&shared_lock);
+    if (last) mem_trim_stop(t);
 }

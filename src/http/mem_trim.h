@@ -26,5 +26,12 @@ void mem_trim_note(mem_trim_t *t);
 uint64_t mem_trim_count(mem_trim_t *t);
 /* Stops the thread and frees the trimmer. */
 void mem_trim_stop(mem_trim_t *t);
+/* The process's one shared trimmer, for the frontends (HTTP and gRPC): the
+ * first call starts it with quiet_ns, later ones take another reference.
+ * NULL when it cannot start. Any thread. */
+mem_trim_t *mem_trim_acquire(uint64_t quiet_ns);
+/* Drops a reference from mem_trim_acquire; the last one stops the trimmer.
+ * NULL is ignored. */
+void mem_trim_release(mem_trim_t *t);
 
 #endif

@@ -84,6 +84,19 @@ def test_intra_op_thread_count_gets_its_own_pool(nereid_server, tmp_path):
     assert counts[1] - counts[0] >= 2 * n - 4, counts
 
 
+def assert_rss_returns(s, before, peak):
+    """RSS comes back within 64 MiB of before in 10 s (generous: a bound,
+    not a timing)."""
+    bound = before + 64 * MIB
+    deadline = time.time() + 10
+    rss = proc_status(s.proc.pid)[1]
+    while rss > bound and time.time() < deadline:
+        time.sleep(0.25)
+        rss = proc_status(s.proc.pid)[1]
+    assert rss <= bound, (f"RSS {rss / MIB:.0f} MiB 10 s after the burst "
+                          f"(before {before / MIB:.0f}, peak {peak / MIB:.0f})")
+
+
 def test_memory_returns_after_a_burst(nereid_server, tmp_path):
     """32 requests of 1M FP32 values as JSON, 8 at a time: RSS grows by
     ~100+ MiB during the burst and must come back near the idle size."""
@@ -112,14 +125,7 @@ def test_memory_returns_after_a_burst(nereid_server, tmp_path):
         for size in pool.map(one, range(32)):
             assert size > n_values
             peak = max(peak, proc_status(s.proc.pid)[1])
-    bound = before + 64 * MIB
-    deadline = time.time() + 10
-    rss = proc_status(s.proc.pid)[1]
-    while rss > bound and time.time() < deadline:
-        time.sleep(0.25)
-        rss = proc_status(s.proc.pid)[1]
-    assert rss <= bound, (f"RSS {rss / MIB:.0f} MiB 10 s after the burst "
-                          f"(before {before / MIB:.0f}, peak {peak / MIB:.0f})")
+    assert_rss_returns(s, before, peak)
 
 
 # ---- Load on demand and eviction under a memory budget ----
@@ -256,3 +262,218 @@ def test_on_demand_ensemble_holds_its_steps(nereid_server, model_repo):
     assert outs["OUTPUT0"] == (3 * a).tolist()
     # The steps stay while the ensemble is loaded, whatever the budget.
     assert all(v == "READY" for v in states(s).values()), states(s)
+
+
+# ---- Start-up: shared sessions, lazy instance threads, backend config ----
+
+def add_sub_variant(doc):
+    """add_sub's graph with a different doc_string: other bytes, same results."""
+    m = make_models.add_sub((-1, 16))
+    m.doc_string = doc
+    return m.SerializeToString()
+
+
+def sub_add_bytes():
+    """OUTPUT0 = INPUT0 - INPUT1, OUTPUT1 = INPUT0 + INPUT1: add_sub's I/O, other results."""
+    from onnx import helper
+    io = lambda n: helper.make_tensor_value_info(n, 1, [None, 16])
+    graph = helper.make_graph(
+        [helper.make_node("Sub", ["INPUT0", "INPUT1"], ["OUTPUT0"]),
+         helper.make_node("Add", ["INPUT0", "INPUT1"], ["OUTPUT1"])],
+        "sub_add", [io("INPUT0"), io("INPUT1")], [io("OUTPUT0"), io("OUTPUT1")])
+    return make_models._model(graph).SerializeToString()
+
+
+def model_file(repo, name):
+    return os.path.join(repo, name, "1", "model.onnx")
+
+
+def test_identical_models_share_sessions_and_others_do_not(nereid_server, tmp_path):
+    """200 copies of one model cost one session: RSS grows far less than
+    with 200 models whose bytes differ. Models whose bytes differ in their
+    graph answer with their own graph (no wrong sharing), and a model whose
+    file changes gets a session of the new bytes when it is reloaded."""
+    n = 200
+    same, distinct = str(tmp_path / "same"), str(tmp_path / "distinct")
+    make_models.make_many(same, n)
+    make_models.make_many(distinct, n)
+    for i in range(n):
+        with open(model_file(distinct, f"add_sub_{i:04d}"), "wb") as f:
+            f.write(add_sub_variant(f"tenant {i}"))
+    rss = []
+    for repo in (same, distinct):
+        s = nereid_server(repo)
+        check_add_sub(s, "add_sub_0000")
+        check_add_sub(s, f"add_sub_{n - 1:04d}")
+        rss.append(proc_status(s.proc.pid)[1])
+        s.stop()
+    # A session of add_sub costs ~100 KiB here; 199 of them must be saved.
+    assert rss[1] - rss[0] >= 199 * 25 * 1024, [r / MIB for r in rss]
+
+    # Same I/O, other graph: each model runs its own.
+    repo = str(tmp_path / "mixed")
+    make_models.make_many(repo, 3)
+    with open(model_file(repo, "add_sub_0001"), "wb") as f:
+        f.write(sub_add_bytes())
+    s = nereid_server(repo, "--model-control-mode=explicit", "--load-model=*")
+    check_add_sub(s, "add_sub_0000")
+    check_add_sub(s, "add_sub_0002")
+    body, plus, minus = add_sub_request()
+    r = requests.post(f"{s.http_url}/v2/models/add_sub_0001/infer", json=body, timeout=30)
+    outs = {o["name"]: o["data"] for o in r.json()["outputs"]}
+    assert outs == {"OUTPUT0": minus, "OUTPUT1": plus}
+    # add_sub_0000's file changes to sub_add: the reload serves the new bytes,
+    # and add_sub_0002 (still add_sub) keeps its results.
+    with open(model_file(repo, "add_sub_0000"), "wb") as f:
+        f.write(sub_add_bytes())
+    # (A load with a config reloads whatever changed on disk.)
+    cfg = requests.get(f"{s.http_url}/v2/models/add_sub_0000/config", timeout=30).text
+    r = requests.post(f"{s.http_url}/v2/repository/models/add_sub_0000/load",
+                      json={"parameters": {"config": cfg}}, timeout=60)
+    assert r.status_code == 200, r.text
+    r = requests.post(f"{s.http_url}/v2/models/add_sub_0000/infer", json=body, timeout=30)
+    outs = {o["name"]: o["data"] for o in r.json()["outputs"]}
+    assert outs == {"OUTPUT0": minus, "OUTPUT1": plus}
+    check_add_sub(s, "add_sub_0002")
+
+
+def test_instance_threads_start_with_the_first_request(nereid_server, tmp_path):
+    """A loaded one-instance model has no thread until its first request:
+    100 loaded models cost no thread each; each model served adds one."""
+    n = 100
+    repo = str(tmp_path / "models")
+    make_models.make_many(repo, n)
+    s = nereid_server(repo, "--model-control-mode=explicit", "--load-model=*")
+    threads, _ = proc_status(s.proc.pid)
+    assert threads <= 4 * os.cpu_count() + 32, threads
+    for i in range(5):
+        check_add_sub(s, f"add_sub_{i:04d}")
+    after, _ = proc_status(s.proc.pid)
+    assert after >= threads + 5 - 4, (threads, after)
+    assert after <= threads + 5 + 4, (threads, after)
+    # Unloading a model whose thread never started, and one whose did.
+    for name in ("add_sub_0050", "add_sub_0000"):
+        r = requests.post(f"{s.http_url}/v2/repository/models/{name}/unload", json={}, timeout=60)
+        assert r.status_code == 200, r.text
+    st = states(s)
+    assert (st["add_sub_0050"], st["add_sub_0000"], st["add_sub_0001"]) == (
+        "UNAVAILABLE", "UNAVAILABLE", "READY"), st
+    check_add_sub(s, "add_sub_0001")
+
+
+def test_onnxruntime_backend_config(nereid_server, tmp_path):
+    """--backend-config=onnxruntime,...: intra_op_thread_count sizes the
+    shared pool (ONNX Runtime's own choice, one thread per physical core,
+    can be one thread on a small machine: no pool thread at all),
+    enable-global-threadpool=0 gives each session pools of its own
+    (Triton's default), share-sessions=0 gives each model sessions of its
+    own; a bad value fails the loads with Triton's text."""
+    n = 8
+    repo = str(tmp_path / "models")
+    make_models.make_many(repo, n)
+    counts = []
+    for extra in ("intra_op_thread_count=1", "intra_op_thread_count=6",
+                  "enable-global-threadpool=0", "share-sessions=0"):
+        s = nereid_server(repo, f"--backend-config=onnxruntime,{extra}")
+        for i in range(n):
+            check_add_sub(s, f"add_sub_{i:04d}")
+        counts.append(proc_status(s.proc.pid)[0])
+        s.stop()
+    # The pool of 6 runs 5 threads besides the caller.
+    assert counts[1] - counts[0] >= 5 - 2, counts
+
+    r = subprocess.run([NEREID, f"--model-repository={repo}", "--http-port=0", "--grpc-port=0",
+                        "--allow-metrics=false",
+                        "--backend-config=onnxruntime,enable-global-threadpool=maybe"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0
+    assert "failed to convert 'maybe' to boolean value" in r.stderr + r.stdout, r.stderr
+
+
+def test_memory_returns_after_a_grpc_burst(nereid_server, tmp_path):
+    """The trimmer the HTTP frontend uses serves gRPC too: a gRPC-only
+    server's RSS comes back after a burst of large raw tensors."""
+    if os.environ.get("NEREID_SANITIZE"):
+        pytest.skip("ASan's allocator keeps freed memory in its quarantine")
+    import grpc
+    from grpc_util import stubs
+    pb, pb_grpc, _, _ = stubs()
+    repo = tmp_path / "models"
+    os.makedirs(repo)
+    shutil.copytree(os.path.join(EXAMPLES, "identity_fp32"), repo / "identity_fp32")
+    s = nereid_server(str(repo), "--allow-http=false", "--allow-metrics=false", wait_port="grpc")
+    n_values = 4 << 20
+    raw = np.arange(n_values, dtype=np.float32).tobytes()
+
+    def request():
+        req = pb.ModelInferRequest(model_name="identity_fp32")
+        t = req.inputs.add()
+        t.name, t.datatype = "INPUT0", "FP32"
+        t.shape.extend([1, n_values])
+        req.raw_input_contents.append(raw)
+        return req
+
+    opts = [("grpc.max_send_message_length", 1 << 30),
+            ("grpc.max_receive_message_length", 1 << 30)]
+    with grpc.insecure_channel(s.grpc_addr, options=opts) as channel:
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+        stub.ModelInfer(request(), timeout=120)
+        time.sleep(1.5)
+        _, before = proc_status(s.proc.pid)
+        peak = before
+
+        def one(_):
+            r = stub.ModelInfer(request(), timeout=120)
+            assert len(r.raw_output_contents[0]) == 4 * n_values
+            return proc_status(s.proc.pid)[1]
+
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            for rss in pool.map(one, range(32)):
+                peak = max(peak, rss)
+    assert_rss_returns(s, before, peak)
+
+
+def test_on_demand_in_poll_mode(nereid_server, tmp_path):
+    """Poll mode with on-demand loads: nothing loads at start or when the
+    poll finds a new model; a request loads it; the budget evicts."""
+    repo = str(tmp_path / "models")
+    for name in ("a", "b"):
+        write_testing_model(repo, name)
+    s = nereid_server(repo, "--model-control-mode=poll", "--repository-poll-secs=1",
+                      "--model-load-on-demand=true", "--model-memory-budget=1")
+    st = states(s)
+    assert "a" in st and "b" in st and "READY" not in st.values(), st
+    assert infer(s, "a").status_code == 200
+    assert states(s)["a"] == "READY"
+    write_testing_model(repo, "c")
+    deadline = time.time() + 30
+    while "c" not in states(s):
+        assert time.time() < deadline, "the poll did not list c"
+        time.sleep(0.2)
+    assert states(s)["c"] != "READY"
+    assert infer(s, "c").status_code == 200
+    st = states(s)
+    assert (st["a"], st["c"]) == ("UNAVAILABLE", "READY"), st
+    assert metric(s, "nereid_model_on_demand_loads_total") == 2
+
+
+def test_on_demand_load_does_not_block_other_clients(nereid_server, tmp_path):
+    """One HTTP thread: while it has handed a request to an on-demand load
+    that has not finished, other clients' requests are served."""
+    repo = str(tmp_path / "models")
+    go = tmp_path / "go"
+    write_testing_model(repo, "slow", model_init_wait_for_file=str(go))
+    write_testing_model(repo, "fast")
+    s = nereid_server(repo, *ON_DEMAND, "--load-model=fast", "--http-thread-count=1")
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        slow = pool.submit(infer, s, "slow")
+        deadline = time.time() + 30
+        while "loading 'slow' on demand" not in s.output():
+            assert time.time() < deadline, "slow's load did not start"
+            time.sleep(0.01)
+        for _ in range(5):
+            assert infer(s, "fast").status_code == 200
+            assert not slow.done(), slow.result().text
+        go.touch()
+        assert slow.result().status_code == 200
+    assert states(s)["slow"] == "READY"

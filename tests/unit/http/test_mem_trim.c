@@ -67,5 +67,20 @@ int main(void)
     mem_trim_note(NULL);
     CHECK(mem_trim_count(NULL) == 0);
     mem_trim_stop(NULL);
+
+    /* The shared trimmer: one for both frontends, stopped by the last
+     * release; a later acquire starts a new one. */
+    mem_trim_t *a = mem_trim_acquire(QUIET_NS), *b = mem_trim_acquire(5000000000u);
+    CHECK(a != NULL && a == b);
+    mem_trim_note(b);
+    CHECK(wait_trims(a, 1)); /* the first acquire's quiet period */
+    mem_trim_release(a);
+    mem_trim_note(b); /* still running for b */
+    CHECK(wait_trims(b, 2));
+    mem_trim_release(b);
+    mem_trim_t *c = mem_trim_acquire(QUIET_NS);
+    CHECK(c != NULL && mem_trim_count(c) == 0);
+    mem_trim_release(c);
+    mem_trim_release(NULL);
     return check_summary();
 }
