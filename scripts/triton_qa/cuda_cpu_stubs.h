@@ -19,20 +19,29 @@ enum cudaMemcpyKind {
 };
 static const cudaError_t cudaSuccess = 0;
 
-inline cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind) {
+inline cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind)
+{
     std::memmove(dst, src, n);
     return cudaSuccess;
 }
-inline cudaError_t cudaMemset(void *dst, int value, size_t n) {
+inline cudaError_t cudaMemset(void *dst, int value, size_t n)
+{
     std::memset(dst, value, n);
     return cudaSuccess;
 }
 inline cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind kind,
-                                   cudaStream_t) {
+                                   cudaStream_t)
+{
     return cudaMemcpy(dst, src, n, kind);
 }
-inline cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
-inline const char *cudaGetErrorString(cudaError_t) { return "no error"; }
+inline cudaError_t cudaStreamSynchronize(cudaStream_t)
+{
+    return cudaSuccess;
+}
+inline const char *cudaGetErrorString(cudaError_t)
+{
+    return "no error";
+}
 
 /* backend_common.h defines this only with TRITON_ENABLE_GPU. */
 #define LOG_IF_CUDA_ERROR(X, MSG) ((void)(X), (void)(MSG))
