@@ -135,6 +135,12 @@ def decode_tensors(descs, blob):
     return out
 
 
+
+def rescheduled(reqs):
+    """Indices of the requests released with RESCHEDULE (decoupled DONE)."""
+    return [i for i, q in enumerate(reqs)
+            if q._release_flags == pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE]
+
 class Worker:
     def __init__(self, sock):
         self.sock = sock
@@ -485,7 +491,7 @@ class Worker:
                     "execute function must return None."))
         except Exception as e:
             close_all(e)
-        self.send(M_DONE, {})
+        self.send(M_DONE, {"reschedule": rescheduled(reqs)} if rescheduled(reqs) else {})
 
     def handle_execute(self, obj, blob):
         reqs = self.build_requests(obj, blob)
@@ -511,7 +517,9 @@ class Worker:
                    f"InferenceRequest objects. InferenceRequest(s) size is:{len(reqs)}, and "
                    f"InferenceResponse(s) size is:{len(res)}")
         else:
-            for r in res:
+            for q, r in zip(reqs, res):
+                if r is None and q._release_flags == pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
+                    continue
                 if not isinstance(r, pb_utils.InferenceResponse):
                     err = ("Expected an 'InferenceResponse' object in the execute function "
                            f"return list, found type '{type(r)}'.")
@@ -521,6 +529,9 @@ class Worker:
             return
         out, tensors = [], []
         for req, resp in zip(reqs, res):
+            if req._release_flags == pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
+                out.append('{"reschedule":true}')  # its response, if any, is dropped
+                continue
             if resp.has_error():
                 e = resp.error()
                 out.append(json.dumps({"error": {"message": e.message(), "code": e.code()}}))

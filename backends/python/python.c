@@ -1913,6 +1913,15 @@ static void fail_all(nereid_batch_t *batch, nereid_error_t *err)
 }
 
 /* The worker's answer to a non-decoupled execute. false: it is malformed. */
+/* pb_utils' set_release_flags(RESCHEDULE): request r runs again in a later
+ * batch; where the core refuses (no iterative_sequence), the request fails
+ * with the core's (Triton's) text. */
+static void reschedule(nereid_batch_t *batch, size_t r)
+{
+    nereid_error_t *err = nereid_batch_request_reschedule(batch, r);
+    if (err) nereid_batch_set_request_error(batch, r, err);
+}
+
 static bool apply_done(instance_t *in, nereid_batch_t *batch, msg_t *m, char *why, size_t why_cap)
 {
     size_t n = nereid_batch_request_count(batch);
@@ -1921,7 +1930,26 @@ static bool apply_done(instance_t *in, nereid_batch_t *batch, msg_t *m, char *wh
         fail_all(batch, nereid_error_new(NEREID_ERROR_INTERNAL, "%s", json_string_value(e)));
         return true;
     }
-    if (in->decoupled) return true;
+    if (in->decoupled) {
+        /* Requests released with RESCHEDULE (indices; before execute returned,
+         * as Triton requires of decoupled models). */
+        json_t *rs = json_object_get(m->json, "reschedule"), *ji;
+        size_t k;
+        if (rs && (!json_is_array(rs) || json_array_size(rs) > n)) {
+            snprintf(why, why_cap, "malformed execute answer");
+            return false;
+        }
+        json_array_foreach(rs, k, ji)
+        {
+            if (!json_is_integer(ji) || json_integer_value(ji) < 0 ||
+                (uint64_t)json_integer_value(ji) >= n) {
+                snprintf(why, why_cap, "malformed execute answer");
+                return false;
+            }
+            reschedule(batch, (size_t)json_integer_value(ji));
+        }
+        return true;
+    }
     json_t *resps = json_object_get(m->json, "responses"),
            *ts = json_object_get(m->json, "tensors");
     if (!json_is_array(resps) || json_array_size(resps) != n || (ts && !json_is_array(ts))) {
@@ -1934,6 +1962,10 @@ static bool apply_done(instance_t *in, nereid_batch_t *batch, msg_t *m, char *wh
         json_t *err = json_object_get(resp, "error");
         if (json_is_object(err)) {
             nereid_batch_set_request_error(batch, r, error_from_json(err));
+            continue;
+        }
+        if (json_is_true(json_object_get(resp, "reschedule"))) {
+            reschedule(batch, r);
             continue;
         }
         json_t *jn = json_object_get(resp, "n_outputs");
@@ -2025,15 +2057,23 @@ NEREID_EXPORT nereid_error_t *nereid_backend_execute(nereid_instance_t *instance
                 nereid_batch_set_request_error(batch, r, e);
                 json_object_set_new(rq, "sender", json_integer(-1));
             } else {
-                sender_slot_t *slot = calloc(1, sizeof *slot);
-                if (!slot) abort();
+                /* A rescheduled request comes back with the sender it had:
+                 * it keeps its slot (one slot per sender). */
                 pthread_mutex_lock(&in->mu);
-                slot->id = ++in->next_sender;
-                slot->sender = s;
-                slot->next = in->senders;
-                in->senders = slot;
+                sender_slot_t *slot = in->senders;
+                while (slot && slot->sender != s)
+                    slot = slot->next;
+                if (!slot) {
+                    slot = calloc(1, sizeof *slot);
+                    if (!slot) abort();
+                    slot->id = ++in->next_sender;
+                    slot->sender = s;
+                    slot->next = in->senders;
+                    in->senders = slot;
+                }
+                uint64_t id = slot->id;
                 pthread_mutex_unlock(&in->mu);
-                json_object_set_new(rq, "sender", json_integer((json_int_t)slot->id));
+                json_object_set_new(rq, "sender", json_integer((json_int_t)id));
             }
         }
         json_array_append_new(reqs, rq);

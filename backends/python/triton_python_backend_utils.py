@@ -326,6 +326,7 @@ class InferenceRequest:
         self._sender = None
         self._sender_id = None
         self._token = None  # the server's handle of a request given to execute
+        self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
 
     def model_name(self):
         return self._model_name
@@ -358,8 +359,15 @@ class InferenceRequest:
         return self._trace
 
     def set_release_flags(self, flags):
-        if flags != TRITONSERVER_REQUEST_RELEASE_ALL:
-            raise TritonModelException("request rescheduling is not supported by Nereid")
+        # RESCHEDULE: the request runs again in a later batch (the model's
+        # sequence batcher must have iterative_sequence; otherwise the server
+        # fails the request with Triton's text).
+        if flags not in (TRITONSERVER_REQUEST_RELEASE_ALL, TRITONSERVER_REQUEST_RELEASE_RESCHEDULE):
+            raise TritonModelException(f"unsupported request release flags {flags}")
+        self._release_flags = flags
+
+    def release_flags(self):
+        return self._release_flags
 
     def get_response_sender(self):
         if self._sender is None:
