@@ -369,25 +369,32 @@ static void outmsg_copy(const outmsg_t *m, uint8_t *dst, const char *js, size_t 
     }
 }
 
+/* Room for one fd passed with SCM_RIGHTS. */
+typedef union fd_cmsg {
+    char buf[CMSG_SPACE(sizeof(int))];
+    struct cmsghdr align;
+} fd_cmsg_t;
+
+/* Attaches fd to mh; u holds it and must outlive the sendmsg. */
+static void attach_fd(struct msghdr *mh, fd_cmsg_t *u, int fd)
+{
+    memset(u, 0, sizeof *u);
+    mh->msg_control = u->buf;
+    mh->msg_controllen = sizeof u->buf;
+    struct cmsghdr *cm = CMSG_FIRSTHDR(mh);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(cm), &fd, sizeof fd);
+}
+
 /* Sends header hdr with fd (-1: none). */
 static int send_with_fd(chan_t *c, const uint8_t *hdr, int fd)
 {
     struct iovec iov = {(void *)hdr, HDR_BYTES};
-    union {
-        char buf[CMSG_SPACE(sizeof(int))];
-        struct cmsghdr align;
-    } u;
-    memset(&u, 0, sizeof u);
+    fd_cmsg_t u;
     struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
-    if (fd >= 0) {
-        mh.msg_control = u.buf;
-        mh.msg_controllen = sizeof u.buf;
-        struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
-        cm->cmsg_level = SOL_SOCKET;
-        cm->cmsg_type = SCM_RIGHTS;
-        cm->cmsg_len = CMSG_LEN(sizeof(int));
-        memcpy(CMSG_DATA(cm), &fd, sizeof fd);
-    }
+    if (fd >= 0) attach_fd(&mh, &u, fd);
     pthread_mutex_lock(&c->send_mu);
     ssize_t s = sendmsg(c->fd, &mh, MSG_NOSIGNAL);
     pthread_mutex_unlock(&c->send_mu);
@@ -1445,19 +1452,10 @@ static int zygote_start(backend_state_t *st)
  * answered but has no worker (it ended at once); -1: the zygote failed. */
 static int zygote_ask(backend_state_t *st, const char *name, int sock, pid_t *pid, int *pidfd)
 {
-    union {
-        char buf[CMSG_SPACE(sizeof(int))];
-        struct cmsghdr align;
-    } u;
-    memset(&u, 0, sizeof u);
+    fd_cmsg_t u;
     struct iovec iov = {(void *)name, strlen(name)};
-    struct msghdr mh = {
-        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof u.buf};
-    struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
-    cm->cmsg_level = SOL_SOCKET;
-    cm->cmsg_type = SCM_RIGHTS;
-    cm->cmsg_len = CMSG_LEN(sizeof(int));
-    memcpy(CMSG_DATA(cm), &sock, sizeof sock);
+    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
+    attach_fd(&mh, &u, sock);
     if (sendmsg(st->zy_fd, &mh, MSG_NOSIGNAL) != (ssize_t)iov.iov_len) return -1;
     struct pollfd p = {st->zy_fd, POLLIN, 0};
     int pr;
@@ -1471,7 +1469,7 @@ static int zygote_ask(backend_state_t *st, const char *name, int sock, pid_t *pi
         .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof u.buf};
     ssize_t n = recvmsg(st->zy_fd, &mh, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
     int fd = -1;
-    cm = n > 0 ? CMSG_FIRSTHDR(&mh) : NULL;
+    struct cmsghdr *cm = n > 0 ? CMSG_FIRSTHDR(&mh) : NULL;
     if (cm && cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS &&
         cm->cmsg_len == CMSG_LEN(sizeof(int)))
         memcpy(&fd, CMSG_DATA(cm), sizeof fd);

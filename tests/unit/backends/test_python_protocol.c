@@ -17,21 +17,9 @@ static int sv[2];
 static void send_raw(const void *data, size_t n, int fd)
 {
     struct iovec iov = {(void *)data, n};
-    union {
-        char buf[CMSG_SPACE(sizeof(int))];
-        struct cmsghdr align;
-    } u;
-    memset(&u, 0, sizeof u);
+    fd_cmsg_t u;
     struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
-    if (fd >= 0) {
-        mh.msg_control = u.buf;
-        mh.msg_controllen = sizeof u.buf;
-        struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
-        cm->cmsg_level = SOL_SOCKET;
-        cm->cmsg_type = SCM_RIGHTS;
-        cm->cmsg_len = CMSG_LEN(sizeof(int));
-        memcpy(CMSG_DATA(cm), &fd, sizeof fd);
-    }
+    if (fd >= 0) attach_fd(&mh, &u, fd);
     if (sendmsg(sv[1], &mh, 0) != (ssize_t)n) abort();
 }
 
