@@ -16,10 +16,13 @@
  * burst, right after it and over the next 5 idle seconds. With -e K it then
  * sends one request to each of K more models in turn (with on-demand
  * loading and a budget: a load and an eviction each) and prints their mean
- * and worst latency and the RSS and threads after them.
+ * and worst latency and the RSS and threads after them. "after %" is the
+ * server's CPU over 3 idle seconds after the first two requests (thread
+ * pools that spin-wait after work show there). With -t the models are the
+ * same add_sub as TorchScript, served by the pytorch backend.
  *
  * Usage (from the repository root, after `make models`):
- *   build/bench/bench_scale [-i idle_seconds] [-b] [-e K] [-s path/to/nereid] [N ...]
+ *   build/bench/bench_scale [-i idle_seconds] [-b] [-t] [-e K] [-s path/to/nereid] [N ...]
  *                           [-- nereid flags]
  * Defaults: N = 10 100 1000, 10 idle seconds, this build's nereid (-s runs
  * another build, e.g. main's, with its own backends directory).
@@ -226,6 +229,25 @@ static const char add_sub_config[] =
     "         { name: \"OUTPUT1\" data_type: TYPE_FP32 dims: [ 16 ] } ]\n"
     "instance_group [ { count: 1 kind: KIND_CPU } ]\n";
 
+/* -t: the same add_sub as TorchScript (tests/integration/pytorch_models.py
+ * writes it; LibTorch's process-wide intra-op and inter-op pools). */
+static const char pt_add_sub_config[] =
+    "name: \"%s\"\nbackend: \"pytorch\"\nmax_batch_size: 0\n"
+    "input [ { name: \"INPUT__0\" data_type: TYPE_FP32 dims: [ 16 ] },\n"
+    "        { name: \"INPUT__1\" data_type: TYPE_FP32 dims: [ 16 ] } ]\n"
+    "output [ { name: \"OUTPUT__0\" data_type: TYPE_FP32 dims: [ 16 ] },\n"
+    "         { name: \"OUTPUT__1\" data_type: TYPE_FP32 dims: [ 16 ] } ]\n"
+    "instance_group [ { count: 1 kind: KIND_CPU } ]\n";
+
+static const char pt_add_sub_request[] =
+    "{\"inputs\":[{\"name\":\"INPUT__0\",\"datatype\":\"FP32\",\"shape\":[16],"
+    "\"data\":[0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15]},"
+    "{\"name\":\"INPUT__1\",\"datatype\":\"FP32\",\"shape\":[16],"
+    "\"data\":[1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1]}]}";
+
+static bool torch_models; /* -t */
+#define AFTER_IDLE_S 3.0  /* idle period measured after the first requests */
+
 static const char add_sub_request[] =
     "{\"inputs\":[{\"name\":\"INPUT0\",\"datatype\":\"FP32\",\"shape\":[1,16],"
     "\"data\":[0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15]},"
@@ -244,10 +266,11 @@ static void run_models(int n, double idle_s, const char *onnx, size_t onnx_len)
         make_dir(path);
         snprintf(path, sizeof path, "%s/%s/1", repo, name);
         make_dir(path);
-        snprintf(path, sizeof path, "%s/%s/1/model.onnx", repo, name);
+        snprintf(path, sizeof path, "%s/%s/1/model.%s", repo, name, torch_models ? "pt" : "onnx");
         write_path(path, onnx, onnx_len);
         snprintf(path, sizeof path, "%s/%s/config.pbtxt", repo, name);
-        int len = snprintf(config, sizeof config, add_sub_config, name);
+        int len = snprintf(config, sizeof config, torch_models ? pt_add_sub_config : add_sub_config,
+                           name);
         write_path(path, config, (size_t)len);
     }
     int port;
@@ -267,29 +290,32 @@ static void run_models(int n, double idle_s, const char *onnx, size_t onnx_len)
     double cpu1 = bench_cpu_seconds(pid), rss_idle;
     long threads_idle;
     proc_status(pid, &rss_idle, &threads_idle);
+    const char *body = torch_models ? pt_add_sub_request : add_sub_request;
+    size_t body_len = strlen(body);
     double t1 = now_s();
-    int status = http_call(port, "POST", "/v2/models/add_sub_0000/infer", add_sub_request,
-                           sizeof add_sub_request - 1);
+    int status = http_call(port, "POST", "/v2/models/add_sub_0000/infer", body, body_len);
     double first_ms = (now_s() - t1) * 1e3;
     /* Another model's first request (with --model-load-on-demand: a load
      * without the backend's own start). */
     char url[64];
     snprintf(url, sizeof url, "/v2/models/add_sub_%04d/infer", n - 1);
     t1 = now_s();
-    status = status == 200
-                 ? http_call(port, "POST", url, add_sub_request, sizeof add_sub_request - 1)
-                 : status;
+    status = status == 200 ? http_call(port, "POST", url, body, body_len) : status;
     double other_ms = (now_s() - t1) * 1e3;
-    printf("%6d %10.3f %9.2f %9.1f %8ld %12.2f %10.1f %9.2f %9.2f%s\n", n, ready_s, cpu0, rss,
+    /* Idle again after those requests: pools that spin after work show here. */
+    double cpu2 = bench_cpu_seconds(pid);
+    sleep_s(AFTER_IDLE_S);
+    double cpu3 = bench_cpu_seconds(pid);
+    printf("%6d %10.3f %9.2f %9.1f %8ld %12.2f %10.1f %9.2f %9.2f %9.2f%s\n", n, ready_s, cpu0, rss,
            threads, (cpu1 - cpu0) / idle_s * 100.0, rss_idle, first_ms, other_ms,
-           status == 200 ? "" : "  (first request failed)");
+           (cpu3 - cpu2) / AFTER_IDLE_S * 100.0, status == 200 ? "" : "  (first request failed)");
     fflush(stdout);
     int k = evict_models < n - 1 ? evict_models : n - 1, failed = 0;
     double sum_ms = 0, max_ms = 0;
     for (int i = 1; i <= k; i++) {
         snprintf(url, sizeof url, "/v2/models/add_sub_%04d/infer", i);
         t1 = now_s();
-        failed += http_call(port, "POST", url, add_sub_request, sizeof add_sub_request - 1) != 200;
+        failed += http_call(port, "POST", url, body, body_len) != 200;
         double ms = (now_s() - t1) * 1e3;
         sum_ms += ms;
         max_ms = ms > max_ms ? ms : max_ms;
@@ -404,13 +430,15 @@ int main(int argc, char **argv)
             server = argv[++i];
         else if (!strcmp(argv[i], "-b"))
             burst = true;
+        else if (!strcmp(argv[i], "-t"))
+            torch_models = true;
         else if (!strcmp(argv[i], "-e") && i + 1 < argc)
             evict_models = atoi(argv[++i]);
         else if (atoi(argv[i]) > 0 && n_counts < MAX_N)
             counts[n_counts++] = atoi(argv[i]);
         else {
             fprintf(stderr,
-                    "usage: %s [-i idle_seconds] [-b] [-e K] [-s path/to/nereid] [N ...] "
+                    "usage: %s [-i idle_seconds] [-b] [-t] [-e K] [-s path/to/nereid] [N ...] "
                     "[-- nereid flags]\n",
                     argv[0]);
             return 2;
@@ -437,10 +465,27 @@ int main(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
 
     size_t onnx_len;
-    char *onnx = read_path(ADD_SUB_ONNX, &onnx_len);
-    printf("bench_scale: %s, add_sub ONNX models, %.0f s idle after ready\n\n", nereid, idle_s);
-    printf("%6s %10s %9s %9s %8s %12s %10s %9s %9s\n", "models", "ready s", "CPU s", "RSS MiB",
-           "threads", "idle CPU %", "idle RSS", "first ms", "other ms");
+    char *onnx;
+    if (torch_models) {
+        char dir[] = "/tmp/nereid-bench-scale-pt-XXXXXX", cmd[256], path[128];
+        if (!mkdtemp(dir)) die("mkdtemp");
+        snprintf(cmd, sizeof cmd,
+                 "/usr/bin/python3 tests/integration/pytorch_models.py %s pt_add_sub", dir);
+        if (system(cmd) != 0) {
+            fprintf(stderr, "bench_scale: TorchScript model generation failed\n");
+            return 1;
+        }
+        snprintf(path, sizeof path, "%s/pt_add_sub/1/model.pt", dir);
+        onnx = read_path(path, &onnx_len);
+        remove_repo(dir);
+    } else {
+        onnx = read_path(ADD_SUB_ONNX, &onnx_len);
+    }
+    printf("bench_scale: %s, add_sub %s models, %.0f s idle after ready, %.0f s after the first "
+           "requests\n\n",
+           nereid, torch_models ? "TorchScript" : "ONNX", idle_s, AFTER_IDLE_S);
+    printf("%6s %10s %9s %9s %8s %12s %10s %9s %9s %9s\n", "models", "ready s", "CPU s", "RSS MiB",
+           "threads", "idle CPU %", "idle RSS", "first ms", "other ms", "after %");
     for (int i = 0; i < n_counts; i++)
         run_models(counts[i], idle_s, onnx, onnx_len);
     free(onnx);

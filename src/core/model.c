@@ -129,17 +129,7 @@ static const sched_core_t sched_core = {
 static void *instance_main(void *arg)
 {
     model_instance_t *inst = arg;
-    model_t *m = inst->model;
-    if (!m->lazy_thread) { /* a lazy thread's instance was initialized at load */
-        nereid_error_t *err = NULL;
-        if (m->backend->instance_init) err = m->backend->instance_init((nereid_instance_t *)inst);
-        pthread_mutex_lock(&m->lock);
-        inst->init_error = err;
-        inst->init_done = true;
-        pthread_cond_broadcast(&m->cond);
-        pthread_mutex_unlock(&m->lock);
-        if (err) return NULL;
-    }
+    model_t *m = inst->model; /* its instance was initialized at load (create_instances) */
     scheduler_t *s = m->sched;
     batch_t batch = {0};
     while (s->ops->next_batch(s, inst, &batch)) {
@@ -152,6 +142,19 @@ static void *instance_main(void *arg)
     batch_destroy(&batch);
     if (m->backend->instance_fini)
         nereid_error_free(m->backend->instance_fini((nereid_instance_t *)inst));
+    return NULL;
+}
+
+/* Initializes one of several instances at load (create_instances). */
+static void *instance_init_main(void *arg)
+{
+    model_instance_t *inst = arg;
+    model_t *m = inst->model;
+    nereid_error_t *err = NULL;
+    if (m->backend->instance_init) err = m->backend->instance_init((nereid_instance_t *)inst);
+    inst->init_error = err;
+    inst->init_ok = !err;
+    inst->init_done = true;
     return NULL;
 }
 
@@ -200,23 +203,40 @@ static nereid_error_t *create_instances(model_t *m)
         m->lazy_thread = !err;
         return err;
     }
-    for (size_t i = 0; i < k; i++) {
-        if (pthread_create(&m->instances[i]->thread, NULL, instance_main, m->instances[i]) != 0)
-            return nereid_error_new(NEREID_ERROR_INTERNAL, "unable to start instance thread");
-        m->instances[i]->thread_started = true;
-    }
+    /* Several: initialize them in parallel, each on a thread that ends
+     * after its init; their execution threads start with the first request
+     * (model_start_instances), all of them, so the model serves with every
+     * instance from then on. An idle model costs no thread. */
+    pthread_t *init_threads = xcalloc(k, sizeof *init_threads);
+    bool *started = xcalloc(k, sizeof *started);
+    for (size_t i = 0; i < k; i++)
+        started[i] =
+            pthread_create(&init_threads[i], NULL, instance_init_main, m->instances[i]) == 0;
     nereid_error_t *err = NULL;
-    pthread_mutex_lock(&m->lock);
     for (size_t i = 0; i < k; i++) {
-        while (!m->instances[i]->init_done)
-            pthread_cond_wait(&m->cond, &m->lock);
-        if (m->instances[i]->init_error && !err) {
-            err = m->instances[i]->init_error;
-            m->instances[i]->init_error = NULL;
+        model_instance_t *inst = m->instances[i];
+        if (started[i])
+            pthread_join(init_threads[i], NULL);
+        else
+            inst->init_error =
+                nereid_error_new(NEREID_ERROR_INTERNAL, "unable to start instance thread");
+        if (inst->init_error && !err) {
+            err = inst->init_error;
+            inst->init_error = NULL;
         }
+        nereid_error_free(inst->init_error);
+        inst->init_error = NULL;
     }
-    pthread_mutex_unlock(&m->lock);
-    return err;
+    free(init_threads);
+    free(started);
+    if (err) { /* the instances that did initialize are finalized now */
+        for (size_t i = 0; i < k; i++)
+            if (m->instances[i]->init_ok && m->backend->instance_fini)
+                nereid_error_free(m->backend->instance_fini((nereid_instance_t *)m->instances[i]));
+        return err;
+    }
+    m->lazy_thread = true;
+    return NULL;
 }
 
 /* Stops the scheduler (which joins its own threads, e.g. timeout reapers)
@@ -229,11 +249,20 @@ nereid_error_t *model_start_instances(model_t *m)
     nereid_error_t *err = NULL;
     pthread_mutex_lock(&m->lock);
     if (!atomic_load(&m->thread_running)) {
-        model_instance_t *inst = m->instances[0];
-        if (pthread_create(&inst->thread, NULL, instance_main, inst) == 0)
-            inst->thread_started = true;
-        else
+        size_t n_started = 0;
+        for (size_t i = 0; i < m->n_instances; i++) {
+            model_instance_t *inst = m->instances[i];
+            if (pthread_create(&inst->thread, NULL, instance_main, inst) == 0) {
+                inst->thread_started = true;
+                n_started++;
+            }
+        }
+        if (n_started == 0)
             err = nereid_error_new(NEREID_ERROR_INTERNAL, "unable to start instance thread");
+        else if (n_started < m->n_instances)
+            LOG_WARN("model '%s' serves with %zu of its %zu instances: unable to start the "
+                     "others' threads",
+                     m->name, n_started, m->n_instances);
         if (!err) atomic_store_explicit(&m->thread_running, true, memory_order_release);
     }
     pthread_mutex_unlock(&m->lock);
@@ -244,13 +273,14 @@ static void stop_instances(model_t *m)
 {
     if (m->sched) m->sched->ops->stop(m->sched);
     if (m->lazy_thread) {
-        /* No start after this; a thread never started owes the fini. */
+        /* No start after this; an instance whose thread never started owes
+         * the fini (its init ran at load). */
         pthread_mutex_lock(&m->lock);
-        bool never_started = !atomic_load(&m->thread_running);
         atomic_store(&m->thread_running, true);
         pthread_mutex_unlock(&m->lock);
-        if (never_started && m->backend->instance_fini)
-            nereid_error_free(m->backend->instance_fini((nereid_instance_t *)m->instances[0]));
+        for (size_t i = 0; i < m->n_instances; i++)
+            if (!m->instances[i]->thread_started && m->backend->instance_fini)
+                nereid_error_free(m->backend->instance_fini((nereid_instance_t *)m->instances[i]));
     }
     for (size_t i = 0; i < m->n_instances; i++) {
         model_instance_t *inst = m->instances[i];

@@ -108,7 +108,8 @@ typedef struct model_instance {
     void *backend_state;
     nereid_error_t *init_error; /* set by the thread if instance init failed */
     bool init_done;
-    void *sched_state;                          /* for the scheduler's per-instance data */
+    bool init_ok;      /* its init succeeded (several instances, at load) */
+    void *sched_state; /* for the scheduler's per-instance data */
     const Inference__ModelInstanceGroup *group; /* its instance_group (config); NULL: none */
     /* Registered with the rate limiter (rate_limiter.h): executions wait
      * for their turn. NULL when the limiter is off or the group needs no
@@ -157,9 +158,9 @@ typedef struct model {
     bool rate_limited;      /* an instance has rate_limit: never run on a caller's thread */
     pthread_mutex_t lock;   /* guards instance init handshake */
     pthread_cond_t cond;
-    /* A one-instance model's execution thread starts with its first request
+    /* A model's execution threads start with its first request
      * (model_start_instances), not at load: a thousand loaded, idle models
-     * cost no thread each. Its instance was initialized at load. */
+     * cost no thread each. Its instances were initialized at load. */
     bool lazy_thread;            /* the thread is started on demand */
     _Atomic bool thread_running; /* started (or stopping: no more starts); under lock */
 } model_t;

@@ -16,6 +16,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1168,8 +1169,73 @@ static bool entry_in_use(const model_entry_t *e)
     return false;
 }
 
+/* The backend e's loaded version runs on; NULL for an ensemble (or none
+ * loaded). Caller holds s->lock. */
+static const struct backend_lib *entry_backend(const model_entry_t *e)
+{
+    for (size_t v = 0; v < e->n_versions; v++)
+        if (e->versions[v].model) return e->versions[v].model->backend;
+    return NULL;
+}
+
+/* Whether other can hold memory that the victim's load brought in: a model
+ * on the same backend (a shared session, the backend's library and
+ * environment) or, for an ensemble (backend NULL), one of its steps. Caller
+ * holds s->lock. */
+static bool shares_memory(const struct backend_lib *backend, char *const *steps, size_t n_steps,
+                          const model_entry_t *other)
+{
+    if (!entry_has_ready(other)) return false;
+    if (backend) return entry_backend(other) == backend;
+    for (size_t k = 0; k < n_steps; k++)
+        if (strcmp(steps[k], other->name) == 0) return true;
+    return false;
+}
+
+/* After victim's unload freed `freed` of its `charged` bytes: what stayed
+ * resident is held by a model it shares memory with (a session several
+ * identical models use, the runtime its first load brought in), so it is
+ * charged to the most recently used such model; what was freed beyond the
+ * charge was charged to those models (victim released the last hold on a
+ * shared session), so it comes off their charges. Bytes no loaded model can
+ * hold (the last model of a backend went) leave the accounting. The total
+ * thereby follows the process's RSS: --model-memory-budget bounds what the
+ * loaded models really keep resident, not only what each load added. */
+static void move_charge(nereid_server_t *s, const char *victim_name,
+                        const struct backend_lib *backend, char *const *steps, size_t n_steps,
+                        long long charged, long long freed)
+{
+    pthread_rwlock_wrlock(&s->lock);
+    long long delta = freed - charged; /* < 0: stayed resident; > 0: freed for others */
+    while (delta != 0) {
+        model_entry_t *to = NULL;
+        for (size_t i = 0; i < s->n_models; i++) {
+            model_entry_t *e = s->models[i];
+            if (e->memory_bytes <= 0 || strcmp(e->name, victim_name) == 0 ||
+                !shares_memory(backend, steps, n_steps, e))
+                continue;
+            if (delta > 0 && e->memory_bytes <= 1) continue; /* nothing to take off */
+            if (!to || atomic_load(&e->last_used_ns) > atomic_load(&to->last_used_ns)) to = e;
+        }
+        if (!to) break;
+        if (delta < 0) {
+            to->memory_bytes -= delta;
+            LOG_INFO("'%s' still holds %lld bytes that '%s' shared after its unload", to->name,
+                     -delta, victim_name);
+            delta = 0;
+        } else {
+            long long take = to->memory_bytes - 1 < delta ? to->memory_bytes - 1 : delta;
+            to->memory_bytes -= take;
+            delta -= take;
+        }
+    }
+    pthread_rwlock_unlock(&s->lock);
+}
+
 /* Unloads least recently used models until the loaded ones fit the budget;
- * keep (just loaded) stays. Caller holds s->control. */
+ * keep (just loaded) stays. Each unload's freed memory is measured (RSS
+ * before and after, free heap pages returned first) and what stayed
+ * resident is charged on (move_charge). Caller holds s->control. */
 static void evict_over_budget(nereid_server_t *s, const char *keep)
 {
     long long budget = s->opts.model_memory_budget_bytes;
@@ -1189,6 +1255,17 @@ static void evict_over_budget(nereid_server_t *s, const char *keep)
         }
         char *name = victim && total > budget ? xstrdup(victim->name) : NULL;
         long long bytes = victim ? victim->memory_bytes : 0;
+        const struct backend_lib *backend = victim ? entry_backend(victim) : NULL;
+        char **steps = NULL; /* an ensemble's: they hold what its load brought in */
+        size_t n_steps = 0;
+        const Inference__ModelEnsembling *es = name && victim->config && is_ensemble(victim->config)
+                                                   ? victim->config->ensemble_scheduling
+                                                   : NULL;
+        if (es) {
+            steps = xcalloc(es->n_step ? es->n_step : 1, sizeof *steps);
+            for (size_t k = 0; k < es->n_step; k++)
+                steps[n_steps++] = xstrdup(es->step[k]->model_name);
+        }
         pthread_rwlock_unlock(&s->lock);
         if (!name) {
             if (total > budget)
@@ -1200,7 +1277,16 @@ static void evict_over_budget(nereid_server_t *s, const char *keep)
         LOG_INFO("unloading '%s' (%lld bytes, least recently used): loaded models use %lld bytes, "
                  "over the memory budget of %lld bytes",
                  name, bytes, total, budget);
+        malloc_trim(0);
+        long long rss0 = rss_bytes();
         unload_model(s, name, false, 0);
+        malloc_trim(0);
+        long long freed = rss0 - rss_bytes();
+        if (freed < 0) freed = 0;
+        move_charge(s, name, backend, steps, n_steps, bytes, freed);
+        for (size_t k = 0; k < n_steps; k++)
+            free(steps[k]);
+        free(steps);
         pthread_rwlock_wrlock(&s->lock);
         model_entry_t *e = repository_find(s, name);
         if (e) e->memory_bytes = 0;

@@ -477,3 +477,102 @@ def test_on_demand_load_does_not_block_other_clients(nereid_server, tmp_path):
         go.touch()
         assert slow.result().status_code == 200
     assert states(s)["slow"] == "READY"
+
+
+def write_multi_instance_model(repo, name, count):
+    os.makedirs(os.path.join(repo, name, "1"), exist_ok=True)
+    with open(os.path.join(repo, name, "config.pbtxt"), "w") as f:
+        f.write('backend: "testing" max_batch_size: 0\n'
+                f'instance_group [ {{ count: {count} kind: KIND_CPU }} ]\n'
+                'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
+                'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]\n')
+
+
+def test_multi_instance_threads_start_with_the_first_request(nereid_server, tmp_path):
+    """A loaded model with several instances has no thread until its first
+    request, which starts all of them: 20 idle three-instance models cost no
+    thread, a served one runs three requests at once, each model served adds
+    its three threads, and models unload whether their threads ran or not."""
+    n, count = 20, 3
+    repo = str(tmp_path / "models")
+    for i in range(n):
+        write_multi_instance_model(repo, f"m{i:02d}", count)
+    s = nereid_server(repo)
+    threads0, _ = proc_status(s.proc.pid)
+    assert threads0 <= 4 * os.cpu_count() + 32, threads0  # not n * count more
+
+    go = tmp_path / "go"
+    started = [tmp_path / f"started{k}" for k in range(count)]
+    with concurrent.futures.ThreadPoolExecutor(count) as pool:
+        futures = [pool.submit(infer, s, "m00", {"wait_for_file": str(go),
+                                                 "started_file": str(started[k])})
+                   for k in range(count)]
+        deadline = time.time() + 30
+        while not all(p.exists() for p in started):  # all instances run at once
+            assert time.time() < deadline, [p.exists() for p in started]
+            time.sleep(0.01)
+        go.touch()
+        assert [f.result().status_code for f in futures] == [200] * count
+    threads1, _ = proc_status(s.proc.pid)
+    for name in ("m01", "m02"):
+        r = infer(s, name)
+        assert r.status_code == 200, r.text
+        assert r.json()["outputs"][0]["data"] == [1, 2]
+    threads2, _ = proc_status(s.proc.pid)
+    assert 2 * count - 2 <= threads2 - threads1 <= 2 * count + 2, (threads0, threads1, threads2)
+
+    s.stop()
+    s = nereid_server(repo, "--model-control-mode=explicit", "--load-model=*")
+    assert infer(s, "m05").status_code == 200
+    for name in ("m05", "m06"):  # served, never served
+        r = requests.post(f"{s.http_url}/v2/repository/models/{name}/unload", json={}, timeout=60)
+        assert r.status_code == 200, r.text
+    st = states(s)
+    assert (st["m05"], st["m06"], st["m07"]) == ("UNAVAILABLE", "UNAVAILABLE", "READY"), st
+    assert infer(s, "m07").status_code == 200
+
+
+def test_multi_instance_model_whose_instances_fail_to_initialize(nereid_server, tmp_path):
+    repo = str(tmp_path / "models")
+    write_multi_instance_model(repo, "ok", 2)
+    write_multi_instance_model(repo, "bad", 3)
+    with open(os.path.join(repo, "bad", "config.pbtxt"), "a") as f:
+        f.write(make_models._params(fail_instance_init="true"))
+    s = nereid_server(repo, "--model-control-mode=explicit", "--load-model=ok")
+    r = requests.post(f"{s.http_url}/v2/repository/models/bad/load", json={}, timeout=60)
+    assert r.status_code == 400, r.text
+    assert "instance init failed" in r.json()["error"]
+    assert infer(s, "ok").status_code == 200
+
+
+def test_budget_follows_memory_that_shared_sessions_keep(nereid_server, tmp_path):
+    """Identical ONNX models share one session, and the first on-demand load
+    also brings ONNX Runtime in (tens of MB): evicting the model whose load
+    paid for them frees almost nothing while another model still uses them,
+    so their bytes are charged on to that model instead of vanishing from
+    the budget. With a budget below the runtime's size, the server keeps one
+    model loaded however many are used (each load evicts the previous one),
+    and what the loaded models are charged covers the RSS the process
+    gained (a generous half, for the frontends' own buffers)."""
+    n = 6
+    repo = str(tmp_path / "models")
+    make_models.make_many(repo, n)
+    s = nereid_server(repo, *ON_DEMAND, "--model-memory-budget=4000000")
+    _, rss0 = proc_status(s.proc.pid)
+    names = [f"add_sub_{i:04d}" for i in range(n)]
+    for name in names:
+        check_add_sub(s, name)
+    st = states(s)
+    assert [k for k in names if st[k] == "READY"] == [names[-1]], st
+    assert metric(s, "nereid_model_on_demand_evictions_total") == n - 1
+    charged = sum(metric(s, f'nereid_model_memory_bytes{{model="{k}"}}') or 0 for k in names)
+    _, rss1 = proc_status(s.proc.pid)
+    assert charged >= (rss1 - rss0) / 2, (charged / MIB, (rss1 - rss0) / MIB)
+    assert "still holds" in s.output()
+    # A budget that holds the runtime keeps every identical model loaded.
+    s.stop()
+    s = nereid_server(repo, *ON_DEMAND, "--model-memory-budget=1000000000")
+    for name in names:
+        check_add_sub(s, name)
+    st = states(s)
+    assert all(st[k] == "READY" for k in names), st
