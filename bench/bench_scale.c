@@ -19,10 +19,12 @@
  * and worst latency and the RSS and threads after them. "after %" is the
  * server's CPU over 3 idle seconds after the first two requests (thread
  * pools that spin-wait after work show there). With -t the models are the
- * same add_sub as TorchScript, served by the pytorch backend.
+ * same add_sub as TorchScript, served by the pytorch backend; -c gives each
+ * model that many instances (default 1).
  *
  * Usage (from the repository root, after `make models`):
- *   build/bench/bench_scale [-i idle_seconds] [-b] [-t] [-e K] [-s path/to/nereid] [N ...]
+ *   build/bench/bench_scale [-i idle_seconds] [-b] [-t] [-c instances] [-e K] [-s path/to/nereid]
+ * [N ...]
  *                           [-- nereid flags]
  * Defaults: N = 10 100 1000, 10 idle seconds, this build's nereid (-s runs
  * another build, e.g. main's, with its own backends directory).
@@ -227,7 +229,7 @@ static const char add_sub_config[] =
     "        { name: \"INPUT1\" data_type: TYPE_FP32 dims: [ 16 ] } ]\n"
     "output [ { name: \"OUTPUT0\" data_type: TYPE_FP32 dims: [ 16 ] },\n"
     "         { name: \"OUTPUT1\" data_type: TYPE_FP32 dims: [ 16 ] } ]\n"
-    "instance_group [ { count: 1 kind: KIND_CPU } ]\n";
+    "instance_group [ { count: %d kind: KIND_CPU } ]\n";
 
 /* -t: the same add_sub as TorchScript (tests/integration/pytorch_models.py
  * writes it; LibTorch's process-wide intra-op and inter-op pools). */
@@ -237,7 +239,7 @@ static const char pt_add_sub_config[] =
     "        { name: \"INPUT__1\" data_type: TYPE_FP32 dims: [ 16 ] } ]\n"
     "output [ { name: \"OUTPUT__0\" data_type: TYPE_FP32 dims: [ 16 ] },\n"
     "         { name: \"OUTPUT__1\" data_type: TYPE_FP32 dims: [ 16 ] } ]\n"
-    "instance_group [ { count: 1 kind: KIND_CPU } ]\n";
+    "instance_group [ { count: %d kind: KIND_CPU } ]\n";
 
 static const char pt_add_sub_request[] =
     "{\"inputs\":[{\"name\":\"INPUT__0\",\"datatype\":\"FP32\",\"shape\":[16],"
@@ -245,8 +247,9 @@ static const char pt_add_sub_request[] =
     "{\"name\":\"INPUT__1\",\"datatype\":\"FP32\",\"shape\":[16],"
     "\"data\":[1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1]}]}";
 
-static bool torch_models; /* -t */
-#define AFTER_IDLE_S 3.0  /* idle period measured after the first requests */
+static bool torch_models;      /* -t */
+static int instance_count = 1; /* -c */
+#define AFTER_IDLE_S 3.0       /* idle period measured after the first requests */
 
 static const char add_sub_request[] =
     "{\"inputs\":[{\"name\":\"INPUT0\",\"datatype\":\"FP32\",\"shape\":[1,16],"
@@ -270,7 +273,7 @@ static void run_models(int n, double idle_s, const char *onnx, size_t onnx_len)
         write_path(path, onnx, onnx_len);
         snprintf(path, sizeof path, "%s/%s/config.pbtxt", repo, name);
         int len = snprintf(config, sizeof config, torch_models ? pt_add_sub_config : add_sub_config,
-                           name);
+                           name, instance_count);
         write_path(path, config, (size_t)len);
     }
     int port;
@@ -432,13 +435,16 @@ int main(int argc, char **argv)
             burst = true;
         else if (!strcmp(argv[i], "-t"))
             torch_models = true;
+        else if (!strcmp(argv[i], "-c") && i + 1 < argc && atoi(argv[i + 1]) > 0)
+            instance_count = atoi(argv[++i]);
         else if (!strcmp(argv[i], "-e") && i + 1 < argc)
             evict_models = atoi(argv[++i]);
         else if (atoi(argv[i]) > 0 && n_counts < MAX_N)
             counts[n_counts++] = atoi(argv[i]);
         else {
             fprintf(stderr,
-                    "usage: %s [-i idle_seconds] [-b] [-t] [-e K] [-s path/to/nereid] [N ...] "
+                    "usage: %s [-i idle_seconds] [-b] [-t] [-c instances] [-e K] [-s "
+                    "path/to/nereid] [N ...] "
                     "[-- nereid flags]\n",
                     argv[0]);
             return 2;
@@ -481,9 +487,11 @@ int main(int argc, char **argv)
     } else {
         onnx = read_path(ADD_SUB_ONNX, &onnx_len);
     }
-    printf("bench_scale: %s, add_sub %s models, %.0f s idle after ready, %.0f s after the first "
+    printf("bench_scale: %s, add_sub %s models (%d instance%s each), %.0f s idle after ready, %.0f "
+           "s after the first "
            "requests\n\n",
-           nereid, torch_models ? "TorchScript" : "ONNX", idle_s, AFTER_IDLE_S);
+           nereid, torch_models ? "TorchScript" : "ONNX", instance_count,
+           instance_count == 1 ? "" : "s", idle_s, AFTER_IDLE_S);
     printf("%6s %10s %9s %9s %8s %12s %10s %9s %9s %9s\n", "models", "ready s", "CPU s", "RSS MiB",
            "threads", "idle CPU %", "idle RSS", "first ms", "other ms", "after %");
     for (int i = 0; i < n_counts; i++)
