@@ -211,12 +211,12 @@ def decode_inputs(inputs, blob):
     return out
 
 
-def tensor_records(tensors, region):
-    """Binary records (list of bytes) and blob views of tensors for a DONE.
+def tensor_records(tensors, region, off, recs, views):
+    """Appends to recs the binary records of tensors for a DONE, and to
+    views their blob views from offset off; returns the blob's new end.
     region: (base address, length) of the server's EXECUTE region, or None:
     a large output lying in it (a view of an input) is referenced there
     instead of copied."""
-    recs, views, off = [], [], 0
     for t in tensors:
         arr = t._array
         if t._dtype == "BYTES":
@@ -240,7 +240,7 @@ def tensor_records(tensors, region):
         recs.append(struct.pack(f"<{len(shape)}q", *shape) + name)
         views.append((off, data))
         off = (off + n + ALIGN - 1) // ALIGN * ALIGN
-    return recs, views, off
+    return off
 
 
 def done_error(text):
@@ -668,13 +668,9 @@ class Worker:
                 requested = req._requested
                 mine = [t for t in resp.output_tensors() if t.name() in requested]
                 params = resp._parameters.encode() if resp._parameters != "{}" else b""
-                recs, v, blob = tensor_records(mine, self.rx_region)
                 out.append(DONE_RESP.pack(RESP_OUTPUTS, len(mine), len(params), 0, 0))
                 out.append(params)
-                out.extend(recs)
-                for o, data in v:  # after the previous responses' tensors
-                    views.append((off + o, data))
-                off += blob
+                off = tensor_records(mine, self.rx_region, off, out, views)
             self.send_done(b"".join(out), views, off)
         except Exception as e:  # e.g. a BYTES element that cannot be encoded
             self.send_done(done_error(f"Failed to process the request(s) for model "

@@ -154,7 +154,7 @@ class TritonPythonModel:
             os.kill(os.getpid(), signal.SIGKILL)
         if mode == "exit":
             os._exit(3)
-        if mode in ("garbage", "unsealed", "outside"):
+        if mode in ("garbage", "unsealed", "outside", "outside_inputs", "bad_done"):
             # a hostile model writing its own datagrams to the server
             import socket, struct, array
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET, fileno=os.dup(3))
@@ -166,9 +166,16 @@ class TritonPythonModel:
                 sock.sendmsg([struct.pack("<IIQ", 102, 2, 0)],
                               [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))])
             else:
-                js = b'{"responses":[{"n_outputs":1}],"tensors":[{"name":"OUT","datatype":' \
-                     b'"INT64","shape":[1000000],"offset":0,"size":8000000}]}'
+                # a binary DONE: kind 0, one response with one INT64 tensor record
+                # (where 0: this blob; 1: the server's EXECUTE region) that does
+                # not fit; bad_done: a second response the batch does not have
+                n = 2 if mode == "bad_done" else 1
+                where = 1 if mode == "outside_inputs" else 0
+                rec = (struct.pack("<IIIIIIIIIQQq", 0, 1, 0, 0, 0, 3, 9, 1, where, 0,
+                                   8000000, 1000000) + b"OUT")
+                js = struct.pack("<II", 0, n) + rec * n
                 sock.send(struct.pack("<IIQ", 102, len(js), 8) + js + bytes(8))
+                os._exit(0)  # no real answer after the forged one
             sock.detach()
             time.sleep(0.5)
             return [ok()]
@@ -797,12 +804,18 @@ def test_example_model(tmp_path):
     ("garbage", "malformed message header"),
     ("unsealed", "bad shared-memory region"),
     ("outside", "tensor 'OUT' lies outside its message"),
+    ("outside_inputs", "malformed tensor description"),
+    ("bad_done", "malformed execute answer"),
 ])
 def test_hostile_worker_messages(server, how, why):
     r = mode(server, how)
     assert r.status_code == 500
-    if how == "outside":  # a forged answer: its tensor is refused, then the real one
-        assert r.json()["error"] == f"Python model 'misbehave_0': {why}"  # ends the worker
+    if how.startswith("outside"):  # a forged answer: its tensor is refused, then the real one
+        assert r.json()["error"] == f"Python model 'misbehave_0': {why}"
+        # the worker exited after it: a request may still find it ending
+        for _ in range(10):
+            if mode(server, "ok").status_code == 200:
+                break
     else:
         assert r.json()["error"].startswith("Stub process 'misbehave_0' is not healthy")
         assert why in server.output()
