@@ -377,6 +377,34 @@ class TritonPythonModel:
 """
 
 
+# Outputs that are views of the input: the whole input, a slice of it at an
+# offset, and a strided view (not contiguous: copied); large inputs reach
+# the worker in the server's EXECUTE region, and the first two are then
+# answered by reference into it instead of copied.
+VIEWS = """
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            x = pb_utils.get_input_tensor_by_name(r, "X").as_numpy()
+            out.append(pb_utils.InferenceResponse([
+                pb_utils.Tensor("Y", x), pb_utils.Tensor("Z", x[1:]),
+                pb_utils.Tensor("W", x[::2])]))
+        return out
+"""
+
+VIEWS_CONFIG = """
+name: "views"
+backend: "python"
+input [ { name: "X" data_type: TYPE_FP32 dims: [ -1 ] } ]
+output [ { name: "Y" data_type: TYPE_FP32 dims: [ -1 ] },
+         { name: "Z" data_type: TYPE_FP32 dims: [ -1 ] },
+         { name: "W" data_type: TYPE_FP32 dims: [ -1 ] } ]
+"""
+
+
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory):
     path = str(tmp_path_factory.mktemp("python") / "models")
@@ -389,6 +417,7 @@ def repo(tmp_path_factory):
     write(path, "bls", BLS_CONFIG, BLS)
     write(path, "identity_c", IDENTITY_C_CONFIG, None)
     write(path, "auto", None, AUTO)
+    write(path, "views", VIEWS_CONFIG, VIEWS)
     return path
 
 
@@ -624,6 +653,19 @@ def test_two_instances_run_in_parallel(server):
     assert all(r.status_code == 200 for r in results)
     assert all(o[1] == 2 for o in outs), outs  # each saw the other arrive
     assert outs[0][0] != outs[1][0]  # two processes
+
+
+@pytest.mark.parametrize("n", [10, 100000])
+def test_outputs_that_view_inputs(server, n):
+    x = np.arange(n, dtype=np.float32)
+    for _ in range(2):  # the second request reuses the EXECUTE region
+        r = post(server, "views", [{"name": "X", "datatype": "FP32", "data": x}])
+        assert r.status_code == 200, r.text
+        outs = {o["name"]: (o["shape"], o["data"]) for o in r.json()["outputs"]}
+        assert outs["Y"] == ([n], x.tolist())
+        assert outs["Z"] == ([n - 1], x[1:].tolist())
+        assert outs["W"] == ([len(x[::2])], x[::2].tolist())
+        x = x + 1
 
 
 def test_dynamic_batching_gives_a_list(server):
