@@ -688,8 +688,13 @@ class Worker:
                 print(error_text(e), file=sys.stderr, flush=True)
         self.send(M_FINALIZED, {})
 
-    def run(self):
-        threading.Thread(target=self.watch_parent, daemon=True).start()
+    def run(self, watch=True):
+        # A worker forked by the zygote needs no watcher: it dies with the
+        # zygote (PR_SET_PDEATHSIG), which exits when the server's end of
+        # its control socket closes; and the server kills a worker whose
+        # socket it drops. A thread less to start per worker.
+        if watch:
+            threading.Thread(target=self.watch_parent, daemon=True).start()
         while True:
             self.wait_for(lambda: self.work)
             with self.cv:
@@ -705,7 +710,7 @@ class Worker:
                 os._exit(0)
 
 
-def worker_main():
+def worker_main(forked=False):
     # Shutdown is driven by the server (finalize, then the socket closes).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -716,15 +721,13 @@ def worker_main():
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET, fileno=3)
     w = Worker(sock)
     pb_utils._worker = w
-    w.run()
+    w.run(watch=not forked)
 
 
-def set_cmdline(tail):
-    """Rewrites this process's command line after its third argument (the
-    script) with tail, as a spawned worker's reads ('... nereid_python_stub.py
-    triton_python_backend_stub <instance>', what pgrep -f looks for). The
-    zygote's command line ends in a blank argument that makes room; a tail
-    longer than the room is cut."""
+def cmdline_room():
+    """Where this process's command line after its third argument (the
+    script) lies: (address, length), or None. A forked child has the same
+    addresses, so the zygote finds them once."""
     import ctypes
     try:
         with open("/proc/self/stat", "rb") as f:
@@ -734,10 +737,23 @@ def set_cmdline(tail):
         at = 0
         for _ in range(3):  # interpreter, -u, script
             at = area.index(b"\0", at) + 1
-        new = b"\0".join(a.encode(errors="replace") for a in tail)[:end - start - at - 1]
-        ctypes.memmove(start + at, new + bytes(end - start - at - len(new)), end - start - at)
+        return start + at, end - start - at
     except (OSError, ValueError, IndexError):
-        pass  # only the name shown by ps is at stake
+        return None  # only the name shown by ps is at stake
+
+
+def set_cmdline(room, tail):
+    """Rewrites the command line after the script (room: cmdline_room())
+    with tail, as a spawned worker's reads ('... nereid_python_stub.py
+    triton_python_backend_stub <instance>', what pgrep -f looks for). The
+    zygote's command line ends in a blank argument that makes room; a tail
+    longer than the room is cut."""
+    if room is None:
+        return
+    import ctypes
+    at, size = room
+    new = b"\0".join(a.encode(errors="replace") for a in tail)[:size - 1]
+    ctypes.memmove(at, new + bytes(size - len(new)), size)
 
 
 def zygote_main():
@@ -755,6 +771,8 @@ def zygote_main():
     os.set_inheritable(3, False)
     import ctypes
     libc = ctypes.CDLL(None, use_errno=True)
+    prctl = libc.prctl  # looked up once: a child only calls it
+    room = cmdline_room()
     ctl = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET, fileno=3)
     # Nothing here becomes garbage; frozen objects are never touched by a
     # child's collector, so their pages stay shared (no copy-on-write).
@@ -779,7 +797,7 @@ def zygote_main():
                 try:
                     # Dies with the zygote: killing the server's child
                     # processes ends every worker, as with spawned ones.
-                    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+                    prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
                     if os.getppid() != zygote:
                         os._exit(1)
                     gc.enable()
@@ -789,8 +807,8 @@ def zygote_main():
                     os.close(fds[0])
                     sys.argv[1:] = ["triton_python_backend_stub",
                                     data.decode(errors="replace")]
-                    set_cmdline(sys.argv[1:])
-                    worker_main()
+                    set_cmdline(room, sys.argv[1:])
+                    worker_main(forked=True)
                 finally:
                     os._exit(1)
             try:
