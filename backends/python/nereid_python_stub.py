@@ -6,7 +6,8 @@ fd 3. Each message is a 16-byte header (type, json_len, blob_len; little
 endian) followed by a JSON object and a blob of tensor bytes, either inline
 in the same datagram or, when large, in an anonymous shared-memory file
 (memfd) passed with SCM_RIGHTS. Tensors are described in the JSON by name,
-datatype, shape, offset and size within the blob.
+datatype, shape, offset and size within the blob. EXECUTE and DONE carry a
+binary description (struct records, layout in python.c) in the JSON's place.
 
 Threads: the socket is read by whichever thread is waiting for something
 (leader/follower, Worker.wait_for): the main thread when it waits for work

@@ -14,11 +14,13 @@
  * bytes. Small messages carry JSON and blob inline; larger ones carry them
  * in an anonymous shared-memory file (memfd, never /dev/shm) passed with
  * SCM_RIGHTS. Tensors are described in the JSON ("tensors": [{name,
- * datatype, shape, offset, size}]) with offsets into the blob. The worker is
- * untrusted: every datagram is size-checked, a memfd must be sealed against
- * shrinking before it is mapped, and every name, datatype, shape, offset and
- * size is checked before a byte is copied; a malformed message kills the
- * worker and fails its requests.
+ * datatype, shape, offset, size}]) with offsets into the blob; EXECUTE and
+ * DONE, the two messages of every batch, carry a binary description in
+ * the JSON's place instead (see "Binary EXECUTE and DONE descriptions").
+ * The worker is untrusted: every datagram is size-checked, a memfd must be
+ * sealed against shrinking before it is mapped, and every name, datatype,
+ * shape, offset and size is checked before a byte is copied; a malformed
+ * message kills the worker and fails its requests.
  *
  * Threads: each worker has a reader thread here that receives all its
  * messages. Replies the instance thread waits for (ready, execute done,
