@@ -6,7 +6,8 @@ fd 3. Each message is a 16-byte header (type, json_len, blob_len; little
 endian) followed by a JSON object and a blob of tensor bytes, either inline
 in the same datagram or, when large, in an anonymous shared-memory file
 (memfd) passed with SCM_RIGHTS. Tensors are described in the JSON by name,
-datatype, shape, offset and size within the blob.
+datatype, shape, offset and size within the blob. EXECUTE and DONE carry a
+binary description (struct records, layout in python.c) in the JSON's place.
 
 Threads: the socket is read by whichever thread is waiting for something
 (leader/follower, Worker.wait_for): the main thread when it waits for work
@@ -40,6 +41,19 @@ import traceback
 import numpy as np
 
 HDR = struct.Struct("<IIQ")
+# EXECUTE and DONE describe their tensors in binary (python.c, "Binary
+# EXECUTE and DONE descriptions"): no JSON per request.
+U32 = struct.Struct("<I")
+EXEC_REQ = struct.Struct("<IIIIiIQQq")  # inputs, outputs, flags, id, corr (-1), params, corr, timeout, sender
+TENSOR = struct.Struct("<IIIIQQ")  # name_len, datatype, rank, where, offset, size
+DONE_RESP = struct.Struct("<IIIII")  # status, n_outputs, params_len, error code, error_len
+DONE_RESPONSES, DONE_ERROR, DONE_DECOUPLED = 0, 1, 2
+RESP_OUTPUTS, RESP_ERROR, RESP_RESCHEDULE = 0, 1, 2
+# nereid_datatype_t's order
+DT_NAMES = ("INVALID", "BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32",
+            "INT64", "FP16", "FP32", "FP64", "BYTES", "BF16")
+DT_CODES = {n: i for i, n in enumerate(DT_NAMES)}
+ALIAS_MIN = 4096  # an output this large that is a view of an input is not copied
 CMSG_FD_SPACE = socket.CMSG_SPACE(4)
 PR_SET_PDEATHSIG = 1
 INLINE_MAX = 60 * 1024  # a whole message up to this size travels in the datagram
@@ -135,6 +149,105 @@ def decode_tensors(descs, blob):
     return out
 
 
+_NAMES = {}  # name bytes -> str (names repeat on every request)
+
+
+def name_str(b):
+    n = _NAMES.get(b)
+    if n is None:
+        n = b.decode("utf-8", errors="replace")
+        if len(_NAMES) < 4096:
+            _NAMES[b] = n
+    return n
+
+
+def parse_execute(meta):
+    """The requests of a binary EXECUTE description: a list of
+    (n_in..sender fields, id, corr, params, outputs, inputs) where inputs
+    are (name, datatype, shape, offset, size)."""
+    (n,) = U32.unpack_from(meta, 0)
+    pos = 4
+    out = []
+    for _ in range(n):
+        n_in, n_out, flags, id_len, corr_len, params_len, corr, timeout, sender = \
+            EXEC_REQ.unpack_from(meta, pos)
+        pos += EXEC_REQ.size
+        rid = meta[pos:pos + id_len].decode("utf-8", errors="replace")
+        pos += id_len
+        if corr_len >= 0:
+            corr = meta[pos:pos + corr_len].decode("utf-8", errors="replace")
+            pos += corr_len
+        params = meta[pos:pos + params_len]
+        pos += params_len
+        outputs = []
+        for _ in range(n_out):
+            (ln,) = U32.unpack_from(meta, pos)
+            outputs.append(name_str(meta[pos + 4:pos + 4 + ln]))
+            pos += 4 + ln
+        inputs = []
+        for _ in range(n_in):
+            ln, dt, rank, _where, off, size = TENSOR.unpack_from(meta, pos)
+            pos += TENSOR.size
+            shape = struct.unpack_from(f"<{rank}q", meta, pos) if rank else ()
+            pos += 8 * rank
+            inputs.append((name_str(meta[pos:pos + ln]), DT_NAMES[dt], shape, off, size))
+            pos += ln
+        out.append((flags, rid, corr, timeout, sender, params, outputs, inputs))
+    return out
+
+
+def decode_inputs(inputs, blob):
+    out = []
+    for name, dt, shape, off, size in inputs:
+        if off + size > len(blob):
+            raise pb_utils.TritonModelException("tensor outside its message")
+        if dt == "BYTES":
+            raw = np.frombuffer(blob, dtype=np.uint8, count=size, offset=off)
+            arr = pb_utils.deserialize_bytes_tensor(raw).reshape(shape)
+        else:
+            npdt = _NUMPY_DTYPE[dt]
+            arr = np.frombuffer(blob, dtype=npdt, count=size // npdt.itemsize,
+                                offset=off).reshape(shape)
+        out.append(new_tensor(name, arr, dt))
+    return out
+
+
+def tensor_records(tensors, region, off, recs, views):
+    """Appends to recs the binary records of tensors for a DONE, and to
+    views their blob views from offset off; returns the blob's new end.
+    region: (base address, length) of the server's EXECUTE region, or None:
+    a large output lying in it (a view of an input) is referenced there
+    instead of copied."""
+    for t in tensors:
+        arr = t._array
+        if t._dtype == "BYTES":
+            ser = pb_utils.serialize_byte_tensor(arr)
+            data = np.asarray(ser, dtype=np.uint8) if len(ser) else np.empty(0, np.uint8)
+        elif arr.flags.c_contiguous:
+            data = arr
+        else:
+            data = np.ascontiguousarray(arr)
+        n = data.nbytes
+        name = t._name.encode()
+        shape = arr.shape
+        if region is not None and n >= ALIAS_MIN and data.dtype != np.object_:
+            addr = data.__array_interface__["data"][0]
+            if region[0] <= addr and addr + n <= region[0] + region[1]:
+                recs.append(TENSOR.pack(len(name), DT_CODES[t._dtype], len(shape), 1,
+                                        addr - region[0], n))
+                recs.append(struct.pack(f"<{len(shape)}q", *shape) + name)
+                continue
+        recs.append(TENSOR.pack(len(name), DT_CODES[t._dtype], len(shape), 0, off, n))
+        recs.append(struct.pack(f"<{len(shape)}q", *shape) + name)
+        views.append((off, data))
+        off = (off + n + ALIGN - 1) // ALIGN * ALIGN
+    return off
+
+
+def done_error(text):
+    b = text.encode("utf-8", errors="replace")
+    return U32.pack(DONE_ERROR) + U32.pack(len(b)) + b
+
 
 def rescheduled(reqs):
     """Indices of the requests released with RESCHEDULE (decoupled DONE)."""
@@ -158,6 +271,7 @@ class Worker:
         self.bg_loop = None
         self.rbuf = bytearray(RECV_MAX)  # receive buffer (read by the reading thread only)
         self.rx_map = None  # the server's region for EXECUTE inputs
+        self.rx_region = None  # its (address, length), for outputs that are views of inputs
         self.tx_map = None  # ours for DONE outputs (sealed against shrinking)
         self.req_proto = None
         self._loop = None  # made on first use: most models never need one
@@ -175,7 +289,13 @@ class Worker:
         js = obj if isinstance(obj, str) else json.dumps(obj)
         if descs:
             js = f'{js[:-1]}{"," if len(js) > 2 else ""}"tensors":[{",".join(descs)}]}}'
-        js = js.encode()
+        self.send_parts(mtype, js.encode(), views, blob_len, region)
+
+    def send_done(self, meta, views=(), blob_len=0):
+        """A DONE: its binary description, tensors in our region."""
+        self.send_parts(M_DONE, meta, views, blob_len, True)
+
+    def send_parts(self, mtype, js, views, blob_len, region):
         total = len(js) + blob_len
         if HDR.size + total <= INLINE_MAX:
             # one datagram gathered from the pieces: no copy into a buffer here
@@ -245,6 +365,8 @@ class Worker:
             if not mtype & M_REGION:
                 # copied out: the arrays of an execute must outlive the next recv
                 payload = memoryview(bytes(memoryview(buf)[HDR.size:n]))
+                if mtype == M_EXECUTE:  # binary: parsed by build_requests
+                    return mtype, bytes(payload[:jlen]), payload[jlen:jlen + blen]
                 return mtype, json.loads(str(payload[:jlen], "utf-8")), payload[jlen:jlen + blen]
         fds = []
         for level, kind, data in anc:
@@ -260,6 +382,8 @@ class Worker:
             finally:
                 for f in fds:
                     os.close(f)
+            self.rx_region = (np.frombuffer(self.rx_map, np.uint8, 1).ctypes.data,
+                              len(self.rx_map))
             payload = memoryview(self.rx_map)
         elif in_region:
             payload = memoryview(self.rx_map)
@@ -274,7 +398,8 @@ class Worker:
             payload = memoryview(mm)
         else:
             payload = memoryview(bytes(memoryview(buf)[HDR.size:n]))
-        obj = json.loads(bytes(payload[:jlen]))
+        meta = bytes(payload[:jlen])
+        obj = meta if mtype == M_EXECUTE else json.loads(meta)
         return mtype, obj, payload[jlen:jlen + blen]
 
     def wait_for(self, ready):
@@ -439,12 +564,13 @@ class Worker:
         except BaseException as e:  # noqa: B902 - SystemExit from model code included
             self.send(M_READY, {"error": error_text(e)})
 
-    def build_requests(self, obj, blob):
+    def build_requests(self, meta, blob):
         if self.req_proto is None:  # the attributes of a request, set below or defaults
             self.req_proto = pb_utils.InferenceRequest("", [], []).__dict__
         reqs = []
-        for i, r in enumerate(obj["requests"]):
-            inputs = decode_tensors(r["inputs"], blob)
+        for i, (flags, rid, corr, timeout, sender, params, outputs, ins) in enumerate(
+                parse_execute(meta)):
+            inputs = decode_inputs(ins, blob)
             if self.decoupled:  # kept past execute: not views of the reused region
                 for t in inputs:
                     if t._array.dtype != np.object_:
@@ -452,17 +578,16 @@ class Worker:
             req = object.__new__(pb_utils.InferenceRequest)
             req.__dict__.update(self.req_proto)
             req._inputs = inputs
-            req._requested = r["outputs"]
-            req._request_id = r["id"]
-            req._correlation_id = r["correlation_id"]
-            req._flags = r["flags"]
-            req._timeout = r.get("timeout", 0)
-            params = r["parameters"]
-            req._parameters = json.dumps(params) if params else "{}"
-            req._model_name = r.get("model", "")
+            req._requested = outputs
+            req._request_id = rid
+            req._correlation_id = corr
+            req._flags = flags
+            req._timeout = timeout
+            # the server's compact JSON text of a non-empty parameter object
+            req._parameters = params.decode() if params else "{}"
             if self.decoupled:
-                req._sender_id = r["sender"]
-                req._token = {"sender": r["sender"]}
+                req._sender_id = sender
+                req._token = {"sender": sender}
             else:
                 req._token = {"request": i}
             reqs.append(req)
@@ -491,7 +616,9 @@ class Worker:
                     "execute function must return None."))
         except Exception as e:
             close_all(e)
-        self.send(M_DONE, {"reschedule": rescheduled(reqs)} if rescheduled(reqs) else {})
+        again = rescheduled(reqs)
+        self.send_done(U32.pack(DONE_DECOUPLED) + U32.pack(len(again)) +
+                       struct.pack(f"<{len(again)}I", *again))
 
     def handle_execute(self, obj, blob):
         reqs = self.build_requests(obj, blob)
@@ -504,8 +631,8 @@ class Worker:
                 if inspect.iscoroutine(res):
                     res = self.loop.run_until_complete(res)
             except Exception as e:
-                self.send(M_DONE, {"error": f"Failed to process the request(s) for model "
-                                            f"'{self.instance}', message: {error_text(e)}"})
+                self.send_done(done_error(f"Failed to process the request(s) for model "
+                                          f"'{self.instance}', message: {error_text(e)}"))
                 return
         finally:
             self.in_execute = False
@@ -525,29 +652,30 @@ class Worker:
                            f"return list, found type '{type(r)}'.")
                     break
         if err:
-            self.send(M_DONE, {"error": err})
+            self.send_done(done_error(err))
             return
-        out, tensors = [], []
-        for req, resp in zip(reqs, res):
-            if req._release_flags == pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
-                out.append('{"reschedule":true}')  # its response, if any, is dropped
-                continue
-            if resp.has_error():
-                e = resp.error()
-                out.append(json.dumps({"error": {"message": e.message(), "code": e.code()}}))
-                continue
-            requested = req._requested
-            mine = [t for t in resp.output_tensors() if t.name() in requested]
-            if resp._parameters != "{}":
-                out.append(f'{{"n_outputs":{len(mine)},"parameters":{resp._parameters}}}')
-            else:
-                out.append(f'{{"n_outputs":{len(mine)}}}')
-            tensors.extend(mine)
         try:
-            self.send(M_DONE, f'{{"responses":[{",".join(out)}]}}', tensors, region=True)
+            out, views, off = [U32.pack(DONE_RESPONSES), U32.pack(len(reqs))], [], 0
+            for req, resp in zip(reqs, res):
+                if req._release_flags == pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
+                    out.append(DONE_RESP.pack(RESP_RESCHEDULE, 0, 0, 0, 0))  # response dropped
+                    continue
+                if resp.has_error():
+                    e = resp.error()
+                    text = str(e.message()).encode("utf-8", errors="replace")
+                    out.append(DONE_RESP.pack(RESP_ERROR, 0, 0, e.code(), len(text)))
+                    out.append(text)
+                    continue
+                requested = req._requested
+                mine = [t for t in resp.output_tensors() if t.name() in requested]
+                params = resp._parameters.encode() if resp._parameters != "{}" else b""
+                out.append(DONE_RESP.pack(RESP_OUTPUTS, len(mine), len(params), 0, 0))
+                out.append(params)
+                off = tensor_records(mine, self.rx_region, off, out, views)
+            self.send_done(b"".join(out), views, off)
         except Exception as e:  # e.g. a BYTES element that cannot be encoded
-            self.send(M_DONE, {"error": f"Failed to process the request(s) for model "
-                                        f"'{self.instance}', message: {error_text(e)}"})
+            self.send_done(done_error(f"Failed to process the request(s) for model "
+                                      f"'{self.instance}', message: {error_text(e)}"))
 
     def handle_finalize(self):
         if self.bg_loop is not None:
@@ -561,8 +689,13 @@ class Worker:
                 print(error_text(e), file=sys.stderr, flush=True)
         self.send(M_FINALIZED, {})
 
-    def run(self):
-        threading.Thread(target=self.watch_parent, daemon=True).start()
+    def run(self, watch=True):
+        # A worker forked by the zygote needs no watcher: it dies with the
+        # zygote (PR_SET_PDEATHSIG), which exits when the server's end of
+        # its control socket closes; and the server kills a worker whose
+        # socket it drops. A thread less to start per worker.
+        if watch:
+            threading.Thread(target=self.watch_parent, daemon=True).start()
         while True:
             self.wait_for(lambda: self.work)
             with self.cv:
@@ -578,7 +711,7 @@ class Worker:
                 os._exit(0)
 
 
-def worker_main():
+def worker_main(forked=False):
     # Shutdown is driven by the server (finalize, then the socket closes).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -589,15 +722,13 @@ def worker_main():
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET, fileno=3)
     w = Worker(sock)
     pb_utils._worker = w
-    w.run()
+    w.run(watch=not forked)
 
 
-def set_cmdline(tail):
-    """Rewrites this process's command line after its third argument (the
-    script) with tail, as a spawned worker's reads ('... nereid_python_stub.py
-    triton_python_backend_stub <instance>', what pgrep -f looks for). The
-    zygote's command line ends in a blank argument that makes room; a tail
-    longer than the room is cut."""
+def cmdline_room():
+    """Where this process's command line after its third argument (the
+    script) lies: (address, length), or None. A forked child has the same
+    addresses, so the zygote finds them once."""
     import ctypes
     try:
         with open("/proc/self/stat", "rb") as f:
@@ -607,10 +738,23 @@ def set_cmdline(tail):
         at = 0
         for _ in range(3):  # interpreter, -u, script
             at = area.index(b"\0", at) + 1
-        new = b"\0".join(a.encode(errors="replace") for a in tail)[:end - start - at - 1]
-        ctypes.memmove(start + at, new + bytes(end - start - at - len(new)), end - start - at)
+        return start + at, end - start - at
     except (OSError, ValueError, IndexError):
-        pass  # only the name shown by ps is at stake
+        return None  # only the name shown by ps is at stake
+
+
+def set_cmdline(room, tail):
+    """Rewrites the command line after the script (room: cmdline_room())
+    with tail, as a spawned worker's reads ('... nereid_python_stub.py
+    triton_python_backend_stub <instance>', what pgrep -f looks for). The
+    zygote's command line ends in a blank argument that makes room; a tail
+    longer than the room is cut."""
+    if room is None:
+        return
+    import ctypes
+    at, size = room
+    new = b"\0".join(a.encode(errors="replace") for a in tail)[:size - 1]
+    ctypes.memmove(at, new + bytes(size - len(new)), size)
 
 
 def zygote_main():
@@ -628,6 +772,8 @@ def zygote_main():
     os.set_inheritable(3, False)
     import ctypes
     libc = ctypes.CDLL(None, use_errno=True)
+    prctl = libc.prctl  # looked up once: a child only calls it
+    room = cmdline_room()
     ctl = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET, fileno=3)
     # Nothing here becomes garbage; frozen objects are never touched by a
     # child's collector, so their pages stay shared (no copy-on-write).
@@ -652,7 +798,7 @@ def zygote_main():
                 try:
                     # Dies with the zygote: killing the server's child
                     # processes ends every worker, as with spawned ones.
-                    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+                    prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
                     if os.getppid() != zygote:
                         os._exit(1)
                     gc.enable()
@@ -662,8 +808,8 @@ def zygote_main():
                     os.close(fds[0])
                     sys.argv[1:] = ["triton_python_backend_stub",
                                     data.decode(errors="replace")]
-                    set_cmdline(sys.argv[1:])
-                    worker_main()
+                    set_cmdline(room, sys.argv[1:])
+                    worker_main(forked=True)
                 finally:
                     os._exit(1)
             try:

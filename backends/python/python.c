@@ -14,11 +14,13 @@
  * bytes. Small messages carry JSON and blob inline; larger ones carry them
  * in an anonymous shared-memory file (memfd, never /dev/shm) passed with
  * SCM_RIGHTS. Tensors are described in the JSON ("tensors": [{name,
- * datatype, shape, offset, size}]) with offsets into the blob. The worker is
- * untrusted: every datagram is size-checked, a memfd must be sealed against
- * shrinking before it is mapped, and every name, datatype, shape, offset and
- * size is checked before a byte is copied; a malformed message kills the
- * worker and fails its requests.
+ * datatype, shape, offset, size}]) with offsets into the blob; EXECUTE and
+ * DONE, the two messages of every batch, carry a binary description in
+ * the JSON's place instead (see "Binary EXECUTE and DONE descriptions").
+ * The worker is untrusted: every datagram is size-checked, a memfd must be
+ * sealed against shrinking before it is mapped, and every name, datatype,
+ * shape, offset and size is checked before a byte is copied; a malformed
+ * message kills the worker and fails its requests.
  *
  * Threads: each worker has a reader thread here that receives all its
  * messages. Replies the instance thread waits for (ready, execute done,
@@ -258,12 +260,15 @@ typedef struct msg {
     size_t map_len;
     uint8_t *buf;     /* datagram buffer */
     region_t *region; /* the worker's region the payload is in, or NULL */
+    uint8_t *meta;    /* DONE: its binary description (a private copy), json NULL */
+    size_t meta_len;
 } msg_t;
 
 static void msg_free(msg_t *m)
 {
     if (!m) return;
     json_decref(m->json);
+    free(m->meta);
     if (m->map) munmap(m->map, m->map_len);
     region_unref(m->region);
     free(m->buf);
@@ -323,14 +328,16 @@ typedef struct tview {
 
 /* A message being built: JSON plus the tensors its blob will hold. */
 typedef struct outmsg {
-    json_t *obj;
+    json_t *obj;  /* the JSON part, or NULL: */
+    uint8_t *raw; /* a binary one (EXECUTE), malloc'ed */
+    size_t raw_len;
     tview_t *t;
     size_t n, cap;
     size_t blob_len;
 } outmsg_t;
 
-/* Adds tensor v to the blob; returns its descriptor (a new reference). */
-static json_t *outmsg_add(outmsg_t *m, const tview_t *v)
+/* Adds tensor v to the blob; returns its offset there. */
+static size_t outmsg_add_view(outmsg_t *m, const tview_t *v)
 {
     if (m->n == m->cap) {
         size_t cap = m->cap ? m->cap * 2 : 8;
@@ -339,14 +346,22 @@ static json_t *outmsg_add(outmsg_t *m, const tview_t *v)
         m->t = t;
         m->cap = cap;
     }
+    size_t off = m->blob_len;
+    m->t[m->n++] = *v;
+    m->blob_len = (m->blob_len + v->size + ALIGN - 1) / ALIGN * ALIGN;
+    return off;
+}
+
+/* Adds tensor v to the blob; returns its descriptor (a new reference). */
+static json_t *outmsg_add(outmsg_t *m, const tview_t *v)
+{
+    json_int_t off = (json_int_t)outmsg_add_view(m, v);
     json_t *shape = json_array();
     for (size_t i = 0; i < v->rank; i++)
         json_array_append_new(shape, json_integer(v->shape[i]));
     json_t *d = json_pack("{s:s, s:s, s:o, s:I, s:I}", "name", v->name, "datatype",
-                          nereid_datatype_name(v->datatype), "shape", shape, "offset",
-                          (json_int_t)m->blob_len, "size", (json_int_t)v->size);
-    m->t[m->n++] = *v;
-    m->blob_len = (m->blob_len + v->size + ALIGN - 1) / ALIGN * ALIGN;
+                          nereid_datatype_name(v->datatype), "shape", shape, "offset", off, "size",
+                          (json_int_t)v->size);
     return d;
 }
 
@@ -406,12 +421,13 @@ static int send_with_fd(chan_t *c, const uint8_t *hdr, int fd)
  * tx is given; otherwise into a memfd of its own. -1 when the peer is gone. */
 static int outmsg_send_region(chan_t *c, uint32_t type, outmsg_t *m, region_t **tx)
 {
-    char *js = json_dumps(m->obj, JSON_COMPACT);
+    char *dumped = m->obj ? json_dumps(m->obj, JSON_COMPACT) : NULL;
+    const char *js = m->obj ? dumped : (const char *)m->raw;
     json_decref(m->obj);
     m->obj = NULL;
     int rc = -1;
     if (!js) goto out;
-    size_t jlen = strlen(js), total = jlen + m->blob_len;
+    size_t jlen = dumped ? strlen(js) : m->raw_len, total = jlen + m->blob_len;
     uint8_t hdr[HDR_BYTES];
     uint32_t t32 = type, j32 = (uint32_t)jlen;
     uint64_t b64 = m->blob_len;
@@ -477,7 +493,9 @@ static int outmsg_send_region(chan_t *c, uint32_t type, outmsg_t *m, region_t **
     rc = send_with_fd(c, hdr, fd);
     close(fd);
 out:
-    free(js);
+    free(dumped);
+    free(m->raw);
+    m->raw = NULL;
     free(m->t);
     m->t = NULL;
     m->n = m->cap = 0;
@@ -631,6 +649,20 @@ static int msg_recv_into(int fd, region_t **rx, msg_t **out, char *why, size_t w
         }
         payload = buf + HDR_BYTES;
     }
+    if (m->type == M_DONE) {
+        /* Binary (apply_done): copied, so that the worker cannot change it
+         * while it is checked and used. */
+        m->meta = malloc(jlen ? jlen : 1);
+        if (!m->meta) abort();
+        memcpy(m->meta, payload, jlen);
+        m->meta_len = jlen;
+        m->blob = payload + jlen;
+        m->blob_len = (size_t)blen;
+        *out = m;
+        rc = 1;
+        m = NULL;
+        goto fail;
+    }
     json_error_t jerr;
     m->json = json_loadb((const char *)payload, jlen, JSON_REJECT_DUPLICATES, &jerr);
     if (!m->json || !json_is_object(m->json)) {
@@ -674,6 +706,10 @@ static uint64_t elements(const int64_t *shape, size_t rank)
     return n;
 }
 
+static bool check_tensor(const char *name, nereid_datatype_t t, int64_t *shape, size_t rank,
+                         const int64_t *dims, int64_t off, int64_t size, const uint8_t *blob,
+                         size_t blob_len, tview_t *v, char *why, size_t why_cap);
+
 /* A tensor a worker described: checked against the blob and its type. */
 static bool parse_tensor(json_t *d, const uint8_t *blob, size_t blob_len, tview_t *v,
                          int64_t *shape, char *why, size_t why_cap)
@@ -693,23 +729,35 @@ static bool parse_tensor(json_t *d, const uint8_t *blob, size_t blob_len, tview_
         return false;
     }
     size_t rank = json_array_size(js);
+    int64_t dims[MAX_RANK];
+    for (size_t i = 0; i < rank && i < MAX_RANK; i++) {
+        json_t *e = json_array_get(js, i);
+        dims[i] = json_is_integer(e) ? json_integer_value(e) : -1;
+    }
+    return check_tensor(name, t, shape, rank, dims, json_integer_value(jo), json_integer_value(jz),
+                        blob, blob_len, v, why, why_cap);
+}
+
+/* The checks of a tensor description (name, type, dims of rank, offset and
+ * size in blob), whichever encoding it came in: *v and shape on success. */
+static bool check_tensor(const char *name, nereid_datatype_t t, int64_t *shape, size_t rank,
+                         const int64_t *dims, int64_t off, int64_t size, const uint8_t *blob,
+                         size_t blob_len, tview_t *v, char *why, size_t why_cap)
+{
     if (rank > MAX_RANK) {
         snprintf(why, why_cap, "tensor '%.256s' has more than %d dimensions", name, MAX_RANK);
         return false;
     }
     unsigned __int128 elems = 1;
     for (size_t i = 0; i < rank; i++) {
-        json_t *e = json_array_get(js, i);
-        if (!json_is_integer(e) || json_integer_value(e) < 0 ||
-            json_integer_value(e) > INT64_MAX / 2) {
+        if (dims[i] < 0 || dims[i] > INT64_MAX / 2) {
             snprintf(why, why_cap, "tensor '%.256s' has an invalid shape", name);
             return false;
         }
-        shape[i] = json_integer_value(e);
+        shape[i] = dims[i];
         elems *= (uint64_t)shape[i];
         if (elems > ((unsigned __int128)1 << 62)) elems = (unsigned __int128)1 << 62;
     }
-    json_int_t off = json_integer_value(jo), size = json_integer_value(jz);
     if (off < 0 || size < 0 || (uint64_t)off > blob_len ||
         (uint64_t)size > blob_len - (size_t)off) {
         snprintf(why, why_cap, "tensor '%.256s' lies outside its message", name);
@@ -730,6 +778,143 @@ static bool parse_tensor(json_t *d, const uint8_t *blob, size_t blob_len, tview_
     }
     *v = (tview_t){name, t, shape, rank, p, (size_t)size};
     return true;
+}
+
+/* ---- Binary EXECUTE and DONE descriptions ----
+ *
+ * The two messages of every request carry no JSON: their description is
+ * little-endian fields (the worker parses them with struct), followed as
+ * before by the blob. A tensor record is
+ *   u32 name_len, u32 datatype (nereid_datatype_t), u32 rank, u32 where,
+ *   u64 offset, u64 size, i64 dims[rank], name bytes
+ * where 0 means the message's blob, and 1 (DONE only) the EXECUTE region
+ * the server wrote: an output that is a view of an input is not copied by
+ * the worker. EXECUTE:
+ *   u32 n_requests, then per request
+ *   u32 n_inputs, u32 n_outputs, u32 flags, u32 id_len, i32 corr_len (-1:
+ *   numeric), u32 params_len, u64 correlation_id, u64 timeout_us,
+ *   i64 sender (decoupled; -1 none), id, correlation id string,
+ *   parameters (JSON text, absent when none), n_outputs x (u32 len, name),
+ *   n_inputs tensor records.
+ * DONE: u32 kind, then
+ *   0 (responses): u32 n, per response u32 status (0 outputs, 1 error,
+ *     2 rescheduled), u32 n_outputs, u32 params_len, u32 error_code,
+ *     u32 error_len, error text, parameters (JSON text), tensor records;
+ *   1 (execute failed): u32 len, text;
+ *   2 (decoupled): u32 n, n x u32 indices of rescheduled requests.
+ * The worker is untrusted: done_check walks the whole (privately copied)
+ * description, every count and length against what is left of it, before
+ * apply_done uses any of it. */
+
+enum { DONE_RESPONSES = 0, DONE_ERROR = 1, DONE_DECOUPLED = 2 };
+enum { RESP_OUTPUTS = 0, RESP_ERROR = 1, RESP_RESCHEDULE = 2 };
+#define X(e, name, size, cfg) +1
+static const uint32_t N_DATATYPES = 0 NEREID_DATATYPE_MAP(X);
+#undef X
+
+typedef struct bwr {
+    uint8_t *p;
+    size_t n, cap;
+} bwr_t;
+
+static void bw_put(bwr_t *w, const void *src, size_t n)
+{
+    if (w->cap - w->n < n) {
+        size_t cap = w->cap ? w->cap : 256;
+        while (cap - w->n < n)
+            cap *= 2;
+        uint8_t *p = realloc(w->p, cap);
+        if (!p) abort();
+        w->p = p;
+        w->cap = cap;
+    }
+    if (n) memcpy(w->p + w->n, src, n);
+    w->n += n;
+}
+
+static void bw_u32(bwr_t *w, uint32_t v)
+{
+    bw_put(w, &v, 4);
+}
+
+static void bw_u64(bwr_t *w, uint64_t v)
+{
+    bw_put(w, &v, 8);
+}
+
+static void bw_tensor(bwr_t *w, const tview_t *v, uint64_t offset)
+{
+    size_t len = strlen(v->name);
+    bw_u32(w, (uint32_t)len);
+    bw_u32(w, (uint32_t)v->datatype);
+    bw_u32(w, (uint32_t)v->rank);
+    bw_u32(w, 0);
+    bw_u64(w, offset);
+    bw_u64(w, v->size);
+    bw_put(w, v->shape, v->rank * sizeof *v->shape);
+    bw_put(w, v->name, len);
+}
+
+typedef struct brd {
+    const uint8_t *p;
+    size_t n, pos;
+    bool bad; /* read past the end */
+} brd_t;
+
+static const uint8_t *br_take(brd_t *r, size_t n)
+{
+    if (r->bad || n > r->n - r->pos) {
+        r->bad = true;
+        return NULL;
+    }
+    const uint8_t *q = r->p + r->pos;
+    r->pos += n;
+    return q;
+}
+
+static uint32_t br_u32(brd_t *r)
+{
+    uint32_t v = 0;
+    const uint8_t *q = br_take(r, 4);
+    if (q) memcpy(&v, q, 4);
+    return v;
+}
+
+static uint64_t br_u64(brd_t *r)
+{
+    uint64_t v = 0;
+    const uint8_t *q = br_take(r, 8);
+    if (q) memcpy(&v, q, 8);
+    return v;
+}
+
+/* A tensor record of a DONE, checked as parse_tensor checks a JSON one;
+ * name (MAX_NAME + 1 bytes) receives its name. ex/ex_len: the EXECUTE
+ * region (where = 1). */
+static bool read_tensor(brd_t *r, const uint8_t *blob, size_t blob_len, const uint8_t *ex,
+                        size_t ex_len, tview_t *v, int64_t *shape, char *name, char *why,
+                        size_t why_cap)
+{
+    uint32_t name_len = br_u32(r), dt = br_u32(r), rank = br_u32(r), where = br_u32(r);
+    uint64_t off = br_u64(r), size = br_u64(r);
+    int64_t dims[MAX_RANK];
+    const uint8_t *d = br_take(r, (size_t)rank * sizeof(int64_t));
+    const uint8_t *nm = br_take(r, name_len);
+    if (r->bad || name_len == 0 || name_len > MAX_NAME || where > 1 || (where == 1 && !ex) ||
+        memchr(nm, 0, name_len)) {
+        snprintf(why, why_cap, "malformed tensor description");
+        return false;
+    }
+    memcpy(name, nm, name_len);
+    name[name_len] = '\0';
+    if (dt == NEREID_TYPE_INVALID || dt > N_DATATYPES) {
+        snprintf(why, why_cap, "tensor '%.256s' has an unknown datatype", name);
+        return false;
+    }
+    if (rank <= MAX_RANK) memcpy(dims, d, rank * sizeof(int64_t));
+    return check_tensor(name, (nereid_datatype_t)dt, shape, rank, dims,
+                        off > INT64_MAX ? -1 : (int64_t)off, size > INT64_MAX ? -1 : (int64_t)size,
+                        where ? ex : blob, where ? ex_len : blob_len, v, why, why_cap);
 }
 
 /* ---- Instances and their workers ---- */
@@ -1886,22 +2071,6 @@ static json_t *request_parameters(nereid_batch_t *batch, size_t r)
     return o;
 }
 
-/* The outputs request r asked for (Triton's requested_output_names()). */
-static json_t *requested_outputs(nereid_model_t *model, nereid_batch_t *batch, size_t r)
-{
-    json_t *outputs = json_array();
-    for (size_t o = 0; o < nereid_model_output_count(model); o++) {
-        const char *name;
-        nereid_datatype_t dt;
-        const int64_t *dims;
-        size_t rank;
-        nereid_model_output(model, o, &name, &dt, &dims, &rank);
-        if (nereid_batch_request_output_requested(batch, r, name))
-            json_array_append_new(outputs, json_string(name));
-    }
-    return outputs;
-}
-
 static void fail_all(nereid_batch_t *batch, nereid_error_t *err)
 {
     for (size_t r = 0; r < nereid_batch_request_count(batch); r++)
@@ -1920,85 +2089,142 @@ static void reschedule(nereid_batch_t *batch, size_t r)
     if (err) nereid_batch_set_request_error(batch, r, err);
 }
 
-static bool apply_done(instance_t *in, nereid_batch_t *batch, msg_t *m, char *why, size_t why_cap)
+/* A DONE's text (len bytes at t) as an error of code. */
+static nereid_error_t *text_error(const uint8_t *t, uint32_t len, uint32_t code)
 {
-    size_t n = nereid_batch_request_count(batch);
-    json_t *e = json_object_get(m->json, "error");
-    if (json_is_string(e)) {
-        fail_all(batch, nereid_error_new(NEREID_ERROR_INTERNAL, "%s", json_string_value(e)));
-        return true;
-    }
-    if (in->decoupled) {
-        /* Requests released with RESCHEDULE (indices; before execute returned,
-         * as Triton requires of decoupled models). */
-        json_t *rs = json_object_get(m->json, "reschedule"), *ji;
-        size_t k;
-        if (rs && (!json_is_array(rs) || json_array_size(rs) > n)) {
-            snprintf(why, why_cap, "malformed execute answer");
-            return false;
-        }
-        json_array_foreach(rs, k, ji)
-        {
-            if (!json_is_integer(ji) || json_integer_value(ji) < 0 ||
-                (uint64_t)json_integer_value(ji) >= n) {
-                snprintf(why, why_cap, "malformed execute answer");
-                return false;
-            }
-            reschedule(batch, (size_t)json_integer_value(ji));
-        }
-        return true;
-    }
-    json_t *resps = json_object_get(m->json, "responses"),
-           *ts = json_object_get(m->json, "tensors");
-    if (!json_is_array(resps) || json_array_size(resps) != n || (ts && !json_is_array(ts))) {
+    if (code > NEREID_ERROR_CANCELLED) code = NEREID_ERROR_INTERNAL;
+    return nereid_error_new((nereid_error_code_t)code, "%.*s", (int)(len > INT_MAX ? INT_MAX : len),
+                            (const char *)t);
+}
+
+/* Response r of a DONE (kind 0): its status, outputs and parameters. A
+ * tensor that does not add up fails request r; a description that cannot
+ * be read is the worker's fault (false). */
+static bool apply_response(instance_t *in, nereid_batch_t *batch, size_t r, brd_t *rd, msg_t *m,
+                           char *why, size_t why_cap)
+{
+    uint32_t status = br_u32(rd), n_out = br_u32(rd), params_len = br_u32(rd);
+    uint32_t code = br_u32(rd), err_len = br_u32(rd);
+    const uint8_t *err_text = br_take(rd, err_len), *params = br_take(rd, params_len);
+    if (rd->bad || status > RESP_RESCHEDULE || (status != RESP_OUTPUTS && n_out)) {
         snprintf(why, why_cap, "malformed execute answer");
         return false;
     }
-    size_t next = 0;
-    for (size_t r = 0; r < n; r++) {
-        json_t *resp = json_array_get(resps, r);
-        json_t *err = json_object_get(resp, "error");
-        if (json_is_object(err)) {
-            nereid_batch_set_request_error(batch, r, error_from_json(err));
+    if (status == RESP_ERROR) {
+        nereid_batch_set_request_error(batch, r, text_error(err_text, err_len, code));
+        return true;
+    }
+    if (status == RESP_RESCHEDULE) {
+        reschedule(batch, r);
+        return true;
+    }
+    nereid_error_t *bad = NULL;
+    const uint8_t *ex = in->tx ? in->tx->map : NULL;
+    size_t ex_len = in->tx ? in->tx->size : 0;
+    char name[MAX_NAME + 1];
+    for (uint32_t i = 0; i < n_out; i++) {
+        tview_t v;
+        int64_t shape[MAX_RANK];
+        char w[512];
+        if (!read_tensor(rd, m->blob, m->blob_len, ex, ex_len, &v, shape, name, w, sizeof w)) {
+            if (rd->bad) {
+                snprintf(why, why_cap, "malformed execute answer: %s", w);
+                nereid_error_free(bad);
+                return false;
+            }
+            if (!bad)
+                bad = nereid_error_new(NEREID_ERROR_INTERNAL, "Python model '%s': %s", in->name, w);
             continue;
         }
-        if (json_is_true(json_object_get(resp, "reschedule"))) {
-            reschedule(batch, r);
-            continue;
-        }
-        json_t *jn = json_object_get(resp, "n_outputs");
-        if (!json_is_integer(jn) || json_integer_value(jn) < 0 ||
-            (size_t)json_integer_value(jn) > json_array_size(ts) - next) {
-            snprintf(why, why_cap, "malformed execute answer");
+        if (bad) continue;
+        void *buf;
+        bad = nereid_batch_request_output(batch, r, v.name, v.datatype, v.shape, v.rank, v.size,
+                                          &buf);
+        if (!bad && v.size) memcpy(buf, v.data, v.size);
+        if (!bad && v.datatype == NEREID_TYPE_BYTES &&
+            !bytes_ok(buf, v.size, elements(v.shape, v.rank)))
+            bad = nereid_error_new(NEREID_ERROR_INTERNAL,
+                                   "Python model '%s': BYTES tensor '%s' changed while it "
+                                   "was read",
+                                   in->name, v.name);
+    }
+    if (!bad && params_len) {
+        json_error_t jerr;
+        json_t *jp = json_loadb((const char *)params, params_len, JSON_REJECT_DUPLICATES, &jerr);
+        if (!json_is_object(jp)) {
+            json_decref(jp);
+            snprintf(why, why_cap, "malformed execute answer: response parameters");
             return false;
         }
-        size_t k = (size_t)json_integer_value(jn);
-        nereid_error_t *bad = NULL;
-        for (size_t i = 0; i < k; i++, next++) {
-            if (bad) continue;
-            tview_t v;
-            int64_t shape[MAX_RANK];
-            char w[512];
-            if (!parse_tensor(json_array_get(ts, next), m->blob, m->blob_len, &v, shape, w,
-                              sizeof w)) {
-                bad = nereid_error_new(NEREID_ERROR_INTERNAL, "Python model '%s': %s", in->name, w);
-                continue;
+        bad = python_api_response_parameters(jp, batch, r, NULL);
+        json_decref(jp);
+    }
+    if (bad) nereid_batch_set_request_error(batch, r, bad);
+    return true;
+}
+
+/* Walks a DONE description for n requests without applying it: whether
+ * every count and length fits and nothing is left over (a tensor's
+ * contents are checked later, per request). */
+static bool done_check(const uint8_t *meta, size_t len, size_t n, bool decoupled)
+{
+    brd_t rd = {meta, len, 0, false};
+    uint32_t kind = br_u32(&rd);
+    bool ok = !rd.bad;
+    if (ok && kind == DONE_ERROR) {
+        ok = br_take(&rd, br_u32(&rd)) != NULL;
+    } else if (ok && kind == DONE_DECOUPLED && decoupled) {
+        uint32_t k = br_u32(&rd);
+        ok = !rd.bad && k <= n;
+        for (uint32_t i = 0; ok && i < k; i++)
+            ok = br_u32(&rd) < n && !rd.bad;
+    } else if (ok && kind == DONE_RESPONSES && !decoupled) {
+        ok = br_u32(&rd) == n && !rd.bad;
+        for (size_t r = 0; ok && r < n; r++) {
+            uint32_t status = br_u32(&rd), n_out = br_u32(&rd), params_len = br_u32(&rd);
+            br_u32(&rd); /* error code */
+            br_take(&rd, br_u32(&rd));
+            br_take(&rd, params_len);
+            ok = !rd.bad && status <= RESP_RESCHEDULE && (status == RESP_OUTPUTS || !n_out);
+            for (uint32_t i = 0; ok && i < n_out; i++) {
+                uint32_t name_len = br_u32(&rd);
+                br_u32(&rd); /* datatype */
+                uint32_t rank = br_u32(&rd);
+                br_take(&rd, 4 + 16); /* where, offset, size */
+                br_take(&rd, (size_t)rank * sizeof(int64_t));
+                br_take(&rd, name_len);
+                ok = !rd.bad;
             }
-            void *buf;
-            bad = nereid_batch_request_output(batch, r, v.name, v.datatype, v.shape, v.rank, v.size,
-                                              &buf);
-            if (!bad && v.size) memcpy(buf, v.data, v.size);
-            if (!bad && v.datatype == NEREID_TYPE_BYTES &&
-                !bytes_ok(buf, v.size, elements(v.shape, v.rank)))
-                bad = nereid_error_new(NEREID_ERROR_INTERNAL,
-                                       "Python model '%s': BYTES tensor '%s' changed while it "
-                                       "was read",
-                                       in->name, v.name);
         }
-        if (!bad)
-            bad =
-                python_api_response_parameters(json_object_get(resp, "parameters"), batch, r, NULL);
-        if (bad) nereid_batch_set_request_error(batch, r, bad);
+    } else {
+        ok = false;
+    }
+    return ok && rd.pos == rd.n;
+}
+
+/* The worker's answer to an execute (DONE). false: it is malformed. */
+static bool apply_done(instance_t *in, nereid_batch_t *batch, msg_t *m, char *why, size_t why_cap)
+{
+    size_t n = nereid_batch_request_count(batch);
+    if (!done_check(m->meta, m->meta_len, n, in->decoupled)) {
+        snprintf(why, why_cap, "malformed execute answer");
+        return false;
+    }
+    brd_t rd = {m->meta, m->meta_len, 0, false};
+    uint32_t kind = br_u32(&rd);
+    if (kind == DONE_ERROR) {
+        uint32_t len = br_u32(&rd);
+        fail_all(batch, text_error(br_take(&rd, len), len, NEREID_ERROR_INTERNAL));
+    } else if (kind == DONE_DECOUPLED) {
+        /* Requests released with RESCHEDULE (before execute returned, as
+         * Triton requires of decoupled models). */
+        uint32_t k = br_u32(&rd);
+        for (uint32_t i = 0; i < k; i++)
+            reschedule(batch, br_u32(&rd));
+    } else {
+        br_u32(&rd); /* n, checked */
+        for (size_t r = 0; r < n; r++)
+            if (!apply_response(in, batch, r, &rd, m, why, why_cap)) return false;
     }
     return true;
 }
@@ -2020,40 +2246,51 @@ NEREID_EXPORT nereid_error_t *nereid_backend_execute(nereid_instance_t *instance
         msg_free(ready);
         plog('I', "python backend: restarted the worker of '%s'", in->name);
     }
-    outmsg_t om = {.obj = json_object()};
-    json_t *reqs = json_array();
+    outmsg_t om = {0};
+    bwr_t w = {0};
+    bw_u32(&w, (uint32_t)n);
     size_t n_in = nereid_batch_input_count(batch);
+    tview_t *ins = calloc(n_in ? n_in : 1, sizeof *ins);
+    if (!ins) abort();
     for (size_t r = 0; r < n; r++) {
-        json_t *outputs = requested_outputs(in->model, batch, r);
-        json_t *ins = json_array();
+        size_t k = 0;
         for (size_t i = 0; i < n_in; i++) {
-            tview_t v;
-            v.name = nereid_batch_input_name(batch, i);
-            nereid_error_t *e = nereid_batch_request_input(batch, r, v.name, &v.datatype, &v.shape,
-                                                           &v.rank, &v.data, &v.size);
+            tview_t *v = &ins[k];
+            v->name = nereid_batch_input_name(batch, i);
+            nereid_error_t *e = nereid_batch_request_input(batch, r, v->name, &v->datatype,
+                                                           &v->shape, &v->rank, &v->data, &v->size);
             if (e) {
                 nereid_error_free(e);
                 continue;
             }
-            json_array_append_new(ins, outmsg_add(&om, &v));
+            k++;
+        }
+        uint32_t n_out = 0;
+        for (size_t o = 0; o < nereid_model_output_count(in->model); o++) {
+            const char *name;
+            nereid_datatype_t dt;
+            const int64_t *dims;
+            size_t rank;
+            nereid_model_output(in->model, o, &name, &dt, &dims, &rank);
+            n_out += nereid_batch_request_output_requested(batch, r, name);
         }
         const char *id = nereid_batch_request_id(batch, r);
         uint64_t corr, timeout_us;
         const char *corr_str;
         uint32_t flags;
         nereid_batch_request_sequence(batch, r, &corr, &corr_str, &flags, &timeout_us);
-        json_t *rq =
-            json_pack("{s:s, s:o, s:i, s:I, s:o, s:O, s:o}", "id", id ? id : "", "correlation_id",
-                      corr_str ? json_string(corr_str) : json_integer((json_int_t)corr), "flags",
-                      (int)flags, "timeout", (json_int_t)timeout_us, "parameters",
-                      request_parameters(batch, r), "outputs", outputs, "inputs", ins);
-        json_decref(outputs);
+        char *params = NULL;
+        if (nereid_batch_request_parameter_count(batch, r)) {
+            json_t *jp = request_parameters(batch, r);
+            params = json_dumps(jp, JSON_COMPACT);
+            json_decref(jp);
+        }
+        int64_t sender_id = -1;
         if (in->decoupled) {
             nereid_response_sender_t *s;
             nereid_error_t *e = nereid_batch_request_sender(batch, r, &s);
             if (e) {
                 nereid_batch_set_request_error(batch, r, e);
-                json_object_set_new(rq, "sender", json_integer(-1));
             } else {
                 /* A rescheduled request comes back with the sender it had:
                  * it keeps its slot (one slot per sender). */
@@ -2069,14 +2306,41 @@ NEREID_EXPORT nereid_error_t *nereid_backend_execute(nereid_instance_t *instance
                     slot->next = in->senders;
                     in->senders = slot;
                 }
-                uint64_t id = slot->id;
+                sender_id = (int64_t)slot->id;
                 pthread_mutex_unlock(&in->mu);
-                json_object_set_new(rq, "sender", json_integer((json_int_t)id));
             }
         }
-        json_array_append_new(reqs, rq);
+        size_t id_len = id ? strlen(id) : 0, corr_len = corr_str ? strlen(corr_str) : 0;
+        size_t params_len = params ? strlen(params) : 0;
+        bw_u32(&w, (uint32_t)k);
+        bw_u32(&w, n_out);
+        bw_u32(&w, flags);
+        bw_u32(&w, (uint32_t)id_len);
+        bw_u32(&w, corr_str ? (uint32_t)corr_len : UINT32_MAX);
+        bw_u32(&w, (uint32_t)params_len);
+        bw_u64(&w, corr);
+        bw_u64(&w, timeout_us);
+        bw_u64(&w, (uint64_t)sender_id);
+        bw_put(&w, id, id_len);
+        bw_put(&w, corr_str, corr_len);
+        bw_put(&w, params, params_len);
+        free(params);
+        for (size_t o = 0; o < nereid_model_output_count(in->model); o++) {
+            const char *name;
+            nereid_datatype_t dt;
+            const int64_t *dims;
+            size_t rank;
+            nereid_model_output(in->model, o, &name, &dt, &dims, &rank);
+            if (!nereid_batch_request_output_requested(batch, r, name)) continue;
+            bw_u32(&w, (uint32_t)strlen(name));
+            bw_put(&w, name, strlen(name));
+        }
+        for (size_t i = 0; i < k; i++)
+            bw_tensor(&w, &ins[i], outmsg_add_view(&om, &ins[i]));
     }
-    json_object_set_new(om.obj, "requests", reqs);
+    free(ins);
+    om.raw = w.p;
+    om.raw_len = w.n;
     pthread_mutex_lock(&in->mu);
     in->batch = batch;
     pthread_mutex_unlock(&in->mu);

@@ -26,6 +26,11 @@
  *   started_file (string) execute creates this file when it starts
  *   stop_on_cancel (string "true") the wait above also ends when the request
  *                          is cancelled, which then fails with CANCELLED
+ *   call_model           name: execute first sends each request's INPUT0 to
+ *                        that model (in-process, as a BLS call does) and
+ *                        waits for its answer; the request's response gets
+ *                        the bool parameter "callee_on_caller_thread": the
+ *                        callee's completion ran on execute's own thread
  *   echo_parameters      names a TYPE_STRING output (models with
  *                        max_batch_size 0): each request gets there its
  *                        parameters as "name=value" elements, in order
@@ -203,9 +208,65 @@ NEREID_EXPORT nereid_error_t *nereid_backend_execute(nereid_instance_t *instance
     return err;
 }
 
+/* call_model: one in-process request and where its completion ran. */
+typedef struct call_wait {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool done, failed;
+    pthread_t thread;
+} call_wait_t;
+
+static void call_done(nereid_response_t *resp, void *userp)
+{
+    call_wait_t *w = userp;
+    pthread_mutex_lock(&w->mu);
+    w->failed = nereid_response_error(resp) != NULL;
+    w->thread = pthread_self();
+    w->done = true;
+    pthread_cond_signal(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+    nereid_response_free(resp);
+}
+
+/* Sends request r's INPUT0 to model `callee` and waits for the answer. */
+static nereid_error_t *call_model(const nereid_model_t *model, nereid_batch_t *batch, size_t r,
+                                  const char *callee)
+{
+    nereid_datatype_t dt;
+    const int64_t *shape;
+    size_t rank, size;
+    const void *data;
+    nereid_error_t *err =
+        nereid_batch_request_input(batch, r, "INPUT0", &dt, &shape, &rank, &data, &size);
+    nereid_request_t *req = NULL;
+    if (!err) err = nereid_request_new(nereid_model_server(model), callee, -1, &req);
+    if (!err) err = nereid_request_add_input(req, "INPUT0", dt, shape, rank, data, size);
+    call_wait_t w = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    if (!err) err = nereid_server_infer_async(nereid_model_server(model), req, NULL, call_done, &w);
+    if (err) {
+        nereid_request_free(req);
+        return err;
+    }
+    pthread_mutex_lock(&w.mu);
+    while (!w.done)
+        pthread_cond_wait(&w.cv, &w.mu);
+    pthread_mutex_unlock(&w.mu);
+    if (w.failed)
+        return nereid_error_new(NEREID_ERROR_INTERNAL, "testing backend: call to %s failed",
+                                callee);
+    bool same = pthread_equal(w.thread, pthread_self());
+    return nereid_batch_request_set_response_parameter(batch, r, "callee_on_caller_thread",
+                                                       NEREID_PARAMETER_BOOL, &same);
+}
+
 static nereid_error_t *execute(nereid_instance_t *instance, nereid_batch_t *batch)
 {
     const nereid_model_t *model = nereid_instance_model(instance);
+    const char *callee = nereid_model_parameter(model, "call_model");
+    for (size_t r = 0; callee && r < nereid_batch_request_count(batch); r++) {
+        nereid_error_t *err = call_model(model, batch, r, callee);
+        if (err) return err;
+    }
     for (size_t r = 0; r < nereid_batch_request_count(batch); r++) {
         const char *path = nereid_batch_request_parameter_string(batch, r, "started_file");
         FILE *f = path ? fopen(path, "w") : NULL;

@@ -97,8 +97,25 @@ static inline void cpu_relax(void)
 #endif
 }
 
-/* Inline runs this thread is inside (run_inline). */
+/* Inline runs this thread is inside (run_inline), and the model whose
+ * execute it is running inline right now (NULL outside an execute, in
+ * completions included). */
 static _Thread_local int inline_depth;
+static _Thread_local const model_t *inline_executing;
+
+/* Whether a request for s's model submitted on this thread may run inline.
+ * Outside inline runs, yes. Inside one, only a request that an inline
+ * execute of another model submits (a backend's in-process request, e.g.
+ * Triton's BLS), and one level deep: that execute waits for the answer, so
+ * running the callee here spares a hand-off to its instance thread and
+ * back. Requests submitted from a completion (an ensemble's next step) or
+ * for the running model itself still queue (the instance this thread holds
+ * cannot be claimed; completions must not nest). */
+static bool may_run_inline(const scheduler_t *s)
+{
+    return inline_depth == 0 ||
+           (inline_depth == 1 && inline_executing && inline_executing != s->model);
+}
 
 static model_instance_t *claim(scheduler_t *s);
 static void run_inline(scheduler_t *s, model_instance_t *inst, nereid_request_t *req);
@@ -110,7 +127,7 @@ static nereid_error_t *default_enqueue(scheduler_t *s, nereid_request_t *req)
      * step, from the previous step's completion) queues: it would otherwise
      * wait for the instance this thread holds, or nest runs. The inline
      * caller takes it from the queue once its own run is complete. */
-    model_instance_t *inst = inline_depth ? NULL : claim(s);
+    model_instance_t *inst = may_run_inline(s) ? claim(s) : NULL;
     if (inst) {
         run_inline(s, inst, req);
         return NULL;
@@ -232,7 +249,10 @@ static void run_inline(scheduler_t *s, model_instance_t *inst, nereid_request_t 
             request_finish_cancelled(req);
         } else {
             batch_add(&batch, req);
+            const model_t *outer = inline_executing;
+            inline_executing = m;
             s->core->execute(inst, &batch);
+            inline_executing = outer;
             s->core->complete(&batch, true);
         }
         req = release(s, inst, taken < INLINE_TAKE_MAX);

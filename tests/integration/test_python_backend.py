@@ -154,7 +154,7 @@ class TritonPythonModel:
             os.kill(os.getpid(), signal.SIGKILL)
         if mode == "exit":
             os._exit(3)
-        if mode in ("garbage", "unsealed", "outside"):
+        if mode in ("garbage", "unsealed", "outside", "outside_inputs", "bad_done"):
             # a hostile model writing its own datagrams to the server
             import socket, struct, array
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET, fileno=os.dup(3))
@@ -166,9 +166,16 @@ class TritonPythonModel:
                 sock.sendmsg([struct.pack("<IIQ", 102, 2, 0)],
                               [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))])
             else:
-                js = b'{"responses":[{"n_outputs":1}],"tensors":[{"name":"OUT","datatype":' \
-                     b'"INT64","shape":[1000000],"offset":0,"size":8000000}]}'
+                # a binary DONE: kind 0, one response with one INT64 tensor record
+                # (where 0: this blob; 1: the server's EXECUTE region) that does
+                # not fit; bad_done: a second response the batch does not have
+                n = 2 if mode == "bad_done" else 1
+                where = 1 if mode == "outside_inputs" else 0
+                rec = (struct.pack("<IIIIIIIIIQQq", 0, 1, 0, 0, 0, 3, 9, 1, where, 0,
+                                   8000000, 1000000) + b"OUT")
+                js = struct.pack("<II", 0, n) + rec * n
                 sock.send(struct.pack("<IIQ", 102, len(js), 8) + js + bytes(8))
+                os._exit(0)  # no real answer after the forged one
             sock.detach()
             time.sleep(0.5)
             return [ok()]
@@ -370,6 +377,34 @@ class TritonPythonModel:
 """
 
 
+# Outputs that are views of the input: the whole input, a slice of it at an
+# offset, and a strided view (not contiguous: copied); large inputs reach
+# the worker in the server's EXECUTE region, and the first two are then
+# answered by reference into it instead of copied.
+VIEWS = """
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            x = pb_utils.get_input_tensor_by_name(r, "X").as_numpy()
+            out.append(pb_utils.InferenceResponse([
+                pb_utils.Tensor("Y", x), pb_utils.Tensor("Z", x[1:]),
+                pb_utils.Tensor("W", x[::2])]))
+        return out
+"""
+
+VIEWS_CONFIG = """
+name: "views"
+backend: "python"
+input [ { name: "X" data_type: TYPE_FP32 dims: [ -1 ] } ]
+output [ { name: "Y" data_type: TYPE_FP32 dims: [ -1 ] },
+         { name: "Z" data_type: TYPE_FP32 dims: [ -1 ] },
+         { name: "W" data_type: TYPE_FP32 dims: [ -1 ] } ]
+"""
+
+
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory):
     path = str(tmp_path_factory.mktemp("python") / "models")
@@ -382,6 +417,7 @@ def repo(tmp_path_factory):
     write(path, "bls", BLS_CONFIG, BLS)
     write(path, "identity_c", IDENTITY_C_CONFIG, None)
     write(path, "auto", None, AUTO)
+    write(path, "views", VIEWS_CONFIG, VIEWS)
     return path
 
 
@@ -619,6 +655,19 @@ def test_two_instances_run_in_parallel(server):
     assert outs[0][0] != outs[1][0]  # two processes
 
 
+@pytest.mark.parametrize("n", [10, 100000])
+def test_outputs_that_view_inputs(server, n):
+    x = np.arange(n, dtype=np.float32)
+    for _ in range(2):  # the second request reuses the EXECUTE region
+        r = post(server, "views", [{"name": "X", "datatype": "FP32", "data": x}])
+        assert r.status_code == 200, r.text
+        outs = {o["name"]: (o["shape"], o["data"]) for o in r.json()["outputs"]}
+        assert outs["Y"] == ([n], x.tolist())
+        assert outs["Z"] == ([n - 1], x[1:].tolist())
+        assert outs["W"] == ([len(x[::2])], x[::2].tolist())
+        x = x + 1
+
+
 def test_dynamic_batching_gives_a_list(server):
     results = {}
 
@@ -797,12 +846,18 @@ def test_example_model(tmp_path):
     ("garbage", "malformed message header"),
     ("unsealed", "bad shared-memory region"),
     ("outside", "tensor 'OUT' lies outside its message"),
+    ("outside_inputs", "malformed tensor description"),
+    ("bad_done", "malformed execute answer"),
 ])
 def test_hostile_worker_messages(server, how, why):
     r = mode(server, how)
     assert r.status_code == 500
-    if how == "outside":  # a forged answer: its tensor is refused, then the real one
-        assert r.json()["error"] == f"Python model 'misbehave_0': {why}"  # ends the worker
+    if how.startswith("outside"):  # a forged answer: its tensor is refused, then the real one
+        assert r.json()["error"] == f"Python model 'misbehave_0': {why}"
+        # the worker exited after it: a request may still find it ending
+        for _ in range(10):
+            if mode(server, "ok").status_code == 200:
+                break
     else:
         assert r.json()["error"].startswith("Stub process 'misbehave_0' is not healthy")
         assert why in server.output()

@@ -3,8 +3,9 @@
  * protocol (backends/python/python.c, included here): what a hostile
  * worker can send — truncated or oversized datagrams, memfds that are not
  * sealed or too small, region messages out of place, JSON that is not an
- * object, and tensor descriptions whose name, datatype, shape, offset or
- * size do not add up — must be refused with a reason, never read out of
+ * object, tensor descriptions whose name, datatype, shape, offset or
+ * size do not add up, and binary DONE descriptions whose counts, lengths,
+ * statuses or tensor records do not fit — must be refused with a reason, never read out of
  * bounds (the ASan build checks that).
  */
 #include "../../../backends/python/python.c"
@@ -124,7 +125,9 @@ static void test_datagrams(void)
     send_raw(buf, header(buf, M_DONE | M_REGION, 7, 4089), -1);
     CHECK(recv_one(&rx, &m, why) == 1 && m);
     if (m) {
-        CHECK(m->type == M_DONE && json_integer_value(json_object_get(m->json, "r")) == 1);
+        /* DONE is binary: its description comes as a private copy */
+        CHECK(m->type == M_DONE && !m->json && m->meta_len == 7);
+        CHECK(m->meta && memcmp(m->meta, "{\"r\":1}", 7) == 0);
         msg_free(m);
     }
     send_raw(buf, header(buf, M_DONE | M_REGION, 7, 4090), -1);
@@ -205,11 +208,229 @@ static void test_tensors(void)
     CHECK(bytes_ok(b, 0, 0) && !bytes_ok(b, 3, 1) && !bytes_ok(b, 2, 0));
 }
 
+/* A binary DONE description being built. */
+typedef struct done {
+    uint8_t b[1024];
+    size_t n;
+} done_t;
+
+static void put32(done_t *d, uint32_t v)
+{
+    memcpy(d->b + d->n, &v, 4);
+    d->n += 4;
+}
+
+static void put64(done_t *d, uint64_t v)
+{
+    memcpy(d->b + d->n, &v, 8);
+    d->n += 8;
+}
+
+static void put(done_t *d, const char *s)
+{
+    memcpy(d->b + d->n, s, strlen(s));
+    d->n += strlen(s);
+}
+
+/* A tensor record: name, datatype, dims, where, offset, size. */
+static void put_tensor(done_t *d, const char *name, uint32_t dt, const int64_t *dims, uint32_t rank,
+                       uint32_t where, uint64_t off, uint64_t size)
+{
+    put32(d, (uint32_t)strlen(name));
+    put32(d, dt);
+    put32(d, rank);
+    put32(d, where);
+    put64(d, off);
+    put64(d, size);
+    for (uint32_t i = 0; i < rank; i++)
+        put64(d, (uint64_t)dims[i]);
+    put(d, name);
+}
+
+/* A response header: status, n_outputs, params, error code, error text. */
+static void put_resp(done_t *d, uint32_t status, uint32_t n_out, const char *params, uint32_t code,
+                     const char *err)
+{
+    put32(d, status);
+    put32(d, n_out);
+    put32(d, (uint32_t)strlen(params));
+    put32(d, code);
+    put32(d, (uint32_t)strlen(err));
+    put(d, err);
+    put(d, params);
+}
+
+static void test_done_binary(void)
+{
+    int64_t dims[2] = {2, 2};
+    done_t d = {0};
+    /* two responses: outputs, error */
+    put32(&d, DONE_RESPONSES);
+    put32(&d, 2);
+    put_resp(&d, RESP_OUTPUTS, 1, "{\"p\":1}", 0, "");
+    put_tensor(&d, "OUT", NEREID_TYPE_FP32, dims, 2, 0, 0, 16);
+    put_resp(&d, RESP_ERROR, 0, "", NEREID_ERROR_INVALID_ARG, "bad");
+    CHECK(done_check(d.b, d.n, 2, false));
+    CHECK(!done_check(d.b, d.n, 3, false)); /* another request count */
+    CHECK(!done_check(d.b, d.n, 2, true));  /* responses from a decoupled model */
+    for (size_t cut = 0; cut < d.n; cut++)  /* every truncation */
+        CHECK_MSG(!done_check(d.b, cut, 2, false), "truncated at %zu", cut);
+    d.b[d.n++] = 0; /* a byte left over */
+    CHECK(!done_check(d.b, d.n, 2, false));
+
+    /* a status out of range; outputs on an error response */
+    d = (done_t){0};
+    put32(&d, DONE_RESPONSES);
+    put32(&d, 1);
+    put_resp(&d, 3, 0, "", 0, "");
+    CHECK(!done_check(d.b, d.n, 1, false));
+    d = (done_t){0};
+    put32(&d, DONE_RESPONSES);
+    put32(&d, 1);
+    put_resp(&d, RESP_ERROR, 1, "", 0, "x");
+    put_tensor(&d, "OUT", NEREID_TYPE_FP32, dims, 2, 0, 0, 16);
+    CHECK(!done_check(d.b, d.n, 1, false));
+
+    /* lengths and counts far beyond the description */
+    d = (done_t){0};
+    put32(&d, DONE_RESPONSES);
+    put32(&d, 1);
+    put32(&d, RESP_OUTPUTS);
+    put32(&d, 0xffffffffu); /* n_outputs */
+    put32(&d, 0);
+    put32(&d, 0);
+    put32(&d, 0);
+    CHECK(!done_check(d.b, d.n, 1, false));
+    d = (done_t){0};
+    put32(&d, DONE_RESPONSES);
+    put32(&d, 1);
+    put_resp(&d, RESP_OUTPUTS, 1, "", 0, "");
+    put32(&d, 3);
+    put32(&d, NEREID_TYPE_FP32);
+    put32(&d, 0xffffffffu); /* rank */
+    put32(&d, 0);
+    put64(&d, 0);
+    put64(&d, 0);
+    CHECK(!done_check(d.b, d.n, 1, false));
+    d = (done_t){0};
+    put32(&d, DONE_ERROR);
+    put32(&d, 0xfffffff0u);
+    put(&d, "text");
+    CHECK(!done_check(d.b, d.n, 1, false));
+    d = (done_t){0};
+    put32(&d, DONE_ERROR);
+    put32(&d, 4);
+    put(&d, "text");
+    CHECK(done_check(d.b, d.n, 1, false) && done_check(d.b, d.n, 1, true));
+    d = (done_t){0};
+    put32(&d, 7); /* unknown kind */
+    CHECK(!done_check(d.b, d.n, 1, false));
+
+    /* decoupled: reschedule indices inside the batch */
+    d = (done_t){0};
+    put32(&d, DONE_DECOUPLED);
+    put32(&d, 1);
+    put32(&d, 1);
+    CHECK(done_check(d.b, d.n, 2, true));
+    CHECK(!done_check(d.b, d.n, 1, true));  /* index 1 of 1 request */
+    CHECK(!done_check(d.b, d.n, 2, false)); /* from a model that is not decoupled */
+    d = (done_t){0};
+    put32(&d, DONE_DECOUPLED);
+    put32(&d, 5); /* more indices than requests */
+    CHECK(!done_check(d.b, d.n, 2, true));
+}
+
+/* read_tensor on one binary record against a blob (and an EXECUTE region). */
+static bool bin_tensor(const done_t *d, const uint8_t *blob, size_t blob_len, const uint8_t *ex,
+                       size_t ex_len, char *why)
+{
+    brd_t rd = {d->b, d->n, 0, false};
+    tview_t v;
+    int64_t shape[MAX_RANK];
+    char name[MAX_NAME + 1];
+    why[0] = '\0';
+    return read_tensor(&rd, blob, blob_len, ex, ex_len, &v, shape, name, why, 512);
+}
+
+static void test_tensor_records(void)
+{
+    char why[512];
+    uint8_t blob[64] = {0}, ex[128] = {0};
+    int64_t dims[2] = {2, 2}, neg[1] = {-1};
+    done_t d = {0};
+    put_tensor(&d, "A", NEREID_TYPE_FP32, dims, 2, 0, 0, 16);
+    CHECK(bin_tensor(&d, blob, 64, NULL, 0, why));
+    d = (done_t){0};
+    put_tensor(&d, "A", NEREID_TYPE_FP32, dims, 2, 0, 56, 16);
+    CHECK(!bin_tensor(&d, blob, 64, NULL, 0, why));
+    CHECK_STR_CONTAINS(why, "lies outside its message");
+    /* where 1: inside the EXECUTE region, and only when there is one */
+    d = (done_t){0};
+    put_tensor(&d, "A", NEREID_TYPE_FP32, dims, 2, 1, 96, 16);
+    CHECK(bin_tensor(&d, blob, 64, ex, 128, why));
+    CHECK(!bin_tensor(&d, blob, 64, NULL, 0, why));
+    CHECK_STR_CONTAINS(why, "malformed tensor description");
+    d = (done_t){0};
+    put_tensor(&d, "A", NEREID_TYPE_FP32, dims, 2, 1, 120, 16);
+    CHECK(!bin_tensor(&d, blob, 64, ex, 128, why));
+    CHECK_STR_CONTAINS(why, "lies outside its message");
+    d = (done_t){0};
+    put_tensor(&d, "A", NEREID_TYPE_FP32, dims, 2, 2, 0, 16);
+    CHECK(!bin_tensor(&d, blob, 64, ex, 128, why));
+    CHECK_STR_CONTAINS(why, "malformed tensor description");
+    /* offsets and sizes past INT64_MAX */
+    d = (done_t){0};
+    put_tensor(&d, "A", NEREID_TYPE_FP32, dims, 2, 0, UINT64_MAX - 8, 16);
+    CHECK(!bin_tensor(&d, blob, 64, NULL, 0, why));
+    CHECK_STR_CONTAINS(why, "lies outside its message");
+    d = (done_t){0};
+    put_tensor(&d, "A", NEREID_TYPE_FP32, dims, 2, 0, 0, UINT64_MAX);
+    CHECK(!bin_tensor(&d, blob, 64, NULL, 0, why));
+    /* names: empty, with a NUL; datatypes; shapes */
+    d = (done_t){0};
+    put_tensor(&d, "", NEREID_TYPE_FP32, dims, 2, 0, 0, 16);
+    CHECK(!bin_tensor(&d, blob, 64, NULL, 0, why));
+    CHECK_STR_CONTAINS(why, "malformed tensor description");
+    d = (done_t){0};
+    put_tensor(&d, "AB", NEREID_TYPE_FP32, dims, 2, 0, 0, 16);
+    d.b[d.n - 1] = 0;
+    CHECK(!bin_tensor(&d, blob, 64, NULL, 0, why));
+    CHECK_STR_CONTAINS(why, "malformed tensor description");
+    d = (done_t){0};
+    put_tensor(&d, "A", 0, dims, 2, 0, 0, 16);
+    CHECK(!bin_tensor(&d, blob, 64, NULL, 0, why));
+    CHECK_STR_CONTAINS(why, "unknown datatype");
+    d = (done_t){0};
+    put_tensor(&d, "A", N_DATATYPES + 1, dims, 2, 0, 0, 16);
+    CHECK(!bin_tensor(&d, blob, 64, NULL, 0, why));
+    CHECK_STR_CONTAINS(why, "unknown datatype");
+    d = (done_t){0};
+    put_tensor(&d, "A", NEREID_TYPE_INT8, neg, 1, 0, 0, 1);
+    CHECK(!bin_tensor(&d, blob, 64, NULL, 0, why));
+    CHECK_STR_CONTAINS(why, "invalid shape");
+    int64_t many[17] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+    d = (done_t){0};
+    put_tensor(&d, "A", NEREID_TYPE_INT8, many, 17, 0, 0, 1);
+    CHECK(!bin_tensor(&d, blob, 64, NULL, 0, why));
+    CHECK_STR_CONTAINS(why, "more than 16 dimensions");
+    d = (done_t){0};
+    put_tensor(&d, "A", NEREID_TYPE_FP32, dims, 2, 0, 0, 8);
+    CHECK(!bin_tensor(&d, blob, 64, NULL, 0, why));
+    CHECK_STR_CONTAINS(why, "has 8 bytes, its shape and datatype need 16");
+    /* a record cut short */
+    d = (done_t){0};
+    put_tensor(&d, "ABC", NEREID_TYPE_FP32, dims, 2, 0, 0, 16);
+    d.n -= 1;
+    CHECK(!bin_tensor(&d, blob, 64, NULL, 0, why));
+}
+
 int main(void)
 {
     if (socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv) != 0) return 1;
     test_datagrams();
     test_tensors();
+    test_done_binary();
+    test_tensor_records();
     close(sv[0]);
     close(sv[1]);
     return check_summary();

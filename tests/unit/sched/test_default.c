@@ -31,6 +31,7 @@ typedef struct call {
     bool done, failed;
     pthread_t thread;
     char message[160];
+    int callee_inline; /* response parameter callee_on_caller_thread: 1, 0, -1 absent */
 } call_t;
 
 static void on_done(nereid_response_t *resp, void *userp)
@@ -42,6 +43,15 @@ static void on_done(nereid_response_t *resp, void *userp)
     if (c->failed)
         snprintf(c->message, sizeof c->message, "%s",
                  nereid_error_message(nereid_response_error(resp)));
+    c->callee_inline = -1;
+    for (size_t i = 0; i < nereid_response_parameter_count(resp); i++) {
+        const char *name;
+        int type;
+        const void *value;
+        nereid_response_parameter(resp, i, &name, &type, &value);
+        if (strcmp(name, "callee_on_caller_thread") == 0 && type == 2 /* bool */)
+            c->callee_inline = *(const bool *)value;
+    }
     c->done = true;
     pthread_cond_signal(&c->cond);
     pthread_mutex_unlock(&c->lock);
@@ -321,6 +331,34 @@ static void test_ensemble_first_step_unlocked(void)
     nereid_server_free(s);
 }
 
+/* A request that an inline execute submits to another model (the testing
+ * backend's call_model, as a BLS call does) runs inline too, one level
+ * down: "caller" runs on this thread, and fast2's completion on the same
+ * thread. Runs until both happen in one request (the instance threads must
+ * be back to waiting, as in until_inline; a caller run on its own thread
+ * runs fast2 inline there, which proves nothing); returns whether they
+ * did. Before nesting was allowed, fast2 always queued from an inline
+ * caller. */
+static bool callee_runs_nested(nereid_server_t *s)
+{
+    CHECK(until_inline(s, "fast2"));
+    CHECK(until_inline(s, "caller"));
+    for (int i = 0; i < 1000; i++) {
+        call_t c;
+        call_init(&c);
+        bool submitted = call_submit(s, make_request(s, "caller", 0), &c);
+        CHECK(submitted);
+        bool here = submitted && call_wait(&c);
+        CHECK(submitted && !c.failed);
+        int nested = c.callee_inline;
+        call_fini(&c);
+        CHECK(nested >= 0);
+        if (here && nested == 1) return true;
+        usleep(2000);
+    }
+    return false;
+}
+
 static void test_unload_while_inline(void)
 {
     static const char *load[] = {"fast1"};
@@ -363,6 +401,11 @@ int main(void)
     /* 300 ms executions under a backend bound of 10 s: inline like a fast one */
     write_testing_model_bound("slow_bound", 1, 300, 10 * 1000 * 1000);
     write_testing_model("fast3", 1, 0);
+    write_model("caller", "name: \"caller\"\nbackend: \"testing\"\nmax_batch_size: 0\n"
+                          "input [ { name: \"INPUT0\" data_type: TYPE_FP32 dims: [ -1 ] } ]\n"
+                          "output [ { name: \"OUTPUT0\" data_type: TYPE_FP32 dims: [ -1 ] } ]\n"
+                          "parameters [ { key: \"call_model\" value: { string_value: "
+                          "\"fast2\" } } ]\n");
     write_model("ens", "platform: \"ensemble\"\nmax_batch_size: 0\n"
                        "input [ { name: \"INPUT0\" data_type: TYPE_FP32 dims: [ -1 ] } ]\n"
                        "output [ { name: \"OUTPUT0\" data_type: TYPE_FP32 dims: [ -1 ] } ]\n"
@@ -386,6 +429,7 @@ int main(void)
         test_turns_slow(s);
         test_concurrent(s, "fast1");
         test_concurrent(s, "fast_two");
+        CHECK(callee_runs_nested(s));
         nereid_server_free(s);
     }
     test_ensemble_first_step_unlocked();
@@ -404,6 +448,15 @@ int main(void)
         for (int i = 0; i < 3; i++)
             here += run_one(s, "slow_bound", 0, &failed);
         CHECK_MSG(here == 0, "%d, want %d", here, 0);
+        /* Nor is the callee of an execute on an instance thread run there. */
+        for (int i = 0; i < 5; i++) {
+            call_t c;
+            call_init(&c);
+            CHECK(call_submit(s, make_request(s, "caller", 0), &c));
+            call_wait(&c);
+            CHECK(!c.failed && c.callee_inline == 0);
+            call_fini(&c);
+        }
         nereid_server_free(s);
     }
     unsetenv("NEREID_INLINE_US");
