@@ -55,6 +55,8 @@ M_READY, M_DONE, M_LOG, M_RESPONSE, M_BLS_CALL, M_CANCEL_QUERY, M_FINALIZED = (
     101, 102, 103, 104, 105, 106, 107)
 # pb_utils calls besides inference (metrics, model control): call, answer
 M_API_CALL, M_API_ANSWER = 120, 20
+# a decoupled BLS call's ResponseIterator.cancel() (no answer)
+M_BLS_CANCEL = 121
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import triton_python_backend_utils as pb_utils  # noqa: E402
@@ -141,6 +143,68 @@ def rescheduled(reqs):
     return [i for i, q in enumerate(reqs)
             if q._release_flags == pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE]
 
+def bls_response(res, blob, decoupled):
+    """One BLS_RESULT message as an InferenceResponse (None: a flags-only
+    final of a model that is not decoupled)."""
+    if res.get("empty"):
+        return pb_utils.InferenceResponse() if decoupled else None
+    err = res.get("error")
+    if err:
+        return pb_utils.InferenceResponse(error=pb_utils.TritonError(err["message"], err["code"]))
+    return pb_utils.InferenceResponse(decode_tensors(res.get("tensors", []), blob),
+                                      parameters=json.dumps(res.get("parameters", {})))
+
+
+class BlsStream:
+    """A decoupled BLS call in flight: its responses in order as they arrive
+    (ResponseIterator reads them by index, waiting for the next), and
+    cancel(), which asks the server to cancel the request."""
+
+    def __init__(self, worker, obj, tensors):
+        self.w = worker
+        self.slot = [False, []]
+        self.got = []
+        with worker.cv:
+            self.cid = worker.next_id
+            worker.next_id += 1
+            worker.pending[self.cid] = self.slot
+        obj["id"] = self.cid
+        try:
+            worker.send(M_BLS_CALL, obj, tensors)
+        except BaseException:
+            self.drop()
+            raise
+
+    def get(self, i):
+        """Response i, or None after the last one."""
+        while i >= len(self.got):
+            slot = self.slot
+            self.w.wait_for(lambda: len(slot[1]) > len(self.got) or slot[0])
+            with self.w.cv:
+                fresh = slot[1][len(self.got):]
+            if not fresh:
+                self.drop()
+                return None
+            self.got.extend(bls_response(res, blob, True) for res, blob in fresh)
+        return self.got[i]
+
+    def cancel(self):
+        with self.w.cv:
+            live = not self.slot[0]
+        if live:
+            self.w.send(M_BLS_CANCEL, {"call": self.cid})
+
+    def drop(self):
+        with self.w.cv:
+            self.w.pending.pop(self.cid, None)
+
+    def __del__(self):
+        try:
+            self.drop()
+        except Exception:
+            pass
+
+
 class Worker:
     def __init__(self, sock):
         self.sock = sock
@@ -155,6 +219,8 @@ class Worker:
         self.instance = ""
         self.decoupled = False
         self.in_execute = False
+        self.initialized = False  # BLS is allowed from initialize's end to finalize's start
+        self.finalizing = False
         self.bg_loop = None
         self.rbuf = bytearray(RECV_MAX)  # receive buffer (read by the reading thread only)
         self.rx_map = None  # the server's region for EXECUTE inputs
@@ -366,31 +432,21 @@ class Worker:
         self.send(M_RESPONSE, obj, tensors)
 
     def bls(self, request, decoupled):
-        if not self.in_execute:
-            return pb_utils.InferenceResponse(error=pb_utils.TritonError(
-                "BLS is only supported during the 'execute' function."))
+        # Triton's rule: BLS from the end of initialize to the start of
+        # finalize (a decoupled model's threads and async execute included)
+        if not self.initialized or self.finalizing:
+            raise pb_utils.TritonModelException(
+                "BLS is only supported during the 'execute' function.")
         obj = {"model": request._model_name, "version": request._model_version,
                "outputs": request._requested, "request_id": request._request_id,
                "correlation_id": request._correlation_id, "flags": request._flags,
                "timeout": request._timeout, "parameters": json.loads(request._parameters),
                "decoupled": bool(decoupled)}
-        results = self.call(M_BLS_CALL, obj, request._inputs)
-        responses = []
-        for res, blob in results:
-            if res.get("empty"):
-                if decoupled:
-                    responses.append(pb_utils.InferenceResponse())
-                continue
-            err = res.get("error")
-            if err:
-                responses.append(pb_utils.InferenceResponse(
-                    error=pb_utils.TritonError(err["message"], err["code"])))
-            else:
-                responses.append(pb_utils.InferenceResponse(
-                    decode_tensors(res.get("tensors", []), blob),
-                    parameters=json.dumps(res.get("parameters", {}))))
         if decoupled:
-            return pb_utils.ResponseIterator(responses)
+            # responses reach the iterator as they arrive
+            return pb_utils.ResponseIterator(BlsStream(self, obj, request._inputs))
+        results = self.call(M_BLS_CALL, obj, request._inputs)
+        responses = [r for r in (bls_response(res, blob, False) for res, blob in results) if r]
         return responses[0] if responses else pb_utils.InferenceResponse(
             error=pb_utils.TritonError("BLS call ended without a response"))
 
@@ -431,6 +487,7 @@ class Worker:
                 r = self.model.initialize(obj["args"])
                 if inspect.iscoroutine(r):
                     self.loop.run_until_complete(r)
+            self.initialized = True
             if self.decoupled and inspect.iscoroutinefunction(
                     getattr(self.model, "execute", None)):
                 self.bg_loop = asyncio.new_event_loop()
@@ -550,6 +607,7 @@ class Worker:
                                         f"'{self.instance}', message: {error_text(e)}"})
 
     def handle_finalize(self):
+        self.finalizing = True
         if self.bg_loop is not None:
             self.bg_loop.call_soon_threadsafe(self.bg_loop.stop)
         if self.model is not None and hasattr(self.model, "finalize"):

@@ -78,6 +78,7 @@ enum {
     M_FINALIZED = 107,
     M_API_ANSWER = 20, /* pb_utils calls besides inference (python_api.c) */
     M_API_CALL = 120,
+    M_BLS_CANCEL = 121, /* ResponseIterator.cancel() of a decoupled BLS call */
 };
 
 #define HDR_BYTES 16
@@ -774,7 +775,8 @@ typedef struct instance {
     uint64_t next_sender;
     nereid_batch_t *batch; /* during execute, for cancellation checks */
     size_t bls_inflight;
-    python_api_t *api; /* the worker's metrics (python_api.c) */
+    struct bls_call *bls_calls; /* in flight, for M_BLS_CANCEL */
+    python_api_t *api;          /* the worker's metrics (python_api.c) */
 } instance_t;
 
 static nereid_error_t *unhealthy(instance_t *in)
@@ -922,6 +924,8 @@ typedef struct bls_call {
     chan_t *chan;
     msg_t *msg; /* holds the inputs' bytes until the final response */
     json_int_t id;
+    nereid_cancel_token_t *cancel; /* the request's: cancelled by M_BLS_CANCEL */
+    struct bls_call *next;         /* in->bls_calls */
 } bls_call_t;
 
 static void bls_reply_error(chan_t *c, json_int_t id, const char *text, nereid_error_code_t code)
@@ -936,8 +940,14 @@ static void bls_done(bls_call_t *call)
     instance_t *in = call->in;
     msg_free(call->msg);
     chan_unref(call->chan);
-    free(call);
     pthread_mutex_lock(&in->mu);
+    for (bls_call_t **p = &in->bls_calls; *p; p = &(*p)->next)
+        if (*p == call) {
+            *p = call->next;
+            break;
+        }
+    nereid_cancel_token_free(call->cancel);
+    free(call);
     in->bls_inflight--;
     pthread_cond_broadcast(&in->cv);
     pthread_mutex_unlock(&in->mu);
@@ -1074,10 +1084,13 @@ static bool bls_start(instance_t *in, msg_t *m, char *why, size_t why_cap)
     if (!err) {
         bls_call_t *call = calloc(1, sizeof *call);
         if (!call) abort();
-        *call = (bls_call_t){in, c, m, id};
+        *call = (bls_call_t){in, c, m, id, nereid_cancel_token_new(), NULL};
+        nereid_request_set_cancel_token(req, call->cancel);
         atomic_fetch_add(&c->refs, 1);
         pthread_mutex_lock(&in->mu);
         in->bls_inflight++;
+        call->next = in->bls_calls;
+        in->bls_calls = call;
         pthread_mutex_unlock(&in->mu);
         err = nereid_server_infer_stream(in->server, req, NULL, bls_on_response, call);
         if (!err) return true;
@@ -1091,6 +1104,25 @@ static bool bls_start(instance_t *in, msg_t *m, char *why, size_t why_cap)
     bls_reply_error(c, id, text, nereid_error_code(err));
     nereid_error_free(err);
     msg_free(m);
+    return true;
+}
+
+/* ResponseIterator.cancel(): cancels the request of the worker's BLS call
+ * (the model it went to sees is_cancelled(), queued steps end CANCELLED).
+ * An unknown or finished call is ignored, as Triton ignores a cancel after
+ * the last response. */
+static bool bls_cancel(instance_t *in, msg_t *m, char *why, size_t why_cap)
+{
+    json_t *jc = json_object_get(m->json, "call");
+    if (!json_is_integer(jc)) {
+        snprintf(why, why_cap, "malformed BLS cancel");
+        return false;
+    }
+    pthread_mutex_lock(&in->mu);
+    for (bls_call_t *c = in->bls_calls; c; c = c->next)
+        if (c->chan == in->chan && c->id == json_integer_value(jc))
+            nereid_request_cancel(c->cancel);
+    pthread_mutex_unlock(&in->mu);
     return true;
 }
 
@@ -1175,6 +1207,8 @@ static bool dispatch(instance_t *in, msg_t **m, char *why, size_t why_cap)
     case M_API_CALL:
         api_call(in, m);
         return true;
+    case M_BLS_CANCEL:
+        return bls_cancel(in, *m, why, why_cap);
     default:
         snprintf(why, why_cap, "unknown message type %u", (*m)->type);
         return false;

@@ -445,7 +445,7 @@ class InferenceResponseSender:
         _worker.send_response(self._id, response, flags, self._requested)
 
     def is_cancelled(self):
-        return _worker.is_cancelled(self._id) if _worker else False
+        return _worker.is_cancelled({"sender": self._id}) if _worker else False
 
     def _close_with_error(self, error):
         with self._lock:
@@ -457,21 +457,28 @@ class InferenceResponseSender:
 
 
 class ResponseIterator:
-    """The responses of a decoupled BLS call, in order; iterable again."""
+    """The responses of a decoupled BLS call, in order, each as it arrives
+    (iterating waits for the next); iterable again from the start."""
 
-    def __init__(self, responses):
-        self._responses = responses
+    def __init__(self, stream):
+        self._stream = stream
+        self._next = 0
 
     def __iter__(self):
-        return iter(self._responses)
+        self._next = 0
+        return self
 
     def __next__(self):
-        if not hasattr(self, "_it"):
-            self._it = iter(self._responses)
-        return next(self._it)
+        r = self._stream.get(self._next)
+        if r is None:
+            raise StopIteration
+        self._next += 1
+        return r
 
     def cancel(self):
-        pass
+        """Asks the server to cancel the BLS request (the model called sees
+        is_cancelled()); nothing happens once its last response came."""
+        self._stream.cancel()
 
 
 class _LogLevel(int):

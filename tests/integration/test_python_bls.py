@@ -1,0 +1,314 @@
+"""BLS and response senders beyond execute, through the real binary:
+BLS from a decoupled model's own threads after execute returned and from
+an `async def execute` (several calls in flight with asyncio.gather),
+decoupled BLS whose ResponseIterator yields each response as it arrives
+and whose cancel() cancels the request in the called model, BLS outside
+initialize..finalize refused with Triton's exception, and a decoupled
+response sender's is_cancelled() after the client cancelled its gRPC
+stream (Triton's L0_backend_python decoupled / async_execute cases).
+"""
+import json
+import threading
+import time
+
+import grpc
+import numpy as np
+import pytest
+
+from conftest import Server
+from grpc_util import stubs
+from test_python_backend import write
+
+pb, pbg, _, _ = stubs()
+
+# Decoupled: sends X+1 for each response, up to N responses, DELAY_MS apart,
+# until its request is cancelled (then one CANCELLED error, final).
+UNTIL_CANCELLED = """
+import time
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        r = requests[0]
+        x = int(pb_utils.get_input_tensor_by_name(r, "X").as_numpy()[0])
+        n = int(pb_utils.get_input_tensor_by_name(r, "N").as_numpy()[0])
+        delay = int(pb_utils.get_input_tensor_by_name(r, "DELAY_MS").as_numpy()[0])
+        s = r.get_response_sender()
+        for i in range(n):
+            if r.is_cancelled():
+                s.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(
+                    "request has been cancelled", pb_utils.TritonError.CANCELLED)),
+                    flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                return None
+            s.send(pb_utils.InferenceResponse(
+                [pb_utils.Tensor("Y", np.array([x + 1], np.int32))]))
+            time.sleep(delay / 1000)
+        s.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+"""
+
+UNTIL_CANCELLED_CONFIG = """
+name: "until_cancelled"
+backend: "python"
+model_transaction_policy { decoupled: true }
+input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] },
+        { name: "N" data_type: TYPE_INT32 dims: [ 1 ] },
+        { name: "DELAY_MS" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "Y" data_type: TYPE_INT32 dims: [ 1 ] } ]
+"""
+
+IDENT = """
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse(
+            [pb_utils.Tensor("Y", pb_utils.get_input_tensor_by_name(r, "X").as_numpy())])
+            for r in requests]
+"""
+
+IDENT_CONFIG = """
+name: "ident"
+backend: "python"
+input [ { name: "X" data_type: TYPE_INT32 dims: [ -1 ] } ]
+output [ { name: "Y" data_type: TYPE_INT32 dims: [ -1 ] } ]
+"""
+
+HELPERS = """
+import asyncio
+import json
+import threading
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+def ident(x):
+    return pb_utils.InferenceRequest(model_name="ident", requested_output_names=["Y"],
+                                     inputs=[pb_utils.Tensor("X", np.array(x, np.int32))])
+
+def until_cancelled(x, n, delay_ms):
+    return pb_utils.InferenceRequest(
+        model_name="until_cancelled", requested_output_names=["Y"],
+        inputs=[pb_utils.Tensor("X", np.array([x], np.int32)),
+                pb_utils.Tensor("N", np.array([n], np.int32)),
+                pb_utils.Tensor("DELAY_MS", np.array([delay_ms], np.int32))])
+
+def y(resp):
+    if resp.has_error():
+        return "error: " + resp.error().message()
+    t = pb_utils.get_output_tensor_by_name(resp, "Y")
+    return t.as_numpy().tolist() if t is not None else None
+
+def out(obj):
+    return pb_utils.InferenceResponse([pb_utils.Tensor(
+        "OUT", np.array([json.dumps(obj).encode()], dtype=np.object_))])
+"""
+
+# Decoupled; execute returns at once, a thread makes the BLS calls later
+# (sync, and decoupled through the iterator) and sends what it got.
+DEC_THREAD = HELPERS + """
+class TritonPythonModel:
+    def initialize(self, args):
+        try:
+            ident([1]).exec()
+            self.init_bls = None
+        except pb_utils.TritonModelException as e:
+            self.init_bls = str(e)
+
+    def execute(self, requests):
+        for r in requests:
+            x = pb_utils.get_input_tensor_by_name(r, "X").as_numpy().tolist()
+            threading.Thread(target=self.work, args=(r.get_response_sender(), x)).start()
+        return None
+
+    def work(self, sender, x):
+        res = {"init_bls": self.init_bls}
+        res["sync"] = y(ident(x).exec())
+        res["stream"] = [y(o) for o in until_cancelled(x[0], 3, 0).exec(decoupled=True)]
+        it = until_cancelled(x[0], 2, 0).exec(decoupled=True)
+        res["twice"] = [[y(o) for o in it], [y(o) for o in it]]
+        sender.send(out(res), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+"""
+
+DEC_CONFIG = """
+name: "{name}"
+backend: "python"
+model_transaction_policy {{ decoupled: true }}
+input [ {{ name: "X" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+output [ {{ name: "OUT" data_type: TYPE_STRING dims: [ 1 ] }} ]
+"""
+
+# Decoupled with an async execute: several BLS calls in flight at once.
+DEC_ASYNC = HELPERS + """
+class TritonPythonModel:
+    async def execute(self, requests):
+        for r in requests:
+            x = int(pb_utils.get_input_tensor_by_name(r, "X").as_numpy()[0])
+            got = await asyncio.gather(*[ident([x + i]).async_exec() for i in range(4)])
+            it = await until_cancelled(x, 2, 0).async_exec(decoupled=True)
+            r.get_response_sender().send(
+                out({"gather": [y(g) for g in got], "stream": [y(o) for o in it]}),
+                flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+"""
+
+# Not decoupled: sums the responses of until_cancelled and cancels the
+# stream once the sum reaches LIMIT; then cancels again (a no-op).
+CANCELLER = HELPERS + """
+class TritonPythonModel:
+    def execute(self, requests):
+        res = []
+        for r in requests:
+            limit = int(pb_utils.get_input_tensor_by_name(r, "X").as_numpy()[0])
+            it = until_cancelled(0, 1000, 10).exec(decoupled=True)
+            total, n, cancelled, errors = 0, 0, False, []
+            for o in it:
+                if o.has_error():
+                    cancelled = o.error().code() == pb_utils.TritonError.CANCELLED
+                    errors.append(o.error().message())
+                    break
+                t = pb_utils.get_output_tensor_by_name(o, "Y")
+                if t is None:
+                    continue
+                total += int(t.as_numpy()[0])
+                n += 1
+                if total >= limit:
+                    it.cancel()
+            it.cancel()
+            res.append(out({"total": total, "n": n, "cancelled": cancelled,
+                            "errors": errors}))
+        return res
+"""
+
+CANCELLER_CONFIG = """
+name: "canceller"
+backend: "python"
+input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_STRING dims: [ 1 ] } ]
+"""
+
+# Decoupled: a thread polls the sender's is_cancelled() and logs when the
+# client's cancellation shows.
+WATCH = """
+import threading
+import time
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for r in requests:
+            threading.Thread(target=self.watch, args=(r.get_response_sender(),)).start()
+        return None
+
+    def watch(self, sender):
+        pb_utils.Logger.log_info("watch: started")
+        for _ in range(300):
+            if sender.is_cancelled():
+                pb_utils.Logger.log_info("watch: sender cancelled")
+                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(
+                    "cancelled", pb_utils.TritonError.CANCELLED)),
+                    flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                return
+            time.sleep(0.1)
+        pb_utils.Logger.log_info("watch: never cancelled")
+        sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+"""
+
+WATCH_CONFIG = """
+name: "watch"
+backend: "python"
+model_transaction_policy { decoupled: true }
+input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_STRING dims: [ 1 ] } ]
+"""
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    repo = str(tmp_path_factory.mktemp("bls") / "models")
+    write(repo, "until_cancelled", UNTIL_CANCELLED_CONFIG, UNTIL_CANCELLED)
+    write(repo, "ident", IDENT_CONFIG, IDENT)
+    write(repo, "dec_thread", DEC_CONFIG.format(name="dec_thread"), DEC_THREAD)
+    write(repo, "dec_async", DEC_CONFIG.format(name="dec_async"), DEC_ASYNC)
+    write(repo, "canceller", CANCELLER_CONFIG, CANCELLER)
+    write(repo, "watch", WATCH_CONFIG, WATCH)
+    s = Server(repo, ["--log-verbose=1"], wait_port="grpc")
+    yield s
+    assert s.stop() == 0, s.output()
+
+
+def request(model, x):
+    req = pb.ModelInferRequest(model_name=model)
+    t = req.inputs.add()
+    t.name, t.datatype = "X", "INT32"
+    t.shape.extend([1])
+    req.raw_input_contents.append(np.array([x], np.int32).tobytes())
+    return req
+
+
+def stream(server, model, x):
+    with grpc.insecure_channel(server.grpc_addr) as ch:
+        return list(pbg.GRPCInferenceServiceStub(ch).ModelStreamInfer(
+            iter([request(model, x)]), timeout=60))
+
+
+def result(resp):
+    assert resp.error_message == "", resp.error_message
+    raw = resp.infer_response.raw_output_contents[0]
+    return json.loads(raw[4:])
+
+
+def test_bls_from_a_decoupled_models_thread_after_execute(server):
+    (r,) = stream(server, "dec_thread", 5)
+    res = result(r)
+    # BLS in initialize raises Triton's exception
+    assert res["init_bls"] == "BLS is only supported during the 'execute' function."
+    assert res["sync"] == [5]
+    # three responses, then the flags-only final as an empty response
+    assert res["stream"] == [[6], [6], [6], None]
+    # the iterator can be walked again from the start
+    assert res["twice"] == [[[6], [6], None], [[6], [6], None]]
+
+
+def test_async_bls_gather_from_async_decoupled_execute(server):
+    (r,) = stream(server, "dec_async", 10)
+    res = result(r)
+    assert res["gather"] == [[10], [11], [12], [13]]
+    assert res["stream"] == [[11], [11], None]
+
+
+def test_response_iterator_cancel_cancels_the_called_model(server):
+    with grpc.insecure_channel(server.grpc_addr) as ch:
+        r = pbg.GRPCInferenceServiceStub(ch).ModelInfer(request("canceller", 5), timeout=60)
+    res = json.loads(r.raw_output_contents[0][4:])
+    # the called model saw is_cancelled() and ended with CANCELLED long
+    # before its 1000 responses (so the iterator got them as they came)
+    assert res["cancelled"], res
+    assert res["errors"] == ["request has been cancelled"]
+    assert 5 <= res["total"] < 1000 and res["n"] == res["total"]
+
+
+def test_sender_is_cancelled_after_the_stream_is_cancelled(server):
+    started = threading.Event()
+
+    def requests_then_wait():
+        yield request("watch", 1)
+        started.wait(30)
+
+    with grpc.insecure_channel(server.grpc_addr) as ch:
+        call = pbg.GRPCInferenceServiceStub(ch).ModelStreamInfer(requests_then_wait(),
+                                                                 timeout=60)
+        deadline = time.time() + 30
+        while "watch: started" not in server.output() and time.time() < deadline:
+            time.sleep(0.05)
+        assert "watch: started" in server.output()
+        call.cancel()
+        started.set()
+        with pytest.raises(grpc.RpcError) as e:
+            list(call)
+        assert e.value.code() == grpc.StatusCode.CANCELLED
+    deadline = time.time() + 30
+    while "watch: sender" not in server.output() and time.time() < deadline:
+        time.sleep(0.05)
+    assert "watch: sender cancelled" in server.output()
+    assert "watch: never cancelled" not in server.output()
