@@ -488,8 +488,7 @@ class Worker:
                 if inspect.iscoroutine(r):
                     self.loop.run_until_complete(r)
             self.initialized = True
-            if self.decoupled and inspect.iscoroutinefunction(
-                    getattr(self.model, "execute", None)):
+            if inspect.iscoroutinefunction(getattr(self.model, "execute", None)):
                 self.bg_loop = asyncio.new_event_loop()
                 threading.Thread(target=self.bg_loop.run_forever, daemon=True).start()
             self.send(M_READY, {})
@@ -559,10 +558,16 @@ class Worker:
             try:
                 res = self.model.execute(reqs)
                 if inspect.iscoroutine(res):
-                    res = self.loop.run_until_complete(res)
+                    if self.bg_loop is not None:  # tasks it starts keep running after it
+                        res = asyncio.run_coroutine_threadsafe(res, self.bg_loop).result()
+                    else:
+                        res = self.loop.run_until_complete(res)
+                res = self.collect_sent(reqs, res)
             except Exception as e:
-                self.send(M_DONE, {"error": f"Failed to process the request(s) for model "
-                                            f"'{self.instance}', message: {error_text(e)}"})
+                text = (f"Failed to process the request(s) for model '{self.instance}', "
+                        f"message: {error_text(e)}")
+                if not self.answer_sent(reqs, text):
+                    self.send(M_DONE, {"error": text})
                 return
         finally:
             self.in_execute = False
@@ -605,6 +610,69 @@ class Worker:
         except Exception as e:  # e.g. a BYTES element that cannot be encoded
             self.send(M_DONE, {"error": f"Failed to process the request(s) for model "
                                         f"'{self.instance}', message: {error_text(e)}"})
+
+    # ---- response senders of a model that is not decoupled ----
+    def sender_progress(self):
+        """A sender got a response or its final flag: wake collect_sent."""
+        with self.cv:
+            self.cv.notify_all()
+
+    def collect_sent(self, reqs, res):
+        """execute's return with the senders' responses put in: an entry
+        (or the whole return) None for a request whose sender was taken is
+        that sender's response, waited for until its final flag (the model
+        may send from another thread after execute returned). Triton's
+        errors for a request answered twice."""
+        senders = [r._sender for r in reqs]
+        if not any(senders):
+            return res
+        if res is None:
+            res = [None] * len(reqs)
+        if not isinstance(res, list) or len(res) != len(reqs):
+            return res  # refused by the checks after this
+        for s, r in zip(senders, res):
+            if s is not None and r is not None and not s._answered():
+                raise pb_utils.TritonModelException(
+                    "Unable to send response. Non-decoupled model cannot send more than one "
+                    "response.")
+        waiting = [s for q, s, r in zip(reqs, senders, res) if s is not None and r is None and
+                   q._release_flags != pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE]
+        # not as the socket's reader: the final flag comes from a model
+        # thread, not in a message (that thread reads for its own BLS calls)
+        with self.cv:
+            while not all(s._closed for s in waiting):
+                self.cv.wait()
+        for i, s in enumerate(senders):
+            if s is not None:
+                s._close()
+                if res[i] is None and s._response is not None:
+                    res[i] = s._response
+        return res
+
+    def answer_sent(self, reqs, text):
+        """execute failed: requests whose sender already sent a response get
+        it, the others the error (Triton drops the error of a request that
+        was answered). False when no sender sent anything."""
+        senders = [r._sender for r in reqs]
+        for s in senders:
+            if s is not None:
+                s._close()
+        if not any(s is not None and s._response is not None for s in senders):
+            return False
+        err = pb_utils.InferenceResponse(error=pb_utils.TritonError(text))
+        out, tensors = [], []
+        for q, s in zip(reqs, senders):
+            resp = s._response if s is not None and s._response is not None else err
+            if resp.has_error():
+                e = resp.error()
+                out.append(json.dumps({"error": {"message": e.message(), "code": e.code()}}))
+                continue
+            mine = [t for t in resp.output_tensors() if t.name() in q._requested]
+            out.append(json.dumps({"n_outputs": len(mine),
+                                   "parameters": json.loads(resp._parameters)}))
+            tensors.extend(mine)
+        self.send(M_DONE, f'{{"responses":[{",".join(out)}]}}', tensors, region=True)
+        return True
 
     def handle_finalize(self):
         self.finalizing = True

@@ -5,7 +5,10 @@ decoupled BLS whose ResponseIterator yields each response as it arrives
 and whose cancel() cancels the request in the called model, BLS outside
 initialize..finalize refused with Triton's exception, and a decoupled
 response sender's is_cancelled() after the client cancelled its gRPC
-stream (Triton's L0_backend_python decoupled / async_execute cases).
+stream (Triton's L0_backend_python decoupled / async_execute cases); and
+a model that is not decoupled answering through its response sender
+(Triton's rules: one response plus the final flag, before or after execute
+returned; L0_backend_python response_sender).
 """
 import json
 import threading
@@ -223,6 +226,102 @@ output [ { name: "OUT" data_type: TYPE_STRING dims: [ 1 ] } ]
 """
 
 
+# Not decoupled: MODE says how request is answered (sender before/after
+# return, returned, both, misuse); the response carries X*10 + how.
+SINGLE = """
+import asyncio
+import threading
+import time
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+def resp(x, how):
+    return pb_utils.InferenceResponse([pb_utils.Tensor("Y", np.array([[x * 10 + how]], np.int32))])
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            mode = pb_utils.get_input_tensor_by_name(r, "MODE").as_numpy().flat[0].decode()
+            x = int(pb_utils.get_input_tensor_by_name(r, "X").as_numpy().flat[0])
+            ret = None
+            if mode == "returned":
+                ret = resp(x, 0)
+            elif mode == "pre":
+                r.get_response_sender().send(resp(x, 1),
+                                             flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            elif mode == "pre_then_final":
+                s = r.get_response_sender()
+                s.send(resp(x, 2))
+                s.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            elif mode == "post":
+                s = r.get_response_sender()
+                def later(s=s, x=x):
+                    time.sleep(0.05)
+                    s.send(resp(x, 3))
+                    time.sleep(0.05)
+                    s.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                threading.Thread(target=later).start()
+            elif mode == "pre_and_returned":
+                r.get_response_sender().send(resp(x, 4),
+                                             flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                ret = resp(x, 5)
+            elif mode == "two_pre":
+                s = r.get_response_sender()
+                s.send(resp(x, 6))
+                s.send(resp(x, 7))
+            elif mode == "final_only":
+                r.get_response_sender().send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            elif mode == "returned_then_send":
+                ret = resp(x, 8)
+                s = r.get_response_sender()
+                def after(s=s, x=x):
+                    time.sleep(0.05)
+                    try:
+                        s.send(resp(x, 9))
+                    except pb_utils.TritonModelException as e:
+                        pb_utils.Logger.log_info(f"single: {e}")
+                threading.Thread(target=after).start()
+            out.append(ret)
+        return out
+"""
+
+SINGLE_CONFIG = """
+name: "{name}"
+backend: "python"
+max_batch_size: 8
+dynamic_batching {{ max_queue_delay_microseconds: {delay} }}
+input [ {{ name: "MODE" data_type: TYPE_STRING dims: [ 1 ] }},
+        {{ name: "X" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+output [ {{ name: "Y" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+"""
+
+# The same with an async execute whose task answers after it returned.
+SINGLE_ASYNC = """
+import asyncio
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.tasks = set()
+
+    async def execute(self, requests):
+        for r in requests:
+            x = int(pb_utils.get_input_tensor_by_name(r, "X").as_numpy().flat[0])
+            s = r.get_response_sender()
+            async def later(s=s, x=x):
+                await asyncio.sleep(0.05)
+                s.send(pb_utils.InferenceResponse(
+                    [pb_utils.Tensor("Y", np.array([[x * 10 + 3]], np.int32))]),
+                    flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            t = asyncio.create_task(later())
+            self.tasks.add(t)
+            t.add_done_callback(self.tasks.discard)
+        return None
+"""
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     repo = str(tmp_path_factory.mktemp("bls") / "models")
@@ -232,6 +331,11 @@ def server(tmp_path_factory):
     write(repo, "dec_async", DEC_CONFIG.format(name="dec_async"), DEC_ASYNC)
     write(repo, "canceller", CANCELLER_CONFIG, CANCELLER)
     write(repo, "watch", WATCH_CONFIG, WATCH)
+    write(repo, "single", SINGLE_CONFIG.format(name="single", delay=0), SINGLE)
+    write(repo, "single_batched", SINGLE_CONFIG.format(name="single_batched", delay=300000),
+          SINGLE)
+    write(repo, "single_async", SINGLE_CONFIG.format(name="single_async", delay=0),
+          SINGLE_ASYNC)
     s = Server(repo, ["--log-verbose=1"], wait_port="grpc")
     yield s
     assert s.stop() == 0, s.output()
@@ -312,3 +416,65 @@ def test_sender_is_cancelled_after_the_stream_is_cancelled(server):
         time.sleep(0.05)
     assert "watch: sender cancelled" in server.output()
     assert "watch: never cancelled" not in server.output()
+
+
+def single(server, model, mode, x):
+    req = pb.ModelInferRequest(model_name=model)
+    for name, dt, raw in (("MODE", "BYTES", len(mode).to_bytes(4, "little") + mode.encode()),
+                          ("X", "INT32", np.array([x], np.int32).tobytes())):
+        t = req.inputs.add()
+        t.name, t.datatype = name, dt
+        t.shape.extend([1, 1])
+        req.raw_input_contents.append(raw)
+    with grpc.insecure_channel(server.grpc_addr) as ch:
+        try:
+            r = pbg.GRPCInferenceServiceStub(ch).ModelInfer(req, timeout=60)
+        except grpc.RpcError as e:
+            return "error: " + e.details()
+    return int(np.frombuffer(r.raw_output_contents[0], np.int32)[0])
+
+
+@pytest.mark.parametrize("mode,how", [
+    ("returned", 0), ("pre", 1), ("pre_then_final", 2), ("post", 3),
+    # the sent response wins; returning another fails execute, but that
+    # request was answered already (Triton drops the error)
+    ("pre_and_returned", 4),
+    # the second send raises in execute; the first response was the answer
+    ("two_pre", 6),
+    ("returned_then_send", 8)])
+def test_non_decoupled_response_sender(server, mode, how):
+    assert single(server, "single", mode, 7) == 70 + how
+
+
+def test_non_decoupled_response_sender_misuse(server):
+    got = single(server, "single", "final_only", 1)
+    assert got.startswith("error: Failed to process the request(s) for model 'single_0', "
+                          "message: TritonModelException: Unable to send response. "
+                          "Non-decoupled model cannot send complete final before sending a "
+                          "response."), got
+    single(server, "single", "returned_then_send", 2)
+    deadline = time.time() + 30
+    text = "single: Unable to send response. Non-decoupled model cannot send more than one"
+    while text not in server.output() and time.time() < deadline:
+        time.sleep(0.05)
+    assert text in server.output()
+
+
+def test_non_decoupled_response_sender_in_a_batch(server):
+    # one dynamic batch: each request answered its own way
+    modes = ["returned", "pre", "post", "pre_then_final"]
+    results = [None] * len(modes)
+
+    def run(i):
+        results[i] = single(server, "single_batched", modes[i], i)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(modes))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == [0, 11, 23, 32]
+
+
+def test_non_decoupled_async_execute_answers_from_a_task(server):
+    assert single(server, "single_async", "", 4) == 43
