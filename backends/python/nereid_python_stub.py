@@ -50,6 +50,7 @@ M_REGION = 0x80000000  # payload in the sender's persistent region (EXECUTE, DON
 
 # C -> worker
 M_INIT, M_EXECUTE, M_FINALIZE, M_BLS_RESULT, M_CANCEL_ANSWER = 1, 2, 3, 4, 5
+M_READY_QUERY, M_READY_ANSWER = 6, 122  # the model's is_ready(): query, answer
 # worker -> C
 M_READY, M_DONE, M_LOG, M_RESPONSE, M_BLS_CALL, M_CANCEL_QUERY, M_FINALIZED = (
     101, 102, 103, 104, 105, 106, 107)
@@ -371,6 +372,8 @@ class Worker:
                         slot[1].append((obj, blob))
                         if mtype != M_BLS_RESULT or obj.get("final", True):
                             slot[0] = True
+                elif mtype == M_READY_QUERY:  # on its own thread: executes go on
+                    threading.Thread(target=self.answer_ready, daemon=True).start()
                 else:
                     self.work.append(msg)
                 self.cv.notify_all()
@@ -488,10 +491,11 @@ class Worker:
                 if inspect.iscoroutine(r):
                     self.loop.run_until_complete(r)
             self.initialized = True
+            has_is_ready = callable(getattr(self.model, "is_ready", None))
             if inspect.iscoroutinefunction(getattr(self.model, "execute", None)):
                 self.bg_loop = asyncio.new_event_loop()
                 threading.Thread(target=self.bg_loop.run_forever, daemon=True).start()
-            self.send(M_READY, {})
+            self.send(M_READY, {"is_ready": True} if has_is_ready else {})
         except BaseException as e:  # noqa: B902 - SystemExit from model code included
             self.send(M_READY, {"error": error_text(e)})
 
@@ -610,6 +614,22 @@ class Worker:
         except Exception as e:  # e.g. a BYTES element that cannot be encoded
             self.send(M_DONE, {"error": f"Failed to process the request(s) for model "
                                         f"'{self.instance}', message: {error_text(e)}"})
+
+    def answer_ready(self):
+        """The model's is_ready() for a model-ready check (Triton's rules: a
+        bool, or not ready with the exception's text)."""
+        try:
+            r = self.model.is_ready()
+            if inspect.iscoroutine(r):
+                r = asyncio.new_event_loop().run_until_complete(r)
+            if not isinstance(r, bool):
+                raise pb_utils.TritonModelException("is_ready() must return a boolean value")
+            ans = {"ready": r}
+        except pb_utils.TritonModelException as e:
+            ans = {"error": str(e)}
+        except Exception as e:
+            ans = {"error": f"{type(e).__name__}: {e}"}
+        self.send(M_READY_ANSWER, ans)
 
     # ---- response senders of a model that is not decoupled ----
     def sender_progress(self):

@@ -478,3 +478,114 @@ def test_non_decoupled_response_sender_in_a_batch(server):
 
 def test_non_decoupled_async_execute_answers_from_a_task(server):
     assert single(server, "single_async", "", 4) == 43
+
+
+# The model's is_ready() answers model-ready checks (Triton's user-defined
+# readiness): WHAT in its config parameters says what it returns.
+READY = """
+import asyncio
+import json
+import time
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def initialize(self, args):
+        cfg = json.loads(args["model_config"])
+        self.what = cfg["parameters"]["WHAT"]["string_value"]
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse(
+            [pb_utils.Tensor("Y", pb_utils.get_input_tensor_by_name(r, "X").as_numpy())])
+            for r in requests]
+
+    def is_ready(self):
+        if self.what == "exception":
+            raise RuntimeError("not today")
+        if self.what == "non_bool":
+            return "yes"
+        if self.what == "coroutine":
+            async def ok():
+                return True
+            return ok()
+        return self.what == "true"
+"""
+
+READY_CONFIG = """
+name: "{name}"
+backend: "python"
+input [ {{ name: "X" data_type: TYPE_INT32 dims: [ -1 ] }} ]
+output [ {{ name: "Y" data_type: TYPE_INT32 dims: [ -1 ] }} ]
+parameters {{ key: "WHAT" value: {{ string_value: "{what}" }} }}
+"""
+
+
+@pytest.fixture(scope="module")
+def ready_server(tmp_path_factory):
+    repo = str(tmp_path_factory.mktemp("ready") / "models")
+    for what in ("true", "false", "exception", "non_bool", "coroutine"):
+        write(repo, f"ready_{what}", READY_CONFIG.format(name=f"ready_{what}", what=what), READY)
+    write(repo, "ident", IDENT_CONFIG, IDENT)
+    s = Server(repo, ["--log-verbose=1", "--strict-readiness=false"], wait_port="grpc")
+    yield s
+    assert s.stop() == 0, s.output()
+
+
+def http_ready(server, model):
+    import requests
+    return requests.get(f"{server.http_url}/v2/models/{model}/ready", timeout=30).status_code == 200
+
+
+def grpc_ready(server, model):
+    with grpc.insecure_channel(server.grpc_addr) as ch:
+        return pbg.GRPCInferenceServiceStub(ch).ModelReady(
+            pb.ModelReadyRequest(name=model), timeout=30).ready
+
+
+@pytest.mark.parametrize("what,ready,reason", [
+    ("true", True, None), ("coroutine", True, None),
+    ("false", False, "Model 'ready_false_0' is not ready (user-defined check failed)."),
+    ("exception", False, "RuntimeError: not today"),
+    ("non_bool", False, "is_ready() must return a boolean value")])
+def test_user_defined_is_ready(ready_server, what, ready, reason):
+    model = f"ready_{what}"
+    assert http_ready(ready_server, model) is ready
+    assert grpc_ready(ready_server, model) is ready
+    if reason:
+        assert (f"Model '{model}' version 1 is not ready: {reason}"
+                in ready_server.output())
+    # inference is not affected
+    with grpc.insecure_channel(ready_server.grpc_addr) as ch:
+        req = pb.ModelInferRequest(model_name=model)
+        t = req.inputs.add()
+        t.name, t.datatype = "X", "INT32"
+        t.shape.extend([1])
+        req.raw_input_contents.append(np.array([3], np.int32).tobytes())
+        r = pbg.GRPCInferenceServiceStub(ch).ModelInfer(req, timeout=30)
+    assert np.frombuffer(r.raw_output_contents[0], np.int32).tolist() == [3]
+
+
+def test_killed_worker_makes_the_model_not_ready(ready_server):
+    import os
+    import signal
+    import subprocess
+    assert http_ready(ready_server, "ident")
+    def under_server(pid):  # other servers on the machine may run an ident_0 too
+        for _ in range(4):
+            with open(f"/proc/{pid}/stat") as f:
+                pid = int(f.read().rsplit(")", 1)[1].split()[1])
+            if pid == ready_server.proc.pid:
+                return True
+        return False
+
+    out = subprocess.run(["pgrep", "-f", "triton_python_backend_stub ident_0"],
+                         capture_output=True, text=True).stdout.split()
+    mine = [int(p) for p in out if under_server(int(p))]
+    assert len(mine) == 1, out
+    os.kill(mine[0], signal.SIGKILL)
+    deadline = time.time() + 30
+    while http_ready(ready_server, "ident") and time.time() < deadline:
+        time.sleep(0.05)
+    assert not http_ready(ready_server, "ident")
+    assert not grpc_ready(ready_server, "ident")
+    assert ("Model 'ident' version 1 is not ready: Stub process 'ident_0' is not healthy."
+            in ready_server.output())
