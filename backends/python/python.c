@@ -1169,10 +1169,28 @@ static void *api_job_main(void *arg)
     return NULL;
 }
 
+/* is_model_ready of another model is answered where it arrives (no
+ * thread): the lookup is quick, and a Python model's is_ready() runs in
+ * that model's worker, answered on its own socket. Asking about the
+ * model itself takes the thread (its is_ready() answer comes on this
+ * socket, which this thread may be the one to read). */
+static bool ready_check_inline(instance_t *in, json_t *call)
+{
+    const char *op = json_string_value(json_object_get(call, "op"));
+    const char *model = json_string_value(json_object_get(call, "model"));
+    return op && model && !strcmp(op, "is_model_ready") &&
+           strcmp(model, nereid_model_name(in->model)) != 0;
+}
+
 static void api_call(instance_t *in, msg_t **m)
 {
     if (!python_api_blocks((*m)->json)) {
         api_answer(in->chan, (*m)->json, python_api_metrics(in->api, (*m)->json));
+        return;
+    }
+    if (ready_check_inline(in, (*m)->json)) {
+        api_answer(in->chan, (*m)->json,
+                   python_api_model_control(in->server, (*m)->json, (*m)->blob, (*m)->blob_len));
         return;
     }
     msg_t *msg = *m;
