@@ -584,8 +584,13 @@ class Worker:
                    f"InferenceResponse(s) size is:{len(res)}")
         else:
             for q, r in zip(reqs, res):
-                if r is None and q._release_flags == pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
-                    continue
+                if q._release_flags == pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
+                    if r is None:
+                        continue
+                    # Triton's check: the request is not rescheduled, all fail
+                    err = ("Expected a None object in the execute function return list for "
+                           f"reschduled request, found type '{type(r)}'.")
+                    break
                 if not isinstance(r, pb_utils.InferenceResponse):
                     err = ("Expected an 'InferenceResponse' object in the execute function "
                            f"return list, found type '{type(r)}'.")
