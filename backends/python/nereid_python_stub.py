@@ -64,11 +64,14 @@ M_REGION = 0x80000000  # payload in the sender's persistent region (EXECUTE, DON
 
 # C -> worker
 M_INIT, M_EXECUTE, M_FINALIZE, M_BLS_RESULT, M_CANCEL_ANSWER = 1, 2, 3, 4, 5
+M_READY_QUERY, M_READY_ANSWER = 6, 122  # the model's is_ready(): query, answer
 # worker -> C
 M_READY, M_DONE, M_LOG, M_RESPONSE, M_BLS_CALL, M_CANCEL_QUERY, M_FINALIZED = (
     101, 102, 103, 104, 105, 106, 107)
 # pb_utils calls besides inference (metrics, model control): call, answer
 M_API_CALL, M_API_ANSWER = 120, 20
+# a decoupled BLS call's ResponseIterator.cancel() (no answer)
+M_BLS_CANCEL = 121
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import triton_python_backend_utils as pb_utils  # noqa: E402
@@ -254,6 +257,68 @@ def rescheduled(reqs):
     return [i for i, q in enumerate(reqs)
             if q._release_flags == pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE]
 
+def bls_response(res, blob, decoupled):
+    """One BLS_RESULT message as an InferenceResponse (None: a flags-only
+    final of a model that is not decoupled)."""
+    if res.get("empty"):
+        return pb_utils.InferenceResponse() if decoupled else None
+    err = res.get("error")
+    if err:
+        return pb_utils.InferenceResponse(error=pb_utils.TritonError(err["message"], err["code"]))
+    return pb_utils.InferenceResponse(decode_tensors(res.get("tensors", []), blob),
+                                      parameters=json.dumps(res.get("parameters", {})))
+
+
+class BlsStream:
+    """A decoupled BLS call in flight: its responses in order as they arrive
+    (ResponseIterator reads them by index, waiting for the next), and
+    cancel(), which asks the server to cancel the request."""
+
+    def __init__(self, worker, obj, tensors):
+        self.w = worker
+        self.slot = [False, []]
+        self.got = []
+        with worker.cv:
+            self.cid = worker.next_id
+            worker.next_id += 1
+            worker.pending[self.cid] = self.slot
+        obj["id"] = self.cid
+        try:
+            worker.send(M_BLS_CALL, obj, tensors)
+        except BaseException:
+            self.drop()
+            raise
+
+    def get(self, i):
+        """Response i, or None after the last one."""
+        while i >= len(self.got):
+            slot = self.slot
+            self.w.wait_for(lambda: len(slot[1]) > len(self.got) or slot[0])
+            with self.w.cv:
+                fresh = slot[1][len(self.got):]
+            if not fresh:
+                self.drop()
+                return None
+            self.got.extend(bls_response(res, blob, True) for res, blob in fresh)
+        return self.got[i]
+
+    def cancel(self):
+        with self.w.cv:
+            live = not self.slot[0]
+        if live:
+            self.w.send(M_BLS_CANCEL, {"call": self.cid})
+
+    def drop(self):
+        with self.w.cv:
+            self.w.pending.pop(self.cid, None)
+
+    def __del__(self):
+        try:
+            self.drop()
+        except Exception:
+            pass
+
+
 class Worker:
     def __init__(self, sock):
         self.sock = sock
@@ -268,6 +333,8 @@ class Worker:
         self.instance = ""
         self.decoupled = False
         self.in_execute = False
+        self.initialized = False  # BLS is allowed from initialize's end to finalize's start
+        self.finalizing = False
         self.bg_loop = None
         self.rbuf = bytearray(RECV_MAX)  # receive buffer (read by the reading thread only)
         self.rx_map = None  # the server's region for EXECUTE inputs
@@ -430,6 +497,8 @@ class Worker:
                         slot[1].append((obj, blob))
                         if mtype != M_BLS_RESULT or obj.get("final", True):
                             slot[0] = True
+                elif mtype == M_READY_QUERY:  # on its own thread: executes go on
+                    threading.Thread(target=self.answer_ready, daemon=True).start()
                 else:
                     self.work.append(msg)
                 self.cv.notify_all()
@@ -491,31 +560,21 @@ class Worker:
         self.send(M_RESPONSE, obj, tensors)
 
     def bls(self, request, decoupled):
-        if not self.in_execute:
-            return pb_utils.InferenceResponse(error=pb_utils.TritonError(
-                "BLS is only supported during the 'execute' function."))
+        # Triton's rule: BLS from the end of initialize to the start of
+        # finalize (a decoupled model's threads and async execute included)
+        if not self.initialized or self.finalizing:
+            raise pb_utils.TritonModelException(
+                "BLS is only supported during the 'execute' function.")
         obj = {"model": request._model_name, "version": request._model_version,
                "outputs": request._requested, "request_id": request._request_id,
                "correlation_id": request._correlation_id, "flags": request._flags,
                "timeout": request._timeout, "parameters": json.loads(request._parameters),
                "decoupled": bool(decoupled)}
-        results = self.call(M_BLS_CALL, obj, request._inputs)
-        responses = []
-        for res, blob in results:
-            if res.get("empty"):
-                if decoupled:
-                    responses.append(pb_utils.InferenceResponse())
-                continue
-            err = res.get("error")
-            if err:
-                responses.append(pb_utils.InferenceResponse(
-                    error=pb_utils.TritonError(err["message"], err["code"])))
-            else:
-                responses.append(pb_utils.InferenceResponse(
-                    decode_tensors(res.get("tensors", []), blob),
-                    parameters=json.dumps(res.get("parameters", {}))))
         if decoupled:
-            return pb_utils.ResponseIterator(responses)
+            # responses reach the iterator as they arrive
+            return pb_utils.ResponseIterator(BlsStream(self, obj, request._inputs))
+        results = self.call(M_BLS_CALL, obj, request._inputs)
+        responses = [r for r in (bls_response(res, blob, False) for res, blob in results) if r]
         return responses[0] if responses else pb_utils.InferenceResponse(
             error=pb_utils.TritonError("BLS call ended without a response"))
 
@@ -556,11 +615,12 @@ class Worker:
                 r = self.model.initialize(obj["args"])
                 if inspect.iscoroutine(r):
                     self.loop.run_until_complete(r)
-            if self.decoupled and inspect.iscoroutinefunction(
-                    getattr(self.model, "execute", None)):
+            self.initialized = True
+            has_is_ready = callable(getattr(self.model, "is_ready", None))
+            if inspect.iscoroutinefunction(getattr(self.model, "execute", None)):
                 self.bg_loop = asyncio.new_event_loop()
                 threading.Thread(target=self.bg_loop.run_forever, daemon=True).start()
-            self.send(M_READY, {})
+            self.send(M_READY, {"is_ready": True} if has_is_ready else {})
         except BaseException as e:  # noqa: B902 - SystemExit from model code included
             self.send(M_READY, {"error": error_text(e)})
 
@@ -629,10 +689,16 @@ class Worker:
             try:
                 res = self.model.execute(reqs)
                 if inspect.iscoroutine(res):
-                    res = self.loop.run_until_complete(res)
+                    if self.bg_loop is not None:  # tasks it starts keep running after it
+                        res = asyncio.run_coroutine_threadsafe(res, self.bg_loop).result()
+                    else:
+                        res = self.loop.run_until_complete(res)
+                res = self.collect_sent(reqs, res)
             except Exception as e:
-                self.send_done(done_error(f"Failed to process the request(s) for model "
-                                          f"'{self.instance}', message: {error_text(e)}"))
+                text = (f"Failed to process the request(s) for model '{self.instance}', "
+                        f"message: {error_text(e)}")
+                if not self.answer_sent(reqs, text):
+                    self.send_done(done_error(text))
                 return
         finally:
             self.in_execute = False
@@ -645,8 +711,13 @@ class Worker:
                    f"InferenceResponse(s) size is:{len(res)}")
         else:
             for q, r in zip(reqs, res):
-                if r is None and q._release_flags == pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
-                    continue
+                if q._release_flags == pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
+                    if r is None:
+                        continue
+                    # Triton's check: the request is not rescheduled, all fail
+                    err = ("Expected a None object in the execute function return list for "
+                           f"reschduled request, found type '{type(r)}'.")
+                    break
                 if not isinstance(r, pb_utils.InferenceResponse):
                     err = ("Expected an 'InferenceResponse' object in the execute function "
                            f"return list, found type '{type(r)}'.")
@@ -654,6 +725,11 @@ class Worker:
         if err:
             self.send_done(done_error(err))
             return
+        self.send_responses(reqs, res)
+
+    def send_responses(self, reqs, res):
+        """DONE with one response per request (binary records, outputs in
+        the region); a response that cannot be written fails them all."""
         try:
             out, views, off = [U32.pack(DONE_RESPONSES), U32.pack(len(reqs))], [], 0
             for req, resp in zip(reqs, res):
@@ -677,7 +753,78 @@ class Worker:
             self.send_done(done_error(f"Failed to process the request(s) for model "
                                       f"'{self.instance}', message: {error_text(e)}"))
 
+    def answer_ready(self):
+        """The model's is_ready() for a model-ready check (Triton's rules: a
+        bool, or not ready with the exception's text)."""
+        try:
+            r = self.model.is_ready()
+            if inspect.iscoroutine(r):
+                r = asyncio.new_event_loop().run_until_complete(r)
+            if not isinstance(r, bool):
+                raise pb_utils.TritonModelException("is_ready() must return a boolean value")
+            ans = {"ready": r}
+        except pb_utils.TritonModelException as e:
+            ans = {"error": str(e)}
+        except Exception as e:
+            ans = {"error": f"{type(e).__name__}: {e}"}
+        self.send(M_READY_ANSWER, ans)
+
+    # ---- response senders of a model that is not decoupled ----
+    def sender_progress(self):
+        """A sender got a response or its final flag: wake collect_sent."""
+        with self.cv:
+            self.cv.notify_all()
+
+    def collect_sent(self, reqs, res):
+        """execute's return with the senders' responses put in: an entry
+        (or the whole return) None for a request whose sender was taken is
+        that sender's response, waited for until its final flag (the model
+        may send from another thread after execute returned). Triton's
+        errors for a request answered twice."""
+        senders = [r._sender for r in reqs]
+        if not any(senders):
+            return res
+        if res is None:
+            res = [None] * len(reqs)
+        if not isinstance(res, list) or len(res) != len(reqs):
+            return res  # refused by the checks after this
+        for s, r in zip(senders, res):
+            if s is not None and r is not None and not s._answered():
+                raise pb_utils.TritonModelException(
+                    "Unable to send response. Non-decoupled model cannot send more than one "
+                    "response.")
+        waiting = [s for q, s, r in zip(reqs, senders, res) if s is not None and r is None and
+                   q._release_flags != pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE]
+        # not as the socket's reader: the final flag comes from a model
+        # thread, not in a message (that thread reads for its own BLS calls)
+        with self.cv:
+            while not all(s._closed for s in waiting):
+                self.cv.wait()
+        for i, s in enumerate(senders):
+            if s is not None:
+                s._close()
+                if res[i] is None and s._response is not None:
+                    res[i] = s._response
+        return res
+
+    def answer_sent(self, reqs, text):
+        """execute failed: requests whose sender already sent a response get
+        it, the others the error (Triton drops the error of a request that
+        was answered). False when no sender sent anything."""
+        senders = [r._sender for r in reqs]
+        for s in senders:
+            if s is not None:
+                s._close()
+        if not any(s is not None and s._response is not None for s in senders):
+            return False
+        err = pb_utils.InferenceResponse(error=pb_utils.TritonError(text))
+        res = [s._response if s is not None and s._response is not None else err
+               for s in senders]
+        self.send_responses(reqs, res)
+        return True
+
     def handle_finalize(self):
+        self.finalizing = True
         if self.bg_loop is not None:
             self.bg_loop.call_soon_threadsafe(self.bg_loop.stop)
         if self.model is not None and hasattr(self.model, "finalize"):

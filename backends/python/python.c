@@ -71,6 +71,7 @@ enum {
     M_FINALIZE = 3,
     M_BLS_RESULT = 4,
     M_CANCEL_ANSWER = 5,
+    M_READY_QUERY = 6, /* the model's is_ready() (model-ready checks) */
     M_READY = 101,
     M_DONE = 102,
     M_LOG = 103,
@@ -80,6 +81,8 @@ enum {
     M_FINALIZED = 107,
     M_API_ANSWER = 20, /* pb_utils calls besides inference (python_api.c) */
     M_API_CALL = 120,
+    M_BLS_CANCEL = 121, /* ResponseIterator.cancel() of a decoupled BLS call */
+    M_READY_ANSWER = 122,
 };
 
 #define HDR_BYTES 16
@@ -959,6 +962,14 @@ typedef struct instance {
     uint64_t next_sender;
     nereid_batch_t *batch; /* during execute, for cancellation checks */
     size_t bls_inflight;
+    struct bls_call *bls_calls; /* in flight, for M_BLS_CANCEL */
+    /* The model's is_ready() (Triton's user-defined readiness): one check
+     * in flight at a time, later checks wait for its answer. */
+    bool has_is_ready;
+    bool rq_inflight;
+    uint64_t rq_answers; /* answers received (a waiter sees its own arrive) */
+    bool rq_ready;
+    char *rq_error;    /* is_ready() raised or returned a non-bool */
     python_api_t *api; /* the worker's metrics (python_api.c) */
 } instance_t;
 
@@ -1107,6 +1118,8 @@ typedef struct bls_call {
     chan_t *chan;
     msg_t *msg; /* holds the inputs' bytes until the final response */
     json_int_t id;
+    nereid_cancel_token_t *cancel; /* the request's: cancelled by M_BLS_CANCEL */
+    struct bls_call *next;         /* in->bls_calls */
 } bls_call_t;
 
 static void bls_reply_error(chan_t *c, json_int_t id, const char *text, nereid_error_code_t code)
@@ -1121,8 +1134,14 @@ static void bls_done(bls_call_t *call)
     instance_t *in = call->in;
     msg_free(call->msg);
     chan_unref(call->chan);
-    free(call);
     pthread_mutex_lock(&in->mu);
+    for (bls_call_t **p = &in->bls_calls; *p; p = &(*p)->next)
+        if (*p == call) {
+            *p = call->next;
+            break;
+        }
+    nereid_cancel_token_free(call->cancel);
+    free(call);
     in->bls_inflight--;
     pthread_cond_broadcast(&in->cv);
     pthread_mutex_unlock(&in->mu);
@@ -1259,10 +1278,13 @@ static bool bls_start(instance_t *in, msg_t *m, char *why, size_t why_cap)
     if (!err) {
         bls_call_t *call = calloc(1, sizeof *call);
         if (!call) abort();
-        *call = (bls_call_t){in, c, m, id};
+        *call = (bls_call_t){in, c, m, id, nereid_cancel_token_new(), NULL};
+        nereid_request_set_cancel_token(req, call->cancel);
         atomic_fetch_add(&c->refs, 1);
         pthread_mutex_lock(&in->mu);
         in->bls_inflight++;
+        call->next = in->bls_calls;
+        in->bls_calls = call;
         pthread_mutex_unlock(&in->mu);
         err = nereid_server_infer_stream(in->server, req, NULL, bls_on_response, call);
         if (!err) return true;
@@ -1276,6 +1298,25 @@ static bool bls_start(instance_t *in, msg_t *m, char *why, size_t why_cap)
     bls_reply_error(c, id, text, nereid_error_code(err));
     nereid_error_free(err);
     msg_free(m);
+    return true;
+}
+
+/* ResponseIterator.cancel(): cancels the request of the worker's BLS call
+ * (the model it went to sees is_cancelled(), queued steps end CANCELLED).
+ * An unknown or finished call is ignored, as Triton ignores a cancel after
+ * the last response. */
+static bool bls_cancel(instance_t *in, msg_t *m, char *why, size_t why_cap)
+{
+    json_t *jc = json_object_get(m->json, "call");
+    if (!json_is_integer(jc)) {
+        snprintf(why, why_cap, "malformed BLS cancel");
+        return false;
+    }
+    pthread_mutex_lock(&in->mu);
+    for (bls_call_t *c = in->bls_calls; c; c = c->next)
+        if (c->chan == in->chan && c->id == json_integer_value(jc))
+            nereid_request_cancel(c->cancel);
+    pthread_mutex_unlock(&in->mu);
     return true;
 }
 
@@ -1313,10 +1354,28 @@ static void *api_job_main(void *arg)
     return NULL;
 }
 
+/* is_model_ready of another model is answered where it arrives (no
+ * thread): the lookup is quick, and a Python model's is_ready() runs in
+ * that model's worker, answered on its own socket. Asking about the
+ * model itself takes the thread (its is_ready() answer comes on this
+ * socket, which this thread may be the one to read). */
+static bool ready_check_inline(instance_t *in, json_t *call)
+{
+    const char *op = json_string_value(json_object_get(call, "op"));
+    const char *model = json_string_value(json_object_get(call, "model"));
+    return op && model && !strcmp(op, "is_model_ready") &&
+           strcmp(model, nereid_model_name(in->model)) != 0;
+}
+
 static void api_call(instance_t *in, msg_t **m)
 {
     if (!python_api_blocks((*m)->json)) {
         api_answer(in->chan, (*m)->json, python_api_metrics(in->api, (*m)->json));
+        return;
+    }
+    if (ready_check_inline(in, (*m)->json)) {
+        api_answer(in->chan, (*m)->json,
+                   python_api_model_control(in->server, (*m)->json, (*m)->blob, (*m)->blob_len));
         return;
     }
     msg_t *msg = *m;
@@ -1335,6 +1394,95 @@ static void api_call(instance_t *in, msg_t **m)
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
     if (pthread_create(&t, &attr, api_job_main, job) != 0) api_job_main(job);
     pthread_attr_destroy(&attr);
+}
+
+/* ---- The model's is_ready() (Triton's user-defined model readiness) ---- */
+
+#define READY_WAIT_S 5 /* Triton's kUserModelReadinessTimeoutMs */
+#define READY_ERROR_MAX 4096
+
+static bool on_ready_answer(instance_t *in, msg_t *m, char *why, size_t why_cap)
+{
+    json_t *jr = json_object_get(m->json, "ready");
+    const char *err = json_string_value(json_object_get(m->json, "error"));
+    if (!json_is_boolean(jr) && !err) {
+        snprintf(why, why_cap, "malformed readiness answer");
+        return false;
+    }
+    pthread_mutex_lock(&in->mu);
+    if (in->rq_inflight) {
+        in->rq_inflight = false;
+        in->rq_answers++;
+        in->rq_ready = json_is_true(jr) && !err;
+        free(in->rq_error);
+        in->rq_error = err ? strndup(err, READY_ERROR_MAX) : NULL;
+        pthread_cond_broadcast(&in->cv);
+    }
+    pthread_mutex_unlock(&in->mu);
+    return true;
+}
+
+/* The answer the last is_ready() gave (in->mu held). */
+static nereid_error_t *ready_result_locked(instance_t *in)
+{
+    if (in->rq_error) return nereid_error_new(NEREID_ERROR_INTERNAL, "%s", in->rq_error);
+    if (!in->rq_ready)
+        return nereid_error_new(NEREID_ERROR_UNAVAILABLE,
+                                "Model '%s' is not ready (user-defined check failed).", in->name);
+    return NULL;
+}
+
+/* A model-ready check (Triton's TRITONBACKEND_ModelInstanceReady): the
+ * worker must be alive; a model with is_ready() is asked (in the worker, on
+ * a thread of its own, so executes go on), at most once at a time: a check
+ * that finds one in flight waits for its answer. Each waits at most 5 s;
+ * an is_ready() still running then keeps running and answers later. */
+NEREID_EXPORT nereid_error_t *nereid_backend_instance_ready(nereid_instance_t *instance)
+{
+    instance_t *in = nereid_instance_state(instance);
+    if (!in) return NULL;
+    pthread_mutex_lock(&in->mu);
+    if (in->dead) {
+        pthread_mutex_unlock(&in->mu);
+        return nereid_error_new(NEREID_ERROR_INTERNAL, "Stub process '%s' is not healthy.",
+                                in->name);
+    }
+    if (!in->has_is_ready) {
+        pthread_mutex_unlock(&in->mu);
+        return NULL;
+    }
+    bool joined = in->rq_inflight;
+    uint64_t seen = in->rq_answers;
+    if (!joined) {
+        in->rq_inflight = true;
+        chan_t *c = in->chan;
+        atomic_fetch_add(&c->refs, 1);
+        pthread_mutex_unlock(&in->mu);
+        send_json(c, M_READY_QUERY, json_object());
+        chan_unref(c);
+        pthread_mutex_lock(&in->mu);
+    }
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    dl.tv_sec += READY_WAIT_S;
+    bool timed_out = false;
+    while (in->rq_answers == seen && !in->dead && !timed_out)
+        timed_out = pthread_cond_timedwait(&in->cv, &in->mu, &dl) == ETIMEDOUT;
+    nereid_error_t *e;
+    if (in->rq_answers != seen)
+        e = ready_result_locked(in);
+    else if (in->dead)
+        e = nereid_error_new(NEREID_ERROR_INTERNAL,
+                             "Stub process is not healthy while waiting for user-defined "
+                             "is_ready() response");
+    else if (joined)
+        e = nereid_error_new(NEREID_ERROR_UNAVAILABLE,
+                             "Timed out waiting for in-flight is_ready() response");
+    else
+        e = nereid_error_new(NEREID_ERROR_UNAVAILABLE,
+                             "Timed out waiting for user-defined is_ready() response");
+    pthread_mutex_unlock(&in->mu);
+    return e;
 }
 
 /* ---- The reader thread ---- */
@@ -1360,6 +1508,10 @@ static bool dispatch(instance_t *in, msg_t **m, char *why, size_t why_cap)
     case M_API_CALL:
         api_call(in, m);
         return true;
+    case M_BLS_CANCEL:
+        return bls_cancel(in, *m, why, why_cap);
+    case M_READY_ANSWER:
+        return on_ready_answer(in, *m, why, why_cap);
     default:
         snprintf(why, why_cap, "unknown message type %u", (*m)->type);
         return false;
@@ -1387,6 +1539,7 @@ static void worker_died(instance_t *in, const char *why)
     python_api_reset(in->api); /* the worker's metric objects are gone */
     pthread_mutex_lock(&in->mu);
     in->dead = true;
+    in->rq_inflight = false; /* its is_ready() answer will not come */
     if (why[0] && !in->death) in->death = strdup(why);
     sender_slot_t *senders = in->senders;
     in->senders = NULL;
@@ -1549,7 +1702,8 @@ static void worker_stop(instance_t *in)
     if (!in->reader_running) return;
     shutdown(in->chan->fd, SHUT_RDWR);
     pthread_mutex_lock(&in->mu);
-    if (in->pidfd >= 0) /* a pidfd names its process even after it was reaped */
+    in->has_is_ready = false; /* readiness checks stop using in->chan */
+    if (in->pidfd >= 0)       /* a pidfd names its process even after it was reaped */
         pidfd_send_signal(in->pidfd, SIGKILL, NULL, 0);
     else if (!in->reaped)
         kill(in->pid, SIGKILL); /* once reaped, the pid may be another's */
@@ -1776,6 +1930,9 @@ static nereid_error_t *worker_init(instance_t *in, const char *init_json, msg_t 
         worker_stop(in);
         return err;
     }
+    pthread_mutex_lock(&in->mu);
+    in->has_is_ready = json_is_true(json_object_get(m->json, "is_ready"));
+    pthread_mutex_unlock(&in->mu);
     *ready = m;
     return NULL;
 }
@@ -1799,6 +1956,7 @@ static void instance_free(instance_t *in)
     free(in->init_json);
     free(in->name);
     free(in->death);
+    free(in->rq_error);
     python_api_free(in->api);
     pthread_mutex_destroy(&in->mu);
     pthread_cond_destroy(&in->cv);

@@ -371,10 +371,13 @@ class InferenceRequest:
 
     def get_response_sender(self):
         if self._sender is None:
-            if self._sender_id is None:
+            if self._sender_id is not None:
+                self._sender = InferenceResponseSender(self._sender_id, self._requested)
+            elif self._token is not None:  # a request given to a non-decoupled execute
+                self._sender = _SingleResponseSender(self._requested, self._token)
+            else:
                 raise TritonModelException(
-                    "Unable to get the response sender: the model is not decoupled.")
-            self._sender = InferenceResponseSender(self._sender_id, self._requested)
+                    "Unable to get the response sender: the request was not given to execute.")
         return self._sender
 
     def is_cancelled(self):
@@ -445,7 +448,7 @@ class InferenceResponseSender:
         _worker.send_response(self._id, response, flags, self._requested)
 
     def is_cancelled(self):
-        return _worker.is_cancelled(self._id) if _worker else False
+        return _worker.is_cancelled({"sender": self._id}) if _worker else False
 
     def _close_with_error(self, error):
         with self._lock:
@@ -456,22 +459,86 @@ class InferenceResponseSender:
                               TRITONSERVER_RESPONSE_COMPLETE_FINAL, self._requested)
 
 
-class ResponseIterator:
-    """The responses of a decoupled BLS call, in order; iterable again."""
+class _SingleResponseSender(InferenceResponseSender):
+    """The response sender of a request to a model that is not decoupled
+    (Triton's rules: one response, and the final flag with it or after it).
+    The worker answers the request with that response when execute returns,
+    or waits for it when execute returned None in the request's place."""
 
-    def __init__(self, responses):
-        self._responses = responses
+    def __init__(self, requested, token):
+        super().__init__(None, requested)
+        self._token = token
+        self._sent = 0
+        self._response = None
+
+    def send(self, response=None, flags=0):
+        if flags not in (0, TRITONSERVER_RESPONSE_COMPLETE_FINAL):
+            raise TritonModelException("Unable to send response. Unsupported flag provided.")
+        if flags == 0 and response is None:
+            raise TritonModelException(
+                "Inference Response object must be provided when the response flags is set "
+                "to zero.")
+        with self._lock:
+            if response is not None and self._sent > 0:
+                raise TritonModelException(
+                    "Unable to send response. Non-decoupled model cannot send more than one "
+                    "response.")
+            if response is None and self._sent == 0:
+                raise TritonModelException(
+                    "Unable to send response. Non-decoupled model cannot send complete final "
+                    "before sending a response.")
+            if self._closed:
+                raise TritonModelException(
+                    "Unable to send response. Response sender has been closed.")
+            if flags == TRITONSERVER_RESPONSE_COMPLETE_FINAL:
+                self._closed = True
+            self._sent += 1
+            if response is not None:
+                self._response = response
+        if _worker:
+            _worker.sender_progress()
+
+    def is_cancelled(self):
+        return _worker.is_cancelled(self._token) if _worker else False
+
+    def _answered(self):
+        """execute's return answered the request (as if sent with the final
+        flag): the sender is closed. False when it had already sent."""
+        with self._lock:
+            if self._sent:
+                return False
+            self._sent = 1
+            self._closed = True
+            return True
+
+    def _close(self):
+        with self._lock:
+            self._closed = True
+
+
+class ResponseIterator:
+    """The responses of a decoupled BLS call, in order, each as it arrives
+    (iterating waits for the next); iterable again from the start."""
+
+    def __init__(self, stream):
+        self._stream = stream
+        self._next = 0
 
     def __iter__(self):
-        return iter(self._responses)
+        self._next = 0
+        return self
 
     def __next__(self):
-        if not hasattr(self, "_it"):
-            self._it = iter(self._responses)
-        return next(self._it)
+        r = self._stream.get(self._next)
+        if r is None:
+            raise StopIteration
+        self._next += 1
+        return r
 
     def cancel(self):
-        pass
+        """Asks the server to cancel the BLS request (the model called sees
+        is_cancelled()); nothing happens once its last response came."""
+        self._stream.cancel()
 
 
 class _LogLevel(int):

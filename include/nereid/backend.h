@@ -13,6 +13,14 @@
  *   nereid_error_t *nereid_backend_instance_init(nereid_instance_t *);
  *   nereid_error_t *nereid_backend_instance_fini(nereid_instance_t *);
  *   nereid_error_t *nereid_backend_execute(nereid_instance_t *, nereid_batch_t *);
+ *   nereid_error_t *nereid_backend_instance_ready(nereid_instance_t *);
+ *
+ * nereid_backend_instance_ready (optional, Triton's
+ * TRITONBACKEND_ModelInstanceReady) answers a model-ready check (HTTP
+ * /v2/models/<m>/ready, gRPC ModelReady) for each instance of a READY model:
+ * NULL when the instance is ready, else an error whose message says why
+ * (the core logs it at verbose level 1 and answers "not ready"). It runs on
+ * the frontend's thread, concurrently with execute: keep it short.
  *
  * Without nereid_backend_abi_version the library is taken as ABI 1.0. The
  * core accepts a backend whose major version equals its own and whose minor

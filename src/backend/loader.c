@@ -252,6 +252,7 @@ static nereid_error_t *resolve(struct nereid_backend *b)
     b->lib.instance_init = (instance_fn)dlsym(h, "nereid_backend_instance_init");
     b->lib.instance_fini = (instance_fn)dlsym(h, "nereid_backend_instance_fini");
     b->lib.execute = (execute_fn)dlsym(h, "nereid_backend_execute");
+    b->lib.instance_ready = (instance_fn)dlsym(h, "nereid_backend_instance_ready");
     if (!b->lib.execute)
         return nereid_error_new(NEREID_ERROR_INVALID_ARG,
                                 "backend '%s' does not export nereid_backend_execute", b->lib.name);

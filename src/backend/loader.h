@@ -24,6 +24,7 @@ typedef struct backend_lib {
     model_fn model_init, model_fini;
     instance_fn instance_init, instance_fini;
     execute_fn execute;
+    instance_fn instance_ready; /* optional: nereid_backend_instance_ready */
     void *state;
     bool triton;  /* a Triton library driven through libtritonserver.so */
     int refcount; /* guarded by the loader's lock */

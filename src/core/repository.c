@@ -337,13 +337,29 @@ static nereid_error_t *read_config(nereid_server_t *s, const char *name, const c
             cfg = NULL;
         }
     }
-    free(path);
     if (!cfg) {
         char *msg = trim_errors(errors);
-        nereid_error_t *err = nereid_error_new(NEREID_ERROR_INVALID_ARG, "%s", msg);
+        /* Triton: an override its poll refuses (e.g. a name other than the
+         * one loaded) fails the load with "failed to poll"; no file of the
+         * override is named. */
+        size_t plen = strlen(path);
+        const char *why = msg;
+        if (override_json && !strncmp(why, path, plen) && why[plen] == ':') {
+            why += plen + 1;
+            while (*why == ' ' || (*why >= '0' && *why <= '9') || *why == ':')
+                why++;
+        }
+        nereid_error_t *err =
+            override_json ? nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                             "failed to load '%s', failed to poll from model "
+                                             "repository: %s",
+                                             name, why)
+                          : nereid_error_new(NEREID_ERROR_INVALID_ARG, "%s", msg);
         free(msg);
+        free(path);
         return err;
     }
+    free(path);
     *out = cfg;
     return NULL;
 }

@@ -513,6 +513,30 @@ nereid_error_t *nereid_server_model_config_proto(nereid_server_t *s, const char 
     return NULL;
 }
 
+/* Triton's Model::IsReady: every instance answers the backend's
+ * readiness check (nereid_backend_instance_ready, when it has one). */
+static bool model_instances_ready(model_t *m)
+{
+    if (!m->backend || !m->backend->instance_ready) return true;
+    /* A hold keeps the instances from being finalized meanwhile (an unload
+     * that started first is seen through m->unloading: not ready). */
+    model_ref(m);
+    model_hold(m);
+    bool ready = !atomic_load(&m->unloading);
+    for (size_t i = 0; ready && i < m->n_instances; i++) {
+        /* a READY model's instances are all initialized */
+        nereid_error_t *err = m->backend->instance_ready((nereid_instance_t *)m->instances[i]);
+        if (err) {
+            LOG_VERBOSE("Model '%s' version %" PRId64 " is not ready: %s", m->name, m->version,
+                        nereid_error_message(err));
+            nereid_error_free(err);
+            ready = false;
+        }
+    }
+    model_release(m); /* the hold and its reference */
+    return ready;
+}
+
 nereid_error_t *nereid_server_model_is_ready(nereid_server_t *s, const char *model, int64_t version,
                                              bool *ready_out)
 {
@@ -526,7 +550,7 @@ nereid_error_t *nereid_server_model_is_ready(nereid_server_t *s, const char *mod
         }
         return err;
     }
-    *ready_out = true;
+    *ready_out = model_instances_ready(m);
     model_unref(m);
     return NULL;
 }

@@ -190,6 +190,23 @@ def test_file_override(nereid_server, tmp_path):
     assert "dog" in r.json()["outputs"][0]["data"][0]
 
 
+def test_config_override_naming_another_model_fails_the_poll(nereid_server, tmp_path):
+    # L0_backend_python model_control: curl strips the braces of
+    # /models/model{test}/load, the override's config still says model{test}
+    repo = make_repo(tmp_path)
+    s = nereid_server(repo, "--model-control-mode=explicit")
+    cfg = json.dumps({"name": "model{test}", "backend": "testing", "max_batch_size": 8,
+                      "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [2]}],
+                      "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [2]}]})
+    files = {"file:1/weights.bin": base64.b64encode(b"\0").decode()}
+    r = post(s, "/v2/repository/models/modeltest/load", {"parameters": {"config": cfg, **files}})
+    assert r.status_code == 400
+    assert r.json()["error"] == (
+        "failed to load 'modeltest', failed to poll from model repository: unexpected "
+        "directory name 'modeltest' for model 'model{test}', directory name must equal model "
+        "name")
+
+
 def test_ensemble_load_and_unload_dependents(nereid_server, tmp_path):
     repo = make_repo(tmp_path)
     s = nereid_server(repo, "--model-control-mode=explicit")

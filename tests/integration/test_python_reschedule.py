@@ -66,6 +66,20 @@ class TritonPythonModel:
         return None
 """
 
+# Reschedules and still returns a response (Triton: an error for the whole
+# execute, nothing rescheduled).
+WRONG = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for r in requests:
+            r.set_release_flags(pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([1], np.int32))])
+                for r in requests]
+"""
+
 
 def config(name, sched, decoupled=False):
     policy = "model_transaction_policy { decoupled: true }" if decoupled else ""
@@ -89,6 +103,8 @@ def server(tmp_path_factory):
     write(repo, "py_iter_dec",
           config("py_iter_dec", "sequence_batching { iterative_sequence: true }", True),
           ITER_DECOUPLED)
+    write(repo, "py_wrong", config("py_wrong", "sequence_batching { iterative_sequence: true }"),
+          WRONG)
     s = Server(repo, [])
     yield s
     assert s.stop() == 0, s.output()
@@ -114,6 +130,14 @@ def test_reschedule_refused_without_iterative_sequence(server):
         "not configured to handle such a flag.")
     # the model keeps serving
     assert infer_http(server, "py_iter_dyn", 1).status_code == 200
+
+
+def test_rescheduled_request_with_a_response_fails(server):
+    r = infer_http(server, "py_wrong", 1)
+    assert r.status_code >= 400, r.text
+    assert r.json()["error"].startswith(
+        "Expected a None object in the execute function return list for reschduled request, "
+        "found type '<class 'triton_python_backend_utils.InferenceResponse'>'."), r.text
 
 
 def test_decoupled_rescheduled_request_streams_one_response_per_run(server):

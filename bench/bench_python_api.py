@@ -1,0 +1,71 @@
+"""pb_utils.is_model_ready from a Python model: time per call, asking about
+another model (answered where the call arrives) and about the model itself
+(answered on a thread). Prints numbers; not a test.
+
+    NEREID_BUILD=build /usr/bin/python3 bench/bench_python_api.py [calls]
+"""
+import json
+import os
+import sys
+import tempfile
+import textwrap
+
+import numpy as np
+import requests
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "integration"))
+from conftest import Server  # noqa: E402
+
+MODEL = """
+import json
+import time
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            name, n = json.loads(r.inputs()[0].as_numpy()[0])
+            pb_utils.is_model_ready(name)
+            t = time.perf_counter()
+            for _ in range(n):
+                pb_utils.is_model_ready(name)
+            us = (time.perf_counter() - t) / n * 1e6
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor(
+                "OUT", np.array([str(us).encode()], dtype=np.object_))]))
+        return out
+"""
+
+CONFIG = """
+name: "{name}"
+backend: "python"
+input [ {{ name: "IN" data_type: TYPE_STRING dims: [ 1 ] }} ]
+output [ {{ name: "OUT" data_type: TYPE_STRING dims: [ 1 ] }} ]
+"""
+
+
+def main():
+    calls = int(sys.argv[1]) if len(sys.argv) > 1 else 2000
+    repo = tempfile.mkdtemp(prefix="bench-pyapi-")
+    for name in ("asker", "other"):
+        os.makedirs(os.path.join(repo, name, "1"))
+        with open(os.path.join(repo, name, "config.pbtxt"), "w") as f:
+            f.write(textwrap.dedent(CONFIG.format(name=name)))
+        with open(os.path.join(repo, name, "1", "model.py"), "w") as f:
+            f.write(textwrap.dedent(MODEL))
+    s = Server(repo, [])
+    try:
+        for target in ("other", "asker"):
+            body = {"inputs": [{"name": "IN", "datatype": "BYTES", "shape": [1],
+                                "data": [json.dumps([target, calls])]}]}
+            r = requests.post(f"{s.http_url}/v2/models/asker/infer", json=body, timeout=600)
+            us = float(r.json()["outputs"][0]["data"][0])
+            print(f"is_model_ready({target!r}) from 'asker': {us:.1f} us/call ({calls} calls)")
+    finally:
+        s.stop()
+
+
+if __name__ == "__main__":
+    np.random.seed(0)
+    main()
