@@ -16,7 +16,8 @@
 
 typedef struct model_load_args {
     const char *name;
-    const char *dir; /* <repository>/<name> */
+    const char *model_namespace; /* --model-namespacing: its repository, else NULL */
+    const char *dir;             /* <repository>/<name> */
     int64_t version;
     const model_config_t *config; /* normalized; copied */
     const char *backend_dir;
@@ -84,15 +85,20 @@ response_stat_t *stats_response(model_stats_t *s, uint64_t index);
 bool server_is_stopping(nereid_server_t *s);
 nereid_error_t *server_lookup_model(nereid_server_t *s, const char *name, int64_t version,
                                     model_t **out);
+/* server_lookup_model in namespace ns (--model-namespacing; NULL: by name
+ * alone, where a name in two namespaces is Triton's ambiguity error). */
+nereid_error_t *server_lookup_model_ns(nereid_server_t *s, const char *ns, const char *name,
+                                       int64_t version, model_t **out);
 /* nereid_server_infer_async that loads a model on demand on this thread
  * instead of handing the request to the on-demand loaders (on_demand.c,
  * which run it). Same ownership: on error the caller keeps req. */
 nereid_error_t *server_infer_loaded(nereid_server_t *s, nereid_request_t *req,
                                     const nereid_response_allocator_t *allocator,
                                     nereid_complete_fn done_fn, void *done_userp);
-/* Looks model name/version up and holds it (model_hold). */
-nereid_error_t *server_hold_model(nereid_server_t *s, const char *name, int64_t version,
-                                  model_t **out);
+/* Looks model name/version (in namespace ns, or NULL) up and holds it
+ * (model_hold). */
+nereid_error_t *server_hold_model(nereid_server_t *s, const char *ns, const char *name,
+                                  int64_t version, model_t **out);
 /* nereid_server_infer_async on model m, which the caller holds (model_hold)
  * instead of a lookup by name: an ensemble's steps. */
 nereid_error_t *server_infer_held(model_t *m, nereid_request_t *req,

@@ -343,6 +343,7 @@ nereid_error_t *model_load(nereid_server_t *server, const model_load_args_t *arg
     model_t *m = xcalloc(1, sizeof *m);
     m->server = server;
     m->name = xstrdup(args->name);
+    m->ns = args->model_namespace ? xstrdup(args->model_namespace) : NULL;
     m->version = args->version;
     m->dir = xstrdup(args->dir);
     m->config = config_copy(args->config);
@@ -473,6 +474,7 @@ static void model_free(model_t *m)
     free(m->config_json);
     free(m->backend_name);
     free(m->name);
+    free(m->ns);
     free(m->dir);
     pthread_mutex_destroy(&m->lock);
     pthread_cond_destroy(&m->cond);

@@ -123,6 +123,7 @@ typedef struct model_instance {
 typedef struct model {
     nereid_server_t *server;
     char *name;
+    char *ns; /* --model-namespacing: its repository (metrics' namespace label), else NULL */
     int64_t version;
     char *dir; /* <repository>/<name> */
     model_config_t *config;

@@ -303,6 +303,7 @@ static void labels(char *buf, size_t cap, const model_t *m, const char *reason)
     char version[32];
     snprintf(version, sizeof version, "%lld", (long long)m->version);
     put_label(buf, cap, &n, "", "model", m->name);
+    if (m->ns) put_label(buf, cap, &n, "", "namespace", m->ns);
     if (reason) put_label(buf, cap, &n, "", "reason", reason);
     put_label(buf, cap, &n, "", "version", version);
 }

@@ -1,6 +1,6 @@
 """Triton flags that change behaviour are honoured or refused, never accepted
-and ignored: --model-load-retry-count, --model-namespacing (refused when
-on), --reuse-http-port/--reuse-grpc-port, the gRPC keepalive flags and
+and ignored: --model-load-retry-count, --model-namespacing (off here;
+test_model_namespacing.py covers on), --reuse-http-port/--reuse-grpc-port, the gRPC keepalive flags and
 --grpc-infer-response-compression-level."""
 import os
 import subprocess
@@ -64,13 +64,6 @@ def test_model_load_retry_count_default_is_no_retry(nereid_server, tmp_path):
 
 def run(*args):
     return subprocess.run([NEREID, *args], capture_output=True, text=True, timeout=60)
-
-
-def test_model_namespacing_is_refused_when_on():
-    r = run("--model-repository", EXAMPLES, "--model-namespacing=true")
-    assert r.returncode == 2
-    assert "--model-namespacing is not supported" in r.stderr
-    assert "unique across the model repositories" in r.stderr
 
 
 def test_model_namespacing_off_is_accepted(nereid_server):
