@@ -76,6 +76,11 @@ void stats_destroy(model_stats_t *s);
  * server's quantiles (stats.c); nothing when they are off. */
 void server_enable_summaries(model_t *m);
 void stats_add(stat_duration_t *d, uint64_t ns);
+/* Counts one response under index (Triton's response_stats rules): err
+ * CANCELLED: cancel; other err: fail; else success when output_ns (the
+ * start of output handling, 0: none) is set, else empty_response. */
+void stats_record_response(model_stats_t *s, uint64_t index, uint64_t start_ns, uint64_t output_ns,
+                           uint64_t end_ns, const nereid_error_t *err);
 /* response_stats entry `index` (0 = response0), created on first use. */
 response_stat_t *stats_response(model_stats_t *s, uint64_t index);
 

@@ -255,21 +255,10 @@ static void record_response(nereid_response_sender_t *s, const nereid_error_t *e
     uint64_t start = s->t_start_ns <= end ? s->t_start_ns : end;
     uint64_t out = s->t_output_ns;
     if (out && (out < start || out > end)) out = start;
-    response_stat_t *rs = stats_response(&s->req->model->stats, s->index++);
-    if (err && nereid_error_code(err) == NEREID_ERROR_CANCELLED) {
-        stats_add(&rs->cancel, end - start);
-    } else if (err) {
-        stats_add(&rs->compute_infer, (out ? out : end) - start);
-        if (out) stats_add(&rs->compute_output, end - out);
-        stats_add(&rs->fail, end - start);
-    } else if (out) {
-        stats_add(&rs->compute_infer, out - start);
-        stats_add(&rs->compute_output, end - out);
-        stats_add(&rs->success, end - start);
-    } else {
-        stats_add(&rs->compute_infer, end - start);
-        stats_add(&rs->empty_response, end - start);
-    }
+    model_t *m = s->req->model;
+    uint64_t index = s->index++;
+    if (!atomic_load(&m->backend_response_stats))
+        stats_record_response(&m->stats, index, start, out, end, err);
     s->t_start_ns = end;
     s->t_output_ns = 0;
 }

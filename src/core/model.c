@@ -583,6 +583,34 @@ void nereid_model_set_inline_max_us(nereid_model_t *model, uint64_t max_us)
     atomic_store(&((model_t *)model)->inline_max_ns, max_us * 1000u);
 }
 
+void nereid_model_set_backend_response_stats(nereid_model_t *model)
+{
+    atomic_store(&((model_t *)model)->backend_response_stats, true);
+}
+
+nereid_error_t *nereid_model_report_response(nereid_model_t *model, uint64_t index,
+                                             uint64_t start_ns, uint64_t output_start_ns,
+                                             uint64_t end_ns, const nereid_error_t *err)
+{
+    if (!model) return nereid_error_new(NEREID_ERROR_INVALID_ARG, "model is NULL");
+    /* Triton's InferenceStatsAggregator::UpdateResponse* checks */
+    bool cancelled = err && nereid_error_code(err) == NEREID_ERROR_CANCELLED;
+    if (output_start_ns && !cancelled) {
+        if (start_ns > output_start_ns)
+            return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                    "Response start cannot happen after compute output start");
+        if (output_start_ns > end_ns)
+            return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                    "Compute output start cannot happen after response end");
+    } else if (start_ns > end_ns) {
+        return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                "Response start cannot happen after response end");
+    }
+    stats_record_response(&((model_t *)model)->stats, index, start_ns,
+                          cancelled ? 0 : output_start_ns, end_ns, err);
+    return NULL;
+}
+
 nereid_error_t *nereid_model_set_config(nereid_model_t *model, const char *config_json)
 {
     model_t *m = (model_t *)model;

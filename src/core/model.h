@@ -146,6 +146,9 @@ typedef struct model {
     /* The backend's bound on exec_avg_ns for runs on the caller's thread
      * (nereid_model_set_inline_max_us); 0: the scheduler's default. */
     _Atomic uint64_t inline_max_ns;
+    /* nereid_model_set_backend_response_stats: response_stats only from the
+     * backend's reports. */
+    _Atomic bool backend_response_stats;
     _Atomic int refcount;
     /* Ensemble requests in flight that will still submit steps here
      * (model_hold); model_unload waits for them before it stops the model. */

@@ -475,6 +475,27 @@ def test_decoupled_responses_after_execute(stub):
     assert [r.infer_response.parameters["index"].int64_param for r in out] == [0, 1, 2]
 
 
+def test_response_statistics_come_from_the_backends_reports(stub, server):
+    """As in Triton (L0_response_statistics), a Triton backend's
+    response_stats are what it reports: t_repeat reports a success per
+    response and an empty response for its final flag; the core adds none."""
+    def stats():
+        r = requests.get(f"{server.http_url}/v2/models/t_repeat/stats", timeout=10).json()
+        return r["model_stats"][0]["response_stats"]
+    before = stats()
+    out = list(stub.ModelStreamInfer(iter([repeat_req([1, 2, 3], id="s")]), timeout=30))
+    assert [r.error_message for r in out] == ["", "", ""]
+    after = stats()
+
+    def count(idx, kind):
+        return int(after.get(idx, {}).get(kind, {}).get("count", 0)) - int(
+            before.get(idx, {}).get(kind, {}).get("count", 0))
+    for idx in ("0", "1", "2"):
+        assert (count(idx, "success"), count(idx, "empty_response"), count(idx, "fail")) == (1, 0, 0)
+    assert (count("3", "success"), count("3", "empty_response")) == (0, 1)
+    assert count("4", "empty_response") == 0
+
+
 def test_decoupled_zero_responses_then_final(stub):
     req = repeat_req([], id="z")
     req.parameters["triton_enable_empty_final_response"].bool_param = True
