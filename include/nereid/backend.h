@@ -46,7 +46,8 @@
  *        nereid_batch_request_output_requested; nereid_model_set_inline_max_us;
  *        nereid_batch_request_reschedule, nereid_batch_request_trace
  *   1.8  response statistics reported by the backend
- *        (nereid_model_set_backend_response_stats, nereid_model_report_response)
+ *        (nereid_model_set_backend_response_stats, nereid_model_report_response),
+ *        nereid_instance_is_passive
  */
 #ifndef NEREID_BACKEND_H
 #define NEREID_BACKEND_H
@@ -159,6 +160,10 @@ NEREID_EXPORT nereid_model_t *nereid_instance_model(const nereid_instance_t *ins
 NEREID_EXPORT const char *nereid_instance_name(const nereid_instance_t *instance);
 NEREID_EXPORT nereid_instance_kind_t nereid_instance_kind(const nereid_instance_t *instance);
 NEREID_EXPORT int nereid_instance_device_id(const nereid_instance_t *instance);
+/* (ABI 1.8) Whether the instance's group is passive (instance_group
+ * passive: true): it is initialized but the scheduler never runs a batch on
+ * it, as Triton's passive instances. */
+NEREID_EXPORT bool nereid_instance_is_passive(const nereid_instance_t *instance);
 NEREID_EXPORT void nereid_instance_set_state(nereid_instance_t *instance, void *state);
 NEREID_EXPORT void *nereid_instance_state(const nereid_instance_t *instance);
 

@@ -140,16 +140,25 @@ static void *instance_main(void *arg)
         pthread_mutex_unlock(&m->lock);
         if (err) return NULL;
     }
-    scheduler_t *s = m->sched;
-    batch_t batch = {0};
-    while (s->ops->next_batch(s, inst, &batch)) {
-        batch_execute(inst, &batch);
-        if (s->ops->batch_done)
-            s->ops->batch_done(s, inst, &batch);
-        else
-            batch_complete(&batch, true);
+    if (inst->group && inst->group->passive) {
+        /* Triton's passive instance: loaded and initialized, never given
+         * work by the scheduler (the backend uses it from its own). */
+        pthread_mutex_lock(&m->lock);
+        while (!m->passive_stop)
+            pthread_cond_wait(&m->cond, &m->lock);
+        pthread_mutex_unlock(&m->lock);
+    } else {
+        scheduler_t *s = m->sched;
+        batch_t batch = {0};
+        while (s->ops->next_batch(s, inst, &batch)) {
+            batch_execute(inst, &batch);
+            if (s->ops->batch_done)
+                s->ops->batch_done(s, inst, &batch);
+            else
+                batch_complete(&batch, true);
+        }
+        batch_destroy(&batch);
     }
-    batch_destroy(&batch);
     if (m->backend->instance_fini)
         nereid_error_free(m->backend->instance_fini((nereid_instance_t *)inst));
     return NULL;
@@ -243,6 +252,10 @@ nereid_error_t *model_start_instances(model_t *m)
 static void stop_instances(model_t *m)
 {
     if (m->sched) m->sched->ops->stop(m->sched);
+    pthread_mutex_lock(&m->lock);
+    m->passive_stop = true;
+    pthread_cond_broadcast(&m->cond);
+    pthread_mutex_unlock(&m->lock);
     if (m->lazy_thread) {
         /* No start after this; a thread never started owes the fini. */
         pthread_mutex_lock(&m->lock);
@@ -659,6 +672,12 @@ nereid_model_t *nereid_instance_model(const nereid_instance_t *instance)
 const char *nereid_instance_name(const nereid_instance_t *instance)
 {
     return ((const model_instance_t *)instance)->name;
+}
+
+bool nereid_instance_is_passive(const nereid_instance_t *instance)
+{
+    const model_instance_t *inst = (const model_instance_t *)instance;
+    return inst->group && inst->group->passive;
 }
 
 nereid_instance_kind_t nereid_instance_kind(const nereid_instance_t *instance)

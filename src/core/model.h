@@ -166,6 +166,7 @@ typedef struct model {
      * cost no thread each. Its instance was initialized at load. */
     bool lazy_thread;            /* the thread is started on demand */
     _Atomic bool thread_running; /* started (or stopping: no more starts); under lock */
+    bool passive_stop;           /* passive instances' threads may finish; under lock */
 } model_t;
 
 /* Starts the lazily started instance thread of m if it is not running yet.

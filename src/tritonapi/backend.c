@@ -766,7 +766,7 @@ TRITONSERVER_Error *TRITONBACKEND_ModelInstanceIsPassive(TRITONBACKEND_ModelInst
                                                          bool *is_passive)
 {
     if (!instance || !is_passive) return null_arg("instance and is_passive");
-    *is_passive = false;
+    *is_passive = nereid_instance_is_passive(instance->ni);
     return NULL;
 }
 

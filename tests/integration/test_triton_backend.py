@@ -132,6 +132,9 @@ ensemble_scheduling { step [
     input_map { key: "INPUT0" value: "MID" } output_map { key: "OUTPUT0" value: "OUT" } } ] }
 """)
     write_model(repo, "t_batch_free", identity_config("t_batch_free", "TYPE_FP32"))
+    write_model(repo, "t_passive", identity_config(
+        "t_passive", "TYPE_FP32", extra="instance_group [ { count: 1 kind: KIND_CPU }, "
+        "{ count: 2 kind: KIND_CPU passive: true } ]"))
     write_model(repo, "t_fail_model", identity_config(
         "t_fail_model", "TYPE_FP32",
         extra='parameters { key: "fail" value: { string_value: "model_init" } }'))
@@ -403,6 +406,23 @@ def test_statistics_count_each_request_once(server):
     s = after["model_stats"][0]
     assert s["inference_stats"]["success"]["count"] == n0 + 3
     assert s["execution_count"] == before["model_stats"][0]["execution_count"] + 3
+
+
+def test_passive_instances_are_never_given_requests(server):
+    """instance_group passive: true (Triton's L0_passive_instance): the
+    instances are initialized (TRITONBACKEND_ModelInstanceIsPassive says
+    so) but no request reaches them; tidentity fails any execute on one."""
+    def one(i):
+        return infer_json(server, "t_passive", [
+            {"name": "INPUT0", "datatype": "FP32", "shape": [1], "data": [float(i)]}])
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        replies = list(pool.map(one, range(40)))
+    assert [r.status_code for r in replies] == [200] * 40, [r.text for r in replies][:3]
+    stats = requests.get(f"{server.http_url}/v2/models/t_passive/stats", timeout=10).json()
+    assert stats["model_stats"][0]["inference_stats"]["success"]["count"] == 40
+    out = server.output()
+    assert out.count("tidentity: passive instance t_passive_1_") == 2
+    assert "tidentity: passive instance t_passive_0_" not in out
 
 
 def test_custom_metrics_on_metrics_page(server):
