@@ -835,6 +835,12 @@ int main(int argc, char **argv)
         fprintf(stderr, "nereid: --metrics-interval-ms must be >= 0\n");
         return 2;
     }
+    if (cli.grpc_infer_thread_count < 2 || cli.grpc_infer_thread_count > 128) {
+        /* Triton's command_line_parser.cc check and text */
+        fprintf(stderr, "invalid argument for --grpc_infer_thread_count. Must be in the range 2 "
+                        "to 128.\n");
+        return 2;
+    }
     char *cache_json;
     rc = cache_options(&cli, &cache_json);
     if (rc) return rc < 0 ? 2 : 1;
