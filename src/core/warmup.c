@@ -59,6 +59,25 @@ static nereid_error_t *read_data_file(model_t *m, const char *input, const char 
     return NULL;
 }
 
+/* Whether name is one of the sequence batcher's control tensors (START,
+ * READY, ...): a warmup sample may list them, as Triton runs its samples on
+ * the instances directly; here the sequence batcher adds them to the
+ * warmup request (a sequence of one request). */
+static bool is_sequence(const model_t *m)
+{
+    return m->config->scheduling_choice_case ==
+           INFERENCE__MODEL_CONFIG__SCHEDULING_CHOICE_SEQUENCE_BATCHING;
+}
+
+static bool is_control_input(const model_t *m, const char *name)
+{
+    const Inference__ModelSequenceBatching *sb =
+        is_sequence(m) ? m->config->sequence_batching : NULL;
+    for (size_t i = 0; sb && i < sb->n_control_input; i++)
+        if (strcmp(sb->control_input[i]->name, name) == 0) return true;
+    return false;
+}
+
 /* Builds one warmup request for sample w (inputs owned by the request). */
 static nereid_error_t *build_request(model_t *m, const Inference__ModelWarmup *w,
                                      nereid_request_t **out)
@@ -71,10 +90,13 @@ static nereid_error_t *build_request(model_t *m, const Inference__ModelWarmup *w
     free(id);
     for (size_t i = 0; i < w->n_inputs && !err; i++) {
         const Inference__ModelWarmup__Input *in = w->inputs[i]->value;
-        if (!in) continue;
+        if (!in || is_control_input(m, w->inputs[i]->key)) continue;
         int64_t shape[NEREID_MAX_RANK];
         size_t rank = 0;
-        if (m->max_batch_size > 0) shape[rank++] = w->batch_size ? w->batch_size : 1;
+        /* A sequence model takes one row per request: its sample's batch
+         * goes as that many one-row requests (model_warmup). */
+        if (m->max_batch_size > 0)
+            shape[rank++] = w->batch_size && !is_sequence(m) ? w->batch_size : 1;
         int64_t count = rank ? shape[0] : 1;
         for (size_t d = 0; d < in->n_dims && rank < NEREID_MAX_RANK; d++) {
             shape[rank++] = in->dims[d];
@@ -113,6 +135,7 @@ nereid_error_t *model_warmup(model_t *m)
     for (size_t i = 0; i < m->config->n_model_warmup; i++) {
         const Inference__ModelWarmup *w = m->config->model_warmup[i];
         uint32_t count = w->count ? w->count : 1;
+        if (is_sequence(m) && m->max_batch_size > 0 && w->batch_size > 1) count *= w->batch_size;
         for (uint32_t c = 0; c < count; c++) {
             nereid_request_t *req;
             nereid_error_t *err = build_request(m, w, &req);
