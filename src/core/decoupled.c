@@ -125,6 +125,15 @@ bool request_send_response(nereid_request_t *req, nereid_response_t *resp)
     return true;
 }
 
+void request_set_streamed(nereid_request_t *req, nereid_response_fn fn, void *userp)
+{
+    stream_ctx_t *ctx = xcalloc(1, sizeof *ctx);
+    ctx->fn = fn;
+    ctx->userp = userp;
+    req->done_fn = stream_final;
+    req->done_userp = ctx;
+}
+
 void request_final_flags_only(nereid_request_t *req)
 {
     if (request_is_streamed(req)) ((stream_ctx_t *)req->done_userp)->flags_only = true;

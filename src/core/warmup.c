@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "core/core.h"
+#include "core/decoupled.h"
 #include "core/util.h"
 #include "sched/scheduler.h"
 
@@ -33,6 +34,28 @@ static void on_warmup_done(nereid_response_t *resp, void *userp)
     pthread_cond_signal(&w->cond);
     pthread_mutex_unlock(&w->lock);
     nereid_response_free(resp);
+}
+
+/* A decoupled model's warmup responses: errors are collected (Triton's
+ * "<error>; " list), the final flag ends the sample. */
+static void on_warmup_response(nereid_response_t *resp, uint32_t flags, void *userp)
+{
+    warmup_wait_t *w = userp;
+    pthread_mutex_lock(&w->lock);
+    const nereid_error_t *e = resp ? nereid_response_error(resp) : NULL;
+    if (e) {
+        nereid_error_t *prev = w->err;
+        w->err =
+            nereid_error_new(nereid_error_code(e), "%s%s%s", prev ? nereid_error_message(prev) : "",
+                             prev ? "; " : "", nereid_error_message(e));
+        nereid_error_free(prev);
+    }
+    if (flags & NEREID_RESPONSE_FINAL) {
+        w->done = true;
+        pthread_cond_signal(&w->cond);
+    }
+    pthread_mutex_unlock(&w->lock);
+    if (resp) nereid_response_free(resp);
 }
 
 /* Reads input_data_file (Triton's <model>/warmup/ folder). */
@@ -150,9 +173,15 @@ nereid_error_t *model_warmup(model_t *m)
             if (!err) {
                 uint64_t now = util_now_ns();
                 req->t_request_ns = req->t_queue_start_ns = now;
-                req->done_fn = on_warmup_done;
+                if (model_is_decoupled(m)) {
+                    request_set_streamed(req, on_warmup_response, &wait);
+                } else {
+                    req->done_fn = on_warmup_done;
+                    req->done_userp = &wait;
+                }
                 req->warmup = true;
-                req->done_userp = &wait;
+                LOG_VERBOSE("model '%s' instance %s is running warmup sample '%s' for iteration %u",
+                            m->name, m->n_instances ? m->instances[0]->name : "", w->name, c + 1);
                 request_prepare_response(req);
                 err = model_start_instances(m);
                 if (!err) err = m->sched->ops->enqueue(m->sched, req);
@@ -168,10 +197,10 @@ nereid_error_t *model_warmup(model_t *m)
             }
             pthread_mutex_destroy(&wait.lock);
             pthread_cond_destroy(&wait.cond);
-            if (err) {
-                nereid_error_t *wrapped = nereid_error_new(
-                    nereid_error_code(err), "warmup '%s' failed for model '%s': %s", w->name,
-                    m->name, nereid_error_message(err));
+            if (err) { /* Triton's text (TritonModelInstance::WarmUp) and code */
+                nereid_error_t *wrapped = nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                                           "failed to run warmup sample '%s': %s; ",
+                                                           w->name, nereid_error_message(err));
                 nereid_error_free(err);
                 return wrapped;
             }
