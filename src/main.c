@@ -114,6 +114,9 @@ static const flag_t flags[] = {
       "Configure each model by its configs/<name>.pbtxt when it has one (else config.pbtxt)."),
     F("model-load-thread-count", FLAG_INT, server.model_load_thread_count,
       "Models loaded in parallel (4)."),
+    F("model-namespacing", FLAG_BOOL, server.model_namespacing,
+      "Allow the same model name in several repositories, each in its repository's "
+      "namespace (false)."),
     F("model-load-retry-count", FLAG_INT, server.model_load_retry_count,
       "Times a failed model load is tried again before it counts as failed (0)."),
     F("metrics-config", FLAG_METRICS_CONFIG, server,
@@ -248,9 +251,6 @@ static const flag_t flags[] = {
 #undef IGNORED
 #define UNSUPPORTED(name) F(name, FLAG_UNSUPPORTED, repos, "Not supported by Nereid (refused).")
     UNSUPPORTED("host-policy"),
-    /* Same model name in several repositories, told apart by repository:
-     * not implemented; off (Triton's default) is accepted. */
-    UNSUPPORTED("model-namespacing"),
 #undef UNSUPPORTED
 };
 #undef F
@@ -523,10 +523,7 @@ static int apply_flag(cli_t *cli, const flag_t *f, const char *value)
         bool off;
         /* Turning a feature off is what Nereid does anyway. */
         if (parse_bool(value, &off) == 0 && !off) return 0;
-        fprintf(stderr, "nereid: --%s is not supported%s\n", f->name,
-                !strcmp(f->name, "model-namespacing")
-                    ? " (a model name must be unique across the model repositories)"
-                    : "");
+        fprintf(stderr, "nereid: --%s is not supported\n", f->name);
         return -2;
     }
     case FLAG_SWITCH:
@@ -836,6 +833,12 @@ int main(int argc, char **argv)
     }
     if (cli.metrics_interval_ms < 0) {
         fprintf(stderr, "nereid: --metrics-interval-ms must be >= 0\n");
+        return 2;
+    }
+    if (cli.grpc_infer_thread_count < 2 || cli.grpc_infer_thread_count > 128) {
+        /* Triton's command_line_parser.cc check and text */
+        fprintf(stderr, "invalid argument for --grpc_infer_thread_count. Must be in the range 2 "
+                        "to 128.\n");
         return 2;
     }
     char *cache_json;

@@ -53,6 +53,9 @@
  *        gauges, histograms shown on /metrics);
  *        nereid_batch_request_output_requested; nereid_model_set_inline_max_us;
  *        nereid_batch_request_reschedule, nereid_batch_request_trace
+ *   1.8  response statistics reported by the backend
+ *        (nereid_model_set_backend_response_stats, nereid_model_report_response),
+ *        nereid_instance_is_passive
  */
 #ifndef NEREID_BACKEND_H
 #define NEREID_BACKEND_H
@@ -69,8 +72,8 @@ extern "C" {
  * nereid_backend_config; 6: nereid_batch_request_sequence, response parameters;
  * 7: nereid_model_set_inline_max_us, custom metrics,
  * nereid_batch_request_output_requested, nereid_batch_request_reschedule,
- * nereid_batch_request_trace */
-#define NEREID_BACKEND_ABI_MINOR 7u
+ * nereid_batch_request_trace; 8: nereid_model_report_response */
+#define NEREID_BACKEND_ABI_MINOR 8u
 #define NEREID_BACKEND_ABI_VERSION ((NEREID_BACKEND_ABI_MAJOR << 16) | NEREID_BACKEND_ABI_MINOR)
 
 typedef struct nereid_backend nereid_backend_t;   /* one per loaded library */
@@ -143,6 +146,20 @@ NEREID_EXPORT bool nereid_model_autocomplete_allowed(const nereid_model_t *model
  * NEREID_INLINE_US bound (which still disables inline runs when 0): for a
  * backend whose execute mostly waits on another process. Any thread. */
 NEREID_EXPORT void nereid_model_set_inline_max_us(nereid_model_t *model, uint64_t max_us);
+/* (ABI 1.8) The model's response_stats come from the backend's reports
+ * (nereid_model_report_response) only, as Triton's do from
+ * TRITONBACKEND_ModelInstanceReportResponseStatistics; the core no longer
+ * counts the model's responses itself. Call during model init. */
+NEREID_EXPORT void nereid_model_set_backend_response_stats(nereid_model_t *model);
+/* (ABI 1.8) Counts one response of a request under its index (0 for the
+ * request's first): success (err NULL, output_start_ns > 0), empty (err
+ * NULL, output_start_ns 0), cancelled (err CANCELLED) or failed (any other
+ * err; output_start_ns 0 when no output was made). Times are
+ * CLOCK_MONOTONIC ns. INVALID_ARG (Triton's texts) for times out of order.
+ * Any thread. */
+NEREID_EXPORT nereid_error_t *
+nereid_model_report_response(nereid_model_t *model, uint64_t index, uint64_t start_ns,
+                             uint64_t output_start_ns, uint64_t end_ns, const nereid_error_t *err);
 NEREID_EXPORT void nereid_model_set_state(nereid_model_t *model, void *state);
 NEREID_EXPORT void *nereid_model_state(const nereid_model_t *model);
 
@@ -151,6 +168,10 @@ NEREID_EXPORT nereid_model_t *nereid_instance_model(const nereid_instance_t *ins
 NEREID_EXPORT const char *nereid_instance_name(const nereid_instance_t *instance);
 NEREID_EXPORT nereid_instance_kind_t nereid_instance_kind(const nereid_instance_t *instance);
 NEREID_EXPORT int nereid_instance_device_id(const nereid_instance_t *instance);
+/* (ABI 1.8) Whether the instance's group is passive (instance_group
+ * passive: true): it is initialized but the scheduler never runs a batch on
+ * it, as Triton's passive instances. */
+NEREID_EXPORT bool nereid_instance_is_passive(const nereid_instance_t *instance);
 NEREID_EXPORT void nereid_instance_set_state(nereid_instance_t *instance, void *state);
 NEREID_EXPORT void *nereid_instance_state(const nereid_instance_t *instance);
 

@@ -135,6 +135,9 @@ typedef struct nereid_server_options {
     const char *server_id;             /* default "triton" */
     int model_load_thread_count;       /* default 4 */
     int model_load_retry_count; /* default 0: a failed model load is tried again this often */
+    /* --model-namespacing (default false): the same model name may be in
+     * several repositories, each copy in its repository's namespace. */
+    bool model_namespacing;
     /* --metrics-config: the per-model latency counters (default true) and
      * the nv_inference_first_response_histogram_ms histogram (default
      * false), as Triton's counter_latencies / histogram_latencies. */

@@ -683,7 +683,8 @@ static void batch_record(batch_t *batch)
     for (size_t r = 0; r < batch->n_reqs; r++) {
         nereid_request_t *req = batch->reqs[r];
         bool failed = request_failed(req);
-        if (!decoupled_has_sender(req)) { /* else the sender counts each response */
+        /* else the sender counts each response, or the backend reports */
+        if (!decoupled_has_sender(req) && !atomic_load(&m->backend_response_stats)) {
             stats_add(&rs->compute_infer, resp_infer_ns);
             stats_add(&rs->compute_output, out_ns);
             /* A backend that stopped a cancelled request answers CANCELLED:

@@ -16,7 +16,8 @@
 
 typedef struct model_load_args {
     const char *name;
-    const char *dir; /* <repository>/<name> */
+    const char *model_namespace; /* --model-namespacing: its repository, else NULL */
+    const char *dir;             /* <repository>/<name> */
     int64_t version;
     const model_config_t *config; /* normalized; copied */
     const char *backend_dir;
@@ -75,6 +76,11 @@ void stats_destroy(model_stats_t *s);
  * server's quantiles (stats.c); nothing when they are off. */
 void server_enable_summaries(model_t *m);
 void stats_add(stat_duration_t *d, uint64_t ns);
+/* Counts one response under index (Triton's response_stats rules): err
+ * CANCELLED: cancel; other err: fail; else success when output_ns (the
+ * start of output handling, 0: none) is set, else empty_response. */
+void stats_record_response(model_stats_t *s, uint64_t index, uint64_t start_ns, uint64_t output_ns,
+                           uint64_t end_ns, const nereid_error_t *err);
 /* response_stats entry `index` (0 = response0), created on first use. */
 response_stat_t *stats_response(model_stats_t *s, uint64_t index);
 
@@ -84,15 +90,20 @@ response_stat_t *stats_response(model_stats_t *s, uint64_t index);
 bool server_is_stopping(nereid_server_t *s);
 nereid_error_t *server_lookup_model(nereid_server_t *s, const char *name, int64_t version,
                                     model_t **out);
+/* server_lookup_model in namespace ns (--model-namespacing; NULL: by name
+ * alone, where a name in two namespaces is Triton's ambiguity error). */
+nereid_error_t *server_lookup_model_ns(nereid_server_t *s, const char *ns, const char *name,
+                                       int64_t version, model_t **out);
 /* nereid_server_infer_async that loads a model on demand on this thread
  * instead of handing the request to the on-demand loaders (on_demand.c,
  * which run it). Same ownership: on error the caller keeps req. */
 nereid_error_t *server_infer_loaded(nereid_server_t *s, nereid_request_t *req,
                                     const nereid_response_allocator_t *allocator,
                                     nereid_complete_fn done_fn, void *done_userp);
-/* Looks model name/version up and holds it (model_hold). */
-nereid_error_t *server_hold_model(nereid_server_t *s, const char *name, int64_t version,
-                                  model_t **out);
+/* Looks model name/version (in namespace ns, or NULL) up and holds it
+ * (model_hold). */
+nereid_error_t *server_hold_model(nereid_server_t *s, const char *ns, const char *name,
+                                  int64_t version, model_t **out);
 /* nereid_server_infer_async on model m, which the caller holds (model_hold)
  * instead of a lookup by name: an ensemble's steps. */
 nereid_error_t *server_infer_held(model_t *m, nereid_request_t *req,

@@ -125,6 +125,15 @@ bool request_send_response(nereid_request_t *req, nereid_response_t *resp)
     return true;
 }
 
+void request_set_streamed(nereid_request_t *req, nereid_response_fn fn, void *userp)
+{
+    stream_ctx_t *ctx = xcalloc(1, sizeof *ctx);
+    ctx->fn = fn;
+    ctx->userp = userp;
+    req->done_fn = stream_final;
+    req->done_userp = ctx;
+}
+
 void request_final_flags_only(nereid_request_t *req)
 {
     if (request_is_streamed(req)) ((stream_ctx_t *)req->done_userp)->flags_only = true;
@@ -255,21 +264,10 @@ static void record_response(nereid_response_sender_t *s, const nereid_error_t *e
     uint64_t start = s->t_start_ns <= end ? s->t_start_ns : end;
     uint64_t out = s->t_output_ns;
     if (out && (out < start || out > end)) out = start;
-    response_stat_t *rs = stats_response(&s->req->model->stats, s->index++);
-    if (err && nereid_error_code(err) == NEREID_ERROR_CANCELLED) {
-        stats_add(&rs->cancel, end - start);
-    } else if (err) {
-        stats_add(&rs->compute_infer, (out ? out : end) - start);
-        if (out) stats_add(&rs->compute_output, end - out);
-        stats_add(&rs->fail, end - start);
-    } else if (out) {
-        stats_add(&rs->compute_infer, out - start);
-        stats_add(&rs->compute_output, end - out);
-        stats_add(&rs->success, end - start);
-    } else {
-        stats_add(&rs->compute_infer, end - start);
-        stats_add(&rs->empty_response, end - start);
-    }
+    model_t *m = s->req->model;
+    uint64_t index = s->index++;
+    if (!atomic_load(&m->backend_response_stats))
+        stats_record_response(&m->stats, index, start, out, end, err);
     s->t_start_ns = end;
     s->t_output_ns = 0;
 }

@@ -130,16 +130,25 @@ static void *instance_main(void *arg)
 {
     model_instance_t *inst = arg;
     model_t *m = inst->model; /* its instance was initialized at load (create_instances) */
-    scheduler_t *s = m->sched;
-    batch_t batch = {0};
-    while (s->ops->next_batch(s, inst, &batch)) {
-        batch_execute(inst, &batch);
-        if (s->ops->batch_done)
-            s->ops->batch_done(s, inst, &batch);
-        else
-            batch_complete(&batch, true);
+    if (inst->group && inst->group->passive) {
+        /* Triton's passive instance: loaded and initialized, never given
+         * work by the scheduler (the backend uses it from its own). */
+        pthread_mutex_lock(&m->lock);
+        while (!m->passive_stop)
+            pthread_cond_wait(&m->cond, &m->lock);
+        pthread_mutex_unlock(&m->lock);
+    } else {
+        scheduler_t *s = m->sched;
+        batch_t batch = {0};
+        while (s->ops->next_batch(s, inst, &batch)) {
+            batch_execute(inst, &batch);
+            if (s->ops->batch_done)
+                s->ops->batch_done(s, inst, &batch);
+            else
+                batch_complete(&batch, true);
+        }
+        batch_destroy(&batch);
     }
-    batch_destroy(&batch);
     if (m->backend->instance_fini)
         nereid_error_free(m->backend->instance_fini((nereid_instance_t *)inst));
     return NULL;
@@ -272,6 +281,10 @@ nereid_error_t *model_start_instances(model_t *m)
 static void stop_instances(model_t *m)
 {
     if (m->sched) m->sched->ops->stop(m->sched);
+    pthread_mutex_lock(&m->lock);
+    m->passive_stop = true;
+    pthread_cond_broadcast(&m->cond);
+    pthread_mutex_unlock(&m->lock);
     if (m->lazy_thread) {
         /* No start after this; an instance whose thread never started owes
          * the fini (its init ran at load). */
@@ -373,6 +386,7 @@ nereid_error_t *model_load(nereid_server_t *server, const model_load_args_t *arg
     model_t *m = xcalloc(1, sizeof *m);
     m->server = server;
     m->name = xstrdup(args->name);
+    m->ns = args->model_namespace ? xstrdup(args->model_namespace) : NULL;
     m->version = args->version;
     m->dir = xstrdup(args->dir);
     m->config = config_copy(args->config);
@@ -503,6 +517,7 @@ static void model_free(model_t *m)
     free(m->config_json);
     free(m->backend_name);
     free(m->name);
+    free(m->ns);
     free(m->dir);
     pthread_mutex_destroy(&m->lock);
     pthread_cond_destroy(&m->cond);
@@ -611,6 +626,34 @@ void nereid_model_set_inline_max_us(nereid_model_t *model, uint64_t max_us)
     atomic_store(&((model_t *)model)->inline_max_ns, max_us * 1000u);
 }
 
+void nereid_model_set_backend_response_stats(nereid_model_t *model)
+{
+    atomic_store(&((model_t *)model)->backend_response_stats, true);
+}
+
+nereid_error_t *nereid_model_report_response(nereid_model_t *model, uint64_t index,
+                                             uint64_t start_ns, uint64_t output_start_ns,
+                                             uint64_t end_ns, const nereid_error_t *err)
+{
+    if (!model) return nereid_error_new(NEREID_ERROR_INVALID_ARG, "model is NULL");
+    /* Triton's InferenceStatsAggregator::UpdateResponse* checks */
+    bool cancelled = err && nereid_error_code(err) == NEREID_ERROR_CANCELLED;
+    if (output_start_ns && !cancelled) {
+        if (start_ns > output_start_ns)
+            return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                    "Response start cannot happen after compute output start");
+        if (output_start_ns > end_ns)
+            return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                    "Compute output start cannot happen after response end");
+    } else if (start_ns > end_ns) {
+        return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                "Response start cannot happen after response end");
+    }
+    stats_record_response(&((model_t *)model)->stats, index, start_ns,
+                          cancelled ? 0 : output_start_ns, end_ns, err);
+    return NULL;
+}
+
 nereid_error_t *nereid_model_set_config(nereid_model_t *model, const char *config_json)
 {
     model_t *m = (model_t *)model;
@@ -659,6 +702,12 @@ nereid_model_t *nereid_instance_model(const nereid_instance_t *instance)
 const char *nereid_instance_name(const nereid_instance_t *instance)
 {
     return ((const model_instance_t *)instance)->name;
+}
+
+bool nereid_instance_is_passive(const nereid_instance_t *instance)
+{
+    const model_instance_t *inst = (const model_instance_t *)instance;
+    return inst->group && inst->group->passive;
 }
 
 nereid_instance_kind_t nereid_instance_kind(const nereid_instance_t *instance)

@@ -124,6 +124,7 @@ typedef struct model_instance {
 typedef struct model {
     nereid_server_t *server;
     char *name;
+    char *ns; /* --model-namespacing: its repository (metrics' namespace label), else NULL */
     int64_t version;
     char *dir; /* <repository>/<name> */
     model_config_t *config;
@@ -146,6 +147,9 @@ typedef struct model {
     /* The backend's bound on exec_avg_ns for runs on the caller's thread
      * (nereid_model_set_inline_max_us); 0: the scheduler's default. */
     _Atomic uint64_t inline_max_ns;
+    /* nereid_model_set_backend_response_stats: response_stats only from the
+     * backend's reports. */
+    _Atomic bool backend_response_stats;
     _Atomic int refcount;
     /* Ensemble requests in flight that will still submit steps here
      * (model_hold); model_unload waits for them before it stops the model. */
@@ -163,6 +167,7 @@ typedef struct model {
      * cost no thread each. Its instances were initialized at load. */
     bool lazy_thread;            /* the thread is started on demand */
     _Atomic bool thread_running; /* started (or stopping: no more starts); under lock */
+    bool passive_stop;           /* passive instances' threads may finish; under lock */
 } model_t;
 
 /* Starts the lazily started instance thread of m if it is not running yet.

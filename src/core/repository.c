@@ -163,8 +163,50 @@ static bool safe_relpath(const char *p)
 
 static bool valid_model_name(const char *name)
 {
-    return name && *name && !strchr(name, '/') && !strchr(name, '\\') && strcmp(name, ".") != 0 &&
-           strcmp(name, "..") != 0;
+    return name && *name && !strchr(name, '/') && !strchr(name, '\\') && !strchr(name, NS_SEP) &&
+           strcmp(name, ".") != 0 && strcmp(name, "..") != 0;
+}
+
+/* ---- Model keys (--model-namespacing) ---- */
+
+static bool ns_on(const nereid_server_t *s)
+{
+    return s->opts.model_namespacing;
+}
+
+/* The key of model name in repository repo (NULL: none). */
+static char *make_key(const nereid_server_t *s, const char *name, const char *repo)
+{
+    return ns_on(s) && repo ? xasprintf("%s%c%s", name, NS_SEP, repo) : xstrdup(name);
+}
+
+/* The name part of key (a new string); *ns points at its namespace in key,
+ * or is NULL. */
+static char *key_split(const char *key, const char **ns)
+{
+    const char *sep = strchr(key, NS_SEP);
+    *ns = sep ? sep + 1 : NULL;
+    if (!sep) return xstrdup(key);
+    size_t n = (size_t)(sep - key);
+    char *name = xmalloc(n + 1);
+    memcpy(name, key, n);
+    name[n] = '\0';
+    return name;
+}
+
+/* Whether key is model name's key (in any namespace). */
+static bool key_is_name(const char *key, const char *name)
+{
+    size_t n = strlen(name);
+    return strncmp(key, name, n) == 0 && (key[n] == '\0' || key[n] == NS_SEP);
+}
+
+/* The key an ensemble step's model has once the ensemble is loaded (its
+ * model_namespace, as Triton sets it, says which copy). */
+static char *step_key(const nereid_server_t *s, const Inference__ModelEnsembling__Step *st)
+{
+    const char *ns = st->model_namespace && *st->model_namespace ? st->model_namespace : NULL;
+    return make_key(s, st->model_name, ns);
 }
 
 /* Triton's ValidateModelName for explicit loads: the name, trimmed of
@@ -405,15 +447,15 @@ static char *error_reason(const nereid_error_t *err)
 
 /* ---- Entries ---- */
 
-/* Index of the first entry whose name is not less than name (s->models is
- * sorted by name): a binary search, so a lookup stays cheap with thousands
+/* Index of the first entry whose key is not less than name (s->models is
+ * sorted by key): a binary search, so a lookup stays cheap with thousands
  * of models. */
 static size_t entry_lower_bound(const nereid_server_t *s, const char *name)
 {
     size_t lo = 0, hi = s->n_models;
     while (lo < hi) {
         size_t mid = lo + (hi - lo) / 2;
-        if (strcmp(s->models[mid]->name, name) < 0)
+        if (strcmp(s->models[mid]->key, name) < 0)
             lo = mid + 1;
         else
             hi = mid;
@@ -421,10 +463,44 @@ static size_t entry_lower_bound(const nereid_server_t *s, const char *name)
     return lo;
 }
 
-model_entry_t *repository_find(nereid_server_t *s, const char *name)
+model_entry_t *repository_find(nereid_server_t *s, const char *key)
 {
-    size_t i = entry_lower_bound(s, name);
-    return i < s->n_models && strcmp(s->models[i]->name, name) == 0 ? s->models[i] : NULL;
+    size_t i = entry_lower_bound(s, key);
+    return i < s->n_models && strcmp(s->models[i]->key, key) == 0 ? s->models[i] : NULL;
+}
+
+model_entry_t *repository_resolve(nereid_server_t *s, const char *ns, const char *name,
+                                  nereid_error_t **err)
+{
+    *err = NULL;
+    if (!name || strchr(name, NS_SEP)) return NULL;
+    if (!ns_on(s)) return repository_find(s, name);
+    if (ns) {
+        char *key = make_key(s, name, ns);
+        model_entry_t *e = repository_find(s, key);
+        free(key);
+        return e;
+    }
+    model_entry_t *first = NULL, *known = NULL;
+    size_t n_known = 0;
+    for (size_t i = entry_lower_bound(s, name);
+         i < s->n_models && strncmp(s->models[i]->key, name, strlen(name)) == 0; i++) {
+        model_entry_t *e = s->models[i];
+        if (!key_is_name(e->key, name)) continue;
+        if (!first) first = e;
+        if (e->state != MODEL_UNKNOWN_STATE) {
+            n_known++;
+            known = e;
+        }
+    }
+    if (n_known > 1) {
+        *err = nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                "There are %zu identifiers of model '%s' in global map, model "
+                                "namespace must be provided to resolve ambiguity.",
+                                n_known, name);
+        return NULL;
+    }
+    return known ? known : first;
 }
 
 static void free_versions(version_entry_t *v, size_t n)
@@ -441,6 +517,8 @@ static void entry_free(model_entry_t *e)
     free(e->config_key);
     free(e->load_dir);
     free(e->name);
+    free(e->key);
+    free(e->ns);
     free(e->dir);
     free(e->reason);
     for (size_t i = 0; i < e->n_tmp_dirs; i++) {
@@ -451,14 +529,17 @@ static void entry_free(model_entry_t *e)
     free(e);
 }
 
-/* Adds an entry (caller holds the write lock); keeps models sorted by name. */
-static model_entry_t *entry_add(nereid_server_t *s, const char *name, const char *dir)
+/* Adds an entry (caller holds the write lock); keeps models sorted by key. */
+static model_entry_t *entry_add(nereid_server_t *s, const char *key, const char *dir)
 {
     model_entry_t *e = xcalloc(1, sizeof *e);
-    e->name = xstrdup(name);
+    const char *ns;
+    e->name = key_split(key, &ns);
+    e->key = xstrdup(key);
+    e->ns = ns ? xstrdup(ns) : NULL;
     e->dir = xstrdup(dir);
     e->state = MODEL_UNKNOWN_STATE;
-    size_t at = entry_lower_bound(s, name);
+    size_t at = entry_lower_bound(s, key);
     s->models = xrealloc(s->models, (s->n_models + 1) * sizeof *s->models);
     memmove(&s->models[at + 1], &s->models[at], (s->n_models - at) * sizeof *s->models);
     s->models[at] = e;
@@ -473,12 +554,16 @@ static bool entry_has_ready(const model_entry_t *e)
     return false;
 }
 
-/* Directories named name in the repositories: the first one, and how many. */
-static char *locate(nereid_server_t *s, const char *name, size_t *count)
+/* Directories of model key in the repositories (its own only, when key
+ * has a namespace): the first one, and how many. */
+static char *locate(nereid_server_t *s, const char *key, size_t *count)
 {
     char *found = NULL;
     *count = 0;
+    const char *ns;
+    char *name = key_split(key, &ns);
     for (size_t r = 0; r < s->n_repos; r++) {
+        if (ns && strcmp(s->repos[r], ns) != 0) continue;
         char *dir = xasprintf("%s/%s", s->repos[r], name);
         if (is_dir(dir)) {
             (*count)++;
@@ -489,7 +574,39 @@ static char *locate(nereid_server_t *s, const char *name, size_t *count)
         }
         free(dir);
     }
+    free(name);
     return found;
+}
+
+/* Triton's ConnectDependencyGraph with --model-namespacing: a step names the
+ * model in its ensemble's own repository first, else the one repository
+ * that has it. The step's key, or NULL when no repository or several have
+ * it. Without namespacing the step's name. */
+static char *resolve_step(nereid_server_t *s, const char *ens_ns, const char *step)
+{
+    if (!ns_on(s)) return xstrdup(step);
+    if (!valid_model_name(step)) return NULL;
+    size_t count;
+    if (ens_ns) {
+        char *key = make_key(s, step, ens_ns);
+        free(locate(s, key, &count));
+        if (count) return key;
+        free(key);
+    }
+    char *found = NULL;
+    size_t n = 0;
+    for (size_t r = 0; r < s->n_repos; r++) {
+        char *dir = xasprintf("%s/%s", s->repos[r], step);
+        if (is_dir(dir)) {
+            n++;
+            free(found);
+            found = make_key(s, step, s->repos[r]);
+        }
+        free(dir);
+    }
+    if (n == 1) return found;
+    free(found);
+    return NULL;
 }
 
 /* ---- Loading ---- */
@@ -545,22 +662,27 @@ static bool version_ready(nereid_server_t *s, const char *name, int64_t version)
     return ready;
 }
 
-/* The composing model names of the ensemble in directory name (none when it
+/* The composing model keys of the ensemble in directory key (none when it
  * is not an ensemble or its config does not read), as a new array. */
-static char **ensemble_steps(nereid_server_t *s, const char *name, size_t *n)
+static char **ensemble_steps(nereid_server_t *s, const char *key, size_t *n)
 {
     *n = 0;
     size_t count;
-    char *dir = locate(s, name, &count);
+    char *dir = locate(s, key, &count);
+    const char *ns;
+    char *name = key_split(key, &ns);
     model_config_t *cfg = NULL;
     if (dir) nereid_error_free(read_config(s, name, dir, NULL, &cfg));
     free(dir);
+    free(name);
     char **out = NULL;
     if (is_ensemble(cfg) && cfg->ensemble_scheduling) {
         const Inference__ModelEnsembling *es = cfg->ensemble_scheduling;
         out = xcalloc(es->n_step ? es->n_step : 1, sizeof *out);
-        for (size_t i = 0; i < es->n_step; i++)
-            out[(*n)++] = xstrdup(es->step[i]->model_name);
+        for (size_t i = 0; i < es->n_step; i++) {
+            char *step = resolve_step(s, ns, es->step[i]->model_name);
+            if (step) out[(*n)++] = step;
+        }
     }
     if (cfg) config_free(cfg);
     return out;
@@ -585,9 +707,13 @@ static nereid_error_t *find_cycle(nereid_server_t *s, const char *start, const c
         free(dir);
         if (count == 0) continue;
         if (strcmp(steps[i], start) == 0) {
+            const char *ns;
+            char *start_name = key_split(start, &ns), *cur_name = key_split(current, &ns);
             err = nereid_error_new(NEREID_ERROR_INVALID_ARG,
                                    "circular dependency between ensembles: %s -> ... -> %s -> %s",
-                                   start, current, start);
+                                   start_name, cur_name, start_name);
+            free(start_name);
+            free(cur_name);
         } else if (depth < MAX_ENSEMBLE_DEPTH) {
             size_t n;
             char **up = ensemble_steps(s, steps[i], &n);
@@ -602,26 +728,36 @@ static nereid_error_t *find_cycle(nereid_server_t *s, const char *start, const c
  * ctx->load_deps, or when it is an ensemble not tried yet). Triton's checks
  * and texts, in its order: composing models that do not exist, circular
  * dependencies, then each composing model's state. */
-static nereid_error_t *load_dependencies(nereid_server_t *s, const char *name,
-                                         const model_config_t *cfg, load_ctx_t *ctx)
+static nereid_error_t *load_dependencies(nereid_server_t *s, const char *key, const char *name,
+                                         model_config_t *cfg, load_ctx_t *ctx)
 {
     const Inference__ModelEnsembling *es = cfg->ensemble_scheduling;
     size_t n_steps = es ? es->n_step : 0;
+    const char *ens_ns;
+    free(key_split(key, &ens_ns));
     char **steps = xcalloc(n_steps ? n_steps : 1, sizeof *steps);
     /* missing ones: sorted, unique, comma separated (Triton keeps a set) */
     char **missing = xcalloc(n_steps ? n_steps : 1, sizeof *missing);
     size_t n_missing = 0;
     for (size_t i = 0; i < n_steps; i++) {
-        steps[i] = xstrdup(es->step[i]->model_name);
-        size_t count, at = 0;
-        char *dir = locate(s, steps[i], &count);
-        free(dir);
-        if (count != 0) continue;
-        while (at < n_missing && strcmp(missing[at], steps[i]) < 0)
+        const char *step = es->step[i]->model_name;
+        steps[i] = resolve_step(s, ens_ns, step);
+        size_t count = 0, at = 0;
+        if (steps[i]) free(locate(s, steps[i], &count));
+        if (count != 0) {
+            if (ns_on(s)) { /* Triton sets the namespace it found in the step */
+                const char *step_ns;
+                free(key_split(steps[i], &step_ns));
+                set_pb_string(&es->step[i]->model_namespace, step_ns ? step_ns : "");
+            }
+            continue;
+        }
+        if (!steps[i]) steps[i] = xstrdup(step);
+        while (at < n_missing && strcmp(missing[at], step) < 0)
             at++;
-        if (at < n_missing && strcmp(missing[at], steps[i]) == 0) continue;
+        if (at < n_missing && strcmp(missing[at], step) == 0) continue;
         memmove(&missing[at + 1], &missing[at], (n_missing - at) * sizeof *missing);
-        missing[at] = steps[i];
+        missing[at] = es->step[i]->model_name;
         n_missing++;
     }
     char *list = xstrdup("");
@@ -632,23 +768,25 @@ static nereid_error_t *load_dependencies(nereid_server_t *s, const char *name,
     }
     free(missing);
     nereid_error_t *err = NULL;
-    if (n_missing)
-        err = nereid_error_new(
-            NEREID_ERROR_INVALID_ARG,
-            "ensemble %s contains models that are not available or ambiguous: %s", name, list);
+    if (n_missing) /* Triton names the ensemble <namespace>::<name> */
+        err = nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                               "ensemble %s%s%s contains models that are not available or "
+                               "ambiguous: %s",
+                               ens_ns ? ens_ns : "", ens_ns ? "::" : "", name, list);
     free(list);
-    if (!err) err = find_cycle(s, name, name, steps, n_steps, 0);
+    if (!err) err = find_cycle(s, key, name, steps, n_steps, 0);
     for (size_t i = 0; !err && i < n_steps; i++) {
-        const char *dep = steps[i];
+        const char *dep_key = steps[i];
+        const char *dep = es->step[i]->model_name;
         int64_t version = es->step[i]->model_version;
-        if (!model_ready(s, dep)) {
+        if (!model_ready(s, dep_key)) {
             char *reason = NULL;
-            model_state_t st = entry_state(s, dep, &reason);
+            model_state_t st = entry_state(s, dep_key, &reason);
             size_t n_sub = 0;
             char **sub_steps = NULL;
             bool nested = ctx->load_deps;
             if (!nested && st == MODEL_UNKNOWN_STATE) {
-                sub_steps = ensemble_steps(s, dep, &n_sub);
+                sub_steps = ensemble_steps(s, dep_key, &n_sub);
                 nested = sub_steps != NULL;
                 free_names(sub_steps, n_sub);
             }
@@ -675,10 +813,10 @@ static nereid_error_t *load_dependencies(nereid_server_t *s, const char *name,
             }
             load_ctx_t sub = *ctx;
             sub.depth = ctx->depth + 1;
-            sub.chain[sub.depth] = dep;
+            sub.chain[sub.depth] = dep_key;
             sub.force = false;
-            nereid_error_t *lerr = load_model(s, dep, NULL, NULL, NULL, NULL, 0, &sub);
-            if (lerr && !model_ready(s, dep)) {
+            nereid_error_t *lerr = load_model(s, dep_key, NULL, NULL, NULL, NULL, 0, &sub);
+            if (lerr && !model_ready(s, dep_key)) {
                 err = nereid_error_new(NEREID_ERROR_INVALID_ARG,
                                        "ensemble '%s' depends on '%s' which has no loaded "
                                        "version. Model '%s' loading failed with error: %s",
@@ -688,7 +826,7 @@ static nereid_error_t *load_dependencies(nereid_server_t *s, const char *name,
             }
             nereid_error_free(lerr);
         }
-        if (version > 0 && !version_ready(s, dep, version))
+        if (version > 0 && !version_ready(s, dep_key, version))
             err = nereid_error_new(NEREID_ERROR_INVALID_ARG,
                                    "ensemble '%s' depends on '%s' whose required version %lld is "
                                    "not loaded.",
@@ -750,17 +888,17 @@ static void drop_unused_tmp_dirs(nereid_server_t *s, model_entry_t *e)
     pthread_rwlock_unlock(&s->lock);
 }
 
-/* Loads or reloads model name. Caller serializes (s->control, or start-up
- * where each name is loaded by one thread). */
-static nereid_error_t *load_model(nereid_server_t *s, const char *name, const char *override_json,
-                                  const char *const *paths, const void *const *contents,
-                                  const size_t *sizes, size_t n_files, load_ctx_t *ctx)
+/* load_model of key, whose name and namespace (or NULL) are given. */
+static nereid_error_t *load_model_as(nereid_server_t *s, const char *key, const char *name,
+                                     const char *ns, const char *override_json,
+                                     const char *const *paths, const void *const *contents,
+                                     const size_t *sizes, size_t n_files, load_ctx_t *ctx)
 {
     if (!valid_model_name(name))
         return nereid_error_new(NEREID_ERROR_INVALID_ARG, "invalid model name '%s'",
                                 name ? name : "");
     size_t count;
-    char *dir = locate(s, name, &count);
+    char *dir = locate(s, key, &count);
     char *tmp = NULL;
     if (!dir && override_json && n_files) {
         /* Triton: a model given whole (config and files) needs no
@@ -774,8 +912,8 @@ static nereid_error_t *load_model(nereid_server_t *s, const char *name, const ch
                                 "failed to load '%s', failed to poll from model repository", name);
     uint64_t sig = tree_sig(dir, 14695981039346656037ULL, 0);
     pthread_rwlock_wrlock(&s->lock);
-    model_entry_t *e = repository_find(s, name);
-    if (!e) e = entry_add(s, name, dir);
+    model_entry_t *e = repository_find(s, key);
+    if (!e) e = entry_add(s, key, dir);
     if (!entry_has_ready(e)) e->state = MODEL_LOADING;
     pthread_rwlock_unlock(&s->lock);
     if (count > 1) {
@@ -808,7 +946,7 @@ static nereid_error_t *load_model(nereid_server_t *s, const char *name, const ch
     } else {
         err = read_config(s, name, load_dir, override_json, &cfg);
     }
-    if (!err && is_ensemble(cfg)) err = load_dependencies(s, name, cfg, ctx);
+    if (!err && is_ensemble(cfg)) err = load_dependencies(s, key, name, cfg, ctx);
     int64_t *avail = NULL, *chosen = NULL;
     size_t k = 0;
     if (!err) {
@@ -851,9 +989,9 @@ static nereid_error_t *load_model(nereid_server_t *s, const char *name, const ch
     }
 
     /* Prepare every chosen version (reusing unchanged ones) without locks. */
-    char *key = config_to_json(cfg);
+    char *cfg_key = config_to_json(cfg);
     pthread_rwlock_rdlock(&s->lock);
-    bool same_config = e->config_key && strcmp(e->config_key, key) == 0 && e->load_dir &&
+    bool same_config = e->config_key && strcmp(e->config_key, cfg_key) == 0 && e->load_dir &&
                        strcmp(e->load_dir, load_dir) == 0;
     pthread_rwlock_unlock(&s->lock);
     version_entry_t *nv = xcalloc(k, sizeof *nv);
@@ -874,6 +1012,7 @@ static nereid_error_t *load_model(nereid_server_t *s, const char *name, const ch
         }
         model_load_args_t args = {
             .name = name,
+            .model_namespace = ns,
             .dir = load_dir,
             .version = chosen[i],
             .config = cfg,
@@ -990,8 +1129,8 @@ static nereid_error_t *load_model(nereid_server_t *s, const char *name, const ch
         e->config = cfg;
         cfg = NULL;
         free(e->config_key);
-        e->config_key = key;
-        key = NULL;
+        e->config_key = cfg_key;
+        cfg_key = NULL;
         free(e->load_dir);
         e->load_dir = xstrdup(load_dir);
     }
@@ -1006,7 +1145,7 @@ static nereid_error_t *load_model(nereid_server_t *s, const char *name, const ch
     free(discard);
     drop_unused_tmp_dirs(s, e);
     if (cfg) config_free(cfg);
-    free(key);
+    free(cfg_key);
     free(dir);
     if (err_text) {
         size_t len = strlen(err_text);
@@ -1019,20 +1158,37 @@ static nereid_error_t *load_model(nereid_server_t *s, const char *name, const ch
     return NULL;
 }
 
+/* Loads or reloads model key. Caller serializes (s->control, or start-up
+ * where each key is loaded by one thread). */
+static nereid_error_t *load_model(nereid_server_t *s, const char *key, const char *override_json,
+                                  const char *const *paths, const void *const *contents,
+                                  const size_t *sizes, size_t n_files, load_ctx_t *ctx)
+{
+    if (!key) return nereid_error_new(NEREID_ERROR_INVALID_ARG, "invalid model name '%s'", "");
+    const char *ns;
+    char *name = key_split(key, &ns);
+    nereid_error_t *err =
+        load_model_as(s, key, name, ns, override_json, paths, contents, sizes, n_files, ctx);
+    free(name);
+    return err;
+}
+
 /* ---- Unloading ---- */
 
-/* Whether a ready ensemble other than except uses model name. */
+/* Whether a ready ensemble other than except uses model key. */
 /* used_by_other with s->lock held. */
-static bool used_by_other_locked(nereid_server_t *s, const char *name, const char *except)
+static bool used_by_other_locked(nereid_server_t *s, const char *key, const char *except)
 {
     bool used = false;
     for (size_t i = 0; i < s->n_models && !used; i++) {
         model_entry_t *e = s->models[i];
-        if (strcmp(e->name, except) == 0 || !entry_has_ready(e) || !is_ensemble(e->config))
-            continue;
+        if (strcmp(e->key, except) == 0 || !entry_has_ready(e) || !is_ensemble(e->config)) continue;
         const Inference__ModelEnsembling *es = e->config->ensemble_scheduling;
-        for (size_t k = 0; es && k < es->n_step; k++)
-            used |= strcmp(es->step[k]->model_name, name) == 0;
+        for (size_t k = 0; es && k < es->n_step; k++) {
+            char *sk = step_key(s, es->step[k]);
+            used |= strcmp(sk, key) == 0;
+            free(sk);
+        }
     }
     return used;
 }
@@ -1045,10 +1201,10 @@ static bool used_by_other(nereid_server_t *s, const char *name, const char *exce
     return used;
 }
 
-static void unload_model(nereid_server_t *s, const char *name, bool dependents, int depth)
+static void unload_model(nereid_server_t *s, const char *key, bool dependents, int depth)
 {
     pthread_rwlock_wrlock(&s->lock);
-    model_entry_t *e = repository_find(s, name);
+    model_entry_t *e = repository_find(s, key);
     if (!e) {
         pthread_rwlock_unlock(&s->lock);
         return;
@@ -1071,22 +1227,28 @@ static void unload_model(nereid_server_t *s, const char *name, bool dependents, 
     const Inference__ModelEnsembling *es =
         is_ensemble(e->config) ? e->config->ensemble_scheduling : NULL;
     for (size_t k = 0; es && k < es->n_step; k++) {
+        char *sk = step_key(s, es->step[k]);
         bool have = false;
         for (size_t j = 0; j < n_deps; j++)
-            have |= strcmp(deps[j], es->step[k]->model_name) == 0;
-        if (have) continue;
+            have |= strcmp(deps[j], sk) == 0;
+        if (have) {
+            free(sk);
+            continue;
+        }
         deps = xrealloc(deps, (n_deps + 1) * sizeof *deps);
-        deps[n_deps++] = xstrdup(es->step[k]->model_name);
+        deps[n_deps++] = sk;
     }
+    char *name = xstrdup(e->name);
     pthread_rwlock_unlock(&s->lock);
 
     for (size_t i = 0; i < n_drain; i++)
         model_unload(drain[i]);
     free(drain);
     LOG_INFO("successfully unloaded '%s'", name);
+    free(name);
 
     pthread_rwlock_wrlock(&s->lock);
-    e = repository_find(s, name);
+    e = repository_find(s, key);
     if (e) {
         for (size_t v = 0; v < e->n_versions; v++) {
             e->versions[v].state = MODEL_UNAVAILABLE;
@@ -1107,7 +1269,7 @@ static void unload_model(nereid_server_t *s, const char *name, bool dependents, 
     if (e) drop_unused_tmp_dirs(s, e);
 
     for (size_t i = 0; i < n_deps; i++) {
-        if (dependents && depth < MAX_ENSEMBLE_DEPTH && !used_by_other(s, deps[i], name))
+        if (dependents && depth < MAX_ENSEMBLE_DEPTH && !used_by_other(s, deps[i], key))
             unload_model(s, deps[i], true, depth + 1);
         free(deps[i]);
     }
@@ -1115,6 +1277,23 @@ static void unload_model(nereid_server_t *s, const char *name, bool dependents, 
 }
 
 /* ---- Public control API ---- */
+
+/* --model-namespacing: the keys of model name in the repositories that
+ * have it, as a new array (NULL when none). */
+static char **name_keys(nereid_server_t *s, const char *name, size_t *n)
+{
+    char **keys = NULL;
+    *n = 0;
+    for (size_t r = 0; r < s->n_repos && valid_model_name(name); r++) {
+        char *dir = xasprintf("%s/%s", s->repos[r], name);
+        if (is_dir(dir)) {
+            keys = xrealloc(keys, (*n + 1) * sizeof *keys);
+            keys[(*n)++] = make_key(s, name, s->repos[r]);
+        }
+        free(dir);
+    }
+    return keys;
+}
 
 static nereid_error_t *check_explicit(nereid_server_t *s)
 {
@@ -1139,9 +1318,22 @@ nereid_error_t *nereid_server_load_model(nereid_server_t *s, const char *model,
     if (n_files && (!file_paths || !file_contents || !file_sizes))
         return nereid_error_new(NEREID_ERROR_INVALID_ARG, "file overrides are incomplete");
     pthread_mutex_lock(&s->control);
-    load_ctx_t ctx = {.depth = 0, .load_deps = true, .force = config_json || n_files};
-    ctx.chain[0] = model;
-    err = load_model(s, model, config_json, file_paths, file_contents, file_sizes, n_files, &ctx);
+    /* With --model-namespacing every repository's copy loads (Triton polls
+     * the name in each repository). */
+    size_t n_keys = 0;
+    char **keys = ns_on(s) ? name_keys(s, model, &n_keys) : NULL;
+    for (size_t i = 0; i < (n_keys ? n_keys : 1); i++) {
+        const char *key = n_keys ? keys[i] : model;
+        load_ctx_t ctx = {.depth = 0, .load_deps = true, .force = config_json || n_files};
+        ctx.chain[0] = key;
+        nereid_error_t *lerr =
+            load_model(s, key, config_json, file_paths, file_contents, file_sizes, n_files, &ctx);
+        if (err)
+            nereid_error_free(lerr);
+        else
+            err = lerr;
+    }
+    free_names(keys, n_keys);
     pthread_mutex_unlock(&s->control);
     return err;
 }
@@ -1155,7 +1347,22 @@ nereid_error_t *nereid_server_unload_model(nereid_server_t *s, const char *model
         return nereid_error_new(NEREID_ERROR_INVALID_ARG, "invalid model name '%s'",
                                 model ? model : "");
     pthread_mutex_lock(&s->control);
-    unload_model(s, model, unload_dependents, 0);
+    if (ns_on(s)) { /* every namespace's copy */
+        char **keys = NULL;
+        size_t n = 0;
+        pthread_rwlock_rdlock(&s->lock);
+        for (size_t i = 0; i < s->n_models; i++)
+            if (key_is_name(s->models[i]->key, model)) {
+                keys = xrealloc(keys, (n + 1) * sizeof *keys);
+                keys[n++] = xstrdup(s->models[i]->key);
+            }
+        pthread_rwlock_unlock(&s->lock);
+        for (size_t i = 0; i < n; i++)
+            unload_model(s, keys[i], unload_dependents, 0);
+        free_names(keys, n);
+    } else {
+        unload_model(s, model, unload_dependents, 0);
+    }
     pthread_mutex_unlock(&s->control);
     return NULL;
 }
@@ -1263,13 +1470,13 @@ static void evict_over_budget(nereid_server_t *s, const char *keep)
             model_entry_t *e = s->models[i];
             if (!entry_has_ready(e)) continue;
             total += e->memory_bytes;
-            if (e->pinned || strcmp(e->name, keep) == 0 || entry_in_use(e) ||
-                used_by_other_locked(s, e->name, e->name))
+            if (e->pinned || strcmp(e->key, keep) == 0 || entry_in_use(e) ||
+                used_by_other_locked(s, e->key, e->key))
                 continue;
             if (!victim || atomic_load(&e->last_used_ns) < atomic_load(&victim->last_used_ns))
                 victim = e;
         }
-        char *name = victim && total > budget ? xstrdup(victim->name) : NULL;
+        char *name = victim && total > budget ? xstrdup(victim->key) : NULL;
         long long bytes = victim ? victim->memory_bytes : 0;
         const struct backend_lib *backend = victim ? entry_backend(victim) : NULL;
         char **steps = NULL; /* an ensemble's: they hold what its load brought in */
@@ -1344,8 +1551,31 @@ bool repository_decoupled_on_disk(nereid_server_t *s, const char *name)
     return decoupled;
 }
 
+/* --model-namespacing: the key of the one repository's copy of name an
+ * on-demand load means (name itself when no repository has it); NULL and
+ * Triton's ambiguity error when several have it. */
+static const char *on_demand_key(nereid_server_t *s, const char *name, nereid_error_t **err)
+{
+    size_t n;
+    char **keys = name_keys(s, name, &n);
+    const char *key = name;
+    if (n == 1) {
+        key = keys[0];
+        keys[0] = NULL;
+    } else if (n > 1) {
+        key = NULL;
+        *err = nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                "There are %zu identifiers of model '%s' in global map, model "
+                                "namespace must be provided to resolve ambiguity.",
+                                n, name);
+    }
+    free_names(keys, n);
+    return key;
+}
+
 nereid_error_t *repository_load_on_demand(nereid_server_t *s, const char *name)
 {
+    const char *plain = name;
     if (!valid_model_name(name) || loading_on_demand)
         return nereid_error_new(NEREID_ERROR_NOT_FOUND,
                                 "Request for unknown model: '%s' is not found", name ? name : "");
@@ -1354,6 +1584,8 @@ nereid_error_t *repository_load_on_demand(nereid_server_t *s, const char *name)
     nereid_error_t *err = NULL;
     if (atomic_load(&s->stopping)) {
         err = nereid_error_new(NEREID_ERROR_UNAVAILABLE, "Server not ready");
+    } else if (ns_on(s) && !(name = on_demand_key(s, name, &err))) {
+        /* err: Triton's ambiguity error */
     } else if (!model_ready(s, name)) { /* else another request loaded it meanwhile */
         size_t count;
         char *dir = locate(s, name, &count);
@@ -1393,6 +1625,7 @@ nereid_error_t *repository_load_on_demand(nereid_server_t *s, const char *name)
         }
     }
     loading_on_demand = false;
+    if (ns_on(s) && name != plain) free((char *)name);
     pthread_mutex_unlock(&s->control);
     return err;
 }
@@ -1422,8 +1655,10 @@ static void *load_worker(void *arg)
         size_t count;
         char *dir = locate(p->server, p->names[i], &count);
         model_config_t *cfg = NULL;
-        if (dir && count == 1)
-            nereid_error_free(read_config(p->server, p->names[i], dir, NULL, &cfg));
+        const char *ns;
+        char *name = key_split(p->names[i], &ns);
+        if (dir && count == 1) nereid_error_free(read_config(p->server, name, dir, NULL, &cfg));
+        free(name);
         free(dir);
         if (is_ensemble(cfg)) {
             config_free(cfg);
@@ -1456,7 +1691,7 @@ static void load_parallel(nereid_server_t *s, char **names, size_t n, bool *is_e
     pthread_mutex_destroy(&pool.lock);
 }
 
-static bool wanted_at_start(nereid_server_t *s, const char *name)
+static bool wanted_name_at_start(nereid_server_t *s, const char *name)
 {
     /* Poll mode with on-demand loads: like explicit, only --load-model. */
     if (s->opts.model_control_mode != NEREID_MODEL_CONTROL_EXPLICIT &&
@@ -1468,7 +1703,17 @@ static bool wanted_at_start(nereid_server_t *s, const char *name)
     return false;
 }
 
-/* Model directory names across the repositories (sorted, unique). */
+static bool wanted_at_start(nereid_server_t *s, const char *key)
+{
+    const char *ns;
+    char *name = key_split(key, &ns);
+    bool wanted = wanted_name_at_start(s, name);
+    free(name);
+    return wanted;
+}
+
+/* Model directory names across the repositories (sorted, unique); with
+ * --model-namespacing each repository's model keys. */
 static size_t scan_names(nereid_server_t *s, char ***out, nereid_error_t **err)
 {
     char **names = NULL;
@@ -1487,11 +1732,11 @@ static size_t scan_names(nereid_server_t *s, char ***out, nereid_error_t **err)
         while ((de = readdir(d))) {
             if (de->d_name[0] == '.') continue;
             char *dir = xasprintf("%s/%s", s->repos[r], de->d_name);
-            bool ok = is_dir(dir);
+            bool ok = is_dir(dir) && !strchr(de->d_name, NS_SEP);
             free(dir);
             if (!ok) continue;
             if (n % 64 == 0) names = xrealloc(names, (n + 64) * sizeof *names);
-            names[n++] = xstrdup(de->d_name);
+            names[n++] = make_key(s, de->d_name, s->repos[r]);
         }
         closedir(d);
     }
@@ -1537,7 +1782,7 @@ nereid_error_t *repository_start(nereid_server_t *s)
     if (s->opts.model_load_on_demand) { /* what --load-model names is never evicted */
         pthread_rwlock_wrlock(&s->lock);
         for (size_t i = 0; i < s->n_models; i++)
-            s->models[i]->pinned = wanted_at_start(s, s->models[i]->name);
+            s->models[i]->pinned = wanted_name_at_start(s, s->models[i]->name);
         pthread_rwlock_unlock(&s->lock);
     }
     /* Plain models in parallel, then ensembles (they need their steps). */
@@ -1570,12 +1815,14 @@ nereid_error_t *repository_start(nereid_server_t *s)
 
 /* ---- Poll mode ---- */
 
-static void remove_entry(nereid_server_t *s, const char *name)
+static void remove_entry(nereid_server_t *s, const char *key)
 {
-    unload_model(s, name, false, 0);
+    unload_model(s, key, false, 0);
+    const char *ns;
+    char *name = key_split(key, &ns);
     pthread_rwlock_wrlock(&s->lock);
     for (size_t i = 0; i < s->n_models; i++) {
-        if (strcmp(s->models[i]->name, name) != 0) continue;
+        if (strcmp(s->models[i]->key, key) != 0) continue;
         entry_free(s->models[i]);
         memmove(&s->models[i], &s->models[i + 1], (s->n_models - i - 1) * sizeof *s->models);
         s->n_models--;
@@ -1583,6 +1830,26 @@ static void remove_entry(nereid_server_t *s, const char *name)
     }
     pthread_rwlock_unlock(&s->lock);
     LOG_INFO("model '%s' was removed from the repository", name);
+    free(name);
+}
+
+/* Whether ready ensemble e's steps resolve to other model keys than those
+ * it was loaded with. Caller holds s->lock (read). */
+static bool steps_moved(nereid_server_t *s, const model_entry_t *e)
+{
+    if (!e->config || !entry_has_ready(e) || !is_ensemble(e->config) ||
+        !e->config->ensemble_scheduling)
+        return false;
+    const Inference__ModelEnsembling *es = e->config->ensemble_scheduling;
+    bool moved = false;
+    for (size_t i = 0; i < es->n_step && !moved; i++) {
+        char *now = resolve_step(s, e->ns, es->step[i]->model_name);
+        char *was = step_key(s, es->step[i]);
+        moved = !now || strcmp(now, was) != 0;
+        free(now);
+        free(was);
+    }
+    return moved;
 }
 
 void repository_poll(nereid_server_t *s)
@@ -1604,10 +1871,10 @@ void repository_poll(nereid_server_t *s)
     size_t n_gone = 0;
     pthread_rwlock_rdlock(&s->lock);
     for (size_t i = 0; i < s->n_models; i++) {
-        const char *key = s->models[i]->name;
+        const char *key = s->models[i]->key;
         if (!n || !bsearch(&key, names, n, sizeof *names, cmp_str)) {
             gone = xrealloc(gone, (n_gone + 1) * sizeof *gone);
-            gone[n_gone++] = xstrdup(s->models[i]->name);
+            gone[n_gone++] = xstrdup(s->models[i]->key);
         }
     }
     pthread_rwlock_unlock(&s->lock);
@@ -1626,6 +1893,10 @@ void repository_poll(nereid_server_t *s)
             pthread_rwlock_rdlock(&s->lock);
             model_entry_t *e = repository_find(s, names[i]);
             bool changed = !e || e->tree_sig != sig;
+            /* Namespacing: a loaded ensemble whose steps now resolve to
+             * other copies (one removed or added) is loaded again, as
+             * Triton reconnects its dependency graph. */
+            if (!changed && pass == 1 && ns_on(s)) changed = steps_moved(s, e);
             /* On demand: a model not loaded is loaded by its first request,
              * not by the poll; a new one is only listed. */
             bool listed_only = s->opts.model_load_on_demand && (!e || !entry_has_ready(e));
@@ -1638,15 +1909,18 @@ void repository_poll(nereid_server_t *s)
                 continue;
             }
             model_config_t *cfg = NULL;
-            if (changed) nereid_error_free(read_config(s, names[i], dir, NULL, &cfg));
+            const char *ns;
+            char *name = key_split(names[i], &ns);
+            if (changed) nereid_error_free(read_config(s, name, dir, NULL, &cfg));
             if (changed && is_ensemble(cfg) == (pass == 1)) {
-                LOG_INFO("model '%s' changed on disk, (re)loading", names[i]);
+                LOG_INFO("model '%s' changed on disk, (re)loading", name);
                 load_ctx_t ctx = {.depth = 0, .load_deps = true, .config = cfg};
                 ctx.chain[0] = names[i];
                 nereid_error_free(load_model(s, names[i], NULL, NULL, NULL, NULL, 0, &ctx));
                 cfg = ctx.config;
             }
             if (cfg) config_free(cfg);
+            free(name);
             free(dir);
         }
     }

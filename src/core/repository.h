@@ -24,7 +24,9 @@ typedef struct version_entry {
 } version_entry_t;
 
 typedef struct model_entry {
-    char *name;
+    char *name;             /* the model's name */
+    char *key;              /* name, or with --model-namespacing name NS_SEP repository */
+    char *ns;               /* --model-namespacing: its repository (namespace), else NULL */
     char *dir;              /* <repository>/<name> */
     model_config_t *config; /* config of the served versions, NULL if none */
     char *config_key;       /* its JSON, to detect config changes */
@@ -75,8 +77,19 @@ struct nereid_server {
     struct on_demand_queue *on_demand; /* on_demand.c; NULL until first used */
 };
 
-/* Finds an entry by name; caller holds s->lock. */
-model_entry_t *repository_find(nereid_server_t *s, const char *name);
+/* With --model-namespacing an entry's key is its name, this separator and
+ * its repository (a model name cannot contain it); without, its name. */
+#define NS_SEP '\x1f'
+
+/* Finds an entry by key; caller holds s->lock. */
+model_entry_t *repository_find(nereid_server_t *s, const char *key);
+/* Finds the entry a request names (caller holds s->lock): ns given, the
+ * model name in that namespace; else by name, and with --model-namespacing
+ * the one known copy (Triton's global map: not the never-loaded ones of
+ * explicit mode). Two or more known copies: NULL and *err is Triton's
+ * ambiguity error. No entry: NULL, *err NULL. */
+model_entry_t *repository_resolve(nereid_server_t *s, const char *ns, const char *name,
+                                  nereid_error_t **err);
 
 /* Scans the repositories and loads what the mode asks for (in parallel);
  * starts the poll thread in poll mode. Errors only for unreadable

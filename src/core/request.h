@@ -259,6 +259,9 @@ void request_share_cancel(nereid_request_t *dst, const nereid_request_t *src);
 bool request_is_streamed(const nereid_request_t *req);
 bool request_send_response(nereid_request_t *req, nereid_response_t *resp);
 void request_final_flags_only(nereid_request_t *req);
+/* Makes req (not submitted yet) a streamed request whose responses go to
+ * fn: a decoupled model's warmup request (warmup.c). */
+void request_set_streamed(nereid_request_t *req, nereid_response_fn fn, void *userp);
 /* Fails the request's response with err (owned) unless it failed already. */
 void request_set_error(nereid_request_t *req, nereid_error_t *err);
 /* Whether the request's response has failed; with CANCELLED. */

@@ -213,15 +213,21 @@ bool nereid_server_is_ready(nereid_server_t *s)
 
 /* ---- Lookup ---- */
 
-/* Resolves model/version (<= 0: latest ready) and takes a reference.
+/* Resolves model/version (<= 0: latest ready; ns: the namespace, or NULL)
+ * and takes a reference; *entry_out (when given) is the model's entry.
  * Caller holds the read lock. */
-static nereid_error_t *lookup_locked(nereid_server_t *s, const char *name, int64_t version,
-                                     model_t **out)
+static nereid_error_t *lookup_locked(nereid_server_t *s, const char *ns, const char *name,
+                                     int64_t version, model_t **out, model_entry_t **entry_out)
 {
     *out = NULL;
-    model_entry_t *e = repository_find(s, name);
-    if (!e || e->state == MODEL_UNKNOWN_STATE)
-        return nereid_error_new(NEREID_ERROR_NOT_FOUND,
+    nereid_error_t *ambiguous = NULL;
+    model_entry_t *e = repository_resolve(s, ns, name, &ambiguous);
+    if (entry_out) *entry_out = e;
+    if (ambiguous) return ambiguous;
+    if (!e || e->state == MODEL_UNKNOWN_STATE) /* Triton's FindModelIdentifier: INVALID_ARG */
+        return nereid_error_new(s->opts.model_namespacing && !s->opts.model_load_on_demand
+                                    ? NEREID_ERROR_INVALID_ARG
+                                    : NEREID_ERROR_NOT_FOUND,
                                 "Request for unknown model: '%s' is not found", name);
     if (version <= 0) {
         for (size_t v = e->n_versions; v-- > 0;)
@@ -256,22 +262,28 @@ static nereid_error_t *lookup_locked(nereid_server_t *s, const char *name, int64
 nereid_error_t *server_lookup_model(nereid_server_t *s, const char *name, int64_t version,
                                     model_t **out)
 {
+    return server_lookup_model_ns(s, NULL, name, version, out);
+}
+
+nereid_error_t *server_lookup_model_ns(nereid_server_t *s, const char *ns, const char *name,
+                                       int64_t version, model_t **out)
+{
     if (atomic_load(&s->stopping)) {
         *out = NULL;
         return nereid_error_new(NEREID_ERROR_UNAVAILABLE, "Server not ready");
     }
     pthread_rwlock_rdlock(&s->lock);
-    nereid_error_t *err = lookup_locked(s, name, version, out);
+    nereid_error_t *err = lookup_locked(s, ns, name, version, out, NULL);
     pthread_rwlock_unlock(&s->lock);
     return err;
 }
 
 /* ---- Inference ---- */
 
-nereid_error_t *server_hold_model(nereid_server_t *s, const char *name, int64_t version,
-                                  model_t **out)
+nereid_error_t *server_hold_model(nereid_server_t *s, const char *ns, const char *name,
+                                  int64_t version, model_t **out)
 {
-    nereid_error_t *err = server_lookup_model(s, name, version, out);
+    nereid_error_t *err = server_lookup_model_ns(s, ns, name, version, out);
     if (!err) model_hold(*out);
     return err;
 }
@@ -454,7 +466,8 @@ nereid_error_t *nereid_server_model_metadata(nereid_server_t *s, const char *mod
     *json_out = NULL;
     pthread_rwlock_rdlock(&s->lock);
     model_t *m;
-    nereid_error_t *err = lookup_locked(s, model, version, &m);
+    model_entry_t *e;
+    nereid_error_t *err = lookup_locked(s, NULL, model, version, &m, &e);
     if (err) {
         pthread_rwlock_unlock(&s->lock);
         return err;
@@ -465,7 +478,6 @@ nereid_error_t *nereid_server_model_metadata(nereid_server_t *s, const char *mod
         snprintf(buf, sizeof buf, "%" PRId64, version);
         json_array_append_new(versions, json_string(buf));
     } else {
-        model_entry_t *e = repository_find(s, model);
         for (size_t v = 0; v < e->n_versions; v++)
             if (e->versions[v].state == MODEL_READY) {
                 snprintf(buf, sizeof buf, "%" PRId64, e->versions[v].version);
@@ -562,9 +574,15 @@ nereid_error_t *nereid_server_model_statistics(nereid_server_t *s, const char *m
     json_t *arr = json_array();
     pthread_rwlock_rdlock(&s->lock);
     if (model && *model) {
-        model_entry_t *e = repository_find(s, model);
+        nereid_error_t *ambiguous = NULL;
+        model_entry_t *e = repository_resolve(s, NULL, model, &ambiguous);
+        if (ambiguous) {
+            pthread_rwlock_unlock(&s->lock);
+            json_decref(arr);
+            return ambiguous;
+        }
         model_t *m = NULL;
-        nereid_error_t *err = e ? lookup_locked(s, model, version, &m) : NULL;
+        nereid_error_t *err = e ? lookup_locked(s, NULL, model, version, &m, NULL) : NULL;
         if (!e || (err && version <= 0)) {
             nereid_error_free(err);
             pthread_rwlock_unlock(&s->lock);
@@ -614,12 +632,26 @@ static const char *state_name(model_state_t st)
     }
 }
 
+/* Triton's index order with --model-namespacing: by namespace, then name. */
+static int cmp_ns_entry(const void *a, const void *b)
+{
+    const model_entry_t *x = *(model_entry_t *const *)a, *y = *(model_entry_t *const *)b;
+    int c = strcmp(x->ns ? x->ns : "", y->ns ? y->ns : "");
+    return c ? c : strcmp(x->name, y->name);
+}
+
 nereid_error_t *nereid_server_repository_index(nereid_server_t *s, bool ready_only, char **json_out)
 {
     json_t *arr = json_array();
     pthread_rwlock_rdlock(&s->lock);
+    model_entry_t **order = s->models;
+    if (s->opts.model_namespacing && s->n_models) {
+        order = xmalloc(s->n_models * sizeof *order);
+        memcpy(order, s->models, s->n_models * sizeof *order);
+        qsort(order, s->n_models, sizeof *order, cmp_ns_entry);
+    }
     for (size_t i = 0; i < s->n_models; i++) {
-        model_entry_t *e = s->models[i];
+        model_entry_t *e = order[i];
         if (e->state == MODEL_UNKNOWN_STATE) {
             if (!ready_only) json_array_append_new(arr, json_pack("{s:s}", "name", e->name));
             continue;
@@ -642,6 +674,7 @@ nereid_error_t *nereid_server_repository_index(nereid_server_t *s, bool ready_on
             json_array_append_new(arr, o);
         }
     }
+    if (order != s->models) free(order);
     pthread_rwlock_unlock(&s->lock);
     return dump(arr, json_out);
 }

@@ -111,6 +111,26 @@ response_stat_t *stats_response(model_stats_t *s, uint64_t index)
     return r;
 }
 
+void stats_record_response(model_stats_t *s, uint64_t index, uint64_t start, uint64_t out,
+                           uint64_t end, const nereid_error_t *err)
+{
+    response_stat_t *rs = stats_response(s, index);
+    if (err && nereid_error_code(err) == NEREID_ERROR_CANCELLED) {
+        stats_add(&rs->cancel, end - start);
+    } else if (err) {
+        stats_add(&rs->compute_infer, (out ? out : end) - start);
+        if (out) stats_add(&rs->compute_output, end - out);
+        stats_add(&rs->fail, end - start);
+    } else if (out) {
+        stats_add(&rs->compute_infer, out - start);
+        stats_add(&rs->compute_output, end - out);
+        stats_add(&rs->success, end - start);
+    } else {
+        stats_add(&rs->compute_infer, end - start);
+        stats_add(&rs->empty_response, end - start);
+    }
+}
+
 static void summary_observe(struct latency_summary *q, uint64_t ns)
 {
     pthread_mutex_lock(&q->mu);
@@ -303,6 +323,7 @@ static void labels(char *buf, size_t cap, const model_t *m, const char *reason)
     char version[32];
     snprintf(version, sizeof version, "%lld", (long long)m->version);
     put_label(buf, cap, &n, "", "model", m->name);
+    if (m->ns) put_label(buf, cap, &n, "", "namespace", m->ns);
     if (reason) put_label(buf, cap, &n, "", "reason", reason);
     put_label(buf, cap, &n, "", "version", version);
 }

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "core/core.h"
+#include "core/decoupled.h"
 #include "core/util.h"
 #include "sched/scheduler.h"
 
@@ -35,6 +36,28 @@ static void on_warmup_done(nereid_response_t *resp, void *userp)
     nereid_response_free(resp);
 }
 
+/* A decoupled model's warmup responses: errors are collected (Triton's
+ * "<error>; " list), the final flag ends the sample. */
+static void on_warmup_response(nereid_response_t *resp, uint32_t flags, void *userp)
+{
+    warmup_wait_t *w = userp;
+    pthread_mutex_lock(&w->lock);
+    const nereid_error_t *e = resp ? nereid_response_error(resp) : NULL;
+    if (e) {
+        nereid_error_t *prev = w->err;
+        w->err =
+            nereid_error_new(nereid_error_code(e), "%s%s%s", prev ? nereid_error_message(prev) : "",
+                             prev ? "; " : "", nereid_error_message(e));
+        nereid_error_free(prev);
+    }
+    if (flags & NEREID_RESPONSE_FINAL) {
+        w->done = true;
+        pthread_cond_signal(&w->cond);
+    }
+    pthread_mutex_unlock(&w->lock);
+    if (resp) nereid_response_free(resp);
+}
+
 /* Reads input_data_file (Triton's <model>/warmup/ folder). */
 static nereid_error_t *read_data_file(model_t *m, const char *input, const char *file, size_t want,
                                       bool bytes, void **out, size_t *size)
@@ -59,6 +82,25 @@ static nereid_error_t *read_data_file(model_t *m, const char *input, const char 
     return NULL;
 }
 
+/* Whether name is one of the sequence batcher's control tensors (START,
+ * READY, ...): a warmup sample may list them, as Triton runs its samples on
+ * the instances directly; here the sequence batcher adds them to the
+ * warmup request (a sequence of one request). */
+static bool is_sequence(const model_t *m)
+{
+    return m->config->scheduling_choice_case ==
+           INFERENCE__MODEL_CONFIG__SCHEDULING_CHOICE_SEQUENCE_BATCHING;
+}
+
+static bool is_control_input(const model_t *m, const char *name)
+{
+    const Inference__ModelSequenceBatching *sb =
+        is_sequence(m) ? m->config->sequence_batching : NULL;
+    for (size_t i = 0; sb && i < sb->n_control_input; i++)
+        if (strcmp(sb->control_input[i]->name, name) == 0) return true;
+    return false;
+}
+
 /* Builds one warmup request for sample w (inputs owned by the request). */
 static nereid_error_t *build_request(model_t *m, const Inference__ModelWarmup *w,
                                      nereid_request_t **out)
@@ -71,10 +113,13 @@ static nereid_error_t *build_request(model_t *m, const Inference__ModelWarmup *w
     free(id);
     for (size_t i = 0; i < w->n_inputs && !err; i++) {
         const Inference__ModelWarmup__Input *in = w->inputs[i]->value;
-        if (!in) continue;
+        if (!in || is_control_input(m, w->inputs[i]->key)) continue;
         int64_t shape[NEREID_MAX_RANK];
         size_t rank = 0;
-        if (m->max_batch_size > 0) shape[rank++] = w->batch_size ? w->batch_size : 1;
+        /* A sequence model takes one row per request: its sample's batch
+         * goes as that many one-row requests (model_warmup). */
+        if (m->max_batch_size > 0)
+            shape[rank++] = w->batch_size && !is_sequence(m) ? w->batch_size : 1;
         int64_t count = rank ? shape[0] : 1;
         for (size_t d = 0; d < in->n_dims && rank < NEREID_MAX_RANK; d++) {
             shape[rank++] = in->dims[d];
@@ -113,6 +158,7 @@ nereid_error_t *model_warmup(model_t *m)
     for (size_t i = 0; i < m->config->n_model_warmup; i++) {
         const Inference__ModelWarmup *w = m->config->model_warmup[i];
         uint32_t count = w->count ? w->count : 1;
+        if (is_sequence(m) && m->max_batch_size > 0 && w->batch_size > 1) count *= w->batch_size;
         for (uint32_t c = 0; c < count; c++) {
             nereid_request_t *req;
             nereid_error_t *err = build_request(m, w, &req);
@@ -127,9 +173,15 @@ nereid_error_t *model_warmup(model_t *m)
             if (!err) {
                 uint64_t now = util_now_ns();
                 req->t_request_ns = req->t_queue_start_ns = now;
-                req->done_fn = on_warmup_done;
+                if (model_is_decoupled(m)) {
+                    request_set_streamed(req, on_warmup_response, &wait);
+                } else {
+                    req->done_fn = on_warmup_done;
+                    req->done_userp = &wait;
+                }
                 req->warmup = true;
-                req->done_userp = &wait;
+                LOG_VERBOSE("model '%s' instance %s is running warmup sample '%s' for iteration %u",
+                            m->name, m->n_instances ? m->instances[0]->name : "", w->name, c + 1);
                 request_prepare_response(req);
                 err = model_start_instances(m);
                 if (!err) err = m->sched->ops->enqueue(m->sched, req);
@@ -145,10 +197,10 @@ nereid_error_t *model_warmup(model_t *m)
             }
             pthread_mutex_destroy(&wait.lock);
             pthread_cond_destroy(&wait.cond);
-            if (err) {
-                nereid_error_t *wrapped = nereid_error_new(
-                    nereid_error_code(err), "warmup '%s' failed for model '%s': %s", w->name,
-                    m->name, nereid_error_message(err));
+            if (err) { /* Triton's text (TritonModelInstance::WarmUp) and code */
+                nereid_error_t *wrapped = nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                                           "failed to run warmup sample '%s': %s; ",
+                                                           w->name, nereid_error_message(err));
                 nereid_error_free(err);
                 return wrapped;
             }

@@ -61,6 +61,7 @@ typedef struct ens_map {
 
 typedef struct ens_step {
     char *model;
+    char *ns; /* --model-namespacing: the model's namespace, else NULL */
     int64_t version;
     bool batching;  /* the composing model has max_batch_size > 0 */
     bool decoupled; /* the composing model's transaction policy */
@@ -834,8 +835,8 @@ static nereid_error_t *ensemble_enqueue(scheduler_t *s, nereid_request_t *req)
     c->held = xcalloc(e->n_steps ? e->n_steps : 1, sizeof *c->held);
     c->n_held = e->n_steps;
     for (size_t i = 0; i < e->n_steps && !c->error; i++) {
-        nereid_error_t *err =
-            s->core->hold_model(req->server, e->steps[i].model, e->steps[i].version, &c->held[i]);
+        nereid_error_t *err = s->core->hold_model(req->server, e->steps[i].ns, e->steps[i].model,
+                                                  e->steps[i].version, &c->held[i]);
         if (err) c->error = err;
     }
     req->t_compute_start_ns = util_now_ns();
@@ -890,6 +891,7 @@ static void ensemble_destroy(scheduler_t *s)
     for (size_t i = 0; i < e->n_steps; i++) {
         ens_step_t *st = &e->steps[i];
         free(st->model);
+        free(st->ns);
         for (size_t k = 0; k < st->n_in; k++)
             free(st->in[k].model_name);
         for (size_t k = 0; k < st->n_out; k++)
@@ -1221,7 +1223,7 @@ static nereid_error_t *validate(ensemble_t *e, model_t *ens)
     for (size_t s = 0; s < e->n_steps && !err; s++) {
         ens_step_t *st = &e->steps[s];
         model_t *sm = NULL;
-        err = e->base.core->hold_model(ens->server, st->model, st->version, &sm);
+        err = e->base.core->hold_model(ens->server, st->ns, st->model, st->version, &sm);
         if (err) {
             nereid_error_t *wrapped = nereid_error_new(
                 NEREID_ERROR_INVALID_ARG,
@@ -1281,6 +1283,9 @@ nereid_error_t *ensemble_scheduler_create(model_t *m, const sched_core_t *core, 
         const Inference__ModelEnsembling__Step *src = es->step[s];
         ens_step_t *st = &e->steps[s];
         st->model = xstrdup(src->model_name);
+        /* --model-namespacing: the copy the repository resolved it to */
+        st->ns =
+            src->model_namespace && *src->model_namespace ? xstrdup(src->model_namespace) : NULL;
         st->version = src->model_version > 0 ? src->model_version : -1;
         st->in = xcalloc(src->n_input_map ? src->n_input_map : 1, sizeof *st->in);
         st->n_in = src->n_input_map;

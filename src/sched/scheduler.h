@@ -27,10 +27,10 @@ typedef struct sched_core {
     /* Records the executed batch's statistics; with finish, completes every
      * request (request_finish) and resets the batch. */
     void (*complete)(batch_t *batch, bool finish);
-    /* Looks name/version up and holds it (model_release ends the hold):
-     * an ensemble's composing models. */
-    nereid_error_t *(*hold_model)(nereid_server_t *s, const char *name, int64_t version,
-                                  model_t **out);
+    /* Looks name/version up (in namespace ns when not NULL) and holds it
+     * (model_release ends the hold): an ensemble's composing models. */
+    nereid_error_t *(*hold_model)(nereid_server_t *s, const char *ns, const char *name,
+                                  int64_t version, model_t **out);
     /* Submits req to m, which the caller holds: an ensemble's step. Same
      * contract as nereid_server_infer_async. */
     nereid_error_t *(*submit)(model_t *m, nereid_request_t *req,

@@ -42,6 +42,7 @@ typedef struct tb_channel {
     bool final_sent;
     bool rescheduled; /* the request runs again: a later execution sends the final */
     uint32_t n_sent;
+    uint64_t stats_index; /* the next reported response's index (response_stats) */
 } tb_channel_t;
 
 struct TRITONBACKEND_ResponseFactory {
@@ -328,6 +329,7 @@ static nereid_error_t *tritonapi_model_init(nereid_model_t *nm)
     m->backend = backend_of(nereid_model_backend(nm));
     m->decoupled = nereid_model_decoupled(nm);
     m->max_batch_size = nereid_model_max_batch_size(nm);
+    nereid_model_set_backend_response_stats(nm);
     nereid_model_set_state(nm, m);
     if (m->backend->model_initialize) {
         nereid_error_t *err = from_triton(m->backend->model_initialize(m));
@@ -764,7 +766,7 @@ TRITONSERVER_Error *TRITONBACKEND_ModelInstanceIsPassive(TRITONBACKEND_ModelInst
                                                          bool *is_passive)
 {
     if (!instance || !is_passive) return null_arg("instance and is_passive");
-    *is_passive = false;
+    *is_passive = nereid_instance_is_passive(instance->ni);
     return NULL;
 }
 
@@ -818,10 +820,14 @@ TRITONSERVER_Error *TRITONBACKEND_ModelInstanceReportBatchStatistics(
     return NULL;
 }
 
-/* Decoupled responses are counted by Nereid's response sender as they are
- * sent (response_stats); the backend's own report is accepted and dropped. */
+/* Response statistics come from the backend's reports only, as in Triton
+ * (tritonapi_model_init sets nereid_model_set_backend_response_stats): each
+ * report counts under its response factory's next index. */
 struct TRITONBACKEND_ModelInstanceResponseStatistics {
-    int unused;
+    TRITONBACKEND_ModelInstance *instance;
+    TRITONBACKEND_ResponseFactory *factory;
+    uint64_t start_ns, output_start_ns, end_ns;
+    TRITONSERVER_Error *error; /* the backend's; not owned */
 };
 
 TRITONSERVER_Error *TRITONBACKEND_ModelInstanceResponseStatisticsNew(
@@ -839,26 +845,44 @@ TRITONSERVER_Error *TRITONBACKEND_ModelInstanceResponseStatisticsDelete(
     return NULL;
 }
 
-#define STATS_SETTER(fn, type)                                                                     \
+#define STATS_SETTER(fn, type, field)                                                              \
     TRITONSERVER_Error *fn(TRITONBACKEND_ModelInstanceResponseStatistics *s, type v)               \
     {                                                                                              \
-        (void)v;                                                                                   \
-        return s ? NULL : null_arg("response_statistics");                                         \
+        if (!s) return null_arg("response_statistics");                                            \
+        s->field = v;                                                                              \
+        return NULL;                                                                               \
     }
 STATS_SETTER(TRITONBACKEND_ModelInstanceResponseStatisticsSetModelInstance,
-             TRITONBACKEND_ModelInstance *)
+             TRITONBACKEND_ModelInstance *, instance)
 STATS_SETTER(TRITONBACKEND_ModelInstanceResponseStatisticsSetResponseFactory,
-             TRITONBACKEND_ResponseFactory *)
-STATS_SETTER(TRITONBACKEND_ModelInstanceResponseStatisticsSetResponseStart, uint64_t)
-STATS_SETTER(TRITONBACKEND_ModelInstanceResponseStatisticsSetComputeOutputStart, uint64_t)
-STATS_SETTER(TRITONBACKEND_ModelInstanceResponseStatisticsSetResponseEnd, uint64_t)
-STATS_SETTER(TRITONBACKEND_ModelInstanceResponseStatisticsSetError, TRITONSERVER_Error *)
+             TRITONBACKEND_ResponseFactory *, factory)
+STATS_SETTER(TRITONBACKEND_ModelInstanceResponseStatisticsSetResponseStart, uint64_t, start_ns)
+STATS_SETTER(TRITONBACKEND_ModelInstanceResponseStatisticsSetComputeOutputStart, uint64_t,
+             output_start_ns)
+STATS_SETTER(TRITONBACKEND_ModelInstanceResponseStatisticsSetResponseEnd, uint64_t, end_ns)
+STATS_SETTER(TRITONBACKEND_ModelInstanceResponseStatisticsSetError, TRITONSERVER_Error *, error)
 #undef STATS_SETTER
 
 TRITONSERVER_Error *TRITONBACKEND_ModelInstanceReportResponseStatistics(
     TRITONBACKEND_ModelInstanceResponseStatistics *response_statistics)
 {
-    return response_statistics ? NULL : null_arg("response_statistics");
+    TRITONBACKEND_ModelInstanceResponseStatistics *rs = response_statistics;
+    if (!rs) return null_arg("response_statistics");
+    if (!rs->instance || !rs->factory || !rs->factory->chan)
+        return null_arg("response statistics' model instance and response factory");
+    tb_channel_t *c = rs->factory->chan;
+    pthread_mutex_lock(&c->mu);
+    uint64_t index = c->stats_index++;
+    pthread_mutex_unlock(&c->mu);
+    nereid_error_t *err = rs->error ? tritonapi_error_copy(rs->error) : NULL;
+    nereid_error_t *rerr = nereid_model_report_response(
+        rs->instance->model->nm, index, rs->start_ns, rs->output_start_ns, rs->end_ns, err);
+    nereid_error_free(err);
+    if (!rerr) return NULL;
+    TRITONSERVER_Error *terror =
+        terr(TRITONSERVER_ERROR_INVALID_ARG, "%s", nereid_error_message(rerr));
+    nereid_error_free(rerr);
+    return terror;
 }
 
 /* ---- TRITONBACKEND_Request ---- */

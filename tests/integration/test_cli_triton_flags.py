@@ -1,6 +1,6 @@
 """Triton flags that change behaviour are honoured or refused, never accepted
-and ignored: --model-load-retry-count, --model-namespacing (refused when
-on), --reuse-http-port/--reuse-grpc-port, the gRPC keepalive flags and
+and ignored: --model-load-retry-count, --model-namespacing (off here;
+test_model_namespacing.py covers on), --reuse-http-port/--reuse-grpc-port, the gRPC keepalive flags and
 --grpc-infer-response-compression-level."""
 import os
 import subprocess
@@ -64,13 +64,6 @@ def test_model_load_retry_count_default_is_no_retry(nereid_server, tmp_path):
 
 def run(*args):
     return subprocess.run([NEREID, *args], capture_output=True, text=True, timeout=60)
-
-
-def test_model_namespacing_is_refused_when_on():
-    r = run("--model-repository", EXAMPLES, "--model-namespacing=true")
-    assert r.returncode == 2
-    assert "--model-namespacing is not supported" in r.stderr
-    assert "unique across the model repositories" in r.stderr
 
 
 def test_model_namespacing_off_is_accepted(nereid_server):
@@ -176,3 +169,18 @@ def test_backend_config_default_max_batch_size_drives_auto_complete(nereid_serve
         assert cfg["max_batch_size"] == want, (args, cfg)
         assert ("dynamic_batching" in cfg) == (want > 1), (args, cfg)
         assert s.stop() == 0
+
+
+def test_grpc_infer_thread_count_range():
+    """Triton's range for --grpc-infer-thread-count (L0_sequence_stress):
+    2 to 128, else start-up fails with its text."""
+    for bad in ("-1", "0", "1", "129"):
+        r = run("--model-repository", EXAMPLES, f"--grpc-infer-thread-count={bad}")
+        assert r.returncode == 2, bad
+        assert ("invalid argument for --grpc_infer_thread_count. Must be in the range 2 to 128."
+                in r.stderr)
+
+
+def test_grpc_infer_thread_count_128_is_accepted(nereid_server):
+    s = nereid_server(EXAMPLES, "--grpc-infer-thread-count=128")
+    assert requests.get(s.http_url + "/v2/health/live", timeout=10).status_code == 200

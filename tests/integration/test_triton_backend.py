@@ -132,6 +132,9 @@ ensemble_scheduling { step [
     input_map { key: "INPUT0" value: "MID" } output_map { key: "OUTPUT0" value: "OUT" } } ] }
 """)
     write_model(repo, "t_batch_free", identity_config("t_batch_free", "TYPE_FP32"))
+    write_model(repo, "t_passive", identity_config(
+        "t_passive", "TYPE_FP32", extra="instance_group [ { count: 1 kind: KIND_CPU }, "
+        "{ count: 2 kind: KIND_CPU passive: true } ]"))
     write_model(repo, "t_fail_model", identity_config(
         "t_fail_model", "TYPE_FP32",
         extra='parameters { key: "fail" value: { string_value: "model_init" } }'))
@@ -405,6 +408,23 @@ def test_statistics_count_each_request_once(server):
     assert s["execution_count"] == before["model_stats"][0]["execution_count"] + 3
 
 
+def test_passive_instances_are_never_given_requests(server):
+    """instance_group passive: true (Triton's L0_passive_instance): the
+    instances are initialized (TRITONBACKEND_ModelInstanceIsPassive says
+    so) but no request reaches them; tidentity fails any execute on one."""
+    def one(i):
+        return infer_json(server, "t_passive", [
+            {"name": "INPUT0", "datatype": "FP32", "shape": [1], "data": [float(i)]}])
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        replies = list(pool.map(one, range(40)))
+    assert [r.status_code for r in replies] == [200] * 40, [r.text for r in replies][:3]
+    stats = requests.get(f"{server.http_url}/v2/models/t_passive/stats", timeout=10).json()
+    assert stats["model_stats"][0]["inference_stats"]["success"]["count"] == 40
+    out = server.output()
+    assert out.count("tidentity: passive instance t_passive_1_") == 2
+    assert "tidentity: passive instance t_passive_0_" not in out
+
+
 def test_custom_metrics_on_metrics_page(server):
     line = 'tidentity_input_bytes{model="t_int16",version="1"} '
 
@@ -473,6 +493,27 @@ def test_decoupled_responses_after_execute(stub):
             for r in out] == [[7], [8], [9]]
     assert all(r.infer_response.id == "a" for r in out)
     assert [r.infer_response.parameters["index"].int64_param for r in out] == [0, 1, 2]
+
+
+def test_response_statistics_come_from_the_backends_reports(stub, server):
+    """As in Triton (L0_response_statistics), a Triton backend's
+    response_stats are what it reports: t_repeat reports a success per
+    response and an empty response for its final flag; the core adds none."""
+    def stats():
+        r = requests.get(f"{server.http_url}/v2/models/t_repeat/stats", timeout=10).json()
+        return r["model_stats"][0]["response_stats"]
+    before = stats()
+    out = list(stub.ModelStreamInfer(iter([repeat_req([1, 2, 3], id="s")]), timeout=30))
+    assert [r.error_message for r in out] == ["", "", ""]
+    after = stats()
+
+    def count(idx, kind):
+        return int(after.get(idx, {}).get(kind, {}).get("count", 0)) - int(
+            before.get(idx, {}).get(kind, {}).get("count", 0))
+    for idx in ("0", "1", "2"):
+        assert (count(idx, "success"), count(idx, "empty_response"), count(idx, "fail")) == (1, 0, 0)
+    assert (count("3", "success"), count("3", "empty_response")) == (0, 1)
+    assert count("4", "empty_response") == 0
 
 
 def test_decoupled_zero_responses_then_final(stub):

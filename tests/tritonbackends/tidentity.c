@@ -146,6 +146,19 @@ TRITONSERVER_Error *TRITONBACKEND_ModelInstanceInitialize(TRITONBACKEND_ModelIns
     RETURN_IF_ERROR(TRITONBACKEND_ModelInstanceKind(instance, &kind));
     if (kind != TRITONSERVER_INSTANCEGROUPKIND_CPU && kind != TRITONSERVER_INSTANCEGROUPKIND_MODEL)
         return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INVALID_ARG, "tidentity runs on CPU only");
+    /* A passive instance (instance_group passive: true) must never execute:
+     * its state marks it, and execute fails on it. */
+    bool passive = false;
+    RETURN_IF_ERROR(TRITONBACKEND_ModelInstanceIsPassive(instance, &passive));
+    static int passive_mark;
+    if (passive) {
+        const char *name = "";
+        RETURN_IF_ERROR(TRITONBACKEND_ModelInstanceName(instance, &name));
+        char line[256];
+        snprintf(line, sizeof line, "tidentity: passive instance %s", name);
+        TRITONSERVER_LogMessage(TRITONSERVER_LOG_INFO, __FILE__, __LINE__, line);
+        RETURN_IF_ERROR(TRITONBACKEND_ModelInstanceSetState(instance, &passive_mark));
+    }
     return NULL;
 }
 
@@ -314,6 +327,11 @@ TRITONSERVER_Error *TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_ModelInstan
                                                        const uint32_t count)
 {
     uint64_t start = 0;
+    void *mark = NULL;
+    RETURN_IF_ERROR(TRITONBACKEND_ModelInstanceState(instance, &mark));
+    if (mark)
+        return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INTERNAL,
+                                     "tidentity: a passive instance was given requests");
     for (uint32_t r = 0; r < count; r++)
         if (strcmp(request_mode(requests[r]), "execute_error") == 0)
             return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_UNAVAILABLE,

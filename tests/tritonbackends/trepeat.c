@@ -4,17 +4,22 @@
  * for input IN (INT32 [n]) it releases the request inside Execute and then,
  * from its own thread, sends n responses OUT = [IN[i]] (response parameter
  * index = i) through a response
- * factory, then the FINAL flag alone (as Triton's repeat backend). With
+ * factory, then the FINAL flag alone (as Triton's repeat backend). It
+ * reports each response's statistics as Triton's square backend does
+ * (TRITONBACKEND_ModelInstanceReportResponseStatistics: a success per
+ * response, then an empty response for the final flag). With
  * request parameter "mode" = "drop_final" it drops the factory without
  * the final flag.
  */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "triton/core/tritonbackend.h"
 
 typedef struct job {
+    TRITONBACKEND_ModelInstance *instance;
     TRITONBACKEND_ResponseFactory *factory;
     int32_t *values;
     uint32_t n;
@@ -33,10 +38,31 @@ static void log_error(TRITONSERVER_Error *err)
     TRITONSERVER_ErrorDelete(err);
 }
 
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static void report(job_t *job, uint64_t start, uint64_t output_start)
+{
+    TRITONBACKEND_ModelInstanceResponseStatistics *rs;
+    if (TRITONBACKEND_ModelInstanceResponseStatisticsNew(&rs)) return;
+    log_error(TRITONBACKEND_ModelInstanceResponseStatisticsSetModelInstance(rs, job->instance));
+    log_error(TRITONBACKEND_ModelInstanceResponseStatisticsSetResponseFactory(rs, job->factory));
+    log_error(TRITONBACKEND_ModelInstanceResponseStatisticsSetResponseStart(rs, start));
+    log_error(TRITONBACKEND_ModelInstanceResponseStatisticsSetComputeOutputStart(rs, output_start));
+    log_error(TRITONBACKEND_ModelInstanceResponseStatisticsSetResponseEnd(rs, now_ns()));
+    log_error(TRITONBACKEND_ModelInstanceReportResponseStatistics(rs));
+    log_error(TRITONBACKEND_ModelInstanceResponseStatisticsDelete(rs));
+}
+
 static void *send_all(void *arg)
 {
     job_t *job = arg;
     for (uint32_t i = 0; i < job->n; i++) {
+        uint64_t start = now_ns();
         TRITONBACKEND_Response *response;
         TRITONSERVER_Error *err = TRITONBACKEND_ResponseNewFromFactory(&response, job->factory);
         if (err) {
@@ -53,12 +79,17 @@ static void *send_all(void *arg)
         if (!err) err = TRITONBACKEND_OutputBuffer(output, &buffer, 4, &type, &type_id);
         if (!err) memcpy(buffer, &job->values[i], 4);
         if (!err) err = TRITONBACKEND_ResponseSetIntParameter(response, "index", (int64_t)i);
+        uint64_t output_start = now_ns();
         log_error(TRITONBACKEND_ResponseSend(response, 0, err));
         TRITONSERVER_ErrorDelete(err);
+        report(job, start, output_start);
     }
-    if (!job->drop_final)
+    if (!job->drop_final) {
+        uint64_t start = now_ns();
+        report(job, start, 0); /* the final flag: an empty response */
         log_error(TRITONBACKEND_ResponseFactorySendFlags(job->factory,
                                                          TRITONSERVER_RESPONSE_COMPLETE_FINAL));
+    }
     TRITONBACKEND_ResponseFactoryDelete(job->factory);
     free(job->values);
     free(job);
@@ -84,7 +115,8 @@ static bool drop_final(TRITONBACKEND_Request *request)
     return false;
 }
 
-static TRITONSERVER_Error *start(TRITONBACKEND_Request *request)
+static TRITONSERVER_Error *start(TRITONBACKEND_ModelInstance *instance,
+                                 TRITONBACKEND_Request *request)
 {
     TRITONBACKEND_Input *input;
     TRITONSERVER_Error *err = TRITONBACKEND_RequestInput(request, "IN", &input);
@@ -107,6 +139,7 @@ static TRITONSERVER_Error *start(TRITONBACKEND_Request *request)
     job->values = malloc(size ? size : 1);
     if (size) memcpy(job->values, data, size); /* the request is released before the thread reads */
     job->drop_final = drop_final(request);
+    job->instance = instance;
     err = TRITONBACKEND_ResponseFactoryNew(&job->factory, request);
     if (err) {
         free(job->values);
@@ -129,9 +162,8 @@ TRITONSERVER_Error *TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_ModelInstan
                                                        TRITONBACKEND_Request **requests,
                                                        const uint32_t count)
 {
-    (void)instance;
     for (uint32_t r = 0; r < count; r++) {
-        TRITONSERVER_Error *err = start(requests[r]);
+        TRITONSERVER_Error *err = start(instance, requests[r]);
         if (err) {
             TRITONBACKEND_Response *response;
             if (!TRITONBACKEND_ResponseNew(&response, requests[r])) {

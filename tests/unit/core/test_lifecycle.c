@@ -29,7 +29,7 @@ static const char *warmfail_json =
     "\"model_warmup\":[{\"name\":\"zeros\",\"batch_size\":1,\"inputs\":{\"INPUT0\":"
     "{\"data_type\":\"TYPE_FP32\",\"dims\":[2],\"zero_data\":true}}}]}";
 
-#define WARMUP_TEXT "warmup 'zeros' failed for model 'warmfail': testing backend: execute failed"
+#define WARMUP_TEXT "failed to run warmup sample 'zeros': testing backend: execute failed; "
 
 /* NULL when an inference on model succeeds, else its error message. */
 static const char *try_infer(nereid_server_t *s, const char *model)
@@ -94,8 +94,8 @@ static void test_explicit(void)
         CHECK(err != NULL);
         if (err)
             CHECK_STR_CONTAINS(nereid_error_message(err),
-                               "warmup 'zeros' failed for model 'good': testing backend: "
-                               "execute failed");
+                               "failed to run warmup sample 'zeros': testing backend: "
+                               "execute failed; ");
         nereid_error_free(err);
         CHECK(try_infer(s, "good") == NULL);
     }
