@@ -20,6 +20,7 @@
 #include "core/cache.h"
 #include "core/custom_metrics.h"
 #include "core/core.h"
+#include "core/model_table.h"
 #include "core/on_demand.h"
 #include "core/rate_limiter.h"
 #include "core/trace.h"
@@ -130,6 +131,7 @@ nereid_error_t *nereid_server_new(const nereid_server_options_t *opts, nereid_se
         nereid_server_free(s);
         return err;
     }
+    if (!s->init_failed) model_table_log(s); /* Triton's PrintBackendAndModelSummary */
     if (opts->exit_on_error) {
         for (size_t i = 0; i < s->n_models; i++) {
             model_entry_t *e = s->models[i];
