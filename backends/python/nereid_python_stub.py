@@ -509,6 +509,13 @@ class Worker:
                 return
         finally:
             self.in_execute = False
+        # Requests answered through their response sender (allowed when not
+        # decoupled): execute returns None, or None in their places.
+        sent = [getattr(q._sender, "response", None) for q in reqs]
+        if res is None and any(r is not None for r in sent):
+            res = [None] * len(reqs)
+        if isinstance(res, list) and len(res) == len(reqs):
+            res = [r if r is not None else s for r, s in zip(res, sent)]
         err = None
         if not isinstance(res, list):
             err = f"Expected a list in the execute return, found type '{type(res)}'."

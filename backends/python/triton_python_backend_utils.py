@@ -372,9 +372,13 @@ class InferenceRequest:
     def get_response_sender(self):
         if self._sender is None:
             if self._sender_id is None:
-                raise TritonModelException(
-                    "Unable to get the response sender: the model is not decoupled.")
-            self._sender = InferenceResponseSender(self._sender_id, self._requested)
+                if not (isinstance(getattr(self, "_token", None), dict)
+                        and "request" in self._token):  # not a request given to execute
+                    raise TritonModelException(
+                        "Unable to get the response sender: the model is not decoupled.")
+                self._sender = _SingleResponseSender(self._token)
+            else:
+                self._sender = InferenceResponseSender(self._sender_id, self._requested)
         return self._sender
 
     def is_cancelled(self):
@@ -454,6 +458,48 @@ class InferenceResponseSender:
             self._closed = True
         _worker.send_response(self._id, InferenceResponse(error=error),
                               TRITONSERVER_RESPONSE_COMPLETE_FINAL, self._requested)
+
+
+class _SingleResponseSender:
+    """get_response_sender() of a model that is not decoupled (Triton allows
+    it, with its rules below): one response, the final flag with it or after
+    it. The response is the request's answer when execute returns (a
+    response sent after that is not delivered)."""
+
+    def __init__(self, token):
+        self._token = token
+        self._lock = threading.Lock()
+        self._sent = 0
+        self._closed = False
+        self.response = None
+
+    def send(self, response=None, flags=0):
+        if flags not in (0, TRITONSERVER_RESPONSE_COMPLETE_FINAL):
+            raise TritonModelException("Unable to send response. Unsupported flag provided.")
+        if flags == 0 and response is None:
+            raise TritonModelException(
+                "Inference Response object must be provided when the response flags is set "
+                "to zero.")
+        with self._lock:
+            if response is not None and self._sent > 0:
+                raise TritonModelException(
+                    "Unable to send response. Non-decoupled model cannot send more than one "
+                    "response.")
+            if response is None and self._sent == 0:
+                raise TritonModelException(
+                    "Unable to send response. Non-decoupled model cannot send complete final "
+                    "before sending a response.")
+            if self._closed:
+                raise TritonModelException(
+                    "Unable to send response. Response sender has been closed.")
+            if flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL:
+                self._closed = True
+            self._sent += 1
+            if response is not None:
+                self.response = response
+
+    def is_cancelled(self):
+        return _worker.is_cancelled(self._token) if _worker else False
 
 
 class ResponseIterator:
