@@ -1023,6 +1023,13 @@ void response_compact(nereid_response_t *resp)
     compact_outputs(resp);
 }
 
+void request_count_failure(nereid_request_t *req, failure_reason_t reason)
+{
+    model_stats_t *s = &req->model->stats;
+    stats_add(&s->fail, util_now_ns() - req->t_request_ns);
+    atomic_fetch_add(&s->failures[reason], 1);
+}
+
 void request_finish(nereid_request_t *req, nereid_error_t *err, failure_reason_t reason)
 {
     if (decoupled_release(req, err)) return; /* a backend's response sender finishes it */
