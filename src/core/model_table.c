@@ -34,7 +34,7 @@ static void add_row(table_t *t, char *model, char *version, char *status)
     t->rows++;
 }
 
-static const char *state_text(model_state_t st)
+const char *model_state_text(model_state_t st)
 {
     switch (st) {
     case MODEL_READY:
@@ -123,7 +123,7 @@ char *model_table_text(nereid_server_t *s)
         if (e->n_versions == 0) {
             if (e->state == MODEL_UNKNOWN_STATE && !e->reason) continue;
             add_row(&t, xstrdup(e->name), xstrdup("-"),
-                    e->reason ? xasprintf("%s: %s", state_text(e->state), e->reason)
+                    e->reason ? xasprintf("%s: %s", model_state_text(e->state), e->reason)
                               : xstrdup("Not loaded: No model version was found"));
             continue;
         }
@@ -131,8 +131,8 @@ char *model_table_text(nereid_server_t *s)
             const version_entry_t *ve = &e->versions[v];
             add_row(&t, xstrdup(e->name), xasprintf("%" PRId64, ve->version),
                     ve->reason && ve->reason[0]
-                        ? xasprintf("%s: %s", state_text(ve->state), ve->reason)
-                        : xstrdup(state_text(ve->state)));
+                        ? xasprintf("%s: %s", model_state_text(ve->state), ve->reason)
+                        : xstrdup(model_state_text(ve->state)));
         }
     }
     pthread_rwlock_unlock(&s->lock);
