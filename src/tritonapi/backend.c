@@ -52,6 +52,7 @@ struct TRITONBACKEND_Output {
     struct TRITONBACKEND_Output *next;
     TRITONBACKEND_Response *resp;
     TRITONSERVER_BufferAttributes attrs;
+    void *discard; /* the buffer of a response that will be dropped */
     nereid_datatype_t datatype;
     uint32_t rank;
     bool allocated;
@@ -1284,6 +1285,7 @@ static void response_free(TRITONBACKEND_Response *r)
     }
     while (r->outputs) {
         struct TRITONBACKEND_Output *next = r->outputs->next;
+        free(r->outputs->discard);
         free(r->outputs);
         r->outputs = next;
     }
@@ -1404,6 +1406,14 @@ TRITONSERVER_Error *TRITONBACKEND_ResponseOutput(TRITONBACKEND_Response *respons
     return NULL;
 }
 
+/* Whether a response on c (locked) is one Triton's frontends drop: a model
+ * that is not decoupled answered already, so only its first response goes
+ * out (L0_grpc_state_cleanup test_non_decoupled_streaming_multi_response). */
+static bool response_dropped(const tb_channel_t *c)
+{
+    return !c->model->decoupled && !c->sender && c->n_sent > 0;
+}
+
 TRITONSERVER_Error *TRITONBACKEND_OutputBuffer(TRITONBACKEND_Output *output, void **buffer,
                                                const uint64_t buffer_byte_size,
                                                TRITONSERVER_MemoryType *memory_type,
@@ -1424,7 +1434,12 @@ TRITONSERVER_Error *TRITONBACKEND_OutputBuffer(TRITONBACKEND_Output *output, voi
     else if (c->sender)
         err = nereid_sender_output(c->sender, output->name, output->datatype, output->shape,
                                    output->rank, buffer_byte_size, buffer);
-    else if (c->batch)
+    else if (response_dropped(c)) {
+        err = NULL;
+        output->discard = calloc(1, buffer_byte_size ? buffer_byte_size : 1);
+        *buffer = output->discard;
+        if (!output->discard) err = nereid_error_new(NEREID_ERROR_INTERNAL, "out of memory");
+    } else if (c->batch)
         err = nereid_batch_request_output(c->batch, c->r, output->name, output->datatype,
                                           output->shape, output->rank, buffer_byte_size, buffer);
     else
@@ -1475,19 +1490,20 @@ static nereid_error_t *channel_send(tb_channel_t *c, const TRITONBACKEND_Respons
         }
         return err;
     }
+    if (response_dropped(c)) {
+        if (final) c->final_sent = true;
+        return NULL;
+    }
     if (!c->batch)
         return nereid_error_new(NEREID_ERROR_UNAVAILABLE,
                                 "the request of this response has completed: responses after "
                                 "TRITONBACKEND_ModelInstanceExecute returned need a decoupled "
                                 "model and a streaming client");
     if (has_response && c->n_sent > 0) {
-        nereid_error_t *err = nereid_error_new(
-            NEREID_ERROR_INVALID_ARG,
-            c->model->decoupled
-                ? "this request to decoupled model '%s' accepts one response only (use gRPC "
-                  "streaming for more)"
-                : "model '%s' is not decoupled: it sends exactly one response per request",
-            model_name(c->model));
+        nereid_error_t *err = nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                               "this request to decoupled model '%s' accepts one "
+                                               "response only (use gRPC streaming for more)",
+                                               model_name(c->model));
         nereid_batch_set_request_error(
             c->batch, c->r,
             nereid_error_new(nereid_error_code(err), "%s", nereid_error_message(err)));

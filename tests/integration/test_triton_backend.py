@@ -444,6 +444,19 @@ def test_contract_errors_fail_the_request(server, mode, status, text):
     assert ok.status_code == 200 and ok.json()["outputs"][0]["data"] == [3.0]
 
 
+def test_extra_responses_of_a_model_that_is_not_decoupled_are_dropped(server, stub):
+    # Triton's frontends send the first response of a model that is not
+    # decoupled and drop the others (its repeat backend on such a model:
+    # L0_grpc_state_cleanup test_non_decoupled_streaming_multi_response).
+    r = infer_json(server, "t_fp32", [f32([5.0])], parameters={"mode": "two_responses"})
+    assert r.status_code == 200, r.text
+    assert r.json()["outputs"][0]["data"] == [5.0]
+    req = grpc_f32("t_fp32")
+    req.parameters["mode"].string_param = "two_responses"
+    out = list(stub.ModelStreamInfer(iter([req]), timeout=30))
+    assert len(out) == 1 and not out[0].error_message, out
+
+
 def test_grpc_error_texts(stub):
     req = grpc_f32("t_fp32")
     req.parameters["mode"].string_param = "error_response"
