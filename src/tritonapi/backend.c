@@ -42,6 +42,8 @@ typedef struct tb_channel {
     bool final_sent;
     bool rescheduled; /* the request runs again: a later execution sends the final */
     uint32_t n_sent;
+    uint32_t n_factories; /* live response factories */
+    pthread_cond_t done;  /* broadcast at the final flag and when no factory is left */
 } tb_channel_t;
 
 struct TRITONBACKEND_ResponseFactory {
@@ -160,6 +162,7 @@ static tb_channel_t *channel_new(TRITONBACKEND_Request *req)
     if (!c) return NULL;
     atomic_init(&c->refs, 1);
     pthread_mutex_init(&c->mu, NULL);
+    pthread_cond_init(&c->done, NULL);
     c->model = req->inst->model;
     c->batch = req->batch;
     c->r = req->r;
@@ -181,6 +184,7 @@ static void channel_unref(tb_channel_t *c)
             backend_name(c->model->backend), model_name(c->model));
         nereid_error_free(nereid_sender_send(c->sender, NEREID_RESPONSE_FLAG_FINAL, err));
     }
+    pthread_cond_destroy(&c->done);
     pthread_mutex_destroy(&c->mu);
     free(c);
 }
@@ -438,6 +442,13 @@ static bool request_finish(TRITONBACKEND_ModelInstance *in, TRITONBACKEND_Reques
     bool final = false;
     if (c) {
         pthread_mutex_lock(&c->mu);
+        /* Triton completes a request at its final flag, not when Execute
+         * returns: a model that is not decoupled may answer from a thread of
+         * its own through a response factory (Triton's repeat backend). The
+         * instance waits for that while a factory lives. */
+        while (!c->model->decoupled && !c->sender && !c->final_sent && c->n_factories > 0 &&
+               req->status == REQ_RELEASED)
+            pthread_cond_wait(&c->done, &c->mu);
         final = c->final_sent || c->sender;
         c->batch = NULL;
         pthread_mutex_unlock(&c->mu);
@@ -1234,6 +1245,9 @@ TRITONSERVER_Error *TRITONBACKEND_ResponseFactoryNew(TRITONBACKEND_ResponseFacto
     TRITONBACKEND_ResponseFactory *f = malloc(sizeof *f);
     if (!f) return terr(TRITONSERVER_ERROR_INTERNAL, "out of memory");
     atomic_fetch_add(&c->refs, 1);
+    pthread_mutex_lock(&c->mu);
+    c->n_factories++;
+    pthread_mutex_unlock(&c->mu);
     f->chan = c;
     *factory = f;
     return NULL;
@@ -1242,7 +1256,11 @@ TRITONSERVER_Error *TRITONBACKEND_ResponseFactoryNew(TRITONBACKEND_ResponseFacto
 TRITONSERVER_Error *TRITONBACKEND_ResponseFactoryDelete(TRITONBACKEND_ResponseFactory *factory)
 {
     if (!factory) return null_arg("factory");
-    channel_unref(factory->chan);
+    tb_channel_t *c = factory->chan;
+    pthread_mutex_lock(&c->mu);
+    if (--c->n_factories == 0) pthread_cond_broadcast(&c->done);
+    pthread_mutex_unlock(&c->mu);
+    channel_unref(c);
     free(factory);
     return NULL;
 }
@@ -1523,6 +1541,7 @@ TRITONSERVER_Error *TRITONBACKEND_ResponseSend(TRITONBACKEND_Response *response,
     tb_channel_t *c = response->chan;
     pthread_mutex_lock(&c->mu);
     nereid_error_t *err = channel_send(c, response, send_flags, error);
+    if (c->final_sent) pthread_cond_broadcast(&c->done);
     pthread_mutex_unlock(&c->mu);
     response_free(response);
     return (TRITONSERVER_Error *)err;
@@ -1535,6 +1554,7 @@ TRITONSERVER_Error *TRITONBACKEND_ResponseFactorySendFlags(TRITONBACKEND_Respons
     tb_channel_t *c = factory->chan;
     pthread_mutex_lock(&c->mu);
     nereid_error_t *err = channel_send(c, NULL, send_flags, NULL);
+    if (c->final_sent) pthread_cond_broadcast(&c->done);
     pthread_mutex_unlock(&c->mu);
     return (TRITONSERVER_Error *)err;
 }
