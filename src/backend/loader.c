@@ -195,8 +195,14 @@ static void resolve_config(backend_lib_t *lib, const nereid_backend_setting_t *s
         }
     bool has_default = false;
     for (size_t k = 0; k < lib->n_config; k++)
-        has_default |= strcmp(lib->config_settings[k], "default-max-batch-size") == 0;
+        if (strcmp(lib->config_settings[k], "default-max-batch-size") == 0) {
+            has_default = true;
+            /* Triton's SetBackendConfigDefaults lines (L0_backend_config greps them) */
+            LOG_VERBOSE("Found overwritten default setting: default-max-batch-size,%s",
+                        lib->config_values[k]);
+        }
     if (!has_default) {
+        LOG_VERBOSE("Adding default backend config setting: default-max-batch-size,4");
         lib->config_settings[lib->n_config] = xstrdup("default-max-batch-size");
         lib->config_values[lib->n_config++] = xstrdup("4");
     }
@@ -295,6 +301,9 @@ nereid_error_t *backend_acquire(const backend_search_t *search, const char *name
     *out = &b->lib;
     pthread_mutex_unlock(&loader_lock);
     LOG_INFO("loaded backend '%s' from %s", name, b->lib.path);
+    /* Triton's backends log their resolved configuration when they start
+     * (L0_backend_config reads it back); Nereid's own do it here. */
+    if (!b->lib.triton) LOG_INFO("backend configuration:\n%s", b->lib.config_json);
     return NULL;
 }
 

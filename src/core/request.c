@@ -1023,6 +1023,13 @@ void response_compact(nereid_response_t *resp)
     compact_outputs(resp);
 }
 
+void request_count_failure(nereid_request_t *req, failure_reason_t reason)
+{
+    model_stats_t *s = &req->model->stats;
+    stats_add(&s->fail, util_now_ns() - req->t_request_ns);
+    atomic_fetch_add(&s->failures[reason], 1);
+}
+
 void request_finish(nereid_request_t *req, nereid_error_t *err, failure_reason_t reason)
 {
     if (decoupled_release(req, err)) return; /* a backend's response sender finishes it */
@@ -1171,6 +1178,9 @@ static bool read_element(nereid_datatype_t dt, const void *data, size_t i, class
     }
 }
 
+/* The most elements of one batch item that classification ranks. */
+#define CLASSIFY_MAX_ELEMENTS 1000000
+
 nereid_error_t *nereid_response_classify(const nereid_response_t *resp, size_t index, uint32_t k,
                                          char **bytes_out, size_t *byte_size_out,
                                          int64_t *shape_out, size_t *rank_out)
@@ -1190,6 +1200,9 @@ nereid_error_t *nereid_response_classify(const nereid_response_t *resp, size_t i
     size_t total = o->byte_size / esize;
     size_t n_batch = batching ? (size_t)o->shape[0] : 1;
     size_t per = n_batch ? total / n_batch : 0;
+    /* Triton bounds the elements ranked per batch item (1,000,000). */
+    if (per > CLASSIFY_MAX_ELEMENTS)
+        return nereid_error_new(NEREID_ERROR_INVALID_ARG, "classification output tensor too large");
     size_t kk = k < per ? k : per;
     class_entry_t *entries = xmalloc((per ? per : 1) * sizeof *entries);
     size_t cap = 256, len = 0;

@@ -174,6 +174,10 @@ typedef struct nereid_batch batch_t;
  * through its completion callback, frees the request. err (owned) non-NULL
  * fails it; reason classifies the failure for metrics. Thread: any. */
 void request_finish(nereid_request_t *req, nereid_error_t *err, failure_reason_t reason);
+/* Counts one failure of req's model under reason (statistics and the
+ * failure metric) without finishing req: Triton counts a failed ensemble
+ * request twice (see ensemble.c). */
+void request_count_failure(nereid_request_t *req, failure_reason_t reason);
 /* Frees a request that was never submitted, or a filler. */
 void request_free(nereid_request_t *req);
 /* Completes a request the core accepted but never submitted to a model (an

@@ -20,6 +20,7 @@
 #include "core/cache.h"
 #include "core/custom_metrics.h"
 #include "core/core.h"
+#include "core/model_table.h"
 #include "core/on_demand.h"
 #include "core/rate_limiter.h"
 #include "core/trace.h"
@@ -130,6 +131,7 @@ nereid_error_t *nereid_server_new(const nereid_server_options_t *opts, nereid_se
         nereid_server_free(s);
         return err;
     }
+    if (!s->init_failed) model_table_log(s); /* Triton's PrintBackendAndModelSummary */
     if (opts->exit_on_error) {
         for (size_t i = 0; i < s->n_models; i++) {
             model_entry_t *e = s->models[i];
@@ -616,22 +618,6 @@ nereid_error_t *nereid_server_model_statistics(nereid_server_t *s, const char *m
     return dump(json_pack("{s:o}", "model_stats", arr), json_out);
 }
 
-static const char *state_name(model_state_t st)
-{
-    switch (st) {
-    case MODEL_READY:
-        return "READY";
-    case MODEL_UNAVAILABLE:
-        return "UNAVAILABLE";
-    case MODEL_LOADING:
-        return "LOADING";
-    case MODEL_UNLOADING:
-        return "UNLOADING";
-    default:
-        return "UNKNOWN";
-    }
-}
-
 /* Triton's index order with --model-namespacing: by namespace, then name. */
 static int cmp_ns_entry(const void *a, const void *b)
 {
@@ -658,7 +644,8 @@ nereid_error_t *nereid_server_repository_index(nereid_server_t *s, bool ready_on
         }
         if (e->n_versions == 0) {
             if (ready_only && e->state != MODEL_READY) continue;
-            json_t *o = json_pack("{s:s,s:s}", "name", e->name, "state", state_name(e->state));
+            json_t *o =
+                json_pack("{s:s,s:s}", "name", e->name, "state", model_state_text(e->state));
             if (e->reason) json_object_set_new(o, "reason", json_string(e->reason));
             json_array_append_new(arr, o);
             continue;
@@ -669,7 +656,7 @@ nereid_error_t *nereid_server_repository_index(nereid_server_t *s, bool ready_on
             char buf[32];
             snprintf(buf, sizeof buf, "%" PRId64, ve->version);
             json_t *o = json_pack("{s:s,s:s,s:s}", "name", e->name, "version", buf, "state",
-                                  state_name(ve->state));
+                                  model_state_text(ve->state));
             if (ve->reason) json_object_set_new(o, "reason", json_string(ve->reason));
             json_array_append_new(arr, o);
         }

@@ -179,7 +179,9 @@ const char *log_file_path(void)
     return log_file_name ? log_file_name : "";
 }
 
-void log_write(char level, const char *file, int line, const char *heading, const char *msg)
+/* raw: msg as it is, whatever TRITON_SERVER_ESCAPE_LOG_MESSAGES says. */
+static void log_emit(char level, const char *file, int line, const char *heading, const char *msg,
+                     bool raw)
 {
     if ((level == 'I' && !log_info_enabled) || (level == 'W' && !log_warning_enabled) ||
         (level == 'E' && !log_error_enabled))
@@ -212,7 +214,9 @@ void log_write(char level, const char *file, int line, const char *heading, cons
     }
     bool escape = log_escape;
     pthread_mutex_unlock(&log_lock);
-    if (heading) { /* a heading line, then the object (table, config) as it is */
+    if (raw) {
+        lb_put(&b, msg, strlen(msg));
+    } else if (heading) { /* a heading line, then the object (table, config) as it is */
         if (escape)
             lb_put_json_string(&b, heading);
         else
@@ -233,6 +237,16 @@ void log_write(char level, const char *file, int line, const char *heading, cons
     fflush(out);
     pthread_mutex_unlock(&log_lock);
     if (b.p != b.small) free(b.p);
+}
+
+void log_write(char level, const char *file, int line, const char *heading, const char *msg)
+{
+    log_emit(level, file, line, heading, msg, false);
+}
+
+void log_write_raw(char level, const char *file, int line, const char *msg)
+{
+    log_emit(level, file, line, NULL, msg, true);
 }
 
 void log_msg(char level, const char *file, int line, const char *fmt, ...)

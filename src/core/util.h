@@ -93,6 +93,9 @@ void log_msg(char level, const char *file, int line, const char *fmt, ...)
  * (escaped) first line and msg follows unescaped on the next lines (Triton's
  * tables and config dumps). */
 void log_write(char level, const char *file, int line, const char *heading, const char *msg);
+/* One record whose message is written as it is, never escaped (Triton's
+ * LOG_TABLE_INFO: the startup model table starts with a newline). */
+void log_write_raw(char level, const char *file, int line, const char *msg);
 /* Sends every later record to path (appended; Triton's --log-file). */
 nereid_error_t *log_open_file(const char *path);
 /* The --log-file path, "" when records go to stderr. */

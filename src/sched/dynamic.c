@@ -668,6 +668,9 @@ nereid_error_t *dynamic_batcher_create(model_t *m, const sched_core_t *core, sch
         d->ragged[d->n_ragged++] = xstrdup(m->config->input[i]->name);
     }
     d->hold = scheduler_env_count("NEREID_DELAY_SCHEDULER", "TRITONSERVER_DELAY_SCHEDULER");
+    /* Triton's text (L0_backend_config greps it to see dynamic batching on);
+     * here the instances form the batches, no thread of its own. */
+    LOG_VERBOSE("Starting dynamic-batcher thread for %s at nice 0...", m->name);
     pthread_mutex_init(&d->lock, NULL);
     pthread_mutex_init(&d->order_lock, NULL);
     pthread_condattr_t attr;

@@ -388,8 +388,13 @@ static void ctx_finish(ens_ctx_t *c)
     }
     /* One execution with the steps' summed queue and compute durations. */
     if (!err) request_record_stats(req, &c->agg);
-    /* Triton counts every failed ensemble request under reason OTHER (its
-     * L0_model_queue test_policy_reject: a step rejected by its queue). */
+    /* Triton counts every failed ensemble request under reason OTHER, and
+     * twice: its error response (RespondIfError) and again when its request
+     * tracker ends (ReportStatisticsWithDuration). L0_model_queue's
+     * test_policy_reject wants 2 per ensemble request a step's queue
+     * rejected. A cancelled request counts once, as CANCELED. */
+    if (err && nereid_error_code(err) != NEREID_ERROR_CANCELLED)
+        request_count_failure(req, FAILURE_OTHER);
     request_finish(req, err, FAILURE_OTHER);
     /* The response took the ensemble's reference and may be freed already:
      * from here on only c itself (no c->e, no m) is touched. */

@@ -43,6 +43,8 @@ typedef struct tb_channel {
     bool rescheduled; /* the request runs again: a later execution sends the final */
     uint32_t n_sent;
     uint64_t stats_index; /* the next reported response's index (response_stats) */
+    uint32_t n_factories; /* live response factories */
+    pthread_cond_t done;  /* broadcast at the final flag and when no factory is left */
 } tb_channel_t;
 
 struct TRITONBACKEND_ResponseFactory {
@@ -53,6 +55,7 @@ struct TRITONBACKEND_Output {
     struct TRITONBACKEND_Output *next;
     TRITONBACKEND_Response *resp;
     TRITONSERVER_BufferAttributes attrs;
+    void *discard; /* the buffer of a response that will be dropped */
     nereid_datatype_t datatype;
     uint32_t rank;
     bool allocated;
@@ -160,6 +163,7 @@ static tb_channel_t *channel_new(TRITONBACKEND_Request *req)
     if (!c) return NULL;
     atomic_init(&c->refs, 1);
     pthread_mutex_init(&c->mu, NULL);
+    pthread_cond_init(&c->done, NULL);
     c->model = req->inst->model;
     c->batch = req->batch;
     c->r = req->r;
@@ -181,6 +185,7 @@ static void channel_unref(tb_channel_t *c)
             backend_name(c->model->backend), model_name(c->model));
         nereid_error_free(nereid_sender_send(c->sender, NEREID_RESPONSE_FLAG_FINAL, err));
     }
+    pthread_cond_destroy(&c->done);
     pthread_mutex_destroy(&c->mu);
     free(c);
 }
@@ -439,6 +444,13 @@ static bool request_finish(TRITONBACKEND_ModelInstance *in, TRITONBACKEND_Reques
     bool final = false;
     if (c) {
         pthread_mutex_lock(&c->mu);
+        /* Triton completes a request at its final flag, not when Execute
+         * returns: a model that is not decoupled may answer from a thread of
+         * its own through a response factory (Triton's repeat backend). The
+         * instance waits for that while a factory lives. */
+        while (!c->model->decoupled && !c->sender && !c->final_sent && c->n_factories > 0 &&
+               req->status == REQ_RELEASED)
+            pthread_cond_wait(&c->done, &c->mu);
         final = c->final_sent || c->sender;
         c->batch = NULL;
         pthread_mutex_unlock(&c->mu);
@@ -1257,6 +1269,9 @@ TRITONSERVER_Error *TRITONBACKEND_ResponseFactoryNew(TRITONBACKEND_ResponseFacto
     TRITONBACKEND_ResponseFactory *f = malloc(sizeof *f);
     if (!f) return terr(TRITONSERVER_ERROR_INTERNAL, "out of memory");
     atomic_fetch_add(&c->refs, 1);
+    pthread_mutex_lock(&c->mu);
+    c->n_factories++;
+    pthread_mutex_unlock(&c->mu);
     f->chan = c;
     *factory = f;
     return NULL;
@@ -1265,7 +1280,11 @@ TRITONSERVER_Error *TRITONBACKEND_ResponseFactoryNew(TRITONBACKEND_ResponseFacto
 TRITONSERVER_Error *TRITONBACKEND_ResponseFactoryDelete(TRITONBACKEND_ResponseFactory *factory)
 {
     if (!factory) return null_arg("factory");
-    channel_unref(factory->chan);
+    tb_channel_t *c = factory->chan;
+    pthread_mutex_lock(&c->mu);
+    if (--c->n_factories == 0) pthread_cond_broadcast(&c->done);
+    pthread_mutex_unlock(&c->mu);
+    channel_unref(c);
     free(factory);
     return NULL;
 }
@@ -1308,6 +1327,7 @@ static void response_free(TRITONBACKEND_Response *r)
     }
     while (r->outputs) {
         struct TRITONBACKEND_Output *next = r->outputs->next;
+        free(r->outputs->discard);
         free(r->outputs);
         r->outputs = next;
     }
@@ -1428,6 +1448,14 @@ TRITONSERVER_Error *TRITONBACKEND_ResponseOutput(TRITONBACKEND_Response *respons
     return NULL;
 }
 
+/* Whether a response on c (locked) is one Triton's frontends drop: a model
+ * that is not decoupled answered already, so only its first response goes
+ * out (L0_grpc_state_cleanup test_non_decoupled_streaming_multi_response). */
+static bool response_dropped(const tb_channel_t *c)
+{
+    return !c->model->decoupled && !c->sender && c->n_sent > 0;
+}
+
 TRITONSERVER_Error *TRITONBACKEND_OutputBuffer(TRITONBACKEND_Output *output, void **buffer,
                                                const uint64_t buffer_byte_size,
                                                TRITONSERVER_MemoryType *memory_type,
@@ -1448,7 +1476,12 @@ TRITONSERVER_Error *TRITONBACKEND_OutputBuffer(TRITONBACKEND_Output *output, voi
     else if (c->sender)
         err = nereid_sender_output(c->sender, output->name, output->datatype, output->shape,
                                    output->rank, buffer_byte_size, buffer);
-    else if (c->batch)
+    else if (response_dropped(c)) {
+        err = NULL;
+        output->discard = calloc(1, buffer_byte_size ? buffer_byte_size : 1);
+        *buffer = output->discard;
+        if (!output->discard) err = nereid_error_new(NEREID_ERROR_INTERNAL, "out of memory");
+    } else if (c->batch)
         err = nereid_batch_request_output(c->batch, c->r, output->name, output->datatype,
                                           output->shape, output->rank, buffer_byte_size, buffer);
     else
@@ -1499,19 +1532,20 @@ static nereid_error_t *channel_send(tb_channel_t *c, const TRITONBACKEND_Respons
         }
         return err;
     }
+    if (response_dropped(c)) {
+        if (final) c->final_sent = true;
+        return NULL;
+    }
     if (!c->batch)
         return nereid_error_new(NEREID_ERROR_UNAVAILABLE,
                                 "the request of this response has completed: responses after "
                                 "TRITONBACKEND_ModelInstanceExecute returned need a decoupled "
                                 "model and a streaming client");
     if (has_response && c->n_sent > 0) {
-        nereid_error_t *err = nereid_error_new(
-            NEREID_ERROR_INVALID_ARG,
-            c->model->decoupled
-                ? "this request to decoupled model '%s' accepts one response only (use gRPC "
-                  "streaming for more)"
-                : "model '%s' is not decoupled: it sends exactly one response per request",
-            model_name(c->model));
+        nereid_error_t *err = nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                               "this request to decoupled model '%s' accepts one "
+                                               "response only (use gRPC streaming for more)",
+                                               model_name(c->model));
         nereid_batch_set_request_error(
             c->batch, c->r,
             nereid_error_new(nereid_error_code(err), "%s", nereid_error_message(err)));
@@ -1531,6 +1565,7 @@ TRITONSERVER_Error *TRITONBACKEND_ResponseSend(TRITONBACKEND_Response *response,
     tb_channel_t *c = response->chan;
     pthread_mutex_lock(&c->mu);
     nereid_error_t *err = channel_send(c, response, send_flags, error);
+    if (c->final_sent) pthread_cond_broadcast(&c->done);
     pthread_mutex_unlock(&c->mu);
     response_free(response);
     return (TRITONSERVER_Error *)err;
@@ -1543,6 +1578,7 @@ TRITONSERVER_Error *TRITONBACKEND_ResponseFactorySendFlags(TRITONBACKEND_Respons
     tb_channel_t *c = factory->chan;
     pthread_mutex_lock(&c->mu);
     nereid_error_t *err = channel_send(c, NULL, send_flags, NULL);
+    if (c->final_sent) pthread_cond_broadcast(&c->done);
     pthread_mutex_unlock(&c->mu);
     return (TRITONSERVER_Error *)err;
 }

@@ -2,6 +2,7 @@
 and ignored: --model-load-retry-count, --model-namespacing (off here;
 test_model_namespacing.py covers on), --reuse-http-port/--reuse-grpc-port, the gRPC keepalive flags and
 --grpc-infer-response-compression-level."""
+import json
 import os
 import subprocess
 import time
@@ -184,3 +185,24 @@ def test_grpc_infer_thread_count_range():
 def test_grpc_infer_thread_count_128_is_accepted(nereid_server):
     s = nereid_server(EXAMPLES, "--grpc-infer-thread-count=128")
     assert requests.get(s.http_url + "/v2/health/live", timeout=10).status_code == 200
+
+
+def test_backend_config_log_lines(nereid_server, tmp_path):
+    """The lines L0_backend_config reads back from the log (--log-verbose=1):
+    Triton's SetBackendConfigDefaults line, the backend's resolved
+    configuration as JSON, and the dynamic batcher's start line."""
+    repo = onnx_auto_repo(tmp_path)
+    for args, line in (((), "Adding default backend config setting: default-max-batch-size,4"),
+                       (("--backend-config=default-max-batch-size=7",
+                         "--backend-config=default-max-batch-size=8"),
+                        "Found overwritten default setting: default-max-batch-size,8")):
+        s = nereid_server(repo, "--log-verbose=1", "--backend-config=onnxruntime,a=0", *args)
+        out = s.output()
+        assert s.stop() == 0
+        assert f'] "{line}"' in out, out
+        assert "Starting dynamic-batcher thread for auto_batch at nice 0..." in out
+        conf = [ln for ln in out.splitlines() if '] "backend configuration:\\n' in ln]
+        assert len(conf) == 1, out
+        cmdline = json.loads(json.loads(conf[0].split("] ", 1)[1]).split("\n", 1)[1])["cmdline"]
+        assert cmdline["a"] == "0" and cmdline["min-compute-capability"] == "6.000000"
+>>>>>>> conform

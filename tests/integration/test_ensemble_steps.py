@@ -100,14 +100,15 @@ def test_max_inflight_requests(nereid_server, tmp_path):
     # One step request in flight at a time: the step model never saw two
     # queued together, so it never batched (its queue delay is 0.5 s).
     assert stats(s, "slow") == (4, {1: 4})
-    # A failed ensemble request counts under reason OTHER, its step's
-    # failure under BACKEND (Triton's L0_model_queue test_policy_reject).
+    # A failed ensemble request counts under reason OTHER, twice as in
+    # Triton (its error response, then its request tracker's end), its
+    # step's failure once under BACKEND (L0_model_queue test_policy_reject).
     body = {"inputs": [{"name": "IN", "datatype": "FP32", "shape": [1, 1], "data": [1]}],
             "parameters": {"fail": "true"}}
     r = requests.post(f"{s.http_url}/v2/models/limited/infer", json=body, timeout=60)
     assert r.status_code != 200
     text = requests.get(f"{s.metrics_url}/metrics", timeout=10).text
-    assert 'nv_inference_request_failure{model="limited",reason="OTHER",version="1"} 1\n' in text
+    assert 'nv_inference_request_failure{model="limited",reason="OTHER",version="1"} 2\n' in text
     assert 'nv_inference_request_failure{model="limited",reason="BACKEND",version="1"} 0\n' in text
     assert 'nv_inference_request_failure{model="slow",reason="BACKEND",version="1"} 1\n' in text
 

@@ -239,6 +239,23 @@ def test_classification(http_server):
     assert out["shape"] == [1, 3] and out["data"] == ["9:1", "3:0", "1:2"]
 
 
+def test_classification_of_too_many_elements(http_server):
+    # Triton ranks at most 1,000,000 elements per batch item (L0_parameters'
+    # class_count_test.py): one more is INVALID_ARG, the limit itself works.
+    for n, status in ((1_000_001, 400), (1_000_000, 200)):
+        x = np.ones((1, n), dtype=np.float32)
+        body, headers = build_infer([{"name": "INPUT0", "datatype": "FP32", "data": x,
+                                      "binary": True}],
+                                    outputs=[{"name": "OUTPUT0",
+                                              "parameters": {"classification": 5}}])
+        r = infer(http_server, "id_fp32", body, headers)
+        assert r.status_code == status, r.text[:200]
+        if status == 400:
+            assert "classification output tensor too large" in r.json()["error"]
+        else:
+            assert r.json()["outputs"][0]["shape"] == [1, 5]
+
+
 @pytest.mark.parametrize("encoding", ["gzip", "deflate"])
 def test_compressed_request(http_server, encoding):
     x = np.arange(64, dtype=np.float32).reshape(1, 64)

@@ -136,6 +136,15 @@ class TritonPythonModel:
                                                                                  np.int64))])
         if mode == "raise":
             raise ValueError("intentional failure in execute")
+        if mode.startswith("sender"):  # not decoupled, answered through the sender
+            sender = requests[0].get_response_sender()
+            if mode == "sender_final_first":
+                sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            sender.send(ok())
+            if mode == "sender_twice":
+                sender.send(ok())
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            return None if mode != "sender_list" else [None]
         if mode == "count":
             return []
         if mode == "notlist":
@@ -581,6 +590,28 @@ def test_exception_in_execute_fails_the_request(server):
 def test_wrong_return_values(server, m, text):
     r = mode(server, m)
     assert r.status_code == 500 and r.json()["error"] == text
+
+
+@pytest.mark.parametrize("m", ["sender", "sender_list"])
+def test_response_sender_of_a_model_that_is_not_decoupled(server, m):
+    # Triton allows it: one response, then the final flag; execute returns
+    # None (or None in the request's place). L0_metrics' ensemble_decoupled.
+    r = mode(server, m)
+    assert r.status_code == 200, r.text
+    assert r.json()["outputs"][0]["data"][0] > 0
+
+
+@pytest.mark.parametrize("m,text", [
+    ("sender_twice", "Non-decoupled model cannot send more than one response."),
+    ("sender_final_first", "Non-decoupled model cannot send complete final before sending a "
+                           "response."),
+])
+def test_response_sender_rules_when_not_decoupled(server, m, text):
+    r = mode(server, m)
+    assert r.status_code == 500
+    assert r.json()["error"].startswith(
+        "Failed to process the request(s) for model 'misbehave_0', message: "
+        "TritonModelException: Unable to send response. " + text), r.json()["error"]
 
 
 def test_triton_error_code(server):

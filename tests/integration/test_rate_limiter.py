@@ -242,3 +242,31 @@ def test_dynamic_batch_is_formed_when_the_turn_comes(nereid_server, tmp_path):
         t.join()
     st = requests.get(f"{s.http_url}/v2/models/dyn/stats", timeout=10).json()["model_stats"][0]
     assert {b["batch_size"]: b["compute_infer"]["count"] for b in st["batch_stats"]} == {1: 1, 3: 1}
+
+
+def test_startup_model_table_names_each_failure(tmp_path):
+    """Triton's startup model table (PrintBackendAndModelSummary): one row per
+    model version with its state and, unescaped, the reason it failed;
+    L0_rate_limiter greps the resource texts there before the server exits."""
+    repo, log = str(tmp_path / "m"), str(tmp_path / "log")
+    model(repo, "needs4", log, [("R", 4, False)])
+    model(repo, "ok", log, [])
+    r = subprocess.run([NEREID, f"--model-repository={repo}", "--rate-limit=execution_count",
+                        "--rate-limit-resource=R:1", "--http-port=0", "--grpc-port=0",
+                        "--metrics-port=0"], capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0
+    reason = ('Invalid argument: Resource count for "R" is limited to 1 which will prevent '
+              'scheduling of one or more model instances, the minimum required count is 4')
+    status = f"UNAVAILABLE: {reason}"
+    width = len(status)
+    border = "+--------+---------+" + "-" * (width + 2) + "+"
+    lines = r.stdout.splitlines()
+    start = lines.index(border)
+    assert lines[start - 1].startswith("I") and lines[start - 1].endswith("] ")
+    assert lines[start:start + 6] == [
+        border,
+        "| Model  | Version | " + "Status".ljust(width) + " |",
+        border,
+        "| needs4 | 1       | " + status + " |",
+        "| ok     | 1       | " + "READY".ljust(width) + " |",
+        border]

@@ -159,6 +159,13 @@ model_transaction_policy { decoupled: true }
 input [ { name: "IN" data_type: TYPE_INT32 dims: [ -1 ] } ]
 output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
 """)
+    write_model(repo, "t_repeat_coupled", """
+name: "t_repeat_coupled"
+backend: "trepeat"
+max_batch_size: 0
+input [ { name: "IN" data_type: TYPE_INT32 dims: [ -1 ] } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+""")
     del d
     return str(backends), repo
 
@@ -464,6 +471,35 @@ def test_contract_errors_fail_the_request(server, mode, status, text):
     assert ok.status_code == 200 and ok.json()["outputs"][0]["data"] == [3.0]
 
 
+def test_extra_responses_of_a_model_that_is_not_decoupled_are_dropped(server, stub):
+    # Triton's frontends send the first response of a model that is not
+    # decoupled and drop the others (its repeat backend on such a model:
+    # L0_grpc_state_cleanup test_non_decoupled_streaming_multi_response).
+    r = infer_json(server, "t_fp32", [f32([5.0])], parameters={"mode": "two_responses"})
+    assert r.status_code == 200, r.text
+    assert r.json()["outputs"][0]["data"] == [5.0]
+    req = grpc_f32("t_fp32")
+    req.parameters["mode"].string_param = "two_responses"
+    out = list(stub.ModelStreamInfer(iter([req]), timeout=30))
+    assert len(out) == 1 and not out[0].error_message, out
+
+
+def test_model_that_is_not_decoupled_answers_from_its_own_thread(server, stub):
+    # trepeat releases the request inside Execute and answers later from its
+    # own thread through a response factory, as Triton's repeat backend: on
+    # a model that is not decoupled the request completes at the final flag
+    # with the first response (L0_grpc_state_cleanup's repeat_int32_non_decoupled).
+    for _ in range(3):
+        out = list(stub.ModelStreamInfer(iter([repeat_req([7, 8, 9], model="t_repeat_coupled")]),
+                                         timeout=30))
+        assert len(out) == 1 and not out[0].error_message, out
+        r = out[0].infer_response
+        assert np.frombuffer(r.raw_output_contents[0], np.int32).tolist() == [7]
+    r = infer_json(server, "t_repeat_coupled", [{"name": "IN", "datatype": "INT32", "shape": [1],
+                                                 "data": [4]}])
+    assert r.status_code == 200 and r.json()["outputs"][0]["data"] == [4], r.text
+
+
 def test_grpc_error_texts(stub):
     req = grpc_f32("t_fp32")
     req.parameters["mode"].string_param = "error_response"
@@ -475,8 +511,8 @@ def test_grpc_error_texts(stub):
 
 # ---- Decoupled ----
 
-def repeat_req(values, id="", mode=None):
-    req = pb.ModelInferRequest(model_name="t_repeat", id=id)
+def repeat_req(values, id="", mode=None, model="t_repeat"):
+    req = pb.ModelInferRequest(model_name=model, id=id)
     t = req.inputs.add()
     t.name, t.datatype = "IN", "INT32"
     t.shape.extend([len(values)])

@@ -9,6 +9,8 @@
  *   double_release  releases twice; answers with the second release's error
  *   double_send     sends two final responses
  *   no_final        sends its response without the FINAL flag
+ *   two_responses   sends two responses, then the FINAL flag alone (Triton's
+ *                   repeat backend on a model that is not decoupled)
  *   no_response     releases without responding
  *   error_response  sends an error response (INVALID_ARG "requested error")
  * Request parameter "trace_activity" = <name> reports that activity into the
@@ -366,6 +368,15 @@ TRITONSERVER_Error *TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_ModelInstan
             respond(instance, request, TRITONSERVER_RESPONSE_COMPLETE_FINAL);
         } else if (strcmp(mode, "no_final") == 0) {
             respond(instance, request, 0);
+        } else if (strcmp(mode, "two_responses") == 0) {
+            TRITONBACKEND_ResponseFactory *factory;
+            if (!TRITONBACKEND_ResponseFactoryNew(&factory, request)) {
+                respond(instance, request, 0);
+                respond(instance, request, 0);
+                log_error(TRITONBACKEND_ResponseFactorySendFlags(
+                    factory, TRITONSERVER_RESPONSE_COMPLETE_FINAL));
+                TRITONBACKEND_ResponseFactoryDelete(factory);
+            }
         } else if (strcmp(mode, "error_response") == 0) {
             TRITONBACKEND_Response *response;
             if (!TRITONBACKEND_ResponseNew(&response, request)) {

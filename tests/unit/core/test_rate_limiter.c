@@ -8,6 +8,7 @@
  */
 #include <pthread.h>
 #include <sched.h>
+#include <string.h>
 
 #include "check.h"
 #include "core/rate_limiter.h"
@@ -186,6 +187,42 @@ static void test_priority_ratio(uint32_t prio_a, uint32_t prio_b, int want_a, in
     rate_limiter_free(rl);
 }
 
+/* L0_rate_limiter's cross-model case, turn by turn: A (priority 1) starts
+ * alone, B (priority 2) asks during A's first turn, both always have work.
+ * Triton stages the finishing instance again (OnRelease) before it chooses,
+ * and its staged priority queue keeps the earlier-staged instance on top on
+ * a tie, so B runs after A's turns 1, 2, 4, 6, ...: exactly 2:1 from the
+ * start, with the waiting instance winning each tie. */
+static void test_triton_turn_sequence(void)
+{
+    static const char want[] = "ABABAABAABAABAAB";
+    rate_limiter_t *rl = rate_limiter_new(NULL, 0);
+    rate_limiter_need_t r[] = {{"R", false, 1}};
+    rate_limiter_instance_t *insts[] = {reg(rl, model_a, 0, r, 1, 1), reg(rl, model_b, 0, r, 1, 2)};
+    char got[sizeof want] = "A";
+    CHECK(rate_limiter_try_acquire(insts[0]));
+    CHECK(!rate_limiter_try_acquire(insts[1]));
+    for (size_t t = 1; t + 1 < sizeof want; t++) {
+        int who = running_one(insts, 2);
+        CHECK_MSG(who >= 0, "turn %zu: %d", t, who);
+        if (who < 0) break;
+        rate_limiter_release(insts[who], true);
+        rate_limiter_try_acquire(insts[who]);
+        int next = running_one(insts, 2);
+        CHECK_MSG(next >= 0, "turn %zu: %d", t, next);
+        if (next < 0) break;
+        got[t] = next ? 'B' : 'A';
+    }
+    CHECK_MSG(!strcmp(got, want), "turns %s, want %s", got, want);
+    for (int i = 0; i < 2; i++) {
+        int who = running_one(insts, 2);
+        if (who >= 0) rate_limiter_release(insts[who], false);
+    }
+    rate_limiter_unregister(insts[0]);
+    rate_limiter_unregister(insts[1]);
+    rate_limiter_free(rl);
+}
+
 /* The first in turn order waits for its resource; a later one that would
  * fit waits behind it (no overtaking). */
 static void test_no_overtaking(void)
@@ -284,6 +321,7 @@ int main(void)
     test_priority_ratio(1, 2, 20, 10);
     test_priority_ratio(1, 1, 15, 15);
     test_priority_ratio(0, 3, 22, 8); /* priority 0 counts as 1 */
+    test_triton_turn_sequence();
     test_no_overtaking();
     test_deferral();
     test_blocking();
