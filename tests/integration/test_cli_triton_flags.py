@@ -205,4 +205,3 @@ def test_backend_config_log_lines(nereid_server, tmp_path):
         assert len(conf) == 1, out
         cmdline = json.loads(json.loads(conf[0].split("] ", 1)[1]).split("\n", 1)[1])["cmdline"]
         assert cmdline["a"] == "0" and cmdline["min-compute-capability"] == "6.000000"
->>>>>>> conform
