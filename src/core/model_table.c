@@ -116,7 +116,7 @@ char *model_table_text(nereid_server_t *s)
     add_row(&t, xstrdup("Model"), xstrdup("Version"), xstrdup("Status"));
     pthread_rwlock_rdlock(&s->lock);
     model_entry_t **sorted = xmalloc((s->n_models ? s->n_models : 1) * sizeof *sorted);
-    memcpy(sorted, s->models, s->n_models * sizeof *sorted);
+    if (s->n_models) memcpy(sorted, s->models, s->n_models * sizeof *sorted);
     qsort(sorted, s->n_models, sizeof *sorted, by_name);
     for (size_t i = 0; i < s->n_models; i++) {
         const model_entry_t *e = sorted[i];
