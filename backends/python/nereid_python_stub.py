@@ -97,18 +97,22 @@ def json_name(name):
     return j
 
 
+def tensor_bytes(t):
+    """The bytes a pb_utils.Tensor sends: BYTES serialized, other types as a
+    C-contiguous array (the array itself when it already is one)."""
+    arr = t._array
+    if t._dtype == "BYTES":
+        ser = pb_utils.serialize_byte_tensor(arr)
+        return np.asarray(ser, dtype=np.uint8) if len(ser) else np.empty(0, np.uint8)
+    return arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)
+
+
 def encode_tensors(tensors):
     """Descriptors (JSON text) and the byte views of a list of pb_utils.Tensor."""
     descs, views, off = [], [], 0
     for t in tensors:
         arr = t._array
-        if t._dtype == "BYTES":
-            ser = pb_utils.serialize_byte_tensor(arr)
-            data = np.asarray(ser, dtype=np.uint8) if len(ser) else np.empty(0, np.uint8)
-        elif arr.flags.c_contiguous:
-            data = arr
-        else:
-            data = np.ascontiguousarray(arr)
+        data = tensor_bytes(t)
         n = data.nbytes
         descs.append(f'{{"name":{json_name(t._name)},"datatype":"{t._dtype}","shape":['
                      f'{",".join(map(str, arr.shape))}],"offset":{off},"size":{n}}}')
@@ -223,13 +227,7 @@ def tensor_records(tensors, region, off, recs, views):
     instead of copied."""
     for t in tensors:
         arr = t._array
-        if t._dtype == "BYTES":
-            ser = pb_utils.serialize_byte_tensor(arr)
-            data = np.asarray(ser, dtype=np.uint8) if len(ser) else np.empty(0, np.uint8)
-        elif arr.flags.c_contiguous:
-            data = arr
-        else:
-            data = np.ascontiguousarray(arr)
+        data = tensor_bytes(t)
         n = data.nbytes
         name = t._name.encode()
         shape = arr.shape

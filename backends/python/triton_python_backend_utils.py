@@ -425,6 +425,16 @@ class InferenceResponse:
         return self._parameters
 
 
+def _check_send_args(response, flags):
+    """Triton's checks of a response sender's send() arguments."""
+    if flags not in (0, TRITONSERVER_RESPONSE_COMPLETE_FINAL):
+        raise TritonModelException("Unable to send response. Unsupported flag provided.")
+    if flags == 0 and response is None:
+        raise TritonModelException(
+            "Inference Response object must be provided when the response flags is set "
+            "to zero.")
+
+
 class InferenceResponseSender:
     def __init__(self, sender_id, requested):
         self._id = sender_id
@@ -433,12 +443,7 @@ class InferenceResponseSender:
         self._lock = threading.Lock()
 
     def send(self, response=None, flags=0):
-        if flags not in (0, TRITONSERVER_RESPONSE_COMPLETE_FINAL):
-            raise TritonModelException("Unable to send response. Unsupported flag provided.")
-        if flags == 0 and response is None:
-            raise TritonModelException(
-                "Inference Response object must be provided when the response flags is set "
-                "to zero.")
+        _check_send_args(response, flags)
         with self._lock:
             if self._closed:
                 raise TritonModelException(
@@ -472,12 +477,7 @@ class _SingleResponseSender(InferenceResponseSender):
         self._response = None
 
     def send(self, response=None, flags=0):
-        if flags not in (0, TRITONSERVER_RESPONSE_COMPLETE_FINAL):
-            raise TritonModelException("Unable to send response. Unsupported flag provided.")
-        if flags == 0 and response is None:
-            raise TritonModelException(
-                "Inference Response object must be provided when the response flags is set "
-                "to zero.")
+        _check_send_args(response, flags)
         with self._lock:
             if response is not None and self._sent > 0:
                 raise TritonModelException(
