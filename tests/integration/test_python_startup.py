@@ -4,6 +4,7 @@ one worker per model instance, and the fresh interpreter it falls back to.
 Each worker answers with its pid, its parent's pid and its open fds, so the
 tests see who started it and what it holds.
 """
+import json
 import os
 import signal
 import time
@@ -225,3 +226,95 @@ def test_execution_env_path_is_not_forked(repo, tmp_path):
         assert ppid(who(s)[0]) in zygotes(s.proc.pid)  # the other model still forks
     finally:
         assert s.stop() == 0, output(s)
+
+
+PREFAULTED = """
+import json
+import os
+import sys
+import numpy as np
+
+INITS = 0
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        global INITS
+        INITS += 1
+        stub = sys.modules["__main__"]
+        page = os.sysconf("SC_PAGE_SIZE")
+        written = [r for r in stub._prefaulted if r[2] == 23]  # MADV_POPULATE_WRITE
+        pages = own = 0
+        with open("/proc/self/pagemap", "rb") as f:
+            for addr, length, _ in written:
+                f.seek(addr // page * 8)
+                pm = np.frombuffer(f.read(length // page * 8), np.uint64)
+                pages += pm.size
+                # present, anonymous, mapped only here: this worker's copy
+                own += int(np.count_nonzero((pm >> np.uint64(63)) & (pm >> np.uint64(56)) & 1
+                                            & ~(pm >> np.uint64(61)) & 1))
+        out = json.loads(args["model_config"])["parameters"]["OUT"]["string_value"]
+        name = args["model_instance_name"]
+        with open(os.path.join(out, name), "w") as f:
+            json.dump({"ranges": len(stub._prefaulted), "pages": pages, "own": own,
+                       "cleared": stub._prefault is None, "inits": INITS,
+                       "pid": os.getpid()}, f)
+
+    def execute(self, requests):
+        raise NotImplementedError
+"""
+
+
+def write_prefaulted(path, name, count, out):
+    extra = 'parameters { key: "OUT" value: { string_value: "%s" } }' % out
+    write(path, name, WHO_CONFIG.format(name=name, count=count, extra=extra), PREFAULTED)
+
+
+def prefault_infos(out):
+    infos = {}
+    for name in os.listdir(out):
+        with open(os.path.join(out, name)) as f:
+            infos[name] = json.load(f)
+    return infos
+
+
+def _kernel_at_least(major, minor):
+    v = tuple(int(x) for x in os.uname().release.split("-")[0].split(".")[:2])
+    return v >= (major, minor)
+
+
+def forked_infos(tmp_path):
+    """What each instance of a 2-instance PREFAULTED model saw in
+    initialize; each was forked by the zygote, and initialize ran once in
+    each with that instance's args."""
+    path, out = str(tmp_path / "models"), tmp_path / "out"
+    out.mkdir()
+    write_prefaulted(path, "pf", 2, out)
+    s = Server(path, [], "http")
+    try:
+        infos = prefault_infos(out)
+        assert sorted(infos) == ["pf_0_0", "pf_0_1"]
+        for info in infos.values():
+            assert info["inits"] == 1
+            assert ppid(info["pid"]) in zygotes(s.proc.pid)
+    finally:
+        assert s.stop() == 0, output(s)
+    return infos.values()
+
+
+@pytest.mark.skipif(not _kernel_at_least(5, 14), reason="MADV_POPULATE_WRITE needs Linux 5.14")
+def test_forked_workers_are_prefaulted(tmp_path):
+    """The zygote learns from a probe worker which pages a worker writes and
+    each forked worker copies them in one madvise per run: every page of
+    those runs is the worker's own when the model initializes, and a fork
+    of the model's own does not repeat it."""
+    for info in forked_infos(tmp_path):
+        assert info["ranges"] > 0 and info["pages"] > 0
+        assert info["own"] == info["pages"]
+        assert info["cleared"]
+
+
+def test_prefault_can_be_turned_off(tmp_path, monkeypatch):
+    monkeypatch.setenv("NEREID_PYTHON_PREFAULT", "0")
+    for info in forked_infos(tmp_path):
+        assert (info["ranges"], info["pages"]) == (0, 0)
