@@ -26,6 +26,7 @@ rounds.
 """
 import json
 import os
+import resource
 import shutil
 import socket
 import statistics
@@ -125,34 +126,56 @@ def free_port():
 
 def tree_cpu_s(root):
     """CPU seconds (user + system) of root and all its descendants."""
-    return tree_stat(root)[0]
+    return tree_stat(root)["cpu"]
+
+
+def private_dirty_kb(pid):
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Private_Dirty:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
 
 
 def tree_stat(root):
-    """CPU seconds of root and its descendants, and the minor page faults of
-    its descendants (the workers and the zygote) with their count."""
+    """CPU seconds of root and its descendants (with the children they
+    reaped: the zygote's probe), split into the server, the zygote and the
+    workers, and the workers' minor page faults and private dirty memory
+    (the processes below the server other than the zygote)."""
     tck = os.sysconf("SC_CLK_TCK")
-    kids, stats, faults = {}, {}, {}
+    kids, stats, faults, cmds = {}, {}, {}, {}
     for p in os.listdir("/proc"):
         if not p.isdigit():
             continue
         try:
             with open(f"/proc/{p}/stat") as f:
                 st = f.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{p}/cmdline", "rb") as f:
+                cmds[int(p)] = f.read()
         except OSError:
             continue
         kids.setdefault(int(st[1]), []).append(int(p))
-        stats[int(p)] = (int(st[11]) + int(st[12])) / tck
+        stats[int(p)] = sum(int(x) for x in st[11:15]) / tck
         faults[int(p)] = int(st[7])
-    total, minflt, n, todo = 0.0, 0, 0, [root]
+    out = {"cpu": 0.0, "server": stats.get(root, 0.0), "zygote": 0.0, "workers": 0.0,
+           "minflt": 0, "n": 0, "dirty_kb": 0}
+    todo = [root]
     while todo:
         p = todo.pop()
-        total += stats.get(p, 0.0)
+        out["cpu"] += stats.get(p, 0.0)
         if p != root:
-            minflt += faults.get(p, 0)
-            n += 1
+            if b"nereid_python_zygote" in cmds.get(p, b""):
+                out["zygote"] += stats.get(p, 0.0)
+            else:
+                out["workers"] += stats.get(p, 0.0)
+                out["minflt"] += faults.get(p, 0)
+                out["dirty_kb"] += private_dirty_kb(p)
+                out["n"] += 1
         todo.extend(kids.get(p, []))
-    return total, minflt, n
+    return out
 
 
 class Server:
@@ -173,9 +196,15 @@ class Server:
         self.ready_s = time.monotonic() - self.t0
 
     def count(self, model):
+        return self.stats(model)[0]
+
+    def stats(self, model):
+        """(successful requests, ns spent in compute_infer summed over the
+        instances) so far."""
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/v2/models/{model}/stats") as r:
             st = json.load(r)["model_stats"]
-        return sum(s["inference_stats"]["success"]["count"] for s in st)
+        return (sum(s["inference_stats"]["success"]["count"] for s in st),
+                sum(s["inference_stats"]["compute_infer"]["ns"] for s in st))
 
     def perf(self, model, n, concurrency=1, window_ms=1500):
         """(p50 us, throughput/s, server+workers CPU us per request)."""
@@ -261,21 +290,51 @@ def machine_ceiling(seconds=2.0):
     return got[1] / got[0]
 
 
+def client_cpu_s():
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def parallel_round(s, model):
+    """One nereid-perf window on model at 2 connections: (throughput/s,
+    instances busy: compute_infer time over the window, CPU ms per request
+    of the server and its workers, of the client)."""
+    n0, busy0 = s.stats(model)
+    cpu0, client0, t0 = tree_cpu_s(s.proc.pid), client_cpu_s(), time.monotonic()
+    thr = s.perf(model, 1, concurrency=2, window_ms=3000)[1]
+    wall = time.monotonic() - t0
+    n1, busy1 = s.stats(model)
+    reqs = max(n1 - n0, 1)
+    return (thr, (busy1 - busy0) / 1e9 / wall, (tree_cpu_s(s.proc.pid) - cpu0) * 1e3 / reqs,
+            (client_cpu_s() - client0) * 1e3 / reqs)
+
+
 def bench_parallel(build, tmp, rounds):
+    """The goal is that two instances run at once: the throughput ratio
+    shows it only when the machine has two cores free, so beside it the
+    bench prints what two busy processes get over one around the runs, and
+    how many instances were busy at a time (the model's compute_infer time
+    over the wall time), which does not depend on the load."""
     repo = os.path.join(tmp, "parallel")
     write_model(repo, "cpu1", config("cpu1", "python", 1), CPU_PY)
     write_model(repo, "cpu2", config("cpu2", "python", 2), CPU_PY)
     s = Server(build, repo)
     try:
+        ceilings = [machine_ceiling()]
         one, two = [], []
         for _ in range(rounds):
-            one.append(s.perf("cpu1", 1, concurrency=2, window_ms=3000)[1])
-            two.append(s.perf("cpu2", 1, concurrency=2, window_ms=3000)[1])
-        ceiling = machine_ceiling()
-        print(f"parallel (target >= x1.8): CPU-bound numpy model, 2 connections: 1 instance {med(one):.1f} "
-              f"infer/s, 2 instances {med(two):.1f} infer/s: x{med(two) / med(one):.2f} "
-              f"(rounds 1: {one}, 2: {two}); the machine gives two busy processes "
-              f"x{ceiling:.2f} the CPU of one right now", flush=True)
+            one.append(parallel_round(s, "cpu1"))
+            two.append(parallel_round(s, "cpu2"))
+        ceilings.append(machine_ceiling())
+        t1, t2 = med(x[0] for x in one), med(x[0] for x in two)
+        print(f"parallel (target >= x1.8): CPU-bound numpy model, 2 connections: 1 instance {t1:.1f} "
+              f"infer/s, 2 instances {t2:.1f} infer/s: x{t2 / t1:.2f} (rounds 1: "
+              f"{[round(x[0], 1) for x in one]}, 2: {[round(x[0], 1) for x in two]}); the machine "
+              f"gives two busy processes x{ceilings[0]:.2f} / x{ceilings[1]:.2f} (before / after) "
+              f"the CPU of one | instances busy at a time {med(x[1] for x in one):.2f} vs "
+              f"{med(x[1] for x in two):.2f} | CPU per request: server and workers "
+              f"{med(x[2] for x in one):.1f} / {med(x[2] for x in two):.1f} ms, client "
+              f"{med(x[3] for x in one):.2f} / {med(x[3] for x in two):.2f} ms", flush=True)
     finally:
         s.stop()
 
@@ -308,11 +367,18 @@ def bench_startup(build, tmp, rounds):
     for _ in range(rounds):
         for z in res:
             s = Server(build, repo, [f"--backend-config=python,zygote={z}"])
-            res[z].append((s.ready_s, *tree_stat(s.proc.pid)))
+            st = tree_stat(s.proc.pid)
+            res[z].append((s.ready_s, st))
             s.stop()
+            n = max(st["n"], 1)
+            print(f"  startup round, zygote={z}: ready in {s.ready_s:.2f} s, CPU {st['cpu']:.2f} s "
+                  f"(server {st['server']:.2f}, zygote {st['zygote']:.2f}, {st['n']} workers "
+                  f"{st['workers']:.2f}: {st['workers'] * 1000 / n:.0f} ms each); per worker "
+                  f"{st['minflt'] / n:.0f} minor faults, {st['dirty_kb'] / n:.0f} kB private "
+                  "dirty", flush=True)
     fz, fs = med(x[0] for x in res["true"]), med(x[0] for x in res["false"])
-    cz, cs = med(x[1] for x in res["true"]), med(x[1] for x in res["false"])
-    fault = {z: med(x[2] / max(x[3], 1) for x in res[z]) for z in res}
+    cz, cs = med(x[1]["cpu"] for x in res["true"]), med(x[1]["cpu"] for x in res["false"])
+    fault = {z: med(x[1]["minflt"] / max(x[1]["n"], 1) for x in res[z]) for z in res}
     print(f"startup (target < 1.5 s): 20 models x 2 instances ready in {fz:.2f} s with the zygote ({cz:.2f} CPU s), "
           f"{fs:.2f} s without ({cs:.2f} CPU s): x{fs / fz:.1f} faster "
           f"(rounds with {[round(x[0], 2) for x in res['true']]}, "

@@ -999,7 +999,6 @@ def probe_child(out, prctl):
     prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     os.close(3)  # the server's control socket is the zygote's alone
     gc.enable()
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     server, sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -1026,10 +1025,18 @@ def probe_child(out, prctl):
 def learn_prefault(prctl):
     """Forks the probe and returns the ranges it touched, or [] when it
     fails (children then take their faults one by one, as before)."""
-    maps = private_maps()
-    r, w = os.pipe()
+    try:
+        maps = private_maps()
+        r, w = os.pipe()
+    except OSError:
+        return []
     gc.freeze()
-    pid = os.fork()
+    try:
+        pid = os.fork()
+    except OSError:
+        os.close(r)
+        os.close(w)
+        return []
     if pid == 0:
         try:
             os.close(r)
@@ -1045,7 +1052,8 @@ def learn_prefault(prctl):
         return []
     finally:
         os.close(r)
-        os.kill(pid, signal.SIGKILL)  # ours and not reaped before it ends: the pid is its
+        os.kill(pid, signal.SIGKILL)  # ours and not reaped yet: the pid is its
+        os.waitpid(pid, 0)  # reaped here, its CPU time counts as the zygote's children's
 
 
 def zygote_main():
@@ -1060,7 +1068,6 @@ def zygote_main():
     global _prefault
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)
     os.set_inheritable(3, False)
     import ctypes
     libc = ctypes.CDLL(None, use_errno=True)
@@ -1075,6 +1082,7 @@ def zygote_main():
             madvise = libc.madvise
             madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
             _prefault = (madvise, ranges)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # workers are reaped by the kernel
     ctl = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET, fileno=3)
     while True:
         try:
