@@ -44,7 +44,6 @@ def _prefault_child():
 os.register_at_fork(after_in_child=_prefault_child)
 
 import array  # noqa: E402
-import asyncio  # noqa: E402
 import collections  # noqa: E402
 import fcntl  # noqa: E402
 import gc  # noqa: E402
@@ -61,6 +60,23 @@ import threading  # noqa: E402
 import traceback  # noqa: E402
 
 import numpy as np  # noqa: E402
+
+
+class _LazyModule:
+    """A module imported on first use: asyncio (with ssl and logging) is a
+    quarter of the zygote's start and of the memory every fork copies page
+    tables for, and only models with coroutines use it."""
+
+    def __init__(self, name):
+        self._name = name
+
+    def __getattr__(self, attr):
+        mod = importlib.import_module(self._name)
+        globals()[self._name] = mod
+        return getattr(mod, attr)
+
+
+asyncio = _LazyModule("asyncio")
 
 HDR = struct.Struct("<IIQ")
 # EXECUTE and DONE describe their tensors in binary (python.c, "Binary
