@@ -1013,7 +1013,10 @@ def probe_child(out, prctl):
     INIT for the probe model through a socket pair. Then writes a byte to
     out and waits to be killed: the zygote reads what it touched."""
     prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    os.close(3)  # the server's control socket is the zygote's alone
+    try:
+        os.close(3)  # the server's control socket is the zygote's alone
+    except OSError:
+        pass
     gc.enable()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
