@@ -1071,8 +1071,11 @@ def learn_prefault(prctl):
         return []
     finally:
         os.close(r)
-        os.kill(pid, signal.SIGKILL)  # ours and not reaped yet: the pid is its
-        os.waitpid(pid, 0)  # reaped here, its CPU time counts as the zygote's children's
+        try:
+            os.kill(pid, signal.SIGKILL)  # ours and not reaped yet: the pid is its
+            os.waitpid(pid, 0)  # reaped here: its CPU time counts as the zygote's children's
+        except OSError:
+            pass
 
 
 def zygote_main():
