@@ -12,8 +12,9 @@ their ratio or difference:
             connection (nereid-perf): p50 latency and the CPU time the server
             and its workers spend per request (from /proc: steadier than the
             latency on a shared machine). Rounds alternate the two models.
-  parallel  a CPU-bound numpy model.py with 1 and with 2 instances, 2
-            connections: throughput ratio.
+  parallel  a CPU-bound numpy model.py with 1 and with 2 instances, 4
+            connections: throughput ratio, beside what the machine gives two
+            busy processes and how many instances were busy at a time.
   bls       a model.py that returns an ONNX identity's answer through BLS vs
             an ensemble of identity_py and the same ONNX identity: p50
             difference (what BLS costs per call over an ensemble step).
@@ -200,12 +201,13 @@ class Server:
         return self.stats(model)[0]
 
     def stats(self, model):
-        """(successful requests, ns spent in compute_infer summed over the
-        instances) so far."""
+        """(successful requests, ns spent computing (compute_input, _infer
+        and _output) summed over the instances) so far."""
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/v2/models/{model}/stats") as r:
             st = json.load(r)["model_stats"]
         return (sum(s["inference_stats"]["success"]["count"] for s in st),
-                sum(s["inference_stats"]["compute_infer"]["ns"] for s in st))
+                sum(s["inference_stats"][k]["ns"] for s in st
+                    for k in ("compute_input", "compute_infer", "compute_output")))
 
     def perf(self, model, n, concurrency=1, window_ms=1500):
         """(p50 us, throughput/s, server+workers CPU us per request)."""
@@ -296,13 +298,16 @@ def client_cpu_s():
     return r.ru_utime + r.ru_stime
 
 
+PARALLEL_CONNECTIONS = 4  # a request always waits for each instance: the client's turnaround is not measured
+
+
 def parallel_round(s, model):
-    """One nereid-perf window on model at 2 connections: (throughput/s,
-    instances busy: compute_infer time over the window, CPU ms per request
-    of the server and its workers, of the client)."""
+    """One nereid-perf window on model: (throughput/s, instances busy:
+    compute time over the window, CPU ms per request of the server
+    and its workers, of the client)."""
     n0, busy0 = s.stats(model)
     cpu0, client0, t0 = tree_cpu_s(s.proc.pid), client_cpu_s(), time.monotonic()
-    thr = s.perf(model, 1, concurrency=2, window_ms=3000)[1]
+    thr = s.perf(model, 1, concurrency=PARALLEL_CONNECTIONS, window_ms=3000)[1]
     wall = time.monotonic() - t0
     n1, busy1 = s.stats(model)
     reqs = max(n1 - n0, 1)
@@ -314,7 +319,7 @@ def bench_parallel(build, tmp, rounds):
     """The goal is that two instances run at once: the throughput ratio
     shows it only when the machine has two cores free, so beside it the
     bench prints what two busy processes get over one around the runs, and
-    how many instances were busy at a time (the model's compute_infer time
+    how many instances were busy at a time (the model's compute time
     over the wall time), which does not depend on the load."""
     repo = os.path.join(tmp, "parallel")
     write_model(repo, "cpu1", config("cpu1", "python", 1), CPU_PY)
@@ -328,7 +333,7 @@ def bench_parallel(build, tmp, rounds):
             two.append(parallel_round(s, "cpu2"))
         ceilings.append(machine_ceiling())
         t1, t2 = med(x[0] for x in one), med(x[0] for x in two)
-        print(f"parallel (target >= x1.8): CPU-bound numpy model, 2 connections: 1 instance {t1:.1f} "
+        print(f"parallel (target >= x1.8): CPU-bound numpy model, {PARALLEL_CONNECTIONS} connections: 1 instance {t1:.1f} "
               f"infer/s, 2 instances {t2:.1f} infer/s: x{t2 / t1:.2f} (rounds 1: "
               f"{[round(x[0], 1) for x in one]}, 2: {[round(x[0], 1) for x in two]}); the machine "
               f"gives two busy processes x{ceilings[0]:.2f} / x{ceilings[1]:.2f} (before / after) "
