@@ -142,6 +142,19 @@ def private_dirty_kb(pid):
     return 0
 
 
+def run_ns(pid, st):
+    """Nanoseconds pid has run: /proc/<pid>/schedstat for a single-threaded
+    process (it counts the main thread only), else its ticks in st (the
+    fields of /proc/<pid>/stat, which include ended threads)."""
+    if int(st[17]) == 1:
+        try:
+            with open(f"/proc/{pid}/schedstat") as f:
+                return int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            pass
+    return (int(st[11]) + int(st[12])) * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+
+
 def tree_stat(root):
     """CPU seconds of root and its descendants (with the children they
     reaped: the zygote's probe), split into the server, the zygote and the
@@ -160,7 +173,10 @@ def tree_stat(root):
         except OSError:
             continue
         kids.setdefault(int(st[1]), []).append(int(p))
-        stats[int(p)] = sum(int(x) for x in st[11:15]) / tck
+        # on-CPU time in ns where schedstat has it (/proc/<pid>/stat's ticks
+        # truncate each worker's few tens of ms to 10 ms steps) and the
+        # reaped children's in ticks (the zygote's probe)
+        stats[int(p)] = run_ns(p, st) / 1e9 + (int(st[13]) + int(st[14])) / tck
         faults[int(p)] = int(st[7])
     out = {"cpu": 0.0, "server": stats.get(root, 0.0), "zygote": 0.0, "workers": 0.0,
            "minflt": 0, "n": 0, "dirty_kb": 0}
