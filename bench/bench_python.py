@@ -353,7 +353,7 @@ def bench_parallel(build, tmp, rounds):
               f"infer/s, 2 instances {t2:.1f} infer/s: x{t2 / t1:.2f} (rounds 1: "
               f"{[round(x[0], 1) for x in one]}, 2: {[round(x[0], 1) for x in two]}); the machine "
               f"gives two busy processes x{ceilings[0]:.2f} / x{ceilings[1]:.2f} (before / after) "
-              f"the CPU of one | instances busy at a time {med(x[1] for x in one):.2f} vs "
+              f"the CPU of one (the model got {t2 / t1 / med(ceilings):.2f} of that) | instances busy at a time {med(x[1] for x in one):.2f} vs "
               f"{med(x[1] for x in two):.2f} | CPU per request: server and workers "
               f"{med(x[2] for x in one):.1f} / {med(x[2] for x in two):.1f} ms, client "
               f"{med(x[3] for x in one):.2f} / {med(x[3] for x in two):.2f} ms", flush=True)
