@@ -581,6 +581,11 @@ class Worker:
             raise pb_utils.TritonModelException(err["message"])
         return res
 
+    def api_noreply(self, obj):
+        """A metric update the server cannot refuse: sent, not answered."""
+        obj["noreply"] = True
+        self.send(M_API_CALL, obj)
+
     def send_response(self, sender_id, response, flags, requested):
         obj = {"sender": sender_id, "flags": flags}
         tensors = []

@@ -1486,6 +1486,10 @@ typedef struct api_job {
 
 static void api_answer(chan_t *c, json_t *call, json_t *answer)
 {
+    if (json_is_true(json_object_get(call, "noreply"))) { /* a metric update */
+        json_decref(answer);
+        return;
+    }
     json_t *id = json_object_get(call, "id");
     json_object_set(answer, "id", json_is_integer(id) ? id : json_null());
     send_json(c, M_API_ANSWER, answer);
@@ -1510,17 +1514,21 @@ static void *api_job_main(void *arg)
     return NULL;
 }
 
-/* is_model_ready of another model is answered where it arrives (no
- * thread): the lookup is quick, and a Python model's is_ready() runs in
- * that model's worker, answered on its own socket. Asking about the
- * model itself takes the thread (its is_ready() answer comes on this
- * socket, which this thread may be the one to read). */
+/* is_model_ready is answered where it arrives (no thread): the lookup is
+ * quick, and a Python model's is_ready() runs in that model's worker,
+ * answered on its own socket. The exception: a model asking about itself
+ * when it defines is_ready(): its answer would come on this socket, which
+ * this thread may be the one to read, so that check takes a thread. */
 static bool ready_check_inline(instance_t *in, json_t *call)
 {
     const char *op = json_string_value(json_object_get(call, "op"));
     const char *model = json_string_value(json_object_get(call, "model"));
-    return op && model && !strcmp(op, "is_model_ready") &&
-           strcmp(model, nereid_model_name(in->model)) != 0;
+    if (!op || !model || strcmp(op, "is_model_ready") != 0) return false;
+    if (strcmp(model, nereid_model_name(in->model)) != 0) return true;
+    pthread_mutex_lock(&in->mu);
+    bool asks_worker = in->has_is_ready;
+    pthread_mutex_unlock(&in->mu);
+    return !asks_worker;
 }
 
 static void api_call(instance_t *in, msg_t **m)
