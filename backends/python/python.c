@@ -940,6 +940,8 @@ typedef struct instance {
     pthread_cond_t cv;
     bool dead;         /* the worker is gone (reader thread ended) */
     char *death;       /* why, when it sent something invalid */
+    char *pump_fail;   /* a readiness check reading the socket found it broken (why) */
+    msg_t *early_done; /* ... and received execute's DONE, kept for execute */
     msg_t *reply;      /* READY / DONE / FINALIZED for the instance thread */
     uint32_t expect;   /* the reply type the instance thread waits for; 0: none */
     bool exec_reading; /* execute reads the socket itself (the reader is parked) */
@@ -1514,21 +1516,23 @@ static void *api_job_main(void *arg)
     return NULL;
 }
 
+/* The instance whose socket this thread reads (reader_main, or execute in
+ * execute_read_done), and how deep in ready_pump it is. */
+static _Thread_local instance_t *tls_reading;
+static _Thread_local int tls_pump_depth;
+static _Thread_local bool tls_exec_reading; /* ... and it is execute */
+
 /* is_model_ready is answered where it arrives (no thread): the lookup is
- * quick, and a Python model's is_ready() runs in that model's worker,
- * answered on its own socket. The exception: a model asking about itself
- * when it defines is_ready(): its answer would come on this socket, which
- * this thread may be the one to read, so that check takes a thread. */
+ * quick, and a Python model's is_ready() runs in that model's worker. When
+ * the model asks about itself and defines is_ready(), the answer comes on
+ * the socket this thread reads: the check reads it itself (ready_pump).
+ * Only a check that arrives while one is already reading takes a thread. */
 static bool ready_check_inline(instance_t *in, json_t *call)
 {
     const char *op = json_string_value(json_object_get(call, "op"));
     const char *model = json_string_value(json_object_get(call, "model"));
     if (!op || !model || strcmp(op, "is_model_ready") != 0) return false;
-    if (strcmp(model, nereid_model_name(in->model)) != 0) return true;
-    pthread_mutex_lock(&in->mu);
-    bool asks_worker = in->has_is_ready;
-    pthread_mutex_unlock(&in->mu);
-    return !asks_worker;
+    return tls_pump_depth == 0 || strcmp(model, nereid_model_name(in->model)) != 0;
 }
 
 static void api_call(instance_t *in, msg_t **m)
@@ -1596,6 +1600,60 @@ static nereid_error_t *ready_result_locked(instance_t *in)
     return NULL;
 }
 
+static bool dispatch(instance_t *in, msg_t **m, char *why, size_t why_cap);
+static bool deliver_reply(instance_t *in, msg_t **m, char *why, size_t why_cap);
+
+/* A readiness check on the thread that reads the worker's socket (the
+ * model asked about itself from execute or a thread of its own): reads and
+ * serves the worker's messages until is_ready()'s answer (answers past
+ * `seen`) or the deadline (false). Execute's DONE is kept for it; a broken
+ * socket or a malformed message is left in in->pump_fail for the reading
+ * loop, which ends the worker. */
+static bool ready_pump(instance_t *in, uint64_t seen, const struct timespec *dl)
+{
+    char why[512] = "";
+    tls_pump_depth++;
+    for (;;) {
+        pthread_mutex_lock(&in->mu);
+        bool answered = in->rq_answers != seen, failed = in->pump_fail != NULL;
+        pthread_mutex_unlock(&in->mu);
+        if (answered || failed) break;
+        struct timespec now;
+        clock_gettime(CLOCK_REALTIME, &now);
+        long long ms =
+            (long long)(dl->tv_sec - now.tv_sec) * 1000 + (dl->tv_nsec - now.tv_nsec) / 1000000;
+        if (ms <= 0) {
+            tls_pump_depth--;
+            return false;
+        }
+        struct pollfd p = {in->chan->fd, POLLIN, 0};
+        if (poll(&p, 1, (int)(ms > INT_MAX ? INT_MAX : ms)) <= 0) continue;
+        msg_t *m;
+        int rc = msg_recv_into(in->chan->fd, &in->rx, &m, why, sizeof why, MSG_DONTWAIT, in->rbuf);
+        if (rc == 2) continue;
+        bool ok = rc == 1;
+        if (ok && m->type == M_DONE && tls_exec_reading && !in->early_done) {
+            in->early_done = m; /* execute_read_done takes it */
+            m = NULL;
+        } else if (ok && (m->type == M_READY || m->type == M_DONE || m->type == M_FINALIZED)) {
+            ok = !tls_exec_reading && deliver_reply(in, &m, why, sizeof why);
+            if (!ok && !why[0]) snprintf(why, sizeof why, "an unexpected reply");
+        } else if (ok) {
+            ok = dispatch(in, &m, why, sizeof why);
+        }
+        msg_free(m);
+        if (!ok) {
+            pthread_mutex_lock(&in->mu);
+            if (!in->pump_fail) in->pump_fail = strdup(rc == 0 ? "" : why);
+            pthread_cond_broadcast(&in->cv);
+            pthread_mutex_unlock(&in->mu);
+        }
+        why[0] = '\0';
+    }
+    tls_pump_depth--;
+    return true;
+}
+
 /* A model-ready check (Triton's TRITONBACKEND_ModelInstanceReady): the
  * worker must be alive; a model with is_ready() is asked (in the worker, on
  * a thread of its own, so executes go on), at most once at a time: a check
@@ -1630,12 +1688,17 @@ NEREID_EXPORT nereid_error_t *nereid_backend_instance_ready(nereid_instance_t *i
     clock_gettime(CLOCK_REALTIME, &dl);
     dl.tv_sec += READY_WAIT_S;
     bool timed_out = false;
-    while (in->rq_answers == seen && !in->dead && !timed_out)
+    if (tls_reading == in) { /* nobody else reads the answer: read it here */
+        pthread_mutex_unlock(&in->mu);
+        timed_out = !ready_pump(in, seen, &dl);
+        pthread_mutex_lock(&in->mu);
+    }
+    while (in->rq_answers == seen && !in->dead && !timed_out && !in->pump_fail)
         timed_out = pthread_cond_timedwait(&in->cv, &in->mu, &dl) == ETIMEDOUT;
     nereid_error_t *e;
     if (in->rq_answers != seen)
         e = ready_result_locked(in);
-    else if (in->dead)
+    else if (in->dead || in->pump_fail)
         e = nereid_error_new(NEREID_ERROR_INTERNAL,
                              "Stub process is not healthy while waiting for user-defined "
                              "is_ready() response");
@@ -1718,6 +1781,39 @@ static void worker_died(instance_t *in, const char *why)
     }
 }
 
+/* Hands a reply (READY / DONE / FINALIZED) to the instance thread waiting
+ * for it; false (*why) when nobody waits for one of its type. */
+static bool deliver_reply(instance_t *in, msg_t **m, char *why, size_t why_cap)
+{
+    bool ok = true;
+    pthread_mutex_lock(&in->mu);
+    if (in->reply || (*m)->type != in->expect) {
+        ok = false;
+        snprintf(why, why_cap, "an unexpected reply");
+    } else {
+        in->expect = 0;
+        in->reply = *m;
+        *m = NULL;
+        pthread_cond_broadcast(&in->cv);
+    }
+    pthread_mutex_unlock(&in->mu);
+    return ok;
+}
+
+/* Whether a readiness check that read the socket (ready_pump) found it
+ * broken: its reason in why. */
+static bool pump_failed(instance_t *in, char *why, size_t why_cap)
+{
+    pthread_mutex_lock(&in->mu);
+    char *f = in->pump_fail;
+    in->pump_fail = NULL;
+    pthread_mutex_unlock(&in->mu);
+    if (!f) return false;
+    snprintf(why, why_cap, "%s", f);
+    free(f);
+    return true;
+}
+
 /* The reader thread: serves the worker's messages between executes (during
  * one, the instance thread reads the socket itself and this thread stays
  * parked, so an answer reaches execute without a thread hand-off). */
@@ -1739,22 +1835,14 @@ static void *reader_main(void *arg)
         msg_t *m;
         int rc = msg_recv_into(in->chan->fd, &in->rx, &m, why, sizeof why, MSG_DONTWAIT, in->rbuf);
         bool ok = rc == 1;
-        if (ok && (m->type == M_READY || m->type == M_DONE || m->type == M_FINALIZED)) {
-            pthread_mutex_lock(&in->mu);
-            if (in->reply || m->type != in->expect) {
-                ok = false;
-                snprintf(why, sizeof why, "an unexpected reply");
-            } else {
-                in->expect = 0;
-                in->reply = m;
-                m = NULL;
-                pthread_cond_broadcast(&in->cv);
-            }
-            pthread_mutex_unlock(&in->mu);
-        } else if (ok) {
+        tls_reading = in;
+        if (ok && (m->type == M_READY || m->type == M_DONE || m->type == M_FINALIZED))
+            ok = deliver_reply(in, &m, why, sizeof why);
+        else if (ok)
             ok = dispatch(in, &m, why, sizeof why);
-        }
+        tls_reading = NULL;
         msg_free(m);
+        ok = ok && !pump_failed(in, why, sizeof why);
         /* Only now may execute read: a decoupled sender's responses are sent
          * in order and never from two threads at once. */
         pthread_mutex_lock(&in->mu);
@@ -1803,6 +1891,8 @@ static msg_t *execute_read_done(instance_t *in)
 {
     char why[512] = "";
     msg_t *done = NULL;
+    tls_reading = in;
+    tls_exec_reading = true;
     for (;;) {
         msg_t *m;
         int rc = msg_recv_into(in->chan->fd, &in->rx, &m, why, sizeof why, 0, in->rbuf);
@@ -1817,9 +1907,17 @@ static msg_t *execute_read_done(instance_t *in)
         else
             ok = dispatch(in, &m, why, sizeof why);
         msg_free(m);
+        if (ok && pump_failed(in, why, sizeof why)) ok = false;
+        if (ok && in->early_done) { /* a readiness check read it */
+            done = in->early_done;
+            in->early_done = NULL;
+            break;
+        }
         if (!ok) break;
         why[0] = '\0';
     }
+    tls_reading = NULL;
+    tls_exec_reading = false;
     exec_reading_end(in);
     if (!done) worker_died(in, why);
     return done;
@@ -1883,6 +1981,10 @@ static void worker_stop(instance_t *in)
     pthread_mutex_lock(&in->mu);
     msg_free(in->reply);
     in->reply = NULL;
+    msg_free(in->early_done);
+    in->early_done = NULL;
+    free(in->pump_fail);
+    in->pump_fail = NULL;
     pthread_mutex_unlock(&in->mu);
 }
 
