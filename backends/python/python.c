@@ -958,8 +958,9 @@ typedef struct instance {
     bool rq_inflight;
     uint64_t rq_answers; /* answers received (a waiter sees its own arrive) */
     bool rq_ready;
-    char *rq_error;    /* is_ready() raised or returned a non-bool */
-    python_api_t *api; /* the worker's metrics (python_api.c) */
+    char *rq_error;              /* is_ready() raised or returned a non-bool */
+    python_api_t *api;           /* the worker's metrics (python_api.c) */
+    atomic_int *model_instances; /* how many the model has (model_state_t) */
 } instance_t;
 
 static nereid_error_t *unhealthy(instance_t *in)
@@ -1526,13 +1527,20 @@ static _Thread_local bool tls_exec_reading; /* ... and it is execute */
  * quick, and a Python model's is_ready() runs in that model's worker. When
  * the model asks about itself and defines is_ready(), the answer comes on
  * the socket this thread reads: the check reads it itself (ready_pump).
- * Only a check that arrives while one is already reading takes a thread. */
+ * Such a check takes a thread when one already reads (nested), and when
+ * the model has other instances: their answers come on sockets that their
+ * own reading threads may be blocking in the same check. */
 static bool ready_check_inline(instance_t *in, json_t *call)
 {
     const char *op = json_string_value(json_object_get(call, "op"));
     const char *model = json_string_value(json_object_get(call, "model"));
     if (!op || !model || strcmp(op, "is_model_ready") != 0) return false;
-    return tls_pump_depth == 0 || strcmp(model, nereid_model_name(in->model)) != 0;
+    if (strcmp(model, nereid_model_name(in->model)) != 0) return true;
+    pthread_mutex_lock(&in->mu);
+    bool asks_worker = in->has_is_ready;
+    pthread_mutex_unlock(&in->mu);
+    return !asks_worker ||
+           (tls_pump_depth == 0 && (!in->model_instances || atomic_load(in->model_instances) <= 1));
 }
 
 static void api_call(instance_t *in, msg_t **m)
@@ -2212,6 +2220,7 @@ typedef struct model_state {
      * (named after it) so a model starts one interpreter, not two. */
     pthread_mutex_t mu;
     instance_t *spare;
+    atomic_int instances; /* initialized and not finalized */
 } model_state_t;
 
 static void instance_free(instance_t *in)
@@ -2456,6 +2465,8 @@ NEREID_EXPORT nereid_error_t *nereid_backend_instance_init(nereid_instance_t *in
         return e;
     }
     msg_free(ready);
+    in->model_instances = &ms->instances;
+    atomic_fetch_add(&ms->instances, 1);
     nereid_instance_set_state(instance, in);
     return NULL;
 }
@@ -2464,6 +2475,7 @@ NEREID_EXPORT nereid_error_t *nereid_backend_instance_fini(nereid_instance_t *in
 {
     instance_t *in = nereid_instance_state(instance);
     if (!in) return NULL;
+    atomic_fetch_sub(in->model_instances, 1);
     if (in->reader_running) {
         /* finalize() runs in the worker; a worker that does not answer in
          * time is killed. */
