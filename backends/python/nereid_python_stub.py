@@ -84,6 +84,19 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import triton_python_backend_utils as pb_utils  # noqa: E402
 
 
+MADV_POPULATE_READ, MADV_POPULATE_WRITE = 22, 23  # Linux 5.14
+
+
+def populate(mm, advice):
+    """Faults a fresh mapping's pages in with one call instead of one fault
+    per page as they are touched (tens of µs each on a paravirtualized
+    machine); best effort."""
+    try:
+        mm.madvise(advice)
+    except (OSError, ValueError):
+        pass
+
+
 def error_text(e):
     """An exception as Triton's stub prints it: '<Type>: <msg>' and the frames."""
     lines = [f"{type(e).__name__}: {e}", "", "At:"]
@@ -410,6 +423,7 @@ class Worker:
         try:
             os.ftruncate(fd, total)
             with mmap.mmap(fd, total) as mm:
+                populate(mm, MADV_POPULATE_WRITE)
                 mm[0:len(js)] = js
                 mv = memoryview(mm)
                 for off, data in views:
@@ -485,6 +499,8 @@ class Worker:
             try:
                 size = os.fstat(fd).st_size
                 mm = mmap.mmap(fd, size) if size else b""
+                if size:
+                    populate(mm, MADV_POPULATE_READ)
             finally:
                 for f in fds:
                     os.close(f)
