@@ -61,22 +61,26 @@ output [ {{ name: "OUT" data_type: TYPE_STRING dims: [ 1 ] }} ]
 def main():
     calls = int(sys.argv[1]) if len(sys.argv) > 1 else 2000
     repo = tempfile.mkdtemp(prefix="bench-pyapi-")
-    for name in ("asker", "other"):
+    for name in ("asker", "other", "ready_asker"):
         os.makedirs(os.path.join(repo, name, "1"))
         with open(os.path.join(repo, name, "config.pbtxt"), "w") as f:
             f.write(textwrap.dedent(CONFIG.format(name=name)))
         with open(os.path.join(repo, name, "1", "model.py"), "w") as f:
-            f.write(textwrap.dedent(MODEL))
+            # ready_asker defines is_ready(): asked about itself, the
+            # server must get the answer from its worker
+            f.write(textwrap.dedent(MODEL) + ("\n    def is_ready(self):\n        return True\n"
+                                              if name == "ready_asker" else ""))
     s = Server(repo, [])
     try:
-        for target in ("other", "asker", "metric.increment", "metric.value"):
+        for target in ("other", "asker", "ready_asker", "metric.increment", "metric.value"):
             body = {"inputs": [{"name": "IN", "datatype": "BYTES", "shape": [1],
                                 "data": [json.dumps([target, calls])]}]}
-            r = requests.post(f"{s.http_url}/v2/models/asker/infer", json=body, timeout=600)
+            asker = "ready_asker" if target == "ready_asker" else "asker"
+            r = requests.post(f"{s.http_url}/v2/models/{asker}/infer", json=body, timeout=600)
             us = float(r.json()["outputs"][0]["data"][0])
             what = (f"Metric.{target[7:]}()" if target.startswith("metric")
                     else f"is_model_ready({target!r})")
-            print(f"{what} from 'asker': {us:.1f} us/call ({calls} calls)")
+            print(f"{what} from {asker!r}: {us:.1f} us/call ({calls} calls)")
     finally:
         s.stop()
 

@@ -30,6 +30,7 @@ import inspect
 import json
 import mmap
 import os
+import queue
 import select
 import signal
 import socket
@@ -380,6 +381,7 @@ class Worker:
         self.rx_region = None  # its (address, length), for outputs that are views of inputs
         self.tx_map = None  # ours for DONE outputs (sealed against shrinking)
         self.req_proto = None
+        self.ready_q = None  # is_ready() queries for the readiness thread
         self._loop = None  # made on first use: most models never need one
 
     @property
@@ -546,7 +548,7 @@ class Worker:
                         slot[1].append((obj, blob))
                         slot[0] = True
                 elif mtype == M_READY_QUERY:  # on its own thread: executes go on
-                    threading.Thread(target=self.answer_ready, daemon=True).start()
+                    self.ready_query()
                 else:
                     self.work.append(msg)
                 self.cv.notify_all()
@@ -813,6 +815,19 @@ class Worker:
         except Exception as e:  # e.g. a BYTES element that cannot be encoded
             self.send_done(done_error(f"Failed to process the request(s) for model "
                                       f"'{self.instance}', message: {error_text(e)}"))
+
+    def ready_query(self):
+        """Runs is_ready() on the worker's readiness thread (started on the
+        first query; the server has one query in flight at a time)."""
+        if self.ready_q is None:
+            self.ready_q = queue.SimpleQueue()
+            threading.Thread(target=self.ready_loop, daemon=True).start()
+        self.ready_q.put(None)
+
+    def ready_loop(self):
+        while True:
+            self.ready_q.get()
+            self.answer_ready()
 
     def answer_ready(self):
         """The model's is_ready() for a model-ready check (Triton's rules: a
