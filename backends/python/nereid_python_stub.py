@@ -195,16 +195,23 @@ def parse_execute(meta):
             (ln,) = U32.unpack_from(meta, pos)
             outputs.append(name_str(meta[pos + 4:pos + 4 + ln]))
             pos += 4 + ln
-        inputs = []
-        for _ in range(n_in):
-            ln, dt, rank, _where, off, size = TENSOR.unpack_from(meta, pos)
-            pos += TENSOR.size
-            shape = struct.unpack_from(f"<{rank}q", meta, pos) if rank else ()
-            pos += 8 * rank
-            inputs.append((name_str(meta[pos:pos + ln]), DT_NAMES[dt], shape, off, size))
-            pos += ln
+        inputs, pos = read_records(meta, pos, n_in)
         out.append((flags, rid, corr, timeout, sender, params, outputs, inputs))
     return out
+
+
+def read_records(meta, pos, n):
+    """n tensor records from meta[pos:]: a list of (name, datatype, shape,
+    offset, size), and the position after them."""
+    recs = []
+    for _ in range(n):
+        ln, dt, rank, _where, off, size = TENSOR.unpack_from(meta, pos)
+        pos += TENSOR.size
+        shape = struct.unpack_from(f"<{rank}q", meta, pos) if rank else ()
+        pos += 8 * rank
+        recs.append((name_str(meta[pos:pos + ln]), DT_NAMES[dt], shape, off, size))
+        pos += ln
+    return recs, pos
 
 
 def decode_inputs(inputs, blob):
@@ -299,15 +306,7 @@ def bls_response(meta, blob, decoupled):
         return pb_utils.InferenceResponse(error=pb_utils.TritonError(text, code))
     pos += elen
     params = meta[pos:pos + plen].decode("utf-8", errors="replace") if plen else "{}"
-    pos += plen
-    outs = []
-    for _ in range(n):
-        ln, dt, rank, _where, off, size = TENSOR.unpack_from(meta, pos)
-        pos += TENSOR.size
-        shape = struct.unpack_from(f"<{rank}q", meta, pos) if rank else ()
-        pos += 8 * rank
-        outs.append((name_str(meta[pos:pos + ln]), DT_NAMES[dt], shape, off, size))
-        pos += ln
+    outs, _ = read_records(meta, pos + plen, n)
     r = object.__new__(pb_utils.InferenceResponse)  # checked by the server
     r._outputs, r._error, r._parameters = decode_inputs(outs, blob), None, params
     return r
