@@ -1,6 +1,6 @@
-"""pb_utils.is_model_ready from a Python model: time per call, asking about
-another model (answered where the call arrives) and about the model itself
-(answered on a thread). Prints numbers; not a test.
+"""pb_utils calls from a Python model, time per call: is_model_ready about
+another model and about the model itself, a counter's increment (sent
+without an answer) and value() (answered). Prints numbers; not a test.
 
     NEREID_BUILD=build /usr/bin/python3 bench/bench_python_api.py [calls]
 """
@@ -23,14 +23,27 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 class TritonPythonModel:
+    def initialize(self, args):
+        self.family = pb_utils.MetricFamily(name="bench_calls", description="calls",
+                                            kind=pb_utils.MetricFamily.COUNTER)
+        self.metric = self.family.Metric(labels={"k": "v"})
+
     def execute(self, requests):
         out = []
         for r in requests:
             name, n = json.loads(r.inputs()[0].as_numpy()[0])
-            pb_utils.is_model_ready(name)
+            if name.startswith("metric"):
+                m = self.metric
+                call = m.increment if name == "metric.increment" else m.value
+                args = (1,) if name == "metric.increment" else ()
+            else:
+                call, args = pb_utils.is_model_ready, (name,)
+            call(*args)
             t = time.perf_counter()
             for _ in range(n):
-                pb_utils.is_model_ready(name)
+                call(*args)
+            if name == "metric.increment":
+                m.value()  # answered after all the increments were applied
             us = (time.perf_counter() - t) / n * 1e6
             out.append(pb_utils.InferenceResponse([pb_utils.Tensor(
                 "OUT", np.array([str(us).encode()], dtype=np.object_))]))
@@ -48,20 +61,26 @@ output [ {{ name: "OUT" data_type: TYPE_STRING dims: [ 1 ] }} ]
 def main():
     calls = int(sys.argv[1]) if len(sys.argv) > 1 else 2000
     repo = tempfile.mkdtemp(prefix="bench-pyapi-")
-    for name in ("asker", "other"):
+    for name in ("asker", "other", "ready_asker"):
         os.makedirs(os.path.join(repo, name, "1"))
         with open(os.path.join(repo, name, "config.pbtxt"), "w") as f:
             f.write(textwrap.dedent(CONFIG.format(name=name)))
         with open(os.path.join(repo, name, "1", "model.py"), "w") as f:
-            f.write(textwrap.dedent(MODEL))
+            # ready_asker defines is_ready(): asked about itself, the
+            # server must get the answer from its worker
+            f.write(textwrap.dedent(MODEL) + ("\n    def is_ready(self):\n        return True\n"
+                                              if name == "ready_asker" else ""))
     s = Server(repo, [])
     try:
-        for target in ("other", "asker"):
+        for target in ("other", "asker", "ready_asker", "metric.increment", "metric.value"):
             body = {"inputs": [{"name": "IN", "datatype": "BYTES", "shape": [1],
                                 "data": [json.dumps([target, calls])]}]}
-            r = requests.post(f"{s.http_url}/v2/models/asker/infer", json=body, timeout=600)
+            asker = "ready_asker" if target == "ready_asker" else "asker"
+            r = requests.post(f"{s.http_url}/v2/models/{asker}/infer", json=body, timeout=600)
             us = float(r.json()["outputs"][0]["data"][0])
-            print(f"is_model_ready({target!r}) from 'asker': {us:.1f} us/call ({calls} calls)")
+            what = (f"Metric.{target[7:]}()" if target.startswith("metric")
+                    else f"is_model_ready({target!r})")
+            print(f"{what} from {asker!r}: {us:.1f} us/call ({calls} calls)")
     finally:
         s.stop()
 

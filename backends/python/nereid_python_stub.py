@@ -51,6 +51,7 @@ import importlib  # noqa: E402
 import inspect  # noqa: E402
 import json  # noqa: E402
 import mmap  # noqa: E402
+import queue  # noqa: E402
 import select  # noqa: E402
 import signal  # noqa: E402
 import socket  # noqa: E402
@@ -86,6 +87,13 @@ EXEC_REQ = struct.Struct("<IIIIiIQQq")  # inputs, outputs, flags, id, corr (-1),
 TENSOR = struct.Struct("<IIIIQQ")  # name_len, datatype, rank, where, offset, size
 DONE_RESP = struct.Struct("<IIIII")  # status, n_outputs, params_len, error code, error_len
 DONE_RESPONSES, DONE_ERROR, DONE_DECOUPLED = 0, 1, 2
+# BLS_CALL: id, version, correlation id, timeout, flags, decoupled, corr_len
+# (-1: numeric), model_len, id_len, params_len, n_outputs, n_inputs
+BLS_CALL = struct.Struct("<QqQQIIiIIIII")
+# BLS_RESULT: id, status, final, error code, error_len, params_len, n_outputs
+BLS_RES = struct.Struct("<QIIIIII")
+BLS_OUTPUTS, BLS_ERROR, BLS_EMPTY = 0, 1, 2
+U64_MASK = (1 << 64) - 1
 RESP_OUTPUTS, RESP_ERROR, RESP_RESCHEDULE = 0, 1, 2
 # nereid_datatype_t's order
 DT_NAMES = ("INVALID", "BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32",
@@ -113,6 +121,19 @@ M_BLS_CANCEL = 121
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import triton_python_backend_utils as pb_utils  # noqa: E402
+
+
+MADV_POPULATE_READ, MADV_POPULATE_WRITE = 22, 23  # Linux 5.14
+
+
+def populate(mm, advice):
+    """Faults a fresh mapping's pages in with one call instead of one fault
+    per page as they are touched (tens of µs each on a paravirtualized
+    machine); best effort."""
+    try:
+        mm.madvise(advice)
+    except (OSError, ValueError):
+        pass
 
 
 def error_text(e):
@@ -177,23 +198,6 @@ def new_tensor(name, arr, dtype):
     return t
 
 
-def decode_tensors(descs, blob):
-    out = []
-    for d in descs:
-        dt, shape, off, size = d["datatype"], d["shape"], d["offset"], d["size"]
-        if off < 0 or size < 0 or off + size > len(blob):
-            raise pb_utils.TritonModelException("tensor outside its message")
-        if dt == "BYTES":
-            raw = np.frombuffer(blob, dtype=np.uint8, count=size, offset=off)
-            arr = pb_utils.deserialize_bytes_tensor(raw).reshape(shape)
-        else:
-            npdt = _NUMPY_DTYPE[dt]
-            arr = np.frombuffer(blob, dtype=npdt, count=size // npdt.itemsize,
-                                offset=off).reshape(shape)
-        out.append(new_tensor(d["name"], arr, dt))
-    return out
-
-
 _NAMES = {}  # name bytes -> str (names repeat on every request)
 
 
@@ -229,16 +233,23 @@ def parse_execute(meta):
             (ln,) = U32.unpack_from(meta, pos)
             outputs.append(name_str(meta[pos + 4:pos + 4 + ln]))
             pos += 4 + ln
-        inputs = []
-        for _ in range(n_in):
-            ln, dt, rank, _where, off, size = TENSOR.unpack_from(meta, pos)
-            pos += TENSOR.size
-            shape = struct.unpack_from(f"<{rank}q", meta, pos) if rank else ()
-            pos += 8 * rank
-            inputs.append((name_str(meta[pos:pos + ln]), DT_NAMES[dt], shape, off, size))
-            pos += ln
+        inputs, pos = read_records(meta, pos, n_in)
         out.append((flags, rid, corr, timeout, sender, params, outputs, inputs))
     return out
+
+
+def read_records(meta, pos, n):
+    """n tensor records from meta[pos:]: a list of (name, datatype, shape,
+    offset, size), and the position after them."""
+    recs = []
+    for _ in range(n):
+        ln, dt, rank, _where, off, size = TENSOR.unpack_from(meta, pos)
+        pos += TENSOR.size
+        shape = struct.unpack_from(f"<{rank}q", meta, pos) if rank else ()
+        pos += 8 * rank
+        recs.append((name_str(meta[pos:pos + ln]), DT_NAMES[dt], shape, off, size))
+        pos += ln
+    return recs, pos
 
 
 def decode_inputs(inputs, blob):
@@ -293,16 +304,50 @@ def rescheduled(reqs):
     return [i for i, q in enumerate(reqs)
             if q._release_flags == pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE]
 
-def bls_response(res, blob, decoupled):
-    """One BLS_RESULT message as an InferenceResponse (None: a flags-only
-    final of a model that is not decoupled)."""
-    if res.get("empty"):
+def bls_call_parts(request, decoupled):
+    """A BLS request's binary description (python.c, "BLS: a worker's
+    request"), without its call id: (fixed fields, the rest), and the views
+    and length of its blob."""
+    model = request._model_name.encode()
+    rid = request._request_id.encode()
+    corr = request._correlation_id
+    if isinstance(corr, str):
+        cs = corr.encode()
+        corr_len, corr = len(cs), 0
+    else:
+        cs, corr_len = b"", -1
+    params = request._parameters
+    params = b"" if params == "{}" else params.encode()
+    parts = [model, rid, cs, params]
+    for n in request._requested:
+        b = n.encode()
+        parts.append(U32.pack(len(b)))
+        parts.append(b)
+    views = []
+    blob_len = tensor_records(request._inputs, None, 0, parts, views)
+    head = (request._model_version, corr & U64_MASK, request._timeout & U64_MASK,
+            request._flags & 0xFFFFFFFF, 1 if decoupled else 0, corr_len, len(model), len(rid),
+            len(params), len(request._requested), len(request._inputs))
+    return head, b"".join(parts), views, blob_len
+
+
+def bls_response(meta, blob, decoupled):
+    """One BLS_RESULT message (its binary description and blob) as an
+    InferenceResponse whose outputs are views of the blob (None: a
+    flags-only final of a model that is not decoupled)."""
+    _, status, _, code, elen, plen, n = BLS_RES.unpack_from(meta, 0)
+    pos = BLS_RES.size
+    if status == BLS_EMPTY:
         return pb_utils.InferenceResponse() if decoupled else None
-    err = res.get("error")
-    if err:
-        return pb_utils.InferenceResponse(error=pb_utils.TritonError(err["message"], err["code"]))
-    return pb_utils.InferenceResponse(decode_tensors(res.get("tensors", []), blob),
-                                      parameters=json.dumps(res.get("parameters", {})))
+    if status == BLS_ERROR:
+        text = meta[pos:pos + elen].decode("utf-8", errors="replace")
+        return pb_utils.InferenceResponse(error=pb_utils.TritonError(text, code))
+    pos += elen
+    params = meta[pos:pos + plen].decode("utf-8", errors="replace") if plen else "{}"
+    outs, _ = read_records(meta, pos + plen, n)
+    r = object.__new__(pb_utils.InferenceResponse)  # checked by the server
+    r._outputs, r._error, r._parameters = decode_inputs(outs, blob), None, params
+    return r
 
 
 class BlsStream:
@@ -310,17 +355,13 @@ class BlsStream:
     (ResponseIterator reads them by index, waiting for the next), and
     cancel(), which asks the server to cancel the request."""
 
-    def __init__(self, worker, obj, tensors):
+    def __init__(self, worker, head, rest, views, blob_len):
         self.w = worker
-        self.slot = [False, []]
         self.got = []
-        with worker.cv:
-            self.cid = worker.next_id
-            worker.next_id += 1
-            worker.pending[self.cid] = self.slot
-        obj["id"] = self.cid
+        self.cid, self.slot = worker.register()
         try:
-            worker.send(M_BLS_CALL, obj, tensors)
+            worker.send_parts(M_BLS_CALL, BLS_CALL.pack(self.cid, *head) + rest, views,
+                              blob_len, False)
         except BaseException:
             self.drop()
             raise
@@ -377,6 +418,7 @@ class Worker:
         self.rx_region = None  # its (address, length), for outputs that are views of inputs
         self.tx_map = None  # ours for DONE outputs (sealed against shrinking)
         self.req_proto = None
+        self.ready_q = None  # is_ready() queries for the readiness thread
         self._loop = None  # made on first use: most models never need one
 
     @property
@@ -420,6 +462,7 @@ class Worker:
         try:
             os.ftruncate(fd, total)
             with mmap.mmap(fd, total) as mm:
+                populate(mm, MADV_POPULATE_WRITE)
                 mm[0:len(js)] = js
                 mv = memoryview(mm)
                 for off, data in views:
@@ -468,7 +511,7 @@ class Worker:
             if not mtype & M_REGION:
                 # copied out: the arrays of an execute must outlive the next recv
                 payload = memoryview(bytes(memoryview(buf)[HDR.size:n]))
-                if mtype == M_EXECUTE:  # binary: parsed by build_requests
+                if mtype == M_EXECUTE or mtype == M_BLS_RESULT:  # binary
                     return mtype, bytes(payload[:jlen]), payload[jlen:jlen + blen]
                 return mtype, json.loads(str(payload[:jlen], "utf-8")), payload[jlen:jlen + blen]
         fds = []
@@ -495,6 +538,8 @@ class Worker:
             try:
                 size = os.fstat(fd).st_size
                 mm = mmap.mmap(fd, size) if size else b""
+                if size:
+                    populate(mm, MADV_POPULATE_READ)
             finally:
                 for f in fds:
                     os.close(f)
@@ -502,7 +547,7 @@ class Worker:
         else:
             payload = memoryview(bytes(memoryview(buf)[HDR.size:n]))
         meta = bytes(payload[:jlen])
-        obj = meta if mtype == M_EXECUTE else json.loads(meta)
+        obj = meta if mtype == M_EXECUTE or mtype == M_BLS_RESULT else json.loads(meta)
         return mtype, obj, payload[jlen:jlen + blen]
 
     def wait_for(self, ready):
@@ -527,14 +572,20 @@ class Worker:
                 if msg is None:  # the server is gone (or closed our socket)
                     os._exit(0)
                 mtype, obj, blob = msg
-                if mtype in (M_BLS_RESULT, M_CANCEL_ANSWER, M_API_ANSWER):
+                if mtype == M_BLS_RESULT:
+                    cid, _, final = BLS_RES.unpack_from(obj, 0)[:3]
+                    slot = self.pending.get(cid)
+                    if slot is not None:
+                        slot[1].append((obj, blob))
+                        if final:
+                            slot[0] = True
+                elif mtype in (M_CANCEL_ANSWER, M_API_ANSWER):
                     slot = self.pending.get(obj.get("id"))
                     if slot is not None:
                         slot[1].append((obj, blob))
-                        if mtype != M_BLS_RESULT or obj.get("final", True):
-                            slot[0] = True
+                        slot[0] = True
                 elif mtype == M_READY_QUERY:  # on its own thread: executes go on
-                    threading.Thread(target=self.answer_ready, daemon=True).start()
+                    self.ready_query()
                 else:
                     self.work.append(msg)
                 self.cv.notify_all()
@@ -549,12 +600,17 @@ class Worker:
             if p.poll():
                 os._exit(0)
 
-    def call(self, mtype, obj, tensors=()):
+    def register(self):
+        """A new call id and the slot its answers arrive in."""
         slot = [False, []]
         with self.cv:
             cid = self.next_id
             self.next_id += 1
             self.pending[cid] = slot
+        return cid, slot
+
+    def call(self, mtype, obj, tensors=()):
+        cid, slot = self.register()
         obj["id"] = cid
         try:
             self.send(mtype, obj, tensors)
@@ -580,6 +636,11 @@ class Worker:
             raise pb_utils.TritonModelException(err["message"])
         return res
 
+    def api_noreply(self, obj):
+        """A metric update the server cannot refuse: sent, not answered."""
+        obj["noreply"] = True
+        self.send(M_API_CALL, obj)
+
     def send_response(self, sender_id, response, flags, requested):
         obj = {"sender": sender_id, "flags": flags}
         tensors = []
@@ -601,15 +662,18 @@ class Worker:
         if not self.initialized or self.finalizing:
             raise pb_utils.TritonModelException(
                 "BLS is only supported during the 'execute' function.")
-        obj = {"model": request._model_name, "version": request._model_version,
-               "outputs": request._requested, "request_id": request._request_id,
-               "correlation_id": request._correlation_id, "flags": request._flags,
-               "timeout": request._timeout, "parameters": json.loads(request._parameters),
-               "decoupled": bool(decoupled)}
+        head, rest, views, blob_len = bls_call_parts(request, decoupled)
         if decoupled:
             # responses reach the iterator as they arrive
-            return pb_utils.ResponseIterator(BlsStream(self, obj, request._inputs))
-        results = self.call(M_BLS_CALL, obj, request._inputs)
+            return pb_utils.ResponseIterator(BlsStream(self, head, rest, views, blob_len))
+        cid, slot = self.register()
+        try:
+            self.send_parts(M_BLS_CALL, BLS_CALL.pack(cid, *head) + rest, views, blob_len, False)
+            self.wait_for(lambda: slot[0])
+        finally:
+            with self.cv:
+                del self.pending[cid]
+        results = slot[1]
         responses = [r for r in (bls_response(res, blob, False) for res, blob in results) if r]
         return responses[0] if responses else pb_utils.InferenceResponse(
             error=pb_utils.TritonError("BLS call ended without a response"))
@@ -788,6 +852,19 @@ class Worker:
         except Exception as e:  # e.g. a BYTES element that cannot be encoded
             self.send_done(done_error(f"Failed to process the request(s) for model "
                                       f"'{self.instance}', message: {error_text(e)}"))
+
+    def ready_query(self):
+        """Runs is_ready() on the worker's readiness thread (started on the
+        first query; the server has one query in flight at a time)."""
+        if self.ready_q is None:
+            self.ready_q = queue.SimpleQueue()
+            threading.Thread(target=self.ready_loop, daemon=True).start()
+        self.ready_q.put(None)
+
+    def ready_loop(self):
+        while True:
+            self.ready_q.get()
+            self.answer_ready()
 
     def answer_ready(self):
         """The model's is_ready() for a model-ready check (Triton's rules: a

@@ -355,19 +355,6 @@ static size_t outmsg_add_view(outmsg_t *m, const tview_t *v)
     return off;
 }
 
-/* Adds tensor v to the blob; returns its descriptor (a new reference). */
-static json_t *outmsg_add(outmsg_t *m, const tview_t *v)
-{
-    json_int_t off = (json_int_t)outmsg_add_view(m, v);
-    json_t *shape = json_array();
-    for (size_t i = 0; i < v->rank; i++)
-        json_array_append_new(shape, json_integer(v->shape[i]));
-    json_t *d = json_pack("{s:s, s:s, s:o, s:I, s:I}", "name", v->name, "datatype",
-                          nereid_datatype_name(v->datatype), "shape", shape, "offset", off, "size",
-                          (json_int_t)v->size);
-    return d;
-}
-
 /* Sends m (and frees what it holds). -1 when the peer is gone. */
 static int outmsg_send_region(chan_t *c, uint32_t type, outmsg_t *m, region_t **tx);
 
@@ -417,6 +404,16 @@ static int send_with_fd(chan_t *c, const uint8_t *hdr, int fd)
     ssize_t s = sendmsg(c->fd, &mh, MSG_NOSIGNAL);
     pthread_mutex_unlock(&c->send_mu);
     return s == HDR_BYTES ? 0 : -1;
+}
+
+/* A fresh memfd mapping's pages are faulted in with one call instead of
+ * one fault each as they are touched (each fault costs tens of µs on a
+ * paravirtualized machine): what a message is about to write or read, at
+ * most POPULATE_MAX (a worker's memfd may be sparse and far larger). */
+#define POPULATE_MAX (64u << 20)
+static void populate(void *map, size_t len, int advice)
+{
+    (void)madvise(map, len < POPULATE_MAX ? len : POPULATE_MAX, advice); /* best effort */
 }
 
 /* Sends m (and frees what it holds). A large message goes into *tx, the
@@ -491,6 +488,7 @@ static int outmsg_send_region(chan_t *c, uint32_t type, outmsg_t *m, region_t **
         close(fd);
         goto out;
     }
+    populate(map, total, MADV_POPULATE_WRITE);
     outmsg_copy(m, map, js, jlen);
     munmap(map, total);
     rc = send_with_fd(c, hdr, fd);
@@ -634,6 +632,7 @@ static int msg_recv_into(int fd, region_t **rx, msg_t **out, char *why, size_t w
         }
         m->map = map;
         payload = map;
+        populate(map, jlen + blen, MADV_POPULATE_READ);
         if (in_region) { /* the worker's new region: kept for later messages */
             region_t *r = calloc(1, sizeof *r);
             if (!r) abort();
@@ -652,9 +651,9 @@ static int msg_recv_into(int fd, region_t **rx, msg_t **out, char *why, size_t w
         }
         payload = buf + HDR_BYTES;
     }
-    if (m->type == M_DONE) {
-        /* Binary (apply_done): copied, so that the worker cannot change it
-         * while it is checked and used. */
+    if (m->type == M_DONE || m->type == M_BLS_CALL) {
+        /* Binary (apply_done, bls_start): copied, so that the worker cannot
+         * change it while it is checked and used. */
         m->meta = malloc(jlen ? jlen : 1);
         if (!m->meta) abort();
         memcpy(m->meta, payload, jlen);
@@ -953,6 +952,8 @@ typedef struct instance {
     pthread_cond_t cv;
     bool dead;         /* the worker is gone (reader thread ended) */
     char *death;       /* why, when it sent something invalid */
+    char *pump_fail;   /* a readiness check reading the socket found it broken (why) */
+    msg_t *early_done; /* ... and received execute's DONE, kept for execute */
     msg_t *reply;      /* READY / DONE / FINALIZED for the instance thread */
     uint32_t expect;   /* the reply type the instance thread waits for; 0: none */
     bool exec_reading; /* execute reads the socket itself (the reader is parked) */
@@ -969,8 +970,9 @@ typedef struct instance {
     bool rq_inflight;
     uint64_t rq_answers; /* answers received (a waiter sees its own arrive) */
     bool rq_ready;
-    char *rq_error;    /* is_ready() raised or returned a non-bool */
-    python_api_t *api; /* the worker's metrics (python_api.c) */
+    char *rq_error;              /* is_ready() raised or returned a non-bool */
+    python_api_t *api;           /* the worker's metrics (python_api.c) */
+    atomic_int *model_instances; /* how many the model has (model_state_t) */
 } instance_t;
 
 static nereid_error_t *unhealthy(instance_t *in)
@@ -1111,28 +1113,75 @@ static void on_cancel_query(instance_t *in, msg_t *m)
               json_pack("{s:O, s:b}", "id", id ? id : json_null(), "cancelled", cancelled));
 }
 
-/* ---- BLS: a worker's request into any model of the server ---- */
+/* ---- BLS: a worker's request into any model of the server ----
+ *
+ * BLS_CALL and BLS_RESULT carry binary descriptions too (the little-endian
+ * fields and tensor records of "Binary EXECUTE and DONE descriptions").
+ * BLS_CALL (worker -> server):
+ *   u64 call id, i64 model version, u64 correlation_id, u64 timeout_us,
+ *   u32 sequence flags, u32 decoupled (0/1), i32 corr_len (-1: numeric),
+ *   u32 model_len, u32 id_len, u32 params_len, u32 n_outputs, u32 n_inputs,
+ *   model name, request id, correlation id string, parameters (JSON text
+ *   of an object, absent when none), n_outputs x (u32 len, name),
+ *   n_inputs tensor records (where 0: the message's blob).
+ * BLS_RESULT (server -> worker):
+ *   u64 call id, u32 status (0 outputs, 1 error, 2 empty: a flags-only
+ *   final), u32 final, u32 error code, u32 error_len, u32 params_len,
+ *   u32 n_outputs, error text, parameters (JSON text), tensor records.
+ * The server copies a BLS_CALL's description before reading it and walks
+ * it whole (bls_check) before using any of it. Inputs stay where the worker
+ * wrote them (its datagram or memfd, kept mapped until the call's final
+ * response), except BYTES, which are copied and checked again: the worker
+ * can still write its memfd, and only BYTES have a structure to break. */
+
+enum { BLS_OUTPUTS = 0, BLS_ERROR = 1, BLS_EMPTY = 2 };
+#define BLS_FIXED (4 * 8 + 8 * 4) /* the fixed fields of a BLS_CALL */
 
 typedef struct bls_call {
     instance_t *in;
     chan_t *chan;
     msg_t *msg; /* holds the inputs' bytes until the final response */
-    json_int_t id;
+    uint64_t id;
     nereid_cancel_token_t *cancel; /* the request's: cancelled by M_BLS_CANCEL */
+    uint8_t *bytes;                /* private copies of BYTES inputs from a memfd */
     struct bls_call *next;         /* in->bls_calls */
 } bls_call_t;
 
-static void bls_reply_error(chan_t *c, json_int_t id, const char *text, nereid_error_code_t code)
+/* Sends a BLS_RESULT: its description in w (freed) and tensors in om. */
+static void bls_send(chan_t *c, bwr_t *w, outmsg_t *om)
 {
-    send_json(c, M_BLS_RESULT,
-              json_pack("{s:I, s:b, s:{s:s, s:i}}", "id", id, "final", 1, "error", "message", text,
-                        "code", (int)code));
+    om->raw = w->p;
+    om->raw_len = w->n;
+    outmsg_send(c, M_BLS_RESULT, om);
+}
+
+static void bls_result_head(bwr_t *w, uint64_t id, uint32_t status, bool final, uint32_t code,
+                            const char *text, size_t params_len, size_t n_out)
+{
+    size_t len = text ? strlen(text) : 0;
+    bw_u64(w, id);
+    bw_u32(w, status);
+    bw_u32(w, final);
+    bw_u32(w, code);
+    bw_u32(w, (uint32_t)len);
+    bw_u32(w, (uint32_t)params_len);
+    bw_u32(w, (uint32_t)n_out);
+    bw_put(w, text, len);
+}
+
+static void bls_reply_error(chan_t *c, uint64_t id, const char *text, nereid_error_code_t code)
+{
+    bwr_t w = {0};
+    outmsg_t om = {0};
+    bls_result_head(&w, id, BLS_ERROR, true, (uint32_t)code, text, 0, 0);
+    bls_send(c, &w, &om);
 }
 
 static void bls_done(bls_call_t *call)
 {
     instance_t *in = call->in;
     msg_free(call->msg);
+    free(call->bytes);
     chan_unref(call->chan);
     pthread_mutex_lock(&in->mu);
     for (bls_call_t **p = &in->bls_calls; *p; p = &(*p)->next)
@@ -1151,96 +1200,117 @@ static void bls_on_response(nereid_response_t *resp, uint32_t flags, void *userp
 {
     bls_call_t *call = userp;
     bool final = flags & NEREID_RESPONSE_FINAL;
+    bwr_t w = {0};
+    outmsg_t om = {0};
     if (!resp) {
-        send_json(call->chan, M_BLS_RESULT,
-                  json_pack("{s:I, s:b, s:b}", "id", call->id, "final", 1, "empty", 1));
+        bls_result_head(&w, call->id, BLS_EMPTY, true, 0, NULL, 0, 0);
     } else if (nereid_response_error(resp)) {
         const nereid_error_t *e = nereid_response_error(resp);
-        send_json(call->chan, M_BLS_RESULT,
-                  json_pack("{s:I, s:b, s:{s:s, s:i}}", "id", call->id, "final", final, "error",
-                            "message", nereid_error_message(e), "code", (int)nereid_error_code(e)));
+        bls_result_head(&w, call->id, BLS_ERROR, final, (uint32_t)nereid_error_code(e),
+                        nereid_error_message(e), 0, 0);
     } else {
-        outmsg_t om = {.obj = json_pack("{s:I, s:b}", "id", call->id, "final", final)};
-        json_t *descs = json_array();
-        for (size_t i = 0; i < nereid_response_output_count(resp); i++) {
+        size_t n = nereid_response_output_count(resp);
+        json_t *params = python_api_response_parameters_json(resp);
+        char *ptext = params ? json_dumps(params, JSON_COMPACT) : NULL;
+        json_decref(params);
+        size_t plen = ptext ? strlen(ptext) : 0;
+        bls_result_head(&w, call->id, BLS_OUTPUTS, final, 0, NULL, plen, n);
+        bw_put(&w, ptext, plen);
+        free(ptext);
+        for (size_t i = 0; i < n; i++) {
             tview_t v;
             void *userp_unused;
             nereid_response_output(resp, i, &v.name, &v.datatype, &v.shape, &v.rank, &v.data,
                                    &v.size, &userp_unused);
-            json_array_append_new(descs, outmsg_add(&om, &v));
+            bw_tensor(&w, &v, outmsg_add_view(&om, &v));
         }
-        json_object_set_new(om.obj, "tensors", descs);
-        json_t *params = python_api_response_parameters_json(resp);
-        if (params) json_object_set_new(om.obj, "parameters", params);
-        outmsg_send(call->chan, M_BLS_RESULT, &om);
     }
+    bls_send(call->chan, &w, &om);
     if (resp) nereid_response_free(resp);
     if (final) bls_done(call);
 }
 
-static bool bls_start(instance_t *in, msg_t *m, char *why, size_t why_cap)
+/* A BLS_CALL's fields, pointing into its (private) description. */
+typedef struct bls_req {
+    uint64_t id, corr, timeout;
+    int64_t version;
+    uint32_t flags, decoupled, model_len, id_len, params_len, n_out, n_in;
+    int32_t corr_len;
+    const uint8_t *model, *rid, *corr_s, *params, *outs, *ins;
+} bls_req_t;
+
+/* Walks a BLS_CALL description whole: every count and length fits, strings
+ * hold no NUL, nothing is left over. Fills *q on success. */
+static bool bls_check(const uint8_t *meta, size_t len, bls_req_t *q)
 {
-    json_t *j = m->json;
-    json_t *jid = json_object_get(j, "id");
-    const char *model = json_string_value(json_object_get(j, "model"));
-    json_t *jver = json_object_get(j, "version"), *jouts = json_object_get(j, "outputs");
-    json_t *jcorr = json_object_get(j, "correlation_id"), *jflags = json_object_get(j, "flags");
-    json_t *jtimeout = json_object_get(j, "timeout"), *jparams = json_object_get(j, "parameters");
-    const char *rid = json_string_value(json_object_get(j, "request_id"));
-    if (!json_is_integer(jid) || !model || !json_is_integer(jver) || !json_is_array(jouts) ||
-        !json_is_integer(jflags) || !json_is_integer(jtimeout) || !json_is_object(jparams) ||
-        !rid || !(json_is_integer(jcorr) || json_is_string(jcorr))) {
-        snprintf(why, why_cap, "malformed BLS request");
+    brd_t rd = {meta, len, 0, false};
+    q->id = br_u64(&rd);
+    q->version = (int64_t)br_u64(&rd);
+    q->corr = br_u64(&rd);
+    q->timeout = br_u64(&rd);
+    q->flags = br_u32(&rd);
+    q->decoupled = br_u32(&rd);
+    q->corr_len = (int32_t)br_u32(&rd);
+    q->model_len = br_u32(&rd);
+    q->id_len = br_u32(&rd);
+    q->params_len = br_u32(&rd);
+    q->n_out = br_u32(&rd);
+    q->n_in = br_u32(&rd);
+    if (rd.bad || q->decoupled > 1 || q->corr_len < -1 || q->model_len == 0 ||
+        q->model_len > MAX_NAME)
         return false;
+    q->model = br_take(&rd, q->model_len);
+    q->rid = br_take(&rd, q->id_len);
+    q->corr_s = br_take(&rd, q->corr_len < 0 ? 0 : (size_t)q->corr_len);
+    q->params = br_take(&rd, q->params_len);
+    if (rd.bad || memchr(q->model, 0, q->model_len) || memchr(q->rid, 0, q->id_len) ||
+        (q->corr_len > 0 && memchr(q->corr_s, 0, (size_t)q->corr_len)))
+        return false;
+    q->outs = rd.p + rd.pos;
+    for (uint32_t i = 0; i < q->n_out && !rd.bad; i++) {
+        uint32_t n = br_u32(&rd);
+        const uint8_t *s = br_take(&rd, n);
+        if (!rd.bad && (n == 0 || n > MAX_NAME || memchr(s, 0, n))) return false;
     }
-    json_int_t id = json_integer_value(jid);
-    msg_own_blob(m);
-    bool want_decoupled = json_is_true(json_object_get(j, "decoupled"));
-    chan_t *c = in->chan;
-    bool target_decoupled = false;
-    nereid_error_t *err = nereid_server_model_decoupled(in->server, model, json_integer_value(jver),
-                                                        &target_decoupled);
-    if (err) {
-        char text[2048];
-        snprintf(text, sizeof text,
-                 "Model %s - Error when running inference: Failed for execute the inference "
-                 "request. %s",
-                 model, nereid_error_message(err));
-        bls_reply_error(c, id, text, nereid_error_code(err));
-        nereid_error_free(err);
-        msg_free(m);
-        return true;
+    q->ins = rd.p + rd.pos;
+    for (uint32_t i = 0; i < q->n_in && !rd.bad; i++) {
+        uint32_t name_len = br_u32(&rd);
+        br_u32(&rd); /* datatype */
+        uint32_t rank = br_u32(&rd), where = br_u32(&rd);
+        br_take(&rd, 16); /* offset, size */
+        br_take(&rd, (size_t)rank * sizeof(int64_t));
+        br_take(&rd, name_len);
+        if (where != 0) return false;
     }
-    if (target_decoupled && !want_decoupled) {
-        char text[2048];
-        snprintf(text, sizeof text,
-                 "Model %s - Error when running inference: Model %s is using the decoupled. The "
-                 "current BLS request call doesn't support models using the decoupled "
-                 "transaction policy. Please use 'decoupled=True' argument to the 'exec' or "
-                 "'async_exec' calls for decoupled models.'",
-                 model, model);
-        bls_reply_error(c, id, text, NEREID_ERROR_INVALID_ARG);
-        msg_free(m);
-        return true;
+    return !rd.bad && rd.pos == rd.n;
+}
+
+/* A NUL-terminated copy of n bytes at s (the description's strings). */
+static char *bls_str(const uint8_t *s, size_t n)
+{
+    char *t = malloc(n + 1);
+    if (!t) abort();
+    if (n) memcpy(t, s, n);
+    t[n] = '\0';
+    return t;
+}
+
+/* The request's parameters: a JSON object of strings, booleans, integers
+ * and numbers (other values are ignored, as before). */
+static nereid_error_t *bls_parameters(nereid_request_t *req, const bls_req_t *q)
+{
+    if (!q->params_len) return NULL;
+    json_error_t jerr;
+    json_t *jp = json_loadb((const char *)q->params, q->params_len, JSON_REJECT_DUPLICATES, &jerr);
+    if (!json_is_object(jp)) {
+        json_decref(jp);
+        return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                "BLS request parameters must be a JSON object");
     }
-    nereid_request_t *req = NULL;
-    err = nereid_request_new(in->server, model, json_integer_value(jver), &req);
-    if (!err && *rid) err = nereid_request_set_id(req, rid);
-    if (!err) {
-        if (json_is_string(jcorr))
-            err = nereid_request_set_correlation_id_string(req, json_string_value(jcorr));
-        else if (json_integer_value(jcorr))
-            nereid_request_set_correlation_id(req, (uint64_t)json_integer_value(jcorr));
-    }
-    if (!err) {
-        json_int_t f = json_integer_value(jflags);
-        if (f) nereid_request_set_sequence_flags(req, f & 1, f & 2);
-        if (json_integer_value(jtimeout) > 0)
-            nereid_request_set_timeout_us(req, (uint64_t)json_integer_value(jtimeout));
-    }
+    nereid_error_t *err = NULL;
     const char *key;
     json_t *val;
-    json_object_foreach(jparams, key, val)
+    json_object_foreach(jp, key, val)
     {
         if (err) break;
         if (json_is_string(val))
@@ -1252,33 +1322,129 @@ static bool bls_start(instance_t *in, msg_t *m, char *why, size_t why_cap)
         else if (json_is_real(val))
             err = nereid_request_set_parameter_double(req, key, json_real_value(val));
     }
-    size_t i;
-    json_t *d;
-    json_array_foreach(json_object_get(j, "tensors"), i, d)
-    {
-        if (err) break;
+    json_decref(jp);
+    return err;
+}
+
+/* The BYTES inputs of a BLS_CALL whose blob is in the worker's memfd: their
+ * total size (copied into one private buffer, see bls_inputs). */
+static size_t bls_bytes_total(const bls_req_t *q, const msg_t *m)
+{
+    if (!m->map) return 0;
+    brd_t rd = {q->ins, m->meta + m->meta_len - q->ins, 0, false};
+    size_t total = 0;
+    for (uint32_t i = 0; i < q->n_in; i++) {
+        uint32_t name_len = br_u32(&rd), dt = br_u32(&rd), rank = br_u32(&rd);
+        br_u32(&rd);
+        br_u64(&rd);
+        uint64_t size = br_u64(&rd);
+        br_take(&rd, (size_t)rank * sizeof(int64_t) + name_len);
+        if (dt == NEREID_TYPE_BYTES && size <= m->blob_len) total += (size_t)size;
+    }
+    return total;
+}
+
+/* Adds the inputs (records checked here against the blob) to req. false:
+ * the worker described a tensor that does not add up (*why). */
+static bool bls_inputs(nereid_request_t *req, const bls_req_t *q, msg_t *m, uint8_t *bytes,
+                       nereid_error_t **err, char *why, size_t why_cap)
+{
+    brd_t rd = {q->ins, m->meta + m->meta_len - q->ins, 0, false};
+    size_t used = 0;
+    for (uint32_t i = 0; i < q->n_in && !*err; i++) {
         tview_t v;
         int64_t shape[MAX_RANK];
-        if (!parse_tensor(d, m->blob, m->blob_len, &v, shape, why, why_cap)) {
-            nereid_request_free(req);
+        char name[MAX_NAME + 1];
+        if (!read_tensor(&rd, m->blob, m->blob_len, NULL, 0, &v, shape, name, why, why_cap))
             return false;
+        if (v.datatype == NEREID_TYPE_BYTES && bytes) {
+            memcpy(bytes + used, v.data, v.size);
+            v.data = bytes + used;
+            used += v.size;
+            if (!bytes_ok(v.data, v.size, elements(v.shape, v.rank))) {
+                snprintf(why, why_cap, "BYTES tensor '%.256s' changed while it was read", name);
+                return false;
+            }
         }
-        err = nereid_request_add_input(req, v.name, v.datatype, v.shape, v.rank, v.data, v.size);
+        *err = nereid_request_add_input(req, v.name, v.datatype, v.shape, v.rank, v.data, v.size);
     }
-    json_array_foreach(jouts, i, d)
-    {
-        if (err) break;
-        if (!json_is_string(d)) {
-            snprintf(why, why_cap, "malformed BLS requested output");
-            nereid_request_free(req);
-            return false;
-        }
-        err = nereid_request_add_requested_output(req, json_string_value(d), 0);
+    return true;
+}
+
+static bool bls_start(instance_t *in, msg_t *m, char *why, size_t why_cap)
+{
+    bls_req_t q;
+    if (!bls_check(m->meta, m->meta_len, &q)) {
+        snprintf(why, why_cap, "malformed BLS request");
+        return false;
+    }
+    char *model = bls_str(q.model, q.model_len), text[2048];
+    chan_t *c = in->chan;
+    bool target_decoupled = false;
+    nereid_error_t *err =
+        nereid_server_model_decoupled(in->server, model, q.version, &target_decoupled);
+    if (err) {
+        snprintf(text, sizeof text,
+                 "Model %s - Error when running inference: Failed for execute the inference "
+                 "request. %s",
+                 model, nereid_error_message(err));
+        bls_reply_error(c, q.id, text, nereid_error_code(err));
+        nereid_error_free(err);
+        free(model);
+        msg_free(m);
+        return true;
+    }
+    if (target_decoupled && !q.decoupled) {
+        snprintf(text, sizeof text,
+                 "Model %s - Error when running inference: Model %s is using the decoupled. The "
+                 "current BLS request call doesn't support models using the decoupled "
+                 "transaction policy. Please use 'decoupled=True' argument to the 'exec' or "
+                 "'async_exec' calls for decoupled models.'",
+                 model, model);
+        bls_reply_error(c, q.id, text, NEREID_ERROR_INVALID_ARG);
+        free(model);
+        msg_free(m);
+        return true;
+    }
+    nereid_request_t *req = NULL;
+    err = nereid_request_new(in->server, model, q.version, &req);
+    if (!err && q.id_len) {
+        char *rid = bls_str(q.rid, q.id_len);
+        err = nereid_request_set_id(req, rid);
+        free(rid);
+    }
+    if (!err && q.corr_len >= 0) {
+        char *cs = bls_str(q.corr_s, (size_t)q.corr_len);
+        err = nereid_request_set_correlation_id_string(req, cs);
+        free(cs);
+    } else if (!err && q.corr) {
+        nereid_request_set_correlation_id(req, q.corr);
+    }
+    if (!err) {
+        if (q.flags) nereid_request_set_sequence_flags(req, q.flags & 1, q.flags & 2);
+        if (q.timeout) nereid_request_set_timeout_us(req, q.timeout);
+        err = bls_parameters(req, &q);
+    }
+    size_t nbytes = bls_bytes_total(&q, m);
+    uint8_t *bytes = nbytes ? malloc(nbytes) : NULL;
+    if (nbytes && !bytes) abort();
+    if (!err && !bls_inputs(req, &q, m, bytes, &err, why, why_cap)) {
+        nereid_request_free(req);
+        free(bytes);
+        free(model);
+        return false;
+    }
+    brd_t ro = {q.outs, q.ins - q.outs, 0, false};
+    for (uint32_t i = 0; i < q.n_out && !err; i++) {
+        uint32_t n = br_u32(&ro);
+        char *name = bls_str(br_take(&ro, n), n);
+        err = nereid_request_add_requested_output(req, name, 0);
+        free(name);
     }
     if (!err) {
         bls_call_t *call = calloc(1, sizeof *call);
         if (!call) abort();
-        *call = (bls_call_t){in, c, m, id, nereid_cancel_token_new(), NULL};
+        *call = (bls_call_t){in, c, m, q.id, nereid_cancel_token_new(), bytes, NULL};
         nereid_request_set_cancel_token(req, call->cancel);
         atomic_fetch_add(&c->refs, 1);
         pthread_mutex_lock(&in->mu);
@@ -1287,16 +1453,21 @@ static bool bls_start(instance_t *in, msg_t *m, char *why, size_t why_cap)
         in->bls_calls = call;
         pthread_mutex_unlock(&in->mu);
         err = nereid_server_infer_stream(in->server, req, NULL, bls_on_response, call);
-        if (!err) return true;
+        if (!err) {
+            free(model);
+            return true;
+        }
         call->msg = NULL;
+        call->bytes = NULL;
         bls_done(call);
     }
     nereid_request_free(req);
-    char text[2048];
+    free(bytes);
     snprintf(text, sizeof text, "Model %s - Error when running inference: %s", model,
              nereid_error_message(err));
-    bls_reply_error(c, id, text, nereid_error_code(err));
+    bls_reply_error(c, q.id, text, nereid_error_code(err));
     nereid_error_free(err);
+    free(model);
     msg_free(m);
     return true;
 }
@@ -1314,7 +1485,7 @@ static bool bls_cancel(instance_t *in, msg_t *m, char *why, size_t why_cap)
     }
     pthread_mutex_lock(&in->mu);
     for (bls_call_t *c = in->bls_calls; c; c = c->next)
-        if (c->chan == in->chan && c->id == json_integer_value(jc))
+        if (c->chan == in->chan && c->id == (uint64_t)json_integer_value(jc))
             nereid_request_cancel(c->cancel);
     pthread_mutex_unlock(&in->mu);
     return true;
@@ -1330,6 +1501,10 @@ typedef struct api_job {
 
 static void api_answer(chan_t *c, json_t *call, json_t *answer)
 {
+    if (json_is_true(json_object_get(call, "noreply"))) { /* a metric update */
+        json_decref(answer);
+        return;
+    }
     json_t *id = json_object_get(call, "id");
     json_object_set(answer, "id", json_is_integer(id) ? id : json_null());
     send_json(c, M_API_ANSWER, answer);
@@ -1354,17 +1529,30 @@ static void *api_job_main(void *arg)
     return NULL;
 }
 
-/* is_model_ready of another model is answered where it arrives (no
- * thread): the lookup is quick, and a Python model's is_ready() runs in
- * that model's worker, answered on its own socket. Asking about the
- * model itself takes the thread (its is_ready() answer comes on this
- * socket, which this thread may be the one to read). */
+/* The instance whose socket this thread reads (reader_main, or execute in
+ * execute_read_done), and how deep in ready_pump it is. */
+static _Thread_local instance_t *tls_reading;
+static _Thread_local int tls_pump_depth;
+static _Thread_local bool tls_exec_reading; /* ... and it is execute */
+
+/* is_model_ready is answered where it arrives (no thread): the lookup is
+ * quick, and a Python model's is_ready() runs in that model's worker. When
+ * the model asks about itself and defines is_ready(), the answer comes on
+ * the socket this thread reads: the check reads it itself (ready_pump).
+ * Such a check takes a thread when one already reads (nested), and when
+ * the model has other instances: their answers come on sockets that their
+ * own reading threads may be blocking in the same check. */
 static bool ready_check_inline(instance_t *in, json_t *call)
 {
     const char *op = json_string_value(json_object_get(call, "op"));
     const char *model = json_string_value(json_object_get(call, "model"));
-    return op && model && !strcmp(op, "is_model_ready") &&
-           strcmp(model, nereid_model_name(in->model)) != 0;
+    if (!op || !model || strcmp(op, "is_model_ready") != 0) return false;
+    if (strcmp(model, nereid_model_name(in->model)) != 0) return true;
+    pthread_mutex_lock(&in->mu);
+    bool asks_worker = in->has_is_ready;
+    pthread_mutex_unlock(&in->mu);
+    return !asks_worker ||
+           (tls_pump_depth == 0 && (!in->model_instances || atomic_load(in->model_instances) <= 1));
 }
 
 static void api_call(instance_t *in, msg_t **m)
@@ -1432,6 +1620,60 @@ static nereid_error_t *ready_result_locked(instance_t *in)
     return NULL;
 }
 
+static bool dispatch(instance_t *in, msg_t **m, char *why, size_t why_cap);
+static bool deliver_reply(instance_t *in, msg_t **m, char *why, size_t why_cap);
+
+/* A readiness check on the thread that reads the worker's socket (the
+ * model asked about itself from execute or a thread of its own): reads and
+ * serves the worker's messages until is_ready()'s answer (answers past
+ * `seen`) or the deadline (false). Execute's DONE is kept for it; a broken
+ * socket or a malformed message is left in in->pump_fail for the reading
+ * loop, which ends the worker. */
+static bool ready_pump(instance_t *in, uint64_t seen, const struct timespec *dl)
+{
+    char why[512] = "";
+    tls_pump_depth++;
+    for (;;) {
+        pthread_mutex_lock(&in->mu);
+        bool answered = in->rq_answers != seen, failed = in->pump_fail != NULL;
+        pthread_mutex_unlock(&in->mu);
+        if (answered || failed) break;
+        struct timespec now;
+        clock_gettime(CLOCK_REALTIME, &now);
+        long long ms =
+            (long long)(dl->tv_sec - now.tv_sec) * 1000 + (dl->tv_nsec - now.tv_nsec) / 1000000;
+        if (ms <= 0) {
+            tls_pump_depth--;
+            return false;
+        }
+        struct pollfd p = {in->chan->fd, POLLIN, 0};
+        if (poll(&p, 1, (int)(ms > INT_MAX ? INT_MAX : ms)) <= 0) continue;
+        msg_t *m;
+        int rc = msg_recv_into(in->chan->fd, &in->rx, &m, why, sizeof why, MSG_DONTWAIT, in->rbuf);
+        if (rc == 2) continue;
+        bool ok = rc == 1;
+        if (ok && m->type == M_DONE && tls_exec_reading && !in->early_done) {
+            in->early_done = m; /* execute_read_done takes it */
+            m = NULL;
+        } else if (ok && (m->type == M_READY || m->type == M_DONE || m->type == M_FINALIZED)) {
+            ok = !tls_exec_reading && deliver_reply(in, &m, why, sizeof why);
+            if (!ok && !why[0]) snprintf(why, sizeof why, "an unexpected reply");
+        } else if (ok) {
+            ok = dispatch(in, &m, why, sizeof why);
+        }
+        msg_free(m);
+        if (!ok) {
+            pthread_mutex_lock(&in->mu);
+            if (!in->pump_fail) in->pump_fail = strdup(rc == 0 ? "" : why);
+            pthread_cond_broadcast(&in->cv);
+            pthread_mutex_unlock(&in->mu);
+        }
+        why[0] = '\0';
+    }
+    tls_pump_depth--;
+    return true;
+}
+
 /* A model-ready check (Triton's TRITONBACKEND_ModelInstanceReady): the
  * worker must be alive; a model with is_ready() is asked (in the worker, on
  * a thread of its own, so executes go on), at most once at a time: a check
@@ -1466,12 +1708,17 @@ NEREID_EXPORT nereid_error_t *nereid_backend_instance_ready(nereid_instance_t *i
     clock_gettime(CLOCK_REALTIME, &dl);
     dl.tv_sec += READY_WAIT_S;
     bool timed_out = false;
-    while (in->rq_answers == seen && !in->dead && !timed_out)
+    if (tls_reading == in) { /* nobody else reads the answer: read it here */
+        pthread_mutex_unlock(&in->mu);
+        timed_out = !ready_pump(in, seen, &dl);
+        pthread_mutex_lock(&in->mu);
+    }
+    while (in->rq_answers == seen && !in->dead && !timed_out && !in->pump_fail)
         timed_out = pthread_cond_timedwait(&in->cv, &in->mu, &dl) == ETIMEDOUT;
     nereid_error_t *e;
     if (in->rq_answers != seen)
         e = ready_result_locked(in);
-    else if (in->dead)
+    else if (in->dead || in->pump_fail)
         e = nereid_error_new(NEREID_ERROR_INTERNAL,
                              "Stub process is not healthy while waiting for user-defined "
                              "is_ready() response");
@@ -1554,6 +1801,39 @@ static void worker_died(instance_t *in, const char *why)
     }
 }
 
+/* Hands a reply (READY / DONE / FINALIZED) to the instance thread waiting
+ * for it; false (*why) when nobody waits for one of its type. */
+static bool deliver_reply(instance_t *in, msg_t **m, char *why, size_t why_cap)
+{
+    bool ok = true;
+    pthread_mutex_lock(&in->mu);
+    if (in->reply || (*m)->type != in->expect) {
+        ok = false;
+        snprintf(why, why_cap, "an unexpected reply");
+    } else {
+        in->expect = 0;
+        in->reply = *m;
+        *m = NULL;
+        pthread_cond_broadcast(&in->cv);
+    }
+    pthread_mutex_unlock(&in->mu);
+    return ok;
+}
+
+/* Whether a readiness check that read the socket (ready_pump) found it
+ * broken: its reason in why. */
+static bool pump_failed(instance_t *in, char *why, size_t why_cap)
+{
+    pthread_mutex_lock(&in->mu);
+    char *f = in->pump_fail;
+    in->pump_fail = NULL;
+    pthread_mutex_unlock(&in->mu);
+    if (!f) return false;
+    snprintf(why, why_cap, "%s", f);
+    free(f);
+    return true;
+}
+
 /* The reader thread: serves the worker's messages between executes (during
  * one, the instance thread reads the socket itself and this thread stays
  * parked, so an answer reaches execute without a thread hand-off). */
@@ -1575,22 +1855,14 @@ static void *reader_main(void *arg)
         msg_t *m;
         int rc = msg_recv_into(in->chan->fd, &in->rx, &m, why, sizeof why, MSG_DONTWAIT, in->rbuf);
         bool ok = rc == 1;
-        if (ok && (m->type == M_READY || m->type == M_DONE || m->type == M_FINALIZED)) {
-            pthread_mutex_lock(&in->mu);
-            if (in->reply || m->type != in->expect) {
-                ok = false;
-                snprintf(why, sizeof why, "an unexpected reply");
-            } else {
-                in->expect = 0;
-                in->reply = m;
-                m = NULL;
-                pthread_cond_broadcast(&in->cv);
-            }
-            pthread_mutex_unlock(&in->mu);
-        } else if (ok) {
+        tls_reading = in;
+        if (ok && (m->type == M_READY || m->type == M_DONE || m->type == M_FINALIZED))
+            ok = deliver_reply(in, &m, why, sizeof why);
+        else if (ok)
             ok = dispatch(in, &m, why, sizeof why);
-        }
+        tls_reading = NULL;
         msg_free(m);
+        ok = ok && !pump_failed(in, why, sizeof why);
         /* Only now may execute read: a decoupled sender's responses are sent
          * in order and never from two threads at once. */
         pthread_mutex_lock(&in->mu);
@@ -1639,6 +1911,8 @@ static msg_t *execute_read_done(instance_t *in)
 {
     char why[512] = "";
     msg_t *done = NULL;
+    tls_reading = in;
+    tls_exec_reading = true;
     for (;;) {
         msg_t *m;
         int rc = msg_recv_into(in->chan->fd, &in->rx, &m, why, sizeof why, 0, in->rbuf);
@@ -1653,9 +1927,17 @@ static msg_t *execute_read_done(instance_t *in)
         else
             ok = dispatch(in, &m, why, sizeof why);
         msg_free(m);
+        if (ok && pump_failed(in, why, sizeof why)) ok = false;
+        if (ok && in->early_done) { /* a readiness check read it */
+            done = in->early_done;
+            in->early_done = NULL;
+            break;
+        }
         if (!ok) break;
         why[0] = '\0';
     }
+    tls_reading = NULL;
+    tls_exec_reading = false;
     exec_reading_end(in);
     if (!done) worker_died(in, why);
     return done;
@@ -1719,6 +2001,10 @@ static void worker_stop(instance_t *in)
     pthread_mutex_lock(&in->mu);
     msg_free(in->reply);
     in->reply = NULL;
+    msg_free(in->early_done);
+    in->early_done = NULL;
+    free(in->pump_fail);
+    in->pump_fail = NULL;
     pthread_mutex_unlock(&in->mu);
 }
 
@@ -1946,6 +2232,7 @@ typedef struct model_state {
      * (named after it) so a model starts one interpreter, not two. */
     pthread_mutex_t mu;
     instance_t *spare;
+    atomic_int instances; /* initialized and not finalized */
 } model_state_t;
 
 static void instance_free(instance_t *in)
@@ -2190,6 +2477,8 @@ NEREID_EXPORT nereid_error_t *nereid_backend_instance_init(nereid_instance_t *in
         return e;
     }
     msg_free(ready);
+    in->model_instances = &ms->instances;
+    atomic_fetch_add(&ms->instances, 1);
     nereid_instance_set_state(instance, in);
     return NULL;
 }
@@ -2198,6 +2487,7 @@ NEREID_EXPORT nereid_error_t *nereid_backend_instance_fini(nereid_instance_t *in
 {
     instance_t *in = nereid_instance_state(instance);
     if (!in) return NULL;
+    atomic_fetch_sub(in->model_instances, 1);
     if (in->reader_running) {
         /* finalize() runs in the worker; a worker that does not answer in
          * time is killed. */

@@ -708,9 +708,14 @@ def _api(obj):
 class Metric:
     """One series of a MetricFamily (made with MetricFamily.Metric)."""
 
+    # the updates the server cannot refuse, per kind: sent without waiting
+    # for an answer (the socket keeps them in order before what follows)
+    _SURE = {0: ("increment",), 1: ("increment", "set"), 2: ("observe",)}
+
     def __init__(self, handle, family):
         self._handle = handle
         self._cleared = False
+        self._kind = family._kind
         family._children.add(self)
 
     def _op(self, action, value=0.0):
@@ -719,8 +724,14 @@ class Metric:
                 "Invalid metric operation as the corresponding 'MetricFamily' has been "
                 "deleted. The 'MetricFamily' object should be deleted AFTER its "
                 "corresponding 'Metric' objects have been deleted.")
-        return _api({"op": "metric", "handle": self._handle, "action": action,
-                     "value": _number(value)})
+        call = {"op": "metric", "handle": self._handle, "action": action,
+                "value": _number(value)}
+        if _worker is not None and action in Metric._SURE[self._kind] and \
+                (self._kind != MetricFamily.COUNTER or float(value) >= 0.0):
+            _Deleted.flush()
+            _worker.api_noreply(call)
+            return None
+        return _api(call)
 
     def increment(self, value):
         self._op("increment", value)

@@ -209,6 +209,36 @@ def test_counter_gauge_and_histogram_on_metrics_page(server):
     assert run(server, "self.gm.set(999.9); result = self.gm.value()") == 999.9
 
 
+def test_metric_updates_unanswered_are_applied_before_the_response(server):
+    # increment/set/observe that cannot fail go without an answer: the
+    # server applies them in order, before the response that follows them
+    assert run(server, textwrap.dedent("""
+        c = pb_utils.MetricFamily(name="t_burst", description="Burst",
+                                  kind=pb_utils.MetricFamily.COUNTER)
+        g = pb_utils.MetricFamily(name="t_burst_g", description="Burst gauge",
+                                  kind=pb_utils.MetricFamily.GAUGE)
+        h = pb_utils.MetricFamily(name="t_burst_h", description="Burst histogram",
+                                  kind=pb_utils.MetricFamily.HISTOGRAM)
+        self.burst = (c, g, h, c.Metric(), g.Metric(), h.Metric(buckets=[1.0]))
+        for i in range(500):
+            self.burst[3].increment(2)
+            self.burst[4].set(i)
+            self.burst[5].observe(0.5)
+        self.burst[4].increment(0.5)
+        result = 1
+    """)) == 1
+    text = metrics(server)
+    assert "\nt_burst 1000\n" in text and "\nt_burst_g 499.5\n" in text
+    assert "\nt_burst_h_count 500\n" in text
+    # the ones that can fail still wait for the server's answer
+    res = run(server, "self.burst[3].increment(-1)")
+    assert "can only be incremented monotonically" in res["error"]
+    res = run(server, "self.burst[5].set(1)")
+    assert "Failed to set metric value: TRITONSERVER_METRIC_KIND_HISTOGRAM does not" in \
+        res["error"]
+    assert run(server, "result = self.burst[3].value()") == 1000
+
+
 @pytest.mark.parametrize("code, text", [
     ("self.cm.increment(-1)", "TritonModelException: Failed to increment metric value: "
      "TRITONSERVER_METRIC_KIND_COUNTER can only be incremented monotonically by non-negative "

@@ -88,23 +88,35 @@ static void test_datagrams(void)
 
     /* memfds: must be sealed against shrinking and hold the message */
     int fd = memfd_with("{}", 4096, false);
-    send_raw(buf, header(buf, M_BLS_CALL, 2, 0), fd);
+    send_raw(buf, header(buf, M_API_CALL, 2, 0), fd);
     close(fd);
     CHECK(recv_one(&rx, &m, why) == -1);
     CHECK_STR_CONTAINS(why, "bad shared-memory region");
 
     fd = memfd_with("{}", 16, true);
-    send_raw(buf, header(buf, M_BLS_CALL, 2, 100), fd);
+    send_raw(buf, header(buf, M_API_CALL, 2, 100), fd);
     close(fd);
     CHECK(recv_one(&rx, &m, why) == -1);
     CHECK_STR_CONTAINS(why, "bad shared-memory region");
 
     fd = memfd_with("{\"x\":2}", 4096, true);
-    send_raw(buf, header(buf, M_BLS_CALL, 7, 100), fd);
+    send_raw(buf, header(buf, M_API_CALL, 7, 100), fd);
     close(fd);
     CHECK(recv_one(&rx, &m, why) == 1 && m);
     if (m) {
         CHECK(json_integer_value(json_object_get(m->json, "x")) == 2 && m->blob_len == 100);
+        msg_free(m);
+    }
+
+    /* BLS_CALL is binary: its description comes as a private copy, the blob
+     * stays in the worker's memfd (mapped) */
+    fd = memfd_with("{\"x\":2}", 4096, true);
+    send_raw(buf, header(buf, M_BLS_CALL, 7, 100), fd);
+    close(fd);
+    CHECK(recv_one(&rx, &m, why) == 1 && m);
+    if (m) {
+        CHECK(m->type == M_BLS_CALL && !m->json && m->meta_len == 7 && m->map);
+        CHECK(m->meta && memcmp(m->meta, "{\"x\":2}", 7) == 0 && m->blob == m->map + 7);
         msg_free(m);
     }
 
@@ -424,6 +436,129 @@ static void test_tensor_records(void)
     CHECK(!bin_tensor(&d, blob, 64, NULL, 0, why));
 }
 
+/* A BLS_CALL description: the fixed fields, then model, request id,
+ * correlation string (corr_len >= 0), parameters, outputs, input records. */
+static void put_bls(done_t *d, uint64_t id, uint32_t decoupled, int32_t corr_len, const char *model,
+                    const char *rid, const char *params, uint32_t n_out, uint32_t n_in)
+{
+    put64(d, id);
+    put64(d, (uint64_t)-1); /* version */
+    put64(d, 7);            /* numeric correlation id */
+    put64(d, 0);            /* timeout */
+    put32(d, 1);            /* sequence start */
+    put32(d, decoupled);
+    put32(d, (uint32_t)corr_len);
+    put32(d, (uint32_t)strlen(model));
+    put32(d, (uint32_t)strlen(rid));
+    put32(d, (uint32_t)strlen(params));
+    put32(d, n_out);
+    put32(d, n_in);
+    put(d, model);
+    put(d, rid);
+    for (int32_t i = 0; i < corr_len && i < 64; i++) /* a longer one: only claimed */
+        put(d, "c");
+    put(d, params);
+}
+
+static void put_name(done_t *d, const char *name)
+{
+    put32(d, (uint32_t)strlen(name));
+    put(d, name);
+}
+
+static void test_bls_call(void)
+{
+    int64_t dims[1] = {2};
+    bls_req_t q;
+    done_t d = {0};
+    put_bls(&d, 42, 1, 3, "model", "rid", "{\"p\":1}", 2, 1);
+    put_name(&d, "OUT0");
+    put_name(&d, "OUT1");
+    put_tensor(&d, "IN", NEREID_TYPE_FP32, dims, 1, 0, 0, 8);
+    CHECK(bls_check(d.b, d.n, &q));
+    CHECK(q.id == 42 && q.version == -1 && q.corr == 7 && q.flags == 1 && q.decoupled == 1);
+    CHECK(q.corr_len == 3 && memcmp(q.corr_s, "ccc", 3) == 0);
+    CHECK(q.model_len == 5 && memcmp(q.model, "model", 5) == 0);
+    CHECK(q.id_len == 3 && q.params_len == 7 && q.n_out == 2 && q.n_in == 1);
+    CHECK(bls_bytes_total(&q, &(msg_t){.meta = d.b, .meta_len = d.n}) == 0);
+    for (size_t cut = 0; cut < d.n; cut++) /* every truncation */
+        CHECK_MSG(!bls_check(d.b, cut, &q), "truncated at %zu", cut);
+    d.b[d.n++] = 0; /* a byte left over */
+    CHECK(!bls_check(d.b, d.n, &q));
+
+    /* numeric correlation id, no strings, no tensors */
+    d = (done_t){0};
+    put_bls(&d, 1, 0, -1, "m", "", "", 0, 0);
+    CHECK(bls_check(d.b, d.n, &q) && q.corr_len == -1);
+
+    /* fields out of range */
+    d = (done_t){0};
+    put_bls(&d, 1, 2, -1, "m", "", "", 0, 0); /* decoupled is 0 or 1 */
+    CHECK(!bls_check(d.b, d.n, &q));
+    d = (done_t){0};
+    put_bls(&d, 1, 0, -2, "m", "", "", 0, 0);
+    CHECK(!bls_check(d.b, d.n, &q));
+    d = (done_t){0};
+    put_bls(&d, 1, 0, -1, "", "", "", 0, 0); /* no model name */
+    CHECK(!bls_check(d.b, d.n, &q));
+    d = (done_t){0};
+    put_bls(&d, 1, 0, -1, "m", "", "", 0, 0);
+    d.b[BLS_FIXED] = 0; /* a NUL in the model name */
+    CHECK(!bls_check(d.b, d.n, &q));
+    d = (done_t){0};
+    put_bls(&d, 1, 0, -1, "m", "a", "", 0, 0);
+    d.b[BLS_FIXED + 1] = 0; /* ... in the request id */
+    CHECK(!bls_check(d.b, d.n, &q));
+    d = (done_t){0};
+    put_bls(&d, 1, 0, 1, "m", "", "", 0, 0);
+    d.b[BLS_FIXED + 1] = 0; /* ... in the correlation id */
+    CHECK(!bls_check(d.b, d.n, &q));
+    d = (done_t){0};
+    put_bls(&d, 1, 0, -1, "m", "", "", 1, 0);
+    put_name(&d, ""); /* an empty output name */
+    CHECK(!bls_check(d.b, d.n, &q));
+    d = (done_t){0};
+    put_bls(&d, 1, 0, -1, "m", "", "", 1, 0);
+    put_name(&d, "A");
+    d.b[d.n - 1] = 0;
+    CHECK(!bls_check(d.b, d.n, &q));
+    d = (done_t){0};
+    put_bls(&d, 1, 0, -1, "m", "", "", 0, 1);
+    put_tensor(&d, "IN", NEREID_TYPE_FP32, dims, 1, 1, 0, 8); /* where 1: no region here */
+    CHECK(!bls_check(d.b, d.n, &q));
+    /* counts and lengths far beyond the description */
+    d = (done_t){0};
+    put_bls(&d, 1, 0, -1, "m", "", "", 0xffffffffu, 0);
+    CHECK(!bls_check(d.b, d.n, &q));
+    d = (done_t){0};
+    put_bls(&d, 1, 0, -1, "m", "", "", 0, 0xffffffffu);
+    CHECK(!bls_check(d.b, d.n, &q));
+    d = (done_t){0};
+    put_bls(&d, 1, 0, 0x7ffffff0, "m", "", "", 0, 0);
+    CHECK(!bls_check(d.b, d.n, &q));
+    d = (done_t){0};
+    put_bls(&d, 1, 0, -1, "m", "", "", 0, 1);
+    put32(&d, 2);
+    put32(&d, NEREID_TYPE_FP32);
+    put32(&d, 0xffffffffu); /* rank */
+    put32(&d, 0);
+    put64(&d, 0);
+    put64(&d, 0);
+    CHECK(!bls_check(d.b, d.n, &q));
+
+    /* BYTES inputs in a memfd are counted for their private copy */
+    d = (done_t){0};
+    put_bls(&d, 1, 0, -1, "m", "", "", 0, 2);
+    put_tensor(&d, "S", NEREID_TYPE_BYTES, dims, 1, 0, 0, 10);
+    put_tensor(&d, "F", NEREID_TYPE_FP32, dims, 1, 0, 64, 8);
+    CHECK(bls_check(d.b, d.n, &q));
+    uint8_t blob[128] = {0};
+    msg_t m = {.meta = d.b, .meta_len = d.n, .blob = blob, .blob_len = 128};
+    CHECK(bls_bytes_total(&q, &m) == 0); /* in the datagram: already private */
+    m.map = blob;
+    CHECK(bls_bytes_total(&q, &m) == 10);
+}
+
 int main(void)
 {
     if (socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv) != 0) return 1;
@@ -431,6 +566,7 @@ int main(void)
     test_tensors();
     test_done_binary();
     test_tensor_records();
+    test_bls_call();
     close(sv[0]);
     close(sv[1]);
     return check_summary();

@@ -1,0 +1,196 @@
+"""BLS_CALL and BLS_RESULT in binary (python.c, "BLS: a worker's request"),
+through the real binary: every field of a BLS request reaches the called
+model (request id, numeric and string correlation ids, sequence flags,
+parameters, requested outputs) and every part of its answer comes back
+(outputs of several datatypes, BYTES included, response parameters,
+errors); tensors large enough to travel in a memfd both ways; and forged
+BLS_CALL messages from a hostile model end its worker with a reason while
+the server keeps serving.
+"""
+import json
+
+import numpy as np
+import pytest
+
+from conftest import Server
+from test_python_backend import post, write
+
+# Returns its inputs as outputs, and what it saw of the request in META;
+# response parameters from its request's.
+ECHO = """
+import json
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            meta = {"id": r.request_id(), "corr": r.correlation_id(), "flags": r.flags(),
+                    "params": json.loads(r.parameters()),
+                    "requested": sorted(r.requested_output_names())}
+            ts = [pb_utils.Tensor(t.name().replace("IN", "OUT"), t.as_numpy())
+                  for t in r.inputs()]
+            ts.append(pb_utils.Tensor("META", np.array([json.dumps(meta).encode()],
+                                                       dtype=np.object_)))
+            out.append(pb_utils.InferenceResponse(ts, parameters={"echoed": True, "n": 3}))
+        return out
+"""
+
+ECHO_CONFIG = """
+name: "echo"
+backend: "python"
+input [ { name: "IN_F" data_type: TYPE_FP32 dims: [ -1 ] optional: true },
+        { name: "IN_S" data_type: TYPE_STRING dims: [ -1 ] optional: true },
+        { name: "IN_B" data_type: TYPE_BOOL dims: [ -1, -1 ] optional: true },
+        { name: "IN_H" data_type: TYPE_FP16 dims: [ -1 ] optional: true } ]
+output [ { name: "OUT_F" data_type: TYPE_FP32 dims: [ -1 ] },
+         { name: "OUT_S" data_type: TYPE_STRING dims: [ -1 ] },
+         { name: "OUT_B" data_type: TYPE_BOOL dims: [ -1, -1 ] },
+         { name: "OUT_H" data_type: TYPE_FP16 dims: [ -1 ] },
+         { name: "META" data_type: TYPE_STRING dims: [ 1 ] } ]
+"""
+
+CALLER = """
+import json
+import os
+import socket
+import struct
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+def call(inputs, outputs, **kw):
+    return pb_utils.InferenceRequest(model_name="echo", inputs=inputs,
+                                     requested_output_names=outputs, **kw).exec()
+
+def forge(body, blob=b""):
+    # a hostile model writing its own BLS_CALL to the server
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET, fileno=os.dup(3))
+    sock.send(struct.pack("<IIQ", 105, len(body), len(blob)) + body + blob)
+    os._exit(0)
+
+def bls_head(n_out, n_in, model=b"echo", corr_len=-1):
+    return struct.pack("<QqQQIIiIIIII", 1, -1, 0, 0, 0, 0, corr_len, len(model), 0, 0,
+                       n_out, n_in) + model
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            mode = r.inputs()[0].as_numpy()[0].decode()
+            res = {}
+            if mode == "fields":
+                f = np.arange(5, dtype=np.float32)
+                s = np.array([b"a", b"", "\\u00e9t\\u00e9".encode()], dtype=np.object_)
+                b = np.array([[True, False], [False, True]])
+                h = np.array([1.5, -2], np.float16)
+                a = call([pb_utils.Tensor("IN_F", f), pb_utils.Tensor("IN_S", s),
+                          pb_utils.Tensor("IN_B", b), pb_utils.Tensor("IN_H", h)],
+                         ["OUT_F", "OUT_S", "OUT_B", "OUT_H", "META"], request_id="rid-1",
+                         correlation_id=12345678901234, parameters={"k": "v", "i": 7, "b": True})
+                res["error"] = a.error().message() if a.has_error() else None
+                o = {t.name(): t.as_numpy() for t in a.output_tensors()}
+                res["same"] = [bool(np.array_equal(o["OUT_F"], f)),
+                               o["OUT_S"].tolist() == s.tolist(),
+                               bool(np.array_equal(o["OUT_B"], b)),
+                               bool(np.array_equal(o["OUT_H"], h))]
+                res["dtypes"] = [str(o[k].dtype) for k in ("OUT_F", "OUT_B", "OUT_H")]
+                res["meta"] = json.loads(o["META"][0])
+                res["resp_params"] = json.loads(a.parameters())
+                c = call([pb_utils.Tensor("IN_F", f)], ["META"], correlation_id="seq-\\u00e9")
+                res["corr_str"] = json.loads(c.output_tensors()[0].as_numpy()[0])["corr"]
+                res["only_meta"] = [t.name() for t in c.output_tensors()]
+            elif mode == "large":
+                f = np.random.default_rng(1).random(300000).astype(np.float32)
+                s = np.array([bytes([i % 251]) * 300 for i in range(400)], dtype=np.object_)
+                a = call([pb_utils.Tensor("IN_F", f), pb_utils.Tensor("IN_S", s)],
+                         ["OUT_F", "OUT_S"])
+                o = {t.name(): t.as_numpy() for t in a.output_tensors()}
+                res["same"] = [bool(np.array_equal(o["OUT_F"], f)),
+                               o["OUT_S"].tolist() == s.tolist()]
+            elif mode == "errors":
+                e = pb_utils.InferenceRequest(model_name="echo", inputs=[pb_utils.Tensor(
+                    "NOPE", np.zeros(1, np.float32))], requested_output_names=[]).exec()
+                res["unknown_input"] = (e.error().code(), e.error().message())
+                p = call([pb_utils.Tensor("IN_F", np.zeros(1, np.float32))], [],
+                         parameters="[1, 2]")
+                res["list_params"] = (p.error().code(), p.error().message())
+            elif mode == "truncated":
+                forge(bls_head(1, 0)[:-3])
+            elif mode == "where":
+                rec = struct.pack("<IIIIQQq", 4, 11, 1, 1, 0, 4, 1) + b"IN_F"
+                forge(bls_head(0, 1) + rec, bytes(64))
+            elif mode == "bytes":
+                rec = struct.pack("<IIIIQQq", 4, 13, 1, 0, 0, 8, 3) + b"IN_S"
+                forge(bls_head(0, 1) + rec, struct.pack("<I", 4) + b"abcd" + bytes(56))
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor(
+                "OUT", np.array([json.dumps(res).encode()], dtype=np.object_))]))
+        return out
+"""
+
+CALLER_CONFIG = """
+name: "caller"
+backend: "python"
+input [ { name: "MODE" data_type: TYPE_STRING dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_STRING dims: [ 1 ] } ]
+"""
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    repo = str(tmp_path_factory.mktemp("blsbin") / "models")
+    write(repo, "echo", ECHO_CONFIG, ECHO)
+    write(repo, "caller", CALLER_CONFIG, CALLER)
+    s = Server(repo, [])
+    yield s
+    assert s.stop() == 0, s.output()
+
+
+def run(server, mode):
+    r = post(server, "caller", [{"name": "MODE", "datatype": "BYTES", "data": [mode]}])
+    return r, (json.loads(r.json()["outputs"][0]["data"][0]) if r.status_code == 200 else None)
+
+
+def test_every_field_reaches_the_callee_and_comes_back(server):
+    r, res = run(server, "fields")
+    assert r.status_code == 200, r.text
+    assert res["error"] is None
+    assert res["same"] == [True, True, True, True]
+    assert res["dtypes"] == ["float32", "bool", "float16"]
+    assert res["meta"] == {"id": "rid-1", "corr": 12345678901234, "flags": 0,
+                           "params": {"k": "v", "i": 7, "b": True},
+                           "requested": ["META", "OUT_B", "OUT_F", "OUT_H", "OUT_S"]}
+    assert res["resp_params"] == {"echoed": True, "n": 3}
+    assert res["corr_str"] == "seq-\u00e9"
+    assert res["only_meta"] == ["META"]
+
+
+def test_large_tensors_through_memfds(server):
+    # 1.2 MB of FP32 and 120 KB of BYTES: past the datagram, both ways
+    r, res = run(server, "large")
+    assert r.status_code == 200, r.text
+    assert res["same"] == [True, True]
+
+
+def test_errors_come_back_as_errors(server):
+    r, res = run(server, "errors")
+    assert r.status_code == 200, r.text
+    code, text = res["unknown_input"]
+    assert code == 3 and text.startswith("Model echo - Error when running inference: ")
+    assert "NOPE" in text
+    assert res["list_params"] == [3, "Model echo - Error when running inference: BLS request "
+                                     "parameters must be a JSON object"]
+
+
+@pytest.mark.parametrize("how,why", [
+    ("truncated", "malformed BLS request"),
+    ("where", "malformed BLS request"),  # a record pointing into the server's region
+    ("bytes", "BYTES tensor 'IN_S' does not hold 3 serialized elements"),
+])
+def test_forged_bls_calls_end_the_worker(server, how, why):
+    r, _ = run(server, how)
+    assert r.status_code == 500
+    assert r.json()["error"].startswith("Stub process 'caller_0' is not healthy")
+    assert why in server.output()
+    r, res = run(server, "fields")  # restarted, serving
+    assert r.status_code == 200 and res["error"] is None
