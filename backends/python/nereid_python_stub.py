@@ -61,6 +61,7 @@ RECV_MAX = 64 * 1024
 ALIGN = 64
 ZEROS = bytes(ALIGN)  # padding between tensors (always < ALIGN bytes)
 M_REGION = 0x80000000  # payload in the sender's persistent region (EXECUTE, DONE)
+RX_MAPS_MAX = 4  # server regions kept mapped (its current one and its spares)
 
 # C -> worker
 M_INIT, M_EXECUTE, M_FINALIZE, M_BLS_RESULT, M_CANCEL_ANSWER = 1, 2, 3, 4, 5
@@ -336,6 +337,7 @@ class Worker:
         self.bg_loop = None
         self.rbuf = bytearray(RECV_MAX)  # receive buffer (read by the reading thread only)
         self.rx_map = None  # the server's region for EXECUTE inputs
+        self.rx_maps = {}  # inode -> mapping of the server's regions, oldest first
         self.rx_region = None  # its (address, length), for outputs that are views of inputs
         self.tx_map = None  # ours for DONE outputs (sealed against shrinking)
         self.req_proto = None
@@ -441,12 +443,21 @@ class Worker:
         in_region = mtype & M_REGION
         mtype &= ~M_REGION
         if in_region and fds:
+            # The server switches between a few regions (one a reply still
+            # reads is not written): each is mapped once, kept by inode.
             fd = fds[0]
             try:
-                self.rx_map = mmap.mmap(fd, os.fstat(fd).st_size)
+                st = os.fstat(fd)
+                mm = self.rx_maps.pop(st.st_ino, None)
+                if mm is None or len(mm) != st.st_size:
+                    mm = mmap.mmap(fd, st.st_size)
             finally:
                 for f in fds:
                     os.close(f)
+            self.rx_maps[st.st_ino] = mm
+            while len(self.rx_maps) > RX_MAPS_MAX:
+                del self.rx_maps[next(iter(self.rx_maps))]
+            self.rx_map = mm
             self.rx_region = (np.frombuffer(self.rx_map, np.uint8, 1).ctypes.data,
                               len(self.rx_map))
             payload = memoryview(self.rx_map)
