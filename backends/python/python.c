@@ -470,7 +470,8 @@ static int outmsg_send_region(chan_t *c, uint32_t type, outmsg_t *m, region_t **
     if (tx) {
         int fd = -1;
         if (!*tx || (*tx)->size < total) {
-            size_t size = total < (1u << 20) ? (1u << 20) : total;
+            /* Twice the message: the worker may put its outputs after it. */
+            size_t size = total < (1u << 19) ? (1u << 20) : 2 * total;
             if (*tx && size < (*tx)->size * 2) size = (*tx)->size * 2;
             fd = memfd_create("nereid-python", MFD_CLOEXEC | MFD_ALLOW_SEALING);
             uint8_t *map = MAP_FAILED;
