@@ -810,7 +810,8 @@ static bool check_tensor(const char *name, nereid_datatype_t t, int64_t *shape, 
  *   u64 offset, u64 size, i64 dims[rank], name bytes
  * where 0 means the message's blob, and 1 (DONE only) the EXECUTE region
  * the server wrote: an output that is a view of an input is not copied by
- * the worker. EXECUTE:
+ * the worker, and a large computed one is written there after the EXECUTE
+ * payload (so both can reach the reply as views of the region). EXECUTE:
  *   u32 n_requests, then per request
  *   u32 n_inputs, u32 n_outputs, u32 flags, u32 id_len, i32 corr_len (-1:
  *   numeric), u32 params_len, u64 correlation_id, u64 timeout_us,
