@@ -459,7 +459,8 @@ class Worker:
         mtype &= ~M_REGION
         if in_region and fds:
             # The server switches between a few regions (one a reply still
-            # reads is not written): each is mapped once, kept by inode.
+            # reads is not written): each is mapped once, kept by inode (a
+            # memfd inode number is not reused: the kernel counts them up).
             fd = fds[0]
             try:
                 st = os.fstat(fd)
@@ -758,8 +759,12 @@ class Worker:
         the region); a response that cannot be written fails them all."""
         try:
             out, views, off = [U32.pack(DONE_RESPONSES), U32.pack(len(reqs))], [], 0
-            tail = None
-            if self.rx_used is not None:  # this EXECUTE came in the server's region
+            # Only an EXECUTE that came in the server's region tells which
+            # region the server reads DONE's where=1 records from (after an
+            # inline one it may have switched regions without telling us).
+            region = tail = None
+            if self.rx_used is not None:
+                region = self.rx_region
                 tail = [memoryview(self.rx_map), self.rx_used, len(self.rx_map)]
             for req, resp in zip(reqs, res):
                 if req._release_flags == pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
@@ -776,7 +781,7 @@ class Worker:
                 params = resp._parameters.encode() if resp._parameters != "{}" else b""
                 out.append(DONE_RESP.pack(RESP_OUTPUTS, len(mine), len(params), 0, 0))
                 out.append(params)
-                off = tensor_records(mine, self.rx_region, off, out, views, tail)
+                off = tensor_records(mine, region, off, out, views, tail)
             self.send_done(b"".join(out), views, off)
         except Exception as e:  # e.g. a BYTES element that cannot be encoded
             self.send_done(done_error(f"Failed to process the request(s) for model "

@@ -50,6 +50,20 @@ class TritonPythonModel:
         return out
 """
 
+KEEP = """
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            x = pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy()
+            if x.size > 1000:  # a view of the request's region, kept
+                self.kept = x
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", self.kept)]))
+        return out
+"""
+
 
 def config(name, backend, outputs=("OUTPUT0",)):
     outs = ", ".join(f'{{ name: "{o}" data_type: TYPE_FP32 dims: [ -1 ] }}' for o in outputs)
@@ -89,6 +103,7 @@ def server(tmp_path_factory):
     write(repo, "double", config("double", "python", ("OUTPUT0", "OUTPUT1")), DOUBLE)
     write(repo, "ident_c", config("ident_c", "identity"))
     write(repo, "ens", ENSEMBLE)
+    write(repo, "keep", config("keep", "python"), KEEP)
     s = Server(repo, ["--allow-client-shm=true"], "http")
     yield s
     rc = s.stop()
@@ -286,33 +301,33 @@ def worker_pid(server, instance_word):
     return None
 
 
-def test_worker_killed_while_a_reply_reads_its_region(server):
-    """A 16 MiB reply the client does not read yet: the server finished the
-    request (statistics say so) and is blocked sending it, its output a view
-    of the worker's region. Killing the worker must leave the reply whole."""
-    n = 4 << 20
-    x = np.arange(n, dtype=np.float32)
-    http_infer(server, "ident", x[:10])  # the worker runs
-    wpid = worker_pid(server, b"ident")
-    assert wpid is not None
-    before = stats_success(server, "ident")
+def start_unread_reply(server, model, x):
+    """Sends x to model over a raw connection and returns the socket once
+    the server has finished the request (its statistics say so): the reply
+    (binary, len(x) floats) is then being sent, and blocks until read."""
+    before = stats_success(server, model)
     body, headers = build_infer([{"name": "INPUT0", "datatype": "FP32", "data": x,
                                   "binary": True}],
                                 [{"name": "OUTPUT0", "parameters": {"binary_data": True}}])
-    head = (f"POST /v2/models/ident/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
+    head = (f"POST /v2/models/{model}/infer HTTP/1.1\r\nHost: x\r\n"
+            f"Content-Length: {len(body)}\r\n"
             + "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n").encode()
-    with socket.create_connection(("127.0.0.1", server.http_port), timeout=60) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
-        sock.sendall(head + body)
-        deadline = time.time() + 60
-        while stats_success(server, "ident") == before:
-            assert time.time() < deadline, "the request did not finish"
-            time.sleep(0.01)
-        os.kill(wpid, signal.SIGKILL)
-        deadline = time.time() + 30
-        while os.path.exists(f"/proc/{wpid}") and time.time() < deadline:
-            time.sleep(0.01)
-        data, hdrs, hdr_end = b"", {}, -1
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+    sock.settimeout(60)
+    sock.connect(("127.0.0.1", server.http_port))
+    sock.sendall(head + body)
+    deadline = time.time() + 60
+    while stats_success(server, model) == before:
+        assert time.time() < deadline, "the request did not finish"
+        time.sleep(0.01)
+    return sock
+
+
+def read_reply(sock):
+    """The output of the reply on sock (closes it)."""
+    data, hdrs, hdr_end = b"", {}, -1
+    with sock:
         while True:
             chunk = sock.recv(1 << 20)
             if not chunk:
@@ -327,9 +342,42 @@ def test_worker_killed_while_a_reply_reads_its_region(server):
                 break
     assert data.startswith(b"HTTP/1.1 200"), data[:2000]
     ihcl = int(hdrs["inference-header-content-length"])
-    payload = data[hdr_end + 4:]
-    np.testing.assert_array_equal(np.frombuffer(payload[ihcl:], np.float32), x)
+    return np.frombuffer(data[hdr_end + 4 + ihcl:], np.float32)
+
+
+def test_worker_killed_while_a_reply_reads_its_region(server):
+    """A 16 MiB reply the client does not read yet: the server finished the
+    request and is blocked sending it, its output a view of the request's
+    region. Killing the worker must leave the reply whole."""
+    x = np.arange(4 << 20, dtype=np.float32)
+    http_infer(server, "ident", x[:10])  # the worker runs
+    wpid = worker_pid(server, b"ident")
+    assert wpid is not None
+    sock = start_unread_reply(server, "ident", x)
+    os.kill(wpid, signal.SIGKILL)
+    deadline = time.time() + 30
+    while os.path.exists(f"/proc/{wpid}") and time.time() < deadline:
+        time.sleep(0.01)
+    np.testing.assert_array_equal(read_reply(sock), x)
     assert server.proc.poll() is None
     # The next request starts a new worker.
     y = np.full(65536, 7, np.float32)
     check("ident", y, http_infer(server, "ident", y))
+
+
+def test_kept_input_returned_after_a_region_switch(server):
+    """The model returns an input array it kept from an earlier request
+    while that request's reply still holds its region, and the new request
+    came inline (no region): the output must be copied, not referenced in
+    a region the server no longer reads DONE from."""
+    x = np.arange(2 << 20, dtype=np.float32)
+    sock = start_unread_reply(server, "keep", x)
+    small = np.zeros(10, np.float32)
+    body, headers = build_infer([{"name": "INPUT0", "datatype": "FP32", "data": small,
+                                  "binary": True}],
+                                [{"name": "OUTPUT0", "parameters": {"binary_data": True}}])
+    r = infer(server, "keep", body, headers)
+    assert r.status_code == 200, r.text
+    doc, raw = split_response(r)
+    np.testing.assert_array_equal(output_array(doc, raw, "OUTPUT0"), x)
+    np.testing.assert_array_equal(read_reply(sock), x)
