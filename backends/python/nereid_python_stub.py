@@ -100,6 +100,7 @@ DT_NAMES = ("INVALID", "BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "I
             "INT64", "FP16", "FP32", "FP64", "BYTES", "BF16")
 DT_CODES = {n: i for i, n in enumerate(DT_NAMES)}
 ALIAS_MIN = 4096  # an output this large that is a view of an input is not copied
+TAIL_MIN = 32 * 1024  # an output this large goes into the server's EXECUTE region (a view there)
 CMSG_FD_SPACE = socket.CMSG_SPACE(4)
 PR_SET_PDEATHSIG = 1
 INLINE_MAX = 60 * 1024  # a whole message up to this size travels in the datagram
@@ -107,6 +108,7 @@ RECV_MAX = 64 * 1024
 ALIGN = 64
 ZEROS = bytes(ALIGN)  # padding between tensors (always < ALIGN bytes)
 M_REGION = 0x80000000  # payload in the sender's persistent region (EXECUTE, DONE)
+RX_MAPS_MAX = 4  # server regions kept mapped (its current one and its spares)
 
 # C -> worker
 M_INIT, M_EXECUTE, M_FINALIZE, M_BLS_RESULT, M_CANCEL_ANSWER = 1, 2, 3, 4, 5
@@ -268,12 +270,16 @@ def decode_inputs(inputs, blob):
     return out
 
 
-def tensor_records(tensors, region, off, recs, views):
+def tensor_records(tensors, region, off, recs, views, tail=None):
     """Appends to recs the binary records of tensors for a DONE, and to
     views their blob views from offset off; returns the blob's new end.
     region: (base address, length) of the server's EXECUTE region, or None:
     a large output lying in it (a view of an input) is referenced there
-    instead of copied."""
+    instead of copied. tail: [memoryview of that region, first free offset,
+    end], or None: a large numeric output is copied there, after the
+    EXECUTE's payload, so the server can hand it to the reply as a view
+    (it does not reuse a region a reply still reads); else into our DONE
+    region."""
     for t in tensors:
         arr = t._array
         data = tensor_bytes(t)
@@ -287,6 +293,14 @@ def tensor_records(tensors, region, off, recs, views):
                                         addr - region[0], n))
                 recs.append(struct.pack(f"<{len(shape)}q", *shape) + name)
                 continue
+        if (tail is not None and n >= TAIL_MIN and data.dtype != np.object_ and
+                t._dtype != "BYTES" and tail[1] + n <= tail[2]):
+            pos = tail[1]
+            tail[0][pos:pos + n] = as_bytes(data)
+            tail[1] = (pos + n + ALIGN - 1) // ALIGN * ALIGN
+            recs.append(TENSOR.pack(len(name), DT_CODES[t._dtype], len(shape), 1, pos, n))
+            recs.append(struct.pack(f"<{len(shape)}q", *shape) + name)
+            continue
         recs.append(TENSOR.pack(len(name), DT_CODES[t._dtype], len(shape), 0, off, n))
         recs.append(struct.pack(f"<{len(shape)}q", *shape) + name)
         views.append((off, data))
@@ -415,6 +429,8 @@ class Worker:
         self.bg_loop = None
         self.rbuf = bytearray(RECV_MAX)  # receive buffer (read by the reading thread only)
         self.rx_map = None  # the server's region for EXECUTE inputs
+        self.rx_maps = {}  # inode -> mapping of the server's regions, oldest first
+        self.rx_used = None  # end of the last EXECUTE in rx_map (aligned), None: it was inline
         self.rx_region = None  # its (address, length), for outputs that are views of inputs
         self.tx_map = None  # ours for DONE outputs (sealed against shrinking)
         self.req_proto = None
@@ -512,6 +528,8 @@ class Worker:
                 # copied out: the arrays of an execute must outlive the next recv
                 payload = memoryview(bytes(memoryview(buf)[HDR.size:n]))
                 if mtype == M_EXECUTE or mtype == M_BLS_RESULT:  # binary
+                    if mtype == M_EXECUTE:  # parsed by build_requests
+                        self.rx_used = None
                     return mtype, bytes(payload[:jlen]), payload[jlen:jlen + blen]
                 return mtype, json.loads(str(payload[:jlen], "utf-8")), payload[jlen:jlen + blen]
         fds = []
@@ -522,12 +540,22 @@ class Worker:
         in_region = mtype & M_REGION
         mtype &= ~M_REGION
         if in_region and fds:
+            # The server switches between a few regions (one a reply still
+            # reads is not written): each is mapped once, kept by inode (a
+            # memfd inode number is not reused: the kernel counts them up).
             fd = fds[0]
             try:
-                self.rx_map = mmap.mmap(fd, os.fstat(fd).st_size)
+                st = os.fstat(fd)
+                mm = self.rx_maps.pop(st.st_ino, None)
+                if mm is None or len(mm) != st.st_size:
+                    mm = mmap.mmap(fd, st.st_size)
             finally:
                 for f in fds:
                     os.close(f)
+            self.rx_maps[st.st_ino] = mm
+            while len(self.rx_maps) > RX_MAPS_MAX:
+                del self.rx_maps[next(iter(self.rx_maps))]
+            self.rx_map = mm
             self.rx_region = (np.frombuffer(self.rx_map, np.uint8, 1).ctypes.data,
                               len(self.rx_map))
             payload = memoryview(self.rx_map)
@@ -548,6 +576,8 @@ class Worker:
             payload = memoryview(bytes(memoryview(buf)[HDR.size:n]))
         meta = bytes(payload[:jlen])
         obj = meta if mtype == M_EXECUTE or mtype == M_BLS_RESULT else json.loads(meta)
+        if mtype == M_EXECUTE:
+            self.rx_used = ((jlen + blen + ALIGN - 1) // ALIGN * ALIGN) if in_region else None
         return mtype, obj, payload[jlen:jlen + blen]
 
     def wait_for(self, ready):
@@ -832,6 +862,13 @@ class Worker:
         the region); a response that cannot be written fails them all."""
         try:
             out, views, off = [U32.pack(DONE_RESPONSES), U32.pack(len(reqs))], [], 0
+            # Only an EXECUTE that came in the server's region tells which
+            # region the server reads DONE's where=1 records from (after an
+            # inline one it may have switched regions without telling us).
+            region = tail = None
+            if self.rx_used is not None:
+                region = self.rx_region
+                tail = [memoryview(self.rx_map), self.rx_used, len(self.rx_map)]
             for req, resp in zip(reqs, res):
                 if req._release_flags == pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
                     out.append(DONE_RESP.pack(RESP_RESCHEDULE, 0, 0, 0, 0))  # response dropped
@@ -847,7 +884,7 @@ class Worker:
                 params = resp._parameters.encode() if resp._parameters != "{}" else b""
                 out.append(DONE_RESP.pack(RESP_OUTPUTS, len(mine), len(params), 0, 0))
                 out.append(params)
-                off = tensor_records(mine, self.rx_region, off, out, views)
+                off = tensor_records(mine, region, off, out, views, tail)
             self.send_done(b"".join(out), views, off)
         except Exception as e:  # e.g. a BYTES element that cannot be encoded
             self.send_done(done_error(f"Failed to process the request(s) for model "

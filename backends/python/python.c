@@ -94,7 +94,9 @@ enum {
 #define MAX_RANK 16
 #define MAX_NAME 4096
 #define FINALIZE_WAIT_S 30
-#define INLINE_MAX_US 1000 /* longest average execute run on the caller's thread */
+#define INLINE_MAX_US 1000   /* longest average execute run on the caller's thread */
+#define VIEW_MIN (32 * 1024) /* smallest output handed to the response as a region view */
+#define TX_SPARES 2          /* EXECUTE regions kept besides the current one */
 
 /* ---- Backend settings ---- */
 
@@ -234,18 +236,29 @@ static void plog_line(char level, int line, const char *fmt, ...)
 /* A memfd mapping that lives across messages: the server's region for
  * EXECUTE inputs (written here, read by the worker) or the worker's region
  * for DONE outputs (read here). Reference counted: a message read from a
- * region keeps it mapped after the worker replaced it. */
+ * region keeps it mapped after the worker replaced it, and so does a
+ * response output that is a view of it (until the frontend freed the
+ * response), also after the worker died. */
 typedef struct region {
     uint8_t *map;
     size_t size;
     atomic_int refs;
+    int fd;         /* the server's own regions keep their memfd (sent again on reuse); else -1 */
+    bool fd_unsent; /* the worker has not got fd since it became the EXECUTE region */
 } region_t;
 
 static void region_unref(region_t *r)
 {
     if (!r || atomic_fetch_sub(&r->refs, 1) != 1) return;
     munmap(r->map, r->size);
+    if (r->fd >= 0) close(r->fd);
     free(r);
+}
+
+/* nereid_output_release_fn of an output that is a view of a region. */
+static void region_release(void *userp)
+{
+    region_unref(userp);
 }
 
 /* A message type with this bit has its payload in the sender's persistent
@@ -454,7 +467,8 @@ static int outmsg_send_region(chan_t *c, uint32_t type, outmsg_t *m, region_t **
     if (tx) {
         int fd = -1;
         if (!*tx || (*tx)->size < total) {
-            size_t size = total < (1u << 20) ? (1u << 20) : total;
+            /* Twice the message: the worker may put its outputs after it. */
+            size_t size = total < (1u << 19) ? (1u << 20) : 2 * total;
             if (*tx && size < (*tx)->size * 2) size = (*tx)->size * 2;
             fd = memfd_create("nereid-python", MFD_CLOEXEC | MFD_ALLOW_SEALING);
             uint8_t *map = MAP_FAILED;
@@ -470,13 +484,16 @@ static int outmsg_send_region(chan_t *c, uint32_t type, outmsg_t *m, region_t **
             if (!*tx) abort();
             (*tx)->map = map;
             (*tx)->size = size;
+            (*tx)->fd = fd;
             atomic_init(&(*tx)->refs, 1);
+        } else if ((*tx)->fd_unsent) {
+            fd = (*tx)->fd;
         }
+        (*tx)->fd_unsent = false;
         outmsg_copy(m, (*tx)->map, js, jlen);
         t32 |= M_REGION;
         memcpy(hdr, &t32, 4);
         rc = send_with_fd(c, hdr, fd);
-        if (fd >= 0) close(fd);
         goto out;
     }
     int fd = memfd_create("nereid-python", MFD_CLOEXEC);
@@ -638,6 +655,7 @@ static int msg_recv_into(int fd, region_t **rx, msg_t **out, char *why, size_t w
             if (!r) abort();
             r->map = map;
             r->size = m->map_len;
+            r->fd = -1;
             atomic_init(&r->refs, 2);
             m->map = NULL;
             m->region = r;
@@ -791,7 +809,8 @@ static bool check_tensor(const char *name, nereid_datatype_t t, int64_t *shape, 
  *   u64 offset, u64 size, i64 dims[rank], name bytes
  * where 0 means the message's blob, and 1 (DONE only) the EXECUTE region
  * the server wrote: an output that is a view of an input is not copied by
- * the worker. EXECUTE:
+ * the worker, and a large computed one is written there after the EXECUTE
+ * payload (so both can reach the reply as views of the region). EXECUTE:
  *   u32 n_requests, then per request
  *   u32 n_inputs, u32 n_outputs, u32 flags, u32 id_len, i32 corr_len (-1:
  *   numeric), u32 params_len, u64 correlation_id, u64 timeout_us,
@@ -943,10 +962,11 @@ typedef struct instance {
                  execute, so the worker's answer wakes only the instance thread */
     pthread_t reader;
     bool reader_running;
-    const char *python; /* interpreter (borrowed from the model or backend) */
-    region_t *tx;       /* EXECUTE inputs (instance thread only) */
-    region_t *rx;       /* the worker's DONE outputs (reader thread only) */
-    uint8_t *rbuf;      /* receive buffer (RECV_MAX) of whichever thread reads */
+    const char *python;            /* interpreter (borrowed from the model or backend) */
+    region_t *tx;                  /* EXECUTE inputs (instance thread only) */
+    region_t *tx_spare[TX_SPARES]; /* earlier EXECUTE regions, or NULL (instance thread only) */
+    region_t *rx;                  /* the worker's DONE outputs (reader thread only) */
+    uint8_t *rbuf;                 /* receive buffer (RECV_MAX) of whichever thread reads */
 
     pthread_mutex_t mu; /* guards what follows */
     pthread_cond_t cv;
@@ -2179,6 +2199,10 @@ static nereid_error_t *worker_start(instance_t *in, const char *init_json, msg_t
     region_unref(in->tx);
     region_unref(in->rx);
     in->tx = in->rx = NULL;
+    for (int i = 0; i < TX_SPARES; i++) {
+        region_unref(in->tx_spare[i]);
+        in->tx_spare[i] = NULL;
+    }
     in->chan = chan_new(sv[0]);
     if (!in->chan) abort();
     in->epfd = epfd;
@@ -2239,6 +2263,8 @@ static void instance_free(instance_t *in)
 {
     region_unref(in->tx);
     region_unref(in->rx);
+    for (int i = 0; i < TX_SPARES; i++)
+        region_unref(in->tx_spare[i]);
     free(in->rbuf);
     free(in->init_json);
     free(in->name);
@@ -2585,6 +2611,17 @@ static bool apply_response(instance_t *in, nereid_batch_t *batch, size_t r, brd_
             continue;
         }
         if (bad) continue;
+        const uint8_t *d = v.data;
+        if (ex && d >= ex && d < ex + ex_len && v.size >= VIEW_MIN &&
+            nereid_datatype_byte_size(v.datatype) != 0) {
+            /* A view of an input (in our EXECUTE region): the response keeps
+             * the region (tx_pick does not reuse it until released). */
+            atomic_fetch_add(&in->tx->refs, 1);
+            bad = nereid_batch_request_output_view(batch, r, v.name, v.datatype, v.shape, v.rank,
+                                                   v.data, v.size, region_release, in->tx);
+            if (bad) region_unref(in->tx);
+            continue;
+        }
         void *buf;
         bad = nereid_batch_request_output(batch, r, v.name, v.datatype, v.shape, v.rank, v.size,
                                           &buf);
@@ -2648,6 +2685,33 @@ static bool done_check(const uint8_t *meta, size_t len, size_t n, bool decoupled
         ok = false;
     }
     return ok && rd.pos == rd.n;
+}
+
+/* Makes in->tx a region no response output still reads (an output view
+ * holds a reference until the frontend sent its reply): the current one
+ * when free, else a free spare (its memfd goes to the worker again), else
+ * none (outmsg_send_region makes a new one). The busy one becomes a spare
+ * while there is room. */
+static void tx_pick(instance_t *in)
+{
+    if (!in->tx || atomic_load(&in->tx->refs) == 1) return;
+    region_t *busy = in->tx;
+    in->tx = NULL;
+    for (int i = 0; i < TX_SPARES && !in->tx; i++) {
+        region_t *r = in->tx_spare[i];
+        if (r && atomic_load(&r->refs) == 1) {
+            in->tx = r;
+            in->tx_spare[i] = NULL;
+            r->fd_unsent = true;
+        }
+    }
+    for (int i = 0; i < TX_SPARES && busy; i++) {
+        if (!in->tx_spare[i]) {
+            in->tx_spare[i] = busy;
+            busy = NULL;
+        }
+    }
+    region_unref(busy);
 }
 
 /* The worker's answer to an execute (DONE). false: it is malformed. */
@@ -2793,6 +2857,7 @@ NEREID_EXPORT nereid_error_t *nereid_backend_execute(nereid_instance_t *instance
     in->batch = batch;
     pthread_mutex_unlock(&in->mu);
     exec_reading_begin(in);
+    tx_pick(in);
     int rc = outmsg_send_region(in->chan, M_EXECUTE, &om, &in->tx);
     uint64_t input_end = nereid_now_ns();
     msg_t *m = NULL;

@@ -31,6 +31,13 @@
  *                        waits for its answer; the request's response gets
  *                        the bool parameter "callee_on_caller_thread": the
  *                        callee's completion ran on execute's own thread
+ *   output_views         "true": output i is a copy of input i in memory of
+ *                        the backend's own, handed over with
+ *                        nereid_batch_request_output_view (ABI 1.9); the
+ *                        exported nereid_testing_views_* counters show what
+ *                        the core released; the request parameter
+ *                        view_wrong_size (string "true") hands it over with a
+ *                        byte size 4 too large (the core refuses it)
  *   echo_parameters      names a TYPE_STRING output (models with
  *                        max_batch_size 0): each request gets there its
  *                        parameters as "name=value" elements, in order
@@ -259,6 +266,68 @@ static nereid_error_t *call_model(const nereid_model_t *model, nereid_batch_t *b
                                                        NEREID_PARAMETER_BOOL, &same);
 }
 
+/* Output views (output_views): handed over, released by the core, and
+ * refused by it (the backend kept and freed those itself). */
+static atomic_long views_given, views_released, views_refused;
+
+NEREID_EXPORT long nereid_testing_views_outstanding(void)
+{
+    return atomic_load(&views_given) - atomic_load(&views_released);
+}
+
+NEREID_EXPORT long nereid_testing_views_released(void)
+{
+    return atomic_load(&views_released);
+}
+
+NEREID_EXPORT long nereid_testing_views_refused(void)
+{
+    return atomic_load(&views_refused);
+}
+
+static void view_release(void *userp)
+{
+    free(userp);
+    atomic_fetch_add(&views_released, 1);
+}
+
+/* Input i to output i of every request, each a view of a malloc'ed copy. */
+static void output_views(const nereid_model_t *model, nereid_batch_t *batch)
+{
+    size_t n = nereid_model_output_count(model);
+    for (size_t r = 0; r < nereid_batch_request_count(batch); r++) {
+        const char *wrong = nereid_batch_request_parameter_string(batch, r, "view_wrong_size");
+        size_t extra = wrong && strcmp(wrong, "true") == 0 ? 4 : 0;
+        for (size_t i = 0; i < n && i < nereid_batch_input_count(batch); i++) {
+            const char *in_name = nereid_batch_input_name(batch, i), *out_name;
+            nereid_datatype_t dt;
+            const int64_t *shape, *dims;
+            size_t rank, byte_size, out_rank;
+            const void *data;
+            nereid_model_output(model, i, &out_name, &dt, &dims, &out_rank);
+            nereid_error_t *err = nereid_batch_request_input(batch, r, in_name, &dt, &shape, &rank,
+                                                             &data, &byte_size);
+            if (!err) {
+                void *copy = malloc(byte_size + extra + 1);
+                if (!copy) abort();
+                memcpy(copy, data, byte_size);
+                err = nereid_batch_request_output_view(batch, r, out_name, dt, shape, rank, copy,
+                                                       byte_size + extra, view_release, copy);
+                if (err) {
+                    free(copy);
+                    atomic_fetch_add(&views_refused, 1);
+                } else {
+                    atomic_fetch_add(&views_given, 1);
+                }
+            }
+            if (err) {
+                nereid_batch_set_request_error(batch, r, err);
+                break;
+            }
+        }
+    }
+}
+
 static nereid_error_t *execute(nereid_instance_t *instance, nereid_batch_t *batch)
 {
     const nereid_model_t *model = nereid_instance_model(instance);
@@ -291,8 +360,11 @@ static nereid_error_t *execute(nereid_instance_t *instance, nereid_batch_t *batc
     }
     if (param_true(model, "fail_execute"))
         return nereid_error_new(NEREID_ERROR_INTERNAL, "testing backend: execute failed");
-    nereid_error_t *err = copy_inputs_to_outputs(model, batch, false);
-    if (err) return err;
+    nereid_error_t *err = NULL;
+    if (param_true(model, "output_views"))
+        output_views(model, batch);
+    else if ((err = copy_inputs_to_outputs(model, batch, false)))
+        return err;
     const char *echo = nereid_model_parameter(model, "echo_parameters");
     for (size_t r = 0; echo && nereid_batch_output_requested(batch, echo) &&
                        r < nereid_batch_request_count(batch);

@@ -56,6 +56,8 @@
  *   1.8  response statistics reported by the backend
  *        (nereid_model_set_backend_response_stats, nereid_model_report_response),
  *        nereid_instance_is_passive
+ *   1.9  outputs handed over in the backend's own memory
+ *        (nereid_batch_request_output_view)
  */
 #ifndef NEREID_BACKEND_H
 #define NEREID_BACKEND_H
@@ -72,8 +74,9 @@ extern "C" {
  * nereid_backend_config; 6: nereid_batch_request_sequence, response parameters;
  * 7: nereid_model_set_inline_max_us, custom metrics,
  * nereid_batch_request_output_requested, nereid_batch_request_reschedule,
- * nereid_batch_request_trace; 8: nereid_model_report_response */
-#define NEREID_BACKEND_ABI_MINOR 8u
+ * nereid_batch_request_trace; 8: nereid_model_report_response;
+ * 9: nereid_batch_request_output_view */
+#define NEREID_BACKEND_ABI_MINOR 9u
 #define NEREID_BACKEND_ABI_VERSION ((NEREID_BACKEND_ABI_MAJOR << 16) | NEREID_BACKEND_ABI_MINOR)
 
 typedef struct nereid_backend nereid_backend_t;   /* one per loaded library */
@@ -221,6 +224,23 @@ NEREID_EXPORT nereid_error_t *nereid_batch_request_output(nereid_batch_t *batch,
                                                           nereid_datatype_t datatype,
                                                           const int64_t *shape, size_t rank,
                                                           size_t byte_size, void **buffer);
+/* ABI 1.9: output `name` of request r as a view of memory the backend owns
+ * (rules of nereid_batch_request_output for name, shape and byte_size), so
+ * that a large output need not be copied into the response. On success the
+ * core owns the view: release(release_userp) is called exactly once, on any
+ * thread, when the core no longer reads data: after the frontend freed the
+ * response (it sent the reply), or at once when the output is copied
+ * instead (the client takes outputs in buffers of its own: client shared
+ * memory, an ensemble step, an in-process request) or was not requested.
+ * Until then data must stay mapped and unchanged; the backend must not
+ * reuse it, also after its model or instance is unloaded. On error release
+ * is never called and the backend keeps the memory. Only for fixed-size
+ * datatypes (BYTES: INVALID_ARG). */
+NEREID_EXPORT nereid_error_t *
+nereid_batch_request_output_view(nereid_batch_t *batch, size_t r, const char *name,
+                                 nereid_datatype_t datatype, const int64_t *shape, size_t rank,
+                                 const void *data, size_t byte_size,
+                                 nereid_output_release_fn release, void *release_userp);
 /* Request parameter lookups; false when absent or of another type. */
 NEREID_EXPORT bool nereid_batch_request_parameter_int(const nereid_batch_t *batch, size_t r,
                                                       const char *key, int64_t *value);

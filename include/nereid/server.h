@@ -353,6 +353,22 @@ typedef struct nereid_response_allocator {
     void *userp;
 } nereid_response_allocator_t;
 
+/* Releases an output that a backend handed over in its own memory
+ * (backend.h, nereid_batch_request_output_view); called exactly once, on
+ * any thread, when nothing reads the bytes any more. */
+typedef void (*nereid_output_release_fn)(void *release_userp);
+
+/* Lets the core hand this request's outputs over as views of a backend's own
+ * memory (a Python model's shared-memory region) instead of copying them into
+ * buffers from the allocator: nereid_response_output's data then points into
+ * that memory, which stays valid until nereid_response_free. Only for
+ * callers that read output bytes through the response and free it after the
+ * last read (HTTP and gRPC replies hold the response until sent); alloc_fn
+ * is not called for such outputs, so a caller whose allocator places outputs
+ * elsewhere (client shared memory) must not set it. Default false: every
+ * output is in a buffer from the allocator (or malloc). Before submission. */
+NEREID_EXPORT void nereid_request_set_output_views(nereid_request_t *req, bool accept);
+
 /* Called once per submitted request with the response (success or error);
  * the callee owns response and frees it with nereid_response_free. When it
  * is called the request's input memory is no longer used. It runs on a

@@ -483,13 +483,10 @@ static nereid_error_t *alloc_output(nereid_request_t *req, resp_output_t *o, ner
     return alloc_output_in(req, req->response, o, dt, shape, rank, byte_size);
 }
 
-nereid_error_t *batch_alloc_response_output(nereid_request_t *req, nereid_response_t *resp,
-                                            const char *name, nereid_datatype_t datatype,
-                                            const int64_t *shape, size_t rank, size_t byte_size,
-                                            void **buffer, bool *requested)
+/* Whether an output's rank and byte size fit its shape; NULL when they do. */
+static nereid_error_t *output_size_error(const char *name, nereid_datatype_t datatype,
+                                         const int64_t *shape, size_t rank, size_t byte_size)
 {
-    *buffer = NULL;
-    *requested = false;
     if (rank > NEREID_MAX_RANK)
         return nereid_error_new(NEREID_ERROR_INVALID_ARG, "output '%s' rank too large", name);
     size_t esize = nereid_datatype_byte_size(datatype);
@@ -502,9 +499,26 @@ nereid_error_t *batch_alloc_response_output(nereid_request_t *req, nereid_respon
                                     "output '%s' byte size %zu does not match its shape", name,
                                     byte_size);
     }
-    resp_output_t *o = NULL;
-    for (size_t i = 0; i < resp->n_outputs && !o; i++)
-        if (strcmp(resp->outputs[i].name, name) == 0) o = &resp->outputs[i];
+    return NULL;
+}
+
+static resp_output_t *response_find_output(nereid_response_t *resp, const char *name)
+{
+    for (size_t i = 0; i < resp->n_outputs; i++)
+        if (strcmp(resp->outputs[i].name, name) == 0) return &resp->outputs[i];
+    return NULL;
+}
+
+nereid_error_t *batch_alloc_response_output(nereid_request_t *req, nereid_response_t *resp,
+                                            const char *name, nereid_datatype_t datatype,
+                                            const int64_t *shape, size_t rank, size_t byte_size,
+                                            void **buffer, bool *requested)
+{
+    *buffer = NULL;
+    *requested = false;
+    nereid_error_t *bad = output_size_error(name, datatype, shape, rank, byte_size);
+    if (bad) return bad;
+    resp_output_t *o = response_find_output(resp, name);
     if (!o) return NULL;
     *requested = true;
     nereid_error_t *err = alloc_output_in(req, resp, o, datatype, shape, rank, byte_size);
@@ -530,6 +544,39 @@ nereid_error_t *nereid_batch_request_output(nereid_batch_t *batch, size_t r, con
     t->owned = true;
     *buffer = t->data;
     return NULL;
+}
+
+nereid_error_t *nereid_batch_request_output_view(nereid_batch_t *batch, size_t r, const char *name,
+                                                 nereid_datatype_t datatype, const int64_t *shape,
+                                                 size_t rank, const void *data, size_t byte_size,
+                                                 nereid_output_release_fn release,
+                                                 void *release_userp)
+{
+    if (r >= batch->n_reqs)
+        return nereid_error_new(NEREID_ERROR_INVALID_ARG, "request index %zu out of range", r);
+    if (!name || !release || (!data && byte_size))
+        return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                "an output view needs a name, data and a release function");
+    if (nereid_datatype_byte_size(datatype) == 0)
+        return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                "output '%s': only fixed-size datatypes can be views", name);
+    nereid_error_t *bad = output_size_error(name, datatype, shape, rank, byte_size);
+    if (bad) return bad;
+    nereid_request_t *req = batch->reqs[r];
+    resp_output_t *o = response_find_output(req->response, name);
+    if (!o) { /* nobody asked for it */
+        release(release_userp);
+        return NULL;
+    }
+    if (request_output_filled(o))
+        return nereid_error_new(NEREID_ERROR_INTERNAL, "output '%s' produced twice", o->name);
+    int64_t client[NEREID_MAX_RANK];
+    size_t client_rank;
+    output_client_shape(req->model, o->io, shape, rank, client, &client_rank);
+    bad = response_output_view(req, req->response, o, datatype, client, client_rank, data,
+                               byte_size, release, release_userp);
+    if (!bad) request_output_set_filled(o);
+    return bad;
 }
 
 nereid_error_t *nereid_batch_output(nereid_batch_t *batch, const char *name,

@@ -826,6 +826,35 @@ nereid_error_t *response_alloc_output(nereid_request_t *req, nereid_response_t *
     return NULL;
 }
 
+nereid_error_t *response_output_view(nereid_request_t *req, nereid_response_t *resp,
+                                     resp_output_t *o, nereid_datatype_t dt, const int64_t *shape,
+                                     size_t rank, const void *data, size_t byte_size,
+                                     nereid_output_release_fn release, void *release_userp)
+{
+    if (!req->output_views || o->internal) {
+        nereid_error_t *err = response_alloc_output(req, resp, o, dt, shape, rank, byte_size);
+        if (err) return err;
+        if (byte_size) memcpy(o->data, data, byte_size);
+        release(release_userp);
+        return NULL;
+    }
+    if (rank > NEREID_MAX_RANK) rank = NEREID_MAX_RANK;
+    o->datatype = dt;
+    memcpy(o->shape, shape, rank * sizeof *shape);
+    o->rank = rank;
+    o->byte_size = byte_size;
+    o->data = (void *)data;
+    o->view_release = release;
+    o->view_userp = release_userp;
+    o->allocated = true;
+    return NULL;
+}
+
+void nereid_request_set_output_views(nereid_request_t *req, bool accept)
+{
+    req->output_views = accept;
+}
+
 void request_drop_output(nereid_request_t *req, size_t i)
 {
     nereid_response_t *resp = req->response;
@@ -921,7 +950,11 @@ void request_record_stats(nereid_request_t *req, const model_stats_t *parts)
 
 static void release_output(nereid_response_t *resp, resp_output_t *o)
 {
-    if (o->allocated && !o->in_arena) {
+    if (o->view_release) {
+        nereid_output_release_fn release = o->view_release;
+        o->view_release = NULL;
+        release(o->view_userp);
+    } else if (o->allocated && !o->in_arena) {
         if (resp->alloc.alloc_fn && !o->internal) {
             if (resp->alloc.release_fn)
                 resp->alloc.release_fn(resp->alloc.userp, o->data, o->buffer_userp, o->byte_size);
@@ -1105,7 +1138,7 @@ void nereid_response_output(const nereid_response_t *resp, size_t index, const c
     if (rank) *rank = o->rank;
     if (data) *data = o->data;
     if (byte_size) *byte_size = o->byte_size;
-    if (buffer_userp) *buffer_userp = o->buffer_userp;
+    if (buffer_userp) *buffer_userp = o->view_release ? NULL : o->buffer_userp;
 }
 
 uint32_t nereid_response_output_class_count(const nereid_response_t *resp, size_t index)

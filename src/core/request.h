@@ -49,17 +49,23 @@ typedef struct resp_params {
 typedef struct resp_output {
     char *name;
     nereid_datatype_t datatype;
+    uint32_t class_count;
     int64_t shape[NEREID_MAX_RANK];
     size_t rank;
     void *data;
     size_t byte_size;
-    void *buffer_userp;
+    union {
+        void *buffer_userp; /* the allocator's, for its release_fn */
+        void *view_userp;   /* view_release's argument */
+    };
+    /* Non-NULL: data is a backend's own memory (nereid_batch_request_output_view),
+     * released with view_release(view_userp) when the response is freed. */
+    nereid_output_release_fn view_release;
     bool allocated; /* data came from the allocator (release it) */
     bool filled;    /* the backend produced it */
     bool internal;  /* captured for the core/scheduler, not returned to the client */
     bool in_arena;  /* data lives in the response's arena (never freed alone) */
     bool owns_name; /* name malloc'ed; otherwise it is the config output's name */
-    uint32_t class_count;
     model_io_t *io; /* config output, for labels */
 } resp_output_t;
 
@@ -112,6 +118,7 @@ struct nereid_request {
     bool reschedule;     /* the backend asked to run it again (scheduler.h reschedule) */
     bool warmup;         /* model warmup sample: schedulers' test hooks must not hold it */
     bool stats_recorded; /* request_record_stats ran: request_finish skips the queue time */
+    bool output_views;   /* the client accepts outputs that are backend views (server.h) */
     atomic_bool first_response_seen; /* first_response_histogram observed (in the padding) */
 
     /* Set at submission. */
@@ -229,6 +236,15 @@ nereid_error_t *request_alloc_output(nereid_request_t *req, resp_output_t *o, ne
 nereid_error_t *response_alloc_output(nereid_request_t *req, nereid_response_t *resp,
                                       resp_output_t *o, nereid_datatype_t dt, const int64_t *shape,
                                       size_t rank, size_t byte_size);
+/* Output slot o of resp as a view of a backend's memory (data, byte_size):
+ * kept as the slot's data when req accepts views and o is a client output,
+ * else copied into a buffer as response_alloc_output makes it and released
+ * at once. On success release(release_userp) runs exactly once (now or when
+ * resp is freed); on error never. */
+nereid_error_t *response_output_view(nereid_request_t *req, nereid_response_t *resp,
+                                     resp_output_t *o, nereid_datatype_t dt, const int64_t *shape,
+                                     size_t rank, const void *data, size_t byte_size,
+                                     nereid_output_release_fn release, void *release_userp);
 /* A new response for req as request_prepare_response makes it, not attached
  * (a decoupled model's further responses). */
 nereid_response_t *request_new_response(nereid_request_t *req);

@@ -143,6 +143,9 @@ void gfe_model_infer(gfe_unary_call_t *c, const uint8_t *data, size_t len)
         nereid_request_set_cancel_token(req, token);
         gfe_unary_watch_close(c, token);
         nereid_response_allocator_t alloc;
+        /* The reply's slices hold the response until sent: outputs may be
+         * views of a backend's memory, unless they go to shared memory. */
+        nereid_request_set_output_views(req, u->scratch.shm_use == NULL);
         err = nereid_server_infer_async(
             c->fe->server, req, infer_codec_allocator(&u->scratch, &alloc), unary_infer_done, u);
         if (err == NULL) return; /* unary_infer_done finishes the call */
@@ -537,6 +540,7 @@ static void stream_handle(gfe_stream_t *s, grpc_byte_buffer *bb)
         s->refs++;
         pthread_mutex_unlock(&s->mu);
         nereid_response_allocator_t alloc;
+        nereid_request_set_output_views(req, si->scratch.shm_use == NULL);
         err = nereid_server_infer_stream(s->fe->server, req,
                                          infer_codec_allocator(&si->scratch, &alloc),
                                          stream_infer_response, si);

@@ -1017,6 +1017,9 @@ static nereid_error_t *infer_submit(http_conn_t *c, bool *done)
     if (!c->cancel) c->cancel = nereid_cancel_token_new();
     nereid_request_set_cancel_token(req, c->cancel);
     nereid_response_allocator_t alloc = {alloc_output, release_output, c};
+    /* The reply holds the response until sent (reply_hold_t): outputs may be
+     * views of a backend's memory, unless they go to shared memory. */
+    nereid_request_set_output_views(req, c->shm == NULL);
     err = nereid_server_infer_async(srv->core, req, &alloc, infer_done, c);
     if (err) {
         nereid_request_free(req);
