@@ -1637,9 +1637,43 @@ typedef struct load_pool {
     char **names;
     size_t n;
     bool *is_ensemble; /* [n], set by the workers */
+    bool measure;      /* one worker; each load's RSS growth is its charge */
     pthread_mutex_t lock;
     size_t next;
 } load_pool_t;
+
+/* Charges key's loaded model the RSS its load added (at least 1 byte) and
+ * logs it: what --model-memory-budget counts for a model loaded at
+ * start-up (--load-model: pinned), as for one loaded on demand. */
+static void charge_pinned_load(nereid_server_t *s, const char *key, long long grown)
+{
+    if (!model_ready(s, key)) return;
+    if (grown < 1) grown = 1;
+    pthread_rwlock_wrlock(&s->lock);
+    model_entry_t *e = repository_find(s, key);
+    if (e) {
+        e->memory_bytes = grown;
+        atomic_store(&e->last_used_ns, util_now_ns());
+    }
+    pthread_rwlock_unlock(&s->lock);
+    LOG_INFO("loaded pinned '%s' (%lld bytes)", key, grown);
+}
+
+/* After the pinned models' start-up loads: whether they alone exceed the
+ * budget (then every on-demand load unloads the previous on-demand model). */
+static void warn_pinned_over_budget(nereid_server_t *s)
+{
+    long long total = 0, budget = s->opts.model_memory_budget_bytes;
+    pthread_rwlock_rdlock(&s->lock);
+    for (size_t i = 0; i < s->n_models; i++)
+        if (s->models[i]->pinned && entry_has_ready(s->models[i]))
+            total += s->models[i]->memory_bytes;
+    pthread_rwlock_unlock(&s->lock);
+    if (total > budget)
+        LOG_WARN("pinned models (--load-model) use %lld bytes, over the memory budget of %lld "
+                 "bytes: only the model loaded last on demand stays beside them",
+                 total, budget);
+}
 
 /* Loads the plain models among p->names; an ensemble (it needs its steps)
  * is only marked in p->is_ensemble for the caller. Each config is read once,
@@ -1667,18 +1701,25 @@ static void *load_worker(void *arg)
         }
         load_ctx_t ctx = {.depth = 0, .load_deps = false, .config = cfg};
         ctx.chain[0] = p->names[i];
+        long long rss0 = p->measure ? rss_bytes() : 0;
         nereid_error_free(load_model(p->server, p->names[i], NULL, NULL, NULL, NULL, 0, &ctx));
+        if (p->measure) charge_pinned_load(p->server, p->names[i], rss_bytes() - rss0);
         if (ctx.config) config_free(ctx.config);
     }
 }
 
 /* Loads names' plain models on --model-load-thread-count threads and sets
- * is_ensemble[i] for each ensemble among them (not loaded). */
-static void load_parallel(nereid_server_t *s, char **names, size_t n, bool *is_ensemble)
+ * is_ensemble[i] for each ensemble among them (not loaded). measure: one
+ * at a time, each charged what its load added to the RSS (loads in
+ * parallel would blur each other's growth). */
+static void load_parallel(nereid_server_t *s, char **names, size_t n, bool *is_ensemble,
+                          bool measure)
 {
-    load_pool_t pool = {.server = s, .names = names, .n = n, .is_ensemble = is_ensemble};
+    load_pool_t pool = {
+        .server = s, .names = names, .n = n, .is_ensemble = is_ensemble, .measure = measure};
     pthread_mutex_init(&pool.lock, NULL);
     size_t nt = s->opts.model_load_thread_count > 0 ? (size_t)s->opts.model_load_thread_count : 1;
+    if (measure) nt = 1;
     if (nt > n) nt = n;
     pthread_t *threads = xcalloc(nt ? nt : 1, sizeof *threads);
     size_t started = 0;
@@ -1791,7 +1832,10 @@ nereid_error_t *repository_start(nereid_server_t *s)
     size_t n_wanted = 0;
     for (size_t i = 0; i < n; i++)
         if (wanted_at_start(s, names[i])) wanted[n_wanted++] = names[i];
-    load_parallel(s, wanted, n_wanted, ens);
+    /* Under a memory budget the pinned models count too: each one's load
+     * is measured, so they load one at a time. */
+    bool measure = s->opts.model_load_on_demand && s->opts.model_memory_budget_bytes > 0;
+    load_parallel(s, wanted, n_wanted, ens, measure);
     for (size_t i = 0; i < n_wanted; i++) {
         /* loaded (or tried) as another ensemble's step */
         if (!ens[i] || model_ready(s, wanted[i]) ||
@@ -1800,8 +1844,11 @@ nereid_error_t *repository_start(nereid_server_t *s)
         load_ctx_t ctx = {.depth = 0,
                           .load_deps = s->opts.model_control_mode == NEREID_MODEL_CONTROL_EXPLICIT};
         ctx.chain[0] = wanted[i];
+        long long rss0 = measure ? rss_bytes() : 0;
         nereid_error_free(load_model(s, wanted[i], NULL, NULL, NULL, NULL, 0, &ctx));
+        if (measure) charge_pinned_load(s, wanted[i], rss_bytes() - rss0);
     }
+    if (measure) warn_pinned_over_budget(s);
     free(wanted);
     free(ens);
     for (size_t i = 0; i < n; i++)
