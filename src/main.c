@@ -787,6 +787,13 @@ static void log_started(const char *service, const char *address, int port)
 
 int main(int argc, char **argv)
 {
+    /* ONNX Runtime's release builds record usage telemetry (an SQLite store
+     * under ~/.cache/Microsoft/DeveloperTools, written and fsynced when the
+     * runtime starts, and uploads to Microsoft): a server keeps its hosts'
+     * data to itself and Triton's ONNX Runtime sends none. Off unless the
+     * user set ORT_DISABLE_TELEMETRY=0; set here, before any thread, as
+     * setenv must be. */
+    setenv("ORT_DISABLE_TELEMETRY", "1", 0);
     if (argc > 1 && strcmp(argv[1], "check-config") == 0)
         return config_check_main(argc - 1, argv + 1);
     static cli_t cli; /* static: what the flags allocate stays reachable on early exits */

@@ -370,6 +370,29 @@ def test_identical_models_share_sessions_and_others_do_not(nereid_server, tmp_pa
     check_add_sub(s, "add_sub_0002")
 
 
+def test_onnx_runtime_telemetry_is_off(nereid_server, model_repo, tmp_path, monkeypatch):
+    """ONNX Runtime's release builds keep a usage-telemetry store under
+    ~/.cache/Microsoft/DeveloperTools (written and fsynced at every start,
+    for uploads to Microsoft) unless ORT_DISABLE_TELEMETRY is set: the
+    server sets it, so serving an ONNX model leaves the home directory
+    untouched. ORT_DISABLE_TELEMETRY=0 from the user turns it back on."""
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.delenv("ORT_DISABLE_TELEMETRY", raising=False)
+    model_repo.add("add_sub_onnx")
+    s = nereid_server(model_repo.path)
+    check_add_sub(s, "add_sub_onnx")
+    assert s.stop() == 0
+    assert list(home.iterdir()) == []
+    monkeypatch.setenv("ORT_DISABLE_TELEMETRY", "0")
+    s = nereid_server(model_repo.path)
+    check_add_sub(s, "add_sub_onnx")
+    assert s.stop() == 0
+    assert (home / ".cache" / "Microsoft").exists()
+
+
 def test_instance_threads_start_with_the_first_request(nereid_server, tmp_path):
     """A loaded one-instance model has no thread until its first request:
     100 loaded models cost no thread each; each model served adds one."""
