@@ -24,6 +24,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "backend/loader.h"
 #include "core/core.h"
 #include "core/repository.h"
 #include "core/util.h"
@@ -1638,9 +1639,71 @@ typedef struct load_pool {
     size_t n;
     bool *is_ensemble; /* [n], set by the workers */
     bool measure;      /* one worker; each load's RSS growth is its charge */
+    model_config_t **configs; /* [n], read in the first pass, taken by the loads */
     pthread_mutex_t lock;
-    size_t next;
+    pthread_cond_t all_read;
+    size_t next_read, n_read, next; /* lock */
+    struct prefetch *prefetches;    /* lock: one per backend named */
 } load_pool_t;
+
+/* A backend loaded ahead of the start-up loads (backend_prefetch), on a
+ * thread of its own while the workers read the other configs. */
+typedef struct prefetch {
+    struct prefetch *next;
+    char *backend, *model_dir, *runtime; /* the first model's search that named it */
+    const nereid_server_t *server;
+    backend_lib_t *lib; /* the reference it holds until the loads end */
+    pthread_t thread;
+    bool started;
+} prefetch_t;
+
+static void *prefetch_main(void *arg)
+{
+    prefetch_t *f = arg;
+    backend_search_t search = {f->server->backend_dir,      f->model_dir, 0, f->runtime,
+                               f->server->backend_settings, f->server->n_backend_settings};
+    f->lib = backend_prefetch(&search, f->backend);
+    return NULL;
+}
+
+/* Starts loading cfg's backend ahead of the loads, the first time a config
+ * names it. */
+static void prefetch_backend(load_pool_t *p, const model_config_t *cfg, const char *dir)
+{
+    const char *backend = model_backend_for(cfg);
+    if (!backend) return;
+    pthread_mutex_lock(&p->lock);
+    prefetch_t *f = p->prefetches;
+    while (f && strcmp(f->backend, backend) != 0)
+        f = f->next;
+    if (!f) {
+        f = xcalloc(1, sizeof *f);
+        f->backend = xstrdup(backend);
+        f->model_dir = xstrdup(dir);
+        f->runtime = xstrdup(cfg->runtime ? cfg->runtime : "");
+        f->server = p->server;
+        f->next = p->prefetches;
+        p->prefetches = f;
+        f->started = pthread_create(&f->thread, NULL, prefetch_main, f) == 0;
+    }
+    pthread_mutex_unlock(&p->lock);
+}
+
+/* After the loads: the prefetched backends' references go (a backend no
+ * model loaded on is then finished and closed, as without the prefetch). */
+static void prefetch_end(load_pool_t *p)
+{
+    while (p->prefetches) {
+        prefetch_t *f = p->prefetches;
+        p->prefetches = f->next;
+        if (f->started) pthread_join(f->thread, NULL);
+        backend_release(f->lib);
+        free(f->backend);
+        free(f->model_dir);
+        free(f->runtime);
+        free(f);
+    }
+}
 
 /* Charges key's loaded model the RSS its load added (at least 1 byte) and
  * logs it: what --model-memory-budget counts for a model loaded at
@@ -1677,15 +1740,18 @@ static void warn_pinned_over_budget(nereid_server_t *s)
 
 /* Loads the plain models among p->names; an ensemble (it needs its steps)
  * is only marked in p->is_ensemble for the caller. Each config is read once,
- * here, and handed to load_model. */
+ * in a first pass, and handed to load_model in the second. The first pass
+ * starts loading each backend the configs name (prefetch_backend), so the
+ * backend's start overlaps the reads instead of every load waiting for it
+ * in turn. */
 static void *load_worker(void *arg)
 {
     load_pool_t *p = arg;
     for (;;) {
         pthread_mutex_lock(&p->lock);
-        size_t i = p->next++;
+        size_t i = p->next_read++;
         pthread_mutex_unlock(&p->lock);
-        if (i >= p->n) return NULL;
+        if (i >= p->n) break;
         size_t count;
         char *dir = locate(p->server, p->names[i], &count);
         model_config_t *cfg = NULL;
@@ -1693,13 +1759,31 @@ static void *load_worker(void *arg)
         char *name = key_split(p->names[i], &ns);
         if (dir && count == 1) nereid_error_free(read_config(p->server, name, dir, NULL, &cfg));
         free(name);
-        free(dir);
         if (is_ensemble(cfg)) {
             config_free(cfg);
+            cfg = NULL;
             p->is_ensemble[i] = true;
-            continue;
+        } else if (cfg && !p->measure) { /* measured: the backend's start is the load's */
+            prefetch_backend(p, cfg, dir);
         }
-        load_ctx_t ctx = {.depth = 0, .load_deps = false, .config = cfg};
+        free(dir);
+        pthread_mutex_lock(&p->lock);
+        p->configs[i] = cfg;
+        if (++p->n_read == p->n) pthread_cond_broadcast(&p->all_read);
+        pthread_mutex_unlock(&p->lock);
+    }
+    pthread_mutex_lock(&p->lock);
+    while (p->n_read < p->n)
+        pthread_cond_wait(&p->all_read, &p->lock);
+    pthread_mutex_unlock(&p->lock);
+    for (;;) {
+        pthread_mutex_lock(&p->lock);
+        size_t i = p->next++;
+        pthread_mutex_unlock(&p->lock);
+        if (i >= p->n) return NULL;
+        if (p->is_ensemble[i]) continue;
+        load_ctx_t ctx = {.depth = 0, .load_deps = false, .config = p->configs[i]};
+        p->configs[i] = NULL;
         ctx.chain[0] = p->names[i];
         long long rss0 = p->measure ? rss_bytes() : 0;
         nereid_error_free(load_model(p->server, p->names[i], NULL, NULL, NULL, NULL, 0, &ctx));
@@ -1715,9 +1799,14 @@ static void *load_worker(void *arg)
 static void load_parallel(nereid_server_t *s, char **names, size_t n, bool *is_ensemble,
                           bool measure)
 {
-    load_pool_t pool = {
-        .server = s, .names = names, .n = n, .is_ensemble = is_ensemble, .measure = measure};
+    load_pool_t pool = {.server = s,
+                        .names = names,
+                        .n = n,
+                        .is_ensemble = is_ensemble,
+                        .measure = measure,
+                        .configs = xcalloc(n ? n : 1, sizeof *pool.configs)};
     pthread_mutex_init(&pool.lock, NULL);
+    pthread_cond_init(&pool.all_read, NULL);
     size_t nt = s->opts.model_load_thread_count > 0 ? (size_t)s->opts.model_load_thread_count : 1;
     if (measure) nt = 1;
     if (nt > n) nt = n;
@@ -1728,7 +1817,10 @@ static void load_parallel(nereid_server_t *s, char **names, size_t n, bool *is_e
     if (started == 0) load_worker(&pool);
     for (size_t i = 0; i < started; i++)
         pthread_join(threads[i], NULL);
+    prefetch_end(&pool);
     free(threads);
+    free(pool.configs);
+    pthread_cond_destroy(&pool.all_read);
     pthread_mutex_destroy(&pool.lock);
 }
 
