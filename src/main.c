@@ -886,6 +886,9 @@ int main(int argc, char **argv)
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
 
+    /* gRPC's library starts while the models load (after the signal mask:
+     * its threads inherit it). */
+    if (cli.allow_grpc) grpc_frontend_prestart();
     nereid_server_t *server;
     nereid_error_t *err = nereid_server_new(&cli.server, &server);
     free((char *)cli.server.cache_name);
@@ -894,6 +897,7 @@ int main(int argc, char **argv)
     free(cache_json);
     nereid_shm_registry_t *shm = nereid_shm_registry_new(cli.allow_client_shm);
     if (err) {
+        grpc_frontend_prestart_end();
         fprintf(stderr, "error: creating server: %s - %s\n",
                 nereid_error_code_name(nereid_error_code(err)), nereid_error_message(err));
         nereid_error_free(err);
@@ -916,7 +920,9 @@ int main(int argc, char **argv)
         gopts.tls = cli.grpc_tls;
         gopts.header_forward_pattern = cli.grpc_header_forward_pattern;
         gopts.shm = shm;
-        if ((err = grpc_frontend_start(server, &gopts, &grpc_fe))) {
+        err = grpc_frontend_start(server, &gopts, &grpc_fe);
+        grpc_frontend_prestart_end();
+        if (err) {
             log_start_failure("GRPC", cli.grpc_address, cli.grpc_port, err);
             goto frontend_failed;
         }

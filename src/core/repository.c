@@ -1637,8 +1637,8 @@ typedef struct load_pool {
     nereid_server_t *server;
     char **names;
     size_t n;
-    bool *is_ensemble; /* [n], set by the workers */
-    bool measure;      /* one worker; each load's RSS growth is its charge */
+    bool *is_ensemble;        /* [n], set by the workers */
+    bool measure;             /* one worker; each load's RSS growth is its charge */
     model_config_t **configs; /* [n], read in the first pass, taken by the loads */
     pthread_mutex_t lock;
     pthread_cond_t all_read;
@@ -1660,8 +1660,9 @@ typedef struct prefetch {
 static void *prefetch_main(void *arg)
 {
     prefetch_t *f = arg;
-    backend_search_t search = {f->server->backend_dir,      f->model_dir, 0, f->runtime,
-                               f->server->backend_settings, f->server->n_backend_settings};
+    backend_search_t search = {
+        f->server->backend_dir,       f->model_dir, 0, f->runtime, f->server->backend_settings,
+        f->server->n_backend_settings};
     f->lib = backend_prefetch(&search, f->backend);
     return NULL;
 }
