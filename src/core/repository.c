@@ -911,7 +911,10 @@ static nereid_error_t *load_model_as(nereid_server_t *s, const char *key, const 
     if (!dir)
         return nereid_error_new(NEREID_ERROR_INTERNAL,
                                 "failed to load '%s', failed to poll from model repository", name);
-    uint64_t sig = tree_sig(dir, 14695981039346656037ULL, 0);
+    /* Only the poll compares signatures: other modes skip the tree walk. */
+    uint64_t sig = s->opts.model_control_mode == NEREID_MODEL_CONTROL_POLL
+                       ? tree_sig(dir, 14695981039346656037ULL, 0)
+                       : 0;
     pthread_rwlock_wrlock(&s->lock);
     model_entry_t *e = repository_find(s, key);
     if (!e) e = entry_add(s, key, dir);
