@@ -51,31 +51,32 @@ static int cmp_i64(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* Numeric subdirectories of dir, ascending. */
+typedef struct version_list {
+    int64_t *versions;
+    size_t n;
+} version_list_t;
+
+static bool add_version(const char *name, bool subdir, void *arg)
+{
+    version_list_t *l = arg;
+    bool numeric = *name != '\0';
+    for (const char *p = name; *p; p++)
+        numeric &= isdigit((unsigned char)*p) != 0;
+    if (!numeric || strlen(name) > 18 || !subdir) return true;
+    l->versions = xrealloc(l->versions, (l->n + 1) * sizeof *l->versions);
+    l->versions[l->n++] = strtoll(name, NULL, 10);
+    return true;
+}
+
+/* The numeric subdirectories of dir (symlinks to directories count),
+ * sorted. */
 static size_t list_versions(const char *dir, int64_t **out)
 {
-    *out = NULL;
-    DIR *d = opendir(dir);
-    if (!d) return 0;
-    size_t n = 0;
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        const char *s = e->d_name;
-        if (!*s) continue;
-        bool numeric = true;
-        for (const char *p = s; *p; p++)
-            numeric &= isdigit((unsigned char)*p) != 0;
-        if (!numeric || strlen(s) > 18) continue;
-        char *path = xasprintf("%s/%s", dir, s);
-        bool ok = is_dir(path);
-        free(path);
-        if (!ok) continue;
-        *out = xrealloc(*out, (n + 1) * sizeof **out);
-        (*out)[n++] = strtoll(s, NULL, 10);
-    }
-    closedir(d);
-    if (n) qsort(*out, n, sizeof **out, cmp_i64);
-    return n;
+    version_list_t l = {NULL, 0};
+    util_dir_each(dir, add_version, &l);
+    if (l.n) qsort(l.versions, l.n, sizeof *l.versions, cmp_i64);
+    *out = l.versions;
+    return l.n;
 }
 
 static uint64_t fnv(uint64_t h, const void *p, size_t n)
