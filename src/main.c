@@ -146,7 +146,8 @@ static const flag_t flags[] = {
     F("model-load-on-demand", FLAG_BOOL, server.model_load_on_demand,
       "Explicit or poll mode: load a model on its first request (false)."),
     F("model-memory-budget", FLAG_LLONG, server.model_memory_budget_bytes,
-      "With --model-load-on-demand: unload least recently used models past these bytes."),
+      "With --model-load-on-demand: while loaded models (--load-model ones included) use more "
+      "than these bytes, unload the least recently used."),
     F("backend-directory", FLAG_STR, server.backend_directory,
       "Where libnereid_<name>.so backends live."),
     F("log-verbose", FLAG_INT, server.log_verbose, "Verbose logging level (0)."),
@@ -787,6 +788,13 @@ static void log_started(const char *service, const char *address, int port)
 
 int main(int argc, char **argv)
 {
+    /* ONNX Runtime's release builds record usage telemetry (an SQLite store
+     * under ~/.cache/Microsoft/DeveloperTools, written and fsynced when the
+     * runtime starts, and uploads to Microsoft): a server keeps its hosts'
+     * data to itself and Triton's ONNX Runtime sends none. Off unless the
+     * user set ORT_DISABLE_TELEMETRY=0; set here, before any thread, as
+     * setenv must be. */
+    setenv("ORT_DISABLE_TELEMETRY", "1", 0);
     if (argc > 1 && strcmp(argv[1], "check-config") == 0)
         return config_check_main(argc - 1, argv + 1);
     static cli_t cli; /* static: what the flags allocate stays reachable on early exits */
@@ -879,6 +887,9 @@ int main(int argc, char **argv)
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
 
+    /* gRPC's library starts while the models load (after the signal mask:
+     * its threads inherit it). */
+    if (cli.allow_grpc) grpc_frontend_prestart();
     nereid_server_t *server;
     nereid_error_t *err = nereid_server_new(&cli.server, &server);
     free((char *)cli.server.cache_name);
@@ -887,6 +898,7 @@ int main(int argc, char **argv)
     free(cache_json);
     nereid_shm_registry_t *shm = nereid_shm_registry_new(cli.allow_client_shm);
     if (err) {
+        grpc_frontend_prestart_end();
         fprintf(stderr, "error: creating server: %s - %s\n",
                 nereid_error_code_name(nereid_error_code(err)), nereid_error_message(err));
         nereid_error_free(err);
@@ -909,7 +921,9 @@ int main(int argc, char **argv)
         gopts.tls = cli.grpc_tls;
         gopts.header_forward_pattern = cli.grpc_header_forward_pattern;
         gopts.shm = shm;
-        if ((err = grpc_frontend_start(server, &gopts, &grpc_fe))) {
+        err = grpc_frontend_start(server, &gopts, &grpc_fe);
+        grpc_frontend_prestart_end();
+        if (err) {
             log_start_failure("GRPC", cli.grpc_address, cli.grpc_port, err);
             goto frontend_failed;
         }

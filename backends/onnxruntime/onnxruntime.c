@@ -108,7 +108,33 @@ typedef struct ort_model {
     bool unshared;         /* options that rule sharing out (own thread pools) */
     char **seq_names;      /* owned names of sequence control/state tensors */
     size_t n_seq_names;
+    json_t *config;    /* during model init: the config's JSON, parsed once per text */
+    char *config_text; /* the text config was parsed from (autofill replaces it) */
 } ort_model_t;
+
+/* The model's config as JSON, parsed once for as long as its text stays the
+ * same (model init reads it in several places; autofill replaces it).
+ * Owned by m until config_drop; NULL when it cannot be parsed. */
+static json_t *config_of(ort_model_t *m, const nereid_model_t *model)
+{
+    const char *text = nereid_model_config_json(model);
+    if (!text) return NULL;
+    if (!m->config_text || strcmp(m->config_text, text) != 0) {
+        json_decref(m->config);
+        free(m->config_text);
+        m->config = json_loads(text, 0, NULL);
+        m->config_text = strdup(text);
+    }
+    return m->config;
+}
+
+static void config_drop(ort_model_t *m)
+{
+    json_decref(m->config);
+    m->config = NULL;
+    free(m->config_text);
+    m->config_text = NULL;
+}
 
 typedef struct ort_instance {
     ort_model_t *model;
@@ -387,10 +413,9 @@ static nereid_error_t *parse_bool(const char *value, bool *out)
 }
 
 /* config.optimization.graph.level, 0 when absent. */
-static int graph_level(const nereid_model_t *model)
+static int graph_level(ort_model_t *m, const nereid_model_t *model)
 {
-    const char *text = nereid_model_config_json(model);
-    json_t *root = text ? json_loads(text, 0, NULL) : NULL;
+    json_t *root = config_of(m, model);
     json_t *level =
         json_object_get(json_object_get(json_object_get(root, "optimization"), "graph"), "level");
     int v = 0;
@@ -398,7 +423,6 @@ static int graph_level(const nereid_model_t *model)
         v = (int)json_integer_value(level);
     else if (json_is_string(level))
         v = atoi(json_string_value(level));
-    json_decref(root);
     return v;
 }
 
@@ -416,7 +440,7 @@ static nereid_error_t *make_session_options(ort_model_t *m, nereid_model_t *mode
     const ort_api_t *api = &m->backend->api;
     ORT_TRY(api, api->CreateSessionOptions(&m->options));
 
-    int level = graph_level(model);
+    int level = graph_level(m, model);
     char level_text[16];
     snprintf(level_text, sizeof(level_text), "%d", level);
     key_add(m, "level", level_text);
@@ -749,11 +773,10 @@ static nereid_error_t *compare_dims(const char *model_name, const char *name, co
  * core shapes it per request). */
 enum { DIMS_COMPARE, DIMS_RAGGED, DIMS_SKIP };
 
-static int dims_mode(const nereid_model_t *model, bool input, const char *name)
+static int dims_mode(ort_model_t *m, const nereid_model_t *model, bool input, const char *name)
 {
     if (nereid_model_max_batch_size(model) <= 0) return DIMS_COMPARE;
-    const char *text = nereid_model_config_json(model);
-    json_t *root = text ? json_loads(text, 0, NULL) : NULL;
+    json_t *root = config_of(m, model);
     int mode = DIMS_COMPARE;
     size_t i, k;
     json_t *io, *target;
@@ -771,7 +794,6 @@ static int dims_mode(const nereid_model_t *model, bool input, const char *name)
                 mode = DIMS_SKIP;
         }
     }
-    json_decref(root);
     return mode;
 }
 
@@ -818,13 +840,21 @@ static bool alone_in_dir(const char *path)
     const char *slash = strrchr(path, '/');
     char dir[PATH_MAX];
     snprintf(dir, sizeof(dir), "%.*s", slash ? (int)(slash - path) : 1, slash ? path : ".");
-    DIR *d = opendir(dir);
-    if (!d) return false;
+    /* getdents64 into a stack buffer: opendir's 32 KiB buffer, allocated
+     * and freed per model, was a visible share of loading a thousand. */
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return false;
     size_t n = 0;
-    struct dirent *ent;
-    while ((ent = readdir(d)) && n < 2)
-        if (strcmp(ent->d_name, ".") && strcmp(ent->d_name, "..")) n++;
-    closedir(d);
+    char buf[2048] __attribute__((aligned(8)));
+    ssize_t got;
+    while (n < 2 && (got = getdents64(fd, buf, sizeof buf)) > 0)
+        for (ssize_t off = 0; off < got && n < 2;) {
+            const struct dirent64 *ent = (const struct dirent64 *)(buf + off);
+            if (ent->d_reclen == 0) break;
+            if (strcmp(ent->d_name, ".") && strcmp(ent->d_name, "..")) n++;
+            off += ent->d_reclen;
+        }
+    close(fd);
     return n == 1;
 }
 
@@ -992,6 +1022,7 @@ static nereid_error_t *shared_instance_session(ort_model_t *m, OrtSession **sess
 static void model_free(ort_model_t *m)
 {
     if (!m) return;
+    config_drop(m);
     const ort_api_t *api = &m->backend->api;
     if (m->shared) shared_release(m->backend, m->shared);
     if (m->spare) api->ReleaseSession(m->spare);
@@ -1051,7 +1082,7 @@ static int sequence_names(ort_model_t *m, const nereid_model_t *model, const ort
                           size_t n_in, const ort_tensor_t *out, size_t n_out, size_t *n_seq_in)
 {
     *n_seq_in = 0;
-    json_t *cfg = json_loads(nereid_model_config_json(model), 0, NULL);
+    json_t *cfg = config_of(m, model);
     json_t *sb = json_object_get(cfg, "sequence_batching");
     int rc = 0;
     for (int pass = 0; pass < 2 && sb && rc == 0; pass++) {
@@ -1098,7 +1129,6 @@ static int sequence_names(ort_model_t *m, const nereid_model_t *model, const ort
             }
         }
     }
-    json_decref(cfg);
     return rc;
 }
 
@@ -1150,7 +1180,7 @@ static nereid_error_t *bind_config(ort_model_t *m, nereid_model_t *model, const 
                     tensor_find(inits, n_inits, m->input_names[i]);
         nereid_error_t *err = check_io(
             name, "input", m->input_names[i], m->input_datatypes[i], dims, rank, m->max_batch_size,
-            init ? inits : in, init ? n_inits : n_in, dims_mode(model, true, m->input_names[i]));
+            init ? inits : in, init ? n_inits : n_in, dims_mode(m, model, true, m->input_names[i]));
         if (err) return err;
         m->input_elem_types[i] = elem_from_datatype(m->input_datatypes[i]);
     }
@@ -1163,7 +1193,7 @@ static nereid_error_t *bind_config(ort_model_t *m, nereid_model_t *model, const 
             o->datatype = datatype_from_elem(t->elem_type);
         } else {
             nereid_model_output(model, i, &o->name, &o->datatype, &o->config_dims, &o->config_rank);
-            int mode = dims_mode(model, false, o->name);
+            int mode = dims_mode(m, model, false, o->name);
             nereid_error_t *err = check_io(name, "output", o->name, o->datatype, o->config_dims,
                                            o->config_rank, m->max_batch_size, out, n_out, mode);
             if (err) return err;
@@ -1238,6 +1268,7 @@ NEREID_EXPORT nereid_error_t *nereid_backend_model_init(nereid_model_t *model)
     tensors_free(in, n_in);
     tensors_free(out, n_out);
     tensors_free(inits, n_inits);
+    config_drop(m);
     nereid_model_set_state(model, m);
     return NULL;
 fail:

@@ -12,6 +12,9 @@
  *   inline_max_us        N: nereid_model_set_inline_max_us(model, N) (ABI 1.7)
  *   show_backend_config  "true": model init fails with the backend's
  *                        --backend-config JSON as its reason (ABI 1.5)
+ *   model_init_resident_bytes  N: model init allocates N bytes and writes
+ *                        them (resident until model fini), so a test knows
+ *                        what a model's load adds to the process's RSS
  *   fail_instance_init   "true": instance init fails
  *   fail_execute         "true": every execute fails
  *   execution_log        path: every execute appends "start <model> <n>"
@@ -104,6 +107,21 @@ NEREID_EXPORT nereid_error_t *nereid_backend_model_init(nereid_model_t *model)
     const char *wait = nereid_model_parameter(model, "model_init_wait_for_file");
     for (int i = 0; wait && access(wait, F_OK) != 0 && i < 30000; i++)
         sleep_ms(1);
+    const char *resident = nereid_model_parameter(model, "model_init_resident_bytes");
+    size_t resident_bytes = resident ? strtoull(resident, NULL, 10) : 0;
+    if (resident_bytes) {
+        char *block = malloc(resident_bytes);
+        if (!block)
+            return nereid_error_new(NEREID_ERROR_INTERNAL, "testing backend: out of memory");
+        memset(block, 1, resident_bytes);
+        nereid_model_set_state(model, block);
+    }
+    return NULL;
+}
+
+NEREID_EXPORT nereid_error_t *nereid_backend_model_fini(nereid_model_t *model)
+{
+    free(nereid_model_state(model));
     return NULL;
 }
 

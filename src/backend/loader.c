@@ -307,6 +307,22 @@ nereid_error_t *backend_acquire(const backend_search_t *search, const char *name
     return NULL;
 }
 
+backend_lib_t *backend_prefetch(const backend_search_t *search, const char *name)
+{
+    nereid_error_t *err = NULL;
+    if (python_based(search, name, &err)) name = "python";
+    if (err || !plain_name(name)) {
+        nereid_error_free(err);
+        return NULL;
+    }
+    char *path = nereid_library(search->backend_dir, name);
+    if (!path) return NULL;
+    free(path);
+    backend_lib_t *lib = NULL;
+    nereid_error_free(backend_acquire(search, name, &lib));
+    return lib;
+}
+
 void backend_release(backend_lib_t *lib)
 {
     if (!lib) return;

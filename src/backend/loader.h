@@ -57,5 +57,14 @@ nereid_error_t *backend_acquire(const backend_search_t *search, const char *name
                                 backend_lib_t **out);
 /* Drops a reference; the last one runs fini and dlcloses. */
 void backend_release(backend_lib_t *lib);
+/* Loads backend `name` ahead of the model loads that need it, when the
+ * library a model with this search would get is one of Nereid's own in
+ * the backend directory (the same for every model directory and version):
+ * returns a reference (backend_release), or NULL when there is nothing to
+ * load ahead or it failed (a model's own load then reports why). For
+ * parallel start-up loads: the backend's start (ONNX Runtime's library and
+ * environment) then overlaps reading the other models' configs. Any
+ * thread. */
+backend_lib_t *backend_prefetch(const backend_search_t *search, const char *name);
 
 #endif

@@ -689,8 +689,9 @@ static void on_demand_metrics_text(FILE *out, nereid_server_t *s)
     for (size_t i = 0; i < sizeof counters / sizeof counters[0]; i++)
         fprintf(out, "# HELP %s %s\n# TYPE %s counter\n%s %" PRIu64 "\n", counters[i].name,
                 counters[i].help, counters[i].name, counters[i].name, counters[i].value);
-    fprintf(out, "# HELP nereid_model_memory_bytes Resident memory the model's on-demand load "
-                 "added to the process\n# TYPE nereid_model_memory_bytes gauge\n");
+    fprintf(out, "# HELP nereid_model_memory_bytes Resident memory the model's load (on demand, "
+                 "or pinned under a memory budget) added to the process\n# TYPE "
+                 "nereid_model_memory_bytes gauge\n");
     for (size_t i = 0; i < s->n_models; i++)
         if (s->models[i]->memory_bytes > 0 && s->models[i]->state == MODEL_READY)
             fprintf(out, "nereid_model_memory_bytes{model=\"%s\"} %lld\n", s->models[i]->name,

@@ -4,6 +4,7 @@
  */
 #include "core/util.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -404,4 +405,29 @@ nereid_error_t *util_read_tensor_file(const char *root, const char *folder, cons
                            is_string ? 0 : UTIL_READ_PREFIX, subject, out, out_bytes);
     free(rel);
     return err;
+}
+
+int util_dir_each(const char *dir, bool (*fn)(const char *name, bool is_dir, void *arg), void *arg)
+{
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    char buf[4096] __attribute__((aligned(8)));
+    ssize_t got;
+    bool go = true;
+    while (go && (got = getdents64(fd, buf, sizeof buf)) > 0) {
+        for (ssize_t off = 0; go && off < got;) {
+            const struct dirent64 *e = (const struct dirent64 *)(buf + off);
+            if (e->d_reclen == 0) break;
+            off += e->d_reclen;
+            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+            bool is_dir = e->d_type == DT_DIR;
+            if (e->d_type == DT_UNKNOWN || e->d_type == DT_LNK) {
+                struct stat st;
+                is_dir = fstatat(fd, e->d_name, &st, 0) == 0 && S_ISDIR(st.st_mode);
+            }
+            go = fn(e->d_name, is_dir, arg);
+        }
+    }
+    close(fd);
+    return 0;
 }

@@ -489,6 +489,29 @@ static void destroy_queues(grpc_frontend_t *fe, int n_threads)
     grpc_shutdown();
 }
 
+static pthread_t prestart_thread;
+static bool prestarted;
+
+static void *prestart_main(void *arg)
+{
+    (void)arg;
+    grpc_init();
+    return NULL;
+}
+
+void grpc_frontend_prestart(void)
+{
+    if (!prestarted) prestarted = pthread_create(&prestart_thread, NULL, prestart_main, NULL) == 0;
+}
+
+void grpc_frontend_prestart_end(void)
+{
+    if (!prestarted) return;
+    pthread_join(prestart_thread, NULL);
+    prestarted = false;
+    grpc_shutdown(); /* the frontend's own grpc_init holds the library */
+}
+
 nereid_error_t *grpc_frontend_start(nereid_server_t *server, const grpc_options_t *opts,
                                     grpc_frontend_t **out)
 {

@@ -48,6 +48,13 @@ void grpc_options_init(grpc_options_t *opts);
  * forwarding pattern. */
 nereid_error_t *grpc_frontend_start(nereid_server_t *server, const grpc_options_t *opts,
                                     grpc_frontend_t **out);
+/* Starts gRPC's library (grpc_init: its threads and tables, a few ms) on
+ * a thread of its own, so that the work overlaps what the caller does
+ * before grpc_frontend_start (loading the models); grpc_frontend_prestart_end
+ * waits for it and drops its hold on the library. Optional; one pair per
+ * process, both from the main thread. */
+void grpc_frontend_prestart(void);
+void grpc_frontend_prestart_end(void);
 /* The port actually bound (useful with port 0). */
 int grpc_frontend_port(const grpc_frontend_t *fe);
 /* Stops accepting calls, cancels open calls, waits until every in-flight

@@ -208,6 +208,39 @@ def test_on_demand_loads_and_evicts_least_recently_used(nereid_server, tmp_path)
     assert metric(s, 'nereid_model_memory_bytes{model="a"}') is None
 
 
+def test_budget_counts_pinned_models(nereid_server, tmp_path):
+    """Models pinned with --load-model are loaded, so the budget counts them:
+    under a budget each pinned model's start-up load is measured (RSS growth,
+    one load at a time) like an on-demand load, and on-demand models are
+    unloaded to fit beside them. A pinned model holding 24 MiB under a 16 MiB
+    budget leaves room for only the model used last; a 64 MiB budget keeps
+    them all."""
+    repo = str(tmp_path / "models")
+    write_testing_model(repo, "p", model_init_resident_bytes=str(24 * MIB))
+    write_testing_model(repo, "a")
+    write_testing_model(repo, "b")
+    s = nereid_server(repo, *ON_DEMAND, f"--model-memory-budget={16 * MIB}", "--load-model=p")
+    pinned = metric(s, 'nereid_model_memory_bytes{model="p"}')
+    assert pinned is not None and pinned >= 24 * MIB, pinned
+    log = s.output()
+    assert "loaded pinned 'p'" in log, log
+    assert "pinned models (--load-model) use" in log, log
+    assert infer(s, "a").status_code == 200
+    assert infer(s, "b").status_code == 200
+    st = states(s)
+    assert (st["p"], st["a"], st["b"]) == ("READY", "UNAVAILABLE", "READY"), st
+    assert metric(s, "nereid_model_on_demand_evictions_total") == 1
+    assert "unloading 'a'" in s.output()
+    s.stop()
+
+    s = nereid_server(repo, *ON_DEMAND, f"--model-memory-budget={64 * MIB}", "--load-model=p")
+    assert "pinned models (--load-model) use" not in s.output()
+    assert infer(s, "a").status_code == 200
+    assert infer(s, "b").status_code == 200
+    assert all(v == "READY" for v in states(s).values()), states(s)
+    assert metric(s, "nereid_model_on_demand_evictions_total") == 0
+
+
 def test_concurrent_first_requests_wait_for_one_load(nereid_server, tmp_path):
     repo = str(tmp_path / "models")
     write_testing_model(repo, "slowload", model_init_delay_ms="300")
@@ -335,6 +368,29 @@ def test_identical_models_share_sessions_and_others_do_not(nereid_server, tmp_pa
     outs = {o["name"]: o["data"] for o in r.json()["outputs"]}
     assert outs == {"OUTPUT0": minus, "OUTPUT1": plus}
     check_add_sub(s, "add_sub_0002")
+
+
+def test_onnx_runtime_telemetry_is_off(nereid_server, model_repo, tmp_path, monkeypatch):
+    """ONNX Runtime's release builds keep a usage-telemetry store under
+    ~/.cache/Microsoft/DeveloperTools (written and fsynced at every start,
+    for uploads to Microsoft) unless ORT_DISABLE_TELEMETRY is set: the
+    server sets it, so serving an ONNX model leaves the home directory
+    untouched. ORT_DISABLE_TELEMETRY=0 from the user turns it back on."""
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.delenv("ORT_DISABLE_TELEMETRY", raising=False)
+    model_repo.add("add_sub_onnx")
+    s = nereid_server(model_repo.path)
+    check_add_sub(s, "add_sub_onnx")
+    assert s.stop() == 0
+    assert list(home.iterdir()) == []
+    monkeypatch.setenv("ORT_DISABLE_TELEMETRY", "0")
+    s = nereid_server(model_repo.path)
+    check_add_sub(s, "add_sub_onnx")
+    assert s.stop() == 0
+    assert (home / ".cache" / "Microsoft").exists()
 
 
 def test_instance_threads_start_with_the_first_request(nereid_server, tmp_path):
