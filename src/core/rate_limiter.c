@@ -407,23 +407,28 @@ long rate_limiter_capacity(rate_limiter_t *rl, const char *name, int device)
 
 /* ---- Models ---- */
 
-nereid_error_t *rate_limiter_add_model(model_t *m)
+nereid_error_t *rate_limiter_add_instance(model_t *m, model_instance_t *inst)
 {
     rate_limiter_t *rl = m->server->rate_limiter;
-    for (size_t i = 0; rl && i < m->n_instances; i++) {
-        model_instance_t *inst = m->instances[i];
-        const Inference__ModelRateLimiter *cfg = inst->group ? inst->group->rate_limiter : NULL;
-        if (!cfg || cfg->n_resources == 0) continue;
-        rate_limiter_need_t *needs = xcalloc(cfg->n_resources, sizeof *needs);
-        for (size_t k = 0; k < cfg->n_resources; k++)
-            needs[k] = (rate_limiter_need_t){.name = cfg->resources[k]->name,
-                                             .global = cfg->resources[k]->global,
-                                             .count = cfg->resources[k]->count};
-        nereid_error_t *err = rate_limiter_register(rl, m, inst->device_id, needs, cfg->n_resources,
-                                                    cfg->priority, &inst->rate_limit);
-        free(needs);
+    const Inference__ModelRateLimiter *cfg = inst->group ? inst->group->rate_limiter : NULL;
+    if (!rl || !cfg || cfg->n_resources == 0) return NULL;
+    rate_limiter_need_t *needs = xcalloc(cfg->n_resources, sizeof *needs);
+    for (size_t k = 0; k < cfg->n_resources; k++)
+        needs[k] = (rate_limiter_need_t){.name = cfg->resources[k]->name,
+                                         .global = cfg->resources[k]->global,
+                                         .count = cfg->resources[k]->count};
+    nereid_error_t *err = rate_limiter_register(rl, m, inst->device_id, needs, cfg->n_resources,
+                                                cfg->priority, &inst->rate_limit);
+    free(needs);
+    if (!err) m->rate_limited = true;
+    return err;
+}
+
+nereid_error_t *rate_limiter_add_model(model_t *m)
+{
+    for (size_t i = 0; i < m->n_instances; i++) {
+        nereid_error_t *err = rate_limiter_add_instance(m, m->instances[i]);
         if (err) return err;
-        m->rate_limited = true;
     }
     return NULL;
 }

@@ -80,6 +80,11 @@ typedef struct scheduler_ops {
      * next_batch (drain) or failed. Wakes every waiter and joins the
      * scheduler's own threads (reapers), if any. */
     void (*stop)(scheduler_t *s);
+    /* Optional: wakes every instance thread waiting in next_batch, so that
+     * one the core retired (inst->retired, set before this call) returns
+     * false and exits; the others go on serving. Without it a model's
+     * instances cannot change in place (model_update_instances). */
+    void (*wake)(scheduler_t *s);
     /* Frees the scheduler after every instance thread has exited. */
     void (*destroy)(scheduler_t *s);
 } scheduler_ops_t;
