@@ -290,3 +290,20 @@ def test_a_failed_update_keeps_the_serving_instances(model, start):
     assert load(s).status_code == 200
     assert model.counts() == (2, 1)  # its group changed: replaced
     one(s)
+
+
+def test_resource_counts_follow_the_instances(model, start):
+    """Triton's verbose "Max Resource Map" after each change: a smaller need
+    lowers the server's count once the old instance is gone."""
+    need = 'rate_limiter { resources [ { name: "R1" count: %d } ] }'
+    model.config([cpu(1, extra=need % 4)])
+    s = start(model, "--rate-limit=execution_count", "--log-verbose=1")
+    assert load(s).status_code == 200
+    model.config([cpu(1, extra=need % 3)])
+    assert load(s).status_code == 200
+    assert model.counts() == (2, 1)
+    one(s)
+    out = s.output()
+    assert "Max Resource Map===>" in out
+    assert "Resource: R1\\t Count: 4" in out
+    assert "Resource: R1\\t Count: 3" in out
