@@ -38,7 +38,9 @@ bool model_can_update_instances(const model_t *m);
 /* Gives m the instance groups of cfg: an instance whose group matches one
  * of cfg's (every field but name and count, and the device) keeps serving,
  * the ones cfg adds are initialized, the others retired once their current
- * batch is done (finalized before this returns). On error m is unchanged.
+ * batch is done (finalized before this returns). On error m is unchanged;
+ * UNAVAILABLE when the scheduler cannot let an instance go now (a live
+ * sequence on it): the caller reloads instead.
  * Thread: the loading one (the repository serializes loads). */
 nereid_error_t *model_update_instances(model_t *m, const model_config_t *cfg);
 /* The backend library name a config selects, or NULL (ensemble/unknown). */

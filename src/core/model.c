@@ -461,6 +461,22 @@ nereid_error_t *model_update_instances(model_t *m, const model_config_t *cfg)
         config_free(nc);
         return err;
     }
+    /* The scheduler may refuse to let an instance go (a live sequence on
+     * it): nothing changes, the caller reloads instead. */
+    model_instance_t **leaving = xcalloc(n_old ? n_old : 1, sizeof *leaving);
+    size_t n_leaving = 0;
+    for (size_t j = 0; j < n_old; j++)
+        if (!kept[j] && !atomic_load(&old[j]->retired)) leaving[n_leaving++] = old[j];
+    bool may_leave =
+        !n_leaving || !m->sched->ops->retire || m->sched->ops->retire(m->sched, leaving, n_leaving);
+    free(leaving);
+    if (!may_leave) {
+        drop_new_instances(m, added, n_added);
+        free(kept);
+        config_free(nc);
+        return nereid_error_new(NEREID_ERROR_UNAVAILABLE,
+                                "an instance of '%s' to remove still serves a sequence", m->name);
+    }
     /* Commit: publish the longer array before its count, retire what is
      * not kept, start the new threads if the model's are running. */
     model_instance_t **v = xcalloc(n_old + n_added ? n_old + n_added : 1, sizeof *v);

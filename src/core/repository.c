@@ -1077,6 +1077,13 @@ static nereid_error_t *load_model_as(nereid_server_t *s, const char *key, const 
         if (old && may_update && model_can_update_instances(old) &&
             version_files_sig(load_dir, chosen[i]) == old_sig) {
             nereid_error_t *uerr = model_update_instances(old, cfg);
+            if (uerr && nereid_error_code(uerr) == NEREID_ERROR_UNAVAILABLE) {
+                /* an instance cannot leave in place: a full reload */
+                LOG_VERBOSE("'%s' version %" PRId64 " reloads: %s", name, chosen[i],
+                            nereid_error_message(uerr));
+                nereid_error_free(uerr);
+                goto reload;
+            }
             nv[i].model = old; /* the same model serves, with the new instances */
             nv[i].state = MODEL_READY;
             nv[i].files_sig = version_files_sig(load_dir, chosen[i]);
@@ -1091,6 +1098,7 @@ static nereid_error_t *load_model_as(nereid_server_t *s, const char *key, const 
             }
             continue;
         }
+    reload:;
         model_load_args_t args = {
             .name = name,
             .model_namespace = ns,

@@ -307,3 +307,44 @@ def test_resource_counts_follow_the_instances(model, start):
     assert "Max Resource Map===>" in out
     assert "Resource: R1\\t Count: 4" in out
     assert "Resource: R1\\t Count: 3" in out
+
+
+def seq(server, sid, start=False, end=False):
+    body = {"parameters": {"sequence_id": sid, "sequence_start": start, "sequence_end": end},
+            "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [3],
+                        "data": [1.0, 2.0, 3.0]}]}
+    r = requests.post(f"{server.http_url}/v2/models/{MODEL}/infer", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize("strategy", ["direct { }", "oldest { max_candidate_sequences: 4 }"])
+def test_sequence_models_update_in_place_without_live_sequences(model, start, strategy):
+    batching = f"sequence_batching {{ {strategy} max_sequence_idle_microseconds: 8000000 }}"
+    model.config([cpu(2)], batching=batching)
+    s = start(model)
+    assert load(s).status_code == 200
+    seq(s, 1, start=True)
+    seq(s, 1)
+    seq(s, 1, end=True)
+    model.config([cpu(4)], batching=batching)
+    assert load(s).status_code == 200
+    assert model.counts() == (4, 0)
+    # four live sequences: one position each on four instances (a fifth
+    # would wait in the backlog)
+    for sid in (1, 2, 3, 4):
+        seq(s, sid, start=True)
+    for sid in (1, 2, 3, 4):
+        seq(s, sid, end=True)
+    model.config([cpu(3)], batching=batching)
+    assert load(s).status_code == 200
+    assert model.counts() == (4, 1)
+    seq(s, 7, start=True)
+    seq(s, 7, end=True)
+    # a live sequence on every instance: they cannot leave, a full reload
+    for sid in (11, 12, 13):
+        seq(s, sid, start=True)
+    model.config([cpu(1)], batching=batching)
+    assert load(s).status_code == 200
+    assert model.counts() == (5, 4)
+    seq(s, 21, start=True)
+    seq(s, 21, end=True)
