@@ -514,3 +514,14 @@ def test_backslash_is_an_ordinary_model_name_character(nereid_server, tmp_path):
              {"parameters": {"config": py, "file:/1/model.py": code}})
     assert r.status_code == 400, r.text
     assert "Invalid stub name: contains invalid characters" in r.json()["error"]
+    # Triton checks the auto-complete stub's name (the model's) before it
+    # reads model.py: a quote in the name is refused even when model.py is
+    # not valid Python (L0_backend_python model_control embeds the name in it).
+    py = json.dumps({"name": "m'x", "backend": "python",
+                     "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
+                     "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [-1]}]})
+    code = base64.b64encode(b"print('m'x')\n").decode()
+    r = post(s, "/v2/repository/models/m'x/load",
+             {"parameters": {"config": py, "file:/1/model.py": code}})
+    assert r.status_code == 400, r.text
+    assert "Invalid stub name: contains invalid characters" in r.json()["error"]
