@@ -311,7 +311,8 @@ static void stop_instances(model_t *m)
         pthread_mutex_unlock(&m->lock);
         for (size_t i = 0; i < m->n_instances; i++) {
             model_instance_t *inst = m->instances[i];
-            if (!inst->thread_started && !inst->fini_done && m->backend->instance_fini)
+            if (inst->thread_started || inst->fini_done) continue; /* its thread finalizes */
+            if (m->backend->instance_fini)
                 nereid_error_free(m->backend->instance_fini((nereid_instance_t *)inst));
             inst->fini_done = true;
         }
