@@ -797,6 +797,12 @@ int main(int argc, char **argv)
     setenv("ORT_DISABLE_TELEMETRY", "1", 0);
     if (argc > 1 && strcmp(argv[1], "check-config") == 0)
         return config_check_main(argc - 1, argv + 1);
+    /* The ONNX Runtime library Nereid ships (the onnxruntime-node build)
+     * carries Microsoft's telemetry client, which a few seconds after load
+     * starts threads that resolve its collector's host name (Triton's own
+     * ONNX Runtime builds have none). Off unless the user sets the variable;
+     * set here, before any thread exists (setenv is not thread-safe). */
+    setenv("ORT_DISABLE_TELEMETRY", "1", 0);
     static cli_t cli; /* static: what the flags allocate stays reachable on early exits */
     nereid_server_options_init(&cli.server);
     cli.allow_http = cli.allow_grpc = cli.allow_metrics = cli.allow_cpu_metrics = true;

@@ -2395,8 +2395,17 @@ static char *python_based_backend_file(nereid_model_t *model)
     return file;
 }
 
+/* Triton's IsValidIdentifier: characters a stub name must not contain. */
+static const char *const BAD_NAME_CHARS = ";|&$`<>()[]{}\\\"'*?~#!";
+
 NEREID_EXPORT nereid_error_t *nereid_backend_model_init(nereid_model_t *model)
 {
+    /* Triton names its auto-complete stub after the model and checks that
+     * name before anything of the model is read (StubLauncher::Launch). */
+    if (nereid_model_autocomplete_allowed(model) &&
+        strpbrk(nereid_model_name(model), BAD_NAME_CHARS))
+        return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                "Invalid stub name: contains invalid characters");
 
     char *python = NULL;
     nereid_error_t *env_err = execution_env(model, &python);
@@ -2477,8 +2486,6 @@ NEREID_EXPORT nereid_error_t *nereid_backend_model_fini(nereid_model_t *model)
     }
     return NULL;
 }
-
-static const char *const BAD_NAME_CHARS = ";|&$`<>()[]{}\\\"'*?~#!";
 
 NEREID_EXPORT nereid_error_t *nereid_backend_instance_init(nereid_instance_t *instance)
 {

@@ -31,6 +31,18 @@ typedef struct model_load_args {
 nereid_error_t *model_load(nereid_server_t *server, const model_load_args_t *args, model_t **out);
 /* Stops the model (queued requests drain) and drops the loader's reference. */
 void model_unload(model_t *m);
+/* Triton's in-place instance update (TritonModel::UpdateInstanceGroup):
+ * whether m's instances can change without a reload (its scheduler can
+ * retire instances; not an ensemble). */
+bool model_can_update_instances(const model_t *m);
+/* Gives m the instance groups of cfg: an instance whose group matches one
+ * of cfg's (every field but name and count, and the device) keeps serving,
+ * the ones cfg adds are initialized, the others retired once their current
+ * batch is done (finalized before this returns). On error m is unchanged;
+ * UNAVAILABLE when the scheduler cannot let an instance go now (a live
+ * sequence on it): the caller reloads instead.
+ * Thread: the loading one (the repository serializes loads). */
+nereid_error_t *model_update_instances(model_t *m, const model_config_t *cfg);
 /* The backend library name a config selects, or NULL (ensemble/unknown). */
 const char *model_backend_for(const model_config_t *cfg);
 /* model_hold turns a reference the caller owns (from a lookup) into a hold

@@ -7,6 +7,7 @@
 #include "core/core.h"
 
 #include <assert.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -134,7 +135,7 @@ static void *instance_main(void *arg)
         /* Triton's passive instance: loaded and initialized, never given
          * work by the scheduler (the backend uses it from its own). */
         pthread_mutex_lock(&m->lock);
-        while (!m->passive_stop)
+        while (!m->passive_stop && !atomic_load(&inst->retired))
             pthread_cond_wait(&m->cond, &m->lock);
         pthread_mutex_unlock(&m->lock);
     } else {
@@ -151,6 +152,7 @@ static void *instance_main(void *arg)
     }
     if (m->backend->instance_fini)
         nereid_error_free(m->backend->instance_fini((nereid_instance_t *)inst));
+    inst->fini_done = true;
     return NULL;
 }
 
@@ -167,17 +169,42 @@ static void *instance_init_main(void *arg)
     return NULL;
 }
 
+/* Instance i of group grp (NULL: the model has none), at index k. */
+static model_instance_t *instance_new(model_t *m, const Inference__ModelInstanceGroup *grp,
+                                      size_t i, size_t k)
+{
+    model_instance_t *inst = xcalloc(1, sizeof *inst);
+    inst->model = m;
+    inst->index = k;
+    inst->name = xasprintf("%s_%zu", grp && grp->name[0] ? grp->name : m->name, i);
+    inst->kind = grp && grp->kind == INFERENCE__MODEL_INSTANCE_GROUP__KIND__KIND_MODEL
+                     ? NEREID_INSTANCE_KIND_MODEL
+                     : NEREID_INSTANCE_KIND_CPU;
+    inst->device_id = grp && grp->n_gpus ? grp->gpus[0] : 0;
+    inst->group = grp;
+    return inst;
+}
+
+/* Triton's "no GPUs" refusal of a KIND_GPU group. */
+static nereid_error_t *check_group_kind(const model_t *m, const Inference__ModelInstanceGroup *grp)
+{
+    if (grp->kind != INFERENCE__MODEL_INSTANCE_GROUP__KIND__KIND_GPU) return NULL;
+    return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                            "instance group %s of model %s specifies KIND_GPU but no GPUs "
+                            "are available",
+                            grp->name, m->name);
+}
+
+size_t model_active_instances(const model_t *m);
+
 static nereid_error_t *create_instances(model_t *m)
 {
     model_config_t *c = m->config;
     size_t total = 0;
     for (size_t g = 0; g < c->n_instance_group; g++) {
         Inference__ModelInstanceGroup *grp = c->instance_group[g];
-        if (grp->kind == INFERENCE__MODEL_INSTANCE_GROUP__KIND__KIND_GPU)
-            return nereid_error_new(NEREID_ERROR_INVALID_ARG,
-                                    "instance group %s of model %s specifies KIND_GPU but no GPUs "
-                                    "are available",
-                                    grp->name, m->name);
+        nereid_error_t *kerr = check_group_kind(m, grp);
+        if (kerr) return kerr;
         total += grp->count > 0 ? (size_t)grp->count : 1;
     }
     if (total == 0) total = 1;
@@ -186,18 +213,8 @@ static nereid_error_t *create_instances(model_t *m)
     for (size_t g = 0; g < c->n_instance_group || (g == 0 && c->n_instance_group == 0); g++) {
         Inference__ModelInstanceGroup *grp = c->n_instance_group ? c->instance_group[g] : NULL;
         size_t count = grp && grp->count > 0 ? (size_t)grp->count : 1;
-        for (size_t i = 0; i < count; i++) {
-            model_instance_t *inst = xcalloc(1, sizeof *inst);
-            inst->model = m;
-            inst->index = k;
-            inst->name = xasprintf("%s_%zu", grp && grp->name[0] ? grp->name : m->name, i);
-            inst->kind = grp && grp->kind == INFERENCE__MODEL_INSTANCE_GROUP__KIND__KIND_MODEL
-                             ? NEREID_INSTANCE_KIND_MODEL
-                             : NEREID_INSTANCE_KIND_CPU;
-            inst->device_id = grp && grp->n_gpus ? grp->gpus[0] : 0;
-            inst->group = grp;
-            m->instances[k++] = inst;
-        }
+        for (size_t i = 0; i < count; i++, k++)
+            m->instances[k] = instance_new(m, grp, i, k);
     }
     m->n_instances = k;
     nereid_error_t *rl_err = rate_limiter_add_model(m);
@@ -261,6 +278,7 @@ nereid_error_t *model_start_instances(model_t *m)
         size_t n_started = 0;
         for (size_t i = 0; i < m->n_instances; i++) {
             model_instance_t *inst = m->instances[i];
+            if (atomic_load(&inst->retired)) continue;
             if (pthread_create(&inst->thread, NULL, instance_main, inst) == 0) {
                 inst->thread_started = true;
                 n_started++;
@@ -268,10 +286,10 @@ nereid_error_t *model_start_instances(model_t *m)
         }
         if (n_started == 0)
             err = nereid_error_new(NEREID_ERROR_INTERNAL, "unable to start instance thread");
-        else if (n_started < m->n_instances)
+        else if (n_started < model_active_instances(m))
             LOG_WARN("model '%s' serves with %zu of its %zu instances: unable to start the "
                      "others' threads",
-                     m->name, n_started, m->n_instances);
+                     m->name, n_started, model_active_instances(m));
         if (!err) atomic_store_explicit(&m->thread_running, true, memory_order_release);
     }
     pthread_mutex_unlock(&m->lock);
@@ -291,15 +309,222 @@ static void stop_instances(model_t *m)
         pthread_mutex_lock(&m->lock);
         atomic_store(&m->thread_running, true);
         pthread_mutex_unlock(&m->lock);
-        for (size_t i = 0; i < m->n_instances; i++)
-            if (!m->instances[i]->thread_started && m->backend->instance_fini)
-                nereid_error_free(m->backend->instance_fini((nereid_instance_t *)m->instances[i]));
+        for (size_t i = 0; i < m->n_instances; i++) {
+            model_instance_t *inst = m->instances[i];
+            if (inst->thread_started || inst->fini_done) continue; /* its thread finalizes */
+            if (m->backend->instance_fini)
+                nereid_error_free(m->backend->instance_fini((nereid_instance_t *)inst));
+            inst->fini_done = true;
+        }
     }
     for (size_t i = 0; i < m->n_instances; i++) {
         model_instance_t *inst = m->instances[i];
         if (inst->thread_started) pthread_join(inst->thread, NULL);
         inst->thread_started = false;
     }
+}
+
+/* ---- In-place instance updates (Triton's UpdateInstanceGroup) ---- */
+
+size_t model_active_instances(const model_t *m)
+{
+    size_t n = m->n_instances, active = 0;
+    model_instance_t **v = m->instances;
+    for (size_t i = 0; i < n; i++)
+        active += !atomic_load(&v[i]->retired);
+    return active;
+}
+
+bool model_can_update_instances(const model_t *m)
+{
+    return m->backend && m->sched && m->sched->ops->wake;
+}
+
+/* Packs g with its name and count cleared: Triton's instance signature
+ * (InstanceConfigSignature) without the device. */
+static uint8_t *group_signature(const Inference__ModelInstanceGroup *g, size_t *len)
+{
+    Inference__ModelInstanceGroup c = *g;
+    c.name = (char *)"";
+    c.count = 1;
+    *len = inference__model_instance_group__get_packed_size(&c);
+    uint8_t *buf = xmalloc(*len ? *len : 1);
+    inference__model_instance_group__pack(&c, buf);
+    return buf;
+}
+
+static bool same_signature(const Inference__ModelInstanceGroup *a,
+                           const Inference__ModelInstanceGroup *b)
+{
+    if (!a || !b) return a == b;
+    size_t la, lb;
+    uint8_t *pa = group_signature(a, &la), *pb = group_signature(b, &lb);
+    bool same = la == lb && memcmp(pa, pb, la) == 0;
+    free(pa);
+    free(pb);
+    return same;
+}
+
+/* A copy of m's config with the instance groups of cfg (Triton replaces
+ * only instance_group in the model's config). */
+static model_config_t *config_with_groups(const model_t *m, const model_config_t *cfg)
+{
+    model_config_t *c = config_copy(m->config);
+    for (size_t g = 0; g < c->n_instance_group; g++)
+        inference__model_instance_group__free_unpacked(c->instance_group[g], NULL);
+    free(c->instance_group);
+    c->n_instance_group = cfg->n_instance_group;
+    c->instance_group =
+        xcalloc(cfg->n_instance_group ? cfg->n_instance_group : 1, sizeof *c->instance_group);
+    for (size_t g = 0; g < cfg->n_instance_group; g++) {
+        size_t len = inference__model_instance_group__get_packed_size(cfg->instance_group[g]);
+        uint8_t *buf = xmalloc(len ? len : 1);
+        inference__model_instance_group__pack(cfg->instance_group[g], buf);
+        c->instance_group[g] = inference__model_instance_group__unpack(NULL, len, buf);
+        free(buf);
+    }
+    return c;
+}
+
+static void keep_old(model_t *m, void *p)
+{
+    m->old_mem = xrealloc(m->old_mem, (m->n_old_mem + 1) * sizeof *m->old_mem);
+    m->old_mem[m->n_old_mem++] = p;
+}
+
+/* Finalizes and frees instances that never served (a failed update). */
+static void drop_new_instances(model_t *m, model_instance_t **v, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        rate_limiter_unregister(v[i]->rate_limit);
+        if (v[i]->init_ok && m->backend->instance_fini)
+            nereid_error_free(m->backend->instance_fini((nereid_instance_t *)v[i]));
+        nereid_error_free(v[i]->init_error);
+        free(v[i]->name);
+        free(v[i]);
+    }
+    free(v);
+}
+
+nereid_error_t *model_update_instances(model_t *m, const model_config_t *cfg)
+{
+    if (!model_can_update_instances(m))
+        return nereid_error_new(NEREID_ERROR_INTERNAL, "model '%s' cannot update its instances",
+                                m->name);
+    for (size_t g = 0; g < cfg->n_instance_group; g++) {
+        nereid_error_t *err = check_group_kind(m, cfg->instance_group[g]);
+        if (err) return err;
+    }
+    model_config_t *nc = config_with_groups(m, cfg);
+    size_t n_old = m->n_instances;
+    model_instance_t **old = m->instances;
+    bool *kept = xcalloc(n_old ? n_old : 1, sizeof *kept);
+    model_instance_t **added = NULL;
+    size_t n_added = 0;
+    nereid_error_t *err = NULL;
+    /* Each requested instance reuses a serving one of the same signature
+     * (the last one first, as Triton), or is created. */
+    for (size_t g = 0; g < nc->n_instance_group || (g == 0 && nc->n_instance_group == 0); g++) {
+        const Inference__ModelInstanceGroup *grp =
+            nc->n_instance_group ? nc->instance_group[g] : NULL;
+        size_t count = grp && grp->count > 0 ? (size_t)grp->count : 1;
+        int device = grp && grp->n_gpus ? grp->gpus[0] : 0;
+        for (size_t i = 0; i < count && !err; i++) {
+            /* The one of the same name first, so that names stay unique. */
+            char *want = xasprintf("%s_%zu", grp && grp->name[0] ? grp->name : m->name, i);
+            size_t j = n_old, named = n_old;
+            for (size_t o = n_old; o-- > 0;)
+                if (!kept[o] && !atomic_load(&old[o]->retired) && old[o]->device_id == device &&
+                    same_signature(old[o]->group, grp)) {
+                    if (j == n_old) j = o;
+                    if (strcmp(old[o]->name, want) == 0) named = o;
+                }
+            free(want);
+            if (named < n_old) j = named;
+            if (j < n_old) {
+                kept[j] = true;
+                continue;
+            }
+            model_instance_t *inst = instance_new(m, grp, i, n_old + n_added);
+            added = xrealloc(added, (n_added + 1) * sizeof *added);
+            added[n_added++] = inst;
+            err = rate_limiter_add_instance(m, inst);
+            if (!err && m->backend->instance_init)
+                err = m->backend->instance_init((nereid_instance_t *)inst);
+            inst->init_ok = !err;
+            inst->init_done = true;
+            if (!err) LOG_VERBOSE("Created model instance named '%s'", inst->name);
+        }
+    }
+    if (err) {
+        drop_new_instances(m, added, n_added);
+        free(kept);
+        config_free(nc);
+        return err;
+    }
+    /* The scheduler may refuse to let an instance go (a live sequence on
+     * it): nothing changes, the caller reloads instead. */
+    model_instance_t **leaving = xcalloc(n_old ? n_old : 1, sizeof *leaving);
+    size_t n_leaving = 0;
+    for (size_t j = 0; j < n_old; j++)
+        if (!kept[j] && !atomic_load(&old[j]->retired)) leaving[n_leaving++] = old[j];
+    bool may_leave =
+        !n_leaving || !m->sched->ops->retire || m->sched->ops->retire(m->sched, leaving, n_leaving);
+    free(leaving);
+    if (!may_leave) {
+        drop_new_instances(m, added, n_added);
+        free(kept);
+        config_free(nc);
+        return nereid_error_new(NEREID_ERROR_UNAVAILABLE,
+                                "an instance of '%s' to remove still serves a sequence", m->name);
+    }
+    /* Commit: publish the longer array before its count, retire what is
+     * not kept, start the new threads if the model's are running. */
+    model_instance_t **v = xcalloc(n_old + n_added ? n_old + n_added : 1, sizeof *v);
+    if (n_old) memcpy(v, old, n_old * sizeof *v);
+    if (n_added) memcpy(v + n_old, added, n_added * sizeof *v);
+    free(added);
+    char *json = config_to_json(nc);
+    pthread_mutex_lock(&m->lock);
+    atomic_store(&m->instances, v);
+    atomic_store(&m->n_instances, n_old + n_added);
+    keep_old(m, old);
+    m->old_configs = xrealloc(m->old_configs, (m->n_old_configs + 1) * sizeof *m->old_configs);
+    m->old_configs[m->n_old_configs++] = m->config;
+    keep_old(m, m->config_json);
+    __atomic_store_n(&m->config, nc, __ATOMIC_RELEASE);
+    __atomic_store_n(&m->config_json, json, __ATOMIC_RELEASE);
+    size_t n_retired = 0;
+    for (size_t j = 0; j < n_old; j++)
+        if (!kept[j] && !atomic_load(&old[j]->retired)) {
+            atomic_store(&old[j]->retired, true);
+            n_retired++;
+        }
+    if (atomic_load(&m->thread_running))
+        for (size_t i = n_old; i < n_old + n_added; i++)
+            v[i]->thread_started = pthread_create(&v[i]->thread, NULL, instance_main, v[i]) == 0;
+    pthread_cond_broadcast(&m->cond); /* retired passive instances */
+    pthread_mutex_unlock(&m->lock);
+    if (n_retired) m->sched->ops->wake(m->sched);
+    /* The retired ones finish their batch and are finalized now. */
+    for (size_t j = 0; j < n_old; j++) {
+        model_instance_t *inst = old[j];
+        if (kept[j] || inst->fini_done) continue;
+        if (inst->thread_started) {
+            pthread_join(inst->thread, NULL);
+            inst->thread_started = false;
+        } else if (m->backend->instance_fini) {
+            nereid_error_free(m->backend->instance_fini((nereid_instance_t *)inst));
+        }
+        inst->fini_done = true;
+        rate_limiter_unregister(inst->rate_limit);
+        inst->rate_limit = NULL;
+        LOG_VERBOSE("Removed model instance named '%s'", inst->name);
+    }
+    free(kept);
+    LOG_INFO("updated instances of '%s' version %" PRId64 ": %zu added, %zu removed, %zu serving",
+             m->name, m->version, n_added, n_retired, model_active_instances(m));
+    return NULL;
 }
 
 /* ---- Files the config names for the backend ---- */
@@ -505,6 +730,12 @@ static void model_free(model_t *m)
         free(m->instances[i]);
     }
     free(m->instances);
+    for (size_t i = 0; i < m->n_old_mem; i++)
+        free(m->old_mem[i]);
+    free(m->old_mem);
+    for (size_t i = 0; i < m->n_old_configs; i++)
+        config_free(m->old_configs[i]);
+    free(m->old_configs);
     if (m->backend) {
         if (m->backend->model_fini && m->model_initialized)
             nereid_error_free(m->backend->model_fini((nereid_model_t *)m));

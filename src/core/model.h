@@ -118,6 +118,11 @@ typedef struct model_instance {
     /* The scheduler took the turn before forming the batch (sched_core_t
      * acquire_turn); the next execute uses it. Instance thread only. */
     bool turn_held;
+    /* Removed by an in-place instance update (model_update_instances): the
+     * scheduler gives it no more work and its thread leaves next_batch. Set
+     * under the model's lock, read by schedulers under theirs. */
+    _Atomic bool retired;
+    bool fini_done; /* its backend instance_fini ran */
 } model_instance_t;
 
 /* A loaded model version. nereid_model_t (backend.h) is this struct. */
@@ -137,8 +142,17 @@ typedef struct model {
     model_io_t *outputs;
     size_t n_outputs;
     int64_t max_batch_size;
-    model_instance_t **instances;
-    size_t n_instances;
+    /* Every instance, retired ones (model_instance_t.retired) included: an
+     * in-place update only appends, publishing a longer copy of the array
+     * before its count, so a reader that loads the count and then the
+     * array may index it without a lock. Replaced arrays, configs and
+     * config texts are kept until the model is freed (old_mem). */
+    model_instance_t **_Atomic instances;
+    _Atomic size_t n_instances;
+    void **old_mem;
+    size_t n_old_mem;
+    model_config_t **old_configs;
+    size_t n_old_configs;
     struct scheduler *sched;
     model_stats_t stats;
     /* Moving average of one execution's duration (ns); UINT64_MAX until the

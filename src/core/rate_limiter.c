@@ -10,6 +10,7 @@
 #include <assert.h>
 #include <errno.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -183,6 +184,40 @@ static nereid_error_t *update_capacities(rate_limiter_t *rl)
     return NULL;
 }
 
+/* Triton's verbose "Max Resource Map" after each change of the counts
+ * (ResourceManager::ParseAndValidateResources); L0_model_update reads it
+ * back. Lock held. */
+static void log_resource_map(const rate_limiter_t *rl)
+{
+    if (log_verbose_level < 1) return;
+    char *text = xstrdup("\nMax Resource Map===>\n");
+    for (size_t i = 0; i < rl->n_pools; i++) {
+        const pool_t *p = &rl->pools[i];
+        bool first = true;
+        for (size_t k = 0; k < i && first; k++)
+            first = rl->pools[k].device != p->device || !rl->pools[k].capacity;
+        if (!p->capacity || !first) continue;
+        char dev[24];
+        if (p->device == GLOBAL_DEVICE)
+            snprintf(dev, sizeof dev, "GLOBAL");
+        else
+            snprintf(dev, sizeof dev, "%d", p->device);
+        char *t = xasprintf("%s\tDevice: %s\n", text, dev);
+        free(text);
+        text = t;
+        for (size_t k = i; k < rl->n_pools; k++) {
+            const pool_t *q = &rl->pools[k];
+            if (q->device != p->device || !q->capacity) continue;
+            t = xasprintf("%s\t\tResource: %s\t Count: %llu\n", text, q->name,
+                          (unsigned long long)q->capacity);
+            free(text);
+            text = t;
+        }
+    }
+    LOG_VERBOSE("%s", text);
+    free(text);
+}
+
 nereid_error_t *rate_limiter_register(rate_limiter_t *rl, const void *owner, int device,
                                       const rate_limiter_need_t *needs, size_t n_needs,
                                       uint32_t priority, rate_limiter_instance_t **out)
@@ -208,6 +243,8 @@ nereid_error_t *rate_limiter_register(rate_limiter_t *rl, const void *owner, int
     if (err) {
         rl->n_insts--;
         nereid_error_free(update_capacities(rl)); /* back to the state before */
+    } else {
+        log_resource_map(rl);
     }
     pthread_mutex_unlock(&rl->lock);
     if (err) {
@@ -387,6 +424,7 @@ void rate_limiter_unregister(rate_limiter_instance_t *inst)
         }
     /* Fewer needs never fail the checks that passed with more. */
     nereid_error_free(update_capacities(rl));
+    log_resource_map(rl);
     start_staged(rl);
     pthread_mutex_unlock(&rl->lock);
     free(inst->needs);
@@ -407,23 +445,28 @@ long rate_limiter_capacity(rate_limiter_t *rl, const char *name, int device)
 
 /* ---- Models ---- */
 
-nereid_error_t *rate_limiter_add_model(model_t *m)
+nereid_error_t *rate_limiter_add_instance(model_t *m, model_instance_t *inst)
 {
     rate_limiter_t *rl = m->server->rate_limiter;
-    for (size_t i = 0; rl && i < m->n_instances; i++) {
-        model_instance_t *inst = m->instances[i];
-        const Inference__ModelRateLimiter *cfg = inst->group ? inst->group->rate_limiter : NULL;
-        if (!cfg || cfg->n_resources == 0) continue;
-        rate_limiter_need_t *needs = xcalloc(cfg->n_resources, sizeof *needs);
-        for (size_t k = 0; k < cfg->n_resources; k++)
-            needs[k] = (rate_limiter_need_t){.name = cfg->resources[k]->name,
-                                             .global = cfg->resources[k]->global,
-                                             .count = cfg->resources[k]->count};
-        nereid_error_t *err = rate_limiter_register(rl, m, inst->device_id, needs, cfg->n_resources,
-                                                    cfg->priority, &inst->rate_limit);
-        free(needs);
+    const Inference__ModelRateLimiter *cfg = inst->group ? inst->group->rate_limiter : NULL;
+    if (!rl || !cfg || cfg->n_resources == 0) return NULL;
+    rate_limiter_need_t *needs = xcalloc(cfg->n_resources, sizeof *needs);
+    for (size_t k = 0; k < cfg->n_resources; k++)
+        needs[k] = (rate_limiter_need_t){.name = cfg->resources[k]->name,
+                                         .global = cfg->resources[k]->global,
+                                         .count = cfg->resources[k]->count};
+    nereid_error_t *err = rate_limiter_register(rl, m, inst->device_id, needs, cfg->n_resources,
+                                                cfg->priority, &inst->rate_limit);
+    free(needs);
+    if (!err) m->rate_limited = true;
+    return err;
+}
+
+nereid_error_t *rate_limiter_add_model(model_t *m)
+{
+    for (size_t i = 0; i < m->n_instances; i++) {
+        nereid_error_t *err = rate_limiter_add_instance(m, m->instances[i]);
         if (err) return err;
-        m->rate_limited = true;
     }
     return NULL;
 }

@@ -94,6 +94,10 @@ struct model;
  * far stay registered; rate_limiter_remove_model undoes them. Called before the instance threads
  * start. */
 nereid_error_t *rate_limiter_add_model(struct model *m);
+/* rate_limiter_add_model for one instance of m (an in-place instance
+ * update adds them one by one). */
+struct model_instance;
+nereid_error_t *rate_limiter_add_instance(struct model *m, struct model_instance *inst);
 /* Unregisters m's instances; their threads have exited. */
 void rate_limiter_remove_model(struct model *m);
 

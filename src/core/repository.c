@@ -126,6 +126,52 @@ static uint64_t tree_sig(const char *path, uint64_t h, int depth)
     return h;
 }
 
+/* Triton's ModelTimestamp::IsModelVersionModified: what a version's model
+ * reads besides its config, the version directory and every other entry of
+ * the model directory but the config and the other versions. */
+static uint64_t version_files_sig(const char *dir, int64_t version)
+{
+    uint64_t h = 14695981039346656037ULL;
+    char *vdir = xasprintf("%s/%lld", dir, (long long)version);
+    h = tree_sig(vdir, h, 1);
+    free(vdir);
+    DIR *d = opendir(dir);
+    if (!d) return h;
+    char **names = NULL;
+    size_t n = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        const char *nm = e->d_name;
+        if (!strcmp(nm, ".") || !strcmp(nm, "..") || !strcmp(nm, "config.pbtxt") ||
+            !strcmp(nm, "configs") || strspn(nm, "0123456789") == strlen(nm))
+            continue;
+        names = xrealloc(names, (n + 1) * sizeof *names);
+        names[n++] = xstrdup(nm);
+    }
+    closedir(d);
+    if (n) qsort(names, n, sizeof *names, cmp_str);
+    for (size_t i = 0; i < n; i++) {
+        h = fnv(h, names[i], strlen(names[i]) + 1);
+        char *sub = xasprintf("%s/%s", dir, names[i]);
+        h = tree_sig(sub, h, 1);
+        free(sub);
+        free(names[i]);
+    }
+    free(names);
+    return h;
+}
+
+/* Triton's ConfigChangeRequiresReload compares configs without their
+ * instance_group and version_policy: the JSON of cfg without them. */
+static char *reload_key(const model_config_t *cfg)
+{
+    model_config_t c = *cfg;
+    c.n_instance_group = 0;
+    c.instance_group = NULL;
+    c.version_policy = NULL;
+    return config_to_json(&c);
+}
+
 static void remove_tree(const char *path)
 {
     struct stat st;
@@ -163,10 +209,14 @@ static bool safe_relpath(const char *p)
     }
 }
 
+/* A model name is one directory name inside its repository: no '/', not
+ * "." or "..". A '\\' is an ordinary character on POSIX file systems, and
+ * Triton lets it through (its backends decide: the Python backend refuses
+ * it in a stub name). */
 static bool valid_model_name(const char *name)
 {
-    return name && *name && !strchr(name, '/') && !strchr(name, '\\') && !strchr(name, NS_SEP) &&
-           strcmp(name, ".") != 0 && strcmp(name, "..") != 0;
+    return name && *name && !strchr(name, '/') && !strchr(name, NS_SEP) && strcmp(name, ".") != 0 &&
+           strcmp(name, "..") != 0;
 }
 
 /* ---- Model keys (--model-namespacing) ---- */
@@ -212,8 +262,8 @@ static char *step_key(const nereid_server_t *s, const Inference__ModelEnsembling
 }
 
 /* Triton's ValidateModelName for explicit loads: the name, trimmed of
- * whitespace, must not be empty, ".." or contain a '/' (nor, here, be "."
- * or contain a '\\'). */
+ * whitespace, must not be empty, ".." or contain a '/' (nor, here, be ".":
+ * the repository itself). */
 static nereid_error_t *check_load_name(const char *name)
 {
     const char *ws = " \t\n\v\f\r";
@@ -226,7 +276,7 @@ static nereid_error_t *check_load_name(const char *name)
                                 "Model name cannot be empty. Please enter a valid name to deploy.");
     const char *t = name + start;
     bool dots = (len == 2 && memcmp(t, "..", 2) == 0) || (len == 1 && t[0] == '.');
-    if (dots || memchr(t, '/', len) || memchr(t, '\\', len) || !valid_model_name(name))
+    if (dots || memchr(t, '/', len) || !valid_model_name(name))
         return nereid_error_new(NEREID_ERROR_INVALID_ARG,
                                 "invalid model name '%s', model name must not contain path "
                                 "traversal characters",
@@ -996,25 +1046,64 @@ static nereid_error_t *load_model_as(nereid_server_t *s, const char *key, const 
     /* Prepare every chosen version (reusing unchanged ones) without locks. */
     char *cfg_key = config_to_json(cfg);
     pthread_rwlock_rdlock(&s->lock);
-    bool same_config = e->config_key && strcmp(e->config_key, cfg_key) == 0 && e->load_dir &&
-                       strcmp(e->load_dir, load_dir) == 0;
+    bool same_dir = e->load_dir && strcmp(e->load_dir, load_dir) == 0;
+    bool same_config = e->config_key && strcmp(e->config_key, cfg_key) == 0 && same_dir;
+    /* Triton updates a served version in place when only its instance
+     * groups (or version policy) changed and its files did not. */
+    char *old_rkey = same_dir && !tmp && e->config && !is_ensemble(e->config) && !is_ensemble(cfg)
+                         ? reload_key(e->config)
+                         : NULL;
     pthread_rwlock_unlock(&s->lock);
+    char *new_rkey = old_rkey ? reload_key(cfg) : NULL;
+    bool may_update = old_rkey && strcmp(old_rkey, new_rkey) == 0;
+    free(old_rkey);
+    free(new_rkey);
+    bool any_updated = false;
     version_entry_t *nv = xcalloc(k, sizeof *nv);
     model_t **fresh = xcalloc(k, sizeof *fresh); /* per version: loaded now, or NULL */
     bool any_new = false, any_failed = false;
     for (size_t i = 0; i < k; i++) {
         nv[i].version = chosen[i];
         model_t *old = NULL;
+        uint64_t old_sig = 0;
         pthread_rwlock_rdlock(&s->lock);
         for (size_t v = 0; v < e->n_versions; v++)
-            if (e->versions[v].version == chosen[i] && e->versions[v].state == MODEL_READY)
+            if (e->versions[v].version == chosen[i] && e->versions[v].state == MODEL_READY) {
                 old = e->versions[v].model;
+                old_sig = e->versions[v].files_sig;
+            }
         pthread_rwlock_unlock(&s->lock);
         if (old && same_config && !ctx->force) {
             nv[i].model = old; /* unchanged: the same model keeps serving */
             nv[i].state = MODEL_READY;
+            nv[i].files_sig = old_sig;
             continue;
         }
+        if (old && may_update && model_can_update_instances(old) &&
+            version_files_sig(load_dir, chosen[i]) == old_sig) {
+            nereid_error_t *uerr = model_update_instances(old, cfg);
+            if (uerr && nereid_error_code(uerr) == NEREID_ERROR_UNAVAILABLE) {
+                /* an instance cannot leave in place: a full reload */
+                LOG_VERBOSE("'%s' version %" PRId64 " reloads: %s", name, chosen[i],
+                            nereid_error_message(uerr));
+                nereid_error_free(uerr);
+                goto reload;
+            }
+            nv[i].model = old; /* the same model serves, with the new instances */
+            nv[i].state = MODEL_READY;
+            nv[i].files_sig = version_files_sig(load_dir, chosen[i]);
+            if (uerr) {
+                any_failed = true;
+                nv[i].reason = error_reason(uerr);
+                LOG_ERROR("failed to update '%s' version %" PRId64 ": %s", name, chosen[i],
+                          nv[i].reason);
+                nereid_error_free(uerr);
+            } else {
+                any_updated = true;
+            }
+            continue;
+        }
+    reload:;
         model_load_args_t args = {
             .name = name,
             .model_namespace = ns,
@@ -1051,6 +1140,7 @@ static nereid_error_t *load_model_as(nereid_server_t *s, const char *key, const 
         } else {
             nv[i].model = fresh[i] = m;
             nv[i].state = MODEL_READY;
+            nv[i].files_sig = version_files_sig(load_dir, chosen[i]);
             any_new = true;
             LOG_INFO("successfully loaded '%s' version %" PRId64, name, chosen[i]);
         }
@@ -1083,6 +1173,7 @@ static nereid_error_t *load_model_as(nereid_server_t *s, const char *key, const 
                     e->versions[v].state == MODEL_READY) {
                     nv[i].model = e->versions[v].model;
                     nv[i].state = MODEL_READY;
+                    nv[i].files_sig = e->versions[v].files_sig;
                     free(nv[i].reason);
                     nv[i].reason = NULL;
                 }
@@ -1098,6 +1189,7 @@ static nereid_error_t *load_model_as(nereid_server_t *s, const char *key, const 
             nv[k].version = e->versions[v].version;
             nv[k].model = e->versions[v].model;
             nv[k].state = MODEL_READY;
+            nv[k].files_sig = e->versions[v].files_sig;
             k++;
         }
         pthread_rwlock_unlock(&s->lock);
@@ -1129,7 +1221,7 @@ static nereid_error_t *load_model_as(nereid_server_t *s, const char *key, const 
     free(e->reason);
     e->reason = NULL;
     e->tree_sig = sig;
-    if (any_new || !e->config) {
+    if (any_new || any_updated || !e->config) {
         if (e->config) config_free(e->config);
         e->config = cfg;
         cfg = NULL;

@@ -20,7 +20,8 @@ typedef struct version_entry {
     int64_t version;
     model_state_t state;
     char *reason;
-    model_t *model; /* READY: the loaded model (the loader's reference) */
+    model_t *model;     /* READY: the loaded model (the loader's reference) */
+    uint64_t files_sig; /* its files when loaded (version_files_sig in repository.c) */
 } version_entry_t;
 
 typedef struct model_entry {

@@ -538,8 +538,11 @@ static bool model_instances_ready(model_t *m)
     model_hold(m);
     bool ready = !atomic_load(&m->unloading);
     for (size_t i = 0; ready && i < m->n_instances; i++) {
-        /* a READY model's instances are all initialized */
-        nereid_error_t *err = m->backend->instance_ready((nereid_instance_t *)m->instances[i]);
+        /* a READY model's instances are all initialized (retired ones are
+         * finalized: not asked) */
+        model_instance_t *inst = m->instances[i];
+        if (atomic_load(&inst->retired)) continue;
+        nereid_error_t *err = m->backend->instance_ready((nereid_instance_t *)inst);
         if (err) {
             LOG_VERBOSE("Model '%s' version %" PRId64 " is not ready: %s", m->name, m->version,
                         nereid_error_message(err));

@@ -172,7 +172,7 @@ static model_instance_t *claim_locked(default_scheduler_t *d)
     for (size_t i = 0; i < m->n_instances; i++) {
         model_instance_t *inst = m->instances[i];
         default_inst_t *di = inst->sched_state;
-        if (di && di->waiting && !di->claimed) {
+        if (di && di->waiting && !di->claimed && !atomic_load(&inst->retired)) {
             di->claimed = true;
             d->n_claimed++;
             return inst;
@@ -220,7 +220,7 @@ static nereid_request_t *release(scheduler_t *s, model_instance_t *inst, bool ta
         ((default_inst_t *)inst->sched_state)->claimed = false;
         d->n_claimed--;
         /* Its thread (or another) takes what queued meanwhile, or exits. */
-        if (d->head || d->stopped) pthread_cond_broadcast(&d->cond);
+        if (d->head || d->stopped || atomic_load(&inst->retired)) pthread_cond_broadcast(&d->cond);
     }
     pthread_mutex_unlock(&d->lock);
     return req;
@@ -296,9 +296,10 @@ static void spin_for_work(default_scheduler_t *d)
 }
 
 /* Whether inst may take a request now, or leave (lock held). */
-static bool can_take(const default_scheduler_t *d, const default_inst_t *di)
+static bool can_take(const default_scheduler_t *d, const model_instance_t *inst,
+                     const default_inst_t *di)
 {
-    return !di->claimed && (d->head || d->stopped);
+    return !di->claimed && (d->head || d->stopped || atomic_load(&inst->retired));
 }
 
 static bool default_next_batch(scheduler_t *s, model_instance_t *inst, batch_t *batch)
@@ -310,9 +311,9 @@ again:
     pthread_mutex_lock(&d->lock);
     default_inst_t *di = inst->sched_state;
     if (!di) inst->sched_state = di = xcalloc(1, sizeof *di);
-    if (!can_take(d, di)) {
+    if (!can_take(d, inst, di)) {
         atomic_fetch_sub(&d->n_seeking, 1);
-        while (!can_take(d, di)) {
+        while (!can_take(d, inst, di)) {
             d->n_blocked++;
             di->waiting = true;
             pthread_cond_wait(&d->cond, &d->lock);
@@ -322,6 +323,12 @@ again:
         atomic_fetch_add(&d->n_seeking, 1);
     }
     atomic_fetch_sub(&d->n_seeking, 1);
+    if (atomic_load(&inst->retired)) {
+        /* Removed by an instance update: leave; another takes the queue. */
+        if (d->head) wake_locked(d);
+        pthread_mutex_unlock(&d->lock);
+        return false;
+    }
     nereid_request_t *req = d->head ? pop_locked(d) : NULL;
     if (req) {
         /* More work and a blocked instance: pass the wake-up on. */
@@ -344,6 +351,14 @@ static void default_stop(scheduler_t *s)
     pthread_mutex_lock(&d->lock);
     d->stopped = true;
     atomic_store(&d->stop_flag, true);
+    pthread_cond_broadcast(&d->cond);
+    pthread_mutex_unlock(&d->lock);
+}
+
+static void default_wake(scheduler_t *s)
+{
+    default_scheduler_t *d = (default_scheduler_t *)s;
+    pthread_mutex_lock(&d->lock);
     pthread_cond_broadcast(&d->cond);
     pthread_mutex_unlock(&d->lock);
 }
@@ -373,6 +388,7 @@ static const scheduler_ops_t default_ops = {
     .enqueue = default_enqueue,
     .next_batch = default_next_batch,
     .stop = default_stop,
+    .wake = default_wake,
     .destroy = default_destroy,
 };
 

@@ -473,11 +473,18 @@ static bool dynamic_next_batch(scheduler_t *s, model_instance_t *inst, batch_t *
 {
     dynamic_batcher_t *d = (dynamic_batcher_t *)s;
     pthread_mutex_lock(&d->lock);
-    while (d->forming)
+    while (d->forming && !atomic_load(&inst->retired))
         pthread_cond_wait(&d->slot_cond, &d->lock);
+    if (atomic_load(&inst->retired)) {
+        /* Removed by an instance update: leave (the slot is not ours). */
+        pthread_mutex_unlock(&d->lock);
+        if (inst->turn_held) s->core->release_turn(inst);
+        return false;
+    }
     d->forming = true;
     bool got = false;
     for (;;) {
+        if (atomic_load(&inst->retired)) break;
         dyn_queue_t rejected = {0};
         uint64_t now = util_now_ns();
         uint64_t wake = expire_timeouts(d, now, &rejected);
@@ -577,6 +584,15 @@ static void dynamic_stop(scheduler_t *s)
     }
 }
 
+static void dynamic_wake(scheduler_t *s)
+{
+    dynamic_batcher_t *d = (dynamic_batcher_t *)s;
+    pthread_mutex_lock(&d->lock);
+    pthread_cond_broadcast(&d->work_cond);
+    pthread_cond_broadcast(&d->slot_cond);
+    pthread_mutex_unlock(&d->lock);
+}
+
 static void dynamic_destroy(scheduler_t *s)
 {
     dynamic_batcher_t *d = (dynamic_batcher_t *)s;
@@ -616,6 +632,7 @@ static const scheduler_ops_t dynamic_ops = {
     .next_batch = dynamic_next_batch,
     .batch_done = dynamic_batch_done,
     .stop = dynamic_stop,
+    .wake = dynamic_wake,
     .destroy = dynamic_destroy,
 };
 

@@ -80,6 +80,16 @@ typedef struct scheduler_ops {
      * next_batch (drain) or failed. Wakes every waiter and joins the
      * scheduler's own threads (reapers), if any. */
     void (*stop)(scheduler_t *s);
+    /* Optional: wakes every instance thread waiting in next_batch, so that
+     * one the core retired (inst->retired, set before this call) returns
+     * false and exits; the others go on serving. Without it a model's
+     * instances cannot change in place (model_update_instances). */
+    void (*wake)(scheduler_t *s);
+    /* Optional: before the core retires instances v[0..n) (an in-place
+     * update), marks them so that they get no new work; false, marking
+     * nothing, when one cannot leave now (a live sequence holds a position
+     * on it: the update then becomes a full reload). */
+    bool (*retire)(scheduler_t *s, model_instance_t *const *v, size_t n);
     /* Frees the scheduler after every instance thread has exited. */
     void (*destroy)(scheduler_t *s);
 } scheduler_ops_t;

@@ -110,16 +110,18 @@ typedef struct seq_inst {
     pthread_cond_t cond;
     size_t hold;      /* test hook: queued requests awaited before the first batch, 0 = none */
     size_t hold_seen; /* requests queued on this instance when it last looked (direct) */
+    bool retired;     /* its model instance is leaving (seq_retire): no new sequence */
 } seq_inst_t;
 
 typedef struct seq_sched {
     scheduler_t base;
     pthread_mutex_t lock;
     bool oldest;
-    bool batching;    /* max_batch_size > 0 */
-    int64_t max_rows; /* requests per execution */
-    seq_inst_t *insts;
+    bool batching;      /* max_batch_size > 0 */
+    int64_t max_rows;   /* requests per execution */
+    seq_inst_t **insts; /* by instance index; grows when an update adds instances */
     size_t n_insts;
+    size_t per_inst; /* positions per instance */
     seq_t *buckets[N_BUCKETS];
     seq_t *detached; /* sequences whose END is queued, linked by hnext */
     seq_t *backlog_head, *backlog_tail;
@@ -281,8 +283,8 @@ static void give_position(seq_sched_t *q, int inst, int slot)
     b->expire_ns = 0;
     b->inst = inst;
     b->slot = slot;
-    q->insts[inst].slots[slot] = b;
-    pthread_cond_broadcast(&q->insts[inst].cond);
+    q->insts[inst]->slots[slot] = b;
+    pthread_cond_broadcast(&q->insts[inst]->cond);
 }
 
 static void free_states(seq_sched_t *q, seq_t *s)
@@ -318,7 +320,7 @@ static void seq_release(seq_sched_t *q, seq_t *s)
 {
     seq_unlink(q, s);
     if (s->inst >= 0) {
-        q->insts[s->inst].slots[s->slot] = NULL;
+        q->insts[s->inst]->slots[s->slot] = NULL;
         give_position(q, s->inst, s->slot);
     } else {
         seq_t **bp = &q->backlog_head, *prev = NULL;
@@ -336,15 +338,26 @@ static void seq_release(seq_sched_t *q, seq_t *s)
     free(s);
 }
 
+static seq_inst_t *seq_inst_new(const seq_sched_t *q)
+{
+    seq_inst_t *si = xcalloc(1, sizeof *si);
+    si->n_slots = q->per_inst;
+    si->slots = xcalloc(q->per_inst ? q->per_inst : 1, sizeof *si->slots);
+    si->rows = xcalloc(q->per_inst ? q->per_inst : 1, sizeof *si->rows);
+    si->ready = xcalloc(q->per_inst ? q->per_inst : 1, sizeof *si->ready);
+    cond_init_monotonic(&si->cond);
+    return si;
+}
+
 /* Finds a free position, spreading sequences over instances first. */
 static bool find_position(seq_sched_t *q, int *inst, int *slot)
 {
     size_t max_slots = 0;
     for (size_t i = 0; i < q->n_insts; i++)
-        if (q->insts[i].n_slots > max_slots) max_slots = q->insts[i].n_slots;
+        if (q->insts[i]->n_slots > max_slots) max_slots = q->insts[i]->n_slots;
     for (size_t k = 0; k < max_slots; k++)
         for (size_t i = 0; i < q->n_insts; i++)
-            if (k < q->insts[i].n_slots && !q->insts[i].slots[k]) {
+            if (k < q->insts[i]->n_slots && !q->insts[i]->slots[k] && !q->insts[i]->retired) {
                 *inst = (int)i;
                 *slot = (int)k;
                 return true;
@@ -366,7 +379,7 @@ static seq_t *seq_create(seq_sched_t *q, const char *sid, uint64_t id)
     if (find_position(q, &inst, &slot)) {
         s->inst = inst;
         s->slot = slot;
-        q->insts[inst].slots[slot] = s;
+        q->insts[inst]->slots[slot] = s;
     } else {
         s->inst = -1;
         if (q->backlog_tail)
@@ -392,7 +405,7 @@ static void queue_push(seq_sched_t *q, seq_t *s, nereid_request_t *req)
         s->qhead = req;
     s->qtail = req;
     atomic_fetch_add(&q->base.model->stats.pending, 1);
-    if (s->inst >= 0) pthread_cond_broadcast(&q->insts[s->inst].cond);
+    if (s->inst >= 0) pthread_cond_broadcast(&q->insts[s->inst]->cond);
 }
 
 static nereid_error_t *seq_enqueue(scheduler_t *base, nereid_request_t *req)
@@ -742,7 +755,7 @@ static bool direct_held(seq_sched_t *q, seq_inst_t *si)
         if (si->slots[k]) si->hold_seen += queue_length(si->slots[k]);
     size_t seen = 0;
     for (size_t i = 0; i < q->n_insts; i++)
-        seen += q->insts[i].hold_seen;
+        seen += q->insts[i]->hold_seen;
     if (seen < si->hold) return true;
     if (q->backlog_hold) {
         size_t backlog = 0;
@@ -757,7 +770,7 @@ static bool direct_held(seq_sched_t *q, seq_inst_t *si)
     q->hold_met = true;
     si->hold = 0;
     for (size_t i = 0; i < q->n_insts; i++)
-        pthread_cond_broadcast(&q->insts[i].cond);
+        pthread_cond_broadcast(&q->insts[i]->cond);
     return false;
 }
 
@@ -766,6 +779,10 @@ static bool direct_next_batch(seq_sched_t *q, seq_inst_t *si, batch_t *batch)
     pthread_mutex_lock(&q->lock);
     size_t n_ready;
     for (;;) {
+        if (si->retired) { /* seq_retire: it holds no sequence */
+            pthread_mutex_unlock(&q->lock);
+            return false;
+        }
         nereid_request_t *cancelled = NULL;
         if (sweep_cancelled(q, si, &cancelled)) {
             finish_cancelled(q, cancelled);
@@ -869,6 +886,10 @@ static bool oldest_next_batch(seq_sched_t *q, seq_inst_t *si, batch_t *batch)
     pthread_mutex_lock(&q->lock);
     size_t n, take;
     for (;;) {
+        if (si->retired) { /* seq_retire: it holds no sequence */
+            pthread_mutex_unlock(&q->lock);
+            return false;
+        }
         nereid_request_t *cancelled = NULL;
         if (sweep_cancelled(q, si, &cancelled)) {
             finish_cancelled(q, cancelled);
@@ -919,9 +940,52 @@ static bool oldest_next_batch(seq_sched_t *q, seq_inst_t *si, batch_t *batch)
 static bool seq_next_batch(scheduler_t *base, model_instance_t *inst, batch_t *batch)
 {
     seq_sched_t *q = (seq_sched_t *)base;
-    if (inst->index >= q->n_insts) return false;
-    seq_inst_t *si = &q->insts[inst->index];
+    pthread_mutex_lock(&q->lock);
+    /* Instances an in-place update added get their positions with their
+     * thread's first look (and backlogged sequences take them). */
+    while (q->n_insts <= inst->index && !q->stopped) {
+        const model_t *m = base->model;
+        size_t j = q->n_insts;
+        seq_inst_t *si = seq_inst_new(q);
+        si->retired = j < m->n_instances && atomic_load(&m->instances[j]->retired);
+        q->insts = xrealloc(q->insts, (j + 1) * sizeof *q->insts);
+        q->insts[q->n_insts++] = si;
+        for (size_t k = 0; k < si->n_slots && !si->retired; k++)
+            if (!si->slots[k]) give_position(q, (int)j, (int)k);
+    }
+    seq_inst_t *si = inst->index < q->n_insts ? q->insts[inst->index] : NULL;
+    bool leave = !si || si->retired;
+    pthread_mutex_unlock(&q->lock);
+    if (leave) return false;
     return q->oldest ? oldest_next_batch(q, si, batch) : direct_next_batch(q, si, batch);
+}
+
+/* ---- In-place instance updates ---- */
+
+static bool seq_retire(scheduler_t *base, model_instance_t *const *v, size_t n)
+{
+    seq_sched_t *q = (seq_sched_t *)base;
+    pthread_mutex_lock(&q->lock);
+    bool free_all = true;
+    for (size_t i = 0; i < n && free_all; i++) {
+        if (v[i]->index >= q->n_insts) continue;
+        const seq_inst_t *si = q->insts[v[i]->index];
+        for (size_t k = 0; k < si->n_slots; k++)
+            free_all &= si->slots[k] == NULL;
+    }
+    for (size_t i = 0; i < n && free_all; i++)
+        if (v[i]->index < q->n_insts) q->insts[v[i]->index]->retired = true;
+    pthread_mutex_unlock(&q->lock);
+    return free_all;
+}
+
+static void seq_wake(scheduler_t *base)
+{
+    seq_sched_t *q = (seq_sched_t *)base;
+    pthread_mutex_lock(&q->lock);
+    for (size_t i = 0; i < q->n_insts; i++)
+        pthread_cond_broadcast(&q->insts[i]->cond);
+    pthread_mutex_unlock(&q->lock);
 }
 
 /* ---- Rescheduling (iterative_sequence) ---- */
@@ -998,7 +1062,7 @@ static void seq_batch_done(scheduler_t *base, model_instance_t *inst, batch_t *b
             s->force_end = true;
         }
         if (s->qhead) {
-            if (s->inst >= 0) pthread_cond_broadcast(&q->insts[s->inst].cond);
+            if (s->inst >= 0) pthread_cond_broadcast(&q->insts[s->inst]->cond);
         } else if (s->in_flight == 0 && (req->seq_end || s->force_end)) {
             seq_release(q, s);
         }
@@ -1125,7 +1189,7 @@ static void seq_stop(scheduler_t *base)
         seq_release(q, s);
     }
     for (size_t i = 0; i < q->n_insts; i++)
-        pthread_cond_broadcast(&q->insts[i].cond);
+        pthread_cond_broadcast(&q->insts[i]->cond);
     pthread_cond_broadcast(&q->reaper_cond);
     pthread_mutex_unlock(&q->lock);
     finish_all(failed, NEREID_ERROR_UNAVAILABLE, STOPPING_TEXT, FAILURE_OTHER);
@@ -1142,10 +1206,11 @@ static void free_config(seq_sched_t *q)
     free(q->states);
     free(q->ctls);
     for (size_t i = 0; i < q->n_insts; i++) {
-        free(q->insts[i].slots);
-        free(q->insts[i].rows);
-        free(q->insts[i].ready);
-        pthread_cond_destroy(&q->insts[i].cond);
+        free(q->insts[i]->slots);
+        free(q->insts[i]->rows);
+        free(q->insts[i]->ready);
+        pthread_cond_destroy(&q->insts[i]->cond);
+        free(q->insts[i]);
     }
     free(q->insts);
 }
@@ -1187,6 +1252,8 @@ static const scheduler_ops_t sequence_ops = {
     .reschedule = seq_reschedule,
     .prepare_warmup = seq_prepare_warmup,
     .stop = seq_stop,
+    .retire = seq_retire,
+    .wake = seq_wake,
     .destroy = seq_destroy,
 };
 
@@ -1312,15 +1379,11 @@ nereid_error_t *sequence_batcher_create(model_t *m, const sched_core_t *core, sc
     q->backlog_hold = scheduler_env_count("NEREID_BACKLOG_DELAY_SCHEDULER",
                                           "TRITONSERVER_BACKLOG_DELAY_SCHEDULER");
     q->n_insts = instance_count(c);
+    q->per_inst = per_inst;
     q->insts = xcalloc(q->n_insts, sizeof *q->insts);
     for (size_t i = 0; i < q->n_insts; i++) {
-        seq_inst_t *si = &q->insts[i];
-        si->n_slots = per_inst;
-        si->slots = xcalloc(per_inst, sizeof *si->slots);
-        si->rows = xcalloc(per_inst, sizeof *si->rows);
-        si->ready = xcalloc(per_inst, sizeof *si->ready);
-        si->hold = hold;
-        cond_init_monotonic(&si->cond);
+        q->insts[i] = seq_inst_new(q);
+        q->insts[i]->hold = hold;
     }
     for (size_t i = 0; i < sb->n_control_input; i++)
         q->n_ctls += sb->control_input[i]->n_control ? 1 : 0;

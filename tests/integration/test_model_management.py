@@ -487,3 +487,41 @@ def test_one_version_failing_unloads_the_others(nereid_server, tmp_path):
                          "reason": "unloaded"}
     assert requests.get(f"{s.http_url}/v2/models/m/versions/1/ready", timeout=10).status_code \
         == 200
+
+
+def test_backslash_is_an_ordinary_model_name_character(nereid_server, tmp_path):
+    """Triton's ValidateModelName refuses only an empty name, '..' and '/':
+    a model directory named 'a\\b' loads and serves; the Python backend
+    refuses such a name itself (its stub-name check, L0_backend_python
+    model_control), and no name reaches outside the repository."""
+    repo = make_repo(tmp_path)
+    write_model(repo, "a\\b", TESTING)
+    s = nereid_server(repo, "--model-control-mode=explicit")
+    r = post(s, "/v2/repository/models/a%5Cb/load")
+    assert r.status_code == 200, r.text
+    r = infer(s, "a%5Cb")
+    assert r.status_code == 200, r.text
+    assert r.json()["model_name"] == "a\\b"
+    for name in ("..%5C..%5Cetc", "%5C.."):  # names of directories that do not exist
+        r = post(s, f"/v2/repository/models/{name}/load")
+        assert r.status_code == 500, (name, r.text)
+        assert "failed to poll from model repository" in r.text
+    py = json.dumps({"name": "m\\x", "backend": "python",
+                     "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
+                     "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [-1]}]})
+    code = base64.b64encode(b"class TritonPythonModel:\n    pass\n").decode()
+    r = post(s, "/v2/repository/models/m%5Cx/load",
+             {"parameters": {"config": py, "file:/1/model.py": code}})
+    assert r.status_code == 400, r.text
+    assert "Invalid stub name: contains invalid characters" in r.json()["error"]
+    # Triton checks the auto-complete stub's name (the model's) before it
+    # reads model.py: a quote in the name is refused even when model.py is
+    # not valid Python (L0_backend_python model_control embeds the name in it).
+    py = json.dumps({"name": "m'x", "backend": "python",
+                     "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
+                     "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [-1]}]})
+    code = base64.b64encode(b"print('m'x')\n").decode()
+    r = post(s, "/v2/repository/models/m'x/load",
+             {"parameters": {"config": py, "file:/1/model.py": code}})
+    assert r.status_code == 400, r.text
+    assert "Invalid stub name: contains invalid characters" in r.json()["error"]
