@@ -788,21 +788,17 @@ static void log_started(const char *service, const char *address, int port)
 
 int main(int argc, char **argv)
 {
-    /* ONNX Runtime's release builds record usage telemetry (an SQLite store
-     * under ~/.cache/Microsoft/DeveloperTools, written and fsynced when the
-     * runtime starts, and uploads to Microsoft): a server keeps its hosts'
-     * data to itself and Triton's ONNX Runtime sends none. Off unless the
-     * user set ORT_DISABLE_TELEMETRY=0; set here, before any thread, as
-     * setenv must be. */
+    /* The ONNX Runtime library Nereid ships (the onnxruntime-node build)
+     * records usage telemetry: an SQLite store under
+     * ~/.cache/Microsoft/DeveloperTools written and fsynced at every start,
+     * and a client that a few seconds after load starts threads resolving
+     * its collector's host name (~0.7 MiB). A server keeps its hosts' data
+     * to itself and Triton's ONNX Runtime builds have none. Off unless the
+     * user set ORT_DISABLE_TELEMETRY=0; set here, before any thread exists
+     * (setenv is not thread-safe). */
     setenv("ORT_DISABLE_TELEMETRY", "1", 0);
     if (argc > 1 && strcmp(argv[1], "check-config") == 0)
         return config_check_main(argc - 1, argv + 1);
-    /* The ONNX Runtime library Nereid ships (the onnxruntime-node build)
-     * carries Microsoft's telemetry client, which a few seconds after load
-     * starts threads that resolve its collector's host name (Triton's own
-     * ONNX Runtime builds have none). Off unless the user sets the variable;
-     * set here, before any thread exists (setenv is not thread-safe). */
-    setenv("ORT_DISABLE_TELEMETRY", "1", 0);
     static cli_t cli; /* static: what the flags allocate stays reachable on early exits */
     nereid_server_options_init(&cli.server);
     cli.allow_http = cli.allow_grpc = cli.allow_metrics = cli.allow_cpu_metrics = true;
