@@ -2721,6 +2721,17 @@ static void tx_pick(instance_t *in)
     region_unref(busy);
 }
 
+/* The name of the model's o-th output. */
+static const char *model_output_name(const instance_t *in, size_t o)
+{
+    const char *name;
+    nereid_datatype_t dt;
+    const int64_t *dims;
+    size_t rank;
+    nereid_model_output(in->model, o, &name, &dt, &dims, &rank);
+    return name;
+}
+
 /* The worker's answer to an execute (DONE). false: it is malformed. */
 static bool apply_done(instance_t *in, nereid_batch_t *batch, msg_t *m, char *why, size_t why_cap)
 {
@@ -2785,14 +2796,8 @@ NEREID_EXPORT nereid_error_t *nereid_backend_execute(nereid_instance_t *instance
             k++;
         }
         uint32_t n_out = 0;
-        for (size_t o = 0; o < nereid_model_output_count(in->model); o++) {
-            const char *name;
-            nereid_datatype_t dt;
-            const int64_t *dims;
-            size_t rank;
-            nereid_model_output(in->model, o, &name, &dt, &dims, &rank);
-            n_out += nereid_batch_request_output_requested(batch, r, name);
-        }
+        for (size_t o = 0; o < nereid_model_output_count(in->model); o++)
+            n_out += nereid_batch_request_output_requested(batch, r, model_output_name(in, o));
         const char *id = nereid_batch_request_id(batch, r);
         uint64_t corr, timeout_us;
         const char *corr_str;
@@ -2845,11 +2850,7 @@ NEREID_EXPORT nereid_error_t *nereid_backend_execute(nereid_instance_t *instance
         bw_put(&w, params, params_len);
         free(params);
         for (size_t o = 0; o < nereid_model_output_count(in->model); o++) {
-            const char *name;
-            nereid_datatype_t dt;
-            const int64_t *dims;
-            size_t rank;
-            nereid_model_output(in->model, o, &name, &dt, &dims, &rank);
+            const char *name = model_output_name(in, o);
             if (!nereid_batch_request_output_requested(batch, r, name)) continue;
             bw_u32(&w, (uint32_t)strlen(name));
             bw_put(&w, name, strlen(name));
