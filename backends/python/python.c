@@ -1792,6 +1792,9 @@ static void worker_died(instance_t *in, const char *why)
     pthread_mutex_lock(&in->mu);
     bool first = !in->reaped;
     in->reaped = true;
+    /* The first reason wins: recorded before the kill, whose hang-up
+     * another reading thread may report while this one waits. */
+    if (why[0] && !in->death) in->death = strdup(why);
     pthread_mutex_unlock(&in->mu);
     if (first && in->pidfd >= 0) { /* the zygote reaps it; its end is seen here */
         pidfd_send_signal(in->pidfd, SIGKILL, NULL, 0);
@@ -1807,7 +1810,6 @@ static void worker_died(instance_t *in, const char *why)
     pthread_mutex_lock(&in->mu);
     in->dead = true;
     in->rq_inflight = false; /* its is_ready() answer will not come */
-    if (why[0] && !in->death) in->death = strdup(why);
     sender_slot_t *senders = in->senders;
     in->senders = NULL;
     pthread_cond_broadcast(&in->cv);
