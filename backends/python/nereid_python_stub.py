@@ -59,6 +59,7 @@ import struct  # noqa: E402
 import sys  # noqa: E402
 import threading  # noqa: E402
 import traceback  # noqa: E402
+import types  # noqa: E402
 
 import numpy as np  # noqa: E402
 
@@ -86,6 +87,7 @@ U32 = struct.Struct("<I")
 EXEC_REQ = struct.Struct("<IIIIiIQQq")  # inputs, outputs, flags, id, corr (-1), params, corr, timeout, sender
 TENSOR = struct.Struct("<IIIIQQ")  # name_len, datatype, rank, where, offset, size
 DONE_RESP = struct.Struct("<IIIII")  # status, n_outputs, params_len, error code, error_len
+DONE_HEAD = struct.Struct("<II")  # kind, n
 DONE_RESPONSES, DONE_ERROR, DONE_DECOUPLED = 0, 1, 2
 # BLS_CALL: id, version, correlation id, timeout, flags, decoupled, corr_len
 # (-1: numeric), model_len, id_len, params_len, n_outputs, n_inputs
@@ -109,6 +111,16 @@ ALIGN = 64
 ZEROS = bytes(ALIGN)  # padding between tensors (always < ALIGN bytes)
 M_REGION = 0x80000000  # payload in the sender's persistent region (EXECUTE, DONE)
 RX_MAPS_MAX = 4  # server regions kept mapped (its current one and its spares)
+# The fast path (see Worker.next_work, Worker.build_requests, tensor_records):
+# the main thread reads an EXECUTE itself when no other thread waits for a
+# message, an EXECUTE description seen before reuses its parsed requests, a
+# DONE record seen before its bytes. Off: every message goes through
+# wait_for and everything is parsed and built anew (the general path, which
+# tests compare it with).
+FAST_PATH = True
+PLANS_MAX = 256  # EXECUTE descriptions remembered (all forgotten when full)
+RECORDS_MAX = 1024  # DONE tensor records remembered (likewise)
+RELEASE_RESCHEDULE = 2  # pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE
 
 # C -> worker
 M_INIT, M_EXECUTE, M_FINALIZE, M_BLS_RESULT, M_CANCEL_ANSWER = 1, 2, 3, 4, 5
@@ -254,23 +266,39 @@ def read_records(meta, pos, n):
     return recs, pos
 
 
-def decode_inputs(inputs, blob):
-    out = []
+def input_plan(inputs):
+    """Tensor records as decode_inputs takes them: (name, datatype, numpy
+    dtype (None: BYTES), shape, offset, size), checked here once, and the
+    end of the last one in the blob."""
+    plan, end = [], 0
     for name, dt, shape, off, size in inputs:
-        if off + size > len(blob):
-            raise pb_utils.TritonModelException("tensor outside its message")
-        if dt == "BYTES":
-            raw = np.frombuffer(blob, dtype=np.uint8, count=size, offset=off)
-            arr = pb_utils.deserialize_bytes_tensor(raw).reshape(shape)
-        else:
+        npdt = None
+        if dt != "BYTES":
             npdt = _NUMPY_DTYPE[dt]
-            arr = np.frombuffer(blob, dtype=npdt, count=size // npdt.itemsize,
-                                offset=off).reshape(shape)
+            count = 1
+            for d in shape:
+                count *= d
+            if size // npdt.itemsize != count:
+                raise ValueError(f"{size} bytes of {dt} do not make the shape {shape}")
+        plan.append((name, dt, npdt, shape, off, size))
+        end = max(end, off + size)
+    return plan, end
+
+
+def decode_inputs(plan, blob):
+    """The pb_utils.Tensor of each input_plan entry: numpy arrays over blob
+    (no copy), BYTES deserialized."""
+    out = []
+    for name, dt, npdt, shape, off, size in plan:
+        if npdt is None:
+            arr = pb_utils.deserialize_bytes_tensor(blob[off:off + size]).reshape(shape)
+        else:
+            arr = np.ndarray(shape, npdt, blob, off)
         out.append(new_tensor(name, arr, dt))
     return out
 
 
-def tensor_records(tensors, region, off, recs, views, tail=None):
+def tensor_records(tensors, region, off, recs, views, tail=None, cache=None):
     """Appends to recs the binary records of tensors for a DONE, and to
     views their blob views from offset off; returns the blob's new end.
     region: (base address, length) of the server's EXECUTE region, or None:
@@ -279,33 +307,52 @@ def tensor_records(tensors, region, off, recs, views, tail=None):
     end], or None: a large numeric output is copied there, after the
     EXECUTE's payload, so the server can hand it to the reply as a view
     (it does not reuse a region a reply still reads); else into our DONE
-    region."""
+    region. cache: a dict that keeps the record of a small numeric output by
+    (name, datatype, shape, offset), or None."""
     for t in tensors:
         arr = t._array
-        data = tensor_bytes(t)
-        n = data.nbytes
-        name = t._name.encode()
+        if cache is not None and t._dtype != "BYTES":
+            data = arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)
+            n = data.nbytes
+            if n < ALIAS_MIN:
+                key = (t._name, t._dtype, arr.shape, off)
+                rec = cache.get(key)
+                if rec is None:
+                    rec = tensor_record(t._name, t._dtype, arr.shape, 0, off, n)
+                    if len(cache) >= RECORDS_MAX:
+                        cache.clear()
+                    cache[key] = rec
+                recs.append(rec)
+                views.append((off, data))
+                off = (off + n + ALIGN - 1) // ALIGN * ALIGN
+                continue
+        else:
+            data = tensor_bytes(t)
+            n = data.nbytes
         shape = arr.shape
         if region is not None and n >= ALIAS_MIN and data.dtype != np.object_:
             addr = data.__array_interface__["data"][0]
             if region[0] <= addr and addr + n <= region[0] + region[1]:
-                recs.append(TENSOR.pack(len(name), DT_CODES[t._dtype], len(shape), 1,
-                                        addr - region[0], n))
-                recs.append(struct.pack(f"<{len(shape)}q", *shape) + name)
+                recs.append(tensor_record(t._name, t._dtype, shape, 1, addr - region[0], n))
                 continue
         if (tail is not None and n >= TAIL_MIN and data.dtype != np.object_ and
                 t._dtype != "BYTES" and tail[1] + n <= tail[2]):
             pos = tail[1]
             tail[0][pos:pos + n] = as_bytes(data)
             tail[1] = (pos + n + ALIGN - 1) // ALIGN * ALIGN
-            recs.append(TENSOR.pack(len(name), DT_CODES[t._dtype], len(shape), 1, pos, n))
-            recs.append(struct.pack(f"<{len(shape)}q", *shape) + name)
+            recs.append(tensor_record(t._name, t._dtype, shape, 1, pos, n))
             continue
-        recs.append(TENSOR.pack(len(name), DT_CODES[t._dtype], len(shape), 0, off, n))
-        recs.append(struct.pack(f"<{len(shape)}q", *shape) + name)
+        recs.append(tensor_record(t._name, t._dtype, shape, 0, off, n))
         views.append((off, data))
         off = (off + n + ALIGN - 1) // ALIGN * ALIGN
     return off
+
+
+def tensor_record(name, dtype, shape, where, off, n):
+    """One binary tensor record (python.c's layout)."""
+    b = name.encode()
+    return (TENSOR.pack(len(b), DT_CODES[dtype], len(shape), where, off, n) +
+            struct.pack(f"<{len(shape)}q", *shape) + b)
 
 
 def done_error(text):
@@ -359,8 +406,11 @@ def bls_response(meta, blob, decoupled):
     pos += elen
     params = meta[pos:pos + plen].decode("utf-8", errors="replace") if plen else "{}"
     outs, _ = read_records(meta, pos + plen, n)
+    plan, end = input_plan(outs)
+    if end > len(blob):
+        raise pb_utils.TritonModelException("tensor outside its message")
     r = object.__new__(pb_utils.InferenceResponse)  # checked by the server
-    r._outputs, r._error, r._parameters = decode_inputs(outs, blob), None, params
+    r._outputs, r._error, r._parameters = decode_inputs(plan, blob), None, params
     return r
 
 
@@ -416,8 +466,9 @@ class Worker:
         self.send_lock = threading.Lock()
         self.work = collections.deque()
         self.pending = {}  # call id -> [done, results]
-        self.cv = threading.Condition()  # guards work, pending, reading
+        self.cv = threading.Condition()  # guards work, pending, reading, n_waiting
         self.reading = False
+        self.n_waiting = 0  # threads in wait_for waiting for the reader
         self.next_id = 1
         self.model = None
         self.model_dir = ""
@@ -427,13 +478,14 @@ class Worker:
         self.initialized = False  # BLS is allowed from initialize's end to finalize's start
         self.finalizing = False
         self.bg_loop = None
-        self.rbuf = bytearray(RECV_MAX)  # receive buffer (read by the reading thread only)
         self.rx_map = None  # the server's region for EXECUTE inputs
         self.rx_maps = {}  # inode -> mapping of the server's regions, oldest first
         self.rx_used = None  # end of the last EXECUTE in rx_map (aligned), None: it was inline
         self.rx_region = None  # its (address, length), for outputs that are views of inputs
         self.tx_map = None  # ours for DONE outputs (sealed against shrinking)
         self.req_proto = None
+        self.plans = {}  # EXECUTE description -> request_plans() (fast path)
+        self.records = {}  # DONE tensor records (fast path; see tensor_records)
         self.ready_q = None  # is_ready() queries for the readiness thread
         self._loop = None  # made on first use: most models never need one
 
@@ -465,7 +517,7 @@ class Worker:
             for off, data in views:
                 if off > pos:
                     parts.append(ZEROS[:off - pos])
-                parts.append(as_bytes(data))
+                parts.append(data)  # a C-contiguous array: sendmsg reads its buffer
                 pos = off + data.nbytes
             if blob_len > pos:
                 parts.append(ZEROS[:blob_len - pos])
@@ -518,25 +570,27 @@ class Worker:
                 os.close(fd)
 
     def recv(self):
-        buf = self.rbuf
-        n, anc, flags, _ = self.sock.recvmsg_into([buf], CMSG_FD_SPACE)
+        # a fresh bytes object per datagram: the arrays of an execute are
+        # views of it and outlive the next recv
+        data, anc, _, _ = self.sock.recvmsg(RECV_MAX, CMSG_FD_SPACE)
+        n = len(data)
         if n == 0:
             return None
         if not anc and n >= HDR.size:  # the common case: a whole message inline
-            mtype, jlen, blen = HDR.unpack_from(buf, 0)
+            mtype, jlen, blen = HDR.unpack_from(data, 0)
             if not mtype & M_REGION:
-                # copied out: the arrays of an execute must outlive the next recv
-                payload = memoryview(bytes(memoryview(buf)[HDR.size:n]))
+                end = HDR.size + jlen
                 if mtype == M_EXECUTE or mtype == M_BLS_RESULT:  # binary
                     if mtype == M_EXECUTE:  # parsed by build_requests
                         self.rx_used = None
-                    return mtype, bytes(payload[:jlen]), payload[jlen:jlen + blen]
-                return mtype, json.loads(str(payload[:jlen], "utf-8")), payload[jlen:jlen + blen]
+                    return mtype, data[HDR.size:end], memoryview(data)[end:end + blen]
+                return (mtype, json.loads(str(data[HDR.size:end], "utf-8")),
+                        memoryview(data)[end:end + blen])
         fds = []
-        for level, kind, data in anc:
+        for level, kind, cdata in anc:
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                fds.extend(array.array("i", data[:len(data) - len(data) % 4]))
-        mtype, jlen, blen = HDR.unpack_from(buf, 0)
+                fds.extend(array.array("i", cdata[:len(cdata) - len(cdata) % 4]))
+        mtype, jlen, blen = HDR.unpack_from(data, 0)
         in_region = mtype & M_REGION
         mtype &= ~M_REGION
         if in_region and fds:
@@ -573,7 +627,7 @@ class Worker:
                     os.close(f)
             payload = memoryview(mm)
         else:
-            payload = memoryview(bytes(memoryview(buf)[HDR.size:n]))
+            payload = memoryview(data)[HDR.size:]
         meta = bytes(payload[:jlen])
         obj = meta if mtype == M_EXECUTE or mtype == M_BLS_RESULT else json.loads(meta)
         if mtype == M_EXECUTE:
@@ -588,7 +642,11 @@ class Worker:
         with self.cv:
             while not ready():
                 if self.reading:
-                    self.cv.wait()
+                    self.n_waiting += 1
+                    try:
+                        self.cv.wait()
+                    finally:
+                        self.n_waiting -= 1
                     continue
                 self.reading = True
                 self.cv.release()
@@ -601,24 +659,66 @@ class Worker:
                     self.reading = False
                 if msg is None:  # the server is gone (or closed our socket)
                     os._exit(0)
-                mtype, obj, blob = msg
-                if mtype == M_BLS_RESULT:
-                    cid, _, final = BLS_RES.unpack_from(obj, 0)[:3]
-                    slot = self.pending.get(cid)
-                    if slot is not None:
-                        slot[1].append((obj, blob))
-                        if final:
-                            slot[0] = True
-                elif mtype in (M_CANCEL_ANSWER, M_API_ANSWER):
-                    slot = self.pending.get(obj.get("id"))
-                    if slot is not None:
-                        slot[1].append((obj, blob))
-                        slot[0] = True
-                elif mtype == M_READY_QUERY:  # on its own thread: executes go on
-                    self.ready_query()
-                else:
-                    self.work.append(msg)
-                self.cv.notify_all()
+                self.dispatch(msg)
+
+    def dispatch(self, msg):
+        """Puts a message where its reader finds it (cv held): an answer in
+        its call's slot, work in the main thread's queue; wakes the waiters
+        (one of them reads next)."""
+        mtype, obj, blob = msg
+        if mtype == M_BLS_RESULT:
+            cid, _, final = BLS_RES.unpack_from(obj, 0)[:3]
+            slot = self.pending.get(cid)
+            if slot is not None:
+                slot[1].append((obj, blob))
+                if final:
+                    slot[0] = True
+        elif mtype in (M_CANCEL_ANSWER, M_API_ANSWER):
+            slot = self.pending.get(obj.get("id"))
+            if slot is not None:
+                slot[1].append((obj, blob))
+                slot[0] = True
+        elif mtype == M_READY_QUERY:  # on its own thread: executes go on
+            self.ready_query()
+        else:
+            self.work.append(msg)
+        self.cv.notify_all()
+
+    def next_work(self):
+        """The main thread's next message (INIT, EXECUTE, FINALIZE). The
+        fast path: with nothing queued and no other thread reading or
+        waiting to, the main thread reads the socket itself and keeps an
+        EXECUTE without queueing it or waking anyone; any other message, or
+        another thread waiting, takes the leader/follower way (wait_for)."""
+        cv = self.cv
+        if FAST_PATH:
+            cv.acquire()
+            if self.work or self.reading or self.n_waiting:
+                cv.release()
+            else:
+                self.reading = True
+                cv.release()
+                try:
+                    msg = self.recv()
+                except OSError:
+                    msg = None
+                cv.acquire()
+                self.reading = False
+                if msg is None:  # the server is gone (or closed our socket)
+                    os._exit(0)
+                if msg[0] in (M_EXECUTE, M_INIT, M_FINALIZE):
+                    if self.n_waiting:  # one of them reads next
+                        cv.notify_all()
+                    cv.release()
+                    return msg
+                self.dispatch(msg)
+                cv.release()
+        self.wait_for(self.has_work)
+        with cv:
+            return self.work.popleft()
+
+    def has_work(self):
+        return bool(self.work)
 
     def watch_parent(self):
         """Exits when the server dies (or drops us), even while the model is
@@ -754,32 +854,57 @@ class Worker:
         except BaseException as e:  # noqa: B902 - SystemExit from model code included
             self.send(M_READY, {"error": error_text(e)})
 
-    def build_requests(self, meta, blob):
+    def request_plans(self, meta):
+        """What build_requests needs of an EXECUTE description, per request:
+        the attributes of its InferenceRequest but the inputs, its
+        input_plan and the end of its inputs in the blob."""
         if self.req_proto is None:  # the attributes of a request, set below or defaults
             self.req_proto = pb_utils.InferenceRequest("", [], []).__dict__
-        reqs = []
+        plans = []
         for i, (flags, rid, corr, timeout, sender, params, outputs, ins) in enumerate(
                 parse_execute(meta)):
-            inputs = decode_inputs(ins, blob)
+            attrs = dict(self.req_proto)
+            attrs["_requested"] = outputs
+            attrs["_request_id"] = rid
+            attrs["_correlation_id"] = corr
+            attrs["_flags"] = flags
+            attrs["_timeout"] = timeout
+            # the server's compact JSON text of a non-empty parameter object
+            attrs["_parameters"] = params.decode() if params else "{}"
+            if self.decoupled:
+                attrs["_sender_id"] = sender
+                attrs["_token"] = {"sender": sender}
+            else:
+                attrs["_token"] = {"request": i}
+            plan, end = input_plan(ins)
+            plans.append((attrs, plan, end))
+        return plans
+
+    def build_requests(self, meta, blob):
+        """The InferenceRequests of an EXECUTE. Fast path: a description
+        seen before (the same requests' names, shapes and fields; a
+        decoupled model's never repeat, each has its sender) is not parsed
+        again."""
+        plans = self.plans.get(meta) if FAST_PATH else None
+        if plans is None:
+            plans = self.request_plans(meta)
+            if FAST_PATH and not self.decoupled:
+                if len(self.plans) >= PLANS_MAX:
+                    self.plans.clear()
+                self.plans[meta] = plans
+        reqs = []
+        for attrs, plan, end in plans:
+            if end > len(blob):
+                raise pb_utils.TritonModelException("tensor outside its message")
+            inputs = decode_inputs(plan, blob)
             if self.decoupled:  # kept past execute: not views of the reused region
                 for t in inputs:
                     if t._array.dtype != np.object_:
                         t._array = t._array.copy()
             req = object.__new__(pb_utils.InferenceRequest)
-            req.__dict__.update(self.req_proto)
-            req._inputs = inputs
-            req._requested = outputs
-            req._request_id = rid
-            req._correlation_id = corr
-            req._flags = flags
-            req._timeout = timeout
-            # the server's compact JSON text of a non-empty parameter object
-            req._parameters = params.decode() if params else "{}"
-            if self.decoupled:
-                req._sender_id = sender
-                req._token = {"sender": sender}
-            else:
-                req._token = {"request": i}
+            d = req.__dict__
+            d.update(attrs)
+            d["_inputs"] = inputs
             reqs.append(req)
         return reqs
 
@@ -818,12 +943,15 @@ class Worker:
                 return self.execute_decoupled(reqs)
             try:
                 res = self.model.execute(reqs)
-                if inspect.iscoroutine(res):
+                if isinstance(res, types.CoroutineType):  # inspect.iscoroutine
                     if self.bg_loop is not None:  # tasks it starts keep running after it
                         res = asyncio.run_coroutine_threadsafe(res, self.bg_loop).result()
                     else:
                         res = self.loop.run_until_complete(res)
-                res = self.collect_sent(reqs, res)
+                for q in reqs:
+                    if q._sender is not None:  # the model took a response sender
+                        res = self.collect_sent(reqs, res)
+                        break
             except Exception as e:
                 text = (f"Failed to process the request(s) for model '{self.instance}', "
                         f"message: {error_text(e)}")
@@ -841,7 +969,7 @@ class Worker:
                    f"InferenceResponse(s) size is:{len(res)}")
         else:
             for q, r in zip(reqs, res):
-                if q._release_flags == pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
+                if q._release_flags == RELEASE_RESCHEDULE:
                     if r is None:
                         continue
                     # Triton's check: the request is not rescheduled, all fail
@@ -861,7 +989,7 @@ class Worker:
         """DONE with one response per request (binary records, outputs in
         the region); a response that cannot be written fails them all."""
         try:
-            out, views, off = [U32.pack(DONE_RESPONSES), U32.pack(len(reqs))], [], 0
+            out, views, off = [DONE_HEAD.pack(DONE_RESPONSES, len(reqs))], [], 0
             # Only an EXECUTE that came in the server's region tells which
             # region the server reads DONE's where=1 records from (after an
             # inline one it may have switched regions without telling us).
@@ -869,22 +997,23 @@ class Worker:
             if self.rx_used is not None:
                 region = self.rx_region
                 tail = [memoryview(self.rx_map), self.rx_used, len(self.rx_map)]
+            records = self.records if FAST_PATH else None
             for req, resp in zip(reqs, res):
-                if req._release_flags == pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
+                if req._release_flags == RELEASE_RESCHEDULE:
                     out.append(DONE_RESP.pack(RESP_RESCHEDULE, 0, 0, 0, 0))  # response dropped
                     continue
-                if resp.has_error():
-                    e = resp.error()
+                e = resp._error  # the attributes, as Triton's stub reads the C++ object's
+                if e is not None:
                     text = str(e.message()).encode("utf-8", errors="replace")
                     out.append(DONE_RESP.pack(RESP_ERROR, 0, 0, e.code(), len(text)))
                     out.append(text)
                     continue
                 requested = req._requested
-                mine = [t for t in resp.output_tensors() if t.name() in requested]
+                mine = [t for t in resp._outputs if t._name in requested]
                 params = resp._parameters.encode() if resp._parameters != "{}" else b""
                 out.append(DONE_RESP.pack(RESP_OUTPUTS, len(mine), len(params), 0, 0))
                 out.append(params)
-                off = tensor_records(mine, region, off, out, views, tail)
+                off = tensor_records(mine, region, off, out, views, tail, records)
             self.send_done(b"".join(out), views, off)
         except Exception as e:  # e.g. a BYTES element that cannot be encoded
             self.send_done(done_error(f"Failed to process the request(s) for model "
@@ -994,9 +1123,7 @@ class Worker:
         if watch:
             threading.Thread(target=self.watch_parent, daemon=True).start()
         while True:
-            self.wait_for(lambda: self.work)
-            with self.cv:
-                mtype, obj, blob = self.work.popleft()
+            mtype, obj, blob = self.next_work()
             if mtype == M_INIT:
                 self.handle_init(obj)
             elif mtype == M_EXECUTE:

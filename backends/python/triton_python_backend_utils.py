@@ -185,13 +185,14 @@ class Tensor:
         if name == "":
             raise TritonModelException("Tensor name cannot be an empty string.")
         if _dtype is None:
-            if array.dtype == np.object_ or array.dtype.type == np.bytes_:
-                _dtype = "BYTES"
-            else:
-                _dtype = _NUMPY_TO_NAME.get(array.dtype)
-                if _dtype is None:
+            # a numeric dtype first: one dict look-up (never object or bytes)
+            _dtype = _NUMPY_TO_NAME.get(array.dtype)
+            if _dtype is None:
+                if array.dtype == np.object_ or array.dtype.type == np.bytes_:
+                    _dtype = "BYTES"
+                else:
                     raise TritonModelException("NumPy dtype is not supported.")
-        if _dtype != "BYTES" and not array.flags["C_CONTIGUOUS"]:
+        if _dtype != "BYTES" and not array.flags.c_contiguous:
             array = np.ascontiguousarray(array)
         self._name = name
         self._array = array
@@ -410,7 +411,7 @@ class InferenceResponse:
             raise TypeError("error must be a TritonError")
         self._outputs = output_tensors
         self._error = error
-        self._parameters = _check_parameters(parameters)
+        self._parameters = "{}" if parameters is None else _check_parameters(parameters)
 
     def output_tensors(self):
         return self._outputs

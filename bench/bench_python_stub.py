@@ -1,0 +1,295 @@
+#!/usr/bin/python3
+"""The Python worker's per-request CPU, without the server.
+
+    bench/bench_python_stub.py [--stub-dir DIR] [-n N] [--only CASE,...]
+                               [--general] [--prof]
+
+Starts one worker (backends/python/nereid_python_stub.py, or DIR's) on a
+socket pair with an identity model.py, and plays the server: each round
+trip sends an EXECUTE built here from python.c's binary layout ("Binary
+EXECUTE and DONE descriptions") and reads the DONE back. The first DONE of
+every case is checked (one response per request, OUTPUT0 equal to the
+request's first input: name, datatype, shape and bytes). Then N round trips
+per case are timed; the worker's CPU per request comes from /proc (user and
+system time, and its on-CPU time from schedstat).
+
+  --general  the worker without its fast path (nereid_python_stub.FAST_PATH
+             off: every message through the leader/follower wait, every
+             EXECUTE parsed, every DONE record built), to compare.
+  --prof     a cProfile of the worker's loop (inflated, but shows where).
+
+The helpers (Worker, execute_message, parse_done) are the fake server that
+tests/integration/test_python_stub_paths.py drives the worker with.
+"""
+import argparse
+import json
+import os
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HDR = struct.Struct("<IIQ")
+U32 = struct.Struct("<I")
+EXEC_REQ = struct.Struct("<IIIIiIQQq")
+TENSOR = struct.Struct("<IIIIQQ")
+DONE_RESP = struct.Struct("<IIIII")
+M_INIT, M_EXECUTE, M_FINALIZE, M_READY, M_DONE = 1, 2, 3, 101, 102
+M_REGION = 0x80000000
+DT_NAMES = ("INVALID", "BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32",
+            "INT64", "FP16", "FP32", "FP64", "BYTES", "BF16")
+DT_CODES = {n: i for i, n in enumerate(DT_NAMES)}
+ALIGN = 64
+
+IDENTITY_PY = '''
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", r.inputs()[0].as_numpy())])
+                for r in requests]
+'''
+
+# The worker's side: the stub's own loop, on fd 3 like a started worker.
+CHILD = r'''
+import os, socket, sys
+fd, stub_dir, mode = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+os.dup2(fd, 3)
+os.close(fd)
+sys.path.insert(0, stub_dir)
+import nereid_python_stub as st
+import triton_python_backend_utils as pb_utils
+if "general" in mode:
+    st.FAST_PATH = False
+w = st.Worker(socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET, fileno=3))
+pb_utils._worker = w
+if "prof" in mode:
+    import cProfile, pstats
+    def bye(code=0):
+        raise SystemExit(code)
+    os._exit = bye
+    pr = cProfile.Profile()
+    try:
+        pr.runcall(w.run, False)
+    except SystemExit:
+        pass
+    pstats.Stats(pr, stream=sys.stderr).sort_stats("tottime").print_stats(30)
+    sys.stderr.flush()
+    os.abort()
+w.run(watch=False)
+'''
+
+
+def pad(n):
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+def tensor_record(name, dt, shape, offset, size, where=0):
+    nb = name.encode()
+    return (TENSOR.pack(len(nb), DT_CODES[dt], len(shape), where, offset, size) +
+            struct.pack(f"<{len(shape)}q", *shape) + nb)
+
+
+def execute_message(requests):
+    """An inline EXECUTE for requests, each a dict: inputs [(name,
+    datatype, shape, raw bytes)], and optionally outputs [names], id (str),
+    corr (int or str), flags, timeout, sender (-1: none), params (JSON
+    text)."""
+    meta = [U32.pack(len(requests))]
+    blob = bytearray()
+    for r in requests:
+        rid = r.get("id", "").encode()
+        corr = r.get("corr", 0)
+        cs = corr.encode() if isinstance(corr, str) else b""
+        params = r.get("params", "").encode()
+        outputs = r.get("outputs", ["OUTPUT0"])
+        meta.append(EXEC_REQ.pack(len(r["inputs"]), len(outputs), r.get("flags", 0), len(rid),
+                                  len(cs) if isinstance(corr, str) else -1, len(params),
+                                  0 if isinstance(corr, str) else corr, r.get("timeout", 0),
+                                  r.get("sender", -1)))
+        meta += [rid, cs, params]
+        for o in outputs:
+            ob = o.encode()
+            meta += [U32.pack(len(ob)), ob]
+        for name, dt, shape, raw in r["inputs"]:
+            off = pad(len(blob))
+            blob += bytes(off - len(blob)) + raw
+            meta.append(tensor_record(name, dt, shape, off, len(raw)))
+    m = b"".join(meta)
+    return HDR.pack(M_EXECUTE, len(m), len(blob)) + m + bytes(blob)
+
+
+def parse_done(msg):
+    """An inline DONE: ("responses", [(status, code, text, params, [(name,
+    datatype, shape, where, data)])]), ("error", text) or ("decoupled",
+    [indices])."""
+    mtype, jlen, blen = HDR.unpack_from(msg, 0)
+    if mtype != M_DONE:
+        raise ValueError(f"not a DONE: type {mtype:#x}")
+    meta = msg[HDR.size:HDR.size + jlen]
+    blob = msg[HDR.size + jlen:HDR.size + jlen + blen]
+    kind, n = struct.unpack_from("<II", meta, 0)
+    if kind == 1:
+        return "error", meta[8:8 + n].decode()
+    if kind == 2:
+        return "decoupled", list(struct.unpack_from(f"<{n}I", meta, 8))
+    pos, out = 8, []
+    for _ in range(n):
+        status, n_out, plen, code, elen = DONE_RESP.unpack_from(meta, pos)
+        pos += DONE_RESP.size
+        text = meta[pos:pos + elen].decode()
+        pos += elen
+        params = meta[pos:pos + plen].decode()
+        pos += plen
+        outs = []
+        for _ in range(n_out):
+            ln, dt, rank, where, off, size = TENSOR.unpack_from(meta, pos)
+            pos += TENSOR.size
+            shape = struct.unpack_from(f"<{rank}q", meta, pos)
+            pos += 8 * rank
+            name = meta[pos:pos + ln].decode()
+            pos += ln
+            data = blob[off:off + size] if where == 0 else None
+            outs.append((name, DT_NAMES[dt], shape, where, data))
+        out.append((status, code, text, params, outs))
+    if pos != len(meta):
+        raise ValueError("DONE description longer than its records")
+    return "responses", out
+
+
+class Worker:
+    """A worker process on one end of a socket pair, initialized with
+    model_src as its model.py; mode "fast", "general", and/or "prof"."""
+
+    def __init__(self, model_src=IDENTITY_PY, stub_dir=None, mode="fast", decoupled=False,
+                 config=None):
+        self.tmp = tempfile.TemporaryDirectory(prefix="nereid-stub-")
+        model_dir = os.path.join(self.tmp.name, "m")
+        os.makedirs(os.path.join(model_dir, "1"))
+        path = os.path.join(model_dir, "1", "model.py")
+        with open(path, "w") as f:
+            f.write(model_src)
+        self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        stub_dir = stub_dir or os.path.join(ROOT, "backends", "python")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", CHILD, str(theirs.fileno()), stub_dir, mode],
+            pass_fds=(theirs.fileno(),))
+        theirs.close()
+        cfg = config or {"name": "m", "backend": "python", "max_batch_size": 0}
+        init = json.dumps({
+            "model_file": path, "instance": "m_0_0", "decoupled": decoupled,
+            "auto_complete": False, "config": cfg, "model_dir": os.path.dirname(path),
+            "args": {"model_config": json.dumps(cfg), "model_instance_kind": "CPU",
+                     "model_instance_name": "m_0_0", "model_instance_device_id": "0",
+                     "model_repository": model_dir, "model_version": "1", "model_name": "m"},
+        }).encode()
+        self.sock.sendmsg([HDR.pack(M_INIT, len(init), 0), init])
+        ready = self.recv()
+        mtype, jlen, _ = HDR.unpack_from(ready, 0)
+        obj = json.loads(ready[HDR.size:HDR.size + jlen])
+        if mtype != M_READY or "error" in obj:
+            raise RuntimeError(f"worker not ready: {obj}")
+
+    def recv(self):
+        self.sock.settimeout(30)
+        return self.sock.recv(1 << 16)
+
+    def roundtrip(self, msg):
+        """Sends msg, returns the next message that is not a log line."""
+        self.sock.send(msg)
+        while True:
+            r = self.recv()
+            if HDR.unpack_from(r, 0)[0] != 103:  # M_LOG
+                return r
+
+    def cpu(self):
+        """(user s, system s, on-CPU s) of the worker so far."""
+        with open(f"/proc/{self.proc.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        tick = os.sysconf("SC_CLK_TCK")
+        with open(f"/proc/{self.proc.pid}/schedstat") as f:
+            on_cpu_ns = int(f.read().split()[0])
+        return int(fields[11]) / tick, int(fields[12]) / tick, on_cpu_ns / 1e9
+
+    def close(self):
+        self.sock.close()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.tmp.cleanup()
+
+
+def case_requests():
+    """name -> the requests of one EXECUTE (identity model)."""
+    import numpy as np
+    rng = np.random.default_rng(1)
+
+    def one(dt, arr):
+        return {"inputs": [("INPUT0", dt, arr.shape, arr.tobytes())]}
+
+    words = [b"a", b"", "naïve".encode(), b"x" * 40]
+    ser = b"".join(struct.pack("<I", len(w)) + w for w in words)
+    return {
+        "fp32_1": [one("FP32", np.array([1.5], np.float32))],
+        "int64_4x8": [one("INT64", rng.integers(-9, 9, (4, 8)))],
+        "fp16_256": [one("FP16", rng.random(256).astype(np.float16))],
+        "uint8_16k": [one("UINT8", rng.integers(0, 255, 16384, dtype=np.uint8))],
+        "bytes_4": [{"inputs": [("INPUT0", "BYTES", (4,), ser)]}],
+        "fp32_1_x4": [one("FP32", np.array([float(i)], np.float32)) for i in range(4)],
+    }
+
+
+def check_identity(done, requests):
+    kind, responses = parse_done(done)
+    if kind != "responses" or len(responses) != len(requests):
+        raise AssertionError(f"unexpected DONE: {kind} {responses}")
+    for (status, _, text, _, outs), r in zip(responses, requests):
+        name, dt, shape, raw = r["inputs"][0]
+        want = [("OUTPUT0", dt, tuple(shape), 0, raw)]
+        if status != 0 or outs != want:
+            raise AssertionError(f"wrong response: {status} {text} {outs[:1]}")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--stub-dir", default=os.path.join(ROOT, "backends", "python"))
+    ap.add_argument("-n", type=int, default=20000, help="round trips for fp32_1 (others N/4)")
+    ap.add_argument("--only", default="")
+    ap.add_argument("--general", action="store_true")
+    ap.add_argument("--prof", action="store_true")
+    a = ap.parse_args()
+    mode = ("general" if a.general else "fast") + (",prof" if a.prof else "")
+    cases = case_requests()
+    names = [c for c in a.only.split(",") if c] or list(cases)
+    w = Worker(stub_dir=a.stub_dir, mode=mode)
+    try:
+        print(f"worker: {a.stub_dir} ({mode}); per request: round trip, worker user / sys / on-CPU")
+        for name in names:
+            reqs = cases[name]
+            msg = execute_message(reqs)
+            check_identity(w.roundtrip(msg), reqs)
+            n = a.n if name == "fp32_1" else max(a.n // 4, 1)
+            for _ in range(min(n, 500)):  # warm-up
+                w.roundtrip(msg)
+            sock = w.sock
+            c0 = w.cpu()
+            t0 = time.perf_counter()
+            for _ in range(n):
+                sock.send(msg)
+                sock.recv(1 << 16)
+            t1 = time.perf_counter()
+            c1 = w.cpu()
+            us = [(c1[i] - c0[i]) / n * 1e6 for i in range(3)]
+            print(f"  {name:10s} {(t1 - t0) / n * 1e6:6.1f} us   user {us[0]:5.1f} us  "
+                  f"sys {us[1]:5.1f} us  on-CPU {us[2]:5.1f} us")
+    finally:
+        w.close()
+
+
+if __name__ == "__main__":
+    main()
