@@ -162,13 +162,14 @@ def parse_done(msg):
 
 class Worker:
     """A worker process on one end of a socket pair, initialized with
-    model_src as its model.py; mode "fast", "general", and/or "prof"."""
+    model_src as its model.py (in root/m, default a new temporary
+    directory); mode "fast", "general", and/or "prof"."""
 
     def __init__(self, model_src=IDENTITY_PY, stub_dir=None, mode="fast", decoupled=False,
-                 config=None):
-        self.tmp = tempfile.TemporaryDirectory(prefix="nereid-stub-")
-        model_dir = os.path.join(self.tmp.name, "m")
-        os.makedirs(os.path.join(model_dir, "1"))
+                 config=None, root=None):
+        self.tmp = tempfile.TemporaryDirectory(prefix="nereid-stub-") if root is None else None
+        model_dir = os.path.join(root or self.tmp.name, "m")
+        os.makedirs(os.path.join(model_dir, "1"), exist_ok=True)
         path = os.path.join(model_dir, "1", "model.py")
         with open(path, "w") as f:
             f.write(model_src)
@@ -221,7 +222,8 @@ class Worker:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
-        self.tmp.cleanup()
+        if self.tmp is not None:
+            self.tmp.cleanup()
 
 
 def case_requests():
