@@ -204,14 +204,6 @@ _NUMPY_DTYPE = {n: np.dtype(t) for n, t in pb_utils._NAME_TO_NUMPY.items()
 _NUMPY_DTYPE["BF16"] = np.dtype(np.uint16)
 
 
-def new_tensor(name, arr, dtype):
-    """A pb_utils.Tensor of a checked array, without the checks of its
-    constructor (the hot path: one per input of every request)."""
-    t = object.__new__(pb_utils.Tensor)
-    t._name, t._array, t._dtype = name, arr, dtype
-    return t
-
-
 _NAMES = {}  # name bytes -> str (names repeat on every request)
 
 
@@ -294,7 +286,10 @@ def decode_inputs(plan, blob):
             arr = pb_utils.deserialize_bytes_tensor(blob[off:off + size]).reshape(shape)
         else:
             arr = np.ndarray(shape, npdt, blob, off)
-        out.append(new_tensor(name, arr, dt))
+        # without the checks of Tensor's constructor (the server checked)
+        t = object.__new__(pb_utils.Tensor)
+        t._name, t._array, t._dtype = name, arr, dt
+        out.append(t)
     return out
 
 
@@ -1009,7 +1004,9 @@ class Worker:
                     out.append(text)
                     continue
                 requested = req._requested
-                mine = [t for t in resp._outputs if t._name in requested]
+                mine = resp._outputs
+                if len(mine) != 1 or mine[0]._name not in requested:
+                    mine = [t for t in mine if t._name in requested]
                 params = resp._parameters.encode() if resp._parameters != "{}" else b""
                 out.append(DONE_RESP.pack(RESP_OUTPUTS, len(mine), len(params), 0, 0))
                 out.append(params)
