@@ -469,7 +469,6 @@ class Worker:
         self.model_dir = ""
         self.instance = ""
         self.decoupled = False
-        self.in_execute = False
         self.initialized = False  # BLS is allowed from initialize's end to finalize's start
         self.finalizing = False
         self.bg_loop = None
@@ -516,8 +515,12 @@ class Worker:
                 pos = off + data.nbytes
             if blob_len > pos:
                 parts.append(ZEROS[:blob_len - pos])
-            with self.send_lock:
+            lock = self.send_lock  # not `with`: a fifth of a microsecond less
+            lock.acquire()
+            try:
                 self.sock.sendmsg(parts)
+            finally:
+                lock.release()
             return
         if region:
             return self.send_region(mtype, js, views, blob_len)
@@ -932,29 +935,25 @@ class Worker:
 
     def handle_execute(self, obj, blob):
         reqs = self.build_requests(obj, blob)
-        self.in_execute = True
+        if self.decoupled:
+            return self.execute_decoupled(reqs)
         try:
-            if self.decoupled:
-                return self.execute_decoupled(reqs)
-            try:
-                res = self.model.execute(reqs)
-                if isinstance(res, types.CoroutineType):  # inspect.iscoroutine
-                    if self.bg_loop is not None:  # tasks it starts keep running after it
-                        res = asyncio.run_coroutine_threadsafe(res, self.bg_loop).result()
-                    else:
-                        res = self.loop.run_until_complete(res)
-                for q in reqs:
-                    if q._sender is not None:  # the model took a response sender
-                        res = self.collect_sent(reqs, res)
-                        break
-            except Exception as e:
-                text = (f"Failed to process the request(s) for model '{self.instance}', "
-                        f"message: {error_text(e)}")
-                if not self.answer_sent(reqs, text):
-                    self.send_done(done_error(text))
-                return
-        finally:
-            self.in_execute = False
+            res = self.model.execute(reqs)
+            if isinstance(res, types.CoroutineType):  # inspect.iscoroutine
+                if self.bg_loop is not None:  # tasks it starts keep running after it
+                    res = asyncio.run_coroutine_threadsafe(res, self.bg_loop).result()
+                else:
+                    res = self.loop.run_until_complete(res)
+            for q in reqs:
+                if q._sender is not None:  # the model took a response sender
+                    res = self.collect_sent(reqs, res)
+                    break
+        except Exception as e:
+            text = (f"Failed to process the request(s) for model '{self.instance}', "
+                    f"message: {error_text(e)}")
+            if not self.answer_sent(reqs, text):
+                self.send_done(done_error(text))
+            return
         err = None
         if not isinstance(res, list):
             err = f"Expected a list in the execute return, found type '{type(res)}'."
