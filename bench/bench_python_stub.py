@@ -1,17 +1,22 @@
 #!/usr/bin/python3
 """The Python worker's per-request CPU, without the server.
 
-    bench/bench_python_stub.py [--stub-dir DIR] [-n N] [--only CASE,...]
-                               [--general] [--prof]
+    bench/bench_python_stub.py [--stub-dir DIR] [--compare DIR] [-n N] [--rounds R]
+                               [--only CASE,...] [--general] [--prof]
 
 Starts one worker (backends/python/nereid_python_stub.py, or DIR's) on a
 socket pair with an identity model.py, and plays the server: each round
 trip sends an EXECUTE built here from python.c's binary layout ("Binary
 EXECUTE and DONE descriptions") and reads the DONE back. The first DONE of
 every case is checked (one response per request, OUTPUT0 equal to the
-request's first input: name, datatype, shape and bytes). Then N round trips
-per case are timed; the worker's CPU per request comes from /proc (user and
-system time, and its on-CPU time from schedstat).
+request's first input: name, datatype, shape and bytes). Then R rounds of
+N round trips per case are timed; the worker's CPU per request comes from
+/proc (user and system time, and its on-CPU time from schedstat: exact,
+where the user/system split is sampled at each clock tick). Each figure is
+the median over the rounds.
+
+  --compare  a second worker from DIR's scripts (e.g. an older copy), its
+             rounds alternating with the first's, printed below it.
 
   --general  the worker without its fast path (nereid_python_stub.FAST_PATH
              off: every message through the leader/follower wait, every
@@ -25,6 +30,7 @@ import argparse
 import json
 import os
 import socket
+import statistics
 import struct
 import subprocess
 import sys
@@ -257,10 +263,25 @@ def check_identity(done, requests):
             raise AssertionError(f"wrong response: {status} {text} {outs[:1]}")
 
 
+def measure(w, msg, n):
+    """(round trip, user, system, on-CPU) in us per request over n."""
+    sock = w.sock
+    c0 = w.cpu()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        sock.send(msg)
+        sock.recv(1 << 16)
+    t1 = time.perf_counter()
+    c1 = w.cpu()
+    return [(t1 - t0) / n * 1e6] + [(c1[i] - c0[i]) / n * 1e6 for i in range(3)]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--stub-dir", default=os.path.join(ROOT, "backends", "python"))
+    ap.add_argument("--compare", default=None)
     ap.add_argument("-n", type=int, default=20000, help="round trips for fp32_1 (others N/4)")
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--only", default="")
     ap.add_argument("--general", action="store_true")
     ap.add_argument("--prof", action="store_true")
@@ -268,29 +289,31 @@ def main():
     mode = ("general" if a.general else "fast") + (",prof" if a.prof else "")
     cases = case_requests()
     names = [c for c in a.only.split(",") if c] or list(cases)
-    w = Worker(stub_dir=a.stub_dir, mode=mode)
+    workers = []
     try:
-        print(f"worker: {a.stub_dir} ({mode}); per request: round trip, worker user / sys / on-CPU")
+        for d in [a.stub_dir] + ([a.compare] if a.compare else []):
+            workers.append((d, Worker(stub_dir=d, mode=mode)))
+            print(f"worker {len(workers)}: {d} ({mode})")
+        print("per request, median of rounds: round trip, worker user / sys / on-CPU")
         for name in names:
             reqs = cases[name]
             msg = execute_message(reqs)
-            check_identity(w.roundtrip(msg), reqs)
             n = a.n if name == "fp32_1" else max(a.n // 4, 1)
-            for _ in range(min(n, 500)):  # warm-up
-                w.roundtrip(msg)
-            sock = w.sock
-            c0 = w.cpu()
-            t0 = time.perf_counter()
-            for _ in range(n):
-                sock.send(msg)
-                sock.recv(1 << 16)
-            t1 = time.perf_counter()
-            c1 = w.cpu()
-            us = [(c1[i] - c0[i]) / n * 1e6 for i in range(3)]
-            print(f"  {name:10s} {(t1 - t0) / n * 1e6:6.1f} us   user {us[0]:5.1f} us  "
-                  f"sys {us[1]:5.1f} us  on-CPU {us[2]:5.1f} us")
+            for _, w in workers:
+                check_identity(w.roundtrip(msg), reqs)
+                for _ in range(min(n, 500)):  # warm-up
+                    w.roundtrip(msg)
+            res = [[] for _ in workers]
+            for _ in range(a.rounds):
+                for i, (_, w) in enumerate(workers):
+                    res[i].append(measure(w, msg, n))
+            for i, r in enumerate(res):
+                rt, user, sys_, cpu = (statistics.median(x[k] for x in r) for k in range(4))
+                print(f"  {name:10s} worker {i + 1}: {rt:6.1f} us   user {user:5.1f} us  "
+                      f"sys {sys_:5.1f} us  on-CPU {cpu:5.1f} us")
     finally:
-        w.close()
+        for _, w in workers:
+            w.close()
 
 
 if __name__ == "__main__":
