@@ -70,6 +70,18 @@ class TritonPythonModel:
         return out
 '''
 
+# Each input back as OUTPUT<i>: the common answer (no parameters, no
+# error), which the fast path builds without send_responses.
+ECHO = '''
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(f"OUTPUT{i}", t.as_numpy())
+                                            for i, t in enumerate(r.inputs())])
+                for r in requests]
+'''
+
 DECOUPLED = '''
 import triton_python_backend_utils as pb_utils
 
@@ -208,6 +220,37 @@ def test_many_descriptions_and_records(tmp_path):
     for (_, reqs), answer in zip(msgs, fast):
         _, [(_, _, _, _, [out])] = wire.parse_done(answer[-1])
         assert out[4] == reqs[0]["inputs"][0][3]
+
+
+def test_common_answers_alike(tmp_path):
+    """The fast path's own DONE (simple_done) against send_responses: each
+    message twice (the second finds its records), with the cases it must
+    leave to send_responses (BYTES, a large output, an output not
+    requested)."""
+    two = [("INPUT0", "INT64", (2, 3), np.arange(6, dtype=np.int64).tobytes()),
+           ("INPUT1", "INT32", (), np.array(7, np.int32).tobytes())]
+    big = np.arange(2048, dtype=np.float32)
+    cases = [
+        ("fp32", [{"inputs": [f32(1.5)]}]),
+        ("two outputs", [{"inputs": two, "outputs": ["OUTPUT0", "OUTPUT1"]}]),
+        ("one of two requested", [{"inputs": two, "outputs": ["OUTPUT1"]}]),
+        ("a batch", [{"inputs": [f32(1, 2)]}, {"inputs": two, "outputs": ["OUTPUT0", "OUTPUT1"]},
+                     {"inputs": [("INPUT0", "FP32", (0,), b"")]}]),
+        ("bytes", [{"inputs": [("INPUT0", "BYTES", (2,), byte_words(b"x", b"yz"))]}]),
+        ("8 KiB", [{"inputs": [("INPUT0", "FP32", big.shape, big.tobytes())]}]),
+    ]
+    msgs = [(f"{what} {k}", reqs) for what, reqs in cases for k in (1, 2)]
+    fast = drive(tmp_path, "fast", msgs, ECHO)
+    general = drive(tmp_path, "general", msgs, ECHO)
+    for (what, reqs), a, b in zip(msgs, fast, general):
+        assert a == b, what
+        kind, responses = wire.parse_done(a[-1])
+        assert kind == "responses" and len(responses) == len(reqs), what
+        for r, (status, _, _, params, outs) in zip(reqs, responses):
+            want = [(f"OUTPUT{i}", dt, tuple(shape), 0, raw)
+                    for i, (_, dt, shape, raw) in enumerate(r["inputs"])
+                    if f"OUTPUT{i}" in r.get("outputs", ["OUTPUT0"])]
+            assert (status, params, outs) == (0, "", want), what
 
 
 @pytest.mark.parametrize("mode", ["fast", "general"])
