@@ -2066,6 +2066,7 @@ static void exec_reading_end(instance_t *in)
  * the executes in flight in the process would need more CPUs than it has
  * (each spinning thread and its worker want one each). */
 #define SPIN_PROBE_EVERY 32
+#define SPIN_MIN_GAP_NS (15 * 1000)
 #define SPIN_MISSES_MAX 4
 
 static atomic_int g_executing; /* python executes in flight in the process */
@@ -2086,7 +2087,7 @@ static int cmp_u64(const void *a, const void *b)
 }
 
 /* This execute's spin budget (ns; 0: block at once). Execute's thread. */
-static uint64_t spin_budget_ns(instance_t *in)
+static uint64_t spin_budget_ns(instance_t *in, uint64_t now_ns)
 {
     uint64_t max = g_backend->spin_max_ns;
     if (!max || !in->spin_word) return 0;
@@ -2095,7 +2096,8 @@ static uint64_t spin_budget_ns(instance_t *in)
         return 0;
     }
     if (2 * atomic_load_explicit(&g_executing, memory_order_relaxed) > g_backend->n_cpus) return 0;
-    if (in->spin_n < SPIN_RECENT) return max; /* still learning */
+    if (now_ns - in->exec_end_ns < SPIN_MIN_GAP_NS) return 0; /* requests queue: CPU is busy */
+    if (in->spin_n < SPIN_RECENT) return max;                 /* still learning */
     uint64_t sorted[SPIN_RECENT];
     memcpy(sorted, in->spin_recent_ns, sizeof sorted);
     qsort(sorted, SPIN_RECENT, sizeof *sorted, cmp_u64);
@@ -3147,7 +3149,7 @@ NEREID_EXPORT nereid_error_t *nereid_backend_execute(nereid_instance_t *instance
     in->batch = batch;
     pthread_mutex_unlock(&in->mu);
     atomic_fetch_add_explicit(&g_executing, 1, memory_order_relaxed);
-    uint64_t spin_ns = spin_budget_ns(in);
+    uint64_t spin_ns = spin_budget_ns(in, nereid_now_ns());
     exec_reading_begin(in);
     tx_pick(in);
     int rc = outmsg_send_region(in->chan, M_EXECUTE, &om, &in->tx);
