@@ -97,11 +97,12 @@ enum {
 #define MAX_RANK 16
 #define MAX_NAME 4096
 #define FINALIZE_WAIT_S 30
-#define INLINE_MAX_US 1000   /* longest average execute run on the caller's thread */
-#define VIEW_MIN (32 * 1024) /* smallest output handed to the response as a region view */
-#define TX_SPARES 2          /* EXECUTE regions kept besides the current one */
-#define SPIN_WAIT_US_DEFAULT 60
-#define SPIN_RECENT 8 /* the spin budget follows the median of this many executes */
+#define INLINE_MAX_US 1000     /* longest average execute run on the caller's thread */
+#define VIEW_MIN (32 * 1024)   /* smallest output handed to the response as a region view */
+#define TX_SPARES 2            /* EXECUTE regions kept besides the current one */
+#define SPIN_WAIT_US_DEFAULT 0 /* off: see docs/performance.md, "the server's side of a request"   \
+                                */
+#define SPIN_RECENT 8          /* the spin budget follows the median of this many executes */
 #define SPIN_WAIT_US_MAX 10000
 
 /* ---- Backend settings ---- */
@@ -2067,6 +2068,7 @@ static void exec_reading_end(instance_t *in)
  * (each spinning thread and its worker want one each). */
 #define SPIN_PROBE_EVERY 32
 #define SPIN_MIN_GAP_NS (15 * 1000)
+#define SPIN_CONTENDED_NS (4 * 1000)
 #define SPIN_MISSES_MAX 4
 
 static atomic_int g_executing; /* python executes in flight in the process */
@@ -2110,28 +2112,44 @@ static uint64_t spin_budget_ns(instance_t *in, uint64_t now_ns)
 }
 
 /* Records how an execute that spun went: its EXECUTE -> DONE time, and
- * whether the answer came while spinning. */
-static void spin_record(instance_t *in, uint64_t took_ns, bool hit)
+ * whether the answer came while spinning or another thread wanted the CPU
+ * (then no spin for SPIN_PROBE_EVERY executes). */
+static void spin_record(instance_t *in, uint64_t took_ns, bool hit, bool contended)
 {
     in->spin_recent_ns[in->spin_n++ % SPIN_RECENT] = took_ns;
     in->spin_hits += hit;
     in->spin_misses_in_row = hit ? 0 : in->spin_misses_in_row + 1;
-    if (in->spin_misses_in_row >= SPIN_MISSES_MAX) {
+    if (contended || in->spin_misses_in_row >= SPIN_MISSES_MAX) {
         in->spin_misses_in_row = 0;
         in->spin_skip = SPIN_PROBE_EVERY;
     }
 }
 
-/* Spins until the worker has sent a message not received yet (true) or
- * until_ns passed (false). */
-static bool spin_wait(const instance_t *in, uint64_t until_ns)
+/* Spins until the worker has sent a message not received yet (1), until_ns
+ * passed (0), or another thread wanted this CPU (-1: a sched_yield, or the
+ * time between two checks, took over SPIN_CONTENDED_NS, and the worker's
+ * message has not come meanwhile). */
+static int spin_wait(const instance_t *in, uint64_t until_ns)
 {
+    const _Atomic uint64_t *w = in->spin_word;
+    uint64_t last = nereid_now_ns();
     for (unsigned i = 1;; i++) {
-        if (atomic_load_explicit(in->spin_word, memory_order_acquire) > in->msgs_in) return true;
+        if (atomic_load_explicit(w, memory_order_acquire) > in->msgs_in) return 1;
         cpu_relax();
         if (i % 32 == 0) {
-            if (nereid_now_ns() >= until_ns) return false;
-            if (i % 256 == 0) sched_yield();
+            uint64_t now = nereid_now_ns();
+            bool away = now - last > SPIN_CONTENDED_NS; /* this thread was preempted */
+            if (!away && i % 64 == 0) { /* a thread that wants this CPU runs meanwhile */
+                sched_yield();
+                uint64_t after = nereid_now_ns();
+                away = after - now > SPIN_CONTENDED_NS;
+                now = after;
+            }
+            /* The thread that ran meanwhile may have been the worker itself
+             * (woken on this CPU): then its answer is there. */
+            if (away) return atomic_load_explicit(w, memory_order_acquire) > in->msgs_in ? 1 : -1;
+            if (now >= until_ns) return 0;
+            last = now;
         }
     }
 }
@@ -2179,20 +2197,23 @@ static void spin_page_drop(instance_t *in)
 /* Execute's side: takes the socket from the reader thread, reads until the
  * worker's DONE (serving everything else on the way), spinning first until
  * spin_until_ns (0: not at all; *spun: whether it did, *hit: and saw a
- * message come). NULL when the worker died or misbehaved (it is then
- * ended). */
-static msg_t *execute_read_done(instance_t *in, uint64_t spin_until_ns, bool *spun, bool *hit)
+ * message come, *contended: or stopped for another thread). NULL when the worker died or misbehaved
+ * (it is then ended). */
+static msg_t *execute_read_done(instance_t *in, uint64_t spin_until_ns, bool *spun, bool *hit,
+                                bool *contended)
 {
     char why[512] = "";
     msg_t *done = NULL;
     tls_reading = in;
     tls_exec_reading = true;
-    *spun = *hit = false;
+    *spun = *hit = *contended = false;
     for (;;) {
         if (spin_until_ns) { /* before each message, until a spin runs out */
+            int r = spin_wait(in, spin_until_ns);
             *spun = true;
-            *hit = spin_wait(in, spin_until_ns);
-            if (!*hit) spin_until_ns = 0;
+            *hit = r == 1;
+            *contended = r < 0;
+            if (r != 1) spin_until_ns = 0;
         }
         msg_t *m;
         int rc = msg_recv_into(in->chan->fd, &in->rx, &m, why, sizeof why, 0, in->rbuf);
@@ -3155,15 +3176,15 @@ NEREID_EXPORT nereid_error_t *nereid_backend_execute(nereid_instance_t *instance
     int rc = outmsg_send_region(in->chan, M_EXECUTE, &om, &in->tx);
     uint64_t input_end = nereid_now_ns();
     msg_t *m = NULL;
-    bool spun = false, hit = false;
+    bool spun = false, hit = false, contended = false;
     if (rc == 0) {
-        m = execute_read_done(in, spin_ns ? input_end + spin_ns : 0, &spun, &hit);
+        m = execute_read_done(in, spin_ns ? input_end + spin_ns : 0, &spun, &hit, &contended);
     } else {
         exec_reading_end(in);
     }
     uint64_t infer_end = nereid_now_ns();
     atomic_fetch_sub_explicit(&g_executing, 1, memory_order_relaxed);
-    if (spun && m) spin_record(in, infer_end - input_end, hit);
+    if (spun && m) spin_record(in, infer_end - input_end, hit, contended);
     pthread_mutex_lock(&in->mu);
     in->batch = NULL;
     pthread_mutex_unlock(&in->mu);
