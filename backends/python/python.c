@@ -100,8 +100,7 @@ enum {
 #define INLINE_MAX_US 1000     /* longest average execute run on the caller's thread */
 #define VIEW_MIN (32 * 1024)   /* smallest output handed to the response as a region view */
 #define TX_SPARES 2            /* EXECUTE regions kept besides the current one */
-#define SPIN_WAIT_US_DEFAULT 0 /* off: see docs/performance.md, "the server's side of a request"   \
-                                */
+#define SPIN_WAIT_US_DEFAULT 0 /* off (docs/performance.md: no gain measured on 2 vCPUs) */
 #define SPIN_RECENT 8          /* the spin budget follows the median of this many executes */
 #define SPIN_WAIT_US_MAX 10000
 
@@ -2048,8 +2047,8 @@ static void exec_reading_end(instance_t *in)
 /* ---- spin-wait: waiting for the worker's answer without sleeping ----
  *
  * A worker answers a small execute in tens of µs; a thread that blocks in
- * recvmsg for that answer sleeps, and waking it (its CPU went idle) costs
- * ~20 µs here. So execute's thread first watches a word in a page it
+ * recvmsg for that answer sleeps, and waking it costs several µs (more when
+ * its CPU went idle on a virtual machine). So execute's thread first watches a word in a page it
  * shares with the worker (M_SPIN_PAGE, sent at the worker's start only when
  * spin-wait-us > 0): the worker writes there how many messages it has sent,
  * after each sendmsg. While that is not more than the server has received,
@@ -2063,9 +2062,15 @@ static void exec_reading_end(instance_t *in)
  * instance's last SPIN_RECENT executes that spun when that is shorter. An
  * instance whose median is longer than spin-wait-us does not spin (it
  * probes one execute in SPIN_PROBE_EVERY); SPIN_MISSES_MAX spins in a row
- * that ran out stop spinning for SPIN_PROBE_EVERY executes. No spin when
- * the executes in flight in the process would need more CPUs than it has
- * (each spinning thread and its worker want one each). */
+ * that ran out stop spinning for SPIN_PROBE_EVERY executes, and so does a
+ * spin that another thread interrupted (spin_wait). No spin when the
+ * executes in flight in the process would need more CPUs than it has (each
+ * spinning thread and its worker want one each), nor when the instance's
+ * previous execute ended under SPIN_MIN_GAP_NS ago (requests queue: the
+ * CPU has other work). Off by default: on a 2-vCPU VM the worker is often
+ * woken on the sending thread's own CPU (a unix socket's wake-up is
+ * "sync"), so there is no parallel wait to spin through
+ * (docs/performance.md). */
 #define SPIN_PROBE_EVERY 32
 #define SPIN_MIN_GAP_NS (15 * 1000)
 #define SPIN_CONTENDED_NS (4 * 1000)
@@ -2098,6 +2103,7 @@ static uint64_t spin_budget_ns(instance_t *in, uint64_t now_ns)
         return 0;
     }
     if (2 * atomic_load_explicit(&g_executing, memory_order_relaxed) > g_backend->n_cpus) return 0;
+    /* exec_end_ns is written by executes only (under mu, for the reader) */
     if (now_ns - in->exec_end_ns < SPIN_MIN_GAP_NS) return 0; /* requests queue: CPU is busy */
     if (in->spin_n < SPIN_RECENT) return max;                 /* still learning */
     uint64_t sorted[SPIN_RECENT];
