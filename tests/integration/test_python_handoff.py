@@ -19,7 +19,6 @@ import signal
 import textwrap
 import time
 
-import numpy as np
 import pytest
 import requests
 
