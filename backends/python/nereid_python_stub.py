@@ -84,6 +84,7 @@ HDR = struct.Struct("<IIQ")
 # EXECUTE and DONE describe their tensors in binary (python.c, "Binary
 # EXECUTE and DONE descriptions"): no JSON per request.
 U32 = struct.Struct("<I")
+U64 = struct.Struct("<Q")
 EXEC_REQ = struct.Struct("<IIIIiIQQq")  # inputs, outputs, flags, id, corr (-1), params, corr, timeout, sender
 TENSOR = struct.Struct("<IIIIQQ")  # name_len, datatype, rank, where, offset, size
 DONE_RESP = struct.Struct("<IIIII")  # status, n_outputs, params_len, error code, error_len
@@ -125,6 +126,7 @@ RELEASE_ALL, RELEASE_RESCHEDULE = 1, 2  # pb_utils.TRITONSERVER_REQUEST_RELEASE_
 # C -> worker
 M_INIT, M_EXECUTE, M_FINALIZE, M_BLS_RESULT, M_CANCEL_ANSWER = 1, 2, 3, 4, 5
 M_READY_QUERY, M_READY_ANSWER = 6, 122  # the model's is_ready(): query, answer
+M_SPIN_PAGE = 7  # a shared word: how many messages we sent (python.c, "spin-wait")
 # worker -> C
 M_READY, M_DONE, M_LOG, M_RESPONSE, M_BLS_CALL, M_CANCEL_QUERY, M_FINALIZED = (
     101, 102, 103, 104, 105, 106, 107)
@@ -459,6 +461,8 @@ class Worker:
     def __init__(self, sock):
         self.sock = sock
         self.send_lock = threading.Lock()
+        self.sent = 0  # messages sent (under send_lock)
+        self.spin = None  # the server's word for self.sent (M_SPIN_PAGE), or None
         self.work = collections.deque()
         self.pending = {}  # call id -> [done, results]
         self.cv = threading.Condition()  # guards work, pending, reading, n_waiting
@@ -518,7 +522,7 @@ class Worker:
             lock = self.send_lock  # not `with`: a fifth of a microsecond less
             lock.acquire()
             try:
-                self.sock.sendmsg(parts)
+                self.sendmsg(parts)
             finally:
                 lock.release()
             return
@@ -537,11 +541,19 @@ class Worker:
             fcntl.fcntl(fd, fcntl.F_ADD_SEALS,
                         fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
             with self.send_lock:
-                self.sock.sendmsg([HDR.pack(mtype, len(js), blob_len)],
+                self.sendmsg([HDR.pack(mtype, len(js), blob_len)],
                                   [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
                                     array.array("i", [fd]))])
         finally:
             os.close(fd)
+
+    def sendmsg(self, *args):
+        """sock.sendmsg, then the count in the server's word (send_lock held):
+        a server thread spinning for our answer sees it without a wake-up."""
+        self.sock.sendmsg(*args)
+        self.sent += 1
+        if self.spin is not None:
+            U64.pack_into(self.spin, 0, self.sent)
 
     def send_region(self, mtype, js, views, blob_len):
         total = len(js) + blob_len
@@ -562,7 +574,7 @@ class Worker:
             mv.release()
             anc = [] if fd < 0 else [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))]
             with self.send_lock:
-                self.sock.sendmsg([HDR.pack(mtype | M_REGION, len(js), blob_len)], anc)
+                self.sendmsg([HDR.pack(mtype | M_REGION, len(js), blob_len)], anc)
         finally:
             if fd >= 0:
                 os.close(fd)
@@ -678,6 +690,10 @@ class Worker:
                 slot[0] = True
         elif mtype == M_READY_QUERY:  # on its own thread: executes go on
             self.ready_query()
+        elif mtype == M_SPIN_PAGE:
+            with self.send_lock:
+                self.spin = blob
+                U64.pack_into(blob, 0, self.sent)
         else:
             self.work.append(msg)
         self.cv.notify_all()

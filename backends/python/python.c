@@ -39,6 +39,7 @@
 #include <limits.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdatomic.h>
@@ -46,6 +47,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/pidfd.h>
 #include <sys/socket.h>
@@ -72,6 +74,7 @@ enum {
     M_BLS_RESULT = 4,
     M_CANCEL_ANSWER = 5,
     M_READY_QUERY = 6, /* the model's is_ready() (model-ready checks) */
+    M_SPIN_PAGE = 7,   /* the word the worker counts its messages in ("spin-wait") */
     M_READY = 101,
     M_DONE = 102,
     M_LOG = 103,
@@ -94,9 +97,12 @@ enum {
 #define MAX_RANK 16
 #define MAX_NAME 4096
 #define FINALIZE_WAIT_S 30
-#define INLINE_MAX_US 1000   /* longest average execute run on the caller's thread */
-#define VIEW_MIN (32 * 1024) /* smallest output handed to the response as a region view */
-#define TX_SPARES 2          /* EXECUTE regions kept besides the current one */
+#define INLINE_MAX_US 1000     /* longest average execute run on the caller's thread */
+#define VIEW_MIN (32 * 1024)   /* smallest output handed to the response as a region view */
+#define TX_SPARES 2            /* EXECUTE regions kept besides the current one */
+#define SPIN_WAIT_US_DEFAULT 0 /* off (docs/performance.md: no gain measured on 2 vCPUs) */
+#define SPIN_RECENT 8          /* the spin budget follows the median of this many executes */
+#define SPIN_WAIT_US_MAX 10000
 
 /* ---- Backend settings ---- */
 
@@ -104,6 +110,8 @@ typedef struct backend_state {
     char *python; /* interpreter */
     char *stub;   /* nereid_python_stub.py */
     long finalize_wait_s;
+    uint64_t spin_max_ns; /* spin-wait-us: longest spin for a worker's answer; 0: never */
+    int n_cpus;           /* CPUs this process may run on */
 
     /* The zygote: a pre-started python3 (numpy and pb_utils imported) that
      * forks the workers of models using the backend's interpreter. */
@@ -152,6 +160,25 @@ NEREID_EXPORT nereid_error_t *nereid_backend_init(nereid_backend_t *backend)
     if (!py) py = getenv("NEREID_PYTHON");
     st->python = strdup(py && *py ? py : "/usr/bin/python3");
     st->finalize_wait_s = FINALIZE_WAIT_S;
+    st->spin_max_ns = SPIN_WAIT_US_DEFAULT * 1000ull;
+    const char *sw = backend_config(backend, "spin-wait-us");
+    if (sw) {
+        char *end;
+        errno = 0;
+        long v = strtol(sw, &end, 10);
+        if (!*sw || *end || errno || v < 0 || v > SPIN_WAIT_US_MAX) {
+            free(st->python);
+            free(st->stub);
+            free(st);
+            return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                    "python backend: spin-wait-us must be an integer from 0 to "
+                                    "%d, got '%s'",
+                                    SPIN_WAIT_US_MAX, sw);
+        }
+        st->spin_max_ns = (uint64_t)v * 1000;
+    }
+    cpu_set_t cpus;
+    st->n_cpus = sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
     pthread_mutex_init(&st->zy_mu, NULL);
     st->zy_fd = -1;
     const char *zy = backend_config(backend, "zygote");
@@ -958,8 +985,9 @@ typedef struct instance {
     int pidfd; /* a worker forked by the zygote: signalled and watched here; -1 when
                   spawned (our child: kill and waitpid) */
     chan_t *chan;
-    int epfd; /* the reader thread waits here; the socket is out of it during an
-                 execute, so the worker's answer wakes only the instance thread */
+    int epfd;   /* the reader thread waits here: the socket (EPOLLONESHOT, see
+                   "Arming the reader") and kickfd */
+    int kickfd; /* eventfd: wakes the reader to look at `armed` again */
     pthread_t reader;
     bool reader_running;
     const char *python;            /* interpreter (borrowed from the model or backend) */
@@ -967,18 +995,32 @@ typedef struct instance {
     region_t *tx_spare[TX_SPARES]; /* earlier EXECUTE regions, or NULL (instance thread only) */
     region_t *rx;                  /* the worker's DONE outputs (reader thread only) */
     uint8_t *rbuf;                 /* receive buffer (RECV_MAX) of whichever thread reads */
+    uint64_t msgs_in;              /* messages received from the worker (whichever thread reads) */
+
+    /* spin-wait (execute's thread only, but the word: the worker writes it) */
+    void *spin_map;                       /* the page shared with the worker, or NULL */
+    const _Atomic uint64_t *spin_word;    /* in it: messages the worker has sent */
+    uint64_t spin_recent_ns[SPIN_RECENT]; /* EXECUTE -> DONE of the last executes that spun */
+    uint64_t spin_n;                      /* executes that spun (so far) */
+    uint64_t spin_hits;                   /* ... and saw the answer while spinning */
+    uint32_t spin_misses_in_row;
+    uint32_t spin_skip; /* executes left that do not spin (back-off) */
 
     pthread_mutex_t mu; /* guards what follows */
     pthread_cond_t cv;
-    bool dead;         /* the worker is gone (reader thread ended) */
-    char *death;       /* why, when it sent something invalid */
-    char *pump_fail;   /* a readiness check reading the socket found it broken (why) */
-    msg_t *early_done; /* ... and received execute's DONE, kept for execute */
-    msg_t *reply;      /* READY / DONE / FINALIZED for the instance thread */
-    uint32_t expect;   /* the reply type the instance thread waits for; 0: none */
-    bool exec_reading; /* execute reads the socket itself (the reader is parked) */
-    bool bg_in_recv;   /* the reader thread is receiving */
-    bool reaped;       /* the worker was killed and waited for */
+    bool dead;            /* the worker is gone (reader thread ended) */
+    char *death;          /* why, when it sent something invalid */
+    char *pump_fail;      /* a readiness check reading the socket found it broken (why) */
+    msg_t *early_done;    /* ... and received execute's DONE, kept for execute */
+    msg_t *reply;         /* READY / DONE / FINALIZED for the instance thread */
+    uint32_t expect;      /* the reply type the instance thread waits for; 0: none */
+    bool exec_reading;    /* execute reads the socket itself (the reader is parked) */
+    bool armed;           /* the socket's one-shot registration is armed */
+    bool eager_arm;       /* the reader read a message since the last execute: re-arm at
+                             the end of the next one */
+    uint64_t exec_end_ns; /* when the last execute gave the socket back */
+    bool bg_in_recv;      /* the reader thread is receiving */
+    bool reaped;          /* the worker was killed and waited for */
     sender_slot_t *senders;
     uint64_t next_sender;
     nereid_batch_t *batch; /* during execute, for cancellation checks */
@@ -1641,6 +1683,7 @@ static nereid_error_t *ready_result_locked(instance_t *in)
 }
 
 static bool dispatch(instance_t *in, msg_t **m, char *why, size_t why_cap);
+static void reader_arm_locked(instance_t *in);
 static bool deliver_reply(instance_t *in, msg_t **m, char *why, size_t why_cap);
 
 /* A readiness check on the thread that reads the worker's socket (the
@@ -1672,6 +1715,7 @@ static bool ready_pump(instance_t *in, uint64_t seen, const struct timespec *dl)
         int rc = msg_recv_into(in->chan->fd, &in->rx, &m, why, sizeof why, MSG_DONTWAIT, in->rbuf);
         if (rc == 2) continue;
         bool ok = rc == 1;
+        in->msgs_in += ok;
         if (ok && m->type == M_DONE && tls_exec_reading && !in->early_done) {
             in->early_done = m; /* execute_read_done takes it */
             m = NULL;
@@ -1717,6 +1761,7 @@ NEREID_EXPORT nereid_error_t *nereid_backend_instance_ready(nereid_instance_t *i
     uint64_t seen = in->rq_answers;
     if (!joined) {
         in->rq_inflight = true;
+        if (!in->exec_reading) reader_arm_locked(in); /* the answer comes between executes */
         chan_t *c = in->chan;
         atomic_fetch_add(&c->refs, 1);
         pthread_mutex_unlock(&in->mu);
@@ -1856,6 +1901,45 @@ static bool pump_failed(instance_t *in, char *why, size_t why_cap)
     return true;
 }
 
+/* Arming the reader. The reader thread's registration of the socket is
+ * EPOLLONESHOT: armed, the worker's next message (or hang-up) wakes the
+ * reader once and disarms it; disarmed, a message wakes nobody but a thread
+ * blocked in recvmsg. Execute reads the socket itself, so the registration
+ * must be disarmed while it does, or the worker's DONE would wake the
+ * reader too (a second wake-up, on another CPU, per request). Disarming and
+ * re-arming around every execute is two epoll_ctl calls per request (4 µs
+ * here); instead an execute leaves the registration disarmed when it ends,
+ * and the reader arms it once no execute has run for LAZY_ARM_NS: while
+ * requests keep coming, no epoll_ctl at all. The price is that a message
+ * the worker sends between executes (a thread's log line, a decoupled
+ * response, a BLS call) waits up to LAZY_ARM_NS to be read; so an execute
+ * re-arms at once when it ends for decoupled models, when the reader has
+ * read such a message since the last execute (the model sends between
+ * executes), and while the server waits for an answer outside execute
+ * (is_ready(), BLS and model control calls in flight). Every change of
+ * `armed` is made under in->mu, and only while no execute reads. */
+#define LAZY_ARM_NS (2 * 1000 * 1000)
+
+/* Arms the registration (in->mu held; no execute reads). */
+static void reader_arm_locked(instance_t *in)
+{
+    if (in->armed) return;
+    struct epoll_event ev = {.events = EPOLLIN | EPOLLONESHOT, .data.fd = in->chan->fd};
+    if (epoll_ctl(in->epfd, EPOLL_CTL_MOD, in->chan->fd, &ev) != 0)
+        abort(); /* our own registration: cannot fail */
+    in->armed = true;
+}
+
+/* Arms the registration unless an execute reads (that execute re-arms when
+ * it ends, if anyone still waits): for a thread about to wait for a
+ * message outside execute. */
+static void reader_arm(instance_t *in)
+{
+    pthread_mutex_lock(&in->mu);
+    if (!in->exec_reading) reader_arm_locked(in);
+    pthread_mutex_unlock(&in->mu);
+}
+
 /* The reader thread: serves the worker's messages between executes (during
  * one, the instance thread reads the socket itself and this thread stays
  * parked, so an answer reaches execute without a thread hand-off). */
@@ -1864,12 +1948,34 @@ static void *reader_main(void *arg)
     instance_t *in = arg;
     char why[512] = "";
     for (;;) {
-        struct epoll_event ev;
-        if (epoll_wait(in->epfd, &ev, 1, -1) < 0 && errno != EINTR) {
+        int timeout_ms = -1;
+        pthread_mutex_lock(&in->mu);
+        if (!in->armed) { /* an execute left it disarmed: arm it once they stop */
+            uint64_t idle_ns = in->exec_reading ? 0 : nereid_now_ns() - in->exec_end_ns;
+            if (!in->exec_reading && idle_ns >= LAZY_ARM_NS)
+                reader_arm_locked(in);
+            else
+                timeout_ms = (int)((LAZY_ARM_NS - idle_ns + 999999) / 1000000);
+        }
+        pthread_mutex_unlock(&in->mu);
+        struct epoll_event evs[2];
+        int n = epoll_wait(in->epfd, evs, 2, timeout_ms);
+        if (n < 0 && errno != EINTR) {
             snprintf(why, sizeof why, "epoll_wait failed: %s", strerror(errno));
             break;
         }
+        bool readable = false;
+        for (int i = 0; i < n; i++) {
+            if (evs[i].data.fd == in->kickfd) {
+                eventfd_t v;
+                eventfd_read(in->kickfd, &v);
+            } else {
+                readable = true;
+            }
+        }
+        if (!readable) continue;
         pthread_mutex_lock(&in->mu);
+        in->armed = false; /* it fired */
         while (in->exec_reading)
             pthread_cond_wait(&in->cv, &in->mu);
         in->bg_in_recv = true;
@@ -1877,6 +1983,7 @@ static void *reader_main(void *arg)
         msg_t *m;
         int rc = msg_recv_into(in->chan->fd, &in->rx, &m, why, sizeof why, MSG_DONTWAIT, in->rbuf);
         bool ok = rc == 1;
+        in->msgs_in += ok;
         tls_reading = in;
         if (ok && (m->type == M_READY || m->type == M_DONE || m->type == M_FINALIZED))
             ok = deliver_reply(in, &m, why, sizeof why);
@@ -1889,6 +1996,8 @@ static void *reader_main(void *arg)
          * in order and never from two threads at once. */
         pthread_mutex_lock(&in->mu);
         in->bg_in_recv = false;
+        if (rc == 1) in->eager_arm = true;
+        if (!in->exec_reading && (rc == 1 || rc == 2)) reader_arm_locked(in); /* the next one */
         pthread_cond_broadcast(&in->cv);
         pthread_mutex_unlock(&in->mu);
         if (rc == 2) continue;
@@ -1899,46 +2008,223 @@ static void *reader_main(void *arg)
     return NULL;
 }
 
-/* Execute takes the socket from the reader thread: the socket leaves the
- * reader's epoll set (so the worker's messages wake the instance thread
- * only: no wake-up of the reader per request), and a receive the reader
- * already started is waited for. */
+/* Execute takes the socket from the reader thread: a receive the reader
+ * already started is waited for, and an armed registration is disarmed
+ * (so the worker's messages wake the executing thread only); the reader is
+ * kicked to arm it again once executes stop. */
 static void exec_reading_begin(instance_t *in)
 {
-    epoll_ctl(in->epfd, EPOLL_CTL_DEL, in->chan->fd, NULL);
     pthread_mutex_lock(&in->mu);
     in->exec_reading = true;
     while (in->bg_in_recv)
         pthread_cond_wait(&in->cv, &in->mu);
+    /* Kicked unless the end re-arms it for sure. */
+    bool kick = in->armed && !in->decoupled && !in->eager_arm;
+    if (in->armed) {
+        struct epoll_event ev = {.events = 0, .data.fd = in->chan->fd};
+        if (epoll_ctl(in->epfd, EPOLL_CTL_MOD, in->chan->fd, &ev) != 0) abort();
+        in->armed = false;
+    }
     pthread_mutex_unlock(&in->mu);
+    if (kick) eventfd_write(in->kickfd, 1); /* it may wait with no timeout */
 }
 
-/* Gives the socket back to the reader thread (woken only if a message
- * waits, or the worker hung up). */
+/* Gives the socket back to the reader thread: re-armed at once when
+ * messages are expected between executes, else by the reader later
+ * ("Arming the reader"). */
 static void exec_reading_end(instance_t *in)
 {
     pthread_mutex_lock(&in->mu);
     in->exec_reading = false;
+    in->exec_end_ns = nereid_now_ns();
+    if (in->decoupled || in->eager_arm || in->rq_inflight || in->bls_inflight)
+        reader_arm_locked(in);
+    in->eager_arm = false;
     pthread_cond_broadcast(&in->cv);
     pthread_mutex_unlock(&in->mu);
-    struct epoll_event ev = {.events = EPOLLIN};
-    if (epoll_ctl(in->epfd, EPOLL_CTL_ADD, in->chan->fd, &ev) != 0 && errno != EEXIST)
-        shutdown(in->chan->fd, SHUT_RDWR); /* cannot watch it: end the worker */
+}
+
+/* ---- spin-wait: waiting for the worker's answer without sleeping ----
+ *
+ * A worker answers a small execute in tens of µs; a thread that blocks in
+ * recvmsg for that answer sleeps, and waking it costs several µs (more when
+ * its CPU went idle on a virtual machine). So execute's thread first watches a word in a page it
+ * shares with the worker (M_SPIN_PAGE, sent at the worker's start only when
+ * spin-wait-us > 0): the worker writes there how many messages it has sent,
+ * after each sendmsg. While that is not more than the server has received,
+ * the thread spins (pause, no syscall; sched_yield now and then, so a
+ * runnable thread on its CPU is not kept waiting), at most until a budget,
+ * then blocks in recvmsg as before. The word is only a hint: a worker that
+ * writes nonsense makes the server spin for nothing or not at all, never
+ * read a message that is not there.
+ *
+ * Budget: spin-wait-us, or 1.5x the median EXECUTE -> DONE time of the
+ * instance's last SPIN_RECENT executes that spun when that is shorter. An
+ * instance whose median is longer than spin-wait-us does not spin (it
+ * probes one execute in SPIN_PROBE_EVERY); SPIN_MISSES_MAX spins in a row
+ * that ran out stop spinning for SPIN_PROBE_EVERY executes, and so does a
+ * spin that another thread interrupted (spin_wait). No spin when the
+ * executes in flight in the process would need more CPUs than it has (each
+ * spinning thread and its worker want one each), nor when the instance's
+ * previous execute ended under SPIN_MIN_GAP_NS ago (requests queue: the
+ * CPU has other work). Off by default: on a 2-vCPU VM the worker is often
+ * woken on the sending thread's own CPU (a unix socket's wake-up is
+ * "sync"), so there is no parallel wait to spin through
+ * (docs/performance.md). */
+#define SPIN_PROBE_EVERY 32
+#define SPIN_MIN_GAP_NS (15 * 1000)
+#define SPIN_CONTENDED_NS (4 * 1000)
+#define SPIN_MISSES_MAX 4
+
+static atomic_int g_executing; /* python executes in flight in the process */
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* This execute's spin budget (ns; 0: block at once). Execute's thread. */
+static uint64_t spin_budget_ns(instance_t *in, uint64_t now_ns)
+{
+    uint64_t max = g_backend->spin_max_ns;
+    if (!max || !in->spin_word) return 0;
+    if (in->spin_skip) {
+        in->spin_skip--;
+        return 0;
+    }
+    if (2 * atomic_load_explicit(&g_executing, memory_order_relaxed) > g_backend->n_cpus) return 0;
+    /* exec_end_ns is written by executes only (under mu, for the reader) */
+    if (now_ns - in->exec_end_ns < SPIN_MIN_GAP_NS) return 0; /* requests queue: CPU is busy */
+    if (in->spin_n < SPIN_RECENT) return max;                 /* still learning */
+    uint64_t sorted[SPIN_RECENT];
+    memcpy(sorted, in->spin_recent_ns, sizeof sorted);
+    qsort(sorted, SPIN_RECENT, sizeof *sorted, cmp_u64);
+    uint64_t median = sorted[SPIN_RECENT / 2];
+    if (median > max) { /* too slow to wait for spinning: probe now and then */
+        in->spin_skip = SPIN_PROBE_EVERY - 1;
+        return max;
+    }
+    return median * 3 / 2 < max ? median * 3 / 2 : max;
+}
+
+/* Records how an execute that spun went: its EXECUTE -> DONE time, and
+ * whether the answer came while spinning or another thread wanted the CPU
+ * (then no spin for SPIN_PROBE_EVERY executes). */
+static void spin_record(instance_t *in, uint64_t took_ns, bool hit, bool contended)
+{
+    in->spin_recent_ns[in->spin_n++ % SPIN_RECENT] = took_ns;
+    in->spin_hits += hit;
+    in->spin_misses_in_row = hit ? 0 : in->spin_misses_in_row + 1;
+    if (contended || in->spin_misses_in_row >= SPIN_MISSES_MAX) {
+        in->spin_misses_in_row = 0;
+        in->spin_skip = SPIN_PROBE_EVERY;
+    }
+}
+
+/* Spins until the worker has sent a message not received yet (1), until_ns
+ * passed (0), or another thread wanted this CPU (-1: a sched_yield, or the
+ * time between two checks, took over SPIN_CONTENDED_NS, and the worker's
+ * message has not come meanwhile). */
+static int spin_wait(const instance_t *in, uint64_t until_ns)
+{
+    const _Atomic uint64_t *w = in->spin_word;
+    uint64_t last = nereid_now_ns();
+    for (unsigned i = 1;; i++) {
+        if (atomic_load_explicit(w, memory_order_acquire) > in->msgs_in) return 1;
+        cpu_relax();
+        if (i % 32 == 0) {
+            uint64_t now = nereid_now_ns();
+            bool away = now - last > SPIN_CONTENDED_NS; /* this thread was preempted */
+            if (!away && i % 64 == 0) { /* a thread that wants this CPU runs meanwhile */
+                sched_yield();
+                uint64_t after = nereid_now_ns();
+                away = after - now > SPIN_CONTENDED_NS;
+                now = after;
+            }
+            /* The thread that ran meanwhile may have been the worker itself
+             * (woken on this CPU): then its answer is there. */
+            if (away) return atomic_load_explicit(w, memory_order_acquire) > in->msgs_in ? 1 : -1;
+            if (now >= until_ns) return 0;
+            last = now;
+        }
+    }
+}
+
+/* The page for the word, sent to a new worker before INIT (a payload in a
+ * memfd, as any large message: JSON "{}" padded to 8 bytes, the word as the
+ * 8-byte blob). Sealed against shrinking: the worker cannot make the
+ * server's reads fault. Without it (spin-wait-us=0, or no memory) execute
+ * never spins. */
+#define SPIN_PAGE_BYTES 4096
+static void spin_page_send(instance_t *in)
+{
+    if (!g_backend->spin_max_ns) return;
+    int fd = memfd_create("nereid-python-spin", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0) return;
+    void *map = MAP_FAILED;
+    if (ftruncate(fd, SPIN_PAGE_BYTES) == 0 &&
+        fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) == 0)
+        map = mmap(NULL, SPIN_PAGE_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (map != MAP_FAILED) {
+        memcpy(map, "{}      ", 8);
+        uint8_t hdr[HDR_BYTES];
+        uint32_t t32 = M_SPIN_PAGE, j32 = 8;
+        uint64_t b64 = 8;
+        memcpy(hdr, &t32, 4);
+        memcpy(hdr + 4, &j32, 4);
+        memcpy(hdr + 8, &b64, 8);
+        if (send_with_fd(in->chan, hdr, fd) == 0) {
+            in->spin_map = map;
+            in->spin_word = (const _Atomic uint64_t *)((uint8_t *)map + 8);
+        } else {
+            munmap(map, SPIN_PAGE_BYTES);
+        }
+    }
+    close(fd);
+}
+
+static void spin_page_drop(instance_t *in)
+{
+    if (in->spin_map) munmap(in->spin_map, SPIN_PAGE_BYTES);
+    in->spin_map = NULL;
+    in->spin_word = NULL;
 }
 
 /* Execute's side: takes the socket from the reader thread, reads until the
- * worker's DONE (serving everything else on the way). NULL when the worker
- * died or misbehaved (it is then ended). */
-static msg_t *execute_read_done(instance_t *in)
+ * worker's DONE (serving everything else on the way), spinning first until
+ * spin_until_ns (0: not at all; *spun: whether it did, *hit: and saw a
+ * message come, *contended: or stopped for another thread). NULL when the worker died or misbehaved
+ * (it is then ended). */
+static msg_t *execute_read_done(instance_t *in, uint64_t spin_until_ns, bool *spun, bool *hit,
+                                bool *contended)
 {
     char why[512] = "";
     msg_t *done = NULL;
     tls_reading = in;
     tls_exec_reading = true;
+    *spun = *hit = *contended = false;
     for (;;) {
+        if (spin_until_ns) { /* before each message, until a spin runs out */
+            int r = spin_wait(in, spin_until_ns);
+            *spun = true;
+            *hit = r == 1;
+            *contended = r < 0;
+            if (r != 1) spin_until_ns = 0;
+        }
         msg_t *m;
         int rc = msg_recv_into(in->chan->fd, &in->rx, &m, why, sizeof why, 0, in->rbuf);
         if (rc <= 0) break;
+        in->msgs_in++;
         if (m->type == M_DONE) {
             done = m;
             break;
@@ -2006,6 +2292,7 @@ static void worker_stop(instance_t *in)
     if (!in->reader_running) return;
     shutdown(in->chan->fd, SHUT_RDWR);
     pthread_mutex_lock(&in->mu);
+    reader_arm_locked(in);    /* the hang-up wakes the reader (no execute reads now) */
     in->has_is_ready = false; /* readiness checks stop using in->chan */
     if (in->pidfd >= 0)       /* a pidfd names its process even after it was reaped */
         pidfd_send_signal(in->pidfd, SIGKILL, NULL, 0);
@@ -2016,6 +2303,9 @@ static void worker_stop(instance_t *in)
     in->reader_running = false;
     close(in->epfd);
     in->epfd = -1;
+    close(in->kickfd);
+    in->kickfd = -1;
+    spin_page_drop(in);
     if (in->pidfd >= 0) close(in->pidfd);
     in->pidfd = -1;
     chan_unref(in->chan);
@@ -2173,9 +2463,13 @@ static nereid_error_t *worker_start(instance_t *in, const char *init_json, msg_t
         return nereid_error_new(NEREID_ERROR_INTERNAL, "python backend: socketpair: %s",
                                 strerror(errno));
     int epfd = epoll_create1(EPOLL_CLOEXEC);
-    if (epfd < 0) {
-        nereid_error_t *e = nereid_error_new(NEREID_ERROR_INTERNAL,
-                                             "python backend: epoll_create1: %s", strerror(errno));
+    int kickfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (epfd < 0 || kickfd < 0) {
+        nereid_error_t *e =
+            nereid_error_new(NEREID_ERROR_INTERNAL, "python backend: %s: %s",
+                             epfd < 0 ? "epoll_create1" : "eventfd", strerror(errno));
+        if (epfd >= 0) close(epfd);
+        if (kickfd >= 0) close(kickfd);
         close(sv[0]);
         close(sv[1]);
         return e;
@@ -2192,6 +2486,7 @@ static nereid_error_t *worker_start(instance_t *in, const char *init_json, msg_t
     if (rc != 0) {
         close(sv[0]);
         close(epfd);
+        close(kickfd);
         return nereid_error_new(NEREID_ERROR_INTERNAL,
                                 "python backend: cannot start '%s' for '%s': %s", python, in->name,
                                 strerror(rc));
@@ -2208,14 +2503,22 @@ static nereid_error_t *worker_start(instance_t *in, const char *init_json, msg_t
     in->chan = chan_new(sv[0]);
     if (!in->chan) abort();
     in->epfd = epfd;
-    struct epoll_event ev = {.events = EPOLLIN};
-    if (epoll_ctl(epfd, EPOLL_CTL_ADD, sv[0], &ev) != 0) abort(); /* only ENOMEM */
+    in->kickfd = kickfd;
+    struct epoll_event ev = {.events = EPOLLIN | EPOLLONESHOT, .data.fd = sv[0]};
+    struct epoll_event kev = {.events = EPOLLIN, .data.fd = kickfd};
+    if (epoll_ctl(epfd, EPOLL_CTL_ADD, sv[0], &ev) != 0 ||
+        epoll_ctl(epfd, EPOLL_CTL_ADD, kickfd, &kev) != 0)
+        abort(); /* only ENOMEM */
     pthread_mutex_lock(&in->mu);
+    in->armed = true;
+    in->eager_arm = false;
     in->dead = false;
     in->reaped = false;
     free(in->death);
     in->death = NULL;
     pthread_mutex_unlock(&in->mu);
+    in->msgs_in = 0;
+    spin_page_send(in);
     if (pthread_create(&in->reader, NULL, reader_main, in) != 0) abort();
     in->reader_running = true;
     return worker_init(in, init_json, ready);
@@ -2228,6 +2531,7 @@ static nereid_error_t *worker_init(instance_t *in, const char *init_json, msg_t 
     *ready = NULL;
     json_error_t jerr;
     expect_reply(in, M_READY);
+    reader_arm(in);
     send_json(in->chan, M_INIT, json_loads(init_json, 0, &jerr));
     msg_t *m = wait_reply(in, M_READY, 0);
     if (!m) {
@@ -2263,6 +2567,7 @@ typedef struct model_state {
 
 static void instance_free(instance_t *in)
 {
+    spin_page_drop(in);
     region_unref(in->tx);
     region_unref(in->rx);
     for (int i = 0; i < TX_SPARES; i++)
@@ -2288,6 +2593,7 @@ static instance_t *instance_new(const char *name, nereid_model_t *model)
     in->decoupled = nereid_model_decoupled(model);
     in->pidfd = -1;
     in->epfd = -1;
+    in->kickfd = -1;
     in->rbuf = malloc(RECV_MAX);
     if (!in->rbuf) abort();
     pthread_mutex_init(&in->mu, NULL);
@@ -2527,6 +2833,7 @@ NEREID_EXPORT nereid_error_t *nereid_backend_instance_fini(nereid_instance_t *in
         /* finalize() runs in the worker; a worker that does not answer in
          * time is killed. */
         expect_reply(in, M_FINALIZED);
+        reader_arm(in);
         if (send_json(in->chan, M_FINALIZE, json_object()) == 0)
             msg_free(wait_reply(in, M_FINALIZED, g_backend->finalize_wait_s));
         worker_stop(in);
@@ -2535,6 +2842,8 @@ NEREID_EXPORT nereid_error_t *nereid_backend_instance_fini(nereid_instance_t *in
     while (in->bls_inflight)
         pthread_cond_wait(&in->cv, &in->mu);
     pthread_mutex_unlock(&in->mu);
+    plog('V', "python backend: '%s' spin-wait: %llu executes spun, %llu answered while spinning",
+         in->name, (unsigned long long)in->spin_n, (unsigned long long)in->spin_hits);
     instance_free(in);
     return NULL;
 }
@@ -2866,17 +3175,22 @@ NEREID_EXPORT nereid_error_t *nereid_backend_execute(nereid_instance_t *instance
     pthread_mutex_lock(&in->mu);
     in->batch = batch;
     pthread_mutex_unlock(&in->mu);
+    atomic_fetch_add_explicit(&g_executing, 1, memory_order_relaxed);
+    uint64_t spin_ns = spin_budget_ns(in, nereid_now_ns());
     exec_reading_begin(in);
     tx_pick(in);
     int rc = outmsg_send_region(in->chan, M_EXECUTE, &om, &in->tx);
     uint64_t input_end = nereid_now_ns();
     msg_t *m = NULL;
+    bool spun = false, hit = false, contended = false;
     if (rc == 0) {
-        m = execute_read_done(in);
+        m = execute_read_done(in, spin_ns ? input_end + spin_ns : 0, &spun, &hit, &contended);
     } else {
         exec_reading_end(in);
     }
     uint64_t infer_end = nereid_now_ns();
+    atomic_fetch_sub_explicit(&g_executing, 1, memory_order_relaxed);
+    if (spun && m) spin_record(in, infer_end - input_end, hit, contended);
     pthread_mutex_lock(&in->mu);
     in->batch = NULL;
     pthread_mutex_unlock(&in->mu);

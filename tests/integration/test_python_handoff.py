@@ -1,0 +1,217 @@
+"""The python backend's hand-off of the worker's socket between execute and
+the reader thread (python.c, "Arming the reader"), and spin-wait-us (python.c,
+"spin-wait"), through the real binary.
+
+- Messages a model sends between executes (a thread's log lines and BLS
+  calls) are read, in order, also while executes keep coming and after
+  they stop (the reader re-arms itself after an execute left its
+  registration disarmed).
+- A worker killed while the instance is idle is noticed without a request
+  (the model stops being ready); one killed during execute fails that
+  execute, also while execute spins.
+- --backend-config=python,spin-wait-us: 0 never spins, a large value
+  spins (the count in the verbose line at instance fini), nonsense is
+  refused.
+No timing is asserted: waits poll with generous deadlines.
+"""
+import os
+import signal
+import textwrap
+import time
+
+import pytest
+import requests
+
+
+PID_MODEL = """
+import os
+import signal
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            x = pb_utils.get_input_tensor_by_name(r, "X").as_numpy()
+            if int(x[0]) == -9:
+                os.kill(os.getpid(), signal.SIGKILL)
+            out.append(pb_utils.InferenceResponse(
+                [pb_utils.Tensor("Y", np.array([os.getpid()], np.int64))]))
+        return out
+"""
+
+PID_CONFIG = """
+name: "{name}"
+backend: "python"
+max_batch_size: 0
+input [ {{ name: "X" data_type: TYPE_INT64 dims: [ 1 ] }} ]
+output [ {{ name: "Y" data_type: TYPE_INT64 dims: [ 1 ] }} ]
+instance_group [ {{ kind: KIND_CPU count: 1 }} ]
+"""
+
+# Each execute starts a thread that, after execute returned, logs numbered
+# lines, calls another model through BLS between them, and logs the end.
+CHATTY_MODEL = """
+import threading
+import time
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.threads = []
+
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            tag = int(pb_utils.get_input_tensor_by_name(r, "X").as_numpy()[0])
+            def run(tag=tag):
+                time.sleep(0.05)  # execute has returned
+                for i in range(20):
+                    pb_utils.Logger.log_info(f"chatty {tag} line {i}")
+                    if i % 5 == 4:
+                        res = pb_utils.InferenceRequest(
+                            model_name="pid", requested_output_names=["Y"],
+                            inputs=[pb_utils.Tensor("X", np.array([i], np.int64))]).exec()
+                        if res.has_error():
+                            pb_utils.Logger.log_info(f"chatty {tag} bls error {res.error()}")
+                pb_utils.Logger.log_info(f"chatty {tag} end")
+            t = threading.Thread(target=run)
+            t.start()
+            self.threads.append(t)
+            out.append(pb_utils.InferenceResponse(
+                [pb_utils.Tensor("Y", np.array([tag], np.int64))]))
+        return out
+
+    def finalize(self):
+        for t in self.threads:
+            t.join()
+"""
+
+
+def write(repo, name, config, model_py):
+    d = os.path.join(repo, name)
+    os.makedirs(os.path.join(d, "1"), exist_ok=True)
+    with open(os.path.join(d, "config.pbtxt"), "w") as f:
+        f.write(textwrap.dedent(config))
+    with open(os.path.join(d, "1", "model.py"), "w") as f:
+        f.write(textwrap.dedent(model_py))
+
+
+@pytest.fixture
+def repo(tmp_path):
+    r = str(tmp_path / "models")
+    write(r, "pid", PID_CONFIG.format(name="pid"), PID_MODEL)
+    write(r, "chatty", PID_CONFIG.format(name="chatty"), CHATTY_MODEL)
+    return r
+
+
+def call(server, model, x):
+    body = {"inputs": [{"name": "X", "datatype": "INT64", "shape": [1], "data": [x]}]}
+    return requests.post(f"{server.http_url}/v2/models/{model}/infer", json=body, timeout=60)
+
+
+def value(r):
+    assert r.status_code == 200, r.text
+    return int(r.json()["outputs"][0]["data"][0])
+
+
+def wait_for(pred, what, timeout_s=30):
+    deadline = time.time() + timeout_s
+    while not pred():
+        assert time.time() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def log_text(server):
+    with open(server.log_path) as f:
+        return f.read()
+
+
+def spin_counts(text, instance):
+    """(executes spun, answered while spinning) from the verbose fini line."""
+    for line in text.splitlines():
+        if f"'{instance}' spin-wait:" in line:
+            words = line.split("spin-wait:")[1].split()
+            return int(words[0]), int(words[3])
+    return None
+
+
+def chatty_lines(text, tag):
+    return [line.split(f"chatty {tag} ")[1].rstrip('"').strip()
+            for line in text.splitlines() if f"chatty {tag} " in line]
+
+
+def expected_chatty():
+    return [f"line {i}" for i in range(20)] + ["end"]
+
+
+@pytest.mark.parametrize("spin", ["0", "60"])
+def test_thread_messages_between_executes_arrive_in_order(nereid_server, repo, spin):
+    s = nereid_server(repo, f"--backend-config=python,spin-wait-us={spin}")
+    # One burst: the threads send while more executes run and after they stop.
+    for tag in range(5):
+        assert value(call(s, "chatty", tag)) == tag
+    for _ in range(50):
+        value(call(s, "pid", 1))
+    for tag in range(5):
+        wait_for(lambda: chatty_lines(s.output(), tag)[-1:] == ["end"], f"chatty {tag} end")
+        assert chatty_lines(s.output(), tag) == expected_chatty()
+    # One request after a quiet spell: its thread talks to an idle server.
+    time.sleep(0.2)
+    assert value(call(s, "chatty", 7)) == 7
+    wait_for(lambda: chatty_lines(s.output(), 7)[-1:] == ["end"], "chatty 7 end")
+    assert chatty_lines(s.output(), 7) == expected_chatty()
+    assert "bls error" not in s.output()
+
+
+def test_worker_killed_while_idle_is_noticed(nereid_server, repo):
+    s = nereid_server(repo)
+    pid = None
+    for _ in range(20):  # executes back to back: the reader is left disarmed
+        pid = value(call(s, "pid", 1))
+    os.kill(pid, signal.SIGKILL)
+    ready = f"{s.http_url}/v2/models/pid/ready"
+    wait_for(lambda: requests.get(ready).status_code != 200, "the model to be not ready")
+    new_pid = value(call(s, "pid", 1))  # a new worker
+    assert new_pid != pid
+    assert requests.get(ready).status_code == 200
+
+
+@pytest.mark.parametrize("spin", ["0", "10000"])
+def test_worker_killed_during_execute_fails_it(nereid_server, repo, spin):
+    s = nereid_server(repo, f"--backend-config=python,spin-wait-us={spin}")
+    pid = value(call(s, "pid", 1))
+    r = call(s, "pid", -9)
+    assert r.status_code >= 400
+    assert "Stub process 'pid_0_0' is not healthy." in r.json()["error"]
+    assert value(call(s, "pid", 1)) != pid
+
+
+def test_spin_wait_zero_never_spins(nereid_server, repo):
+    s = nereid_server(repo, "--log-verbose=1", "--backend-config=python,spin-wait-us=0")
+    for _ in range(30):
+        value(call(s, "pid", 1))
+    assert s.stop() == 0
+    assert spin_counts(log_text(s), "pid_0_0") == (0, 0)
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2,
+                    reason="a spin needs a CPU besides the worker's")
+def test_spin_wait_spins(nereid_server, repo):
+    s = nereid_server(repo, "--log-verbose=1", "--backend-config=python,spin-wait-us=10000")
+    for _ in range(30):
+        value(call(s, "pid", 1))
+    assert s.stop() == 0
+    spun, answered = spin_counts(log_text(s), "pid_0_0")
+    assert spun > 0 and answered <= spun
+
+
+@pytest.mark.parametrize("bad", ["abc", "-1", "10001"])
+def test_spin_wait_refuses_nonsense(nereid_server, repo, bad):
+    s = nereid_server(repo, "--exit-on-error=false", f"--backend-config=python,spin-wait-us={bad}")
+    r = requests.get(f"{s.http_url}/v2/models/pid/ready")
+    assert r.status_code != 200
+    assert (f"python backend: spin-wait-us must be an integer from 0 to 10000, got '{bad}'"
+            in s.output())
