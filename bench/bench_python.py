@@ -2,6 +2,7 @@
 """Python backend against its C and ensemble counterparts, in one run.
 
     bench/bench_python.py [BUILD_DIR] [--rounds N] [--only latency,parallel,bls,startup,zygote]
+                          [--server-arg FLAG]...
 
 Writes scratch repositories, starts BUILD_DIR/nereid (default build) on free
 ports and prints, for each of issue 24's performance goals, both sides and
@@ -205,7 +206,8 @@ class Server:
         self.proc = subprocess.Popen(
             [os.path.join(build, "nereid"), f"--model-repository={repo}",
              f"--http-port={self.port}", f"--grpc-port={free_port()}",
-             f"--metrics-port={free_port()}", *args], stdout=self.log, stderr=subprocess.STDOUT)
+             f"--metrics-port={free_port()}", *args, *SERVER_ARGS], stdout=self.log,
+            stderr=subprocess.STDOUT)
         deadline = time.time() + 120
         while "nereid ready" not in open(self.log.name).read():
             if time.time() > deadline or self.proc.poll() is not None:
@@ -419,6 +421,9 @@ def bench_startup(build, tmp, rounds, modes=("true", "false")):
           flush=True)
 
 
+SERVER_ARGS = []  # --server-arg: more flags for every server the bench starts
+
+
 def main(argv):
     build, rounds, only = "build", 3, "latency,parallel,bls,startup"
     args = list(argv)
@@ -428,6 +433,8 @@ def main(argv):
             rounds = int(args.pop(0))
         elif a == "--only":
             only = args.pop(0)
+        elif a == "--server-arg":  # e.g. --backend-config=python,spin-wait-us=200
+            SERVER_ARGS.append(args.pop(0))
         else:
             build = a
     build = os.path.join(ROOT, build)

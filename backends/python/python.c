@@ -2161,11 +2161,12 @@ static int spin_wait(const instance_t *in, uint64_t until_ns)
 }
 
 /* The page for the word, sent to a new worker before INIT (a payload in a
- * memfd, as any large message: JSON "{}" padded to 8 bytes, the word as the
- * 8-byte blob). Sealed against shrinking: the worker cannot make the
+ * memfd, as any large message: JSON {"spin_us":N} padded to 24 bytes, the
+ * word as the 8-byte blob). Sealed against shrinking: the worker cannot make the
  * server's reads fault. Without it (spin-wait-us=0, or no memory) execute
  * never spins. */
 #define SPIN_PAGE_BYTES 4096
+#define SPIN_JSON_BYTES 24 /* {"spin_us":N} with N <= SPIN_WAIT_US_MAX, padded */
 static void spin_page_send(instance_t *in)
 {
     if (!g_backend->spin_max_ns) return;
@@ -2176,16 +2177,22 @@ static void spin_page_send(instance_t *in)
         fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) == 0)
         map = mmap(NULL, SPIN_PAGE_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (map != MAP_FAILED) {
-        memcpy(map, "{}      ", 8);
+        /* JSON {"spin_us":N} padded to SPIN_JSON_BYTES: the worker spins as
+         * long for its next message (the word follows, 8-byte aligned) */
+        char js[SPIN_JSON_BYTES + 1];
+        int n = snprintf(js, sizeof js, "{\"spin_us\":%llu}",
+                         (unsigned long long)(g_backend->spin_max_ns / 1000));
+        memset(js + n, ' ', SPIN_JSON_BYTES - (size_t)n);
+        memcpy(map, js, SPIN_JSON_BYTES);
         uint8_t hdr[HDR_BYTES];
-        uint32_t t32 = M_SPIN_PAGE, j32 = 8;
+        uint32_t t32 = M_SPIN_PAGE, j32 = SPIN_JSON_BYTES;
         uint64_t b64 = 8;
         memcpy(hdr, &t32, 4);
         memcpy(hdr + 4, &j32, 4);
         memcpy(hdr + 8, &b64, 8);
         if (send_with_fd(in->chan, hdr, fd) == 0) {
             in->spin_map = map;
-            in->spin_word = (const _Atomic uint64_t *)((uint8_t *)map + 8);
+            in->spin_word = (const _Atomic uint64_t *)((uint8_t *)map + SPIN_JSON_BYTES);
         } else {
             munmap(map, SPIN_PAGE_BYTES);
         }

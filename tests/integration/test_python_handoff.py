@@ -11,7 +11,9 @@ the reader thread (python.c, "Arming the reader"), and spin-wait-us (python.c,
   execute, also while execute spins.
 - --backend-config=python,spin-wait-us: 0 never spins, a large value
   spins (the count in the verbose line at instance fini), nonsense is
-  refused.
+  refused; the worker gets the same budget for its wait for the next
+  request and finds requests while it spins (its own counter, read by a
+  model).
 No timing is asserted: waits poll with generous deadlines.
 """
 import os
@@ -90,6 +92,30 @@ class TritonPythonModel:
 """
 
 
+# The worker's side of spin-wait-us, as the worker sees it: its budget (µs)
+# and how many messages its spin found.
+SPIN_PROBE_MODEL = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        w = pb_utils._worker
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+                    "Y", np.array([round(w.spin_s * 1e6), w.spin_caught], np.int64))])
+                for _ in requests]
+"""
+
+SPIN_PROBE_CONFIG = """
+name: "spinprobe"
+backend: "python"
+max_batch_size: 0
+input [ { name: "X" data_type: TYPE_INT64 dims: [ 1 ] } ]
+output [ { name: "Y" data_type: TYPE_INT64 dims: [ 2 ] } ]
+instance_group [ { kind: KIND_CPU count: 1 } ]
+"""
+
+
 def write(repo, name, config, model_py):
     d = os.path.join(repo, name)
     os.makedirs(os.path.join(d, "1"), exist_ok=True)
@@ -104,6 +130,7 @@ def repo(tmp_path):
     r = str(tmp_path / "models")
     write(r, "pid", PID_CONFIG.format(name="pid"), PID_MODEL)
     write(r, "chatty", PID_CONFIG.format(name="chatty"), CHATTY_MODEL)
+    write(r, "spinprobe", SPIN_PROBE_CONFIG, SPIN_PROBE_MODEL)
     return r
 
 
@@ -215,3 +242,29 @@ def test_spin_wait_refuses_nonsense(nereid_server, repo, bad):
     assert r.status_code != 200
     assert (f"python backend: spin-wait-us must be an integer from 0 to 10000, got '{bad}'"
             in s.output())
+
+
+def spin_probe(server):
+    r = call(server, "spinprobe", 1)
+    assert r.status_code == 200, r.text
+    return r.json()["outputs"][0]["data"]
+
+
+def test_worker_gets_no_spin_by_default(nereid_server, repo):
+    s = nereid_server(repo)
+    for _ in range(30):
+        budget, caught = spin_probe(s)
+    assert (budget, caught) == (0, 0)
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2,
+                    reason="a spin needs a CPU besides the worker's")
+def test_worker_spins_for_its_next_request(nereid_server, repo):
+    """With spin-wait-us the worker polls for its next request as long
+    before it sleeps: back-to-back requests (well within 10 ms of each
+    other) are found by the spin, not by a wake-up."""
+    s = nereid_server(repo, "--backend-config=python,spin-wait-us=10000")
+    for _ in range(30):
+        budget, caught = spin_probe(s)
+    assert budget == 10000
+    assert caught > 0
