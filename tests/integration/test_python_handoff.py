@@ -262,9 +262,15 @@ def test_worker_gets_no_spin_by_default(nereid_server, repo):
 def test_worker_spins_for_its_next_request(nereid_server, repo):
     """With spin-wait-us the worker polls for its next request as long
     before it sleeps: back-to-back requests (well within 10 ms of each
-    other) are found by the spin, not by a wake-up."""
+    other) are found by the spin, not by a wake-up (on a loaded machine
+    only some of them: a spin that loses its CPU stops)."""
     s = nereid_server(repo, "--backend-config=python,spin-wait-us=10000")
-    for _ in range(30):
-        budget, caught = spin_probe(s)
+    budget, caught = spin_probe(s)
     assert budget == 10000
+    # a loaded machine (a sanitizer build, other tests) can take the
+    # worker's CPU during a spin, which then stops: keep asking, bounded
+    deadline = time.time() + 60
+    while caught == 0 and time.time() < deadline:
+        for _ in range(20):
+            budget, caught = spin_probe(s)
     assert caught > 0

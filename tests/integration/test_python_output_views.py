@@ -278,7 +278,8 @@ def test_no_fd_or_rss_growth(server):
     # At most the spare EXECUTE regions (2 per Python instance) that the
     # warm-up did not need yet; a leak would grow with the 240 requests.
     assert settled_fds() <= fds + 4, fds
-    assert rss_kib(pid) - rss < 16 * 1024, (rss, rss_kib(pid))
+    if not os.environ.get("NEREID_SANITIZE"):  # ASan's quarantine keeps freed memory
+        assert rss_kib(pid) - rss < 16 * 1024, (rss, rss_kib(pid))
 
 
 def stats_success(server, model):
