@@ -92,7 +92,21 @@ def _open(port):
 
 @pytest.fixture
 def cluster(tmp_path):
-    replicas = [Server(EXAMPLES, ()) for _ in range(3)]
+    # The examples, with the accumulator's sequences kept for a minute when
+    # idle (the default is 1 s): on a loaded machine (a sanitizer run) the
+    # first of test_replica_killed_mid_run's sequences waited longer than
+    # that for its END, was released and answered "must specify the START
+    # flag" on the replica that still held it.
+    repo = str(tmp_path / "models")
+    shutil.copytree(EXAMPLES, repo)
+    cfg = os.path.join(repo, SEQ_MODEL, "config.pbtxt")
+    with open(cfg) as f:
+        text = f.read()
+    assert "sequence_batching {" in text and "max_sequence_idle" not in text
+    with open(cfg, "w") as f:
+        f.write(text.replace("sequence_batching {",
+                             "sequence_batching {\n  max_sequence_idle_microseconds: 60000000", 1))
+    replicas = [Server(repo, ()) for _ in range(3)]
     for r in replicas:  # the gRPC port opens a moment after the HTTP one
         deadline = time.time() + 30
         while not _open(r.grpc_port):
