@@ -459,6 +459,14 @@ static void populate(void *map, size_t len, int advice)
 /* Sends m (and frees what it holds). A large message goes into *tx, the
  * persistent region (grown, and its new memfd sent, when too small), when
  * tx is given; otherwise into a memfd of its own. -1 when the peer is gone. */
+/* A message's header: type, JSON length, blob length (little-endian). */
+static void hdr_pack(uint8_t hdr[HDR_BYTES], uint32_t type, uint32_t jlen, uint64_t blob_len)
+{
+    memcpy(hdr, &type, 4);
+    memcpy(hdr + 4, &jlen, 4);
+    memcpy(hdr + 8, &blob_len, 8);
+}
+
 static int outmsg_send_region(chan_t *c, uint32_t type, outmsg_t *m, region_t **tx)
 {
     char *dumped = m->obj ? json_dumps(m->obj, JSON_COMPACT) : NULL;
@@ -469,11 +477,7 @@ static int outmsg_send_region(chan_t *c, uint32_t type, outmsg_t *m, region_t **
     if (!js) goto out;
     size_t jlen = dumped ? strlen(js) : m->raw_len, total = jlen + m->blob_len;
     uint8_t hdr[HDR_BYTES];
-    uint32_t t32 = type, j32 = (uint32_t)jlen;
-    uint64_t b64 = m->blob_len;
-    memcpy(hdr, &t32, 4);
-    memcpy(hdr + 4, &j32, 4);
-    memcpy(hdr + 8, &b64, 8);
+    hdr_pack(hdr, type, (uint32_t)jlen, m->blob_len);
     if (HDR_BYTES + total <= INLINE_MAX) {
         uint8_t *buf = calloc(1, HDR_BYTES + total);
         if (!buf) goto out;
@@ -518,8 +522,7 @@ static int outmsg_send_region(chan_t *c, uint32_t type, outmsg_t *m, region_t **
         }
         (*tx)->fd_unsent = false;
         outmsg_copy(m, (*tx)->map, js, jlen);
-        t32 |= M_REGION;
-        memcpy(hdr, &t32, 4);
+        hdr_pack(hdr, type | M_REGION, (uint32_t)jlen, m->blob_len);
         rc = send_with_fd(c, hdr, fd);
         goto out;
     }
@@ -2185,11 +2188,7 @@ static void spin_page_send(instance_t *in)
         memset(js + n, ' ', SPIN_JSON_BYTES - (size_t)n);
         memcpy(map, js, SPIN_JSON_BYTES);
         uint8_t hdr[HDR_BYTES];
-        uint32_t t32 = M_SPIN_PAGE, j32 = SPIN_JSON_BYTES;
-        uint64_t b64 = 8;
-        memcpy(hdr, &t32, 4);
-        memcpy(hdr + 4, &j32, 4);
-        memcpy(hdr + 8, &b64, 8);
+        hdr_pack(hdr, M_SPIN_PAGE, SPIN_JSON_BYTES, 8);
         if (send_with_fd(in->chan, hdr, fd) == 0) {
             in->spin_map = map;
             in->spin_word = (const _Atomic uint64_t *)((uint8_t *)map + SPIN_JSON_BYTES);
