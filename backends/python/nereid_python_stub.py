@@ -111,6 +111,9 @@ INLINE_MAX = 60 * 1024  # a whole message up to this size travels in the datagra
 RECV_MAX = 64 * 1024
 ALIGN = 64
 SPIN_PREEMPTED_S = 50e-6  # a gap between two polls this long: the spin lost its CPU
+SPIN_BUSY_CHECKS = 2  # checks in a row that saw threads waiting for a CPU: stop
+SPIN_BACKOFF = 32  # requests after a spin stopped for another thread that do not spin
+N_CPUS = os.cpu_count() or 1  # what /proc/loadavg's runnable threads compete for
 ZEROS = bytes(ALIGN)  # padding between tensors (always < ALIGN bytes)
 M_REGION = 0x80000000  # payload in the sender's persistent region (EXECUTE, DONE)
 RX_MAPS_MAX = 4  # server regions kept mapped (its current one and its spares)
@@ -468,6 +471,11 @@ class Worker:
         self.spin_s = 0.0  # spin-wait-us: how long the main thread polls for work
         self.last_wait = 0.0  # how long it last waited for a message (s)
         self.spin_caught = 0  # messages its spin found (no sleep, no wake-up)
+        self.spin_hint = None  # the server's word: may we spin after this execute (µs)
+        self.spin_skip = 0  # requests left that do not spin (back-off)
+        self.spin_n = 0  # spins begun
+        self.spin_stopped = 0  # spins stopped because another thread wanted a CPU
+        self.loadavg_fd = -1  # /proc/loadavg, for the machine's runnable threads
         self.work = collections.deque()
         self.pending = {}  # call id -> [done, results]
         self.cv = threading.Condition()  # guards work, pending, reading, n_waiting
@@ -700,25 +708,59 @@ class Worker:
             self.ready_query()
         elif mtype == M_SPIN_PAGE:
             self.spin_s = min(max(float(obj.get("spin_us", 0)), 0.0), 10000.0) / 1e6
+            if self.spin_s and self.loadavg_fd < 0:
+                try:
+                    self.loadavg_fd = os.open("/proc/loadavg", os.O_RDONLY | os.O_CLOEXEC)
+                except OSError:
+                    pass
             with self.send_lock:
-                self.spin = blob
-                U64.pack_into(blob, 0, self.sent)
+                self.spin = blob[0:8]
+                self.spin_hint = blob[8:16] if len(blob) >= 16 else None
+                U64.pack_into(self.spin, 0, self.sent)
         else:
             self.work.append(msg)
         self.cv.notify_all()
 
+    def spin_hint_us(self):
+        """The server's hint for the execute it sent last: how long (µs) we
+        may spin for the next one after answering it (0: not at all)."""
+        return U64.unpack_from(self.spin_hint, 0)[0] if self.spin_hint is not None else 0
+
+    def others_runnable(self):
+        """Whether threads wait for a CPU: more are runnable on the machine
+        (the 4th field of /proc/loadavg, this one included) than it has
+        CPUs plus one (one is tolerated: the hand-offs along the request's
+        own path, server and client, overlap for a few µs). Then a spin
+        takes a CPU that others want. ~3 µs."""
+        try:
+            return int(os.pread(self.loadavg_fd, 64, 0).split()[3].split(b"/")[0]) > N_CPUS + 1
+        except (OSError, ValueError, IndexError):
+            return False
+
     def spin_recv(self):
         """spin-wait-us on the worker's side: the main thread polls for its
-        next message up to spin_s before it blocks, so a request that
-        follows soon finds it awake (no wake-up of a sleeping process; on
-        this 2-vCPU VM a wake-up is ~20 µs of latency). It spins only while
-        messages keep coming within the budget (the last wait was shorter),
-        and stops when it was preempted (a gap between two polls: another
-        thread needs the CPU)."""
+        next message before it blocks, so a request that follows soon finds
+        it awake (no wake-up of a sleeping process; on this 2-vCPU VM a
+        wake-up is ~20 µs of latency). It spins at most the server's hint
+        for the execute it answered (python.c, spin_hint_set: 0 unless that
+        was the only Python execute in flight), only while messages keep
+        coming within that (its last wait was shorter), and stops when
+        another thread wants a CPU: a gap between two polls (it lost its
+        CPU), or threads waiting for a CPU on two checks in a row
+        (others_runnable). A spin stopped that way stops spinning for the
+        next SPIN_BACKOFF requests."""
         sock, clock = self.sock, time.monotonic
         t0 = now = clock()
-        wait = self.spin_s if self.last_wait <= self.spin_s else 0.0
+        wait = min(self.spin_s, self.spin_hint_us() / 1e6)
+        if self.last_wait > wait:
+            wait = 0.0
+        if self.spin_skip:
+            self.spin_skip -= 1
+            wait = 0.0
         until = t0 + wait
+        self.spin_n += wait > 0
+        check = self.loadavg_fd >= 0
+        polls = busy = 0
         while now < until:
             try:
                 data, anc, _, _ = sock.recvmsg(RECV_MAX, CMSG_FD_SPACE, socket.MSG_DONTWAIT)
@@ -727,8 +769,13 @@ class Worker:
                 return data, anc
             except BlockingIOError:
                 pass
+            polls += 1
+            if check and polls % 2 == 0:
+                busy = busy + 1 if self.others_runnable() else 0
             t = clock()
-            if t - now > SPIN_PREEMPTED_S:
+            if t - now > SPIN_PREEMPTED_S or busy >= SPIN_BUSY_CHECKS:
+                self.spin_skip = SPIN_BACKOFF
+                self.spin_stopped += 1
                 break
             now = t
         data, anc, _, _ = sock.recvmsg(RECV_MAX, CMSG_FD_SPACE)

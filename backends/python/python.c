@@ -100,7 +100,7 @@ enum {
 #define INLINE_MAX_US 1000     /* longest average execute run on the caller's thread */
 #define VIEW_MIN (32 * 1024)   /* smallest output handed to the response as a region view */
 #define TX_SPARES 2            /* EXECUTE regions kept besides the current one */
-#define SPIN_WAIT_US_DEFAULT 0 /* off (docs/performance.md: no gain measured on 2 vCPUs) */
+#define SPIN_WAIT_US_DEFAULT 0 /* off: docs/performance.md, "spin-wait by default?" */
 #define SPIN_RECENT 8          /* the spin budget follows the median of this many executes */
 #define SPIN_WAIT_US_MAX 10000
 
@@ -111,7 +111,6 @@ typedef struct backend_state {
     char *stub;   /* nereid_python_stub.py */
     long finalize_wait_s;
     uint64_t spin_max_ns; /* spin-wait-us: longest spin for a worker's answer; 0: never */
-    int n_cpus;           /* CPUs this process may run on */
 
     /* The zygote: a pre-started python3 (numpy and pb_utils imported) that
      * forks the workers of models using the backend's interpreter. */
@@ -177,8 +176,6 @@ NEREID_EXPORT nereid_error_t *nereid_backend_init(nereid_backend_t *backend)
         }
         st->spin_max_ns = (uint64_t)v * 1000;
     }
-    cpu_set_t cpus;
-    st->n_cpus = sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
     pthread_mutex_init(&st->zy_mu, NULL);
     st->zy_fd = -1;
     const char *zy = backend_config(backend, "zygote");
@@ -1003,6 +1000,9 @@ typedef struct instance {
     /* spin-wait (execute's thread only, but the word: the worker writes it) */
     void *spin_map;                       /* the page shared with the worker, or NULL */
     const _Atomic uint64_t *spin_word;    /* in it: messages the worker has sent */
+    _Atomic uint64_t *spin_hint;          /* and: how long (µs) the worker may spin after
+                                             the execute just sent (written before EXECUTE) */
+    uint64_t spin_hints;                  /* executes that let the worker spin after them */
     uint64_t spin_recent_ns[SPIN_RECENT]; /* EXECUTE -> DONE of the last executes that spun */
     uint64_t spin_n;                      /* executes that spun (so far) */
     uint64_t spin_hits;                   /* ... and saw the answer while spinning */
@@ -2066,14 +2066,23 @@ static void exec_reading_end(instance_t *in)
  * instance whose median is longer than spin-wait-us does not spin (it
  * probes one execute in SPIN_PROBE_EVERY); SPIN_MISSES_MAX spins in a row
  * that ran out stop spinning for SPIN_PROBE_EVERY executes, and so does a
- * spin that another thread interrupted (spin_wait). No spin when the
- * executes in flight in the process would need more CPUs than it has (each
- * spinning thread and its worker want one each), nor when the instance's
- * previous execute ended under SPIN_MIN_GAP_NS ago (requests queue: the
- * CPU has other work). Off by default: on a 2-vCPU VM the worker is often
- * woken on the sending thread's own CPU (a unix socket's wake-up is
- * "sync"), so there is no parallel wait to spin through
- * (docs/performance.md). */
+ * spin that another thread interrupted (spin_wait). No spin unless this
+ * is the only Python execute in flight in the process, for one request
+ * (spin_hint_set), nor when the instance's previous execute ended under
+ * SPIN_MIN_GAP_NS ago (requests queue: the CPU has other work).
+ *
+ * The worker's side: the page also carries a hint the server writes before
+ * each EXECUTE, how long the worker may spin for its next request once it
+ * has answered this one (spin-wait-us when this execute is alone, else 0);
+ * the worker spins at most that, and stops (and backs off) when threads
+ * wait for a CPU (nereid_python_stub.py, Worker.spin_recv). That side is
+ * what lowers the latency (it removes the worker's wake-up for EXECUTE).
+ *
+ * Off by default: on a 2-vCPU VM shared with other work the gates that keep
+ * the spin from taking CPU that requests at 4 connections need also keep
+ * it from spinning at 1 connection, and without them the spin costs up to
+ * half the throughput at 4 connections (docs/performance.md, "spin-wait by
+ * default?"). */
 #define SPIN_PROBE_EVERY 32
 #define SPIN_MIN_GAP_NS (15 * 1000)
 #define SPIN_CONTENDED_NS (4 * 1000)
@@ -2097,7 +2106,7 @@ static int cmp_u64(const void *a, const void *b)
 }
 
 /* This execute's spin budget (ns; 0: block at once). Execute's thread. */
-static uint64_t spin_budget_ns(instance_t *in, uint64_t now_ns)
+static uint64_t spin_budget_ns(instance_t *in, uint64_t now_ns, bool alone)
 {
     uint64_t max = g_backend->spin_max_ns;
     if (!max || !in->spin_word) return 0;
@@ -2105,7 +2114,7 @@ static uint64_t spin_budget_ns(instance_t *in, uint64_t now_ns)
         in->spin_skip--;
         return 0;
     }
-    if (2 * atomic_load_explicit(&g_executing, memory_order_relaxed) > g_backend->n_cpus) return 0;
+    if (!alone) return 0;
     /* exec_end_ns is written by executes only (under mu, for the reader) */
     if (now_ns - in->exec_end_ns < SPIN_MIN_GAP_NS) return 0; /* requests queue: CPU is busy */
     if (in->spin_n < SPIN_RECENT) return max;                 /* still learning */
@@ -2118,6 +2127,20 @@ static uint64_t spin_budget_ns(instance_t *in, uint64_t now_ns)
         return max;
     }
     return median * 3 / 2 < max ? median * 3 / 2 : max;
+}
+
+/* Tells the worker, before EXECUTE, whether it may spin for its next
+ * request once it has answered this one: only when this is the only
+ * Python execute in flight in the process, for one request (else the CPU
+ * it would spin on is wanted by another instance's worker and the threads
+ * that feed it). The worker adds its own checks (Worker.spin_recv).
+ * Execute's thread. */
+static void spin_hint_set(instance_t *in, bool alone)
+{
+    if (!in->spin_hint) return;
+    uint64_t us = alone ? g_backend->spin_max_ns / 1000 : 0;
+    in->spin_hints += us != 0;
+    atomic_store_explicit(in->spin_hint, us, memory_order_relaxed); /* sendmsg orders it */
 }
 
 /* Records how an execute that spun went: its EXECUTE -> DONE time, and
@@ -2164,10 +2187,11 @@ static int spin_wait(const instance_t *in, uint64_t until_ns)
 }
 
 /* The page for the word, sent to a new worker before INIT (a payload in a
- * memfd, as any large message: JSON {"spin_us":N} padded to 24 bytes, the
- * word as the 8-byte blob). Sealed against shrinking: the worker cannot make the
- * server's reads fault. Without it (spin-wait-us=0, or no memory) execute
- * never spins. */
+ * memfd, as any large message: JSON {"spin_us":N} padded to 24 bytes, then
+ * a 16-byte blob: the worker's word, and the hint the server writes before
+ * each EXECUTE). Sealed against shrinking: the worker cannot make the
+ * server's reads fault. Without it (spin-wait-us=0, or no memory) neither
+ * side ever spins. */
 #define SPIN_PAGE_BYTES 4096
 #define SPIN_JSON_BYTES 24 /* {"spin_us":N} with N <= SPIN_WAIT_US_MAX, padded */
 static void spin_page_send(instance_t *in)
@@ -2188,10 +2212,11 @@ static void spin_page_send(instance_t *in)
         memset(js + n, ' ', SPIN_JSON_BYTES - (size_t)n);
         memcpy(map, js, SPIN_JSON_BYTES);
         uint8_t hdr[HDR_BYTES];
-        hdr_pack(hdr, M_SPIN_PAGE, SPIN_JSON_BYTES, 8);
+        hdr_pack(hdr, M_SPIN_PAGE, SPIN_JSON_BYTES, 16);
         if (send_with_fd(in->chan, hdr, fd) == 0) {
             in->spin_map = map;
             in->spin_word = (const _Atomic uint64_t *)((uint8_t *)map + SPIN_JSON_BYTES);
+            in->spin_hint = (_Atomic uint64_t *)((uint8_t *)map + SPIN_JSON_BYTES + 8);
         } else {
             munmap(map, SPIN_PAGE_BYTES);
         }
@@ -2204,6 +2229,7 @@ static void spin_page_drop(instance_t *in)
     if (in->spin_map) munmap(in->spin_map, SPIN_PAGE_BYTES);
     in->spin_map = NULL;
     in->spin_word = NULL;
+    in->spin_hint = NULL;
 }
 
 /* Execute's side: takes the socket from the reader thread, reads until the
@@ -2848,8 +2874,11 @@ NEREID_EXPORT nereid_error_t *nereid_backend_instance_fini(nereid_instance_t *in
     while (in->bls_inflight)
         pthread_cond_wait(&in->cv, &in->mu);
     pthread_mutex_unlock(&in->mu);
-    plog('V', "python backend: '%s' spin-wait: %llu executes spun, %llu answered while spinning",
-         in->name, (unsigned long long)in->spin_n, (unsigned long long)in->spin_hits);
+    plog('V',
+         "python backend: '%s' spin-wait: %llu executes spun, %llu answered while spinning, "
+         "%llu let the worker spin after them",
+         in->name, (unsigned long long)in->spin_n, (unsigned long long)in->spin_hits,
+         (unsigned long long)in->spin_hints);
     instance_free(in);
     return NULL;
 }
@@ -3181,8 +3210,11 @@ NEREID_EXPORT nereid_error_t *nereid_backend_execute(nereid_instance_t *instance
     pthread_mutex_lock(&in->mu);
     in->batch = batch;
     pthread_mutex_unlock(&in->mu);
-    atomic_fetch_add_explicit(&g_executing, 1, memory_order_relaxed);
-    uint64_t spin_ns = spin_budget_ns(in, nereid_now_ns());
+    /* The only python execute in flight, with one request (a batch of
+     * several already means requests queue). */
+    bool alone = atomic_fetch_add_explicit(&g_executing, 1, memory_order_relaxed) == 0 && n == 1;
+    spin_hint_set(in, alone);
+    uint64_t spin_ns = spin_budget_ns(in, nereid_now_ns(), alone);
     exec_reading_begin(in);
     tx_pick(in);
     int rc = outmsg_send_region(in->chan, M_EXECUTE, &om, &in->tx);

@@ -12,8 +12,9 @@ the reader thread (python.c, "Arming the reader"), and spin-wait-us (python.c,
 - --backend-config=python,spin-wait-us: 0 never spins, a large value
   spins (the count in the verbose line at instance fini), nonsense is
   refused; the worker gets the same budget for its wait for the next
-  request and finds requests while it spins (its own counter, read by a
-  model).
+  request and spins for it (its own counters, read by a model), as long
+  as the server's hint for each execute allows: the whole budget when the
+  execute is the only Python one in flight, 0 when another one is.
 No timing is asserted: waits poll with generous deadlines.
 """
 import os
@@ -92,8 +93,9 @@ class TritonPythonModel:
 """
 
 
-# The worker's side of spin-wait-us, as the worker sees it: its budget (µs)
-# and how many messages its spin found.
+# The worker's side of spin-wait-us, as the worker sees it: its budget (µs),
+# how many messages its spin found, the server's hint for this execute (µs),
+# how many spins it began and how many it stopped for other threads.
 SPIN_PROBE_MODEL = """
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -102,7 +104,8 @@ class TritonPythonModel:
     def execute(self, requests):
         w = pb_utils._worker
         return [pb_utils.InferenceResponse([pb_utils.Tensor(
-                    "Y", np.array([round(w.spin_s * 1e6), w.spin_caught], np.int64))])
+                    "Y", np.array([round(w.spin_s * 1e6), w.spin_caught, w.spin_hint_us(),
+                                   w.spin_n, w.spin_stopped], np.int64))])
                 for _ in requests]
 """
 
@@ -111,8 +114,48 @@ name: "spinprobe"
 backend: "python"
 max_batch_size: 0
 input [ { name: "X" data_type: TYPE_INT64 dims: [ 1 ] } ]
-output [ { name: "Y" data_type: TYPE_INT64 dims: [ 2 ] } ]
+output [ { name: "Y" data_type: TYPE_INT64 dims: [ 5 ] } ]
 instance_group [ { kind: KIND_CPU count: 1 } ]
+"""
+
+# Two instances whose executes wait for each other (each leaves a file and
+# waits for the other's): the second EXECUTE is sent while the first is in
+# flight. Each answers the server's hint for its own execute.
+HINT_PAIR_MODEL = """
+import json
+import os
+import time
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.dir = json.loads(args["model_config"])["parameters"]["dir"]["string_value"]
+
+    def execute(self, requests):
+        hint = pb_utils._worker.spin_hint_us()
+        out = []
+        for r in requests:
+            tag = int(pb_utils.get_input_tensor_by_name(r, "X").as_numpy()[0])
+            open(os.path.join(self.dir, str(tag)), "w").close()
+            deadline = time.time() + 30
+            while not os.path.exists(os.path.join(self.dir, str(1 - tag))):
+                if time.time() > deadline:
+                    break
+                time.sleep(0.005)
+            out.append(pb_utils.InferenceResponse(
+                [pb_utils.Tensor("Y", np.array([hint], np.int64))]))
+        return out
+"""
+
+HINT_PAIR_CONFIG = """
+name: "hintpair"
+backend: "python"
+max_batch_size: 0
+input [ {{ name: "X" data_type: TYPE_INT64 dims: [ 1 ] }} ]
+output [ {{ name: "Y" data_type: TYPE_INT64 dims: [ 1 ] }} ]
+instance_group [ {{ kind: KIND_CPU count: 2 }} ]
+parameters {{ key: "dir" value: {{ string_value: "{dir}" }} }}
 """
 
 
@@ -131,6 +174,9 @@ def repo(tmp_path):
     write(r, "pid", PID_CONFIG.format(name="pid"), PID_MODEL)
     write(r, "chatty", PID_CONFIG.format(name="chatty"), CHATTY_MODEL)
     write(r, "spinprobe", SPIN_PROBE_CONFIG, SPIN_PROBE_MODEL)
+    rendezvous = tmp_path / "rendezvous"
+    rendezvous.mkdir()
+    write(r, "hintpair", HINT_PAIR_CONFIG.format(dir=rendezvous), HINT_PAIR_MODEL)
     return r
 
 
@@ -157,11 +203,12 @@ def log_text(server):
 
 
 def spin_counts(text, instance):
-    """(executes spun, answered while spinning) from the verbose fini line."""
+    """(executes spun, answered while spinning, executes that let the
+    worker spin after them) from the verbose fini line."""
     for line in text.splitlines():
         if f"'{instance}' spin-wait:" in line:
             words = line.split("spin-wait:")[1].split()
-            return int(words[0]), int(words[3])
+            return int(words[0]), int(words[3]), int(words[7])
     return None
 
 
@@ -221,7 +268,7 @@ def test_spin_wait_zero_never_spins(nereid_server, repo):
     for _ in range(30):
         value(call(s, "pid", 1))
     assert s.stop() == 0
-    assert spin_counts(log_text(s), "pid_0_0") == (0, 0)
+    assert spin_counts(log_text(s), "pid_0_0") == (0, 0, 0)
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2,
@@ -231,8 +278,9 @@ def test_spin_wait_spins(nereid_server, repo):
     for _ in range(30):
         value(call(s, "pid", 1))
     assert s.stop() == 0
-    spun, answered = spin_counts(log_text(s), "pid_0_0")
+    spun, answered, hinted = spin_counts(log_text(s), "pid_0_0")
     assert spun > 0 and answered <= spun
+    assert hinted == 30  # one request at a time: each let the worker spin
 
 
 @pytest.mark.parametrize("bad", ["abc", "-1", "10001"])
@@ -253,24 +301,42 @@ def spin_probe(server):
 def test_worker_gets_no_spin_by_default(nereid_server, repo):
     s = nereid_server(repo)
     for _ in range(30):
-        budget, caught = spin_probe(s)
-    assert (budget, caught) == (0, 0)
+        budget, caught, hint, spins, stopped = spin_probe(s)
+    assert (budget, caught, hint, spins, stopped) == (0, 0, 0, 0, 0)
 
 
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2,
-                    reason="a spin needs a CPU besides the worker's")
 def test_worker_spins_for_its_next_request(nereid_server, repo):
-    """With spin-wait-us the worker polls for its next request as long
-    before it sleeps: back-to-back requests (well within 10 ms of each
-    other) are found by the spin, not by a wake-up (on a loaded machine
-    only some of them: a spin that loses its CPU stops)."""
+    """With spin-wait-us the worker polls for its next request before it
+    sleeps when the server's hint allows (one request at a time: always).
+    Whether a spin finds the request depends on the machine (a spin stops
+    when threads wait for a CPU): a spin begins, and each one found the
+    request, was stopped, or ran out."""
     s = nereid_server(repo, "--backend-config=python,spin-wait-us=10000")
-    budget, caught = spin_probe(s)
-    assert budget == 10000
-    # a loaded machine (a sanitizer build, other tests) can take the
-    # worker's CPU during a spin, which then stops: keep asking, bounded
+    budget, caught, hint, spins, stopped = spin_probe(s)
+    assert (budget, hint) == (10000, 10000)
+    # a spin needs the previous wait to be shorter than the budget, and a
+    # stopped one backs off for 32 requests: keep asking, bounded
     deadline = time.time() + 60
-    while caught == 0 and time.time() < deadline:
-        for _ in range(20):
-            budget, caught = spin_probe(s)
-    assert caught > 0
+    while spins == 0 and time.time() < deadline:
+        for _ in range(40):
+            budget, caught, hint, spins, stopped = spin_probe(s)
+            assert hint == 10000
+    assert spins > 0
+    assert caught + stopped <= spins
+
+
+def test_worker_spin_hint_is_zero_when_another_execute_runs(nereid_server, repo):
+    """Two executes in flight at once (two instances that wait for each
+    other): the first was alone when sent (its worker may spin after it),
+    the second was not (its worker must not)."""
+    import concurrent.futures
+    s = nereid_server(repo, "--backend-config=python,spin-wait-us=300")
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        first = pool.submit(call, s, "hintpair", 0)
+        deadline = time.time() + 30
+        while not os.listdir(os.path.join(os.path.dirname(repo), "rendezvous")):
+            assert time.time() < deadline, "the first execute did not start"
+            time.sleep(0.005)
+        second = pool.submit(call, s, "hintpair", 1)
+        hints = [value(first.result()), value(second.result())]
+    assert hints == [300, 0]
