@@ -45,6 +45,7 @@ TENSOR = struct.Struct("<IIIIQQ")
 DONE_RESP = struct.Struct("<IIIII")
 M_INIT, M_EXECUTE, M_FINALIZE, M_READY, M_DONE = 1, 2, 3, 101, 102
 M_REGION = 0x80000000
+M_SLOT_SHIFT = 16  # an EXECUTE's region slot (python.c)
 DT_NAMES = ("INVALID", "BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32",
             "INT64", "FP16", "FP32", "FP64", "BYTES", "BF16")
 DT_CODES = {n: i for i, n in enumerate(DT_NAMES)}
@@ -138,15 +139,17 @@ def execute_parts(requests):
 
 class Region:
     """The server's EXECUTE region (python.c's tx region): a memfd mapping
-    that EXECUTEs are written into and sent as a header only, its fd with
-    the first one. DONE records with where=1 point into it."""
+    that EXECUTEs are written into and sent as a header naming its slot
+    only, its fd with the first one. DONE records with where=1 point into
+    it."""
 
-    def __init__(self, size=1 << 22):
+    def __init__(self, size=1 << 22, slot=0):
         import mmap
         self.fd = os.memfd_create("nereid-test-region", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         os.ftruncate(self.fd, size)
         self.map = mmap.mmap(self.fd, size)
         self.sent = False
+        self.slot = slot
 
     def execute(self, sock, requests):
         """Writes an EXECUTE for requests into the region and sends its header."""
@@ -157,7 +160,8 @@ class Region:
         anc = [] if self.sent else [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
                                      array.array("i", [self.fd]))]
         self.sent = True
-        sock.sendmsg([HDR.pack(M_EXECUTE | M_REGION, len(meta), len(blob))], anc)
+        sock.sendmsg([HDR.pack(M_EXECUTE | M_REGION | self.slot << M_SLOT_SHIFT, len(meta),
+                               len(blob))], anc)
 
     def close(self):
         self.map.close()

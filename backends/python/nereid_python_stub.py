@@ -113,7 +113,9 @@ ALIGN = 64
 SPIN_PREEMPTED_S = 50e-6  # a gap between two polls this long: the spin lost its CPU
 ZEROS = bytes(ALIGN)  # padding between tensors (always < ALIGN bytes)
 M_REGION = 0x80000000  # payload in the sender's persistent region (EXECUTE, DONE)
-RX_MAPS_MAX = 4  # server regions kept mapped (its current one and its spares)
+# An EXECUTE in a region names it by a slot in these bits of its type
+# (python.c's M_SLOT_SHIFT); a memfd sent with a slot replaces its mapping.
+M_SLOT_SHIFT, M_SLOT_MASK = 16, 0xF << 16
 # The fast path (see Worker.next_work, Worker.build_requests, tensor_records):
 # the main thread reads an EXECUTE itself when no other thread waits for a
 # message, an EXECUTE description seen before reuses its parsed requests, a
@@ -482,7 +484,8 @@ class Worker:
         self.finalizing = False
         self.bg_loop = None
         self.rx_map = None  # the server's region for EXECUTE inputs
-        self.rx_maps = {}  # inode -> mapping of the server's regions, oldest first
+        # slot -> (mapping, (address, length), memoryview) of the server's regions
+        self.rx_slots = {}
         self.rx_used = None  # end of the last EXECUTE in rx_map (aligned), None: it was inline
         self.rx_region = None  # its (address, length), for outputs that are views of inputs
         self.rx_view = None  # a memoryview of rx_map
@@ -602,12 +605,16 @@ class Worker:
             return None
         if not anc and n >= HDR.size:  # the common case: a whole message inline
             mtype, jlen, blen = HDR.unpack_from(data, 0)
-            if mtype == M_EXECUTE | M_REGION and self.rx_view is not None:
-                # the common large one: in the region we have mapped
-                mv = self.rx_view
-                self.rx_used = (jlen + blen + ALIGN - 1) // ALIGN * ALIGN
-                self.rx_base = jlen
-                return M_EXECUTE, bytes(mv[:jlen]), mv[jlen:jlen + blen]
+            if mtype & ~M_SLOT_MASK == M_EXECUTE | M_REGION:
+                # the common large one: in a region we have mapped
+                slot = self.rx_slots.get(mtype >> M_SLOT_SHIFT & 0xF)
+                if slot is not None:
+                    if slot[0] is not self.rx_map:
+                        self.rx_map, self.rx_region, self.rx_view = slot
+                    mv = self.rx_view
+                    self.rx_used = (jlen + blen + ALIGN - 1) // ALIGN * ALIGN
+                    self.rx_base = jlen
+                    return M_EXECUTE, bytes(mv[:jlen]), mv[jlen:jlen + blen]
             if not mtype & M_REGION:
                 end = HDR.size + jlen
                 if mtype == M_EXECUTE or mtype == M_BLS_RESULT:  # binary
@@ -622,29 +629,28 @@ class Worker:
                 fds.extend(array.array("i", cdata[:len(cdata) - len(cdata) % 4]))
         mtype, jlen, blen = HDR.unpack_from(data, 0)
         in_region = mtype & M_REGION
-        mtype &= ~M_REGION
+        slot_no = (mtype & M_SLOT_MASK) >> M_SLOT_SHIFT
+        mtype &= ~(M_REGION | M_SLOT_MASK)
         if in_region and fds:
-            # The server switches between a few regions (one a reply still
-            # reads is not written): each is mapped once, kept by inode (a
-            # memfd inode number is not reused: the kernel counts them up).
+            # A new region of the server's (it switches between a few: one
+            # a reply still reads is not written), kept in its slot: later
+            # EXECUTEs name the slot only.
             fd = fds[0]
             try:
-                st = os.fstat(fd)
-                mm = self.rx_maps.pop(st.st_ino, None)
-                if mm is None or len(mm) != st.st_size:
-                    mm = mmap.mmap(fd, st.st_size)
+                mm = mmap.mmap(fd, os.fstat(fd).st_size)
             finally:
                 for f in fds:
                     os.close(f)
-            self.rx_maps[st.st_ino] = mm
-            while len(self.rx_maps) > RX_MAPS_MAX:
-                del self.rx_maps[next(iter(self.rx_maps))]
-            self.rx_map = mm
-            self.rx_region = (np.frombuffer(self.rx_map, np.uint8, 1).ctypes.data,
-                              len(self.rx_map))
-            self.rx_view = payload = memoryview(self.rx_map)
+            self.rx_slots[slot_no] = (mm, (np.frombuffer(mm, np.uint8, 1).ctypes.data, len(mm)),
+                                      memoryview(mm))
+            self.rx_map, self.rx_region, self.rx_view = self.rx_slots[slot_no]
+            payload = self.rx_view
         elif in_region:
-            payload = memoryview(self.rx_map)
+            slot = self.rx_slots.get(slot_no)
+            if slot is None:
+                raise ValueError(f"a message in region slot {slot_no}, never sent")
+            self.rx_map, self.rx_region, self.rx_view = slot
+            payload = self.rx_view
         elif fds:
             fd = fds[0]
             try:

@@ -422,3 +422,24 @@ def test_region_answers_alike(tmp_path):
                 assert where == 1, what
             if r["op"] == "copy" or want.nbytes < 4096:
                 assert where == 0, what
+
+
+@pytest.mark.parametrize("mode", ["fast", "general"])
+def test_region_slots(tmp_path, mode):
+    """The server's regions by slot: each memfd is sent once, with its
+    slot; later EXECUTEs name the slot only, and a memfd sent with a slot
+    in use replaces that mapping. Every answer points into the region its
+    EXECUTE was written to."""
+    w = wire.Worker(REGION_OPS, STUB_DIR, mode, root=str(tmp_path))
+    regions = [wire.Region(1 << 20, 0), wire.Region(1 << 20, 1), wire.Region(1 << 21, 0)]
+    try:
+        for k, r in enumerate([0, 1, 0, 1, 1, 2, 2, 1]):
+            x = np.full(2048 + k, k, np.float32)
+            region = regions[r]
+            region.execute(w.sock, [{"inputs": [("INPUT0", "FP32", x.shape, x.tobytes())]}])
+            kind, [(status, _, text, _, [out])] = wire.parse_done(w.recv(), region.map)
+            assert (status, out) == (0, ("OUTPUT0", "FP32", x.shape, 1, x.tobytes())), (k, text)
+    finally:
+        for region in regions:
+            region.close()
+        w.close()
