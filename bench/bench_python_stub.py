@@ -17,6 +17,9 @@ the median over the rounds.
 
   --compare  a second worker from DIR's scripts (e.g. an older copy), its
              rounds alternating with the first's, printed below it.
+             fp32_64k_switch alternates two regions per round trip: to the
+             first worker by slot (its memfd sent once), to this one with
+             the memfd every time and slot 0 (the protocol before slots).
 
   --general  the worker without its fast path (nereid_python_stub.FAST_PATH
              off: every message through the leader/follower wait, every
@@ -296,6 +299,7 @@ def case_requests():
         "fp32_1_x4": [one("FP32", np.array([float(i)], np.float32)) for i in range(4)],
         # in the server's region (as python.c sends an EXECUTE over 60 KB)
         "fp32_64k_region": [one("FP32", rng.random(65536, np.float32))],
+        "fp32_64k_switch": [one("FP32", rng.random(65536, np.float32))],  # two regions
     }
 
 
@@ -323,6 +327,35 @@ def measure(w, msg, n):
     return [(t1 - t0) / n * 1e6] + [(c1[i] - c0[i]) / n * 1e6 for i in range(3)]
 
 
+def measure_switch(w, msgs, n):
+    """measure() sending msgs ((header, ancillary data) pairs) in turn."""
+    sock = w.sock
+    c0 = w.cpu()
+    t0 = time.perf_counter()
+    for i in range(n):
+        sock.sendmsg(*msgs[i % len(msgs)])
+        sock.recv(1 << 16)
+    t1 = time.perf_counter()
+    c1 = w.cpu()
+    return [(t1 - t0) / n * 1e6] + [(c1[i] - c0[i]) / n * 1e6 for i in range(3)]
+
+
+def switch_messages(w, reqs, by_slot):
+    """Two regions holding the EXECUTE for reqs and the header (with the
+    memfd unless by_slot) that names each."""
+    import array
+    w.regions = [Region(slot=k if by_slot else 0) for k in range(2)]
+    msgs = []
+    for r in w.regions:
+        r.execute(w.sock, reqs)
+        check_identity(w.recv(), reqs, r.map)
+        meta, blob = execute_parts(reqs)
+        anc = [] if by_slot else [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [r.fd]))]
+        msgs.append(([HDR.pack(M_EXECUTE | M_REGION | r.slot << M_SLOT_SHIFT, len(meta),
+                               len(blob))], anc))
+    return msgs
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--stub-dir", default=os.path.join(ROOT, "backends", "python"))
@@ -346,6 +379,17 @@ def main():
             reqs = cases[name]
             msg = execute_message(reqs)
             n = a.n if name == "fp32_1" else max(a.n // 4, 1)
+            if name.endswith("_switch"):
+                msgs = [switch_messages(w, reqs, i == 0) for i, (_, w) in enumerate(workers)]
+                res = [[] for _ in workers]
+                for _ in range(a.rounds):
+                    for i, (_, w) in enumerate(workers):
+                        res[i].append(measure_switch(w, msgs[i], n))
+                for i, r in enumerate(res):
+                    rt, user, sys_, cpu = (statistics.median(x[k] for x in r) for k in range(4))
+                    print(f"  {name:10s} worker {i + 1}: {rt:6.1f} us   user {user:5.1f} us  "
+                          f"sys {sys_:5.1f} us  on-CPU {cpu:5.1f} us")
+                continue
             for _, w in workers:
                 if name.endswith("_region"):  # written once, then its header again
                     if not hasattr(w, "region"):
@@ -369,8 +413,9 @@ def main():
     finally:
         for _, w in workers:
             w.close()
-            if hasattr(w, "region"):
-                w.region.close()
+            for r in [getattr(w, "region", None)] + getattr(w, "regions", []):
+                if r is not None:
+                    r.close()
 
 
 if __name__ == "__main__":
