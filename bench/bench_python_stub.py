@@ -17,6 +17,9 @@ the median over the rounds.
 
   --compare  a second worker from DIR's scripts (e.g. an older copy), its
              rounds alternating with the first's, printed below it.
+             fp32_64k_switch alternates two regions per round trip: to the
+             first worker by slot (its memfd sent once), to this one with
+             the memfd every time and slot 0 (the protocol before slots).
 
   --general  the worker without its fast path (nereid_python_stub.FAST_PATH
              off: every message through the leader/follower wait, every
@@ -45,6 +48,7 @@ TENSOR = struct.Struct("<IIIIQQ")
 DONE_RESP = struct.Struct("<IIIII")
 M_INIT, M_EXECUTE, M_FINALIZE, M_READY, M_DONE = 1, 2, 3, 101, 102
 M_REGION = 0x80000000
+M_SLOT_SHIFT = 16  # an EXECUTE's region slot (python.c)
 DT_NAMES = ("INVALID", "BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32",
             "INT64", "FP16", "FP32", "FP64", "BYTES", "BF16")
 DT_CODES = {n: i for i, n in enumerate(DT_NAMES)}
@@ -128,10 +132,50 @@ def execute_message(requests):
     return HDR.pack(M_EXECUTE, len(m), len(blob)) + m + bytes(blob)
 
 
-def parse_done(msg):
+def execute_parts(requests):
+    """The description and blob of an EXECUTE for requests (see
+    execute_message)."""
+    msg = execute_message(requests)
+    _, jlen, blen = HDR.unpack_from(msg, 0)
+    return msg[HDR.size:HDR.size + jlen], msg[HDR.size + jlen:]
+
+
+class Region:
+    """The server's EXECUTE region (python.c's tx region): a memfd mapping
+    that EXECUTEs are written into and sent as a header naming its slot
+    only, its fd with the first one. DONE records with where=1 point into
+    it."""
+
+    def __init__(self, size=1 << 22, slot=0):
+        import mmap
+        self.fd = os.memfd_create("nereid-test-region", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        os.ftruncate(self.fd, size)
+        self.map = mmap.mmap(self.fd, size)
+        self.sent = False
+        self.slot = slot
+
+    def execute(self, sock, requests):
+        """Writes an EXECUTE for requests into the region and sends its header."""
+        import array
+        meta, blob = execute_parts(requests)
+        self.map[0:len(meta)] = meta
+        self.map[len(meta):len(meta) + len(blob)] = blob
+        anc = [] if self.sent else [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                                     array.array("i", [self.fd]))]
+        self.sent = True
+        sock.sendmsg([HDR.pack(M_EXECUTE | M_REGION | self.slot << M_SLOT_SHIFT, len(meta),
+                               len(blob))], anc)
+
+    def close(self):
+        self.map.close()
+        os.close(self.fd)
+
+
+def parse_done(msg, region=None):
     """An inline DONE: ("responses", [(status, code, text, params, [(name,
     datatype, shape, where, data)])]), ("error", text) or ("decoupled",
-    [indices])."""
+    [indices]). A where=1 record's data is read from region (a Region's
+    map) when given, else None."""
     mtype, jlen, blen = HDR.unpack_from(msg, 0)
     if mtype != M_DONE:
         raise ValueError(f"not a DONE: type {mtype:#x}")
@@ -159,6 +203,10 @@ def parse_done(msg):
             name = meta[pos:pos + ln].decode()
             pos += ln
             data = blob[off:off + size] if where == 0 else None
+            if where == 1 and region is not None:
+                if off + size > len(region):
+                    raise ValueError("where=1 record outside the region")
+                data = bytes(region[off:off + size])
             outs.append((name, DT_NAMES[dt], shape, where, data))
         out.append((status, code, text, params, outs))
     if pos != len(meta):
@@ -249,16 +297,19 @@ def case_requests():
         "uint8_16k": [one("UINT8", rng.integers(0, 255, 16384, dtype=np.uint8))],
         "bytes_4": [{"inputs": [("INPUT0", "BYTES", (4,), ser)]}],
         "fp32_1_x4": [one("FP32", np.array([float(i)], np.float32)) for i in range(4)],
+        # in the server's region (as python.c sends an EXECUTE over 60 KB)
+        "fp32_64k_region": [one("FP32", rng.random(65536, np.float32))],
+        "fp32_64k_switch": [one("FP32", rng.random(65536, np.float32))],  # two regions
     }
 
 
-def check_identity(done, requests):
-    kind, responses = parse_done(done)
+def check_identity(done, requests, region=None):
+    kind, responses = parse_done(done, region)
     if kind != "responses" or len(responses) != len(requests):
         raise AssertionError(f"unexpected DONE: {kind} {responses}")
     for (status, _, text, _, outs), r in zip(responses, requests):
         name, dt, shape, raw = r["inputs"][0]
-        want = [("OUTPUT0", dt, tuple(shape), 0, raw)]
+        want = [("OUTPUT0", dt, tuple(shape), 0 if region is None else 1, raw)]
         if status != 0 or outs != want:
             raise AssertionError(f"wrong response: {status} {text} {outs[:1]}")
 
@@ -274,6 +325,35 @@ def measure(w, msg, n):
     t1 = time.perf_counter()
     c1 = w.cpu()
     return [(t1 - t0) / n * 1e6] + [(c1[i] - c0[i]) / n * 1e6 for i in range(3)]
+
+
+def measure_switch(w, msgs, n):
+    """measure() sending msgs ((header, ancillary data) pairs) in turn."""
+    sock = w.sock
+    c0 = w.cpu()
+    t0 = time.perf_counter()
+    for i in range(n):
+        sock.sendmsg(*msgs[i % len(msgs)])
+        sock.recv(1 << 16)
+    t1 = time.perf_counter()
+    c1 = w.cpu()
+    return [(t1 - t0) / n * 1e6] + [(c1[i] - c0[i]) / n * 1e6 for i in range(3)]
+
+
+def switch_messages(w, reqs, by_slot):
+    """Two regions holding the EXECUTE for reqs and the header (with the
+    memfd unless by_slot) that names each."""
+    import array
+    w.regions = [Region(slot=k if by_slot else 0) for k in range(2)]
+    msgs = []
+    for r in w.regions:
+        r.execute(w.sock, reqs)
+        check_identity(w.recv(), reqs, r.map)
+        meta, blob = execute_parts(reqs)
+        anc = [] if by_slot else [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [r.fd]))]
+        msgs.append(([HDR.pack(M_EXECUTE | M_REGION | r.slot << M_SLOT_SHIFT, len(meta),
+                               len(blob))], anc))
+    return msgs
 
 
 def main():
@@ -299,8 +379,27 @@ def main():
             reqs = cases[name]
             msg = execute_message(reqs)
             n = a.n if name == "fp32_1" else max(a.n // 4, 1)
+            if name.endswith("_switch"):
+                msgs = [switch_messages(w, reqs, i == 0) for i, (_, w) in enumerate(workers)]
+                res = [[] for _ in workers]
+                for _ in range(a.rounds):
+                    for i, (_, w) in enumerate(workers):
+                        res[i].append(measure_switch(w, msgs[i], n))
+                for i, r in enumerate(res):
+                    rt, user, sys_, cpu = (statistics.median(x[k] for x in r) for k in range(4))
+                    print(f"  {name:10s} worker {i + 1}: {rt:6.1f} us   user {user:5.1f} us  "
+                          f"sys {sys_:5.1f} us  on-CPU {cpu:5.1f} us")
+                continue
             for _, w in workers:
-                check_identity(w.roundtrip(msg), reqs)
+                if name.endswith("_region"):  # written once, then its header again
+                    if not hasattr(w, "region"):
+                        w.region = Region()
+                    w.region.execute(w.sock, reqs)
+                    check_identity(w.recv(), reqs, w.region.map)
+                    meta, blob = execute_parts(reqs)
+                    msg = HDR.pack(M_EXECUTE | M_REGION, len(meta), len(blob))
+                else:
+                    check_identity(w.roundtrip(msg), reqs)
                 for _ in range(min(n, 500)):  # warm-up
                     w.roundtrip(msg)
             res = [[] for _ in workers]
@@ -314,6 +413,9 @@ def main():
     finally:
         for _, w in workers:
             w.close()
+            for r in [getattr(w, "region", None)] + getattr(w, "regions", []):
+                if r is not None:
+                    r.close()
 
 
 if __name__ == "__main__":

@@ -116,7 +116,9 @@ SPIN_BACKOFF = 32  # requests after a spin stopped for another thread that do no
 N_CPUS = os.cpu_count() or 1  # what /proc/loadavg's runnable threads compete for
 ZEROS = bytes(ALIGN)  # padding between tensors (always < ALIGN bytes)
 M_REGION = 0x80000000  # payload in the sender's persistent region (EXECUTE, DONE)
-RX_MAPS_MAX = 4  # server regions kept mapped (its current one and its spares)
+# An EXECUTE in a region names it by a slot in these bits of its type
+# (python.c's M_SLOT_SHIFT); a memfd sent with a slot replaces its mapping.
+M_SLOT_SHIFT, M_SLOT_MASK = 16, 0xF << 16
 # The fast path (see Worker.next_work, Worker.build_requests, tensor_records):
 # the main thread reads an EXECUTE itself when no other thread waits for a
 # message, an EXECUTE description seen before reuses its parsed requests, a
@@ -490,9 +492,16 @@ class Worker:
         self.finalizing = False
         self.bg_loop = None
         self.rx_map = None  # the server's region for EXECUTE inputs
-        self.rx_maps = {}  # inode -> mapping of the server's regions, oldest first
+        # slot -> (mapping, (address, length), memoryview) of the server's regions
+        self.rx_slots = {}
         self.rx_used = None  # end of the last EXECUTE in rx_map (aligned), None: it was inline
         self.rx_region = None  # its (address, length), for outputs that are views of inputs
+        self.rx_view = None  # a memoryview of rx_map
+        self.rx_base = 0  # where the last region EXECUTE's blob starts in rx_map
+        # the last region EXECUTE's numeric inputs: id(array) -> (array, offset
+        # in rx_map, bytes), for simple_done (None: inline, decoupled, or off)
+        self.rx_views = None
+        self.view_records = {}  # DONE records of outputs that are input views (fast path)
         self.tx_map = None  # ours for DONE outputs (sealed against shrinking)
         self.req_proto = None
         self.plans = {}  # EXECUTE description -> request_plans() (fast path)
@@ -604,6 +613,16 @@ class Worker:
             return None
         if not anc and n >= HDR.size:  # the common case: a whole message inline
             mtype, jlen, blen = HDR.unpack_from(data, 0)
+            if mtype & ~M_SLOT_MASK == M_EXECUTE | M_REGION:
+                # the common large one: in a region we have mapped
+                slot = self.rx_slots.get(mtype >> M_SLOT_SHIFT & 0xF)
+                if slot is not None:
+                    if slot[0] is not self.rx_map:
+                        self.rx_map, self.rx_region, self.rx_view = slot
+                    mv = self.rx_view
+                    self.rx_used = (jlen + blen + ALIGN - 1) // ALIGN * ALIGN
+                    self.rx_base = jlen
+                    return M_EXECUTE, bytes(mv[:jlen]), mv[jlen:jlen + blen]
             if not mtype & M_REGION:
                 end = HDR.size + jlen
                 if mtype == M_EXECUTE or mtype == M_BLS_RESULT:  # binary
@@ -618,29 +637,28 @@ class Worker:
                 fds.extend(array.array("i", cdata[:len(cdata) - len(cdata) % 4]))
         mtype, jlen, blen = HDR.unpack_from(data, 0)
         in_region = mtype & M_REGION
-        mtype &= ~M_REGION
+        slot_no = (mtype & M_SLOT_MASK) >> M_SLOT_SHIFT
+        mtype &= ~(M_REGION | M_SLOT_MASK)
         if in_region and fds:
-            # The server switches between a few regions (one a reply still
-            # reads is not written): each is mapped once, kept by inode (a
-            # memfd inode number is not reused: the kernel counts them up).
+            # A new region of the server's (it switches between a few: one
+            # a reply still reads is not written), kept in its slot: later
+            # EXECUTEs name the slot only.
             fd = fds[0]
             try:
-                st = os.fstat(fd)
-                mm = self.rx_maps.pop(st.st_ino, None)
-                if mm is None or len(mm) != st.st_size:
-                    mm = mmap.mmap(fd, st.st_size)
+                mm = mmap.mmap(fd, os.fstat(fd).st_size)
             finally:
                 for f in fds:
                     os.close(f)
-            self.rx_maps[st.st_ino] = mm
-            while len(self.rx_maps) > RX_MAPS_MAX:
-                del self.rx_maps[next(iter(self.rx_maps))]
-            self.rx_map = mm
-            self.rx_region = (np.frombuffer(self.rx_map, np.uint8, 1).ctypes.data,
-                              len(self.rx_map))
-            payload = memoryview(self.rx_map)
+            self.rx_slots[slot_no] = (mm, (np.frombuffer(mm, np.uint8, 1).ctypes.data, len(mm)),
+                                      memoryview(mm))
+            self.rx_map, self.rx_region, self.rx_view = self.rx_slots[slot_no]
+            payload = self.rx_view
         elif in_region:
-            payload = memoryview(self.rx_map)
+            slot = self.rx_slots.get(slot_no)
+            if slot is None:
+                raise ValueError(f"a message in region slot {slot_no}, never sent")
+            self.rx_map, self.rx_region, self.rx_view = slot
+            payload = self.rx_view
         elif fds:
             fd = fds[0]
             try:
@@ -658,6 +676,7 @@ class Worker:
         obj = meta if mtype == M_EXECUTE or mtype == M_BLS_RESULT else json.loads(meta)
         if mtype == M_EXECUTE:
             self.rx_used = ((jlen + blen + ALIGN - 1) // ALIGN * ALIGN) if in_region else None
+            self.rx_base = jlen
         return mtype, obj, payload[jlen:jlen + blen]
 
     def wait_for(self, ready):
@@ -991,10 +1010,19 @@ class Worker:
                     self.plans.clear()
                 self.plans[meta] = plans
         reqs = []
+        # the inputs' places in our region, so that simple_done can answer
+        # with where=1 records for outputs that are these very arrays
+        views = {} if FAST_PATH and self.rx_used is not None and not self.decoupled else None
+        self.rx_views = views
+        base = self.rx_base
         for attrs, plan, end in plans:
             if end > len(blob):
                 raise pb_utils.TritonModelException("tensor outside its message")
             inputs = decode_inputs(plan, blob)
+            if views is not None:
+                for t, p in zip(inputs, plan):
+                    if p[2] is not None:  # numeric (a BYTES input is deserialized)
+                        views[id(t._array)] = (t._array, base + p[4], p[5])
             if self.decoupled:  # kept past execute: not views of the reused region
                 for t in inputs:
                     if t._array.dtype != np.object_:
@@ -1087,15 +1115,21 @@ class Worker:
         """The fast path's DONE for the common answer: what send_responses
         would send, built without its checks and branches, when every
         response is a plain InferenceResponse without error or parameters,
-        every request is released (not rescheduled), the EXECUTE came inline
-        and each output is requested, C-contiguous and has a remembered
-        record (send_responses made it the first time). None otherwise, and
-        the general path answers."""
-        if self.rx_used is not None:
+        every request is released (not rescheduled) and each output is
+        requested, C-contiguous and, after an inline EXECUTE, has a remembered
+        record (send_responses made it the first time); after an EXECUTE in
+        the server's region, each output must be one of the input arrays
+        themselves (of ALIAS_MIN bytes or more), answered with a where=1
+        record of its place there. None otherwise, and the general path
+        answers."""
+        inputs = self.rx_views
+        self.rx_views = None  # the arrays are not kept past this answer
+        if self.rx_used is not None and inputs is None:
             return None
         try:
             out, views, off = [DONE_HEAD.pack(DONE_RESPONSES, len(reqs))], [], 0
             records = self.records
+            view_records = self.view_records
             for q, r in zip(reqs, res):
                 if (type(r) is not pb_utils.InferenceResponse or r._error is not None or
                         r._parameters != "{}" or q._release_flags != RELEASE_ALL):
@@ -1105,6 +1139,21 @@ class Worker:
                 out.append(DONE_RESP.pack(RESP_OUTPUTS, len(outs), 0, 0, 0))
                 for t in outs:
                     a = t._array
+                    if inputs is not None:
+                        v = inputs.get(id(a))
+                        if v is None or v[0] is not a or t._name not in requested:
+                            return None
+                        key = (t._name, t._dtype, a.shape, v[1])
+                        rec = view_records.get(key)
+                        if rec is None:
+                            if v[2] < ALIAS_MIN:
+                                return None
+                            rec = tensor_record(t._name, t._dtype, a.shape, 1, v[1], v[2])
+                            if len(view_records) >= RECORDS_MAX:
+                                view_records.clear()
+                            view_records[key] = rec
+                        out.append(rec)
+                        continue
                     rec = records.get((t._name, t._dtype, a.shape, off))
                     if rec is None or t._name not in requested or not a.flags.c_contiguous:
                         return None

@@ -267,8 +267,9 @@ typedef struct region {
     uint8_t *map;
     size_t size;
     atomic_int refs;
-    int fd;         /* the server's own regions keep their memfd (sent again on reuse); else -1 */
-    bool fd_unsent; /* the worker has not got fd since it became the EXECUTE region */
+    int fd;       /* the server's own regions keep their memfd; else -1 */
+    uint8_t slot; /* the server's own: its number in EXECUTE headers (M_SLOT_SHIFT) */
+    bool fresh;   /* the server's own: made by the last send (for the counts) */
 } region_t;
 
 static void region_unref(region_t *r)
@@ -289,6 +290,13 @@ static void region_release(void *userp)
  * region (a new region when a memfd comes with it). Only EXECUTE and DONE
  * use it: one of each is in flight at a time. */
 #define M_REGION 0x80000000u
+
+/* An EXECUTE in a region names it by a slot (0..TX_SPARES) in these bits
+ * of its type. The worker keeps one mapping per slot, replaced when a
+ * memfd comes with the slot (a new region): switching to a spare sends no
+ * fd, and the worker maps nothing. */
+#define M_SLOT_SHIFT 16
+#define M_SLOT_MASK (0xFu << M_SLOT_SHIFT)
 
 /* A received message: JSON and a blob view into the datagram or memfd map. */
 typedef struct msg {
@@ -393,11 +401,12 @@ static size_t outmsg_add_view(outmsg_t *m, const tview_t *v)
 }
 
 /* Sends m (and frees what it holds). -1 when the peer is gone. */
-static int outmsg_send_region(chan_t *c, uint32_t type, outmsg_t *m, region_t **tx);
+static int outmsg_send_region(chan_t *c, uint32_t type, outmsg_t *m, region_t **tx,
+                              uint8_t new_slot);
 
 static int outmsg_send(chan_t *c, uint32_t type, outmsg_t *m)
 {
-    return outmsg_send_region(c, type, m, NULL);
+    return outmsg_send_region(c, type, m, NULL, 0);
 }
 
 /* Copies the message's JSON and tensors to dst. */
@@ -453,9 +462,6 @@ static void populate(void *map, size_t len, int advice)
     (void)madvise(map, len < POPULATE_MAX ? len : POPULATE_MAX, advice); /* best effort */
 }
 
-/* Sends m (and frees what it holds). A large message goes into *tx, the
- * persistent region (grown, and its new memfd sent, when too small), when
- * tx is given; otherwise into a memfd of its own. -1 when the peer is gone. */
 /* A message's header: type, JSON length, blob length (little-endian). */
 static void hdr_pack(uint8_t hdr[HDR_BYTES], uint32_t type, uint32_t jlen, uint64_t blob_len)
 {
@@ -464,7 +470,12 @@ static void hdr_pack(uint8_t hdr[HDR_BYTES], uint32_t type, uint32_t jlen, uint6
     memcpy(hdr + 8, &blob_len, 8);
 }
 
-static int outmsg_send_region(chan_t *c, uint32_t type, outmsg_t *m, region_t **tx)
+/* Sends m (and frees what it holds). A large message goes into *tx, the
+ * persistent region, when tx is given (a new one in slot new_slot, its
+ * memfd sent along, when there is none or it is too small); otherwise
+ * into a memfd of its own. -1 when the peer is gone. */
+static int outmsg_send_region(chan_t *c, uint32_t type, outmsg_t *m, region_t **tx,
+                              uint8_t new_slot)
 {
     char *dumped = m->obj ? json_dumps(m->obj, JSON_COMPACT) : NULL;
     const char *js = m->obj ? dumped : (const char *)m->raw;
@@ -513,13 +524,13 @@ static int outmsg_send_region(chan_t *c, uint32_t type, outmsg_t *m, region_t **
             (*tx)->map = map;
             (*tx)->size = size;
             (*tx)->fd = fd;
+            (*tx)->slot = new_slot;
+            (*tx)->fresh = true;
             atomic_init(&(*tx)->refs, 1);
-        } else if ((*tx)->fd_unsent) {
-            fd = (*tx)->fd;
         }
-        (*tx)->fd_unsent = false;
         outmsg_copy(m, (*tx)->map, js, jlen);
-        hdr_pack(hdr, type | M_REGION, (uint32_t)jlen, m->blob_len);
+        hdr_pack(hdr, type | M_REGION | (uint32_t)(*tx)->slot << M_SLOT_SHIFT, (uint32_t)jlen,
+                 m->blob_len);
         rc = send_with_fd(c, hdr, fd);
         goto out;
     }
@@ -996,6 +1007,8 @@ typedef struct instance {
     region_t *rx;                  /* the worker's DONE outputs (reader thread only) */
     uint8_t *rbuf;                 /* receive buffer (RECV_MAX) of whichever thread reads */
     uint64_t msgs_in;              /* messages received from the worker (whichever thread reads) */
+    uint64_t tx_made;     /* EXECUTE regions made (their memfd sent), instance thread only */
+    uint64_t tx_switches; /* executes whose region a reply still held (another one taken) */
 
     /* spin-wait (execute's thread only, but the word: the worker writes it) */
     void *spin_map;                       /* the page shared with the worker, or NULL */
@@ -2879,6 +2892,8 @@ NEREID_EXPORT nereid_error_t *nereid_backend_instance_fini(nereid_instance_t *in
          "%llu let the worker spin after them",
          in->name, (unsigned long long)in->spin_n, (unsigned long long)in->spin_hits,
          (unsigned long long)in->spin_hints);
+    plog('V', "python backend: '%s' EXECUTE regions: %llu made, %llu switches to another", in->name,
+         (unsigned long long)in->tx_made, (unsigned long long)in->tx_switches);
     instance_free(in);
     return NULL;
 }
@@ -3042,20 +3057,20 @@ static bool done_check(const uint8_t *meta, size_t len, size_t n, bool decoupled
 
 /* Makes in->tx a region no response output still reads (an output view
  * holds a reference until the frontend sent its reply): the current one
- * when free, else a free spare (its memfd goes to the worker again), else
- * none (outmsg_send_region makes a new one). The busy one becomes a spare
- * while there is room. */
+ * when free, else a free spare (the worker has it mapped in its slot),
+ * else none (outmsg_send_region makes a new one, in the slot tx_free_slot
+ * gives). The busy one becomes a spare while there is room. */
 static void tx_pick(instance_t *in)
 {
     if (!in->tx || atomic_load(&in->tx->refs) == 1) return;
     region_t *busy = in->tx;
     in->tx = NULL;
+    in->tx_switches++;
     for (int i = 0; i < TX_SPARES && !in->tx; i++) {
         region_t *r = in->tx_spare[i];
         if (r && atomic_load(&r->refs) == 1) {
             in->tx = r;
             in->tx_spare[i] = NULL;
-            r->fd_unsent = true;
         }
     }
     for (int i = 0; i < TX_SPARES && busy; i++) {
@@ -3065,6 +3080,20 @@ static void tx_pick(instance_t *in)
         }
     }
     region_unref(busy);
+}
+
+/* The lowest slot no spare region uses (there is always one: TX_SPARES
+ * spares, TX_SPARES + 1 slots); a new EXECUTE region takes it, replacing
+ * in->tx, whose slot is then free too. */
+static uint8_t tx_free_slot(const instance_t *in)
+{
+    unsigned used = 0;
+    for (int i = 0; i < TX_SPARES; i++)
+        if (in->tx_spare[i]) used |= 1u << in->tx_spare[i]->slot;
+    uint8_t s = 0;
+    while (used & 1u << s)
+        s++;
+    return s;
 }
 
 /* The name of the model's o-th output. */
@@ -3217,7 +3246,11 @@ NEREID_EXPORT nereid_error_t *nereid_backend_execute(nereid_instance_t *instance
     uint64_t spin_ns = spin_budget_ns(in, nereid_now_ns(), alone);
     exec_reading_begin(in);
     tx_pick(in);
-    int rc = outmsg_send_region(in->chan, M_EXECUTE, &om, &in->tx);
+    int rc = outmsg_send_region(in->chan, M_EXECUTE, &om, &in->tx, tx_free_slot(in));
+    if (in->tx && in->tx->fresh) {
+        in->tx->fresh = false;
+        in->tx_made++;
+    }
     uint64_t input_end = nereid_now_ns();
     msg_t *m = NULL;
     bool spun = false, hit = false, contended = false;

@@ -8,6 +8,7 @@ ensemble steps get copies; many requests leave the server's fds and RSS
 where they were; a worker killed while a reply still reads its region
 leaves that reply intact and the server serving."""
 import os
+import re
 import signal
 import socket
 import threading
@@ -382,3 +383,33 @@ def test_kept_input_returned_after_a_region_switch(server):
     doc, raw = split_response(r)
     np.testing.assert_array_equal(output_array(doc, raw, "OUTPUT0"), x)
     np.testing.assert_array_equal(read_reply(sock), x)
+
+
+def test_region_switches_reuse_the_worker_mappings(tmp_path):
+    """A reply being sent holds its EXECUTE region, so the next request
+    takes another; back and forth between two regions, each is made (and
+    its memfd sent) once, and later switches name the region's slot only.
+    The model reads its input (x * 2): a worker reading the wrong region
+    would answer wrong. The counts at shutdown say two regions (three if a
+    reply's release came a moment after its last byte) served every
+    switch."""
+    repo = str(tmp_path / "models")
+    write(repo, "double", config("double", "python", ("OUTPUT0", "OUTPUT1")), DOUBLE)
+    s = Server(repo, ["--log-verbose=1"], "http")
+    try:
+        x0 = np.arange(4 << 20, dtype=np.float32)  # 16 MiB: more than the sockets buffer
+        check("double", x0[:16], http_infer(s, "double", x0[:16]))  # inline: no region yet
+        held, prev = start_unread_reply(s, "double", x0), x0  # region 1, held by its reply
+        for k in range(1, 5):
+            x = np.full(4 << 20, k, np.float32)
+            nxt = start_unread_reply(s, "double", x)  # the other region
+            np.testing.assert_array_equal(read_reply(held), prev * 2)
+            held, prev = nxt, x
+        np.testing.assert_array_equal(read_reply(held), prev * 2)
+    finally:
+        rc = s.stop()
+    with open(s.log_path) as f:
+        log = f.read()
+    assert rc == 0, log
+    counts = re.findall(r"'double_0_0' EXECUTE regions: (\d+) made, (\d+) switches", log)
+    assert len(counts) == 1 and int(counts[0][0]) in (2, 3) and counts[0][1] == "4", log[-3000:]

@@ -295,3 +295,151 @@ def test_decoupled_paths_answer_alike(tmp_path):
         first = answer[0]
         _, jlen, _ = wire.HDR.unpack_from(first, 0)
         assert json.loads(first[wire.HDR.size:wire.HDR.size + jlen])["sender"] == 100 + k
+
+
+# What a model may answer with over EXECUTEs in the server's region: the
+# input itself (the fast path's where=1 record), or anything else (the
+# general path: a view elsewhere in the region, a computed array, a copy).
+REGION_OPS = '''
+import json
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        first = requests[0].inputs()[0].as_numpy()
+        out = []
+        for r in requests:
+            x = r.inputs()[0].as_numpy()
+            op = json.loads(r.parameters()).get("op", "same")
+            if op == "slice":
+                y = x[1:]
+            elif op == "double":
+                y = x * 2
+            elif op == "first":
+                y = first
+            elif op == "mutate":
+                x[0] = 42
+                y = x
+            elif op == "copy":
+                y = x.copy()
+            else:
+                y = x
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", y)]))
+        return out
+'''
+
+
+def region_op(op, x):
+    """What REGION_OPS answers for one request (first: request 0's input)."""
+    if op == "slice":
+        return x[1:]
+    if op == "double":
+        return x * 2
+    if op == "mutate":
+        y = x.copy()
+        y[0] = 42
+        return y
+    return x
+
+
+def drive_region(root, mode, msgs):
+    """The DONEs (raw, parsed with where=1 data read from the region at
+    once) of a worker given msgs: (inline?, requests) in a region EXECUTE
+    each, or inline."""
+    w = wire.Worker(REGION_OPS, STUB_DIR, mode, root=str(root))
+    region = wire.Region()
+    try:
+        out = []
+        for inline, reqs in msgs:
+            if inline:
+                w.sock.send(wire.execute_message(reqs))
+            else:
+                region.execute(w.sock, reqs)
+            while True:
+                r = w.recv()
+                if wire.HDR.unpack_from(r, 0)[0] == wire.M_DONE:
+                    break
+            out.append((r, wire.parse_done(r, region.map)))
+        return out
+    finally:
+        region.close()
+        w.close()
+
+
+def test_region_answers_alike(tmp_path):
+    """EXECUTEs in the server's region: the fast path answers an output that
+    is an input array itself with a remembered where=1 record (no
+    send_responses); every answer is the same bytes as the general path's
+    and points at the right data, whatever the model returned, across
+    batches, shapes, and inline EXECUTEs in between."""
+    rng = np.random.default_rng(7)
+
+    def req(op, arr, dt="FP32"):
+        return {"inputs": [("INPUT0", dt, arr.shape, arr.tobytes())],
+                "params": json.dumps({"op": op}), "arr": arr, "op": op}
+
+    big = rng.random(2048, np.float32)  # 8 KiB: at least ALIAS_MIN
+    small = rng.random(16, np.float32)
+    wide = rng.random(16384, np.float32)  # 64 KiB: a computed one goes after the inputs
+    i64 = np.arange(1024, dtype=np.int64).reshape(2, 512)
+    cases = [
+        ("same", [req("same", big)]),
+        ("small", [req("same", small)]),
+        ("batch", [req("same", big), req("same", big[::-1].copy()), req("first", big[:1024])]),
+        ("slice", [req("slice", big)]),
+        ("double", [req("double", wide)]),
+        ("copy", [req("copy", big)]),
+        ("other shape", [req("same", rng.random((2, 2048), np.float32))]),
+        ("int64", [req("same", i64, "INT64")]),
+        ("mutate", [req("mutate", big)]),
+        ("empty", [req("same", np.zeros(0, np.float32))]),
+    ]
+    msgs, kinds = [], []
+    for what, reqs in cases:
+        for k in (1, 2):  # the second finds its records
+            msgs.append((False, reqs))
+            kinds.append(f"{what} {k}")
+        msgs.append((True, [req("same", small)]))  # inline between: nothing carried over
+        kinds.append(f"inline after {what}")
+    wire_msgs = [(inline, [{k: v for k, v in r.items() if k not in ("arr", "op")} for r in reqs])
+                 for inline, reqs in msgs]
+    fast = drive_region(tmp_path, "fast", wire_msgs)
+    general = drive_region(tmp_path, "general", wire_msgs)
+    for what, (inline, reqs), (raw_f, done_f), (raw_g, done_g) in zip(kinds, msgs, fast, general):
+        assert raw_f == raw_g, what
+        assert done_f == done_g, what
+        kind, responses = done_f
+        assert kind == "responses" and len(responses) == len(reqs), what
+        first = reqs[0]["arr"]
+        for r, (status, _, text, _, outs) in zip(reqs, responses):
+            assert status == 0, (what, text)
+            want = first if r["op"] == "first" else region_op(r["op"], r["arr"])
+            [(name, dt, shape, where, data)] = outs
+            assert (name, shape, data) == ("OUTPUT0", want.shape, want.tobytes()), what
+            # views of a large input stay in the region; small ones and
+            # copies travel in the DONE
+            if not inline and r["op"] in ("same", "first", "slice") and want.nbytes >= 4096:
+                assert where == 1, what
+            if r["op"] == "copy" or want.nbytes < 4096:
+                assert where == 0, what
+
+
+@pytest.mark.parametrize("mode", ["fast", "general"])
+def test_region_slots(tmp_path, mode):
+    """The server's regions by slot: each memfd is sent once, with its
+    slot; later EXECUTEs name the slot only, and a memfd sent with a slot
+    in use replaces that mapping. Every answer points into the region its
+    EXECUTE was written to."""
+    w = wire.Worker(REGION_OPS, STUB_DIR, mode, root=str(tmp_path))
+    regions = [wire.Region(1 << 20, 0), wire.Region(1 << 20, 1), wire.Region(1 << 21, 0)]
+    try:
+        for k, r in enumerate([0, 1, 0, 1, 1, 2, 2, 1]):
+            x = np.full(2048 + k, k, np.float32)
+            region = regions[r]
+            region.execute(w.sock, [{"inputs": [("INPUT0", "FP32", x.shape, x.tobytes())]}])
+            kind, [(status, _, text, _, [out])] = wire.parse_done(w.recv(), region.map)
+            assert (status, out) == (0, ("OUTPUT0", "FP32", x.shape, 1, x.tobytes())), (k, text)
+    finally:
+        for region in regions:
+            region.close()
+        w.close()
