@@ -112,30 +112,26 @@ def step(stub):
     assert list(call) == []
 
 
+def error_closes_the_stream(stub):
+    q, call = open_stream(stub, (("triton_grpc_error", "true"),))
+    q.put(request(0))
+    assert y(next(call)) == 0
+    step(stub)
+    # the status comes while the model still holds its final flag
+    with pytest.raises(grpc.RpcError) as e:
+        next(call)
+    assert e.value.code() == grpc.StatusCode.INTERNAL
+    assert e.value.details() == "An error occurred during execution"
+    q.put(None)
+    step(stub)  # the late final flag finds the stream closed
+
+
 def test_error_without_final_flag_closes_a_triton_grpc_error_stream(server):
     with grpc.insecure_channel(server.grpc_addr) as ch:
         stub = pbg.GRPCInferenceServiceStub(ch)
-        q, call = open_stream(stub, (("triton_grpc_error", "true"),))
-        q.put(request(0))
-        assert y(next(call)) == 0
-        step(stub)
-        # the status comes while the model still holds its final flag
-        with pytest.raises(grpc.RpcError) as e:
-            next(call)
-        assert e.value.code() == grpc.StatusCode.INTERNAL
-        assert e.value.details() == "An error occurred during execution"
-        q.put(None)
-        step(stub)  # the late final flag finds the stream closed
+        error_closes_the_stream(stub)
         # the server still serves, the same model included
-        q2, call2 = open_stream(stub, (("triton_grpc_error", "true"),))
-        q2.put(request(0))
-        assert y(next(call2)) == 0
-        step(stub)
-        with pytest.raises(grpc.RpcError) as e:
-            next(call2)
-        assert e.value.code() == grpc.StatusCode.INTERNAL
-        q2.put(None)
-        step(stub)
+        error_closes_the_stream(stub)
 
 
 def test_error_without_final_flag_is_a_message_without_the_header(server):
