@@ -911,8 +911,13 @@ class Worker:
                 "BLS is only supported during the 'execute' function.")
         head, rest, views, blob_len = bls_call_parts(request, decoupled)
         if decoupled:
-            # responses reach the iterator as they arrive
-            return pb_utils.ResponseIterator(BlsStream(self, head, rest, views, blob_len))
+            # Responses reach the iterator as they arrive; the call returns
+            # once the first came, as Triton's: async_exec() then waits in
+            # its executor thread, not in the event loop's next(), so other
+            # coroutines of an async execute run meanwhile.
+            stream = BlsStream(self, head, rest, views, blob_len)
+            stream.get(0)
+            return pb_utils.ResponseIterator(stream)
         cid, slot = self.register()
         try:
             self.send_parts(M_BLS_CALL, BLS_CALL.pack(cid, *head) + rest, views, blob_len, False)

@@ -464,11 +464,11 @@ static void stream_infer_response(nereid_response_t *resp, uint32_t flags, void 
     else if (bb != NULL || final)
         stream_reply_locked(s, final ? slot : NULL, bb);
     bool destroy = false;
-    if (final) {
-        s->n_inflight--;
-        stream_maybe_finish_locked(s);
-        destroy = stream_unref_locked(s);
-    }
+    if (final) s->n_inflight--;
+    /* An error closes a triton_grpc_error stream now, final flag or not:
+     * a decoupled model may send its final flag much later, or never. */
+    stream_maybe_finish_locked(s);
+    if (final) destroy = stream_unref_locked(s);
     pthread_mutex_unlock(&s->mu);
     free(message);
     free(id);
