@@ -112,7 +112,7 @@ RECV_MAX = 64 * 1024
 ALIGN = 64
 SPIN_PREEMPTED_S = 50e-6  # a gap between two polls this long: the spin lost its CPU
 SPIN_BUSY_CHECKS = 2  # checks in a row that saw threads waiting for a CPU: stop
-SPIN_BACKOFF = 32  # requests after a spin stopped for another thread that do not spin
+SPIN_BACKOFF = 32  # requests that do not spin after threads were seen waiting for a CPU
 N_CPUS = os.cpu_count() or 1  # what /proc/loadavg's runnable threads compete for
 ZEROS = bytes(ALIGN)  # padding between tensors (always < ALIGN bytes)
 M_REGION = 0x80000000  # payload in the sender's persistent region (EXECUTE, DONE)
@@ -765,9 +765,9 @@ class Worker:
         was the only Python execute in flight), only while messages keep
         coming within that (its last wait was shorter), and stops when
         another thread wants a CPU: a gap between two polls (it lost its
-        CPU), or threads waiting for a CPU on two checks in a row
-        (others_runnable). A spin stopped that way stops spinning for the
-        next SPIN_BACKOFF requests."""
+        CPU: this spin ends), or threads waiting for a CPU on two checks in
+        a row (others_runnable: no spin for the next SPIN_BACKOFF
+        requests)."""
         sock, clock = self.sock, time.monotonic
         t0 = now = clock()
         wait = min(self.spin_s, self.spin_hint_us() / 1e6)
@@ -792,8 +792,11 @@ class Worker:
             if check and polls % 2 == 0:
                 busy = busy + 1 if self.others_runnable() else 0
             t = clock()
-            if t - now > SPIN_PREEMPTED_S or busy >= SPIN_BUSY_CHECKS:
+            if busy >= SPIN_BUSY_CHECKS:  # others wait for a CPU: back off
                 self.spin_skip = SPIN_BACKOFF
+                self.spin_stopped += 1
+                break
+            if t - now > SPIN_PREEMPTED_S:  # lost the CPU once: stop this spin only
                 self.spin_stopped += 1
                 break
             now = t
