@@ -748,11 +748,13 @@ class Worker:
     def others_runnable(self):
         """Whether threads wait for a CPU: more are runnable on the machine
         (the 4th field of /proc/loadavg, this one included) than it has
-        CPUs plus one (one is tolerated: the hand-offs along the request's
-        own path, server and client, overlap for a few µs). Then a spin
-        takes a CPU that others want. ~3 µs."""
+        CPUs plus two (two are tolerated: along the request's own path the
+        client, the server's thread and this spin overlap for a few µs;
+        with one, the spin lost most of its gain at 1 connection:
+        docs/performance.md, "Merged main, session 12"). Then a spin takes
+        a CPU that others want. ~3 µs."""
         try:
-            return int(os.pread(self.loadavg_fd, 64, 0).split()[3].split(b"/")[0]) > N_CPUS + 1
+            return int(os.pread(self.loadavg_fd, 64, 0).split()[3].split(b"/")[0]) > N_CPUS + 2
         except (OSError, ValueError, IndexError):
             return False
 

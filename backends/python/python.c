@@ -97,11 +97,11 @@ enum {
 #define MAX_RANK 16
 #define MAX_NAME 4096
 #define FINALIZE_WAIT_S 30
-#define INLINE_MAX_US 1000     /* longest average execute run on the caller's thread */
-#define VIEW_MIN (32 * 1024)   /* smallest output handed to the response as a region view */
-#define TX_SPARES 2            /* EXECUTE regions kept besides the current one */
-#define SPIN_WAIT_US_DEFAULT 0 /* off: docs/performance.md, "spin-wait by default?" */
-#define SPIN_RECENT 8          /* the spin budget follows the median of this many executes */
+#define INLINE_MAX_US 1000       /* longest average execute run on the caller's thread */
+#define VIEW_MIN (32 * 1024)     /* smallest output handed to the response as a region view */
+#define TX_SPARES 2              /* EXECUTE regions kept besides the current one */
+#define SPIN_WAIT_US_DEFAULT 200 /* with 2 CPUs or more, else 0: docs/python_backend.md */
+#define SPIN_RECENT 8            /* the spin budget follows the median of this many executes */
 #define SPIN_WAIT_US_MAX 10000
 
 /* ---- Backend settings ---- */
@@ -159,7 +159,10 @@ NEREID_EXPORT nereid_error_t *nereid_backend_init(nereid_backend_t *backend)
     if (!py) py = getenv("NEREID_PYTHON");
     st->python = strdup(py && *py ? py : "/usr/bin/python3");
     st->finalize_wait_s = FINALIZE_WAIT_S;
-    st->spin_max_ns = SPIN_WAIT_US_DEFAULT * 1000ull;
+    /* A spin needs a CPU besides the one it waits for: none on one CPU. */
+    cpu_set_t cpus;
+    int n_cpus = sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
+    st->spin_max_ns = n_cpus >= 2 ? SPIN_WAIT_US_DEFAULT * 1000ull : 0;
     const char *sw = backend_config(backend, "spin-wait-us");
     if (sw) {
         char *end;
@@ -2091,11 +2094,10 @@ static void exec_reading_end(instance_t *in)
  * wait for a CPU (nereid_python_stub.py, Worker.spin_recv). That side is
  * what lowers the latency (it removes the worker's wake-up for EXECUTE).
  *
- * Off by default: on a 2-vCPU VM shared with other work the gates that keep
- * the spin from taking CPU that requests at 4 connections need also keep
- * it from spinning at 1 connection, and without them the spin costs up to
- * half the throughput at 4 connections (docs/performance.md, "spin-wait by
- * default?"). */
+ * On by default (200 µs) where the process may use 2 CPUs or more: with the
+ * hint and the worker's load check it lowers the latency at 1 connection
+ * and keeps the throughput at 4 (docs/performance.md, "Merged main,
+ * session 12"). */
 #define SPIN_PROBE_EVERY 32
 #define SPIN_MIN_GAP_NS (15 * 1000)
 #define SPIN_CONTENDED_NS (4 * 1000)

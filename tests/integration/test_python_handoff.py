@@ -298,8 +298,28 @@ def spin_probe(server):
     return r.json()["outputs"][0]["data"]
 
 
-def test_worker_gets_no_spin_by_default(nereid_server, repo):
+def test_worker_spin_default_follows_the_cpus(nereid_server, repo):
+    """Without the key: 200 µs where the server may use 2 CPUs or more,
+    off (no page, so no budget and no hint) on one CPU."""
     s = nereid_server(repo)
+    for _ in range(3):
+        budget, caught, hint, spins, stopped = spin_probe(s)
+    if len(os.sched_getaffinity(0)) >= 2:
+        assert (budget, hint) == (200, 200)
+    else:
+        assert (budget, caught, hint, spins, stopped) == (0, 0, 0, 0, 0)
+
+
+def test_worker_spin_is_off_on_one_cpu(nereid_server, repo):
+    """The server pinned to one CPU (taskset) makes no spin page: its
+    workers, forked from it, never spin."""
+    cpu = sorted(os.sched_getaffinity(0))[0]
+    old = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {cpu})  # the server inherits it
+    try:
+        s = nereid_server(repo)
+    finally:
+        os.sched_setaffinity(0, old)
     for _ in range(30):
         budget, caught, hint, spins, stopped = spin_probe(s)
     assert (budget, caught, hint, spins, stopped) == (0, 0, 0, 0, 0)
