@@ -45,6 +45,25 @@ void nereid_server_options_init(nereid_server_options_t *o)
     o->pinned_memory_pool_byte_size = 268435456;
 }
 
+/* A repository path as Triton keeps it: an absolute path as given (a
+ * symbolic link in it is not resolved, so a model's "model_repository" and
+ * file paths read the way the user wrote them), less trailing slashes; a
+ * relative one made absolute with realpath, as the server never changes
+ * directory but its model workers may. Caller frees. */
+static char *repository_path_as_given(const char *path)
+{
+    if (path[0] != '/') {
+        char *real = realpath(path, NULL);
+        return real ? real : xstrdup(path);
+    }
+    size_t len = strlen(path);
+    while (len > 1 && path[len - 1] == '/')
+        len--;
+    char *out = xstrdup(path);
+    out[len] = 0;
+    return out;
+}
+
 /* ---- Server lifecycle ---- */
 
 nereid_error_t *nereid_server_new(const nereid_server_options_t *opts, nereid_server_t **out)
@@ -63,10 +82,8 @@ nereid_error_t *nereid_server_new(const nereid_server_options_t *opts, nereid_se
     s->opts = *opts;
     s->n_repos = opts->n_model_repositories;
     s->repos = xcalloc(s->n_repos, sizeof *s->repos);
-    for (size_t i = 0; i < s->n_repos; i++) {
-        char *real = realpath(opts->model_repositories[i], NULL);
-        s->repos[i] = real ? real : xstrdup(opts->model_repositories[i]);
-    }
+    for (size_t i = 0; i < s->n_repos; i++)
+        s->repos[i] = repository_path_as_given(opts->model_repositories[i]);
     s->backend_dir =
         xstrdup(opts->backend_directory && opts->backend_directory[0] ? opts->backend_directory
                                                                       : NEREID_DEFAULT_BACKEND_DIR);
