@@ -6,6 +6,7 @@ The worker installs itself as `_worker`; the objects that talk to the server
 (BLS, response senders, the logger, cancellation) go through it. Tensors are
 numpy arrays; BYTES tensors are object arrays of bytes.
 """
+import ctypes
 import json
 import struct
 import threading
@@ -220,7 +221,16 @@ class Tensor:
     def to_dlpack(self):
         if self._dtype == "BYTES":
             raise TritonModelException("DLPack does not have support for string tensors.")
-        return self._array.__dlpack__()
+        array = self._array
+        if not array.flags.writeable:
+            # numpy's DLPack export refuses a read-only array (a small input
+            # arrives in the worker's read-only message bytes); Triton's
+            # tensors are writable, so the consumer gets a copy of its own.
+            array = array.copy()
+        capsule = array.__dlpack__()
+        if self._dtype == "BF16":
+            _dlpack_retype(capsule, _KDL_UINT, _KDL_BFLOAT)
+        return capsule
 
     def __dlpack__(self, stream=None):
         return self.to_dlpack()
@@ -232,18 +242,54 @@ class Tensor:
     def from_dlpack(name, dlpack_tensor):
         if not isinstance(name, str) or name == "" or dlpack_tensor is None:
             raise TritonModelException("from_dlpack needs a tensor name and a DLPack tensor")
-        obj = dlpack_tensor
-        if type(obj).__name__ == "PyCapsule":
-            obj = _Capsule(obj)
         try:
-            arr = np.from_dlpack(obj)
-        except (TypeError, RuntimeError, BufferError) as e:
+            capsule = dlpack_tensor
+            if type(capsule).__name__ != "PyCapsule":
+                capsule = dlpack_tensor.__dlpack__()
+            # numpy has no bfloat16: a BF16 tensor is taken as its 16-bit words
+            bf16 = _dlpack_retype(capsule, _KDL_BFLOAT, _KDL_UINT)
+            arr = np.from_dlpack(_Capsule(capsule))
+        except (AttributeError, TypeError, ValueError, RuntimeError, BufferError) as e:
             raise TritonModelException(str(e))
         if not arr.flags["C_CONTIGUOUS"]:
             raise TritonModelException(
                 "DLPack tensor is not contiguous. Only contiguous DLPack tensors that are "
                 "stored in C-Order are supported.")
-        return Tensor(name, arr)
+        return Tensor(name, arr, "BF16" if bf16 else None)
+
+
+# DLPack's element type codes, and the head of its DLTensor (the first
+# member of a DLManagedTensor, which a "dltensor" capsule points to).
+_KDL_UINT = 1
+_KDL_BFLOAT = 4
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensorHead(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device_type", ctypes.c_int32),
+                ("device_id", ctypes.c_int32), ("ndim", ctypes.c_int32),
+                ("dtype", _DLDataType)]
+
+
+_capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+_capsule_pointer.restype = ctypes.c_void_p
+_capsule_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+
+
+def _dlpack_retype(capsule, from_code, to_code):
+    """Relabels the 16-bit elements of an unconsumed DLPack capsule from one
+    type code to the other (BF16 <-> UINT16: same bits, and numpy knows only
+    the second); True when it did. The memory and its owner stay as they
+    are."""
+    head = _DLTensorHead.from_address(_capsule_pointer(capsule, b"dltensor"))
+    dtype = head.dtype
+    if dtype.code != from_code or dtype.bits != 16 or dtype.lanes != 1:
+        return False
+    dtype.code = to_code
+    return True
 
 
 class _Capsule:

@@ -5,6 +5,9 @@ through the real binary, for the points Nereid once got wrong.
   (Triton's init_args model compares args["model_repository"] with
   /opt/tritonserver/qa/..., and the missing-model.py error names the file
   under the path the user wrote).
+* DLPack: a BF16 tensor goes out as DLPack's bfloat16 and comes back as BF16
+  (Triton's identity_bf16 model hands its input to torch through DLPack),
+  and a small input (read-only message bytes in the worker) still exports.
 """
 import os
 
@@ -80,3 +83,84 @@ def test_missing_model_file_error_names_the_path_as_given(linked_repo):
         assert "failed to load 'no_file'" in server.output()
     finally:
         server.stop()
+
+
+DLPACK_MODEL = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+try:
+    import torch
+    import torch.utils.dlpack
+except ImportError:
+    torch = None
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            t = pb_utils.get_input_tensor_by_name(r, "INPUT0")
+            mode = pb_utils.get_input_tensor_by_name(r, "MODE").as_numpy()[0]
+            if mode == 0:  # through numpy's DLPack import only
+                res = pb_utils.Tensor.from_dlpack("OUTPUT0", t.to_dlpack())
+            else:  # through torch, which reads the element type: doubled
+                x = torch.utils.dlpack.from_dlpack(t.to_dlpack())
+                assert x.dtype == {dtypes}[t.triton_dtype()], x.dtype
+                res = pb_utils.Tensor.from_dlpack("OUTPUT0", torch.utils.dlpack.to_dlpack(x * 2))
+            out.append(pb_utils.InferenceResponse([res]))
+        return out
+"""
+
+DLPACK_CONFIG = """
+name: "{name}"
+backend: "python"
+max_batch_size: 0
+input [ {{ name: "INPUT0" data_type: {dtype} dims: [ -1 ] }},
+        {{ name: "MODE" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+output [ {{ name: "OUTPUT0" data_type: {dtype} dims: [ -1 ] }} ]
+"""
+
+TORCH_DTYPES = "({14: torch.bfloat16, 11: torch.float32} if torch else {})"
+
+
+@pytest.fixture(scope="module")
+def dlpack_server(tmp_path_factory):
+    repo = str(tmp_path_factory.mktemp("dlpack") / "models")
+    for name, dtype in (("dl_bf16", "TYPE_BF16"), ("dl_fp32", "TYPE_FP32")):
+        write(repo, name, DLPACK_CONFIG.format(name=name, dtype=dtype),
+              DLPACK_MODEL.replace("{dtypes}", TORCH_DTYPES))
+    server = Server(repo, [])
+    yield server
+    server.stop()
+
+
+def dlpack_infer(server, model, datatype, words, mode):
+    body, headers = build_infer(
+        [{"name": "INPUT0", "datatype": datatype, "data": words, "binary": True},
+         {"name": "MODE", "datatype": "INT32", "data": np.array([mode], np.int32)}],
+        outputs=[{"name": "OUTPUT0", "parameters": {"binary_data": True}}])
+    r = infer(server, model, body, headers)
+    assert r.status_code == 200, r.text
+    header_len = int(r.headers["Inference-Header-Content-Length"])
+    return np.frombuffer(r.content[header_len:], words.dtype)
+
+
+# 4 elements arrive in the message itself, 1 Mi elements in a shared region
+@pytest.mark.parametrize("n", [4, 1 << 20])
+def test_dlpack_round_trip_keeps_bf16_and_small_inputs(dlpack_server, n):
+    bf16_words = (np.arange(n) % 512 + 0x3F00).astype(np.uint16)
+    out = dlpack_infer(dlpack_server, "dl_bf16", "BF16", bf16_words, 0)
+    assert np.array_equal(out, bf16_words)
+    fp32 = np.arange(n, dtype=np.float32)
+    assert np.array_equal(dlpack_infer(dlpack_server, "dl_fp32", "FP32", fp32, 0), fp32)
+
+
+@pytest.mark.parametrize("n", [4, 1 << 20])
+def test_dlpack_bf16_reaches_torch_as_bfloat16(dlpack_server, n):
+    torch = pytest.importorskip("torch")
+    values = torch.tensor([1.5, -2.25, 3.0, 0.125] * (n // 4), dtype=torch.bfloat16)
+    words = values.view(torch.int16).numpy().view(np.uint16)
+    out = dlpack_infer(dlpack_server, "dl_bf16", "BF16", words, 1)
+    doubled = (values * 2).view(torch.int16).numpy().view(np.uint16)
+    assert np.array_equal(out, doubled)
+    fp32 = np.arange(n, dtype=np.float32)
+    assert np.array_equal(dlpack_infer(dlpack_server, "dl_fp32", "FP32", fp32, 1), fp32 * 2)
