@@ -10,7 +10,7 @@ libprotobuf-c-dev protobuf-c-compiler libmicrohttpd-dev libjansson-dev zlib1g-de
 libgrpc-dev protobuf-compiler protobuf-compiler-grpc \
 python3-pytest python3-requests python3-numpy python3-onnx python3-grpcio python3-protobuf \
 wrk libtorch-dev python3-torch nginx python3-yaml libcurl4-openssl-dev \
-rapidjson-dev libfast-float-dev libgnutls28-dev openssl libre2-dev"
+rapidjson-dev libfast-float-dev libgnutls28-dev openssl libre2-dev libarchive-dev"
 
 missing=""
 for p in $APT_PACKAGES; do

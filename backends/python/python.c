@@ -59,6 +59,7 @@
 
 #include "nereid/backend.h"
 #include "python_api.h"
+#include "python_env.h"
 
 extern char **environ;
 
@@ -225,6 +226,7 @@ NEREID_EXPORT nereid_error_t *nereid_backend_fini(nereid_backend_t *backend)
     backend_state_t *st = nereid_backend_state(backend);
     if (st) {
         zygote_end(st);
+        python_env_cleanup();
         pthread_mutex_destroy(&st->zy_mu);
         free(st->python);
         free(st->stub);
@@ -2653,7 +2655,8 @@ static instance_t *instance_new(const char *name, nereid_model_t *model)
 
 /* A model's EXECUTION_ENV_PATH: an unpacked environment directory (its
  * bin/python3 runs the workers; $$TRITON_MODEL_DIRECTORY is the model's
- * directory). Packed archives are refused. *python NULL: not set. */
+ * directory) or a conda-pack archive, extracted first (python_env.c).
+ * *python NULL: not set. */
 static nereid_error_t *execution_env(nereid_model_t *model, char **python)
 {
     *python = NULL;
@@ -2668,16 +2671,25 @@ static nereid_error_t *execution_env(nereid_model_t *model, char **python)
     else
         snprintf(path, sizeof path, "%s", env);
     char exe[PATH_MAX + 16];
-    snprintf(exe, sizeof exe, "%s/bin/python3", path);
     struct stat st;
-    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode) && access(exe, X_OK) == 0) {
+    char *extracted = NULL;
+    if (stat(path, &st) != 0)
+        return nereid_error_new(NEREID_ERROR_INTERNAL, "Failed to get the canonical path for %s.",
+                                path);
+    if (S_ISREG(st.st_mode)) {
+        /* a conda-pack archive, extracted as Triton extracts it */
+        nereid_error_t *err = python_env_extract(path, &extracted);
+        if (err) return err;
+    }
+    snprintf(exe, sizeof exe, "%s/bin/python3", extracted ? extracted : path);
+    free(extracted);
+    if (stat(exe, &st) == 0 && access(exe, X_OK) == 0) {
         *python = strdup(exe);
         return NULL;
     }
-    return nereid_error_new(NEREID_ERROR_UNSUPPORTED,
-                            "EXECUTION_ENV_PATH '%s': Nereid runs an unpacked Python environment "
-                            "(a directory with bin/python3), not a packed archive; unpack it and "
-                            "point EXECUTION_ENV_PATH at the directory, or set NEREID_PYTHON",
+    return nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                            "EXECUTION_ENV_PATH '%s': no executable bin/python3 in the "
+                            "environment (a directory, or a conda-pack .tar.gz archive)",
                             path);
 }
 

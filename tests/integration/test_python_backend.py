@@ -813,7 +813,7 @@ def test_load_failures(tmp_path):
         write(path, name, f'name: "{name}"\nbackend: "python"\n'
                           'input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
                           'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] } ]\n', src)
-    # EXECUTION_ENV_PATH: an unpacked environment runs; a packed one is refused
+    # EXECUTION_ENV_PATH: an unpacked environment runs; a file that is no archive is refused
     io = ('input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
           'output [ { name: "Y" data_type: TYPE_STRING dims: [ 1 ] } ]\n')
     env_model = """
@@ -848,7 +848,7 @@ class TritonPythonModel:
         r = post(s, "env_dir", [{"name": "X", "datatype": "FP32",
                                  "data": np.array([1], np.float32)}])
         assert r.json()["outputs"][0]["data"] == [f"{path}/env_dir/env/bin/python3"]
-        assert "Nereid runs an unpacked Python environment" in reasons["env_tar"][1]
+        assert "Unrecognized archive format" in reasons["env_tar"][1], reasons["env_tar"]
         assert reasons["no_model_py"][1].endswith(
             "Failed to preinitialize Python stub: Python model file not found in "
             f"'{path}/no_model_py/1/model.py'")

@@ -8,13 +8,22 @@ through the real binary, for the points Nereid once got wrong.
 * DLPack: a BF16 tensor goes out as DLPack's bfloat16 and comes back as BF16
   (Triton's identity_bf16 model hands its input to torch through DLPack),
   and a small input (read-only message bytes in the worker) still exports.
+* EXECUTION_ENV_PATH naming a conda-pack archive (the env sub-suite): it is
+  extracted once, again when its mtime changes, removed at shutdown, and an
+  archive whose members would land outside its directory is refused with
+  Triton's (libarchive's) texts.
 """
+import io
 import os
+import tarfile
+import time
 
 import numpy as np
 import pytest
 
 from conftest import Server
+import requests
+
 from http_helpers import build_infer, infer
 from test_python_backend import write
 
@@ -164,3 +173,94 @@ def test_dlpack_bf16_reaches_torch_as_bfloat16(dlpack_server, n):
     assert np.array_equal(out, doubled)
     fp32 = np.arange(n, dtype=np.float32)
     assert np.array_equal(dlpack_infer(dlpack_server, "dl_fp32", "FP32", fp32, 1), fp32 * 2)
+
+
+ENV_MODEL = """
+import sys
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = np.array([sys.executable.encode()], dtype=np.object_)
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("REPO", out)]) for _ in requests]
+"""
+
+ENV_PARAM = ('parameters { key: "EXECUTION_ENV_PATH" '
+             'value { string_value: "$$TRITON_MODEL_DIRECTORY/env.tar.gz" } }\n')
+
+
+def write_archive(path, members):
+    """members: (name, kind, payload): "file" with bytes, "symlink" or
+    "hardlink" with a target."""
+    with tarfile.open(path, "w:gz") as tar:
+        for name, kind, payload in members:
+            info = tarfile.TarInfo(name)
+            if kind in ("symlink", "hardlink"):
+                info.type = tarfile.SYMTYPE if kind == "symlink" else tarfile.LNKTYPE
+                info.linkname = payload
+                tar.addfile(info)
+            else:
+                info.size, info.mode = len(payload), 0o644
+                tar.addfile(info, io.BytesIO(payload))
+
+
+def extractions(server):
+    return server.output().count("Extracting Python execution env ")
+
+
+def test_conda_pack_archive_is_extracted_once_and_again_when_changed(tmp_path):
+    repo = str(tmp_path / "models")
+    write(repo, "env_tar", ARGS_CONFIG.format(name="env_tar") + ENV_PARAM, ENV_MODEL)
+    archive = os.path.join(repo, "env_tar", "env.tar.gz")
+    write_archive(archive, [("bin/python3", "symlink", "/usr/bin/python3"),
+                            ("lib/README", "file", b"packed")])
+    # another Python model keeps the backend (and its extractions) loaded
+    # while env_tar is unloaded
+    write(repo, "args", ARGS_CONFIG.format(name="args"), ARGS_MODEL)
+    server = Server(repo, ["--log-verbose=1", "--model-control-mode=explicit",
+                           "--load-model=env_tar", "--load-model=args"])
+    try:
+        python = model_repository_arg(server, "env_tar")
+        env_dir = os.path.dirname(os.path.dirname(python))
+        assert python.endswith("/bin/python3") and os.path.basename(
+            os.path.dirname(env_dir)).startswith("python_env_"), python
+        assert open(os.path.join(env_dir, "lib", "README"), "rb").read() == b"packed"
+        assert f"Extracting Python execution env {archive}" in server.output()
+        base = server.http_url + "/v2/repository/models/env_tar/"
+        for touch, expected in ((False, 1), (True, 2)):
+            if touch:
+                later = time.time() + 5
+                os.utime(archive, (later, later))
+            assert requests.post(base + "unload", timeout=60).status_code == 200
+            assert requests.post(base + "load", timeout=60).status_code == 200
+            assert extractions(server) == expected
+        assert model_repository_arg(server, "env_tar") == python
+    finally:
+        assert server.stop() == 0, server.output()
+    assert not os.path.exists(os.path.dirname(env_dir))
+
+
+@pytest.mark.parametrize("members,text", [
+    ([("../zipslip_marker", "file")], "Path contains '..'"),
+    ([("{tmp}/zipslip_marker", "file")], "Path is absolute"),
+    ([("out", "symlink"), ("out/zipslip_marker", "file")], "Cannot extract through symlink"),
+    ([("lib/x", "hardlink")], "Path is absolute"),  # a link to /etc/hostname
+], ids=["dotdot", "absolute", "through_symlink", "absolute_hardlink"])
+def test_conda_pack_archive_members_stay_inside(tmp_path, members, text):
+    repo = str(tmp_path / "models")
+    write(repo, "zipslip", ARGS_CONFIG.format(name="zipslip") + ENV_PARAM, ENV_MODEL)
+    listed = [("bin/python3", "symlink", "/usr/bin/python3")]
+    for name, kind in members:
+        payload = {"file": b"escaped", "symlink": str(tmp_path), "hardlink": "/etc/hostname"}
+        listed.append((name.format(tmp=tmp_path), kind, payload[kind]))
+    write_archive(os.path.join(repo, "zipslip", "env.tar.gz"), listed)
+    server = Server(repo, ["--exit-on-error=false", "--strict-readiness=false"])
+    try:
+        r = requests.get(server.http_url + "/v2/models/zipslip/ready", timeout=30)
+        assert r.status_code != 200
+        assert text in server.output(), server.output()
+        assert not os.path.exists(tmp_path / "zipslip_marker")
+        assert not [p for p in os.listdir("/tmp") if p == "zipslip_marker"]
+    finally:
+        assert server.stop() == 0, server.output()

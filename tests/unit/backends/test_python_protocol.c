@@ -10,6 +10,7 @@
  */
 #include "../../../backends/python/python.c"
 #include "../../../backends/python/python_api.c"
+#include "../../../backends/python/python_env.c"
 
 #include "check.h"
 
