@@ -1073,7 +1073,10 @@ static nereid_error_t *load_model_as(nereid_server_t *s, const char *key, const 
                 old_sig = e->versions[v].files_sig;
             }
         pthread_rwlock_unlock(&s->lock);
-        if (old && same_config && !ctx->force) {
+        /* Triton's IsModelVersionModified: a version whose files changed
+         * is loaded again even when its config did not. */
+        if (old && same_config && !ctx->force &&
+            version_files_sig(load_dir, chosen[i]) == old_sig) {
             nv[i].model = old; /* unchanged: the same model keeps serving */
             nv[i].state = MODEL_READY;
             nv[i].files_sig = old_sig;

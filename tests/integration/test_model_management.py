@@ -525,3 +525,44 @@ def test_backslash_is_an_ordinary_model_name_character(nereid_server, tmp_path):
              {"parameters": {"config": py, "file:/1/model.py": code}})
     assert r.status_code == 400, r.text
     assert "Invalid stub name: contains invalid characters" in r.json()["error"]
+
+
+
+PY_CONST = """import os
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "OUTPUT0", np.array([[os.getpid(), %d]], np.float32))]) for r in requests]
+"""
+PY_CONFIG = f"""backend: "python" max_batch_size: 8
+input [ {{ name: "INPUT0" {F2} }} ]
+output [ {{ name: "OUTPUT0" {F2} }} ]
+"""
+
+
+def test_load_again_reloads_a_model_whose_files_changed(nereid_server, tmp_path):
+    """As Triton's ModelTimestamp: a load of a served model whose config is
+    unchanged keeps it (the same worker) unless a file of the version (or
+    beside the config) changed; then that version is loaded again."""
+    repo = str(tmp_path / "models")
+    write_model(repo, "py", PY_CONFIG)
+    model_py = os.path.join(repo, "py", "1", "model.py")
+    with open(model_py, "w") as f:
+        f.write(PY_CONST % 1)
+    s = nereid_server(repo, "--model-control-mode=explicit", "--load-model=py")
+    first = infer(s, "py").json()["outputs"][0]["data"]
+    assert first[1] == 1
+    # Unchanged: the same worker keeps serving.
+    assert post(s, "/v2/repository/models/py/load").status_code == 200
+    assert infer(s, "py").json()["outputs"][0]["data"] == first
+    # model.py changed, the config not: the new code serves.
+    with open(model_py, "w") as f:
+        f.write(PY_CONST % 2)
+    st = os.stat(model_py)
+    os.utime(model_py, ns=(st.st_atime_ns, st.st_mtime_ns + 2_000_000_000))
+    assert post(s, "/v2/repository/models/py/load").status_code == 200
+    second = infer(s, "py").json()["outputs"][0]["data"]
+    assert second[1] == 2 and second[0] != first[0]
