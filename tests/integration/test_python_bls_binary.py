@@ -70,8 +70,8 @@ def forge(body, blob=b""):
     os._exit(0)
 
 def bls_head(n_out, n_in, model=b"echo", corr_len=-1):
-    return struct.pack("<QqQQIIiIIIII", 1, -1, 0, 0, 0, 0, corr_len, len(model), 0, 0,
-                       n_out, n_in) + model
+    return struct.pack("<QqQQIIiIIIIIi", 1, -1, 0, 0, 0, 0, corr_len, len(model), 0, 0,
+                       n_out, n_in, -1) + model
 
 class TritonPythonModel:
     def execute(self, requests):
