@@ -289,7 +289,10 @@ def test_a_worker_killed_mid_call_and_no_fd_or_map_growth(server, tmp_path):
     fds, maps = settled(pid)
     _, res = run(server, "loop", 1000)
     assert res["ok"] == [True]
-    assert settled(pid) == (fds, maps)
+    # a region (or memfd) per call would add 1,000 of each; a few mappings of
+    # slack for the allocators (ASan's quarantine grows by mappings)
+    f1, m1 = settled(pid)
+    assert f1 <= fds + 2 and m1 <= maps + 4, ((fds, maps), (f1, m1))
 
     # the caller's worker dies while its BLS call is in flight; the call
     # ends later into a dead connection
@@ -314,4 +317,4 @@ def test_a_worker_killed_mid_call_and_no_fd_or_map_growth(server, tmp_path):
     run(server, "decoupled")
     f2, m2 = settled(pid)
     # the new worker's regions replace the old one's (slack: HTTP connections)
-    assert f2 <= fds + 2 and m2 <= maps + 2, ((fds, maps), (f2, m2))
+    assert f2 <= fds + 2 and m2 <= maps + 4, ((fds, maps), (f2, m2))
