@@ -4,8 +4,9 @@ executes, more of them than there are region slots) keep their values; a
 result returned as the model's own output, or passed to another BLS call;
 concurrent large BLS calls from threads and from async_exec; a decoupled
 BLS call with several large responses (more than one region holds); a
-worker killed while its large BLS call is in flight; and the server's fds
-and mappings flat over 1,000 large BLS calls and a worker restart.
+worker killed while its large BLS call is in flight; and the server's fds,
+mappings and RSS flat over 1,000 large BLS calls, fds and mappings after a
+worker restart.
 """
 import json
 import os
@@ -271,6 +272,11 @@ def counts(pid):
     return len(os.listdir(f"/proc/{pid}/fd")), maps
 
 
+def rss_kib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+
+
 def settled(pid):
     """fds and mappings once the closed HTTP connections are gone."""
     seen, deadline = [], time.time() + 10
@@ -287,8 +293,11 @@ def test_a_worker_killed_mid_call_and_no_fd_or_map_growth(server, tmp_path):
     run(server, "loop", 60)  # warm-up: every region the loop needs exists
     run(server, "decoupled")
     fds, maps = settled(pid)
+    rss = rss_kib(pid)
     _, res = run(server, "loop", 1000)
     assert res["ok"] == [True]
+    if not os.environ.get("NEREID_SANITIZE"):  # ASan's quarantine keeps freed memory
+        assert rss_kib(pid) - rss < 16 * 1024, (rss, rss_kib(pid))  # 1,000 x 800 KB would show
     # a region (or memfd) per call would add 1,000 of each; a few mappings of
     # slack for the allocators (ASan's quarantine grows by mappings)
     f1, m1 = settled(pid)
