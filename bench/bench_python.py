@@ -17,8 +17,9 @@ their ratio or difference:
             connections: throughput ratio, beside what the machine gives two
             busy processes and how many instances were busy at a time.
   bls       a model.py that returns an ONNX identity's answer through BLS vs
-            an ensemble of identity_py and the same ONNX identity: p50
-            difference (what BLS costs per call over an ensemble step).
+            an ensemble of identity_py and the same ONNX identity, FP32[1]
+            and FP32[65536]: p50 difference (what BLS costs per call over
+            an ensemble step).
   startup   20 model.py models x 2 instances: wall time to "ready" and the
             CPU time spent, with the zygote and without it
             (--backend-config=python,zygote=false).
@@ -373,12 +374,13 @@ def bench_bls(build, tmp, rounds):
     write_model(repo, "ens_py_onnx", ENSEMBLE)
     s = Server(build, repo)
     try:
-        (ep50, ecpu, e), (bp50, bcpu, b) = compare(s, "ens_py_onnx", "bls_py", 1, rounds)
-        print(f"bls (target <= +20 us): ensemble (Python step -> ONNX step) p50 {ep50:.0f} us, Python model "
-              f"calling the ONNX model by BLS p50 {bp50:.0f} us: BLS {bp50 - ep50:+.0f} us per "
-              f"call | CPU per request {ecpu:.0f} vs {bcpu:.0f} us: {bcpu - ecpu:+.0f} us "
-              f"(p50 per round ensemble {e}, BLS {b})",
-              flush=True)
+        for n in (1, 65536):  # FP32[65536]: 256 KiB each way, in BLS regions
+            (ep50, ecpu, e), (bp50, bcpu, b) = compare(s, "ens_py_onnx", "bls_py", n, rounds)
+            print(f"bls FP32[{n}] (target <= +20 us): ensemble (Python step -> ONNX step) p50 "
+                  f"{ep50:.0f} us, Python model calling the ONNX model by BLS p50 {bp50:.0f} us: "
+                  f"BLS {bp50 - ep50:+.0f} us per call | CPU per request {ecpu:.0f} vs "
+                  f"{bcpu:.0f} us: {bcpu - ecpu:+.0f} us (p50 per round ensemble {e}, BLS {b})",
+                  flush=True)
     finally:
         s.stop()
 

@@ -61,6 +61,7 @@ import threading  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
 import types  # noqa: E402
+import weakref  # noqa: E402
 
 import numpy as np  # noqa: E402
 
@@ -92,8 +93,9 @@ DONE_RESP = struct.Struct("<IIIII")  # status, n_outputs, params_len, error code
 DONE_HEAD = struct.Struct("<II")  # kind, n
 DONE_RESPONSES, DONE_ERROR, DONE_DECOUPLED = 0, 1, 2
 # BLS_CALL: id, version, correlation id, timeout, flags, decoupled, corr_len
-# (-1: numeric), model_len, id_len, params_len, n_outputs, n_inputs
-BLS_CALL = struct.Struct("<QqQQIIiIIIII")
+# (-1: numeric), model_len, id_len, params_len, n_outputs, n_inputs, reply
+# slot (-1: none)
+BLS_CALL = struct.Struct("<QqQQIIiIIIIIi")
 # BLS_RESULT: id, status, final, error code, error_len, params_len, n_outputs
 BLS_RES = struct.Struct("<QIIIIII")
 BLS_OUTPUTS, BLS_ERROR, BLS_EMPTY = 0, 1, 2
@@ -119,6 +121,11 @@ M_REGION = 0x80000000  # payload in the sender's persistent region (EXECUTE, DON
 # An EXECUTE in a region names it by a slot in these bits of its type
 # (python.c's M_SLOT_SHIFT); a memfd sent with a slot replaces its mapping.
 M_SLOT_SHIFT, M_SLOT_MASK = 16, 0xF << 16
+# BLS messages past INLINE_MAX travel in persistent regions named by slot
+# (python.c, "BLS regions"): ours for BLS_CALL, the server's for BLS_RESULT
+BLS_SLOTS = 8
+BLS_REGION_MAX = 16 << 20  # a larger message travels in a memfd of its own
+BLS_BUDGET = 64 << 20  # our BLS_CALL regions together, at most
 # The fast path (see Worker.next_work, Worker.build_requests, tensor_records):
 # the main thread reads an EXECUTE itself when no other thread waits for a
 # message, an EXECUTE description seen before reuses its parsed requests, a
@@ -428,8 +435,7 @@ class BlsStream:
         self.got = []
         self.cid, self.slot = worker.register()
         try:
-            worker.send_parts(M_BLS_CALL, BLS_CALL.pack(self.cid, *head) + rest, views,
-                              blob_len, False)
+            worker.send_bls_call(self.cid, head, rest, views, blob_len)
         except BaseException:
             self.drop()
             raise
@@ -503,6 +509,17 @@ class Worker:
         self.rx_views = None
         self.view_records = {}  # DONE records of outputs that are input views (fast path)
         self.tx_map = None  # ours for DONE outputs (sealed against shrinking)
+        # BLS regions (python.c, "BLS regions"; all under cv but the mapping
+        # a reader adds): our BLS_CALL regions by slot and whether a call in
+        # flight uses each; the server's BLS_RESULT regions by slot, whether
+        # a call in flight may write each, and weak references to the
+        # arrays (every result array is a view of one) that still view each
+        self.bls_in = [None] * BLS_SLOTS
+        self.bls_in_busy = [False] * BLS_SLOTS
+        self.bls_out = [None] * BLS_SLOTS
+        self.bls_out_busy = [False] * BLS_SLOTS
+        self.bls_out_refs = [[] for _ in range(BLS_SLOTS)]
+        self.bls_calls = {}  # call id -> (BLS_CALL slot, reply slot), until its final result
         self.req_proto = None
         self.plans = {}  # EXECUTE description -> request_plans() (fast path)
         self.records = {}  # DONE tensor records (fast path; see tensor_records)
@@ -639,6 +656,8 @@ class Worker:
         in_region = mtype & M_REGION
         slot_no = (mtype & M_SLOT_MASK) >> M_SLOT_SHIFT
         mtype &= ~(M_REGION | M_SLOT_MASK)
+        if in_region and mtype == M_BLS_RESULT:
+            return self.recv_bls_result(slot_no, fds, data, jlen, blen)
         if in_region and fds:
             # A new region of the server's (it switches between a few: one
             # a reply still reads is not written), kept in its slot: later
@@ -679,6 +698,121 @@ class Worker:
             self.rx_base = jlen
         return mtype, obj, payload[jlen:jlen + blen]
 
+    def recv_bls_result(self, slot_no, fds, data, jlen, blen):
+        """A BLS_RESULT in the server's region slot_no (a new one when a memfd
+        comes along) at the offset after the header. Its blob is an array
+        over the region that every output array views; while one of them
+        lives, the slot is not offered to the server again (bls_slots)."""
+        if fds:
+            try:
+                mm = mmap.mmap(fds[0], os.fstat(fds[0]).st_size)
+            finally:
+                for f in fds:
+                    os.close(f)
+            if slot_no < BLS_SLOTS:
+                self.bls_out[slot_no] = mm  # the old one lives on in its arrays
+        mm = self.bls_out[slot_no] if slot_no < BLS_SLOTS else None
+        if mm is None or len(data) != HDR.size + 8:
+            raise ValueError(f"a BLS result in region slot {slot_no}, never sent")
+        (off,) = U64.unpack_from(data, HDR.size)
+        if off + jlen + blen > len(mm):
+            raise ValueError("a BLS result outside its region")
+        meta = mm[off:off + jlen]
+        blob = np.frombuffer(mm, np.uint8, blen, off + jlen)
+        self.bls_out_refs[slot_no].append(weakref.ref(blob))
+        return M_BLS_RESULT, meta, blob
+
+    def bls_slots(self, cid, region_bytes):
+        """Takes the slots of BLS call cid (cv held): (our BLS_CALL region,
+        the server's reply region), each -1 when none is free; region_bytes:
+        the message's size when it leaves the datagram, else 0."""
+        in_slot = out_slot = -1
+        if region_bytes and region_bytes <= BLS_REGION_MAX:
+            for k in range(BLS_SLOTS):
+                if not self.bls_in_busy[k]:
+                    in_slot = k
+                    self.bls_in_busy[k] = True
+                    break
+        for k in range(BLS_SLOTS):
+            if not self.bls_out_busy[k]:
+                refs = self.bls_out_refs[k]
+                if refs:
+                    refs[:] = [r for r in refs if r() is not None]
+                if not refs:
+                    out_slot = k
+                    self.bls_out_busy[k] = True
+                    break
+        if in_slot >= 0 or out_slot >= 0:
+            self.bls_calls[cid] = (in_slot, out_slot)
+        return in_slot, out_slot
+
+    def bls_release(self, cid):
+        """Frees the slots of call cid (cv held): its final result came, or
+        it was never sent."""
+        slots = self.bls_calls.pop(cid, None)
+        if slots is not None:
+            if slots[0] >= 0:
+                self.bls_in_busy[slots[0]] = False
+            if slots[1] >= 0:
+                self.bls_out_busy[slots[1]] = False
+
+    def send_bls_call(self, cid, head, rest, views, blob_len):
+        """Registers BLS call cid and sends it: in our BLS_CALL region when
+        one is free and the message leaves the datagram. The slot it
+        answers in (pending) is the caller's."""
+        js_len = BLS_CALL.size + len(rest)
+        total = js_len + blob_len
+        with self.cv:
+            in_slot, out_slot = self.bls_slots(
+                cid, total if HDR.size + total > INLINE_MAX else 0)
+        js = BLS_CALL.pack(cid, *head, out_slot) + rest
+        try:
+            if in_slot < 0 or not self.send_bls_region(in_slot, js, views, blob_len):
+                self.send_parts(M_BLS_CALL, js, views, blob_len, False)
+        except BaseException:
+            with self.cv:
+                self.bls_release(cid)
+            raise
+
+    def send_bls_region(self, k, js, views, blob_len):
+        """Writes a BLS_CALL at the start of our region k (a new one, its
+        memfd sent along, when there is none or it is too small) and sends
+        its header; False when a new region would pass BLS_BUDGET."""
+        total = len(js) + blob_len
+        mm, fd = self.bls_in[k], -1
+        if mm is None or len(mm) < total:
+            size = min(max(1 << 20, 2 * total), BLS_REGION_MAX)
+            with self.cv:
+                used = sum(len(m) for m in self.bls_in if m is not None)
+            if used - (len(mm) if mm is not None else 0) + size > BLS_BUDGET:
+                return False
+            fd = os.memfd_create("nereid-python", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+            try:
+                os.ftruncate(fd, size)
+                fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
+                mm = mmap.mmap(fd, size)
+            except BaseException:
+                os.close(fd)
+                raise
+            populate(mm, MADV_POPULATE_WRITE)
+            old, self.bls_in[k] = self.bls_in[k], mm
+            if old is not None:
+                old.close()
+        try:
+            mv = memoryview(mm)
+            mv[0:len(js)] = js
+            for off, data in views:
+                mv[len(js) + off:len(js) + off + data.nbytes] = as_bytes(data)
+            mv.release()
+            anc = [] if fd < 0 else [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))]
+            with self.send_lock:
+                self.sendmsg([HDR.pack(M_BLS_CALL | M_REGION | k << M_SLOT_SHIFT, len(js),
+                                       blob_len)], anc)
+        finally:
+            if fd >= 0:
+                os.close(fd)
+        return True
+
     def wait_for(self, ready):
         """Returns when ready() is true. Whichever waiting thread finds nobody
         reading the socket reads it (leader/follower): the main thread waiting
@@ -718,6 +852,8 @@ class Worker:
                 slot[1].append((obj, blob))
                 if final:
                     slot[0] = True
+            if final and self.bls_calls:
+                self.bls_release(cid)
         elif mtype in (M_CANCEL_ANSWER, M_API_ANSWER):
             slot = self.pending.get(obj.get("id"))
             if slot is not None:
@@ -925,7 +1061,7 @@ class Worker:
             return pb_utils.ResponseIterator(stream)
         cid, slot = self.register()
         try:
-            self.send_parts(M_BLS_CALL, BLS_CALL.pack(cid, *head) + rest, views, blob_len, False)
+            self.send_bls_call(cid, head, rest, views, blob_len)
             self.wait_for(lambda: slot[0])
         finally:
             with self.cv:

@@ -98,11 +98,14 @@ enum {
 #define MAX_RANK 16
 #define MAX_NAME 4096
 #define FINALIZE_WAIT_S 30
-#define INLINE_MAX_US 1000       /* longest average execute run on the caller's thread */
-#define VIEW_MIN (32 * 1024)     /* smallest output handed to the response as a region view */
-#define TX_SPARES 2              /* EXECUTE regions kept besides the current one */
-#define SPIN_WAIT_US_DEFAULT 200 /* with 2 CPUs or more, else 0: docs/python_backend.md */
-#define SPIN_RECENT 8            /* the spin budget follows the median of this many executes */
+#define INLINE_MAX_US 1000         /* longest average execute run on the caller's thread */
+#define VIEW_MIN (32 * 1024)       /* smallest output handed to the response as a region view */
+#define TX_SPARES 2                /* EXECUTE regions kept besides the current one */
+#define BLS_SLOTS 8                /* persistent BLS regions per direction and worker */
+#define BLS_REGION_MAX (16u << 20) /* a larger BLS message travels in a memfd of its own */
+#define BLS_BUDGET (64u << 20)     /* the server's BLS_RESULT regions of one worker, at most */
+#define SPIN_WAIT_US_DEFAULT 200   /* with 2 CPUs or more, else 0: docs/python_backend.md */
+#define SPIN_RECENT 8              /* the spin budget follows the median of this many executes */
 #define SPIN_WAIT_US_MAX 10000
 
 /* ---- Backend settings ---- */
@@ -292,8 +295,9 @@ static void region_release(void *userp)
 }
 
 /* A message type with this bit has its payload in the sender's persistent
- * region (a new region when a memfd comes with it). Only EXECUTE and DONE
- * use it: one of each is in flight at a time. */
+ * region (a new region when a memfd comes with it): EXECUTE and DONE (one
+ * of each is in flight at a time), BLS_CALL and BLS_RESULT (see "BLS
+ * regions"). */
 #define M_REGION 0x80000000u
 
 /* An EXECUTE in a region names it by a slot (0..TX_SPARES) in these bits
@@ -302,6 +306,23 @@ static void region_release(void *userp)
  * fd, and the worker maps nothing. */
 #define M_SLOT_SHIFT 16
 #define M_SLOT_MASK (0xFu << M_SLOT_SHIFT)
+
+/* The worker's persistent regions, as the thread reading its socket knows
+ * them: the DONE region, and BLS_CALL regions by slot (see "BLS regions"). */
+typedef struct rx_regions {
+    region_t *done;
+    region_t *bls[BLS_SLOTS];
+} rx_regions_t;
+
+static void rx_regions_clear(rx_regions_t *rx)
+{
+    region_unref(rx->done);
+    rx->done = NULL;
+    for (int i = 0; i < BLS_SLOTS; i++) {
+        region_unref(rx->bls[i]);
+        rx->bls[i] = NULL;
+    }
+}
 
 /* A received message: JSON and a blob view into the datagram or memfd map. */
 typedef struct msg {
@@ -344,11 +365,16 @@ static void msg_own_blob(msg_t *m)
 }
 
 /* The socket and its send lock; shared with BLS completions, which may
- * outlive the worker (they then write to a closed peer and are dropped). */
+ * outlive the worker (they then write to a closed peer and are dropped).
+ * The server's BLS_RESULT regions belong to the connection: a new worker
+ * starts with none. */
 typedef struct chan {
     int fd;
     pthread_mutex_t send_mu;
     atomic_int refs;
+    pthread_mutex_t bls_mu;      /* guards what follows */
+    region_t *bls_tx[BLS_SLOTS]; /* BLS_RESULT regions by slot, or NULL */
+    size_t bls_tx_bytes;         /* their sizes together (<= BLS_BUDGET) */
 } chan_t;
 
 static chan_t *chan_new(int fd)
@@ -357,6 +383,7 @@ static chan_t *chan_new(int fd)
     if (!c) return NULL;
     c->fd = fd;
     pthread_mutex_init(&c->send_mu, NULL);
+    pthread_mutex_init(&c->bls_mu, NULL);
     atomic_init(&c->refs, 1);
     return c;
 }
@@ -365,7 +392,10 @@ static void chan_unref(chan_t *c)
 {
     if (!c || atomic_fetch_sub(&c->refs, 1) != 1) return;
     close(c->fd);
+    for (int i = 0; i < BLS_SLOTS; i++)
+        region_unref(c->bls_tx[i]);
     pthread_mutex_destroy(&c->send_mu);
+    pthread_mutex_destroy(&c->bls_mu);
     free(c);
 }
 
@@ -444,17 +474,24 @@ static void attach_fd(struct msghdr *mh, fd_cmsg_t *u, int fd)
     memcpy(CMSG_DATA(cm), &fd, sizeof fd);
 }
 
-/* Sends header hdr with fd (-1: none). */
-static int send_with_fd(chan_t *c, const uint8_t *hdr, int fd)
+/* Sends the len bytes at d (a header, and what a region message adds to
+ * it) with fd (-1: none). */
+static int send_bytes_with_fd(chan_t *c, const uint8_t *d, size_t len, int fd)
 {
-    struct iovec iov = {(void *)hdr, HDR_BYTES};
+    struct iovec iov = {(void *)d, len};
     fd_cmsg_t u;
     struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
     if (fd >= 0) attach_fd(&mh, &u, fd);
     pthread_mutex_lock(&c->send_mu);
     ssize_t s = sendmsg(c->fd, &mh, MSG_NOSIGNAL);
     pthread_mutex_unlock(&c->send_mu);
-    return s == HDR_BYTES ? 0 : -1;
+    return s == (ssize_t)len ? 0 : -1;
+}
+
+/* Sends header hdr with fd (-1: none). */
+static int send_with_fd(chan_t *c, const uint8_t *hdr, int fd)
+{
+    return send_bytes_with_fd(c, hdr, HDR_BYTES, fd);
 }
 
 /* A fresh memfd mapping's pages are faulted in with one call instead of
@@ -465,6 +502,30 @@ static int send_with_fd(chan_t *c, const uint8_t *hdr, int fd)
 static void populate(void *map, size_t len, int advice)
 {
     (void)madvise(map, len < POPULATE_MAX ? len : POPULATE_MAX, advice); /* best effort */
+}
+
+/* A new region of the server's own: a memfd of size bytes sealed against
+ * shrinking (the worker cannot make our writes fault), mapped, named by
+ * slot in the messages that use it. NULL when there is no memory for it. */
+static region_t *region_new(size_t size, uint8_t slot)
+{
+    int fd = memfd_create("nereid-python", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    uint8_t *map = MAP_FAILED;
+    if (fd >= 0 && ftruncate(fd, (off_t)size) == 0 && fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) == 0)
+        map = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (map == MAP_FAILED) {
+        if (fd >= 0) close(fd);
+        return NULL;
+    }
+    region_t *r = calloc(1, sizeof *r);
+    if (!r) abort();
+    r->map = map;
+    r->size = size;
+    r->fd = fd;
+    r->slot = slot;
+    r->fresh = true;
+    atomic_init(&r->refs, 1);
+    return r;
 }
 
 /* A message's header: type, JSON length, blob length (little-endian). */
@@ -514,24 +575,11 @@ static int outmsg_send_region(chan_t *c, uint32_t type, outmsg_t *m, region_t **
             /* Twice the message: the worker may put its outputs after it. */
             size_t size = total < (1u << 19) ? (1u << 20) : 2 * total;
             if (*tx && size < (*tx)->size * 2) size = (*tx)->size * 2;
-            fd = memfd_create("nereid-python", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-            uint8_t *map = MAP_FAILED;
-            if (fd >= 0 && ftruncate(fd, (off_t)size) == 0 &&
-                fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) == 0)
-                map = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-            if (map == MAP_FAILED) {
-                if (fd >= 0) close(fd);
-                goto out;
-            }
+            region_t *r = region_new(size, new_slot);
+            if (!r) goto out;
             region_unref(*tx);
-            *tx = calloc(1, sizeof **tx);
-            if (!*tx) abort();
-            (*tx)->map = map;
-            (*tx)->size = size;
-            (*tx)->fd = fd;
-            (*tx)->slot = new_slot;
-            (*tx)->fresh = true;
-            atomic_init(&(*tx)->refs, 1);
+            *tx = r;
+            fd = r->fd;
         }
         outmsg_copy(m, (*tx)->map, js, jlen);
         hdr_pack(hdr, type | M_REGION | (uint32_t)(*tx)->slot << M_SLOT_SHIFT, (uint32_t)jlen,
@@ -571,20 +619,22 @@ static int send_json(chan_t *c, uint32_t type, json_t *obj)
 
 /* Receives one message. Returns 1 with *out, 0 at EOF, -1 with *why on a
  * malformed message or a socket error. */
-static int msg_recv_flags(int fd, region_t **rx, msg_t **out, char *why, size_t why_cap, int flags);
-static int msg_recv_into(int fd, region_t **rx, msg_t **out, char *why, size_t why_cap, int flags,
-                         uint8_t *scratch);
+static int msg_recv_flags(int fd, rx_regions_t *rx, msg_t **out, char *why, size_t why_cap,
+                          int flags);
+static int msg_recv_into(int fd, rx_regions_t *rx, msg_t **out, char *why, size_t why_cap,
+                         int flags, uint8_t *scratch);
 
-static int msg_recv(int fd, region_t **rx, msg_t **out, char *why, size_t why_cap)
+static int msg_recv(int fd, rx_regions_t *rx, msg_t **out, char *why, size_t why_cap)
     __attribute__((unused)); /* the protocol's unit tests receive with it */
 
-static int msg_recv(int fd, region_t **rx, msg_t **out, char *why, size_t why_cap)
+static int msg_recv(int fd, rx_regions_t *rx, msg_t **out, char *why, size_t why_cap)
 {
     return msg_recv_flags(fd, rx, out, why, why_cap, 0);
 }
 
 /* msg_recv with recvmsg flags (MSG_DONTWAIT: 2 when nothing is waiting). */
-static int msg_recv_flags(int fd, region_t **rx, msg_t **out, char *why, size_t why_cap, int flags)
+static int msg_recv_flags(int fd, rx_regions_t *rx, msg_t **out, char *why, size_t why_cap,
+                          int flags)
 {
     return msg_recv_into(fd, rx, out, why, why_cap, flags, NULL);
 }
@@ -592,8 +642,8 @@ static int msg_recv_flags(int fd, region_t **rx, msg_t **out, char *why, size_t 
 /* msg_recv_flags receiving into scratch (RECV_MAX bytes, reused by the
  * caller): the message keeps a copy of just the bytes received, so a small
  * message costs no 64 KiB allocation. NULL: into a buffer of its own. */
-static int msg_recv_into(int fd, region_t **rx, msg_t **out, char *why, size_t why_cap, int flags,
-                         uint8_t *scratch)
+static int msg_recv_into(int fd, rx_regions_t *rx, msg_t **out, char *why, size_t why_cap,
+                         int flags, uint8_t *scratch)
 {
     *out = NULL;
     msg_t *m = calloc(1, sizeof *m);
@@ -661,24 +711,33 @@ static int msg_recv_into(int fd, region_t **rx, msg_t **out, char *why, size_t w
     }
     const uint8_t *payload;
     bool in_region = m->type & M_REGION;
-    m->type &= ~M_REGION;
-    if (in_region && (m->type != M_DONE || !rx || n != HDR_BYTES)) {
-        snprintf(why, why_cap, "unexpected region message");
-        goto fail;
+    region_t **slot = NULL; /* the region the message names */
+    if (in_region) {
+        uint32_t k = (m->type & M_SLOT_MASK) >> M_SLOT_SHIFT;
+        m->type &= ~(M_REGION | M_SLOT_MASK);
+        if (rx && n == HDR_BYTES && m->type == M_DONE && k == 0)
+            slot = &rx->done;
+        else if (rx && n == HDR_BYTES && m->type == M_BLS_CALL && k < BLS_SLOTS)
+            slot = &rx->bls[k];
+        if (!slot) {
+            snprintf(why, why_cap, "unexpected region message");
+            goto fail;
+        }
     }
     if (in_region && n_fds == 0) {
-        if (!*rx || (*rx)->size < (uint64_t)jlen + blen) {
+        if (!*slot || (*slot)->size < (uint64_t)jlen + blen) {
             snprintf(why, why_cap, "message outside the shared-memory region");
             goto fail;
         }
-        m->region = *rx;
+        m->region = *slot;
         atomic_fetch_add(&m->region->refs, 1);
         payload = m->region->map;
     } else if (n_fds == 1) {
         struct stat st;
         int seals = fcntl(fds[0], F_GET_SEALS);
         if (n != HDR_BYTES || fstat(fds[0], &st) != 0 || seals < 0 || !(seals & F_SEAL_SHRINK) ||
-            (uint64_t)st.st_size < jlen + blen || st.st_size == 0) {
+            (uint64_t)st.st_size < jlen + blen || st.st_size == 0 ||
+            (slot && slot != &rx->done && (uint64_t)st.st_size > BLS_REGION_MAX)) {
             snprintf(why, why_cap,
                      "bad shared-memory region (it must be a memfd sealed "
                      "against shrinking, holding the message)");
@@ -702,8 +761,8 @@ static int msg_recv_into(int fd, region_t **rx, msg_t **out, char *why, size_t w
             atomic_init(&r->refs, 2);
             m->map = NULL;
             m->region = r;
-            region_unref(*rx);
-            *rx = r;
+            region_unref(*slot);
+            *slot = r;
         }
     } else {
         if ((uint64_t)n != HDR_BYTES + (uint64_t)jlen + blen) {
@@ -1009,7 +1068,8 @@ typedef struct instance {
     const char *python;            /* interpreter (borrowed from the model or backend) */
     region_t *tx;                  /* EXECUTE inputs (instance thread only) */
     region_t *tx_spare[TX_SPARES]; /* earlier EXECUTE regions, or NULL (instance thread only) */
-    region_t *rx;                  /* the worker's DONE outputs (reader thread only) */
+    rx_regions_t rx;               /* the worker's DONE and BLS_CALL regions (whichever
+                                      thread reads) */
     uint8_t *rbuf;                 /* receive buffer (RECV_MAX) of whichever thread reads */
     uint64_t msgs_in;              /* messages received from the worker (whichever thread reads) */
     uint64_t tx_made;     /* EXECUTE regions made (their memfd sent), instance thread only */
@@ -1204,21 +1264,56 @@ static void on_cancel_query(instance_t *in, msg_t *m)
  *   u64 call id, i64 model version, u64 correlation_id, u64 timeout_us,
  *   u32 sequence flags, u32 decoupled (0/1), i32 corr_len (-1: numeric),
  *   u32 model_len, u32 id_len, u32 params_len, u32 n_outputs, u32 n_inputs,
- *   model name, request id, correlation id string, parameters (JSON text
- *   of an object, absent when none), n_outputs x (u32 len, name),
- *   n_inputs tensor records (where 0: the message's blob).
+ *   i32 reply slot (-1: none; see "BLS regions"), model name, request id,
+ *   correlation id string, parameters (JSON text of an object, absent when
+ *   none), n_outputs x (u32 len, name), n_inputs tensor records (where 0:
+ *   the message's blob).
  * BLS_RESULT (server -> worker):
  *   u64 call id, u32 status (0 outputs, 1 error, 2 empty: a flags-only
  *   final), u32 final, u32 error code, u32 error_len, u32 params_len,
  *   u32 n_outputs, error text, parameters (JSON text), tensor records.
  * The server copies a BLS_CALL's description before reading it and walks
  * it whole (bls_check) before using any of it. Inputs stay where the worker
- * wrote them (its datagram or memfd, kept mapped until the call's final
- * response), except BYTES, which are copied and checked again: the worker
- * can still write its memfd, and only BYTES have a structure to break. */
+ * wrote them (its datagram, memfd or BLS region, kept mapped until the
+ * call's final response), except BYTES, which are copied and checked
+ * again: the worker can still write its memory, and only BYTES have a
+ * structure to break.
+ *
+ * BLS regions. A large BLS message (past INLINE_MAX, at most
+ * BLS_REGION_MAX) travels in a persistent region, not in a memfd of its
+ * own (a fresh memfd costs its page faults, and its unmapping a TLB
+ * shootdown, on both sides: ~1.5 ms for 256 KiB each way on a
+ * paravirtualized machine). Each side owns the regions it writes and
+ * sends each one's memfd once, with the first message in it; a message
+ * names its region by slot (0..BLS_SLOTS-1, the M_SLOT bits of its type).
+ * The worker decides which slots are free, in both directions, because it
+ * alone knows when its arrays die:
+ *   - BLS_CALL: the worker writes the message (description and blob) at
+ *     offset 0 of one of its regions no call in flight uses; the header
+ *     alone travels (and the memfd, sealed against shrinking, when the
+ *     region is new). The server maps it read-only, at most BLS_REGION_MAX
+ *     bytes, keeps one mapping per slot (rx_regions_t, replaced when a
+ *     memfd comes with the slot) and reads the inputs there as from a
+ *     memfd. The slot is free again when the call's final BLS_RESULT
+ *     arrived.
+ *   - BLS_RESULT: the call names a reply slot: one of the server's
+ *     regions that no array of the worker's still views and no call in
+ *     flight writes. The server writes each response (description, then
+ *     blob) there, one after the other, and sends the header and the u64
+ *     offset of the response in the region (with the region's memfd, its
+ *     own, sealed against shrinking, when it made a new one: none yet in
+ *     the slot, or too small). The worker's result arrays are views of the
+ *     region; the slot stays taken while any of them lives (weak references
+ *     to the array they all view), so kept results never change. A result
+ *     larger than BLS_REGION_MAX, or a region past BLS_BUDGET for the
+ *     worker, or a call without a reply slot (all taken), uses a memfd of
+ *     its own as before.
+ * A worker that lies about slots only garbles its own results: the server
+ * checks every slot number, offset and length against the region it names
+ * and never reads what it wrote into its BLS_RESULT regions. */
 
 enum { BLS_OUTPUTS = 0, BLS_ERROR = 1, BLS_EMPTY = 2 };
-#define BLS_FIXED (4 * 8 + 8 * 4) /* the fixed fields of a BLS_CALL */
+#define BLS_FIXED (4 * 8 + 9 * 4) /* the fixed fields of a BLS_CALL */
 
 typedef struct bls_call {
     instance_t *in;
@@ -1227,6 +1322,8 @@ typedef struct bls_call {
     uint64_t id;
     nereid_cancel_token_t *cancel; /* the request's: cancelled by M_BLS_CANCEL */
     uint8_t *bytes;                /* private copies of BYTES inputs from a memfd */
+    int reply_slot;                /* the worker's choice of our BLS_RESULT region, or -1 */
+    size_t reply_used;             /* bytes of it this call's responses took so far */
     struct bls_call *next;         /* in->bls_calls */
 } bls_call_t;
 
@@ -1236,6 +1333,59 @@ static void bls_send(chan_t *c, bwr_t *w, outmsg_t *om)
     om->raw = w->p;
     om->raw_len = w->n;
     outmsg_send(c, M_BLS_RESULT, om);
+}
+
+/* Sends a call's BLS_RESULT (as bls_send) in the reply region the worker
+ * named, when it is large enough to leave the datagram: after the call's
+ * earlier responses there, or at the start of a new region (its memfd sent
+ * along) when they leave no room. Calls for one request never overlap, so
+ * reply_used needs no lock; the slot's table entry does. */
+static void bls_send_result(bls_call_t *call, bwr_t *w, outmsg_t *om)
+{
+    chan_t *c = call->chan;
+    size_t total = w->n + om->blob_len;
+    if (call->reply_slot < 0 || HDR_BYTES + total <= INLINE_MAX || total > BLS_REGION_MAX) {
+        bls_send(c, w, om);
+        return;
+    }
+    uint8_t k = (uint8_t)call->reply_slot;
+    uint64_t off = (call->reply_used + ALIGN - 1) / ALIGN * ALIGN;
+    int fd = -1;
+    pthread_mutex_lock(&c->bls_mu);
+    region_t *r = c->bls_tx[k];
+    if (!r || r->size < off || r->size - off < total) {
+        size_t size = total < (1u << 19) ? (1u << 20) : 2 * total;
+        if (size > BLS_REGION_MAX) size = BLS_REGION_MAX;
+        size_t old = r ? r->size : 0;
+        r = c->bls_tx_bytes - old + size <= BLS_BUDGET ? region_new(size, k) : NULL;
+        if (r) {
+            region_unref(c->bls_tx[k]);
+            c->bls_tx[k] = r;
+            c->bls_tx_bytes = c->bls_tx_bytes - old + size;
+            fd = r->fd; /* sent once, with this message */
+            r->fd = -1;
+            off = 0;
+            populate(r->map, total, MADV_POPULATE_WRITE);
+        }
+    }
+    if (r) atomic_fetch_add(&r->refs, 1);
+    pthread_mutex_unlock(&c->bls_mu);
+    if (!r) { /* over the budget */
+        bls_send(c, w, om);
+        return;
+    }
+    outmsg_copy(om, r->map + off, (const char *)w->p, w->n);
+    uint8_t d[HDR_BYTES + 8];
+    hdr_pack(d, M_BLS_RESULT | M_REGION | (uint32_t)k << M_SLOT_SHIFT, (uint32_t)w->n,
+             om->blob_len);
+    memcpy(d + HDR_BYTES, &off, 8);
+    send_bytes_with_fd(c, d, sizeof d, fd);
+    if (fd >= 0) close(fd);
+    region_unref(r);
+    call->reply_used = off + total;
+    free(w->p);
+    free(om->t);
+    om->t = NULL;
 }
 
 static void bls_result_head(bwr_t *w, uint64_t id, uint32_t status, bool final, uint32_t code,
@@ -1308,7 +1458,7 @@ static void bls_on_response(nereid_response_t *resp, uint32_t flags, void *userp
             bw_tensor(&w, &v, outmsg_add_view(&om, &v));
         }
     }
-    bls_send(call->chan, &w, &om);
+    bls_send_result(call, &w, &om);
     if (resp) nereid_response_free(resp);
     if (final) bls_done(call);
 }
@@ -1318,7 +1468,7 @@ typedef struct bls_req {
     uint64_t id, corr, timeout;
     int64_t version;
     uint32_t flags, decoupled, model_len, id_len, params_len, n_out, n_in;
-    int32_t corr_len;
+    int32_t corr_len, reply_slot;
     const uint8_t *model, *rid, *corr_s, *params, *outs, *ins;
 } bls_req_t;
 
@@ -1339,8 +1489,9 @@ static bool bls_check(const uint8_t *meta, size_t len, bls_req_t *q)
     q->params_len = br_u32(&rd);
     q->n_out = br_u32(&rd);
     q->n_in = br_u32(&rd);
+    q->reply_slot = (int32_t)br_u32(&rd);
     if (rd.bad || q->decoupled > 1 || q->corr_len < -1 || q->model_len == 0 ||
-        q->model_len > MAX_NAME)
+        q->model_len > MAX_NAME || q->reply_slot < -1 || q->reply_slot >= BLS_SLOTS)
         return false;
     q->model = br_take(&rd, q->model_len);
     q->rid = br_take(&rd, q->id_len);
@@ -1409,11 +1560,12 @@ static nereid_error_t *bls_parameters(nereid_request_t *req, const bls_req_t *q)
     return err;
 }
 
-/* The BYTES inputs of a BLS_CALL whose blob is in the worker's memfd: their
- * total size (copied into one private buffer, see bls_inputs). */
+/* The BYTES inputs of a BLS_CALL whose blob is in the worker's memfd or
+ * region: their total size (copied into one private buffer, see
+ * bls_inputs). */
 static size_t bls_bytes_total(const bls_req_t *q, const msg_t *m)
 {
-    if (!m->map) return 0;
+    if (!m->map && !m->region) return 0;
     brd_t rd = {q->ins, m->meta + m->meta_len - q->ins, 0, false};
     size_t total = 0;
     for (uint32_t i = 0; i < q->n_in; i++) {
@@ -1527,7 +1679,8 @@ static bool bls_start(instance_t *in, msg_t *m, char *why, size_t why_cap)
     if (!err) {
         bls_call_t *call = calloc(1, sizeof *call);
         if (!call) abort();
-        *call = (bls_call_t){in, c, m, q.id, nereid_cancel_token_new(), bytes, NULL};
+        *call =
+            (bls_call_t){in, c, m, q.id, nereid_cancel_token_new(), bytes, q.reply_slot, 0, NULL};
         nereid_request_set_cancel_token(req, call->cancel);
         atomic_fetch_add(&c->refs, 1);
         pthread_mutex_lock(&in->mu);
@@ -2543,8 +2696,8 @@ static nereid_error_t *worker_start(instance_t *in, const char *init_json, msg_t
     in->pid = pid;
     in->pidfd = pidfd;
     region_unref(in->tx);
-    region_unref(in->rx);
-    in->tx = in->rx = NULL;
+    rx_regions_clear(&in->rx);
+    in->tx = NULL;
     for (int i = 0; i < TX_SPARES; i++) {
         region_unref(in->tx_spare[i]);
         in->tx_spare[i] = NULL;
@@ -2618,7 +2771,7 @@ static void instance_free(instance_t *in)
 {
     spin_page_drop(in);
     region_unref(in->tx);
-    region_unref(in->rx);
+    rx_regions_clear(&in->rx);
     for (int i = 0; i < TX_SPARES; i++)
         region_unref(in->tx_spare[i]);
     free(in->rbuf);

@@ -63,15 +63,21 @@ def call(inputs, outputs, **kw):
     return pb_utils.InferenceRequest(model_name="echo", inputs=inputs,
                                      requested_output_names=outputs, **kw).exec()
 
-def forge(body, blob=b""):
+def forge(body, blob=b"", mtype=105):
     # a hostile model writing its own BLS_CALL to the server
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET, fileno=os.dup(3))
-    sock.send(struct.pack("<IIQ", 105, len(body), len(blob)) + body + blob)
+    sock.send(struct.pack("<IIQ", mtype, len(body), len(blob)) + body + blob)
     os._exit(0)
 
-def bls_head(n_out, n_in, model=b"echo", corr_len=-1):
-    return struct.pack("<QqQQIIiIIIII", 1, -1, 0, 0, 0, 0, corr_len, len(model), 0, 0,
-                       n_out, n_in) + model
+def forge_region(slot, jlen, blen):
+    # a BLS_CALL naming a region slot of ours (header only)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET, fileno=os.dup(3))
+    sock.send(struct.pack("<IIQ", 105 | 0x80000000 | slot << 16, jlen, blen))
+    os._exit(0)
+
+def bls_head(n_out, n_in, model=b"echo", corr_len=-1, reply=-1):
+    return struct.pack("<QqQQIIiIIIIIi", 1, -1, 0, 0, 0, 0, corr_len, len(model), 0, 0,
+                       n_out, n_in, reply) + model
 
 class TritonPythonModel:
     def execute(self, requests):
@@ -120,6 +126,12 @@ class TritonPythonModel:
             elif mode == "where":
                 rec = struct.pack("<IIIIQQq", 4, 11, 1, 1, 0, 4, 1) + b"IN_F"
                 forge(bls_head(0, 1) + rec, bytes(64))
+            elif mode == "reply_slot":
+                forge(bls_head(0, 0, reply=8))
+            elif mode == "region_slot":
+                forge_region(9, 100, 0)
+            elif mode == "region_unsent":
+                forge_region(3, 100, 0)
             elif mode == "bytes":
                 rec = struct.pack("<IIIIQQq", 4, 13, 1, 0, 0, 8, 3) + b"IN_S"
                 forge(bls_head(0, 1) + rec, struct.pack("<I", 4) + b"abcd" + bytes(56))
@@ -185,6 +197,9 @@ def test_errors_come_back_as_errors(server):
 @pytest.mark.parametrize("how,why", [
     ("truncated", "malformed BLS request"),
     ("where", "malformed BLS request"),  # a record pointing into the server's region
+    ("reply_slot", "malformed BLS request"),  # a reply region past BLS_SLOTS
+    ("region_slot", "unexpected region message"),  # a BLS_CALL region past BLS_SLOTS
+    ("region_unsent", "message outside the shared-memory region"),  # a slot never sent
     ("bytes", "BYTES tensor 'IN_S' does not hold 3 serialized elements"),
 ])
 def test_forged_bls_calls_end_the_worker(server, how, why):

@@ -34,7 +34,7 @@ static size_t header(uint8_t *buf, uint32_t type, uint32_t jlen, uint64_t blen)
 }
 
 /* Receives one message; returns msg_recv's result, the reason in why. */
-static int recv_one(region_t **rx, msg_t **m, char *why)
+static int recv_one(rx_regions_t *rx, msg_t **m, char *why)
 {
     why[0] = '\0';
     return msg_recv(sv[0], rx, m, why, 512);
@@ -53,7 +53,7 @@ static void test_datagrams(void)
 {
     char why[512];
     msg_t *m;
-    region_t *rx = NULL;
+    rx_regions_t rx = {0};
     uint8_t buf[256];
 
     send_raw("xx", 2, -1);
@@ -133,7 +133,7 @@ static void test_datagrams(void)
     fd = memfd_with("{\"r\":1}", 4096, true);
     send_raw(buf, header(buf, M_DONE | M_REGION, 7, 0), fd);
     close(fd);
-    CHECK(recv_one(&rx, &m, why) == 1 && m && rx);
+    CHECK(recv_one(&rx, &m, why) == 1 && m && rx.done);
     msg_free(m);
     send_raw(buf, header(buf, M_DONE | M_REGION, 7, 4089), -1);
     CHECK(recv_one(&rx, &m, why) == 1 && m);
@@ -146,7 +146,48 @@ static void test_datagrams(void)
     send_raw(buf, header(buf, M_DONE | M_REGION, 7, 4090), -1);
     CHECK(recv_one(&rx, &m, why) == -1);
     CHECK_STR_CONTAINS(why, "outside the shared-memory region");
-    region_unref(rx);
+
+    /* BLS_CALL regions: by slot, each its own, at most BLS_REGION_MAX */
+    send_raw(buf, header(buf, M_BLS_CALL | M_REGION | 2u << M_SLOT_SHIFT, 2, 0), -1);
+    CHECK(recv_one(&rx, &m, why) == -1);
+    CHECK_STR_CONTAINS(why, "outside the shared-memory region");
+    fd = memfd_with("{}", 4096, true);
+    send_raw(buf, header(buf, M_BLS_CALL | M_REGION | (uint32_t)BLS_SLOTS << M_SLOT_SHIFT, 2, 0),
+             fd);
+    close(fd);
+    CHECK(recv_one(&rx, &m, why) == -1);
+    CHECK_STR_CONTAINS(why, "unexpected region message");
+    fd = memfd_with("{}", 4096, true);
+    send_raw(buf, header(buf, M_DONE | M_REGION | 1u << M_SLOT_SHIFT, 2, 0), fd);
+    close(fd);
+    CHECK(recv_one(&rx, &m, why) == -1);
+    CHECK_STR_CONTAINS(why, "unexpected region message");
+    fd = memfd_with("{}", 4096, false);
+    send_raw(buf, header(buf, M_BLS_CALL | M_REGION | 2u << M_SLOT_SHIFT, 2, 0), fd);
+    close(fd);
+    CHECK(recv_one(&rx, &m, why) == -1);
+    CHECK_STR_CONTAINS(why, "bad shared-memory region");
+    fd = memfd_with("{}", (size_t)BLS_REGION_MAX + 4096, true);
+    send_raw(buf, header(buf, M_BLS_CALL | M_REGION | 2u << M_SLOT_SHIFT, 2, 0), fd);
+    close(fd);
+    CHECK(recv_one(&rx, &m, why) == -1);
+    CHECK_STR_CONTAINS(why, "bad shared-memory region");
+    fd = memfd_with("{\"b\":2}", 4096, true);
+    send_raw(buf, header(buf, M_BLS_CALL | M_REGION | 2u << M_SLOT_SHIFT, 7, 100), fd);
+    close(fd);
+    CHECK(recv_one(&rx, &m, why) == 1 && m && rx.bls[2] && !rx.bls[0]);
+    if (m) {
+        CHECK(m->type == M_BLS_CALL && m->region == rx.bls[2] && !m->map && m->meta_len == 7);
+        CHECK(memcmp(m->meta, "{\"b\":2}", 7) == 0 && m->blob == rx.bls[2]->map + 7);
+        msg_free(m);
+    }
+    send_raw(buf, header(buf, M_BLS_CALL | M_REGION | 2u << M_SLOT_SHIFT, 7, 4089), -1);
+    CHECK(recv_one(&rx, &m, why) == 1 && m && m->region == rx.bls[2]);
+    msg_free(m);
+    send_raw(buf, header(buf, M_BLS_CALL | M_REGION | 2u << M_SLOT_SHIFT, 7, 4090), -1);
+    CHECK(recv_one(&rx, &m, why) == -1);
+    CHECK_STR_CONTAINS(why, "outside the shared-memory region");
+    rx_regions_clear(&rx);
 }
 
 /* parse_tensor on a description (JSON text) against blob. */
@@ -454,6 +495,7 @@ static void put_bls(done_t *d, uint64_t id, uint32_t decoupled, int32_t corr_len
     put32(d, (uint32_t)strlen(params));
     put32(d, n_out);
     put32(d, n_in);
+    put32(d, (uint32_t)-1); /* no reply slot */
     put(d, model);
     put(d, rid);
     for (int32_t i = 0; i < corr_len && i < 64; i++) /* a longer one: only claimed */
@@ -558,6 +600,19 @@ static void test_bls_call(void)
     CHECK(bls_bytes_total(&q, &m) == 0); /* in the datagram: already private */
     m.map = blob;
     CHECK(bls_bytes_total(&q, &m) == 10);
+    m.map = NULL;
+    m.region = &(region_t){.map = blob, .size = 128};
+    CHECK(bls_bytes_total(&q, &m) == 10); /* in a BLS region: likewise */
+
+    /* the reply slot: -1 (none) or one of BLS_SLOTS */
+    for (int32_t slot = -2; slot <= BLS_SLOTS; slot++) {
+        d = (done_t){0};
+        put_bls(&d, 1, 0, -1, "m", "", "", 0, 0);
+        memcpy(d.b + BLS_FIXED - 4, &slot, 4);
+        CHECK_MSG(bls_check(d.b, d.n, &q) == (slot >= -1 && slot < BLS_SLOTS), "slot %d",
+                  (int)slot);
+        if (slot >= -1 && slot < BLS_SLOTS) CHECK(q.reply_slot == slot);
+    }
 }
 
 int main(void)
