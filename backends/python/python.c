@@ -1618,11 +1618,9 @@ static bool bls_start(instance_t *in, msg_t *m, char *why, size_t why_cap)
     bool target_decoupled = false;
     nereid_error_t *err =
         nereid_server_model_decoupled(in->server, model, q.version, &target_decoupled);
-    if (err) {
-        snprintf(text, sizeof text,
-                 "Model %s - Error when running inference: Failed for execute the inference "
-                 "request. %s",
-                 model, nereid_error_message(err));
+    if (err) { /* Triton's text: the lookup's error (unknown model, ...) as it is */
+        snprintf(text, sizeof text, "Model %s - Error when running inference: %s", model,
+                 nereid_error_message(err));
         bls_reply_error(c, q.id, text, nereid_error_code(err));
         nereid_error_free(err);
         free(model);

@@ -121,6 +121,9 @@ class TritonPythonModel:
                 p = call([pb_utils.Tensor("IN_F", np.zeros(1, np.float32))], [],
                          parameters="[1, 2]")
                 res["list_params"] = (p.error().code(), p.error().message())
+                u = pb_utils.InferenceRequest(model_name="non_existent_model", inputs=[],
+                                              requested_output_names=[]).exec()
+                res["unknown_model"] = (u.error().code(), u.error().message())
             elif mode == "truncated":
                 forge(bls_head(1, 0)[:-3])
             elif mode == "where":
@@ -192,6 +195,10 @@ def test_errors_come_back_as_errors(server):
     assert "NOPE" in text
     assert res["list_params"] == [3, "Model echo - Error when running inference: BLS request "
                                      "parameters must be a JSON object"]
+    # Triton's text (L0_backend_python bls: test_bls_sync)
+    assert res["unknown_model"][1] == ("Model non_existent_model - Error when running inference: "
+                                       "Request for unknown model: 'non_existent_model' is not "
+                                       "found")
 
 
 @pytest.mark.parametrize("how,why", [
