@@ -300,8 +300,11 @@ def test_a_worker_killed_mid_call_and_no_fd_or_map_growth(server, tmp_path):
         assert rss_kib(pid) - rss < 16 * 1024, (rss, rss_kib(pid))  # 1,000 x 800 KB would show
     # a region (or memfd) per call would add 1,000 of each; a few mappings of
     # slack for the allocators (ASan's quarantine grows by mappings)
+    # (ASan's allocator maps new size-class regions now and then: more slack
+    # there, still far from 1,000)
+    slack = 64 if os.environ.get("NEREID_SANITIZE") else 4
     f1, m1 = settled(pid)
-    assert f1 <= fds + 2 and m1 <= maps + 4, ((fds, maps), (f1, m1))
+    assert f1 <= fds + 2 and m1 <= maps + slack, ((fds, maps), (f1, m1))
 
     # the caller's worker dies while its BLS call is in flight; the call
     # ends later into a dead connection
