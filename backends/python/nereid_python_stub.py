@@ -133,6 +133,10 @@ BLS_BUDGET = 64 << 20  # our BLS_CALL regions together, at most
 # wait_for and everything is parsed and built anew (the general path, which
 # tests compare it with).
 FAST_PATH = True
+# A BLS input that is a view of the EXECUTE in flight's region (the model
+# passes its own input) is referenced there, not copied (python.c, "BLS
+# inputs by reference").
+BLS_BY_REF = True
 PLANS_MAX = 256  # EXECUTE descriptions remembered (all forgotten when full)
 RECORDS_MAX = 1024  # DONE tensor records remembered (likewise)
 RELEASE_ALL, RELEASE_RESCHEDULE = 1, 2  # pb_utils.TRITONSERVER_REQUEST_RELEASE_*
@@ -376,10 +380,13 @@ def rescheduled(reqs):
     return [i for i, q in enumerate(reqs)
             if q._release_flags == pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE]
 
-def bls_call_parts(request, decoupled):
+def bls_call_parts(request, decoupled, region=None):
     """A BLS request's binary description (python.c, "BLS: a worker's
     request"), without its call id: (fixed fields, the rest), and the views
-    and length of its blob."""
+    and length of its blob. region: (base address, length) of the server's
+    EXECUTE region while that execute is in flight, or None: a large numeric
+    input lying in it (the model's own input) is referenced there (where 1)
+    instead of copied."""
     model = request._model_name.encode()
     rid = request._request_id.encode()
     corr = request._correlation_id
@@ -396,7 +403,10 @@ def bls_call_parts(request, decoupled):
         parts.append(U32.pack(len(b)))
         parts.append(b)
     views = []
-    blob_len = tensor_records(request._inputs, None, 0, parts, views)
+    ins = request._inputs
+    if region is not None and any(t._dtype == "BYTES" for t in ins):
+        region = None  # the server copies BYTES and takes them from the blob only
+    blob_len = tensor_records(ins, region, 0, parts, views)
     head = (request._model_version, corr & U64_MASK, request._timeout & U64_MASK,
             request._flags & 0xFFFFFFFF, 1 if decoupled else 0, corr_len, len(model), len(rid),
             len(params), len(request._requested), len(request._inputs))
@@ -507,6 +517,10 @@ class Worker:
         # the last region EXECUTE's numeric inputs: id(array) -> (array, offset
         # in rx_map, bytes), for simple_done (None: inline, decoupled, or off)
         self.rx_views = None
+        # the thread running a (non-decoupled) execute that came in the
+        # server's region, until the execute returns; else None (BLS inputs
+        # by reference)
+        self.exec_ident = None
         self.view_records = {}  # DONE records of outputs that are input views (fast path)
         self.tx_map = None  # ours for DONE outputs (sealed against shrinking)
         # BLS regions (python.c, "BLS regions"; all under cv but the mapping
@@ -1050,7 +1064,11 @@ class Worker:
         if not self.initialized or self.finalizing:
             raise pb_utils.TritonModelException(
                 "BLS is only supported during the 'execute' function.")
-        head, rest, views, blob_len = bls_call_parts(request, decoupled)
+        # Inputs by reference only from the thread running execute, before
+        # its DONE: the server holds the region for the call, and refuses a
+        # reference after DONE (a thread may outlive execute: it copies).
+        region = self.rx_region if threading.get_ident() == self.exec_ident else None
+        head, rest, views, blob_len = bls_call_parts(request, decoupled, region)
         if decoupled:
             # Responses reach the iterator as they arrive; the call returns
             # once the first came, as Triton's: async_exec() then waits in
@@ -1212,12 +1230,17 @@ class Worker:
         if self.decoupled:
             return self.execute_decoupled(reqs)
         try:
-            res = self.model.execute(reqs)
-            if isinstance(res, types.CoroutineType):  # inspect.iscoroutine
-                if self.bg_loop is not None:  # tasks it starts keep running after it
-                    res = asyncio.run_coroutine_threadsafe(res, self.bg_loop).result()
-                else:
-                    res = self.loop.run_until_complete(res)
+            if self.rx_used is not None and BLS_BY_REF:
+                self.exec_ident = threading.get_ident()
+            try:
+                res = self.model.execute(reqs)
+                if isinstance(res, types.CoroutineType):  # inspect.iscoroutine
+                    if self.bg_loop is not None:  # tasks it starts keep running after it
+                        res = asyncio.run_coroutine_threadsafe(res, self.bg_loop).result()
+                    else:
+                        res = self.loop.run_until_complete(res)
+            finally:
+                self.exec_ident = None
             for q in reqs:
                 if q._sender is not None:  # the model took a response sender
                     res = self.collect_sent(reqs, res)

@@ -417,6 +417,10 @@ typedef struct outmsg {
     tview_t *t;
     size_t n, cap;
     size_t blob_len;
+    /* EXECUTE: the region it goes in (when one) is published here with a
+     * reference, under publish_mu, before the worker can see it. */
+    region_t **publish;
+    pthread_mutex_t *publish_mu;
 } outmsg_t;
 
 /* Adds tensor v to the blob; returns its offset there. */
@@ -584,6 +588,13 @@ static int outmsg_send_region(chan_t *c, uint32_t type, outmsg_t *m, region_t **
         outmsg_copy(m, (*tx)->map, js, jlen);
         hdr_pack(hdr, type | M_REGION | (uint32_t)(*tx)->slot << M_SLOT_SHIFT, (uint32_t)jlen,
                  m->blob_len);
+        if (m->publish) {
+            atomic_fetch_add(&(*tx)->refs, 1);
+            pthread_mutex_lock(m->publish_mu);
+            region_unref(*m->publish);
+            *m->publish = *tx;
+            pthread_mutex_unlock(m->publish_mu);
+        }
         rc = send_with_fd(c, hdr, fd);
         goto out;
     }
@@ -1105,6 +1116,8 @@ typedef struct instance {
     sender_slot_t *senders;
     uint64_t next_sender;
     nereid_batch_t *batch; /* during execute, for cancellation checks */
+    region_t *exec_rx;     /* the EXECUTE region of the execute in flight (a reference), or
+                              NULL: what a BLS input by reference (where 1) may name */
     size_t bls_inflight;
     struct bls_call *bls_calls; /* in flight, for M_BLS_CANCEL */
     /* The model's is_ready() (Triton's user-defined readiness): one check
@@ -1322,6 +1335,7 @@ typedef struct bls_call {
     uint64_t id;
     nereid_cancel_token_t *cancel; /* the request's: cancelled by M_BLS_CANCEL */
     uint8_t *bytes;                /* private copies of BYTES inputs from a memfd */
+    region_t *ex;                  /* the EXECUTE region inputs by reference read, or NULL */
     int reply_slot;                /* the worker's choice of our BLS_RESULT region, or -1 */
     size_t reply_used;             /* bytes of it this call's responses took so far */
     struct bls_call *next;         /* in->bls_calls */
@@ -1415,6 +1429,7 @@ static void bls_done(bls_call_t *call)
     instance_t *in = call->in;
     msg_free(call->msg);
     free(call->bytes);
+    region_unref(call->ex);
     chan_unref(call->chan);
     pthread_mutex_lock(&in->mu);
     for (bls_call_t **p = &in->bls_calls; *p; p = &(*p)->next)
@@ -1470,6 +1485,7 @@ typedef struct bls_req {
     uint32_t flags, decoupled, model_len, id_len, params_len, n_out, n_in;
     int32_t corr_len, reply_slot;
     const uint8_t *model, *rid, *corr_s, *params, *outs, *ins;
+    bool by_ref; /* an input names the EXECUTE region (where 1) */
 } bls_req_t;
 
 /* Walks a BLS_CALL description whole: every count and length fits, strings
@@ -1477,6 +1493,7 @@ typedef struct bls_req {
 static bool bls_check(const uint8_t *meta, size_t len, bls_req_t *q)
 {
     brd_t rd = {meta, len, 0, false};
+    q->by_ref = false;
     q->id = br_u64(&rd);
     q->version = (int64_t)br_u64(&rd);
     q->corr = br_u64(&rd);
@@ -1508,13 +1525,13 @@ static bool bls_check(const uint8_t *meta, size_t len, bls_req_t *q)
     }
     q->ins = rd.p + rd.pos;
     for (uint32_t i = 0; i < q->n_in && !rd.bad; i++) {
-        uint32_t name_len = br_u32(&rd);
-        br_u32(&rd); /* datatype */
+        uint32_t name_len = br_u32(&rd), dt = br_u32(&rd);
         uint32_t rank = br_u32(&rd), where = br_u32(&rd);
         br_take(&rd, 16); /* offset, size */
         br_take(&rd, (size_t)rank * sizeof(int64_t));
         br_take(&rd, name_len);
-        if (where != 0) return false;
+        if (where > 1 || (where == 1 && dt == NEREID_TYPE_BYTES)) return false;
+        if (where == 1) q->by_ref = true;
     }
     return !rd.bad && rd.pos == rd.n;
 }
@@ -1579,10 +1596,11 @@ static size_t bls_bytes_total(const bls_req_t *q, const msg_t *m)
     return total;
 }
 
-/* Adds the inputs (records checked here against the blob) to req. false:
- * the worker described a tensor that does not add up (*why). */
-static bool bls_inputs(nereid_request_t *req, const bls_req_t *q, msg_t *m, uint8_t *bytes,
-                       nereid_error_t **err, char *why, size_t why_cap)
+/* Adds the inputs (records checked here against the blob, or against ex,
+ * the EXECUTE region in flight, for where 1) to req. false: the worker
+ * described a tensor that does not add up (*why). */
+static bool bls_inputs(nereid_request_t *req, const bls_req_t *q, msg_t *m, const region_t *ex,
+                       uint8_t *bytes, nereid_error_t **err, char *why, size_t why_cap)
 {
     brd_t rd = {q->ins, m->meta + m->meta_len - q->ins, 0, false};
     size_t used = 0;
@@ -1590,7 +1608,8 @@ static bool bls_inputs(nereid_request_t *req, const bls_req_t *q, msg_t *m, uint
         tview_t v;
         int64_t shape[MAX_RANK];
         char name[MAX_NAME + 1];
-        if (!read_tensor(&rd, m->blob, m->blob_len, NULL, 0, &v, shape, name, why, why_cap))
+        if (!read_tensor(&rd, m->blob, m->blob_len, ex ? ex->map : NULL, ex ? ex->size : 0, &v,
+                         shape, name, why, why_cap))
             return false;
         if (v.datatype == NEREID_TYPE_BYTES && bytes) {
             memcpy(bytes + used, v.data, v.size);
@@ -1661,7 +1680,24 @@ static bool bls_start(instance_t *in, msg_t *m, char *why, size_t why_cap)
     size_t nbytes = bls_bytes_total(&q, m);
     uint8_t *bytes = nbytes ? malloc(nbytes) : NULL;
     if (nbytes && !bytes) abort();
-    if (!err && !bls_inputs(req, &q, m, bytes, &err, why, why_cap)) {
+    /* Inputs by reference: only into the region of the execute in flight
+     * (held until the call's final response, so it is not reused). */
+    region_t *ex = NULL;
+    if (q.by_ref) {
+        pthread_mutex_lock(&in->mu);
+        ex = in->exec_rx;
+        if (ex) atomic_fetch_add(&ex->refs, 1);
+        pthread_mutex_unlock(&in->mu);
+    }
+    if (q.by_ref && !ex) {
+        snprintf(why, why_cap, "BLS input in the execute region while no execute is in flight");
+        nereid_request_free(req);
+        free(bytes);
+        free(model);
+        return false;
+    }
+    if (!err && !bls_inputs(req, &q, m, ex, bytes, &err, why, why_cap)) {
+        region_unref(ex);
         nereid_request_free(req);
         free(bytes);
         free(model);
@@ -1677,8 +1713,8 @@ static bool bls_start(instance_t *in, msg_t *m, char *why, size_t why_cap)
     if (!err) {
         bls_call_t *call = calloc(1, sizeof *call);
         if (!call) abort();
-        *call =
-            (bls_call_t){in, c, m, q.id, nereid_cancel_token_new(), bytes, q.reply_slot, 0, NULL};
+        *call = (bls_call_t){in,           c, m,   q.id, nereid_cancel_token_new(), bytes, ex,
+                             q.reply_slot, 0, NULL};
         nereid_request_set_cancel_token(req, call->cancel);
         atomic_fetch_add(&c->refs, 1);
         pthread_mutex_lock(&in->mu);
@@ -1693,8 +1729,10 @@ static bool bls_start(instance_t *in, msg_t *m, char *why, size_t why_cap)
         }
         call->msg = NULL;
         call->bytes = NULL;
+        call->ex = NULL;
         bls_done(call);
     }
+    region_unref(ex);
     nereid_request_free(req);
     free(bytes);
     snprintf(text, sizeof text, "Model %s - Error when running inference: %s", model,
@@ -2768,6 +2806,7 @@ typedef struct model_state {
 static void instance_free(instance_t *in)
 {
     spin_page_drop(in);
+    region_unref(in->exec_rx);
     region_unref(in->tx);
     rx_regions_clear(&in->rx);
     for (int i = 0; i < TX_SPARES; i++)
@@ -3411,6 +3450,8 @@ NEREID_EXPORT nereid_error_t *nereid_backend_execute(nereid_instance_t *instance
     uint64_t spin_ns = spin_budget_ns(in, nereid_now_ns(), alone);
     exec_reading_begin(in);
     tx_pick(in);
+    om.publish = &in->exec_rx;
+    om.publish_mu = &in->mu;
     int rc = outmsg_send_region(in->chan, M_EXECUTE, &om, &in->tx, tx_free_slot(in));
     if (in->tx && in->tx->fresh) {
         in->tx->fresh = false;
@@ -3429,7 +3470,10 @@ NEREID_EXPORT nereid_error_t *nereid_backend_execute(nereid_instance_t *instance
     if (spun && m) spin_record(in, infer_end - input_end, hit, contended);
     pthread_mutex_lock(&in->mu);
     in->batch = NULL;
+    region_t *ex_done = in->exec_rx;
+    in->exec_rx = NULL;
     pthread_mutex_unlock(&in->mu);
+    region_unref(ex_done);
     if (!m) {
         worker_stop(in);
         if (!in->decoupled) fail_all(batch, unhealthy(in));

@@ -211,6 +211,91 @@ input [ { name: "MODE" data_type: TYPE_STRING dims: [ 1 ] } ]
 output [ { name: "OK" data_type: TYPE_BOOL dims: [ 1 ] } ]
 """
 
+# BLS inputs by reference (python.c, "BLS inputs by reference"): a model
+# passing its own large input X (a view of the server's EXECUTE region) to
+# BLS calls. Its own worker: "regions" counts the BLS_CALL regions it made
+# (none while every large input went by reference).
+REFCALLER = """
+import json
+import os
+import sys
+import threading
+import time
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+def call(x, model="echo"):
+    r = pb_utils.InferenceRequest(model_name=model, inputs=[pb_utils.Tensor("IN", x)],
+                                  requested_output_names=["OUT"]).exec()
+    if r.has_error():
+        raise pb_utils.TritonModelException(r.error().message())
+    return r.output_tensors()[0].as_numpy()
+
+def regions():
+    return sum(m is not None for m in pb_utils._worker.bls_in)
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            mode = json.loads(pb_utils.get_input_tensor_by_name(r, "MODE").as_numpy()[0])
+            x = pb_utils.get_input_tensor_by_name(r, "X").as_numpy()
+            res = {"pid": os.getpid()}
+            ts = []
+            if mode[0] == "own":  # the input, a slice of it, the result returned
+                a = call(x)
+                b = call(x[1000:])
+                got = [call(x) for _ in range(12)]  # more calls than region slots
+                res["ok"] = [bool(np.array_equal(a, x)), bool(np.array_equal(b, x[1000:])),
+                             all(bool(np.array_equal(g, x)) for g in got)]
+                res["regions"] = regions()
+                ts.append(pb_utils.Tensor("OUT_F", a))
+            elif mode[0] == "stream":  # a decoupled callee, X by reference
+                rs = list(pb_utils.InferenceRequest(
+                    model_name="gen", inputs=[pb_utils.Tensor("X", x),
+                                              pb_utils.Tensor("N", np.array([4], np.int32))],
+                    requested_output_names=["OUT"]).exec(decoupled=True))
+                got = [q.output_tensors()[0].as_numpy() for q in rs if q.output_tensors()]
+                res["ok"] = [len(got) == 4] + [bool(np.array_equal(a, x + np.float32(i)))
+                                               for i, a in enumerate(got)]
+                res["regions"] = regions()
+            elif mode[0] == "thread":  # another thread: copied
+                box = {}
+                t = threading.Thread(target=lambda: box.setdefault("a", call(x)))
+                t.start()
+                t.join()
+                res["ok"] = [bool(np.array_equal(box["a"], x))]
+                res["regions"] = regions()
+            elif mode[0] == "after":  # a thread calling after execute returned
+                d = mode[1]
+                def late():
+                    for _ in range(3000):
+                        if os.path.exists(os.path.join(d, "go")):
+                            break
+                        time.sleep(0.01)
+                    try:
+                        ok = bool(np.array_equal(call(x), np.full(x.shape, 9, np.float32)))
+                    except Exception as e:
+                        ok = str(e)
+                    with open(os.path.join(d, "late.tmp"), "w") as f:
+                        json.dump(ok, f)
+                    os.rename(os.path.join(d, "late.tmp"), os.path.join(d, "late"))
+                threading.Thread(target=late).start()
+                res["ok"] = [True]
+            out.append(pb_utils.InferenceResponse(
+                [pb_utils.Tensor("OUT", np.array([json.dumps(res).encode()], np.object_))] + ts))
+        return out
+"""
+
+REFCALLER_CONFIG = """
+name: "refcaller"
+backend: "python"
+input [ { name: "MODE" data_type: TYPE_STRING dims: [ 1 ] },
+        { name: "X" data_type: TYPE_FP32 dims: [ -1 ] } ]
+output [ { name: "OUT" data_type: TYPE_STRING dims: [ 1 ] },
+         { name: "OUT_F" data_type: TYPE_FP32 dims: [ -1 ] } ]
+"""
+
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
@@ -219,6 +304,7 @@ def server(tmp_path_factory):
     write(repo, "gen", GEN_CONFIG, GEN)
     write(repo, "caller", CALLER_CONFIG, CALLER)
     write(repo, "acaller", ACALLER_CONFIG, ACALLER)
+    write(repo, "refcaller", REFCALLER_CONFIG, REFCALLER)
     s = Server(repo, [])
     yield s
     assert s.stop() == 0, s.output()
@@ -229,6 +315,47 @@ def run(server, *mode):
                                  "data": [json.dumps(list(mode))]}])
     assert r.status_code == 200, r.text
     return r, json.loads(r.json()["outputs"][0]["data"][0])
+
+
+def run_ref(server, x, *mode):
+    r = post(server, "refcaller", [
+        {"name": "MODE", "datatype": "BYTES", "data": [json.dumps(list(mode))]},
+        {"name": "X", "datatype": "FP32", "data": x, "binary": True}])
+    assert r.status_code == 200, r.text
+    out = {o["name"]: o for o in r.json()["outputs"]}
+    return r, json.loads(out["OUT"]["data"][0])
+
+
+def test_own_inputs_go_by_reference(server):
+    rng = np.random.default_rng(7)
+    for _ in range(3):  # executes in one region after another
+        x = rng.random(ELEMS).astype(np.float32)
+        r, res = run_ref(server, x, "own")
+        assert res["ok"] == [True, True, True]
+        assert res["regions"] == 0  # no BLS_CALL region: nothing was copied
+        out = {o["name"]: o for o in r.json()["outputs"]}["OUT_F"]
+        assert np.array_equal(np.array(out["data"], np.float32), x)
+    x = np.full(ELEMS, 3, np.float32)
+    _, res = run_ref(server, x, "stream")
+    assert res["ok"] == [True] * 5 and res["regions"] == 0
+    _, res = run_ref(server, x, "thread")  # from another thread: copied, correct
+    assert res["ok"] == [True] and res["regions"] == 1
+
+
+def test_input_from_a_thread_after_execute_returned(server, tmp_path):
+    # the thread's call comes after the execute's DONE: it must not name
+    # the EXECUTE region (the server would end the worker), it is copied
+    d = str(tmp_path)
+    _, res = run_ref(server, np.full(ELEMS, 9, np.float32), "after", d)
+    pid = res["pid"]
+    open(os.path.join(d, "go"), "w").close()
+    deadline = time.time() + 60
+    while not os.path.exists(os.path.join(d, "late")) and time.time() < deadline:
+        time.sleep(0.01)
+    with open(os.path.join(d, "late")) as f:
+        assert json.load(f) is True
+    _, res = run_ref(server, np.full(ELEMS, 1, np.float32), "own")
+    assert res["ok"] == [True, True, True] and res["pid"] == pid  # the same worker
 
 
 def test_kept_results_keep_their_values(server):
