@@ -313,7 +313,7 @@ def decode_inputs(plan, blob):
     return out
 
 
-def tensor_records(tensors, region, off, recs, views, tail=None, cache=None):
+def tensor_records(tensors, region, off, recs, views, tail=None, cache=None, results=None):
     """Appends to recs the binary records of tensors for a DONE, and to
     views their blob views from offset off; returns the blob's new end.
     region: (base address, length) of the server's EXECUTE region, or None:
@@ -323,7 +323,11 @@ def tensor_records(tensors, region, off, recs, views, tail=None, cache=None):
     EXECUTE's payload, so the server can hand it to the reply as a view
     (it does not reuse a region a reply still reads); else into our DONE
     region. cache: a dict that keeps the record of a small numeric output by
-    (name, datatype, shape, offset), or None."""
+    (name, datatype, shape, offset), or None. results: (spans, lent), spans
+    the (base address, length) of the server's BLS_RESULT regions by slot
+    (None: none there), or None: a large numeric output lying in one (a BLS
+    result returned) is referenced there (where 2 + slot), its slot
+    appended to the list lent."""
     for t in tensors:
         arr = t._array
         if cache is not None and t._dtype != "BYTES":
@@ -349,6 +353,16 @@ def tensor_records(tensors, region, off, recs, views, tail=None, cache=None):
             addr = data.__array_interface__["data"][0]
             if region[0] <= addr and addr + n <= region[0] + region[1]:
                 recs.append(tensor_record(t._name, t._dtype, shape, 1, addr - region[0], n))
+                continue
+        if (results is not None and n >= ALIAS_MIN and data.dtype != np.object_ and
+                t._dtype != "BYTES"):
+            addr = data.__array_interface__["data"][0]
+            spans = results[0]
+            k = next((k for k, sp in enumerate(spans)
+                      if sp is not None and sp[0] <= addr and addr + n <= sp[0] + sp[1]), -1)
+            if k >= 0:
+                recs.append(tensor_record(t._name, t._dtype, shape, 2 + k, addr - spans[k][0], n))
+                results[1].append(k)
                 continue
         if (tail is not None and n >= TAIL_MIN and data.dtype != np.object_ and
                 t._dtype != "BYTES" and tail[1] + n <= tail[2]):
@@ -531,6 +545,12 @@ class Worker:
         self.bls_in = [None] * BLS_SLOTS
         self.bls_in_busy = [False] * BLS_SLOTS
         self.bls_out = [None] * BLS_SLOTS
+        # (base address, length) of each bls_out mapping: a DONE output that
+        # is a view of a BLS result there is referenced (where 2 + slot)
+        self.bls_out_span = [None] * BLS_SLOTS
+        # slots the last DONE referenced: offered last (a reply may still
+        # read them; the server would then make a new region)
+        self.bls_lent = ()
         self.bls_out_busy = [False] * BLS_SLOTS
         self.bls_out_refs = [[] for _ in range(BLS_SLOTS)]
         self.bls_calls = {}  # call id -> (BLS_CALL slot, reply slot), until its final result
@@ -725,6 +745,8 @@ class Worker:
                     os.close(f)
             if slot_no < BLS_SLOTS:
                 self.bls_out[slot_no] = mm  # the old one lives on in its arrays
+                self.bls_out_span[slot_no] = (np.frombuffer(mm, np.uint8, 1).ctypes.data,
+                                              len(mm))
         mm = self.bls_out[slot_no] if slot_no < BLS_SLOTS else None
         if mm is None or len(data) != HDR.size + 8:
             raise ValueError(f"a BLS result in region slot {slot_no}, never sent")
@@ -747,7 +769,8 @@ class Worker:
                     in_slot = k
                     self.bls_in_busy[k] = True
                     break
-        for k in range(BLS_SLOTS):
+        lent = self.bls_lent
+        for k in [k for k in range(BLS_SLOTS) if k not in lent] + list(lent):
             if not self.bls_out_busy[k]:
                 refs = self.bls_out_refs[k]
                 if refs:
@@ -1346,6 +1369,7 @@ class Worker:
                 region = self.rx_region
                 tail = [memoryview(self.rx_map), self.rx_used, len(self.rx_map)]
             records = self.records if FAST_PATH else None
+            results = (list(self.bls_out_span), []) if BLS_BY_REF else None
             for req, resp in zip(reqs, res):
                 if req._release_flags == RELEASE_RESCHEDULE:
                     out.append(DONE_RESP.pack(RESP_RESCHEDULE, 0, 0, 0, 0))  # response dropped
@@ -1363,7 +1387,10 @@ class Worker:
                 params = resp._parameters.encode() if resp._parameters != "{}" else b""
                 out.append(DONE_RESP.pack(RESP_OUTPUTS, len(mine), len(params), 0, 0))
                 out.append(params)
-                off = tensor_records(mine, region, off, out, views, tail, records)
+                off = tensor_records(mine, region, off, out, views, tail, records, results)
+            if results is not None and (results[1] or self.bls_lent):
+                with self.cv:
+                    self.bls_lent = tuple(set(results[1]))
             self.send_done(b"".join(out), views, off)
         except Exception as e:  # e.g. a BYTES element that cannot be encoded
             self.send_done(done_error(f"Failed to process the request(s) for model "

@@ -1023,8 +1023,9 @@ static uint64_t br_u64(brd_t *r)
 }
 
 /* A tensor record of a DONE, checked as parse_tensor checks a JSON one;
- * name (MAX_NAME + 1 bytes) receives its name. ex/ex_len: the EXECUTE
- * region (where = 1). */
+ * name (MAX_NAME + 1 bytes) receives its name. ex/ex_len: the region a
+ * record with where >= 1 lies in (the caller's choice by where: the
+ * EXECUTE region, or a BLS_RESULT one). */
 static bool read_tensor(brd_t *r, const uint8_t *blob, size_t blob_len, const uint8_t *ex,
                         size_t ex_len, tview_t *v, int64_t *shape, char *name, char *why,
                         size_t why_cap)
@@ -1034,8 +1035,8 @@ static bool read_tensor(brd_t *r, const uint8_t *blob, size_t blob_len, const ui
     int64_t dims[MAX_RANK];
     const uint8_t *d = br_take(r, (size_t)rank * sizeof(int64_t));
     const uint8_t *nm = br_take(r, name_len);
-    if (r->bad || name_len == 0 || name_len > MAX_NAME || where > 1 || (where == 1 && !ex) ||
-        memchr(nm, 0, name_len)) {
+    if (r->bad || name_len == 0 || name_len > MAX_NAME || where > 1 + BLS_SLOTS ||
+        (where >= 1 && !ex) || memchr(nm, 0, name_len)) {
         snprintf(why, why_cap, "malformed tensor description");
         return false;
     }
@@ -1367,9 +1368,14 @@ static void bls_send_result(bls_call_t *call, bwr_t *w, outmsg_t *om)
     int fd = -1;
     pthread_mutex_lock(&c->bls_mu);
     region_t *r = c->bls_tx[k];
-    if (!r || r->size < off || r->size - off < total) {
+    /* A new call's results never go where a response still reads (a DONE
+     * output naming this region, kept until the reply is sent): a fresh
+     * region takes the slot, the old one lives on in that response. */
+    bool held = r && call->reply_used == 0 && atomic_load(&r->refs) > 1;
+    if (!r || held || r->size < off || r->size - off < total) {
         size_t size = total < (1u << 19) ? (1u << 20) : 2 * total;
         if (size > BLS_REGION_MAX) size = BLS_REGION_MAX;
+        if (held && size < r->size) size = r->size;
         size_t old = r ? r->size : 0;
         r = c->bls_tx_bytes - old + size <= BLS_BUDGET ? region_new(size, k) : NULL;
         if (r) {
@@ -3143,6 +3149,15 @@ static nereid_error_t *text_error(const uint8_t *t, uint32_t len, uint32_t code)
                             (const char *)t);
 }
 
+/* The where field of the tensor record at rd (not consumed), or
+ * UINT32_MAX when the description ends before it. */
+static uint32_t record_where(const brd_t *rd)
+{
+    uint32_t where = UINT32_MAX;
+    if (!rd->bad && rd->n - rd->pos >= 16) memcpy(&where, rd->p + rd->pos + 12, 4);
+    return where;
+}
+
 /* Response r of a DONE (kind 0): its status, outputs and parameters. A
  * tensor that does not add up fails request r; a description that cannot
  * be read is the worker's fault (false). */
@@ -3172,7 +3187,23 @@ static bool apply_response(instance_t *in, nereid_batch_t *batch, size_t r, brd_
         tview_t v;
         int64_t shape[MAX_RANK];
         char w[512];
-        if (!read_tensor(rd, m->blob, m->blob_len, ex, ex_len, &v, shape, name, w, sizeof w)) {
+        /* where 2 + k: the BLS_RESULT region in slot k as it is now (a
+         * reference: the response keeps it, bls_send_result writes no new
+         * call's result into a region a response still reads). */
+        uint32_t where = record_where(rd);
+        region_t *res_region = NULL;
+        if (where >= 2 && where < 2 + BLS_SLOTS) {
+            pthread_mutex_lock(&in->chan->bls_mu);
+            res_region = in->chan->bls_tx[where - 2];
+            if (res_region) atomic_fetch_add(&res_region->refs, 1);
+            pthread_mutex_unlock(&in->chan->bls_mu);
+        }
+        bool ok = res_region ? read_tensor(rd, m->blob, m->blob_len, res_region->map,
+                                           res_region->size, &v, shape, name, w, sizeof w)
+                             : read_tensor(rd, m->blob, m->blob_len, where == 1 ? ex : NULL, ex_len,
+                                           &v, shape, name, w, sizeof w);
+        if (!ok) {
+            region_unref(res_region);
             if (rd->bad) {
                 snprintf(why, why_cap, "malformed execute answer: %s", w);
                 nereid_error_free(bad);
@@ -3182,7 +3213,16 @@ static bool apply_response(instance_t *in, nereid_batch_t *batch, size_t r, brd_
                 bad = nereid_error_new(NEREID_ERROR_INTERNAL, "Python model '%s': %s", in->name, w);
             continue;
         }
-        if (bad) continue;
+        if (bad) {
+            region_unref(res_region);
+            continue;
+        }
+        if (res_region && nereid_datatype_byte_size(v.datatype) != 0) {
+            bad = nereid_batch_request_output_view(batch, r, v.name, v.datatype, v.shape, v.rank,
+                                                   v.data, v.size, region_release, res_region);
+            if (bad) region_unref(res_region);
+            continue;
+        }
         const uint8_t *d = v.data;
         if (ex && d >= ex && d < ex + ex_len && v.size >= VIEW_MIN &&
             nereid_datatype_byte_size(v.datatype) != 0) {
@@ -3198,6 +3238,7 @@ static bool apply_response(instance_t *in, nereid_batch_t *batch, size_t r, brd_
         bad = nereid_batch_request_output(batch, r, v.name, v.datatype, v.shape, v.rank, v.size,
                                           &buf);
         if (!bad && v.size) memcpy(buf, v.data, v.size);
+        region_unref(res_region);
         if (!bad && v.datatype == NEREID_TYPE_BYTES &&
             !bytes_ok(buf, v.size, elements(v.shape, v.rank)))
             bad = nereid_error_new(NEREID_ERROR_INTERNAL,

@@ -11,6 +11,7 @@ worker restart.
 import json
 import os
 import signal
+import socket
 import threading
 import time
 
@@ -18,6 +19,7 @@ import numpy as np
 import pytest
 
 from conftest import Server
+from http_helpers import build_infer, read_head
 from test_python_backend import post, write
 
 ELEMS = 100000  # 400 KB of FP32: past the datagram, several per region
@@ -164,6 +166,14 @@ class TritonPythonModel:
                         break
                 else:
                     res["ok"] = [True]
+            elif mode[0] == "big":  # a large BLS result returned as the output
+                a = call(np.full(mode[2], mode[1], np.float32))
+                res["ok"] = [bool((a == mode[1]).all())]
+                ts.append(pb_utils.Tensor("OUT_F", a))
+            elif mode[0] == "reuse":  # calls that take every reply slot in turn
+                pb_utils._worker.bls_lent = ()  # even the one the last answer named
+                got = [call(np.full(mode[3], mode[1] + i, np.float32)) for i in range(mode[2])]
+                res["ok"] = [bool((a == mode[1] + i).all()) for i, a in enumerate(got)]
             elif mode[0] == "gated":
                 gate = pb_utils.Tensor("GATE", np.array([mode[1].encode()], np.object_))
                 res["ok"] = [holds(call(full(5), [gate]), 5)]
@@ -266,6 +276,19 @@ class TritonPythonModel:
                 t.join()
                 res["ok"] = [bool(np.array_equal(box["a"], x))]
                 res["regions"] = regions()
+            elif mode[0] == "forge":  # a DONE naming a BLS_RESULT region past its end
+                import socket, struct
+                a = call(x)
+                w = pb_utils._worker
+                addr = a.__array_interface__["data"][0]
+                k = next(k for k, sp in enumerate(w.bls_out_span)
+                         if sp and sp[0] <= addr < sp[0] + sp[1])
+                rec = (struct.pack("<IIIIIIIIIQQq", 0, 1, 0, 0, 0, 5, 11, 1, 2 + k,
+                                   w.bls_out_span[k][1] - 4, 8, 2) + b"OUT_F")
+                js = struct.pack("<II", 0, 1) + rec
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET, fileno=os.dup(3))
+                sock.send(struct.pack("<IIQ", 102, len(js), 0) + js)
+                os._exit(0)
             elif mode[0] == "after":  # a thread calling after execute returned
                 d = mode[1]
                 def late():
@@ -356,6 +379,46 @@ def test_input_from_a_thread_after_execute_returned(server, tmp_path):
         assert json.load(f) is True
     _, res = run_ref(server, np.full(ELEMS, 1, np.float32), "own")
     assert res["ok"] == [True, True, True] and res["pid"] == pid  # the same worker
+
+
+def test_a_returned_result_outlives_reused_slots_and_its_worker(server):
+    # A BLS result returned as the model's output is referenced in the
+    # server's BLS_RESULT region; a slow client holds that reply (8 MB,
+    # more than the sockets buffer) while the worker's next calls, told to
+    # offer that slot first, get results as large, and then while the worker
+    # is killed: the reply keeps its values (the server gave those calls a
+    # new region, and keeps the old one for the reply).
+    n, v = 2 * 1000 * 1000, 6.5
+    body, headers = build_infer(
+        [{"name": "MODE", "datatype": "BYTES", "data": [json.dumps(["big", v, n])]}],
+        outputs=[{"name": "OUT_F", "parameters": {"binary_data": True}}])
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", server.http_port))
+    head = "".join(f"{k}: {val}\r\n" for k, val in headers.items())
+    sock.sendall((f"POST /v2/models/caller/infer HTTP/1.1\r\nHost: x\r\n{head}"
+                  f"Content-Length: {len(body)}\r\n\r\n").encode() + body)
+    data = read_head(sock)  # the reply has begun: the execute is over
+    assert data.startswith(b"HTTP/1.1 200"), data[:200]
+    for k in range(2):  # results as large as the reply's, from the first slot on
+        _, res = run(server, "reuse", 100 + 20 * k, 3, n)
+        assert res["ok"] == [True] * 3
+    os.kill(res["pid"], signal.SIGKILL)
+    hdr, _, rest = data.partition(b"\r\n\r\n")
+    fields = dict(line.split(b": ", 1) for line in hdr.split(b"\r\n")[1:])
+    size, ihcl = int(fields[b"Content-Length"]), int(fields[b"Inference-Header-Content-Length"])
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)  # now read it quickly
+    while len(rest) < size:
+        chunk = sock.recv(1 << 20)
+        assert chunk
+        rest += chunk
+    sock.close()
+    doc = json.loads(rest[:ihcl])
+    assert [o["name"] for o in doc["outputs"]] == ["OUT_F"]
+    out = np.frombuffer(rest[ihcl:], np.float32)
+    assert out.size == n and bool((out == v).all())
+    _, res = run(server, "loop", 3)  # a new worker serves
+    assert res["ok"] == [True]
 
 
 def test_kept_results_keep_their_values(server):
@@ -454,3 +517,18 @@ def test_a_worker_killed_mid_call_and_no_fd_or_map_growth(server, tmp_path):
     f2, m2 = settled(pid)
     # the new worker's regions replace the old one's (slack: HTTP connections)
     assert f2 <= fds + 2 and m2 <= maps + 4, ((fds, maps), (f2, m2))
+
+
+def test_a_forged_reference_past_a_result_region_fails_the_request(server):
+    r = post(server, "refcaller", [
+        {"name": "MODE", "datatype": "BYTES", "data": [json.dumps(["forge"])]},
+        {"name": "X", "datatype": "FP32", "data": np.ones(ELEMS, np.float32), "binary": True}])
+    assert r.status_code == 500
+    assert r.json()["error"] == "Python model 'refcaller_0': tensor 'OUT_F' lies outside its message"
+    for _ in range(10):  # the worker exited after it: a new one serves
+        try:
+            _, res = run_ref(server, np.full(ELEMS, 2, np.float32), "own")
+            break
+        except AssertionError:
+            time.sleep(0.1)
+    assert res["ok"] == [True, True, True]
