@@ -134,8 +134,9 @@ BLS_BUDGET = 64 << 20  # our BLS_CALL regions together, at most
 # tests compare it with).
 FAST_PATH = True
 # A BLS input that is a view of the EXECUTE in flight's region (the model
-# passes its own input) is referenced there, not copied (python.c, "BLS
-# inputs by reference").
+# passes its own input), and a DONE output that is a view of a BLS result,
+# are referenced where they are, not copied (python.c, "BLS tensors by
+# reference").
 BLS_BY_REF = True
 PLANS_MAX = 256  # EXECUTE descriptions remembered (all forgotten when full)
 RECORDS_MAX = 1024  # DONE tensor records remembered (likewise)

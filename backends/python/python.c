@@ -923,7 +923,9 @@ static bool check_tensor(const char *name, nereid_datatype_t t, int64_t *shape, 
  * where 0 means the message's blob, and 1 (DONE only) the EXECUTE region
  * the server wrote: an output that is a view of an input is not copied by
  * the worker, and a large computed one is written there after the EXECUTE
- * payload (so both can reach the reply as views of the region). EXECUTE:
+ * payload (so both can reach the reply as views of the region); 2 + k
+ * (DONE only) the server's BLS_RESULT region k, an output that is a BLS
+ * result (see "BLS tensors by reference"). EXECUTE:
  *   u32 n_requests, then per request
  *   u32 n_inputs, u32 n_outputs, u32 flags, u32 id_len, i32 corr_len (-1:
  *   numeric), u32 params_len, u64 correlation_id, u64 timeout_us,
@@ -1281,7 +1283,8 @@ static void on_cancel_query(instance_t *in, msg_t *m)
  *   i32 reply slot (-1: none; see "BLS regions"), model name, request id,
  *   correlation id string, parameters (JSON text of an object, absent when
  *   none), n_outputs x (u32 len, name), n_inputs tensor records (where 0:
- *   the message's blob).
+ *   the message's blob; 1: the EXECUTE region of the execute in flight,
+ *   see "BLS tensors by reference").
  * BLS_RESULT (server -> worker):
  *   u64 call id, u32 status (0 outputs, 1 error, 2 empty: a flags-only
  *   final), u32 final, u32 error code, u32 error_len, u32 params_len,
@@ -1324,7 +1327,23 @@ static void on_cancel_query(instance_t *in, msg_t *m)
  *     its own as before.
  * A worker that lies about slots only garbles its own results: the server
  * checks every slot number, offset and length against the region it names
- * and never reads what it wrote into its BLS_RESULT regions. */
+ * and never reads what it wrote into its BLS_RESULT regions.
+ *
+ * BLS tensors by reference. Two copies of a large tensor are skipped when
+ * the model hands on what it was given:
+ *   - a BLS input that is a view of the EXECUTE region of the execute in
+ *     flight (the model's own input) is a where 1 record: the server
+ *     accepts it only while its own execute is in flight (in->exec_rx,
+ *     published before the EXECUTE is sent, dropped when DONE arrived),
+ *     holds that region until the call's final response (tx_pick then
+ *     takes another for the next EXECUTE), and ends a worker naming it
+ *     with none in flight. The worker sends it only from the thread
+ *     running execute, before DONE, so the socket's order makes it valid;
+ *   - a DONE output that is a view of a BLS result is a where 2 + k record:
+ *     the response holds the BLS_RESULT region k (a reference) until it is
+ *     sent, and bls_send_result gives a new call's results a new region
+ *     instead of one a response still holds, whatever slot the worker
+ *     offers (it cannot know when the reply went). */
 
 enum { BLS_OUTPUTS = 0, BLS_ERROR = 1, BLS_EMPTY = 2 };
 #define BLS_FIXED (4 * 8 + 9 * 4) /* the fixed fields of a BLS_CALL */
