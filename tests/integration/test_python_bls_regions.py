@@ -489,9 +489,11 @@ def test_a_worker_killed_mid_call_and_no_fd_or_map_growth(server, tmp_path):
     if not os.environ.get("NEREID_SANITIZE"):  # ASan's quarantine keeps freed memory
         assert rss_kib(pid) - rss < 16 * 1024, (rss, rss_kib(pid))  # 1,000 x 800 KB would show
     # a region (or memfd) per call would add 1,000 of each; a few mappings of
-    # slack for the allocators (ASan's quarantine grows by mappings)
+    # slack for the allocators (ASan's secondary allocator maps each large
+    # block, and its quarantine keeps freed ones mapped: tens more there)
+    slack = 64 if os.environ.get("NEREID_SANITIZE") else 4
     f1, m1 = settled(pid)
-    assert f1 <= fds + 2 and m1 <= maps + 4, ((fds, maps), (f1, m1))
+    assert f1 <= fds + 2 and m1 <= maps + slack, ((fds, maps), (f1, m1))
 
     # the caller's worker dies while its BLS call is in flight; the call
     # ends later into a dead connection
@@ -516,7 +518,7 @@ def test_a_worker_killed_mid_call_and_no_fd_or_map_growth(server, tmp_path):
     run(server, "decoupled")
     f2, m2 = settled(pid)
     # the new worker's regions replace the old one's (slack: HTTP connections)
-    assert f2 <= fds + 2 and m2 <= maps + 4, ((fds, maps), (f2, m2))
+    assert f2 <= fds + 2 and m2 <= maps + slack, ((fds, maps), (f2, m2))
 
 
 def test_a_forged_reference_past_a_result_region_fails_the_request(server):
