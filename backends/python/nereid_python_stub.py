@@ -133,6 +133,11 @@ BLS_BUDGET = 64 << 20  # our BLS_CALL regions together, at most
 # wait_for and everything is parsed and built anew (the general path, which
 # tests compare it with).
 FAST_PATH = True
+# A BLS input that is a view of the EXECUTE in flight's region (the model
+# passes its own input), and a DONE output that is a view of a BLS result,
+# are referenced where they are, not copied (python.c, "BLS tensors by
+# reference").
+BLS_BY_REF = True
 PLANS_MAX = 256  # EXECUTE descriptions remembered (all forgotten when full)
 RECORDS_MAX = 1024  # DONE tensor records remembered (likewise)
 RELEASE_ALL, RELEASE_RESCHEDULE = 1, 2  # pb_utils.TRITONSERVER_REQUEST_RELEASE_*
@@ -309,7 +314,7 @@ def decode_inputs(plan, blob):
     return out
 
 
-def tensor_records(tensors, region, off, recs, views, tail=None, cache=None):
+def tensor_records(tensors, region, off, recs, views, tail=None, cache=None, results=None):
     """Appends to recs the binary records of tensors for a DONE, and to
     views their blob views from offset off; returns the blob's new end.
     region: (base address, length) of the server's EXECUTE region, or None:
@@ -319,7 +324,11 @@ def tensor_records(tensors, region, off, recs, views, tail=None, cache=None):
     EXECUTE's payload, so the server can hand it to the reply as a view
     (it does not reuse a region a reply still reads); else into our DONE
     region. cache: a dict that keeps the record of a small numeric output by
-    (name, datatype, shape, offset), or None."""
+    (name, datatype, shape, offset), or None. results: (spans, lent), spans
+    the (base address, length) of the server's BLS_RESULT regions by slot
+    (None: none there), or None: a large numeric output lying in one (a BLS
+    result returned) is referenced there (where 2 + slot), its slot
+    appended to the list lent."""
     for t in tensors:
         arr = t._array
         if cache is not None and t._dtype != "BYTES":
@@ -345,6 +354,16 @@ def tensor_records(tensors, region, off, recs, views, tail=None, cache=None):
             addr = data.__array_interface__["data"][0]
             if region[0] <= addr and addr + n <= region[0] + region[1]:
                 recs.append(tensor_record(t._name, t._dtype, shape, 1, addr - region[0], n))
+                continue
+        if (results is not None and n >= ALIAS_MIN and data.dtype != np.object_ and
+                t._dtype != "BYTES"):
+            addr = data.__array_interface__["data"][0]
+            spans = results[0]
+            k = next((k for k, sp in enumerate(spans)
+                      if sp is not None and sp[0] <= addr and addr + n <= sp[0] + sp[1]), -1)
+            if k >= 0:
+                recs.append(tensor_record(t._name, t._dtype, shape, 2 + k, addr - spans[k][0], n))
+                results[1].append(k)
                 continue
         if (tail is not None and n >= TAIL_MIN and data.dtype != np.object_ and
                 t._dtype != "BYTES" and tail[1] + n <= tail[2]):
@@ -376,10 +395,13 @@ def rescheduled(reqs):
     return [i for i, q in enumerate(reqs)
             if q._release_flags == pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE]
 
-def bls_call_parts(request, decoupled):
+def bls_call_parts(request, decoupled, region=None):
     """A BLS request's binary description (python.c, "BLS: a worker's
     request"), without its call id: (fixed fields, the rest), and the views
-    and length of its blob."""
+    and length of its blob. region: (base address, length) of the server's
+    EXECUTE region while that execute is in flight, or None: a large numeric
+    input lying in it (the model's own input) is referenced there (where 1)
+    instead of copied."""
     model = request._model_name.encode()
     rid = request._request_id.encode()
     corr = request._correlation_id
@@ -396,7 +418,10 @@ def bls_call_parts(request, decoupled):
         parts.append(U32.pack(len(b)))
         parts.append(b)
     views = []
-    blob_len = tensor_records(request._inputs, None, 0, parts, views)
+    ins = request._inputs
+    if region is not None and any(t._dtype == "BYTES" for t in ins):
+        region = None  # the server copies BYTES and takes them from the blob only
+    blob_len = tensor_records(ins, region, 0, parts, views)
     head = (request._model_version, corr & U64_MASK, request._timeout & U64_MASK,
             request._flags & 0xFFFFFFFF, 1 if decoupled else 0, corr_len, len(model), len(rid),
             len(params), len(request._requested), len(request._inputs))
@@ -507,6 +532,10 @@ class Worker:
         # the last region EXECUTE's numeric inputs: id(array) -> (array, offset
         # in rx_map, bytes), for simple_done (None: inline, decoupled, or off)
         self.rx_views = None
+        # the thread running a (non-decoupled) execute that came in the
+        # server's region, until the execute returns; else None (BLS inputs
+        # by reference)
+        self.exec_ident = None
         self.view_records = {}  # DONE records of outputs that are input views (fast path)
         self.tx_map = None  # ours for DONE outputs (sealed against shrinking)
         # BLS regions (python.c, "BLS regions"; all under cv but the mapping
@@ -517,6 +546,12 @@ class Worker:
         self.bls_in = [None] * BLS_SLOTS
         self.bls_in_busy = [False] * BLS_SLOTS
         self.bls_out = [None] * BLS_SLOTS
+        # (base address, length) of each bls_out mapping: a DONE output that
+        # is a view of a BLS result there is referenced (where 2 + slot)
+        self.bls_out_span = [None] * BLS_SLOTS
+        # slots the last DONE referenced: offered last (a reply may still
+        # read them; the server would then make a new region)
+        self.bls_lent = ()
         self.bls_out_busy = [False] * BLS_SLOTS
         self.bls_out_refs = [[] for _ in range(BLS_SLOTS)]
         self.bls_calls = {}  # call id -> (BLS_CALL slot, reply slot), until its final result
@@ -711,6 +746,8 @@ class Worker:
                     os.close(f)
             if slot_no < BLS_SLOTS:
                 self.bls_out[slot_no] = mm  # the old one lives on in its arrays
+                self.bls_out_span[slot_no] = (np.frombuffer(mm, np.uint8, 1).ctypes.data,
+                                              len(mm))
         mm = self.bls_out[slot_no] if slot_no < BLS_SLOTS else None
         if mm is None or len(data) != HDR.size + 8:
             raise ValueError(f"a BLS result in region slot {slot_no}, never sent")
@@ -733,7 +770,8 @@ class Worker:
                     in_slot = k
                     self.bls_in_busy[k] = True
                     break
-        for k in range(BLS_SLOTS):
+        lent = self.bls_lent
+        for k in [k for k in range(BLS_SLOTS) if k not in lent] + list(lent):
             if not self.bls_out_busy[k]:
                 refs = self.bls_out_refs[k]
                 if refs:
@@ -1050,7 +1088,11 @@ class Worker:
         if not self.initialized or self.finalizing:
             raise pb_utils.TritonModelException(
                 "BLS is only supported during the 'execute' function.")
-        head, rest, views, blob_len = bls_call_parts(request, decoupled)
+        # Inputs by reference only from the thread running execute, before
+        # its DONE: the server holds the region for the call, and refuses a
+        # reference after DONE (a thread may outlive execute: it copies).
+        region = self.rx_region if threading.get_ident() == self.exec_ident else None
+        head, rest, views, blob_len = bls_call_parts(request, decoupled, region)
         if decoupled:
             # Responses reach the iterator as they arrive; the call returns
             # once the first came, as Triton's: async_exec() then waits in
@@ -1212,12 +1254,17 @@ class Worker:
         if self.decoupled:
             return self.execute_decoupled(reqs)
         try:
-            res = self.model.execute(reqs)
-            if isinstance(res, types.CoroutineType):  # inspect.iscoroutine
-                if self.bg_loop is not None:  # tasks it starts keep running after it
-                    res = asyncio.run_coroutine_threadsafe(res, self.bg_loop).result()
-                else:
-                    res = self.loop.run_until_complete(res)
+            if self.rx_used is not None and BLS_BY_REF:
+                self.exec_ident = threading.get_ident()
+            try:
+                res = self.model.execute(reqs)
+                if isinstance(res, types.CoroutineType):  # inspect.iscoroutine
+                    if self.bg_loop is not None:  # tasks it starts keep running after it
+                        res = asyncio.run_coroutine_threadsafe(res, self.bg_loop).result()
+                    else:
+                        res = self.loop.run_until_complete(res)
+            finally:
+                self.exec_ident = None
             for q in reqs:
                 if q._sender is not None:  # the model took a response sender
                     res = self.collect_sent(reqs, res)
@@ -1323,6 +1370,7 @@ class Worker:
                 region = self.rx_region
                 tail = [memoryview(self.rx_map), self.rx_used, len(self.rx_map)]
             records = self.records if FAST_PATH else None
+            results = (list(self.bls_out_span), []) if BLS_BY_REF else None
             for req, resp in zip(reqs, res):
                 if req._release_flags == RELEASE_RESCHEDULE:
                     out.append(DONE_RESP.pack(RESP_RESCHEDULE, 0, 0, 0, 0))  # response dropped
@@ -1340,7 +1388,10 @@ class Worker:
                 params = resp._parameters.encode() if resp._parameters != "{}" else b""
                 out.append(DONE_RESP.pack(RESP_OUTPUTS, len(mine), len(params), 0, 0))
                 out.append(params)
-                off = tensor_records(mine, region, off, out, views, tail, records)
+                off = tensor_records(mine, region, off, out, views, tail, records, results)
+            if results is not None and (results[1] or self.bls_lent):
+                with self.cv:
+                    self.bls_lent = tuple(set(results[1]))
             self.send_done(b"".join(out), views, off)
         except Exception as e:  # e.g. a BYTES element that cannot be encoded
             self.send_done(done_error(f"Failed to process the request(s) for model "

@@ -417,6 +417,10 @@ typedef struct outmsg {
     tview_t *t;
     size_t n, cap;
     size_t blob_len;
+    /* EXECUTE: the region it goes in (when one) is published here with a
+     * reference, under publish_mu, before the worker can see it. */
+    region_t **publish;
+    pthread_mutex_t *publish_mu;
 } outmsg_t;
 
 /* Adds tensor v to the blob; returns its offset there. */
@@ -584,6 +588,13 @@ static int outmsg_send_region(chan_t *c, uint32_t type, outmsg_t *m, region_t **
         outmsg_copy(m, (*tx)->map, js, jlen);
         hdr_pack(hdr, type | M_REGION | (uint32_t)(*tx)->slot << M_SLOT_SHIFT, (uint32_t)jlen,
                  m->blob_len);
+        if (m->publish) {
+            atomic_fetch_add(&(*tx)->refs, 1);
+            pthread_mutex_lock(m->publish_mu);
+            region_unref(*m->publish);
+            *m->publish = *tx;
+            pthread_mutex_unlock(m->publish_mu);
+        }
         rc = send_with_fd(c, hdr, fd);
         goto out;
     }
@@ -912,7 +923,9 @@ static bool check_tensor(const char *name, nereid_datatype_t t, int64_t *shape, 
  * where 0 means the message's blob, and 1 (DONE only) the EXECUTE region
  * the server wrote: an output that is a view of an input is not copied by
  * the worker, and a large computed one is written there after the EXECUTE
- * payload (so both can reach the reply as views of the region). EXECUTE:
+ * payload (so both can reach the reply as views of the region); 2 + k
+ * (DONE only) the server's BLS_RESULT region k, an output that is a BLS
+ * result (see "BLS tensors by reference"). EXECUTE:
  *   u32 n_requests, then per request
  *   u32 n_inputs, u32 n_outputs, u32 flags, u32 id_len, i32 corr_len (-1:
  *   numeric), u32 params_len, u64 correlation_id, u64 timeout_us,
@@ -1012,8 +1025,9 @@ static uint64_t br_u64(brd_t *r)
 }
 
 /* A tensor record of a DONE, checked as parse_tensor checks a JSON one;
- * name (MAX_NAME + 1 bytes) receives its name. ex/ex_len: the EXECUTE
- * region (where = 1). */
+ * name (MAX_NAME + 1 bytes) receives its name. ex/ex_len: the region a
+ * record with where >= 1 lies in (the caller's choice by where: the
+ * EXECUTE region, or a BLS_RESULT one). */
 static bool read_tensor(brd_t *r, const uint8_t *blob, size_t blob_len, const uint8_t *ex,
                         size_t ex_len, tview_t *v, int64_t *shape, char *name, char *why,
                         size_t why_cap)
@@ -1023,8 +1037,8 @@ static bool read_tensor(brd_t *r, const uint8_t *blob, size_t blob_len, const ui
     int64_t dims[MAX_RANK];
     const uint8_t *d = br_take(r, (size_t)rank * sizeof(int64_t));
     const uint8_t *nm = br_take(r, name_len);
-    if (r->bad || name_len == 0 || name_len > MAX_NAME || where > 1 || (where == 1 && !ex) ||
-        memchr(nm, 0, name_len)) {
+    if (r->bad || name_len == 0 || name_len > MAX_NAME || where > 1 + BLS_SLOTS ||
+        (where >= 1 && !ex) || memchr(nm, 0, name_len)) {
         snprintf(why, why_cap, "malformed tensor description");
         return false;
     }
@@ -1105,6 +1119,8 @@ typedef struct instance {
     sender_slot_t *senders;
     uint64_t next_sender;
     nereid_batch_t *batch; /* during execute, for cancellation checks */
+    region_t *exec_rx;     /* the EXECUTE region of the execute in flight (a reference), or
+                              NULL: what a BLS input by reference (where 1) may name */
     size_t bls_inflight;
     struct bls_call *bls_calls; /* in flight, for M_BLS_CANCEL */
     /* The model's is_ready() (Triton's user-defined readiness): one check
@@ -1267,7 +1283,8 @@ static void on_cancel_query(instance_t *in, msg_t *m)
  *   i32 reply slot (-1: none; see "BLS regions"), model name, request id,
  *   correlation id string, parameters (JSON text of an object, absent when
  *   none), n_outputs x (u32 len, name), n_inputs tensor records (where 0:
- *   the message's blob).
+ *   the message's blob; 1: the EXECUTE region of the execute in flight,
+ *   see "BLS tensors by reference").
  * BLS_RESULT (server -> worker):
  *   u64 call id, u32 status (0 outputs, 1 error, 2 empty: a flags-only
  *   final), u32 final, u32 error code, u32 error_len, u32 params_len,
@@ -1310,7 +1327,23 @@ static void on_cancel_query(instance_t *in, msg_t *m)
  *     its own as before.
  * A worker that lies about slots only garbles its own results: the server
  * checks every slot number, offset and length against the region it names
- * and never reads what it wrote into its BLS_RESULT regions. */
+ * and never reads what it wrote into its BLS_RESULT regions.
+ *
+ * BLS tensors by reference. Two copies of a large tensor are skipped when
+ * the model hands on what it was given:
+ *   - a BLS input that is a view of the EXECUTE region of the execute in
+ *     flight (the model's own input) is a where 1 record: the server
+ *     accepts it only while its own execute is in flight (in->exec_rx,
+ *     published before the EXECUTE is sent, dropped when DONE arrived),
+ *     holds that region until the call's final response (tx_pick then
+ *     takes another for the next EXECUTE), and ends a worker naming it
+ *     with none in flight. The worker sends it only from the thread
+ *     running execute, before DONE, so the socket's order makes it valid;
+ *   - a DONE output that is a view of a BLS result is a where 2 + k record:
+ *     the response holds the BLS_RESULT region k (a reference) until it is
+ *     sent, and bls_send_result gives a new call's results a new region
+ *     instead of one a response still holds, whatever slot the worker
+ *     offers (it cannot know when the reply went). */
 
 enum { BLS_OUTPUTS = 0, BLS_ERROR = 1, BLS_EMPTY = 2 };
 #define BLS_FIXED (4 * 8 + 9 * 4) /* the fixed fields of a BLS_CALL */
@@ -1322,6 +1355,7 @@ typedef struct bls_call {
     uint64_t id;
     nereid_cancel_token_t *cancel; /* the request's: cancelled by M_BLS_CANCEL */
     uint8_t *bytes;                /* private copies of BYTES inputs from a memfd */
+    region_t *ex;                  /* the EXECUTE region inputs by reference read, or NULL */
     int reply_slot;                /* the worker's choice of our BLS_RESULT region, or -1 */
     size_t reply_used;             /* bytes of it this call's responses took so far */
     struct bls_call *next;         /* in->bls_calls */
@@ -1353,9 +1387,14 @@ static void bls_send_result(bls_call_t *call, bwr_t *w, outmsg_t *om)
     int fd = -1;
     pthread_mutex_lock(&c->bls_mu);
     region_t *r = c->bls_tx[k];
-    if (!r || r->size < off || r->size - off < total) {
+    /* A new call's results never go where a response still reads (a DONE
+     * output naming this region, kept until the reply is sent): a fresh
+     * region takes the slot, the old one lives on in that response. */
+    bool held = r && call->reply_used == 0 && atomic_load(&r->refs) > 1;
+    if (!r || held || r->size < off || r->size - off < total) {
         size_t size = total < (1u << 19) ? (1u << 20) : 2 * total;
         if (size > BLS_REGION_MAX) size = BLS_REGION_MAX;
+        if (held && size < r->size) size = r->size;
         size_t old = r ? r->size : 0;
         r = c->bls_tx_bytes - old + size <= BLS_BUDGET ? region_new(size, k) : NULL;
         if (r) {
@@ -1415,6 +1454,7 @@ static void bls_done(bls_call_t *call)
     instance_t *in = call->in;
     msg_free(call->msg);
     free(call->bytes);
+    region_unref(call->ex);
     chan_unref(call->chan);
     pthread_mutex_lock(&in->mu);
     for (bls_call_t **p = &in->bls_calls; *p; p = &(*p)->next)
@@ -1470,6 +1510,7 @@ typedef struct bls_req {
     uint32_t flags, decoupled, model_len, id_len, params_len, n_out, n_in;
     int32_t corr_len, reply_slot;
     const uint8_t *model, *rid, *corr_s, *params, *outs, *ins;
+    bool by_ref; /* an input names the EXECUTE region (where 1) */
 } bls_req_t;
 
 /* Walks a BLS_CALL description whole: every count and length fits, strings
@@ -1477,6 +1518,7 @@ typedef struct bls_req {
 static bool bls_check(const uint8_t *meta, size_t len, bls_req_t *q)
 {
     brd_t rd = {meta, len, 0, false};
+    q->by_ref = false;
     q->id = br_u64(&rd);
     q->version = (int64_t)br_u64(&rd);
     q->corr = br_u64(&rd);
@@ -1508,13 +1550,13 @@ static bool bls_check(const uint8_t *meta, size_t len, bls_req_t *q)
     }
     q->ins = rd.p + rd.pos;
     for (uint32_t i = 0; i < q->n_in && !rd.bad; i++) {
-        uint32_t name_len = br_u32(&rd);
-        br_u32(&rd); /* datatype */
+        uint32_t name_len = br_u32(&rd), dt = br_u32(&rd);
         uint32_t rank = br_u32(&rd), where = br_u32(&rd);
         br_take(&rd, 16); /* offset, size */
         br_take(&rd, (size_t)rank * sizeof(int64_t));
         br_take(&rd, name_len);
-        if (where != 0) return false;
+        if (where > 1 || (where == 1 && dt == NEREID_TYPE_BYTES)) return false;
+        if (where == 1) q->by_ref = true;
     }
     return !rd.bad && rd.pos == rd.n;
 }
@@ -1579,10 +1621,11 @@ static size_t bls_bytes_total(const bls_req_t *q, const msg_t *m)
     return total;
 }
 
-/* Adds the inputs (records checked here against the blob) to req. false:
- * the worker described a tensor that does not add up (*why). */
-static bool bls_inputs(nereid_request_t *req, const bls_req_t *q, msg_t *m, uint8_t *bytes,
-                       nereid_error_t **err, char *why, size_t why_cap)
+/* Adds the inputs (records checked here against the blob, or against ex,
+ * the EXECUTE region in flight, for where 1) to req. false: the worker
+ * described a tensor that does not add up (*why). */
+static bool bls_inputs(nereid_request_t *req, const bls_req_t *q, msg_t *m, const region_t *ex,
+                       uint8_t *bytes, nereid_error_t **err, char *why, size_t why_cap)
 {
     brd_t rd = {q->ins, m->meta + m->meta_len - q->ins, 0, false};
     size_t used = 0;
@@ -1590,7 +1633,8 @@ static bool bls_inputs(nereid_request_t *req, const bls_req_t *q, msg_t *m, uint
         tview_t v;
         int64_t shape[MAX_RANK];
         char name[MAX_NAME + 1];
-        if (!read_tensor(&rd, m->blob, m->blob_len, NULL, 0, &v, shape, name, why, why_cap))
+        if (!read_tensor(&rd, m->blob, m->blob_len, ex ? ex->map : NULL, ex ? ex->size : 0, &v,
+                         shape, name, why, why_cap))
             return false;
         if (v.datatype == NEREID_TYPE_BYTES && bytes) {
             memcpy(bytes + used, v.data, v.size);
@@ -1661,7 +1705,24 @@ static bool bls_start(instance_t *in, msg_t *m, char *why, size_t why_cap)
     size_t nbytes = bls_bytes_total(&q, m);
     uint8_t *bytes = nbytes ? malloc(nbytes) : NULL;
     if (nbytes && !bytes) abort();
-    if (!err && !bls_inputs(req, &q, m, bytes, &err, why, why_cap)) {
+    /* Inputs by reference: only into the region of the execute in flight
+     * (held until the call's final response, so it is not reused). */
+    region_t *ex = NULL;
+    if (q.by_ref) {
+        pthread_mutex_lock(&in->mu);
+        ex = in->exec_rx;
+        if (ex) atomic_fetch_add(&ex->refs, 1);
+        pthread_mutex_unlock(&in->mu);
+    }
+    if (q.by_ref && !ex) {
+        snprintf(why, why_cap, "BLS input in the execute region while no execute is in flight");
+        nereid_request_free(req);
+        free(bytes);
+        free(model);
+        return false;
+    }
+    if (!err && !bls_inputs(req, &q, m, ex, bytes, &err, why, why_cap)) {
+        region_unref(ex);
         nereid_request_free(req);
         free(bytes);
         free(model);
@@ -1677,8 +1738,8 @@ static bool bls_start(instance_t *in, msg_t *m, char *why, size_t why_cap)
     if (!err) {
         bls_call_t *call = calloc(1, sizeof *call);
         if (!call) abort();
-        *call =
-            (bls_call_t){in, c, m, q.id, nereid_cancel_token_new(), bytes, q.reply_slot, 0, NULL};
+        *call = (bls_call_t){in,           c, m,   q.id, nereid_cancel_token_new(), bytes, ex,
+                             q.reply_slot, 0, NULL};
         nereid_request_set_cancel_token(req, call->cancel);
         atomic_fetch_add(&c->refs, 1);
         pthread_mutex_lock(&in->mu);
@@ -1693,8 +1754,10 @@ static bool bls_start(instance_t *in, msg_t *m, char *why, size_t why_cap)
         }
         call->msg = NULL;
         call->bytes = NULL;
+        call->ex = NULL;
         bls_done(call);
     }
+    region_unref(ex);
     nereid_request_free(req);
     free(bytes);
     snprintf(text, sizeof text, "Model %s - Error when running inference: %s", model,
@@ -2768,6 +2831,7 @@ typedef struct model_state {
 static void instance_free(instance_t *in)
 {
     spin_page_drop(in);
+    region_unref(in->exec_rx);
     region_unref(in->tx);
     rx_regions_clear(&in->rx);
     for (int i = 0; i < TX_SPARES; i++)
@@ -3104,6 +3168,15 @@ static nereid_error_t *text_error(const uint8_t *t, uint32_t len, uint32_t code)
                             (const char *)t);
 }
 
+/* The where field of the tensor record at rd (not consumed), or
+ * UINT32_MAX when the description ends before it. */
+static uint32_t record_where(const brd_t *rd)
+{
+    uint32_t where = UINT32_MAX;
+    if (!rd->bad && rd->n - rd->pos >= 16) memcpy(&where, rd->p + rd->pos + 12, 4);
+    return where;
+}
+
 /* Response r of a DONE (kind 0): its status, outputs and parameters. A
  * tensor that does not add up fails request r; a description that cannot
  * be read is the worker's fault (false). */
@@ -3133,7 +3206,23 @@ static bool apply_response(instance_t *in, nereid_batch_t *batch, size_t r, brd_
         tview_t v;
         int64_t shape[MAX_RANK];
         char w[512];
-        if (!read_tensor(rd, m->blob, m->blob_len, ex, ex_len, &v, shape, name, w, sizeof w)) {
+        /* where 2 + k: the BLS_RESULT region in slot k as it is now (a
+         * reference: the response keeps it, bls_send_result writes no new
+         * call's result into a region a response still reads). */
+        uint32_t where = record_where(rd);
+        region_t *res_region = NULL;
+        if (where >= 2 && where < 2 + BLS_SLOTS) {
+            pthread_mutex_lock(&in->chan->bls_mu);
+            res_region = in->chan->bls_tx[where - 2];
+            if (res_region) atomic_fetch_add(&res_region->refs, 1);
+            pthread_mutex_unlock(&in->chan->bls_mu);
+        }
+        bool ok = res_region ? read_tensor(rd, m->blob, m->blob_len, res_region->map,
+                                           res_region->size, &v, shape, name, w, sizeof w)
+                             : read_tensor(rd, m->blob, m->blob_len, where == 1 ? ex : NULL, ex_len,
+                                           &v, shape, name, w, sizeof w);
+        if (!ok) {
+            region_unref(res_region);
             if (rd->bad) {
                 snprintf(why, why_cap, "malformed execute answer: %s", w);
                 nereid_error_free(bad);
@@ -3143,7 +3232,16 @@ static bool apply_response(instance_t *in, nereid_batch_t *batch, size_t r, brd_
                 bad = nereid_error_new(NEREID_ERROR_INTERNAL, "Python model '%s': %s", in->name, w);
             continue;
         }
-        if (bad) continue;
+        if (bad) {
+            region_unref(res_region);
+            continue;
+        }
+        if (res_region && nereid_datatype_byte_size(v.datatype) != 0) {
+            bad = nereid_batch_request_output_view(batch, r, v.name, v.datatype, v.shape, v.rank,
+                                                   v.data, v.size, region_release, res_region);
+            if (bad) region_unref(res_region);
+            continue;
+        }
         const uint8_t *d = v.data;
         if (ex && d >= ex && d < ex + ex_len && v.size >= VIEW_MIN &&
             nereid_datatype_byte_size(v.datatype) != 0) {
@@ -3159,6 +3257,7 @@ static bool apply_response(instance_t *in, nereid_batch_t *batch, size_t r, brd_
         bad = nereid_batch_request_output(batch, r, v.name, v.datatype, v.shape, v.rank, v.size,
                                           &buf);
         if (!bad && v.size) memcpy(buf, v.data, v.size);
+        region_unref(res_region);
         if (!bad && v.datatype == NEREID_TYPE_BYTES &&
             !bytes_ok(buf, v.size, elements(v.shape, v.rank)))
             bad = nereid_error_new(NEREID_ERROR_INTERNAL,
@@ -3411,6 +3510,8 @@ NEREID_EXPORT nereid_error_t *nereid_backend_execute(nereid_instance_t *instance
     uint64_t spin_ns = spin_budget_ns(in, nereid_now_ns(), alone);
     exec_reading_begin(in);
     tx_pick(in);
+    om.publish = &in->exec_rx;
+    om.publish_mu = &in->mu;
     int rc = outmsg_send_region(in->chan, M_EXECUTE, &om, &in->tx, tx_free_slot(in));
     if (in->tx && in->tx->fresh) {
         in->tx->fresh = false;
@@ -3429,7 +3530,10 @@ NEREID_EXPORT nereid_error_t *nereid_backend_execute(nereid_instance_t *instance
     if (spun && m) spin_record(in, infer_end - input_end, hit, contended);
     pthread_mutex_lock(&in->mu);
     in->batch = NULL;
+    region_t *ex_done = in->exec_rx;
+    in->exec_rx = NULL;
     pthread_mutex_unlock(&in->mu);
+    region_unref(ex_done);
     if (!m) {
         worker_stop(in);
         if (!in->decoupled) fail_all(batch, unhealthy(in));

@@ -163,7 +163,8 @@ class TritonPythonModel:
             os.kill(os.getpid(), signal.SIGKILL)
         if mode == "exit":
             os._exit(3)
-        if mode in ("garbage", "unsealed", "outside", "outside_inputs", "bad_done"):
+        if mode in ("garbage", "unsealed", "outside", "outside_inputs", "outside_results",
+                    "outside_slots", "bad_done"):
             # a hostile model writing its own datagrams to the server
             import socket, struct, array
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET, fileno=os.dup(3))
@@ -176,10 +177,12 @@ class TritonPythonModel:
                               [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))])
             else:
                 # a binary DONE: kind 0, one response with one INT64 tensor record
-                # (where 0: this blob; 1: the server's EXECUTE region) that does
+                # (where 0: this blob; 1: the server's EXECUTE region; 2 + k:
+                # its BLS_RESULT region k, none made; 10: past those) that does
                 # not fit; bad_done: a second response the batch does not have
                 n = 2 if mode == "bad_done" else 1
-                where = 1 if mode == "outside_inputs" else 0
+                where = {"outside_inputs": 1, "outside_results": 2,
+                         "outside_slots": 10}.get(mode, 0)
                 rec = (struct.pack("<IIIIIIIIIQQq", 0, 1, 0, 0, 0, 3, 9, 1, where, 0,
                                    8000000, 1000000) + b"OUT")
                 js = struct.pack("<II", 0, n) + rec * n
@@ -880,6 +883,8 @@ def test_example_model(tmp_path):
     ("unsealed", "bad shared-memory region"),
     ("outside", "tensor 'OUT' lies outside its message"),
     ("outside_inputs", "malformed tensor description"),
+    ("outside_results", "malformed tensor description"),
+    ("outside_slots", "malformed tensor description"),
     ("bad_done", "malformed execute answer"),
 ])
 def test_hostile_worker_messages(server, how, why):

@@ -8,6 +8,8 @@ BLS_CALL messages from a hostile model end its worker with a reason while
 the server keeps serving.
 """
 import json
+import os
+import time
 
 import numpy as np
 import pytest
@@ -56,6 +58,8 @@ import json
 import os
 import socket
 import struct
+import threading
+import time
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
@@ -126,9 +130,25 @@ class TritonPythonModel:
                 res["unknown_model"] = (u.error().code(), u.error().message())
             elif mode == "truncated":
                 forge(bls_head(1, 0)[:-3])
-            elif mode == "where":
+            elif mode == "where":  # an inline EXECUTE: no region to name
                 rec = struct.pack("<IIIIQQq", 4, 11, 1, 1, 0, 4, 1) + b"IN_F"
                 forge(bls_head(0, 1) + rec, bytes(64))
+            elif mode == "where_past":  # past the end of the EXECUTE region
+                rec = struct.pack("<IIIIQQq", 4, 11, 1, 1, 1 << 40, 4, 1) + b"IN_F"
+                forge(bls_head(0, 1) + rec)
+            elif mode == "where_bytes":  # BYTES are never taken by reference
+                rec = struct.pack("<IIIIQQq", 4, 13, 1, 1, 0, 8, 1) + b"IN_S"
+                forge(bls_head(0, 1) + rec)
+            elif mode.startswith("where_late:"):  # after the execute's DONE
+                d = mode.split(":", 1)[1]
+                def late():
+                    for _ in range(3000):
+                        if os.path.exists(os.path.join(d, "go")):
+                            break
+                        time.sleep(0.01)
+                    rec = struct.pack("<IIIIQQq", 4, 11, 1, 1, 0, 4, 1) + b"IN_F"
+                    forge(bls_head(0, 1) + rec)
+                threading.Thread(target=late).start()
             elif mode == "reply_slot":
                 forge(bls_head(0, 0, reply=8))
             elif mode == "region_slot":
@@ -146,7 +166,8 @@ class TritonPythonModel:
 CALLER_CONFIG = """
 name: "caller"
 backend: "python"
-input [ { name: "MODE" data_type: TYPE_STRING dims: [ 1 ] } ]
+input [ { name: "MODE" data_type: TYPE_STRING dims: [ 1 ] },
+        { name: "BIG" data_type: TYPE_FP32 dims: [ -1 ] optional: true } ]
 output [ { name: "OUT" data_type: TYPE_STRING dims: [ 1 ] } ]
 """
 
@@ -161,8 +182,12 @@ def server(tmp_path_factory):
     assert s.stop() == 0, s.output()
 
 
-def run(server, mode):
-    r = post(server, "caller", [{"name": "MODE", "datatype": "BYTES", "data": [mode]}])
+def run(server, mode, big=False):
+    ins = [{"name": "MODE", "datatype": "BYTES", "data": [mode]}]
+    if big:  # the EXECUTE then travels in the server's region
+        ins.append({"name": "BIG", "datatype": "FP32", "data": np.zeros(100000, np.float32),
+                    "binary": True})
+    r = post(server, "caller", ins)
     return r, (json.loads(r.json()["outputs"][0]["data"][0]) if r.status_code == 200 else None)
 
 
@@ -203,16 +228,37 @@ def test_errors_come_back_as_errors(server):
 
 @pytest.mark.parametrize("how,why", [
     ("truncated", "malformed BLS request"),
-    ("where", "malformed BLS request"),  # a record pointing into the server's region
+    # records pointing into the server's EXECUTE region: with none in flight,
+    # past its end, BYTES
+    ("where", "BLS input in the execute region while no execute is in flight"),
+    ("where_past", "tensor 'IN_F' lies outside its message"),
+    ("where_bytes", "malformed BLS request"),
     ("reply_slot", "malformed BLS request"),  # a reply region past BLS_SLOTS
     ("region_slot", "unexpected region message"),  # a BLS_CALL region past BLS_SLOTS
     ("region_unsent", "message outside the shared-memory region"),  # a slot never sent
     ("bytes", "BYTES tensor 'IN_S' does not hold 3 serialized elements"),
 ])
 def test_forged_bls_calls_end_the_worker(server, how, why):
-    r, _ = run(server, how)
+    seen = len(server.output())
+    r, _ = run(server, how, big=how in ("where_past", "where_bytes"))
     assert r.status_code == 500
     assert r.json()["error"].startswith("Stub process 'caller_0' is not healthy")
-    assert why in server.output()
+    assert why in server.output()[seen:]
+    r, res = run(server, "fields")  # restarted, serving
+    assert r.status_code == 200 and res["error"] is None
+
+
+def test_a_reference_after_the_execute_ended_ends_the_worker(server, tmp_path):
+    # a valid offset into the region the execute came in, sent by a thread
+    # after the execute's DONE: the server's own state refuses it
+    seen = len(server.output())
+    r, _ = run(server, "where_late:" + str(tmp_path), big=True)
+    assert r.status_code == 200, r.text
+    open(os.path.join(str(tmp_path), "go"), "w").close()
+    why = "BLS input in the execute region while no execute is in flight"
+    deadline = time.time() + 60
+    while why not in server.output()[seen:] and time.time() < deadline:
+        time.sleep(0.02)
+    assert why in server.output()[seen:]
     r, res = run(server, "fields")  # restarted, serving
     assert r.status_code == 200 and res["error"] is None

@@ -428,8 +428,18 @@ static void test_tensor_records(void)
     put_tensor(&d, "A", NEREID_TYPE_FP32, dims, 2, 1, 120, 16);
     CHECK(!bin_tensor(&d, blob, 64, ex, 128, why));
     CHECK_STR_CONTAINS(why, "lies outside its message");
+    /* where 2 + k: a BLS_RESULT region (the caller passes it as ex), at
+     * most BLS_SLOTS of them; none given, or past them: malformed */
     d = (done_t){0};
     put_tensor(&d, "A", NEREID_TYPE_FP32, dims, 2, 2, 0, 16);
+    CHECK(bin_tensor(&d, blob, 64, ex, 128, why));
+    CHECK(!bin_tensor(&d, blob, 64, NULL, 0, why));
+    CHECK_STR_CONTAINS(why, "malformed tensor description");
+    d = (done_t){0};
+    put_tensor(&d, "A", NEREID_TYPE_FP32, dims, 2, 1 + BLS_SLOTS, 112, 16);
+    CHECK(bin_tensor(&d, blob, 64, ex, 128, why));
+    d = (done_t){0};
+    put_tensor(&d, "A", NEREID_TYPE_FP32, dims, 2, 2 + BLS_SLOTS, 0, 16);
     CHECK(!bin_tensor(&d, blob, 64, ex, 128, why));
     CHECK_STR_CONTAINS(why, "malformed tensor description");
     /* offsets and sizes past INT64_MAX */
@@ -565,10 +575,24 @@ static void test_bls_call(void)
     put_name(&d, "A");
     d.b[d.n - 1] = 0;
     CHECK(!bls_check(d.b, d.n, &q));
+    /* where 1 (the EXECUTE region in flight, checked by bls_start): numeric
+     * only; nothing else but the blob */
     d = (done_t){0};
     put_bls(&d, 1, 0, -1, "m", "", "", 0, 1);
-    put_tensor(&d, "IN", NEREID_TYPE_FP32, dims, 1, 1, 0, 8); /* where 1: no region here */
+    put_tensor(&d, "IN", NEREID_TYPE_FP32, dims, 1, 1, 0, 8);
+    CHECK(bls_check(d.b, d.n, &q) && q.by_ref);
+    d = (done_t){0};
+    put_bls(&d, 1, 0, -1, "m", "", "", 0, 1);
+    put_tensor(&d, "IN", NEREID_TYPE_BYTES, dims, 1, 1, 0, 8);
     CHECK(!bls_check(d.b, d.n, &q));
+    d = (done_t){0};
+    put_bls(&d, 1, 0, -1, "m", "", "", 0, 1);
+    put_tensor(&d, "IN", NEREID_TYPE_FP32, dims, 1, 2, 0, 8);
+    CHECK(!bls_check(d.b, d.n, &q));
+    d = (done_t){0};
+    put_bls(&d, 1, 0, -1, "m", "", "", 0, 1);
+    put_tensor(&d, "IN", NEREID_TYPE_FP32, dims, 1, 0, 0, 8);
+    CHECK(bls_check(d.b, d.n, &q) && !q.by_ref);
     /* counts and lengths far beyond the description */
     d = (done_t){0};
     put_bls(&d, 1, 0, -1, "m", "", "", 0xffffffffu, 0);
