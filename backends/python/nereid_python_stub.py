@@ -171,6 +171,31 @@ def populate(mm, advice):
         pass
 
 
+def new_region(size):
+    """(fd, mapping) of a new memfd of size bytes, sealed against shrinking
+    (the server maps it too): a region of ours that lives across messages."""
+    fd = os.memfd_create("nereid-python", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        os.ftruncate(fd, size)
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
+        return fd, mmap.mmap(fd, size)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def fill_region(mm, js, views):
+    """A message's description at the start of mm, its tensors after it at
+    their blob offsets."""
+    mv = memoryview(mm)
+    try:
+        mv[0:len(js)] = js
+        for off, data in views:
+            mv[len(js) + off:len(js) + off + data.nbytes] = as_bytes(data)
+    finally:
+        mv.release()
+
+
 def error_text(e):
     """An exception as Triton's stub prints it: '<Type>: <msg>' and the frames."""
     lines = [f"{type(e).__name__}: {e}", "", "At:"]
@@ -607,11 +632,7 @@ class Worker:
             os.ftruncate(fd, total)
             with mmap.mmap(fd, total) as mm:
                 populate(mm, MADV_POPULATE_WRITE)
-                mm[0:len(js)] = js
-                mv = memoryview(mm)
-                for off, data in views:
-                    mv[len(js) + off:len(js) + off + data.nbytes] = as_bytes(data)
-                mv.release()
+                fill_region(mm, js, views)
             fcntl.fcntl(fd, fcntl.F_ADD_SEALS,
                         fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
             with self.send_lock:
@@ -634,21 +655,21 @@ class Worker:
         fd = -1
         if self.tx_map is None or len(self.tx_map) < total:
             size = max(total, 1 << 20, 2 * len(self.tx_map) if self.tx_map else 0)
-            fd = os.memfd_create("nereid-python", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-            os.ftruncate(fd, size)
-            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
+            fd, mm = new_region(size)
             if self.tx_map is not None:
                 self.tx_map.close()
-            self.tx_map = mmap.mmap(fd, size)
+            self.tx_map = mm
+        self.send_in_region(self.tx_map, fd, mtype | M_REGION, js, views, blob_len)
+
+    def send_in_region(self, mm, fd, mtype, js, views, blob_len):
+        """Writes a message at the start of region mm and sends its header,
+        with fd (the region's memfd, closed here) when the server has not
+        got it yet (-1 otherwise)."""
         try:
-            mv = memoryview(self.tx_map)
-            mv[0:len(js)] = js
-            for off, data in views:
-                mv[len(js) + off:len(js) + off + data.nbytes] = as_bytes(data)
-            mv.release()
+            fill_region(mm, js, views)
             anc = [] if fd < 0 else [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))]
             with self.send_lock:
-                self.sendmsg([HDR.pack(mtype | M_REGION, len(js), blob_len)], anc)
+                self.sendmsg([HDR.pack(mtype, len(js), blob_len)], anc)
         finally:
             if fd >= 0:
                 os.close(fd)
@@ -824,31 +845,13 @@ class Worker:
                 used = sum(len(m) for m in self.bls_in if m is not None)
             if used - (len(mm) if mm is not None else 0) + size > BLS_BUDGET:
                 return False
-            fd = os.memfd_create("nereid-python", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-            try:
-                os.ftruncate(fd, size)
-                fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
-                mm = mmap.mmap(fd, size)
-            except BaseException:
-                os.close(fd)
-                raise
+            fd, mm = new_region(size)
             populate(mm, MADV_POPULATE_WRITE)
             old, self.bls_in[k] = self.bls_in[k], mm
             if old is not None:
                 old.close()
-        try:
-            mv = memoryview(mm)
-            mv[0:len(js)] = js
-            for off, data in views:
-                mv[len(js) + off:len(js) + off + data.nbytes] = as_bytes(data)
-            mv.release()
-            anc = [] if fd < 0 else [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))]
-            with self.send_lock:
-                self.sendmsg([HDR.pack(M_BLS_CALL | M_REGION | k << M_SLOT_SHIFT, len(js),
-                                       blob_len)], anc)
-        finally:
-            if fd >= 0:
-                os.close(fd)
+        self.send_in_region(mm, fd, M_BLS_CALL | M_REGION | k << M_SLOT_SHIFT, js, views,
+                            blob_len)
         return True
 
     def wait_for(self, ready):

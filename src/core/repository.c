@@ -1075,15 +1075,15 @@ static nereid_error_t *load_model_as(nereid_server_t *s, const char *key, const 
         pthread_rwlock_unlock(&s->lock);
         /* Triton's IsModelVersionModified: a version whose files changed
          * is loaded again even when its config did not. */
-        if (old && same_config && !ctx->force &&
-            version_files_sig(load_dir, chosen[i]) == old_sig) {
+        bool same_files =
+            old && (same_config || may_update) && version_files_sig(load_dir, chosen[i]) == old_sig;
+        if (same_files && same_config && !ctx->force) {
             nv[i].model = old; /* unchanged: the same model keeps serving */
             nv[i].state = MODEL_READY;
             nv[i].files_sig = old_sig;
             continue;
         }
-        if (old && may_update && model_can_update_instances(old) &&
-            version_files_sig(load_dir, chosen[i]) == old_sig) {
+        if (same_files && may_update && model_can_update_instances(old)) {
             nereid_error_t *uerr = model_update_instances(old, cfg);
             if (uerr && nereid_error_code(uerr) == NEREID_ERROR_UNAVAILABLE) {
                 /* an instance cannot leave in place: a full reload */
@@ -1094,7 +1094,7 @@ static nereid_error_t *load_model_as(nereid_server_t *s, const char *key, const 
             }
             nv[i].model = old; /* the same model serves, with the new instances */
             nv[i].state = MODEL_READY;
-            nv[i].files_sig = version_files_sig(load_dir, chosen[i]);
+            nv[i].files_sig = old_sig;
             if (uerr) {
                 any_failed = true;
                 nv[i].reason = error_reason(uerr);
