@@ -6,8 +6,11 @@
  * nereid_python_stub.py's protocol (python.c: the header, "Binary EXECUTE
  * and DONE descriptions") and does nothing else: every EXECUTE is answered
  * with each request's first input as OUTPUT0, a view of the server's
- * EXECUTE region (where = 1) when the request came in one, else a copy in
- * the DONE itself, as the real worker's fast path answers an identity.
+ * EXECUTE region (where = 1) when the request came in one, or of the
+ * request body region the input lies in (where = 16 + slot: python.c,
+ * "Request bodies"), else a copy in the DONE itself, as the real worker's
+ * fast path answers an identity. It keeps no input past its answer, so its
+ * DONEs hold no body region.
  * What a request through it costs over the C identity backend is what one
  * process per instance costs on the machine, before any Python runs.
  *
@@ -28,6 +31,8 @@
 #define M_INIT 1
 #define M_EXECUTE 2
 #define M_FINALIZE 3
+#define M_BODY_MAP 8
+#define BODY_WHERE 16
 #define M_READY 101
 #define M_DONE 102
 #define M_FINALIZED 107
@@ -37,6 +42,8 @@
 
 static uint8_t *slot_map[SLOTS];
 static size_t slot_len[SLOTS];
+static uint8_t *body_map[SLOTS]; /* request body regions, read-only */
+static size_t body_len[SLOTS];
 
 static uint32_t rd32(const uint8_t *p)
 {
@@ -99,11 +106,15 @@ static void execute(const uint8_t *desc, const uint8_t *blob, long base)
         const uint8_t *rec = p;
         for (uint32_t i = 0; i < n_in; i++)
             p += 32 + 8 * rd32(p + 8) + rd32(p); /* name_len, dt, rank, where, off, size */
-        uint32_t dt = rd32(rec + 4), rank = rd32(rec + 8);
+        uint32_t dt = rd32(rec + 4), rank = rd32(rec + 8), where = rd32(rec + 12);
         uint64_t off = rd64(rec + 16), size = rd64(rec + 24);
         d = put32(put32(put32(put32(put32(d, 0), 1), 0), 0), 0); /* outputs, 1, no params/error */
-        d = put32(put32(put32(put32(d, 7), dt), rank), base >= 0 ? 1 : 0);
-        if (base >= 0) {
+        d = put32(put32(put32(put32(d, 7), dt), rank), where >= BODY_WHERE ? where
+                                                       : base >= 0         ? 1
+                                                                           : 0);
+        if (where >= BODY_WHERE) { /* a view of the input where it is */
+            d = put64(put64(d, off), size);
+        } else if (base >= 0) {
             d = put64(put64(d, (uint64_t)base + off), size);
         } else {
             d = put64(put64(d, (uint64_t)(db - data)), size);
@@ -156,6 +167,14 @@ int main(void)
             execute(slot_map[slot], slot_map[slot] + jlen, jlen);
         } else if (kind == M_EXECUTE) {
             execute(buf + HDR_BYTES, buf + HDR_BYTES + jlen, -1);
+        } else if (kind == M_BODY_MAP && fd >= 0) {
+            unsigned slot = (type >> M_SLOT_SHIFT) & 0xf;
+            struct stat st;
+            fstat(fd, &st);
+            if (body_map[slot]) munmap(body_map[slot], body_len[slot]);
+            body_len[slot] = (size_t)st.st_size;
+            body_map[slot] = mmap(NULL, body_len[slot], PROT_READ, MAP_SHARED, fd, 0);
+            if (body_map[slot] == MAP_FAILED) return 1;
         }
         if (fd >= 0) close(fd);
     }

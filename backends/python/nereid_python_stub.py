@@ -146,6 +146,11 @@ RELEASE_ALL, RELEASE_RESCHEDULE = 1, 2  # pb_utils.TRITONSERVER_REQUEST_RELEASE_
 M_INIT, M_EXECUTE, M_FINALIZE, M_BLS_RESULT, M_CANCEL_ANSWER = 1, 2, 3, 4, 5
 M_READY_QUERY, M_READY_ANSWER = 6, 122  # the model's is_ready(): query, answer
 M_SPIN_PAGE = 7  # a shared word: how many messages we sent (python.c, "spin-wait")
+# A request body region's memfd for a slot (python.c, "Request bodies"): the
+# HTTP body of a request, sealed so we map it read-only; an input that lies
+# there has where = BODY_WHERE + slot, and so may an output that views it.
+M_BODY_MAP = 8
+BODY_WHERE, BODY_SLOTS = 16, 8
 # worker -> C
 M_READY, M_DONE, M_LOG, M_RESPONSE, M_BLS_CALL, M_CANCEL_QUERY, M_FINALIZED = (
     101, 102, 103, 104, 105, 106, 107)
@@ -292,24 +297,24 @@ def parse_execute(meta):
 
 def read_records(meta, pos, n):
     """n tensor records from meta[pos:]: a list of (name, datatype, shape,
-    offset, size), and the position after them."""
+    offset, size, where), and the position after them."""
     recs = []
     for _ in range(n):
-        ln, dt, rank, _where, off, size = TENSOR.unpack_from(meta, pos)
+        ln, dt, rank, where, off, size = TENSOR.unpack_from(meta, pos)
         pos += TENSOR.size
         shape = struct.unpack_from(f"<{rank}q", meta, pos) if rank else ()
         pos += 8 * rank
-        recs.append((name_str(meta[pos:pos + ln]), DT_NAMES[dt], shape, off, size))
+        recs.append((name_str(meta[pos:pos + ln]), DT_NAMES[dt], shape, off, size, where))
         pos += ln
     return recs, pos
 
 
 def input_plan(inputs):
     """Tensor records as decode_inputs takes them: (name, datatype, numpy
-    dtype (None: BYTES), shape, offset, size), checked here once, and the
-    end of the last one in the blob."""
+    dtype (None: BYTES), shape, offset, size, body slot (-1: in the blob)),
+    checked here once, and the end of the last one in the blob."""
     plan, end = [], 0
-    for name, dt, shape, off, size in inputs:
+    for name, dt, shape, off, size, where in inputs:
         npdt = None
         if dt != "BYTES":
             npdt = _NUMPY_DTYPE[dt]
@@ -318,20 +323,32 @@ def input_plan(inputs):
                 count *= d
             if size // npdt.itemsize != count:
                 raise ValueError(f"{size} bytes of {dt} do not make the shape {shape}")
-        plan.append((name, dt, npdt, shape, off, size))
-        end = max(end, off + size)
+        if BODY_WHERE <= where < BODY_WHERE + BODY_SLOTS:
+            plan.append((name, dt, npdt, shape, off, size, where - BODY_WHERE))
+        else:
+            plan.append((name, dt, npdt, shape, off, size, -1))
+            end = max(end, off + size)
     return plan, end
 
 
-def decode_inputs(plan, blob):
+def decode_inputs(plan, blob, bodies=None, body_view=None):
     """The pb_utils.Tensor of each input_plan entry: numpy arrays over blob
-    (no copy), BYTES deserialized."""
+    (no copy), BYTES deserialized. An input in a request body region views
+    bodies[slot], a read-only uint8 array over that region's mapping made
+    here by body_view(slot) for the first input there; every array of such
+    an input keeps it alive, so whether it lives tells whether the model
+    kept an input."""
     out = []
-    for name, dt, npdt, shape, off, size in plan:
+    for name, dt, npdt, shape, off, size, slot in plan:
+        buf = blob
+        if slot >= 0:
+            buf = bodies.get(slot)
+            if buf is None:
+                buf = bodies[slot] = body_view(slot)
         if npdt is None:
-            arr = pb_utils.deserialize_bytes_tensor(blob[off:off + size]).reshape(shape)
+            arr = pb_utils.deserialize_bytes_tensor(buf[off:off + size]).reshape(shape)
         else:
-            arr = np.ndarray(shape, npdt, blob, off)
+            arr = np.ndarray(shape, npdt, buf, off)
         # without the checks of Tensor's constructor (the server checked)
         t = object.__new__(pb_utils.Tensor)
         t._name, t._array, t._dtype = name, arr, dt
@@ -339,7 +356,8 @@ def decode_inputs(plan, blob):
     return out
 
 
-def tensor_records(tensors, region, off, recs, views, tail=None, cache=None, results=None):
+def tensor_records(tensors, region, off, recs, views, tail=None, cache=None, results=None,
+                   bodies=None):
     """Appends to recs the binary records of tensors for a DONE, and to
     views their blob views from offset off; returns the blob's new end.
     region: (base address, length) of the server's EXECUTE region, or None:
@@ -353,7 +371,10 @@ def tensor_records(tensors, region, off, recs, views, tail=None, cache=None, res
     the (base address, length) of the server's BLS_RESULT regions by slot
     (None: none there), or None: a large numeric output lying in one (a BLS
     result returned) is referenced there (where 2 + slot), its slot
-    appended to the list lent."""
+    appended to the list lent. bodies: (slot, base address, length) of the
+    request body regions the execute's inputs lie in, or None: a large
+    output lying in one (a view of an input) is referenced there (where
+    BODY_WHERE + slot)."""
     for t in tensors:
         arr = t._array
         if cache is not None and t._dtype != "BYTES":
@@ -379,6 +400,13 @@ def tensor_records(tensors, region, off, recs, views, tail=None, cache=None, res
             addr = data.__array_interface__["data"][0]
             if region[0] <= addr and addr + n <= region[0] + region[1]:
                 recs.append(tensor_record(t._name, t._dtype, shape, 1, addr - region[0], n))
+                continue
+        if bodies and n >= ALIAS_MIN and data.dtype != np.object_ and t._dtype != "BYTES":
+            addr = data.__array_interface__["data"][0]
+            k = next((b for b in bodies if b[1] <= addr and addr + n <= b[1] + b[2]), None)
+            if k is not None:
+                recs.append(tensor_record(t._name, t._dtype, shape, BODY_WHERE + k[0],
+                                          addr - k[1], n))
                 continue
         if (results is not None and n >= ALIAS_MIN and data.dtype != np.object_ and
                 t._dtype != "BYTES"):
@@ -562,6 +590,15 @@ class Worker:
         # by reference)
         self.exec_ident = None
         self.view_records = {}  # DONE records of outputs that are input views (fast path)
+        # request body regions (python.c, "Request bodies"): the server's
+        # read-only mappings by slot (memoryviews), the uint8 arrays over
+        # them that the execute in flight's inputs view (slot, weak
+        # reference), and those of earlier executes that may still live (a
+        # model kept an input): each DONE tells the server which slots we
+        # may still read, so it does not reuse them
+        self.body_maps = [None] * BODY_SLOTS
+        self.body_exec = []
+        self.body_live = []
         self.tx_map = None  # ours for DONE outputs (sealed against shrinking)
         # BLS regions (python.c, "BLS regions"; all under cv but the mapping
         # a reader adds): our BLS_CALL regions by slot and whether a call in
@@ -602,8 +639,45 @@ class Worker:
         self.send_parts(mtype, js.encode(), views, blob_len, region)
 
     def send_done(self, meta, views=(), blob_len=0):
-        """A DONE: its binary description, tensors in our region."""
+        """A DONE: its binary description, tensors in our region; the body
+        slots we hold in bits 16-23 of its kind."""
+        if self.body_exec or self.body_live:
+            meta = U32.pack(U32.unpack_from(meta, 0)[0] | self.body_holds() << 16) + meta[4:]
         self.send_parts(M_DONE, meta, views, blob_len, True)
+
+    def body_holds(self):
+        """The body slots the execute just answered read (held until a later
+        DONE leaves them out), and those an array of an earlier execute
+        still views."""
+        live = [b for b in self.body_live if b[1]() is not None]
+        mask = 0
+        for slot, _ in live:
+            mask |= 1 << slot
+        for slot, _ in self.body_exec:
+            mask |= 1 << slot
+        self.body_live = live + self.body_exec
+        self.body_exec = []
+        return mask
+
+    def body_view(self, slot):
+        """A new read-only uint8 array over body region slot (the inputs of
+        one request view it)."""
+        mv = self.body_maps[slot]
+        if mv is None:
+            raise ValueError(f"an input in request body slot {slot}, never sent")
+        return np.frombuffer(mv, np.uint8)
+
+    def map_body(self, slot, fds):
+        """M_BODY_MAP: the server's new request body region for slot (our
+        old mapping lives on in the arrays that view it)."""
+        try:
+            if not fds or slot >= BODY_SLOTS:
+                raise ValueError("a request body region without its memfd")
+            size = os.fstat(fds[0]).st_size
+            self.body_maps[slot] = memoryview(mmap.mmap(fds[0], size, prot=mmap.PROT_READ))
+        finally:
+            for f in fds:
+                os.close(f)
 
     def send_parts(self, mtype, js, views, blob_len, region):
         total = len(js) + blob_len
@@ -712,6 +786,9 @@ class Worker:
         in_region = mtype & M_REGION
         slot_no = (mtype & M_SLOT_MASK) >> M_SLOT_SHIFT
         mtype &= ~(M_REGION | M_SLOT_MASK)
+        if mtype == M_BODY_MAP:
+            self.map_body(slot_no, fds)
+            return self.recv()
         if in_region and mtype == M_BLS_RESULT:
             return self.recv_bls_result(slot_no, fds, data, jlen, blen)
         if in_region and fds:
@@ -1193,27 +1270,41 @@ class Worker:
         seen before (the same requests' names, shapes and fields; a
         decoupled model's never repeat, each has its sender) is not parsed
         again."""
-        plans = self.plans.get(meta) if FAST_PATH else None
-        if plans is None:
+        entry = self.plans.get(meta) if FAST_PATH else None
+        if entry is None:
             plans = self.request_plans(meta)
+            body = any(p[6] >= 0 for _, plan, _ in plans for p in plan)
+            entry = (plans, body)
             if FAST_PATH and not self.decoupled:
                 if len(self.plans) >= PLANS_MAX:
                     self.plans.clear()
-                self.plans[meta] = plans
+                self.plans[meta] = entry
+        plans, body = entry
         reqs = []
-        # the inputs' places in our region, so that simple_done can answer
-        # with where=1 records for outputs that are these very arrays
-        views = {} if FAST_PATH and self.rx_used is not None and not self.decoupled else None
+        # the inputs' places in our region or a request body region, so
+        # that simple_done can answer with where=1 (or BODY_WHERE + slot)
+        # records for outputs that are these very arrays
+        views = ({} if FAST_PATH and (self.rx_used is not None or body) and not self.decoupled
+                 else None)
         self.rx_views = views
         base = self.rx_base
         for attrs, plan, end in plans:
             if end > len(blob):
                 raise pb_utils.TritonModelException("tensor outside its message")
-            inputs = decode_inputs(plan, blob)
+            if body:
+                bodies = {}
+                inputs = decode_inputs(plan, blob, bodies, self.body_view)
+                for slot, h in bodies.items():
+                    self.body_exec.append((slot, weakref.ref(h)))
+            else:
+                inputs = decode_inputs(plan, blob)
             if views is not None:
                 for t, p in zip(inputs, plan):
                     if p[2] is not None:  # numeric (a BYTES input is deserialized)
-                        views[id(t._array)] = (t._array, base + p[4], p[5])
+                        if p[6] >= 0:
+                            views[id(t._array)] = (t._array, p[4], p[5], BODY_WHERE + p[6])
+                        else:
+                            views[id(t._array)] = (t._array, base + p[4], p[5], 1)
             if self.decoupled:  # kept past execute: not views of the reused region
                 for t in inputs:
                     if t._array.dtype != np.object_:
@@ -1339,12 +1430,12 @@ class Worker:
                         v = inputs.get(id(a))
                         if v is None or v[0] is not a or t._name not in requested:
                             return None
-                        key = (t._name, t._dtype, a.shape, v[1])
+                        key = (t._name, t._dtype, a.shape, v[1], v[3])
                         rec = view_records.get(key)
                         if rec is None:
                             if v[2] < ALIAS_MIN:
                                 return None
-                            rec = tensor_record(t._name, t._dtype, a.shape, 1, v[1], v[2])
+                            rec = tensor_record(t._name, t._dtype, a.shape, v[3], v[1], v[2])
                             if len(view_records) >= RECORDS_MAX:
                                 view_records.clear()
                             view_records[key] = rec
@@ -1374,6 +1465,11 @@ class Worker:
                 tail = [memoryview(self.rx_map), self.rx_used, len(self.rx_map)]
             records = self.records if FAST_PATH else None
             results = (list(self.bls_out_span), []) if BLS_BY_REF else None
+            bodies = None
+            if self.body_exec:  # the request body regions this execute's inputs are in
+                bodies = [(slot, h.__array_interface__["data"][0], h.nbytes)
+                          for slot, h in ((slot, ref()) for slot, ref in self.body_exec)
+                          if h is not None]
             for req, resp in zip(reqs, res):
                 if req._release_flags == RELEASE_RESCHEDULE:
                     out.append(DONE_RESP.pack(RESP_RESCHEDULE, 0, 0, 0, 0))  # response dropped
@@ -1391,7 +1487,8 @@ class Worker:
                 params = resp._parameters.encode() if resp._parameters != "{}" else b""
                 out.append(DONE_RESP.pack(RESP_OUTPUTS, len(mine), len(params), 0, 0))
                 out.append(params)
-                off = tensor_records(mine, region, off, out, views, tail, records, results)
+                off = tensor_records(mine, region, off, out, views, tail, records, results,
+                                     bodies)
             if results is not None and (results[1] or self.bls_lent):
                 with self.cv:
                     self.bls_lent = tuple(set(results[1]))

@@ -76,6 +76,7 @@ enum {
     M_CANCEL_ANSWER = 5,
     M_READY_QUERY = 6, /* the model's is_ready() (model-ready checks) */
     M_SPIN_PAGE = 7,   /* the word the worker counts its messages in ("spin-wait") */
+    M_BODY_MAP = 8,    /* a request body region's memfd for a slot ("Request bodies") */
     M_READY = 101,
     M_DONE = 102,
     M_LOG = 103,
@@ -107,6 +108,11 @@ enum {
 #define SPIN_WAIT_US_DEFAULT 200   /* with 2 CPUs or more, else 0: docs/python_backend.md */
 #define SPIN_RECENT 8              /* the spin budget follows the median of this many executes */
 #define SPIN_WAIT_US_MAX 10000
+#define BODY_SLOTS 8         /* request body regions per model ("Request bodies") */
+#define BODY_MIN (16 * 1024) /* a smaller body stays in the frontend's memory */
+#define BODY_REGION_MIN (64 * 1024)
+#define BODY_BUDGET (64u << 20) /* one model's body regions together, at most */
+#define BODY_WHERE 16           /* tensor record where = BODY_WHERE + slot */
 
 /* ---- Backend settings ---- */
 
@@ -278,6 +284,9 @@ typedef struct region {
     int fd;       /* the server's own regions keep their memfd; else -1 */
     uint8_t slot; /* the server's own: its number in EXECUTE headers (M_SLOT_SHIFT) */
     bool fresh;   /* the server's own: made by the last send (for the counts) */
+    uint64_t id;  /* a body region: unique in the process (which one a worker mapped) */
+    size_t used;  /* a body region: the bytes of the body in it now (set by body_alloc,
+                     while nobody else holds it) */
 } region_t;
 
 static void region_unref(region_t *r)
@@ -925,14 +934,18 @@ static bool check_tensor(const char *name, nereid_datatype_t t, int64_t *shape, 
  * the worker, and a large computed one is written there after the EXECUTE
  * payload (so both can reach the reply as views of the region); 2 + k
  * (DONE only) the server's BLS_RESULT region k, an output that is a BLS
- * result (see "BLS tensors by reference"). EXECUTE:
+ * result (see "BLS tensors by reference"); BODY_WHERE + s (EXECUTE and
+ * DONE) the request body region in slot s (see "Request bodies"): an input
+ * that lies in a body region is referenced there, not copied, and an
+ * output that is a view of such an input goes back the same way. EXECUTE:
  *   u32 n_requests, then per request
  *   u32 n_inputs, u32 n_outputs, u32 flags, u32 id_len, i32 corr_len (-1:
  *   numeric), u32 params_len, u64 correlation_id, u64 timeout_us,
  *   i64 sender (decoupled; -1 none), id, correlation id string,
  *   parameters (JSON text, absent when none), n_outputs x (u32 len, name),
  *   n_inputs tensor records.
- * DONE: u32 kind, then
+ * DONE: u32 kind (bits 16-23: the worker's body-slot holds, see "Request
+ * bodies"), then
  *   0 (responses): u32 n, per response u32 status (0 outputs, 1 error,
  *     2 rescheduled), u32 n_outputs, u32 params_len, u32 error_code,
  *     u32 error_len, error text, parameters (JSON text), tensor records;
@@ -978,17 +991,22 @@ static void bw_u64(bwr_t *w, uint64_t v)
     bw_put(w, &v, 8);
 }
 
-static void bw_tensor(bwr_t *w, const tview_t *v, uint64_t offset)
+static void bw_tensor_where(bwr_t *w, const tview_t *v, uint32_t where, uint64_t offset)
 {
     size_t len = strlen(v->name);
     bw_u32(w, (uint32_t)len);
     bw_u32(w, (uint32_t)v->datatype);
     bw_u32(w, (uint32_t)v->rank);
-    bw_u32(w, 0);
+    bw_u32(w, where);
     bw_u64(w, offset);
     bw_u64(w, v->size);
     bw_put(w, v->shape, v->rank * sizeof *v->shape);
     bw_put(w, v->name, len);
+}
+
+static void bw_tensor(bwr_t *w, const tview_t *v, uint64_t offset)
+{
+    bw_tensor_where(w, v, 0, offset);
 }
 
 typedef struct brd {
@@ -1037,7 +1055,8 @@ static bool read_tensor(brd_t *r, const uint8_t *blob, size_t blob_len, const ui
     int64_t dims[MAX_RANK];
     const uint8_t *d = br_take(r, (size_t)rank * sizeof(int64_t));
     const uint8_t *nm = br_take(r, name_len);
-    if (r->bad || name_len == 0 || name_len > MAX_NAME || where > 1 + BLS_SLOTS ||
+    if (r->bad || name_len == 0 || name_len > MAX_NAME ||
+        (where > 1 + BLS_SLOTS && (where < BODY_WHERE || where >= BODY_WHERE + BODY_SLOTS)) ||
         (where >= 1 && !ex) || memchr(nm, 0, name_len)) {
         snprintf(why, why_cap, "malformed tensor description");
         return false;
@@ -1086,7 +1105,15 @@ typedef struct instance {
                                       thread reads) */
     uint8_t *rbuf;                 /* receive buffer (RECV_MAX) of whichever thread reads */
     uint64_t msgs_in;              /* messages received from the worker (whichever thread reads) */
-    uint64_t tx_made;     /* EXECUTE regions made (their memfd sent), instance thread only */
+    uint64_t tx_made; /* EXECUTE regions made (their memfd sent), instance thread only */
+    /* Request bodies (see "Request bodies"; execute's thread only) */
+    region_t *exec_body[BODY_SLOTS];  /* body regions the execute in flight references
+                                         (a reference each), else NULL */
+    region_t *body_held[BODY_SLOTS];  /* body regions the worker says its arrays still
+                                         view (a reference each), else NULL */
+    uint64_t body_mapped[BODY_SLOTS]; /* id of the body region the current worker has
+                                         mapped in each slot; 0: none */
+    uint64_t body_inputs;             /* inputs sent by reference to a body region */
     uint64_t tx_switches; /* executes whose region a reply still held (another one taken) */
 
     /* spin-wait (execute's thread only, but the word: the worker writes it) */
@@ -2550,6 +2577,16 @@ static msg_t *wait_reply(instance_t *in, uint32_t want, long timeout_s)
 }
 
 /* Ends the current worker (if any) and joins its reader. */
+/* A worker's end (or start): its body-region holds and mappings are gone. */
+static void body_forget(instance_t *in)
+{
+    for (int s = 0; s < BODY_SLOTS; s++) {
+        region_unref(in->body_held[s]);
+        in->body_held[s] = NULL;
+        in->body_mapped[s] = 0;
+    }
+}
+
 static void worker_stop(instance_t *in)
 {
     if (!in->reader_running) return;
@@ -2569,6 +2606,7 @@ static void worker_stop(instance_t *in)
     close(in->kickfd);
     in->kickfd = -1;
     spin_page_drop(in);
+    body_forget(in);
     if (in->pidfd >= 0) close(in->pidfd);
     in->pidfd = -1;
     chan_unref(in->chan);
@@ -2756,6 +2794,7 @@ static nereid_error_t *worker_start(instance_t *in, const char *init_json, msg_t
     }
     in->pid = pid;
     in->pidfd = pidfd;
+    body_forget(in);
     region_unref(in->tx);
     rx_regions_clear(&in->rx);
     in->tx = NULL;
@@ -2826,11 +2865,23 @@ typedef struct model_state {
     pthread_mutex_t mu;
     instance_t *spare;
     atomic_int instances; /* initialized and not finalized */
+    /* Request body regions ("Request bodies"): frontends take them, execute
+     * finds its inputs in them. A slot's region is replaced only while
+     * nobody but the pool holds it (refs == 1). */
+    pthread_mutex_t body_mu;    /* guards what follows */
+    region_t *body[BODY_SLOTS]; /* a reference each, or NULL */
+    size_t body_bytes;          /* their sizes together (<= BODY_BUDGET) */
+    uint64_t body_made;         /* regions made */
+    uint64_t body_taken;        /* bodies received into a region */
+    uint64_t body_missed;       /* bodies offered none (no free slot or room) */
 } model_state_t;
 
 static void instance_free(instance_t *in)
 {
     spin_page_drop(in);
+    body_forget(in);
+    for (int s = 0; s < BODY_SLOTS; s++)
+        region_unref(in->exec_body[s]);
     region_unref(in->exec_rx);
     region_unref(in->tx);
     rx_regions_clear(&in->rx);
@@ -3019,6 +3070,7 @@ NEREID_EXPORT nereid_error_t *nereid_backend_model_init(nereid_model_t *model)
     st->file = file;
     st->python = python;
     pthread_mutex_init(&st->mu, NULL);
+    pthread_mutex_init(&st->body_mu, NULL);
     nereid_model_set_state(model, st);
     /* An execute is a message to the worker and a wait for its answer: run
      * on the request's own thread when an instance is idle, a hand-off to
@@ -3062,6 +3114,14 @@ NEREID_EXPORT nereid_error_t *nereid_backend_model_fini(nereid_model_t *model)
             instance_free(st->spare);
         }
         pthread_mutex_destroy(&st->mu);
+        plog('V',
+             "python backend: '%s' request body regions: %llu made, %llu bodies received "
+             "in them, %llu offered none",
+             nereid_model_name(model), (unsigned long long)st->body_made,
+             (unsigned long long)st->body_taken, (unsigned long long)st->body_missed);
+        for (int i = 0; i < BODY_SLOTS; i++)
+            region_unref(st->body[i]); /* one a reply still sends lives on */
+        pthread_mutex_destroy(&st->body_mu);
         free(st->python);
         free(st->file);
         free(st);
@@ -3123,8 +3183,193 @@ NEREID_EXPORT nereid_error_t *nereid_backend_instance_fini(nereid_instance_t *in
          (unsigned long long)in->spin_hints);
     plog('V', "python backend: '%s' EXECUTE regions: %llu made, %llu switches to another", in->name,
          (unsigned long long)in->tx_made, (unsigned long long)in->tx_switches);
+    plog('V', "python backend: '%s' request body regions: %llu inputs referenced", in->name,
+         (unsigned long long)in->body_inputs);
     instance_free(in);
     return NULL;
+}
+
+/* ---- Request bodies (backend ABI 1.10) ----
+ *
+ * The HTTP frontend receives an inference body for a Python model into one
+ * of the model's body regions (nereid_backend_model_body_alloc), so the
+ * inputs, which borrow the body, already lie in shared memory the workers
+ * map: execute references them (where = BODY_WHERE + slot, offset in the
+ * region) instead of copying them into the EXECUTE region, and an output
+ * that is a view of such an input (an identity) comes back the same way and
+ * goes to the reply as a view of the region.
+ *
+ * - Per model BODY_SLOTS regions, BODY_BUDGET bytes together; a body under
+ *   BODY_MIN, over half the budget, for a decoupled model, or finding no
+ *   free slot and no room gets none (the frontend uses its own memory,
+ *   inputs are copied as before).
+ * - A region is a memfd sealed F_SEAL_SHRINK | F_SEAL_GROW |
+ *   F_SEAL_FUTURE_WRITE | F_SEAL_SEAL once the server mapped it writable:
+ *   a worker can map it read-only only (and cannot write(), ftruncate() or
+ *   mprotect() its way in), so the body the server parsed is the body the
+ *   request reads (no TOCTOU through a hostile worker).
+ * - Each worker gets a region's memfd once, in an M_BODY_MAP message (the
+ *   slot in M_SLOT_SHIFT bits) sent just before the first EXECUTE that
+ *   references it (instance_t.body_mapped: the region's id per slot,
+ *   forgotten when the worker ends; a new worker gets them again).
+ * - Lifetime: a region is free (taken by the next body) when the pool's
+ *   reference is its only one. Others: the frontend's (the body, until the
+ *   reply is sent and the connection's request state freed), the execute
+ *   in flight's (instance_t.exec_body), a response output that views it
+ *   (until the reply is sent), and the worker's holds: each DONE says in
+ *   bits 16-23 of its kind which body slots the worker's arrays may still
+ *   view (the execute's own always, earlier ones while an array of theirs
+ *   lives: a model that keeps an input past execute); the server keeps a
+ *   reference for each (instance_t.body_held) until a later DONE leaves
+ *   the bit out or the worker ends. So a kept input never changes, as it
+ *   cannot in Triton, where an input tensor lives as long as its object.
+ *   (The EXECUTE region has no such rule: a model that keeps an input
+ *   array from it past execute may see it overwritten by the next EXECUTE;
+ *   only a response output viewing it keeps it.)
+ * - The worker is untrusted: a DONE record naming a body slot this execute
+ *   does not reference, or an offset and size outside the body in it, and
+ *   a hold on a slot neither this execute nor an earlier hold names, end
+ *   the worker. */
+
+/* A new request body region of size bytes for slot: mapped writable here,
+ * then sealed so that nobody maps it writable again. NULL when that fails. */
+static region_t *body_region_new(size_t size, uint8_t slot)
+{
+    static _Atomic uint64_t next_id = 1;
+    int fd = memfd_create("nereid-body", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    uint8_t *map = MAP_FAILED;
+    if (fd >= 0 && ftruncate(fd, (off_t)size) == 0)
+        map = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (map != MAP_FAILED &&
+        fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE | F_SEAL_SEAL)) {
+        munmap(map, size);
+        map = MAP_FAILED;
+    }
+    if (map == MAP_FAILED) {
+        if (fd >= 0) close(fd);
+        return NULL;
+    }
+    populate(map, size, MADV_POPULATE_WRITE);
+    region_t *r = calloc(1, sizeof *r);
+    if (!r) abort();
+    r->map = map;
+    r->size = size;
+    r->fd = fd;
+    r->slot = slot;
+    r->id = atomic_fetch_add(&next_id, 1);
+    atomic_init(&r->refs, 1);
+    return r;
+}
+
+/* backend.h: memory for a request body of byte_size bytes, a region of the
+ * model's pool (the handle is the region, with a reference), or NULL. */
+NEREID_EXPORT void *nereid_backend_model_body_alloc(nereid_model_t *model, size_t byte_size,
+                                                    void **data)
+{
+    *data = NULL;
+    model_state_t *ms = nereid_model_state(model);
+    if (!ms || byte_size < BODY_MIN || byte_size > BODY_BUDGET / 2 || nereid_model_decoupled(model))
+        return NULL;
+    pthread_mutex_lock(&ms->body_mu);
+    int best = -1, empty = -1, small = -1;
+    for (int s = 0; s < BODY_SLOTS; s++) {
+        region_t *r = ms->body[s];
+        if (!r) {
+            if (empty < 0) empty = s;
+        } else if (atomic_load(&r->refs) != 1) {
+            continue; /* in use */
+        } else if (r->size >= byte_size) {
+            if (best < 0 || r->size < ms->body[best]->size) best = s;
+        } else if (small < 0 || r->size < ms->body[small]->size) {
+            small = s;
+        }
+    }
+    region_t *r = best >= 0 ? ms->body[best] : NULL;
+    if (!r) {
+        size_t size = BODY_REGION_MIN;
+        while (size < byte_size)
+            size *= 2;
+        /* an empty slot, else a free region too small for this body */
+        int s = empty >= 0 && ms->body_bytes + size <= BODY_BUDGET ? empty : small;
+        size_t gone = s >= 0 && ms->body[s] ? ms->body[s]->size : 0;
+        if (s >= 0 && ms->body_bytes - gone + size <= BODY_BUDGET &&
+            (r = body_region_new(size, (uint8_t)s))) {
+            region_unref(ms->body[s]);
+            ms->body[s] = r;
+            ms->body_bytes = ms->body_bytes - gone + size;
+            ms->body_made++;
+        }
+    }
+    if (r) {
+        atomic_fetch_add(&r->refs, 1);
+        r->used = byte_size;
+        ms->body_taken++;
+        *data = r->map;
+    } else {
+        ms->body_missed++;
+    }
+    pthread_mutex_unlock(&ms->body_mu);
+    return r;
+}
+
+/* backend.h: the frontend is done with the body; the region is free again
+ * once nothing else holds it. */
+NEREID_EXPORT void nereid_backend_model_body_release(void *handle)
+{
+    region_unref(handle);
+}
+
+/* The body region input v lies in, referenced by this execute (its memfd
+ * sent to the worker first when it has not got it), or NULL: v is copied. */
+static region_t *body_ref(instance_t *in, model_state_t *ms, const tview_t *v)
+{
+    if (in->decoupled || !ms || !v->size || nereid_datatype_byte_size(v->datatype) == 0)
+        return NULL;
+    const uint8_t *d = v->data;
+    region_t *r = NULL;
+    pthread_mutex_lock(&ms->body_mu);
+    for (int s = 0; s < BODY_SLOTS && !r; s++) {
+        region_t *b = ms->body[s];
+        if (b && d >= b->map && d < b->map + b->used && v->size <= b->used - (size_t)(d - b->map))
+            r = b;
+    }
+    pthread_mutex_unlock(&ms->body_mu);
+    if (!r) return NULL;
+    /* The request's body holds r: it stays in its slot while this runs. */
+    if (!in->exec_body[r->slot]) {
+        atomic_fetch_add(&r->refs, 1);
+        in->exec_body[r->slot] = r;
+    } else if (in->exec_body[r->slot] != r) {
+        return NULL;
+    }
+    if (in->body_mapped[r->slot] != r->id) {
+        uint8_t hdr[HDR_BYTES];
+        hdr_pack(hdr, M_BODY_MAP | (uint32_t)r->slot << M_SLOT_SHIFT, 0, 0);
+        if (send_with_fd(in->chan, hdr, r->fd) == 0) in->body_mapped[r->slot] = r->id;
+    }
+    in->body_inputs++;
+    return r;
+}
+
+/* After execute's DONE: the worker's holds become held (a bit: the slot's
+ * region is referenced until a later DONE clears it), and the execute's own
+ * references go. held was checked by apply_done (0 when there was none). */
+static void body_settle(instance_t *in, uint32_t held)
+{
+    for (int s = 0; s < BODY_SLOTS; s++) {
+        bool keep = held >> s & 1;
+        region_t *now = in->exec_body[s];
+        in->exec_body[s] = NULL;
+        if (keep && now && in->body_held[s] != now) {
+            region_unref(in->body_held[s]);
+            in->body_held[s] = now;
+            now = NULL;
+        } else if (!keep && in->body_held[s]) {
+            region_unref(in->body_held[s]);
+            in->body_held[s] = NULL;
+        }
+        region_unref(now);
+    }
 }
 
 /* ---- Execute ---- */
@@ -3210,6 +3455,37 @@ static bool apply_response(instance_t *in, nereid_batch_t *batch, size_t r, brd_
          * reference: the response keeps it, bls_send_result writes no new
          * call's result into a region a response still reads). */
         uint32_t where = record_where(rd);
+        if (where >= BODY_WHERE && where != UINT32_MAX) {
+            /* An output in a request body region: it must be one this
+             * execute references, and lie in its body. */
+            region_t *br =
+                where < BODY_WHERE + BODY_SLOTS ? in->exec_body[where - BODY_WHERE] : NULL;
+            if (!br || !read_tensor(rd, m->blob, m->blob_len, br->map, br->used, &v, shape, name, w,
+                                    sizeof w)) {
+                snprintf(why, why_cap, "malformed execute answer: %s",
+                         br ? w : "an output in a request body region the execute does not read");
+                nereid_error_free(bad);
+                return false;
+            }
+            if (bad) continue;
+            if (v.size >= VIEW_MIN && nereid_datatype_byte_size(v.datatype) != 0) {
+                atomic_fetch_add(&br->refs, 1);
+                bad = nereid_batch_request_output_view(batch, r, v.name, v.datatype, v.shape,
+                                                       v.rank, v.data, v.size, region_release, br);
+                if (bad) region_unref(br);
+                continue;
+            }
+            void *buf;
+            bad = nereid_batch_request_output(batch, r, v.name, v.datatype, v.shape, v.rank, v.size,
+                                              &buf);
+            if (!bad && v.size) memcpy(buf, v.data, v.size);
+            if (!bad && v.datatype == NEREID_TYPE_BYTES &&
+                !bytes_ok(buf, v.size, elements(v.shape, v.rank)))
+                bad = nereid_error_new(NEREID_ERROR_INTERNAL,
+                                       "Python model '%s': BYTES tensor '%s' is malformed",
+                                       in->name, v.name);
+            continue;
+        }
         region_t *res_region = NULL;
         if (where >= 2 && where < 2 + BLS_SLOTS) {
             pthread_mutex_lock(&in->chan->bls_mu);
@@ -3286,7 +3562,7 @@ static bool apply_response(instance_t *in, nereid_batch_t *batch, size_t r, brd_
 static bool done_check(const uint8_t *meta, size_t len, size_t n, bool decoupled)
 {
     brd_t rd = {meta, len, 0, false};
-    uint32_t kind = br_u32(&rd);
+    uint32_t kind = br_u32(&rd) & 0xFFFF; /* above: body holds, checked by apply_done */
     bool ok = !rd.bad;
     if (ok && kind == DONE_ERROR) {
         ok = br_take(&rd, br_u32(&rd)) != NULL;
@@ -3371,16 +3647,29 @@ static const char *model_output_name(const instance_t *in, size_t o)
     return name;
 }
 
-/* The worker's answer to an execute (DONE). false: it is malformed. */
-static bool apply_done(instance_t *in, nereid_batch_t *batch, msg_t *m, char *why, size_t why_cap)
+/* The worker's answer to an execute (DONE). false: it is malformed.
+ * *held: the body slots the worker holds (see "Request bodies"). */
+static bool apply_done(instance_t *in, nereid_batch_t *batch, msg_t *m, uint32_t *held, char *why,
+                       size_t why_cap)
 {
     size_t n = nereid_batch_request_count(batch);
+    *held = 0;
     if (!done_check(m->meta, m->meta_len, n, in->decoupled)) {
         snprintf(why, why_cap, "malformed execute answer");
         return false;
     }
     brd_t rd = {m->meta, m->meta_len, 0, false};
     uint32_t kind = br_u32(&rd);
+    uint32_t holds = kind >> 16, may = 0;
+    kind &= 0xFFFF;
+    for (int s = 0; s < BODY_SLOTS; s++)
+        if (in->exec_body[s] || in->body_held[s]) may |= 1u << s;
+    if (holds & ~may) {
+        snprintf(why, why_cap,
+                 "malformed execute answer: a hold on a request body region it "
+                 "was not given");
+        return false;
+    }
     if (kind == DONE_ERROR) {
         uint32_t len = br_u32(&rd);
         fail_all(batch, text_error(br_take(&rd, len), len, NEREID_ERROR_INTERNAL));
@@ -3395,6 +3684,7 @@ static bool apply_done(instance_t *in, nereid_batch_t *batch, msg_t *m, char *wh
         for (size_t r = 0; r < n; r++)
             if (!apply_response(in, batch, r, &rd, m, why, why_cap)) return false;
     }
+    *held = holds;
     return true;
 }
 
@@ -3417,6 +3707,7 @@ NEREID_EXPORT nereid_error_t *nereid_backend_execute(nereid_instance_t *instance
     }
     outmsg_t om = {0};
     bwr_t w = {0};
+    model_state_t *ms = nereid_model_state(in->model);
     bw_u32(&w, (uint32_t)n);
     size_t n_in = nereid_batch_input_count(batch);
     tview_t *ins = calloc(n_in ? n_in : 1, sizeof *ins);
@@ -3494,8 +3785,14 @@ NEREID_EXPORT nereid_error_t *nereid_backend_execute(nereid_instance_t *instance
             bw_u32(&w, (uint32_t)strlen(name));
             bw_put(&w, name, strlen(name));
         }
-        for (size_t i = 0; i < k; i++)
-            bw_tensor(&w, &ins[i], outmsg_add_view(&om, &ins[i]));
+        for (size_t i = 0; i < k; i++) {
+            region_t *br = body_ref(in, ms, &ins[i]);
+            if (br)
+                bw_tensor_where(&w, &ins[i], BODY_WHERE + br->slot,
+                                (uint64_t)((const uint8_t *)ins[i].data - br->map));
+            else
+                bw_tensor(&w, &ins[i], outmsg_add_view(&om, &ins[i]));
+        }
     }
     free(ins);
     om.raw = w.p;
@@ -3535,12 +3832,16 @@ NEREID_EXPORT nereid_error_t *nereid_backend_execute(nereid_instance_t *instance
     pthread_mutex_unlock(&in->mu);
     region_unref(ex_done);
     if (!m) {
+        body_settle(in, 0);
         worker_stop(in);
         if (!in->decoupled) fail_all(batch, unhealthy(in));
         return NULL;
     }
     char why[512];
-    if (!apply_done(in, batch, m, why, sizeof why)) {
+    uint32_t held = 0;
+    bool done_ok = apply_done(in, batch, m, &held, why, sizeof why);
+    body_settle(in, held);
+    if (!done_ok) {
         plog('E', "python backend: worker of '%s': %s", in->name, why);
         pthread_mutex_lock(&in->mu);
         if (!in->death) in->death = strdup(why);

@@ -14,6 +14,8 @@
  *   nereid_error_t *nereid_backend_instance_fini(nereid_instance_t *);
  *   nereid_error_t *nereid_backend_execute(nereid_instance_t *, nereid_batch_t *);
  *   nereid_error_t *nereid_backend_instance_ready(nereid_instance_t *);
+ *   void           *nereid_backend_model_body_alloc(nereid_model_t *, size_t, void **);
+ *   void            nereid_backend_model_body_release(void *);
  *
  * nereid_backend_instance_ready (optional, Triton's
  * TRITONBACKEND_ModelInstanceReady) answers a model-ready check (HTTP
@@ -21,6 +23,20 @@
  * NULL when the instance is ready, else an error whose message says why
  * (the core logs it at verbose level 1 and answers "not ready"). It runs on
  * the frontend's thread, concurrently with execute: keep it short.
+ *
+ * nereid_backend_model_body_alloc and nereid_backend_model_body_release
+ * (optional, ABI 1.10, both or neither) let a backend offer the memory a
+ * frontend receives a model's request bodies into, so that the inputs
+ * (which borrow the body) already lie where the backend reads them: the
+ * python backend's shared memory, mapped read-only by its workers.
+ * body_alloc(model, byte_size, &data) returns an opaque handle and in *data
+ * byte_size writable bytes, or NULL (no memory offered now: the frontend
+ * uses its own). body_release(handle) gives it back once the frontend is
+ * done with the body (the request and its response freed, the reply
+ * sent); the backend must not reuse it before, and decides itself when
+ * after (e.g. not while a response output still views it). Both run on
+ * frontend threads, concurrently with execute and with each other; the
+ * core holds a reference on the model from alloc to release.
  *
  * Without nereid_backend_abi_version the library is taken as ABI 1.0. The
  * core accepts a backend whose major version equals its own and whose minor
@@ -58,6 +74,8 @@
  *        nereid_instance_is_passive
  *   1.9  outputs handed over in the backend's own memory
  *        (nereid_batch_request_output_view)
+ *   1.10 request bodies in the backend's memory (nereid_backend_model_body_alloc,
+ *        nereid_backend_model_body_release; optional entry points)
  */
 #ifndef NEREID_BACKEND_H
 #define NEREID_BACKEND_H
@@ -75,8 +93,8 @@ extern "C" {
  * 7: nereid_model_set_inline_max_us, custom metrics,
  * nereid_batch_request_output_requested, nereid_batch_request_reschedule,
  * nereid_batch_request_trace; 8: nereid_model_report_response;
- * 9: nereid_batch_request_output_view */
-#define NEREID_BACKEND_ABI_MINOR 9u
+ * 9: nereid_batch_request_output_view; 10: nereid_backend_model_body_alloc */
+#define NEREID_BACKEND_ABI_MINOR 10u
 #define NEREID_BACKEND_ABI_VERSION ((NEREID_BACKEND_ABI_MAJOR << 16) | NEREID_BACKEND_ABI_MINOR)
 
 typedef struct nereid_backend nereid_backend_t;   /* one per loaded library */

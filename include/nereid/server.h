@@ -417,6 +417,26 @@ NEREID_EXPORT nereid_error_t *nereid_server_model_decoupled(nereid_server_t *ser
                                                             const char *model, int64_t version,
                                                             bool *decoupled_out);
 
+/* ---- Request bodies in the backend's memory (backend ABI 1.10) ----
+ * A frontend may receive an inference body into memory the model's backend
+ * offers (nereid_backend_model_body_alloc): the inputs, which borrow the
+ * body, then already lie where the backend reads them. */
+typedef struct nereid_body nereid_body_t;
+
+/* byte_size bytes for the body of an inference request to model/version
+ * (version <= 0: latest ready) in memory the model's backend offers, or
+ * NULL: the backend offers none (most do not; none now; the model is not
+ * ready), and the frontend uses its own. *data: the bytes, writable until
+ * nereid_body_free. Holds a reference on the model (its backend stays
+ * loaded) until then. Any thread. */
+NEREID_EXPORT nereid_body_t *nereid_server_body_alloc(nereid_server_t *server, const char *model,
+                                                      int64_t version, size_t byte_size,
+                                                      char **data);
+/* Gives the body back to its backend once no request or response that
+ * reads it is left (the frontend sent the reply and freed both). NULL is a
+ * no-op. Any thread. */
+NEREID_EXPORT void nereid_body_free(nereid_body_t *body);
+
 /* Response accessors; everything returned is borrowed until
  * nereid_response_free. */
 NEREID_EXPORT const nereid_error_t *nereid_response_error(const nereid_response_t *resp);

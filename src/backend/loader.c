@@ -259,6 +259,10 @@ static nereid_error_t *resolve(struct nereid_backend *b)
     b->lib.instance_fini = (instance_fn)dlsym(h, "nereid_backend_instance_fini");
     b->lib.execute = (execute_fn)dlsym(h, "nereid_backend_execute");
     b->lib.instance_ready = (instance_fn)dlsym(h, "nereid_backend_instance_ready");
+    b->lib.body_alloc =
+        (void *(*)(nereid_model_t *, size_t, void **))dlsym(h, "nereid_backend_model_body_alloc");
+    b->lib.body_release = (void (*)(void *))dlsym(h, "nereid_backend_model_body_release");
+    if (!b->lib.body_alloc || !b->lib.body_release) b->lib.body_alloc = NULL;
     if (!b->lib.execute)
         return nereid_error_new(NEREID_ERROR_INVALID_ARG,
                                 "backend '%s' does not export nereid_backend_execute", b->lib.name);

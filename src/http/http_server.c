@@ -154,10 +154,12 @@ typedef struct http_conn {
     char path_buf[160];
     const char *model, *version_str, *name;
     int64_t version;
-    sbuf_t body;           /* body bytes start at body.data + body_pad */
-    size_t body_pad;       /* aligns the binary tail to 16 bytes */
-    size_t limit;          /* body cap */
-    nereid_error_t *error; /* decided before dispatch (size, encoding) */
+    sbuf_t body;             /* body bytes start at body.data + body_pad */
+    nereid_body_t *body_mem; /* body.data is this memory of the model's backend, or NULL:
+                                malloc'ed (server.h, "Request bodies") */
+    size_t body_pad;         /* aligns the binary tail to 16 bytes */
+    size_t limit;            /* body cap */
+    nereid_error_t *error;   /* decided before dispatch (size, encoding) */
     bool unsupported_encoding;
     bool refused; /* replied before reading the body */
     http_encoding_t encoding;
@@ -1678,6 +1680,39 @@ static const route_fn route_handlers[N_ROUTES] = {
 #undef X
 };
 
+/* Drops the body bytes read so far (a backend's memory or our own). */
+static void body_drop(http_conn_t *c)
+{
+    if (c->body_mem)
+        nereid_body_free(c->body_mem);
+    else
+        free(c->body.data);
+    c->body_mem = NULL;
+    c->body = (sbuf_t){0};
+}
+
+/* Memory for an inference body of want bytes (and a NUL after them): the
+ * model's backend's when it offers some (the inputs then lie where it reads
+ * them: no copy on the way to a Python model's worker), else ours. The
+ * backend's only for a body whose size is known and that is used as it
+ * arrives (Content-Length, no Content-Encoding); a chunked or compressed
+ * one keeps today's buffer. Nonzero: out of memory. */
+static int body_reserve(http_conn_t *c, size_t want)
+{
+    bool infer = c->route == ROUTE_MODEL_INFER || c->route == ROUTE_MODEL_INFER_V;
+    if (infer && c->model && c->version >= -1 && c->content_length && !c->chunked &&
+        c->encoding == HTTP_ENCODING_IDENTITY && c->body_pad + c->content_length == want) {
+        char *data;
+        c->body_mem = nereid_server_body_alloc(c->srv->core, c->model, c->version, want + 1, &data);
+        if (c->body_mem) {
+            c->body = (sbuf_t){data, 0, want + 1};
+            data[0] = '\0';
+            return 0;
+        }
+    }
+    return sbuf_reserve(&c->body, want);
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const char *url,
                                   const char *method, const char *version, const char *upload_data,
                                   size_t *upload_data_size, void **con_cls)
@@ -1740,8 +1775,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
         if (c->route < 0 || c->error || c->refused || c->forbidden) return MHD_YES; /* discard */
         if (c->chunked && n < CHUNK_PIECE_SMALL && ++c->n_pieces > MAX_CHUNKS) {
             /* Read (and drop) the rest: MHD 0.9.75 cannot reply mid-body. */
-            free(c->body.data);
-            c->body = (sbuf_t){0};
+            body_drop(c);
             c->close = true;
             c->error = nereid_error_new(NEREID_ERROR_INVALID_ARG,
                                         "Chunked request body exceeds maximum of %d non-empty "
@@ -1761,16 +1795,22 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
                                               "increase the limit.",
                                               max)
                            : nereid_error_new(NEREID_ERROR_INVALID_ARG, "%s", msg);
-            free(c->body.data);
-            c->body = (sbuf_t){0};
+            body_drop(c);
             c->body_pad = 0;
             return MHD_YES;
         }
         if (!c->body.data &&
-            (sbuf_reserve(&c->body,
-                          c->body_pad + (c->content_length > n ? c->content_length : n)) ||
+            (body_reserve(c, c->body_pad + (c->content_length > n ? c->content_length : n)) ||
              (c->body.len = c->body_pad, false))) {
             c->error = nereid_error_new(NEREID_ERROR_INTERNAL, "out of memory");
+            return MHD_YES;
+        }
+        if (c->body_mem && c->body.len + n + 1 > c->body.cap) {
+            /* More than Content-Length said (MHD does not let it happen):
+             * a backend's memory never grows. */
+            body_drop(c);
+            c->error = nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                        "request body exceeds its Content-Length");
             return MHD_YES;
         }
         if (sbuf_append(&c->body, upload_data, n)) {
@@ -1838,7 +1878,7 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
     nereid_shm_use_free(c->shm);
     free(c->inflated);
     free(c->raw_input_name);
-    free(c->body.data);
+    body_drop(c);
     if (c->path != c->path_buf) free(c->path);
     free(c);
     mem_trim_note(((http_server_t *)cls)->mem_trim);

@@ -303,16 +303,21 @@ def worker_pid(server, instance_word):
     return None
 
 
-def start_unread_reply(server, model, x):
+def start_unread_reply(server, model, x, chunked=False):
     """Sends x to model over a raw connection and returns the socket once
     the server has finished the request (its statistics say so): the reply
-    (binary, len(x) floats) is then being sent, and blocks until read."""
+    (binary, len(x) floats) is then being sent, and blocks until read.
+    chunked: the body goes as one HTTP chunk (its size unknown up front, it
+    is not received into a request body region: the inputs travel in the
+    EXECUTE region)."""
     before = stats_success(server, model)
     body, headers = build_infer([{"name": "INPUT0", "datatype": "FP32", "data": x,
                                   "binary": True}],
                                 [{"name": "OUTPUT0", "parameters": {"binary_data": True}}])
-    head = (f"POST /v2/models/{model}/infer HTTP/1.1\r\nHost: x\r\n"
-            f"Content-Length: {len(body)}\r\n"
+    framing = "Transfer-Encoding: chunked" if chunked else f"Content-Length: {len(body)}"
+    if chunked:
+        body = f"{len(body):x}\r\n".encode() + body + b"\r\n0\r\n\r\n"
+    head = (f"POST /v2/models/{model}/infer HTTP/1.1\r\nHost: x\r\n{framing}\r\n"
             + "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n").encode()
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
@@ -392,17 +397,19 @@ def test_region_switches_reuse_the_worker_mappings(tmp_path):
     The model reads its input (x * 2): a worker reading the wrong region
     would answer wrong. The counts at shutdown say two regions (three if a
     reply's release came a moment after its last byte) served every
-    switch."""
+    switch. The bodies go chunked: received into a request body region, the
+    inputs would not travel in the EXECUTE region at all
+    (test_python_body_regions.py)."""
     repo = str(tmp_path / "models")
     write(repo, "double", config("double", "python", ("OUTPUT0", "OUTPUT1")), DOUBLE)
     s = Server(repo, ["--log-verbose=1"], "http")
     try:
         x0 = np.arange(4 << 20, dtype=np.float32)  # 16 MiB: more than the sockets buffer
         check("double", x0[:16], http_infer(s, "double", x0[:16]))  # inline: no region yet
-        held, prev = start_unread_reply(s, "double", x0), x0  # region 1, held by its reply
+        held, prev = start_unread_reply(s, "double", x0, True), x0  # region 1, held by its reply
         for k in range(1, 5):
             x = np.full(4 << 20, k, np.float32)
-            nxt = start_unread_reply(s, "double", x)  # the other region
+            nxt = start_unread_reply(s, "double", x, True)  # the other region
             np.testing.assert_array_equal(read_reply(held), prev * 2)
             held, prev = nxt, x
         np.testing.assert_array_equal(read_reply(held), prev * 2)
