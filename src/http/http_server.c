@@ -1696,11 +1696,13 @@ static void body_drop(http_conn_t *c)
  * them: no copy on the way to a Python model's worker), else ours. The
  * backend's only for a body whose size is known and that is used as it
  * arrives (Content-Length, no Content-Encoding); a chunked or compressed
- * one keeps today's buffer. Nonzero: out of memory. */
+ * one keeps today's buffer, and so does one under BODY_OFFER_MIN (not
+ * worth the model lookup). Nonzero: out of memory. */
+#define BODY_OFFER_MIN 4096
 static int body_reserve(http_conn_t *c, size_t want)
 {
     bool infer = c->route == ROUTE_MODEL_INFER || c->route == ROUTE_MODEL_INFER_V;
-    if (infer && c->model && c->version >= -1 && c->content_length && !c->chunked &&
+    if (infer && c->model && c->version >= -1 && want >= BODY_OFFER_MIN && !c->chunked &&
         c->encoding == HTTP_ENCODING_IDENTITY && c->body_pad + c->content_length == want) {
         char *data;
         c->body_mem = nereid_server_body_alloc(c->srv->core, c->model, c->version, want + 1, &data);
