@@ -448,13 +448,14 @@ def rescheduled(reqs):
     return [i for i, q in enumerate(reqs)
             if q._release_flags == pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE]
 
-def bls_call_parts(request, decoupled, region=None):
+def bls_call_parts(request, decoupled, region=None, bodies=None):
     """A BLS request's binary description (python.c, "BLS: a worker's
     request"), without its call id: (fixed fields, the rest), and the views
     and length of its blob. region: (base address, length) of the server's
     EXECUTE region while that execute is in flight, or None: a large numeric
     input lying in it (the model's own input) is referenced there (where 1)
-    instead of copied."""
+    instead of copied. bodies: the same for the request body regions of
+    that execute (tensor_records), where BODY_WHERE + slot."""
     model = request._model_name.encode()
     rid = request._request_id.encode()
     corr = request._correlation_id
@@ -472,9 +473,9 @@ def bls_call_parts(request, decoupled, region=None):
         parts.append(b)
     views = []
     ins = request._inputs
-    if region is not None and any(t._dtype == "BYTES" for t in ins):
-        region = None  # the server copies BYTES and takes them from the blob only
-    blob_len = tensor_records(ins, region, 0, parts, views)
+    if (region is not None or bodies) and any(t._dtype == "BYTES" for t in ins):
+        region = bodies = None  # the server copies BYTES and takes them from the blob only
+    blob_len = tensor_records(ins, region, 0, parts, views, bodies=bodies)
     head = (request._model_version, corr & U64_MASK, request._timeout & U64_MASK,
             request._flags & 0xFFFFFFFF, 1 if decoupled else 0, corr_len, len(model), len(rid),
             len(params), len(request._requested), len(request._inputs))
@@ -658,6 +659,14 @@ class Worker:
         self.body_live = live + self.body_exec
         self.body_exec = []
         return mask
+
+    def exec_bodies(self):
+        """(slot, base address, length) of the request body regions the
+        execute in flight's inputs are in, or None."""
+        if not self.body_exec:
+            return None
+        return [(slot, h.__array_interface__["data"][0], h.nbytes)
+                for slot, h in ((slot, ref()) for slot, ref in self.body_exec) if h is not None]
 
     def body_view(self, slot):
         """A new read-only uint8 array over body region slot (the inputs of
@@ -1171,8 +1180,12 @@ class Worker:
         # Inputs by reference only from the thread running execute, before
         # its DONE: the server holds the region for the call, and refuses a
         # reference after DONE (a thread may outlive execute: it copies).
-        region = self.rx_region if threading.get_ident() == self.exec_ident else None
-        head, rest, views, blob_len = bls_call_parts(request, decoupled, region)
+        region = bodies = None
+        if threading.get_ident() == self.exec_ident:
+            # the EXECUTE region only when this execute came in it
+            region = self.rx_region if self.rx_used is not None else None
+            bodies = self.exec_bodies()
+        head, rest, views, blob_len = bls_call_parts(request, decoupled, region, bodies)
         if decoupled:
             # Responses reach the iterator as they arrive; the call returns
             # once the first came, as Triton's: async_exec() then waits in
@@ -1348,7 +1361,7 @@ class Worker:
         if self.decoupled:
             return self.execute_decoupled(reqs)
         try:
-            if self.rx_used is not None and BLS_BY_REF:
+            if (self.rx_used is not None or self.body_exec) and BLS_BY_REF:
                 self.exec_ident = threading.get_ident()
             try:
                 res = self.model.execute(reqs)
@@ -1465,11 +1478,7 @@ class Worker:
                 tail = [memoryview(self.rx_map), self.rx_used, len(self.rx_map)]
             records = self.records if FAST_PATH else None
             results = (list(self.bls_out_span), []) if BLS_BY_REF else None
-            bodies = None
-            if self.body_exec:  # the request body regions this execute's inputs are in
-                bodies = [(slot, h.__array_interface__["data"][0], h.nbytes)
-                          for slot, h in ((slot, ref()) for slot, ref in self.body_exec)
-                          if h is not None]
+            bodies = self.exec_bodies()
             for req, resp in zip(reqs, res):
                 if req._release_flags == RELEASE_RESCHEDULE:
                     out.append(DONE_RESP.pack(RESP_RESCHEDULE, 0, 0, 0, 0))  # response dropped

@@ -1042,6 +1042,15 @@ static uint64_t br_u64(brd_t *r)
     return v;
 }
 
+/* The where field of the tensor record at rd (not consumed), or
+ * UINT32_MAX when the description ends before it. */
+static uint32_t record_where(const brd_t *rd)
+{
+    uint32_t where = UINT32_MAX;
+    if (!rd->bad && rd->n - rd->pos >= 16) memcpy(&where, rd->p + rd->pos + 12, 4);
+    return where;
+}
+
 /* A tensor record of a DONE, checked as parse_tensor checks a JSON one;
  * name (MAX_NAME + 1 bytes) receives its name. ex/ex_len: the region a
  * record with where >= 1 lies in (the caller's choice by where: the
@@ -1108,7 +1117,8 @@ typedef struct instance {
     uint64_t tx_made; /* EXECUTE regions made (their memfd sent), instance thread only */
     /* Request bodies (see "Request bodies"; execute's thread only) */
     region_t *exec_body[BODY_SLOTS];  /* body regions the execute in flight references
-                                         (a reference each), else NULL */
+                                         (a reference each), else NULL; written under mu
+                                         (a BLS call of the execute may name them) */
     region_t *body_held[BODY_SLOTS];  /* body regions the worker says its arrays still
                                          view (a reference each), else NULL */
     uint64_t body_mapped[BODY_SLOTS]; /* id of the body region the current worker has
@@ -1386,6 +1396,8 @@ typedef struct bls_call {
     int reply_slot;                /* the worker's choice of our BLS_RESULT region, or -1 */
     size_t reply_used;             /* bytes of it this call's responses took so far */
     struct bls_call *next;         /* in->bls_calls */
+    region_t *body[BODY_SLOTS];    /* request body regions inputs by reference read (a
+                                      reference each), or NULL */
 } bls_call_t;
 
 /* Sends a BLS_RESULT: its description in w (freed) and tensors in om. */
@@ -1482,6 +1494,8 @@ static void bls_done(bls_call_t *call)
     msg_free(call->msg);
     free(call->bytes);
     region_unref(call->ex);
+    for (int s = 0; s < BODY_SLOTS; s++)
+        region_unref(call->body[s]);
     chan_unref(call->chan);
     pthread_mutex_lock(&in->mu);
     for (bls_call_t **p = &in->bls_calls; *p; p = &(*p)->next)
@@ -1537,7 +1551,8 @@ typedef struct bls_req {
     uint32_t flags, decoupled, model_len, id_len, params_len, n_out, n_in;
     int32_t corr_len, reply_slot;
     const uint8_t *model, *rid, *corr_s, *params, *outs, *ins;
-    bool by_ref; /* an input names the EXECUTE region (where 1) */
+    bool by_ref;        /* an input names the EXECUTE region (where 1) */
+    uint32_t body_mask; /* the request body slots inputs name (where BODY_WHERE + slot) */
 } bls_req_t;
 
 /* Walks a BLS_CALL description whole: every count and length fits, strings
@@ -1546,6 +1561,7 @@ static bool bls_check(const uint8_t *meta, size_t len, bls_req_t *q)
 {
     brd_t rd = {meta, len, 0, false};
     q->by_ref = false;
+    q->body_mask = 0;
     q->id = br_u64(&rd);
     q->version = (int64_t)br_u64(&rd);
     q->corr = br_u64(&rd);
@@ -1582,8 +1598,10 @@ static bool bls_check(const uint8_t *meta, size_t len, bls_req_t *q)
         br_take(&rd, 16); /* offset, size */
         br_take(&rd, (size_t)rank * sizeof(int64_t));
         br_take(&rd, name_len);
-        if (where > 1 || (where == 1 && dt == NEREID_TYPE_BYTES)) return false;
+        bool body = where >= BODY_WHERE && where < BODY_WHERE + BODY_SLOTS;
+        if ((where > 1 && !body) || (where >= 1 && dt == NEREID_TYPE_BYTES)) return false;
         if (where == 1) q->by_ref = true;
+        if (body) q->body_mask |= 1u << (where - BODY_WHERE);
     }
     return !rd.bad && rd.pos == rd.n;
 }
@@ -1649,10 +1667,13 @@ static size_t bls_bytes_total(const bls_req_t *q, const msg_t *m)
 }
 
 /* Adds the inputs (records checked here against the blob, or against ex,
- * the EXECUTE region in flight, for where 1) to req. false: the worker
- * described a tensor that does not add up (*why). */
+ * the EXECUTE region in flight, for where 1, or against body[slot], a
+ * request body region of the execute in flight, for where BODY_WHERE +
+ * slot) to req. false: the worker described a tensor that does not add up
+ * (*why). */
 static bool bls_inputs(nereid_request_t *req, const bls_req_t *q, msg_t *m, const region_t *ex,
-                       uint8_t *bytes, nereid_error_t **err, char *why, size_t why_cap)
+                       region_t *const *body, uint8_t *bytes, nereid_error_t **err, char *why,
+                       size_t why_cap)
 {
     brd_t rd = {q->ins, m->meta + m->meta_len - q->ins, 0, false};
     size_t used = 0;
@@ -1660,7 +1681,13 @@ static bool bls_inputs(nereid_request_t *req, const bls_req_t *q, msg_t *m, cons
         tview_t v;
         int64_t shape[MAX_RANK];
         char name[MAX_NAME + 1];
-        if (!read_tensor(&rd, m->blob, m->blob_len, ex ? ex->map : NULL, ex ? ex->size : 0, &v,
+        uint32_t where = record_where(&rd);
+        const region_t *in_region = where == 1 ? ex
+                                    : where >= BODY_WHERE && where < BODY_WHERE + BODY_SLOTS
+                                        ? body[where - BODY_WHERE]
+                                        : NULL;
+        size_t in_len = !in_region ? 0 : where == 1 ? in_region->size : in_region->used;
+        if (!read_tensor(&rd, m->blob, m->blob_len, in_region ? in_region->map : NULL, in_len, &v,
                          shape, name, why, why_cap))
             return false;
         if (v.datatype == NEREID_TYPE_BYTES && bytes) {
@@ -1741,15 +1768,38 @@ static bool bls_start(instance_t *in, msg_t *m, char *why, size_t why_cap)
         if (ex) atomic_fetch_add(&ex->refs, 1);
         pthread_mutex_unlock(&in->mu);
     }
-    if (q.by_ref && !ex) {
-        snprintf(why, why_cap, "BLS input in the execute region while no execute is in flight");
+    /* and into the request body regions of that execute (the same rule) */
+    region_t *body[BODY_SLOTS] = {0};
+    bool body_ok = true;
+    if (q.body_mask) {
+        pthread_mutex_lock(&in->mu);
+        for (int s = 0; s < BODY_SLOTS; s++) {
+            if (!(q.body_mask >> s & 1)) continue;
+            body[s] = in->exec_body[s];
+            if (body[s])
+                atomic_fetch_add(&body[s]->refs, 1);
+            else
+                body_ok = false;
+        }
+        pthread_mutex_unlock(&in->mu);
+    }
+    if ((q.by_ref && !ex) || !body_ok) {
+        snprintf(why, why_cap, "%s",
+                 !body_ok ? "BLS input in a request body region the execute in flight does not "
+                            "read"
+                          : "BLS input in the execute region while no execute is in flight");
+        region_unref(ex);
+        for (int s = 0; s < BODY_SLOTS; s++)
+            region_unref(body[s]);
         nereid_request_free(req);
         free(bytes);
         free(model);
         return false;
     }
-    if (!err && !bls_inputs(req, &q, m, ex, bytes, &err, why, why_cap)) {
+    if (!err && !bls_inputs(req, &q, m, ex, body, bytes, &err, why, why_cap)) {
         region_unref(ex);
+        for (int s = 0; s < BODY_SLOTS; s++)
+            region_unref(body[s]);
         nereid_request_free(req);
         free(bytes);
         free(model);
@@ -1765,8 +1815,10 @@ static bool bls_start(instance_t *in, msg_t *m, char *why, size_t why_cap)
     if (!err) {
         bls_call_t *call = calloc(1, sizeof *call);
         if (!call) abort();
-        *call = (bls_call_t){in,           c, m,   q.id, nereid_cancel_token_new(), bytes, ex,
-                             q.reply_slot, 0, NULL};
+        *call = (bls_call_t){in,           c, m,    q.id,  nereid_cancel_token_new(), bytes, ex,
+                             q.reply_slot, 0, NULL, {NULL}};
+        memcpy(call->body, body, sizeof body);
+        memset(body, 0, sizeof body);
         nereid_request_set_cancel_token(req, call->cancel);
         atomic_fetch_add(&c->refs, 1);
         pthread_mutex_lock(&in->mu);
@@ -1785,6 +1837,8 @@ static bool bls_start(instance_t *in, msg_t *m, char *why, size_t why_cap)
         bls_done(call);
     }
     region_unref(ex);
+    for (int s = 0; s < BODY_SLOTS; s++)
+        region_unref(body[s]);
     nereid_request_free(req);
     free(bytes);
     snprintf(text, sizeof text, "Model %s - Error when running inference: %s", model,
@@ -2871,6 +2925,7 @@ typedef struct model_state {
     pthread_mutex_t body_mu;    /* guards what follows */
     region_t *body[BODY_SLOTS]; /* a reference each, or NULL */
     size_t body_bytes;          /* their sizes together (<= BODY_BUDGET) */
+    atomic_bool body_any;       /* some region was made (else execute does not look) */
     uint64_t body_made;         /* regions made */
     uint64_t body_taken;        /* bodies received into a region */
     uint64_t body_missed;       /* bodies offered none (no free slot or room) */
@@ -3298,6 +3353,7 @@ NEREID_EXPORT void *nereid_backend_model_body_alloc(nereid_model_t *model, size_
             ms->body[s] = r;
             ms->body_bytes = ms->body_bytes - gone + size;
             ms->body_made++;
+            atomic_store(&ms->body_any, true);
         }
     }
     if (r) {
@@ -3323,7 +3379,8 @@ NEREID_EXPORT void nereid_backend_model_body_release(void *handle)
  * sent to the worker first when it has not got it), or NULL: v is copied. */
 static region_t *body_ref(instance_t *in, model_state_t *ms, const tview_t *v)
 {
-    if (in->decoupled || !ms || !v->size || nereid_datatype_byte_size(v->datatype) == 0)
+    if (in->decoupled || !ms || !v->size || nereid_datatype_byte_size(v->datatype) == 0 ||
+        !atomic_load_explicit(&ms->body_any, memory_order_relaxed))
         return NULL;
     const uint8_t *d = v->data;
     region_t *r = NULL;
@@ -3335,10 +3392,13 @@ static region_t *body_ref(instance_t *in, model_state_t *ms, const tview_t *v)
     }
     pthread_mutex_unlock(&ms->body_mu);
     if (!r) return NULL;
-    /* The request's body holds r: it stays in its slot while this runs. */
+    /* The request's body holds r: it stays in its slot while this runs.
+     * Published under in->mu: a BLS call of this execute may name it. */
     if (!in->exec_body[r->slot]) {
         atomic_fetch_add(&r->refs, 1);
+        pthread_mutex_lock(&in->mu);
         in->exec_body[r->slot] = r;
+        pthread_mutex_unlock(&in->mu);
     } else if (in->exec_body[r->slot] != r) {
         return NULL;
     }
@@ -3359,7 +3419,10 @@ static void body_settle(instance_t *in, uint32_t held)
     for (int s = 0; s < BODY_SLOTS; s++) {
         bool keep = held >> s & 1;
         region_t *now = in->exec_body[s];
+        if (!now && !in->body_held[s]) continue;
+        pthread_mutex_lock(&in->mu);
         in->exec_body[s] = NULL;
+        pthread_mutex_unlock(&in->mu);
         if (keep && now && in->body_held[s] != now) {
             region_unref(in->body_held[s]);
             in->body_held[s] = now;
@@ -3411,15 +3474,6 @@ static nereid_error_t *text_error(const uint8_t *t, uint32_t len, uint32_t code)
     if (code > NEREID_ERROR_CANCELLED) code = NEREID_ERROR_INTERNAL;
     return nereid_error_new((nereid_error_code_t)code, "%.*s", (int)(len > INT_MAX ? INT_MAX : len),
                             (const char *)t);
-}
-
-/* The where field of the tensor record at rd (not consumed), or
- * UINT32_MAX when the description ends before it. */
-static uint32_t record_where(const brd_t *rd)
-{
-    uint32_t where = UINT32_MAX;
-    if (!rd->bad && rd->n - rd->pos >= 16) memcpy(&where, rd->p + rd->pos + 12, 4);
-    return where;
 }
 
 /* Response r of a DONE (kind 0): its status, outputs and parameters. A

@@ -136,6 +136,9 @@ class TritonPythonModel:
             elif mode == "where_past":  # past the end of the EXECUTE region
                 rec = struct.pack("<IIIIQQq", 4, 11, 1, 1, 1 << 40, 4, 1) + b"IN_F"
                 forge(bls_head(0, 1) + rec)
+            elif mode == "where_body":  # a request body slot the execute does not read
+                rec = struct.pack("<IIIIQQq", 4, 11, 1, 16 + 5, 0, 4, 1) + b"IN_F"
+                forge(bls_head(0, 1) + rec)
             elif mode == "where_bytes":  # BYTES are never taken by reference
                 rec = struct.pack("<IIIIQQq", 4, 13, 1, 1, 0, 8, 1) + b"IN_S"
                 forge(bls_head(0, 1) + rec)
@@ -184,9 +187,10 @@ def server(tmp_path_factory):
 
 def run(server, mode, big=False):
     ins = [{"name": "MODE", "datatype": "BYTES", "data": [mode]}]
-    if big:  # the EXECUTE then travels in the server's region
+    if big:  # the EXECUTE then travels in the server's region (as JSON: a binary
+        # tensor would be referenced where the body landed, python.c "Request bodies")
         ins.append({"name": "BIG", "datatype": "FP32", "data": np.zeros(100000, np.float32),
-                    "binary": True})
+                    "binary": False})
     r = post(server, "caller", ins)
     return r, (json.loads(r.json()["outputs"][0]["data"][0]) if r.status_code == 200 else None)
 
@@ -233,6 +237,7 @@ def test_errors_come_back_as_errors(server):
     ("where", "BLS input in the execute region while no execute is in flight"),
     ("where_past", "tensor 'IN_F' lies outside its message"),
     ("where_bytes", "malformed BLS request"),
+    ("where_body", "BLS input in a request body region the execute in flight does not read"),
     ("reply_slot", "malformed BLS request"),  # a reply region past BLS_SLOTS
     ("region_slot", "unexpected region message"),  # a BLS_CALL region past BLS_SLOTS
     ("region_unsent", "message outside the shared-memory region"),  # a slot never sent
