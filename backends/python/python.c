@@ -1322,8 +1322,9 @@ static void on_cancel_query(instance_t *in, msg_t *m)
  *   - BLS_RESULT: the call names a reply slot: one of the server's
  *     regions that no array of the worker's still views and no call in
  *     flight writes. The server writes each response (description, then
- *     blob) there, one after the other, and sends the header and the u64
- *     offset of the response in the region (with the region's memfd, its
+ *     blob; or blob, then description: "BLS results in place") there, one
+ *     after the other, and sends the header and two u64: the offsets of
+ *     the blob and of the description in the region (with the region's memfd, its
  *     own, sealed against shrinking, when it made a new one: none yet in
  *     the slot, or too small). The worker's result arrays are views of the
  *     region; the slot stays taken while any of them lives (weak references
