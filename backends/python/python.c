@@ -1129,6 +1129,7 @@ typedef struct instance {
     /* BLS result outputs (any thread; logged at fini): written in place by
      * the called model ("BLS results in place"), or copied into the reply */
     _Atomic uint64_t bls_placed_n, bls_placed_bytes, bls_copied_n, bls_copied_bytes;
+    _Atomic uint64_t bls_regions_made; /* BLS_RESULT regions sent to the worker */
     /* The model's is_ready() (Triton's user-defined readiness): one check
      * in flight at a time, later checks wait for its answer. */
     bool has_is_ready;
@@ -1526,6 +1527,7 @@ static void bls_send_result(bls_call_t *call, bwr_t *w, outmsg_t *om)
             fd = r->fd; /* sent once, with this message */
             r->fd = -1;
             off = 0;
+            atomic_fetch_add(&call->in->bls_regions_made, 1);
             populate(r->map, total, MADV_POPULATE_WRITE);
         }
     }
@@ -1542,9 +1544,9 @@ static void bls_send_result(bls_call_t *call, bwr_t *w, outmsg_t *om)
              om->blob_len);
     memcpy(d + HDR_BYTES, &blob_off, 8);
     memcpy(d + HDR_BYTES + 8, &off, 8);
+    region_unref(r); /* before the worker can answer: its next call finds the region free */
     send_bytes_with_fd(c, d, sizeof d, fd);
     if (fd >= 0) close(fd);
-    region_unref(r);
     call->reply_used = off + total;
     free(w->p);
     free(om->t);
@@ -1626,8 +1628,9 @@ static bool bls_output(nereid_response_t *resp, size_t i, tview_t *v, uintptr_t 
 
 /* Sends resp, whose outputs are (some of them) placed in call->dst: the
  * others copied after them, the description after those; the header names
- * the blob's offset (0) and the description's. false, nothing sent: the
- * region is not the slot's (any more), or the rest does not fit. */
+ * the blob's offset (0) and the description's. Frees resp and drops dst
+ * when it returns true; false, nothing sent: the region is not the slot's
+ * (any more), or the rest does not fit. */
 static bool bls_send_placed(bls_call_t *call, region_t *r, size_t used, nereid_response_t *resp,
                             bool final)
 {
@@ -1669,6 +1672,7 @@ static bool bls_send_placed(bls_call_t *call, region_t *r, size_t used, nereid_r
             c->bls_tx_bytes = c->bls_tx_bytes - old_size + r->size;
             fd = r->fd;
             r->fd = -1;
+            atomic_fetch_add(&call->in->bls_regions_made, 1);
         }
     } else if (ok) {
         ok = c->bls_tx[k] == r;
@@ -1691,8 +1695,6 @@ static bool bls_send_placed(bls_call_t *call, region_t *r, size_t used, nereid_r
     hdr_pack(d, M_BLS_RESULT | M_REGION | (uint32_t)k << M_SLOT_SHIFT, (uint32_t)w.n, end);
     memcpy(d + HDR_BYTES, &blob_off, 8);
     memcpy(d + HDR_BYTES + 8, &desc_off, 8);
-    send_bytes_with_fd(c, d, sizeof d, fd);
-    if (fd >= 0) close(fd);
     call->reply_used = meta_off + w.n;
     free(w.p);
     instance_t *in = call->in;
@@ -1700,6 +1702,15 @@ static bool bls_send_placed(bls_call_t *call, region_t *r, size_t used, nereid_r
     atomic_fetch_add(&in->bls_placed_bytes, placed_bytes);
     atomic_fetch_add(&in->bls_copied_n, copied_n);
     atomic_fetch_add(&in->bls_copied_bytes, copied_bytes);
+    /* The response's and the call's references go before the worker can
+     * answer: its next call finds the region free, not held. */
+    nereid_response_free(resp);
+    pthread_mutex_lock(&c->bls_mu);
+    call->dst = NULL;
+    pthread_mutex_unlock(&c->bls_mu);
+    region_unref(r);
+    send_bytes_with_fd(c, d, sizeof d, fd);
+    if (fd >= 0) close(fd);
     return true;
 }
 
@@ -1719,8 +1730,7 @@ static void bls_on_response(nereid_response_t *resp, uint32_t flags, void *userp
         pthread_mutex_unlock(&call->chan->bls_mu);
     }
     if (resp && dst && call->reply_used == 0 && !nereid_response_error(resp)) {
-        if (bls_send_placed(call, dst, dst_used, resp, final)) {
-            nereid_response_free(resp);
+        if (bls_send_placed(call, dst, dst_used, resp, final)) { /* resp freed */
             if (final) bls_done(call);
             return;
         }
@@ -3382,11 +3392,12 @@ NEREID_EXPORT nereid_error_t *nereid_backend_instance_fini(nereid_instance_t *in
     if (atomic_load(&in->bls_placed_n) + atomic_load(&in->bls_copied_n))
         plog('V',
              "python backend: '%s' BLS result outputs: %llu written in place by the called model "
-             "(%llu bytes), %llu copied (%llu bytes)",
+             "(%llu bytes), %llu copied (%llu bytes); %llu result regions made",
              in->name, (unsigned long long)atomic_load(&in->bls_placed_n),
              (unsigned long long)atomic_load(&in->bls_placed_bytes),
              (unsigned long long)atomic_load(&in->bls_copied_n),
-             (unsigned long long)atomic_load(&in->bls_copied_bytes));
+             (unsigned long long)atomic_load(&in->bls_copied_bytes),
+             (unsigned long long)atomic_load(&in->bls_regions_made));
     instance_free(in);
     return NULL;
 }
