@@ -112,6 +112,13 @@ class TritonPythonModel:
                     a = pb_utils.get_output_tensor_by_name(q, "OUT0").as_numpy()
                     b = pb_utils.get_output_tensor_by_name(q, "OUT1").as_numpy()
                     res["ok"] = [bool(np.array_equal(a, x)), bool(np.array_equal(b, x + 1))]
+            elif kind == "cancel":  # cancelled while the callee runs: an error or the result
+                it = req(model, [pb_utils.Tensor("INPUT0", vec(n, 2))], ["OUTPUT0"]).exec(
+                    decoupled=True)
+                it.cancel()
+                rs = [q for q in it if q.output_tensors() or q.has_error()]
+                res["ok"] = [len(rs) == 1 and (rs[0].has_error() or bool(np.array_equal(
+                    rs[0].output_tensors()[0].as_numpy(), vec(n, 2))))]
             elif kind == "slow":  # the test kills this worker while the call waits
                 with open(os.path.join(m["dir"], "started.tmp"), "w") as f:
                     f.write(str(os.getpid()))
@@ -286,7 +293,7 @@ def test_ensemble_outputs_in_place_and_a_call_failing_after_placing(tmp_path):
     assert got[0] == 3 * 2 + 3 and got[1] == (3 * 2 + 3) * MIB4 * 4 and got[2] == 0, got
 
 
-def test_a_worker_killed_before_its_callee_writes(tmp_path):
+def test_a_worker_killed_before_its_callee_writes_and_a_cancelled_call(tmp_path):
     s = Server(make_repo(tmp_path), [], "http")
     try:
         d = str(tmp_path / "gate")
@@ -309,5 +316,7 @@ def test_a_worker_killed_before_its_callee_writes(tmp_path):
         for _ in range(3):  # a new worker; the server's fini waits for the late call
             res = run_ok(s, kind="loop", model="ident_c", n=MIB4, calls=3)
             assert res["pid"] != pid
+        run_ok(s, kind="cancel", model="ident_slow", n=MIB4)
+        run_ok(s, kind="loop", model="ident_c", n=MIB4, calls=3)
     finally:
         assert s.stop() == 0, s.output()[-3000:]
