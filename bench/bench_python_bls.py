@@ -7,6 +7,11 @@ all its threads), the server's CPU time and the context switches of both
 objects without exec(): the Python side's share. Prints numbers; not a test.
 
     bench/bench_python_bls.py [BUILD_DIR] [--calls N] [--rounds R] [--elems N]
+    bench/bench_python_bls.py BUILD_DIR BUILD_DIR... [--calls N] [--rounds R] [--elems N]
+
+With several BUILD_DIRs, one server per build runs side by side and the
+exec rounds alternate between them, so builds compared in one run see the
+same machine load.
 """
 import json
 import os
@@ -114,8 +119,28 @@ def run(s, mode, calls, elems):
     return res + [(cpu1 - cpu0) / calls * 1e6, (sw1 - sw0) / calls]
 
 
+def side_by_side(builds, repo, calls, rounds, elems):
+    """One server per build, exec rounds alternating between them."""
+    servers = {b: bp.Server(b, repo) for b in builds}
+    res = {b: [] for b in builds}
+    try:
+        for s in servers.values():  # warm-up: regions made
+            run(s, "exec", 50, elems)
+        for _ in range(rounds):
+            for b, s in servers.items():
+                res[b].append(run(s, "exec", calls, elems))
+    finally:
+        for s in servers.values():
+            s.stop()
+    for b, rs in res.items():
+        m = [statistics.median(r[i] for r in rs) for i in range(5)]
+        print(f"{b}: exec wall {m[0]:6.1f} us/call | worker CPU {m[1]:6.1f} us | server CPU "
+              f"{m[3]:6.1f} us  (wall per round {[round(r[0], 1) for r in rs]}, server "
+              f"{[round(r[3], 1) for r in rs]})", flush=True)
+
+
 def main(argv):
-    build, calls, rounds, elems = "build", 5000, 3, 1
+    builds, calls, rounds, elems = [], 5000, 3, 1
     args = list(argv)
     while args:
         a = args.pop(0)
@@ -128,17 +153,22 @@ def main(argv):
         elif a == "--elems":
             elems = int(args.pop(0))
         else:
-            build = a
+            builds.append(a)
     import make_models
     tmp = tempfile.mkdtemp(prefix="bench-bls-")
     repo = os.path.join(tmp, "repo")
     bp.write_model(repo, "ident_onnx", bp.config("ident_onnx", "onnxruntime_onnx"),
                    onnx=make_models.identity("FP32", (-1,)).SerializeToString())
     bp.write_model(repo, "bls_loop", LOOP_CONFIG, LOOP_PY)
-    s = bp.Server(build, repo)
     with open("/proc/loadavg") as f:
-        print(f"load average {f.read().split()[0]}, {calls} calls x {rounds} rounds, "
-              f"FP32[{elems}]", flush=True)
+        load = f.read().split()[0]
+    if len(builds) > 1:
+        print(f"load average {load}, {calls} calls x {rounds} rounds, FP32[{elems}], side by side",
+              flush=True)
+        side_by_side(builds, repo, calls, rounds, elems)
+        return
+    s = bp.Server(builds[0] if builds else "build", repo)
+    print(f"load average {load}, {calls} calls x {rounds} rounds, FP32[{elems}]", flush=True)
     try:
         if "--profile" in argv:
             body = json.dumps({"inputs": [{"name": "IN", "datatype": "BYTES", "shape": [1],

@@ -98,6 +98,8 @@ DONE_RESPONSES, DONE_ERROR, DONE_DECOUPLED = 0, 1, 2
 BLS_CALL = struct.Struct("<QqQQIIiIIIIIi")
 # BLS_RESULT: id, status, final, error code, error_len, params_len, n_outputs
 BLS_RES = struct.Struct("<QIIIIII")
+# a BLS_RESULT in a region: the offsets of its blob and its description there
+BLS_OFFSETS = struct.Struct("<QQ")
 BLS_OUTPUTS, BLS_ERROR, BLS_EMPTY = 0, 1, 2
 U64_MASK = (1 << 64) - 1
 RESP_OUTPUTS, RESP_ERROR, RESP_RESCHEDULE = 0, 1, 2
@@ -842,9 +844,11 @@ class Worker:
 
     def recv_bls_result(self, slot_no, fds, data, jlen, blen):
         """A BLS_RESULT in the server's region slot_no (a new one when a memfd
-        comes along) at the offset after the header. Its blob is an array
-        over the region that every output array views; while one of them
-        lives, the slot is not offered to the server again (bls_slots)."""
+        comes along): after the header, the offsets of its blob and of its
+        description there (the blob first when the called model wrote its
+        outputs in place, python.c "BLS results in place"). Its blob is an
+        array over the region that every output array views; while one of
+        them lives, the slot is not offered to the server again (bls_slots)."""
         if fds:
             try:
                 mm = mmap.mmap(fds[0], os.fstat(fds[0]).st_size)
@@ -856,13 +860,13 @@ class Worker:
                 self.bls_out_span[slot_no] = (np.frombuffer(mm, np.uint8, 1).ctypes.data,
                                               len(mm))
         mm = self.bls_out[slot_no] if slot_no < BLS_SLOTS else None
-        if mm is None or len(data) != HDR.size + 8:
+        if mm is None or len(data) != HDR.size + 16:
             raise ValueError(f"a BLS result in region slot {slot_no}, never sent")
-        (off,) = U64.unpack_from(data, HDR.size)
-        if off + jlen + blen > len(mm):
+        blob_off, meta_off = BLS_OFFSETS.unpack_from(data, HDR.size)
+        if blob_off + blen > len(mm) or meta_off + jlen > len(mm):
             raise ValueError("a BLS result outside its region")
-        meta = mm[off:off + jlen]
-        blob = np.frombuffer(mm, np.uint8, blen, off + jlen)
+        meta = mm[meta_off:meta_off + jlen]
+        blob = np.frombuffer(mm, np.uint8, blen, blob_off)
         self.bls_out_refs[slot_no].append(weakref.ref(blob))
         return M_BLS_RESULT, meta, blob
 

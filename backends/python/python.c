@@ -105,6 +105,7 @@ enum {
 #define BLS_SLOTS 8                /* persistent BLS regions per direction and worker */
 #define BLS_REGION_MAX (16u << 20) /* a larger BLS message travels in a memfd of its own */
 #define BLS_BUDGET (64u << 20)     /* the server's BLS_RESULT regions of one worker, at most */
+#define BLS_IN_PLACE 1             /* called models write large BLS outputs into the reply region */
 #define SPIN_WAIT_US_DEFAULT 200   /* with 2 CPUs or more, else 0: docs/python_backend.md */
 #define SPIN_RECENT 8              /* the spin budget follows the median of this many executes */
 #define SPIN_WAIT_US_MAX 10000
@@ -384,6 +385,8 @@ typedef struct chan {
     pthread_mutex_t bls_mu;      /* guards what follows */
     region_t *bls_tx[BLS_SLOTS]; /* BLS_RESULT regions by slot, or NULL */
     size_t bls_tx_bytes;         /* their sizes together (<= BLS_BUDGET) */
+    size_t bls_new_bytes;        /* new regions calls place outputs in, not yet in bls_tx
+                                    (with bls_tx_bytes <= BLS_BUDGET) */
 } chan_t;
 
 static chan_t *chan_new(int fd)
@@ -1160,6 +1163,10 @@ typedef struct instance {
                               NULL: what a BLS input by reference (where 1) may name */
     size_t bls_inflight;
     struct bls_call *bls_calls; /* in flight, for M_BLS_CANCEL */
+    /* BLS result outputs (any thread; logged at fini): written in place by
+     * the called model ("BLS results in place"), or copied into the reply */
+    _Atomic uint64_t bls_placed_n, bls_placed_bytes, bls_copied_n, bls_copied_bytes;
+    _Atomic uint64_t bls_regions_made; /* BLS_RESULT regions sent to the worker */
     /* The model's is_ready() (Triton's user-defined readiness): one check
      * in flight at a time, later checks wait for its answer. */
     bool has_is_ready;
@@ -1353,8 +1360,9 @@ static void on_cancel_query(instance_t *in, msg_t *m)
  *   - BLS_RESULT: the call names a reply slot: one of the server's
  *     regions that no array of the worker's still views and no call in
  *     flight writes. The server writes each response (description, then
- *     blob) there, one after the other, and sends the header and the u64
- *     offset of the response in the region (with the region's memfd, its
+ *     blob; or blob, then description: "BLS results in place") there, one
+ *     after the other, and sends the header and two u64: the offsets of
+ *     the blob and of the description in the region (with the region's memfd, its
  *     own, sealed against shrinking, when it made a new one: none yet in
  *     the slot, or too small). The worker's result arrays are views of the
  *     region; the slot stays taken while any of them lives (weak references
@@ -1380,7 +1388,26 @@ static void on_cancel_query(instance_t *in, msg_t *m)
  *     the response holds the BLS_RESULT region k (a reference) until it is
  *     sent, and bls_send_result gives a new call's results a new region
  *     instead of one a response still holds, whatever slot the worker
- *     offers (it cannot know when the reply went). */
+ *     offers (it cannot know when the reply went).
+ *
+ * BLS results in place. A call with a reply slot to a model that is not
+ * decoupled (one response) gives its request a response allocator
+ * (bls_alloc): each numeric output of VIEW_MIN bytes or more is placed in
+ * the reply region, one after the other from offset 0, so the called
+ * model (ONNX Runtime's bound outputs, a C backend's memcpy, a Python
+ * model's DONE) writes it where the worker will read it. The region is the
+ * slot's when no response holds it and it has room, else a new one the
+ * call keeps to itself (counted in bls_new_bytes) until its response takes
+ * the slot. The response (bls_send_placed) then copies only what was not
+ * placed (small, BYTES, no room left) after the placed outputs, writes the
+ * description after those, and sends the header with the blob's and the
+ * description's offsets. When the region is no longer the slot's (a worker
+ * naming one slot for two calls) or the rest does not fit, the response
+ * goes as before, without a region (the placed bytes are copied). A failed
+ * call's placed bytes are garbage in a region no array of the worker views
+ * (the slot is the call's), and a new region that never took the slot is
+ * dropped. A decoupled model's several responses, and calls without a
+ * reply slot, keep malloc'ed outputs and the copy. */
 
 enum { BLS_OUTPUTS = 0, BLS_ERROR = 1, BLS_EMPTY = 2 };
 #define BLS_FIXED (4 * 8 + 9 * 4) /* the fixed fields of a BLS_CALL */
@@ -1398,7 +1425,103 @@ typedef struct bls_call {
     struct bls_call *next;         /* in->bls_calls */
     region_t *body[BODY_SLOTS];    /* request body regions inputs by reference read (a
                                       reference each), or NULL */
+    /* Outputs placed in the reply region ("BLS results in place"), under
+     * chan->bls_mu while the called model allocates (ensemble steps may
+     * allocate from several threads), then read by the one response: */
+    region_t *dst;   /* where they are (a reference), or NULL: none placed */
+    size_t dst_used; /* bytes the placed outputs take, from offset 0 */
+    bool dst_new;    /* dst is a new region not yet in bls_tx (counted in bls_new_bytes) */
+    bool in_place;   /* the request has bls_alloc as its allocator */
+    bool dst_closed; /* a response came: later outputs are malloc'ed (a model that turned
+                        decoupled since the call began may send more than one) */
 } bls_call_t;
+
+#define BLS_DESC_ROOM 4096 /* what placing keeps free for the rest of a response */
+
+/* Where output bytes go in the region: the next ALIGN boundary. */
+static size_t bls_align(size_t n)
+{
+    return (n + ALIGN - 1) / ALIGN * ALIGN;
+}
+
+/* A place for byte_size bytes in the call's reply region (chan->bls_mu
+ * held), or NULL. The first output chooses the region: the slot's when no
+ * response holds it and it has room, else a new one (within BLS_BUDGET). */
+static uint8_t *bls_place(bls_call_t *call, size_t byte_size)
+{
+    chan_t *c = call->chan;
+    if (!call->dst) {
+        region_t *r = c->bls_tx[call->reply_slot];
+        if (r && atomic_load(&r->refs) == 1 && r->size >= byte_size + BLS_DESC_ROOM) {
+            atomic_fetch_add(&r->refs, 1);
+        } else {
+            /* Room for another output as large, and the description. */
+            size_t size = (2 * byte_size + BLS_DESC_ROOM + 4095) & ~(size_t)4095;
+            if (size < (1u << 20)) size = 1u << 20;
+            if (size > BLS_REGION_MAX) size = BLS_REGION_MAX;
+            if (size < byte_size + BLS_DESC_ROOM) return NULL;
+            size_t old = r ? r->size : 0;
+            if (c->bls_tx_bytes + c->bls_new_bytes - old + size > BLS_BUDGET) return NULL;
+            r = region_new(size, (uint8_t)call->reply_slot);
+            if (!r) return NULL;
+            c->bls_new_bytes += size;
+            call->dst_new = true;
+        }
+        call->dst = r;
+        call->dst_used = 0;
+    }
+    region_t *r = call->dst;
+    size_t off = bls_align(call->dst_used);
+    if (off > r->size || r->size - off < byte_size + BLS_DESC_ROOM) return NULL;
+    call->dst_used = off + byte_size;
+    return r->map + off;
+}
+
+/* nereid_alloc_fn of a BLS call's request: large numeric outputs in the
+ * reply region (each holds a reference to it, *buffer_userp), the others
+ * malloc'ed (*buffer_userp NULL). Any thread. */
+static nereid_error_t *bls_alloc(void *userp, const char *name, nereid_datatype_t datatype,
+                                 const int64_t *shape, size_t rank, size_t byte_size, void **buffer,
+                                 void **buffer_userp)
+{
+    (void)name;
+    (void)shape;
+    (void)rank;
+    bls_call_t *call = userp;
+    *buffer_userp = NULL;
+    if (datatype != NEREID_TYPE_BYTES && byte_size >= VIEW_MIN) {
+        pthread_mutex_lock(&call->chan->bls_mu);
+        uint8_t *p = call->dst_closed ? NULL : bls_place(call, byte_size);
+        if (p) atomic_fetch_add(&call->dst->refs, 1);
+        region_t *r = call->dst;
+        bool fresh = call->dst_new;
+        pthread_mutex_unlock(&call->chan->bls_mu);
+        if (p) {
+            if (fresh) { /* its pages in one call, not one fault each as the model writes */
+                size_t start = (size_t)(p - r->map) & ~(size_t)4095;
+                populate(r->map + start, (size_t)(p - r->map) + byte_size - start,
+                         MADV_POPULATE_WRITE);
+            }
+            *buffer = p;
+            *buffer_userp = r;
+            return NULL;
+        }
+    }
+    *buffer = malloc(byte_size ? byte_size : 1);
+    if (!*buffer) abort();
+    return NULL;
+}
+
+/* nereid_release_fn of bls_alloc's buffers: when the response is freed. */
+static void bls_release(void *userp, void *buffer, void *buffer_userp, size_t byte_size)
+{
+    (void)userp;
+    (void)byte_size;
+    if (buffer_userp)
+        region_unref(buffer_userp);
+    else
+        free(buffer);
+}
 
 /* Sends a BLS_RESULT: its description in w (freed) and tensors in om. */
 static void bls_send(chan_t *c, bwr_t *w, outmsg_t *om)
@@ -1443,6 +1566,7 @@ static void bls_send_result(bls_call_t *call, bwr_t *w, outmsg_t *om)
             fd = r->fd; /* sent once, with this message */
             r->fd = -1;
             off = 0;
+            atomic_fetch_add(&call->in->bls_regions_made, 1);
             populate(r->map, total, MADV_POPULATE_WRITE);
         }
     }
@@ -1453,13 +1577,15 @@ static void bls_send_result(bls_call_t *call, bwr_t *w, outmsg_t *om)
         return;
     }
     outmsg_copy(om, r->map + off, (const char *)w->p, w->n);
-    uint8_t d[HDR_BYTES + 8];
+    uint8_t d[HDR_BYTES + 16];
+    uint64_t blob_off = off + w->n;
     hdr_pack(d, M_BLS_RESULT | M_REGION | (uint32_t)k << M_SLOT_SHIFT, (uint32_t)w->n,
              om->blob_len);
-    memcpy(d + HDR_BYTES, &off, 8);
+    memcpy(d + HDR_BYTES, &blob_off, 8);
+    memcpy(d + HDR_BYTES + 8, &off, 8);
+    region_unref(r); /* before the worker can answer: its next call finds the region free */
     send_bytes_with_fd(c, d, sizeof d, fd);
     if (fd >= 0) close(fd);
-    region_unref(r);
     call->reply_used = off + total;
     free(w->p);
     free(om->t);
@@ -1491,6 +1617,13 @@ static void bls_reply_error(chan_t *c, uint64_t id, const char *text, nereid_err
 static void bls_done(bls_call_t *call)
 {
     instance_t *in = call->in;
+    if (call->dst) { /* the call's reference (a new region that never took the slot: gone) */
+        pthread_mutex_lock(&call->chan->bls_mu);
+        if (call->dst_new) call->chan->bls_new_bytes -= call->dst->size;
+        pthread_mutex_unlock(&call->chan->bls_mu);
+        region_unref(call->dst);
+        call->dst = NULL;
+    }
     msg_free(call->msg);
     free(call->bytes);
     region_unref(call->ex);
@@ -1510,12 +1643,141 @@ static void bls_done(bls_call_t *call)
     pthread_mutex_unlock(&in->mu);
 }
 
+/* The head of a BLS_RESULT with outputs: its fields, then the response's
+ * parameters. */
+static void bls_outputs_head(bwr_t *w, uint64_t id, nereid_response_t *resp, bool final)
+{
+    json_t *params = python_api_response_parameters_json(resp);
+    char *ptext = params ? json_dumps(params, JSON_COMPACT) : NULL;
+    json_decref(params);
+    size_t plen = ptext ? strlen(ptext) : 0;
+    bls_result_head(w, id, BLS_OUTPUTS, final, 0, NULL, plen, nereid_response_output_count(resp));
+    bw_put(w, ptext, plen);
+    free(ptext);
+}
+
+/* Output i of resp as *v; true when the called model wrote it within
+ * [lo, hi), the placed part of the reply region. */
+static bool bls_output(nereid_response_t *resp, size_t i, tview_t *v, uintptr_t lo, uintptr_t hi)
+{
+    void *unused;
+    nereid_response_output(resp, i, &v->name, &v->datatype, &v->shape, &v->rank, &v->data, &v->size,
+                           &unused);
+    uintptr_t p = (uintptr_t)v->data;
+    return v->size && p >= lo && p < hi && v->size <= hi - p;
+}
+
+/* Sends resp, whose outputs are (some of them) placed in call->dst: the
+ * others copied after them, the description after those; the header names
+ * the blob's offset (0) and the description's. Frees resp and drops dst
+ * when it returns true; false, nothing sent: the region is not the slot's
+ * (any more), or the rest does not fit. */
+static bool bls_send_placed(bls_call_t *call, region_t *r, size_t used, nereid_response_t *resp,
+                            bool final)
+{
+    chan_t *c = call->chan;
+    uint8_t k = (uint8_t)call->reply_slot;
+    size_t n = nereid_response_output_count(resp);
+    bwr_t w = {0};
+    bls_outputs_head(&w, call->id, resp, final);
+    uintptr_t lo = (uintptr_t)r->map, hi = lo + used;
+    size_t end = bls_align(used); /* the blob: placed outputs, then the others */
+    uint64_t placed_n = 0, placed_bytes = 0, copied_n = 0, copied_bytes = 0;
+    for (size_t i = 0; i < n; i++) {
+        tview_t v;
+        if (bls_output(resp, i, &v, lo, hi)) {
+            bw_tensor(&w, &v, (uintptr_t)v.data - lo);
+            placed_n++;
+            placed_bytes += v.size;
+        } else {
+            bw_tensor(&w, &v, end);
+            end = bls_align(end + v.size);
+            copied_n++;
+            copied_bytes += v.size;
+        }
+    }
+    size_t meta_off = end;
+    int fd = -1;
+    bool ok = meta_off <= r->size && r->size - meta_off >= w.n;
+    pthread_mutex_lock(&c->bls_mu);
+    if (ok && call->dst_new) { /* the new region takes the slot; its memfd goes along */
+        region_t *old = c->bls_tx[k];
+        size_t old_size = old ? old->size : 0;
+        c->bls_new_bytes -= r->size;
+        call->dst_new = false;
+        ok = c->bls_tx_bytes + c->bls_new_bytes - old_size + r->size <= BLS_BUDGET;
+        if (ok) {
+            region_unref(old);
+            atomic_fetch_add(&r->refs, 1);
+            c->bls_tx[k] = r;
+            c->bls_tx_bytes = c->bls_tx_bytes - old_size + r->size;
+            fd = r->fd;
+            r->fd = -1;
+            atomic_fetch_add(&call->in->bls_regions_made, 1);
+        }
+    } else if (ok) {
+        ok = c->bls_tx[k] == r;
+    }
+    pthread_mutex_unlock(&c->bls_mu);
+    if (!ok) {
+        free(w.p);
+        return false;
+    }
+    size_t off = bls_align(used);
+    for (size_t i = 0; i < n; i++) {
+        tview_t v;
+        if (bls_output(resp, i, &v, lo, hi)) continue;
+        if (v.size) memcpy(r->map + off, v.data, v.size);
+        off = bls_align(off + v.size);
+    }
+    memcpy(r->map + meta_off, w.p, w.n);
+    uint8_t d[HDR_BYTES + 16];
+    uint64_t blob_off = 0, desc_off = meta_off;
+    hdr_pack(d, M_BLS_RESULT | M_REGION | (uint32_t)k << M_SLOT_SHIFT, (uint32_t)w.n, end);
+    memcpy(d + HDR_BYTES, &blob_off, 8);
+    memcpy(d + HDR_BYTES + 8, &desc_off, 8);
+    call->reply_used = meta_off + w.n;
+    free(w.p);
+    instance_t *in = call->in;
+    atomic_fetch_add(&in->bls_placed_n, placed_n);
+    atomic_fetch_add(&in->bls_placed_bytes, placed_bytes);
+    atomic_fetch_add(&in->bls_copied_n, copied_n);
+    atomic_fetch_add(&in->bls_copied_bytes, copied_bytes);
+    /* The response's and the call's references go before the worker can
+     * answer: its next call finds the region free, not held. */
+    nereid_response_free(resp);
+    pthread_mutex_lock(&c->bls_mu);
+    call->dst = NULL;
+    pthread_mutex_unlock(&c->bls_mu);
+    region_unref(r);
+    send_bytes_with_fd(c, d, sizeof d, fd);
+    if (fd >= 0) close(fd);
+    return true;
+}
+
 static void bls_on_response(nereid_response_t *resp, uint32_t flags, void *userp)
 {
     bls_call_t *call = userp;
     bool final = flags & NEREID_RESPONSE_FINAL;
     bwr_t w = {0};
     outmsg_t om = {0};
+    region_t *dst = NULL;
+    size_t dst_used = 0;
+    if (call->in_place) { /* what the allocations placed, and no more */
+        pthread_mutex_lock(&call->chan->bls_mu);
+        call->dst_closed = true;
+        dst = call->dst;
+        dst_used = call->dst_used;
+        pthread_mutex_unlock(&call->chan->bls_mu);
+    }
+    if (resp && dst && call->reply_used == 0 && !nereid_response_error(resp)) {
+        if (bls_send_placed(call, dst, dst_used, resp, final)) { /* resp freed */
+            if (final) bls_done(call);
+            return;
+        }
+        /* Sent as before, without a region: outputs in dst are copied. */
+        call->reply_slot = -1;
+    }
     if (!resp) {
         bls_result_head(&w, call->id, BLS_EMPTY, true, 0, NULL, 0, 0);
     } else if (nereid_response_error(resp)) {
@@ -1523,20 +1785,13 @@ static void bls_on_response(nereid_response_t *resp, uint32_t flags, void *userp
         bls_result_head(&w, call->id, BLS_ERROR, final, (uint32_t)nereid_error_code(e),
                         nereid_error_message(e), 0, 0);
     } else {
-        size_t n = nereid_response_output_count(resp);
-        json_t *params = python_api_response_parameters_json(resp);
-        char *ptext = params ? json_dumps(params, JSON_COMPACT) : NULL;
-        json_decref(params);
-        size_t plen = ptext ? strlen(ptext) : 0;
-        bls_result_head(&w, call->id, BLS_OUTPUTS, final, 0, NULL, plen, n);
-        bw_put(&w, ptext, plen);
-        free(ptext);
-        for (size_t i = 0; i < n; i++) {
+        bls_outputs_head(&w, call->id, resp, final);
+        for (size_t i = 0; i < nereid_response_output_count(resp); i++) {
             tview_t v;
-            void *userp_unused;
-            nereid_response_output(resp, i, &v.name, &v.datatype, &v.shape, &v.rank, &v.data,
-                                   &v.size, &userp_unused);
+            bls_output(resp, i, &v, 0, 0);
             bw_tensor(&w, &v, outmsg_add_view(&om, &v));
+            atomic_fetch_add(&call->in->bls_copied_n, 1);
+            atomic_fetch_add(&call->in->bls_copied_bytes, v.size);
         }
     }
     bls_send_result(call, &w, &om);
@@ -1815,8 +2070,14 @@ static bool bls_start(instance_t *in, msg_t *m, char *why, size_t why_cap)
     if (!err) {
         bls_call_t *call = calloc(1, sizeof *call);
         if (!call) abort();
-        *call = (bls_call_t){in,           c, m,    q.id,  nereid_cancel_token_new(), bytes, ex,
-                             q.reply_slot, 0, NULL, {NULL}};
+        *call = (bls_call_t){.in = in,
+                             .chan = c,
+                             .msg = m,
+                             .id = q.id,
+                             .cancel = nereid_cancel_token_new(),
+                             .bytes = bytes,
+                             .ex = ex,
+                             .reply_slot = q.reply_slot};
         memcpy(call->body, body, sizeof body);
         memset(body, 0, sizeof body);
         nereid_request_set_cancel_token(req, call->cancel);
@@ -1826,7 +2087,12 @@ static bool bls_start(instance_t *in, msg_t *m, char *why, size_t why_cap)
         call->next = in->bls_calls;
         in->bls_calls = call;
         pthread_mutex_unlock(&in->mu);
-        err = nereid_server_infer_stream(in->server, req, NULL, bls_on_response, call);
+        /* One response into a reply region: the called model writes large
+         * outputs there itself ("BLS results in place"). */
+        nereid_response_allocator_t place = {bls_alloc, bls_release, call};
+        call->in_place = q.reply_slot >= 0 && !target_decoupled && BLS_IN_PLACE;
+        err = nereid_server_infer_stream(in->server, req, call->in_place ? &place : NULL,
+                                         bls_on_response, call);
         if (!err) {
             free(model);
             return true;
@@ -3240,6 +3506,15 @@ NEREID_EXPORT nereid_error_t *nereid_backend_instance_fini(nereid_instance_t *in
          (unsigned long long)in->tx_made, (unsigned long long)in->tx_switches);
     plog('V', "python backend: '%s' request body regions: %llu inputs referenced", in->name,
          (unsigned long long)in->body_inputs);
+    if (atomic_load(&in->bls_placed_n) + atomic_load(&in->bls_copied_n))
+        plog('V',
+             "python backend: '%s' BLS result outputs: %llu written in place by the called model "
+             "(%llu bytes), %llu copied (%llu bytes); %llu result regions made",
+             in->name, (unsigned long long)atomic_load(&in->bls_placed_n),
+             (unsigned long long)atomic_load(&in->bls_placed_bytes),
+             (unsigned long long)atomic_load(&in->bls_copied_n),
+             (unsigned long long)atomic_load(&in->bls_copied_bytes),
+             (unsigned long long)atomic_load(&in->bls_regions_made));
     instance_free(in);
     return NULL;
 }
