@@ -1507,8 +1507,9 @@ static nereid_error_t *bls_alloc(void *userp, const char *name, nereid_datatype_
             return NULL;
         }
     }
-    *buffer = malloc(byte_size ? byte_size : 1);
-    if (!*buffer) abort();
+    /* the server's own memory (copied into the BLS_RESULT as before) */
+    *buffer = NULL;
+    *buffer_userp = NEREID_ALLOC_DECLINED;
     return NULL;
 }
 
@@ -1516,11 +1517,9 @@ static nereid_error_t *bls_alloc(void *userp, const char *name, nereid_datatype_
 static void bls_release(void *userp, void *buffer, void *buffer_userp, size_t byte_size)
 {
     (void)userp;
+    (void)buffer;
     (void)byte_size;
-    if (buffer_userp)
-        region_unref(buffer_userp);
-    else
-        free(buffer);
+    region_unref(buffer_userp); /* placed outputs only: bls_alloc declines the others */
 }
 
 /* Sends a BLS_RESULT: its description in w (freed) and tensors in om. */
@@ -2089,8 +2088,16 @@ static bool bls_start(instance_t *in, msg_t *m, char *why, size_t why_cap)
         pthread_mutex_unlock(&in->mu);
         /* One response into a reply region: the called model writes large
          * outputs there itself ("BLS results in place"). */
-        nereid_response_allocator_t place = {bls_alloc, bls_release, call};
+        nereid_response_allocator_t place = {
+            .alloc_fn = bls_alloc, .release_fn = bls_release, .userp = call};
         call->in_place = q.reply_slot >= 0 && !target_decoupled && BLS_IN_PLACE;
+        /* The worker can write its messages' memfds and regions and the
+         * EXECUTE region inputs by reference read (ex); not the request
+         * bodies' (sealed) nor a datagram's (ours): what is computed from
+         * those inputs is not cached. */
+        unsigned foreign = m->map || m->region || ex ? NEREID_FOREIGN_INPUTS : 0;
+        if (call->in_place) foreign |= NEREID_FOREIGN_OUTPUTS; /* our reply region */
+        if (foreign) nereid_request_set_foreign_memory(req, foreign);
         err = nereid_server_infer_stream(in->server, req, call->in_place ? &place : NULL,
                                          bls_on_response, call);
         if (!err) {

@@ -353,6 +353,11 @@ typedef struct nereid_response_allocator {
     void *userp;
 } nereid_response_allocator_t;
 
+/* alloc_fn's answer for an output it leaves to Nereid: *buffer NULL and
+ * *buffer_userp NEREID_ALLOC_DECLINED. The output then takes Nereid's own
+ * memory, as without an allocator, and release_fn is not called for it. */
+#define NEREID_ALLOC_DECLINED ((void *)(uintptr_t)1)
+
 /* Releases an output that a backend handed over in its own memory
  * (backend.h, nereid_batch_request_output_view); called exactly once, on
  * any thread, when nothing reads the bytes any more. */
@@ -368,6 +373,20 @@ typedef void (*nereid_output_release_fn)(void *release_userp);
  * elsewhere (client shared memory) must not set it. Default false: every
  * output is in a buffer from the allocator (or malloc). Before submission. */
 NEREID_EXPORT void nereid_request_set_output_views(nereid_request_t *req, bool accept);
+
+/* Says what of this request another process can write while it runs (a
+ * Python model's BLS call: the worker's shared memory): its input bytes
+ * (NEREID_FOREIGN_INPUTS), or the memory its allocator gives outputs
+ * (NEREID_FOREIGN_OUTPUTS). What the response cache would keep for it may
+ * then not be what its inputs give or what the model wrote, and other
+ * clients would be served it: with foreign inputs its response is never
+ * stored, with a foreign allocator a response with an output from alloc_fn
+ * is not (outputs it declines are Nereid's own); the same holds for the
+ * ensemble steps it starts. A cached response is still served to it.
+ * Before submission. */
+#define NEREID_FOREIGN_INPUTS 1u
+#define NEREID_FOREIGN_OUTPUTS 2u
+NEREID_EXPORT void nereid_request_set_foreign_memory(nereid_request_t *req, unsigned what);
 
 /* Called once per submitted request with the response (success or error);
  * the callee owns response and frees it with nereid_response_free. When it

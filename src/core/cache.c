@@ -500,11 +500,24 @@ static nereid_error_t *fill_output(nereid_request_t *req, resp_output_t *o,
     return NULL;
 }
 
+/* Whether an output of resp lies in memory another process can write (a
+ * foreign allocator's, server.h): the response is then not stored. */
+static bool foreign_outputs(const nereid_response_t *resp)
+{
+    for (size_t i = 0; i < resp->n_outputs; i++)
+        if (resp->outputs[i].foreign) return true;
+    return false;
+}
+
 static void on_miss_done(nereid_response_t *resp, void *userp)
 {
     cache_pending_t *p = userp;
     response_cache_t *c = p->cache;
-    if (!nereid_response_error(resp)) {
+    if (!nereid_response_error(resp) && foreign_outputs(resp)) {
+        /* a miss with its lookup time, nothing inserted */
+        stats_add(&p->model->stats.cache_miss, p->lookup_ns);
+        atomic_fetch_add(&p->model->stats.success.ns, p->lookup_ns);
+    } else if (!nereid_response_error(resp)) {
         uint64_t t0 = util_now_ns(), cost;
         insert_result_t r = insert(c, p, resp, &cost);
         uint64_t insert_ns = util_now_ns() - t0;
@@ -552,6 +565,16 @@ bool cache_lookup(nereid_request_t *req)
         c->misses++;
     }
     pthread_mutex_unlock(&c->lock);
+    if (!e && (req->foreign & NEREID_FOREIGN_INPUTS)) {
+        /* Not stored (server.h, nereid_request_set_foreign_memory): a miss
+         * with its lookup time, as a miss whose insertion another made. */
+        order_free(&k);
+        uint64_t ns = util_now_ns() - t0;
+        atomic_fetch_add(&c->lookup_ns, ns);
+        stats_add(&m->stats.cache_miss, ns);
+        atomic_fetch_add(&m->stats.success.ns, ns);
+        return false;
+    }
     if (!e) {
         cache_pending_t *p = pending_new(c, req, &k, hash);
         order_free(&k);

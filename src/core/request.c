@@ -805,7 +805,19 @@ nereid_error_t *response_alloc_output(nereid_request_t *req, nereid_response_t *
     memcpy(o->shape, shape, rank * sizeof *shape);
     o->rank = rank;
     o->byte_size = byte_size;
-    if (o->internal || !req->alloc.alloc_fn) {
+    o->own_mem = false;
+    if (!o->internal && req->alloc.alloc_fn) {
+        nereid_error_t *err = req->alloc.alloc_fn(req->alloc.userp, o->name, dt, o->shape, o->rank,
+                                                  byte_size, &o->data, &o->buffer_userp);
+        if (err) return err;
+        o->own_mem = !o->data && o->buffer_userp == NEREID_ALLOC_DECLINED;
+        if (!o->data && byte_size && !o->own_mem)
+            return nereid_error_new(NEREID_ERROR_INTERNAL,
+                                    "response allocator returned no buffer for output '%s'",
+                                    o->name);
+        o->foreign = (req->foreign & NEREID_FOREIGN_OUTPUTS) && !o->own_mem;
+    }
+    if (o->internal || !req->alloc.alloc_fn || o->own_mem) {
         /* Small client outputs go in the response's arena; internal ones are
          * malloc'ed (schedulers may take their buffers). */
         o->data = o->internal ? NULL : response_arena_alloc(resp, byte_size);
@@ -813,14 +825,6 @@ nereid_error_t *response_alloc_output(nereid_request_t *req, nereid_response_t *
             o->in_arena = true;
         else
             o->data = xmalloc(byte_size);
-    } else {
-        nereid_error_t *err = req->alloc.alloc_fn(req->alloc.userp, o->name, dt, o->shape, o->rank,
-                                                  byte_size, &o->data, &o->buffer_userp);
-        if (err) return err;
-        if (!o->data && byte_size)
-            return nereid_error_new(NEREID_ERROR_INTERNAL,
-                                    "response allocator returned no buffer for output '%s'",
-                                    o->name);
     }
     o->allocated = true;
     return NULL;
@@ -853,6 +857,11 @@ nereid_error_t *response_output_view(nereid_request_t *req, nereid_response_t *r
 void nereid_request_set_output_views(nereid_request_t *req, bool accept)
 {
     req->output_views = accept;
+}
+
+void nereid_request_set_foreign_memory(nereid_request_t *req, unsigned what)
+{
+    req->foreign = (uint8_t)(what & (NEREID_FOREIGN_INPUTS | NEREID_FOREIGN_OUTPUTS));
 }
 
 void request_drop_output(nereid_request_t *req, size_t i)
@@ -955,7 +964,7 @@ static void release_output(nereid_response_t *resp, resp_output_t *o)
         o->view_release = NULL;
         release(o->view_userp);
     } else if (o->allocated && !o->in_arena) {
-        if (resp->alloc.alloc_fn && !o->internal) {
+        if (resp->alloc.alloc_fn && !o->internal && !o->own_mem) {
             if (resp->alloc.release_fn)
                 resp->alloc.release_fn(resp->alloc.userp, o->data, o->buffer_userp, o->byte_size);
         } else {
@@ -964,6 +973,8 @@ static void release_output(nereid_response_t *resp, resp_output_t *o)
     }
     o->allocated = false;
     o->in_arena = false;
+    o->own_mem = false;
+    o->foreign = false;
     o->data = NULL;
 }
 

@@ -66,6 +66,8 @@ typedef struct resp_output {
     bool internal;  /* captured for the core/scheduler, not returned to the client */
     bool in_arena;  /* data lives in the response's arena (never freed alone) */
     bool owns_name; /* name malloc'ed; otherwise it is the config output's name */
+    bool own_mem;   /* not from the allocator it has (its min_bytes): freed by the core */
+    bool foreign;   /* from a foreign allocator (server.h): the response is not cached */
     model_io_t *io; /* config output, for labels */
 } resp_output_t;
 
@@ -119,6 +121,7 @@ struct nereid_request {
     bool warmup;         /* model warmup sample: schedulers' test hooks must not hold it */
     bool stats_recorded; /* request_record_stats ran: request_finish skips the queue time */
     bool output_views;   /* the client accepts outputs that are backend views (server.h) */
+    uint8_t foreign;     /* NEREID_FOREIGN_*: what another process may write (server.h) */
     atomic_bool first_response_seen; /* first_response_histogram observed (in the padding) */
 
     /* Set at submission. */

@@ -1018,7 +1018,8 @@ static nereid_error_t *infer_submit(http_conn_t *c, bool *done)
     atomic_store(&c->phase, PHASE_RUNNING);
     if (!c->cancel) c->cancel = nereid_cancel_token_new();
     nereid_request_set_cancel_token(req, c->cancel);
-    nereid_response_allocator_t alloc = {alloc_output, release_output, c};
+    nereid_response_allocator_t alloc = {
+        .alloc_fn = alloc_output, .release_fn = release_output, .userp = c};
     /* The reply holds the response until sent (reply_hold_t): outputs may be
      * views of a backend's memory, unless they go to shared memory. */
     nereid_request_set_output_views(req, c->shm == NULL);

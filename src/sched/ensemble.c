@@ -769,6 +769,7 @@ static void submit_step(ens_ctx_t *c, ens_lane_t *lane, size_t step)
     }
     if (!err) {
         r->parent_stats = &c->agg;
+        r->foreign = src->foreign; /* its inputs, and its final outputs (step_alloc) */
         if (src->trace) request_inherit_trace(r, src);
         request_share_cancel(r, src);
         nereid_response_allocator_t alloc = {

@@ -388,7 +388,8 @@ TRITONSERVER_Error *TRITONSERVER_ServerInferAsync(TRITONSERVER_Server *server,
     ctx->response_userp = request->response_userp;
     ctx->release_fn = request->release_fn;
     ctx->release_userp = request->release_userp;
-    nereid_response_allocator_t alloc = {bls_alloc, bls_release, ctx};
+    nereid_response_allocator_t alloc = {
+        .alloc_fn = bls_alloc, .release_fn = bls_release, .userp = ctx};
     nereid_request_t *req = request->req;
     request->req = NULL; /* the completion may run (and delete request) before return */
     nereid_error_t *e =

@@ -118,7 +118,8 @@ static bool response_is(const nereid_response_t *resp, const int32_t *values, si
 
 static void test_hits_through_client_allocator(nereid_server_t *s)
 {
-    nereid_response_allocator_t alloc = {counting_alloc, counting_release, NULL};
+    nereid_response_allocator_t alloc = {
+        .alloc_fn = counting_alloc, .release_fn = counting_release, .userp = NULL};
     int32_t v[5] = {5, 4, 3, 2, 1};
     for (int i = 0; i < 3; i++) {
         nereid_response_t *resp = infer_values(s, v, 5, &alloc);

@@ -114,7 +114,8 @@ static void test_copy_for_other_clients(nereid_server_t *s)
 {
     long rel0 = released();
     alloc_count_t counts = {0, 0};
-    nereid_response_allocator_t alloc = {count_alloc, count_release, &counts};
+    nereid_response_allocator_t alloc = {
+        .alloc_fn = count_alloc, .release_fn = count_release, .userp = &counts};
     waiter_t w;
     waiter_init(&w);
     nereid_error_t *err =

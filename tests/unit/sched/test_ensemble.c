@@ -229,7 +229,8 @@ static void test_client_allocator(nereid_server_t *s)
     nereid_request_t *req = chain_request(s, a, b);
     nereid_request_add_requested_output(req, "OUT_DIFF", 0);
     counting_alloc_t c = {0, 0};
-    nereid_response_allocator_t alloc = {count_alloc, count_release, &c};
+    nereid_response_allocator_t alloc = {
+        .alloc_fn = count_alloc, .release_fn = count_release, .userp = &c};
     waiter_t w;
     waiter_init(&w);
     nereid_error_t *err = nereid_server_infer_async(s, req, &alloc, waiter_on_done, &w);
