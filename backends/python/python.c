@@ -2014,19 +2014,16 @@ static bool bls_start(instance_t *in, msg_t *m, char *why, size_t why_cap)
     uint8_t *bytes = nbytes ? malloc(nbytes) : NULL;
     if (nbytes && !bytes) abort();
     /* Inputs by reference: only into the region of the execute in flight
-     * (held until the call's final response, so it is not reused). */
-    region_t *ex = NULL;
-    if (q.by_ref) {
-        pthread_mutex_lock(&in->mu);
-        ex = in->exec_rx;
-        if (ex) atomic_fetch_add(&ex->refs, 1);
-        pthread_mutex_unlock(&in->mu);
-    }
-    /* and into the request body regions of that execute (the same rule) */
-    region_t *body[BODY_SLOTS] = {0};
+     * and its request body regions (held until the call's final response,
+     * so they are not reused). */
+    region_t *ex = NULL, *body[BODY_SLOTS] = {0};
     bool body_ok = true;
-    if (q.body_mask) {
+    if (q.by_ref || q.body_mask) {
         pthread_mutex_lock(&in->mu);
+        if (q.by_ref) {
+            ex = in->exec_rx;
+            if (ex) atomic_fetch_add(&ex->refs, 1);
+        }
         for (int s = 0; s < BODY_SLOTS; s++) {
             if (!(q.body_mask >> s & 1)) continue;
             body[s] = in->exec_body[s];
@@ -2037,20 +2034,15 @@ static bool bls_start(instance_t *in, msg_t *m, char *why, size_t why_cap)
         }
         pthread_mutex_unlock(&in->mu);
     }
-    if ((q.by_ref && !ex) || !body_ok) {
+    bool bad = !body_ok || (q.by_ref && !ex);
+    if (bad)
         snprintf(why, why_cap, "%s",
                  !body_ok ? "BLS input in a request body region the execute in flight does not "
                             "read"
                           : "BLS input in the execute region while no execute is in flight");
-        region_unref(ex);
-        for (int s = 0; s < BODY_SLOTS; s++)
-            region_unref(body[s]);
-        nereid_request_free(req);
-        free(bytes);
-        free(model);
-        return false;
-    }
-    if (!err && !bls_inputs(req, &q, m, ex, body, bytes, &err, why, why_cap)) {
+    else if (!err)
+        bad = !bls_inputs(req, &q, m, ex, body, bytes, &err, why, why_cap);
+    if (bad) {
         region_unref(ex);
         for (int s = 0; s < BODY_SLOTS; s++)
             region_unref(body[s]);
