@@ -534,6 +534,11 @@ class BlsStream:
             self.got.extend(bls_response(res, blob, True) for res, blob in fresh)
         return self.got[i]
 
+    def finished(self):
+        """Whether the call has ended and every response it sent was read."""
+        with self.w.cv:
+            return bool(self.slot[0]) and len(self.slot[1]) == len(self.got)
+
     def cancel(self):
         with self.w.cv:
             live = not self.slot[0]

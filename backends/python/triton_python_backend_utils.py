@@ -565,14 +565,17 @@ class _SingleResponseSender(InferenceResponseSender):
 
 class ResponseIterator:
     """The responses of a decoupled BLS call, in order, each as it arrives
-    (iterating waits for the next); iterable again from the start."""
+    (iterating waits for the next). As Triton's: a new iteration (a `for`
+    loop, iter()) resumes where the last one stopped, and starts again from
+    the first response only once the last response has been read."""
 
     def __init__(self, stream):
         self._stream = stream
         self._next = 0
 
     def __iter__(self):
-        self._next = 0
+        if self._stream.finished() and self._next >= len(self._stream.got):
+            self._next = 0
         return self
 
     def __next__(self):

@@ -130,6 +130,18 @@ class TritonPythonModel:
         res["stream"] = [y(o) for o in until_cancelled(x[0], 3, 0).exec(decoupled=True)]
         it = until_cancelled(x[0], 2, 0).exec(decoupled=True)
         res["twice"] = [[y(o) for o in it], [y(o) for o in it]]
+        # Triton's iteration rules: a loop after next() resumes; one after
+        # the last response starts again; a loop left early resumes
+        it = until_cancelled(x[0], 3, 0).exec(decoupled=True)
+        first = [y(next(it))]
+        rest = [y(o) for o in it]
+        again = [y(o) for o in it]
+        part = []
+        for o in it:
+            part.append(y(o))
+            if len(part) == 2:
+                break
+        res["resume"] = [first, rest, again, part, [y(next(it))], [y(o) for o in it]]
         sender.send(out(res), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 """
 
@@ -372,6 +384,9 @@ def test_bls_from_a_decoupled_models_thread_after_execute(server):
     assert res["stream"] == [[6], [6], [6], None]
     # the iterator can be walked again from the start
     assert res["twice"] == [[[6], [6], None], [[6], [6], None]]
+    # 3 responses and the empty final one, read as Triton's ResponseIterator
+    assert res["resume"] == [[[6]], [[6], [6], None], [[6], [6], [6], None],
+                             [[6], [6]], [[6]], [None]]
 
 
 def test_async_bls_gather_from_async_decoupled_execute(server):
