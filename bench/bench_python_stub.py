@@ -47,6 +47,8 @@ EXEC_REQ = struct.Struct("<IIIIiIQQq")
 TENSOR = struct.Struct("<IIIIQQ")
 DONE_RESP = struct.Struct("<IIIII")
 M_INIT, M_EXECUTE, M_FINALIZE, M_READY, M_DONE = 1, 2, 3, 101, 102
+M_BODY_MAP = 8  # a request body region's memfd for a slot (python.c, "Request bodies")
+BODY_WHERE = 16  # a tensor record's where for body slot s: BODY_WHERE + s
 M_REGION = 0x80000000
 M_SLOT_SHIFT = 16  # an EXECUTE's region slot (python.c)
 DT_NAMES = ("INVALID", "BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32",
@@ -125,6 +127,10 @@ def execute_message(requests):
             ob = o.encode()
             meta += [U32.pack(len(ob)), ob]
         for name, dt, shape, raw in r["inputs"]:
+            if isinstance(raw, Body):  # referenced in a request body region
+                meta.append(tensor_record(name, dt, shape, raw.offset, raw.size,
+                                          BODY_WHERE + raw.slot))
+                continue
             off = pad(len(blob))
             blob += bytes(off - len(blob)) + raw
             meta.append(tensor_record(name, dt, shape, off, len(raw)))
@@ -138,6 +144,33 @@ def execute_parts(requests):
     msg = execute_message(requests)
     _, jlen, blen = HDR.unpack_from(msg, 0)
     return msg[HDR.size:HDR.size + jlen], msg[HDR.size + jlen:]
+
+
+class Body:
+    """A request body region (python.c, "Request bodies"): a sealed memfd
+    holding data at offset (after a fake HTTP header), sent to the worker
+    once with M_BODY_MAP for slot; an input record naming it has where =
+    BODY_WHERE + slot, as the server sends inputs it received there."""
+
+    def __init__(self, data, slot=0, offset=256):
+        import fcntl
+        import mmap
+        self.slot, self.offset, self.size, self.data = slot, offset, len(data), data
+        self.fd = os.memfd_create("nereid-test-body", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        size = max(1 << 16, pad(offset + len(data)))
+        os.ftruncate(self.fd, size)
+        with mmap.mmap(self.fd, size) as mm:
+            mm[offset:offset + len(data)] = data
+        fcntl.fcntl(self.fd, fcntl.F_ADD_SEALS,
+                    fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SEAL)
+
+    def send_map(self, sock):
+        import array
+        sock.sendmsg([HDR.pack(M_BODY_MAP | self.slot << M_SLOT_SHIFT, 0, 0)],
+                     [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [self.fd]))])
+
+    def close(self):
+        os.close(self.fd)
 
 
 class Region:
@@ -203,6 +236,8 @@ def parse_done(msg, region=None):
             name = meta[pos:pos + ln].decode()
             pos += ln
             data = blob[off:off + size] if where == 0 else None
+            if where >= BODY_WHERE:
+                data = (off, size)
             if where == 1 and region is not None:
                 if off + size > len(region):
                     raise ValueError("where=1 record outside the region")
@@ -300,6 +335,9 @@ def case_requests():
         # in the server's region (as python.c sends an EXECUTE over 60 KB)
         "fp32_64k_region": [one("FP32", rng.random(65536, np.float32))],
         "fp32_64k_switch": [one("FP32", rng.random(65536, np.float32))],  # two regions
+        # in a request body region (as python.c sends an HTTP body's inputs)
+        "fp32_64k_body": [{"inputs": [("INPUT0", "FP32", (65536,),
+                                       Body(rng.random(65536, np.float32).tobytes()))]}],
     }
 
 
@@ -310,6 +348,8 @@ def check_identity(done, requests, region=None):
     for (status, _, text, _, outs), r in zip(responses, requests):
         name, dt, shape, raw = r["inputs"][0]
         want = [("OUTPUT0", dt, tuple(shape), 0 if region is None else 1, raw)]
+        if isinstance(raw, Body):  # answered as a view of the body: where and place
+            want = [("OUTPUT0", dt, tuple(shape), BODY_WHERE + raw.slot, (raw.offset, raw.size))]
         if status != 0 or outs != want:
             raise AssertionError(f"wrong response: {status} {text} {outs[:1]}")
 
@@ -399,6 +439,9 @@ def main():
                     meta, blob = execute_parts(reqs)
                     msg = HDR.pack(M_EXECUTE | M_REGION, len(meta), len(blob))
                 else:
+                    for _, _, _, raw in reqs[0]["inputs"]:
+                        if isinstance(raw, Body):
+                            raw.send_map(w.sock)
                     check_identity(w.roundtrip(msg), reqs)
                 for _ in range(min(n, 500)):  # warm-up
                     w.roundtrip(msg)
@@ -416,6 +459,11 @@ def main():
             for r in [getattr(w, "region", None)] + getattr(w, "regions", []):
                 if r is not None:
                     r.close()
+        for reqs in cases.values():
+            for r in reqs:
+                for _, _, _, raw in r["inputs"]:
+                    if isinstance(raw, Body):
+                        raw.close()
 
 
 if __name__ == "__main__":
