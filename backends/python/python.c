@@ -1139,7 +1139,8 @@ typedef struct instance {
     uint64_t spin_n;                      /* executes that spun (so far) */
     uint64_t spin_hits;                   /* ... and saw the answer while spinning */
     uint32_t spin_misses_in_row;
-    uint32_t spin_skip; /* executes left that do not spin (back-off) */
+    uint32_t spin_contended_in_row; /* spins in a row that another thread interrupted */
+    uint32_t spin_skip;             /* executes left that do not spin (back-off) */
 
     pthread_mutex_t mu; /* guards what follows */
     pthread_cond_t cv;
@@ -2643,8 +2644,9 @@ static void exec_reading_end(instance_t *in)
  * instance's last SPIN_RECENT executes that spun when that is shorter. An
  * instance whose median is longer than spin-wait-us does not spin (it
  * probes one execute in SPIN_PROBE_EVERY); SPIN_MISSES_MAX spins in a row
- * that ran out stop spinning for SPIN_PROBE_EVERY executes, and so does a
- * spin that another thread interrupted (spin_wait). No spin unless this
+ * that ran out stop spinning for SPIN_PROBE_EVERY executes, and so do
+ * SPIN_CONTENDED_MAX spins in a row that another thread interrupted
+ * (spin_wait). No spin unless this
  * is the only Python execute in flight in the process, for one request
  * (spin_hint_set), nor when the instance's previous execute ended under
  * SPIN_MIN_GAP_NS ago (requests queue: the CPU has other work).
@@ -2664,6 +2666,7 @@ static void exec_reading_end(instance_t *in)
 #define SPIN_MIN_GAP_NS (15 * 1000)
 #define SPIN_CONTENDED_NS (4 * 1000)
 #define SPIN_MISSES_MAX 4
+#define SPIN_CONTENDED_MAX 2 /* interrupted spins in a row that stop spinning */
 
 static atomic_int g_executing; /* python executes in flight in the process */
 
@@ -2722,14 +2725,21 @@ static void spin_hint_set(instance_t *in, bool alone)
 
 /* Records how an execute that spun went: its EXECUTE -> DONE time, and
  * whether the answer came while spinning or another thread wanted the CPU
- * (then no spin for SPIN_PROBE_EVERY executes). */
+ * (then, the second time in a row, no spin for SPIN_PROBE_EVERY executes:
+ * a lone interruption, e.g. a timer's thread run once, is not contention,
+ * and backing off for it cost most spins at FP32[65536] where the reader
+ * thread's lazy re-arm check, every ~2 ms, came every few requests;
+ * docs/performance.md, "The server's spin, interrupted"). */
 static void spin_record(instance_t *in, uint64_t took_ns, bool hit, bool contended)
 {
     in->spin_recent_ns[in->spin_n++ % SPIN_RECENT] = took_ns;
     in->spin_hits += hit;
     in->spin_misses_in_row = hit ? 0 : in->spin_misses_in_row + 1;
-    if (contended || in->spin_misses_in_row >= SPIN_MISSES_MAX) {
+    in->spin_contended_in_row = contended ? in->spin_contended_in_row + 1 : 0;
+    if (in->spin_contended_in_row >= SPIN_CONTENDED_MAX ||
+        in->spin_misses_in_row >= SPIN_MISSES_MAX) {
         in->spin_misses_in_row = 0;
+        in->spin_contended_in_row = 0;
         in->spin_skip = SPIN_PROBE_EVERY;
     }
 }
