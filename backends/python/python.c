@@ -2727,7 +2727,7 @@ static void spin_hint_set(instance_t *in, bool alone)
  * whether the answer came while spinning or another thread wanted the CPU
  * (then, the second time in a row, no spin for SPIN_PROBE_EVERY executes:
  * a lone interruption, e.g. a timer's thread run once, is not contention,
- * and backing off for it cost most spins at FP32[65536] where the reader
+ * and backing off for it lost a third of the spins at FP32[65536], where the reader
  * thread's lazy re-arm check, every ~2 ms, came every few requests;
  * docs/performance.md, "The server's spin, interrupted"). */
 static void spin_record(instance_t *in, uint64_t took_ns, bool hit, bool contended)
