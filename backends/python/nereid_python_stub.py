@@ -630,6 +630,12 @@ class Worker:
         self.records = {}  # DONE tensor records (fast path; see tensor_records)
         self.ready_q = None  # is_ready() queries for the readiness thread
         self._loop = None  # made on first use: most models never need one
+        # processes the model forks (multiprocessing's fork start method):
+        # see after_fork_child
+        self.forked = False
+        self.fork_lock = -1  # a memfd they take turns on (POSIX record lock)
+        self.fork_turns = 0  # this process's calls holding the turn
+        self.fork_turn_lock = threading.Lock()
 
     @property
     def loop(self):
@@ -880,6 +886,8 @@ class Worker:
         the server's reply region), each -1 when none is free; region_bytes:
         the message's size when it leaves the datagram, else 0."""
         in_slot = out_slot = -1
+        if self.forked:
+            return in_slot, out_slot
         if region_bytes and region_bytes <= BLS_REGION_MAX:
             for k in range(BLS_SLOTS):
                 if not self.bls_in_busy[k]:
@@ -1133,7 +1141,72 @@ class Worker:
             self.pending[cid] = slot
         return cid, slot
 
+    # ---- processes the model forks ----
+    # A model may fork (multiprocessing.Pool with the fork start method,
+    # Triton's L0_backend_python bls test_multiprocess) and make BLS calls
+    # from the children. Each child has a copy of this Worker and the same
+    # socket to the server. Left alone, the children would read each other's
+    # answers off that socket (and wait forever for the one a sibling took),
+    # number their calls alike and write into the same regions. So a child
+    # starts with fresh locks, call ids of its own (its pid in the high
+    # bits), no regions (its calls and their results travel inline or in
+    # memfds of their own) and no inputs by reference; and the children
+    # take turns: a child holds a POSIX record lock on a memfd the parent
+    # made before the first fork from its call's send to its last answer,
+    # so one child at a time reads the socket. The parent itself is meant
+    # to wait for them (pool.map in execute): a thread of the parent
+    # reading the socket meanwhile could still take a child's answer.
+
+    def before_fork(self):
+        """In the process about to fork: the turn lock's memfd, made once."""
+        if self.fork_lock < 0:
+            try:
+                self.fork_lock = os.memfd_create("nereid-python-forks", os.MFD_CLOEXEC)
+            except OSError:
+                pass
+
+    def after_fork_child(self):
+        """In a process the model forked (see above)."""
+        self.forked = True
+        self.send_lock = threading.Lock()
+        self.cv = threading.Condition()
+        self.fork_turn_lock = threading.Lock()
+        self.fork_turns = 0
+        self.reading = False
+        self.n_waiting = 0
+        self.pending = {}
+        self.work = collections.deque()
+        self.next_id = (os.getpid() << 32) + 1
+        self.spin = None  # the server's word for the parent's messages
+        self.spin_s = 0.0
+        self.exec_ident = None
+        self.bls_calls = {}
+
+    def fork_turn(self, take):
+        """A forked child's turn on the socket (take) or its end; nested
+        and concurrent calls of one process share one turn."""
+        if not self.forked or self.fork_lock < 0:
+            return
+        with self.fork_turn_lock:
+            if take:
+                if self.fork_turns == 0:
+                    fcntl.lockf(self.fork_lock, fcntl.LOCK_EX)
+                self.fork_turns += 1
+            else:
+                self.fork_turns -= 1
+                if self.fork_turns == 0:
+                    fcntl.lockf(self.fork_lock, fcntl.LOCK_UN)
+
     def call(self, mtype, obj, tensors=()):
+        if self.forked:
+            self.fork_turn(True)
+            try:
+                return self.call_now(mtype, obj, tensors)
+            finally:
+                self.fork_turn(False)
+        return self.call_now(mtype, obj, tensors)
+
+    def call_now(self, mtype, obj, tensors=()):
         cid, slot = self.register()
         obj["id"] = cid
         try:
@@ -1181,6 +1254,20 @@ class Worker:
         self.send(M_RESPONSE, obj, tensors)
 
     def bls(self, request, decoupled):
+        if not self.forked:
+            return self.bls_now(request, decoupled)
+        self.fork_turn(True)
+        try:
+            res = self.bls_now(request, decoupled)
+            if decoupled:  # every response read before the turn ends
+                stream, i = res._stream, 0
+                while stream.get(i) is not None:
+                    i += 1
+            return res
+        finally:
+            self.fork_turn(False)
+
+    def bls_now(self, request, decoupled):
         # Triton's rule: BLS from the end of initialize to the start of
         # finalize (a decoupled model's threads and async execute included)
         if not self.initialized or self.finalizing:
@@ -1631,10 +1718,22 @@ class Worker:
                 os._exit(0)
 
 
+def _skip_signal(signum, frame):
+    """SIGINT and SIGTERM in a worker: nothing (see worker_main)."""
+
+
 def worker_main(forked=False):
-    # Shutdown is driven by the server (finalize, then the socket closes).
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # Shutdown is driven by the server (finalize, then the socket closes):
+    # SIGINT and SIGTERM do nothing, as in Triton's stub (whose handler
+    # skips them). A handler, not SIG_IGN: a program the model starts
+    # (subprocess) gets the default actions back at exec, as under Triton,
+    # where an ignored SIGTERM would be inherited and Popen.terminate()
+    # would not end it. The server blocks both in its threads (it waits
+    # for them with sigtimedwait) and the mask survives posix_spawn, fork
+    # and exec: unblocked here, so those programs start with Triton's.
+    signal.signal(signal.SIGINT, _skip_signal)
+    signal.signal(signal.SIGTERM, _skip_signal)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
     os.set_inheritable(3, False)  # programs the model starts must not hold our socket
     # Triton's stub embeds Python with an empty argv: model code that parses
     # it (unittest.main() in Triton's QA models) must not see our arguments
@@ -1642,6 +1741,7 @@ def worker_main(forked=False):
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET, fileno=3)
     w = Worker(sock)
     pb_utils._worker = w
+    os.register_at_fork(before=w.before_fork, after_in_child=w.after_fork_child)
     w.run(watch=not forked)
 
 
