@@ -509,27 +509,28 @@ static bool foreign_outputs(const nereid_response_t *resp)
     return false;
 }
 
+/* A miss in model m's statistics: Triton adds the miss's time (lookup, and
+ * insertion when there was one) to the request's duration. */
+static void count_miss(model_t *m, uint64_t ns)
+{
+    stats_add(&m->stats.cache_miss, ns);
+    atomic_fetch_add(&m->stats.success.ns, ns);
+}
+
 static void on_miss_done(nereid_response_t *resp, void *userp)
 {
     cache_pending_t *p = userp;
     response_cache_t *c = p->cache;
     if (!nereid_response_error(resp) && foreign_outputs(resp)) {
-        /* a miss with its lookup time, nothing inserted */
-        stats_add(&p->model->stats.cache_miss, p->lookup_ns);
-        atomic_fetch_add(&p->model->stats.success.ns, p->lookup_ns);
+        count_miss(p->model, p->lookup_ns); /* nothing inserted */
     } else if (!nereid_response_error(resp)) {
         uint64_t t0 = util_now_ns(), cost;
         insert_result_t r = insert(c, p, resp, &cost);
         uint64_t insert_ns = util_now_ns() - t0;
         atomic_fetch_add(&c->insert_ns, insert_ns);
         /* Triton counts a miss unless another request inserted the key
-         * first, and adds the miss's lookup and insertion time to the
-         * request's duration. */
-        if (r != EXISTS) {
-            model_stats_t *s = &p->model->stats; /* the response holds the reference */
-            stats_add(&s->cache_miss, p->lookup_ns + insert_ns);
-            atomic_fetch_add(&s->success.ns, p->lookup_ns + insert_ns);
-        }
+         * first (the response holds the model's reference). */
+        if (r != EXISTS) count_miss(p->model, p->lookup_ns + insert_ns);
         if (r == TOO_LARGE)
             LOG_ERROR("Failed to insert key [%" PRIu64 "] into response cache: Requested "
                       "byte_size: %" PRIu64 " is greater than total cache size: %" PRIu64,
@@ -571,8 +572,7 @@ bool cache_lookup(nereid_request_t *req)
         order_free(&k);
         uint64_t ns = util_now_ns() - t0;
         atomic_fetch_add(&c->lookup_ns, ns);
-        stats_add(&m->stats.cache_miss, ns);
-        atomic_fetch_add(&m->stats.success.ns, ns);
+        count_miss(m, ns);
         return false;
     }
     if (!e) {

@@ -66,7 +66,7 @@ typedef struct resp_output {
     bool internal;  /* captured for the core/scheduler, not returned to the client */
     bool in_arena;  /* data lives in the response's arena (never freed alone) */
     bool owns_name; /* name malloc'ed; otherwise it is the config output's name */
-    bool own_mem;   /* not from the allocator it has (its min_bytes): freed by the core */
+    bool own_mem;   /* declined by its allocator (NEREID_ALLOC_DECLINED): the core's memory */
     bool foreign;   /* from a foreign allocator (server.h): the response is not cached */
     model_io_t *io; /* config output, for labels */
 } resp_output_t;
