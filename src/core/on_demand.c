@@ -6,7 +6,7 @@
  * queue is a mutex-guarded list, and the loader threads (at most
  * --model-load-thread-count) are started when a request finds none idle
  * and stay, blocked, until the server stops. Loads themselves are
- * serialized by the repository (s->control); more than one loader thread
+ * serialized by the repository (s->on_demand_load); more than one loader thread
  * lets a request for a model that another request has just loaded go
  * ahead of a load that is still running.
  */

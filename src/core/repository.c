@@ -9,6 +9,14 @@
  * versions: requests already queued on them finish there, new requests find
  * the new versions. A version that fails to reload keeps its old model
  * serving, with the failure as its reason.
+ *
+ * Loads, unloads, polls and on-demand loads take turns under s->control,
+ * but let go of it while a backend runs the model's own code (its init and
+ * its finalize): that code may load or unload other models itself (a Python
+ * model's pb_utils.load_model in initialize), and unrelated models load
+ * meanwhile, as Triton loads them in parallel. The models an operation is
+ * working on stay claimed until it is done; another operation on one of
+ * them waits for it, as Triton waits on a conflicting load ("Control").
  */
 #include <ctype.h>
 #include <dirent.h>
@@ -661,6 +669,89 @@ static char *resolve_step(nereid_server_t *s, const char *ens_ns, const char *st
     return NULL;
 }
 
+/* ---- Control ---- */
+
+struct repository_claim {
+    char *key;
+    pthread_t owner;
+};
+
+/* Claims model key for the calling operation, waiting while another one has
+ * it. held: the caller holds s->control (else, at start-up, it is taken
+ * here). A claim the calling thread already has is refused: a model's own
+ * init (on the thread loading it) cannot load or unload that model, and
+ * waiting would never end. */
+static nereid_error_t *claim(nereid_server_t *s, const char *key, bool held)
+{
+    if (!held) pthread_mutex_lock(&s->control);
+    nereid_error_t *err = NULL;
+    for (bool waited = false;; waited = true) {
+        if (waited && atomic_load(&s->stopping)) {
+            err = nereid_error_new(NEREID_ERROR_UNAVAILABLE, "Server not ready");
+            break;
+        }
+        size_t i = 0;
+        while (i < s->n_claims && strcmp(s->claims[i].key, key) != 0)
+            i++;
+        if (i == s->n_claims) {
+            s->claims = xrealloc(s->claims, (s->n_claims + 1) * sizeof *s->claims);
+            s->claims[s->n_claims++] = (struct repository_claim){xstrdup(key), pthread_self()};
+            break;
+        }
+        if (pthread_equal(s->claims[i].owner, pthread_self())) {
+            const char *ns;
+            char *name = key_split(key, &ns);
+            err = nereid_error_new(NEREID_ERROR_UNAVAILABLE,
+                                   "model '%s' is being loaded or unloaded by the call that "
+                                   "made this one",
+                                   name);
+            free(name);
+            break;
+        }
+        pthread_cond_wait(&s->claim_ended, &s->control);
+    }
+    if (!held) pthread_mutex_unlock(&s->control);
+    return err;
+}
+
+static void unclaim(nereid_server_t *s, const char *key, bool held)
+{
+    if (!held) pthread_mutex_lock(&s->control);
+    for (size_t i = 0; i < s->n_claims; i++) {
+        if (strcmp(s->claims[i].key, key) != 0) continue;
+        free(s->claims[i].key);
+        s->claims[i] = s->claims[--s->n_claims];
+        break;
+    }
+    if (!s->n_claims) {
+        free(s->claims);
+        s->claims = NULL;
+    }
+    pthread_cond_broadcast(&s->claim_ended);
+    if (!held) pthread_mutex_unlock(&s->control);
+}
+
+/* Whether an operation works on model key. Caller holds s->control. */
+static bool claimed(const nereid_server_t *s, const char *key)
+{
+    for (size_t i = 0; i < s->n_claims; i++)
+        if (strcmp(s->claims[i].key, key) == 0) return true;
+    return false;
+}
+
+/* Around a backend's model code (init, finalize): s->control is let go when
+ * the caller holds it, so that code may itself load or unload models, and
+ * other operations run meanwhile. */
+static void control_lend(nereid_server_t *s, bool held)
+{
+    if (held) pthread_mutex_unlock(&s->control);
+}
+
+static void control_take_back(nereid_server_t *s, bool held)
+{
+    if (held) pthread_mutex_lock(&s->control);
+}
+
 /* ---- Loading ---- */
 
 typedef struct load_ctx {
@@ -668,6 +759,7 @@ typedef struct load_ctx {
     size_t depth;
     bool load_deps;         /* load an ensemble's composing models that are not ready */
     bool force;             /* reload versions even when nothing changed */
+    bool held;              /* the caller holds s->control (all but start-up) */
     model_config_t *config; /* the model's config already read from its directory, or
                                NULL; taken (and freed) by load_model */
 } load_ctx_t;
@@ -1027,8 +1119,10 @@ static nereid_error_t *load_model_as(nereid_server_t *s, const char *key, const 
             e->reason = error_reason(err);
             e->tree_sig = sig;
             pthread_rwlock_unlock(&s->lock);
+            control_lend(s, ctx->held);
             for (size_t v = 0; v < n_old; v++)
                 if (old[v].model) model_unload(old[v].model);
+            control_take_back(s, ctx->held);
             free_versions(old, n_old);
         } else {
             set_entry_failure(s, e, err, sig);
@@ -1084,7 +1178,9 @@ static nereid_error_t *load_model_as(nereid_server_t *s, const char *key, const 
             continue;
         }
         if (same_files && may_update && model_can_update_instances(old)) {
+            control_lend(s, ctx->held);
             nereid_error_t *uerr = model_update_instances(old, cfg);
+            control_take_back(s, ctx->held);
             if (uerr && nereid_error_code(uerr) == NEREID_ERROR_UNAVAILABLE) {
                 /* an instance cannot leave in place: a full reload */
                 LOG_VERBOSE("'%s' version %" PRId64 " reloads: %s", name, chosen[i],
@@ -1119,6 +1215,7 @@ static nereid_error_t *load_model_as(nereid_server_t *s, const char *key, const 
             .autocomplete_allowed = autofill_allowed(s),
         };
         model_t *m = NULL;
+        control_lend(s, ctx->held);
         nereid_error_t *lerr = model_load(s, &args, &m);
         /* Triton's --model-load-retry-count: each version's load is tried
          * up to that many more times before it counts as failed. */
@@ -1129,6 +1226,7 @@ static nereid_error_t *load_model_as(nereid_server_t *s, const char *key, const 
             m = NULL;
             lerr = model_load(s, &args, &m);
         }
+        control_take_back(s, ctx->held);
         if (lerr) {
             any_failed = true;
             nv[i].state = MODEL_UNAVAILABLE;
@@ -1237,11 +1335,13 @@ static nereid_error_t *load_model_as(nereid_server_t *s, const char *key, const 
     if (tmp) add_tmp_dir(e, tmp);
     pthread_rwlock_unlock(&s->lock);
 
+    control_lend(s, ctx->held);
     for (size_t i = 0; i < n_drain; i++)
         model_unload(drain[i]);
-    free(drain);
     for (size_t i = 0; i < n_discard; i++)
         model_unload(discard[i]);
+    control_take_back(s, ctx->held);
+    free(drain);
     free(discard);
     drop_unused_tmp_dirs(s, e);
     if (cfg) config_free(cfg);
@@ -1258,18 +1358,19 @@ static nereid_error_t *load_model_as(nereid_server_t *s, const char *key, const 
     return NULL;
 }
 
-/* Loads or reloads model key. Caller serializes (s->control, or start-up
- * where each key is loaded by one thread). */
+/* Loads or reloads model key, claimed meanwhile. */
 static nereid_error_t *load_model(nereid_server_t *s, const char *key, const char *override_json,
                                   const char *const *paths, const void *const *contents,
                                   const size_t *sizes, size_t n_files, load_ctx_t *ctx)
 {
     if (!key) return nereid_error_new(NEREID_ERROR_INVALID_ARG, "invalid model name '%s'", "");
+    nereid_error_t *err = claim(s, key, ctx->held);
+    if (err) return err;
     const char *ns;
     char *name = key_split(key, &ns);
-    nereid_error_t *err =
-        load_model_as(s, key, name, ns, override_json, paths, contents, sizes, n_files, ctx);
+    err = load_model_as(s, key, name, ns, override_json, paths, contents, sizes, n_files, ctx);
     free(name);
+    unclaim(s, key, ctx->held);
     return err;
 }
 
@@ -1301,8 +1402,14 @@ static bool used_by_other(nereid_server_t *s, const char *name, const char *exce
     return used;
 }
 
-static void unload_model(nereid_server_t *s, const char *key, bool dependents, int depth)
+/* Unloads model key, which the caller claimed; *deps, *n_deps: what an
+ * ensemble's dependents are (for the caller to unload). Caller holds
+ * s->control. */
+static void unload_claimed(nereid_server_t *s, const char *key, char ***deps_out,
+                           size_t *n_deps_out)
 {
+    *deps_out = NULL;
+    *n_deps_out = 0;
     pthread_rwlock_wrlock(&s->lock);
     model_entry_t *e = repository_find(s, key);
     if (!e) {
@@ -1341,8 +1448,10 @@ static void unload_model(nereid_server_t *s, const char *key, bool dependents, i
     char *name = xstrdup(e->name);
     pthread_rwlock_unlock(&s->lock);
 
+    control_lend(s, true);
     for (size_t i = 0; i < n_drain; i++)
         model_unload(drain[i]);
+    control_take_back(s, true);
     free(drain);
     LOG_INFO("successfully unloaded '%s'", name);
     free(name);
@@ -1367,7 +1476,24 @@ static void unload_model(nereid_server_t *s, const char *key, bool dependents, i
     }
     pthread_rwlock_unlock(&s->lock);
     if (e) drop_unused_tmp_dirs(s, e);
+    *deps_out = deps;
+    *n_deps_out = n_deps;
+}
 
+/* Unloads model key (and, when dependents, the composing models no other
+ * loaded ensemble uses). Caller holds s->control. */
+static void unload_model(nereid_server_t *s, const char *key, bool dependents, int depth)
+{
+    nereid_error_t *err = claim(s, key, true);
+    if (err) {
+        LOG_ERROR("failed to unload '%s': %s", key, nereid_error_message(err));
+        nereid_error_free(err);
+        return;
+    }
+    char **deps;
+    size_t n_deps;
+    unload_claimed(s, key, &deps, &n_deps);
+    unclaim(s, key, true);
     for (size_t i = 0; i < n_deps; i++) {
         if (dependents && depth < MAX_ENSEMBLE_DEPTH && !used_by_other(s, deps[i], key))
             unload_model(s, deps[i], true, depth + 1);
@@ -1424,7 +1550,8 @@ nereid_error_t *nereid_server_load_model(nereid_server_t *s, const char *model,
     char **keys = ns_on(s) ? name_keys(s, model, &n_keys) : NULL;
     for (size_t i = 0; i < (n_keys ? n_keys : 1); i++) {
         const char *key = n_keys ? keys[i] : model;
-        load_ctx_t ctx = {.depth = 0, .load_deps = true, .force = config_json || n_files};
+        load_ctx_t ctx = {
+            .depth = 0, .load_deps = true, .force = config_json || n_files, .held = true};
         ctx.chain[0] = key;
         nereid_error_t *lerr =
             load_model(s, key, config_json, file_paths, file_contents, file_sizes, n_files, &ctx);
@@ -1570,7 +1697,7 @@ static void evict_over_budget(nereid_server_t *s, const char *keep)
             model_entry_t *e = s->models[i];
             if (!entry_has_ready(e)) continue;
             total += e->memory_bytes;
-            if (e->pinned || strcmp(e->key, keep) == 0 || entry_in_use(e) ||
+            if (e->pinned || strcmp(e->key, keep) == 0 || entry_in_use(e) || claimed(s, e->key) ||
                 used_by_other_locked(s, e->key, e->key))
                 continue;
             if (!victim || atomic_load(&e->last_used_ns) < atomic_load(&victim->last_used_ns))
@@ -1679,6 +1806,9 @@ nereid_error_t *repository_load_on_demand(nereid_server_t *s, const char *name)
     if (!valid_model_name(name) || loading_on_demand)
         return nereid_error_new(NEREID_ERROR_NOT_FOUND,
                                 "Request for unknown model: '%s' is not found", name ? name : "");
+    /* One on-demand load at a time, each charged its own RSS growth; other
+     * operations may still run while its model initializes. */
+    pthread_mutex_lock(&s->on_demand_load);
     pthread_mutex_lock(&s->control);
     loading_on_demand = true;
     nereid_error_t *err = NULL;
@@ -1698,7 +1828,7 @@ nereid_error_t *repository_load_on_demand(nereid_server_t *s, const char *name)
             LOG_INFO("loading '%s' on demand", name);
             long long rss0 = rss_bytes();
             uint64_t t0 = util_now_ns();
-            load_ctx_t ctx = {.depth = 0, .load_deps = true};
+            load_ctx_t ctx = {.depth = 0, .load_deps = true, .held = true};
             ctx.chain[0] = name;
             err = load_model(s, name, NULL, NULL, NULL, NULL, 0, &ctx);
             atomic_fetch_add(&s->on_demand_load_ns, util_now_ns() - t0);
@@ -1727,6 +1857,7 @@ nereid_error_t *repository_load_on_demand(nereid_server_t *s, const char *name)
     loading_on_demand = false;
     if (ns_on(s) && name != plain) free((char *)name);
     pthread_mutex_unlock(&s->control);
+    pthread_mutex_unlock(&s->on_demand_load);
     return err;
 }
 
@@ -1992,6 +2123,8 @@ static void *poll_main(void *arg);
 nereid_error_t *repository_start(nereid_server_t *s)
 {
     pthread_mutex_init(&s->control, NULL);
+    pthread_cond_init(&s->claim_ended, NULL);
+    pthread_mutex_init(&s->on_demand_load, NULL);
     pthread_mutex_init(&s->poll_lock, NULL);
     pthread_cond_init(&s->poll_cond, NULL);
     char **names;
@@ -2056,7 +2189,15 @@ nereid_error_t *repository_start(nereid_server_t *s)
 
 static void remove_entry(nereid_server_t *s, const char *key)
 {
-    unload_model(s, key, false, 0);
+    nereid_error_t *err = claim(s, key, true);
+    if (err) {
+        nereid_error_free(err);
+        return;
+    }
+    char **deps;
+    size_t n_deps;
+    unload_claimed(s, key, &deps, &n_deps);
+    free_names(deps, n_deps);
     const char *ns;
     char *name = key_split(key, &ns);
     pthread_rwlock_wrlock(&s->lock);
@@ -2068,6 +2209,7 @@ static void remove_entry(nereid_server_t *s, const char *key)
         break;
     }
     pthread_rwlock_unlock(&s->lock);
+    unclaim(s, key, true);
     LOG_INFO("model '%s' was removed from the repository", name);
     free(name);
 }
@@ -2153,7 +2295,7 @@ void repository_poll(nereid_server_t *s)
             if (changed) nereid_error_free(read_config(s, name, dir, NULL, &cfg));
             if (changed && is_ensemble(cfg) == (pass == 1)) {
                 LOG_INFO("model '%s' changed on disk, (re)loading", name);
-                load_ctx_t ctx = {.depth = 0, .load_deps = true, .config = cfg};
+                load_ctx_t ctx = {.depth = 0, .load_deps = true, .config = cfg, .held = true};
                 ctx.chain[0] = names[i];
                 nereid_error_free(load_model(s, names[i], NULL, NULL, NULL, NULL, 0, &ctx));
                 cfg = ctx.config;
@@ -2203,6 +2345,8 @@ void repository_stop(nereid_server_t *s)
         s->poll_started = false;
     }
     pthread_mutex_lock(&s->control);
+    while (s->n_claims) /* operations under way end (new ones see stopping) */
+        pthread_cond_wait(&s->claim_ended, &s->control);
     pthread_rwlock_wrlock(&s->lock);
     model_entry_t **models = s->models;
     size_t n = s->n_models;

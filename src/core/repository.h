@@ -5,8 +5,9 @@
  *
  * Locking: s->lock (rwlock) guards s->models and every entry's fields that
  * lookups read; it is never held while a model loads or drains. s->control
- * serializes every change of what is served (start-up loads excepted, which
- * run before the server is shared).
+ * serializes every change of what is served, but is let go while a
+ * backend runs a model's init or finalize; each model being changed is
+ * claimed (s->claims) until its change is done, start-up loads included.
  */
 #ifndef NEREID_REPOSITORY_H
 #define NEREID_REPOSITORY_H
@@ -55,7 +56,15 @@ struct nereid_server {
     pthread_rwlock_t lock; /* guards models and every entry's versions */
     model_entry_t **models;
     size_t n_models;
-    pthread_mutex_t control; /* serializes load / unload / poll */
+    /* Loads, unloads, polls and evictions run one at a time under control,
+     * except while one lets go of it around a backend's model code (init,
+     * finalize); the models each works on stay claimed meanwhile
+     * (repository.c, "Control"). */
+    pthread_mutex_t control;
+    pthread_cond_t claim_ended; /* with control */
+    struct repository_claim *claims;
+    size_t n_claims;
+    pthread_mutex_t on_demand_load; /* on-demand loads one at a time (RSS charge) */
     pthread_t poll_thread;
     bool poll_started;
     pthread_mutex_t poll_lock;

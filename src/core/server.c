@@ -196,6 +196,8 @@ void nereid_server_free(nereid_server_t *s)
     free(s->backend_settings);
     pthread_rwlock_destroy(&s->lock);
     pthread_mutex_destroy(&s->control);
+    pthread_cond_destroy(&s->claim_ended);
+    pthread_mutex_destroy(&s->on_demand_load);
     pthread_mutex_destroy(&s->poll_lock);
     pthread_cond_destroy(&s->poll_cond);
     free(s);

@@ -187,6 +187,7 @@ typedef struct http_conn {
     nereid_cancel_token_t *cancel; /* the inference's, while submitted */
     uint64_t watch_id;             /* close watch while suspended, or 0 */
     struct gen_call *gen;          /* a generate request, once submitted */
+    struct control_job *job;       /* a load or unload, once started */
 } http_conn_t;
 
 /* An inference and its connection: the completion resumes the connection
@@ -493,24 +494,127 @@ static enum MHD_Result handle_repository_index(http_conn_t *c)
     return reply_json_or_error(c->mhd, err, json);
 }
 
-static enum MHD_Result handle_load(http_conn_t *c)
-{
-    nereid_error_t *err;
-    json_t *root = parse_body_json(c, &err);
-    if (err) return http_queue_nereid_error(c->mhd, err);
+/* ---- Model control ----
+ *
+ * A load or unload can take as long as a model's init or drain (minutes for
+ * some): it runs on a thread of its own while its connection is suspended,
+ * so the event thread goes on serving its other connections, and several
+ * loads run at once as the repository allows (repository.c, "Control"). */
+
+typedef struct control_job {
+    http_conn_t *c;
+    bool unload, dependents;
+    json_t *root; /* the load's body: req borrows from it */
     load_request_t req;
-    err = load_request_read(root, &req);
-    if (!err)
-        err = nereid_server_load_model(c->srv->core, c->model, req.config, req.paths,
-                                       (const void *const *)req.contents, req.sizes, req.n_files);
-    load_request_free(&req);
-    if (root) json_decref(root);
+    nereid_error_t *err; /* the outcome */
+} control_job_t;
+
+static bool infer_wait(http_conn_t *c);
+static void conn_suspend(http_conn_t *c);
+static void conn_resumed(http_conn_t *c);
+
+static void control_job_free(control_job_t *j)
+{
+    if (!j) return;
+    if (!j->unload) load_request_free(&j->req);
+    if (j->root) json_decref(j->root);
+    if (j->err) nereid_error_free(j->err);
+    free(j);
+}
+
+/* Runs the operation, then hands the connection back as an inference's
+ * completion does (infer_done): it never touches c after that. */
+static void *control_job_main(void *arg)
+{
+    control_job_t *j = arg;
+    http_conn_t *c = j->c;
+    http_server_t *srv = c->srv;
+    if (j->unload)
+        j->err = nereid_server_unload_model(srv->core, c->model, j->dependents);
+    else
+        j->err = nereid_server_load_model(srv->core, c->model, j->req.config, j->req.paths,
+                                          (const void *const *)j->req.contents, j->req.sizes,
+                                          j->req.n_files);
+    int phase = PHASE_RUNNING;
+    if (!atomic_compare_exchange_strong(&c->phase, &phase, PHASE_DONE)) {
+        atomic_store(&c->phase, PHASE_DONE);
+        MHD_resume_connection(c->mhd);
+    }
+    pthread_mutex_lock(&srv->lock);
+    if (--srv->n_inflight == 0) pthread_cond_broadcast(&srv->idle);
+    pthread_mutex_unlock(&srv->lock);
+    return NULL;
+}
+
+static enum MHD_Result control_reply(http_conn_t *c)
+{
+    conn_resumed(c);
+    control_job_t *j = c->job;
+    c->job = NULL;
+    nereid_error_t *err = j->err;
+    j->err = NULL;
+    control_job_free(j);
     if (err) return http_queue_nereid_error(c->mhd, err);
     return http_queue_text(c->mhd, 200, NULL, NULL, 0);
 }
 
+static enum MHD_Result control_start(http_conn_t *c, control_job_t *j)
+{
+    j->c = c;
+    c->job = j;
+    pthread_mutex_lock(&c->srv->lock);
+    c->srv->n_inflight++;
+    pthread_mutex_unlock(&c->srv->lock);
+    pthread_attr_t attr;
+    pthread_t t;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    if (pthread_create(&t, &attr, control_job_main, j) != 0) control_job_main(j);
+    pthread_attr_destroy(&attr);
+    if (infer_wait(c)) return control_reply(c);
+    return MHD_YES;
+}
+
+/* Called again once the job resumed the connection. */
+static bool control_resumed(http_conn_t *c, enum MHD_Result *ret)
+{
+    if (!c->job) return false;
+    if (atomic_load(&c->phase) == PHASE_DONE) {
+        *ret = control_reply(c);
+    } else { /* not seen: wait again, as handle_infer does */
+        conn_resumed(c);
+        conn_suspend(c);
+        if (atomic_load(&c->phase) == PHASE_DONE) MHD_resume_connection(c->mhd);
+        *ret = MHD_YES;
+    }
+    return true;
+}
+
+static enum MHD_Result handle_load(http_conn_t *c)
+{
+    enum MHD_Result ret;
+    if (control_resumed(c, &ret)) return ret;
+    nereid_error_t *err;
+    json_t *root = parse_body_json(c, &err);
+    if (err) return http_queue_nereid_error(c->mhd, err);
+    control_job_t *j = calloc(1, sizeof *j);
+    if (!j) {
+        if (root) json_decref(root);
+        return http_queue_error(c->mhd, 500, "out of memory");
+    }
+    j->root = root;
+    err = load_request_read(root, &j->req);
+    if (err) {
+        control_job_free(j);
+        return http_queue_nereid_error(c->mhd, err);
+    }
+    return control_start(c, j);
+}
+
 static enum MHD_Result handle_unload(http_conn_t *c)
 {
+    enum MHD_Result ret;
+    if (control_resumed(c, &ret)) return ret;
     nereid_error_t *err;
     json_t *root = parse_body_json(c, &err);
     if (err) return http_queue_nereid_error(c->mhd, err);
@@ -524,9 +628,12 @@ static enum MHD_Result handle_unload(http_conn_t *c)
                                "non-boolean as boolean");
     dependents = v && json_is_true(v);
     if (root) json_decref(root);
-    if (!err) err = nereid_server_unload_model(c->srv->core, c->model, dependents);
     if (err) return http_queue_nereid_error(c->mhd, err);
-    return http_queue_text(c->mhd, 200, NULL, NULL, 0);
+    control_job_t *j = calloc(1, sizeof *j);
+    if (!j) return http_queue_error(c->mhd, 500, "out of memory");
+    j->unload = true;
+    j->dependents = dependents;
+    return control_start(c, j);
 }
 
 /* ---- Logging and trace settings -------------------------------------------- */
@@ -1868,6 +1975,7 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
         gen_unref(c->gen);
     }
     nereid_cancel_token_free(c->cancel);
+    control_job_free(c->job);
     if (c->trace) {
         nereid_trace_timestamp(c->trace, "HTTP_SEND_END", nereid_trace_now_ns());
         nereid_trace_release(c->trace);
