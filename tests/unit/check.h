@@ -74,6 +74,14 @@ static _Atomic int check_passed, check_failed;
         }                                                                                          \
     } while (0)
 
+/* err (a nereid_error_t *, freed here) is NULL; else its message is shown. */
+#define CHECK_OK(err)                                                                              \
+    do {                                                                                           \
+        nereid_error_t *o_ = (err);                                                                \
+        CHECK_MSG(o_ == NULL, "unexpected error: %s", o_ ? nereid_error_message(o_) : "");         \
+        if (o_) nereid_error_free(o_);                                                             \
+    } while (0)
+
 static inline int check_summary(void)
 {
     printf("%d passed, %d failed\n", check_passed, check_failed);

@@ -388,6 +388,107 @@ static void test_explicit(void)
     if (!remove_repo()) abort();
 }
 
+/* ---- Loads in parallel (repository.c, "Control") ---- */
+
+typedef struct control_call {
+    nereid_server_t *s;
+    const char *model;
+    bool unload;
+    nereid_error_t *err;
+    _Atomic bool done;
+} control_call_t;
+
+static void *control_call_main(void *arg)
+{
+    control_call_t *c = arg;
+    if (c->unload)
+        c->err = nereid_server_unload_model(c->s, c->model, false);
+    else
+        c->err = nereid_server_load_model(c->s, c->model, NULL, NULL, NULL, NULL, 0);
+    atomic_store(&c->done, true);
+    return NULL;
+}
+
+/* Waits (up to 10 s) until model's index row says state. */
+static bool wait_state(nereid_server_t *s, const char *model, const char *state)
+{
+    for (int i = 0; i < 10000; i++) {
+        json_t *row = index_row(s, model, NULL);
+        bool same = strcmp(row_str(row, "state"), state) == 0;
+        if (row) json_decref(row);
+        if (same) return true;
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+    return false;
+}
+
+/* While a model initializes, other models load and unload; a second load
+ * and an unload of the initializing model wait for its load to end. With a
+ * single control lock held across init, the other load waited for the gate
+ * (30 s, the testing backend's bound): "plain" would come after "gate". */
+static void test_parallel_loads(void)
+{
+    make_repo_dir("parallel");
+    char go[300];
+    snprintf(go, sizeof go, "%s/go", repo);
+    char cfg[800];
+    snprintf(cfg, sizeof cfg,
+             "backend: \"testing\" max_batch_size: 8\n"
+             "parameters { key: \"model_init_wait_for_file\" value { string_value: \"%s\" } }\n"
+             "input [ { name: \"INPUT0\" " F2 " } ]\n"
+             "output [ { name: \"OUTPUT0\" " F2 " } ]\n",
+             go);
+    write_model("gate", cfg);
+    write_model("gate2", cfg);
+    write_model("plain", testing_cfg);
+    write_model("other", testing_cfg);
+    nereid_error_t *err;
+    nereid_server_t *s = start_server(NEREID_MODEL_CONTROL_EXPLICIT, NULL, 0, 0, true, &err);
+    CHECK(err == NULL && s);
+    if (!s) return;
+    control_call_t first = {.s = s, .model = "gate"}, second = {.s = s, .model = "gate"},
+                   unload = {.s = s, .model = "gate", .unload = true};
+    pthread_t t1, t2, t3;
+    pthread_create(&t1, NULL, control_call_main, &first);
+    CHECK(wait_state(s, "gate", "LOADING"));
+    /* Unrelated models load and unload meanwhile. */
+    CHECK_OK(nereid_server_load_model(s, "plain", NULL, NULL, NULL, NULL, 0));
+    CHECK(try_infer(s, "plain") == NULL);
+    CHECK_OK(nereid_server_load_model(s, "other", NULL, NULL, NULL, NULL, 0));
+    CHECK_OK(nereid_server_unload_model(s, "other", false));
+    CHECK(!atomic_load(&first.done));
+    /* The same model: both wait for the first load. */
+    pthread_create(&t2, NULL, control_call_main, &second);
+    pthread_create(&t3, NULL, control_call_main, &unload);
+    struct timespec ts = {0, 200000000};
+    nanosleep(&ts, NULL);
+    CHECK(!atomic_load(&second.done) && !atomic_load(&unload.done));
+    write_file("go", "");
+    pthread_join(t1, NULL);
+    pthread_join(t2, NULL);
+    pthread_join(t3, NULL);
+    CHECK_OK(first.err);
+    CHECK_OK(second.err);
+    CHECK_OK(unload.err);
+    /* The unload and the second load ran in some order after the first. */
+    json_t *row = index_row(s, "gate", NULL);
+    const char *state = row_str(row, "state");
+    CHECK(strcmp(state, "READY") == 0 || strcmp(state, "UNAVAILABLE") == 0);
+    if (row) json_decref(row);
+    /* A load under way when the server stops: the stop waits for it. */
+    remove_path("go");
+    control_call_t last = {.s = s, .model = "gate2"};
+    pthread_t t4;
+    pthread_create(&t4, NULL, control_call_main, &last);
+    CHECK(wait_state(s, "gate2", "LOADING"));
+    write_file("go", "");
+    nereid_server_free(s);
+    pthread_join(t4, NULL);
+    if (last.err) nereid_error_free(last.err);
+    if (!remove_repo()) abort();
+}
+
 /* ---- Modes ---- */
 
 static void test_not_explicit(void)
@@ -531,6 +632,7 @@ static void test_poll_thread(void)
 int main(void)
 {
     test_explicit();
+    test_parallel_loads();
     test_not_explicit();
     test_load_star();
     test_poll();
