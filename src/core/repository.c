@@ -1543,6 +1543,16 @@ nereid_error_t *nereid_server_load_model(nereid_server_t *s, const char *model,
     if (err) return err;
     if (n_files && (!file_paths || !file_contents || !file_sizes))
         return nereid_error_new(NEREID_ERROR_INVALID_ARG, "file overrides are incomplete");
+    /* Triton: file overrides come with a config override or the poll fails
+     * (LocalizeRepoAgent: the override files are the whole model, not a patch
+     * of its repository directory); the model stays as it was. */
+    if (n_files && !config_json) {
+        LOG_ERROR("Poll failed for model directory '%s': Load parameter 'config' must be "
+                  "specified for model file override",
+                  model);
+        return nereid_error_new(NEREID_ERROR_INTERNAL,
+                                "failed to load '%s', failed to poll from model repository", model);
+    }
     pthread_mutex_lock(&s->control);
     /* With --model-namespacing every repository's copy loads (Triton polls
      * the name in each repository). */

@@ -101,25 +101,36 @@ static bool is_control_input(const model_t *m, const char *name)
     return false;
 }
 
-/* Builds one warmup request for sample w (inputs owned by the request). */
-static nereid_error_t *build_request(model_t *m, const Inference__ModelWarmup *w,
-                                     nereid_request_t **out)
+static bool is_config_input(const model_t *m, const char *name)
 {
-    nereid_request_t *req;
-    nereid_error_t *err = nereid_request_new(m->server, m->name, m->version, &req);
-    if (err) return err;
-    char *id = xasprintf("warmup_%s", w->name);
-    nereid_request_set_id(req, id);
-    free(id);
+    for (size_t i = 0; i < m->n_inputs; i++)
+        if (strcmp(m->inputs[i].name, name) == 0) return true;
+    return false;
+}
+
+/* Adds the inputs of sample w to req (owned by the request): the model's
+ * own inputs (config) when config is true, else the others. Triton
+ * (TritonModelInstance::GenerateWarmupData) adds a sample input the config
+ * does not list as an override input, after the request is normalized: it
+ * is not checked against the config, its batch dimension is 1 (none when
+ * the model does not batch), and it reaches the backend with the others
+ * (L0_backend_python bls: a warmup sample with INPUT0/INPUT1 for a Python
+ * model whose config lists no input). */
+static nereid_error_t *add_inputs(model_t *m, const Inference__ModelWarmup *w,
+                                  nereid_request_t *req, bool config)
+{
+    nereid_error_t *err = NULL;
     for (size_t i = 0; i < w->n_inputs && !err; i++) {
         const Inference__ModelWarmup__Input *in = w->inputs[i]->value;
         if (!in || is_control_input(m, w->inputs[i]->key)) continue;
+        bool original = is_config_input(m, w->inputs[i]->key);
+        if (original != config) continue;
         int64_t shape[NEREID_MAX_RANK];
         size_t rank = 0;
         /* A sequence model takes one row per request: its sample's batch
          * goes as that many one-row requests (model_warmup). */
         if (m->max_batch_size > 0)
-            shape[rank++] = w->batch_size && !is_sequence(m) ? w->batch_size : 1;
+            shape[rank++] = original && w->batch_size && !is_sequence(m) ? w->batch_size : 1;
         int64_t count = rank ? shape[0] : 1;
         for (size_t d = 0; d < in->n_dims && rank < NEREID_MAX_RANK; d++) {
             shape[rank++] = in->dims[d];
@@ -145,6 +156,21 @@ static nereid_error_t *build_request(model_t *m, const Inference__ModelWarmup *w
         }
         request_add_owned_input(req, w->inputs[i]->key, dt, shape, rank, data, size);
     }
+    return err;
+}
+
+/* Builds one warmup request for sample w with the model's own inputs; the
+ * others are added after validation (add_inputs). */
+static nereid_error_t *build_request(model_t *m, const Inference__ModelWarmup *w,
+                                     nereid_request_t **out)
+{
+    nereid_request_t *req;
+    nereid_error_t *err = nereid_request_new(m->server, m->name, m->version, &req);
+    if (err) return err;
+    char *id = xasprintf("warmup_%s", w->name);
+    nereid_request_set_id(req, id);
+    free(id);
+    err = add_inputs(m, w, req, true);
     if (err) {
         nereid_request_free(req);
         return err;
@@ -167,6 +193,7 @@ nereid_error_t *model_warmup(model_t *m)
             model_ref(m); /* the request's, dropped when its response is freed */
             req->model = m;
             err = request_validate(req, m);
+            if (!err) err = add_inputs(m, w, req, false);
             warmup_wait_t wait = {.done = false, .err = NULL};
             pthread_mutex_init(&wait.lock, NULL);
             pthread_cond_init(&wait.cond, NULL);

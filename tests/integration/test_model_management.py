@@ -190,6 +190,26 @@ def test_file_override(nereid_server, tmp_path):
     assert "dog" in r.json()["outputs"][0]["data"][0]
 
 
+def test_file_override_without_config_fails_the_poll(nereid_server, tmp_path):
+    # Triton (L0_lifecycle test_file_override, L0_backend_python bls
+    # bls_model_loading): files without a config override are refused, the
+    # served model stays as it was; even when the files alone would make a
+    # model (the testing backend needs no file, ONNX models auto-complete).
+    repo = make_repo(tmp_path)
+    s = nereid_server(repo, "--model-control-mode=explicit", "--load-model=plain")
+    files = {"file:2/weights.bin": base64.b64encode(b"\0").decode()}
+    for name in ("plain", "other"):
+        r = post(s, f"/v2/repository/models/{name}/load", {"parameters": files})
+        assert r.status_code == 500
+        assert r.json() == {"error": f"failed to load '{name}', failed to poll from model "
+                                     "repository"}
+    assert row(s, "plain", "1")["state"] == "READY"
+    assert "plain" in {m["name"] for m in index(s, ready=True)}
+    assert "other" not in {m["name"] for m in index(s, ready=True)}
+    assert infer(s, "plain").status_code == 200
+    assert "Load parameter 'config' must be specified for model file override" in s.output()
+
+
 def test_config_override_naming_another_model_fails_the_poll(nereid_server, tmp_path):
     # L0_backend_python model_control: curl strips the braces of
     # /models/model{test}/load, the override's config still says model{test}

@@ -73,3 +73,56 @@ def test_failed_sample_has_tritons_text(nereid_server, tmp_path):
     rows = requests.post(f"{s.http_url}/v2/repository/index", json={}, timeout=10).json()
     reason = [m for m in rows if m["name"] == "repeat_int32"][0]["reason"]
     assert "failed to run warmup sample 'decoupled sample': " in reason, reason
+
+
+# Triton's L0_backend_python bls "model loading API with BLS warmup": the
+# sample names INPUT0/INPUT1, the Python model's config lists no input.
+# Triton adds such inputs as override inputs after the request is checked
+# (batch dimension 1 when the model batches: the backend sees
+# ShapeWithBatchDim), and the backend sees them with the others.
+EXTRA_WARMUP = """
+max_batch_size: %d
+output [ { name: "OUTPUT0" data_type: TYPE_STRING dims: [ 1 ] } ]
+model_warmup [ {
+  name: "regular sample" batch_size: 1
+  inputs { key: "INPUT0" value { data_type: TYPE_FP32 dims: 4 zero_data: false } }
+  inputs { key: "INPUT1" value { data_type: TYPE_INT32 dims: [ 2, 3 ] zero_data: true } }
+} ]
+"""
+
+SEEN_MODEL = '''
+import json
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.seen = []
+
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            self.seen.append(sorted((t.name(), list(t.shape()), str(t.as_numpy().dtype))
+                                    for t in r.inputs()))
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor(
+                "OUTPUT0", np.array([json.dumps(self.seen)], dtype=np.object_))]))
+        return out
+'''
+
+
+@pytest.mark.parametrize("max_batch", [0, 4])
+def test_sample_inputs_the_config_does_not_list(nereid_server, tmp_path, max_batch):
+    repo = tmp_path / "models"
+    (repo / "seen" / "1").mkdir(parents=True)
+    (repo / "seen" / "1" / "model.py").write_text(SEEN_MODEL)
+    (repo / "seen" / "config.pbtxt").write_text(
+        'name: "seen" backend: "python"\n' + EXTRA_WARMUP % max_batch)
+    s = nereid_server(str(repo))
+    r = requests.get(f"{s.http_url}/v2/models/seen/ready", timeout=10)
+    assert r.status_code == 200, s.output()
+    r = requests.post(f"{s.http_url}/v2/models/seen/infer", json={"inputs": []}, timeout=30)
+    assert r.status_code == 200, r.text
+    seen = __import__("json").loads(r.json()["outputs"][0]["data"][0])
+    # the warmup request, then this request
+    b = [1] if max_batch else []
+    assert seen == [[["INPUT0", b + [4], "float32"], ["INPUT1", b + [2, 3], "int32"]], []]
