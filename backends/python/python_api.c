@@ -341,7 +341,9 @@ json_t *python_api_model_control(nereid_server_t *server, json_t *call, const ui
     if (!op || !model) return error_answer("", "malformed model control call");
     if (!strcmp(op, "load_model")) return load_model(server, call, model, blob, blob_len);
     if (!strcmp(op, "unload_model")) {
-        nereid_error_t *err = nereid_server_unload_model(
+        /* Triton's: returns once the model is out of service; its drain
+         * may wait for the request that made this call. */
+        nereid_error_t *err = nereid_server_unload_model_async(
             server, model, json_is_true(json_object_get(call, "unload_dependents")));
         return err ? error_from("Failed to unload model: ", err) : json_object();
     }

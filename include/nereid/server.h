@@ -250,6 +250,14 @@ NEREID_EXPORT nereid_error_t *nereid_server_load_model(nereid_server_t *server, 
                                                        const size_t *file_sizes, size_t n_files);
 NEREID_EXPORT nereid_error_t *nereid_server_unload_model(nereid_server_t *server, const char *model,
                                                          bool unload_dependents);
+/* As nereid_server_unload_model, but returns once the model's versions are
+ * out of service (not ready, no new request reaches them), as Triton's
+ * unload does: draining, finalizing and unloading dependents go on on a
+ * thread of their own. For callers whose own requests the drain could be
+ * waiting for: a model's code (pb_utils.unload_model). */
+NEREID_EXPORT nereid_error_t *nereid_server_unload_model_async(nereid_server_t *server,
+                                                               const char *model,
+                                                               bool unload_dependents);
 
 /* ---- Inference --------------------------------------------------------- */
 

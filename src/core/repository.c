@@ -674,6 +674,7 @@ static char *resolve_step(nereid_server_t *s, const char *ens_ns, const char *st
 struct repository_claim {
     char *key;
     pthread_t owner;
+    bool handed_off; /* to a thread that has not taken it over yet: no owner */
 };
 
 /* Claims model key for the calling operation, waiting while another one has
@@ -695,10 +696,11 @@ static nereid_error_t *claim(nereid_server_t *s, const char *key, bool held)
             i++;
         if (i == s->n_claims) {
             s->claims = xrealloc(s->claims, (s->n_claims + 1) * sizeof *s->claims);
-            s->claims[s->n_claims++] = (struct repository_claim){xstrdup(key), pthread_self()};
+            s->claims[s->n_claims++] =
+                (struct repository_claim){xstrdup(key), pthread_self(), false};
             break;
         }
-        if (pthread_equal(s->claims[i].owner, pthread_self())) {
+        if (!s->claims[i].handed_off && pthread_equal(s->claims[i].owner, pthread_self())) {
             const char *ns;
             char *name = key_split(key, &ns);
             err = nereid_error_new(NEREID_ERROR_UNAVAILABLE,
@@ -1402,25 +1404,33 @@ static bool used_by_other(nereid_server_t *s, const char *name, const char *exce
     return used;
 }
 
-/* Unloads model key, which the caller claimed; *deps, *n_deps: what an
- * ensemble's dependents are (for the caller to unload). Caller holds
- * s->control. */
-static void unload_claimed(nereid_server_t *s, const char *key, char ***deps_out,
-                           size_t *n_deps_out)
+/* An unload in two steps: unload_detach takes model key's versions out of
+ * service (UNLOADING: no new request finds them), unload_finish drains and
+ * finalizes them and marks the model UNAVAILABLE. */
+typedef struct unloading {
+    char *key;
+    char *name;      /* NULL: no such model */
+    model_t **drain; /* the versions' models */
+    size_t n_drain;
+    char **deps; /* an ensemble's composing models */
+    size_t n_deps;
+} unloading_t;
+
+/* Caller holds s->control and claimed key. */
+static void unload_detach(nereid_server_t *s, const char *key, unloading_t *u)
 {
-    *deps_out = NULL;
-    *n_deps_out = 0;
+    memset(u, 0, sizeof *u);
+    u->key = xstrdup(key);
     pthread_rwlock_wrlock(&s->lock);
     model_entry_t *e = repository_find(s, key);
     if (!e) {
         pthread_rwlock_unlock(&s->lock);
         return;
     }
-    model_t **drain = xcalloc(e->n_versions ? e->n_versions : 1, sizeof *drain);
-    size_t n_drain = 0;
+    u->drain = xcalloc(e->n_versions ? e->n_versions : 1, sizeof *u->drain);
     for (size_t v = 0; v < e->n_versions; v++) {
         version_entry_t *ve = &e->versions[v];
-        if (ve->model) drain[n_drain++] = ve->model;
+        if (ve->model) u->drain[u->n_drain++] = ve->model;
         ve->model = NULL;
         ve->state = MODEL_UNLOADING;
         free(ve->reason);
@@ -1429,35 +1439,40 @@ static void unload_claimed(nereid_server_t *s, const char *key, char ***deps_out
     if (e->n_versions) e->state = MODEL_UNLOADING;
     /* Dependents: the composing models of an ensemble (Triton unloads them
      * unless another loaded ensemble still uses them). */
-    char **deps = NULL;
-    size_t n_deps = 0;
     const Inference__ModelEnsembling *es =
         is_ensemble(e->config) ? e->config->ensemble_scheduling : NULL;
     for (size_t k = 0; es && k < es->n_step; k++) {
         char *sk = step_key(s, es->step[k]);
         bool have = false;
-        for (size_t j = 0; j < n_deps; j++)
-            have |= strcmp(deps[j], sk) == 0;
+        for (size_t j = 0; j < u->n_deps; j++)
+            have |= strcmp(u->deps[j], sk) == 0;
         if (have) {
             free(sk);
             continue;
         }
-        deps = xrealloc(deps, (n_deps + 1) * sizeof *deps);
-        deps[n_deps++] = sk;
+        u->deps = xrealloc(u->deps, (u->n_deps + 1) * sizeof *u->deps);
+        u->deps[u->n_deps++] = sk;
     }
-    char *name = xstrdup(e->name);
+    u->name = xstrdup(e->name);
     pthread_rwlock_unlock(&s->lock);
+}
 
+/* Caller holds s->control and the claim of u->key; leaves u->deps. */
+static void unload_finish(nereid_server_t *s, unloading_t *u)
+{
+    if (!u->name) return;
     control_lend(s, true);
-    for (size_t i = 0; i < n_drain; i++)
-        model_unload(drain[i]);
+    for (size_t i = 0; i < u->n_drain; i++)
+        model_unload(u->drain[i]);
     control_take_back(s, true);
-    free(drain);
-    LOG_INFO("successfully unloaded '%s'", name);
-    free(name);
+    free(u->drain);
+    u->drain = NULL;
+    LOG_INFO("successfully unloaded '%s'", u->name);
+    free(u->name);
+    u->name = NULL;
 
     pthread_rwlock_wrlock(&s->lock);
-    e = repository_find(s, key);
+    model_entry_t *e = repository_find(s, u->key);
     if (e) {
         for (size_t v = 0; v < e->n_versions; v++) {
             e->versions[v].state = MODEL_UNAVAILABLE;
@@ -1476,9 +1491,24 @@ static void unload_claimed(nereid_server_t *s, const char *key, char ***deps_out
     }
     pthread_rwlock_unlock(&s->lock);
     if (e) drop_unused_tmp_dirs(s, e);
-    *deps_out = deps;
-    *n_deps_out = n_deps;
 }
+
+/* Unloads model key, which the caller claimed; *deps, *n_deps: what an
+ * ensemble's dependents are (for the caller to unload). Caller holds
+ * s->control. */
+static void unload_claimed(nereid_server_t *s, const char *key, char ***deps_out,
+                           size_t *n_deps_out)
+{
+    unloading_t u;
+    unload_detach(s, key, &u);
+    unload_finish(s, &u);
+    free(u.key);
+    *deps_out = u.deps;
+    *n_deps_out = u.n_deps;
+}
+
+static void unload_deps(nereid_server_t *s, const char *key, char **deps, size_t n_deps,
+                        bool dependents, int depth);
 
 /* Unloads model key (and, when dependents, the composing models no other
  * loaded ensemble uses). Caller holds s->control. */
@@ -1494,6 +1524,14 @@ static void unload_model(nereid_server_t *s, const char *key, bool dependents, i
     size_t n_deps;
     unload_claimed(s, key, &deps, &n_deps);
     unclaim(s, key, true);
+    unload_deps(s, key, deps, n_deps, dependents, depth);
+}
+
+/* Unloads (when dependents) the composing models deps of ensemble key that
+ * no other loaded ensemble uses; frees deps. Caller holds s->control. */
+static void unload_deps(nereid_server_t *s, const char *key, char **deps, size_t n_deps,
+                        bool dependents, int depth)
+{
     for (size_t i = 0; i < n_deps; i++) {
         if (dependents && depth < MAX_ENSEMBLE_DEPTH && !used_by_other(s, deps[i], key))
             unload_model(s, deps[i], true, depth + 1);
@@ -1575,8 +1613,72 @@ nereid_error_t *nereid_server_load_model(nereid_server_t *s, const char *model,
     return err;
 }
 
-nereid_error_t *nereid_server_unload_model(nereid_server_t *s, const char *model,
-                                           bool unload_dependents)
+/* The keys an unload of model means: every namespace's copy with
+ * --model-namespacing. Caller holds s->control. */
+static char **unload_keys(nereid_server_t *s, const char *model, size_t *n)
+{
+    char **keys = NULL;
+    *n = 0;
+    if (!ns_on(s)) {
+        keys = xcalloc(1, sizeof *keys);
+        keys[(*n)++] = xstrdup(model);
+        return keys;
+    }
+    pthread_rwlock_rdlock(&s->lock);
+    for (size_t i = 0; i < s->n_models; i++)
+        if (key_is_name(s->models[i]->key, model)) {
+            keys = xrealloc(keys, (*n + 1) * sizeof *keys);
+            keys[(*n)++] = xstrdup(s->models[i]->key);
+        }
+    pthread_rwlock_unlock(&s->lock);
+    return keys;
+}
+
+/* An unload whose versions are out of service, finished on its own thread
+ * (nereid_server_unload_model_async). */
+typedef struct async_unload {
+    nereid_server_t *s;
+    unloading_t u;
+    bool dependents;
+} async_unload_t;
+
+/* Hands the claim of key over (handing_off: to a thread still to start),
+ * or has the calling thread take it over. Caller holds s->control. */
+static void claim_transfer(nereid_server_t *s, const char *key, bool handing_off)
+{
+    for (size_t i = 0; i < s->n_claims; i++)
+        if (strcmp(s->claims[i].key, key) == 0) {
+            s->claims[i].owner = pthread_self();
+            s->claims[i].handed_off = handing_off;
+        }
+}
+
+/* Caller holds s->control. */
+static void async_unload_run(async_unload_t *a)
+{
+    nereid_server_t *s = a->s;
+    claim_transfer(s, a->u.key, false);
+    unload_finish(s, &a->u);
+    unclaim(s, a->u.key, true);
+    unload_deps(s, a->u.key, a->u.deps, a->u.n_deps, a->dependents, 0);
+    free(a->u.key);
+    free(a);
+    s->n_async_unloads--;
+    pthread_cond_broadcast(&s->claim_ended);
+}
+
+static void *async_unload_main(void *arg)
+{
+    async_unload_t *a = arg;
+    nereid_server_t *s = a->s;
+    pthread_mutex_lock(&s->control);
+    async_unload_run(a);
+    pthread_mutex_unlock(&s->control);
+    return NULL;
+}
+
+static nereid_error_t *unload_request(nereid_server_t *s, const char *model, bool dependents,
+                                      bool wait)
 {
     nereid_error_t *err = check_explicit(s);
     if (err) return err;
@@ -1584,24 +1686,48 @@ nereid_error_t *nereid_server_unload_model(nereid_server_t *s, const char *model
         return nereid_error_new(NEREID_ERROR_INVALID_ARG, "invalid model name '%s'",
                                 model ? model : "");
     pthread_mutex_lock(&s->control);
-    if (ns_on(s)) { /* every namespace's copy */
-        char **keys = NULL;
-        size_t n = 0;
-        pthread_rwlock_rdlock(&s->lock);
-        for (size_t i = 0; i < s->n_models; i++)
-            if (key_is_name(s->models[i]->key, model)) {
-                keys = xrealloc(keys, (n + 1) * sizeof *keys);
-                keys[n++] = xstrdup(s->models[i]->key);
-            }
-        pthread_rwlock_unlock(&s->lock);
-        for (size_t i = 0; i < n; i++)
-            unload_model(s, keys[i], unload_dependents, 0);
-        free_names(keys, n);
-    } else {
-        unload_model(s, model, unload_dependents, 0);
+    size_t n;
+    char **keys = unload_keys(s, model, &n);
+    for (size_t i = 0; i < n; i++) {
+        if (wait) {
+            unload_model(s, keys[i], dependents, 0);
+            continue;
+        }
+        err = claim(s, keys[i], true);
+        if (err) {
+            LOG_ERROR("failed to unload '%s': %s", keys[i], nereid_error_message(err));
+            nereid_error_free(err);
+            err = NULL;
+            continue;
+        }
+        async_unload_t *a = xcalloc(1, sizeof *a);
+        a->s = s;
+        a->dependents = dependents;
+        unload_detach(s, keys[i], &a->u);
+        claim_transfer(s, keys[i], true);
+        s->n_async_unloads++;
+        pthread_attr_t attr;
+        pthread_t t;
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        if (pthread_create(&t, &attr, async_unload_main, a) != 0) async_unload_run(a);
+        pthread_attr_destroy(&attr);
     }
+    free_names(keys, n);
     pthread_mutex_unlock(&s->control);
     return NULL;
+}
+
+nereid_error_t *nereid_server_unload_model(nereid_server_t *s, const char *model,
+                                           bool unload_dependents)
+{
+    return unload_request(s, model, unload_dependents, true);
+}
+
+nereid_error_t *nereid_server_unload_model_async(nereid_server_t *s, const char *model,
+                                                 bool unload_dependents)
+{
+    return unload_request(s, model, unload_dependents, false);
 }
 
 /* ---- Load on demand ---- */
@@ -2355,7 +2481,7 @@ void repository_stop(nereid_server_t *s)
         s->poll_started = false;
     }
     pthread_mutex_lock(&s->control);
-    while (s->n_claims) /* operations under way end (new ones see stopping) */
+    while (s->n_claims || s->n_async_unloads) /* operations under way end (new ones see stopping) */
         pthread_cond_wait(&s->claim_ended, &s->control);
     pthread_rwlock_wrlock(&s->lock);
     model_entry_t **models = s->models;

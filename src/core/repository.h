@@ -64,6 +64,7 @@ struct nereid_server {
     pthread_cond_t claim_ended; /* with control */
     struct repository_claim *claims;
     size_t n_claims;
+    size_t n_async_unloads;         /* nereid_server_unload_model_async still finishing */
     pthread_mutex_t on_demand_load; /* on-demand loads one at a time (RSS charge) */
     pthread_t poll_thread;
     bool poll_started;

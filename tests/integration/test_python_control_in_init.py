@@ -1,4 +1,4 @@
-"""Model control from a Python model's initialize, through the real binary
+"""Model control from a Python model's own code, through the real binary
 (Triton's qa/L0_backend_python/bls "model loading API with BLS" step): in
 explicit mode, a model whose initialize calls pb_utils.load_model /
 unload_model / is_model_ready loads, and other models load while it
@@ -262,3 +262,53 @@ def test_unload_during_initialize_waits_and_shutdown_ends(tmp_path):
         open(go, "w").close()
         if s.proc.poll() is None:
             assert s.stop() == 0, open(s.log_path).read()
+
+
+# A model that unloads itself from execute: Triton's unload returns once the
+# model is out of service, so the request that asked answers, then the model
+# drains and finalizes. Before, the unload waited for the drain, which waited
+# for that very request: the request, the unload and shutdown hung.
+SELF_UNLOAD = """
+import os
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.dir = os.path.join(args["model_repository"], "..", "..")
+
+    def execute(self, requests):
+        pb_utils.unload_model("selfish")
+        ready = pb_utils.is_model_ready("selfish")
+        open(os.path.join(self.dir, "ready_after_unload"), "w").write(str(ready))
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "Y", pb_utils.get_input_tensor_by_name(r, "X").as_numpy())]) for r in requests]
+
+    def finalize(self):
+        open(os.path.join(self.dir, "finalized"), "w").close()
+"""
+
+
+def test_execute_unloads_its_own_model(tmp_path):
+    repo = str(tmp_path / "models")
+    write(repo, "selfish", TARGET_CONFIG.replace('"target"', '"selfish"'), SELF_UNLOAD)
+    s = Server(repo, ["--model-control-mode=explicit", "--load-model=selfish"], "http")
+    try:
+        body, headers = build_infer(
+            [{"name": "X", "datatype": "INT32", "data": np.array([7], dtype=np.int32)}])
+        r = infer(s, "selfish", body, headers)
+        assert r.status_code == 200, r.text
+        doc, raw = split_response(r)
+        assert list(output_array(doc, raw, "Y")) == [7]
+        wait_for(str(tmp_path / "finalized"), s)
+        assert open(str(tmp_path / "ready_after_unload")).read() == "False"
+        want = [{"name": "selfish", "version": "1", "state": "UNAVAILABLE", "reason": "unloaded"}]
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # finalize ran; the state follows
+            rows = requests.post(f"{s.http_url}/v2/repository/index", json={}, timeout=10).json()
+            if rows == want:
+                break
+            time.sleep(0.05)
+        assert rows == want
+    finally:
+        rc = s.stop()
+    assert rc == 0, open(s.log_path).read()

@@ -476,6 +476,21 @@ static void test_parallel_loads(void)
     const char *state = row_str(row, "state");
     CHECK(strcmp(state, "READY") == 0 || strcmp(state, "UNAVAILABLE") == 0);
     if (row) json_decref(row);
+    /* An unload that does not wait for the drain: out of service at once,
+     * UNAVAILABLE once drained; a load of it meanwhile waits for the drain. */
+    CHECK_OK(nereid_server_load_model(s, "plain", NULL, NULL, NULL, NULL, 0));
+    CHECK_OK(nereid_server_unload_model_async(s, "plain", false));
+    row = index_row(s, "plain", NULL);
+    CHECK(strcmp(row_str(row, "state"), "READY") != 0);
+    if (row) json_decref(row);
+    CHECK(try_infer(s, "plain") != NULL);
+    CHECK(wait_state(s, "plain", "UNAVAILABLE"));
+    CHECK_OK(nereid_server_unload_model_async(s, "plain", false)); /* twice: nothing to do */
+    CHECK_OK(nereid_server_load_model(s, "plain", NULL, NULL, NULL, NULL, 0));
+    CHECK_OK(nereid_server_unload_model_async(s, "plain", false));
+    CHECK_OK(nereid_server_load_model(s, "plain", NULL, NULL, NULL, NULL, 0));
+    CHECK(try_infer(s, "plain") == NULL);
+    CHECK_OK(nereid_server_unload_model_async(s, "plain", false)); /* the stop waits for it */
     /* A load under way when the server stops: the stop waits for it. */
     remove_path("go");
     control_call_t last = {.s = s, .model = "gate2"};
