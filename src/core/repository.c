@@ -62,25 +62,48 @@ static int cmp_i64(const void *a, const void *b)
 typedef struct version_list {
     int64_t *versions;
     size_t n;
+    bool warn; /* log the directories ignored, as Triton's VersionsToLoad */
 } version_list_t;
 
 static bool add_version(const char *name, bool subdir, void *arg)
 {
     version_list_t *l = arg;
+    if (!subdir) return true;
+    /* Triton's VersionsToLoad skips these folders without a word. */
+    if (!strcmp(name, "warmup") || !strcmp(name, "initial_state") || !strcmp(name, "configs"))
+        return true;
+    if (strlen(name) > 1 && name[0] == '0') {
+        if (l->warn)
+            LOG_WARN("ignore version directory '%s' which contains leading zeros in its "
+                     "directory name",
+                     name);
+        return true;
+    }
     bool numeric = *name != '\0';
     for (const char *p = name; *p; p++)
         numeric &= isdigit((unsigned char)*p) != 0;
-    if (!numeric || strlen(name) > 18 || !subdir) return true;
+    if (!numeric) {
+        /* Triton: std::stoll fails only when no number starts the name */
+        const char *p = name;
+        while (isspace((unsigned char)*p))
+            p++;
+        if (*p == '+' || *p == '-') p++;
+        if (l->warn && !isdigit((unsigned char)*p))
+            LOG_WARN("ignore version directory '%s' which fails to convert to integral number",
+                     name);
+        return true;
+    }
+    if (strlen(name) > 18) return true;
     l->versions = xrealloc(l->versions, (l->n + 1) * sizeof *l->versions);
     l->versions[l->n++] = strtoll(name, NULL, 10);
     return true;
 }
 
 /* The numeric subdirectories of dir (symlinks to directories count),
- * sorted. */
-static size_t list_versions(const char *dir, int64_t **out)
+ * sorted; with warn, each directory ignored is logged as Triton does. */
+static size_t list_versions(const char *dir, int64_t **out, bool warn)
 {
-    version_list_t l = {NULL, 0};
+    version_list_t l = {NULL, 0, warn};
     util_dir_each(dir, add_version, &l);
     if (l.n) qsort(l.versions, l.n, sizeof *l.versions, cmp_i64);
     *out = l.versions;
@@ -353,7 +376,7 @@ static void infer_platform(model_config_t *cfg, const char *dir)
 {
     if (cfg->platform[0] || cfg->backend[0]) return;
     int64_t *versions;
-    size_t n = list_versions(dir, &versions);
+    size_t n = list_versions(dir, &versions, false);
     static const struct {
         const char *file, *platform, *backend;
     } known[] = {{"model.onnx", "onnxruntime_onnx", "onnxruntime"},
@@ -1097,7 +1120,7 @@ static nereid_error_t *load_model_as(nereid_server_t *s, const char *key, const 
     int64_t *avail = NULL, *chosen = NULL;
     size_t k = 0;
     if (!err) {
-        size_t n = list_versions(load_dir, &avail);
+        size_t n = list_versions(load_dir, &avail, true);
         chosen = xcalloc(n ? n : 1, sizeof *chosen);
         k = select_versions(cfg, avail, n, chosen);
         free(avail);

@@ -1,0 +1,51 @@
+"""Differences from Triton that Triton's qa/L0_lifecycle steps found
+(scripts/triton_qa/lifecycle_steps.sh; docs/compatibility.md, "L0_lifecycle
+step by step"), each checked against the real binary with Triton's status
+codes and texts."""
+import os
+
+import requests
+
+F2 = 'data_type: TYPE_FP32 dims: [ 2 ]'
+TESTING = f"""backend: "testing" max_batch_size: 8
+input [ {{ name: "INPUT0" {F2} }} ]
+output [ {{ name: "OUTPUT0" {F2} }} ]
+"""
+
+
+def write_model(repo, name, config, versions=("1",)):
+    d = os.path.join(repo, name)
+    os.makedirs(d, exist_ok=True)
+    for v in versions:
+        os.makedirs(os.path.join(d, v), exist_ok=True)
+    with open(os.path.join(d, "config.pbtxt"), "w") as f:
+        f.write(config)
+
+
+def ready(s, model, version=None):
+    path = f"/v2/models/{model}" + (f"/versions/{version}" if version else "") + "/ready"
+    return requests.get(s.http_url + path, timeout=30).status_code
+
+
+def test_version_dirs_with_leading_zeros_or_no_number_are_ignored(tmp_path, nereid_server):
+    # L0_lifecycle test_parse_ignore_zero_prefixed_version and
+    # test_parse_ignore_non_intergral_version: Triton's VersionsToLoad skips
+    # "003" (leading zeros) and "abc" (no integral number) with a warning
+    # each; version 3 of the policy is then simply absent, and the server
+    # is ready (strict readiness) with version 1.
+    repo = str(tmp_path / "models")
+    write_model(repo, "m", TESTING + "version_policy: { specific { versions: [1, 3] }}\n",
+                versions=("1", "003", "abc"))
+    # warmup/, initial_state/ and configs/ are not versions, and not warned about
+    os.makedirs(os.path.join(repo, "m", "warmup"))
+    s = nereid_server(repo)
+    assert requests.get(s.http_url + "/v2/health/ready", timeout=30).status_code == 200
+    assert ready(s, "m", "1") == 200
+    assert ready(s, "m", "3") != 200
+    index = requests.post(s.http_url + "/v2/repository/index", timeout=30).json()
+    assert sorted(r.get("version") for r in index if r["name"] == "m") == ["1"]
+    out = s.output()
+    assert "ignore version directory '003' which contains leading zeros in its directory name" in out
+    assert "ignore version directory 'abc' which fails to convert to integral number" in out
+    assert "'warmup'" not in out
+
