@@ -1084,6 +1084,7 @@ static nereid_error_t *load_model_as(nereid_server_t *s, const char *key, const 
     pthread_rwlock_wrlock(&s->lock);
     model_entry_t *e = repository_find(s, key);
     if (!e) e = entry_add(s, key, dir);
+    e->removed = false;
     if (!entry_has_ready(e)) e->state = MODEL_LOADING;
     pthread_rwlock_unlock(&s->lock);
     if (count > 1) {
@@ -2234,7 +2235,16 @@ static void remove_entry(nereid_server_t *s, const char *key)
     const char *ns;
     char *name = key_split(key, &ns);
     pthread_rwlock_wrlock(&s->lock);
-    for (size_t i = 0; i < s->n_models; i++) {
+    /* Triton (PollAndUpdate): a deleted model is unloaded, and its
+     * lifecycle entry stays: a request for it is told "has no available
+     * versions", not "is not found". (Namespacing and load on demand drop
+     * the entry, as before.) */
+    model_entry_t *kept = ns_on(s) || s->opts.model_load_on_demand ? NULL : repository_find(s, key);
+    if (kept) {
+        kept->removed = true;
+        kept->tree_sig = 0;
+    }
+    for (size_t i = 0; i < s->n_models && !kept; i++) {
         if (strcmp(s->models[i]->key, key) != 0) continue;
         entry_free(s->models[i]);
         memmove(&s->models[i], &s->models[i + 1], (s->n_models - i - 1) * sizeof *s->models);
@@ -2286,6 +2296,7 @@ void repository_poll(nereid_server_t *s)
     pthread_rwlock_rdlock(&s->lock);
     for (size_t i = 0; i < s->n_models; i++) {
         const char *key = s->models[i]->key;
+        if (s->models[i]->removed) continue; /* removed by an earlier poll */
         if (!n || !bsearch(&key, names, n, sizeof *names, cmp_str)) {
             gone = xrealloc(gone, (n_gone + 1) * sizeof *gone);
             gone[n_gone++] = xstrdup(s->models[i]->key);

@@ -38,6 +38,9 @@ typedef struct model_entry {
     version_entry_t *versions;
     size_t n_versions;
     uint64_t tree_sig; /* poll: signature of the model directory when last loaded */
+    bool removed;      /* poll: its directory left the repository; kept, unloaded, as
+                        * Triton's lifecycle keeps it (requests: "has no available
+                        * versions"), but no longer in the repository index */
     char **tmp_dirs;   /* override copies made for this model, removed with it */
     size_t n_tmp_dirs;
     /* Load on demand (nereid_server_options_t.model_load_on_demand): */

@@ -660,6 +660,7 @@ nereid_error_t *nereid_server_repository_index(nereid_server_t *s, bool ready_on
     }
     for (size_t i = 0; i < s->n_models; i++) {
         model_entry_t *e = order[i];
+        if (e->removed) continue; /* Triton's index lists what is on disk */
         if (e->state == MODEL_UNKNOWN_STATE) {
             if (!ready_only) json_array_append_new(arr, json_pack("{s:s}", "name", e->name));
             continue;

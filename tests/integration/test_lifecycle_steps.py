@@ -3,6 +3,8 @@
 step by step"), each checked against the real binary with Triton's status
 codes and texts."""
 import os
+import shutil
+import time
 
 import requests
 
@@ -49,3 +51,43 @@ def test_version_dirs_with_leading_zeros_or_no_number_are_ignored(tmp_path, nere
     assert "ignore version directory 'abc' which fails to convert to integral number" in out
     assert "'warmup'" not in out
 
+
+def infer(s, model):
+    body = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 2], "data": [1, 2]}]}
+    return requests.post(f"{s.http_url}/v2/models/{model}/infer", json=body, timeout=30)
+
+
+def wait_for(cond, secs=20):
+    deadline = time.time() + secs
+    while time.time() < deadline:
+        if cond():
+            return True
+        time.sleep(0.2)
+    return cond()
+
+
+def test_poll_removed_model_has_no_available_versions(tmp_path, nereid_server):
+    # L0_lifecycle test_dynamic_model_load_unload: a model whose directory
+    # leaves the repository is unloaded by the poll and stays known to the
+    # lifecycle (Triton's PollAndUpdate: AsyncUnload), so a request gets
+    # "has no available versions"; the index lists only what is on disk,
+    # the server stays ready, and the model loads again when it comes back.
+    repo = str(tmp_path / "models")
+    write_model(repo, "m", TESTING)
+    write_model(repo, "other", TESTING)
+    s = nereid_server(repo, "--model-control-mode=poll", "--repository-poll-secs=1")
+    assert infer(s, "m").status_code == 200
+    saved = str(tmp_path / "m")
+    shutil.move(os.path.join(repo, "m"), saved)
+    assert wait_for(lambda: ready(s, "m") != 200)
+    r = infer(s, "m")
+    assert r.status_code == 404  # Triton: NOT_FOUND, as "is not found"
+    assert r.json()["error"] == "Request for unknown model: 'm' has no available versions"
+    index = requests.post(s.http_url + "/v2/repository/index", timeout=30).json()
+    assert [m["name"] for m in index] == ["other"]
+    assert requests.get(s.http_url + "/v2/health/ready", timeout=30).status_code == 200
+    time.sleep(2.5)  # later polls leave it alone (no "unloaded" again)
+    assert s.output().count("successfully unloaded 'm'") == 1
+    shutil.move(saved, os.path.join(repo, "m"))
+    assert wait_for(lambda: ready(s, "m") == 200)
+    assert infer(s, "m").status_code == 200
