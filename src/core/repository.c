@@ -1056,6 +1056,11 @@ static void drop_unused_tmp_dirs(nereid_server_t *s, model_entry_t *e)
 }
 
 /* load_model of key, whose name and namespace (or NULL) are given. */
+static int cmp_version_entry(const void *a, const void *b)
+{
+    return cmp_i64(&((const version_entry_t *)a)->version, &((const version_entry_t *)b)->version);
+}
+
 static nereid_error_t *load_model_as(nereid_server_t *s, const char *key, const char *name,
                                      const char *ns, const char *override_json,
                                      const char *const *paths, const void *const *contents,
@@ -1336,6 +1341,24 @@ static nereid_error_t *load_model_as(nereid_server_t *s, const char *key, const 
             drain[n_drain++] = m;
         }
     }
+    /* Triton keeps every version it had in the model's lifecycle: one the
+     * new load no longer chooses (its directory gone, or the policy
+     * changed) is UNAVAILABLE "unloaded" ("version N is not at ready
+     * state"), not unknown. */
+    size_t k_chosen = k;
+    for (size_t v = 0; v < e->n_versions; v++) {
+        bool listed = false;
+        for (size_t i = 0; i < k_chosen; i++)
+            listed |= nv[i].version == e->versions[v].version;
+        if (listed) continue;
+        nv = xrealloc(nv, (k + 1) * sizeof *nv);
+        memset(&nv[k], 0, sizeof nv[k]);
+        nv[k].version = e->versions[v].version;
+        nv[k].state = MODEL_UNAVAILABLE;
+        nv[k].reason = xstrdup("unloaded");
+        k++;
+    }
+    if (k > k_chosen) qsort(nv, k, sizeof *nv, cmp_version_entry);
     bool any_ready = false;
     for (size_t i = 0; i < k; i++)
         if (nv[i].state == MODEL_READY) any_ready = true;

@@ -224,8 +224,10 @@ bool nereid_server_is_ready(nereid_server_t *s)
         if (e->state == MODEL_UNKNOWN_STATE) continue;
         if (e->state == MODEL_UNAVAILABLE && e->reason && strcmp(e->reason, "unloaded") == 0)
             continue;
+        /* Triton: a version that is not ready because it was unloaded is fine */
         for (size_t v = 0; v < e->n_versions; v++)
-            ready &= e->versions[v].state == MODEL_READY;
+            ready &= e->versions[v].state == MODEL_READY ||
+                     (e->versions[v].reason && strcmp(e->versions[v].reason, "unloaded") == 0);
         ready &= e->state == MODEL_READY;
     }
     pthread_rwlock_unlock(&s->lock);

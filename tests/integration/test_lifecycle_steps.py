@@ -91,3 +91,30 @@ def test_poll_removed_model_has_no_available_versions(tmp_path, nereid_server):
     shutil.move(saved, os.path.join(repo, "m"))
     assert wait_for(lambda: ready(s, "m") == 200)
     assert infer(s, "m").status_code == 200
+
+
+def test_poll_removed_version_is_unloaded_not_unknown(tmp_path, nereid_server):
+    # L0_lifecycle test_dynamic_version_load_unload: a version directory the
+    # poll finds removed stays in the model's lifecycle as UNAVAILABLE
+    # "unloaded" (Triton's OnLoadFinal releases it; the version map keeps
+    # it): a request for it gets 503 "version 1 is not at ready state", the
+    # index lists it with reason "unloaded", and strict readiness holds.
+    repo = str(tmp_path / "models")
+    write_model(repo, "m", TESTING + "version_policy: { all { }}\n", versions=("1", "2"))
+    s = nereid_server(repo, "--model-control-mode=poll", "--repository-poll-secs=1")
+    assert ready(s, "m", "1") == 200
+    shutil.rmtree(os.path.join(repo, "m", "1"))
+    assert wait_for(lambda: ready(s, "m", "1") != 200)
+    assert ready(s, "m", "2") == 200
+    body = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 2], "data": [1, 2]}]}
+    r = requests.post(f"{s.http_url}/v2/models/m/versions/1/infer", json=body, timeout=30)
+    assert r.status_code == 503
+    assert r.json()["error"] == "Request for unknown model: 'm' version 1 is not at ready state"
+    index = requests.post(s.http_url + "/v2/repository/index", timeout=30).json()
+    assert {"name": "m", "version": "1", "state": "UNAVAILABLE", "reason": "unloaded"} in index
+    assert {"name": "m", "version": "2", "state": "READY"} in index
+    assert requests.get(s.http_url + "/v2/health/ready", timeout=30).status_code == 200
+    # and a version that comes (back) loads
+    os.makedirs(os.path.join(repo, "m", "7"))
+    assert wait_for(lambda: ready(s, "m", "7") == 200)
+    assert ready(s, "m", "1") != 200
