@@ -2233,9 +2233,31 @@ nereid_error_t *repository_start(nereid_server_t *s)
     if (measure) warn_pinned_over_budget(s);
     free(wanted);
     free(ens);
+    /* Triton (PollModels): a --load-model name no repository has is logged,
+     * and with --exit-on-error the server does not start. */
+    nereid_error_t *missing = NULL;
+    for (size_t i = 0;
+         s->opts.model_control_mode == NEREID_MODEL_CONTROL_EXPLICIT && i < s->opts.n_load_models;
+         i++) {
+        const char *want = s->opts.load_models[i];
+        bool found = strcmp(want, "*") == 0;
+        for (size_t j = 0; j < n && !found; j++) {
+            const char *ns;
+            char *name = key_split(names[j], &ns);
+            found = strcmp(name, want) == 0;
+            free(name);
+        }
+        if (found) continue;
+        LOG_ERROR("failed to poll model '%s': model not found in any model repository.", want);
+        if (!missing && s->opts.exit_on_error)
+            missing =
+                nereid_error_new(NEREID_ERROR_INTERNAL,
+                                 "failed to load '%s', failed to poll from model repository", want);
+    }
     for (size_t i = 0; i < n; i++)
         free(names[i]);
     free(names);
+    if (missing) return missing;
     if (s->opts.model_control_mode == NEREID_MODEL_CONTROL_POLL &&
         pthread_create(&s->poll_thread, NULL, poll_main, s) == 0)
         s->poll_started = true;

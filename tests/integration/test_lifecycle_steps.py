@@ -4,9 +4,12 @@ step by step"), each checked against the real binary with Triton's status
 codes and texts."""
 import os
 import shutil
+import subprocess
 import time
 
 import requests
+
+from conftest import NEREID, free_port
 
 F2 = 'data_type: TYPE_FP32 dims: [ 2 ]'
 TESTING = f"""backend: "testing" max_batch_size: 8
@@ -118,3 +121,24 @@ def test_poll_removed_version_is_unloaded_not_unknown(tmp_path, nereid_server):
     os.makedirs(os.path.join(repo, "m", "7"))
     assert wait_for(lambda: ready(s, "m", "7") == 200)
     assert ready(s, "m", "1") != 200
+
+
+def test_startup_model_not_in_any_repository(tmp_path, nereid_server):
+    # L0_lifecycle "Test loading a startup model that doesn't exist": with
+    # --exit-on-error (the default) the server does not start, and Triton's
+    # PollModels line is in the log; with --exit-on-error=false it starts.
+    repo = str(tmp_path / "models")
+    write_model(repo, "m", TESTING)
+    ports = [f"--http-port={free_port()}", f"--grpc-port={free_port()}",
+             f"--metrics-port={free_port()}", "--http-address=127.0.0.1",
+             "--grpc-address=127.0.0.1"]
+    r = subprocess.run([NEREID, f"--model-repository={repo}", "--model-control-mode=explicit",
+                        "--load-model=does-not-exist", "--load-model=m", *ports],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0
+    assert ("failed to poll model 'does-not-exist': model not found in any model repository."
+            in r.stdout + r.stderr)
+    s = nereid_server(repo, "--model-control-mode=explicit", "--load-model=does-not-exist",
+                      "--load-model=m", "--exit-on-error=false")
+    assert ready(s, "m") == 200
+    assert "model not found in any model repository" in s.output()
