@@ -142,3 +142,17 @@ def test_startup_model_not_in_any_repository(tmp_path, nereid_server):
                       "--load-model=m", "--exit-on-error=false")
     assert ready(s, "m") == 200
     assert "model not found in any model repository" in s.output()
+
+
+def test_same_repository_given_twice_is_one_repository(tmp_path, nereid_server):
+    # L0_lifecycle test_config_override starts Triton with the same
+    # --model-repository twice: Triton keeps the paths in a set, so the
+    # models are not "in two or more repositories".
+    repo = str(tmp_path / "models")
+    write_model(repo, "m", TESTING)
+    s = nereid_server([repo, repo], "--model-control-mode=explicit")
+    r = requests.post(s.http_url + "/v2/repository/models/m/load", timeout=30)
+    assert r.status_code == 200, r.text
+    assert ready(s, "m") == 200
+    index = requests.post(s.http_url + "/v2/repository/index", timeout=30).json()
+    assert [m["name"] for m in index] == ["m"]
