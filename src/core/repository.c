@@ -1527,8 +1527,44 @@ static void unload_claimed(nereid_server_t *s, const char *key, char ***deps_out
     *n_deps_out = n_deps;
 }
 
+static void unload_model(nereid_server_t *s, const char *key, bool dependents, int depth);
+
+/* Triton's dependency graph: an ensemble with a step that is no longer
+ * loaded is unloaded too. Unloads every ready ensemble that uses key.
+ * Caller holds s->control. */
+static void unload_users(nereid_server_t *s, const char *key, int depth)
+{
+    /* (load on demand evicts steps and loads them again on a request) */
+    if (depth >= MAX_ENSEMBLE_DEPTH || s->opts.model_load_on_demand) return;
+    char **users = NULL;
+    size_t n_users = 0;
+    pthread_rwlock_rdlock(&s->lock);
+    for (size_t i = 0; i < s->n_models; i++) {
+        model_entry_t *e = s->models[i];
+        if (strcmp(e->key, key) == 0 || !entry_has_ready(e) || !is_ensemble(e->config)) continue;
+        const Inference__ModelEnsembling *es = e->config->ensemble_scheduling;
+        bool uses = false;
+        for (size_t k = 0; es && k < es->n_step && !uses; k++) {
+            char *sk = step_key(s, es->step[k]);
+            uses = strcmp(sk, key) == 0;
+            free(sk);
+        }
+        if (!uses) continue;
+        users = xrealloc(users, (n_users + 1) * sizeof *users);
+        users[n_users++] = xstrdup(e->key);
+    }
+    pthread_rwlock_unlock(&s->lock);
+    for (size_t i = 0; i < n_users; i++) {
+        LOG_INFO("unloading '%s': its step '%s' is unloaded", users[i], key);
+        unload_model(s, users[i], false, depth + 1);
+        free(users[i]);
+    }
+    free(users);
+}
+
 /* Unloads model key (and, when dependents, the composing models no other
- * loaded ensemble uses). Caller holds s->control. */
+ * loaded ensemble uses), and the ensembles that use it. Caller holds
+ * s->control. */
 static void unload_model(nereid_server_t *s, const char *key, bool dependents, int depth)
 {
     nereid_error_t *err = claim(s, key, true);
@@ -1541,6 +1577,7 @@ static void unload_model(nereid_server_t *s, const char *key, bool dependents, i
     size_t n_deps;
     unload_claimed(s, key, &deps, &n_deps);
     unclaim(s, key, true);
+    unload_users(s, key, depth);
     for (size_t i = 0; i < n_deps; i++) {
         if (dependents && depth < MAX_ENSEMBLE_DEPTH && !used_by_other(s, deps[i], key))
             unload_model(s, deps[i], true, depth + 1);

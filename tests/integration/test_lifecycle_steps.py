@@ -156,3 +156,35 @@ def test_same_repository_given_twice_is_one_repository(tmp_path, nereid_server):
     assert ready(s, "m") == 200
     index = requests.post(s.http_url + "/v2/repository/index", timeout=30).json()
     assert [m["name"] for m in index] == ["m"]
+
+
+ENSEMBLE = f"""platform: "ensemble" max_batch_size: 8
+input [ {{ name: "X" {F2} }} ]
+output [ {{ name: "Y" {F2} }} ]
+ensemble_scheduling {{ step [
+  {{ model_name: "step" input_map {{ key: "INPUT0" value: "X" }}
+     output_map {{ key: "OUTPUT0" value: "Y" }} }} ] }}
+"""
+
+
+def test_unloading_a_step_unloads_its_ensembles(tmp_path, nereid_server):
+    # L0_lifecycle test_model_control: unloading the composing model forces
+    # the ensemble that uses it to be unloaded (Triton's dependency graph);
+    # after an explicit unload of the ensemble, loading the step again does
+    # not bring the ensemble back.
+    repo = str(tmp_path / "models")
+    write_model(repo, "step", TESTING)
+    write_model(repo, "ens", ENSEMBLE)
+    write_model(repo, "other", TESTING)
+    s = nereid_server(repo, "--model-control-mode=explicit", "--strict-readiness=false")
+    for m in ("ens", "other"):
+        assert requests.post(f"{s.http_url}/v2/repository/models/{m}/load", timeout=30).status_code == 200
+    assert ready(s, "ens") == 200 and ready(s, "step") == 200
+    assert requests.post(f"{s.http_url}/v2/repository/models/step/unload", timeout=30).status_code == 200
+    assert ready(s, "step") != 200
+    assert ready(s, "ens") != 200
+    assert ready(s, "other") == 200
+    assert requests.post(f"{s.http_url}/v2/repository/models/ens/unload", timeout=30).status_code == 200
+    assert requests.post(f"{s.http_url}/v2/repository/models/step/load", timeout=30).status_code == 200
+    assert ready(s, "step") == 200
+    assert ready(s, "ens") != 200
