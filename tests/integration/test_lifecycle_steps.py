@@ -188,3 +188,38 @@ def test_unloading_a_step_unloads_its_ensembles(tmp_path, nereid_server):
     assert requests.post(f"{s.http_url}/v2/repository/models/step/load", timeout=30).status_code == 200
     assert ready(s, "step") == 200
     assert ready(s, "ens") != 200
+
+
+IDENTITY_SLOW = """backend: "identity" max_batch_size: 0
+input [ { name: "INPUT0" data_type: TYPE_INT32 dims: [ -1 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ -1 ] } ]
+parameters [ { key: "creation_delay_sec" value: { string_value: "2" } } ]
+"""
+
+
+def test_identity_creation_delay_keeps_old_version_serving(tmp_path, nereid_server):
+    # L0_lifecycle test_model_availability_on_reload_2: Triton's identity
+    # backend sleeps creation_delay_sec while a model loads; during a reload
+    # that moves the policy from version 1 to 2, version 1 keeps serving.
+    import threading
+    repo = str(tmp_path / "models")
+    write_model(repo, "idm", IDENTITY_SLOW + "version_policy: { specific { versions: [1] }}\n",
+                versions=("1", "2"))
+    s = nereid_server(repo, "--model-control-mode=explicit")
+    t0 = time.time()
+    r = requests.post(f"{s.http_url}/v2/repository/models/idm/load", timeout=60)
+    assert r.status_code == 200, r.text
+    assert time.time() - t0 >= 2.0
+    write_model(repo, "idm", IDENTITY_SLOW + "version_policy: { specific { versions: [2] }}\n",
+                versions=("1", "2"))
+    done = {}
+    th = threading.Thread(target=lambda: done.setdefault(
+        "r", requests.post(f"{s.http_url}/v2/repository/models/idm/load", timeout=60)))
+    th.start()
+    time.sleep(1.0)
+    assert "r" not in done  # still loading version 2
+    assert ready(s, "idm", "1") == 200
+    th.join()
+    assert done["r"].status_code == 200
+    assert ready(s, "idm", "2") == 200
+    assert ready(s, "idm", "1") != 200
