@@ -1061,6 +1061,14 @@ static int cmp_version_entry(const void *a, const void *b)
     return cmp_i64(&((const version_entry_t *)a)->version, &((const version_entry_t *)b)->version);
 }
 
+/* Unloads one version's model, with Triton's line (ModelLifeCycle's
+ * OnDestroy: one per version). */
+static void unload_version(const char *name, int64_t version, model_t *m)
+{
+    model_unload(m);
+    LOG_INFO("successfully unloaded '%s' version %" PRId64, name, version);
+}
+
 static nereid_error_t *load_model_as(nereid_server_t *s, const char *key, const char *name,
                                      const char *ns, const char *override_json,
                                      const char *const *paths, const void *const *contents,
@@ -1150,7 +1158,7 @@ static nereid_error_t *load_model_as(nereid_server_t *s, const char *key, const 
             pthread_rwlock_unlock(&s->lock);
             control_lend(s, ctx->held);
             for (size_t v = 0; v < n_old; v++)
-                if (old[v].model) model_unload(old[v].model);
+                if (old[v].model) unload_version(name, old[v].version, old[v].model);
             control_take_back(s, ctx->held);
             free_versions(old, n_old);
         } else {
@@ -1244,6 +1252,7 @@ static nereid_error_t *load_model_as(nereid_server_t *s, const char *key, const 
             .autocomplete_allowed = autofill_allowed(s),
         };
         model_t *m = NULL;
+        LOG_INFO("loading: %s:%" PRId64, name, chosen[i]);
         control_lend(s, ctx->held);
         nereid_error_t *lerr = model_load(s, &args, &m);
         /* Triton's --model-load-retry-count: each version's load is tried
@@ -1272,7 +1281,6 @@ static nereid_error_t *load_model_as(nereid_server_t *s, const char *key, const 
             nv[i].state = MODEL_READY;
             nv[i].files_sig = version_files_sig(load_dir, chosen[i]);
             any_new = true;
-            LOG_INFO("successfully loaded '%s' version %" PRId64, name, chosen[i]);
         }
     }
     free(chosen);
@@ -1288,12 +1296,15 @@ static nereid_error_t *load_model_as(nereid_server_t *s, const char *key, const 
      * version loaded by this load is unloaded again; what served before
      * keeps serving, the config included. */
     model_t **discard = NULL;
+    int64_t *discard_v = NULL;
     size_t n_discard = 0;
     if (any_failed) {
         discard = xcalloc(k, sizeof *discard);
+        discard_v = xcalloc(k, sizeof *discard_v);
         pthread_rwlock_rdlock(&s->lock);
         for (size_t i = 0; i < k; i++) {
             if (!fresh[i]) continue;
+            discard_v[n_discard] = nv[i].version;
             discard[n_discard++] = fresh[i];
             nv[i].model = NULL;
             nv[i].state = MODEL_UNAVAILABLE;
@@ -1326,9 +1337,15 @@ static nereid_error_t *load_model_as(nereid_server_t *s, const char *key, const 
         any_new = false;
     }
     free(fresh);
+    /* Triton's OnLoadFinal: one line for the whole load */
+    if (any_failed)
+        LOG_INFO("failed to load '%s'", name);
+    else if (any_new || any_updated || !same_config)
+        LOG_INFO("successfully loaded '%s'", name);
 
     /* Swap under the write lock; collect what is replaced. */
     model_t **drain = NULL;
+    int64_t *drain_v = NULL;
     size_t n_drain = 0;
     pthread_rwlock_wrlock(&s->lock);
     for (size_t v = 0; v < e->n_versions; v++) {
@@ -1338,6 +1355,8 @@ static nereid_error_t *load_model_as(nereid_server_t *s, const char *key, const 
             kept |= nv[i].model == m;
         if (m && !kept) {
             drain = xrealloc(drain, (n_drain + 1) * sizeof *drain);
+            drain_v = xrealloc(drain_v, (n_drain + 1) * sizeof *drain_v);
+            drain_v[n_drain] = e->versions[v].version;
             drain[n_drain++] = m;
         }
     }
@@ -1384,12 +1403,14 @@ static nereid_error_t *load_model_as(nereid_server_t *s, const char *key, const 
 
     control_lend(s, ctx->held);
     for (size_t i = 0; i < n_drain; i++)
-        model_unload(drain[i]);
+        unload_version(name, drain_v[i], drain[i]);
     for (size_t i = 0; i < n_discard; i++)
-        model_unload(discard[i]);
+        unload_version(name, discard_v[i], discard[i]);
     control_take_back(s, ctx->held);
     free(drain);
+    free(drain_v);
     free(discard);
+    free(discard_v);
     drop_unused_tmp_dirs(s, e);
     if (cfg) config_free(cfg);
     free(cfg_key);
@@ -1464,10 +1485,14 @@ static void unload_claimed(nereid_server_t *s, const char *key, char ***deps_out
         return;
     }
     model_t **drain = xcalloc(e->n_versions ? e->n_versions : 1, sizeof *drain);
+    int64_t *drain_v = xcalloc(e->n_versions ? e->n_versions : 1, sizeof *drain_v);
     size_t n_drain = 0;
     for (size_t v = 0; v < e->n_versions; v++) {
         version_entry_t *ve = &e->versions[v];
-        if (ve->model) drain[n_drain++] = ve->model;
+        if (ve->model) {
+            drain_v[n_drain] = ve->version;
+            drain[n_drain++] = ve->model;
+        }
         ve->model = NULL;
         ve->state = MODEL_UNLOADING;
         free(ve->reason);
@@ -1497,10 +1522,10 @@ static void unload_claimed(nereid_server_t *s, const char *key, char ***deps_out
 
     control_lend(s, true);
     for (size_t i = 0; i < n_drain; i++)
-        model_unload(drain[i]);
+        unload_version(name, drain_v[i], drain[i]);
     control_take_back(s, true);
     free(drain);
-    LOG_INFO("successfully unloaded '%s'", name);
+    free(drain_v);
     free(name);
 
     pthread_rwlock_wrlock(&s->lock);
@@ -2486,7 +2511,7 @@ void repository_stop(nereid_server_t *s)
             if (is_ensemble(e->config) != (pass == 0)) continue;
             for (size_t v = 0; v < e->n_versions; v++)
                 if (e->versions[v].model) {
-                    model_unload(e->versions[v].model);
+                    unload_version(e->name, e->versions[v].version, e->versions[v].model);
                     e->versions[v].model = NULL;
                 }
         }

@@ -223,3 +223,31 @@ def test_identity_creation_delay_keeps_old_version_serving(tmp_path, nereid_serv
     assert done["r"].status_code == 200
     assert ready(s, "idm", "2") == 200
     assert ready(s, "idm", "1") != 200
+
+
+def test_load_and_unload_log_lines_are_tritons(tmp_path, nereid_server):
+    # L0_lifecycle test_load_new_model_version counts "successfully loaded
+    # 'identity_fp32'" (one per load: Triton's OnLoadFinal) and
+    # test_shutdown_while_background_unloading counts "successfully
+    # unloaded" (one per version: Triton's OnDestroy); Triton also logs
+    # "loading: <model>:<version>" for every version it loads.
+    repo = str(tmp_path / "models")
+    write_model(repo, "m", TESTING + "version_policy: { all { }}\n", versions=("1", "2"))
+    write_model(repo, "bad", TESTING.replace('"testing"', '"no_such_backend"'))
+    s = nereid_server(repo, "--model-control-mode=explicit")
+    url = f"{s.http_url}/v2/repository/models"
+    assert requests.post(f"{url}/m/load", timeout=30).status_code == 200
+    out = s.output()
+    assert "loading: m:1" in out and "loading: m:2" in out
+    assert out.count("successfully loaded 'm'") == 1
+    assert "successfully loaded 'm' version" not in out
+    # an unchanged model is not loaded again: no new line
+    assert requests.post(f"{url}/m/load", timeout=30).status_code == 200
+    assert s.output().count("successfully loaded 'm'") == 1
+    assert requests.post(f"{url}/m/unload", timeout=30).status_code == 200
+    out = s.output()
+    assert "successfully unloaded 'm' version 1" in out
+    assert "successfully unloaded 'm' version 2" in out
+    assert requests.post(f"{url}/bad/load", timeout=30).status_code == 400
+    assert "failed to load 'bad'" in s.output()
+
