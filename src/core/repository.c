@@ -1061,6 +1061,35 @@ static int cmp_version_entry(const void *a, const void *b)
     return cmp_i64(&((const version_entry_t *)a)->version, &((const version_entry_t *)b)->version);
 }
 
+/* Newest modification time (wall-clock ns) of dir's entries, as Triton's
+ * ModelTimestamp of a model directory's contents; 0 if unreadable. */
+static int64_t dir_contents_mtime_ns(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d) return 0;
+    int64_t newest = 0;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
+        char *p = xasprintf("%s/%s", dir, de->d_name);
+        struct stat st;
+        if (stat(p, &st) == 0) {
+            int64_t t = (int64_t)st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec;
+            if (t > newest) newest = t;
+        }
+        free(p);
+    }
+    closedir(d);
+    return newest;
+}
+
+static int64_t wall_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
 /* Unloads one version's model, with Triton's line (ModelLifeCycle's
  * OnDestroy: one per version). */
 static void unload_version(const char *name, int64_t version, model_t *m)
@@ -1098,6 +1127,15 @@ static nereid_error_t *load_model_as(nereid_server_t *s, const char *key, const 
     model_entry_t *e = repository_find(s, key);
     if (!e) e = entry_add(s, key, dir);
     e->removed = false;
+    /* Triton: after a load with a config override, a load without one
+     * finds the model unmodified (no reload, the override stays) unless
+     * something in its directory changed after the override. */
+    if (!override_json && !n_files && !tmp && e->override_ns && entry_has_ready(e) &&
+        dir_contents_mtime_ns(dir) <= e->override_ns) {
+        pthread_rwlock_unlock(&s->lock);
+        free(dir);
+        return NULL;
+    }
     if (!entry_has_ready(e)) e->state = MODEL_LOADING;
     pthread_rwlock_unlock(&s->lock);
     if (count > 1) {
@@ -1399,6 +1437,7 @@ static nereid_error_t *load_model_as(nereid_server_t *s, const char *key, const 
         e->load_dir = xstrdup(load_dir);
     }
     if (tmp) add_tmp_dir(e, tmp);
+    if (!any_failed) e->override_ns = override_json && !n_files ? wall_ns() : 0;
     pthread_rwlock_unlock(&s->lock);
 
     control_lend(s, ctx->held);

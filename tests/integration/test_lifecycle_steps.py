@@ -2,6 +2,7 @@
 (scripts/triton_qa/lifecycle_steps.sh; docs/compatibility.md, "L0_lifecycle
 step by step"), each checked against the real binary with Triton's status
 codes and texts."""
+import json
 import os
 import shutil
 import subprocess
@@ -251,3 +252,31 @@ def test_load_and_unload_log_lines_are_tritons(tmp_path, nereid_server):
     assert requests.post(f"{url}/bad/load", timeout=30).status_code == 400
     assert "failed to load 'bad'" in s.output()
 
+
+def test_load_without_config_keeps_the_override_until_files_change(tmp_path, nereid_server):
+    # L0_lifecycle test_config_override and test_model_config_overwite:
+    # after a load with a config override, Triton counts the config as
+    # modified at that moment, so a load without a config finds the model
+    # unmodified and keeps serving the override; once config.pbtxt is
+    # touched, a load without a config goes back to the local config.
+    repo = str(tmp_path / "models")
+    write_model(repo, "m", TESTING)
+    s = nereid_server(repo, "--model-control-mode=explicit")
+    url = f"{s.http_url}/v2/repository/models/m"
+    assert requests.post(f"{url}/load", timeout=30).status_code == 200
+    original = requests.get(f"{s.http_url}/v2/models/m/config", timeout=30).json()
+    override = {"parameters": {"config": json.dumps({
+        "backend": "testing", "max_batch_size": 8,
+        "instance_group": [{"count": 2, "kind": "KIND_CPU"}],
+        "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [2]}],
+        "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [2]}]})}}
+    r = requests.post(f"{url}/load", json=override, timeout=30)
+    assert r.status_code == 200, r.text
+    overridden = requests.get(f"{s.http_url}/v2/models/m/config", timeout=30).json()
+    assert overridden["instance_group"][0]["count"] == 2
+    assert requests.post(f"{url}/load", timeout=30).status_code == 200
+    assert requests.get(f"{s.http_url}/v2/models/m/config", timeout=30).json() == overridden
+    time.sleep(0.1)
+    os.utime(os.path.join(repo, "m", "config.pbtxt"))
+    assert requests.post(f"{url}/load", timeout=30).status_code == 200
+    assert requests.get(f"{s.http_url}/v2/models/m/config", timeout=30).json() == original
