@@ -3,6 +3,8 @@
  * (by config position), for every datatype and any shape, request by
  * request (so ragged inputs work without a batch_output). Like Triton's
  * identity backend it obeys the model parameters
+ *   creation_delay_sec               sleep this long in the model's
+ *                                    initialization (a slow load)
  *   execute_delay_ms                 sleep this long in every execute
  *   instance_wise_delay_multiplier   with execute_delay_ms: instance k
  *                                    (creation order) sleeps
@@ -42,8 +44,19 @@ static long param_long(const nereid_model_t *model, const char *key)
     return v ? strtol(v, NULL, 10) : 0;
 }
 
+static void sleep_ms(long ms)
+{
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0) {
+    }
+}
+
 NEREID_EXPORT nereid_error_t *nereid_backend_model_init(nereid_model_t *model)
 {
+    /* Triton's identity backend (ModelState::Create): a slow load, which
+     * L0_lifecycle uses to test availability during reloads. */
+    long creation_delay = param_long(model, "creation_delay_sec");
+    if (creation_delay > 0) sleep_ms(creation_delay * 1000);
     model_state_t *st = calloc(1, sizeof *st);
     if (!st) return nereid_error_new(NEREID_ERROR_INTERNAL, "identity backend: out of memory");
     st->delay_ms = param_long(model, "execute_delay_ms");
@@ -83,13 +96,6 @@ NEREID_EXPORT nereid_error_t *nereid_backend_instance_init(nereid_instance_t *in
     size_t id = st ? atomic_fetch_add(&st->instances, 1) : 0;
     nereid_instance_set_state(instance, (void *)(id + 1));
     return NULL;
-}
-
-static void sleep_ms(long ms)
-{
-    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
-    while (nanosleep(&ts, &ts) != 0) {
-    }
 }
 
 NEREID_EXPORT nereid_error_t *nereid_backend_execute(nereid_instance_t *instance,

@@ -654,30 +654,49 @@ static bool json_field(jctx_t *c, json_t *v, ProtobufCMessage *m, const Protobuf
             }
             return true;
         }
+        /* Triton's parser (protobuf's JsonStringToMessage, legacy syntax)
+         * takes a single value for a repeated field as a list of one:
+         * L0_lifecycle loads with "instance_group": {"kind": ..., "count": ...}. */
+        json_t *one = NULL;
         if (!json_is_array(v)) {
-            jfail(c, path, "expected an array for repeated field \"%s\"", f->name);
-            return false;
+            if (json_is_null(v)) {
+                jfail(c, path, "expected an array for repeated field \"%s\"", f->name);
+                return false;
+            }
+            one = json_array();
+            json_array_append(one, v);
+            v = one;
         }
+        bool ok = true;
         size_t i;
         json_t *el;
         json_array_foreach(v, i, el)
         {
             void *slot = cfg_repeated_append(m, f);
-            if (!slot) return false;
+            if (!slot) {
+                ok = false;
+                break;
+            }
             if (f->type == PROTOBUF_C_TYPE_MESSAGE) {
                 ProtobufCMessage *sub = cfg_message_new(f->descriptor);
                 if (!sub) {
                     (*(size_t *)(base + f->quantifier_offset))--;
-                    return false;
+                    ok = false;
+                    break;
                 }
                 *(ProtobufCMessage **)slot = sub;
-                if (!json_parse_message(c, el, sub, path, depth + 1)) return false;
+                if (!json_parse_message(c, el, sub, path, depth + 1)) {
+                    ok = false;
+                    break;
+                }
             } else if (!json_scalar(c, el, f, slot, path)) {
                 if (f->type == PROTOBUF_C_TYPE_STRING) *(char **)slot = NULL;
-                return false;
+                ok = false;
+                break;
             }
         }
-        return true;
+        json_decref(one);
+        return ok;
     }
     if (f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF) {
         uint32_t *qc = (uint32_t *)(base + f->quantifier_offset);

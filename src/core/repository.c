@@ -62,25 +62,48 @@ static int cmp_i64(const void *a, const void *b)
 typedef struct version_list {
     int64_t *versions;
     size_t n;
+    bool warn; /* log the directories ignored, as Triton's VersionsToLoad */
 } version_list_t;
 
 static bool add_version(const char *name, bool subdir, void *arg)
 {
     version_list_t *l = arg;
+    if (!subdir) return true;
+    /* Triton's VersionsToLoad skips these folders without a word. */
+    if (!strcmp(name, "warmup") || !strcmp(name, "initial_state") || !strcmp(name, "configs"))
+        return true;
+    if (strlen(name) > 1 && name[0] == '0') {
+        if (l->warn)
+            LOG_WARN("ignore version directory '%s' which contains leading zeros in its "
+                     "directory name",
+                     name);
+        return true;
+    }
     bool numeric = *name != '\0';
     for (const char *p = name; *p; p++)
         numeric &= isdigit((unsigned char)*p) != 0;
-    if (!numeric || strlen(name) > 18 || !subdir) return true;
+    if (!numeric) {
+        /* Triton: std::stoll fails only when no number starts the name */
+        const char *p = name;
+        while (isspace((unsigned char)*p))
+            p++;
+        if (*p == '+' || *p == '-') p++;
+        if (l->warn && !isdigit((unsigned char)*p))
+            LOG_WARN("ignore version directory '%s' which fails to convert to integral number",
+                     name);
+        return true;
+    }
+    if (strlen(name) > 18) return true;
     l->versions = xrealloc(l->versions, (l->n + 1) * sizeof *l->versions);
     l->versions[l->n++] = strtoll(name, NULL, 10);
     return true;
 }
 
 /* The numeric subdirectories of dir (symlinks to directories count),
- * sorted. */
-static size_t list_versions(const char *dir, int64_t **out)
+ * sorted; with warn, each directory ignored is logged as Triton does. */
+static size_t list_versions(const char *dir, int64_t **out, bool warn)
 {
-    version_list_t l = {NULL, 0};
+    version_list_t l = {NULL, 0, warn};
     util_dir_each(dir, add_version, &l);
     if (l.n) qsort(l.versions, l.n, sizeof *l.versions, cmp_i64);
     *out = l.versions;
@@ -353,7 +376,7 @@ static void infer_platform(model_config_t *cfg, const char *dir)
 {
     if (cfg->platform[0] || cfg->backend[0]) return;
     int64_t *versions;
-    size_t n = list_versions(dir, &versions);
+    size_t n = list_versions(dir, &versions, false);
     static const struct {
         const char *file, *platform, *backend;
     } known[] = {{"model.onnx", "onnxruntime_onnx", "onnxruntime"},
@@ -1035,6 +1058,48 @@ static void drop_unused_tmp_dirs(nereid_server_t *s, model_entry_t *e)
 }
 
 /* load_model of key, whose name and namespace (or NULL) are given. */
+static int cmp_version_entry(const void *a, const void *b)
+{
+    return cmp_i64(&((const version_entry_t *)a)->version, &((const version_entry_t *)b)->version);
+}
+
+/* Newest modification time (wall-clock ns) of dir's entries, as Triton's
+ * ModelTimestamp of a model directory's contents; 0 if unreadable. */
+static int64_t dir_contents_mtime_ns(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d) return 0;
+    int64_t newest = 0;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
+        char *p = xasprintf("%s/%s", dir, de->d_name);
+        struct stat st;
+        if (stat(p, &st) == 0) {
+            int64_t t = (int64_t)st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec;
+            if (t > newest) newest = t;
+        }
+        free(p);
+    }
+    closedir(d);
+    return newest;
+}
+
+static int64_t wall_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* Unloads one version's model, with Triton's line (ModelLifeCycle's
+ * OnDestroy: one per version). */
+static void unload_version(const char *name, int64_t version, model_t *m)
+{
+    model_unload(m);
+    LOG_INFO("successfully unloaded '%s' version %" PRId64, name, version);
+}
+
 static nereid_error_t *load_model_as(nereid_server_t *s, const char *key, const char *name,
                                      const char *ns, const char *override_json,
                                      const char *const *paths, const void *const *contents,
@@ -1063,6 +1128,16 @@ static nereid_error_t *load_model_as(nereid_server_t *s, const char *key, const 
     pthread_rwlock_wrlock(&s->lock);
     model_entry_t *e = repository_find(s, key);
     if (!e) e = entry_add(s, key, dir);
+    e->removed = false;
+    /* Triton: after a load with a config override, a load without one
+     * finds the model unmodified (no reload, the override stays) unless
+     * something in its directory changed after the override. */
+    if (!override_json && !n_files && !tmp && e->override_ns && entry_has_ready(e) &&
+        dir_contents_mtime_ns(dir) <= e->override_ns) {
+        pthread_rwlock_unlock(&s->lock);
+        free(dir);
+        return NULL;
+    }
     if (!entry_has_ready(e)) e->state = MODEL_LOADING;
     pthread_rwlock_unlock(&s->lock);
     if (count > 1) {
@@ -1099,7 +1174,7 @@ static nereid_error_t *load_model_as(nereid_server_t *s, const char *key, const 
     int64_t *avail = NULL, *chosen = NULL;
     size_t k = 0;
     if (!err) {
-        size_t n = list_versions(load_dir, &avail);
+        size_t n = list_versions(load_dir, &avail, true);
         chosen = xcalloc(n ? n : 1, sizeof *chosen);
         k = select_versions(cfg, avail, n, chosen);
         free(avail);
@@ -1123,7 +1198,7 @@ static nereid_error_t *load_model_as(nereid_server_t *s, const char *key, const 
             pthread_rwlock_unlock(&s->lock);
             control_lend(s, ctx->held);
             for (size_t v = 0; v < n_old; v++)
-                if (old[v].model) model_unload(old[v].model);
+                if (old[v].model) unload_version(name, old[v].version, old[v].model);
             control_take_back(s, ctx->held);
             free_versions(old, n_old);
         } else {
@@ -1217,6 +1292,7 @@ static nereid_error_t *load_model_as(nereid_server_t *s, const char *key, const 
             .autocomplete_allowed = autofill_allowed(s),
         };
         model_t *m = NULL;
+        LOG_INFO("loading: %s:%" PRId64, name, chosen[i]);
         control_lend(s, ctx->held);
         nereid_error_t *lerr = model_load(s, &args, &m);
         /* Triton's --model-load-retry-count: each version's load is tried
@@ -1245,7 +1321,6 @@ static nereid_error_t *load_model_as(nereid_server_t *s, const char *key, const 
             nv[i].state = MODEL_READY;
             nv[i].files_sig = version_files_sig(load_dir, chosen[i]);
             any_new = true;
-            LOG_INFO("successfully loaded '%s' version %" PRId64, name, chosen[i]);
         }
     }
     free(chosen);
@@ -1261,12 +1336,15 @@ static nereid_error_t *load_model_as(nereid_server_t *s, const char *key, const 
      * version loaded by this load is unloaded again; what served before
      * keeps serving, the config included. */
     model_t **discard = NULL;
+    int64_t *discard_v = NULL;
     size_t n_discard = 0;
     if (any_failed) {
         discard = xcalloc(k, sizeof *discard);
+        discard_v = xcalloc(k, sizeof *discard_v);
         pthread_rwlock_rdlock(&s->lock);
         for (size_t i = 0; i < k; i++) {
             if (!fresh[i]) continue;
+            discard_v[n_discard] = nv[i].version;
             discard[n_discard++] = fresh[i];
             nv[i].model = NULL;
             nv[i].state = MODEL_UNAVAILABLE;
@@ -1299,9 +1377,15 @@ static nereid_error_t *load_model_as(nereid_server_t *s, const char *key, const 
         any_new = false;
     }
     free(fresh);
+    /* Triton's OnLoadFinal: one line for the whole load */
+    if (any_failed)
+        LOG_INFO("failed to load '%s'", name);
+    else if (any_new || any_updated || !same_config)
+        LOG_INFO("successfully loaded '%s'", name);
 
     /* Swap under the write lock; collect what is replaced. */
     model_t **drain = NULL;
+    int64_t *drain_v = NULL;
     size_t n_drain = 0;
     pthread_rwlock_wrlock(&s->lock);
     for (size_t v = 0; v < e->n_versions; v++) {
@@ -1311,9 +1395,29 @@ static nereid_error_t *load_model_as(nereid_server_t *s, const char *key, const 
             kept |= nv[i].model == m;
         if (m && !kept) {
             drain = xrealloc(drain, (n_drain + 1) * sizeof *drain);
+            drain_v = xrealloc(drain_v, (n_drain + 1) * sizeof *drain_v);
+            drain_v[n_drain] = e->versions[v].version;
             drain[n_drain++] = m;
         }
     }
+    /* Triton keeps every version it had in the model's lifecycle: one the
+     * new load no longer chooses (its directory gone, or the policy
+     * changed) is UNAVAILABLE "unloaded" ("version N is not at ready
+     * state"), not unknown. */
+    size_t k_chosen = k;
+    for (size_t v = 0; v < e->n_versions; v++) {
+        bool listed = false;
+        for (size_t i = 0; i < k_chosen; i++)
+            listed |= nv[i].version == e->versions[v].version;
+        if (listed) continue;
+        nv = xrealloc(nv, (k + 1) * sizeof *nv);
+        memset(&nv[k], 0, sizeof nv[k]);
+        nv[k].version = e->versions[v].version;
+        nv[k].state = MODEL_UNAVAILABLE;
+        nv[k].reason = xstrdup("unloaded");
+        k++;
+    }
+    if (k > k_chosen) qsort(nv, k, sizeof *nv, cmp_version_entry);
     bool any_ready = false;
     for (size_t i = 0; i < k; i++)
         if (nv[i].state == MODEL_READY) any_ready = true;
@@ -1335,16 +1439,19 @@ static nereid_error_t *load_model_as(nereid_server_t *s, const char *key, const 
         e->load_dir = xstrdup(load_dir);
     }
     if (tmp) add_tmp_dir(e, tmp);
+    if (!any_failed) e->override_ns = override_json && !n_files ? wall_ns() : 0;
     pthread_rwlock_unlock(&s->lock);
 
     control_lend(s, ctx->held);
     for (size_t i = 0; i < n_drain; i++)
-        model_unload(drain[i]);
+        unload_version(name, drain_v[i], drain[i]);
     for (size_t i = 0; i < n_discard; i++)
-        model_unload(discard[i]);
+        unload_version(name, discard_v[i], discard[i]);
     control_take_back(s, ctx->held);
     free(drain);
+    free(drain_v);
     free(discard);
+    free(discard_v);
     drop_unused_tmp_dirs(s, e);
     if (cfg) config_free(cfg);
     free(cfg_key);
@@ -1409,8 +1516,9 @@ static bool used_by_other(nereid_server_t *s, const char *name, const char *exce
  * finalizes them and marks the model UNAVAILABLE. */
 typedef struct unloading {
     char *key;
-    char *name;      /* NULL: no such model */
-    model_t **drain; /* the versions' models */
+    char *name;       /* NULL: no such model */
+    model_t **drain;  /* the versions' models */
+    int64_t *drain_v; /* ... and their version numbers */
     size_t n_drain;
     char **deps; /* an ensemble's composing models */
     size_t n_deps;
@@ -1428,9 +1536,13 @@ static void unload_detach(nereid_server_t *s, const char *key, unloading_t *u)
         return;
     }
     u->drain = xcalloc(e->n_versions ? e->n_versions : 1, sizeof *u->drain);
+    u->drain_v = xcalloc(e->n_versions ? e->n_versions : 1, sizeof *u->drain_v);
     for (size_t v = 0; v < e->n_versions; v++) {
         version_entry_t *ve = &e->versions[v];
-        if (ve->model) u->drain[u->n_drain++] = ve->model;
+        if (ve->model) {
+            u->drain_v[u->n_drain] = ve->version;
+            u->drain[u->n_drain++] = ve->model;
+        }
         ve->model = NULL;
         ve->state = MODEL_UNLOADING;
         free(ve->reason);
@@ -1463,11 +1575,12 @@ static void unload_finish(nereid_server_t *s, unloading_t *u)
     if (!u->name) return;
     control_lend(s, true);
     for (size_t i = 0; i < u->n_drain; i++)
-        model_unload(u->drain[i]);
+        unload_version(u->name, u->drain_v[i], u->drain[i]);
     control_take_back(s, true);
     free(u->drain);
+    free(u->drain_v);
     u->drain = NULL;
-    LOG_INFO("successfully unloaded '%s'", u->name);
+    u->drain_v = NULL;
     free(u->name);
     u->name = NULL;
 
@@ -1510,8 +1623,44 @@ static void unload_claimed(nereid_server_t *s, const char *key, char ***deps_out
 static void unload_deps(nereid_server_t *s, const char *key, char **deps, size_t n_deps,
                         bool dependents, int depth);
 
+static void unload_model(nereid_server_t *s, const char *key, bool dependents, int depth);
+
+/* Triton's dependency graph: an ensemble with a step that is no longer
+ * loaded is unloaded too. Unloads every ready ensemble that uses key.
+ * Caller holds s->control. */
+static void unload_users(nereid_server_t *s, const char *key, int depth)
+{
+    /* (load on demand evicts steps and loads them again on a request) */
+    if (depth >= MAX_ENSEMBLE_DEPTH || s->opts.model_load_on_demand) return;
+    char **users = NULL;
+    size_t n_users = 0;
+    pthread_rwlock_rdlock(&s->lock);
+    for (size_t i = 0; i < s->n_models; i++) {
+        model_entry_t *e = s->models[i];
+        if (strcmp(e->key, key) == 0 || !entry_has_ready(e) || !is_ensemble(e->config)) continue;
+        const Inference__ModelEnsembling *es = e->config->ensemble_scheduling;
+        bool uses = false;
+        for (size_t k = 0; es && k < es->n_step && !uses; k++) {
+            char *sk = step_key(s, es->step[k]);
+            uses = strcmp(sk, key) == 0;
+            free(sk);
+        }
+        if (!uses) continue;
+        users = xrealloc(users, (n_users + 1) * sizeof *users);
+        users[n_users++] = xstrdup(e->key);
+    }
+    pthread_rwlock_unlock(&s->lock);
+    for (size_t i = 0; i < n_users; i++) {
+        LOG_INFO("unloading '%s': its step '%s' is unloaded", users[i], key);
+        unload_model(s, users[i], false, depth + 1);
+        free(users[i]);
+    }
+    free(users);
+}
+
 /* Unloads model key (and, when dependents, the composing models no other
- * loaded ensemble uses). Caller holds s->control. */
+ * loaded ensemble uses), and the ensembles that use it. Caller holds
+ * s->control. */
 static void unload_model(nereid_server_t *s, const char *key, bool dependents, int depth)
 {
     nereid_error_t *err = claim(s, key, true);
@@ -1524,6 +1673,7 @@ static void unload_model(nereid_server_t *s, const char *key, bool dependents, i
     size_t n_deps;
     unload_claimed(s, key, &deps, &n_deps);
     unclaim(s, key, true);
+    unload_users(s, key, depth);
     unload_deps(s, key, deps, n_deps, dependents, depth);
 }
 
@@ -1660,6 +1810,7 @@ static void async_unload_run(async_unload_t *a)
     claim_transfer(s, a->u.key, false);
     unload_finish(s, &a->u);
     unclaim(s, a->u.key, true);
+    unload_users(s, a->u.key, 0);
     unload_deps(s, a->u.key, a->u.deps, a->u.n_deps, a->dependents, 0);
     free(a->u.key);
     free(a);
@@ -2312,9 +2463,31 @@ nereid_error_t *repository_start(nereid_server_t *s)
     if (measure) warn_pinned_over_budget(s);
     free(wanted);
     free(ens);
+    /* Triton (PollModels): a --load-model name no repository has is logged,
+     * and with --exit-on-error the server does not start. */
+    nereid_error_t *missing = NULL;
+    for (size_t i = 0;
+         s->opts.model_control_mode == NEREID_MODEL_CONTROL_EXPLICIT && i < s->opts.n_load_models;
+         i++) {
+        const char *want = s->opts.load_models[i];
+        bool found = strcmp(want, "*") == 0;
+        for (size_t j = 0; j < n && !found; j++) {
+            const char *ns;
+            char *name = key_split(names[j], &ns);
+            found = strcmp(name, want) == 0;
+            free(name);
+        }
+        if (found) continue;
+        LOG_ERROR("failed to poll model '%s': model not found in any model repository.", want);
+        if (!missing && s->opts.exit_on_error)
+            missing =
+                nereid_error_new(NEREID_ERROR_INTERNAL,
+                                 "failed to load '%s', failed to poll from model repository", want);
+    }
     for (size_t i = 0; i < n; i++)
         free(names[i]);
     free(names);
+    if (missing) return missing;
     if (s->opts.model_control_mode == NEREID_MODEL_CONTROL_POLL &&
         pthread_create(&s->poll_thread, NULL, poll_main, s) == 0)
         s->poll_started = true;
@@ -2337,7 +2510,16 @@ static void remove_entry(nereid_server_t *s, const char *key)
     const char *ns;
     char *name = key_split(key, &ns);
     pthread_rwlock_wrlock(&s->lock);
-    for (size_t i = 0; i < s->n_models; i++) {
+    /* Triton (PollAndUpdate): a deleted model is unloaded, and its
+     * lifecycle entry stays: a request for it is told "has no available
+     * versions", not "is not found". (Namespacing and load on demand drop
+     * the entry, as before.) */
+    model_entry_t *kept = ns_on(s) || s->opts.model_load_on_demand ? NULL : repository_find(s, key);
+    if (kept) {
+        kept->removed = true;
+        kept->tree_sig = 0;
+    }
+    for (size_t i = 0; i < s->n_models && !kept; i++) {
         if (strcmp(s->models[i]->key, key) != 0) continue;
         entry_free(s->models[i]);
         memmove(&s->models[i], &s->models[i + 1], (s->n_models - i - 1) * sizeof *s->models);
@@ -2389,6 +2571,7 @@ void repository_poll(nereid_server_t *s)
     pthread_rwlock_rdlock(&s->lock);
     for (size_t i = 0; i < s->n_models; i++) {
         const char *key = s->models[i]->key;
+        if (s->models[i]->removed) continue; /* removed by an earlier poll */
         if (!n || !bsearch(&key, names, n, sizeof *names, cmp_str)) {
             gone = xrealloc(gone, (n_gone + 1) * sizeof *gone);
             gone[n_gone++] = xstrdup(s->models[i]->key);
@@ -2496,7 +2679,7 @@ void repository_stop(nereid_server_t *s)
             if (is_ensemble(e->config) != (pass == 0)) continue;
             for (size_t v = 0; v < e->n_versions; v++)
                 if (e->versions[v].model) {
-                    model_unload(e->versions[v].model);
+                    unload_version(e->name, e->versions[v].version, e->versions[v].model);
                     e->versions[v].model = NULL;
                 }
         }

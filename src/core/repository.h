@@ -37,8 +37,14 @@ typedef struct model_entry {
     char *reason;
     version_entry_t *versions;
     size_t n_versions;
-    uint64_t tree_sig; /* poll: signature of the model directory when last loaded */
-    char **tmp_dirs;   /* override copies made for this model, removed with it */
+    uint64_t tree_sig;   /* poll: signature of the model directory when last loaded */
+    int64_t override_ns; /* wall-clock ns of its last load with a config override (and no
+                          * files), 0 if none: Triton's ModelTimestamp then counts the
+                          * config as modified "now" */
+    bool removed;        /* poll: its directory left the repository; kept, unloaded, as
+                          * Triton's lifecycle keeps it (requests: "has no available
+                          * versions"), but no longer in the repository index */
+    char **tmp_dirs;     /* override copies made for this model, removed with it */
     size_t n_tmp_dirs;
     /* Load on demand (nereid_server_options_t.model_load_on_demand): */
     bool pinned;                   /* named by --load-model: never evicted */

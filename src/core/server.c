@@ -80,10 +80,21 @@ nereid_error_t *nereid_server_new(const nereid_server_options_t *opts, nereid_se
                                 "--model-memory-budget requires --model-load-on-demand=true");
     nereid_server_t *s = xcalloc(1, sizeof *s);
     s->opts = *opts;
-    s->n_repos = opts->n_model_repositories;
-    s->repos = xcalloc(s->n_repos, sizeof *s->repos);
-    for (size_t i = 0; i < s->n_repos; i++)
-        s->repos[i] = repository_path_as_given(opts->model_repositories[i]);
+    /* Triton keeps the repository paths in a set: one given twice is one
+     * repository (its models are not "in two or more repositories"). */
+    s->repos =
+        xcalloc(opts->n_model_repositories ? opts->n_model_repositories : 1, sizeof *s->repos);
+    s->n_repos = 0;
+    for (size_t i = 0; i < opts->n_model_repositories; i++) {
+        char *path = repository_path_as_given(opts->model_repositories[i]);
+        bool seen = false;
+        for (size_t j = 0; j < s->n_repos && !seen; j++)
+            seen = strcmp(s->repos[j], path) == 0;
+        if (seen)
+            free(path);
+        else
+            s->repos[s->n_repos++] = path;
+    }
     s->backend_dir =
         xstrdup(opts->backend_directory && opts->backend_directory[0] ? opts->backend_directory
                                                                       : NEREID_DEFAULT_BACKEND_DIR);
@@ -224,8 +235,10 @@ bool nereid_server_is_ready(nereid_server_t *s)
         if (e->state == MODEL_UNKNOWN_STATE) continue;
         if (e->state == MODEL_UNAVAILABLE && e->reason && strcmp(e->reason, "unloaded") == 0)
             continue;
+        /* Triton: a version that is not ready because it was unloaded is fine */
         for (size_t v = 0; v < e->n_versions; v++)
-            ready &= e->versions[v].state == MODEL_READY;
+            ready &= e->versions[v].state == MODEL_READY ||
+                     (e->versions[v].reason && strcmp(e->versions[v].reason, "unloaded") == 0);
         ready &= e->state == MODEL_READY;
     }
     pthread_rwlock_unlock(&s->lock);
@@ -660,6 +673,7 @@ nereid_error_t *nereid_server_repository_index(nereid_server_t *s, bool ready_on
     }
     for (size_t i = 0; i < s->n_models; i++) {
         model_entry_t *e = order[i];
+        if (e->removed) continue; /* Triton's index lists what is on disk */
         if (e->state == MODEL_UNKNOWN_STATE) {
             if (!ready_only) json_array_append_new(arr, json_pack("{s:s}", "name", e->name));
             continue;

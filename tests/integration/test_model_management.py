@@ -165,7 +165,11 @@ def test_reload_with_config_override(nereid_server, tmp_path):
     assert infer(s, "plain").status_code == 500  # still the fail_execute version
     m = row(s, "plain", "1")
     assert m["state"] == "READY" and "model init failed" in m["reason"]
-    # Back to the repository's config.
+    # Back to the repository's config: as in Triton, a load without a config
+    # keeps the override until the model's files change after it
+    # (L0_lifecycle test_model_config_overwite).
+    time.sleep(0.05)
+    os.utime(os.path.join(repo, "plain", "config.pbtxt"))
     assert post(s, "/v2/repository/models/plain/load").status_code == 200
     assert infer(s, "plain").status_code == 200
     assert "reason" not in row(s, "plain", "1")

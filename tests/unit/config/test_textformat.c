@@ -385,8 +385,27 @@ static void test_json_input(void)
     config_free(cfg);
 }
 
+/* Triton's parser (protobuf's JsonStringToMessage) takes a single value for
+ * a repeated field as a list of one: L0_lifecycle's instance-load test
+ * loads with "instance_group": {"kind": "KIND_CPU", "count": 3}. */
+static void test_json_single_value_for_repeated(void)
+{
+    const char *j = "{\"instance_group\":{\"kind\":\"KIND_CPU\",\"count\":3},"
+                    "\"input\":{\"name\":\"a\",\"data_type\":\"TYPE_FP32\",\"dims\":4}}";
+    char *err = NULL;
+    model_config_t *cfg = config_from_json(j, strlen(j), &err);
+    CHECK(cfg);
+    if (cfg) {
+        CHECK(cfg->n_instance_group == 1 && cfg->instance_group[0]->count == 3);
+        CHECK(cfg->n_input == 1 && cfg->input[0]->n_dims == 1 && cfg->input[0]->dims[0] == 4);
+    }
+    config_free(cfg);
+    free(err);
+}
+
 int main(void)
 {
+    test_json_single_value_for_repeated();
     test_strings();
     test_lists_and_repeats();
     test_maps_and_oneofs();
