@@ -1408,7 +1408,8 @@ static nereid_error_t *load_model_as(nereid_server_t *s, const char *key, const 
         }
     }
     free(fresh);
-    /* Triton's OnLoadFinal: one line for the whole load */
+    /* Triton's OnLoadFinal: one line for the whole load (and its trace line) */
+    LOG_VERBOSE2("OnLoadFinal() '%s' for all version(s)", name);
     if (any_failed)
         LOG_INFO("failed to load '%s'", name);
     else if (any_new || any_updated || !same_config)
@@ -1556,6 +1557,7 @@ static void unload_claimed(nereid_server_t *s, const char *key, char ***deps_out
         pthread_rwlock_unlock(&s->lock);
         return;
     }
+    LOG_VERBOSE2("AsyncUnload() '%s'", e->name); /* Triton's trace line */
     model_t **drain = xcalloc(e->n_versions ? e->n_versions : 1, sizeof *drain);
     int64_t *drain_v = xcalloc(e->n_versions ? e->n_versions : 1, sizeof *drain_v);
     size_t n_drain = 0;
@@ -2581,6 +2583,7 @@ void repository_stop(nereid_server_t *s)
         for (size_t i = 0; i < n; i++) {
             model_entry_t *e = models[i];
             if (is_ensemble(e->config) != (pass == 0)) continue;
+            if (entry_has_ready(e)) LOG_VERBOSE2("AsyncUnload() '%s'", e->name);
             for (size_t v = 0; v < e->n_versions; v++)
                 if (e->versions[v].model) {
                     unload_version(e->name, e->versions[v].version, e->versions[v].model);

@@ -310,3 +310,18 @@ ensemble_scheduling { step [ { model_name: "slowstep" input_map { key: "INPUT0" 
     assert ready(s, "slowstep") != 200
     assert ready(s, "ens") != 200
     assert requests.get(s.http_url + "/v2/health/ready", timeout=30).status_code == 200
+
+
+def test_verbose_2_load_and_unload_trace_lines(tmp_path, nereid_server):
+    # L0_lifecycle test_shutdown_while_loading greps Triton's
+    # LOG_VERBOSE(2) lines "OnLoadFinal()" and "AsyncUnload()" for their
+    # order: the load ends before the shutdown's unload begins.
+    repo = str(tmp_path / "models")
+    write_model(repo, "m", TESTING)
+    s = nereid_server(repo, "--model-control-mode=explicit", "--load-model=m", "--log-verbose=2")
+    assert requests.post(f"{s.http_url}/v2/repository/models/m/unload", timeout=30).status_code == 200
+    out = s.output()
+    assert "OnLoadFinal() 'm' for all version(s)" in out
+    assert out.index("OnLoadFinal() 'm'") < out.index("AsyncUnload() 'm'")
+    q = nereid_server(repo, "--model-control-mode=explicit", "--load-model=m", "--log-verbose=1")
+    assert "OnLoadFinal()" not in q.output()
