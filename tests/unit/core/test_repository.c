@@ -188,7 +188,13 @@ static void test_overrides(nereid_server_t *s)
     CHECK(nereid_server_model_config(s, "plain", 0, &cfg) == NULL);
     CHECK_STR_CONTAINS(cfg, "fail_execute");
     free(cfg);
-    /* Reload from the repository's config.pbtxt. */
+    /* As in Triton, a load without a config keeps the override while the
+     * model's files are unchanged since it (L0_lifecycle
+     * test_model_config_overwite)... */
+    CHECK(nereid_server_load_model(s, "plain", NULL, NULL, NULL, NULL, 0) == NULL);
+    CHECK_STR_CONTAINS(try_infer(s, "plain"), "testing backend: execute failed");
+    /* ... and reloads from the repository's config.pbtxt once it is written again. */
+    write_model("plain", testing_cfg);
     CHECK(nereid_server_load_model(s, "plain", NULL, NULL, NULL, NULL, 0) == NULL);
     CHECK(try_infer(s, "plain") == NULL);
     /* Loading it again unchanged keeps the loaded version (and its stats). */
@@ -592,7 +598,10 @@ static void test_poll(void)
     CHECK(try_infer(s, "added") == NULL);
     remove_path("other");
     repository_poll(s);
-    CHECK_STR_CONTAINS(try_infer(s, "other"), "Request for unknown model: 'other' is not found");
+    /* Triton keeps a removed model in its lifecycle, unloaded (L0_lifecycle
+     * test_dynamic_model_load_unload); the index lists only what is on disk. */
+    CHECK_STR_CONTAINS(try_infer(s, "other"),
+                       "Request for unknown model: 'other' has no available versions");
     row = index_row(s, "other", NULL);
     CHECK(row == NULL);
     json_decref(row);
