@@ -186,13 +186,18 @@ failures_attributable() {  # results.jsonl needs-string
 import json, re, sys
 res, needs = sys.argv[1], sys.argv[2]
 env = set(re.findall(r"[\w]+", needs))
-bad = []
+bad, gpu, n = [], 0, 0
 try:
     for line in open(res):
         r = json.loads(line)
         if r.get("kind") != "test" or r.get("outcome") in ("passed", "skipped"):
             continue
         d = r.get("detail") or ""
+        n += 1
+        # a subtest of a KIND_GPU instance group (test id or its error)
+        if "KIND_GPU" in (r.get("test") or "") + d:
+            gpu += 1
+            continue
         named = set(re.findall(r"'(\w+_(?:float32|int32)\w*|identity_fp32|retry_model|custom_\w+)'", d))
         # an error that names only models outside the needs set is the server's
         if named and not any(m in env or m.startswith(("plan_", "openvino_", "simple_plan", "simple_openvino"))
@@ -200,7 +205,10 @@ try:
             bad.append(r.get("test"))
 except FileNotFoundError:
     pass
-print("ok" if not bad else "no: " + ", ".join(map(str, bad)))
+if n and gpu == n:
+    print("gpu")
+else:
+    print("ok" if not bad else "no: " + ", ".join(map(str, bad)))
 PY
 }
 
@@ -269,6 +277,8 @@ for num in "${sel[@]}"; do
     verdict="passed"
   elif [ -n "$needs" ] && [ "$(failures_attributable "$sdir/results.jsonl" "$needs")" = ok ]; then
     verdict="skipped ($needs) -- first failure: $(first_failure "$sdir")"
+  elif [ "$(failures_attributable "$sdir/results.jsonl" "${needs:-none}")" = gpu ]; then
+    verdict="skipped (needs a GPU: every failing subtest is a KIND_GPU instance group) -- first failure: $(first_failure "$sdir")"
   else
     verdict="failed ($(first_failure "$sdir"))"
   fi

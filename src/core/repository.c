@@ -1376,8 +1376,42 @@ static nereid_error_t *load_model_as(nereid_server_t *s, const char *key, const 
         pthread_rwlock_unlock(&s->lock);
         any_new = false;
     }
+    /* An ensemble whose step was unloaded while the ensemble loaded (that
+     * unload waited for the step's load, not for the ensemble's): Triton's
+     * dependency graph unloads the ensemble once its load completes. */
+    bool step_gone = false;
+    size_t k_fresh = k; /* (k grows only when a version failed) */
+    if (!any_failed && is_ensemble(cfg) && cfg->ensemble_scheduling &&
+        !s->opts.model_load_on_demand) {
+        pthread_rwlock_rdlock(&s->lock);
+        const Inference__ModelEnsembling *es = cfg->ensemble_scheduling;
+        for (size_t st = 0; st < es->n_step && !step_gone; st++) {
+            char *sk = step_key(s, es->step[st]);
+            model_entry_t *se = repository_find(s, sk);
+            step_gone = !se || !entry_has_ready(se);
+            if (step_gone) LOG_INFO("unloading '%s': its step '%s' is unloaded", name, sk);
+            free(sk);
+        }
+        pthread_rwlock_unlock(&s->lock);
+    }
+    if (step_gone) {
+        discard = xcalloc(k, sizeof *discard);
+        discard_v = xcalloc(k, sizeof *discard_v);
+        for (size_t i = 0; i < k; i++) {
+            /* loaded now: discarded here; served before: drained below */
+            if (i < k_fresh && fresh[i]) {
+                discard_v[n_discard] = nv[i].version;
+                discard[n_discard++] = fresh[i];
+            }
+            nv[i].model = NULL;
+            nv[i].state = MODEL_UNAVAILABLE;
+            free(nv[i].reason);
+            nv[i].reason = xstrdup("unloaded");
+        }
+    }
     free(fresh);
-    /* Triton's OnLoadFinal: one line for the whole load */
+    /* Triton's OnLoadFinal: one line for the whole load (and its trace line) */
+    LOG_VERBOSE2("OnLoadFinal() '%s' for all version(s)", name);
     if (any_failed)
         LOG_INFO("failed to load '%s'", name);
     else if (any_new || any_updated || !same_config)
@@ -1426,7 +1460,7 @@ static nereid_error_t *load_model_as(nereid_server_t *s, const char *key, const 
     e->n_versions = k;
     e->state = any_ready ? MODEL_READY : MODEL_UNAVAILABLE;
     free(e->reason);
-    e->reason = NULL;
+    e->reason = step_gone ? xstrdup("unloaded") : NULL;
     e->tree_sig = sig;
     if (any_new || any_updated || !e->config) {
         if (e->config) config_free(e->config);
@@ -1535,6 +1569,7 @@ static void unload_detach(nereid_server_t *s, const char *key, unloading_t *u)
         pthread_rwlock_unlock(&s->lock);
         return;
     }
+    LOG_VERBOSE2("AsyncUnload() '%s'", e->name); /* Triton's trace line */
     u->drain = xcalloc(e->n_versions ? e->n_versions : 1, sizeof *u->drain);
     u->drain_v = xcalloc(e->n_versions ? e->n_versions : 1, sizeof *u->drain_v);
     for (size_t v = 0; v < e->n_versions; v++) {
@@ -2677,6 +2712,7 @@ void repository_stop(nereid_server_t *s)
         for (size_t i = 0; i < n; i++) {
             model_entry_t *e = models[i];
             if (is_ensemble(e->config) != (pass == 0)) continue;
+            if (entry_has_ready(e)) LOG_VERBOSE2("AsyncUnload() '%s'", e->name);
             for (size_t v = 0; v < e->n_versions; v++)
                 if (e->versions[v].model) {
                     unload_version(e->name, e->versions[v].version, e->versions[v].model);

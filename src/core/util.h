@@ -114,5 +114,10 @@ const char *log_file_path(void);
     do {                                                                                           \
         if (log_verbose_level > 0) log_msg('V', __FILE__, __LINE__, __VA_ARGS__);                  \
     } while (0)
+/* Triton's LOG_VERBOSE(2): --log-verbose=2 and up */
+#define LOG_VERBOSE2(...)                                                                          \
+    do {                                                                                           \
+        if (log_verbose_level >= 2) log_msg('V', __FILE__, __LINE__, __VA_ARGS__);                 \
+    } while (0)
 
 #endif

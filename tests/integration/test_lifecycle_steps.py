@@ -280,3 +280,48 @@ def test_load_without_config_keeps_the_override_until_files_change(tmp_path, ner
     os.utime(os.path.join(repo, "m", "config.pbtxt"))
     assert requests.post(f"{url}/load", timeout=30).status_code == 200
     assert requests.get(f"{s.http_url}/v2/models/m/config", timeout=30).json() == original
+
+
+def test_step_unloaded_while_its_ensemble_loads(tmp_path, nereid_server):
+    # L0_lifecycle test_concurrent_model_load_unload: the ensemble is being
+    # loaded (its step loads slowly) when its step is unloaded; the unload
+    # waits for the step's load, and the ensemble ends unloaded too, as
+    # Triton's dependency graph leaves it (both loads and the unload succeed).
+    import threading
+    repo = str(tmp_path / "models")
+    write_model(repo, "slowstep", IDENTITY_SLOW)
+    write_model(repo, "ens", """platform: "ensemble" max_batch_size: 0
+input [ { name: "X" data_type: TYPE_INT32 dims: [ -1 ] } ]
+output [ { name: "Y" data_type: TYPE_INT32 dims: [ -1 ] } ]
+ensemble_scheduling { step [ { model_name: "slowstep" input_map { key: "INPUT0" value: "X" }
+  output_map { key: "OUTPUT0" value: "Y" } } ] }
+""")
+    s = nereid_server(repo, "--model-control-mode=explicit")
+    url = f"{s.http_url}/v2/repository/models"
+    res = {}
+    t = threading.Thread(target=lambda: res.setdefault(
+        "load", requests.post(f"{url}/ens/load", timeout=60)))
+    t.start()
+    time.sleep(1.0)
+    r = requests.post(f"{url}/slowstep/unload", timeout=60)
+    t.join()
+    assert r.status_code == 200, r.text
+    assert res["load"].status_code == 200, res["load"].text
+    assert ready(s, "slowstep") != 200
+    assert ready(s, "ens") != 200
+    assert requests.get(s.http_url + "/v2/health/ready", timeout=30).status_code == 200
+
+
+def test_verbose_2_load_and_unload_trace_lines(tmp_path, nereid_server):
+    # L0_lifecycle test_shutdown_while_loading greps Triton's
+    # LOG_VERBOSE(2) lines "OnLoadFinal()" and "AsyncUnload()" for their
+    # order: the load ends before the shutdown's unload begins.
+    repo = str(tmp_path / "models")
+    write_model(repo, "m", TESTING)
+    s = nereid_server(repo, "--model-control-mode=explicit", "--load-model=m", "--log-verbose=2")
+    assert requests.post(f"{s.http_url}/v2/repository/models/m/unload", timeout=30).status_code == 200
+    out = s.output()
+    assert "OnLoadFinal() 'm' for all version(s)" in out
+    assert out.index("OnLoadFinal() 'm'") < out.index("AsyncUnload() 'm'")
+    q = nereid_server(repo, "--model-control-mode=explicit", "--load-model=m", "--log-verbose=1")
+    assert "OnLoadFinal()" not in q.output()

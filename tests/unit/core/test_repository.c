@@ -8,7 +8,6 @@
  * models added/removed).
  */
 #include <stdatomic.h>
-#include <sys/time.h>
 
 #include "check.h"
 #include "server_util.h"
@@ -189,14 +188,13 @@ static void test_overrides(nereid_server_t *s)
     CHECK(nereid_server_model_config(s, "plain", 0, &cfg) == NULL);
     CHECK_STR_CONTAINS(cfg, "fail_execute");
     free(cfg);
-    /* Reload from the repository's config.pbtxt: as in Triton, a load
-     * without a config keeps the override until the model's files change
-     * after it (L0_lifecycle test_model_config_overwite). */
-    struct timespec pause = {0, 50000000};
-    nanosleep(&pause, NULL);
-    char cfg_path[600];
-    snprintf(cfg_path, sizeof cfg_path, "%s/plain/config.pbtxt", repo);
-    CHECK(utimes(cfg_path, NULL) == 0);
+    /* As in Triton, a load without a config keeps the override while the
+     * model's files are unchanged since it (L0_lifecycle
+     * test_model_config_overwite)... */
+    CHECK(nereid_server_load_model(s, "plain", NULL, NULL, NULL, NULL, 0) == NULL);
+    CHECK_STR_CONTAINS(try_infer(s, "plain"), "testing backend: execute failed");
+    /* ... and reloads from the repository's config.pbtxt once it is written again. */
+    write_model("plain", testing_cfg);
     CHECK(nereid_server_load_model(s, "plain", NULL, NULL, NULL, NULL, 0) == NULL);
     CHECK(try_infer(s, "plain") == NULL);
     /* Loading it again unchanged keeps the loaded version (and its stats). */
@@ -615,10 +613,11 @@ static void test_poll(void)
     CHECK(try_infer(s, "added") == NULL);
     remove_path("other");
     repository_poll(s);
-    /* Triton's lifecycle keeps a removed model known, with no version. */
+    /* Triton keeps a removed model in its lifecycle, unloaded (L0_lifecycle
+     * test_dynamic_model_load_unload); the index lists only what is on disk. */
     CHECK_STR_CONTAINS(try_infer(s, "other"),
                        "Request for unknown model: 'other' has no available versions");
-    row = index_row(s, "other", NULL); /* the index lists what is on disk */
+    row = index_row(s, "other", NULL);
     CHECK(row == NULL);
     json_decref(row);
     /* Nothing changed: the served model is kept (its statistics too). */
