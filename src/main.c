@@ -121,7 +121,8 @@ static const flag_t flags[] = {
       "Times a failed model load is tried again before it counts as failed (0)."),
     F("metrics-config", FLAG_METRICS_CONFIG, server,
       "<setting>=<value>: counter_latencies=true|false (true), histogram_latencies=true|false "
-      "(false; nv_inference_first_response_histogram_ms), summary_latencies=true|false (false; "
+      "(false; nv_inference_first_response_histogram_ms and the phase histograms "
+      "nv_inference_*_duration_histogram_us), summary_latencies=true|false (false; "
       "nv_inference_*_summary_us), summary_quantiles=<q>:<error>,... (0.5, 0.9, 0.95, 0.99, "
       "0.999)."),
     F("reuse-http-port", FLAG_BOOL, http_reuse_port,

@@ -28,6 +28,9 @@ typedef struct stat_duration {
     /* --metrics-config summary_latencies=true: this duration's Prometheus
      * summary (stats.c), or NULL. */
     struct latency_summary *summary;
+    /* --metrics-config histogram_latencies=true: its Prometheus histogram
+     * in microseconds (stats.c), or NULL. */
+    struct latency_histogram *histogram;
 } stat_duration_t;
 
 typedef struct batch_stat {
@@ -56,13 +59,9 @@ typedef struct model_stats {
     stat_duration_t cache_hit, cache_miss;
     _Atomic uint64_t failures[FAILURE_N];
     _Atomic int64_t pending; /* requests queued, not yet executing */
-    /* Time to first response (ms): fr_le[i] the bucket bounds (Triton's
-     * defaults or the config's model_metrics), fr_count[i] the observations
-     * <= fr_le[i] (cumulative), fr_total and fr_sum_ms over all. */
-    double *fr_le;
-    _Atomic uint64_t *fr_count;
-    size_t n_fr_le;
-    _Atomic uint64_t fr_total, fr_sum_ms;
+    /* Time to first response in ms, with Triton's buckets or the config's
+     * model_metrics (stats.c); always there. */
+    struct latency_histogram *first_response;
     response_stat_t response0;
     /* Entries 1.. of a decoupled model's response_stats (stats_response). */
     pthread_mutex_t resp_mu;

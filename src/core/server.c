@@ -771,11 +771,12 @@ nereid_error_t *nereid_server_metrics(nereid_server_t *s, char **text_out)
     return NULL;
 }
 
-void server_enable_summaries(model_t *m)
+void server_enable_latency_metrics(model_t *m)
 {
     /* Triton's default quantiles (MetricReporterConfig::quantiles_). */
     static const double defaults[] = {0.5, 0.9, 0.95, 0.99, 0.999};
     const nereid_server_options_t *o = &m->server->opts;
+    if (o->metrics_histogram_latencies) stats_enable_histograms(m);
     if (!o->metrics_summary_latencies) return;
     if (o->n_metrics_summary_quantiles)
         stats_enable_summaries(m, o->metrics_summary_quantiles, o->n_metrics_summary_quantiles);
