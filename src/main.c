@@ -110,6 +110,9 @@ static const flag_t flags[] = {
       "Fail start-up if a model fails to load (true)."),
     F("strict-readiness", FLAG_BOOL, server.strict_readiness,
       "Ready only when every model is ready (true)."),
+    F("model-progress-timeout-secs", FLAG_INT, server.model_progress_timeout_secs,
+      "A model with an execution running this long while none of its instances completed one "
+      "is not ready and refuses requests; Python workers are restarted (0: off)."),
     F("model-config-name", FLAG_STR, server.model_config_name,
       "Configure each model by its configs/<name>.pbtxt when it has one (else config.pbtxt)."),
     F("model-load-thread-count", FLAG_INT, server.model_load_thread_count,

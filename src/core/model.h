@@ -58,7 +58,8 @@ typedef struct model_stats {
     stat_duration_t success, fail, queue, compute_input, compute_infer, compute_output;
     stat_duration_t cache_hit, cache_miss;
     _Atomic uint64_t failures[FAILURE_N];
-    _Atomic int64_t pending; /* requests queued, not yet executing */
+    _Atomic int64_t pending;            /* requests queued, not yet executing */
+    _Atomic uint64_t progress_timeouts; /* times the watchdog found it wedged */
     /* Time to first response in ms, with Triton's buckets or the config's
      * model_metrics (stats.c); always there. */
     struct latency_histogram *first_response;
@@ -122,6 +123,9 @@ typedef struct model_instance {
      * under the model's lock, read by schedulers under theirs. */
     _Atomic bool retired;
     bool fini_done; /* its backend instance_fini ran */
+    /* When its current execution started (monotonic ns), 0 while idle: the
+     * progress watchdog's view (watchdog.c). */
+    _Atomic uint64_t exec_start_ns;
 } model_instance_t;
 
 /* A loaded model version. nereid_model_t (backend.h) is this struct. */
@@ -168,6 +172,10 @@ typedef struct model {
      * (model_hold); model_unload waits for them before it stops the model. */
     _Atomic int holds;
     _Atomic bool unloading;
+    /* --model-progress-timeout-secs (watchdog.c): when an execution last
+     * ended (monotonic ns), and whether the model is wedged now. */
+    _Atomic uint64_t progress_ns;
+    _Atomic bool wedged;
     bool in_model_init; /* nereid_model_set_config allowed */
     bool autocomplete_allowed;
     bool config_replaced;

@@ -92,6 +92,7 @@ struct nereid_server {
     _Atomic uint64_t on_demand_loads, on_demand_load_failures, on_demand_evictions;
     _Atomic uint64_t on_demand_load_ns;
     struct on_demand_queue *on_demand; /* on_demand.c; NULL until first used */
+    struct watchdog *watchdog;         /* --model-progress-timeout-secs, or NULL */
 };
 
 /* With --model-namespacing an entry's key is its name, this separator and

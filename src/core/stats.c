@@ -606,6 +606,21 @@ void stats_metrics_text(FILE *out, const model_t *const *models, size_t n_models
     cache_metrics_per_model(out, models, n_models);
 }
 
+void stats_progress_text(FILE *out, const model_t *const *models, size_t n_models)
+{
+    char lab[1024];
+    fputs("# HELP nereid_model_progress_timeouts_total Times the model was found not making "
+          "progress (--model-progress-timeout-secs)\n"
+          "# TYPE nereid_model_progress_timeouts_total counter\n",
+          out);
+    for (size_t i = 0; i < n_models; i++) {
+        if (!models[i]->backend) continue;
+        labels(lab, sizeof lab, models[i], NULL);
+        fprintf(out, "nereid_model_progress_timeouts_total{%s} %llu\n", lab,
+                (unsigned long long)atomic_load(&models[i]->stats.progress_timeouts));
+    }
+}
+
 /* ---- Latency summaries: families ---- */
 
 typedef struct summary_family {
