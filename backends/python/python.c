@@ -1,148 +1,70 @@
 /*
- * This file contains the python backend: Triton's Python backend for
- * `backend: "python"` models (a model.py with class TritonPythonModel).
+ * This file contains the python backend's entry points: Triton's Python
+ * backend for `backend: "python"` models (a model.py with class
+ * TritonPythonModel) and Python-based backends. It keeps the backend's
+ * settings (--backend-config=python,...), its log, and the life of models
+ * and instances: model init (EXECUTION_ENV_PATH, auto_complete_config in a
+ * first worker), instance init and fini (INIT, FINALIZE). The rest lives
+ * in one file per job, all sharing python_internal.h:
+ *   python_wire.{h,c}   the wire format both sides agree on, and its codec
+ *   python_worker.c     starting and ending a worker process; the zygote
+ *   python_reader.c     reading the worker's socket; the reader thread
+ *   python_spin.c       spin-wait for the worker's answer
+ *   python_execute.c    execute: EXECUTE out, DONE and responses back
+ *   python_body.c       request bodies in shared memory
+ *   python_bls.c        BLS: a worker's request into any model
+ *   python_services.c   pb_utils logging, cancellation, model control,
+ *                       metrics (python_api.c) and is_ready()
+ *   python_env.c        EXECUTION_ENV_PATH archives
  *
  * Every model instance runs its model.py in a worker process of its own
  * (Debian's python3 running nereid_python_stub.py, which ships next to this
- * library), so instances run in parallel and a crash, os._exit or leak in
- * model code stays in the worker. A worker that dies fails the requests it
- * held; the next execute starts a new one.
+ * library with the nereid_stub package), so instances run in parallel and a
+ * crash, os._exit or leak in model code stays in the worker. A worker that
+ * dies fails the requests it held; the next execute starts a new one.
  *
- * The worker talks to this library over a Unix SOCK_SEQPACKET socketpair.
- * One datagram is one message: a 16-byte header {type, json_len, blob_len}
- * (little-endian u32, u32, u64), then a JSON object and a blob of tensor
- * bytes. Small messages carry JSON and blob inline; larger ones carry them
- * in an anonymous shared-memory file (memfd, never /dev/shm) passed with
- * SCM_RIGHTS. Tensors are described in the JSON ("tensors": [{name,
- * datatype, shape, offset, size}]) with offsets into the blob; EXECUTE and
- * DONE, the two messages of every batch, carry a binary description in
- * the JSON's place instead (see "Binary EXECUTE and DONE descriptions").
- * The worker is untrusted: every datagram is size-checked, a memfd must be
- * sealed against shrinking before it is mapped, and every name, datatype,
- * shape, offset and size is checked before a byte is copied; a malformed
- * message kills the worker and fails its requests.
- *
- * Threads: each worker has a reader thread here that receives all its
- * messages. Replies the instance thread waits for (ready, execute done,
- * finalized) are handed to it through a one-slot mailbox; decoupled
- * responses, BLS calls, log lines and cancellation checks are served on the
- * reader thread itself. BLS completions arrive on Nereid's threads and
- * write to the socket under the channel's send lock.
+ * Threads: each worker has a reader thread that receives its messages
+ * between executes; during one, execute's thread reads the socket itself
+ * (python_reader.c). Replies the instance thread waits for (ready, execute
+ * done, finalized) reach it through a one-slot mailbox; decoupled
+ * responses, BLS calls, log lines and cancellation checks are served on
+ * the reading thread itself. BLS completions arrive on Nereid's threads
+ * and write to the socket under the channel's send lock.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
 #include <dlfcn.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <jansson.h>
 #include <limits.h>
-#include <poll.h>
 #include <pthread.h>
 #include <sched.h>
-#include <signal.h>
-#include <spawn.h>
-#include <stdatomic.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/epoll.h>
-#include <sys/eventfd.h>
-#include <sys/mman.h>
-#include <sys/pidfd.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/time.h>
-#include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "nereid/backend.h"
-#include "python_api.h"
 #include "python_env.h"
-
-extern char **environ;
+#include "python_internal.h"
 
 NEREID_EXPORT uint32_t nereid_backend_abi_version(void)
 {
     return NEREID_BACKEND_ABI_VERSION;
 }
 
-enum {
-    M_INIT = 1,
-    M_EXECUTE = 2,
-    M_FINALIZE = 3,
-    M_BLS_RESULT = 4,
-    M_CANCEL_ANSWER = 5,
-    M_READY_QUERY = 6, /* the model's is_ready() (model-ready checks) */
-    M_SPIN_PAGE = 7,   /* the word the worker counts its messages in ("spin-wait") */
-    M_BODY_MAP = 8,    /* a request body region's memfd for a slot ("Request bodies") */
-    M_READY = 101,
-    M_DONE = 102,
-    M_LOG = 103,
-    M_RESPONSE = 104,
-    M_BLS_CALL = 105,
-    M_CANCEL_QUERY = 106,
-    M_FINALIZED = 107,
-    M_API_ANSWER = 20, /* pb_utils calls besides inference (python_api.c) */
-    M_API_CALL = 120,
-    M_BLS_CANCEL = 121, /* ResponseIterator.cancel() of a decoupled BLS call */
-    M_READY_ANSWER = 122,
-};
-
-#define HDR_BYTES 16
-#define RECV_MAX (64 * 1024)
-#define INLINE_MAX (60 * 1024)
-#define JSON_MAX (64u << 20)
-#define BLOB_MAX (1ull << 40)
-#define ALIGN 64
-#define MAX_RANK 16
-#define MAX_NAME 4096
-#define FINALIZE_WAIT_S 30
-#define INLINE_MAX_US 1000         /* longest average execute run on the caller's thread */
-#define VIEW_MIN (32 * 1024)       /* smallest output handed to the response as a region view */
-#define TX_SPARES 2                /* EXECUTE regions kept besides the current one */
-#define BLS_SLOTS 8                /* persistent BLS regions per direction and worker */
-#define BLS_REGION_MAX (16u << 20) /* a larger BLS message travels in a memfd of its own */
-#define BLS_BUDGET (64u << 20)     /* the server's BLS_RESULT regions of one worker, at most */
-#define BLS_IN_PLACE 1             /* called models write large BLS outputs into the reply region */
-#define SPIN_WAIT_US_DEFAULT 200   /* with 2 CPUs or more, else 0: docs/python_backend.md */
-#define SPIN_RECENT 8              /* the spin budget follows the median of this many executes */
-#define SPIN_WAIT_US_MAX 10000
-#define BODY_SLOTS 8         /* request body regions per model ("Request bodies") */
-#define BODY_MIN (16 * 1024) /* a smaller body stays in the frontend's memory */
-#define BODY_REGION_MIN (64 * 1024)
-#define BODY_BUDGET (64u << 20) /* one model's body regions together, at most */
-#define BODY_WHERE 16           /* tensor record where = BODY_WHERE + slot */
-
 /* ---- Backend settings ---- */
 
-typedef struct backend_state {
-    char *python; /* interpreter */
-    char *stub;   /* nereid_python_stub.py */
-    long finalize_wait_s;
-    uint64_t spin_max_ns; /* spin-wait-us: longest spin for a worker's answer; 0: never */
-
-    /* The zygote: a pre-started python3 (numpy and pb_utils imported) that
-     * forks the workers of models using the backend's interpreter. */
-    pthread_mutex_t zy_mu; /* guards what follows; held for one fork */
-    bool zy_off;           /* disabled, or it failed before its first fork */
-    bool zy_served;        /* the current zygote forked a worker */
-    int zy_fd;             /* control socket, -1: not running */
-    pid_t zy_pid;
-} backend_state_t;
-
-static backend_state_t *g_backend; /* one python backend per process */
+backend_state_t *g_backend; /* one python backend per process */
 
 /* --backend-config=python,<key>=<value> (or a global --backend-config). */
 static const char *backend_config(nereid_backend_t *b, const char *key)
 {
     return nereid_backend_config(b, key);
 }
-
-static void plog_line(char level, int line, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-#define plog(level, ...) plog_line(level, __LINE__, __VA_ARGS__)
 
 NEREID_EXPORT nereid_error_t *nereid_backend_init(nereid_backend_t *backend)
 {
@@ -229,8 +151,6 @@ NEREID_EXPORT nereid_error_t *nereid_backend_init(nereid_backend_t *backend)
     return NULL;
 }
 
-static void zygote_end(backend_state_t *st);
-
 NEREID_EXPORT nereid_error_t *nereid_backend_fini(nereid_backend_t *backend)
 {
     backend_state_t *st = nereid_backend_state(backend);
@@ -259,55 +179,20 @@ static void plog_v(nereid_log_level_t level, const char *file, int line, const c
     nereid_log_message(level, file, line, text);
 }
 
-static void plog_line(char level, int line, const char *fmt, ...)
+void plog_line(char level, const char *file, int line, const char *fmt, ...)
 {
+    const char *base = strrchr(file, '/');
     nereid_log_level_t lv = level == 'W'   ? NEREID_LOG_WARN
                             : level == 'E' ? NEREID_LOG_ERROR
                             : level == 'V' ? NEREID_LOG_VERBOSE
                                            : NEREID_LOG_INFO;
     va_list ap;
     va_start(ap, fmt);
-    plog_v(lv, "python.c", line, fmt, ap);
+    plog_v(lv, base ? base + 1 : file, line, fmt, ap);
     va_end(ap);
 }
 
-#include "python_wire.c"
-#include "python_internal.h"
-
-/* Declared ahead: the files included below call each other. */
-static void reader_arm_locked(instance_t *in);
-static bool ready_pump(instance_t *in, uint64_t seen, const struct timespec *dl);
-static bool on_response(instance_t *in, msg_t *m, char *why, size_t why_cap);
-static void worker_died(instance_t *in, const char *why);
-static int spin_wait(const instance_t *in, uint64_t until_ns);
-
-#include "python_services.c"
-#include "python_bls.c"
-#include "python_reader.c"
-#include "python_spin.c"
-#include "python_worker.c"
-
 /* ---- Model ---- */
-
-typedef struct model_state {
-    char *file;   /* <model dir>/<version>/model.py */
-    char *python; /* EXECUTION_ENV_PATH's interpreter, or NULL: the backend's */
-    /* The worker that ran auto_complete_config, kept for the first instance
-     * (named after it) so a model starts one interpreter, not two. */
-    pthread_mutex_t mu;
-    instance_t *spare;
-    atomic_int instances; /* initialized and not finalized */
-    /* Request body regions ("Request bodies"): frontends take them, execute
-     * finds its inputs in them. A slot's region is replaced only while
-     * nobody but the pool holds it (refs == 1). */
-    pthread_mutex_t body_mu;    /* guards what follows */
-    region_t *body[BODY_SLOTS]; /* a reference each, or NULL */
-    size_t body_bytes;          /* their sizes together (<= BODY_BUDGET) */
-    atomic_bool body_any;       /* some region was made (else execute does not look) */
-    uint64_t body_made;         /* regions made */
-    uint64_t body_taken;        /* bodies received into a region */
-    uint64_t body_missed;       /* bodies offered none (no free slot or room) */
-} model_state_t;
 
 static void instance_free(instance_t *in)
 {
@@ -630,6 +515,3 @@ NEREID_EXPORT nereid_error_t *nereid_backend_instance_fini(nereid_instance_t *in
     instance_free(in);
     return NULL;
 }
-
-#include "python_body.c"
-#include "python_execute.c"

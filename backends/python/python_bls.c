@@ -1,3 +1,25 @@
+/*
+ * This file contains BLS, as Triton python_backend's request_executor
+ * does it: a worker's BLS_CALL becomes a request into any model of the
+ * server (its inputs read where the worker wrote them), and each response
+ * goes back as a BLS_RESULT, in a persistent region or written in place by
+ * the called model; ResponseIterator.cancel() cancels the request. The
+ * message layouts are python_wire.h's; the regions and the by-reference
+ * and in-place paths are described below.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "python_internal.h"
+
 /* ---- BLS: a worker's request into any model of the server ----
  *
  * BLS_CALL and BLS_RESULT carry binary descriptions too (the little-endian
@@ -90,9 +112,6 @@
  * (the slot is the call's), and a new region that never took the slot is
  * dropped. A decoupled model's several responses, and calls without a
  * reply slot, keep malloc'ed outputs and the copy. */
-
-enum { BLS_OUTPUTS = 0, BLS_ERROR = 1, BLS_EMPTY = 2 };
-#define BLS_FIXED (4 * 8 + 9 * 4) /* the fixed fields of a BLS_CALL */
 
 typedef struct bls_call {
     instance_t *in;
@@ -521,25 +540,6 @@ static nereid_error_t *bls_parameters(nereid_request_t *req, const bls_req_t *q)
     return err;
 }
 
-/* The BYTES inputs of a BLS_CALL whose blob is in the worker's memfd or
- * region: their total size (copied into one private buffer, see
- * bls_inputs). */
-static size_t bls_bytes_total(const bls_req_t *q, const msg_t *m)
-{
-    if (!m->map && !m->region) return 0;
-    brd_t rd = {q->ins, m->meta + m->meta_len - q->ins, 0, false};
-    size_t total = 0;
-    for (uint32_t i = 0; i < q->n_in; i++) {
-        uint32_t name_len = br_u32(&rd), dt = br_u32(&rd), rank = br_u32(&rd);
-        br_u32(&rd);
-        br_u64(&rd);
-        uint64_t size = br_u64(&rd);
-        br_take(&rd, (size_t)rank * sizeof(int64_t) + name_len);
-        if (dt == NEREID_TYPE_BYTES && size <= m->blob_len) total += (size_t)size;
-    }
-    return total;
-}
-
 /* Adds the inputs (records checked here against the blob, or against ex,
  * the EXECUTE region in flight, for where 1, or against body[slot], a
  * request body region of the execute in flight, for where BODY_WHERE +
@@ -578,7 +578,7 @@ static bool bls_inputs(nereid_request_t *req, const bls_req_t *q, msg_t *m, cons
     return true;
 }
 
-static bool bls_start(instance_t *in, msg_t *m, char *why, size_t why_cap)
+bool bls_start(instance_t *in, msg_t *m, char *why, size_t why_cap)
 {
     bls_req_t q;
     if (!bls_check(m->meta, m->meta_len, &q)) {
@@ -739,7 +739,7 @@ static bool bls_start(instance_t *in, msg_t *m, char *why, size_t why_cap)
  * (the model it went to sees is_cancelled(), queued steps end CANCELLED).
  * An unknown or finished call is ignored, as Triton ignores a cancel after
  * the last response. */
-static bool bls_cancel(instance_t *in, msg_t *m, char *why, size_t why_cap)
+bool bls_cancel(instance_t *in, msg_t *m, char *why, size_t why_cap)
 {
     json_t *jc = json_object_get(m->json, "call");
     if (!json_is_integer(jc)) {

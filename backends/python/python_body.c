@@ -1,3 +1,22 @@
+/*
+ * This file contains request bodies (backend ABI 1.10): the model's
+ * pool of shared-memory regions the HTTP frontend receives inference
+ * bodies into, so that execute references inputs where they lie instead of
+ * copying them, and the bookkeeping of which body regions the worker
+ * still holds. Described below.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "python_internal.h"
+
 /* ---- Request bodies (backend ABI 1.10) ----
  *
  * The HTTP frontend receives an inference body for a Python model into one
@@ -131,7 +150,7 @@ NEREID_EXPORT void nereid_backend_model_body_release(void *handle)
 
 /* The body region input v lies in, referenced by this execute (its memfd
  * sent to the worker first when it has not got it), or NULL: v is copied. */
-static region_t *body_ref(instance_t *in, model_state_t *ms, const tview_t *v)
+region_t *body_ref(instance_t *in, model_state_t *ms, const tview_t *v)
 {
     if (in->decoupled || !ms || !v->size || nereid_datatype_byte_size(v->datatype) == 0 ||
         !atomic_load_explicit(&ms->body_any, memory_order_relaxed))
@@ -168,7 +187,7 @@ static region_t *body_ref(instance_t *in, model_state_t *ms, const tview_t *v)
 /* After execute's DONE: the worker's holds become held (a bit: the slot's
  * region is referenced until a later DONE clears it), and the execute's own
  * references go. held was checked by apply_done (0 when there was none). */
-static void body_settle(instance_t *in, uint32_t held)
+void body_settle(instance_t *in, uint32_t held)
 {
     for (int s = 0; s < BODY_SLOTS; s++) {
         bool keep = held >> s & 1;
@@ -186,5 +205,15 @@ static void body_settle(instance_t *in, uint32_t held)
             in->body_held[s] = NULL;
         }
         region_unref(now);
+    }
+}
+
+/* A worker's end (or start): its body-region holds and mappings are gone. */
+void body_forget(instance_t *in)
+{
+    for (int s = 0; s < BODY_SLOTS; s++) {
+        region_unref(in->body_held[s]);
+        in->body_held[s] = NULL;
+        in->body_mapped[s] = 0;
     }
 }

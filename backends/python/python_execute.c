@@ -1,3 +1,35 @@
+/*
+ * This file contains execute (nereid_backend_execute): a batch becomes
+ * one EXECUTE message (a binary description; tensors in the instance's
+ * EXECUTE region, or referenced in request body regions), execute's thread
+ * reads the socket until the worker's DONE (python_reader.c's
+ * execute_read_done, spinning first: python_spin.c), and the DONE is
+ * checked whole (done_check) and applied to the batch's responses. A
+ * decoupled model's responses come as RESPONSE messages (on_response)
+ * through the senders execute registers. A worker that is dead when
+ * execute begins is started again; one that dies or sends a malformed DONE
+ * fails the batch and is ended.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <limits.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "python_internal.h"
+
+static nereid_error_t *error_from_json(json_t *e)
+{
+    const char *text = json_string_value(json_object_get(e, "message"));
+    json_t *jc = json_object_get(e, "code");
+    json_int_t code = json_is_integer(jc) ? json_integer_value(jc) : NEREID_ERROR_INTERNAL;
+    if (code < NEREID_ERROR_UNKNOWN || code > NEREID_ERROR_CANCELLED) code = NEREID_ERROR_INTERNAL;
+    return nereid_error_new((nereid_error_code_t)code, "%s", text ? text : "");
+}
+
 /* Removes and returns the sender with this id (NULL if unknown). */
 static nereid_response_sender_t *sender_take(instance_t *in, uint64_t id, bool remove)
 {
@@ -18,7 +50,7 @@ static nereid_response_sender_t *sender_take(instance_t *in, uint64_t id, bool r
 }
 
 /* A decoupled response from the worker. */
-static bool on_response(instance_t *in, msg_t *m, char *why, size_t why_cap)
+bool on_response(instance_t *in, msg_t *m, char *why, size_t why_cap)
 {
     json_t *js = json_object_get(m->json, "sender"), *jf = json_object_get(m->json, "flags");
     if (!json_is_integer(js) || !json_is_integer(jf) ||

@@ -1,5 +1,40 @@
+/*
+ * This file contains the reading of a worker's socket. One thread at
+ * a time reads it: the reader thread between executes, execute's own
+ * thread during one (execute_read_done, so the DONE reaches it without a
+ * thread hand-off), or a readiness check that asks the model about itself
+ * on the thread that reads (ready_pump). Each message goes where it
+ * belongs: a reply (READY, DONE, FINALIZED) to the instance thread's
+ * mailbox (deliver_reply), everything else — log lines, decoupled
+ * responses, BLS calls, pb_utils calls, cancellation checks, readiness
+ * answers — to its handler (dispatch). A socket error or a malformed
+ * message ends the worker (worker_died). "Arming the reader" below says
+ * how the socket passes between the reader thread and execute.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <errno.h>
+#include <limits.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#include "python_internal.h"
+
+/* The instance whose socket this thread reads (reader_main, or execute in
+ * execute_read_done), and how deep in ready_pump it is. */
+_Thread_local instance_t *tls_reading;
+_Thread_local int tls_pump_depth;
+_Thread_local bool tls_exec_reading; /* ... and it is execute */
+
 static bool dispatch(instance_t *in, msg_t **m, char *why, size_t why_cap);
-static void reader_arm_locked(instance_t *in);
 static bool deliver_reply(instance_t *in, msg_t **m, char *why, size_t why_cap);
 
 /* A readiness check on the thread that reads the worker's socket (the
@@ -8,7 +43,7 @@ static bool deliver_reply(instance_t *in, msg_t **m, char *why, size_t why_cap);
  * `seen`) or the deadline (false). Execute's DONE is kept for it; a broken
  * socket or a malformed message is left in in->pump_fail for the reading
  * loop, which ends the worker. */
-static bool ready_pump(instance_t *in, uint64_t seen, const struct timespec *dl)
+bool ready_pump(instance_t *in, uint64_t seen, const struct timespec *dl)
 {
     char why[512] = "";
     tls_pump_depth++;
@@ -140,7 +175,7 @@ static bool pump_failed(instance_t *in, char *why, size_t why_cap)
 #define LAZY_ARM_NS (2 * 1000 * 1000)
 
 /* Arms the registration (in->mu held; no execute reads). */
-static void reader_arm_locked(instance_t *in)
+void reader_arm_locked(instance_t *in)
 {
     if (in->armed) return;
     struct epoll_event ev = {.events = EPOLLIN | EPOLLONESHOT, .data.fd = in->chan->fd};
@@ -152,7 +187,7 @@ static void reader_arm_locked(instance_t *in)
 /* Arms the registration unless an execute reads (that execute re-arms when
  * it ends, if anyone still waits): for a thread about to wait for a
  * message outside execute. */
-static void reader_arm(instance_t *in)
+void reader_arm(instance_t *in)
 {
     pthread_mutex_lock(&in->mu);
     if (!in->exec_reading) reader_arm_locked(in);
@@ -162,7 +197,7 @@ static void reader_arm(instance_t *in)
 /* The reader thread: serves the worker's messages between executes (during
  * one, the instance thread reads the socket itself and this thread stays
  * parked, so an answer reaches execute without a thread hand-off). */
-static void *reader_main(void *arg)
+void *reader_main(void *arg)
 {
     instance_t *in = arg;
     char why[512] = "";
@@ -231,7 +266,7 @@ static void *reader_main(void *arg)
  * already started is waited for, and an armed registration is disarmed
  * (so the worker's messages wake the executing thread only); the reader is
  * kicked to arm it again once executes stop. */
-static void exec_reading_begin(instance_t *in)
+void exec_reading_begin(instance_t *in)
 {
     pthread_mutex_lock(&in->mu);
     in->exec_reading = true;
@@ -251,7 +286,7 @@ static void exec_reading_begin(instance_t *in)
 /* Gives the socket back to the reader thread: re-armed at once when
  * messages are expected between executes, else by the reader later
  * ("Arming the reader"). */
-static void exec_reading_end(instance_t *in)
+void exec_reading_end(instance_t *in)
 {
     pthread_mutex_lock(&in->mu);
     in->exec_reading = false;
@@ -268,8 +303,8 @@ static void exec_reading_end(instance_t *in)
  * spin_until_ns (0: not at all; *spun: whether it did, *hit: and saw a
  * message come, *contended: or stopped for another thread). NULL when the worker died or misbehaved
  * (it is then ended). */
-static msg_t *execute_read_done(instance_t *in, uint64_t spin_until_ns, bool *spun, bool *hit,
-                                bool *contended)
+msg_t *execute_read_done(instance_t *in, uint64_t spin_until_ns, bool *spun, bool *hit,
+                         bool *contended)
 {
     char why[512] = "";
     msg_t *done = NULL;

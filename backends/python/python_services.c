@@ -1,4 +1,24 @@
-static void on_log(instance_t *in, msg_t *m)
+/*
+ * This file contains the pb_utils calls a worker makes besides
+ * inference: its log lines (pb_utils.Logger), cancellation checks
+ * (request.is_cancelled()), model control and custom metrics (the work is
+ * python_api.c's; a model control call that may wait runs on a thread of
+ * its own), and the model's is_ready() (Triton's user-defined model
+ * readiness, nereid_backend_instance_ready).
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "python_internal.h"
+
+void on_log(instance_t *in, msg_t *m)
 {
     json_t *jl = json_object_get(m->json, "level");
     const char *text = json_string_value(json_object_get(m->json, "message"));
@@ -19,7 +39,7 @@ static void on_log(instance_t *in, msg_t *m)
                        line < 0 || line > INT32_MAX ? 0 : (int)line, text);
 }
 
-static void on_cancel_query(instance_t *in, msg_t *m)
+void on_cancel_query(instance_t *in, msg_t *m)
 {
     json_t *id = json_object_get(m->json, "id"), *tok = json_object_get(m->json, "token");
     bool cancelled = false;
@@ -79,12 +99,6 @@ static void *api_job_main(void *arg)
     return NULL;
 }
 
-/* The instance whose socket this thread reads (reader_main, or execute in
- * execute_read_done), and how deep in ready_pump it is. */
-static _Thread_local instance_t *tls_reading;
-static _Thread_local int tls_pump_depth;
-static _Thread_local bool tls_exec_reading; /* ... and it is execute */
-
 /* is_model_ready is answered where it arrives (no thread): the lookup is
  * quick, and a Python model's is_ready() runs in that model's worker. When
  * the model asks about itself and defines is_ready(), the answer comes on
@@ -105,7 +119,7 @@ static bool ready_check_inline(instance_t *in, json_t *call)
            (tls_pump_depth == 0 && (!in->model_instances || atomic_load(in->model_instances) <= 1));
 }
 
-static void api_call(instance_t *in, msg_t **m)
+void api_call(instance_t *in, msg_t **m)
 {
     if (!python_api_blocks((*m)->json)) {
         api_answer(in->chan, (*m)->json, python_api_metrics(in->api, (*m)->json));
@@ -139,7 +153,7 @@ static void api_call(instance_t *in, msg_t **m)
 #define READY_WAIT_S 5 /* Triton's kUserModelReadinessTimeoutMs */
 #define READY_ERROR_MAX 4096
 
-static bool on_ready_answer(instance_t *in, msg_t *m, char *why, size_t why_cap)
+bool on_ready_answer(instance_t *in, msg_t *m, char *why, size_t why_cap)
 {
     json_t *jr = json_object_get(m->json, "ready");
     const char *err = json_string_value(json_object_get(m->json, "error"));

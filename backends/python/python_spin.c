@@ -1,3 +1,22 @@
+/*
+ * This file contains spin-wait: execute's thread watching a word the
+ * worker counts its messages in, instead of sleeping in recvmsg, for an
+ * answer that comes in tens of µs; the budget, the back-off, and the page
+ * the word lives in (sent to each new worker). Described below.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <fcntl.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "python_internal.h"
+
 /* ---- spin-wait: waiting for the worker's answer without sleeping ----
  *
  * A worker answers a small execute in tens of µs; a thread that blocks in
@@ -40,7 +59,7 @@
 #define SPIN_MISSES_MAX 4
 #define SPIN_CONTENDED_MAX 2 /* interrupted spins in a row that stop spinning */
 
-static atomic_int g_executing; /* python executes in flight in the process */
+atomic_int g_executing; /* python executes in flight in the process */
 
 static inline void cpu_relax(void)
 {
@@ -58,7 +77,7 @@ static int cmp_u64(const void *a, const void *b)
 }
 
 /* This execute's spin budget (ns; 0: block at once). Execute's thread. */
-static uint64_t spin_budget_ns(instance_t *in, uint64_t now_ns, bool alone)
+uint64_t spin_budget_ns(instance_t *in, uint64_t now_ns, bool alone)
 {
     uint64_t max = g_backend->spin_max_ns;
     if (!max || !in->spin_word) return 0;
@@ -87,7 +106,7 @@ static uint64_t spin_budget_ns(instance_t *in, uint64_t now_ns, bool alone)
  * it would spin on is wanted by another instance's worker and the threads
  * that feed it). The worker adds its own checks (Worker.spin_recv).
  * Execute's thread. */
-static void spin_hint_set(instance_t *in, bool alone)
+void spin_hint_set(instance_t *in, bool alone)
 {
     if (!in->spin_hint) return;
     uint64_t us = alone ? g_backend->spin_max_ns / 1000 : 0;
@@ -102,7 +121,7 @@ static void spin_hint_set(instance_t *in, bool alone)
  * and backing off for it lost a third of the spins at FP32[65536], where the reader
  * thread's lazy re-arm check, every ~2 ms, came every few requests;
  * docs/performance.md, "The server's spin, interrupted"). */
-static void spin_record(instance_t *in, uint64_t took_ns, bool hit, bool contended)
+void spin_record(instance_t *in, uint64_t took_ns, bool hit, bool contended)
 {
     in->spin_recent_ns[in->spin_n++ % SPIN_RECENT] = took_ns;
     in->spin_hits += hit;
@@ -120,7 +139,7 @@ static void spin_record(instance_t *in, uint64_t took_ns, bool hit, bool contend
  * passed (0), or another thread wanted this CPU (-1: a sched_yield, or the
  * time between two checks, took over SPIN_CONTENDED_NS, and the worker's
  * message has not come meanwhile). */
-static int spin_wait(const instance_t *in, uint64_t until_ns)
+int spin_wait(const instance_t *in, uint64_t until_ns)
 {
     const _Atomic uint64_t *w = in->spin_word;
     uint64_t last = nereid_now_ns();
@@ -151,9 +170,7 @@ static int spin_wait(const instance_t *in, uint64_t until_ns)
  * each EXECUTE). Sealed against shrinking: the worker cannot make the
  * server's reads fault. Without it (spin-wait-us=0, or no memory) neither
  * side ever spins. */
-#define SPIN_PAGE_BYTES 4096
-#define SPIN_JSON_BYTES 24 /* {"spin_us":N} with N <= SPIN_WAIT_US_MAX, padded */
-static void spin_page_send(instance_t *in)
+void spin_page_send(instance_t *in)
 {
     if (!g_backend->spin_max_ns) return;
     int fd = memfd_create("nereid-python-spin", MFD_CLOEXEC | MFD_ALLOW_SEALING);
@@ -183,7 +200,7 @@ static void spin_page_send(instance_t *in)
     close(fd);
 }
 
-static void spin_page_drop(instance_t *in)
+void spin_page_drop(instance_t *in)
 {
     if (in->spin_map) munmap(in->spin_map, SPIN_PAGE_BYTES);
     in->spin_map = NULL;

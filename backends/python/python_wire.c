@@ -1,24 +1,34 @@
-/* ---- Messages ---- */
+/*
+ * This file contains the python backend's side of the wire format
+ * (python_wire.h, which both sides agree on): regions and the socket
+ * channel, building and sending messages (inline in the datagram, in a
+ * memfd of their own, or in a persistent region named by slot), receiving
+ * one, and the checks of what a worker sends — header and sizes, memfd
+ * seals, JSON, tensor descriptions, and the binary DONE and BLS_CALL
+ * descriptions (done_check, bls_check) walked whole before anything of
+ * them is used. Nothing here knows an instance or a model: the protocol's
+ * unit test (tests/unit/backends/test_python_protocol.c) builds this file
+ * alone. The worker is untrusted: every datagram is size-checked, a memfd
+ * must be sealed against shrinking before it is mapped, and every name,
+ * datatype, shape, offset and size is checked before a byte is copied.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
-/* A memfd mapping that lives across messages: the server's region for
- * EXECUTE inputs (written here, read by the worker) or the worker's region
- * for DONE outputs (read here). Reference counted: a message read from a
- * region keeps it mapped after the worker replaced it, and so does a
- * response output that is a view of it (until the frontend freed the
- * response), also after the worker died. */
-typedef struct region {
-    uint8_t *map;
-    size_t size;
-    atomic_int refs;
-    int fd;       /* the server's own regions keep their memfd; else -1 */
-    uint8_t slot; /* the server's own: its number in EXECUTE headers (M_SLOT_SHIFT) */
-    bool fresh;   /* the server's own: made by the last send (for the counts) */
-    uint64_t id;  /* a body region: unique in the process (which one a worker mapped) */
-    size_t used;  /* a body region: the bytes of the body in it now (set by body_alloc,
-                     while nobody else holds it) */
-} region_t;
+#include "python_wire.h"
 
-static void region_unref(region_t *r)
+void region_unref(region_t *r)
 {
     if (!r || atomic_fetch_sub(&r->refs, 1) != 1) return;
     munmap(r->map, r->size);
@@ -26,33 +36,12 @@ static void region_unref(region_t *r)
     free(r);
 }
 
-/* nereid_output_release_fn of an output that is a view of a region. */
-static void region_release(void *userp)
+void region_release(void *userp)
 {
     region_unref(userp);
 }
 
-/* A message type with this bit has its payload in the sender's persistent
- * region (a new region when a memfd comes with it): EXECUTE and DONE (one
- * of each is in flight at a time), BLS_CALL and BLS_RESULT (see "BLS
- * regions"). */
-#define M_REGION 0x80000000u
-
-/* An EXECUTE in a region names it by a slot (0..TX_SPARES) in these bits
- * of its type. The worker keeps one mapping per slot, replaced when a
- * memfd comes with the slot (a new region): switching to a spare sends no
- * fd, and the worker maps nothing. */
-#define M_SLOT_SHIFT 16
-#define M_SLOT_MASK (0xFu << M_SLOT_SHIFT)
-
-/* The worker's persistent regions, as the thread reading its socket knows
- * them: the DONE region, and BLS_CALL regions by slot (see "BLS regions"). */
-typedef struct rx_regions {
-    region_t *done;
-    region_t *bls[BLS_SLOTS];
-} rx_regions_t;
-
-static void rx_regions_clear(rx_regions_t *rx)
+void rx_regions_clear(rx_regions_t *rx)
 {
     region_unref(rx->done);
     rx->done = NULL;
@@ -62,21 +51,7 @@ static void rx_regions_clear(rx_regions_t *rx)
     }
 }
 
-/* A received message: JSON and a blob view into the datagram or memfd map. */
-typedef struct msg {
-    uint32_t type;
-    json_t *json;
-    const uint8_t *blob;
-    size_t blob_len;
-    void *map; /* memfd mapping, or NULL */
-    size_t map_len;
-    uint8_t *buf;     /* datagram buffer */
-    region_t *region; /* the worker's region the payload is in, or NULL */
-    uint8_t *meta;    /* DONE: its binary description (a private copy), json NULL */
-    size_t meta_len;
-} msg_t;
-
-static void msg_free(msg_t *m)
+void msg_free(msg_t *m)
 {
     if (!m) return;
     json_decref(m->json);
@@ -87,9 +62,7 @@ static void msg_free(msg_t *m)
     free(m);
 }
 
-/* A message kept past its reading: the worker can still write its memfd,
- * so the blob becomes a private copy. */
-static void msg_own_blob(msg_t *m)
+void msg_own_blob(msg_t *m)
 {
     if (!m->map) return;
     uint8_t *copy = malloc(m->blob_len ? m->blob_len : 1);
@@ -102,22 +75,7 @@ static void msg_own_blob(msg_t *m)
     m->blob = copy;
 }
 
-/* The socket and its send lock; shared with BLS completions, which may
- * outlive the worker (they then write to a closed peer and are dropped).
- * The server's BLS_RESULT regions belong to the connection: a new worker
- * starts with none. */
-typedef struct chan {
-    int fd;
-    pthread_mutex_t send_mu;
-    atomic_int refs;
-    pthread_mutex_t bls_mu;      /* guards what follows */
-    region_t *bls_tx[BLS_SLOTS]; /* BLS_RESULT regions by slot, or NULL */
-    size_t bls_tx_bytes;         /* their sizes together (<= BLS_BUDGET) */
-    size_t bls_new_bytes;        /* new regions calls place outputs in, not yet in bls_tx
-                                    (with bls_tx_bytes <= BLS_BUDGET) */
-} chan_t;
-
-static chan_t *chan_new(int fd)
+chan_t *chan_new(int fd)
 {
     chan_t *c = calloc(1, sizeof *c);
     if (!c) return NULL;
@@ -128,7 +86,7 @@ static chan_t *chan_new(int fd)
     return c;
 }
 
-static void chan_unref(chan_t *c)
+void chan_unref(chan_t *c)
 {
     if (!c || atomic_fetch_sub(&c->refs, 1) != 1) return;
     close(c->fd);
@@ -139,32 +97,7 @@ static void chan_unref(chan_t *c)
     free(c);
 }
 
-/* A tensor to send: a view, never owned. */
-typedef struct tview {
-    const char *name;
-    nereid_datatype_t datatype;
-    const int64_t *shape;
-    size_t rank;
-    const void *data;
-    size_t size;
-} tview_t;
-
-/* A message being built: JSON plus the tensors its blob will hold. */
-typedef struct outmsg {
-    json_t *obj;  /* the JSON part, or NULL: */
-    uint8_t *raw; /* a binary one (EXECUTE), malloc'ed */
-    size_t raw_len;
-    tview_t *t;
-    size_t n, cap;
-    size_t blob_len;
-    /* EXECUTE: the region it goes in (when one) is published here with a
-     * reference, under publish_mu, before the worker can see it. */
-    region_t **publish;
-    pthread_mutex_t *publish_mu;
-} outmsg_t;
-
-/* Adds tensor v to the blob; returns its offset there. */
-static size_t outmsg_add_view(outmsg_t *m, const tview_t *v)
+size_t outmsg_add_view(outmsg_t *m, const tview_t *v)
 {
     if (m->n == m->cap) {
         size_t cap = m->cap ? m->cap * 2 : 8;
@@ -179,17 +112,12 @@ static size_t outmsg_add_view(outmsg_t *m, const tview_t *v)
     return off;
 }
 
-/* Sends m (and frees what it holds). -1 when the peer is gone. */
-static int outmsg_send_region(chan_t *c, uint32_t type, outmsg_t *m, region_t **tx,
-                              uint8_t new_slot);
-
-static int outmsg_send(chan_t *c, uint32_t type, outmsg_t *m)
+int outmsg_send(chan_t *c, uint32_t type, outmsg_t *m)
 {
     return outmsg_send_region(c, type, m, NULL, 0);
 }
 
-/* Copies the message's JSON and tensors to dst. */
-static void outmsg_copy(const outmsg_t *m, uint8_t *dst, const char *js, size_t jlen)
+void outmsg_copy(const outmsg_t *m, uint8_t *dst, const char *js, size_t jlen)
 {
     memcpy(dst, js, jlen);
     size_t off = 0;
@@ -199,14 +127,7 @@ static void outmsg_copy(const outmsg_t *m, uint8_t *dst, const char *js, size_t 
     }
 }
 
-/* Room for one fd passed with SCM_RIGHTS. */
-typedef union fd_cmsg {
-    char buf[CMSG_SPACE(sizeof(int))];
-    struct cmsghdr align;
-} fd_cmsg_t;
-
-/* Attaches fd to mh; u holds it and must outlive the sendmsg. */
-static void attach_fd(struct msghdr *mh, fd_cmsg_t *u, int fd)
+void attach_fd(struct msghdr *mh, fd_cmsg_t *u, int fd)
 {
     memset(u, 0, sizeof *u);
     mh->msg_control = u->buf;
@@ -218,9 +139,7 @@ static void attach_fd(struct msghdr *mh, fd_cmsg_t *u, int fd)
     memcpy(CMSG_DATA(cm), &fd, sizeof fd);
 }
 
-/* Sends the len bytes at d (a header, and what a region message adds to
- * it) with fd (-1: none). */
-static int send_bytes_with_fd(chan_t *c, const uint8_t *d, size_t len, int fd)
+int send_bytes_with_fd(chan_t *c, const uint8_t *d, size_t len, int fd)
 {
     struct iovec iov = {(void *)d, len};
     fd_cmsg_t u;
@@ -232,8 +151,7 @@ static int send_bytes_with_fd(chan_t *c, const uint8_t *d, size_t len, int fd)
     return s == (ssize_t)len ? 0 : -1;
 }
 
-/* Sends header hdr with fd (-1: none). */
-static int send_with_fd(chan_t *c, const uint8_t *hdr, int fd)
+int send_with_fd(chan_t *c, const uint8_t *hdr, int fd)
 {
     return send_bytes_with_fd(c, hdr, HDR_BYTES, fd);
 }
@@ -243,15 +161,12 @@ static int send_with_fd(chan_t *c, const uint8_t *hdr, int fd)
  * paravirtualized machine): what a message is about to write or read, at
  * most POPULATE_MAX (a worker's memfd may be sparse and far larger). */
 #define POPULATE_MAX (64u << 20)
-static void populate(void *map, size_t len, int advice)
+void populate(void *map, size_t len, int advice)
 {
     (void)madvise(map, len < POPULATE_MAX ? len : POPULATE_MAX, advice); /* best effort */
 }
 
-/* A new region of the server's own: a memfd of size bytes sealed against
- * shrinking (the worker cannot make our writes fault), mapped, named by
- * slot in the messages that use it. NULL when there is no memory for it. */
-static region_t *region_new(size_t size, uint8_t slot)
+region_t *region_new(size_t size, uint8_t slot)
 {
     int fd = memfd_create("nereid-python", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     uint8_t *map = MAP_FAILED;
@@ -272,20 +187,7 @@ static region_t *region_new(size_t size, uint8_t slot)
     return r;
 }
 
-/* A message's header: type, JSON length, blob length (little-endian). */
-static void hdr_pack(uint8_t hdr[HDR_BYTES], uint32_t type, uint32_t jlen, uint64_t blob_len)
-{
-    memcpy(hdr, &type, 4);
-    memcpy(hdr + 4, &jlen, 4);
-    memcpy(hdr + 8, &blob_len, 8);
-}
-
-/* Sends m (and frees what it holds). A large message goes into *tx, the
- * persistent region, when tx is given (a new one in slot new_slot, its
- * memfd sent along, when there is none or it is too small); otherwise
- * into a memfd of its own. -1 when the peer is gone. */
-static int outmsg_send_region(chan_t *c, uint32_t type, outmsg_t *m, region_t **tx,
-                              uint8_t new_slot)
+int outmsg_send_region(chan_t *c, uint32_t type, outmsg_t *m, region_t **tx, uint8_t new_slot)
 {
     char *dumped = m->obj ? json_dumps(m->obj, JSON_COMPACT) : NULL;
     const char *js = m->obj ? dumped : (const char *)m->raw;
@@ -362,39 +264,24 @@ out:
     return rc;
 }
 
-static int send_json(chan_t *c, uint32_t type, json_t *obj)
+int send_json(chan_t *c, uint32_t type, json_t *obj)
 {
     outmsg_t m = {.obj = obj};
     return outmsg_send(c, type, &m);
 }
 
-/* Receives one message. Returns 1 with *out, 0 at EOF, -1 with *why on a
- * malformed message or a socket error. */
-static int msg_recv_flags(int fd, rx_regions_t *rx, msg_t **out, char *why, size_t why_cap,
-                          int flags);
-static int msg_recv_into(int fd, rx_regions_t *rx, msg_t **out, char *why, size_t why_cap,
-                         int flags, uint8_t *scratch);
-
-static int msg_recv(int fd, rx_regions_t *rx, msg_t **out, char *why, size_t why_cap)
-    __attribute__((unused)); /* the protocol's unit tests receive with it */
-
-static int msg_recv(int fd, rx_regions_t *rx, msg_t **out, char *why, size_t why_cap)
+int msg_recv(int fd, rx_regions_t *rx, msg_t **out, char *why, size_t why_cap)
 {
     return msg_recv_flags(fd, rx, out, why, why_cap, 0);
 }
 
-/* msg_recv with recvmsg flags (MSG_DONTWAIT: 2 when nothing is waiting). */
-static int msg_recv_flags(int fd, rx_regions_t *rx, msg_t **out, char *why, size_t why_cap,
-                          int flags)
+int msg_recv_flags(int fd, rx_regions_t *rx, msg_t **out, char *why, size_t why_cap, int flags)
 {
     return msg_recv_into(fd, rx, out, why, why_cap, flags, NULL);
 }
 
-/* msg_recv_flags receiving into scratch (RECV_MAX bytes, reused by the
- * caller): the message keeps a copy of just the bytes received, so a small
- * message costs no 64 KiB allocation. NULL: into a buffer of its own. */
-static int msg_recv_into(int fd, rx_regions_t *rx, msg_t **out, char *why, size_t why_cap,
-                         int flags, uint8_t *scratch)
+int msg_recv_into(int fd, rx_regions_t *rx, msg_t **out, char *why, size_t why_cap, int flags,
+                  uint8_t *scratch)
 {
     *out = NULL;
     msg_t *m = calloc(1, sizeof *m);
@@ -555,9 +442,7 @@ fail:
     return rc;
 }
 
-/* Whether p[0..size) is exactly elems serialized BYTES elements. Memory the
- * worker can still write is checked again after it was copied. */
-static bool bytes_ok(const uint8_t *p, size_t size, uint64_t elems)
+bool bytes_ok(const uint8_t *p, size_t size, uint64_t elems)
 {
     size_t pos = 0;
     uint64_t count = 0;
@@ -571,7 +456,7 @@ static bool bytes_ok(const uint8_t *p, size_t size, uint64_t elems)
     return pos == size && count == elems;
 }
 
-static uint64_t elements(const int64_t *shape, size_t rank)
+uint64_t elements(const int64_t *shape, size_t rank)
 {
     uint64_t n = 1;
     for (size_t i = 0; i < rank; i++)
@@ -583,9 +468,8 @@ static bool check_tensor(const char *name, nereid_datatype_t t, int64_t *shape, 
                          const int64_t *dims, int64_t off, int64_t size, const uint8_t *blob,
                          size_t blob_len, tview_t *v, char *why, size_t why_cap);
 
-/* A tensor a worker described: checked against the blob and its type. */
-static bool parse_tensor(json_t *d, const uint8_t *blob, size_t blob_len, tview_t *v,
-                         int64_t *shape, char *why, size_t why_cap)
+bool parse_tensor(json_t *d, const uint8_t *blob, size_t blob_len, tview_t *v, int64_t *shape,
+                  char *why, size_t why_cap)
 {
     const char *name = json_string_value(json_object_get(d, "name"));
     const char *dt = json_string_value(json_object_get(d, "datatype"));
@@ -609,6 +493,22 @@ static bool parse_tensor(json_t *d, const uint8_t *blob, size_t blob_len, tview_
     }
     return check_tensor(name, t, shape, rank, dims, json_integer_value(jo), json_integer_value(jz),
                         blob, blob_len, v, why, why_cap);
+}
+
+size_t bls_bytes_total(const bls_req_t *q, const msg_t *m)
+{
+    if (!m->map && !m->region) return 0;
+    brd_t rd = {q->ins, m->meta + m->meta_len - q->ins, 0, false};
+    size_t total = 0;
+    for (uint32_t i = 0; i < q->n_in; i++) {
+        uint32_t name_len = br_u32(&rd), dt = br_u32(&rd), rank = br_u32(&rd);
+        br_u32(&rd);
+        br_u64(&rd);
+        uint64_t size = br_u64(&rd);
+        br_take(&rd, (size_t)rank * sizeof(int64_t) + name_len);
+        if (dt == NEREID_TYPE_BYTES && size <= m->blob_len) total += (size_t)size;
+    }
+    return total;
 }
 
 /* The checks of a tensor description (name, type, dims of rank, offset and
@@ -653,76 +553,11 @@ static bool check_tensor(const char *name, nereid_datatype_t t, int64_t *shape, 
     return true;
 }
 
-/* ---- Binary EXECUTE and DONE descriptions ----
- *
- * The two messages of every request carry no JSON: their description is
- * little-endian fields (the worker parses them with struct), followed as
- * before by the blob. A tensor record is
- *   u32 name_len, u32 datatype (nereid_datatype_t), u32 rank, u32 where,
- *   u64 offset, u64 size, i64 dims[rank], name bytes
- * where 0 means the message's blob, and 1 (DONE only) the EXECUTE region
- * the server wrote: an output that is a view of an input is not copied by
- * the worker, and a large computed one is written there after the EXECUTE
- * payload (so both can reach the reply as views of the region); 2 + k
- * (DONE only) the server's BLS_RESULT region k, an output that is a BLS
- * result (see "BLS tensors by reference"); BODY_WHERE + s (EXECUTE and
- * DONE) the request body region in slot s (see "Request bodies"): an input
- * that lies in a body region is referenced there, not copied, and an
- * output that is a view of such an input goes back the same way. EXECUTE:
- *   u32 n_requests, then per request
- *   u32 n_inputs, u32 n_outputs, u32 flags, u32 id_len, i32 corr_len (-1:
- *   numeric), u32 params_len, u64 correlation_id, u64 timeout_us,
- *   i64 sender (decoupled; -1 none), id, correlation id string,
- *   parameters (JSON text, absent when none), n_outputs x (u32 len, name),
- *   n_inputs tensor records.
- * DONE: u32 kind (bits 16-23: the worker's body-slot holds, see "Request
- * bodies"), then
- *   0 (responses): u32 n, per response u32 status (0 outputs, 1 error,
- *     2 rescheduled), u32 n_outputs, u32 params_len, u32 error_code,
- *     u32 error_len, error text, parameters (JSON text), tensor records;
- *   1 (execute failed): u32 len, text;
- *   2 (decoupled): u32 n, n x u32 indices of rescheduled requests.
- * The worker is untrusted: done_check walks the whole (privately copied)
- * description, every count and length against what is left of it, before
- * apply_done uses any of it. */
-
-enum { DONE_RESPONSES = 0, DONE_ERROR = 1, DONE_DECOUPLED = 2 };
-enum { RESP_OUTPUTS = 0, RESP_ERROR = 1, RESP_RESCHEDULE = 2 };
 #define X(e, name, size, cfg) +1
 static const uint32_t N_DATATYPES = 0 NEREID_DATATYPE_MAP(X);
 #undef X
 
-typedef struct bwr {
-    uint8_t *p;
-    size_t n, cap;
-} bwr_t;
-
-static void bw_put(bwr_t *w, const void *src, size_t n)
-{
-    if (w->cap - w->n < n) {
-        size_t cap = w->cap ? w->cap : 256;
-        while (cap - w->n < n)
-            cap *= 2;
-        uint8_t *p = realloc(w->p, cap);
-        if (!p) abort();
-        w->p = p;
-        w->cap = cap;
-    }
-    if (n) memcpy(w->p + w->n, src, n);
-    w->n += n;
-}
-
-static void bw_u32(bwr_t *w, uint32_t v)
-{
-    bw_put(w, &v, 4);
-}
-
-static void bw_u64(bwr_t *w, uint64_t v)
-{
-    bw_put(w, &v, 8);
-}
-
-static void bw_tensor_where(bwr_t *w, const tview_t *v, uint32_t where, uint64_t offset)
+void bw_tensor_where(bwr_t *w, const tview_t *v, uint32_t where, uint64_t offset)
 {
     size_t len = strlen(v->name);
     bw_u32(w, (uint32_t)len);
@@ -735,60 +570,13 @@ static void bw_tensor_where(bwr_t *w, const tview_t *v, uint32_t where, uint64_t
     bw_put(w, v->name, len);
 }
 
-static void bw_tensor(bwr_t *w, const tview_t *v, uint64_t offset)
+void bw_tensor(bwr_t *w, const tview_t *v, uint64_t offset)
 {
     bw_tensor_where(w, v, 0, offset);
 }
 
-typedef struct brd {
-    const uint8_t *p;
-    size_t n, pos;
-    bool bad; /* read past the end */
-} brd_t;
-
-static const uint8_t *br_take(brd_t *r, size_t n)
-{
-    if (r->bad || n > r->n - r->pos) {
-        r->bad = true;
-        return NULL;
-    }
-    const uint8_t *q = r->p + r->pos;
-    r->pos += n;
-    return q;
-}
-
-static uint32_t br_u32(brd_t *r)
-{
-    uint32_t v = 0;
-    const uint8_t *q = br_take(r, 4);
-    if (q) memcpy(&v, q, 4);
-    return v;
-}
-
-static uint64_t br_u64(brd_t *r)
-{
-    uint64_t v = 0;
-    const uint8_t *q = br_take(r, 8);
-    if (q) memcpy(&v, q, 8);
-    return v;
-}
-
-/* The where field of the tensor record at rd (not consumed), or
- * UINT32_MAX when the description ends before it. */
-static uint32_t record_where(const brd_t *rd)
-{
-    uint32_t where = UINT32_MAX;
-    if (!rd->bad && rd->n - rd->pos >= 16) memcpy(&where, rd->p + rd->pos + 12, 4);
-    return where;
-}
-
-/* A tensor record of a DONE, checked as parse_tensor checks a JSON one;
- * name (MAX_NAME + 1 bytes) receives its name. ex/ex_len: the region a
- * record with where >= 1 lies in (the caller's choice by where: the
- * EXECUTE region, or a BLS_RESULT one). */
-static bool read_tensor(brd_t *r, const uint8_t *blob, size_t blob_len, const uint8_t *ex,
-                        size_t ex_len, tview_t *v, int64_t *shape, char *name, char *why,
-                        size_t why_cap)
+bool read_tensor(brd_t *r, const uint8_t *blob, size_t blob_len, const uint8_t *ex, size_t ex_len,
+                 tview_t *v, int64_t *shape, char *name, char *why, size_t why_cap)
 {
     uint32_t name_len = br_u32(r), dt = br_u32(r), rank = br_u32(r), where = br_u32(r);
     uint64_t off = br_u64(r), size = br_u64(r);
@@ -813,20 +601,7 @@ static bool read_tensor(brd_t *r, const uint8_t *blob, size_t blob_len, const ui
                         where ? ex : blob, where ? ex_len : blob_len, v, why, why_cap);
 }
 
-/* A BLS_CALL's fields, pointing into its (private) description. */
-typedef struct bls_req {
-    uint64_t id, corr, timeout;
-    int64_t version;
-    uint32_t flags, decoupled, model_len, id_len, params_len, n_out, n_in;
-    int32_t corr_len, reply_slot;
-    const uint8_t *model, *rid, *corr_s, *params, *outs, *ins;
-    bool by_ref;        /* an input names the EXECUTE region (where 1) */
-    uint32_t body_mask; /* the request body slots inputs name (where BODY_WHERE + slot) */
-} bls_req_t;
-
-/* Walks a BLS_CALL description whole: every count and length fits, strings
- * hold no NUL, nothing is left over. Fills *q on success. */
-static bool bls_check(const uint8_t *meta, size_t len, bls_req_t *q)
+bool bls_check(const uint8_t *meta, size_t len, bls_req_t *q)
 {
     brd_t rd = {meta, len, 0, false};
     q->by_ref = false;
@@ -875,10 +650,7 @@ static bool bls_check(const uint8_t *meta, size_t len, bls_req_t *q)
     return !rd.bad && rd.pos == rd.n;
 }
 
-/* Walks a DONE description for n requests without applying it: whether
- * every count and length fits and nothing is left over (a tensor's
- * contents are checked later, per request). */
-static bool done_check(const uint8_t *meta, size_t len, size_t n, bool decoupled)
+bool done_check(const uint8_t *meta, size_t len, size_t n, bool decoupled)
 {
     brd_t rd = {meta, len, 0, false};
     uint32_t kind = br_u32(&rd) & 0xFFFF; /* above: body holds, checked by apply_done */

@@ -1,4 +1,40 @@
-static nereid_error_t *unhealthy(instance_t *in)
+/*
+ * This file contains the start and the end of a model instance's
+ * worker process, as Triton python_backend's stub_launcher does it: a
+ * socketpair and a python3 running nereid_python_stub.py — spawned, or
+ * forked by the zygote (one pre-started python3 with numpy and pb_utils
+ * imported, below) — the spin page and the reader thread, INIT and its
+ * READY (worker_start, worker_init), the one-slot mailbox the instance
+ * thread waits on for a reply (expect_reply, wait_reply), and the worker's
+ * end: worker_died when it died or misbehaved (its requests and decoupled
+ * senders fail: "Stub process ... is not healthy"), worker_stop when the
+ * server ends it. A worker that died is started again by the next execute
+ * (python_execute.c).
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <errno.h>
+#include <jansson.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/pidfd.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "python_internal.h"
+
+extern char **environ;
+
+nereid_error_t *unhealthy(instance_t *in)
 {
     pthread_mutex_lock(&in->mu);
     nereid_error_t *e =
@@ -12,17 +48,8 @@ static nereid_error_t *unhealthy(instance_t *in)
     return e;
 }
 
-static nereid_error_t *error_from_json(json_t *e)
-{
-    const char *text = json_string_value(json_object_get(e, "message"));
-    json_t *jc = json_object_get(e, "code");
-    json_int_t code = json_is_integer(jc) ? json_integer_value(jc) : NEREID_ERROR_INTERNAL;
-    if (code < NEREID_ERROR_UNKNOWN || code > NEREID_ERROR_CANCELLED) code = NEREID_ERROR_INTERNAL;
-    return nereid_error_new((nereid_error_code_t)code, "%s", text ? text : "");
-}
-
 /* The worker is gone or misbehaved: end it (once) and everything it held. */
-static void worker_died(instance_t *in, const char *why)
+void worker_died(instance_t *in, const char *why)
 {
     if (why[0]) plog('E', "python backend: worker of '%s': %s", in->name, why);
     pthread_mutex_lock(&in->mu);
@@ -61,7 +88,7 @@ static void worker_died(instance_t *in, const char *why)
 
 /* Announces the reply the next message sent asks for: any other reply,
  * or one nobody waits for, is a protocol error. */
-static void expect_reply(instance_t *in, uint32_t type)
+void expect_reply(instance_t *in, uint32_t type)
 {
     pthread_mutex_lock(&in->mu);
     in->expect = type;
@@ -70,7 +97,7 @@ static void expect_reply(instance_t *in, uint32_t type)
 
 /* Waits for the worker's reply of type want (or its end). timeout_s 0 =
  * no limit. NULL when the worker died or the time ran out. */
-static msg_t *wait_reply(instance_t *in, uint32_t want, long timeout_s)
+msg_t *wait_reply(instance_t *in, uint32_t want, long timeout_s)
 {
     struct timespec dl;
     clock_gettime(CLOCK_REALTIME, &dl);
@@ -95,17 +122,8 @@ static msg_t *wait_reply(instance_t *in, uint32_t want, long timeout_s)
 }
 
 /* Ends the current worker (if any) and joins its reader. */
-/* A worker's end (or start): its body-region holds and mappings are gone. */
-static void body_forget(instance_t *in)
-{
-    for (int s = 0; s < BODY_SLOTS; s++) {
-        region_unref(in->body_held[s]);
-        in->body_held[s] = NULL;
-        in->body_mapped[s] = 0;
-    }
-}
 
-static void worker_stop(instance_t *in)
+void worker_stop(instance_t *in)
 {
     if (!in->reader_running) return;
     shutdown(in->chan->fd, SHUT_RDWR);
@@ -139,8 +157,6 @@ static void worker_stop(instance_t *in)
     pthread_mutex_unlock(&in->mu);
 }
 
-static nereid_error_t *worker_init(instance_t *in, const char *init_json, msg_t **ready);
-
 /* posix_spawn's argv[0] with sock as its fd 3 and no other fd above 2.
  * Returns posix_spawn's error number. */
 static int spawn_with_socket(const char *exe, char *const argv[], int sock, pid_t *pid)
@@ -173,7 +189,7 @@ static int spawn_with_socket(const char *exe, char *const argv[], int sock, pid_
 
 /* Ends the zygote (and with it the workers it forked, which have
  * PR_SET_PDEATHSIG). Called with zy_mu held or at fini. */
-static void zygote_end(backend_state_t *st)
+void zygote_end(backend_state_t *st)
 {
     if (st->zy_fd < 0) return;
     close(st->zy_fd);
@@ -274,7 +290,7 @@ static int zygote_fork(backend_state_t *st, const char *name, int sock, pid_t *p
 
 /* Starts a worker and sends it init_json (INIT). On success the worker's
  * READY message is returned (caller frees). */
-static nereid_error_t *worker_start(instance_t *in, const char *init_json, msg_t **ready)
+nereid_error_t *worker_start(instance_t *in, const char *init_json, msg_t **ready)
 {
     *ready = NULL;
     int sv[2];
@@ -346,7 +362,7 @@ static nereid_error_t *worker_start(instance_t *in, const char *init_json, msg_t
 
 /* Sends INIT (init_json) to the running worker and waits for READY. On
  * failure the worker is stopped. */
-static nereid_error_t *worker_init(instance_t *in, const char *init_json, msg_t **ready)
+nereid_error_t *worker_init(instance_t *in, const char *init_json, msg_t **ready)
 {
     *ready = NULL;
     json_error_t jerr;
