@@ -292,20 +292,6 @@ static void bls_send_result(bls_call_t *call, bwr_t *w, outmsg_t *om)
     om->t = NULL;
 }
 
-static void bls_result_head(bwr_t *w, uint64_t id, uint32_t status, bool final, uint32_t code,
-                            const char *text, size_t params_len, size_t n_out)
-{
-    size_t len = text ? strlen(text) : 0;
-    bw_u64(w, id);
-    bw_u32(w, status);
-    bw_u32(w, final);
-    bw_u32(w, code);
-    bw_u32(w, (uint32_t)len);
-    bw_u32(w, (uint32_t)params_len);
-    bw_u32(w, (uint32_t)n_out);
-    bw_put(w, text, len);
-}
-
 static void bls_reply_error(chan_t *c, uint64_t id, const char *text, nereid_error_code_t code)
 {
     bwr_t w = {0};

@@ -448,15 +448,9 @@ NEREID_EXPORT nereid_error_t *nereid_backend_execute(nereid_instance_t *instance
         }
         size_t id_len = id ? strlen(id) : 0, corr_len = corr_str ? strlen(corr_str) : 0;
         size_t params_len = params ? strlen(params) : 0;
-        bw_u32(&w, (uint32_t)k);
-        bw_u32(&w, n_out);
-        bw_u32(&w, flags);
-        bw_u32(&w, (uint32_t)id_len);
-        bw_u32(&w, corr_str ? (uint32_t)corr_len : UINT32_MAX);
-        bw_u32(&w, (uint32_t)params_len);
-        bw_u64(&w, corr);
-        bw_u64(&w, timeout_us);
-        bw_u64(&w, (uint64_t)sender_id);
+        bw_exec_request(&w, (uint32_t)k, n_out, flags, (uint32_t)id_len,
+                        corr_str ? (uint32_t)corr_len : UINT32_MAX, (uint32_t)params_len, corr,
+                        timeout_us, sender_id);
         bw_put(&w, id, id_len);
         bw_put(&w, corr_str, corr_len);
         bw_put(&w, params, params_len);

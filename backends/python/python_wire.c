@@ -511,6 +511,20 @@ size_t bls_bytes_total(const bls_req_t *q, const msg_t *m)
     return total;
 }
 
+void bls_result_head(bwr_t *w, uint64_t id, uint32_t status, bool final, uint32_t code,
+                     const char *text, size_t params_len, size_t n_out)
+{
+    size_t len = text ? strlen(text) : 0;
+    bw_u64(w, id);
+    bw_u32(w, status);
+    bw_u32(w, final);
+    bw_u32(w, code);
+    bw_u32(w, (uint32_t)len);
+    bw_u32(w, (uint32_t)params_len);
+    bw_u32(w, (uint32_t)n_out);
+    bw_put(w, text, len);
+}
+
 /* The checks of a tensor description (name, type, dims of rank, offset and
  * size in blob), whichever encoding it came in: *v and shape on success. */
 static bool check_tensor(const char *name, nereid_datatype_t t, int64_t *shape, size_t rank,

@@ -356,6 +356,24 @@ static inline uint32_t record_where(const brd_t *rd)
     return where;
 }
 
+/* Writes the fixed fields of one request of an EXECUTE (what follows them:
+ * id, correlation id string, parameters, output names, tensor records).
+ * corr_len UINT32_MAX: the correlation id is numeric. */
+static inline void bw_exec_request(bwr_t *w, uint32_t n_inputs, uint32_t n_outputs, uint32_t flags,
+                                   uint32_t id_len, uint32_t corr_len, uint32_t params_len,
+                                   uint64_t corr, uint64_t timeout_us, int64_t sender)
+{
+    bw_u32(w, n_inputs);
+    bw_u32(w, n_outputs);
+    bw_u32(w, flags);
+    bw_u32(w, id_len);
+    bw_u32(w, corr_len);
+    bw_u32(w, params_len);
+    bw_u64(w, corr);
+    bw_u64(w, timeout_us);
+    bw_u64(w, (uint64_t)sender);
+}
+
 void bw_tensor_where(bwr_t *w, const tview_t *v, uint32_t where, uint64_t offset);
 void bw_tensor(bwr_t *w, const tview_t *v, uint64_t offset);
 /* A tensor record of a DONE, checked as parse_tensor checks a JSON one;
@@ -379,6 +397,10 @@ typedef struct bls_req {
 /* Walks a BLS_CALL description whole: every count and length fits, strings
  * hold no NUL, nothing is left over. Fills *q on success. */
 bool bls_check(const uint8_t *meta, size_t len, bls_req_t *q);
+/* Writes the head of a BLS_RESULT: call id, status (BLS_OUTPUTS, BLS_ERROR,
+ * BLS_EMPTY), final, error code, the lengths, then the error text. */
+void bls_result_head(bwr_t *w, uint64_t id, uint32_t status, bool final, uint32_t code,
+                     const char *text, size_t params_len, size_t n_out);
 /* The BYTES inputs of a BLS_CALL whose blob is in the worker's memfd or
  * region: their total size (copied into one private buffer, see
  * bls_inputs). */
