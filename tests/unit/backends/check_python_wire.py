@@ -22,7 +22,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.a
 sys.path.insert(0, os.path.join(ROOT, "backends", "python"))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 
-import nereid_python_stub as wire  # noqa: E402
+from nereid_stub import wire  # noqa: E402
 import bench_python_stub as bench  # noqa: E402
 
 REQUIRED = ("M_INIT", "M_EXECUTE", "M_FINALIZE", "M_BLS_RESULT", "M_CANCEL_ANSWER",
