@@ -199,7 +199,7 @@ static void instance_free(instance_t *in)
     spin_page_drop(in);
     body_forget(in);
     for (int s = 0; s < BODY_SLOTS; s++)
-        region_unref(in->exec_body[s]);
+        region_unref(in->body.exec[s]);
     region_unref(in->exec_rx);
     region_unref(in->tx);
     rx_regions_clear(&in->rx);
@@ -497,12 +497,12 @@ NEREID_EXPORT nereid_error_t *nereid_backend_instance_fini(nereid_instance_t *in
     plog('V',
          "python backend: '%s' spin-wait: %llu executes spun, %llu answered while spinning, "
          "%llu let the worker spin after them",
-         in->name, (unsigned long long)in->spin_n, (unsigned long long)in->spin_hits,
-         (unsigned long long)in->spin_hints);
+         in->name, (unsigned long long)in->spin.n, (unsigned long long)in->spin.hits,
+         (unsigned long long)in->spin.hints);
     plog('V', "python backend: '%s' EXECUTE regions: %llu made, %llu switches to another", in->name,
          (unsigned long long)in->tx_made, (unsigned long long)in->tx_switches);
     plog('V', "python backend: '%s' request body regions: %llu inputs referenced", in->name,
-         (unsigned long long)in->body_inputs);
+         (unsigned long long)in->body.inputs);
     if (atomic_load(&in->bls_placed_n) + atomic_load(&in->bls_copied_n))
         plog('V',
              "python backend: '%s' BLS result outputs: %llu written in place by the called model "

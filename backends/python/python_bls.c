@@ -22,27 +22,8 @@
 
 /* ---- BLS: a worker's request into any model of the server ----
  *
- * BLS_CALL and BLS_RESULT carry binary descriptions too (the little-endian
- * fields and tensor records of "Binary EXECUTE and DONE descriptions").
- * BLS_CALL (worker -> server):
- *   u64 call id, i64 model version, u64 correlation_id, u64 timeout_us,
- *   u32 sequence flags, u32 decoupled (0/1), i32 corr_len (-1: numeric),
- *   u32 model_len, u32 id_len, u32 params_len, u32 n_outputs, u32 n_inputs,
- *   i32 reply slot (-1: none; see "BLS regions"), model name, request id,
- *   correlation id string, parameters (JSON text of an object, absent when
- *   none), n_outputs x (u32 len, name), n_inputs tensor records (where 0:
- *   the message's blob; 1: the EXECUTE region of the execute in flight,
- *   see "BLS tensors by reference").
- * BLS_RESULT (server -> worker):
- *   u64 call id, u32 status (0 outputs, 1 error, 2 empty: a flags-only
- *   final), u32 final, u32 error code, u32 error_len, u32 params_len,
- *   u32 n_outputs, error text, parameters (JSON text), tensor records.
- * The server copies a BLS_CALL's description before reading it and walks
- * it whole (bls_check) before using any of it. Inputs stay where the worker
- * wrote them (its datagram, memfd or BLS region, kept mapped until the
- * call's final response), except BYTES, which are copied and checked
- * again: the worker can still write its memory, and only BYTES have a
- * structure to break.
+ * The layouts of BLS_CALL and BLS_RESULT are python_wire.h's ("BLS_CALL
+ * and BLS_RESULT descriptions").
  *
  * BLS regions. A large BLS message (past INLINE_MAX, at most
  * BLS_REGION_MAX) travels in a persistent region, not in a memfd of its
@@ -632,7 +613,7 @@ bool bls_start(instance_t *in, msg_t *m, char *why, size_t why_cap)
         }
         for (int s = 0; s < BODY_SLOTS; s++) {
             if (!(q.body_mask >> s & 1)) continue;
-            body[s] = in->exec_body[s];
+            body[s] = in->body.exec[s];
             if (body[s])
                 atomic_fetch_add(&body[s]->refs, 1);
             else

@@ -167,20 +167,20 @@ region_t *body_ref(instance_t *in, model_state_t *ms, const tview_t *v)
     if (!r) return NULL;
     /* The request's body holds r: it stays in its slot while this runs.
      * Published under in->mu: a BLS call of this execute may name it. */
-    if (!in->exec_body[r->slot]) {
+    if (!in->body.exec[r->slot]) {
         atomic_fetch_add(&r->refs, 1);
         pthread_mutex_lock(&in->mu);
-        in->exec_body[r->slot] = r;
+        in->body.exec[r->slot] = r;
         pthread_mutex_unlock(&in->mu);
-    } else if (in->exec_body[r->slot] != r) {
+    } else if (in->body.exec[r->slot] != r) {
         return NULL;
     }
-    if (in->body_mapped[r->slot] != r->id) {
+    if (in->body.mapped[r->slot] != r->id) {
         uint8_t hdr[HDR_BYTES];
         hdr_pack(hdr, M_BODY_MAP | (uint32_t)r->slot << M_SLOT_SHIFT, 0, 0);
-        if (send_with_fd(in->chan, hdr, r->fd) == 0) in->body_mapped[r->slot] = r->id;
+        if (send_with_fd(in->chan, hdr, r->fd) == 0) in->body.mapped[r->slot] = r->id;
     }
-    in->body_inputs++;
+    in->body.inputs++;
     return r;
 }
 
@@ -191,18 +191,18 @@ void body_settle(instance_t *in, uint32_t held)
 {
     for (int s = 0; s < BODY_SLOTS; s++) {
         bool keep = held >> s & 1;
-        region_t *now = in->exec_body[s];
-        if (!now && !in->body_held[s]) continue;
+        region_t *now = in->body.exec[s];
+        if (!now && !in->body.held[s]) continue;
         pthread_mutex_lock(&in->mu);
-        in->exec_body[s] = NULL;
+        in->body.exec[s] = NULL;
         pthread_mutex_unlock(&in->mu);
-        if (keep && now && in->body_held[s] != now) {
-            region_unref(in->body_held[s]);
-            in->body_held[s] = now;
+        if (keep && now && in->body.held[s] != now) {
+            region_unref(in->body.held[s]);
+            in->body.held[s] = now;
             now = NULL;
-        } else if (!keep && in->body_held[s]) {
-            region_unref(in->body_held[s]);
-            in->body_held[s] = NULL;
+        } else if (!keep && in->body.held[s]) {
+            region_unref(in->body.held[s]);
+            in->body.held[s] = NULL;
         }
         region_unref(now);
     }
@@ -212,8 +212,8 @@ void body_settle(instance_t *in, uint32_t held)
 void body_forget(instance_t *in)
 {
     for (int s = 0; s < BODY_SLOTS; s++) {
-        region_unref(in->body_held[s]);
-        in->body_held[s] = NULL;
-        in->body_mapped[s] = 0;
+        region_unref(in->body.held[s]);
+        in->body.held[s] = NULL;
+        in->body.mapped[s] = 0;
     }
 }

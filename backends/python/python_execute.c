@@ -180,7 +180,7 @@ static bool apply_response(instance_t *in, nereid_batch_t *batch, size_t r, brd_
             /* An output in a request body region: it must be one this
              * execute references, and lie in its body. */
             region_t *br =
-                where < BODY_WHERE + BODY_SLOTS ? in->exec_body[where - BODY_WHERE] : NULL;
+                where < BODY_WHERE + BODY_SLOTS ? in->body.exec[where - BODY_WHERE] : NULL;
             if (!br || !read_tensor(rd, m->blob, m->blob_len, br->map, br->used, &v, shape, name, w,
                                     sizeof w)) {
                 snprintf(why, why_cap, "malformed execute answer: %s",
@@ -345,7 +345,7 @@ static bool apply_done(instance_t *in, nereid_batch_t *batch, msg_t *m, uint32_t
     uint32_t holds = kind >> 16, may = 0;
     kind &= 0xFFFF;
     for (int s = 0; s < BODY_SLOTS; s++)
-        if (in->exec_body[s] || in->body_held[s]) may |= 1u << s;
+        if (in->body.exec[s] || in->body.held[s]) may |= 1u << s;
     if (holds & ~may) {
         snprintf(why, why_cap,
                  "malformed execute answer: a hold on a request body region it "

@@ -3,9 +3,9 @@
  * settings, the model's and each instance's state, and the functions the
  * backend's files call across each other. The wire format both sides
  * agree on is python_wire.h. Which file owns which part of instance_t is
- * written at its fields: the worker and its channel (python_worker.c), the
- * reading of its socket (python_reader.c), spin-wait (python_spin.c),
- * request bodies (python_body.c), BLS calls (python_bls.c), readiness
+ * written at its field groups (body_state_t and spin_state_t are theirs): the worker and its
+ * channel (python_worker.c), the reading of its socket (python_reader.c), spin-wait
+ * (python_spin.c), request bodies (python_body.c), BLS calls (python_bls.c), readiness
  * (python_services.c) and the execute in flight (python_execute.c).
  */
 #ifndef NEREID_PYTHON_INTERNAL_H
@@ -64,6 +64,35 @@ typedef struct sender_slot {
     struct sender_slot *next;
 } sender_slot_t;
 
+/* An instance's request bodies (python_body.c, "Request bodies"; execute's
+ * thread only). */
+typedef struct body_state {
+    region_t *exec[BODY_SLOTS];  /* body regions the execute in flight references
+                                    (a reference each), else NULL; written under the
+                                    instance's mu (a BLS call of the execute may name them) */
+    region_t *held[BODY_SLOTS];  /* body regions the worker says its arrays still
+                                    view (a reference each), else NULL */
+    uint64_t mapped[BODY_SLOTS]; /* id of the body region the current worker has
+                                    mapped in each slot; 0: none */
+    uint64_t inputs;             /* inputs sent by reference to a body region */
+} body_state_t;
+
+/* An instance's spin-wait (python_spin.c; execute's thread only, but the
+ * word: the worker writes it). */
+typedef struct spin_state {
+    void *map;                       /* the page shared with the worker, or NULL */
+    const _Atomic uint64_t *word;    /* in it: messages the worker has sent */
+    _Atomic uint64_t *hint;          /* and: how long (µs) the worker may spin after
+                                        the execute just sent (written before EXECUTE) */
+    uint64_t hints;                  /* executes that let the worker spin after them */
+    uint64_t recent_ns[SPIN_RECENT]; /* EXECUTE -> DONE of the last executes that spun */
+    uint64_t n;                      /* executes that spun (so far) */
+    uint64_t hits;                   /* ... and saw the answer while spinning */
+    uint32_t misses_in_row;
+    uint32_t contended_in_row; /* spins in a row that another thread interrupted */
+    uint32_t skip;             /* executes left that do not spin (back-off) */
+} spin_state_t;
+
 typedef struct instance {
     char *name;
     nereid_model_t *model;
@@ -71,7 +100,7 @@ typedef struct instance {
     bool decoupled;
     char *init_json; /* the INIT message, kept for restarts */
 
-    /* The current worker; replaced by the instance thread only. */
+    /* The current worker (python_worker.c); replaced by the instance thread only. */
     pid_t pid;
     int pidfd; /* a worker forked by the zygote: signalled and watched here; -1 when
                   spawned (our child: kill and waitpid) */
@@ -88,33 +117,16 @@ typedef struct instance {
                                       thread reads) */
     uint8_t *rbuf;                 /* receive buffer (RECV_MAX) of whichever thread reads */
     uint64_t msgs_in;              /* messages received from the worker (whichever thread reads) */
-    uint64_t tx_made; /* EXECUTE regions made (their memfd sent), instance thread only */
-    /* Request bodies (see "Request bodies"; execute's thread only) */
-    region_t *exec_body[BODY_SLOTS];  /* body regions the execute in flight references
-                                         (a reference each), else NULL; written under mu
-                                         (a BLS call of the execute may name them) */
-    region_t *body_held[BODY_SLOTS];  /* body regions the worker says its arrays still
-                                         view (a reference each), else NULL */
-    uint64_t body_mapped[BODY_SLOTS]; /* id of the body region the current worker has
-                                         mapped in each slot; 0: none */
-    uint64_t body_inputs;             /* inputs sent by reference to a body region */
+    uint64_t tx_made;     /* EXECUTE regions made (their memfd sent), instance thread only */
+    body_state_t body;    /* request bodies (python_body.c; execute's thread only) */
     uint64_t tx_switches; /* executes whose region a reply still held (another one taken) */
 
-    /* spin-wait (execute's thread only, but the word: the worker writes it) */
-    void *spin_map;                       /* the page shared with the worker, or NULL */
-    const _Atomic uint64_t *spin_word;    /* in it: messages the worker has sent */
-    _Atomic uint64_t *spin_hint;          /* and: how long (µs) the worker may spin after
-                                             the execute just sent (written before EXECUTE) */
-    uint64_t spin_hints;                  /* executes that let the worker spin after them */
-    uint64_t spin_recent_ns[SPIN_RECENT]; /* EXECUTE -> DONE of the last executes that spun */
-    uint64_t spin_n;                      /* executes that spun (so far) */
-    uint64_t spin_hits;                   /* ... and saw the answer while spinning */
-    uint32_t spin_misses_in_row;
-    uint32_t spin_contended_in_row; /* spins in a row that another thread interrupted */
-    uint32_t spin_skip;             /* executes left that do not spin (back-off) */
+    spin_state_t spin; /* spin-wait (python_spin.c; execute's thread only) */
 
     pthread_mutex_t mu; /* guards what follows */
     pthread_cond_t cv;
+    /* The worker's state and the socket's reading (python_worker.c,
+     * python_reader.c) */
     bool dead;            /* the worker is gone (reader thread ended) */
     char *death;          /* why, when it sent something invalid */
     char *pump_fail;      /* a readiness check reading the socket found it broken (why) */
@@ -128,18 +140,20 @@ typedef struct instance {
     uint64_t exec_end_ns; /* when the last execute gave the socket back */
     bool bg_in_recv;      /* the reader thread is receiving */
     bool reaped;          /* the worker was killed and waited for */
+    /* The execute in flight and decoupled senders (python_execute.c) */
     sender_slot_t *senders;
     uint64_t next_sender;
     nereid_batch_t *batch; /* during execute, for cancellation checks */
     region_t *exec_rx;     /* the EXECUTE region of the execute in flight (a reference), or
                               NULL: what a BLS input by reference (where 1) may name */
+    /* BLS calls (python_bls.c) and model control jobs (python_services.c) */
     size_t bls_inflight;
     struct bls_call *bls_calls; /* in flight, for M_BLS_CANCEL */
     /* BLS result outputs (any thread; logged at fini): written in place by
      * the called model ("BLS results in place"), or copied into the reply */
     _Atomic uint64_t bls_placed_n, bls_placed_bytes, bls_copied_n, bls_copied_bytes;
     _Atomic uint64_t bls_regions_made; /* BLS_RESULT regions sent to the worker */
-    /* The model's is_ready() (Triton's user-defined readiness): one check
+    /* The model's is_ready() (python_services.c; Triton's user-defined readiness): one check
      * in flight at a time, later checks wait for its answer. */
     bool has_is_ready;
     bool rq_inflight;

@@ -80,21 +80,21 @@ static int cmp_u64(const void *a, const void *b)
 uint64_t spin_budget_ns(instance_t *in, uint64_t now_ns, bool alone)
 {
     uint64_t max = g_backend->spin_max_ns;
-    if (!max || !in->spin_word) return 0;
-    if (in->spin_skip) {
-        in->spin_skip--;
+    if (!max || !in->spin.word) return 0;
+    if (in->spin.skip) {
+        in->spin.skip--;
         return 0;
     }
     if (!alone) return 0;
     /* exec_end_ns is written by executes only (under mu, for the reader) */
     if (now_ns - in->exec_end_ns < SPIN_MIN_GAP_NS) return 0; /* requests queue: CPU is busy */
-    if (in->spin_n < SPIN_RECENT) return max;                 /* still learning */
+    if (in->spin.n < SPIN_RECENT) return max;                 /* still learning */
     uint64_t sorted[SPIN_RECENT];
-    memcpy(sorted, in->spin_recent_ns, sizeof sorted);
+    memcpy(sorted, in->spin.recent_ns, sizeof sorted);
     qsort(sorted, SPIN_RECENT, sizeof *sorted, cmp_u64);
     uint64_t median = sorted[SPIN_RECENT / 2];
     if (median > max) { /* too slow to wait for spinning: probe now and then */
-        in->spin_skip = SPIN_PROBE_EVERY - 1;
+        in->spin.skip = SPIN_PROBE_EVERY - 1;
         return max;
     }
     return median * 3 / 2 < max ? median * 3 / 2 : max;
@@ -108,10 +108,10 @@ uint64_t spin_budget_ns(instance_t *in, uint64_t now_ns, bool alone)
  * Execute's thread. */
 void spin_hint_set(instance_t *in, bool alone)
 {
-    if (!in->spin_hint) return;
+    if (!in->spin.hint) return;
     uint64_t us = alone ? g_backend->spin_max_ns / 1000 : 0;
-    in->spin_hints += us != 0;
-    atomic_store_explicit(in->spin_hint, us, memory_order_relaxed); /* sendmsg orders it */
+    in->spin.hints += us != 0;
+    atomic_store_explicit(in->spin.hint, us, memory_order_relaxed); /* sendmsg orders it */
 }
 
 /* Records how an execute that spun went: its EXECUTE -> DONE time, and
@@ -123,15 +123,15 @@ void spin_hint_set(instance_t *in, bool alone)
  * docs/performance.md, "The server's spin, interrupted"). */
 void spin_record(instance_t *in, uint64_t took_ns, bool hit, bool contended)
 {
-    in->spin_recent_ns[in->spin_n++ % SPIN_RECENT] = took_ns;
-    in->spin_hits += hit;
-    in->spin_misses_in_row = hit ? 0 : in->spin_misses_in_row + 1;
-    in->spin_contended_in_row = contended ? in->spin_contended_in_row + 1 : 0;
-    if (in->spin_contended_in_row >= SPIN_CONTENDED_MAX ||
-        in->spin_misses_in_row >= SPIN_MISSES_MAX) {
-        in->spin_misses_in_row = 0;
-        in->spin_contended_in_row = 0;
-        in->spin_skip = SPIN_PROBE_EVERY;
+    in->spin.recent_ns[in->spin.n++ % SPIN_RECENT] = took_ns;
+    in->spin.hits += hit;
+    in->spin.misses_in_row = hit ? 0 : in->spin.misses_in_row + 1;
+    in->spin.contended_in_row = contended ? in->spin.contended_in_row + 1 : 0;
+    if (in->spin.contended_in_row >= SPIN_CONTENDED_MAX ||
+        in->spin.misses_in_row >= SPIN_MISSES_MAX) {
+        in->spin.misses_in_row = 0;
+        in->spin.contended_in_row = 0;
+        in->spin.skip = SPIN_PROBE_EVERY;
     }
 }
 
@@ -141,7 +141,7 @@ void spin_record(instance_t *in, uint64_t took_ns, bool hit, bool contended)
  * message has not come meanwhile). */
 int spin_wait(const instance_t *in, uint64_t until_ns)
 {
-    const _Atomic uint64_t *w = in->spin_word;
+    const _Atomic uint64_t *w = in->spin.word;
     uint64_t last = nereid_now_ns();
     for (unsigned i = 1;; i++) {
         if (atomic_load_explicit(w, memory_order_acquire) > in->msgs_in) return 1;
@@ -190,9 +190,9 @@ void spin_page_send(instance_t *in)
         uint8_t hdr[HDR_BYTES];
         hdr_pack(hdr, M_SPIN_PAGE, SPIN_JSON_BYTES, 16);
         if (send_with_fd(in->chan, hdr, fd) == 0) {
-            in->spin_map = map;
-            in->spin_word = (const _Atomic uint64_t *)((uint8_t *)map + SPIN_JSON_BYTES);
-            in->spin_hint = (_Atomic uint64_t *)((uint8_t *)map + SPIN_JSON_BYTES + 8);
+            in->spin.map = map;
+            in->spin.word = (const _Atomic uint64_t *)((uint8_t *)map + SPIN_JSON_BYTES);
+            in->spin.hint = (_Atomic uint64_t *)((uint8_t *)map + SPIN_JSON_BYTES + 8);
         } else {
             munmap(map, SPIN_PAGE_BYTES);
         }
@@ -202,8 +202,8 @@ void spin_page_send(instance_t *in)
 
 void spin_page_drop(instance_t *in)
 {
-    if (in->spin_map) munmap(in->spin_map, SPIN_PAGE_BYTES);
-    in->spin_map = NULL;
-    in->spin_word = NULL;
-    in->spin_hint = NULL;
+    if (in->spin.map) munmap(in->spin.map, SPIN_PAGE_BYTES);
+    in->spin.map = NULL;
+    in->spin.word = NULL;
+    in->spin.hint = NULL;
 }

@@ -383,6 +383,31 @@ void bw_tensor(bwr_t *w, const tview_t *v, uint64_t offset);
 bool read_tensor(brd_t *r, const uint8_t *blob, size_t blob_len, const uint8_t *ex, size_t ex_len,
                  tview_t *v, int64_t *shape, char *name, char *why, size_t why_cap);
 
+/* ---- BLS_CALL and BLS_RESULT descriptions ----
+ *
+ * BLS_CALL and BLS_RESULT carry binary descriptions too (the little-endian
+ * fields and tensor records of "Binary EXECUTE and DONE descriptions").
+ * BLS_CALL (worker -> server):
+ *   u64 call id, i64 model version, u64 correlation_id, u64 timeout_us,
+ *   u32 sequence flags, u32 decoupled (0/1), i32 corr_len (-1: numeric),
+ *   u32 model_len, u32 id_len, u32 params_len, u32 n_outputs, u32 n_inputs,
+ *   i32 reply slot (-1: none; see "BLS regions"), model name, request id,
+ *   correlation id string, parameters (JSON text of an object, absent when
+ *   none), n_outputs x (u32 len, name), n_inputs tensor records (where 0:
+ *   the message's blob; 1: the EXECUTE region of the execute in flight,
+ *   see "BLS tensors by reference").
+ * BLS_RESULT (server -> worker):
+ *   u64 call id, u32 status (0 outputs, 1 error, 2 empty: a flags-only
+ *   final), u32 final, u32 error code, u32 error_len, u32 params_len,
+ *   u32 n_outputs, error text, parameters (JSON text), tensor records.
+ * The server copies a BLS_CALL's description before reading it and walks
+ * it whole (bls_check) before using any of it. Inputs stay where the worker
+ * wrote them (its datagram, memfd or BLS region, kept mapped until the
+ * call's final response), except BYTES, which are copied and checked
+ * again: the worker can still write its memory, and only BYTES have a
+ * structure to break.
+ */
+
 /* A BLS_CALL's fields, pointing into its (private) description. */
 typedef struct bls_req {
     uint64_t id, corr, timeout;

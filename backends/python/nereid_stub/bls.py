@@ -18,7 +18,7 @@ from nereid_stub.wire import (BLS_BUDGET, BLS_CALL, BLS_EMPTY, BLS_ERROR, BLS_OF
                               new_region, populate, read_records, tensor_records)
 
 def bls_call_parts(request, decoupled, region=None, bodies=None):
-    """A BLS request's binary description (python.c, "BLS: a worker's
+    """A BLS request's binary description (python_wire.h, "BLS_CALL and BLS_RESULT
     request"), without its call id: (fixed fields, the rest), and the views
     and length of its blob. region: (base address, length) of the server's
     EXECUTE region while that execute is in flight, or None: a large numeric
@@ -131,7 +131,7 @@ class BlsClient:
         """A BLS_RESULT in the server's region slot_no (a new one when a memfd
         comes along): after the header, the offsets of its blob and of its
         description there (the blob first when the called model wrote its
-        outputs in place, python.c "BLS results in place"). Its blob is an
+        outputs in place, python_bls.c "BLS results in place"). Its blob is an
         array over the region that every output array views; while one of
         them lives, the slot is not offered to the server again (bls_slots)."""
         if fds:

@@ -297,7 +297,7 @@ class Channel:
         next message before it blocks, so a request that follows soon finds
         it awake (no wake-up of a sleeping process; on this 2-vCPU VM a
         wake-up is ~20 µs of latency). It spins at most the server's hint
-        for the execute it answered (python.c, spin_hint_set: 0 unless that
+        for the execute it answered (python_spin.c, spin_hint_set: 0 unless that
         was the only Python execute in flight), only while messages keep
         coming within that (its last wait was shorter), and stops when
         another thread wants a CPU: a gap between two polls (it lost its

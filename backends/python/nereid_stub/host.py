@@ -106,7 +106,7 @@ class Worker(Channel, BlsClient):
         # by reference)
         self.exec_ident = None
         self.view_records = {}  # DONE records of outputs that are input views (fast path)
-        # request body regions (python.c, "Request bodies"): the server's
+        # request body regions (python_body.c, "Request bodies"): the server's
         # read-only mappings by slot (memoryviews), the uint8 arrays over
         # them that the execute in flight's inputs view (slot, weak
         # reference), and those of earlier executes that may still live (a
@@ -116,7 +116,7 @@ class Worker(Channel, BlsClient):
         self.body_exec = []
         self.body_live = []
         self.tx_map = None  # ours for DONE outputs (sealed against shrinking)
-        # BLS regions (python.c, "BLS regions"; all under cv but the mapping
+        # BLS regions (python_bls.c, "BLS regions"; all under cv but the mapping
         # a reader adds): our BLS_CALL regions by slot and whether a call in
         # flight uses each; the server's BLS_RESULT regions by slot, whether
         # a call in flight may write each, and weak references to the
@@ -299,8 +299,8 @@ class Worker(Channel, BlsClient):
         # the inputs' places in our region or a request body region, so
         # that simple_done can answer with where=1 (or BODY_WHERE + slot)
         # records for outputs that are these very arrays
-        views = ({} if nereid_stub.FAST_PATH and (self.rx_used is not None or body) and not self.decoupled
-                 else None)
+        views = ({} if nereid_stub.FAST_PATH and (self.rx_used is not None or body)
+                 and not self.decoupled else None)
         self.rx_views = views
         base = self.rx_base
         for attrs, plan, end in plans:

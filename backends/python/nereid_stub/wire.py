@@ -17,7 +17,7 @@ import triton_python_backend_utils as pb_utils
 
 
 HDR = struct.Struct("<IIQ")
-# EXECUTE and DONE describe their tensors in binary (python.c, "Binary
+# EXECUTE and DONE describe their tensors in binary (python_wire.h, "Binary
 # EXECUTE and DONE descriptions"): no JSON per request.
 U32 = struct.Struct("<I")
 U64 = struct.Struct("<Q")
@@ -50,10 +50,10 @@ ALIGN = 64
 ZEROS = bytes(ALIGN)  # padding between tensors (always < ALIGN bytes)
 M_REGION = 0x80000000  # payload in the sender's persistent region (EXECUTE, DONE)
 # An EXECUTE in a region names it by a slot in these bits of its type
-# (python.c's M_SLOT_SHIFT); a memfd sent with a slot replaces its mapping.
+# (python_wire.h's M_SLOT_SHIFT); a memfd sent with a slot replaces its mapping.
 M_SLOT_SHIFT, M_SLOT_MASK = 16, 0xF << 16
 # BLS messages past INLINE_MAX travel in persistent regions named by slot
-# (python.c, "BLS regions"): ours for BLS_CALL, the server's for BLS_RESULT
+# (python_bls.c, "BLS regions"): ours for BLS_CALL, the server's for BLS_RESULT
 BLS_SLOTS = 8
 BLS_REGION_MAX = 16 << 20  # a larger message travels in a memfd of its own
 BLS_BUDGET = 64 << 20  # our BLS_CALL regions together, at most
@@ -62,8 +62,8 @@ RECORDS_MAX = 1024  # DONE tensor records remembered (likewise)
 # C -> worker
 M_INIT, M_EXECUTE, M_FINALIZE, M_BLS_RESULT, M_CANCEL_ANSWER = 1, 2, 3, 4, 5
 M_READY_QUERY, M_READY_ANSWER = 6, 122  # the model's is_ready(): query, answer
-M_SPIN_PAGE = 7  # a shared word: how many messages we sent (python.c, "spin-wait")
-# A request body region's memfd for a slot (python.c, "Request bodies"): the
+M_SPIN_PAGE = 7  # a shared word: how many messages we sent (python_spin.c)
+# A request body region's memfd for a slot (python_body.c, "Request bodies"): the
 # HTTP body of a request, sealed so we map it read-only; an input that lies
 # there has where = BODY_WHERE + slot, and so may an output that views it.
 M_BODY_MAP = 8
@@ -345,7 +345,7 @@ def tensor_records(tensors, region, off, recs, views, tail=None, cache=None, res
 
 
 def tensor_record(name, dtype, shape, where, off, n):
-    """One binary tensor record (python.c's layout)."""
+    """One binary tensor record (python_wire.h's layout)."""
     b = name.encode()
     return (TENSOR.pack(len(b), DT_CODES[dtype], len(shape), where, off, n) +
             struct.pack(f"<{len(shape)}q", *shape) + b)

@@ -20,7 +20,7 @@ static void test_spin_back_off(void)
     backend_state_t *saved = g_backend;
     g_backend = &bs;
     _Atomic uint64_t word = 0;
-    instance_t in = {.spin_word = &word};
+    instance_t in = {.spin.word = &word};
     uint64_t now = 1000 * 1000 * 1000;
     CHECK(spin_budget_ns(&in, now, true) == bs.spin_max_ns); /* still learning */
     for (int i = 0; i < SPIN_RECENT; i++)
@@ -28,27 +28,27 @@ static void test_spin_back_off(void)
     CHECK(spin_budget_ns(&in, now, true) == 30 * 1000); /* 1.5 x the median */
     /* interrupted once, answered meanwhile or not: the next execute spins */
     spin_record(&in, 20 * 1000, true, true);
-    CHECK(in.spin_skip == 0 && spin_budget_ns(&in, now, true) != 0);
+    CHECK(in.spin.skip == 0 && spin_budget_ns(&in, now, true) != 0);
     spin_record(&in, 20 * 1000, false, false);
     spin_record(&in, 20 * 1000, false, true);
-    CHECK(in.spin_skip == 0 && spin_budget_ns(&in, now, true) != 0);
+    CHECK(in.spin.skip == 0 && spin_budget_ns(&in, now, true) != 0);
     spin_record(&in, 20 * 1000, true, false); /* not interrupted: the count starts again */
     spin_record(&in, 20 * 1000, true, true);
-    CHECK(in.spin_skip == 0);
+    CHECK(in.spin.skip == 0);
     /* interrupted twice in a row: no spin for SPIN_PROBE_EVERY executes */
     spin_record(&in, 20 * 1000, true, true);
-    CHECK(in.spin_skip == SPIN_PROBE_EVERY);
+    CHECK(in.spin.skip == SPIN_PROBE_EVERY);
     for (int i = 0; i < SPIN_PROBE_EVERY; i++)
         CHECK(spin_budget_ns(&in, now, true) == 0);
     CHECK(spin_budget_ns(&in, now, true) != 0);
     /* SPIN_MISSES_MAX spins in a row that ran out */
     for (int i = 0; i < SPIN_MISSES_MAX - 1; i++)
         spin_record(&in, 20 * 1000, false, false);
-    CHECK(in.spin_skip == 0);
+    CHECK(in.spin.skip == 0);
     spin_record(&in, 20 * 1000, false, false);
-    CHECK(in.spin_skip == SPIN_PROBE_EVERY);
+    CHECK(in.spin.skip == SPIN_PROBE_EVERY);
     /* never for an execute that is not alone */
-    in.spin_skip = 0;
+    in.spin.skip = 0;
     CHECK(spin_budget_ns(&in, now, false) == 0);
     g_backend = saved;
 }
