@@ -1,5 +1,5 @@
 """HTTP bodies of Python models' requests received straight into shared
-memory the worker maps read-only (backend ABI 1.10, python.c "Request
+memory the worker maps read-only (backend ABI 1.10, python_body.c "Request
 bodies"), through the real binary: identities at 256 KiB and 4 MiB (binary
 and JSON) answer right and read their inputs where the body landed; several
 clients at once get their own answers; an input a model keeps past execute
