@@ -46,7 +46,7 @@
  * each EXECUTE, how long the worker may spin for its next request once it
  * has answered this one (spin-wait-us when this execute is alone, else 0);
  * the worker spins at most that, and stops (and backs off) when threads
- * wait for a CPU (nereid_python_stub.py, Worker.spin_recv). That side is
+ * wait for a CPU (nereid_stub/channel.py, spin_recv). That side is
  * what lowers the latency (it removes the worker's wake-up for EXECUTE).
  *
  * On by default (200 µs) where the process may use 2 CPUs or more: with the

@@ -1,6 +1,6 @@
 /*
  * This file contains the python backend's wire format: everything the
- * server (libnereid_python.so) and the worker (the nereid_python_stub
+ * server (libnereid_python.so) and the worker (the nereid_stub
  * package's wire module, and bench/bench_python_stub.py, the tests' fake
  * server) must agree on — message types and sizes, the persistent
  * shared-memory regions and their slots, the layout of the binary
@@ -8,8 +8,9 @@
  * the server's codec for them: building and sending messages, receiving
  * and checking what an untrusted worker sends. It corresponds to Triton
  * python_backend's ipc_message.h and pb_utils.h (one message definition
- * for both sides); tests/unit/backends/test_python_wire_sync.py fails when
- * the Python side's copy of these constants and layouts differs.
+ * for both sides); the unit test test_python_wire_sync
+ * (tests/unit/backends/test_python_wire_sync.c and check_python_wire.py)
+ * fails when the Python side's copy of these constants and layouts differs.
  *
  * One datagram on the worker's SOCK_SEQPACKET socket is one message: a
  * 16-byte header {type, json_len, blob_len} (little-endian u32, u32, u64),
