@@ -37,9 +37,9 @@ REQUIRED = ("M_INIT", "M_EXECUTE", "M_FINALIZE", "M_BLS_RESULT", "M_CANCEL_ANSWE
 errors = []
 
 
-def expect(what, got, want):
+def expect(what, got, want, ref="C"):
     if got != want:
-        errors.append(f"{what}: Python {got!r}, C {want!r}")
+        errors.append(f"{what}: Python {got!r}, {ref} {want!r}")
 
 
 def check_module(label, mod, c, required=()):
@@ -74,6 +74,12 @@ def main():
     expect("bench_python_stub.tensor_record",
            bench.tensor_record("IN", "FP32", [2, 3], 64, 24, k["BODY_WHERE"] + 1).hex(),
            s["tensor"])
+    # The bench parses DONEs with its own copies of the stub's layouts
+    # (the stub's are checked against the C decoders below).
+    for name in ("HDR", "U32", "EXEC_REQ", "TENSOR", "DONE_RESP", "DONE_HEAD"):
+        if hasattr(bench, name):
+            expect(f"bench_python_stub.{name}.format", getattr(bench, name).format,
+                   getattr(wire, name).format, "the stub's wire")
     expect("stub wire.BLS_CALL.size", wire.BLS_CALL.size, k["BLS_FIXED"])
     expect("stub wire.BLS_RES",
            (wire.BLS_RES.pack(77, wire.BLS_ERROR, 1, 3, 4, 0, 0) + b"boom").hex(), s["bls_res"])
