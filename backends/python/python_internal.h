@@ -140,6 +140,7 @@ typedef struct instance {
     uint64_t exec_end_ns; /* when the last execute gave the socket back */
     bool bg_in_recv;      /* the reader thread is receiving */
     bool reaped;          /* the worker was killed and waited for */
+    bool aborted; /* ended by the core's progress watchdog (nereid_backend_instance_abort) */
     /* The execute in flight and decoupled senders (python_execute.c) */
     sender_slot_t *senders;
     uint64_t next_sender;

@@ -37,6 +37,13 @@ extern char **environ;
 nereid_error_t *unhealthy(instance_t *in)
 {
     pthread_mutex_lock(&in->mu);
+    if (in->aborted) {
+        pthread_mutex_unlock(&in->mu);
+        return nereid_error_new(NEREID_ERROR_INTERNAL,
+                                "Stub process '%s' is not healthy: it was ended because its "
+                                "execution made no progress (--model-progress-timeout-secs)",
+                                in->name);
+    }
     nereid_error_t *e =
         in->death ? nereid_error_new(NEREID_ERROR_INTERNAL,
                                      "Stub process '%s' is not healthy: it sent an invalid "
@@ -84,6 +91,29 @@ void worker_died(instance_t *in, const char *why)
         free(senders);
         senders = next;
     }
+}
+
+/* The core's progress watchdog found this instance's execute stuck (ABI
+ * 1.11): kill the worker. The reading thread sees it end (worker_died), the
+ * execute and its requests fail with unhealthy()'s text, and the next
+ * execute starts a new worker. */
+NEREID_EXPORT nereid_error_t *nereid_backend_instance_abort(nereid_instance_t *instance)
+{
+    instance_t *in = nereid_instance_state(instance);
+    if (!in) return NULL;
+    pthread_mutex_lock(&in->mu);
+    if (in->dead || in->reaped || (in->pidfd < 0 && in->pid <= 0)) { /* no worker to end */
+        pthread_mutex_unlock(&in->mu);
+        return NULL;
+    }
+    in->aborted = true;
+    if (in->pidfd >= 0) /* a pidfd names its process even after it was reaped */
+        pidfd_send_signal(in->pidfd, SIGKILL, NULL, 0);
+    else
+        kill(in->pid, SIGKILL); /* not reaped: the pid is still the worker's */
+    pthread_mutex_unlock(&in->mu);
+    plog('E', "python backend: worker of '%s' killed: its execution made no progress", in->name);
+    return NULL;
 }
 
 /* Announces the reply the next message sent asks for: any other reply,
@@ -350,6 +380,7 @@ nereid_error_t *worker_start(instance_t *in, const char *init_json, msg_t **read
     in->eager_arm = false;
     in->dead = false;
     in->reaped = false;
+    in->aborted = false;
     free(in->death);
     in->death = NULL;
     pthread_mutex_unlock(&in->mu);

@@ -87,3 +87,48 @@ def test_off_by_default(nereid_server, tmp_path):
     assert counter(s) is None
     assert "nereid_model_progress_timeouts_total" not in requests.get(
         f"{s.metrics_url}/metrics", timeout=10).text
+
+
+HANG_PY = '''
+import time
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            while x[0] < 0:  # a model stuck for good (a deadlock, a lost wait)
+                time.sleep(1)
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", x)]))
+        return responses
+'''
+HANG_CONFIG = SLOW.replace('backend: "testing"', 'backend: "python"')
+
+
+def test_wedged_python_worker_is_restarted(nereid_server, tmp_path):
+    path = tmp_path / "models"
+    os.makedirs(path / "hang" / "1")
+    (path / "hang" / "config.pbtxt").write_text(HANG_CONFIG)
+    (path / "hang" / "1" / "model.py").write_text(HANG_PY)
+    s = nereid_server(str(path), "--model-progress-timeout-secs=1")
+
+    def call(x):
+        body = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1], "data": [x]}]}
+        return requests.post(f"{s.http_url}/v2/models/hang/infer", json=body, timeout=120)
+
+    assert call(1).status_code == 200
+    r = call(-1)  # stuck until the watchdog kills its worker
+    assert r.status_code == 500, r.text
+    assert "it was ended because its execution made no progress" in r.json()["error"]
+    out = s.output()
+    assert "'hang' version 1 is not making progress" in out
+    assert "worker of 'hang_0_0' killed" in out
+    # The next request starts a new worker; the model is ready again.
+    wait_for(lambda: call(2).status_code == 200, "no new worker")
+    assert status(s, "/v2/models/hang/ready") == 200
+    key = 'nereid_model_progress_timeouts_total{model="hang",version="1"}'
+    text = requests.get(f"{s.metrics_url}/metrics", timeout=10).text
+    assert f"{key} 1" in text
