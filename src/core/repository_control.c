@@ -1,22 +1,10 @@
 /*
- * This file contains model management: scanning the repositories, reading
- * configs, choosing versions, loading them (in parallel at start-up),
- * explicit load (config and file overrides) / unload (with dependents),
- * ensembles' composing models, and poll mode's rescans.
- *
- * A (re)load prepares the new versions without any server lock, then swaps
- * them into the entry under the write lock, then drains the replaced
- * versions: requests already queued on them finish there, new requests find
- * the new versions. A version that fails to reload keeps its old model
- * serving, with the failure as its reason.
- *
- * Loads, unloads, polls and on-demand loads take turns under s->control,
- * but let go of it while a backend runs the model's own code (its init and
- * its finalize): that code may load or unload other models itself (a Python
- * model's pb_utils.load_model in initialize), and unrelated models load
- * meanwhile, as Triton loads them in parallel. The models an operation is
- * working on stay claimed until it is done; another operation on one of
- * them waits for it, as Triton waits on a conflicting load ("Control").
+ * This file contains the repository's control: unloading a model (with its
+ * dependents and the ensembles that use it), the public load and unload API
+ * (config and file overrides, async unloads finished on their own thread),
+ * poll mode's rescans and the shutdown that unloads everything. It
+ * corresponds to Triton's model_repository_manager.cc (LoadUnloadModels,
+ * PollAndUpdate, UnloadAllModels) and model_lifecycle.cc's AsyncUnload.
  */
 #include <ctype.h>
 #include <dirent.h>
@@ -35,9 +23,8 @@
 #include "backend/loader.h"
 #include "core/core.h"
 #include "core/repository.h"
+#include "core/repository_internal.h"
 #include "core/util.h"
-
-#define MAX_ENSEMBLE_DEPTH 16
 
 /* Triton's ValidateModelName for explicit loads: the name, trimmed of
  * whitespace, must not be empty, ".." or contain a '/' (nor, here, be ".":
@@ -54,7 +41,7 @@ static nereid_error_t *check_load_name(const char *name)
                                 "Model name cannot be empty. Please enter a valid name to deploy.");
     const char *t = name + start;
     bool dots = (len == 2 && memcmp(t, "..", 2) == 0) || (len == 1 && t[0] == '.');
-    if (dots || memchr(t, '/', len) || !valid_model_name(name))
+    if (dots || memchr(t, '/', len) || !repo_valid_model_name(name))
         return nereid_error_new(NEREID_ERROR_INVALID_ARG,
                                 "invalid model name '%s', model name must not contain path "
                                 "traversal characters",
@@ -106,9 +93,9 @@ static void unload_detach(nereid_server_t *s, const char *key, unloading_t *u)
     /* Dependents: the composing models of an ensemble (Triton unloads them
      * unless another loaded ensemble still uses them). */
     const Inference__ModelEnsembling *es =
-        is_ensemble(e->config) ? e->config->ensemble_scheduling : NULL;
+        repo_is_ensemble(e->config) ? e->config->ensemble_scheduling : NULL;
     for (size_t k = 0; es && k < es->n_step; k++) {
-        char *sk = step_key(s, es->step[k]);
+        char *sk = repo_step_key(s, es->step[k]);
         bool have = false;
         for (size_t j = 0; j < u->n_deps; j++)
             have |= strcmp(u->deps[j], sk) == 0;
@@ -127,10 +114,10 @@ static void unload_detach(nereid_server_t *s, const char *key, unloading_t *u)
 static void unload_finish(nereid_server_t *s, unloading_t *u)
 {
     if (!u->name) return;
-    control_lend(s, true);
+    repo_control_lend(s, true);
     for (size_t i = 0; i < u->n_drain; i++)
-        unload_version(u->name, u->drain_v[i], u->drain[i]);
-    control_take_back(s, true);
+        repo_unload_version(u->name, u->drain_v[i], u->drain[i]);
+    repo_control_take_back(s, true);
     free(u->drain);
     free(u->drain_v);
     u->drain = NULL;
@@ -157,7 +144,7 @@ static void unload_finish(nereid_server_t *s, unloading_t *u)
         e->load_dir = NULL;
     }
     pthread_rwlock_unlock(&s->lock);
-    if (e) drop_unused_tmp_dirs(s, e);
+    if (e) repo_drop_unused_tmp_dirs(s, e);
 }
 
 /* Unloads model key, which the caller claimed; *deps, *n_deps: what an
@@ -177,8 +164,6 @@ static void unload_claimed(nereid_server_t *s, const char *key, char ***deps_out
 static void unload_deps(nereid_server_t *s, const char *key, char **deps, size_t n_deps,
                         bool dependents, int depth);
 
-static void unload_model(nereid_server_t *s, const char *key, bool dependents, int depth);
-
 /* Triton's dependency graph: an ensemble with a step that is no longer
  * loaded is unloaded too. Unloads every ready ensemble that uses key.
  * Caller holds s->control. */
@@ -191,11 +176,12 @@ static void unload_users(nereid_server_t *s, const char *key, int depth)
     pthread_rwlock_rdlock(&s->lock);
     for (size_t i = 0; i < s->n_models; i++) {
         model_entry_t *e = s->models[i];
-        if (strcmp(e->key, key) == 0 || !entry_has_ready(e) || !is_ensemble(e->config)) continue;
+        if (strcmp(e->key, key) == 0 || !repo_entry_has_ready(e) || !repo_is_ensemble(e->config))
+            continue;
         const Inference__ModelEnsembling *es = e->config->ensemble_scheduling;
         bool uses = false;
         for (size_t k = 0; es && k < es->n_step && !uses; k++) {
-            char *sk = step_key(s, es->step[k]);
+            char *sk = repo_step_key(s, es->step[k]);
             uses = strcmp(sk, key) == 0;
             free(sk);
         }
@@ -206,7 +192,7 @@ static void unload_users(nereid_server_t *s, const char *key, int depth)
     pthread_rwlock_unlock(&s->lock);
     for (size_t i = 0; i < n_users; i++) {
         LOG_INFO("unloading '%s': its step '%s' is unloaded", users[i], key);
-        unload_model(s, users[i], false, depth + 1);
+        repo_unload_model(s, users[i], false, depth + 1);
         free(users[i]);
     }
     free(users);
@@ -215,9 +201,9 @@ static void unload_users(nereid_server_t *s, const char *key, int depth)
 /* Unloads model key (and, when dependents, the composing models no other
  * loaded ensemble uses), and the ensembles that use it. Caller holds
  * s->control. */
-static void unload_model(nereid_server_t *s, const char *key, bool dependents, int depth)
+void repo_unload_model(nereid_server_t *s, const char *key, bool dependents, int depth)
 {
-    nereid_error_t *err = claim(s, key, true);
+    nereid_error_t *err = repo_claim(s, key, true);
     if (err) {
         LOG_ERROR("failed to unload '%s': %s", key, nereid_error_message(err));
         nereid_error_free(err);
@@ -226,7 +212,7 @@ static void unload_model(nereid_server_t *s, const char *key, bool dependents, i
     char **deps;
     size_t n_deps;
     unload_claimed(s, key, &deps, &n_deps);
-    unclaim(s, key, true);
+    repo_unclaim(s, key, true);
     unload_users(s, key, depth);
     unload_deps(s, key, deps, n_deps, dependents, depth);
 }
@@ -237,8 +223,8 @@ static void unload_deps(nereid_server_t *s, const char *key, char **deps, size_t
                         bool dependents, int depth)
 {
     for (size_t i = 0; i < n_deps; i++) {
-        if (dependents && depth < MAX_ENSEMBLE_DEPTH && !used_by_other(s, deps[i], key))
-            unload_model(s, deps[i], true, depth + 1);
+        if (dependents && depth < MAX_ENSEMBLE_DEPTH && !repo_used_by_other(s, deps[i], key))
+            repo_unload_model(s, deps[i], true, depth + 1);
         free(deps[i]);
     }
     free(deps);
@@ -282,20 +268,20 @@ nereid_error_t *nereid_server_load_model(nereid_server_t *s, const char *model,
     /* With --model-namespacing every repository's copy loads (Triton polls
      * the name in each repository). */
     size_t n_keys = 0;
-    char **keys = ns_on(s) ? name_keys(s, model, &n_keys) : NULL;
+    char **keys = repo_ns_on(s) ? repo_name_keys(s, model, &n_keys) : NULL;
     for (size_t i = 0; i < (n_keys ? n_keys : 1); i++) {
         const char *key = n_keys ? keys[i] : model;
         load_ctx_t ctx = {
             .depth = 0, .load_deps = true, .force = config_json || n_files, .held = true};
         ctx.chain[0] = key;
-        nereid_error_t *lerr =
-            load_model(s, key, config_json, file_paths, file_contents, file_sizes, n_files, &ctx);
+        nereid_error_t *lerr = repo_load_model(s, key, config_json, file_paths, file_contents,
+                                               file_sizes, n_files, &ctx);
         if (err)
             nereid_error_free(lerr);
         else
             err = lerr;
     }
-    free_names(keys, n_keys);
+    repo_free_names(keys, n_keys);
     pthread_mutex_unlock(&s->control);
     return err;
 }
@@ -306,14 +292,14 @@ static char **unload_keys(nereid_server_t *s, const char *model, size_t *n)
 {
     char **keys = NULL;
     *n = 0;
-    if (!ns_on(s)) {
+    if (!repo_ns_on(s)) {
         keys = xcalloc(1, sizeof *keys);
         keys[(*n)++] = xstrdup(model);
         return keys;
     }
     pthread_rwlock_rdlock(&s->lock);
     for (size_t i = 0; i < s->n_models; i++)
-        if (key_is_name(s->models[i]->key, model)) {
+        if (repo_key_is_name(s->models[i]->key, model)) {
             keys = xrealloc(keys, (*n + 1) * sizeof *keys);
             keys[(*n)++] = xstrdup(s->models[i]->key);
         }
@@ -333,9 +319,9 @@ typedef struct async_unload {
 static void async_unload_run(async_unload_t *a)
 {
     nereid_server_t *s = a->s;
-    claim_transfer(s, a->u.key, false);
+    repo_claim_transfer(s, a->u.key, false);
     unload_finish(s, &a->u);
-    unclaim(s, a->u.key, true);
+    repo_unclaim(s, a->u.key, true);
     unload_users(s, a->u.key, 0);
     unload_deps(s, a->u.key, a->u.deps, a->u.n_deps, a->dependents, 0);
     free(a->u.key);
@@ -359,7 +345,7 @@ static nereid_error_t *unload_request(nereid_server_t *s, const char *model, boo
 {
     nereid_error_t *err = check_explicit(s);
     if (err) return err;
-    if (!valid_model_name(model))
+    if (!repo_valid_model_name(model))
         return nereid_error_new(NEREID_ERROR_INVALID_ARG, "invalid model name '%s'",
                                 model ? model : "");
     pthread_mutex_lock(&s->control);
@@ -367,10 +353,10 @@ static nereid_error_t *unload_request(nereid_server_t *s, const char *model, boo
     char **keys = unload_keys(s, model, &n);
     for (size_t i = 0; i < n; i++) {
         if (wait) {
-            unload_model(s, keys[i], dependents, 0);
+            repo_unload_model(s, keys[i], dependents, 0);
             continue;
         }
-        err = claim(s, keys[i], true);
+        err = repo_claim(s, keys[i], true);
         if (err) {
             LOG_ERROR("failed to unload '%s': %s", keys[i], nereid_error_message(err));
             nereid_error_free(err);
@@ -381,7 +367,7 @@ static nereid_error_t *unload_request(nereid_server_t *s, const char *model, boo
         a->s = s;
         a->dependents = dependents;
         unload_detach(s, keys[i], &a->u);
-        claim_transfer(s, keys[i], true);
+        repo_claim_transfer(s, keys[i], true);
         s->n_async_unloads++;
         pthread_attr_t attr;
         pthread_t t;
@@ -390,7 +376,7 @@ static nereid_error_t *unload_request(nereid_server_t *s, const char *model, boo
         if (pthread_create(&t, &attr, async_unload_main, a) != 0) async_unload_run(a);
         pthread_attr_destroy(&attr);
     }
-    free_names(keys, n);
+    repo_free_names(keys, n);
     pthread_mutex_unlock(&s->control);
     return NULL;
 }
@@ -411,7 +397,7 @@ nereid_error_t *nereid_server_unload_model_async(nereid_server_t *s, const char 
 
 static void remove_entry(nereid_server_t *s, const char *key)
 {
-    nereid_error_t *err = claim(s, key, true);
+    nereid_error_t *err = repo_claim(s, key, true);
     if (err) {
         nereid_error_free(err);
         return;
@@ -419,28 +405,29 @@ static void remove_entry(nereid_server_t *s, const char *key)
     char **deps;
     size_t n_deps;
     unload_claimed(s, key, &deps, &n_deps);
-    free_names(deps, n_deps);
+    repo_free_names(deps, n_deps);
     const char *ns;
-    char *name = key_split(key, &ns);
+    char *name = repo_key_split(key, &ns);
     pthread_rwlock_wrlock(&s->lock);
     /* Triton (PollAndUpdate): a deleted model is unloaded, and its
      * lifecycle entry stays: a request for it is told "has no available
      * versions", not "is not found". (Namespacing and load on demand drop
      * the entry, as before.) */
-    model_entry_t *kept = ns_on(s) || s->opts.model_load_on_demand ? NULL : repository_find(s, key);
+    model_entry_t *kept =
+        repo_ns_on(s) || s->opts.model_load_on_demand ? NULL : repository_find(s, key);
     if (kept) {
         kept->removed = true;
         kept->tree_sig = 0;
     }
     for (size_t i = 0; i < s->n_models && !kept; i++) {
         if (strcmp(s->models[i]->key, key) != 0) continue;
-        entry_free(s->models[i]);
+        repo_entry_free(s->models[i]);
         memmove(&s->models[i], &s->models[i + 1], (s->n_models - i - 1) * sizeof *s->models);
         s->n_models--;
         break;
     }
     pthread_rwlock_unlock(&s->lock);
-    unclaim(s, key, true);
+    repo_unclaim(s, key, true);
     LOG_INFO("model '%s' was removed from the repository", name);
     free(name);
 }
@@ -449,14 +436,14 @@ static void remove_entry(nereid_server_t *s, const char *key)
  * it was loaded with. Caller holds s->lock (read). */
 static bool steps_moved(nereid_server_t *s, const model_entry_t *e)
 {
-    if (!e->config || !entry_has_ready(e) || !is_ensemble(e->config) ||
+    if (!e->config || !repo_entry_has_ready(e) || !repo_is_ensemble(e->config) ||
         !e->config->ensemble_scheduling)
         return false;
     const Inference__ModelEnsembling *es = e->config->ensemble_scheduling;
     bool moved = false;
     for (size_t i = 0; i < es->n_step && !moved; i++) {
-        char *now = resolve_step(s, e->ns, es->step[i]->model_name);
-        char *was = step_key(s, es->step[i]);
+        char *now = repo_resolve_step(s, e->ns, es->step[i]->model_name);
+        char *was = repo_step_key(s, es->step[i]);
         moved = !now || strcmp(now, was) != 0;
         free(now);
         free(was);
@@ -473,7 +460,7 @@ void repository_poll(nereid_server_t *s)
     }
     char **names;
     nereid_error_t *err;
-    size_t n = scan_names(s, &names, &err);
+    size_t n = repo_scan_names(s, &names, &err);
     if (err) {
         LOG_ERROR("%s", nereid_error_message(err));
         nereid_error_free(err);
@@ -485,7 +472,7 @@ void repository_poll(nereid_server_t *s)
     for (size_t i = 0; i < s->n_models; i++) {
         const char *key = s->models[i]->key;
         if (s->models[i]->removed) continue; /* removed by an earlier poll */
-        if (!n || !bsearch(&key, names, n, sizeof *names, cmp_str)) {
+        if (!n || !bsearch(&key, names, n, sizeof *names, repo_cmp_str)) {
             gone = xrealloc(gone, (n_gone + 1) * sizeof *gone);
             gone[n_gone++] = xstrdup(s->models[i]->key);
         }
@@ -500,36 +487,36 @@ void repository_poll(nereid_server_t *s)
     for (int pass = 0; pass < 2; pass++) {
         for (size_t i = 0; i < n; i++) {
             size_t count;
-            char *dir = locate(s, names[i], &count);
+            char *dir = repo_locate(s, names[i], &count);
             if (!dir) continue;
-            uint64_t sig = tree_sig(dir, 14695981039346656037ULL, 0);
+            uint64_t sig = repo_tree_sig(dir, 14695981039346656037ULL, 0);
             pthread_rwlock_rdlock(&s->lock);
             model_entry_t *e = repository_find(s, names[i]);
             bool changed = !e || e->tree_sig != sig;
             /* Namespacing: a loaded ensemble whose steps now resolve to
              * other copies (one removed or added) is loaded again, as
              * Triton reconnects its dependency graph. */
-            if (!changed && pass == 1 && ns_on(s)) changed = steps_moved(s, e);
+            if (!changed && pass == 1 && repo_ns_on(s)) changed = steps_moved(s, e);
             /* On demand: a model not loaded is loaded by its first request,
              * not by the poll; a new one is only listed. */
-            bool listed_only = s->opts.model_load_on_demand && (!e || !entry_has_ready(e));
+            bool listed_only = s->opts.model_load_on_demand && (!e || !repo_entry_has_ready(e));
             pthread_rwlock_unlock(&s->lock);
             if (changed && listed_only) {
                 pthread_rwlock_wrlock(&s->lock);
-                if (!repository_find(s, names[i])) entry_add(s, names[i], dir);
+                if (!repository_find(s, names[i])) repo_entry_add(s, names[i], dir);
                 pthread_rwlock_unlock(&s->lock);
                 free(dir);
                 continue;
             }
             model_config_t *cfg = NULL;
             const char *ns;
-            char *name = key_split(names[i], &ns);
-            if (changed) nereid_error_free(read_config(s, name, dir, NULL, &cfg));
-            if (changed && is_ensemble(cfg) == (pass == 1)) {
+            char *name = repo_key_split(names[i], &ns);
+            if (changed) nereid_error_free(repo_read_config(s, name, dir, NULL, &cfg));
+            if (changed && repo_is_ensemble(cfg) == (pass == 1)) {
                 LOG_INFO("model '%s' changed on disk, (re)loading", name);
                 load_ctx_t ctx = {.depth = 0, .load_deps = true, .config = cfg, .held = true};
                 ctx.chain[0] = names[i];
-                nereid_error_free(load_model(s, names[i], NULL, NULL, NULL, NULL, 0, &ctx));
+                nereid_error_free(repo_load_model(s, names[i], NULL, NULL, NULL, NULL, 0, &ctx));
                 cfg = ctx.config;
             }
             if (cfg) config_free(cfg);
@@ -543,7 +530,7 @@ void repository_poll(nereid_server_t *s)
     pthread_mutex_unlock(&s->control);
 }
 
-static void *poll_main(void *arg)
+void *repo_poll_main(void *arg)
 {
     nereid_server_t *s = arg;
     int secs = s->opts.repository_poll_secs > 0 ? s->opts.repository_poll_secs : 15;
@@ -589,16 +576,16 @@ void repository_stop(nereid_server_t *s)
     for (int pass = 0; pass < 2; pass++)
         for (size_t i = 0; i < n; i++) {
             model_entry_t *e = models[i];
-            if (is_ensemble(e->config) != (pass == 0)) continue;
-            if (entry_has_ready(e)) LOG_VERBOSE2("AsyncUnload() '%s'", e->name);
+            if (repo_is_ensemble(e->config) != (pass == 0)) continue;
+            if (repo_entry_has_ready(e)) LOG_VERBOSE2("AsyncUnload() '%s'", e->name);
             for (size_t v = 0; v < e->n_versions; v++)
                 if (e->versions[v].model) {
-                    unload_version(e->name, e->versions[v].version, e->versions[v].model);
+                    repo_unload_version(e->name, e->versions[v].version, e->versions[v].model);
                     e->versions[v].model = NULL;
                 }
         }
     for (size_t i = 0; i < n; i++)
-        entry_free(models[i]);
+        repo_entry_free(models[i]);
     free(models);
     pthread_mutex_unlock(&s->control);
 }

@@ -1,14 +1,10 @@
 /*
- * This file contains model management: scanning the repositories, reading
- * configs, choosing versions, loading them (in parallel at start-up),
- * explicit load (config and file overrides) / unload (with dependents),
- * ensembles' composing models, and poll mode's rescans.
- *
- * A (re)load prepares the new versions without any server lock, then swaps
- * them into the entry under the write lock, then drains the replaced
- * versions: requests already queued on them finish there, new requests find
- * the new versions. A version that fails to reload keeps its old model
- * serving, with the failure as its reason.
+ * This file contains the model index: model keys (--model-namespacing),
+ * the sorted entries of s->models and their lookups, where a model or an
+ * ensemble's step is found in the repositories, the claims that let one
+ * operation at a time work on a model, and the small state queries the
+ * other repository files share. It corresponds to the model infos and
+ * dependency nodes of Triton's model_repository_manager.cc.
  *
  * Loads, unloads, polls and on-demand loads take turns under s->control,
  * but let go of it while a backend runs the model's own code (its init and
@@ -16,7 +12,7 @@
  * model's pb_utils.load_model in initialize), and unrelated models load
  * meanwhile, as Triton loads them in parallel. The models an operation is
  * working on stay claimed until it is done; another operation on one of
- * them waits for it, as Triton waits on a conflicting load ("Control").
+ * them waits for it, as Triton waits on a conflicting load.
  */
 #include <ctype.h>
 #include <dirent.h>
@@ -35,15 +31,14 @@
 #include "backend/loader.h"
 #include "core/core.h"
 #include "core/repository.h"
+#include "core/repository_internal.h"
 #include "core/util.h"
-
-#define MAX_ENSEMBLE_DEPTH 16
 
 /* A model name is one directory name inside its repository: no '/', not
  * "." or "..". A '\\' is an ordinary character on POSIX file systems, and
  * Triton lets it through (its backends decide: the Python backend refuses
  * it in a stub name). */
-static bool valid_model_name(const char *name)
+bool repo_valid_model_name(const char *name)
 {
     return name && *name && !strchr(name, '/') && !strchr(name, NS_SEP) && strcmp(name, ".") != 0 &&
            strcmp(name, "..") != 0;
@@ -51,20 +46,20 @@ static bool valid_model_name(const char *name)
 
 /* ---- Model keys (--model-namespacing) ---- */
 
-static bool ns_on(const nereid_server_t *s)
+bool repo_ns_on(const nereid_server_t *s)
 {
     return s->opts.model_namespacing;
 }
 
 /* The key of model name in repository repo (NULL: none). */
-static char *make_key(const nereid_server_t *s, const char *name, const char *repo)
+char *repo_make_key(const nereid_server_t *s, const char *name, const char *repo)
 {
-    return ns_on(s) && repo ? xasprintf("%s%c%s", name, NS_SEP, repo) : xstrdup(name);
+    return repo_ns_on(s) && repo ? xasprintf("%s%c%s", name, NS_SEP, repo) : xstrdup(name);
 }
 
 /* The name part of key (a new string); *ns points at its namespace in key,
  * or is NULL. */
-static char *key_split(const char *key, const char **ns)
+char *repo_key_split(const char *key, const char **ns)
 {
     const char *sep = strchr(key, NS_SEP);
     *ns = sep ? sep + 1 : NULL;
@@ -77,7 +72,7 @@ static char *key_split(const char *key, const char **ns)
 }
 
 /* Whether key is model name's key (in any namespace). */
-static bool key_is_name(const char *key, const char *name)
+bool repo_key_is_name(const char *key, const char *name)
 {
     size_t n = strlen(name);
     return strncmp(key, name, n) == 0 && (key[n] == '\0' || key[n] == NS_SEP);
@@ -85,10 +80,10 @@ static bool key_is_name(const char *key, const char *name)
 
 /* The key an ensemble step's model has once the ensemble is loaded (its
  * model_namespace, as Triton sets it, says which copy). */
-static char *step_key(const nereid_server_t *s, const Inference__ModelEnsembling__Step *st)
+char *repo_step_key(const nereid_server_t *s, const Inference__ModelEnsembling__Step *st)
 {
     const char *ns = st->model_namespace && *st->model_namespace ? st->model_namespace : NULL;
-    return make_key(s, st->model_name, ns);
+    return repo_make_key(s, st->model_name, ns);
 }
 
 /* ---- Entries ---- */
@@ -120,9 +115,9 @@ model_entry_t *repository_resolve(nereid_server_t *s, const char *ns, const char
 {
     *err = NULL;
     if (!name || strchr(name, NS_SEP)) return NULL;
-    if (!ns_on(s)) return repository_find(s, name);
+    if (!repo_ns_on(s)) return repository_find(s, name);
     if (ns) {
-        char *key = make_key(s, name, ns);
+        char *key = repo_make_key(s, name, ns);
         model_entry_t *e = repository_find(s, key);
         free(key);
         return e;
@@ -132,7 +127,7 @@ model_entry_t *repository_resolve(nereid_server_t *s, const char *ns, const char
     for (size_t i = entry_lower_bound(s, name);
          i < s->n_models && strncmp(s->models[i]->key, name, strlen(name)) == 0; i++) {
         model_entry_t *e = s->models[i];
-        if (!key_is_name(e->key, name)) continue;
+        if (!repo_key_is_name(e->key, name)) continue;
         if (!first) first = e;
         if (e->state != MODEL_UNKNOWN_STATE) {
             n_known++;
@@ -149,16 +144,16 @@ model_entry_t *repository_resolve(nereid_server_t *s, const char *ns, const char
     return known ? known : first;
 }
 
-static void free_versions(version_entry_t *v, size_t n)
+void repo_free_versions(version_entry_t *v, size_t n)
 {
     for (size_t i = 0; i < n; i++)
         free(v[i].reason);
     free(v);
 }
 
-static void entry_free(model_entry_t *e)
+void repo_entry_free(model_entry_t *e)
 {
-    free_versions(e->versions, e->n_versions);
+    repo_free_versions(e->versions, e->n_versions);
     if (e->config) config_free(e->config);
     free(e->config_key);
     free(e->load_dir);
@@ -168,7 +163,7 @@ static void entry_free(model_entry_t *e)
     free(e->dir);
     free(e->reason);
     for (size_t i = 0; i < e->n_tmp_dirs; i++) {
-        remove_tree(e->tmp_dirs[i]);
+        repo_remove_tree(e->tmp_dirs[i]);
         free(e->tmp_dirs[i]);
     }
     free(e->tmp_dirs);
@@ -176,11 +171,11 @@ static void entry_free(model_entry_t *e)
 }
 
 /* Adds an entry (caller holds the write lock); keeps models sorted by key. */
-static model_entry_t *entry_add(nereid_server_t *s, const char *key, const char *dir)
+model_entry_t *repo_entry_add(nereid_server_t *s, const char *key, const char *dir)
 {
     model_entry_t *e = xcalloc(1, sizeof *e);
     const char *ns;
-    e->name = key_split(key, &ns);
+    e->name = repo_key_split(key, &ns);
     e->key = xstrdup(key);
     e->ns = ns ? xstrdup(ns) : NULL;
     e->dir = xstrdup(dir);
@@ -193,7 +188,7 @@ static model_entry_t *entry_add(nereid_server_t *s, const char *key, const char 
     return e;
 }
 
-static bool entry_has_ready(const model_entry_t *e)
+bool repo_entry_has_ready(const model_entry_t *e)
 {
     for (size_t v = 0; v < e->n_versions; v++)
         if (e->versions[v].state == MODEL_READY) return true;
@@ -202,16 +197,16 @@ static bool entry_has_ready(const model_entry_t *e)
 
 /* Directories of model key in the repositories (its own only, when key
  * has a namespace): the first one, and how many. */
-static char *locate(nereid_server_t *s, const char *key, size_t *count)
+char *repo_locate(nereid_server_t *s, const char *key, size_t *count)
 {
     char *found = NULL;
     *count = 0;
     const char *ns;
-    char *name = key_split(key, &ns);
+    char *name = repo_key_split(key, &ns);
     for (size_t r = 0; r < s->n_repos; r++) {
         if (ns && strcmp(s->repos[r], ns) != 0) continue;
         char *dir = xasprintf("%s/%s", s->repos[r], name);
-        if (is_dir(dir)) {
+        if (repo_is_dir(dir)) {
             (*count)++;
             if (!found) {
                 found = dir;
@@ -228,14 +223,14 @@ static char *locate(nereid_server_t *s, const char *key, size_t *count)
  * model in its ensemble's own repository first, else the one repository
  * that has it. The step's key, or NULL when no repository or several have
  * it. Without namespacing the step's name. */
-static char *resolve_step(nereid_server_t *s, const char *ens_ns, const char *step)
+char *repo_resolve_step(nereid_server_t *s, const char *ens_ns, const char *step)
 {
-    if (!ns_on(s)) return xstrdup(step);
-    if (!valid_model_name(step)) return NULL;
+    if (!repo_ns_on(s)) return xstrdup(step);
+    if (!repo_valid_model_name(step)) return NULL;
     size_t count;
     if (ens_ns) {
-        char *key = make_key(s, step, ens_ns);
-        free(locate(s, key, &count));
+        char *key = repo_make_key(s, step, ens_ns);
+        free(repo_locate(s, key, &count));
         if (count) return key;
         free(key);
     }
@@ -243,10 +238,10 @@ static char *resolve_step(nereid_server_t *s, const char *ens_ns, const char *st
     size_t n = 0;
     for (size_t r = 0; r < s->n_repos; r++) {
         char *dir = xasprintf("%s/%s", s->repos[r], step);
-        if (is_dir(dir)) {
+        if (repo_is_dir(dir)) {
             n++;
             free(found);
-            found = make_key(s, step, s->repos[r]);
+            found = repo_make_key(s, step, s->repos[r]);
         }
         free(dir);
     }
@@ -268,7 +263,7 @@ struct repository_claim {
  * here). A claim the calling thread already has is refused: a model's own
  * init (on the thread loading it) cannot load or unload that model, and
  * waiting would never end. */
-static nereid_error_t *claim(nereid_server_t *s, const char *key, bool held)
+nereid_error_t *repo_claim(nereid_server_t *s, const char *key, bool held)
 {
     if (!held) pthread_mutex_lock(&s->control);
     nereid_error_t *err = NULL;
@@ -288,7 +283,7 @@ static nereid_error_t *claim(nereid_server_t *s, const char *key, bool held)
         }
         if (!s->claims[i].handed_off && pthread_equal(s->claims[i].owner, pthread_self())) {
             const char *ns;
-            char *name = key_split(key, &ns);
+            char *name = repo_key_split(key, &ns);
             err = nereid_error_new(NEREID_ERROR_UNAVAILABLE,
                                    "model '%s' is being loaded or unloaded by the call that "
                                    "made this one",
@@ -302,7 +297,7 @@ static nereid_error_t *claim(nereid_server_t *s, const char *key, bool held)
     return err;
 }
 
-static void unclaim(nereid_server_t *s, const char *key, bool held)
+void repo_unclaim(nereid_server_t *s, const char *key, bool held)
 {
     if (!held) pthread_mutex_lock(&s->control);
     for (size_t i = 0; i < s->n_claims; i++) {
@@ -320,7 +315,7 @@ static void unclaim(nereid_server_t *s, const char *key, bool held)
 }
 
 /* Whether an operation works on model key. Caller holds s->control. */
-static bool claimed(const nereid_server_t *s, const char *key)
+bool repo_claimed(const nereid_server_t *s, const char *key)
 {
     for (size_t i = 0; i < s->n_claims; i++)
         if (strcmp(s->claims[i].key, key) == 0) return true;
@@ -330,34 +325,34 @@ static bool claimed(const nereid_server_t *s, const char *key)
 /* Around a backend's model code (init, finalize): s->control is let go when
  * the caller holds it, so that code may itself load or unload models, and
  * other operations run meanwhile. */
-static void control_lend(nereid_server_t *s, bool held)
+void repo_control_lend(nereid_server_t *s, bool held)
 {
     if (held) pthread_mutex_unlock(&s->control);
 }
 
-static void control_take_back(nereid_server_t *s, bool held)
+void repo_control_take_back(nereid_server_t *s, bool held)
 {
     if (held) pthread_mutex_lock(&s->control);
 }
 
-static bool model_ready(nereid_server_t *s, const char *name)
+bool repo_model_ready(nereid_server_t *s, const char *name)
 {
     pthread_rwlock_rdlock(&s->lock);
     model_entry_t *e = repository_find(s, name);
-    bool ready = e && entry_has_ready(e);
+    bool ready = e && repo_entry_has_ready(e);
     pthread_rwlock_unlock(&s->lock);
     return ready;
 }
 
 /* The entry state of name (MODEL_UNKNOWN_STATE when never tried) and, when
  * failed, a copy of its reason. */
-static model_state_t entry_state(nereid_server_t *s, const char *name, char **reason)
+model_state_t repo_entry_state(nereid_server_t *s, const char *name, char **reason)
 {
     if (reason) *reason = NULL;
     pthread_rwlock_rdlock(&s->lock);
     model_entry_t *e = repository_find(s, name);
     model_state_t st = e ? e->state : MODEL_UNKNOWN_STATE;
-    if (reason && e && !entry_has_ready(e)) {
+    if (reason && e && !repo_entry_has_ready(e)) {
         const char *r = e->reason;
         for (size_t v = 0; !r && v < e->n_versions; v++)
             r = e->versions[v].reason;
@@ -367,7 +362,7 @@ static model_state_t entry_state(nereid_server_t *s, const char *name, char **re
     return st;
 }
 
-static bool version_ready(nereid_server_t *s, const char *name, int64_t version)
+bool repo_version_ready(nereid_server_t *s, const char *name, int64_t version)
 {
     pthread_rwlock_rdlock(&s->lock);
     model_entry_t *e = repository_find(s, name);
@@ -380,23 +375,23 @@ static bool version_ready(nereid_server_t *s, const char *name, int64_t version)
 
 /* The composing model keys of the ensemble in directory key (none when it
  * is not an ensemble or its config does not read), as a new array. */
-static char **ensemble_steps(nereid_server_t *s, const char *key, size_t *n)
+char **repo_ensemble_steps(nereid_server_t *s, const char *key, size_t *n)
 {
     *n = 0;
     size_t count;
-    char *dir = locate(s, key, &count);
+    char *dir = repo_locate(s, key, &count);
     const char *ns;
-    char *name = key_split(key, &ns);
+    char *name = repo_key_split(key, &ns);
     model_config_t *cfg = NULL;
-    if (dir) nereid_error_free(read_config(s, name, dir, NULL, &cfg));
+    if (dir) nereid_error_free(repo_read_config(s, name, dir, NULL, &cfg));
     free(dir);
     free(name);
     char **out = NULL;
-    if (is_ensemble(cfg) && cfg->ensemble_scheduling) {
+    if (repo_is_ensemble(cfg) && cfg->ensemble_scheduling) {
         const Inference__ModelEnsembling *es = cfg->ensemble_scheduling;
         out = xcalloc(es->n_step ? es->n_step : 1, sizeof *out);
         for (size_t i = 0; i < es->n_step; i++) {
-            char *step = resolve_step(s, ns, es->step[i]->model_name);
+            char *step = repo_resolve_step(s, ns, es->step[i]->model_name);
             if (step) out[(*n)++] = step;
         }
     }
@@ -404,7 +399,7 @@ static char **ensemble_steps(nereid_server_t *s, const char *key, size_t *n)
     return out;
 }
 
-static void free_names(char **names, size_t n)
+void repo_free_names(char **names, size_t n)
 {
     for (size_t i = 0; i < n; i++)
         free(names[i]);
@@ -413,15 +408,16 @@ static void free_names(char **names, size_t n)
 
 /* Whether a ready ensemble other than except uses model key. */
 /* used_by_other with s->lock held. */
-static bool used_by_other_locked(nereid_server_t *s, const char *key, const char *except)
+bool repo_used_by_other_locked(nereid_server_t *s, const char *key, const char *except)
 {
     bool used = false;
     for (size_t i = 0; i < s->n_models && !used; i++) {
         model_entry_t *e = s->models[i];
-        if (strcmp(e->key, except) == 0 || !entry_has_ready(e) || !is_ensemble(e->config)) continue;
+        if (strcmp(e->key, except) == 0 || !repo_entry_has_ready(e) || !repo_is_ensemble(e->config))
+            continue;
         const Inference__ModelEnsembling *es = e->config->ensemble_scheduling;
         for (size_t k = 0; es && k < es->n_step; k++) {
-            char *sk = step_key(s, es->step[k]);
+            char *sk = repo_step_key(s, es->step[k]);
             used |= strcmp(sk, key) == 0;
             free(sk);
         }
@@ -429,25 +425,25 @@ static bool used_by_other_locked(nereid_server_t *s, const char *key, const char
     return used;
 }
 
-static bool used_by_other(nereid_server_t *s, const char *name, const char *except)
+bool repo_used_by_other(nereid_server_t *s, const char *name, const char *except)
 {
     pthread_rwlock_rdlock(&s->lock);
-    bool used = used_by_other_locked(s, name, except);
+    bool used = repo_used_by_other_locked(s, name, except);
     pthread_rwlock_unlock(&s->lock);
     return used;
 }
 
 /* --model-namespacing: the keys of model name in the repositories that
  * have it, as a new array (NULL when none). */
-static char **name_keys(nereid_server_t *s, const char *name, size_t *n)
+char **repo_name_keys(nereid_server_t *s, const char *name, size_t *n)
 {
     char **keys = NULL;
     *n = 0;
-    for (size_t r = 0; r < s->n_repos && valid_model_name(name); r++) {
+    for (size_t r = 0; r < s->n_repos && repo_valid_model_name(name); r++) {
         char *dir = xasprintf("%s/%s", s->repos[r], name);
-        if (is_dir(dir)) {
+        if (repo_is_dir(dir)) {
             keys = xrealloc(keys, (*n + 1) * sizeof *keys);
-            keys[(*n)++] = make_key(s, name, s->repos[r]);
+            keys[(*n)++] = repo_make_key(s, name, s->repos[r]);
         }
         free(dir);
     }
@@ -456,7 +452,7 @@ static char **name_keys(nereid_server_t *s, const char *name, size_t *n)
 
 /* Hands the claim of key over (handing_off: to a thread still to start),
  * or has the calling thread take it over. Caller holds s->control. */
-static void claim_transfer(nereid_server_t *s, const char *key, bool handing_off)
+void repo_claim_transfer(nereid_server_t *s, const char *key, bool handing_off)
 {
     for (size_t i = 0; i < s->n_claims; i++)
         if (strcmp(s->claims[i].key, key) == 0) {
@@ -467,9 +463,9 @@ static void claim_transfer(nereid_server_t *s, const char *key, bool handing_off
 
 bool repository_has_model(nereid_server_t *s, const char *name)
 {
-    if (!valid_model_name(name)) return false;
+    if (!repo_valid_model_name(name)) return false;
     size_t count;
-    char *dir = locate(s, name, &count);
+    char *dir = repo_locate(s, name, &count);
     bool found = dir != NULL;
     free(dir);
     return found;
@@ -478,9 +474,9 @@ bool repository_has_model(nereid_server_t *s, const char *name)
 bool repository_decoupled_on_disk(nereid_server_t *s, const char *name)
 {
     size_t count;
-    char *dir = locate(s, name, &count);
+    char *dir = repo_locate(s, name, &count);
     model_config_t *cfg = NULL;
-    if (dir) nereid_error_free(read_config(s, name, dir, NULL, &cfg));
+    if (dir) nereid_error_free(repo_read_config(s, name, dir, NULL, &cfg));
     bool decoupled =
         cfg && cfg->model_transaction_policy && cfg->model_transaction_policy->decoupled;
     if (cfg) config_free(cfg);

@@ -1,22 +1,16 @@
 /*
- * This file contains model management: scanning the repositories, reading
- * configs, choosing versions, loading them (in parallel at start-up),
- * explicit load (config and file overrides) / unload (with dependents),
- * ensembles' composing models, and poll mode's rescans.
+ * This file contains loading one model: its config and versions read, an
+ * ensemble's composing models made ready first, each chosen version loaded
+ * (or kept, or updated in place), then swapped into the index and the
+ * replaced versions drained. It corresponds to Triton's model_lifecycle.cc
+ * (AsyncLoad, OnLoadComplete, OnLoadFinal) and to the dependency checks of
+ * model_repository_manager.cc.
  *
  * A (re)load prepares the new versions without any server lock, then swaps
  * them into the entry under the write lock, then drains the replaced
  * versions: requests already queued on them finish there, new requests find
  * the new versions. A version that fails to reload keeps its old model
  * serving, with the failure as its reason.
- *
- * Loads, unloads, polls and on-demand loads take turns under s->control,
- * but let go of it while a backend runs the model's own code (its init and
- * its finalize): that code may load or unload other models itself (a Python
- * model's pb_utils.load_model in initialize), and unrelated models load
- * meanwhile, as Triton loads them in parallel. The models an operation is
- * working on stay claimed until it is done; another operation on one of
- * them waits for it, as Triton waits on a conflicting load ("Control").
  */
 #include <ctype.h>
 #include <dirent.h>
@@ -35,9 +29,8 @@
 #include "backend/loader.h"
 #include "core/core.h"
 #include "core/repository.h"
+#include "core/repository_internal.h"
 #include "core/util.h"
-
-#define MAX_ENSEMBLE_DEPTH 16
 
 /* Triton's ConfigChangeRequiresReload compares configs without their
  * instance_group and version_policy: the JSON of cfg without them. */
@@ -58,20 +51,6 @@ static char *error_reason(const nereid_error_t *err)
 
 /* ---- Loading ---- */
 
-typedef struct load_ctx {
-    const char *chain[MAX_ENSEMBLE_DEPTH + 1]; /* ensembles being loaded, outermost first */
-    size_t depth;
-    bool load_deps;         /* load an ensemble's composing models that are not ready */
-    bool force;             /* reload versions even when nothing changed */
-    bool held;              /* the caller holds s->control (all but start-up) */
-    model_config_t *config; /* the model's config already read from its directory, or
-                               NULL; taken (and freed) by load_model */
-} load_ctx_t;
-
-static nereid_error_t *load_model(nereid_server_t *s, const char *name, const char *override_json,
-                                  const char *const *paths, const void *const *contents,
-                                  const size_t *sizes, size_t n_files, load_ctx_t *ctx);
-
 /* Triton's circular dependency check: walks the composing models of
  * current (upstream, depth first) looking for start. */
 static nereid_error_t *find_cycle(nereid_server_t *s, const char *start, const char *current,
@@ -80,12 +59,12 @@ static nereid_error_t *find_cycle(nereid_server_t *s, const char *start, const c
     nereid_error_t *err = NULL;
     for (size_t i = 0; i < n_steps && !err; i++) {
         size_t count;
-        char *dir = locate(s, steps[i], &count);
+        char *dir = repo_locate(s, steps[i], &count);
         free(dir);
         if (count == 0) continue;
         if (strcmp(steps[i], start) == 0) {
             const char *ns;
-            char *start_name = key_split(start, &ns), *cur_name = key_split(current, &ns);
+            char *start_name = repo_key_split(start, &ns), *cur_name = repo_key_split(current, &ns);
             err = nereid_error_new(NEREID_ERROR_INVALID_ARG,
                                    "circular dependency between ensembles: %s -> ... -> %s -> %s",
                                    start_name, cur_name, start_name);
@@ -93,9 +72,9 @@ static nereid_error_t *find_cycle(nereid_server_t *s, const char *start, const c
             free(cur_name);
         } else if (depth < MAX_ENSEMBLE_DEPTH) {
             size_t n;
-            char **up = ensemble_steps(s, steps[i], &n);
+            char **up = repo_ensemble_steps(s, steps[i], &n);
             err = find_cycle(s, start, steps[i], up, n, depth + 1);
-            free_names(up, n);
+            repo_free_names(up, n);
         }
     }
     return err;
@@ -111,21 +90,21 @@ static nereid_error_t *load_dependencies(nereid_server_t *s, const char *key, co
     const Inference__ModelEnsembling *es = cfg->ensemble_scheduling;
     size_t n_steps = es ? es->n_step : 0;
     const char *ens_ns;
-    free(key_split(key, &ens_ns));
+    free(repo_key_split(key, &ens_ns));
     char **steps = xcalloc(n_steps ? n_steps : 1, sizeof *steps);
     /* missing ones: sorted, unique, comma separated (Triton keeps a set) */
     char **missing = xcalloc(n_steps ? n_steps : 1, sizeof *missing);
     size_t n_missing = 0;
     for (size_t i = 0; i < n_steps; i++) {
         const char *step = es->step[i]->model_name;
-        steps[i] = resolve_step(s, ens_ns, step);
+        steps[i] = repo_resolve_step(s, ens_ns, step);
         size_t count = 0, at = 0;
-        if (steps[i]) free(locate(s, steps[i], &count));
+        if (steps[i]) free(repo_locate(s, steps[i], &count));
         if (count != 0) {
-            if (ns_on(s)) { /* Triton sets the namespace it found in the step */
+            if (repo_ns_on(s)) { /* Triton sets the namespace it found in the step */
                 const char *step_ns;
-                free(key_split(steps[i], &step_ns));
-                set_pb_string(&es->step[i]->model_namespace, step_ns ? step_ns : "");
+                free(repo_key_split(steps[i], &step_ns));
+                repo_set_pb_string(&es->step[i]->model_namespace, step_ns ? step_ns : "");
             }
             continue;
         }
@@ -156,16 +135,16 @@ static nereid_error_t *load_dependencies(nereid_server_t *s, const char *key, co
         const char *dep_key = steps[i];
         const char *dep = es->step[i]->model_name;
         int64_t version = es->step[i]->model_version;
-        if (!model_ready(s, dep_key)) {
+        if (!repo_model_ready(s, dep_key)) {
             char *reason = NULL;
-            model_state_t st = entry_state(s, dep_key, &reason);
+            model_state_t st = repo_entry_state(s, dep_key, &reason);
             size_t n_sub = 0;
             char **sub_steps = NULL;
             bool nested = ctx->load_deps;
             if (!nested && st == MODEL_UNKNOWN_STATE) {
-                sub_steps = ensemble_steps(s, dep_key, &n_sub);
+                sub_steps = repo_ensemble_steps(s, dep_key, &n_sub);
                 nested = sub_steps != NULL;
-                free_names(sub_steps, n_sub);
+                repo_free_names(sub_steps, n_sub);
             }
             if (!nested) {
                 if (reason)
@@ -192,8 +171,8 @@ static nereid_error_t *load_dependencies(nereid_server_t *s, const char *key, co
             sub.depth = ctx->depth + 1;
             sub.chain[sub.depth] = dep_key;
             sub.force = false;
-            nereid_error_t *lerr = load_model(s, dep_key, NULL, NULL, NULL, NULL, 0, &sub);
-            if (lerr && !model_ready(s, dep_key)) {
+            nereid_error_t *lerr = repo_load_model(s, dep_key, NULL, NULL, NULL, NULL, 0, &sub);
+            if (lerr && !repo_model_ready(s, dep_key)) {
                 err = nereid_error_new(NEREID_ERROR_INVALID_ARG,
                                        "ensemble '%s' depends on '%s' which has no loaded "
                                        "version. Model '%s' loading failed with error: %s",
@@ -203,13 +182,13 @@ static nereid_error_t *load_dependencies(nereid_server_t *s, const char *key, co
             }
             nereid_error_free(lerr);
         }
-        if (version > 0 && !version_ready(s, dep_key, version))
+        if (version > 0 && !repo_version_ready(s, dep_key, version))
             err = nereid_error_new(NEREID_ERROR_INVALID_ARG,
                                    "ensemble '%s' depends on '%s' whose required version %lld is "
                                    "not loaded.",
                                    name, dep, (long long)version);
     }
-    free_names(steps, n_steps);
+    repo_free_names(steps, n_steps);
     return err;
 }
 
@@ -220,7 +199,7 @@ static void set_entry_failure(nereid_server_t *s, model_entry_t *e, const nereid
     e->tree_sig = sig;
     free(e->reason);
     e->reason = error_reason(err);
-    if (entry_has_ready(e)) {
+    if (repo_entry_has_ready(e)) {
         /* A broken change: the served versions stay, and say why. */
         for (size_t v = 0; v < e->n_versions; v++) {
             free(e->versions[v].reason);
@@ -229,7 +208,7 @@ static void set_entry_failure(nereid_server_t *s, model_entry_t *e, const nereid
     } else {
         /* Rows of earlier (unloaded, failed) versions give way to the
          * model-level failure. */
-        free_versions(e->versions, e->n_versions);
+        repo_free_versions(e->versions, e->n_versions);
         e->versions = NULL;
         e->n_versions = 0;
         e->state = MODEL_UNAVAILABLE;
@@ -245,7 +224,7 @@ static void add_tmp_dir(model_entry_t *e, char *dir)
 
 /* Removes override directories no served version was loaded from (their
  * models have been drained and read their files at load). */
-static void drop_unused_tmp_dirs(nereid_server_t *s, model_entry_t *e)
+void repo_drop_unused_tmp_dirs(nereid_server_t *s, model_entry_t *e)
 {
     pthread_rwlock_wrlock(&s->lock);
     size_t w = 0;
@@ -257,7 +236,7 @@ static void drop_unused_tmp_dirs(nereid_server_t *s, model_entry_t *e)
         if (used) {
             e->tmp_dirs[w++] = d;
         } else {
-            remove_tree(d);
+            repo_remove_tree(d);
             free(d);
         }
     }
@@ -268,7 +247,8 @@ static void drop_unused_tmp_dirs(nereid_server_t *s, model_entry_t *e)
 /* load_model of key, whose name and namespace (or NULL) are given. */
 static int cmp_version_entry(const void *a, const void *b)
 {
-    return cmp_i64(&((const version_entry_t *)a)->version, &((const version_entry_t *)b)->version);
+    return repo_cmp_i64(&((const version_entry_t *)a)->version,
+                        &((const version_entry_t *)b)->version);
 }
 
 static int64_t wall_ns(void)
@@ -280,7 +260,7 @@ static int64_t wall_ns(void)
 
 /* Unloads one version's model, with Triton's line (ModelLifeCycle's
  * OnDestroy: one per version). */
-static void unload_version(const char *name, int64_t version, model_t *m)
+void repo_unload_version(const char *name, int64_t version, model_t *m)
 {
     model_unload(m);
     LOG_INFO("successfully unloaded '%s' version %" PRId64, name, version);
@@ -291,16 +271,16 @@ static nereid_error_t *load_model_as(nereid_server_t *s, const char *key, const 
                                      const char *const *paths, const void *const *contents,
                                      const size_t *sizes, size_t n_files, load_ctx_t *ctx)
 {
-    if (!valid_model_name(name))
+    if (!repo_valid_model_name(name))
         return nereid_error_new(NEREID_ERROR_INVALID_ARG, "invalid model name '%s'",
                                 name ? name : "");
     size_t count;
-    char *dir = locate(s, key, &count);
+    char *dir = repo_locate(s, key, &count);
     char *tmp = NULL;
     if (!dir && override_json && n_files) {
         /* Triton: a model given whole (config and files) needs no
          * directory in a repository; its files' directory stands in. */
-        nereid_error_t *err = make_override_dir(name, paths, contents, sizes, n_files, &tmp);
+        nereid_error_t *err = repo_make_override_dir(name, paths, contents, sizes, n_files, &tmp);
         if (err) return err;
         dir = xstrdup(tmp);
     }
@@ -309,22 +289,22 @@ static nereid_error_t *load_model_as(nereid_server_t *s, const char *key, const 
                                 "failed to load '%s', failed to poll from model repository", name);
     /* Only the poll compares signatures: other modes skip the tree walk. */
     uint64_t sig = s->opts.model_control_mode == NEREID_MODEL_CONTROL_POLL
-                       ? tree_sig(dir, 14695981039346656037ULL, 0)
+                       ? repo_tree_sig(dir, 14695981039346656037ULL, 0)
                        : 0;
     pthread_rwlock_wrlock(&s->lock);
     model_entry_t *e = repository_find(s, key);
-    if (!e) e = entry_add(s, key, dir);
+    if (!e) e = repo_entry_add(s, key, dir);
     e->removed = false;
     /* Triton: after a load with a config override, a load without one
      * finds the model unmodified (no reload, the override stays) unless
      * something in its directory changed after the override. */
-    if (!override_json && !n_files && !tmp && e->override_ns && entry_has_ready(e) &&
-        dir_contents_mtime_ns(dir) <= e->override_ns) {
+    if (!override_json && !n_files && !tmp && e->override_ns && repo_entry_has_ready(e) &&
+        repo_dir_contents_mtime_ns(dir) <= e->override_ns) {
         pthread_rwlock_unlock(&s->lock);
         free(dir);
         return NULL;
     }
-    if (!entry_has_ready(e)) e->state = MODEL_LOADING;
+    if (!repo_entry_has_ready(e)) e->state = MODEL_LOADING;
     pthread_rwlock_unlock(&s->lock);
     if (count > 1) {
         nereid_error_t *err =
@@ -341,10 +321,10 @@ static nereid_error_t *load_model_as(nereid_server_t *s, const char *key, const 
 
     nereid_error_t *err = NULL;
     if (n_files && !tmp) {
-        err = make_override_dir(name, paths, contents, sizes, n_files, &tmp);
+        err = repo_make_override_dir(name, paths, contents, sizes, n_files, &tmp);
         if (err) {
             free(dir);
-            if (!entry_has_ready(e)) set_entry_failure(s, e, err, sig);
+            if (!repo_entry_has_ready(e)) set_entry_failure(s, e, err, sig);
             return err;
         }
     }
@@ -354,15 +334,15 @@ static nereid_error_t *load_model_as(nereid_server_t *s, const char *key, const 
         cfg = ctx->config; /* read by the start-up pass: not twice */
         ctx->config = NULL;
     } else {
-        err = read_config(s, name, load_dir, override_json, &cfg);
+        err = repo_read_config(s, name, load_dir, override_json, &cfg);
     }
-    if (!err && is_ensemble(cfg)) err = load_dependencies(s, key, name, cfg, ctx);
+    if (!err && repo_is_ensemble(cfg)) err = load_dependencies(s, key, name, cfg, ctx);
     int64_t *avail = NULL, *chosen = NULL;
     size_t k = 0;
     if (!err) {
-        size_t n = list_versions(load_dir, &avail, true);
+        size_t n = repo_list_versions(load_dir, &avail, true);
         chosen = xcalloc(n ? n : 1, sizeof *chosen);
-        k = select_versions(cfg, avail, n, chosen);
+        k = repo_select_versions(cfg, avail, n, chosen);
         free(avail);
         if (k == 0)
             err = nereid_error_new(NEREID_ERROR_INTERNAL,
@@ -382,18 +362,18 @@ static nereid_error_t *load_model_as(nereid_server_t *s, const char *key, const 
             e->reason = error_reason(err);
             e->tree_sig = sig;
             pthread_rwlock_unlock(&s->lock);
-            control_lend(s, ctx->held);
+            repo_control_lend(s, ctx->held);
             for (size_t v = 0; v < n_old; v++)
-                if (old[v].model) unload_version(name, old[v].version, old[v].model);
-            control_take_back(s, ctx->held);
-            free_versions(old, n_old);
+                if (old[v].model) repo_unload_version(name, old[v].version, old[v].model);
+            repo_control_take_back(s, ctx->held);
+            repo_free_versions(old, n_old);
         } else {
             set_entry_failure(s, e, err, sig);
         }
         if (cfg) config_free(cfg);
         free(chosen);
         if (tmp) {
-            remove_tree(tmp);
+            repo_remove_tree(tmp);
             free(tmp);
         }
         free(dir);
@@ -407,9 +387,10 @@ static nereid_error_t *load_model_as(nereid_server_t *s, const char *key, const 
     bool same_config = e->config_key && strcmp(e->config_key, cfg_key) == 0 && same_dir;
     /* Triton updates a served version in place when only its instance
      * groups (or version policy) changed and its files did not. */
-    char *old_rkey = same_dir && !tmp && e->config && !is_ensemble(e->config) && !is_ensemble(cfg)
-                         ? reload_key(e->config)
-                         : NULL;
+    char *old_rkey =
+        same_dir && !tmp && e->config && !repo_is_ensemble(e->config) && !repo_is_ensemble(cfg)
+            ? reload_key(e->config)
+            : NULL;
     pthread_rwlock_unlock(&s->lock);
     char *new_rkey = old_rkey ? reload_key(cfg) : NULL;
     bool may_update = old_rkey && strcmp(old_rkey, new_rkey) == 0;
@@ -432,8 +413,8 @@ static nereid_error_t *load_model_as(nereid_server_t *s, const char *key, const 
         pthread_rwlock_unlock(&s->lock);
         /* Triton's IsModelVersionModified: a version whose files changed
          * is loaded again even when its config did not. */
-        bool same_files =
-            old && (same_config || may_update) && version_files_sig(load_dir, chosen[i]) == old_sig;
+        bool same_files = old && (same_config || may_update) &&
+                          repo_version_files_sig(load_dir, chosen[i]) == old_sig;
         if (same_files && same_config && !ctx->force) {
             nv[i].model = old; /* unchanged: the same model keeps serving */
             nv[i].state = MODEL_READY;
@@ -441,9 +422,9 @@ static nereid_error_t *load_model_as(nereid_server_t *s, const char *key, const 
             continue;
         }
         if (same_files && may_update && model_can_update_instances(old)) {
-            control_lend(s, ctx->held);
+            repo_control_lend(s, ctx->held);
             nereid_error_t *uerr = model_update_instances(old, cfg);
-            control_take_back(s, ctx->held);
+            repo_control_take_back(s, ctx->held);
             if (uerr && nereid_error_code(uerr) == NEREID_ERROR_UNAVAILABLE) {
                 /* an instance cannot leave in place: a full reload */
                 LOG_VERBOSE("'%s' version %" PRId64 " reloads: %s", name, chosen[i],
@@ -475,11 +456,11 @@ static nereid_error_t *load_model_as(nereid_server_t *s, const char *key, const 
             .backend_dir = s->backend_dir,
             .backend_settings = s->backend_settings,
             .n_backend_settings = s->n_backend_settings,
-            .autocomplete_allowed = autofill_allowed(s),
+            .autocomplete_allowed = repo_autofill_allowed(s),
         };
         model_t *m = NULL;
         LOG_INFO("loading: %s:%" PRId64, name, chosen[i]);
-        control_lend(s, ctx->held);
+        repo_control_lend(s, ctx->held);
         nereid_error_t *lerr = model_load(s, &args, &m);
         /* Triton's --model-load-retry-count: each version's load is tried
          * up to that many more times before it counts as failed. */
@@ -490,7 +471,7 @@ static nereid_error_t *load_model_as(nereid_server_t *s, const char *key, const 
             m = NULL;
             lerr = model_load(s, &args, &m);
         }
-        control_take_back(s, ctx->held);
+        repo_control_take_back(s, ctx->held);
         if (lerr) {
             any_failed = true;
             nv[i].state = MODEL_UNAVAILABLE;
@@ -505,7 +486,7 @@ static nereid_error_t *load_model_as(nereid_server_t *s, const char *key, const 
         } else {
             nv[i].model = fresh[i] = m;
             nv[i].state = MODEL_READY;
-            nv[i].files_sig = version_files_sig(load_dir, chosen[i]);
+            nv[i].files_sig = repo_version_files_sig(load_dir, chosen[i]);
             any_new = true;
         }
     }
@@ -567,14 +548,14 @@ static nereid_error_t *load_model_as(nereid_server_t *s, const char *key, const 
      * dependency graph unloads the ensemble once its load completes. */
     bool step_gone = false;
     size_t k_fresh = k; /* (k grows only when a version failed) */
-    if (!any_failed && is_ensemble(cfg) && cfg->ensemble_scheduling &&
+    if (!any_failed && repo_is_ensemble(cfg) && cfg->ensemble_scheduling &&
         !s->opts.model_load_on_demand) {
         pthread_rwlock_rdlock(&s->lock);
         const Inference__ModelEnsembling *es = cfg->ensemble_scheduling;
         for (size_t st = 0; st < es->n_step && !step_gone; st++) {
-            char *sk = step_key(s, es->step[st]);
+            char *sk = repo_step_key(s, es->step[st]);
             model_entry_t *se = repository_find(s, sk);
-            step_gone = !se || !entry_has_ready(se);
+            step_gone = !se || !repo_entry_has_ready(se);
             if (step_gone) LOG_INFO("unloading '%s': its step '%s' is unloaded", name, sk);
             free(sk);
         }
@@ -641,7 +622,7 @@ static nereid_error_t *load_model_as(nereid_server_t *s, const char *key, const 
     bool any_ready = false;
     for (size_t i = 0; i < k; i++)
         if (nv[i].state == MODEL_READY) any_ready = true;
-    free_versions(e->versions, e->n_versions);
+    repo_free_versions(e->versions, e->n_versions);
     e->versions = nv;
     e->n_versions = k;
     e->state = any_ready ? MODEL_READY : MODEL_UNAVAILABLE;
@@ -662,17 +643,17 @@ static nereid_error_t *load_model_as(nereid_server_t *s, const char *key, const 
     if (!any_failed) e->override_ns = override_json && !n_files ? wall_ns() : 0;
     pthread_rwlock_unlock(&s->lock);
 
-    control_lend(s, ctx->held);
+    repo_control_lend(s, ctx->held);
     for (size_t i = 0; i < n_drain; i++)
-        unload_version(name, drain_v[i], drain[i]);
+        repo_unload_version(name, drain_v[i], drain[i]);
     for (size_t i = 0; i < n_discard; i++)
-        unload_version(name, discard_v[i], discard[i]);
-    control_take_back(s, ctx->held);
+        repo_unload_version(name, discard_v[i], discard[i]);
+    repo_control_take_back(s, ctx->held);
     free(drain);
     free(drain_v);
     free(discard);
     free(discard_v);
-    drop_unused_tmp_dirs(s, e);
+    repo_drop_unused_tmp_dirs(s, e);
     if (cfg) config_free(cfg);
     free(cfg_key);
     free(dir);
@@ -688,17 +669,17 @@ static nereid_error_t *load_model_as(nereid_server_t *s, const char *key, const 
 }
 
 /* Loads or reloads model key, claimed meanwhile. */
-static nereid_error_t *load_model(nereid_server_t *s, const char *key, const char *override_json,
-                                  const char *const *paths, const void *const *contents,
-                                  const size_t *sizes, size_t n_files, load_ctx_t *ctx)
+nereid_error_t *repo_load_model(nereid_server_t *s, const char *key, const char *override_json,
+                                const char *const *paths, const void *const *contents,
+                                const size_t *sizes, size_t n_files, load_ctx_t *ctx)
 {
     if (!key) return nereid_error_new(NEREID_ERROR_INVALID_ARG, "invalid model name '%s'", "");
-    nereid_error_t *err = claim(s, key, ctx->held);
+    nereid_error_t *err = repo_claim(s, key, ctx->held);
     if (err) return err;
     const char *ns;
-    char *name = key_split(key, &ns);
+    char *name = repo_key_split(key, &ns);
     err = load_model_as(s, key, name, ns, override_json, paths, contents, sizes, n_files, ctx);
     free(name);
-    unclaim(s, key, ctx->held);
+    repo_unclaim(s, key, ctx->held);
     return err;
 }

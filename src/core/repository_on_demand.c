@@ -1,22 +1,9 @@
 /*
- * This file contains model management: scanning the repositories, reading
- * configs, choosing versions, loading them (in parallel at start-up),
- * explicit load (config and file overrides) / unload (with dependents),
- * ensembles' composing models, and poll mode's rescans.
- *
- * A (re)load prepares the new versions without any server lock, then swaps
- * them into the entry under the write lock, then drains the replaced
- * versions: requests already queued on them finish there, new requests find
- * the new versions. A version that fails to reload keeps its old model
- * serving, with the failure as its reason.
- *
- * Loads, unloads, polls and on-demand loads take turns under s->control,
- * but let go of it while a backend runs the model's own code (its init and
- * its finalize): that code may load or unload other models itself (a Python
- * model's pb_utils.load_model in initialize), and unrelated models load
- * meanwhile, as Triton loads them in parallel. The models an operation is
- * working on stay claimed until it is done; another operation on one of
- * them waits for it, as Triton waits on a conflicting load ("Control").
+ * This file contains loads on demand (--model-load-on-demand): a request
+ * for a model that is not loaded loads it, and the least recently used
+ * models are unloaded while the loaded ones exceed --model-memory-budget,
+ * each charged the resident memory it holds. Triton has no counterpart;
+ * core/on_demand.c is the queue of the requests that wait for these loads.
  */
 #include <ctype.h>
 #include <dirent.h>
@@ -35,14 +22,13 @@
 #include "backend/loader.h"
 #include "core/core.h"
 #include "core/repository.h"
+#include "core/repository_internal.h"
 #include "core/util.h"
-
-#define MAX_ENSEMBLE_DEPTH 16
 
 /* ---- Load on demand ---- */
 
 /* The process's resident bytes (/proc/self/statm), 0 when unknown. */
-static long long rss_bytes(void)
+long long repo_rss_bytes(void)
 {
     FILE *f = fopen("/proc/self/statm", "r");
     long long pages = 0, resident = 0;
@@ -80,7 +66,7 @@ static const struct backend_lib *entry_backend(const model_entry_t *e)
 static bool shares_memory(const struct backend_lib *backend, char *const *steps, size_t n_steps,
                           const model_entry_t *other)
 {
-    if (!entry_has_ready(other)) return false;
+    if (!repo_entry_has_ready(other)) return false;
     if (backend) return entry_backend(other) == backend;
     for (size_t k = 0; k < n_steps; k++)
         if (strcmp(steps[k], other->name) == 0) return true;
@@ -140,10 +126,10 @@ static void evict_over_budget(nereid_server_t *s, const char *keep)
         model_entry_t *victim = NULL;
         for (size_t i = 0; i < s->n_models; i++) {
             model_entry_t *e = s->models[i];
-            if (!entry_has_ready(e)) continue;
+            if (!repo_entry_has_ready(e)) continue;
             total += e->memory_bytes;
-            if (e->pinned || strcmp(e->key, keep) == 0 || entry_in_use(e) || claimed(s, e->key) ||
-                used_by_other_locked(s, e->key, e->key))
+            if (e->pinned || strcmp(e->key, keep) == 0 || entry_in_use(e) ||
+                repo_claimed(s, e->key) || repo_used_by_other_locked(s, e->key, e->key))
                 continue;
             if (!victim || atomic_load(&e->last_used_ns) < atomic_load(&victim->last_used_ns))
                 victim = e;
@@ -153,9 +139,10 @@ static void evict_over_budget(nereid_server_t *s, const char *keep)
         const struct backend_lib *backend = victim ? entry_backend(victim) : NULL;
         char **steps = NULL; /* an ensemble's: they hold what its load brought in */
         size_t n_steps = 0;
-        const Inference__ModelEnsembling *es = name && victim->config && is_ensemble(victim->config)
-                                                   ? victim->config->ensemble_scheduling
-                                                   : NULL;
+        const Inference__ModelEnsembling *es =
+            name && victim->config && repo_is_ensemble(victim->config)
+                ? victim->config->ensemble_scheduling
+                : NULL;
         if (es) {
             steps = xcalloc(es->n_step ? es->n_step : 1, sizeof *steps);
             for (size_t k = 0; k < es->n_step; k++)
@@ -173,10 +160,10 @@ static void evict_over_budget(nereid_server_t *s, const char *keep)
                  "over the memory budget of %lld bytes",
                  name, bytes, total, budget);
         malloc_trim(0);
-        long long rss0 = rss_bytes();
-        unload_model(s, name, false, 0);
+        long long rss0 = repo_rss_bytes();
+        repo_unload_model(s, name, false, 0);
         malloc_trim(0);
-        long long freed = rss0 - rss_bytes();
+        long long freed = rss0 - repo_rss_bytes();
         if (freed < 0) freed = 0;
         move_charge(s, name, backend, steps, n_steps, bytes, freed);
         for (size_t k = 0; k < n_steps; k++)
@@ -206,7 +193,7 @@ bool repository_loading_on_demand(void)
 static const char *on_demand_key(nereid_server_t *s, const char *name, nereid_error_t **err)
 {
     size_t n;
-    char **keys = name_keys(s, name, &n);
+    char **keys = repo_name_keys(s, name, &n);
     const char *key = name;
     if (n == 1) {
         key = keys[0];
@@ -218,14 +205,14 @@ static const char *on_demand_key(nereid_server_t *s, const char *name, nereid_er
                                 "namespace must be provided to resolve ambiguity.",
                                 n, name);
     }
-    free_names(keys, n);
+    repo_free_names(keys, n);
     return key;
 }
 
 nereid_error_t *repository_load_on_demand(nereid_server_t *s, const char *name)
 {
     const char *plain = name;
-    if (!valid_model_name(name) || loading_on_demand)
+    if (!repo_valid_model_name(name) || loading_on_demand)
         return nereid_error_new(NEREID_ERROR_NOT_FOUND,
                                 "Request for unknown model: '%s' is not found", name ? name : "");
     /* One on-demand load at a time, each charged its own RSS growth; other
@@ -236,11 +223,11 @@ nereid_error_t *repository_load_on_demand(nereid_server_t *s, const char *name)
     nereid_error_t *err = NULL;
     if (atomic_load(&s->stopping)) {
         err = nereid_error_new(NEREID_ERROR_UNAVAILABLE, "Server not ready");
-    } else if (ns_on(s) && !(name = on_demand_key(s, name, &err))) {
+    } else if (repo_ns_on(s) && !(name = on_demand_key(s, name, &err))) {
         /* err: Triton's ambiguity error */
-    } else if (!model_ready(s, name)) { /* else another request loaded it meanwhile */
+    } else if (!repo_model_ready(s, name)) { /* else another request loaded it meanwhile */
         size_t count;
-        char *dir = locate(s, name, &count);
+        char *dir = repo_locate(s, name, &count);
         bool found = dir != NULL;
         free(dir);
         if (!found) {
@@ -248,14 +235,14 @@ nereid_error_t *repository_load_on_demand(nereid_server_t *s, const char *name)
                                    "Request for unknown model: '%s' is not found", name);
         } else {
             LOG_INFO("loading '%s' on demand", name);
-            long long rss0 = rss_bytes();
+            long long rss0 = repo_rss_bytes();
             uint64_t t0 = util_now_ns();
             load_ctx_t ctx = {.depth = 0, .load_deps = true, .held = true};
             ctx.chain[0] = name;
-            err = load_model(s, name, NULL, NULL, NULL, NULL, 0, &ctx);
+            err = repo_load_model(s, name, NULL, NULL, NULL, NULL, 0, &ctx);
             atomic_fetch_add(&s->on_demand_load_ns, util_now_ns() - t0);
-            long long grown = rss_bytes() - rss0;
-            if (err || !model_ready(s, name)) {
+            long long grown = repo_rss_bytes() - rss0;
+            if (err || !repo_model_ready(s, name)) {
                 atomic_fetch_add(&s->on_demand_load_failures, 1);
                 if (!err)
                     err = nereid_error_new(NEREID_ERROR_UNAVAILABLE,
@@ -277,7 +264,7 @@ nereid_error_t *repository_load_on_demand(nereid_server_t *s, const char *name)
         }
     }
     loading_on_demand = false;
-    if (ns_on(s) && name != plain) free((char *)name);
+    if (repo_ns_on(s) && name != plain) free((char *)name);
     pthread_mutex_unlock(&s->control);
     pthread_mutex_unlock(&s->on_demand_load);
     return err;

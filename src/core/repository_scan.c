@@ -1,22 +1,12 @@
 /*
- * This file contains model management: scanning the repositories, reading
- * configs, choosing versions, loading them (in parallel at start-up),
- * explicit load (config and file overrides) / unload (with dependents),
- * ensembles' composing models, and poll mode's rescans.
- *
- * A (re)load prepares the new versions without any server lock, then swaps
- * them into the entry under the write lock, then drains the replaced
- * versions: requests already queued on them finish there, new requests find
- * the new versions. A version that fails to reload keeps its old model
- * serving, with the failure as its reason.
- *
- * Loads, unloads, polls and on-demand loads take turns under s->control,
- * but let go of it while a backend runs the model's own code (its init and
- * its finalize): that code may load or unload other models itself (a Python
- * model's pb_utils.load_model in initialize), and unrelated models load
- * meanwhile, as Triton loads them in parallel. The models an operation is
- * working on stay claimed until it is done; another operation on one of
- * them waits for it, as Triton waits on a conflicting load ("Control").
+ * This file contains what the repository reads from disk: a model's version
+ * directories (Triton's VersionsToLoad), signatures of its files (Triton's
+ * ModelTimestamp, for the poll and for reloads), the temporary directory of
+ * a load's file overrides (Triton's LocalizeRepoAgent), its config read and
+ * normalized (Triton's GetNormalizedModelConfig, model_config_utils.cc),
+ * the versions its policy chooses and the model directories of the
+ * repositories. Triton keeps this in core's filesystem/ and in
+ * model_repository_manager.cc; nothing here takes a server lock.
  */
 #include <ctype.h>
 #include <dirent.h>
@@ -35,13 +25,12 @@
 #include "backend/loader.h"
 #include "core/core.h"
 #include "core/repository.h"
+#include "core/repository_internal.h"
 #include "core/util.h"
-
-#define MAX_ENSEMBLE_DEPTH 16
 
 /* ---- Files ---- */
 
-static bool is_dir(const char *path)
+bool repo_is_dir(const char *path)
 {
     struct stat st;
     return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
@@ -53,7 +42,7 @@ static bool is_file(const char *path)
     return stat(path, &st) == 0 && S_ISREG(st.st_mode);
 }
 
-static int cmp_i64(const void *a, const void *b)
+int repo_cmp_i64(const void *a, const void *b)
 {
     int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
     return (x > y) - (x < y);
@@ -101,11 +90,11 @@ static bool add_version(const char *name, bool subdir, void *arg)
 
 /* The numeric subdirectories of dir (symlinks to directories count),
  * sorted; with warn, each directory ignored is logged as Triton does. */
-static size_t list_versions(const char *dir, int64_t **out, bool warn)
+size_t repo_list_versions(const char *dir, int64_t **out, bool warn)
 {
     version_list_t l = {NULL, 0, warn};
     util_dir_each(dir, add_version, &l);
-    if (l.n) qsort(l.versions, l.n, sizeof *l.versions, cmp_i64);
+    if (l.n) qsort(l.versions, l.n, sizeof *l.versions, repo_cmp_i64);
     *out = l.versions;
     return l.n;
 }
@@ -120,13 +109,13 @@ static uint64_t fnv(uint64_t h, const void *p, size_t n)
     return h;
 }
 
-static int cmp_str(const void *a, const void *b)
+int repo_cmp_str(const void *a, const void *b)
 {
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
 /* Signature of a directory tree: names, sizes, modification times. */
-static uint64_t tree_sig(const char *path, uint64_t h, int depth)
+uint64_t repo_tree_sig(const char *path, uint64_t h, int depth)
 {
     struct stat st;
     if (stat(path, &st) != 0) return fnv(h, "?", 1);
@@ -145,11 +134,11 @@ static uint64_t tree_sig(const char *path, uint64_t h, int depth)
         names[n++] = xstrdup(e->d_name);
     }
     closedir(d);
-    if (n) qsort(names, n, sizeof *names, cmp_str);
+    if (n) qsort(names, n, sizeof *names, repo_cmp_str);
     for (size_t i = 0; i < n; i++) {
         h = fnv(h, names[i], strlen(names[i]) + 1);
         char *sub = xasprintf("%s/%s", path, names[i]);
-        h = tree_sig(sub, h, depth + 1);
+        h = repo_tree_sig(sub, h, depth + 1);
         free(sub);
         free(names[i]);
     }
@@ -160,11 +149,11 @@ static uint64_t tree_sig(const char *path, uint64_t h, int depth)
 /* Triton's ModelTimestamp::IsModelVersionModified: what a version's model
  * reads besides its config, the version directory and every other entry of
  * the model directory but the config and the other versions. */
-static uint64_t version_files_sig(const char *dir, int64_t version)
+uint64_t repo_version_files_sig(const char *dir, int64_t version)
 {
     uint64_t h = 14695981039346656037ULL;
     char *vdir = xasprintf("%s/%lld", dir, (long long)version);
-    h = tree_sig(vdir, h, 1);
+    h = repo_tree_sig(vdir, h, 1);
     free(vdir);
     DIR *d = opendir(dir);
     if (!d) return h;
@@ -180,11 +169,11 @@ static uint64_t version_files_sig(const char *dir, int64_t version)
         names[n++] = xstrdup(nm);
     }
     closedir(d);
-    if (n) qsort(names, n, sizeof *names, cmp_str);
+    if (n) qsort(names, n, sizeof *names, repo_cmp_str);
     for (size_t i = 0; i < n; i++) {
         h = fnv(h, names[i], strlen(names[i]) + 1);
         char *sub = xasprintf("%s/%s", dir, names[i]);
-        h = tree_sig(sub, h, 1);
+        h = repo_tree_sig(sub, h, 1);
         free(sub);
         free(names[i]);
     }
@@ -192,7 +181,7 @@ static uint64_t version_files_sig(const char *dir, int64_t version)
     return h;
 }
 
-static void remove_tree(const char *path)
+void repo_remove_tree(const char *path)
 {
     struct stat st;
     if (lstat(path, &st) != 0) return;
@@ -203,7 +192,7 @@ static void remove_tree(const char *path)
             while ((e = readdir(d))) {
                 if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
                 char *sub = xasprintf("%s/%s", path, e->d_name);
-                remove_tree(sub);
+                repo_remove_tree(sub);
                 free(sub);
             }
             closedir(d);
@@ -230,9 +219,9 @@ static bool safe_relpath(const char *p)
 }
 
 /* Writes the override files into a new temporary model directory. */
-static nereid_error_t *make_override_dir(const char *name, const char *const *paths,
-                                         const void *const *contents, const size_t *sizes, size_t n,
-                                         char **out)
+nereid_error_t *repo_make_override_dir(const char *name, const char *const *paths,
+                                       const void *const *contents, const size_t *sizes, size_t n,
+                                       char **out)
 {
     *out = NULL;
     for (size_t i = 0; i < n; i++)
@@ -264,7 +253,7 @@ static nereid_error_t *make_override_dir(const char *name, const char *const *pa
         if (f && fclose(f) != 0) ok = false;
         free(path);
         if (!ok) {
-            remove_tree(dir);
+            repo_remove_tree(dir);
             free(dir);
             return nereid_error_new(NEREID_ERROR_INTERNAL,
                                     "failed to load '%s', failed to poll from model repository: "
@@ -279,7 +268,7 @@ static nereid_error_t *make_override_dir(const char *name, const char *const *pa
 /* ---- Configs and versions ---- */
 
 /* Replaces a protobuf-c string field (which may hold the static empty string). */
-static void set_pb_string(char **field, const char *value)
+void repo_set_pb_string(char **field, const char *value)
 {
     if (*field && *field != protobuf_c_empty_string) free(*field);
     *field = xstrdup(value);
@@ -290,7 +279,7 @@ static void infer_platform(model_config_t *cfg, const char *dir)
 {
     if (cfg->platform[0] || cfg->backend[0]) return;
     int64_t *versions;
-    size_t n = list_versions(dir, &versions, false);
+    size_t n = repo_list_versions(dir, &versions, false);
     static const struct {
         const char *file, *platform, *backend;
     } known[] = {{"model.onnx", "onnxruntime_onnx", "onnxruntime"},
@@ -298,11 +287,11 @@ static void infer_platform(model_config_t *cfg, const char *dir)
     for (size_t v = n; v-- > 0;) {
         for (size_t k = 0; k < ARRAY_LEN(known); k++) {
             char *path = xasprintf("%s/%" PRId64 "/%s", dir, versions[v], known[k].file);
-            bool found = is_file(path) || is_dir(path);
+            bool found = is_file(path) || repo_is_dir(path);
             free(path);
             if (found) {
-                set_pb_string(&cfg->platform, known[k].platform);
-                set_pb_string(&cfg->backend, known[k].backend);
+                repo_set_pb_string(&cfg->platform, known[k].platform);
+                repo_set_pb_string(&cfg->backend, known[k].backend);
                 free(versions);
                 return;
             }
@@ -321,7 +310,7 @@ static char *trim_errors(char *errors)
     return msg;
 }
 
-static bool autofill_allowed(const nereid_server_t *s)
+bool repo_autofill_allowed(const nereid_server_t *s)
 {
     return !s->opts.strict_model_config && !s->opts.disable_auto_complete_config;
 }
@@ -340,8 +329,8 @@ static char *config_path(const nereid_server_t *s, const char *dir)
 }
 
 /* Reads (or takes the override of) a model's config and normalizes it. */
-static nereid_error_t *read_config(nereid_server_t *s, const char *name, const char *dir,
-                                   const char *override_json, model_config_t **out)
+nereid_error_t *repo_read_config(nereid_server_t *s, const char *name, const char *dir,
+                                 const char *override_json, model_config_t **out)
 {
     *out = NULL;
     char *path = config_path(s, dir);
@@ -368,9 +357,10 @@ static nereid_error_t *read_config(nereid_server_t *s, const char *name, const c
         cfg = config_from_json("{}", 2, &errors);
     }
     if (cfg) {
-        if (!cfg->name[0]) set_pb_string(&cfg->name, name);
+        if (!cfg->name[0]) repo_set_pb_string(&cfg->name, name);
         infer_platform(cfg, dir);
-        config_options_t opts = {.gpus_available = false, .allow_missing_io = autofill_allowed(s)};
+        config_options_t opts = {.gpus_available = false,
+                                 .allow_missing_io = repo_autofill_allowed(s)};
         if (config_normalize(cfg, name, path, &opts, &errors) != 0) {
             config_free(cfg);
             cfg = NULL;
@@ -403,14 +393,13 @@ static nereid_error_t *read_config(nereid_server_t *s, const char *name, const c
     return NULL;
 }
 
-static bool is_ensemble(const model_config_t *cfg)
+bool repo_is_ensemble(const model_config_t *cfg)
 {
     return cfg && strcmp(cfg->platform, "ensemble") == 0;
 }
 
 /* Which versions the policy selects from those on disk. */
-static size_t select_versions(const model_config_t *cfg, const int64_t *avail, size_t n,
-                              int64_t *out)
+size_t repo_select_versions(const model_config_t *cfg, const int64_t *avail, size_t n, int64_t *out)
 {
     const Inference__ModelVersionPolicy *p = cfg->version_policy;
     size_t k = 0;
@@ -438,7 +427,7 @@ static size_t select_versions(const model_config_t *cfg, const int64_t *avail, s
 
 /* Newest modification time (wall-clock ns) of dir's entries, as Triton's
  * ModelTimestamp of a model directory's contents; 0 if unreadable. */
-static int64_t dir_contents_mtime_ns(const char *dir)
+int64_t repo_dir_contents_mtime_ns(const char *dir)
 {
     DIR *d = opendir(dir);
     if (!d) return 0;
@@ -460,7 +449,7 @@ static int64_t dir_contents_mtime_ns(const char *dir)
 
 /* Model directory names across the repositories (sorted, unique); with
  * --model-namespacing each repository's model keys. */
-static size_t scan_names(nereid_server_t *s, char ***out, nereid_error_t **err)
+size_t repo_scan_names(nereid_server_t *s, char ***out, nereid_error_t **err)
 {
     char **names = NULL;
     size_t n = 0;
@@ -478,15 +467,15 @@ static size_t scan_names(nereid_server_t *s, char ***out, nereid_error_t **err)
         while ((de = readdir(d))) {
             if (de->d_name[0] == '.') continue;
             char *dir = xasprintf("%s/%s", s->repos[r], de->d_name);
-            bool ok = is_dir(dir) && !strchr(de->d_name, NS_SEP);
+            bool ok = repo_is_dir(dir) && !strchr(de->d_name, NS_SEP);
             free(dir);
             if (!ok) continue;
             if (n % 64 == 0) names = xrealloc(names, (n + 64) * sizeof *names);
-            names[n++] = make_key(s, de->d_name, s->repos[r]);
+            names[n++] = repo_make_key(s, de->d_name, s->repos[r]);
         }
         closedir(d);
     }
-    if (n) qsort(names, n, sizeof *names, cmp_str);
+    if (n) qsort(names, n, sizeof *names, repo_cmp_str);
     size_t unique = 0; /* a name in two repositories is listed once */
     for (size_t i = 0; i < n; i++) {
         if (unique && strcmp(names[unique - 1], names[i]) == 0) {

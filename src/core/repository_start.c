@@ -1,22 +1,10 @@
 /*
- * This file contains model management: scanning the repositories, reading
- * configs, choosing versions, loading them (in parallel at start-up),
- * explicit load (config and file overrides) / unload (with dependents),
- * ensembles' composing models, and poll mode's rescans.
- *
- * A (re)load prepares the new versions without any server lock, then swaps
- * them into the entry under the write lock, then drains the replaced
- * versions: requests already queued on them finish there, new requests find
- * the new versions. A version that fails to reload keeps its old model
- * serving, with the failure as its reason.
- *
- * Loads, unloads, polls and on-demand loads take turns under s->control,
- * but let go of it while a backend runs the model's own code (its init and
- * its finalize): that code may load or unload other models itself (a Python
- * model's pb_utils.load_model in initialize), and unrelated models load
- * meanwhile, as Triton loads them in parallel. The models an operation is
- * working on stay claimed until it is done; another operation on one of
- * them waits for it, as Triton waits on a conflicting load ("Control").
+ * This file contains the repository's start-up: every model directory is
+ * listed, the models the control mode asks for are loaded, plain ones in
+ * parallel on --model-load-thread-count threads (their backends started
+ * ahead while the configs are read), then ensembles, and poll mode's thread
+ * is started. It corresponds to Triton's ModelRepositoryManager::Create and
+ * its first PollAndUpdate, with model_lifecycle.cc's load thread pool.
  */
 #include <ctype.h>
 #include <dirent.h>
@@ -35,9 +23,8 @@
 #include "backend/loader.h"
 #include "core/core.h"
 #include "core/repository.h"
+#include "core/repository_internal.h"
 #include "core/util.h"
-
-#define MAX_ENSEMBLE_DEPTH 16
 
 /* ---- Start-up ---- */
 
@@ -119,7 +106,7 @@ static void prefetch_end(load_pool_t *p)
  * start-up (--load-model: pinned), as for one loaded on demand. */
 static void charge_pinned_load(nereid_server_t *s, const char *key, long long grown)
 {
-    if (!model_ready(s, key)) return;
+    if (!repo_model_ready(s, key)) return;
     if (grown < 1) grown = 1;
     pthread_rwlock_wrlock(&s->lock);
     model_entry_t *e = repository_find(s, key);
@@ -138,7 +125,7 @@ static void warn_pinned_over_budget(nereid_server_t *s)
     long long total = 0, budget = s->opts.model_memory_budget_bytes;
     pthread_rwlock_rdlock(&s->lock);
     for (size_t i = 0; i < s->n_models; i++)
-        if (s->models[i]->pinned && entry_has_ready(s->models[i]))
+        if (s->models[i]->pinned && repo_entry_has_ready(s->models[i]))
             total += s->models[i]->memory_bytes;
     pthread_rwlock_unlock(&s->lock);
     if (total > budget)
@@ -162,13 +149,14 @@ static void *load_worker(void *arg)
         pthread_mutex_unlock(&p->lock);
         if (i >= p->n) break;
         size_t count;
-        char *dir = locate(p->server, p->names[i], &count);
+        char *dir = repo_locate(p->server, p->names[i], &count);
         model_config_t *cfg = NULL;
         const char *ns;
-        char *name = key_split(p->names[i], &ns);
-        if (dir && count == 1) nereid_error_free(read_config(p->server, name, dir, NULL, &cfg));
+        char *name = repo_key_split(p->names[i], &ns);
+        if (dir && count == 1)
+            nereid_error_free(repo_read_config(p->server, name, dir, NULL, &cfg));
         free(name);
-        if (is_ensemble(cfg)) {
+        if (repo_is_ensemble(cfg)) {
             config_free(cfg);
             cfg = NULL;
             p->is_ensemble[i] = true;
@@ -194,9 +182,9 @@ static void *load_worker(void *arg)
         load_ctx_t ctx = {.depth = 0, .load_deps = false, .config = p->configs[i]};
         p->configs[i] = NULL;
         ctx.chain[0] = p->names[i];
-        long long rss0 = p->measure ? rss_bytes() : 0;
-        nereid_error_free(load_model(p->server, p->names[i], NULL, NULL, NULL, NULL, 0, &ctx));
-        if (p->measure) charge_pinned_load(p->server, p->names[i], rss_bytes() - rss0);
+        long long rss0 = p->measure ? repo_rss_bytes() : 0;
+        nereid_error_free(repo_load_model(p->server, p->names[i], NULL, NULL, NULL, NULL, 0, &ctx));
+        if (p->measure) charge_pinned_load(p->server, p->names[i], repo_rss_bytes() - rss0);
         if (ctx.config) config_free(ctx.config);
     }
 }
@@ -248,13 +236,11 @@ static bool wanted_name_at_start(nereid_server_t *s, const char *name)
 static bool wanted_at_start(nereid_server_t *s, const char *key)
 {
     const char *ns;
-    char *name = key_split(key, &ns);
+    char *name = repo_key_split(key, &ns);
     bool wanted = wanted_name_at_start(s, name);
     free(name);
     return wanted;
 }
-
-static void *poll_main(void *arg);
 
 nereid_error_t *repository_start(nereid_server_t *s)
 {
@@ -265,7 +251,7 @@ nereid_error_t *repository_start(nereid_server_t *s)
     pthread_cond_init(&s->poll_cond, NULL);
     char **names;
     nereid_error_t *err;
-    size_t n = scan_names(s, &names, &err);
+    size_t n = repo_scan_names(s, &names, &err);
     if (err) {
         for (size_t i = 0; i < n; i++)
             free(names[i]);
@@ -276,8 +262,8 @@ nereid_error_t *repository_start(nereid_server_t *s)
     pthread_rwlock_wrlock(&s->lock);
     for (size_t i = 0; i < n; i++) {
         size_t count;
-        char *dir = locate(s, names[i], &count);
-        if (dir && !repository_find(s, names[i])) entry_add(s, names[i], dir);
+        char *dir = repo_locate(s, names[i], &count);
+        if (dir && !repository_find(s, names[i])) repo_entry_add(s, names[i], dir);
         free(dir);
     }
     pthread_rwlock_unlock(&s->lock);
@@ -299,15 +285,15 @@ nereid_error_t *repository_start(nereid_server_t *s)
     load_parallel(s, wanted, n_wanted, ens, measure);
     for (size_t i = 0; i < n_wanted; i++) {
         /* loaded (or tried) as another ensemble's step */
-        if (!ens[i] || model_ready(s, wanted[i]) ||
-            entry_state(s, wanted[i], NULL) != MODEL_UNKNOWN_STATE)
+        if (!ens[i] || repo_model_ready(s, wanted[i]) ||
+            repo_entry_state(s, wanted[i], NULL) != MODEL_UNKNOWN_STATE)
             continue;
         load_ctx_t ctx = {.depth = 0,
                           .load_deps = s->opts.model_control_mode == NEREID_MODEL_CONTROL_EXPLICIT};
         ctx.chain[0] = wanted[i];
-        long long rss0 = measure ? rss_bytes() : 0;
-        nereid_error_free(load_model(s, wanted[i], NULL, NULL, NULL, NULL, 0, &ctx));
-        if (measure) charge_pinned_load(s, wanted[i], rss_bytes() - rss0);
+        long long rss0 = measure ? repo_rss_bytes() : 0;
+        nereid_error_free(repo_load_model(s, wanted[i], NULL, NULL, NULL, NULL, 0, &ctx));
+        if (measure) charge_pinned_load(s, wanted[i], repo_rss_bytes() - rss0);
     }
     if (measure) warn_pinned_over_budget(s);
     free(wanted);
@@ -322,7 +308,7 @@ nereid_error_t *repository_start(nereid_server_t *s)
         bool found = strcmp(want, "*") == 0;
         for (size_t j = 0; j < n && !found; j++) {
             const char *ns;
-            char *name = key_split(names[j], &ns);
+            char *name = repo_key_split(names[j], &ns);
             found = strcmp(name, want) == 0;
             free(name);
         }
@@ -338,7 +324,7 @@ nereid_error_t *repository_start(nereid_server_t *s)
     free(names);
     if (missing) return missing;
     if (s->opts.model_control_mode == NEREID_MODEL_CONTROL_POLL &&
-        pthread_create(&s->poll_thread, NULL, poll_main, s) == 0)
+        pthread_create(&s->poll_thread, NULL, repo_poll_main, s) == 0)
         s->poll_started = true;
     return NULL;
 }
