@@ -16,6 +16,7 @@
 
 #include "core/core.h"
 #include "core/repository.h"
+#include "core/server_internal.h"
 
 #define MAX_ENSEMBLE_DEPTH 16
 
