@@ -244,7 +244,6 @@ void repo_drop_unused_tmp_dirs(nereid_server_t *s, model_entry_t *e)
     pthread_rwlock_unlock(&s->lock);
 }
 
-/* load_model of key, whose name and namespace (or NULL) are given. */
 static int cmp_version_entry(const void *a, const void *b)
 {
     return repo_cmp_i64(&((const version_entry_t *)a)->version,
@@ -266,406 +265,558 @@ void repo_unload_version(const char *name, int64_t version, model_t *m)
     LOG_INFO("successfully unloaded '%s' version %" PRId64, name, version);
 }
 
+/* ---- One load, in phases ----
+ *
+ * A load of one model is a plan carried through these phases, in order:
+ * plan_resolve (its directory and entry), plan_read (config, composing
+ * models, versions), plan_prepare (each chosen version kept, updated or
+ * loaded, without server locks), plan_finalize (Triton's OnLoadFinal: all
+ * or nothing), plan_commit (the swap under the write lock) and plan_drain
+ * (the replaced versions unloaded). s->control is lent around a backend's
+ * model code only (model_load, model_update_instances, model_unload). */
+
+typedef struct load_plan {
+    /* The load asked for. */
+    nereid_server_t *s;
+    const char *key, *name, *ns; /* name and namespace (or NULL) of key */
+    const char *override_json;
+    const char *const *paths;
+    const void *const *contents;
+    const size_t *sizes;
+    size_t n_files;
+    load_ctx_t *ctx;
+    /* plan_resolve */
+    char *dir;    /* the model directory (or the override's) */
+    size_t count; /* how many repositories have it */
+    char *tmp;    /* override directory made by this load, or NULL */
+    uint64_t sig; /* poll mode: the directory's tree signature, else 0 */
+    model_entry_t *e;
+    /* plan_read */
+    const char *load_dir; /* tmp, or dir */
+    model_config_t *cfg;  /* NULL once the entry took it */
+    int64_t *chosen;      /* [k] versions the policy chooses */
+    size_t k;
+    /* plan_prepare */
+    char *cfg_key;       /* cfg's JSON; NULL once the entry took it */
+    bool same_config;    /* same config and directory as the served versions */
+    bool may_update;     /* only instance groups / version policy changed */
+    version_entry_t *nv; /* [k] the entry's new versions (k grows in finalize, commit) */
+    model_t **fresh;     /* [k] per version: loaded by this load, or NULL */
+    bool any_new, any_updated, any_failed;
+    /* plan_finalize */
+    char *err_text;    /* the failed versions' reasons, or NULL */
+    model_t **discard; /* models this load loaded and gives up */
+    int64_t *discard_v;
+    size_t n_discard;
+    bool step_gone; /* an ensemble whose step was unloaded meanwhile */
+    /* plan_commit */
+    model_t **drain; /* the served models the swap replaced */
+    int64_t *drain_v;
+    size_t n_drain;
+} load_plan_t;
+
+static void plan_free(load_plan_t *p)
+{
+    if (p->cfg) config_free(p->cfg);
+    free(p->chosen);
+    free(p->cfg_key);
+    free(p->fresh);
+    free(p->err_text);
+    free(p->discard);
+    free(p->discard_v);
+    free(p->drain);
+    free(p->drain_v);
+    if (p->tmp) { /* a failed load's override directory */
+        repo_remove_tree(p->tmp);
+        free(p->tmp);
+    }
+    free(p->dir);
+}
+
+/* Finds the model's directory (or writes a whole-model override's) and its
+ * entry, added when new and marked LOADING when nothing of it serves.
+ * *unchanged: nothing to do (Triton: after a load with a config override,
+ * a load without one finds the model unmodified unless something in its
+ * directory changed after the override). */
+static nereid_error_t *plan_resolve(load_plan_t *p, bool *unchanged)
+{
+    nereid_server_t *s = p->s;
+    *unchanged = false;
+    if (!repo_valid_model_name(p->name))
+        return nereid_error_new(NEREID_ERROR_INVALID_ARG, "invalid model name '%s'",
+                                p->name ? p->name : "");
+    p->dir = repo_locate(s, p->key, &p->count);
+    if (!p->dir && p->override_json && p->n_files) {
+        /* Triton: a model given whole (config and files) needs no
+         * directory in a repository; its files' directory stands in. */
+        nereid_error_t *err =
+            repo_make_override_dir(p->name, p->paths, p->contents, p->sizes, p->n_files, &p->tmp);
+        if (err) return err;
+        p->dir = xstrdup(p->tmp);
+    }
+    if (!p->dir)
+        return nereid_error_new(NEREID_ERROR_INTERNAL,
+                                "failed to load '%s', failed to poll from model repository",
+                                p->name);
+    /* Only the poll compares signatures: other modes skip the tree walk. */
+    p->sig = s->opts.model_control_mode == NEREID_MODEL_CONTROL_POLL
+                 ? repo_tree_sig(p->dir, 14695981039346656037ULL, 0)
+                 : 0;
+    pthread_rwlock_wrlock(&s->lock);
+    model_entry_t *e = repository_find(s, p->key);
+    if (!e) e = repo_entry_add(s, p->key, p->dir);
+    p->e = e;
+    e->removed = false;
+    if (!p->override_json && !p->n_files && !p->tmp && e->override_ns && repo_entry_has_ready(e) &&
+        repo_dir_contents_mtime_ns(p->dir) <= e->override_ns) {
+        pthread_rwlock_unlock(&s->lock);
+        *unchanged = true;
+        return NULL;
+    }
+    if (!repo_entry_has_ready(e)) e->state = MODEL_LOADING;
+    pthread_rwlock_unlock(&s->lock);
+    if (p->count > 1) {
+        nereid_error_t *err =
+            nereid_error_new(NEREID_ERROR_INVALID_ARG, "model appears in two or more repositories");
+        pthread_rwlock_wrlock(&s->lock);
+        e->tree_sig = p->sig;
+        e->state = MODEL_UNAVAILABLE;
+        free(e->reason);
+        e->reason = xstrdup("model appears in two or more repositories");
+        pthread_rwlock_unlock(&s->lock);
+        return err;
+    }
+    return NULL;
+}
+
+/* A load that failed before any version loaded: the entry says why. When
+ * every version directory is gone, nothing is served any more. */
+static nereid_error_t *plan_fail(load_plan_t *p, nereid_error_t *err)
+{
+    nereid_server_t *s = p->s;
+    model_entry_t *e = p->e;
+    LOG_ERROR("failed to load '%s': %s", p->name, nereid_error_message(err));
+    if (p->k != 0 || !p->cfg || nereid_error_code(err) != NEREID_ERROR_INTERNAL) {
+        set_entry_failure(s, e, err, p->sig);
+        return err;
+    }
+    pthread_rwlock_wrlock(&s->lock);
+    version_entry_t *old = e->versions;
+    size_t n_old = e->n_versions;
+    e->versions = NULL;
+    e->n_versions = 0;
+    e->state = MODEL_UNAVAILABLE;
+    free(e->reason);
+    e->reason = error_reason(err);
+    e->tree_sig = p->sig;
+    pthread_rwlock_unlock(&s->lock);
+    repo_control_lend(s, p->ctx->held);
+    for (size_t v = 0; v < n_old; v++)
+        if (old[v].model) repo_unload_version(p->name, old[v].version, old[v].model);
+    repo_control_take_back(s, p->ctx->held);
+    repo_free_versions(old, n_old);
+    return err;
+}
+
+/* Writes the load's file overrides, reads its config (or takes the one
+ * start-up or the poll read), makes an ensemble's composing models ready
+ * and chooses the versions. */
+static nereid_error_t *plan_read(load_plan_t *p)
+{
+    nereid_server_t *s = p->s;
+    nereid_error_t *err = NULL;
+    if (p->n_files && !p->tmp) {
+        err = repo_make_override_dir(p->name, p->paths, p->contents, p->sizes, p->n_files, &p->tmp);
+        if (err) {
+            if (!repo_entry_has_ready(p->e)) set_entry_failure(s, p->e, err, p->sig);
+            return err;
+        }
+    }
+    p->load_dir = p->tmp ? p->tmp : p->dir;
+    if (p->ctx->config && !p->override_json && !p->tmp) {
+        p->cfg = p->ctx->config; /* read by the start-up pass: not twice */
+        p->ctx->config = NULL;
+    } else {
+        err = repo_read_config(s, p->name, p->load_dir, p->override_json, &p->cfg);
+    }
+    if (!err && repo_is_ensemble(p->cfg))
+        err = load_dependencies(s, p->key, p->name, p->cfg, p->ctx);
+    if (!err) {
+        int64_t *avail = NULL;
+        size_t n = repo_list_versions(p->load_dir, &avail, true);
+        p->chosen = xcalloc(n ? n : 1, sizeof *p->chosen);
+        p->k = repo_select_versions(p->cfg, avail, n, p->chosen);
+        free(avail);
+        if (p->k == 0)
+            err = nereid_error_new(NEREID_ERROR_INTERNAL,
+                                   "failed to load '%s', no version is available", p->name);
+    }
+    return err ? plan_fail(p, err) : NULL;
+}
+
+/* Updates served version i's instances in place (Triton does when only its
+ * instance groups or version policy changed and its files did not). False:
+ * an instance cannot leave in place, the version is loaded again. */
+static bool update_version(load_plan_t *p, size_t i, model_t *old, uint64_t old_sig)
+{
+    version_entry_t *v = &p->nv[i];
+    repo_control_lend(p->s, p->ctx->held);
+    nereid_error_t *uerr = model_update_instances(old, p->cfg);
+    repo_control_take_back(p->s, p->ctx->held);
+    if (uerr && nereid_error_code(uerr) == NEREID_ERROR_UNAVAILABLE) {
+        LOG_VERBOSE("'%s' version %" PRId64 " reloads: %s", p->name, v->version,
+                    nereid_error_message(uerr));
+        nereid_error_free(uerr);
+        return false;
+    }
+    v->model = old; /* the same model serves, with the new instances */
+    v->state = MODEL_READY;
+    v->files_sig = old_sig;
+    if (uerr) {
+        p->any_failed = true;
+        v->reason = error_reason(uerr);
+        LOG_ERROR("failed to update '%s' version %" PRId64 ": %s", p->name, v->version, v->reason);
+        nereid_error_free(uerr);
+    } else {
+        p->any_updated = true;
+    }
+    return true;
+}
+
+/* Loads version i (retried --model-load-retry-count times); on failure the
+ * old model of this version, if any, keeps serving. */
+static void load_version(load_plan_t *p, size_t i, model_t *old)
+{
+    nereid_server_t *s = p->s;
+    version_entry_t *v = &p->nv[i];
+    model_load_args_t args = {
+        .name = p->name,
+        .model_namespace = p->ns,
+        .dir = p->load_dir,
+        .version = v->version,
+        .config = p->cfg,
+        .backend_dir = s->backend_dir,
+        .backend_settings = s->backend_settings,
+        .n_backend_settings = s->n_backend_settings,
+        .autocomplete_allowed = repo_autofill_allowed(s),
+    };
+    model_t *m = NULL;
+    LOG_INFO("loading: %s:%" PRId64, p->name, v->version);
+    repo_control_lend(s, p->ctx->held);
+    nereid_error_t *lerr = model_load(s, &args, &m);
+    /* Triton's --model-load-retry-count: each version's load is tried
+     * up to that many more times before it counts as failed. */
+    for (int retry = 0; lerr && retry < s->opts.model_load_retry_count; retry++) {
+        LOG_INFO("retrying load of '%s' version %" PRId64 " (%d of %d): %s", p->name, v->version,
+                 retry + 1, s->opts.model_load_retry_count, nereid_error_message(lerr));
+        nereid_error_free(lerr);
+        m = NULL;
+        lerr = model_load(s, &args, &m);
+    }
+    repo_control_take_back(s, p->ctx->held);
+    if (lerr) {
+        p->any_failed = true;
+        v->state = MODEL_UNAVAILABLE;
+        v->reason = error_reason(lerr);
+        LOG_ERROR("failed to load '%s' version %" PRId64 ": %s", p->name, v->version, v->reason);
+        nereid_error_free(lerr);
+        if (old) {
+            /* Keep the old model of this version serving. */
+            v->model = old;
+            v->state = MODEL_READY;
+        }
+    } else {
+        v->model = p->fresh[i] = m;
+        v->state = MODEL_READY;
+        v->files_sig = repo_version_files_sig(p->load_dir, v->version);
+        p->any_new = true;
+    }
+}
+
+/* Chosen version i: kept when nothing changed, updated in place when only
+ * its instances did, else loaded. */
+static void prepare_version(load_plan_t *p, size_t i)
+{
+    nereid_server_t *s = p->s;
+    model_entry_t *e = p->e;
+    version_entry_t *v = &p->nv[i];
+    v->version = p->chosen[i];
+    model_t *old = NULL;
+    uint64_t old_sig = 0;
+    pthread_rwlock_rdlock(&s->lock);
+    for (size_t j = 0; j < e->n_versions; j++)
+        if (e->versions[j].version == v->version && e->versions[j].state == MODEL_READY) {
+            old = e->versions[j].model;
+            old_sig = e->versions[j].files_sig;
+        }
+    pthread_rwlock_unlock(&s->lock);
+    /* Triton's IsModelVersionModified: a version whose files changed
+     * is loaded again even when its config did not. */
+    bool same_files = old && (p->same_config || p->may_update) &&
+                      repo_version_files_sig(p->load_dir, v->version) == old_sig;
+    if (same_files && p->same_config && !p->ctx->force) {
+        v->model = old; /* unchanged: the same model keeps serving */
+        v->state = MODEL_READY;
+        v->files_sig = old_sig;
+        return;
+    }
+    if (same_files && p->may_update && model_can_update_instances(old) &&
+        update_version(p, i, old, old_sig))
+        return;
+    load_version(p, i, old);
+}
+
+/* Prepares every chosen version (reusing unchanged ones) without locks. */
+static void plan_prepare(load_plan_t *p)
+{
+    nereid_server_t *s = p->s;
+    model_entry_t *e = p->e;
+    p->cfg_key = config_to_json(p->cfg);
+    pthread_rwlock_rdlock(&s->lock);
+    bool same_dir = e->load_dir && strcmp(e->load_dir, p->load_dir) == 0;
+    p->same_config = e->config_key && strcmp(e->config_key, p->cfg_key) == 0 && same_dir;
+    /* Triton updates a served version in place when only its instance
+     * groups (or version policy) changed and its files did not. */
+    char *old_rkey = same_dir && !p->tmp && e->config && !repo_is_ensemble(e->config) &&
+                             !repo_is_ensemble(p->cfg)
+                         ? reload_key(e->config)
+                         : NULL;
+    pthread_rwlock_unlock(&s->lock);
+    char *new_rkey = old_rkey ? reload_key(p->cfg) : NULL;
+    p->may_update = old_rkey && strcmp(old_rkey, new_rkey) == 0;
+    free(old_rkey);
+    free(new_rkey);
+    p->nv = xcalloc(p->k, sizeof *p->nv);
+    p->fresh = xcalloc(p->k, sizeof *p->fresh);
+    for (size_t i = 0; i < p->k; i++)
+        prepare_version(p, i);
+}
+
+/* Appends a row to the new versions (p->k grows). */
+static version_entry_t *plan_add_row(load_plan_t *p, int64_t version)
+{
+    p->nv = xrealloc(p->nv, (p->k + 1) * sizeof *p->nv);
+    version_entry_t *v = &p->nv[p->k++];
+    memset(v, 0, sizeof *v);
+    v->version = version;
+    return v;
+}
+
+/* Triton (ModelLifeCycle::OnLoadFinal): when any version fails, every
+ * version loaded by this load is unloaded again; what served before keeps
+ * serving, the config included. */
+static void keep_served_on_failure(load_plan_t *p)
+{
+    nereid_server_t *s = p->s;
+    model_entry_t *e = p->e;
+    p->discard = xcalloc(p->k, sizeof *p->discard);
+    p->discard_v = xcalloc(p->k, sizeof *p->discard_v);
+    pthread_rwlock_rdlock(&s->lock);
+    for (size_t i = 0; i < p->k; i++) {
+        version_entry_t *v = &p->nv[i];
+        if (!p->fresh[i]) continue;
+        p->discard_v[p->n_discard] = v->version;
+        p->discard[p->n_discard++] = p->fresh[i];
+        v->model = NULL;
+        v->state = MODEL_UNAVAILABLE;
+        v->reason = xstrdup("unloaded");
+        for (size_t j = 0; j < e->n_versions; j++)
+            if (e->versions[j].version == v->version && e->versions[j].state == MODEL_READY) {
+                v->model = e->versions[j].model;
+                v->state = MODEL_READY;
+                v->files_sig = e->versions[j].files_sig;
+                free(v->reason);
+                v->reason = NULL;
+            }
+    }
+    /* Serving versions the new policy would not choose stay too. */
+    for (size_t j = 0; j < e->n_versions; j++) {
+        bool listed = false;
+        for (size_t i = 0; i < p->k; i++)
+            listed |= p->nv[i].version == e->versions[j].version;
+        if (listed || e->versions[j].state != MODEL_READY) continue;
+        version_entry_t *v = plan_add_row(p, e->versions[j].version);
+        v->model = e->versions[j].model;
+        v->state = MODEL_READY;
+        v->files_sig = e->versions[j].files_sig;
+    }
+    pthread_rwlock_unlock(&s->lock);
+    p->any_new = false;
+}
+
+/* An ensemble whose step was unloaded while the ensemble loaded (that
+ * unload waited for the step's load, not for the ensemble's): Triton's
+ * dependency graph unloads the ensemble once its load completes. */
+static void unload_if_step_gone(load_plan_t *p)
+{
+    nereid_server_t *s = p->s;
+    const model_config_t *cfg = p->cfg;
+    if (p->any_failed || !repo_is_ensemble(cfg) || !cfg->ensemble_scheduling ||
+        s->opts.model_load_on_demand)
+        return;
+    pthread_rwlock_rdlock(&s->lock);
+    const Inference__ModelEnsembling *es = cfg->ensemble_scheduling;
+    for (size_t st = 0; st < es->n_step && !p->step_gone; st++) {
+        char *sk = repo_step_key(s, es->step[st]);
+        model_entry_t *se = repository_find(s, sk);
+        p->step_gone = !se || !repo_entry_has_ready(se);
+        if (p->step_gone) LOG_INFO("unloading '%s': its step '%s' is unloaded", p->name, sk);
+        free(sk);
+    }
+    pthread_rwlock_unlock(&s->lock);
+    if (!p->step_gone) return;
+    p->discard = xcalloc(p->k, sizeof *p->discard);
+    p->discard_v = xcalloc(p->k, sizeof *p->discard_v);
+    for (size_t i = 0; i < p->k; i++) {
+        version_entry_t *v = &p->nv[i];
+        /* loaded now: discarded here; served before: drained by the commit */
+        if (p->fresh[i]) {
+            p->discard_v[p->n_discard] = v->version;
+            p->discard[p->n_discard++] = p->fresh[i];
+        }
+        v->model = NULL;
+        v->state = MODEL_UNAVAILABLE;
+        free(v->reason);
+        v->reason = xstrdup("unloaded");
+    }
+}
+
+/* Triton's OnLoadFinal: the load succeeds or fails as a whole. */
+static void plan_finalize(load_plan_t *p)
+{
+    for (size_t i = 0; i < p->k; i++) {
+        if (!p->nv[i].reason) continue;
+        char *prev = p->err_text;
+        p->err_text = xasprintf("%sversion %" PRId64 " is at UNAVAILABLE state: %s;\n",
+                                prev ? prev : "", p->nv[i].version, p->nv[i].reason);
+        free(prev);
+    }
+    if (p->any_failed) keep_served_on_failure(p);
+    unload_if_step_gone(p);
+    free(p->fresh);
+    p->fresh = NULL;
+    /* Triton's OnLoadFinal: one line for the whole load (and its trace line) */
+    LOG_VERBOSE2("OnLoadFinal() '%s' for all version(s)", p->name);
+    if (p->any_failed)
+        LOG_INFO("failed to load '%s'", p->name);
+    else if (p->any_new || p->any_updated || !p->same_config)
+        LOG_INFO("successfully loaded '%s'", p->name);
+}
+
+/* The served models the new versions replace. Caller holds the write lock. */
+static void collect_replaced(load_plan_t *p)
+{
+    model_entry_t *e = p->e;
+    for (size_t j = 0; j < e->n_versions; j++) {
+        model_t *m = e->versions[j].model;
+        bool kept = false;
+        for (size_t i = 0; i < p->k && m; i++)
+            kept |= p->nv[i].model == m;
+        if (!m || kept) continue;
+        p->drain = xrealloc(p->drain, (p->n_drain + 1) * sizeof *p->drain);
+        p->drain_v = xrealloc(p->drain_v, (p->n_drain + 1) * sizeof *p->drain_v);
+        p->drain_v[p->n_drain] = e->versions[j].version;
+        p->drain[p->n_drain++] = m;
+    }
+}
+
+/* Swaps the new versions (and, when anything was loaded or updated, the
+ * config) into the entry under the write lock; collects what is replaced. */
+static void plan_commit(load_plan_t *p)
+{
+    nereid_server_t *s = p->s;
+    model_entry_t *e = p->e;
+    pthread_rwlock_wrlock(&s->lock);
+    collect_replaced(p);
+    /* Triton keeps every version it had in the model's lifecycle: one the
+     * new load no longer chooses (its directory gone, or the policy
+     * changed) is UNAVAILABLE "unloaded" ("version N is not at ready
+     * state"), not unknown. */
+    size_t k_chosen = p->k;
+    for (size_t j = 0; j < e->n_versions; j++) {
+        bool listed = false;
+        for (size_t i = 0; i < k_chosen; i++)
+            listed |= p->nv[i].version == e->versions[j].version;
+        if (listed) continue;
+        version_entry_t *v = plan_add_row(p, e->versions[j].version);
+        v->state = MODEL_UNAVAILABLE;
+        v->reason = xstrdup("unloaded");
+    }
+    if (p->k > k_chosen) qsort(p->nv, p->k, sizeof *p->nv, cmp_version_entry);
+    bool any_ready = false;
+    for (size_t i = 0; i < p->k; i++)
+        if (p->nv[i].state == MODEL_READY) any_ready = true;
+    repo_free_versions(e->versions, e->n_versions);
+    e->versions = p->nv;
+    e->n_versions = p->k;
+    p->nv = NULL;
+    e->state = any_ready ? MODEL_READY : MODEL_UNAVAILABLE;
+    free(e->reason);
+    e->reason = p->step_gone ? xstrdup("unloaded") : NULL;
+    e->tree_sig = p->sig;
+    if (p->any_new || p->any_updated || !e->config) {
+        if (e->config) config_free(e->config);
+        e->config = p->cfg;
+        p->cfg = NULL;
+        free(e->config_key);
+        e->config_key = p->cfg_key;
+        p->cfg_key = NULL;
+        free(e->load_dir);
+        e->load_dir = xstrdup(p->load_dir);
+    }
+    if (p->tmp) add_tmp_dir(e, p->tmp);
+    p->tmp = NULL;
+    if (!p->any_failed) e->override_ns = p->override_json && !p->n_files ? wall_ns() : 0;
+    pthread_rwlock_unlock(&s->lock);
+}
+
+/* Unloads the replaced and the discarded models (requests already queued
+ * on them finish first) and the override directories no longer used; the
+ * load's error names each failed version. */
+static nereid_error_t *plan_drain(load_plan_t *p)
+{
+    nereid_server_t *s = p->s;
+    repo_control_lend(s, p->ctx->held);
+    for (size_t i = 0; i < p->n_drain; i++)
+        repo_unload_version(p->name, p->drain_v[i], p->drain[i]);
+    for (size_t i = 0; i < p->n_discard; i++)
+        repo_unload_version(p->name, p->discard_v[i], p->discard[i]);
+    repo_control_take_back(s, p->ctx->held);
+    repo_drop_unused_tmp_dirs(s, p->e);
+    if (!p->err_text) return NULL;
+    size_t len = strlen(p->err_text);
+    if (len && p->err_text[len - 1] == '\n') p->err_text[len - 1] = 0;
+    return nereid_error_new(NEREID_ERROR_INVALID_ARG, "load failed for model '%s': %s", p->name,
+                            p->err_text);
+}
+
+/* repo_load_model of key, whose name and namespace (or NULL) are given. */
 static nereid_error_t *load_model_as(nereid_server_t *s, const char *key, const char *name,
                                      const char *ns, const char *override_json,
                                      const char *const *paths, const void *const *contents,
                                      const size_t *sizes, size_t n_files, load_ctx_t *ctx)
 {
-    if (!repo_valid_model_name(name))
-        return nereid_error_new(NEREID_ERROR_INVALID_ARG, "invalid model name '%s'",
-                                name ? name : "");
-    size_t count;
-    char *dir = repo_locate(s, key, &count);
-    char *tmp = NULL;
-    if (!dir && override_json && n_files) {
-        /* Triton: a model given whole (config and files) needs no
-         * directory in a repository; its files' directory stands in. */
-        nereid_error_t *err = repo_make_override_dir(name, paths, contents, sizes, n_files, &tmp);
-        if (err) return err;
-        dir = xstrdup(tmp);
+    load_plan_t p = {.s = s,
+                     .key = key,
+                     .name = name,
+                     .ns = ns,
+                     .override_json = override_json,
+                     .paths = paths,
+                     .contents = contents,
+                     .sizes = sizes,
+                     .n_files = n_files,
+                     .ctx = ctx};
+    bool unchanged;
+    nereid_error_t *err = plan_resolve(&p, &unchanged);
+    if (!err && !unchanged) err = plan_read(&p);
+    if (!err && !unchanged) {
+        plan_prepare(&p);
+        plan_finalize(&p);
+        plan_commit(&p);
+        err = plan_drain(&p);
     }
-    if (!dir)
-        return nereid_error_new(NEREID_ERROR_INTERNAL,
-                                "failed to load '%s', failed to poll from model repository", name);
-    /* Only the poll compares signatures: other modes skip the tree walk. */
-    uint64_t sig = s->opts.model_control_mode == NEREID_MODEL_CONTROL_POLL
-                       ? repo_tree_sig(dir, 14695981039346656037ULL, 0)
-                       : 0;
-    pthread_rwlock_wrlock(&s->lock);
-    model_entry_t *e = repository_find(s, key);
-    if (!e) e = repo_entry_add(s, key, dir);
-    e->removed = false;
-    /* Triton: after a load with a config override, a load without one
-     * finds the model unmodified (no reload, the override stays) unless
-     * something in its directory changed after the override. */
-    if (!override_json && !n_files && !tmp && e->override_ns && repo_entry_has_ready(e) &&
-        repo_dir_contents_mtime_ns(dir) <= e->override_ns) {
-        pthread_rwlock_unlock(&s->lock);
-        free(dir);
-        return NULL;
-    }
-    if (!repo_entry_has_ready(e)) e->state = MODEL_LOADING;
-    pthread_rwlock_unlock(&s->lock);
-    if (count > 1) {
-        nereid_error_t *err =
-            nereid_error_new(NEREID_ERROR_INVALID_ARG, "model appears in two or more repositories");
-        pthread_rwlock_wrlock(&s->lock);
-        e->tree_sig = sig;
-        e->state = MODEL_UNAVAILABLE;
-        free(e->reason);
-        e->reason = xstrdup("model appears in two or more repositories");
-        pthread_rwlock_unlock(&s->lock);
-        free(dir);
-        return err;
-    }
-
-    nereid_error_t *err = NULL;
-    if (n_files && !tmp) {
-        err = repo_make_override_dir(name, paths, contents, sizes, n_files, &tmp);
-        if (err) {
-            free(dir);
-            if (!repo_entry_has_ready(e)) set_entry_failure(s, e, err, sig);
-            return err;
-        }
-    }
-    const char *load_dir = tmp ? tmp : dir;
-    model_config_t *cfg = NULL;
-    if (ctx->config && !override_json && !tmp) {
-        cfg = ctx->config; /* read by the start-up pass: not twice */
-        ctx->config = NULL;
-    } else {
-        err = repo_read_config(s, name, load_dir, override_json, &cfg);
-    }
-    if (!err && repo_is_ensemble(cfg)) err = load_dependencies(s, key, name, cfg, ctx);
-    int64_t *avail = NULL, *chosen = NULL;
-    size_t k = 0;
-    if (!err) {
-        size_t n = repo_list_versions(load_dir, &avail, true);
-        chosen = xcalloc(n ? n : 1, sizeof *chosen);
-        k = repo_select_versions(cfg, avail, n, chosen);
-        free(avail);
-        if (k == 0)
-            err = nereid_error_new(NEREID_ERROR_INTERNAL,
-                                   "failed to load '%s', no version is available", name);
-    }
-    if (err) {
-        LOG_ERROR("failed to load '%s': %s", name, nereid_error_message(err));
-        if (k == 0 && cfg && nereid_error_code(err) == NEREID_ERROR_INTERNAL) {
-            /* Every version directory is gone: nothing is served any more. */
-            pthread_rwlock_wrlock(&s->lock);
-            version_entry_t *old = e->versions;
-            size_t n_old = e->n_versions;
-            e->versions = NULL;
-            e->n_versions = 0;
-            e->state = MODEL_UNAVAILABLE;
-            free(e->reason);
-            e->reason = error_reason(err);
-            e->tree_sig = sig;
-            pthread_rwlock_unlock(&s->lock);
-            repo_control_lend(s, ctx->held);
-            for (size_t v = 0; v < n_old; v++)
-                if (old[v].model) repo_unload_version(name, old[v].version, old[v].model);
-            repo_control_take_back(s, ctx->held);
-            repo_free_versions(old, n_old);
-        } else {
-            set_entry_failure(s, e, err, sig);
-        }
-        if (cfg) config_free(cfg);
-        free(chosen);
-        if (tmp) {
-            repo_remove_tree(tmp);
-            free(tmp);
-        }
-        free(dir);
-        return err;
-    }
-
-    /* Prepare every chosen version (reusing unchanged ones) without locks. */
-    char *cfg_key = config_to_json(cfg);
-    pthread_rwlock_rdlock(&s->lock);
-    bool same_dir = e->load_dir && strcmp(e->load_dir, load_dir) == 0;
-    bool same_config = e->config_key && strcmp(e->config_key, cfg_key) == 0 && same_dir;
-    /* Triton updates a served version in place when only its instance
-     * groups (or version policy) changed and its files did not. */
-    char *old_rkey =
-        same_dir && !tmp && e->config && !repo_is_ensemble(e->config) && !repo_is_ensemble(cfg)
-            ? reload_key(e->config)
-            : NULL;
-    pthread_rwlock_unlock(&s->lock);
-    char *new_rkey = old_rkey ? reload_key(cfg) : NULL;
-    bool may_update = old_rkey && strcmp(old_rkey, new_rkey) == 0;
-    free(old_rkey);
-    free(new_rkey);
-    bool any_updated = false;
-    version_entry_t *nv = xcalloc(k, sizeof *nv);
-    model_t **fresh = xcalloc(k, sizeof *fresh); /* per version: loaded now, or NULL */
-    bool any_new = false, any_failed = false;
-    for (size_t i = 0; i < k; i++) {
-        nv[i].version = chosen[i];
-        model_t *old = NULL;
-        uint64_t old_sig = 0;
-        pthread_rwlock_rdlock(&s->lock);
-        for (size_t v = 0; v < e->n_versions; v++)
-            if (e->versions[v].version == chosen[i] && e->versions[v].state == MODEL_READY) {
-                old = e->versions[v].model;
-                old_sig = e->versions[v].files_sig;
-            }
-        pthread_rwlock_unlock(&s->lock);
-        /* Triton's IsModelVersionModified: a version whose files changed
-         * is loaded again even when its config did not. */
-        bool same_files = old && (same_config || may_update) &&
-                          repo_version_files_sig(load_dir, chosen[i]) == old_sig;
-        if (same_files && same_config && !ctx->force) {
-            nv[i].model = old; /* unchanged: the same model keeps serving */
-            nv[i].state = MODEL_READY;
-            nv[i].files_sig = old_sig;
-            continue;
-        }
-        if (same_files && may_update && model_can_update_instances(old)) {
-            repo_control_lend(s, ctx->held);
-            nereid_error_t *uerr = model_update_instances(old, cfg);
-            repo_control_take_back(s, ctx->held);
-            if (uerr && nereid_error_code(uerr) == NEREID_ERROR_UNAVAILABLE) {
-                /* an instance cannot leave in place: a full reload */
-                LOG_VERBOSE("'%s' version %" PRId64 " reloads: %s", name, chosen[i],
-                            nereid_error_message(uerr));
-                nereid_error_free(uerr);
-                goto reload;
-            }
-            nv[i].model = old; /* the same model serves, with the new instances */
-            nv[i].state = MODEL_READY;
-            nv[i].files_sig = old_sig;
-            if (uerr) {
-                any_failed = true;
-                nv[i].reason = error_reason(uerr);
-                LOG_ERROR("failed to update '%s' version %" PRId64 ": %s", name, chosen[i],
-                          nv[i].reason);
-                nereid_error_free(uerr);
-            } else {
-                any_updated = true;
-            }
-            continue;
-        }
-    reload:;
-        model_load_args_t args = {
-            .name = name,
-            .model_namespace = ns,
-            .dir = load_dir,
-            .version = chosen[i],
-            .config = cfg,
-            .backend_dir = s->backend_dir,
-            .backend_settings = s->backend_settings,
-            .n_backend_settings = s->n_backend_settings,
-            .autocomplete_allowed = repo_autofill_allowed(s),
-        };
-        model_t *m = NULL;
-        LOG_INFO("loading: %s:%" PRId64, name, chosen[i]);
-        repo_control_lend(s, ctx->held);
-        nereid_error_t *lerr = model_load(s, &args, &m);
-        /* Triton's --model-load-retry-count: each version's load is tried
-         * up to that many more times before it counts as failed. */
-        for (int retry = 0; lerr && retry < s->opts.model_load_retry_count; retry++) {
-            LOG_INFO("retrying load of '%s' version %" PRId64 " (%d of %d): %s", name, chosen[i],
-                     retry + 1, s->opts.model_load_retry_count, nereid_error_message(lerr));
-            nereid_error_free(lerr);
-            m = NULL;
-            lerr = model_load(s, &args, &m);
-        }
-        repo_control_take_back(s, ctx->held);
-        if (lerr) {
-            any_failed = true;
-            nv[i].state = MODEL_UNAVAILABLE;
-            nv[i].reason = error_reason(lerr);
-            LOG_ERROR("failed to load '%s' version %" PRId64 ": %s", name, chosen[i], nv[i].reason);
-            nereid_error_free(lerr);
-            if (old) {
-                /* Keep the old model of this version serving. */
-                nv[i].model = old;
-                nv[i].state = MODEL_READY;
-            }
-        } else {
-            nv[i].model = fresh[i] = m;
-            nv[i].state = MODEL_READY;
-            nv[i].files_sig = repo_version_files_sig(load_dir, chosen[i]);
-            any_new = true;
-        }
-    }
-    free(chosen);
-    char *err_text = NULL;
-    for (size_t i = 0; i < k; i++) {
-        if (!nv[i].reason) continue;
-        char *prev = err_text;
-        err_text = xasprintf("%sversion %" PRId64 " is at UNAVAILABLE state: %s;\n",
-                             prev ? prev : "", nv[i].version, nv[i].reason);
-        free(prev);
-    }
-    /* Triton (ModelLifeCycle::OnLoadFinal): when any version fails, every
-     * version loaded by this load is unloaded again; what served before
-     * keeps serving, the config included. */
-    model_t **discard = NULL;
-    int64_t *discard_v = NULL;
-    size_t n_discard = 0;
-    if (any_failed) {
-        discard = xcalloc(k, sizeof *discard);
-        discard_v = xcalloc(k, sizeof *discard_v);
-        pthread_rwlock_rdlock(&s->lock);
-        for (size_t i = 0; i < k; i++) {
-            if (!fresh[i]) continue;
-            discard_v[n_discard] = nv[i].version;
-            discard[n_discard++] = fresh[i];
-            nv[i].model = NULL;
-            nv[i].state = MODEL_UNAVAILABLE;
-            nv[i].reason = xstrdup("unloaded");
-            for (size_t v = 0; v < e->n_versions; v++)
-                if (e->versions[v].version == nv[i].version &&
-                    e->versions[v].state == MODEL_READY) {
-                    nv[i].model = e->versions[v].model;
-                    nv[i].state = MODEL_READY;
-                    nv[i].files_sig = e->versions[v].files_sig;
-                    free(nv[i].reason);
-                    nv[i].reason = NULL;
-                }
-        }
-        /* Serving versions the new policy would not choose stay too. */
-        for (size_t v = 0; v < e->n_versions; v++) {
-            bool listed = false;
-            for (size_t i = 0; i < k; i++)
-                listed |= nv[i].version == e->versions[v].version;
-            if (listed || e->versions[v].state != MODEL_READY) continue;
-            nv = xrealloc(nv, (k + 1) * sizeof *nv);
-            memset(&nv[k], 0, sizeof nv[k]);
-            nv[k].version = e->versions[v].version;
-            nv[k].model = e->versions[v].model;
-            nv[k].state = MODEL_READY;
-            nv[k].files_sig = e->versions[v].files_sig;
-            k++;
-        }
-        pthread_rwlock_unlock(&s->lock);
-        any_new = false;
-    }
-    /* An ensemble whose step was unloaded while the ensemble loaded (that
-     * unload waited for the step's load, not for the ensemble's): Triton's
-     * dependency graph unloads the ensemble once its load completes. */
-    bool step_gone = false;
-    size_t k_fresh = k; /* (k grows only when a version failed) */
-    if (!any_failed && repo_is_ensemble(cfg) && cfg->ensemble_scheduling &&
-        !s->opts.model_load_on_demand) {
-        pthread_rwlock_rdlock(&s->lock);
-        const Inference__ModelEnsembling *es = cfg->ensemble_scheduling;
-        for (size_t st = 0; st < es->n_step && !step_gone; st++) {
-            char *sk = repo_step_key(s, es->step[st]);
-            model_entry_t *se = repository_find(s, sk);
-            step_gone = !se || !repo_entry_has_ready(se);
-            if (step_gone) LOG_INFO("unloading '%s': its step '%s' is unloaded", name, sk);
-            free(sk);
-        }
-        pthread_rwlock_unlock(&s->lock);
-    }
-    if (step_gone) {
-        discard = xcalloc(k, sizeof *discard);
-        discard_v = xcalloc(k, sizeof *discard_v);
-        for (size_t i = 0; i < k; i++) {
-            /* loaded now: discarded here; served before: drained below */
-            if (i < k_fresh && fresh[i]) {
-                discard_v[n_discard] = nv[i].version;
-                discard[n_discard++] = fresh[i];
-            }
-            nv[i].model = NULL;
-            nv[i].state = MODEL_UNAVAILABLE;
-            free(nv[i].reason);
-            nv[i].reason = xstrdup("unloaded");
-        }
-    }
-    free(fresh);
-    /* Triton's OnLoadFinal: one line for the whole load (and its trace line) */
-    LOG_VERBOSE2("OnLoadFinal() '%s' for all version(s)", name);
-    if (any_failed)
-        LOG_INFO("failed to load '%s'", name);
-    else if (any_new || any_updated || !same_config)
-        LOG_INFO("successfully loaded '%s'", name);
-
-    /* Swap under the write lock; collect what is replaced. */
-    model_t **drain = NULL;
-    int64_t *drain_v = NULL;
-    size_t n_drain = 0;
-    pthread_rwlock_wrlock(&s->lock);
-    for (size_t v = 0; v < e->n_versions; v++) {
-        model_t *m = e->versions[v].model;
-        bool kept = false;
-        for (size_t i = 0; i < k && m; i++)
-            kept |= nv[i].model == m;
-        if (m && !kept) {
-            drain = xrealloc(drain, (n_drain + 1) * sizeof *drain);
-            drain_v = xrealloc(drain_v, (n_drain + 1) * sizeof *drain_v);
-            drain_v[n_drain] = e->versions[v].version;
-            drain[n_drain++] = m;
-        }
-    }
-    /* Triton keeps every version it had in the model's lifecycle: one the
-     * new load no longer chooses (its directory gone, or the policy
-     * changed) is UNAVAILABLE "unloaded" ("version N is not at ready
-     * state"), not unknown. */
-    size_t k_chosen = k;
-    for (size_t v = 0; v < e->n_versions; v++) {
-        bool listed = false;
-        for (size_t i = 0; i < k_chosen; i++)
-            listed |= nv[i].version == e->versions[v].version;
-        if (listed) continue;
-        nv = xrealloc(nv, (k + 1) * sizeof *nv);
-        memset(&nv[k], 0, sizeof nv[k]);
-        nv[k].version = e->versions[v].version;
-        nv[k].state = MODEL_UNAVAILABLE;
-        nv[k].reason = xstrdup("unloaded");
-        k++;
-    }
-    if (k > k_chosen) qsort(nv, k, sizeof *nv, cmp_version_entry);
-    bool any_ready = false;
-    for (size_t i = 0; i < k; i++)
-        if (nv[i].state == MODEL_READY) any_ready = true;
-    repo_free_versions(e->versions, e->n_versions);
-    e->versions = nv;
-    e->n_versions = k;
-    e->state = any_ready ? MODEL_READY : MODEL_UNAVAILABLE;
-    free(e->reason);
-    e->reason = step_gone ? xstrdup("unloaded") : NULL;
-    e->tree_sig = sig;
-    if (any_new || any_updated || !e->config) {
-        if (e->config) config_free(e->config);
-        e->config = cfg;
-        cfg = NULL;
-        free(e->config_key);
-        e->config_key = cfg_key;
-        cfg_key = NULL;
-        free(e->load_dir);
-        e->load_dir = xstrdup(load_dir);
-    }
-    if (tmp) add_tmp_dir(e, tmp);
-    if (!any_failed) e->override_ns = override_json && !n_files ? wall_ns() : 0;
-    pthread_rwlock_unlock(&s->lock);
-
-    repo_control_lend(s, ctx->held);
-    for (size_t i = 0; i < n_drain; i++)
-        repo_unload_version(name, drain_v[i], drain[i]);
-    for (size_t i = 0; i < n_discard; i++)
-        repo_unload_version(name, discard_v[i], discard[i]);
-    repo_control_take_back(s, ctx->held);
-    free(drain);
-    free(drain_v);
-    free(discard);
-    free(discard_v);
-    repo_drop_unused_tmp_dirs(s, e);
-    if (cfg) config_free(cfg);
-    free(cfg_key);
-    free(dir);
-    if (err_text) {
-        size_t len = strlen(err_text);
-        if (len && err_text[len - 1] == '\n') err_text[len - 1] = 0;
-        err = nereid_error_new(NEREID_ERROR_INVALID_ARG, "load failed for model '%s': %s", name,
-                               err_text);
-        free(err_text);
-        return err;
-    }
-    return NULL;
+    plan_free(&p);
+    return err;
 }
 
 /* Loads or reloads model key, claimed meanwhile. */
