@@ -274,32 +274,6 @@ void repo_set_pb_string(char **field, const char *value)
     *field = xstrdup(value);
 }
 
-/* Infers platform/backend from the files of the version directories. */
-static void infer_platform(model_config_t *cfg, const char *dir)
-{
-    if (cfg->platform[0] || cfg->backend[0]) return;
-    int64_t *versions;
-    size_t n = repo_list_versions(dir, &versions, false);
-    static const struct {
-        const char *file, *platform, *backend;
-    } known[] = {{"model.onnx", "onnxruntime_onnx", "onnxruntime"},
-                 {"model.pt", "pytorch_libtorch", "pytorch"}};
-    for (size_t v = n; v-- > 0;) {
-        for (size_t k = 0; k < ARRAY_LEN(known); k++) {
-            char *path = xasprintf("%s/%" PRId64 "/%s", dir, versions[v], known[k].file);
-            bool found = is_file(path) || repo_is_dir(path);
-            free(path);
-            if (found) {
-                repo_set_pb_string(&cfg->platform, known[k].platform);
-                repo_set_pb_string(&cfg->backend, known[k].backend);
-                free(versions);
-                return;
-            }
-        }
-    }
-    free(versions);
-}
-
 static char *trim_errors(char *errors)
 {
     char *msg = xstrdup(errors ? errors : "unknown error");
@@ -358,9 +332,11 @@ nereid_error_t *repo_read_config(nereid_server_t *s, const char *name, const cha
     }
     if (cfg) {
         if (!cfg->name[0]) repo_set_pb_string(&cfg->name, name);
-        infer_platform(cfg, dir);
+        /* A backend the config leaves out is guessed from the model's files
+         * by config_normalize (Triton's AutoCompleteBackendFields). */
         config_options_t opts = {.gpus_available = false,
-                                 .allow_missing_io = repo_autofill_allowed(s)};
+                                 .allow_missing_io = repo_autofill_allowed(s),
+                                 .model_dir = dir};
         if (config_normalize(cfg, name, path, &opts, &errors) != 0) {
             config_free(cfg);
             cfg = NULL;
