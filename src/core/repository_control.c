@@ -6,21 +6,11 @@
  * corresponds to Triton's model_repository_manager.cc (LoadUnloadModels,
  * PollAndUpdate, UnloadAllModels) and model_lifecycle.cc's AsyncUnload.
  */
-#include <ctype.h>
-#include <dirent.h>
 #include <errno.h>
-#include <fcntl.h>
-#include <inttypes.h>
-#include <limits.h>
-#include <malloc.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <time.h>
-#include <unistd.h>
 
-#include "backend/loader.h"
 #include "core/core.h"
 #include "core/repository.h"
 #include "core/repository_internal.h"

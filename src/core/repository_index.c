@@ -14,21 +14,10 @@
  * working on stay claimed until it is done; another operation on one of
  * them waits for it, as Triton waits on a conflicting load.
  */
-#include <ctype.h>
-#include <dirent.h>
-#include <errno.h>
-#include <fcntl.h>
-#include <inttypes.h>
-#include <limits.h>
-#include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <time.h>
-#include <unistd.h>
 
-#include "backend/loader.h"
 #include "core/core.h"
 #include "core/repository.h"
 #include "core/repository_internal.h"

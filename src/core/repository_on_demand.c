@@ -5,18 +5,10 @@
  * each charged the resident memory it holds. Triton has no counterpart;
  * core/on_demand.c is the queue of the requests that wait for these loads.
  */
-#include <ctype.h>
-#include <dirent.h>
-#include <errno.h>
-#include <fcntl.h>
-#include <inttypes.h>
-#include <limits.h>
 #include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "backend/loader.h"

@@ -6,19 +6,8 @@
  * is started. It corresponds to Triton's ModelRepositoryManager::Create and
  * its first PollAndUpdate, with model_lifecycle.cc's load thread pool.
  */
-#include <ctype.h>
-#include <dirent.h>
-#include <errno.h>
-#include <fcntl.h>
-#include <inttypes.h>
-#include <limits.h>
-#include <malloc.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <time.h>
-#include <unistd.h>
 
 #include "backend/loader.h"
 #include "core/core.h"
