@@ -25,6 +25,7 @@
 #include "core/rate_limiter.h"
 #include "core/trace.h"
 #include "core/repository.h"
+#include "core/server_internal.h"
 #include "core/stats.h"
 #include "core/util.h"
 #include "core/watchdog.h"

@@ -20,6 +20,7 @@
 
 #include "backend/loader.h"
 #include "core/repository.h"
+#include "core/server_internal.h"
 #include "core/util.h"
 
 struct watchdog {
