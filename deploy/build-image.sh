@@ -88,7 +88,8 @@ import socket
 s = [socket.socket() for _ in range(3)]
 for x in s: x.bind(("127.0.0.1", 0))
 print(*[x.getsockname()[1] for x in s])'))
-args=(--model-repository=/models --http-port="${ports[0]}" --grpc-port="${ports[1]}" --metrics-port="${ports[2]}")
+args=(--model-repository=/models --http-address=127.0.0.1 --http-port="${ports[0]}"
+      --grpc-address=127.0.0.1 --grpc-port="${ports[1]}" --metrics-port="${ports[2]}")
 name=nereid-image-check-$$
 log=$(mktemp)
 cleanup=()
