@@ -95,10 +95,24 @@ log=$(mktemp)
 cleanup=()
 trap 'for c in "${cleanup[@]}"; do eval "$c" || true; done; rm -f "$log"' EXIT
 
-if podman run -d --name "$name" --network host -v "$PWD/examples/models:/models:ro" "$TAG" \
-     "${args[@]}" >/dev/null 2>"$log"; then
+# podman as it is; else with runc and limits the process may set (a sandbox
+# without CAP_SYS_RESOURCE, or with hybrid cgroups that crun refuses).
+podman_ok=0
+variants=("" "--runtime runc --ulimit nofile=$(ulimit -Hn):$(ulimit -Hn) --ulimit nproc=4096:4096")
+[ "${RUN_WITH:-podman}" = chroot ] && variants=()   # RUN_WITH=chroot: no podman
+for opts in "${variants[@]}"; do
+  [[ "$opts" == *runc* ]] && ! command -v runc >/dev/null && continue
+  # shellcheck disable=SC2086
+  if podman $opts run -d --name "$name" --network host --shm-size=256m \
+       -v "$PWD/examples/models:/models:ro" "$TAG" "${args[@]}" >/dev/null 2>"$log"; then
+    podman_ok=1
+    break
+  fi
+  podman rm -f "$name" >/dev/null 2>&1 || true
+done
+if [ "$podman_ok" = 1 ]; then
   cleanup+=("podman rm -f -t 5 $name >/dev/null 2>&1")
-  how=podman
+  how="podman${opts:+ $opts}"
   logs() { podman logs "$name" 2>&1 | tail -40; }
   alive() { [ "$(podman inspect --format '{{.State.Running}}' "$name" 2>/dev/null)" = true ]; }
 else
