@@ -7,8 +7,10 @@
 #   bash deploy/build-image.sh [TAG]          default localhost/nereid:latest
 #   LIBTORCH=1 bash deploy/build-image.sh     with the PyTorch backend (~1 GB more)
 #   NO_RUN=1 bash deploy/build-image.sh       build only
+#   NO_CACHE=1 bash deploy/build-image.sh     rebuild every layer (the build time recorded)
+#   RUN_WITH=chroot bash deploy/build-image.sh   run under unshare + chroot, not podman
 #
-# Installs buildah, podman and debootstrap with apt when missing (as root).
+# Installs buildah, podman, runc and debootstrap with apt when missing (as root).
 # When the base image (debian:bookworm-slim) cannot be pulled, a stand-in is
 # made with debootstrap (minbase bookworm, trimmed as Debian's slim images
 # are) from the host's own Debian mirror, and tagged with the base's name.
@@ -22,7 +24,7 @@ BASE=docker.io/library/debian:bookworm-slim
 LIBTORCH=${LIBTORCH:-0}
 
 need=""
-for tool in buildah:buildah podman:podman debootstrap:debootstrap; do
+for tool in buildah:buildah podman:podman runc:runc debootstrap:debootstrap; do
   command -v "${tool%%:*}" >/dev/null 2>&1 || need="$need ${tool#*:}"
 done
 if [ -n "$need" ]; then
@@ -73,9 +75,16 @@ if ! buildah inspect --type image "$BASE" >/dev/null 2>&1 \
   standin_base
 fi
 
+# The host's CA bundle reaches the ONNX Runtime download as a build secret
+# (a network that inspects TLS has a CA of its own); the image keeps nothing.
+CA_BUNDLE=${CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}
+secret=()
+[ -s "$CA_BUNDLE" ] && secret=(--secret "id=cacert,src=$CA_BUNDLE")
+cache=(--layers)
+[ "${NO_CACHE:-0}" = 1 ] && cache=(--no-cache)
 start=$(date +%s)
-nice -n 19 buildah bud --layers --isolation chroot --pull=false --build-arg "BASE=$BASE" \
-  --build-arg "LIBTORCH=$LIBTORCH" -f deploy/Dockerfile -t "$TAG" .
+nice -n 19 buildah bud "${cache[@]}" --isolation chroot --pull=false "${secret[@]}" \
+  --build-arg "BASE=$BASE" --build-arg "LIBTORCH=$LIBTORCH" -f deploy/Dockerfile -t "$TAG" .
 secs=$(( $(date +%s) - start ))
 size=$(podman image inspect --format '{{.Size}}' "$TAG")
 echo "build-image: $TAG built in ${secs} s, $(( size / 1000000 )) MB (LIBTORCH=$LIBTORCH)"
