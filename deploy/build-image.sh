@@ -60,6 +60,13 @@ EOF
     rm -f "$root/etc/apt/sources.list"
     cp /etc/apt/sources.list.d/debian.sources "$root/etc/apt/sources.list.d/"
   fi
+  # and as their apt configuration: no downloaded packages kept
+  cat >"$root/etc/apt/apt.conf.d/docker-clean" <<'EOF'
+DPkg::Post-Invoke { "rm -f /var/cache/apt/archives/*.deb /var/cache/apt/archives/partial/*.deb /var/cache/apt/*.bin || true"; };
+APT::Update::Post-Invoke { "rm -f /var/cache/apt/archives/*.deb /var/cache/apt/archives/partial/*.deb /var/cache/apt/*.bin || true"; };
+Dir::Cache::pkgcache "";
+Dir::Cache::srcpkgcache "";
+EOF
   rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/cache/apt/*.bin "$root"/var/lib/apt/lists/*
   ctr=$(buildah from scratch)
   cp -a "$root"/. "$(buildah mount "$ctr")"/
@@ -107,12 +114,14 @@ trap 'for c in "${cleanup[@]}"; do eval "$c" || true; done; rm -f "$log"' EXIT
 # podman as it is; else with runc and limits the process may set (a sandbox
 # without CAP_SYS_RESOURCE, or with hybrid cgroups that crun refuses).
 podman_ok=0
-variants=("" "--runtime runc --ulimit nofile=$(ulimit -Hn):$(ulimit -Hn) --ulimit nproc=4096:4096")
+# each variant: "podman options|run options"
+variants=("|" "--runtime runc|--ulimit nofile=$(ulimit -Hn):$(ulimit -Hn) --ulimit nproc=4096:4096")
 [ "${RUN_WITH:-podman}" = chroot ] && variants=()   # RUN_WITH=chroot: no podman
-for opts in "${variants[@]}"; do
-  [[ "$opts" == *runc* ]] && ! command -v runc >/dev/null && continue
+for v in "${variants[@]}"; do
+  popts=${v%%|*} ropts=${v#*|}
+  [[ "$popts" == *runc* ]] && ! command -v runc >/dev/null && continue
   # shellcheck disable=SC2086
-  if podman $opts run -d --name "$name" --network host --shm-size=256m \
+  if podman $popts run $ropts -d --name "$name" --network host --shm-size=256m \
        -v "$PWD/examples/models:/models:ro" "$TAG" "${args[@]}" >/dev/null 2>"$log"; then
     podman_ok=1
     break
@@ -121,7 +130,7 @@ for opts in "${variants[@]}"; do
 done
 if [ "$podman_ok" = 1 ]; then
   cleanup+=("podman rm -f -t 5 $name >/dev/null 2>&1")
-  how="podman${opts:+ $opts}"
+  how="podman${popts:+ $popts}${ropts:+ $ropts}"
   logs() { podman logs "$name" 2>&1 | tail -40; }
   alive() { [ "$(podman inspect --format '{{.State.Running}}' "$name" 2>/dev/null)" = true ]; }
 else
