@@ -88,7 +88,7 @@ CA_BUNDLE=${CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}
 secret=()
 [ -s "$CA_BUNDLE" ] && secret=(--secret "id=cacert,src=$CA_BUNDLE")
 cache=(--layers)
-[ "${NO_CACHE:-0}" = 1 ] && cache=(--no-cache)
+[ "${NO_CACHE:-0}" = 1 ] && cache=(--layers --no-cache)
 start=$(date +%s)
 nice -n 19 buildah bud "${cache[@]}" --isolation chroot --pull=false "${secret[@]}" \
   --build-arg "BASE=$BASE" --build-arg "LIBTORCH=$LIBTORCH" -f deploy/Dockerfile -t "$TAG" .
@@ -147,7 +147,8 @@ else
     exec chroot --userspec=10001:10001 "$root" /opt/nereid/bin/nereid "$@"' sh "$root" "${args[@]}" \
     >"$log" 2>&1 &
   pid=$!
-  cleanup=("kill $pid; wait $pid" "${cleanup[@]}")
+  # unshare waits for its child and ignores SIGTERM: stop nereid itself
+  cleanup=("kill \$(pgrep -P $pid) 2>/dev/null; wait $pid" "${cleanup[@]}")
   how="unshare + chroot"
   logs() { tail -40 "$log"; }
   alive() { kill -0 "$pid" 2>/dev/null; }

@@ -19,11 +19,13 @@ if [ "$print" = 1 ]; then
   printf '%s\n' $pkgs
   exit 0
 fi
+# one dpkg query for all: the names installed
+installed=" $(dpkg-query -W -f='${Package} ${db:Status-Abbrev}\n' $pkgs 2>/dev/null | awk '$2 == "ii" {printf "%s ", $1}' || true)"
 missing=""
 for p in $pkgs; do
   # npm may come with a Node.js installed otherwise
   if [ "$p" = npm ] && command -v npm >/dev/null 2>&1; then continue; fi
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
+  [[ "$installed" == *" $p "* ]] || missing="$missing $p"
 done
 [ -n "$missing" ] || exit 0
 echo "apt-install: installing:$missing"
