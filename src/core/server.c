@@ -214,6 +214,49 @@ void nereid_server_free(nereid_server_t *s)
     free(s);
 }
 
+void nereid_server_begin_exit(nereid_server_t *s)
+{
+    atomic_store(&s->exiting, true);
+}
+
+size_t nereid_server_log_inflight(nereid_server_t *s, int secs_left)
+{
+    char lines[8][160];
+    size_t n = 0;
+    pthread_rwlock_rdlock(&s->lock);
+    for (size_t i = 0; i < s->n_models; i++) {
+        const model_entry_t *e = s->models[i];
+        for (size_t v = 0; v < e->n_versions; v++) {
+            const model_t *m = e->versions[v].model;
+            int64_t k =
+                e->versions[v].state == MODEL_READY && m ? atomic_load(&m->stats.pending) : 0;
+            if (k <= 0) continue;
+            if (n < 8)
+                snprintf(lines[n], sizeof lines[n],
+                         "Model '%s' (version %" PRId64 ") has %" PRId64 " in-flight inferences",
+                         e->name, e->versions[v].version, k);
+            n++;
+        }
+    }
+    pthread_rwlock_unlock(&s->lock);
+    LOG_INFO("Timeout %d: Found %zu model versions that have in-flight inferences", secs_left, n);
+    for (size_t i = 0; i < n && i < 8; i++)
+        LOG_INFO("%s", lines[i]);
+    return n;
+}
+
+void nereid_server_log_live_models(nereid_server_t *s, int secs_left)
+{
+    size_t n = 0;
+    pthread_rwlock_rdlock(&s->lock);
+    for (size_t i = 0; i < s->n_models; i++)
+        for (size_t v = 0; v < s->models[i]->n_versions; v++)
+            n += s->models[i]->versions[v].state == MODEL_READY;
+    pthread_rwlock_unlock(&s->lock);
+    LOG_INFO("Timeout %d: Found %zu live models and 0 in-flight non-inference requests", secs_left,
+             n);
+}
+
 bool server_is_stopping(nereid_server_t *s)
 {
     return atomic_load(&s->stopping);
@@ -226,7 +269,7 @@ bool nereid_server_is_live(nereid_server_t *s)
 
 bool nereid_server_is_ready(nereid_server_t *s)
 {
-    if (!s || s->init_failed || atomic_load(&s->stopping)) return false;
+    if (!s || s->init_failed || atomic_load(&s->stopping) || atomic_load(&s->exiting)) return false;
     if (!s->opts.strict_readiness) return true;
     bool ready = true;
     pthread_rwlock_rdlock(&s->lock);
