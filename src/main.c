@@ -683,6 +683,7 @@ typedef struct frontends {
     http_server_t *http;
     metrics_server_t *metrics;
     grpc_frontend_t *grpc;
+    bool idle_grace_over; /* DRAIN_IDLE_GRACE_SECS have passed since the signal */
 } frontends_t;
 
 /* How many of what a drain phase waits for are left; with log, also logs
@@ -696,9 +697,14 @@ static void log_countdown(int left, const char *what)
     nereid_log_message(NEREID_LOG_INFO, __FILE__, __LINE__, msg);
 }
 
+/* Seconds a drain keeps idle HTTP keep-alive connections open for requests
+ * their clients may still send (Triton keeps them until the exit timeout). */
+#define DRAIN_IDLE_GRACE_SECS 5
+
 static size_t http_left(frontends_t *fe, nereid_server_t *server, int left, bool log)
 {
     (void)server;
+    if (fe->idle_grace_over) http_server_close_idle(fe->http);
     size_t n_inflight;
     size_t n = http_server_open_connections(fe->http, &n_inflight);
     if (log && n + n_inflight > 0) {
@@ -748,6 +754,7 @@ static bool drain_phase(frontends_t *fe, nereid_server_t *server, drain_count_fn
     for (int logged = -1;;) {
         int elapsed = (int)(now_s() - t0);
         int left = timeout_secs > elapsed ? timeout_secs - elapsed : 0;
+        fe->idle_grace_over = elapsed >= DRAIN_IDLE_GRACE_SECS;
         size_t n = count(fe, server, left, elapsed != logged);
         if (elapsed != logged) logged = elapsed;
         if (n == 0) return true;

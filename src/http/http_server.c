@@ -2147,6 +2147,24 @@ void http_server_drain(http_server_t *srv)
     if (fd != MHD_INVALID_SOCKET) close(fd);
 }
 
+size_t http_server_close_idle(http_server_t *srv)
+{
+    size_t n = 0;
+    if (!srv) return 0;
+    pthread_mutex_lock(&srv->conns_lock);
+    for (conn_slot_t *s = srv->idle_conns.next, *next; s != &srv->idle_conns; s = next) {
+        next = s->next;
+        if (s->ctx.keep_open) continue;
+        idle_unlink(s); /* MHD closes it on its thread (see on_connection) */
+        s->shut = true;
+        shutdown(s->fd, SHUT_RDWR);
+        srv->n_open--;
+        n++;
+    }
+    pthread_mutex_unlock(&srv->conns_lock);
+    return n;
+}
+
 size_t http_server_open_connections(http_server_t *srv, size_t *n_inflight)
 {
     if (n_inflight) *n_inflight = 0;

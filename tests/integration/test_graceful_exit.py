@@ -155,6 +155,7 @@ def test_http_drain(tmp_path):
         assert "Found 0 model versions that have in-flight inferences" in log
         assert "live models and 0 in-flight non-inference requests" in log
         assert "Exit timeout" not in log
+        assert log.count("Timeout 30: ") == 1  # one countdown (L0_lifecycle step 56)
     finally:
         stop(s)
 
@@ -266,5 +267,75 @@ def test_exit_timeout_expires(tmp_path):
         assert "Timeout 1: Found 1 HTTP service connections" in log
         assert "Exit timeout (2 s) expired" in log
         idle.close()
+    finally:
+        stop(s)
+
+
+def test_idle_keepalive_connections_closed_after_grace(tmp_path):
+    """Better than Triton, which waits on an idle keep-alive connection until
+    the exit timeout: once nothing else holds the drain, idle connections are
+    closed after a 5 s grace (for requests their clients may still send), so
+    a proxy's pooled connections do not hold a replica for the full 30 s."""
+    s = start(tmp_path, "--exit-timeout-secs=30")
+    try:
+        idle = connect(s)
+        assert get(idle, "/v2/health/live")[0] == 200
+        t0 = time.time()
+        s.proc.send_signal(signal.SIGTERM)
+        rc = s.proc.wait(timeout=25)
+        took = time.time() - t0
+        assert rc == 0
+        assert took >= 4.5, took
+        log = s.output()
+        assert "Timeout 30: Found 1 HTTP service connections" in log
+        assert "Exit timeout" not in log
+        idle.close()
+    finally:
+        stop(s)
+
+
+def test_grpc_unary_calls_drain_on_one_channel(tmp_path):
+    """Triton's L0_lifecycle test_shutdown_dynamic: calls queued on a dynamic
+    batcher complete after SIGINT; a new call on the same channel fails to
+    connect; the log counts the calls left down to "Found 1 gRPC ..."."""
+    repo = make_repo(tmp_path)
+    os.makedirs(os.path.join(repo, "one_at_a_time", "1"))
+    with open(os.path.join(repo, "one_at_a_time", "config.pbtxt"), "w") as f:
+        f.write("""
+name: "one_at_a_time"
+backend: "testing"
+max_batch_size: 1
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 1 ] } ]
+dynamic_batching { }
+instance_group [ { count: 1 kind: KIND_CPU } ]
+parameters [ { key: "execute_delay_ms" value: { string_value: "2000" } } ]
+""")
+    s = Server(repo, ["--exit-timeout-secs=30"], "grpc")
+    try:
+        probe = connect(s)
+        with grpc.insecure_channel(s.grpc_addr) as ch:
+            stub = pbg.GRPCInferenceServiceStub(ch)
+
+            def req(i):
+                return infer_request(pb, "one_at_a_time", [
+                    ("INPUT0", "FP32", [1, 1], np.full((1, 1), i, np.float32))], id=f"c{i}")
+
+            calls = [stub.ModelInfer.future(req(i), timeout=60) for i in range(3)]
+            time.sleep(0.5)  # the calls reach the server
+            s.proc.send_signal(signal.SIGINT)
+            wait_for(lambda: get(probe, "/v2/health/ready")[0] == 400, "readiness to turn false")
+            probe.close()
+            with pytest.raises(grpc.RpcError) as e:
+                stub.ModelInfer(req(9), timeout=10)
+            assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert "Connection refused" in e.value.details(), e.value.details()
+            for i, c in enumerate(calls):
+                r = c.result(timeout=30)
+                assert np.frombuffer(r.raw_output_contents[0], np.float32).tolist() == [i]
+        assert s.proc.wait(timeout=15) == 0
+        log = s.output()
+        assert "Found 1 gRPC service connections and inference handlers" in log
+        assert "Exit timeout" not in log
     finally:
         stop(s)
