@@ -111,8 +111,10 @@ typedef enum http_route {
 /* One open TCP connection, in the idle list while no request is in progress
  * on it. The list and the count are under http_server.conns_lock. */
 typedef struct conn_slot {
-    http_conn_ctx_t ctx;           /* first: http_queue_response reads it */
-    struct conn_slot *prev, *next; /* idle list links; NULL when not listed */
+    http_conn_ctx_t ctx;                   /* first: http_queue_response reads it */
+    struct conn_slot *prev, *next;         /* idle list links; NULL when not listed */
+    struct conn_slot *all_prev, *all_next; /* http_server.all_conns links */
+    bool receiving;                        /* a request started and its body is not all there yet */
     int fd;
     bool shut; /* shut down by us (evicted or refused); MHD closes it */
 } conn_slot_t;
@@ -133,6 +135,7 @@ struct http_server {
     atomic_bool draining; /* http_server_drain: listener closed, replies close */
     pthread_mutex_t conns_lock;
     conn_slot_t idle_conns;     /* sentinel of the idle list, longest idle first */
+    conn_slot_t all_conns;      /* sentinel of the list of every slot */
     size_t n_open;              /* open connections, not counting those we shut */
     size_t max_connections;     /* --http-max-connections after the fd limit */
     nereid_shm_registry_t *shm; /* borrowed; NULL = client shared memory off */
@@ -163,7 +166,8 @@ typedef struct http_conn {
     size_t limit;            /* body cap */
     nereid_error_t *error;   /* decided before dispatch (size, encoding) */
     bool unsupported_encoding;
-    bool refused; /* replied before reading the body */
+    bool refused;  /* replied before reading the body */
+    bool received; /* the whole request has arrived */
     http_encoding_t encoding;
     size_t header_len;     /* Inference-Header-Content-Length or NONE */
     size_t content_length; /* declared body size (0 if none), to size the body once */
@@ -1124,7 +1128,10 @@ static nereid_error_t *infer_submit(http_conn_t *c, bool *done)
         /* While draining, a reply closes its connection unless the client
          * may still need it for the rest of a sequence. */
         conn_slot_t *slot = conn_slot(c->mhd);
-        if (slot) slot->ctx.keep_open = continues_sequence(c);
+        bool keep_open = continues_sequence(c);
+        pthread_mutex_lock(&srv->conns_lock);
+        if (slot) slot->ctx.keep_open = keep_open;
+        pthread_mutex_unlock(&srv->conns_lock);
     }
     if ((err = seq_headers(c, req)) || (srv->header_forward && (err = forward_headers(c, req)))) {
         nereid_request_free(req);
@@ -1628,8 +1635,9 @@ static void conn_set_idle(http_server_t *srv, struct MHD_Connection *mc, bool id
 {
     conn_slot_t *s = conn_slot(mc);
     if (!s) return;
-    if (!idle) s->ctx.keep_open = false; /* a new request: decided by its kind */
     pthread_mutex_lock(&srv->conns_lock);
+    if (!idle) s->ctx.keep_open = false; /* a new request: decided by its kind */
+    s->receiving = !idle;
     idle_unlink(s);
     if (idle && !s->shut) {
         idle_append(srv, s);
@@ -1652,6 +1660,8 @@ static void on_connection(void *cls, struct MHD_Connection *mc, void **socket_co
         *socket_context = NULL;
         pthread_mutex_lock(&srv->conns_lock);
         idle_unlink(s);
+        s->all_prev->all_next = s->all_next;
+        s->all_next->all_prev = s->all_prev;
         if (!s->shut) srv->n_open--;
         pthread_mutex_unlock(&srv->conns_lock);
         free(s);
@@ -1675,6 +1685,12 @@ static void on_connection(void *cls, struct MHD_Connection *mc, void **socket_co
     if (s) s->ctx.draining = &srv->draining;
     *socket_context = s;
     pthread_mutex_lock(&srv->conns_lock);
+    if (s) {
+        s->all_prev = srv->all_conns.all_prev;
+        s->all_next = &srv->all_conns;
+        s->all_prev->all_next = s;
+        srv->all_conns.all_prev = s;
+    }
     if (s && srv->n_open >= srv->max_connections) {
         conn_slot_t *old = srv->idle_conns.next;
         if (old != &srv->idle_conns) {
@@ -1953,6 +1969,13 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
         }
         return MHD_YES;
     }
+    if (!c->received) { /* the whole request is there */
+        c->received = true;
+        conn_slot_t *slot = conn_slot(mc);
+        pthread_mutex_lock(&srv->conns_lock);
+        if (slot) slot->receiving = false;
+        pthread_mutex_unlock(&srv->conns_lock);
+    }
     if (c->refused) return MHD_YES;
     if (c->forbidden) return reply_forbidden(c);
     if (c->route == ROUTE_NOT_FOUND) return http_queue_error(mc, 404, "Not Found");
@@ -2073,6 +2096,7 @@ nereid_error_t *http_server_start(nereid_server_t *core, const http_options_t *o
     pthread_cond_init(&srv->idle, NULL);
     pthread_mutex_init(&srv->conns_lock, NULL);
     srv->idle_conns.prev = srv->idle_conns.next = &srv->idle_conns;
+    srv->all_conns.all_prev = srv->all_conns.all_next = &srv->all_conns;
     srv->max_connections = opts->max_connections > 0 ? (size_t)opts->max_connections : 1;
     unsigned mhd_limit = fd_budget(&srv->max_connections);
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
@@ -2152,9 +2176,8 @@ size_t http_server_close_idle(http_server_t *srv)
     size_t n = 0;
     if (!srv) return 0;
     pthread_mutex_lock(&srv->conns_lock);
-    for (conn_slot_t *s = srv->idle_conns.next, *next; s != &srv->idle_conns; s = next) {
-        next = s->next;
-        if (s->ctx.keep_open) continue;
+    for (conn_slot_t *s = srv->all_conns.all_next; s != &srv->all_conns; s = s->all_next) {
+        if (s->shut || !(s->receiving || (s->next && !s->ctx.keep_open))) continue;
         idle_unlink(s); /* MHD closes it on its thread (see on_connection) */
         s->shut = true;
         shutdown(s->fd, SHUT_RDWR);

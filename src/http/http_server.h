@@ -55,8 +55,9 @@ int http_server_port(const http_server_t *server);
  * sequence. Live connections are still served: a request already sent on
  * one is answered. Any thread; NULL is fine. */
 void http_server_drain(http_server_t *server);
-/* During a drain: closes the keep-alive connections that are idle, except
- * those whose last reply continued a sequence; returns how many. */
+/* During a drain: closes the keep-alive connections that are idle (except
+ * those whose last reply continued a sequence) and those still receiving a
+ * request; returns how many. */
 size_t http_server_close_idle(http_server_t *server);
 /* What a drain waits for: the open connections (first) and the inferences
  * still running whose connection is gone (*n_inflight, may be NULL). */
