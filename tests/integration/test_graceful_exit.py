@@ -339,3 +339,49 @@ parameters [ { key: "execute_delay_ms" value: { string_value: "2000" } } ]
         assert "Exit timeout" not in log
     finally:
         stop(s)
+
+
+def repeat_request(values, delay_ms, id):
+    req = pb.ModelInferRequest(model_name="repeat_int32", id=id)
+    for name, dt, arr in (("IN", "INT32", np.array(values, np.int32)),
+                          ("DELAY", "UINT32", np.full(len(values), delay_ms, np.uint32)),
+                          ("WAIT", "UINT32", np.array([0], np.uint32))):
+        t = req.inputs.add()
+        t.name, t.datatype = name, dt
+        t.shape.extend([len(arr)])
+        req.raw_input_contents.append(arr.tobytes())
+    return req
+
+
+def test_decoupled_stream_drains(tmp_path):
+    """A decoupled request whose responses are still coming when SIGTERM
+    arrives sends all of them; then the stream ends with OK."""
+    repo = make_repo(tmp_path)
+    shutil.copytree(os.path.join(EXAMPLES, "repeat_int32"), os.path.join(repo, "repeat_int32"))
+    s = Server(repo, ["--exit-timeout-secs=30"], "grpc")
+    try:
+        probe = connect(s)
+        hold = threading.Event()
+
+        def reqs():
+            yield repeat_request(list(range(6)), 400, "d")  # 6 responses over ~2.4 s
+            hold.wait(60)
+
+        with grpc.insecure_channel(s.grpc_addr) as ch:
+            stream = pbg.GRPCInferenceServiceStub(ch).ModelStreamInfer(reqs(), timeout=60)
+            first = next(stream)
+            assert first.error_message == ""
+            s.proc.send_signal(signal.SIGTERM)
+            wait_for(lambda: get(probe, "/v2/health/ready")[0] == 400, "readiness to turn false")
+            probe.close()
+            rest = list(stream)  # ends with OK without a half-close
+            hold.set()
+        got = [first] + rest
+        assert all(r.error_message == "" for r in got)
+        outs = [np.frombuffer(r.infer_response.raw_output_contents[0], np.int32).tolist()
+                for r in got if r.infer_response.raw_output_contents]
+        assert outs == [[i] for i in range(6)]
+        assert s.proc.wait(timeout=15) == 0
+        assert "Exit timeout" not in s.output()
+    finally:
+        stop(s)
