@@ -219,6 +219,16 @@ typedef struct stream_infer {
 static void stream_destroy(gfe_stream_t *s)
 {
     grpc_frontend_t *fe = s->fe;
+    /* Unlinked first: gfe_streams_drain_locked may still lock s->mu (it
+     * sees refs == 0 and leaves s alone). */
+    pthread_mutex_lock(&fe->mu);
+    if (s->prev != NULL)
+        s->prev->next = s->next;
+    else
+        fe->streams = s->next;
+    if (s->next != NULL) s->next->prev = s->prev;
+    fe->n_calls--;
+    pthread_mutex_unlock(&fe->mu);
     for (stream_write_t *w = s->head, *next; w != NULL; w = next) {
         next = w->next;
         grpc_byte_buffer_destroy(w->bb);
@@ -243,14 +253,6 @@ static void stream_destroy(gfe_stream_t *s)
     free(s->open_seqs);
     grpc_call_unref(s->call);
     pthread_mutex_destroy(&s->mu);
-    pthread_mutex_lock(&fe->mu);
-    if (s->prev != NULL)
-        s->prev->next = s->next;
-    else
-        fe->streams = s->next;
-    if (s->next != NULL) s->next->prev = s->prev;
-    fe->n_calls--;
-    pthread_mutex_unlock(&fe->mu);
     free(s);
     gfe_live_release(fe);
 }
