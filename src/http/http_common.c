@@ -50,7 +50,7 @@ enum MHD_Result http_queue_response(struct MHD_Connection *c, unsigned status,
     const union MHD_ConnectionInfo *ci =
         MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
     const http_conn_ctx_t *ctx = ci ? ci->socket_context : NULL;
-    if (ctx && ctx->draining && atomic_load(ctx->draining) && !ctx->keep_open &&
+    if (ctx && ctx->draining && atomic_load(ctx->draining) && !atomic_load(&ctx->keep_open) &&
         !MHD_get_response_header(r, MHD_HTTP_HEADER_CONNECTION))
         MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
     return MHD_queue_response(c, status, r);

@@ -19,7 +19,8 @@
  * unless the request continues a sequence (its next request may follow). */
 typedef struct http_conn_ctx {
     const atomic_bool *draining; /* the server's drain flag */
-    bool keep_open;              /* the current request continues an open sequence */
+    atomic_bool keep_open;       /* the current request continues an open sequence (written
+                                    by the connection's thread, read by the drain's) */
 } http_conn_ctx_t;
 
 /* MHD_queue_response with the drain rule above; every reply of the HTTP

@@ -114,7 +114,7 @@ typedef struct conn_slot {
     http_conn_ctx_t ctx;                   /* first: http_queue_response reads it */
     struct conn_slot *prev, *next;         /* idle list links; NULL when not listed */
     struct conn_slot *all_prev, *all_next; /* http_server.all_conns links */
-    bool receiving;                        /* a request started and its body is not all there yet */
+    atomic_bool receiving;                 /* a request started and its body is not all there yet */
     int fd;
     bool shut; /* shut down by us (evicted or refused); MHD closes it */
 } conn_slot_t;
@@ -1124,15 +1124,10 @@ static nereid_error_t *infer_submit(http_conn_t *c, bool *done)
     nereid_request_t *req;
     if ((err = infer_parsed_to_request(srv->core, c->model, c->version, &c->parsed, &req)))
         return err;
-    if (atomic_load(&srv->draining)) {
-        /* While draining, a reply closes its connection unless the client
-         * may still need it for the rest of a sequence. */
-        conn_slot_t *slot = conn_slot(c->mhd);
-        bool keep_open = continues_sequence(c);
-        pthread_mutex_lock(&srv->conns_lock);
-        if (slot) slot->ctx.keep_open = keep_open;
-        pthread_mutex_unlock(&srv->conns_lock);
-    }
+    /* Should a drain begin, the reply closes its connection unless the
+     * client may still need it for the rest of a sequence. */
+    conn_slot_t *slot = conn_slot(c->mhd);
+    if (slot) atomic_store(&slot->ctx.keep_open, continues_sequence(c));
     if ((err = seq_headers(c, req)) || (srv->header_forward && (err = forward_headers(c, req)))) {
         nereid_request_free(req);
         return err;
@@ -1636,8 +1631,8 @@ static void conn_set_idle(http_server_t *srv, struct MHD_Connection *mc, bool id
     conn_slot_t *s = conn_slot(mc);
     if (!s) return;
     pthread_mutex_lock(&srv->conns_lock);
-    if (!idle) s->ctx.keep_open = false; /* a new request: decided by its kind */
-    s->receiving = !idle;
+    if (!idle) atomic_store(&s->ctx.keep_open, false); /* a new request: decided by its kind */
+    atomic_store(&s->receiving, !idle);
     idle_unlink(s);
     if (idle && !s->shut) {
         idle_append(srv, s);
@@ -1972,9 +1967,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
     if (!c->received) { /* the whole request is there */
         c->received = true;
         conn_slot_t *slot = conn_slot(mc);
-        pthread_mutex_lock(&srv->conns_lock);
-        if (slot) slot->receiving = false;
-        pthread_mutex_unlock(&srv->conns_lock);
+        if (slot) atomic_store(&slot->receiving, false);
     }
     if (c->refused) return MHD_YES;
     if (c->forbidden) return reply_forbidden(c);
@@ -2177,7 +2170,8 @@ size_t http_server_close_idle(http_server_t *srv)
     if (!srv) return 0;
     pthread_mutex_lock(&srv->conns_lock);
     for (conn_slot_t *s = srv->all_conns.all_next; s != &srv->all_conns; s = s->all_next) {
-        if (s->shut || !(s->receiving || (s->next && !s->ctx.keep_open))) continue;
+        bool idle = s->next != NULL && !atomic_load(&s->ctx.keep_open);
+        if (s->shut || !(idle || atomic_load(&s->receiving))) continue;
         idle_unlink(s); /* MHD closes it on its thread (see on_connection) */
         s->shut = true;
         shutdown(s->fd, SHUT_RDWR);
