@@ -219,29 +219,30 @@ void nereid_server_begin_exit(nereid_server_t *s)
     atomic_store(&s->exiting, true);
 }
 
+/* Requests waiting in the scheduler of a loaded version (Triton's
+ * in-flight inferences); 0 when it is not loaded. */
+static int64_t version_pending(const version_entry_t *ve)
+{
+    return ve->state == MODEL_READY && ve->model ? atomic_load(&ve->model->stats.pending) : 0;
+}
+
 size_t nereid_server_log_inflight(nereid_server_t *s, int secs_left)
 {
-    char lines[8][160];
     size_t n = 0;
     pthread_rwlock_rdlock(&s->lock);
-    for (size_t i = 0; i < s->n_models; i++) {
-        const model_entry_t *e = s->models[i];
-        for (size_t v = 0; v < e->n_versions; v++) {
-            const model_t *m = e->versions[v].model;
-            int64_t k =
-                e->versions[v].state == MODEL_READY && m ? atomic_load(&m->stats.pending) : 0;
-            if (k <= 0) continue;
-            if (n < 8)
-                snprintf(lines[n], sizeof lines[n],
-                         "Model '%s' (version %" PRId64 ") has %" PRId64 " in-flight inferences",
-                         e->name, e->versions[v].version, k);
-            n++;
-        }
-    }
-    pthread_rwlock_unlock(&s->lock);
+    for (size_t i = 0; i < s->n_models; i++)
+        for (size_t v = 0; v < s->models[i]->n_versions; v++)
+            n += version_pending(&s->models[i]->versions[v]) > 0;
     LOG_INFO("Timeout %d: Found %zu model versions that have in-flight inferences", secs_left, n);
-    for (size_t i = 0; i < n && i < 8; i++)
-        LOG_INFO("%s", lines[i]);
+    for (size_t i = 0; i < s->n_models; i++)
+        for (size_t v = 0; v < s->models[i]->n_versions; v++) {
+            const version_entry_t *ve = &s->models[i]->versions[v];
+            int64_t k = version_pending(ve);
+            if (k > 0)
+                LOG_INFO("Model '%s' (version %" PRId64 ") has %" PRId64 " in-flight inferences",
+                         s->models[i]->name, ve->version, k);
+        }
+    pthread_rwlock_unlock(&s->lock);
     return n;
 }
 
