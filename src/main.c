@@ -687,60 +687,123 @@ typedef struct frontends {
     http_server_t *http;
     metrics_server_t *metrics;
     grpc_frontend_t *grpc;
-    pthread_mutex_t lock;
-    pthread_cond_t cond;
-    bool stopped;
+    bool idle_grace_over; /* DRAIN_IDLE_GRACE_SECS have passed since the signal */
 } frontends_t;
 
-static void *stop_frontends_main(void *arg)
+/* How many of what a drain phase waits for are left; with log, also logs
+ * Triton's countdown line ("Timeout <left>: Found ...") when any is. */
+typedef size_t (*drain_count_fn)(frontends_t *fe, nereid_server_t *server, int left, bool log);
+
+static void log_countdown(int left, const char *what)
 {
-    frontends_t *fe = arg;
-    http_server_stop(fe->http); /* waits for in-flight inferences; the core still runs */
-    metrics_server_stop(fe->metrics);
-    grpc_frontend_stop(fe->grpc);
-    pthread_mutex_lock(&fe->lock);
-    fe->stopped = true;
-    pthread_cond_signal(&fe->cond);
-    pthread_mutex_unlock(&fe->lock);
-    return NULL;
+    char msg[200];
+    snprintf(msg, sizeof msg, "Timeout %d: %s", left, what);
+    nereid_log_message(NEREID_LOG_INFO, __FILE__, __LINE__, msg);
 }
 
-/* Stops the frontends, letting in-flight requests finish for up to
- * timeout_secs (Triton's --exit-timeout-secs); after that the models are
- * stopped under them, which fails what is still queued (for example a
- * sequence request waiting for a slot that no client will ever free). */
-static void stop_frontends(frontends_t *fe, nereid_server_t *server, int timeout_secs)
+/* Seconds a drain keeps idle HTTP keep-alive connections open for requests
+ * their clients may still send (Triton keeps them until the exit timeout). */
+#define DRAIN_IDLE_GRACE_SECS 5
+
+static size_t http_left(frontends_t *fe, nereid_server_t *server, int left, bool log)
 {
-    pthread_mutex_init(&fe->lock, NULL);
-    pthread_condattr_t attr;
-    pthread_condattr_init(&attr);
-    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
-    pthread_cond_init(&fe->cond, &attr);
-    pthread_condattr_destroy(&attr);
-    pthread_t thread;
-    if (pthread_create(&thread, NULL, stop_frontends_main, fe) != 0) {
-        stop_frontends_main(fe);
-    } else {
-        struct timespec deadline;
-        clock_gettime(CLOCK_MONOTONIC, &deadline);
-        deadline.tv_sec += timeout_secs > 0 ? timeout_secs : 0;
-        pthread_mutex_lock(&fe->lock);
-        int rc = 0;
-        while (!fe->stopped && rc == 0)
-            rc = pthread_cond_timedwait(&fe->cond, &fe->lock, &deadline);
-        bool stopped = fe->stopped;
-        pthread_mutex_unlock(&fe->lock);
-        if (!stopped) {
-            fprintf(stderr,
-                    "Exit timeout (%d s) expired with requests in flight: stopping "
-                    "models.\n",
-                    timeout_secs);
-            nereid_server_stop(server);
-        }
-        pthread_join(thread, NULL);
+    (void)server;
+    if (fe->idle_grace_over) http_server_close_idle(fe->http);
+    size_t n_inflight;
+    size_t n = http_server_open_connections(fe->http, &n_inflight);
+    if (log && n + n_inflight > 0) {
+        char what[100];
+        snprintf(what, sizeof what, "Found %zu HTTP service connections", n);
+        log_countdown(left, what);
     }
-    pthread_mutex_destroy(&fe->lock);
-    pthread_cond_destroy(&fe->cond);
+    return n + n_inflight;
+}
+
+static size_t grpc_left(frontends_t *fe, nereid_server_t *server, int left, bool log)
+{
+    (void)server;
+    long n = grpc_frontend_calls(fe->grpc);
+    if (log && n > 0) {
+        char what[100];
+        snprintf(what, sizeof what, "Found %ld gRPC service connections and inference handlers", n);
+        log_countdown(left, what);
+    }
+    return n > 0 ? (size_t)n : 0;
+}
+
+/* Requests queued in the models (Triton's in-flight inferences); the core
+ * logs its countdown lines, so it is asked once a second. */
+static size_t models_left(frontends_t *fe, nereid_server_t *server, int left, bool log)
+{
+    (void)fe;
+    return log ? nereid_server_log_inflight(server, left) : 1;
+}
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+/* One phase of the graceful exit (Triton's order: HTTP connections, gRPC
+ * calls, then requests queued in the models), against the deadline all
+ * phases share, t0 + timeout_secs: logs the countdown when the phase
+ * starts and once a second while something is left, and looks every
+ * 20 ms so the exit is not late. Returns false when the deadline passed
+ * first. */
+static bool drain_phase(frontends_t *fe, nereid_server_t *server, drain_count_fn count, double t0,
+                        int timeout_secs)
+{
+    for (int logged = -1;;) {
+        int elapsed = (int)(now_s() - t0);
+        int left = timeout_secs > elapsed ? timeout_secs - elapsed : 0;
+        fe->idle_grace_over = elapsed >= DRAIN_IDLE_GRACE_SECS;
+        size_t n = count(fe, server, left, elapsed != logged);
+        if (elapsed != logged) logged = elapsed;
+        if (n == 0) return true;
+        if (left == 0) return false;
+        nanosleep(&(struct timespec){0, 20000000}, NULL);
+    }
+}
+
+/* Graceful exit on SIGINT/SIGTERM (Triton 25.05+'s, in one countdown of
+ * --exit-timeout-secs): at once the server turns not ready (still live)
+ * and no new connection or call is accepted; what is in flight completes,
+ * and live HTTP connections and open gRPC streams are answered until they
+ * end (see http_server_drain, grpc_frontend_drain). When the timeout
+ * expires first, the models are stopped under what is left, which fails
+ * it, and the remaining calls are cancelled. */
+static void drain_and_stop(frontends_t *fe, nereid_server_t *server, int timeout_secs)
+{
+    double t0 = now_s();
+    nereid_server_begin_exit(server);
+    http_server_drain(fe->http);
+    grpc_frontend_drain(fe->grpc);
+    bool done = drain_phase(fe, server, http_left, t0, timeout_secs) &&
+                drain_phase(fe, server, grpc_left, t0, timeout_secs);
+    if (done) {
+        nereid_log_message(NEREID_LOG_INFO, __FILE__, __LINE__,
+                           "Waiting for in-flight requests to complete.");
+        done = drain_phase(fe, server, models_left, t0, timeout_secs);
+    }
+    int left = timeout_secs - (int)(now_s() - t0);
+    if (!done) {
+        char msg[200];
+        snprintf(msg, sizeof msg,
+                 "Exit timeout (%d s) expired with requests in flight: stopping models, "
+                 "failing what they hold.",
+                 timeout_secs);
+        nereid_log_message(NEREID_LOG_ERROR, __FILE__, __LINE__, msg);
+    } else {
+        nereid_log_message(NEREID_LOG_INFO, __FILE__, __LINE__,
+                           "All models are stopped, unloading models");
+        nereid_server_log_live_models(server, left > 0 ? left : 0);
+    }
+    nereid_server_stop(server); /* fails what is still queued; in-flight callbacks run */
+    grpc_frontend_stop(fe->grpc);
+    http_server_stop(fe->http);
+    metrics_server_stop(fe->metrics);
 }
 
 /* Whether address:port is taken by another listener (bind fails with
@@ -974,7 +1037,7 @@ int main(int argc, char **argv)
     sigwait(&sigs, &sig);
     fprintf(stderr, "Signal (%d) received.\n", sig);
     frontends_t fe = {.http = http, .metrics = metrics, .grpc = grpc_fe};
-    stop_frontends(&fe, server, cli.exit_timeout_secs);
+    drain_and_stop(&fe, server, cli.exit_timeout_secs);
     nereid_server_free(server);
     nereid_tracer_free(tracer);
     restricted_free(&cli.http_restricted);

@@ -204,6 +204,20 @@ NEREID_EXPORT void nereid_server_options_init(nereid_server_options_t *opts);
  * On failure *out is NULL (e.g. exit_on_error and a model failed). */
 NEREID_EXPORT nereid_error_t *nereid_server_new(const nereid_server_options_t *opts,
                                                 nereid_server_t **out);
+/* Graceful exit, first step (SIGTERM/SIGINT): the server is not ready from
+ * now on (nereid_server_is_ready false) but stays live until it is stopped,
+ * and still accepts inference: Triton lets the requests of connections and
+ * sequences already open complete while it exits; refusing new clients is
+ * the frontends' job. Idempotent; any thread. */
+NEREID_EXPORT void nereid_server_begin_exit(nereid_server_t *server);
+/* During a graceful exit: logs Triton's "Timeout <secs_left>: Found <n> model
+ * versions that have in-flight inferences" and, for each, "Model '<m>'
+ * (version <v>) has <k> in-flight inferences" (requests waiting in its
+ * scheduler, as Triton counts them); returns n. */
+NEREID_EXPORT size_t nereid_server_log_inflight(nereid_server_t *server, int secs_left);
+/* During a graceful exit: logs Triton's "Timeout <secs_left>: Found <n> live
+ * models and 0 in-flight non-inference requests" (n: loaded versions). */
+NEREID_EXPORT void nereid_server_log_live_models(nereid_server_t *server, int secs_left);
 /* Stops accepting requests; queued and running requests complete or fail
  * (UNAVAILABLE); every completion callback has been called when it returns. */
 NEREID_EXPORT void nereid_server_stop(nereid_server_t *server);

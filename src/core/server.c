@@ -219,6 +219,50 @@ void nereid_server_free(nereid_server_t *s)
     free(s);
 }
 
+void nereid_server_begin_exit(nereid_server_t *s)
+{
+    atomic_store(&s->exiting, true);
+}
+
+/* Requests waiting in the scheduler of a loaded version (Triton's
+ * in-flight inferences); 0 when it is not loaded. */
+static int64_t version_pending(const version_entry_t *ve)
+{
+    return ve->state == MODEL_READY && ve->model ? atomic_load(&ve->model->stats.pending) : 0;
+}
+
+size_t nereid_server_log_inflight(nereid_server_t *s, int secs_left)
+{
+    size_t n = 0;
+    pthread_rwlock_rdlock(&s->lock);
+    for (size_t i = 0; i < s->n_models; i++)
+        for (size_t v = 0; v < s->models[i]->n_versions; v++)
+            n += version_pending(&s->models[i]->versions[v]) > 0;
+    LOG_INFO("Timeout %d: Found %zu model versions that have in-flight inferences", secs_left, n);
+    for (size_t i = 0; i < s->n_models; i++)
+        for (size_t v = 0; v < s->models[i]->n_versions; v++) {
+            const version_entry_t *ve = &s->models[i]->versions[v];
+            int64_t k = version_pending(ve);
+            if (k > 0)
+                LOG_INFO("Model '%s' (version %" PRId64 ") has %" PRId64 " in-flight inferences",
+                         s->models[i]->name, ve->version, k);
+        }
+    pthread_rwlock_unlock(&s->lock);
+    return n;
+}
+
+void nereid_server_log_live_models(nereid_server_t *s, int secs_left)
+{
+    size_t n = 0;
+    pthread_rwlock_rdlock(&s->lock);
+    for (size_t i = 0; i < s->n_models; i++)
+        for (size_t v = 0; v < s->models[i]->n_versions; v++)
+            n += s->models[i]->versions[v].state == MODEL_READY;
+    pthread_rwlock_unlock(&s->lock);
+    LOG_INFO("Timeout %d: Found %zu live models and 0 in-flight non-inference requests", secs_left,
+             n);
+}
+
 bool server_is_stopping(nereid_server_t *s)
 {
     return atomic_load(&s->stopping);
@@ -231,7 +275,7 @@ bool nereid_server_is_live(nereid_server_t *s)
 
 bool nereid_server_is_ready(nereid_server_t *s)
 {
-    if (!s || s->init_failed || atomic_load(&s->stopping)) return false;
+    if (!s || s->init_failed || atomic_load(&s->stopping) || atomic_load(&s->exiting)) return false;
     if (!s->opts.strict_readiness) return true;
     bool ready = true;
     pthread_rwlock_rdlock(&s->lock);

@@ -46,7 +46,8 @@ struct nereid_server {
     bool poll_stop;
     _Atomic bool stopping;
     _Atomic bool stopped;
-    bool init_failed; /* --exit-on-error=false and a repository failed: up, not live */
+    _Atomic bool exiting; /* nereid_server_begin_exit: not ready, still live */
+    bool init_failed;     /* --exit-on-error=false and a repository failed: up, not live */
     struct rate_limiter *rate_limiter; /* --rate-limit=execution_count; NULL: off */
     struct nereid_tracer *tracer;      /* nereid_server_set_tracer, or NULL */
     struct response_cache *cache;      /* --cache-config, or NULL (core/cache.h) */

@@ -197,7 +197,15 @@ typedef struct gfe_stream {
     grpc_metadata *forward; /* the call's metadata that --grpc-header-forward-pattern matches */
     size_t n_forward;
     char *traceparent, *tracestate; /* W3C trace context of the call (gpr_malloc'ed), or NULL */
+    struct gfe_stream *prev, *next; /* fe->streams, under fe->mu */
+    bool draining;                  /* the server exits: end once nothing is open */
+    uint64_t *open_seqs;            /* sequences started here and not ended (seq_key) */
+    size_t n_open_seqs;
 } gfe_stream_t;
+
+/* Open sequences a stream remembers at most (more are not kept open by a
+ * drain). */
+#define STREAM_MAX_OPEN_SEQS 1024
 
 typedef struct stream_infer {
     gfe_stream_t *s;
@@ -211,6 +219,16 @@ typedef struct stream_infer {
 static void stream_destroy(gfe_stream_t *s)
 {
     grpc_frontend_t *fe = s->fe;
+    /* Unlinked first: gfe_streams_drain_locked may still lock s->mu (it
+     * sees refs == 0 and leaves s alone). */
+    pthread_mutex_lock(&fe->mu);
+    if (s->prev != NULL)
+        s->prev->next = s->next;
+    else
+        fe->streams = s->next;
+    if (s->next != NULL) s->next->prev = s->prev;
+    fe->n_calls--;
+    pthread_mutex_unlock(&fe->mu);
     for (stream_write_t *w = s->head, *next; w != NULL; w = next) {
         next = w->next;
         grpc_byte_buffer_destroy(w->bb);
@@ -232,6 +250,7 @@ static void stream_destroy(gfe_stream_t *s)
     free(s->forward);
     gpr_free(s->traceparent);
     gpr_free(s->tracestate);
+    free(s->open_seqs);
     grpc_call_unref(s->call);
     pthread_mutex_destroy(&s->mu);
     free(s);
@@ -307,7 +326,8 @@ static void stream_pump_writes_locked(gfe_stream_t *s)
 static void stream_maybe_finish_locked(gfe_stream_t *s)
 {
     if (s->status_started || s->dead || s->writing || s->head != NULL) return;
-    bool done = s->failing || (s->read_closed && !s->reading && s->n_inflight == 0);
+    bool done = s->failing || (s->read_closed && !s->reading && s->n_inflight == 0) ||
+                (s->draining && s->n_inflight == 0 && s->n_open_seqs == 0);
     if (!done) return;
     grpc_op ops[2];
     size_t n = 0;
@@ -487,6 +507,74 @@ static bool empty_final_asked(const Inference__ModelInferRequest *msg)
     return false;
 }
 
+/* The sequence of a streamed request: 0 for none, else a key for its id
+ * (an int64 id as is, a string id hashed with the top bit set); *start and
+ * *end its flags. */
+static uint64_t seq_key(const Inference__ModelInferRequest *msg, bool *start, bool *end)
+{
+    uint64_t key = 0;
+    *start = *end = false;
+    for (size_t i = 0; i < msg->n_parameters; i++) {
+        const char *k = msg->parameters[i]->key;
+        const Inference__InferParameter *v = msg->parameters[i]->value;
+        if (v == NULL) continue;
+        if (strcmp(k, "sequence_start") == 0) {
+            *start = v->bool_param != 0;
+        } else if (strcmp(k, "sequence_end") == 0) {
+            *end = v->bool_param != 0;
+        } else if (strcmp(k, "sequence_id") == 0) {
+            if (v->parameter_choice_case ==
+                INFERENCE__INFER_PARAMETER__PARAMETER_CHOICE_INT64_PARAM)
+                key = (uint64_t)v->int64_param & ~(1ull << 63);
+            else if (v->parameter_choice_case ==
+                         INFERENCE__INFER_PARAMETER__PARAMETER_CHOICE_STRING_PARAM &&
+                     v->string_param != NULL && v->string_param[0] != '\0') {
+                uint64_t h = 1469598103934665603ull; /* FNV-1a */
+                for (const char *c = v->string_param; *c; c++)
+                    h = (h ^ (unsigned char)*c) * 1099511628211ull;
+                key = h | (1ull << 63);
+            }
+        }
+    }
+    return key;
+}
+
+static bool seq_open_locked(const gfe_stream_t *s, uint64_t key)
+{
+    for (size_t i = 0; i < s->n_open_seqs; i++)
+        if (s->open_seqs[i] == key) return true;
+    return false;
+}
+
+/* Records that the request keyed key starts and/or ends its sequence. */
+static void seq_track_locked(gfe_stream_t *s, uint64_t key, bool start, bool end)
+{
+    if (key == 0) return;
+    for (size_t i = 0; i < s->n_open_seqs; i++)
+        if (s->open_seqs[i] == key) {
+            if (end) s->open_seqs[i] = s->open_seqs[--s->n_open_seqs];
+            return;
+        }
+    if (!start || end || s->n_open_seqs >= STREAM_MAX_OPEN_SEQS) return;
+    if ((s->n_open_seqs & (s->n_open_seqs - 1)) == 0) { /* 0, 1, 2, 4...: grow */
+        uint64_t *grown =
+            realloc(s->open_seqs, (s->n_open_seqs ? 2 * s->n_open_seqs : 1) * sizeof *grown);
+        if (grown == NULL) return;
+        s->open_seqs = grown;
+    }
+    s->open_seqs[s->n_open_seqs++] = key;
+}
+
+void gfe_streams_drain_locked(grpc_frontend_t *fe)
+{
+    for (gfe_stream_t *s = fe->streams; s != NULL; s = s->next) {
+        pthread_mutex_lock(&s->mu);
+        s->draining = true;
+        if (s->refs > 0) stream_maybe_finish_locked(s);
+        pthread_mutex_unlock(&s->mu);
+    }
+}
+
 /* Submits one request read from the stream. Called without s->mu. */
 static void stream_handle(gfe_stream_t *s, grpc_byte_buffer *bb)
 {
@@ -520,7 +608,21 @@ static void stream_handle(gfe_stream_t *s, grpc_byte_buffer *bb)
         pthread_mutex_unlock(&s->mu);
     }
     si->scratch.shm = s->fe->shm;
-    if (si->msg != NULL) err = infer_codec_request(s->fe->server, si->msg, &si->scratch, &req);
+    if (si->msg != NULL) {
+        bool start, end;
+        uint64_t key = seq_key(si->msg, &start, &end);
+        pthread_mutex_lock(&s->mu);
+        /* Draining: only the rest of a sequence this stream started. */
+        if (s->draining && (key == 0 || start || !seq_open_locked(s, key)))
+            err = nereid_error_new(NEREID_ERROR_UNAVAILABLE,
+                                   "GRPC server is shutting down and has stopped accepting new "
+                                   "requests.");
+        else
+            seq_track_locked(s, key, start, end);
+        pthread_mutex_unlock(&s->mu);
+    }
+    if (si->msg != NULL && err == NULL)
+        err = infer_codec_request(s->fe->server, si->msg, &si->scratch, &req);
     if (err == NULL && (err = gfe_forward_headers(s->fe, s->forward, s->n_forward, req)) != NULL)
         nereid_request_free(req);
     if (err == NULL) {
@@ -678,6 +780,13 @@ void gfe_stream_start(grpc_frontend_t *fe, grpc_call *call, grpc_metadata_array 
             (grpc_metadata){.key = grpc_slice_ref(md->key), .value = grpc_slice_ref(md->value)};
     }
     gfe_live_add(fe);
+    pthread_mutex_lock(&fe->mu);
+    s->next = fe->streams;
+    if (s->next != NULL) s->next->prev = s;
+    fe->streams = s;
+    fe->n_calls++;
+    s->draining = fe->draining;
+    pthread_mutex_unlock(&fe->mu);
 
     grpc_op op;
     memset(&op, 0, sizeof(op));

@@ -93,8 +93,11 @@ struct grpc_frontend {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     atomic_bool stopping;
-    bool shutdown_done; /* the server's shutdown tag completed */
-    long n_live;        /* call objects alive (posted, running or finishing) */
+    bool shutdown_done;         /* the server's shutdown tag completed */
+    long n_live;                /* call objects alive (posted, running or finishing) */
+    long n_calls;               /* calls that arrived and are not over (streams included) */
+    bool draining;              /* grpc_frontend_drain ran; under mu */
+    struct gfe_stream *streams; /* the streams alive (grpc_infer.c), under mu */
     gfe_tag_t shutdown_tag;
 };
 
@@ -113,6 +116,7 @@ typedef struct gfe_unary_call {
     grpc_slice status_details;
     grpc_byte_buffer *reply;
     void *userp;               /* handler state (ModelInfer: its request context) */
+    bool arrived;              /* counted in fe->n_calls */
     grpc_metadata reply_md[1]; /* initial metadata to send (nereid-sequence-id echo) */
     size_t n_reply_md;
     /* ModelInfer watches the call from its start (gfe_unary_watch_close):
@@ -173,6 +177,13 @@ void gfe_stream_start(grpc_frontend_t *fe, grpc_call *call, grpc_metadata_array 
  * forwarding is off. */
 nereid_error_t *gfe_forward_headers(const grpc_frontend_t *fe, const grpc_metadata *md, size_t n,
                                     nereid_request_t *req);
+
+/* Graceful exit: every stream answers its open requests, then ends with
+ * OK, unless a sequence it started goes on (grpc_infer.c). Called once,
+ * with fe->mu held and fe->draining set. */
+void gfe_streams_drain_locked(grpc_frontend_t *fe);
+/* A call arrived (+1) or is over (-1): what a drain waits for. */
+void gfe_calls_add(grpc_frontend_t *fe, int delta);
 
 /* Object accounting so stop waits for every call object to be freed. */
 void gfe_live_add(grpc_frontend_t *fe);

@@ -41,8 +41,6 @@ typedef struct gfe_generic_call {
     grpc_slice status_details;
 } gfe_generic_call_t;
 
-/* How long stopping waits for calls in flight before cancelling them. */
-#define GFE_SHUTDOWN_GRACE_SECS 5
 #define GFE_TRIM_QUIET_NS 1000000000ull /* the HTTP frontend's quiet period */
 
 static void post_unary(grpc_frontend_t *fe, int queue, gfe_method_t method);
@@ -61,6 +59,13 @@ void gfe_live_release(grpc_frontend_t *fe)
 {
     pthread_mutex_lock(&fe->mu);
     if (--fe->n_live == 0) pthread_cond_broadcast(&fe->cv);
+    pthread_mutex_unlock(&fe->mu);
+}
+
+void gfe_calls_add(grpc_frontend_t *fe, int delta)
+{
+    pthread_mutex_lock(&fe->mu);
+    fe->n_calls += delta;
     pthread_mutex_unlock(&fe->mu);
 }
 
@@ -160,6 +165,7 @@ static void unary_free(gfe_unary_call_t *c)
         nereid_trace_release(c->trace);
     }
     if (c->call != NULL) grpc_call_unref(c->call);
+    if (c->arrived) gfe_calls_add(fe, -1);
     grpc_metadata_array_destroy(&c->request_md);
     if (c->payload != NULL) grpc_byte_buffer_destroy(c->payload);
     if (c->reply != NULL) grpc_byte_buffer_destroy(c->reply);
@@ -320,6 +326,8 @@ static void unary_arrived(gfe_tag_t *tag, bool ok)
         return;
     }
     if (c->waitread_start_ns) c->waitread_end_ns = nereid_trace_now_ns();
+    c->arrived = true;
+    gfe_calls_add(fe, 1);
     if (!atomic_load(&fe->stopping)) post_unary(fe, c->queue, c->method);
     if (fe->restricted && refuse_restricted(c)) return;
     if (gfe_methods[c->method].kind == GFE_STREAM) {
@@ -659,22 +667,37 @@ nereid_error_t *grpc_frontend_start(nereid_server_t *server, const grpc_options_
     return NULL;
 }
 
+void grpc_frontend_drain(grpc_frontend_t *fe)
+{
+    if (fe == NULL) return;
+    pthread_mutex_lock(&fe->mu);
+    if (fe->draining) {
+        pthread_mutex_unlock(&fe->mu);
+        return;
+    }
+    fe->draining = true;
+    atomic_store(&fe->stopping, true);
+    /* The listener closes and clients are told (GOAWAY) to open no more
+     * calls on their connections; the calls in flight go on. */
+    grpc_server_shutdown_and_notify(fe->grpc, fe->queues[0], &fe->shutdown_tag);
+    gfe_streams_drain_locked(fe);
+    pthread_mutex_unlock(&fe->mu);
+}
+
+long grpc_frontend_calls(grpc_frontend_t *fe)
+{
+    if (fe == NULL) return 0;
+    pthread_mutex_lock(&fe->mu);
+    long n = fe->n_calls;
+    pthread_mutex_unlock(&fe->mu);
+    return n;
+}
+
 void grpc_frontend_stop(grpc_frontend_t *fe)
 {
     if (fe == NULL) return;
-    atomic_store(&fe->stopping, true);
-    grpc_server_shutdown_and_notify(fe->grpc, fe->queues[0], &fe->shutdown_tag);
-    /* New calls are refused now; calls in flight get a grace period to finish
-     * (their inferences complete and replies go out) before the rest — idle
-     * streams a client keeps open — are cancelled. */
-    struct timespec deadline;
-    clock_gettime(CLOCK_MONOTONIC, &deadline);
-    deadline.tv_sec += GFE_SHUTDOWN_GRACE_SECS;
-    pthread_mutex_lock(&fe->mu);
-    int rc = 0;
-    while (!fe->shutdown_done && rc == 0)
-        rc = pthread_cond_timedwait(&fe->cv, &fe->mu, &deadline);
-    pthread_mutex_unlock(&fe->mu);
+    grpc_frontend_drain(fe);
+    /* What is left (the caller's drain is over) is cancelled. */
     grpc_server_cancel_all_calls(fe->grpc);
     pthread_mutex_lock(&fe->mu);
     while (!fe->shutdown_done || fe->n_live > 0)

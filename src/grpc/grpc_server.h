@@ -57,9 +57,19 @@ void grpc_frontend_prestart(void);
 void grpc_frontend_prestart_end(void);
 /* The port actually bound (useful with port 0). */
 int grpc_frontend_port(const grpc_frontend_t *fe);
-/* Stops accepting calls, cancels open calls, waits until every in-flight
- * inference callback has run, and frees fe. Call it before
- * nereid_server_free. NULL is fine. */
+/* Graceful exit (Triton's GracefulStop): the listener closes and clients
+ * are told to open no more calls (a new call fails to connect); calls in
+ * flight go on. A stream answers the requests it has open and then ends
+ * with OK; a request that arrives on it meanwhile is refused with Triton's
+ * "GRPC server is shutting down and has stopped accepting new requests.",
+ * unless it continues a sequence the stream started. Any thread; NULL is
+ * fine. */
+void grpc_frontend_drain(grpc_frontend_t *fe);
+/* Calls (unary and streams) not over yet: what a drain waits for. */
+long grpc_frontend_calls(grpc_frontend_t *fe);
+/* Stops accepting calls (drains if that was not done), cancels the calls
+ * still open, waits until every in-flight inference callback has run, and
+ * frees fe. Call it before nereid_server_free. NULL is fine. */
 void grpc_frontend_stop(grpc_frontend_t *fe);
 
 #endif

@@ -44,6 +44,18 @@ unsigned http_status_from_code(nereid_error_code_t code)
     }
 }
 
+enum MHD_Result http_queue_response(struct MHD_Connection *c, unsigned status,
+                                    struct MHD_Response *r)
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    const http_conn_ctx_t *ctx = ci ? ci->socket_context : NULL;
+    if (ctx && ctx->draining && atomic_load(ctx->draining) && !atomic_load(&ctx->keep_open) &&
+        !MHD_get_response_header(r, MHD_HTTP_HEADER_CONNECTION))
+        MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
+    return MHD_queue_response(c, status, r);
+}
+
 enum MHD_Result http_queue_text(struct MHD_Connection *c, unsigned status, const char *content_type,
                                 const char *body, size_t len)
 {
@@ -51,7 +63,7 @@ enum MHD_Result http_queue_text(struct MHD_Connection *c, unsigned status, const
         MHD_create_response_from_buffer(len, (void *)(body ? body : ""), MHD_RESPMEM_MUST_COPY);
     if (!r) return MHD_NO;
     if (content_type) MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, content_type);
-    enum MHD_Result ret = MHD_queue_response(c, status, r);
+    enum MHD_Result ret = http_queue_response(c, status, r);
     MHD_destroy_response(r);
     return ret;
 }
@@ -66,7 +78,7 @@ static enum MHD_Result queue_json(struct MHD_Connection *c, unsigned status, cha
     }
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
     if (close) MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
-    enum MHD_Result ret = MHD_queue_response(c, status, r);
+    enum MHD_Result ret = http_queue_response(c, status, r);
     MHD_destroy_response(r);
     return ret;
 }

@@ -7,10 +7,26 @@
 #define NEREID_HTTP_COMMON_H
 
 #include <microhttpd.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <sys/socket.h>
 
 #include "nereid/server.h"
+
+/* The first member of an HTTP connection's socket context (the metrics
+ * frontend's connections have none): while the server drains, each reply
+ * says "Connection: close" so the client ends the connection after it,
+ * unless the request continues a sequence (its next request may follow). */
+typedef struct http_conn_ctx {
+    const atomic_bool *draining; /* the server's drain flag */
+    atomic_bool keep_open;       /* the current request continues an open sequence (written
+                                    by the connection's thread, read by the drain's) */
+} http_conn_ctx_t;
+
+/* MHD_queue_response with the drain rule above; every reply of the HTTP
+ * and metrics frontends goes through it. */
+enum MHD_Result http_queue_response(struct MHD_Connection *c, unsigned status,
+                                    struct MHD_Response *r);
 
 /* Resolves address:port into *ss. Returns 0, or -1 when it does not resolve. */
 int http_resolve(const char *address, int port, struct sockaddr_storage *ss, bool *ipv6);

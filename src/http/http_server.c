@@ -111,7 +111,10 @@ typedef enum http_route {
 /* One open TCP connection, in the idle list while no request is in progress
  * on it. The list and the count are under http_server.conns_lock. */
 typedef struct conn_slot {
-    struct conn_slot *prev, *next; /* idle list links; NULL when not listed */
+    http_conn_ctx_t ctx;                   /* first: http_queue_response reads it */
+    struct conn_slot *prev, *next;         /* idle list links; NULL when not listed */
+    struct conn_slot *all_prev, *all_next; /* http_server.all_conns links */
+    atomic_bool receiving;                 /* a request started and its body is not all there yet */
     int fd;
     bool shut; /* shut down by us (evicted or refused); MHD closes it */
 } conn_slot_t;
@@ -129,8 +132,10 @@ struct http_server {
     size_t n_inflight;  /* submitted inferences whose completion has not run */
     size_t n_suspended; /* connections suspended whose handler has not run again */
     bool stopping;
+    atomic_bool draining; /* http_server_drain: listener closed, replies close */
     pthread_mutex_t conns_lock;
     conn_slot_t idle_conns;     /* sentinel of the idle list, longest idle first */
+    conn_slot_t all_conns;      /* sentinel of the list of every slot */
     size_t n_open;              /* open connections, not counting those we shut */
     size_t max_connections;     /* --http-max-connections after the fd limit */
     nereid_shm_registry_t *shm; /* borrowed; NULL = client shared memory off */
@@ -161,7 +166,8 @@ typedef struct http_conn {
     size_t limit;            /* body cap */
     nereid_error_t *error;   /* decided before dispatch (size, encoding) */
     bool unsupported_encoding;
-    bool refused; /* replied before reading the body */
+    bool refused;  /* replied before reading the body */
+    bool received; /* the whole request has arrived */
     http_encoding_t encoding;
     size_t header_len;     /* Inference-Header-Content-Length or NONE */
     size_t content_length; /* declared body size (0 if none), to size the body once */
@@ -1037,6 +1043,27 @@ static nereid_error_t *seq_headers(http_conn_t *c, nereid_request_t *req)
                                            sizeof c->seq_echo);
 }
 
+/* The connection's slot (on_connection), or NULL. */
+static conn_slot_t *conn_slot(struct MHD_Connection *mc)
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(mc, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci ? ci->socket_context : NULL;
+}
+
+/* Whether the inference on c belongs to a sequence that goes on after it
+ * (an id in its body or Nereid's headers, and no end flag). */
+static bool continues_sequence(http_conn_t *c)
+{
+    const infer_parsed_t *p = &c->parsed;
+    const char *id = MHD_lookup_connection_value(c->mhd, MHD_HEADER_KIND, seq_header_names[0]);
+    const char *end = MHD_lookup_connection_value(c->mhd, MHD_HEADER_KIND, seq_header_names[2]);
+    bool has_id = (p->has_sequence_id && (p->sequence_id != 0 || p->sequence_id_string)) ||
+                  (id && *id && strcmp(id, "0") != 0);
+    bool ends = p->sequence_end || (end && (!strcasecmp(end, "true") || !strcmp(end, "1")));
+    return has_id && !ends;
+}
+
 /* Parses and submits the request; on success the connection is suspended,
  * or *done tells that the response is already there. */
 typedef struct forward_ctx {
@@ -1097,6 +1124,10 @@ static nereid_error_t *infer_submit(http_conn_t *c, bool *done)
     nereid_request_t *req;
     if ((err = infer_parsed_to_request(srv->core, c->model, c->version, &c->parsed, &req)))
         return err;
+    /* Should a drain begin, the reply closes its connection unless the
+     * client may still need it for the rest of a sequence. */
+    conn_slot_t *slot = conn_slot(c->mhd);
+    if (slot) atomic_store(&slot->ctx.keep_open, continues_sequence(c));
     if ((err = seq_headers(c, req)) || (srv->header_forward && (err = forward_headers(c, req)))) {
         nereid_request_free(req);
         return err;
@@ -1221,7 +1252,7 @@ static enum MHD_Result infer_reply(http_conn_t *c)
     }
     if (ce) MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_ENCODING, ce);
     if (c->seq_echo[0]) MHD_add_response_header(r, seq_header_names[0], c->seq_echo);
-    enum MHD_Result ret = MHD_queue_response(c->mhd, 200, r);
+    enum MHD_Result ret = http_queue_response(c->mhd, 200, r);
     MHD_destroy_response(r);
     return ret;
 }
@@ -1439,7 +1470,7 @@ static enum MHD_Result gen_reply(http_conn_t *c)
         if (!r) return MHD_NO;
         MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
     }
-    enum MHD_Result ret = MHD_queue_response(c->mhd, status, r);
+    enum MHD_Result ret = http_queue_response(c->mhd, status, r);
     MHD_destroy_response(r);
     return ret;
 }
@@ -1594,19 +1625,14 @@ static void idle_append(http_server_t *srv, conn_slot_t *s)
     srv->idle_conns.prev = s;
 }
 
-static conn_slot_t *conn_slot(struct MHD_Connection *mc)
-{
-    const union MHD_ConnectionInfo *ci =
-        MHD_get_connection_info(mc, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
-    return ci ? ci->socket_context : NULL;
-}
-
 /* A request starts on the connection (busy) or has ended (idle again). */
 static void conn_set_idle(http_server_t *srv, struct MHD_Connection *mc, bool idle)
 {
     conn_slot_t *s = conn_slot(mc);
     if (!s) return;
     pthread_mutex_lock(&srv->conns_lock);
+    if (!idle) atomic_store(&s->ctx.keep_open, false); /* a new request: decided by its kind */
+    atomic_store(&s->receiving, !idle);
     idle_unlink(s);
     if (idle && !s->shut) {
         idle_append(srv, s);
@@ -1629,6 +1655,8 @@ static void on_connection(void *cls, struct MHD_Connection *mc, void **socket_co
         *socket_context = NULL;
         pthread_mutex_lock(&srv->conns_lock);
         idle_unlink(s);
+        s->all_prev->all_next = s->all_next;
+        s->all_next->all_prev = s->all_prev;
         if (!s->shut) srv->n_open--;
         pthread_mutex_unlock(&srv->conns_lock);
         free(s);
@@ -1649,8 +1677,15 @@ static void on_connection(void *cls, struct MHD_Connection *mc, void **socket_co
         MHD_get_connection_info(mc, MHD_CONNECTION_INFO_CONNECTION_FD);
     int fd = ci ? ci->connect_fd : -1;
     s = calloc(1, sizeof *s);
+    if (s) s->ctx.draining = &srv->draining;
     *socket_context = s;
     pthread_mutex_lock(&srv->conns_lock);
+    if (s) {
+        s->all_prev = srv->all_conns.all_prev;
+        s->all_next = &srv->all_conns;
+        s->all_prev->all_next = s;
+        srv->all_conns.all_prev = s;
+    }
     if (s && srv->n_open >= srv->max_connections) {
         conn_slot_t *old = srv->idle_conns.next;
         if (old != &srv->idle_conns) {
@@ -1929,6 +1964,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
         }
         return MHD_YES;
     }
+    if (!c->received) { /* the whole request is there */
+        c->received = true;
+        conn_slot_t *slot = conn_slot(mc);
+        if (slot) atomic_store(&slot->receiving, false);
+    }
     if (c->refused) return MHD_YES;
     if (c->forbidden) return reply_forbidden(c);
     if (c->route == ROUTE_NOT_FOUND) return http_queue_error(mc, 404, "Not Found");
@@ -1943,7 +1983,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
             r = MHD_create_response_from_buffer(strlen(body), (void *)body, MHD_RESPMEM_PERSISTENT);
             MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
             MHD_add_response_header(r, MHD_HTTP_HEADER_ACCEPT_ENCODING, "gzip, deflate");
-            enum MHD_Result ret = MHD_queue_response(mc, 501, r);
+            enum MHD_Result ret = http_queue_response(mc, 501, r);
             MHD_destroy_response(r);
             return ret;
         }
@@ -2049,6 +2089,7 @@ nereid_error_t *http_server_start(nereid_server_t *core, const http_options_t *o
     pthread_cond_init(&srv->idle, NULL);
     pthread_mutex_init(&srv->conns_lock, NULL);
     srv->idle_conns.prev = srv->idle_conns.next = &srv->idle_conns;
+    srv->all_conns.all_prev = srv->all_conns.all_next = &srv->all_conns;
     srv->max_connections = opts->max_connections > 0 ? (size_t)opts->max_connections : 1;
     unsigned mhd_limit = fd_budget(&srv->max_connections);
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
@@ -2066,7 +2107,10 @@ nereid_error_t *http_server_start(nereid_server_t *core, const http_options_t *o
     mallopt(M_MMAP_THRESHOLD, 32 << 20);
     mallopt(M_TRIM_THRESHOLD, 16 << 20);
     srv->mem_trim = mem_trim_acquire(HTTP_TRIM_QUIET_NS);
-    unsigned flags = MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
+    /* MHD_USE_ITC: MHD_quiesce_daemon (http_server_drain) needs it with a
+     * thread pool. */
+    unsigned flags =
+        MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG | MHD_USE_ITC;
     if (ipv6) flags |= MHD_USE_IPv6;
     srv->close_watch = close_watch_start();
     if (opts->tls.use_ssl) flags |= MHD_USE_TLS;
@@ -2111,6 +2155,46 @@ nereid_error_t *http_server_start(nereid_server_t *core, const http_options_t *o
 int http_server_port(const http_server_t *srv)
 {
     return http_daemon_port(srv->daemon);
+}
+
+void http_server_drain(http_server_t *srv)
+{
+    if (!srv || atomic_exchange(&srv->draining, true)) return;
+    MHD_socket fd = MHD_quiesce_daemon(srv->daemon);
+    if (fd != MHD_INVALID_SOCKET) close(fd);
+}
+
+size_t http_server_close_idle(http_server_t *srv)
+{
+    size_t n = 0;
+    if (!srv) return 0;
+    pthread_mutex_lock(&srv->conns_lock);
+    for (conn_slot_t *s = srv->all_conns.all_next; s != &srv->all_conns; s = s->all_next) {
+        bool idle = s->next != NULL && !atomic_load(&s->ctx.keep_open);
+        if (s->shut || !(idle || atomic_load(&s->receiving))) continue;
+        idle_unlink(s); /* MHD closes it on its thread (see on_connection) */
+        s->shut = true;
+        shutdown(s->fd, SHUT_RDWR);
+        srv->n_open--;
+        n++;
+    }
+    pthread_mutex_unlock(&srv->conns_lock);
+    return n;
+}
+
+size_t http_server_open_connections(http_server_t *srv, size_t *n_inflight)
+{
+    if (n_inflight) *n_inflight = 0;
+    if (!srv) return 0;
+    pthread_mutex_lock(&srv->conns_lock);
+    size_t n = srv->n_open;
+    pthread_mutex_unlock(&srv->conns_lock);
+    if (n_inflight) {
+        pthread_mutex_lock(&srv->lock);
+        *n_inflight = srv->n_inflight > srv->n_suspended ? srv->n_inflight : srv->n_suspended;
+        pthread_mutex_unlock(&srv->lock);
+    }
+    return n;
 }
 
 void http_server_stop(http_server_t *srv)

@@ -49,6 +49,20 @@ nereid_error_t *http_server_start(nereid_server_t *core, const http_options_t *o
 /* The bound port (useful with port 0). */
 int http_server_port(const http_server_t *server);
 
+/* Graceful exit (Triton's HTTPServer::Stop with an exit timeout): closes
+ * the listening socket, so new connections are refused, and from now on
+ * every reply says "Connection: close" unless its request continues a
+ * sequence. Live connections are still served: a request already sent on
+ * one is answered. Any thread; NULL is fine. */
+void http_server_drain(http_server_t *server);
+/* During a drain: closes the keep-alive connections that are idle (except
+ * those whose last reply continued a sequence) and those still receiving a
+ * request; returns how many. */
+size_t http_server_close_idle(http_server_t *server);
+/* What a drain waits for: the open connections (first) and the inferences
+ * still running whose connection is gone (*n_inflight, may be NULL). */
+size_t http_server_open_connections(http_server_t *server, size_t *n_inflight);
+
 /* Stops accepting work, waits until every suspended inference has completed
  * (the core must still be running or have been stopped, which completes
  * them), stops the daemon and frees the server. NULL is fine. */

@@ -61,7 +61,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
         return MHD_NO;
     }
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/plain; charset=utf-8");
-    enum MHD_Result ret = MHD_queue_response(mc, 200, r);
+    enum MHD_Result ret = http_queue_response(mc, 200, r);
     MHD_destroy_response(r);
     return ret;
 }
