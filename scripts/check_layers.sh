@@ -2,7 +2,8 @@
 # Checks the one-way layering between the core and the schedulers
 # (docs/architecture.md): a file in src/core includes no scheduler header
 # but sched/scheduler.h, and a scheduler includes from src/core only the
-# request and model headers (plus the generic core/util.h).
+# request and model headers (plus the generic core/util.h); src/storage
+# includes from src/core only util.h and libcurl.h.
 # Usage: scripts/check_layers.sh [source-dir]; exits 1 on a violation.
 root=${1:-$(dirname "$0")/..}
 status=0
@@ -14,6 +15,15 @@ for f in "$root"/src/sched/*.c "$root"/src/sched/*.h; do
     grep -n '#include "core/' "$f" |
         grep -v -e '#include "core/request.h"' -e '#include "core/model.h"' -e '#include "core/util.h"' |
         sed "s|^|$f: a scheduler may include only core/request.h, core/model.h, core/util.h: |" |
+        grep . && status=1
+done
+# Object storage (src/storage) sits below the core: it includes from
+# src/core only the generic util.h and libcurl.h, and nothing above.
+for f in "$root"/src/storage/*.c "$root"/src/storage/*.h; do
+    [ -e "$f" ] || continue
+    grep -n '#include "\(core\|sched\|http\|grpc\|backend\|frontend\|metrics\|config\)/' "$f" |
+        grep -v -e '#include "core/util.h"' -e '#include "core/libcurl.h"' |
+        sed "s|^|$f: object storage may include only core/util.h, core/libcurl.h: |" |
         grep . && status=1
 done
 # The request and model headers themselves stay below the core's.

@@ -1777,6 +1777,17 @@ nereid_error_t *nereid_server_load_model(nereid_server_t *s, const char *model,
                                 "failed to load '%s', failed to poll from model repository", model);
     }
     pthread_mutex_lock(&s->control);
+    /* A model on object storage: its prefix is read again first. */
+    err = n_files ? NULL : remote_repo_sync(s, model);
+    if (err) {
+        LOG_ERROR("Poll failed for model directory '%s': %s", model, nereid_error_message(err));
+        nereid_error_t *lerr = nereid_error_new(
+            NEREID_ERROR_INTERNAL, "failed to load '%s', failed to poll from model repository: %s",
+            model, nereid_error_message(err));
+        nereid_error_free(err);
+        pthread_mutex_unlock(&s->control);
+        return lerr;
+    }
     /* With --model-namespacing every repository's copy loads (Triton polls
      * the name in each repository). */
     size_t n_keys = 0;
@@ -2449,6 +2460,8 @@ nereid_error_t *repository_start(nereid_server_t *s)
     pthread_mutex_init(&s->on_demand_load, NULL);
     pthread_mutex_init(&s->poll_lock, NULL);
     pthread_cond_init(&s->poll_cond, NULL);
+    nereid_error_t *remote_err = remote_repo_open_all(s);
+    if (remote_err) return remote_err;
     char **names;
     nereid_error_t *err;
     size_t n = scan_names(s, &names, &err);
@@ -2593,8 +2606,12 @@ void repository_poll(nereid_server_t *s)
         pthread_mutex_unlock(&s->control);
         return;
     }
+    nereid_error_t *err = remote_repo_sync(s, NULL);
+    if (err) {
+        LOG_ERROR("%s", nereid_error_message(err));
+        nereid_error_free(err);
+    }
     char **names;
-    nereid_error_t *err;
     size_t n = scan_names(s, &names, &err);
     if (err) {
         LOG_ERROR("%s", nereid_error_message(err));

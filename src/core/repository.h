@@ -53,8 +53,9 @@ typedef struct model_entry {
 } model_entry_t;
 
 struct nereid_server {
-    char **repos;
+    char **repos; /* local paths; a remote one's local mirror once started */
     size_t n_repos;
+    struct storage_remote **remotes; /* per repos[i]: its object storage, else NULL */
     char *backend_dir;
     char *server_id;
     char *model_config_name; /* --model-config-name, or NULL */
@@ -131,5 +132,15 @@ bool repository_decoupled_on_disk(nereid_server_t *s, const char *name);
 /* Whether this thread is running an on-demand load (a request the load
  * makes, from a backend's model init, must not wait for it). */
 bool repository_loading_on_demand(void);
+
+/* Object storage (remote_repo.c): opens every s3:// / as:// repository,
+ * puts its local mirror in s->repos and reads it (an error that stops the
+ * start only with --exit-on-error); NULL or the error. */
+nereid_error_t *remote_repo_open_all(nereid_server_t *s);
+/* Brings the mirrors in step (model's prefix only, or all when NULL); the
+ * first error (the others logged). Any thread. */
+nereid_error_t *remote_repo_sync(nereid_server_t *s, const char *model);
+/* Removes the mirrors (after every model was unloaded). */
+void remote_repo_close_all(nereid_server_t *s);
 
 #endif

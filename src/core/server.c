@@ -28,6 +28,7 @@
 #include "core/stats.h"
 #include "core/util.h"
 #include "sched/scheduler.h"
+#include "storage/storage.h"
 
 #define NEREID_VERSION "0.1.0"
 
@@ -52,6 +53,7 @@ void nereid_server_options_init(nereid_server_options_t *o)
  * directory but its model workers may. Caller frees. */
 static char *repository_path_as_given(const char *path)
 {
+    if (storage_is_remote(path)) return xstrdup(path); /* s3://, as://: src/storage/ */
     if (path[0] != '/') {
         char *real = realpath(path, NULL);
         return real ? real : xstrdup(path);
@@ -191,6 +193,7 @@ void nereid_server_free(nereid_server_t *s)
     if (!s) return;
     nereid_server_stop(s);
     on_demand_free(s);
+    remote_repo_close_all(s);
     for (size_t i = 0; i < s->n_repos; i++)
         free(s->repos[i]);
     free(s->repos);
