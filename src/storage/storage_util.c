@@ -202,7 +202,6 @@ const char *storage_check_key(const char *path, bool is_model)
     if (n == 0) return "empty";
     if (n > STORAGE_KEY_MAX_BYTES) return "too long";
     if (path[0] == '/') return "an absolute path";
-    if (is_model && path[0] == '.') return "a model name starting with '.'";
     const char *p = path;
     for (;;) {
         size_t c = strcspn(p, "/");
@@ -216,6 +215,7 @@ const char *storage_check_key(const char *path, bool is_model)
         if (!p[c]) break;
         p += c + 1;
     }
+    if (is_model && path[0] == '.') return "a model name starting with '.'";
     return NULL;
 }
 
