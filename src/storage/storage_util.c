@@ -199,7 +199,7 @@ char *storage_error_text(const char *body, size_t len)
 const char *storage_check_key(const char *path, bool is_model)
 {
     size_t n = strlen(path);
-    if (n == 0) return "empty";
+    if (n == 0) return "an empty path component";
     if (n > STORAGE_KEY_MAX_BYTES) return "too long";
     if (path[0] == '/') return "an absolute path";
     const char *p = path;

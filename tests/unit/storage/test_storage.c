@@ -25,7 +25,7 @@ static void test_keys(void)
     CHECK_STR(storage_check_key("/etc/passwd", false), "an absolute path");
     CHECK_STR(storage_check_key("1//x", false), "an empty path component");
     CHECK_STR(storage_check_key("1/", false), "an empty path component");
-    CHECK_STR(storage_check_key("", false), "empty");
+    CHECK_STR(storage_check_key("", false), "an empty path component");
     CHECK_STR(storage_check_key("a\nb", false), "a control character");
     char long_comp[300];
     memset(long_comp, 'a', sizeof long_comp - 1);
