@@ -122,6 +122,10 @@ void storage_remote_free(storage_remote_t *r)
         free(r->models[i]);
     free(r->models);
     free(r->sigs);
+    for (size_t i = 0; i < r->n_failed; i++)
+        free(r->failed[i]);
+    free(r->failed);
+    free(r->failed_sigs);
     pthread_mutex_destroy(&r->lock);
     free(r);
 }
@@ -467,6 +471,32 @@ static void table_remove(storage_remote_t *r, const char *name)
     r->n_models--;
 }
 
+/* Records that model name failed for objects sig; whether that is news
+ * (not the failure the last sync already reported). ok: it succeeded. */
+static bool note_failure(storage_remote_t *r, const char *name, uint64_t sig, bool ok)
+{
+    size_t i = 0;
+    while (i < r->n_failed && strcmp(r->failed[i], name) != 0)
+        i++;
+    if (ok || i < r->n_failed) {
+        bool news = !ok && (i == r->n_failed || r->failed_sigs[i] != sig);
+        if (i < r->n_failed && ok) {
+            free(r->failed[i]);
+            r->failed[i] = r->failed[r->n_failed - 1];
+            r->failed_sigs[i] = r->failed_sigs[r->n_failed - 1];
+            r->n_failed--;
+        } else if (i < r->n_failed) {
+            r->failed_sigs[i] = sig;
+        }
+        return news;
+    }
+    r->failed = xrealloc(r->failed, (r->n_failed + 1) * sizeof *r->failed);
+    r->failed_sigs = xrealloc(r->failed_sigs, (r->n_failed + 1) * sizeof *r->failed_sigs);
+    r->failed[r->n_failed] = xstrdup(name);
+    r->failed_sigs[r->n_failed++] = sig;
+    return true;
+}
+
 static bool is_dir(const char *path)
 {
     struct stat st;
@@ -607,12 +637,18 @@ nereid_error_t *storage_remote_sync(storage_remote_t *r, const char *model)
         if (!m->tmp && !m->failed) continue; /* unchanged */
         if (!m->failed && swap_in(r, m)) {
             table_set(r, m->name, m->sig);
+            note_failure(r, m->name, m->sig, true);
             n_new++;
         } else {
             if (m->tmp) remove_tree(m->tmp);
-            LOG_ERROR("failed to download model '%s' from model repository '%s': %s; the copy "
-                      "served so far (if any) is kept",
-                      m->name, r->url, m->why ? m->why : "cannot put it in place");
+            /* A poll retries; the same failure is logged once. */
+            if (note_failure(r, m->name, m->sig, false))
+                LOG_ERROR("failed to download model '%s' from model repository '%s': %s; the "
+                          "copy served so far (if any) is kept",
+                          m->name, r->url, m->why ? m->why : "cannot put it in place");
+            else
+                LOG_VERBOSE("failed to download model '%s' from model repository '%s' again: %s",
+                            m->name, r->url, m->why ? m->why : "cannot put it in place");
             if (!first_why)
                 first_why = xasprintf("model '%s': %s", m->name,
                                       m->why ? m->why : "cannot put it in place");

@@ -65,6 +65,9 @@ struct storage_remote {
     char **models;        /* models in the mirror, sorted */
     uint64_t *sigs;       /* each one's objects (keys, ETags, sizes) when downloaded */
     size_t n_models;
+    char **failed;         /* models whose last download failed ... */
+    uint64_t *failed_sigs; /* ... for these objects: the same failure again is logged verbose */
+    size_t n_failed;
 };
 
 /* Opens the service-specific part of r from url (after the scheme) and
