@@ -353,11 +353,13 @@ class HostileS3:
     (key -> body), GETs answering with the listed ETag unless `get_etag`
     says otherwise, or cut short for the keys in `truncate`."""
 
-    def __init__(self):
+    def __init__(self, creds=None):
         import http.server
         import threading
         outer = self
         self.objects, self.get_etag, self.truncate = {}, {}, set()
+        self.creds = creds  # (key id, secret, region): requests must carry a valid SigV4
+        self.signed_headers = set()
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def log_message(self, *a):
@@ -365,6 +367,10 @@ class HostileS3:
 
             def do_GET(self):
                 from urllib.parse import unquote, urlsplit
+                if outer.creds and not outer.signature_ok(self):
+                    return self.reply(403, b"<Error><Code>SignatureDoesNotMatch</Code><Message>"
+                                      b"The request signature we calculated does not match"
+                                      b"</Message></Error>", "x")
                 u = urlsplit(self.path)
                 bucket, _, key = unquote(u.path).lstrip("/").partition("/")
                 if not key:
@@ -405,6 +411,37 @@ class HostileS3:
         self.port = self.httpd.server_address[1]
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
         self.thread.start()
+
+    def signature_ok(self, req):
+        """AWS Signature Version 4, computed here from the request as received."""
+        import hashlib
+        import hmac
+        from urllib.parse import urlsplit
+        key_id, secret, region = self.creds
+        auth = req.headers.get("Authorization", "")
+        prefix = "AWS4-HMAC-SHA256 "
+        if not auth.startswith(prefix):
+            return False
+        fields = dict(kv.strip().split("=", 1) for kv in auth[len(prefix):].split(","))
+        cred = fields["Credential"].split("/")
+        if cred[0] != key_id or cred[2] != region or cred[3:] != ["s3", "aws4_request"]:
+            return False
+        names = fields["SignedHeaders"].split(";")
+        self.signed_headers |= set(names)
+        u = urlsplit(req.path)
+        query = "&".join(sorted(q for q in u.query.split("&") if q))
+        headers = "".join(f"{n}:{req.headers.get(n, '').strip()}\n" for n in names)
+        canonical = "\n".join(["GET", u.path, query, headers, ";".join(names),
+                               req.headers["x-amz-content-sha256"]])
+        date = req.headers["x-amz-date"]
+        scope = f"{date[:8]}/{region}/s3/aws4_request"
+        to_sign = "\n".join(["AWS4-HMAC-SHA256", date, scope,
+                             hashlib.sha256(canonical.encode()).hexdigest()])
+        k = ("AWS4" + secret).encode()
+        for part in (date[:8], region, "s3", "aws4_request"):
+            k = hmac.new(k, part.encode(), hashlib.sha256).digest()
+        want = hmac.new(k, to_sign.encode(), hashlib.sha256).hexdigest()
+        return hmac.compare_digest(want, fields["Signature"])
 
     def put_model(self, prefix, name, config):
         self.objects[f"{prefix}{name}/config.pbtxt"] = config.encode()
@@ -473,6 +510,34 @@ def test_key_traversal_does_not_escape_azure(emulators, s3_env, nereid_server, t
     files = sorted(os.path.relpath(os.path.join(d, f), mirror)
                    for d, _, fs in os.walk(mirror) for f in fs)
     assert files == ["evil/1/.keep", "evil/config.pbtxt"], files
+
+
+def test_s3_signature_v4(s3_env, nereid_server):
+    """s3rver checks only the key id; this endpoint checks the whole
+    SigV4 signature (secret, region, session token header, query order and
+    encoding of a key that needs it)."""
+    h = HostileS3(creds=("AKID", "the secret", "eu-west-3"))
+    try:
+        h.put_model("repo dir/", "m", make_config())
+        h.objects["repo dir/m/1/a file+(x)~.bin"] = b"payload"
+        s3_env.setenv("AWS_ACCESS_KEY_ID", "AKID")
+        s3_env.setenv("AWS_SECRET_ACCESS_KEY", "the secret")
+        s3_env.setenv("AWS_DEFAULT_REGION", "eu-west-3")
+        s3_env.setenv("AWS_SESSION_TOKEN", "token/with+chars=")
+        url = f"s3://127.0.0.1:{h.port}/b/repo dir"
+        s = nereid_server(url)
+        assert infer_testing(s, "m").status_code == 200
+        assert "x-amz-security-token" in h.signed_headers, h.signed_headers
+        s.stop()
+        s3_env.setenv("AWS_SECRET_ACCESS_KEY", "not the secret")
+        rc, out = start_fails(f"--model-repository={url}")
+        assert rc != 0 and "HTTP 403 SignatureDoesNotMatch" in out, out
+        s3_env.setenv("AWS_SECRET_ACCESS_KEY", "the secret")
+        s3_env.setenv("AWS_DEFAULT_REGION", "us-east-1")
+        rc, out = start_fails(f"--model-repository={url}")
+        assert rc != 0 and "HTTP 403 SignatureDoesNotMatch" in out, out
+    finally:
+        h.stop()
 
 
 def test_incomplete_download_never_serves(hostile_s3, s3_env, nereid_server):
