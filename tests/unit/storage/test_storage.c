@@ -7,6 +7,7 @@
  */
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "check.h"
 #include "core/util.h"
@@ -206,6 +207,31 @@ static void test_paths(void)
     if (err) CHECK_STR_CONTAINS(nereid_error_message(err), "is not an http:// or https:// URL");
     nereid_error_free(err);
     unsetenv("AZURE_STORAGE_CONNECTION_STRING");
+    /* TRITON_CLOUD_CREDENTIAL_PATH's "as" section: the longest name that
+     * starts the path. */
+    char cred_path[] = "/tmp/nereid-test-creds-XXXXXX";
+    int fd = mkstemp(cred_path);
+    const char *json = "{\"as\": {\"\": {\"account_str\": \"short\"}, \"as://acct/c\": "
+                       "{\"account_str\": \"other\", \"account_key\": \"a2V5\"}}}";
+    CHECK(fd >= 0 && write(fd, json, strlen(json)) == (ssize_t)strlen(json));
+    close(fd);
+    setenv("TRITON_CLOUD_CREDENTIAL_PATH", cred_path, 1);
+    r = storage_remote_open("as://acct/c/repo", &err);
+    CHECK(r != NULL);
+    if (r) {
+        CHECK_STR(r->account, "other");
+        CHECK_STR(r->endpoint, "https://other.blob.core.windows.net");
+        CHECK(r->account_key_len == 3 && memcmp(r->account_key, "key", 3) == 0);
+    }
+    storage_remote_free(r);
+    nereid_error_free(err);
+    r = storage_remote_open("s3://b/x", &err); /* no "s3" section */
+    CHECK(r == NULL);
+    if (err)
+        CHECK_STR_CONTAINS(nereid_error_message(err), "Cannot match credential for path  s3://b/x");
+    nereid_error_free(err);
+    unlink(cred_path);
+    unsetenv("TRITON_CLOUD_CREDENTIAL_PATH");
     setenv("AWS_DEFAULT_REGION", "us-east-1\r\nX-Injected: 1", 1);
     r = storage_remote_open("s3://b", &err);
     CHECK(r == NULL);
