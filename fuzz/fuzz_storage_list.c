@@ -21,8 +21,7 @@ static void check_accepted(const char *key)
     const char *p = key;
     for (;;) {
         size_t c = strcspn(p, "/");
-        if (c == 0 || (c == 1 && p[0] == '.') || (c == 2 && p[0] == '.' && p[1] == '.'))
-            abort();
+        if (c == 0 || (c == 1 && p[0] == '.') || (c == 2 && p[0] == '.' && p[1] == '.')) abort();
         if (!p[c]) break;
         p += c + 1;
     }
