@@ -64,7 +64,7 @@ def time_to_ready(nereid, repo, env):
         time.sleep(0.005)
     p.terminate()
     p.wait()
-    m = re.search(r"model\(s\) downloaded \((\d+) objects\) in ([0-9.]+) ms", text)
+    m = re.search(r"model\(s\) downloaded \((\d+) objects[^)]*\) in ([0-9.]+) ms", text)
     os.unlink(log.name)
     return ready, (float(m.group(2)) / 1000 if m else None)
 

@@ -120,8 +120,11 @@ void storage_remote_free(storage_remote_t *r)
     free(r->account_key);
     for (size_t i = 0; i < r->n_models; i++)
         free(r->models[i]);
+    for (size_t i = 0; i < r->n_models; i++)
+        storage_listing_clear(&r->manifests[i]);
     free(r->models);
     free(r->sigs);
+    free(r->manifests);
     for (size_t i = 0; i < r->n_failed; i++)
         free(r->failed[i]);
     free(r->failed);
@@ -229,6 +232,7 @@ typedef struct job {
     const storage_object_t *obj;
     const char *rel; /* path inside the model directory */
     model_plan_t *model;
+    char *reuse; /* the mirror's copy of the same object (key, ETag, size), or NULL */
 } job_t;
 
 typedef struct jobs {
@@ -237,6 +241,7 @@ typedef struct jobs {
     job_t *jobs;
     size_t n;
     _Atomic size_t next;
+    _Atomic size_t n_reused;
     pthread_mutex_t lock;
 } jobs_t;
 
@@ -337,6 +342,13 @@ static void run_job(jobs_t *js, CURL *c, job_t *j)
         return;
     }
     char *path = xasprintf("%s/%s", m->tmp, j->rel);
+    /* An object the mirror already has is linked, not downloaded again
+     * (a changed config.pbtxt beside unchanged weights). */
+    if (j->reuse && link(j->reuse, path) == 0) {
+        atomic_fetch_add(&js->n_reused, 1);
+        free(path);
+        return;
+    }
     file_sink_t sink = {.fd = -1};
     sink.fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
     if (sink.fd < 0) {
@@ -442,22 +454,30 @@ static long find_model(const storage_remote_t *r, const char *name)
     return hit ? (long)(hit - r->models) : -1;
 }
 
-static void table_set(storage_remote_t *r, const char *name, uint64_t sig)
+/* Records model name's objects (takes manifest). */
+static void table_set(storage_remote_t *r, const char *name, uint64_t sig,
+                      storage_listing_t *manifest)
 {
     long i = find_model(r, name);
     if (i >= 0) {
         r->sigs[i] = sig;
+        storage_listing_clear(&r->manifests[i]);
+        r->manifests[i] = *manifest;
         return;
     }
     r->models = xrealloc(r->models, (r->n_models + 1) * sizeof *r->models);
     r->sigs = xrealloc(r->sigs, (r->n_models + 1) * sizeof *r->sigs);
+    r->manifests = xrealloc(r->manifests, (r->n_models + 1) * sizeof *r->manifests);
     size_t at = 0;
     while (at < r->n_models && strcmp(r->models[at], name) < 0)
         at++;
-    memmove(&r->models[at + 1], &r->models[at], (r->n_models - at) * sizeof *r->models);
-    memmove(&r->sigs[at + 1], &r->sigs[at], (r->n_models - at) * sizeof *r->sigs);
+    size_t tail = r->n_models - at;
+    memmove(&r->models[at + 1], &r->models[at], tail * sizeof *r->models);
+    memmove(&r->sigs[at + 1], &r->sigs[at], tail * sizeof *r->sigs);
+    memmove(&r->manifests[at + 1], &r->manifests[at], tail * sizeof *r->manifests);
     r->models[at] = xstrdup(name);
     r->sigs[at] = sig;
+    r->manifests[at] = *manifest;
     r->n_models++;
 }
 
@@ -466,8 +486,11 @@ static void table_remove(storage_remote_t *r, const char *name)
     long i = find_model(r, name);
     if (i < 0) return;
     free(r->models[i]);
-    memmove(&r->models[i], &r->models[i + 1], (r->n_models - (size_t)i - 1) * sizeof *r->models);
-    memmove(&r->sigs[i], &r->sigs[i + 1], (r->n_models - (size_t)i - 1) * sizeof *r->sigs);
+    storage_listing_clear(&r->manifests[i]);
+    size_t tail = r->n_models - (size_t)i - 1;
+    memmove(&r->models[i], &r->models[i + 1], tail * sizeof *r->models);
+    memmove(&r->sigs[i], &r->sigs[i + 1], tail * sizeof *r->sigs);
+    memmove(&r->manifests[i], &r->manifests[i + 1], tail * sizeof *r->manifests);
     r->n_models--;
 }
 
@@ -578,6 +601,22 @@ static model_plan_t *plan_models(storage_remote_t *r, storage_listing_t *l, cons
     return plans;
 }
 
+/* The object at rel in manifest m (sorted by key), or NULL. */
+static const storage_object_t *manifest_find(const storage_listing_t *m, const char *rel)
+{
+    size_t lo = 0, hi = m->n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        int c = strcmp(m->objects[mid].key, rel);
+        if (c == 0) return &m->objects[mid];
+        if (c < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return NULL;
+}
+
 nereid_error_t *storage_remote_sync(storage_remote_t *r, const char *model)
 {
     const libcurl_api_t *lc = libcurl_get(NULL);
@@ -624,8 +663,14 @@ nereid_error_t *storage_remote_sync(storage_remote_t *r, const char *model)
         chmod(m->tmp, 0755);
         for (size_t i = m->first; i < m->first + m->n; i++)
             if (rels[i]) {
+                const storage_object_t *o = &l.objects[i];
+                const storage_object_t *had =
+                    t >= 0 ? manifest_find(&r->manifests[t], rels[i]) : NULL;
+                bool same_obj = had && had->size == o->size && strcmp(had->etag, o->etag) == 0;
                 js.jobs = xrealloc(js.jobs, (js.n + 1) * sizeof *js.jobs);
-                js.jobs[js.n++] = (job_t){&l.objects[i], rels[i], m};
+                js.jobs[js.n++] =
+                    (job_t){o, rels[i], m,
+                            same_obj ? xasprintf("%s/%s/%s", r->dir, m->name, rels[i]) : NULL};
             }
     }
     uint64_t t0 = util_now_ns();
@@ -636,7 +681,12 @@ nereid_error_t *storage_remote_sync(storage_remote_t *r, const char *model)
         model_plan_t *m = &plans[p];
         if (!m->tmp && !m->failed) continue; /* unchanged */
         if (!m->failed && swap_in(r, m)) {
-            table_set(r, m->name, m->sig);
+            storage_listing_t manifest = {0};
+            for (size_t i = m->first; i < m->first + m->n; i++)
+                if (rels[i])
+                    storage_listing_add(&manifest, xstrdup(rels[i]), xstrdup(l.objects[i].etag),
+                                        l.objects[i].size);
+            table_set(r, m->name, m->sig, &manifest);
             note_failure(r, m->name, m->sig, true);
             n_new++;
         } else {
@@ -656,8 +706,12 @@ nereid_error_t *storage_remote_sync(storage_remote_t *r, const char *model)
         }
     }
     if (js.n)
-        LOG_VERBOSE("model repository '%s': %zu model(s) downloaded (%zu objects) in %.1f ms",
-                    r->url, n_new, js.n, (double)(util_now_ns() - t0) / 1e6);
+        LOG_VERBOSE("model repository '%s': %zu model(s) downloaded (%zu objects, %zu of them "
+                    "already in the copy) in %.1f ms",
+                    r->url, n_new, js.n, atomic_load(&js.n_reused),
+                    (double)(util_now_ns() - t0) / 1e6);
+    for (size_t i = 0; i < js.n; i++)
+        free(js.jobs[i].reuse);
     /* Models no longer listed leave the mirror. */
     char **gone = NULL;
     size_t n_gone = 0;

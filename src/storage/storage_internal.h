@@ -60,10 +60,11 @@ struct storage_remote {
     char *account;
     unsigned char *account_key; /* decoded; NULL: anonymous */
     size_t account_key_len;
-    char *dir;            /* the mirror */
-    pthread_mutex_t lock; /* one sync at a time; guards the fields below */
-    char **models;        /* models in the mirror, sorted */
-    uint64_t *sigs;       /* each one's objects (keys, ETags, sizes) when downloaded */
+    char *dir;                    /* the mirror */
+    pthread_mutex_t lock;         /* one sync at a time; guards the fields below */
+    char **models;                /* models in the mirror, sorted */
+    uint64_t *sigs;               /* each one's objects (keys, ETags, sizes) when downloaded */
+    storage_listing_t *manifests; /* each one's objects, keys relative to the model directory */
     size_t n_models;
     char **failed;         /* models whose last download failed ... */
     uint64_t *failed_sigs; /* ... for these objects: the same failure again is logged verbose */

@@ -579,13 +579,15 @@ def test_poll_added_changed_removed(emulators, s3_env, nereid_server, tmp_path, 
     upload(emu, prefix, src)
     s3_env.setenv("AZURE_STORAGE_CONNECTION_STRING", emulators["as"].connection_string)
     url = s3_url(emu, prefix) if kind == "s3" else f"as://{AZ_ACCOUNT}/models/{prefix[:-1]}"
-    s = nereid_server(url, "--model-control-mode=poll", "--repository-poll-secs=1")
+    s = nereid_server(url, "--model-control-mode=poll", "--repository-poll-secs=1",
+                      "--log-verbose=1")
     assert max_batch(s, "changes") == 8 and ready(s, "leaves")
-    # Changed: a new ETag for config.pbtxt.
+    # Changed: a new ETag for config.pbtxt; its unchanged object is reused.
     new = tmp_path / "config.pbtxt"
     new.write_text(make_config(mbs=4))
     emu.client("put", "models", prefix + "changes/config.pbtxt", str(new))
     assert wait_for(lambda: max_batch(s, "changes") == 4), s.output()
+    assert "1 model(s) downloaded (2 objects, 1 of them already in the copy)" in s.output()
     # Added.
     add = str(tmp_path / "add")
     write_model(add, "added", make_config())
