@@ -51,6 +51,19 @@ nereid_error_t *remote_repo_sync(nereid_server_t *s, const char *model)
     return first;
 }
 
+nereid_error_t *remote_repo_sync_for_load(nereid_server_t *s, const char *model)
+{
+    nereid_error_t *err = remote_repo_sync(s, model);
+    if (!err) return NULL;
+    /* Triton's poll failure, with its cause (Triton logs it only). */
+    LOG_ERROR("Poll failed for model directory '%s': %s", model, nereid_error_message(err));
+    nereid_error_t *load_err = nereid_error_new(
+        NEREID_ERROR_INTERNAL, "failed to load '%s', failed to poll from model repository: %s",
+        model, nereid_error_message(err));
+    nereid_error_free(err);
+    return load_err;
+}
+
 void remote_repo_close_all(nereid_server_t *s)
 {
     for (size_t i = 0; s->remotes && i < s->n_repos; i++)

@@ -1777,16 +1777,10 @@ nereid_error_t *nereid_server_load_model(nereid_server_t *s, const char *model,
                                 "failed to load '%s', failed to poll from model repository", model);
     }
     pthread_mutex_lock(&s->control);
-    /* A model on object storage: its prefix is read again first. */
-    err = n_files ? NULL : remote_repo_sync(s, model);
+    err = n_files ? NULL : remote_repo_sync_for_load(s, model); /* object storage */
     if (err) {
-        LOG_ERROR("Poll failed for model directory '%s': %s", model, nereid_error_message(err));
-        nereid_error_t *lerr = nereid_error_new(
-            NEREID_ERROR_INTERNAL, "failed to load '%s', failed to poll from model repository: %s",
-            model, nereid_error_message(err));
-        nereid_error_free(err);
         pthread_mutex_unlock(&s->control);
-        return lerr;
+        return err;
     }
     /* With --model-namespacing every repository's copy loads (Triton polls
      * the name in each repository). */

@@ -140,6 +140,10 @@ nereid_error_t *remote_repo_open_all(nereid_server_t *s);
 /* Brings the mirrors in step (model's prefix only, or all when NULL); the
  * first error (the others logged). Any thread. */
 nereid_error_t *remote_repo_sync(nereid_server_t *s, const char *model);
+/* remote_repo_sync of the model an explicit load names; its error is
+ * Triton's poll failure ("failed to load '<model>', failed to poll from
+ * model repository: <cause>"). Caller holds s->control. */
+nereid_error_t *remote_repo_sync_for_load(nereid_server_t *s, const char *model);
 /* Removes the mirrors (after every model was unloaded). */
 void remote_repo_close_all(nereid_server_t *s);
 
