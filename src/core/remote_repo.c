@@ -64,6 +64,12 @@ nereid_error_t *remote_repo_sync_for_load(nereid_server_t *s, const char *model)
     return load_err;
 }
 
+void remote_repo_cancel_all(nereid_server_t *s)
+{
+    for (size_t i = 0; s->remotes && i < s->n_repos; i++)
+        if (s->remotes[i]) storage_remote_cancel(s->remotes[i]);
+}
+
 void remote_repo_close_all(nereid_server_t *s)
 {
     for (size_t i = 0; s->remotes && i < s->n_repos; i++)

@@ -144,6 +144,9 @@ nereid_error_t *remote_repo_sync(nereid_server_t *s, const char *model);
  * Triton's poll failure ("failed to load '<model>', failed to poll from
  * model repository: <cause>"). Caller holds s->control. */
 nereid_error_t *remote_repo_sync_for_load(nereid_server_t *s, const char *model);
+/* Ends downloads under way and to come (a stopping server does not wait
+ * for them). Any thread. */
+void remote_repo_cancel_all(nereid_server_t *s);
 /* Removes the mirrors (after every model was unloaded). */
 void remote_repo_close_all(nereid_server_t *s);
 

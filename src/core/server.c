@@ -183,6 +183,7 @@ nereid_error_t *nereid_server_new(const nereid_server_options_t *opts, nereid_se
 void nereid_server_stop(nereid_server_t *s)
 {
     if (atomic_exchange(&s->stopping, true)) return;
+    remote_repo_cancel_all(s); /* a poll's downloads end now */
     on_demand_stop(s);
     repository_stop(s);
     atomic_store(&s->stopped, true);

@@ -98,9 +98,15 @@ const char *storage_remote_dir(const storage_remote_t *r)
 {
     return r->dir;
 }
+
 const char *storage_remote_url(const storage_remote_t *r)
 {
     return r->url;
+}
+
+void storage_remote_cancel(storage_remote_t *r)
+{
+    atomic_store(&r->cancel, true);
 }
 
 void storage_remote_free(storage_remote_t *r)
@@ -156,8 +162,23 @@ static size_t body_write(char *ptr, size_t size, size_t nmemb, void *arg)
     return n;
 }
 
-static void common_options(const libcurl_api_t *lc, CURL *c, char *errbuf)
+/* Ends a transfer once the remote repository is being closed. */
+static int xfer_check(void *arg, curl_off_t dltotal, curl_off_t dlnow, curl_off_t ultotal,
+                      curl_off_t ulnow)
 {
+    (void)dltotal;
+    (void)dlnow;
+    (void)ultotal;
+    (void)ulnow;
+    return atomic_load(&((storage_remote_t *)arg)->cancel) ? 1 : 0;
+}
+
+static void common_options(const storage_remote_t *r, const libcurl_api_t *lc, CURL *c,
+                           char *errbuf)
+{
+    lc->easy_setopt(c, CURLOPT_NOPROGRESS, 0L);
+    lc->easy_setopt(c, CURLOPT_XFERINFOFUNCTION, xfer_check);
+    lc->easy_setopt(c, CURLOPT_XFERINFODATA, (void *)r);
     lc->easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
     lc->easy_setopt(c, CURLOPT_ERRORBUFFER, errbuf);
     lc->easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, 10000L);
@@ -190,7 +211,7 @@ static char *list_prefix(storage_remote_t *r, const libcurl_api_t *lc, CURL *c, 
         char errbuf[CURL_ERROR_SIZE] = "";
         body_t body = {.max = STORAGE_LIST_PAGE_MAX_BYTES};
         lc->easy_reset(c);
-        common_options(lc, c, errbuf);
+        common_options(r, lc, c, errbuf);
         struct curl_slist *h = r->service->prepare_list(r, lc, c, prefix, marker);
         lc->easy_setopt(c, CURLOPT_HTTPHEADER, h);
         lc->easy_setopt(c, CURLOPT_WRITEFUNCTION, body_write);
@@ -359,7 +380,7 @@ static void run_job(jobs_t *js, CURL *c, job_t *j)
     char errbuf[CURL_ERROR_SIZE] = "";
     body_t err_body = {.max = STORAGE_ERROR_BODY_MAX_BYTES};
     lc->easy_reset(c);
-    common_options(lc, c, errbuf);
+    common_options(js->r, lc, c, errbuf);
     struct curl_slist *h = js->r->service->prepare_get(js->r, lc, c, j->obj->key);
     lc->easy_setopt(c, CURLOPT_HTTPHEADER, h);
     lc->easy_setopt(c, CURLOPT_HEADERFUNCTION, header_line);

@@ -51,6 +51,10 @@ const char *storage_remote_url(const storage_remote_t *r);
  * Serialized per repository; any thread. */
 nereid_error_t *storage_remote_sync(storage_remote_t *r, const char *model);
 
+/* Ends the transfers of a sync under way (it then fails, changing
+ * nothing) and of every later one: for a server that stops. Any thread. */
+void storage_remote_cancel(storage_remote_t *r);
+
 /* Removes the mirror directory and frees r (NULL: nothing). */
 void storage_remote_free(storage_remote_t *r);
 

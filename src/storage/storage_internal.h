@@ -8,6 +8,7 @@
 #define NEREID_STORAGE_INTERNAL_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -61,6 +62,7 @@ struct storage_remote {
     unsigned char *account_key; /* decoded; NULL: anonymous */
     size_t account_key_len;
     char *dir;                    /* the mirror */
+    _Atomic bool cancel;          /* storage_remote_cancel: transfers under way end */
     pthread_mutex_t lock;         /* one sync at a time; guards the fields below */
     char **models;                /* models in the mirror, sorted */
     uint64_t *sigs;               /* each one's objects (keys, ETags, sizes) when downloaded */

@@ -16,6 +16,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
 
 import numpy as np
@@ -358,6 +359,8 @@ class HostileS3:
         import threading
         outer = self
         self.objects, self.get_etag, self.truncate = {}, {}, set()
+        self.stall = set()  # keys whose GET sends part of the body, then waits for release
+        self.stalled, self.release = threading.Event(), threading.Event()
         self.creds = creds  # (key id, secret, region): requests must carry a valid SigV4
         self.signed_headers = set()
 
@@ -384,6 +387,15 @@ class HostileS3:
                 if data is None:
                     return self.reply(404, b"<Error><Code>NoSuchKey</Code></Error>", "x")
                 tag = outer.get_etag.get(key, etag(data))
+                if key in outer.stall:
+                    self.send_response(200)
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data[:1])
+                    self.wfile.flush()
+                    outer.stalled.set()
+                    outer.release.wait(300)
+                    return
                 if key in outer.truncate:  # says more than it sends, then closes
                     self.send_response(200)
                     self.send_header("ETag", f'"{tag}"')
@@ -408,6 +420,8 @@ class HostileS3:
             return hashlib.md5(v).hexdigest()
 
         self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.httpd.block_on_close = False
         self.port = self.httpd.server_address[1]
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
         self.thread.start()
@@ -448,6 +462,7 @@ class HostileS3:
         self.objects[f"{prefix}{name}/1/.keep"] = b""
 
     def stop(self):
+        self.release.set()
         self.httpd.shutdown()
         self.httpd.server_close()
 
@@ -538,6 +553,22 @@ def test_s3_signature_v4(s3_env, nereid_server):
         assert rc != 0 and "HTTP 403 SignatureDoesNotMatch" in out, out
     finally:
         h.stop()
+
+
+def test_stop_ends_a_stalled_download(hostile_s3, s3_env, nereid_server):
+    """A poll's download that stalls (the server sends one byte and waits)
+    does not hold up the shutdown: SIGINT ends the transfer (libcurl would
+    otherwise wait out its 60 s low-speed limit)."""
+    h = hostile_s3
+    h.put_model("r/", "m", make_config())
+    s = nereid_server(f"s3://127.0.0.1:{h.port}/b/r", "--model-control-mode=poll",
+                      "--repository-poll-secs=1")
+    h.objects["r/m/1/weights.bin"] = b"w" * 4096
+    h.stall.add("r/m/1/weights.bin")
+    assert h.stalled.wait(30), s.output()
+    t0 = time.monotonic()
+    assert s.stop() == 0, s.output()
+    assert time.monotonic() - t0 < 30, s.output()
 
 
 def test_incomplete_download_never_serves(hostile_s3, s3_env, nereid_server):
