@@ -9,7 +9,7 @@ Starts BUILD_DIR/nereid (default build) with Triton's request tracing on
 (--trace-config level=TIMESTAMPS, rate=1) and two models, the C identity
 backend and a model.py identity, and runs one nereid-perf window (1
 connection, binary tensors) per model and size. The worker is the build's
-nereid_python_stub.py (or DIR's, with --backend-directory), copied to a
+nereid_stub package (or DIR's, with --backend-directory), copied to a
 scratch backend directory with timestamps added where it receives a message
 and where it sends one (CLOCK_MONOTONIC, the clock of the server's trace),
 so one request's timeline joins the server's and the worker's:
@@ -48,39 +48,47 @@ import bench_python as bp  # noqa: E402
 
 K_RECV, K_SEND, K_BLOCK = 1, 2, 3
 
-def patch_stub(path, out_dir):
-    """Adds the timestamps to the stub at path (a copy)."""
-    with open(path) as f:
-        s = f.read()
+def patch_stub(pkg, out_dir):
+    """Adds the timestamps to the stub's package at pkg (a copy): the list
+    in nereid_stub/__init__.py, the sends and receives in channel.py, the
+    dump at finalize in host.py."""
+    files = {}
 
-    def once(anchor, new):
-        nonlocal s
+    def once(name, anchor, new):
+        path = os.path.join(pkg, name)
+        s = files.get(path)
+        if s is None:
+            with open(path) as f:
+                s = f.read()
         if s.count(anchor) != 1:
             raise SystemExit(f"{path}: cannot place a timestamp at {anchor.strip()!r}")
-        s = s.replace(anchor, new)
+        files[path] = s.replace(anchor, new)
 
-    once("    def sendmsg(self, *args):\n",
-         f"    def sendmsg(self, *args):\n        _PHASES.append(({K_SEND}, time.monotonic_ns()))\n")
-    once("                data, anc, _, _ = sock.recvmsg(RECV_MAX, CMSG_FD_SPACE, "
+    ph = "nereid_stub._PHASES.append"
+    once("channel.py", "    def sendmsg(self, *args):\n",
+         f"    def sendmsg(self, *args):\n        {ph}(({K_SEND}, time.monotonic_ns()))\n")
+    once("channel.py", "                data, anc, _, _ = sock.recvmsg(RECV_MAX, CMSG_FD_SPACE, "
          "socket.MSG_DONTWAIT)\n",
          "                data, anc, _, _ = sock.recvmsg(RECV_MAX, CMSG_FD_SPACE, "
          "socket.MSG_DONTWAIT)\n"
-         f"                _PHASES.append(({K_RECV}, time.monotonic_ns()))\n")
-    once("        data, anc, _, _ = sock.recvmsg(RECV_MAX, CMSG_FD_SPACE)\n        self.last_wait",
-         f"        _PHASES.append(({K_BLOCK}, time.monotonic_ns()))\n"
+         f"                {ph}(({K_RECV}, time.monotonic_ns()))\n")
+    once("channel.py",
+         "        data, anc, _, _ = sock.recvmsg(RECV_MAX, CMSG_FD_SPACE)\n        self.last_wait",
+         f"        {ph}(({K_BLOCK}, time.monotonic_ns()))\n"
          "        data, anc, _, _ = sock.recvmsg(RECV_MAX, CMSG_FD_SPACE)\n"
-         f"        _PHASES.append(({K_RECV}, time.monotonic_ns()))\n        self.last_wait")
-    once("            data, anc, _, _ = self.sock.recvmsg(RECV_MAX, CMSG_FD_SPACE)\n",
-         f"            _PHASES.append(({K_BLOCK}, time.monotonic_ns()))\n"
+         f"        {ph}(({K_RECV}, time.monotonic_ns()))\n        self.last_wait")
+    once("channel.py", "            data, anc, _, _ = self.sock.recvmsg(RECV_MAX, CMSG_FD_SPACE)\n",
+         f"            {ph}(({K_BLOCK}, time.monotonic_ns()))\n"
          "            data, anc, _, _ = self.sock.recvmsg(RECV_MAX, CMSG_FD_SPACE)\n"
-         f"            _PHASES.append(({K_RECV}, time.monotonic_ns()))\n")
-    once("    def handle_finalize(self):\n",
+         f"            {ph}(({K_RECV}, time.monotonic_ns()))\n")
+    once("host.py", "    def handle_finalize(self):\n",
          "    def handle_finalize(self):\n"
          f"        with open(os.path.join({out_dir!r}, f'w-{{os.getpid()}}.txt'), 'w') as f:\n"
-         "            f.write('\\n'.join(f'{k} {t}' for k, t in _PHASES))\n")
-    once("\nclass Worker:", "\n_PHASES = []\n\n\nclass Worker:")
-    with open(path, "w") as f:
-        f.write(s)
+         "            f.write('\\n'.join(f'{k} {t}' for k, t in nereid_stub._PHASES))\n")
+    once("__init__.py", "\nFAST_PATH = True\n", "\nFAST_PATH = True\n_PHASES = []\n")
+    for path, s in files.items():
+        with open(path, "w") as f:
+            f.write(s)
 
 
 def pct(v, q):
@@ -108,7 +116,7 @@ def main(argv):
     try:
         backends = os.path.join(tmp, "backends")
         shutil.copytree(bdir or os.path.join(build, "backends"), backends, symlinks=True)
-        patch_stub(os.path.join(backends, "python", "nereid_python_stub.py"), tmp)
+        patch_stub(os.path.join(backends, "python", "nereid_stub"), tmp)
         repo = os.path.join(tmp, "models")
         bp.write_model(repo, "identity_py", bp.config("identity_py", "python"), bp.IDENTITY_PY)
         bp.write_model(repo, "identity_c", bp.config("identity_c", "identity"))

@@ -4,10 +4,11 @@
     bench/bench_python_stub.py [--stub-dir DIR] [--compare DIR] [-n N] [--rounds R]
                                [--only CASE,...] [--general] [--prof]
 
-Starts one worker (backends/python/nereid_python_stub.py, or DIR's) on a
+Starts one worker (backends/python/'s nereid_stub package, or DIR's) on a
 socket pair with an identity model.py, and plays the server: each round
-trip sends an EXECUTE built here from python.c's binary layout ("Binary
-EXECUTE and DONE descriptions") and reads the DONE back. The first DONE of
+trip sends an EXECUTE built here from python_wire.h's binary layout ("Binary
+EXECUTE and DONE descriptions"; test_python_wire_sync checks this file's
+copy of it) and reads the DONE back. The first DONE of
 every case is checked (one response per request, OUTPUT0 equal to the
 request's first input: name, datatype, shape and bytes). Then R rounds of
 N round trips per case are timed; the worker's CPU per request comes from
@@ -21,7 +22,7 @@ the median over the rounds.
              first worker by slot (its memfd sent once), to this one with
              the memfd every time and slot 0 (the protocol before slots).
 
-  --general  the worker without its fast path (nereid_python_stub.FAST_PATH
+  --general  the worker without its fast path (nereid_stub.FAST_PATH
              off: every message through the leader/follower wait, every
              EXECUTE parsed, every DONE record built), to compare.
   --prof     a cProfile of the worker's loop (inflated, but shows where).
@@ -72,11 +73,16 @@ fd, stub_dir, mode = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 os.dup2(fd, 3)
 os.close(fd)
 sys.path.insert(0, stub_dir)
-import nereid_python_stub as st
+try:  # the nereid_stub package; an older DIR (--compare) has one script
+    import nereid_stub as flags
+    from nereid_stub.host import Worker
+except ImportError:
+    import nereid_python_stub as flags
+    Worker = flags.Worker
 import triton_python_backend_utils as pb_utils
 if "general" in mode:
-    st.FAST_PATH = False
-w = st.Worker(socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET, fileno=3))
+    flags.FAST_PATH = False
+w = Worker(socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET, fileno=3))
 pb_utils._worker = w
 if "prof" in mode:
     import cProfile, pstats

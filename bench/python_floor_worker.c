@@ -3,11 +3,11 @@
  * bench/bench_python_floor.py builds this and starts it in place of
  * python3 (NEREID_PYTHON, --backend-config=python,zygote=false), so the
  * server runs a "Python" identity model on a worker that speaks
- * nereid_python_stub.py's protocol (python.c: the header, "Binary EXECUTE
+ * the worker's protocol (python_wire.h: the header, "Binary EXECUTE
  * and DONE descriptions") and does nothing else: every EXECUTE is answered
  * with each request's first input as OUTPUT0, a view of the server's
  * EXECUTE region (where = 1) when the request came in one, or of the
- * request body region the input lies in (where = 16 + slot: python.c,
+ * request body region the input lies in (where = 16 + slot: python_body.c,
  * "Request bodies"), else a copy in the DONE itself, as the real worker's
  * fast path answers an identity. It keeps no input past its answer, so its
  * DONEs hold no body region.

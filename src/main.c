@@ -110,6 +110,9 @@ static const flag_t flags[] = {
       "Fail start-up if a model fails to load (true)."),
     F("strict-readiness", FLAG_BOOL, server.strict_readiness,
       "Ready only when every model is ready (true)."),
+    F("model-progress-timeout-secs", FLAG_INT, server.model_progress_timeout_secs,
+      "A model with an execution running this long while none of its instances completed one "
+      "is not ready and refuses requests; Python workers are restarted (0: off)."),
     F("model-config-name", FLAG_STR, server.model_config_name,
       "Configure each model by its configs/<name>.pbtxt when it has one (else config.pbtxt)."),
     F("model-load-thread-count", FLAG_INT, server.model_load_thread_count,
@@ -121,7 +124,8 @@ static const flag_t flags[] = {
       "Times a failed model load is tried again before it counts as failed (0)."),
     F("metrics-config", FLAG_METRICS_CONFIG, server,
       "<setting>=<value>: counter_latencies=true|false (true), histogram_latencies=true|false "
-      "(false; nv_inference_first_response_histogram_ms), summary_latencies=true|false (false; "
+      "(false; nv_inference_first_response_histogram_ms and the phase histograms "
+      "nv_inference_*_duration_histogram_us), summary_latencies=true|false (false; "
       "nv_inference_*_summary_us), summary_quantiles=<q>:<error>,... (0.5, 0.9, 0.95, 0.99, "
       "0.999)."),
     F("reuse-http-port", FLAG_BOOL, http_reuse_port,

@@ -14,6 +14,7 @@
  *   nereid_error_t *nereid_backend_instance_fini(nereid_instance_t *);
  *   nereid_error_t *nereid_backend_execute(nereid_instance_t *, nereid_batch_t *);
  *   nereid_error_t *nereid_backend_instance_ready(nereid_instance_t *);
+ *   nereid_error_t *nereid_backend_instance_abort(nereid_instance_t *);
  *   void           *nereid_backend_model_body_alloc(nereid_model_t *, size_t, void **);
  *   void            nereid_backend_model_body_release(void *);
  *
@@ -23,6 +24,15 @@
  * NULL when the instance is ready, else an error whose message says why
  * (the core logs it at verbose level 1 and answers "not ready"). It runs on
  * the frontend's thread, concurrently with execute: keep it short.
+ *
+ * nereid_backend_instance_abort (optional, ABI 1.11) is called by the
+ * core's progress watchdog (--model-progress-timeout-secs) when the
+ * instance's execute has not returned for that long: the backend should
+ * make that execute return soon, its requests failed with an error that
+ * says why (the Python backend kills the instance's worker process, which
+ * is then restarted). It runs on the watchdog's thread, concurrently with
+ * the stuck execute; return NULL once the stop is under way, else an error
+ * (logged). Backends without it stay stuck until execute returns.
  *
  * nereid_backend_model_body_alloc and nereid_backend_model_body_release
  * (optional, ABI 1.10, both or neither) let a backend offer the memory a
@@ -76,6 +86,8 @@
  *        (nereid_batch_request_output_view)
  *   1.10 request bodies in the backend's memory (nereid_backend_model_body_alloc,
  *        nereid_backend_model_body_release; optional entry points)
+ *   1.11 nereid_backend_instance_abort (optional entry point: the progress
+ *        watchdog ends a stuck execution)
  */
 #ifndef NEREID_BACKEND_H
 #define NEREID_BACKEND_H
@@ -94,7 +106,7 @@ extern "C" {
  * nereid_batch_request_output_requested, nereid_batch_request_reschedule,
  * nereid_batch_request_trace; 8: nereid_model_report_response;
  * 9: nereid_batch_request_output_view; 10: nereid_backend_model_body_alloc */
-#define NEREID_BACKEND_ABI_MINOR 10u
+#define NEREID_BACKEND_ABI_MINOR 11u
 #define NEREID_BACKEND_ABI_VERSION ((NEREID_BACKEND_ABI_MAJOR << 16) | NEREID_BACKEND_ABI_MINOR)
 
 typedef struct nereid_backend nereid_backend_t;   /* one per loaded library */

@@ -185,6 +185,13 @@ typedef struct nereid_server_options {
      * as nv_pinned_memory_pool_total_bytes, as Triton reports it on a
      * CPU-only build (the pool itself needs CUDA: used bytes stay 0). */
     uint64_t pinned_memory_pool_byte_size;
+    /* --model-progress-timeout-secs (an extension; default 0 = off): a
+     * model with an execution running longer than this while none of its
+     * instances completed one is wedged: not ready, new requests refused
+     * with UNAVAILABLE, its stuck instances ended where the backend can
+     * (nereid_backend_instance_abort), counted in
+     * nereid_model_progress_timeouts_total. */
+    int model_progress_timeout_secs;
 } nereid_server_options_t;
 
 typedef struct nereid_server nereid_server_t;

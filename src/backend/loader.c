@@ -259,6 +259,7 @@ static nereid_error_t *resolve(struct nereid_backend *b)
     b->lib.instance_fini = (instance_fn)dlsym(h, "nereid_backend_instance_fini");
     b->lib.execute = (execute_fn)dlsym(h, "nereid_backend_execute");
     b->lib.instance_ready = (instance_fn)dlsym(h, "nereid_backend_instance_ready");
+    b->lib.instance_abort = (instance_fn)dlsym(h, "nereid_backend_instance_abort");
     b->lib.body_alloc =
         (void *(*)(nereid_model_t *, size_t, void **))dlsym(h, "nereid_backend_model_body_alloc");
     b->lib.body_release = (void (*)(void *))dlsym(h, "nereid_backend_model_body_release");

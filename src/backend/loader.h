@@ -25,6 +25,7 @@ typedef struct backend_lib {
     instance_fn instance_init, instance_fini;
     execute_fn execute;
     instance_fn instance_ready; /* optional: nereid_backend_instance_ready */
+    instance_fn instance_abort; /* optional (ABI 1.11): nereid_backend_instance_abort */
     /* optional (ABI 1.10, both or neither): nereid_backend_model_body_alloc/_release */
     void *(*body_alloc)(nereid_model_t *model, size_t byte_size, void **data);
     void (*body_release)(void *handle);

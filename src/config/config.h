@@ -32,6 +32,8 @@ typedef Inference__ModelConfig model_config_t;
 typedef struct config_options {
     bool gpus_available;   /* false on this machine: KIND_AUTO -> KIND_CPU, KIND_GPU is an error */
     bool allow_missing_io; /* true when the backend may autofill inputs/outputs */
+    const char *model_dir; /* the model directory whose files say the backend when the
+                            * config does not; NULL: the directory of the config file */
 } config_options_t;
 
 /* Parses text-format text of length len; filename is used in error lines.
@@ -43,11 +45,13 @@ model_config_t *config_parse_file(const char *path, char **errors);
 
 /* Fills Triton's defaults and validates cfg in place for the model directory
  * named model_name. filename is used in error lines (positions are given for
- * errors the parser recorded a location for); when it names a file inside a
- * real model directory, that directory's first version subdirectory is
- * inspected (like Triton) to infer backend/platform from model.onnx,
- * model.pt, model.plan, ... Returns 0 or -1 with *errors (every error found,
- * one per line). */
+ * errors the parser recorded a location for). A config without platform or
+ * backend gets them from the model's files, as Triton's
+ * AutoCompleteBackendFields does: the first subdirectory by name of the
+ * model directory (opts->model_dir, else the directory of filename) is the
+ * one inspected, for model.plan, model.onnx, model.pt, model.py, ...; this
+ * is the only place the server guesses a backend. Returns 0 or -1 with
+ * *errors (every error found, one per line). */
 int config_normalize(model_config_t *cfg, const char *model_name, const char *filename,
                      const config_options_t *opts, char **errors);
 

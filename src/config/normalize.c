@@ -83,43 +83,38 @@ typedef struct model_dir {
     char version_path[4096];
 } model_dir_t;
 
-static int cmp_str(const void *a, const void *b)
-{
-    return strcmp(*(char *const *)a, *(char *const *)b);
-}
-
-/* Finds the model directory's first subdirectory (sorted by name), the one
- * Triton inspects to guess the backend. */
-static void inspect_model_dir(const char *filename, model_dir_t *md)
+/* Finds the first subdirectory (by name: bytewise, as Triton's std::set
+ * orders them) of the model directory, the only one Triton's
+ * AutoCompleteBackendFields inspects to guess the backend: not the highest
+ * version, not every version. Entries whose name starts with '.' are
+ * skipped. dir NULL: the directory of filename (the config file). */
+static void inspect_model_dir(const char *dir, const char *filename, model_dir_t *md)
 {
     md->has_version = false;
-    if (!filename) return;
     char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s", filename);
-    const char *dir = dirname(tmp);
+    if (!dir) {
+        if (!filename) return;
+        snprintf(tmp, sizeof tmp, "%s", filename);
+        dir = dirname(tmp);
+    }
     DIR *dp = opendir(dir);
     if (!dp) return;
-    char *names[256];
-    size_t n = 0;
+    char first[256] = "";
     struct dirent *e;
-    while ((e = readdir(dp)) && n < 256) {
+    while ((e = readdir(dp))) {
         if (e->d_name[0] == '.') continue;
+        if (first[0] && strcmp(e->d_name, first) >= 0) continue;
         char p[4096];
         struct stat st;
         snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-        if (stat(p, &st) == 0 && S_ISDIR(st.st_mode)) {
-            names[n] = strdup(e->d_name);
-            if (names[n]) n++;
-        }
+        if (strlen(e->d_name) < sizeof first && stat(p, &st) == 0 && S_ISDIR(st.st_mode))
+            snprintf(first, sizeof first, "%s", e->d_name);
     }
     closedir(dp);
-    if (n) {
-        qsort(names, n, sizeof names[0], cmp_str);
+    if (first[0]) {
         md->has_version = true;
-        snprintf(md->version_path, sizeof md->version_path, "%s/%s", dir, names[0]);
+        snprintf(md->version_path, sizeof md->version_path, "%s/%s", dir, first);
     }
-    for (size_t i = 0; i < n; i++)
-        free(names[i]);
 }
 
 /* 1 = file, 2 = directory, 0 = absent */
@@ -1542,7 +1537,7 @@ int config_normalize(model_config_t *cfg, const char *model_name, const char *fi
         goto out;
     }
     model_dir_t md;
-    inspect_model_dir(filename, &md);
+    inspect_model_dir(opts ? opts->model_dir : NULL, filename, &md);
     if (!autocomplete_backend(&c, model_name && *model_name ? model_name : cfg->name, &md))
         goto out;
     if (!fill_defaults(&c) || !normalize_instance_groups(&c, opts)) goto oom;

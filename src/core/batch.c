@@ -13,6 +13,7 @@
 #include "core/trace.h"
 #include "core/decoupled.h"
 #include "core/util.h"
+#include "core/watchdog.h"
 #include "sched/scheduler.h"
 
 void batch_add(batch_t *batch, nereid_request_t *req)
@@ -666,8 +667,12 @@ void batch_execute(model_instance_t *inst, batch_t *batch)
     batch->t_start_ns = util_now_ns();
     for (size_t r = 0; r < batch->n_reqs; r++)
         batch->reqs[r]->t_compute_start_ns = batch->t_start_ns;
+    atomic_store_explicit(&inst->exec_start_ns, batch->t_start_ns, memory_order_relaxed);
     nereid_error_t *err = m->backend->execute((nereid_instance_t *)inst, batch);
     uint64_t exec_end = util_now_ns();
+    atomic_store_explicit(&inst->exec_start_ns, 0, memory_order_relaxed);
+    atomic_store_explicit(&m->progress_ns, exec_end, memory_order_relaxed);
+    if (atomic_load_explicit(&m->wedged, memory_order_relaxed)) watchdog_progressed(m);
     /* Races between instances lose a sample at worst. */
     uint64_t took = exec_end - batch->t_start_ns;
     uint64_t avg = atomic_load_explicit(&m->exec_avg_ns, memory_order_relaxed);

@@ -30,7 +30,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "core/repository.h"
+#include "core/server_internal.h"
 #include "core/util.h"
 
 #define CACHE_DIRECTORY "/opt/tritonserver/caches" /* Triton's default, for its error text */

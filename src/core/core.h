@@ -84,9 +84,10 @@ nereid_error_t *model_warmup(model_t *m);
 /* cfg's model_metrics may set the first-response histogram's buckets. */
 void stats_init(model_stats_t *s, int64_t max_batch_size, const model_config_t *cfg);
 void stats_destroy(model_stats_t *s);
-/* --metrics-config summary_latencies=true: m's latency summaries with the
- * server's quantiles (stats.c); nothing when they are off. */
-void server_enable_summaries(model_t *m);
+/* --metrics-config histogram_latencies=true / summary_latencies=true: m's
+ * latency histograms, and its summaries with the server's quantiles
+ * (stats.c); nothing when they are off. */
+void server_enable_latency_metrics(model_t *m);
 void stats_add(stat_duration_t *d, uint64_t ns);
 /* Counts one response under index (Triton's response_stats rules): err
  * CANCELLED: cancel; other err: fail; else success when output_ns (the

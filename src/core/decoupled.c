@@ -21,6 +21,7 @@
 #include "core/core.h"
 #include "core/decoupled.h"
 #include "core/repository.h"
+#include "core/server_internal.h"
 #include "core/stats.h"
 #include "core/trace.h"
 #include "core/util.h"

@@ -8,7 +8,6 @@
 #include <string.h>
 
 #include "core/core.h"
-#include "core/repository.h"
 #include "core/util.h"
 #include "nereid/server.h"
 

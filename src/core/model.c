@@ -657,7 +657,7 @@ nereid_error_t *model_load(nereid_server_t *server, const model_load_args_t *arg
     err = build_io(m);
     if (err) goto fail;
     stats_init(&m->stats, m->max_batch_size, m->config);
-    server_enable_summaries(m);
+    server_enable_latency_metrics(m);
     err = scheduler_create(m, &sched_core, &m->sched);
     if (err) goto fail;
     if (m->backend) {

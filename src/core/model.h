@@ -28,6 +28,9 @@ typedef struct stat_duration {
     /* --metrics-config summary_latencies=true: this duration's Prometheus
      * summary (stats.c), or NULL. */
     struct latency_summary *summary;
+    /* --metrics-config histogram_latencies=true: its Prometheus histogram
+     * in microseconds (stats.c), or NULL. */
+    struct latency_histogram *histogram;
 } stat_duration_t;
 
 typedef struct batch_stat {
@@ -55,14 +58,11 @@ typedef struct model_stats {
     stat_duration_t success, fail, queue, compute_input, compute_infer, compute_output;
     stat_duration_t cache_hit, cache_miss;
     _Atomic uint64_t failures[FAILURE_N];
-    _Atomic int64_t pending; /* requests queued, not yet executing */
-    /* Time to first response (ms): fr_le[i] the bucket bounds (Triton's
-     * defaults or the config's model_metrics), fr_count[i] the observations
-     * <= fr_le[i] (cumulative), fr_total and fr_sum_ms over all. */
-    double *fr_le;
-    _Atomic uint64_t *fr_count;
-    size_t n_fr_le;
-    _Atomic uint64_t fr_total, fr_sum_ms;
+    _Atomic int64_t pending;            /* requests queued, not yet executing */
+    _Atomic uint64_t progress_timeouts; /* times the watchdog found it wedged */
+    /* Time to first response in ms, with Triton's buckets or the config's
+     * model_metrics (stats.c); always there. */
+    struct latency_histogram *first_response;
     response_stat_t response0;
     /* Entries 1.. of a decoupled model's response_stats (stats_response). */
     pthread_mutex_t resp_mu;
@@ -123,6 +123,9 @@ typedef struct model_instance {
      * under the model's lock, read by schedulers under theirs. */
     _Atomic bool retired;
     bool fini_done; /* its backend instance_fini ran */
+    /* When its current execution started (monotonic ns), 0 while idle: the
+     * progress watchdog's view (watchdog.c). */
+    _Atomic uint64_t exec_start_ns;
 } model_instance_t;
 
 /* A loaded model version. nereid_model_t (backend.h) is this struct. */
@@ -169,6 +172,10 @@ typedef struct model {
      * (model_hold); model_unload waits for them before it stops the model. */
     _Atomic int holds;
     _Atomic bool unloading;
+    /* --model-progress-timeout-secs (watchdog.c): when an execution last
+     * ended (monotonic ns), and whether the model is wedged now. */
+    _Atomic uint64_t progress_ns;
+    _Atomic bool wedged;
     bool in_model_init; /* nereid_model_set_config allowed */
     bool autocomplete_allowed;
     bool config_replaced;

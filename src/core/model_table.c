@@ -13,6 +13,7 @@
 
 #include "core/model.h"
 #include "core/repository.h"
+#include "core/server_internal.h"
 #include "core/util.h"
 
 #define N_COLS 3

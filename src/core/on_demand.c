@@ -16,6 +16,7 @@
 #include <stdlib.h>
 
 #include "core/repository.h"
+#include "core/server_internal.h"
 #include "core/request.h"
 #include "core/util.h"
 

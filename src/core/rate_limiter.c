@@ -16,7 +16,7 @@
 #include <time.h>
 
 #include "core/model.h"
-#include "core/repository.h"
+#include "core/server_internal.h"
 #include "core/util.h"
 
 #define GLOBAL_DEVICE RATE_LIMITER_GLOBAL_DEVICE

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 
 #include "core/repository.h"
+#include "core/server_internal.h"
 #include "core/util.h"
 #include "storage/storage.h"
 

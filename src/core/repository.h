@@ -1,7 +1,9 @@
 /*
- * This file contains the server's model repository state shared by
- * server.c (lookups, documents) and repository.c (scanning, loading,
- * reloading, unloading, polling): the server struct and its model entries.
+ * This file contains the model repository's interface to the rest of the
+ * core: the model entries of the index (server.c's lookups and documents,
+ * model_table.c) and the repository's functions (start, poll, stop, loads
+ * on demand). The server's own state is core/server_internal.h; the
+ * repository's files share core/repository_internal.h.
  *
  * Locking: s->lock (rwlock) guards s->models and every entry's fields that
  * lookups read; it is never held while a model loads or drains. s->control
@@ -12,7 +14,6 @@
 #ifndef NEREID_REPOSITORY_H
 #define NEREID_REPOSITORY_H
 
-#include <pthread.h>
 #include <stdatomic.h>
 
 #include "core/core.h"
@@ -22,7 +23,7 @@ typedef struct version_entry {
     model_state_t state;
     char *reason;
     model_t *model;     /* READY: the loaded model (the loader's reference) */
-    uint64_t files_sig; /* its files when loaded (version_files_sig in repository.c) */
+    uint64_t files_sig; /* its files when loaded (repo_version_files_sig) */
 } version_entry_t;
 
 typedef struct model_entry {
@@ -51,49 +52,6 @@ typedef struct model_entry {
     long long memory_bytes;        /* RSS growth across its last load, >= 1 when loaded */
     _Atomic uint64_t last_used_ns; /* last lookup (util_now_ns) */
 } model_entry_t;
-
-struct nereid_server {
-    char **repos; /* local paths; a remote one's local mirror once started */
-    size_t n_repos;
-    struct storage_remote **remotes; /* per repos[i]: its object storage, else NULL */
-    char *backend_dir;
-    char *server_id;
-    char *model_config_name; /* --model-config-name, or NULL */
-    nereid_server_options_t opts;
-    pthread_rwlock_t lock; /* guards models and every entry's versions */
-    model_entry_t **models;
-    size_t n_models;
-    /* Loads, unloads, polls and evictions run one at a time under control,
-     * except while one lets go of it around a backend's model code (init,
-     * finalize); the models each works on stay claimed meanwhile
-     * (repository.c, "Control"). */
-    pthread_mutex_t control;
-    pthread_cond_t claim_ended; /* with control */
-    struct repository_claim *claims;
-    size_t n_claims;
-    size_t n_async_unloads;         /* nereid_server_unload_model_async still finishing */
-    pthread_mutex_t on_demand_load; /* on-demand loads one at a time (RSS charge) */
-    pthread_t poll_thread;
-    bool poll_started;
-    pthread_mutex_t poll_lock;
-    pthread_cond_t poll_cond;
-    bool poll_stop;
-    _Atomic bool stopping;
-    _Atomic bool stopped;
-    bool init_failed; /* --exit-on-error=false and a repository failed: up, not live */
-    struct rate_limiter *rate_limiter; /* --rate-limit=execution_count; NULL: off */
-    struct nereid_tracer *tracer;      /* nereid_server_set_tracer, or NULL */
-    struct response_cache *cache;      /* --cache-config, or NULL (core/cache.h) */
-    /* --backend-config settings (owned copies) and the server's own global
-     * ones Triton adds: auto-complete-config, min-compute-capability,
-     * backend-directory */
-    nereid_backend_setting_t *backend_settings;
-    size_t n_backend_settings;
-    /* Load on demand: totals for the metrics. */
-    _Atomic uint64_t on_demand_loads, on_demand_load_failures, on_demand_evictions;
-    _Atomic uint64_t on_demand_load_ns;
-    struct on_demand_queue *on_demand; /* on_demand.c; NULL until first used */
-};
 
 /* With --model-namespacing an entry's key is its name, this separator and
  * its repository (a model name cannot contain it); without, its name. */

@@ -25,8 +25,10 @@
 #include "core/rate_limiter.h"
 #include "core/trace.h"
 #include "core/repository.h"
+#include "core/server_internal.h"
 #include "core/stats.h"
 #include "core/util.h"
+#include "core/watchdog.h"
 #include "sched/scheduler.h"
 #include "storage/storage.h"
 
@@ -176,6 +178,7 @@ nereid_error_t *nereid_server_new(const nereid_server_options_t *opts, nereid_se
             }
         }
     }
+    s->watchdog = watchdog_start(s, opts->model_progress_timeout_secs);
     *out = s;
     return NULL;
 }
@@ -184,6 +187,8 @@ void nereid_server_stop(nereid_server_t *s)
 {
     if (atomic_exchange(&s->stopping, true)) return;
     remote_repo_cancel_all(s); /* a poll's downloads end now */
+    watchdog_stop(s->watchdog);
+    s->watchdog = NULL;
     on_demand_stop(s);
     repository_stop(s);
     atomic_store(&s->stopped, true);
@@ -240,9 +245,12 @@ bool nereid_server_is_ready(nereid_server_t *s)
         if (e->state == MODEL_UNAVAILABLE && e->reason && strcmp(e->reason, "unloaded") == 0)
             continue;
         /* Triton: a version that is not ready because it was unloaded is fine */
-        for (size_t v = 0; v < e->n_versions; v++)
+        for (size_t v = 0; v < e->n_versions; v++) {
             ready &= e->versions[v].state == MODEL_READY ||
                      (e->versions[v].reason && strcmp(e->versions[v].reason, "unloaded") == 0);
+            /* --model-progress-timeout-secs: a wedged model cannot serve */
+            ready &= !(e->versions[v].model && atomic_load(&e->versions[v].model->wedged));
+        }
         ready &= e->state == MODEL_READY;
     }
     pthread_rwlock_unlock(&s->lock);
@@ -360,7 +368,8 @@ static nereid_error_t *submit(model_t *m, nereid_request_t *req,
         request_finish(req, NULL, FAILURE_OTHER);
         return NULL;
     }
-    err = model_start_instances(m);
+    err = atomic_load_explicit(&m->wedged, memory_order_relaxed) ? watchdog_refusal(m)
+                                                                 : model_start_instances(m);
     if (!err) err = m->sched->ops->enqueue(m->sched, req);
     if (err) {
         *stopped = atomic_load(&m->unloading);
@@ -567,6 +576,11 @@ nereid_error_t *nereid_server_model_config_proto(nereid_server_t *s, const char 
  * readiness check (nereid_backend_instance_ready, when it has one). */
 static bool model_instances_ready(model_t *m)
 {
+    if (atomic_load(&m->wedged)) {
+        LOG_VERBOSE("Model '%s' version %" PRId64 " is not ready: not making progress", m->name,
+                    m->version);
+        return false;
+    }
     if (!m->backend || !m->backend->instance_ready) return true;
     /* A hold keeps the instances from being finalized meanwhile (an unload
      * that started first is seen through m->unloading: not ready). */
@@ -755,6 +769,7 @@ nereid_error_t *nereid_server_metrics(nereid_server_t *s, char **text_out)
             if (s->models[i]->versions[v].model) models[k++] = s->models[i]->versions[v].model;
     stats_metrics_text(out, models, k, s->opts.metrics_counter_latencies,
                        s->opts.metrics_histogram_latencies);
+    if (s->opts.model_progress_timeout_secs > 0) stats_progress_text(out, models, k);
     /* Triton's pinned memory gauges (always present when metrics are on;
      * no CUDA here, so nothing is ever allocated from the pool). */
     fprintf(out,
@@ -775,11 +790,12 @@ nereid_error_t *nereid_server_metrics(nereid_server_t *s, char **text_out)
     return NULL;
 }
 
-void server_enable_summaries(model_t *m)
+void server_enable_latency_metrics(model_t *m)
 {
     /* Triton's default quantiles (MetricReporterConfig::quantiles_). */
     static const double defaults[] = {0.5, 0.9, 0.95, 0.99, 0.999};
     const nereid_server_options_t *o = &m->server->opts;
+    if (o->metrics_histogram_latencies) stats_enable_histograms(m);
     if (!o->metrics_summary_latencies) return;
     if (o->n_metrics_summary_quantiles)
         stats_enable_summaries(m, o->metrics_summary_quantiles, o->n_metrics_summary_quantiles);

@@ -37,40 +37,154 @@ struct latency_summary {
     size_t n_quantiles;
 };
 
+/* ---- Latency histograms ----
+ *
+ * prometheus-cpp's Histogram: a count per bucket (here not cumulative, one
+ * atomic add per observation; summed into cumulative _bucket lines at
+ * scrape time), the count and the sum. The time to first response always
+ * has one (in ms); the five phases get one under histogram_latencies=true
+ * (in µs), with the names and default buckets of Triton's core PR #474.
+ * model_metrics in config.pbtxt may replace any family's buckets. */
+
+#define MAX_HISTOGRAM_BUCKETS 64
+
+static bool cache_metrics_for(const model_t *m);
+
+struct latency_histogram {
+    size_t n_le;
+    double le[MAX_HISTOGRAM_BUCKETS];               /* upper bounds, as configured */
+    _Atomic uint64_t in[MAX_HISTOGRAM_BUCKETS + 1]; /* observations per bucket; last: +Inf */
+    _Atomic uint64_t count, sum;
+};
+
+typedef struct histogram_family {
+    const char *name, *help;
+    size_t offset;        /* of the stat_duration_t in model_stats_t */
+    double default_le[5]; /* Triton's buckets */
+} histogram_family_t;
+
 #define FIRST_RESPONSE_FAMILY "nv_inference_first_response_histogram_ms"
 
 /* Triton's default buckets of nv_inference_first_response_histogram_ms. */
 static const double first_response_le_ms[4] = {100, 500, 2000, 5000};
+
+static const histogram_family_t histogram_families[] = {
+    {"nv_inference_request_duration_histogram_us",
+     "Histogram of inference request duration in microseconds (includes cached requests)",
+     offsetof(model_stats_t, success),
+     {1000, 5000, 25000, 50000, 100000}},
+    {"nv_inference_queue_duration_histogram_us",
+     "Histogram of inference queuing duration in microseconds (includes cached requests)",
+     offsetof(model_stats_t, queue),
+     {100, 1000, 5000, 10000, 50000}},
+    {"nv_inference_compute_input_duration_histogram_us",
+     "Histogram of compute input duration in microseconds (does not include cached requests)",
+     offsetof(model_stats_t, compute_input),
+     {100, 500, 1000, 5000, 10000}},
+    {"nv_inference_compute_infer_duration_histogram_us",
+     "Histogram of compute inference duration in microseconds (does not include cached "
+     "requests)",
+     offsetof(model_stats_t, compute_infer),
+     {1000, 5000, 25000, 50000, 100000}},
+    {"nv_inference_compute_output_duration_histogram_us",
+     "Histogram of compute output duration in microseconds (does not include cached requests)",
+     offsetof(model_stats_t, compute_output),
+     {100, 500, 1000, 5000, 10000}},
+};
+
+/* The buckets cfg's model_metrics gives family, or NULL (*n untouched). */
+static const double *configured_buckets(const model_config_t *cfg, const char *family, size_t *n)
+{
+    const Inference__ModelMetrics *mm = cfg ? cfg->model_metrics : NULL;
+    const double *le = NULL;
+    for (size_t i = 0; mm && i < mm->n_metric_control; i++) {
+        const Inference__ModelMetrics__MetricControl *mc = mm->metric_control[i];
+        const char *name = mc->metric_identifier ? mc->metric_identifier->family : "";
+        if (strcmp(name, family) == 0 && mc->histogram_options &&
+            mc->histogram_options->n_buckets) {
+            le = mc->histogram_options->buckets;
+            *n = mc->histogram_options->n_buckets;
+        }
+    }
+    return le;
+}
+
+static struct latency_histogram *histogram_new(const model_config_t *cfg, const char *family,
+                                               const double *default_le, size_t n_default)
+{
+    size_t n = n_default;
+    const double *le = configured_buckets(cfg, family, &n);
+    if (!le) le = default_le;
+    if (n > MAX_HISTOGRAM_BUCKETS) {
+        LOG_WARN("Metric family '%s': only the first %d of its %zu buckets are kept", family,
+                 MAX_HISTOGRAM_BUCKETS, n);
+        n = MAX_HISTOGRAM_BUCKETS;
+    }
+    struct latency_histogram *h = xcalloc(1, sizeof *h);
+    h->n_le = n;
+    memcpy(h->le, le, n * sizeof *le);
+    return h;
+}
+
+static void histogram_observe(struct latency_histogram *h, uint64_t v)
+{
+    size_t b = 0;
+    while (b < h->n_le && !((double)v <= h->le[b]))
+        b++;
+    atomic_fetch_add_explicit(&h->in[b], 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&h->count, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&h->sum, v, memory_order_relaxed);
+}
+
+/* True when cfg's model_metrics may name family (Triton's customizable
+ * histograms). */
+static bool customizable(const char *family)
+{
+    if (strcmp(family, FIRST_RESPONSE_FAMILY) == 0) return true;
+    for (size_t f = 0; f < ARRAY_LEN(histogram_families); f++)
+        if (strcmp(family, histogram_families[f].name) == 0) return true;
+    return false;
+}
 
 void stats_init(model_stats_t *s, int64_t max_batch_size, const model_config_t *cfg)
 {
     s->n_batch = (size_t)(max_batch_size > 0 ? max_batch_size : 1) + 1;
     s->batch = xcalloc(s->n_batch, sizeof *s->batch);
     pthread_mutex_init(&s->resp_mu, NULL);
-    /* model_metrics may override a histogram's buckets, as in Triton. */
-    const double *le = first_response_le_ms;
-    size_t n = ARRAY_LEN(first_response_le_ms);
     const Inference__ModelMetrics *mm = cfg ? cfg->model_metrics : NULL;
     for (size_t i = 0; mm && i < mm->n_metric_control; i++) {
         const Inference__ModelMetrics__MetricControl *mc = mm->metric_control[i];
         const char *family = mc->metric_identifier ? mc->metric_identifier->family : "";
-        if (strcmp(family, FIRST_RESPONSE_FAMILY) != 0) {
+        if (!customizable(family))
             LOG_WARN("Metric family '%s' in 'metric_identifier' is not a customizable metric in "
                      "Triton core.",
                      family);
-        } else if (mc->histogram_options && mc->histogram_options->n_buckets) {
-            le = mc->histogram_options->buckets;
-            n = mc->histogram_options->n_buckets;
-        }
     }
-    s->n_fr_le = n;
-    s->fr_le = xcalloc(n, sizeof *s->fr_le);
-    memcpy(s->fr_le, le, n * sizeof *le);
-    s->fr_count = xcalloc(n, sizeof *s->fr_count);
+    s->first_response = histogram_new(cfg, FIRST_RESPONSE_FAMILY, first_response_le_ms,
+                                      ARRAY_LEN(first_response_le_ms));
+}
+
+static stat_duration_t *histogram_stat(model_t *m, size_t f)
+{
+    return (stat_duration_t *)((char *)&m->stats + histogram_families[f].offset);
+}
+
+void stats_enable_histograms(model_t *m)
+{
+    /* As the summaries: no request histogram for a cached model. */
+    bool cached = cache_metrics_for(m);
+    for (size_t f = 0; f < ARRAY_LEN(histogram_families); f++) {
+        if (f == 0 && cached) continue;
+        const histogram_family_t *hf = &histogram_families[f];
+        histogram_stat(m, f)->histogram =
+            histogram_new(m->config, hf->name, hf->default_le, ARRAY_LEN(hf->default_le));
+    }
 }
 
 static void summary_free(stat_duration_t *d)
 {
+    free(d->histogram);
+    d->histogram = NULL;
     if (!d->summary) return;
     pthread_mutex_destroy(&d->summary->mu);
     free(d->summary);
@@ -84,10 +198,8 @@ void stats_destroy(model_stats_t *s)
                                &s->cache_miss};
     for (size_t i = 0; i < ARRAY_LEN(with); i++)
         summary_free(with[i]);
-    free(s->fr_le);
-    free((void *)s->fr_count);
-    s->fr_le = NULL;
-    s->fr_count = NULL;
+    free(s->first_response);
+    s->first_response = NULL;
     free(s->batch);
     s->batch = NULL;
     for (size_t i = 0; i < s->n_resp_more; i++)
@@ -148,6 +260,7 @@ void stats_add(stat_duration_t *d, uint64_t ns)
     atomic_fetch_add_explicit(&d->count, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&d->ns, ns, memory_order_relaxed);
     if (d->summary) summary_observe(d->summary, ns);
+    if (d->histogram) histogram_observe(d->histogram, ns / 1000);
 }
 
 static json_t *duration_json(const stat_duration_t *d)
@@ -227,7 +340,6 @@ json_t *stats_model_json(const model_t *m)
                      "batch_stats", batches, "memory_usage", json_array());
 }
 
-static bool cache_metrics_for(const model_t *m);
 void stats_summaries_text(FILE *out, const model_t *const *models, size_t n_models);
 
 /* ---- Prometheus text ---- */
@@ -410,32 +522,53 @@ static void cache_metrics_per_model(FILE *out, const model_t *const *models, siz
 
 void stats_first_response(model_stats_t *s, uint64_t ms)
 {
-    for (size_t b = 0; b < s->n_fr_le; b++)
-        if ((double)ms <= s->fr_le[b]) atomic_fetch_add(&s->fr_count[b], 1);
-    atomic_fetch_add(&s->fr_total, 1);
-    atomic_fetch_add(&s->fr_sum_ms, ms);
+    histogram_observe(s->first_response, ms);
 }
 
-/* prometheus-cpp's histogram text: _count, _sum, then cumulative _bucket
- * lines with le. */
-static void first_response_text(FILE *out, const model_t *const *models, size_t n_models)
+/* prometheus-cpp's histogram text for one model: _count, _sum, then
+ * cumulative _bucket lines with le. */
+static void histogram_text(FILE *out, const char *name, const char *lab,
+                           const struct latency_histogram *h)
 {
-    static const char *name = FIRST_RESPONSE_FAMILY;
+    /* The buckets first: a scrape racing an observation then never shows
+     * a bucket above the count. */
+    uint64_t cumulative[MAX_HISTOGRAM_BUCKETS + 1], run = 0;
+    for (size_t b = 0; b <= h->n_le; b++)
+        cumulative[b] = run += atomic_load(&h->in[b]);
+    uint64_t total = atomic_load(&h->count);
+    if (total < run) total = run;
+    fprintf(out, "%s_count{%s} %llu\n%s_sum{%s} %llu\n", name, lab, (unsigned long long)total, name,
+            lab, (unsigned long long)atomic_load(&h->sum));
+    for (size_t b = 0; b < h->n_le; b++)
+        fprintf(out, "%s_bucket{%s,le=\"%.15g\"} %llu\n", name, lab, h->le[b],
+                (unsigned long long)cumulative[b]);
+    fprintf(out, "%s_bucket{%s,le=\"+Inf\"} %llu\n", name, lab, (unsigned long long)total);
+}
+
+static void histograms_text(FILE *out, const model_t *const *models, size_t n_models)
+{
     char lab[1024];
     fprintf(out,
             "# HELP %s Duration from request to first response in milliseconds\n"
             "# TYPE %s histogram\n",
-            name, name);
+            FIRST_RESPONSE_FAMILY, FIRST_RESPONSE_FAMILY);
     for (size_t i = 0; i < n_models; i++) {
-        const model_stats_t *s = &models[i]->stats;
         labels(lab, sizeof lab, models[i], NULL);
-        uint64_t total = atomic_load(&s->fr_total);
-        fprintf(out, "%s_count{%s} %llu\n%s_sum{%s} %llu\n", name, lab, (unsigned long long)total,
-                name, lab, (unsigned long long)atomic_load(&s->fr_sum_ms));
-        for (size_t b = 0; b < s->n_fr_le; b++)
-            fprintf(out, "%s_bucket{%s,le=\"%.15g\"} %llu\n", name, lab, s->fr_le[b],
-                    (unsigned long long)atomic_load(&s->fr_count[b]));
-        fprintf(out, "%s_bucket{%s,le=\"+Inf\"} %llu\n", name, lab, (unsigned long long)total);
+        histogram_text(out, FIRST_RESPONSE_FAMILY, lab, models[i]->stats.first_response);
+    }
+    for (size_t f = 0; f < ARRAY_LEN(histogram_families); f++) {
+        const histogram_family_t *hf = &histogram_families[f];
+        bool any = false;
+        for (size_t i = 0; i < n_models && !any; i++)
+            any = histogram_stat((model_t *)models[i], f)->histogram != NULL;
+        if (!any) continue;
+        fprintf(out, "# HELP %s %s\n# TYPE %s histogram\n", hf->name, hf->help, hf->name);
+        for (size_t i = 0; i < n_models; i++) {
+            const struct latency_histogram *h = histogram_stat((model_t *)models[i], f)->histogram;
+            if (!h) continue;
+            labels(lab, sizeof lab, models[i], NULL);
+            histogram_text(out, hf->name, lab, h);
+        }
     }
 }
 
@@ -467,10 +600,25 @@ void stats_metrics_text(FILE *out, const model_t *const *models, size_t n_models
             }
         }
     }
-    if (histogram_latencies) first_response_text(out, models, n_models);
+    if (histogram_latencies) histograms_text(out, models, n_models);
     stats_summaries_text(out, models, n_models);
     load_duration_text(out, models, n_models);
     cache_metrics_per_model(out, models, n_models);
+}
+
+void stats_progress_text(FILE *out, const model_t *const *models, size_t n_models)
+{
+    char lab[1024];
+    fputs("# HELP nereid_model_progress_timeouts_total Times the model was found not making "
+          "progress (--model-progress-timeout-secs)\n"
+          "# TYPE nereid_model_progress_timeouts_total counter\n",
+          out);
+    for (size_t i = 0; i < n_models; i++) {
+        if (!models[i]->backend) continue;
+        labels(lab, sizeof lab, models[i], NULL);
+        fprintf(out, "nereid_model_progress_timeouts_total{%s} %llu\n", lab,
+                (unsigned long long)atomic_load(&models[i]->stats.progress_timeouts));
+    }
 }
 
 /* ---- Latency summaries: families ---- */

@@ -28,7 +28,7 @@
 
 #include "core/core.h"
 #include "core/otlp.h"
-#include "core/repository.h"
+#include "core/server_internal.h"
 #include "core/util.h"
 
 #define TRACE_LEVEL_TIMESTAMPS 0x4u /* Triton's TRITONSERVER_TRACE_LEVEL_* bits */

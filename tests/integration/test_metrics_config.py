@@ -18,6 +18,16 @@ LATENCY_COUNTERS = ("nv_inference_request_duration_us", "nv_inference_queue_dura
                     "nv_inference_compute_infer_duration_us",
                     "nv_inference_compute_output_duration_us")
 HIST = "nv_inference_first_response_histogram_ms"
+# The phase histograms of Triton's core PR #474, with its default buckets.
+PHASES = {
+    "nv_inference_request_duration_histogram_us": ("1000", "5000", "25000", "50000", "100000"),
+    "nv_inference_queue_duration_histogram_us": ("100", "1000", "5000", "10000", "50000"),
+    "nv_inference_compute_input_duration_histogram_us": ("100", "500", "1000", "5000", "10000"),
+    "nv_inference_compute_infer_duration_histogram_us": ("1000", "5000", "25000", "50000",
+                                                          "100000"),
+    "nv_inference_compute_output_duration_histogram_us": ("100", "500", "1000", "5000",
+                                                           "10000"),
+}
 
 
 BUCKETS = """
@@ -25,6 +35,9 @@ model_metrics {
   metric_control: [ {
     metric_identifier { family: "nv_inference_first_response_histogram_ms" }
     histogram_options { buckets: [ 1, 2.5, 4, 8 ] }
+  }, {
+    metric_identifier { family: "nv_inference_queue_duration_histogram_us" }
+    histogram_options { buckets: [ 10, 20 ] }
   }, {
     metric_identifier { family: "nv_no_such_family" }
     histogram_options { buckets: [ 1 ] }
@@ -64,6 +77,50 @@ def test_defaults_counters_no_histogram(nereid_server, tmp_path):
     for family in LATENCY_COUNTERS:
         assert f"# TYPE {family} counter" in text
     assert HIST not in text
+    for family in PHASES:
+        assert family not in text
+
+
+def series(text, name, lab):
+    """{suffix-and-labels: value} of one model's lines of a histogram."""
+    out = {}
+    for line in text.splitlines():
+        if line.startswith(name + "_") and "{" + lab in line:
+            key, value = line.rsplit(" ", 1)
+            out[key[len(name):]] = int(value)
+    return out
+
+
+def test_phase_histograms(nereid_server, tmp_path):
+    s = nereid_server(repo(tmp_path), "--metrics-config=histogram_latencies=true")
+    for _ in range(3):
+        infer_fp32(s)
+    body = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 2], "data": [1, 2]}]}
+    r = requests.post(f"{s.http_url}/v2/models/id_buckets/infer", json=body, timeout=30)
+    assert r.status_code == 200, r.text
+    text = metrics(s)
+    lab = 'model="identity_fp32",version="1"'
+    for name, les in PHASES.items():
+        assert f"# TYPE {name} histogram\n" in text
+        got = series(text, name, lab)
+        assert got[f"_count{{{lab}}}"] == 3, (name, got)
+        buckets = [got[f'_bucket{{{lab},le="{le}"}}'] for le in les + ("+Inf",)]
+        assert buckets == sorted(buckets), (name, buckets)  # cumulative
+        assert buckets[-1] == 3
+        assert len(got) == len(les) + 3  # _count, _sum, the buckets and +Inf
+    # The request histogram's sum is the successes' share of the counter.
+    hsum = series(text, "nv_inference_request_duration_histogram_us", lab)[f"_sum{{{lab}}}"]
+    counter = [int(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(f"nv_inference_request_duration_us{{{lab}}}")][0]
+    assert counter - 3 <= hsum <= counter
+    # model_metrics replaces one family's buckets for that model only.
+    lab = 'model="id_buckets",version="1"'
+    got = series(text, "nv_inference_queue_duration_histogram_us", lab)
+    assert sorted(k for k in got if k.startswith("_bucket")) == sorted(
+        f'_bucket{{{lab},le="{le}"}}' for le in ("10", "20", "+Inf"))
+    assert got[f"_count{{{lab}}}"] == 1
+    out = s.output()
+    assert "nv_inference_queue_duration_histogram_us' in 'metric_identifier' is not" not in out
 
 
 def test_counter_latencies_false_histogram_true(nereid_server, tmp_path):

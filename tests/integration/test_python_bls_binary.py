@@ -1,4 +1,4 @@
-"""BLS_CALL and BLS_RESULT in binary (python.c, "BLS: a worker's request"),
+"""BLS_CALL and BLS_RESULT in binary (python_wire.h, "BLS_CALL and BLS_RESULT descriptions"),
 through the real binary: every field of a BLS request reaches the called
 model (request id, numeric and string correlation ids, sequence flags,
 parameters, requested outputs) and every part of its answer comes back
@@ -188,7 +188,7 @@ def server(tmp_path_factory):
 def run(server, mode, big=False):
     ins = [{"name": "MODE", "datatype": "BYTES", "data": [mode]}]
     if big:  # the EXECUTE then travels in the server's region (as JSON: a binary
-        # tensor would be referenced where the body landed, python.c "Request bodies")
+        # tensor would be referenced where the body landed, python_body.c "Request bodies")
         ins.append({"name": "BIG", "datatype": "FP32", "data": np.zeros(100000, np.float32),
                     "binary": False})
     r = post(server, "caller", ins)

@@ -1,4 +1,4 @@
-"""BLS results written in place (python.c, "BLS results in place"), through
+"""BLS results written in place (python_bls.c, "BLS results in place"), through
 the real binary: a model.py calls ONNX (outputs bound and unbound), C
 identity, Python and ensemble models whose large outputs the called model
 writes straight into the caller's reply region. Values are right, kept and

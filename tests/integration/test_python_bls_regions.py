@@ -1,4 +1,4 @@
-"""Large BLS messages in persistent regions (python.c, "BLS regions"),
+"""Large BLS messages in persistent regions (python_bls.c, "BLS regions"),
 through the real binary: BLS results a model keeps (across calls, across
 executes, more of them than there are region slots) keep their values; a
 result returned as the model's own output, or passed to another BLS call;
@@ -221,7 +221,7 @@ input [ { name: "MODE" data_type: TYPE_STRING dims: [ 1 ] } ]
 output [ { name: "OK" data_type: TYPE_BOOL dims: [ 1 ] } ]
 """
 
-# BLS inputs by reference (python.c, "BLS inputs by reference"): a model
+# BLS inputs by reference (python_bls.c, "BLS tensors by reference"): a model
 # passing its own large input X (a view of the server's EXECUTE region) to
 # BLS calls. Its own worker: "regions" counts the BLS_CALL regions it made
 # (none while every large input went by reference).

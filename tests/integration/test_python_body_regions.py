@@ -1,5 +1,5 @@
 """HTTP bodies of Python models' requests received straight into shared
-memory the worker maps read-only (backend ABI 1.10, python.c "Request
+memory the worker maps read-only (backend ABI 1.10, python_body.c "Request
 bodies"), through the real binary: identities at 256 KiB and 4 MiB (binary
 and JSON) answer right and read their inputs where the body landed; several
 clients at once get their own answers; an input a model keeps past execute
@@ -127,11 +127,12 @@ FORGER = """
 import json, sys
 import triton_python_backend_utils as pb_utils
 
-stub = sys.modules["__main__"]
+from nereid_stub import wire as stub
+from nereid_stub.host import Worker
 
 class TritonPythonModel:
     def initialize(self, args):
-        self.orig = stub.Worker.send_done
+        self.orig = Worker.send_done
         self.forge = None
         model = self
         def send_done(worker, meta, views=(), blob_len=0):
@@ -146,7 +147,7 @@ class TritonPythonModel:
                  + rec)
             worker.body_exec, worker.body_live = [], []
             return model.orig(worker, d)
-        stub.Worker.send_done = send_done
+        Worker.send_done = send_done
 
     def execute(self, requests):
         out = []
@@ -162,7 +163,7 @@ class TritonPythonModel:
 
 def stub_worker_slots():
     import gc
-    w = next(o for o in gc.get_objects() if isinstance(o, stub.Worker))
+    w = next(o for o in gc.get_objects() if isinstance(o, Worker))
     return w.body_exec
 """
 

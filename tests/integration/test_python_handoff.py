@@ -1,6 +1,6 @@
 """The python backend's hand-off of the worker's socket between execute and
-the reader thread (python.c, "Arming the reader"), and spin-wait-us (python.c,
-"spin-wait"), through the real binary.
+the reader thread (python_reader.c, "Arming the reader"), and spin-wait-us
+(python_spin.c), through the real binary.
 
 - Messages a model sends between executes (a thread's log lines and BLS
   calls) are read, in order, also while executes keep coming and after

@@ -1,7 +1,7 @@
 """pb_utils.is_model_ready about the model itself when the model defines
 is_ready(), through the real binary: the answer comes on the socket that
 the asking request's server thread reads, so that thread reads it itself
-(python.c ready_pump) instead of a thread per call. Asked from execute,
+(python_reader.c ready_pump) instead of a thread per call. Asked from execute,
 from a thread of the model while execute waits, and from a thread while
 execute returns (its DONE arrives while the check reads the socket).
 """

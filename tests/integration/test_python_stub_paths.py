@@ -1,8 +1,8 @@
 """The Python worker's fast path against its general path.
 
-A worker (build/backends/python/nereid_python_stub.py) runs on a socket
+A worker (build/backends/python/'s nereid_stub package) runs on a socket
 pair with bench/bench_python_stub.py playing the server; the same messages
-go to one worker with the fast path (nereid_python_stub.FAST_PATH: the main
+go to one worker with the fast path (nereid_stub.FAST_PATH: the main
 thread reads its EXECUTE itself, EXECUTE descriptions and DONE records
 remembered) and to one without it. Every answer must be the same bytes, and
 right: the fast path may only skip work, never change an answer.

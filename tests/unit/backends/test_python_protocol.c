@@ -1,6 +1,6 @@
 /*
  * This file contains the tests of the python backend's side of the worker
- * protocol (backends/python/python.c, included here): what a hostile
+ * protocol (backends/python/python_wire.c, included here, alone): what a hostile
  * worker can send — truncated or oversized datagrams, memfds that are not
  * sealed or too small, region messages out of place, JSON that is not an
  * object, tensor descriptions whose name, datatype, shape, offset or
@@ -8,9 +8,7 @@
  * statuses or tensor records do not fit — must be refused with a reason, never read out of
  * bounds (the ASan build checks that).
  */
-#include "../../../backends/python/python.c"
-#include "../../../backends/python/python_api.c"
-#include "../../../backends/python/python_env.c"
+#include "../../../backends/python/python_wire.c"
 
 #include "check.h"
 
@@ -639,108 +637,6 @@ static void test_bls_call(void)
     }
 }
 
-/* BLS results in place: where bls_alloc puts a call's outputs, and when
- * it declines them (the core's own memory; never released here). */
-static void test_bls_alloc(void)
-{
-    int fds[2];
-    CHECK(socketpair(AF_UNIX, SOCK_SEQPACKET, 0, fds) == 0);
-    chan_t *c = chan_new(fds[0]);
-    bls_call_t call = {.chan = c, .reply_slot = 3, .in_place = true};
-    void *buf[4], *bu[4];
-    /* small: declined, no region yet */
-    CHECK(!bls_alloc(&call, "A", NEREID_TYPE_FP32, NULL, 0, 1024, &buf[0], &bu[0]));
-    CHECK(!buf[0] && bu[0] == NEREID_ALLOC_DECLINED && !call.dst);
-    /* large: a new region of the call's own, not yet the slot's */
-    CHECK(!bls_alloc(&call, "B", NEREID_TYPE_FP32, NULL, 0, 256 << 10, &buf[1], &bu[1]));
-    region_t *r = call.dst;
-    CHECK(r && bu[1] == r && buf[1] == r->map && call.dst_new && !c->bls_tx[3]);
-    CHECK(r->size >= 2 * (256u << 10) + BLS_DESC_ROOM && c->bls_new_bytes == r->size);
-    CHECK(atomic_load(&r->refs) == 2); /* the call's and the buffer's */
-    /* the next one after it, aligned; BYTES never in the region */
-    CHECK(!bls_alloc(&call, "C", NEREID_TYPE_FP32, NULL, 0, 100001, &buf[2], &bu[2]));
-    CHECK(buf[2] == r->map + (256 << 10) && bu[2] == r);
-    CHECK(!bls_alloc(&call, "D", NEREID_TYPE_BYTES, NULL, 0, 100000, &buf[3], &bu[3]));
-    CHECK(!buf[3] && bu[3] == NEREID_ALLOC_DECLINED);
-    /* no room left: declined */
-    CHECK(!bls_alloc(&call, "E", NEREID_TYPE_FP32, NULL, 0, r->size, &buf[3], &bu[3]));
-    CHECK(!buf[3] && bu[3] == NEREID_ALLOC_DECLINED);
-    /* after the first response: declined */
-    call.dst_closed = true;
-    CHECK(!bls_alloc(&call, "F", NEREID_TYPE_FP32, NULL, 0, 1 << 16, &buf[3], &bu[3]));
-    CHECK(!buf[3] && bu[3] == NEREID_ALLOC_DECLINED);
-    for (int i = 1; i < 3; i++)
-        bls_release(NULL, buf[i], bu[i], 0);
-    CHECK(atomic_load(&r->refs) == 1);
-    /* The slot's region, free and large enough, is used as it is. */
-    c->bls_tx[3] = r;
-    c->bls_tx_bytes = r->size;
-    c->bls_new_bytes = 0;
-    bls_call_t again = {.chan = c, .reply_slot = 3, .in_place = true};
-    CHECK(!bls_alloc(&again, "B", NEREID_TYPE_FP32, NULL, 0, 300000, &buf[0], &bu[0]));
-    CHECK(again.dst == r && !again.dst_new && buf[0] == r->map && atomic_load(&r->refs) == 3);
-    /* ... but not while a response holds it: a new one */
-    bls_call_t held = {.chan = c, .reply_slot = 3, .in_place = true};
-    CHECK(!bls_alloc(&held, "B", NEREID_TYPE_FP32, NULL, 0, 300000, &buf[1], &bu[1]));
-    CHECK(held.dst && held.dst != r && held.dst_new);
-    bls_release(NULL, buf[1], bu[1], 0);
-    region_unref(held.dst);
-    c->bls_new_bytes = 0;
-    /* past the budget: declined */
-    c->bls_tx_bytes = BLS_BUDGET;
-    bls_call_t over = {.chan = c, .reply_slot = 5, .in_place = true};
-    CHECK(!bls_alloc(&over, "B", NEREID_TYPE_FP32, NULL, 0, 300000, &buf[1], &bu[1]));
-    CHECK(!buf[1] && bu[1] == NEREID_ALLOC_DECLINED && !over.dst && c->bls_new_bytes == 0);
-    c->bls_tx_bytes = r->size;
-    bls_release(NULL, buf[0], bu[0], 0);
-    region_unref(again.dst);
-    chan_unref(c);
-    close(fds[1]);
-}
-
-/* spin-wait's back-off: an interrupted spin stops the spinning only when
- * the spin before it was interrupted too (a lone interruption, such as
- * the reader thread's periodic check running once, is not contention);
- * SPIN_MISSES_MAX spins in a row that ran out stop it as before. */
-static void test_spin_back_off(void)
-{
-    backend_state_t bs = {.spin_max_ns = 200 * 1000};
-    backend_state_t *saved = g_backend;
-    g_backend = &bs;
-    _Atomic uint64_t word = 0;
-    instance_t in = {.spin_word = &word};
-    uint64_t now = 1000 * 1000 * 1000;
-    CHECK(spin_budget_ns(&in, now, true) == bs.spin_max_ns); /* still learning */
-    for (int i = 0; i < SPIN_RECENT; i++)
-        spin_record(&in, 20 * 1000, true, false);
-    CHECK(spin_budget_ns(&in, now, true) == 30 * 1000); /* 1.5 x the median */
-    /* interrupted once, answered meanwhile or not: the next execute spins */
-    spin_record(&in, 20 * 1000, true, true);
-    CHECK(in.spin_skip == 0 && spin_budget_ns(&in, now, true) != 0);
-    spin_record(&in, 20 * 1000, false, false);
-    spin_record(&in, 20 * 1000, false, true);
-    CHECK(in.spin_skip == 0 && spin_budget_ns(&in, now, true) != 0);
-    spin_record(&in, 20 * 1000, true, false); /* not interrupted: the count starts again */
-    spin_record(&in, 20 * 1000, true, true);
-    CHECK(in.spin_skip == 0);
-    /* interrupted twice in a row: no spin for SPIN_PROBE_EVERY executes */
-    spin_record(&in, 20 * 1000, true, true);
-    CHECK(in.spin_skip == SPIN_PROBE_EVERY);
-    for (int i = 0; i < SPIN_PROBE_EVERY; i++)
-        CHECK(spin_budget_ns(&in, now, true) == 0);
-    CHECK(spin_budget_ns(&in, now, true) != 0);
-    /* SPIN_MISSES_MAX spins in a row that ran out */
-    for (int i = 0; i < SPIN_MISSES_MAX - 1; i++)
-        spin_record(&in, 20 * 1000, false, false);
-    CHECK(in.spin_skip == 0);
-    spin_record(&in, 20 * 1000, false, false);
-    CHECK(in.spin_skip == SPIN_PROBE_EVERY);
-    /* never for an execute that is not alone */
-    in.spin_skip = 0;
-    CHECK(spin_budget_ns(&in, now, false) == 0);
-    g_backend = saved;
-}
-
 int main(void)
 {
     if (socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv) != 0) return 1;
@@ -749,8 +645,6 @@ int main(void)
     test_done_binary();
     test_tensor_records();
     test_bls_call();
-    test_bls_alloc();
-    test_spin_back_off();
     close(sv[0]);
     close(sv[1]);
     return check_summary();

@@ -373,6 +373,21 @@ static void test_reload_under_load(nereid_server_t *s)
     pthread_cond_destroy(&u.cond);
 }
 
+/* A model without config.pbtxt: its backend is guessed in one place,
+ * config_normalize (Triton's AutoCompleteBackendFields), from the first
+ * version directory by name: version 1's model.plan says TensorRT, although
+ * version 2 (the one loaded) has a model.onnx. */
+static void test_backend_guessed(nereid_server_t *s)
+{
+    write_file("guessed/1/model.plan", "");
+    write_file("guessed/2/model.onnx", "");
+    nereid_error_t *err = nereid_server_load_model(s, "guessed", NULL, NULL, NULL, NULL, 0);
+    CHECK(err != NULL);
+    CHECK_STR_CONTAINS(err ? nereid_error_message(err) : NULL,
+                       "unable to find backend library for backend 'tensorrt'");
+    nereid_error_free(err);
+}
+
 static void test_explicit(void)
 {
     make_models();
@@ -390,11 +405,12 @@ static void test_explicit(void)
     test_ensemble_loads_steps(s);
     test_overrides(s);
     test_reload_under_load(s);
+    test_backend_guessed(s);
     nereid_server_free(s);
     if (!remove_repo()) abort();
 }
 
-/* ---- Loads in parallel (repository.c, "Control") ---- */
+/* ---- Loads in parallel (repository_index.c, claims) ---- */
 
 typedef struct control_call {
     nereid_server_t *s;
