@@ -5,6 +5,7 @@
 # request and model headers (plus the generic core/util.h). The server's
 # state (core/server_internal.h) stays inside src/core, and the repository's
 # private header (core/repository_internal.h) inside the repository's files.
+# src/storage includes from src/core only util.h and libcurl.h.
 # Usage: scripts/check_layers.sh [source-dir]; exits 1 on a violation.
 root=${1:-$(dirname "$0")/..}
 status=0
@@ -16,6 +17,15 @@ for f in "$root"/src/sched/*.c "$root"/src/sched/*.h; do
     grep -n '#include "core/' "$f" |
         grep -v -e '#include "core/request.h"' -e '#include "core/model.h"' -e '#include "core/util.h"' |
         sed "s|^|$f: a scheduler may include only core/request.h, core/model.h, core/util.h: |" |
+        grep . && status=1
+done
+# Object storage (src/storage) sits below the core: it includes from
+# src/core only the generic util.h and libcurl.h, and nothing above.
+for f in "$root"/src/storage/*.c "$root"/src/storage/*.h; do
+    [ -e "$f" ] || continue
+    grep -n '#include "\(core\|sched\|http\|grpc\|backend\|frontend\|metrics\|config\)/' "$f" |
+        grep -v -e '#include "core/util.h"' -e '#include "core/libcurl.h"' |
+        sed "s|^|$f: object storage may include only core/util.h, core/libcurl.h: |" |
         grep . && status=1
 done
 # The request and model headers themselves stay below the core's.

@@ -20,3 +20,13 @@ if ! cmp -s "$K8S_VALIDATE/package-lock.json" "$K8S_VALIDATE/node_modules/.nerei
   (cd "$K8S_VALIDATE" && npm ci --no-audit --no-fund --silent)
   cp "$K8S_VALIDATE/package-lock.json" "$K8S_VALIDATE/node_modules/.nereid-lock"
 fi
+
+# Object storage emulators (s3rver, azurite) and the AWS / Azure SDK clients
+# that tests/integration/test_storage.py uploads with (npm, versions pinned by
+# tools/storage-emulators/package-lock.json); skipped when already installed.
+STORAGE_EMU=tools/storage-emulators
+if ! cmp -s "$STORAGE_EMU/package-lock.json" "$STORAGE_EMU/node_modules/.nereid-lock" 2>/dev/null; then
+  echo "setup: installing the object storage emulators from npm"
+  (cd "$STORAGE_EMU" && npm ci --no-audit --no-fund --silent)
+  cp "$STORAGE_EMU/package-lock.json" "$STORAGE_EMU/node_modules/.nereid-lock"
+fi

@@ -9,8 +9,6 @@
  */
 #include "core/otlp.h"
 
-#include <curl/curl.h>
-#include <dlfcn.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -18,6 +16,7 @@
 #include <sys/random.h>
 #include <time.h>
 
+#include "core/libcurl.h"
 #include "core/util.h"
 #include "otlp_trace.pb-c.h"
 
@@ -258,50 +257,37 @@ static size_t discard_body(char *ptr, size_t size, size_t nmemb, void *userp)
     return size * nmemb;
 }
 
-/* libcurl, opened with the first exporter (otel_exporter_new) rather than
- * linked: it and the ~20 libraries it needs (Kerberos, LDAP, SSH, ...)
- * would otherwise be mapped and relocated at every start, a sizable part
- * of the start-up of a server that exports no traces. All NULL when it
+/* libcurl (core/libcurl.h), opened with the first exporter; NULL when it
  * cannot be opened: the exporter then drops its spans (logged once). */
-static struct {
-    CURLcode (*global_init)(long flags);
-    CURL *(*easy_init)(void);
-    CURLcode (*easy_setopt)(CURL *curl, CURLoption option, ...);
-    CURLcode (*easy_perform)(CURL *curl);
-    CURLcode (*easy_getinfo)(CURL *curl, CURLINFO info, ...);
-    const char *(*easy_strerror)(CURLcode code);
-    void (*easy_cleanup)(CURL *curl);
-    struct curl_slist *(*slist_append)(struct curl_slist *list, const char *text);
-    void (*slist_free_all)(struct curl_slist *list);
-} lc;
+static const libcurl_api_t *lcp;
 
 static void post(otel_exporter_t *e, CURL *curl, otel_span_t **spans, size_t n)
 {
     uint8_t *body;
     size_t len = encode(e, spans, n, &body);
-    struct curl_slist *hdrs = lc.slist_append(NULL, "Content-Type: application/x-protobuf");
-    lc.easy_setopt(curl, CURLOPT_URL, e->url);
-    lc.easy_setopt(curl, CURLOPT_HTTPHEADER, hdrs);
-    lc.easy_setopt(curl, CURLOPT_POSTFIELDS, (const char *)body);
-    lc.easy_setopt(curl, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)len);
-    lc.easy_setopt(curl, CURLOPT_WRITEFUNCTION, discard_body);
-    lc.easy_setopt(curl, CURLOPT_TIMEOUT_MS, 10000L);
-    lc.easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
-    CURLcode rc = lc.easy_perform(curl);
+    struct curl_slist *hdrs = lcp->slist_append(NULL, "Content-Type: application/x-protobuf");
+    lcp->easy_setopt(curl, CURLOPT_URL, e->url);
+    lcp->easy_setopt(curl, CURLOPT_HTTPHEADER, hdrs);
+    lcp->easy_setopt(curl, CURLOPT_POSTFIELDS, (const char *)body);
+    lcp->easy_setopt(curl, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)len);
+    lcp->easy_setopt(curl, CURLOPT_WRITEFUNCTION, discard_body);
+    lcp->easy_setopt(curl, CURLOPT_TIMEOUT_MS, 10000L);
+    lcp->easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
+    CURLcode rc = lcp->easy_perform(curl);
     long status = 0;
-    if (rc == CURLE_OK) lc.easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &status);
+    if (rc == CURLE_OK) lcp->easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &status);
     if (rc != CURLE_OK)
-        LOG_ERROR("OTLP export of %zu spans to %s failed: %s", n, e->url, lc.easy_strerror(rc));
+        LOG_ERROR("OTLP export of %zu spans to %s failed: %s", n, e->url, lcp->easy_strerror(rc));
     else if (status < 200 || status >= 300)
         LOG_ERROR("OTLP export of %zu spans to %s failed: HTTP %ld", n, e->url, status);
-    lc.slist_free_all(hdrs);
+    lcp->slist_free_all(hdrs);
     free(body);
 }
 
 static void *exporter_main(void *arg)
 {
     otel_exporter_t *e = arg;
-    CURL *curl = lc.easy_init ? lc.easy_init() : NULL;
+    CURL *curl = lcp ? lcp->easy_init() : NULL;
     otel_span_t **batch = xcalloc(e->batch ? e->batch : 1, sizeof *batch);
     pthread_mutex_lock(&e->lock);
     for (;;) {
@@ -333,37 +319,15 @@ static void *exporter_main(void *arg)
     }
     pthread_mutex_unlock(&e->lock);
     free(batch);
-    if (curl) lc.easy_cleanup(curl);
+    if (curl) lcp->easy_cleanup(curl);
     return NULL;
 }
 
 static void curl_init_once(void)
 {
-    void *h = dlopen("libcurl.so.4", RTLD_NOW | RTLD_LOCAL);
-    void *f[9] = {NULL};
-    static const char *const names[9] = {
-        "curl_global_init",  "curl_easy_init",    "curl_easy_setopt",
-        "curl_easy_perform", "curl_easy_getinfo", "curl_easy_strerror",
-        "curl_easy_cleanup", "curl_slist_append", "curl_slist_free_all"};
-    bool ok = h != NULL;
-    for (size_t i = 0; ok && i < 9; i++)
-        ok = (f[i] = dlsym(h, names[i])) != NULL;
-    if (!ok) {
-        LOG_ERROR("OTLP trace export disabled: cannot open libcurl.so.4: %s", dlerror());
-        return;
-    }
-    /* (Object and function pointers share a representation on the
-     * platforms dlsym exists on; memcpy keeps -Wpedantic quiet.) */
-    memcpy(&lc.global_init, &f[0], sizeof f[0]);
-    memcpy(&lc.easy_init, &f[1], sizeof f[1]);
-    memcpy(&lc.easy_setopt, &f[2], sizeof f[2]);
-    memcpy(&lc.easy_perform, &f[3], sizeof f[3]);
-    memcpy(&lc.easy_getinfo, &f[4], sizeof f[4]);
-    memcpy(&lc.easy_strerror, &f[5], sizeof f[5]);
-    memcpy(&lc.easy_cleanup, &f[6], sizeof f[6]);
-    memcpy(&lc.slist_append, &f[7], sizeof f[7]);
-    memcpy(&lc.slist_free_all, &f[8], sizeof f[8]);
-    lc.global_init(CURL_GLOBAL_DEFAULT);
+    const char *why = NULL;
+    lcp = libcurl_get(&why);
+    if (!lcp) LOG_ERROR("OTLP trace export disabled: %s", why);
 }
 
 otel_exporter_t *otel_exporter_new(const otel_exporter_options_t *o)

@@ -91,4 +91,21 @@ bool repository_decoupled_on_disk(nereid_server_t *s, const char *name);
  * makes, from a backend's model init, must not wait for it). */
 bool repository_loading_on_demand(void);
 
+/* Object storage (remote_repo.c): opens every s3:// / as:// repository,
+ * puts its local mirror in s->repos and reads it (an error that stops the
+ * start only with --exit-on-error); NULL or the error. */
+nereid_error_t *remote_repo_open_all(nereid_server_t *s);
+/* Brings the mirrors in step (model's prefix only, or all when NULL); the
+ * first error (the others logged). Any thread. */
+nereid_error_t *remote_repo_sync(nereid_server_t *s, const char *model);
+/* remote_repo_sync of the model an explicit load names; its error is
+ * Triton's poll failure ("failed to load '<model>', failed to poll from
+ * model repository: <cause>"). Caller holds s->control. */
+nereid_error_t *remote_repo_sync_for_load(nereid_server_t *s, const char *model);
+/* Ends downloads under way and to come (a stopping server does not wait
+ * for them). Any thread. */
+void remote_repo_cancel_all(nereid_server_t *s);
+/* Removes the mirrors (after every model was unloaded). */
+void remote_repo_close_all(nereid_server_t *s);
+
 #endif

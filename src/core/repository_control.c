@@ -255,6 +255,11 @@ nereid_error_t *nereid_server_load_model(nereid_server_t *s, const char *model,
                                 "failed to load '%s', failed to poll from model repository", model);
     }
     pthread_mutex_lock(&s->control);
+    err = n_files ? NULL : remote_repo_sync_for_load(s, model); /* object storage */
+    if (err) {
+        pthread_mutex_unlock(&s->control);
+        return err;
+    }
     /* With --model-namespacing every repository's copy loads (Triton polls
      * the name in each repository). */
     size_t n_keys = 0;
@@ -448,8 +453,12 @@ void repository_poll(nereid_server_t *s)
         pthread_mutex_unlock(&s->control);
         return;
     }
+    nereid_error_t *err = remote_repo_sync(s, NULL); /* object storage */
+    if (err) {
+        LOG_ERROR("%s", nereid_error_message(err));
+        nereid_error_free(err);
+    }
     char **names;
-    nereid_error_t *err;
     size_t n = repo_scan_names(s, &names, &err);
     if (err) {
         LOG_ERROR("%s", nereid_error_message(err));

@@ -238,6 +238,8 @@ nereid_error_t *repository_start(nereid_server_t *s)
     pthread_mutex_init(&s->on_demand_load, NULL);
     pthread_mutex_init(&s->poll_lock, NULL);
     pthread_cond_init(&s->poll_cond, NULL);
+    nereid_error_t *remote_err = remote_repo_open_all(s); /* object storage */
+    if (remote_err) return remote_err;
     char **names;
     nereid_error_t *err;
     size_t n = repo_scan_names(s, &names, &err);

@@ -30,6 +30,7 @@
 #include "core/util.h"
 #include "core/watchdog.h"
 #include "sched/scheduler.h"
+#include "storage/storage.h"
 
 #define NEREID_VERSION "0.1.0"
 
@@ -54,6 +55,7 @@ void nereid_server_options_init(nereid_server_options_t *o)
  * directory but its model workers may. Caller frees. */
 static char *repository_path_as_given(const char *path)
 {
+    if (storage_is_remote(path)) return xstrdup(path); /* s3://, as://: src/storage/ */
     if (path[0] != '/') {
         char *real = realpath(path, NULL);
         return real ? real : xstrdup(path);
@@ -184,6 +186,7 @@ nereid_error_t *nereid_server_new(const nereid_server_options_t *opts, nereid_se
 void nereid_server_stop(nereid_server_t *s)
 {
     if (atomic_exchange(&s->stopping, true)) return;
+    remote_repo_cancel_all(s); /* a poll's downloads end now */
     watchdog_stop(s->watchdog);
     s->watchdog = NULL;
     on_demand_stop(s);
@@ -196,6 +199,7 @@ void nereid_server_free(nereid_server_t *s)
     if (!s) return;
     nereid_server_stop(s);
     on_demand_free(s);
+    remote_repo_close_all(s);
     for (size_t i = 0; i < s->n_repos; i++)
         free(s->repos[i]);
     free(s->repos);

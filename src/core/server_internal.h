@@ -20,8 +20,9 @@
 struct model_entry;
 
 struct nereid_server {
-    char **repos;
+    char **repos; /* local paths; a remote one's local mirror once started */
     size_t n_repos;
+    struct storage_remote **remotes; /* per repos[i]: its object storage, else NULL */
     char *backend_dir;
     char *server_id;
     char *model_config_name; /* --model-config-name, or NULL */
