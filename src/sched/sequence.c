@@ -776,46 +776,15 @@ static bool direct_held(seq_sched_t *q, seq_inst_t *si)
     return false;
 }
 
-/* ---- Rate limiting ----
- * A rate-limited instance takes its turn before it forms a batch (as the
- * dynamic batcher does), so requests wait for the turn in their queues,
- * where their deadlines apply; a turn whose requests left meanwhile goes
- * back before the instance waits. Both return true when they dropped the
- * lock (the caller looks again). Lock held. */
-static bool take_turn(seq_sched_t *q, model_instance_t *inst)
-{
-    if (!inst->rate_limit || inst->turn_held) return false;
-    pthread_mutex_unlock(&q->lock);
-    q->base.core->acquire_turn(inst);
-    pthread_mutex_lock(&q->lock);
-    return true;
-}
-
-static bool give_turn_back(seq_sched_t *q, model_instance_t *inst)
-{
-    if (!inst->turn_held) return false;
-    pthread_mutex_unlock(&q->lock);
-    q->base.core->release_turn(inst);
-    pthread_mutex_lock(&q->lock);
-    return true;
-}
-
-/* Leaves next_batch without a batch (lock held; released). */
-static bool leave_empty(seq_sched_t *q, model_instance_t *inst)
-{
-    pthread_mutex_unlock(&q->lock);
-    if (inst->turn_held) q->base.core->release_turn(inst);
-    return false;
-}
-
-static bool direct_next_batch(seq_sched_t *q, seq_inst_t *si, model_instance_t *inst,
-                              batch_t *batch)
+static bool direct_next_batch(seq_sched_t *q, seq_inst_t *si, batch_t *batch)
 {
     pthread_mutex_lock(&q->lock);
     size_t n_ready;
     for (;;) {
-        if (si->retired) /* seq_retire: it holds no sequence */
-            return leave_empty(q, inst);
+        if (si->retired) { /* seq_retire: it holds no sequence */
+            pthread_mutex_unlock(&q->lock);
+            return false;
+        }
         nereid_request_t *cancelled = NULL;
         if (sweep_cancelled(q, si, &cancelled)) {
             finish_cancelled(q, cancelled);
@@ -835,17 +804,18 @@ static bool direct_next_batch(seq_sched_t *q, seq_inst_t *si, model_instance_t *
             }
         }
         if (n_ready > 0) {
+            if (q->stopped || q->min_util <= 0.0f || q->delay_ns == 0 ||
+                (float)n_ready >= q->min_util * (float)si->n_slots)
+                break;
             uint64_t deadline = oldest + q->delay_ns;
-            if (!q->stopped && q->min_util > 0.0f && q->delay_ns != 0 &&
-                (float)n_ready < q->min_util * (float)si->n_slots && util_now_ns() < deadline) {
-                cond_wait_until(&si->cond, &q->lock, deadline);
-                continue;
-            }
-            if (take_turn(q, inst)) continue;
-            break;
+            if (util_now_ns() >= deadline) break;
+            cond_wait_until(&si->cond, &q->lock, deadline);
+            continue;
         }
-        if (q->stopped) return leave_empty(q, inst);
-        if (give_turn_back(q, inst)) continue;
+        if (q->stopped) {
+            pthread_mutex_unlock(&q->lock);
+            return false;
+        }
         pthread_cond_wait(&si->cond, &q->lock);
     }
     const nereid_request_t *first = NULL;
@@ -913,14 +883,15 @@ static size_t oldest_plan(seq_sched_t *q, seq_inst_t *si, size_t n, uint64_t now
     return 0;
 }
 
-static bool oldest_next_batch(seq_sched_t *q, seq_inst_t *si, model_instance_t *inst,
-                              batch_t *batch)
+static bool oldest_next_batch(seq_sched_t *q, seq_inst_t *si, batch_t *batch)
 {
     pthread_mutex_lock(&q->lock);
     size_t n, take;
     for (;;) {
-        if (si->retired) /* seq_retire: it holds no sequence */
-            return leave_empty(q, inst);
+        if (si->retired) { /* seq_retire: it holds no sequence */
+            pthread_mutex_unlock(&q->lock);
+            return false;
+        }
         nereid_request_t *cancelled = NULL;
         if (sweep_cancelled(q, si, &cancelled)) {
             finish_cancelled(q, cancelled);
@@ -948,13 +919,14 @@ static bool oldest_next_batch(seq_sched_t *q, seq_inst_t *si, model_instance_t *
         if (n > 0) {
             uint64_t deadline;
             take = oldest_plan(q, si, n, util_now_ns(), &deadline);
-            if (take && take_turn(q, inst)) continue;
             if (take) break;
             cond_wait_until(&si->cond, &q->lock, deadline);
             continue;
         }
-        if (q->stopped) return leave_empty(q, inst);
-        if (give_turn_back(q, inst)) continue;
+        if (q->stopped) {
+            pthread_mutex_unlock(&q->lock);
+            return false;
+        }
         pthread_cond_wait(&si->cond, &q->lock);
     }
     for (size_t j = 0; j < take; j++)
@@ -987,8 +959,7 @@ static bool seq_next_batch(scheduler_t *base, model_instance_t *inst, batch_t *b
     bool leave = !si || si->retired;
     pthread_mutex_unlock(&q->lock);
     if (leave) return false;
-    return q->oldest ? oldest_next_batch(q, si, inst, batch)
-                     : direct_next_batch(q, si, inst, batch);
+    return q->oldest ? oldest_next_batch(q, si, batch) : direct_next_batch(q, si, batch);
 }
 
 /* ---- In-place instance updates ---- */

@@ -259,32 +259,6 @@ static void test_sequence(nereid_server_t *s)
     waiter_destroy(&f);
 }
 
-/* A rate-limited sequence batcher: the sequence's request waits for the
- * instance's turn in its queue (another model holds the resource), and
- * times out there; the turn taken for it goes back, and the next sequence
- * runs. */
-static void test_rate_limited_sequence(nereid_server_t *s)
-{
-    long long execs = executions(s, "rlseq");
-    waiter_t a, b, c;
-    submit(s, request(s, "rl_holder", false, 0, "release-rlseq", "started-rlseq"), &a);
-    wait_file("started-rlseq");
-    nereid_request_t *req = request(s, "rlseq", false, 200000, NULL, NULL);
-    nereid_request_set_correlation_id(req, 5);
-    nereid_request_set_sequence_flags(req, true, true);
-    submit(s, req, &b);
-    check_expired(&b, SEQ_EXPIRED_TEXT, "rate-limited sequence");
-    CHECK(pending(&a));
-    write_file("release-rlseq", "");
-    CHECK(outcome_code(&a, NULL, 0) == -1);
-    req = request(s, "rlseq", false, 0, NULL, NULL);
-    nereid_request_set_correlation_id(req, 6);
-    nereid_request_set_sequence_flags(req, true, true);
-    submit(s, req, &c);
-    CHECK(outcome_code(&c, NULL, 0) == -1);
-    CHECK(executions(s, "rlseq") == execs + 1);
-}
-
 /* A request with time left is never touched: it waits as long as it must. */
 static void test_time_left(nereid_server_t *s)
 {
@@ -314,10 +288,6 @@ int main(void)
                            "[ { name: \"R\" global: true count: 1 } ] } } ]\n";
     testing_model("rl", 0, rl_group);
     testing_model("rl_holder", 0, rl_group);
-    char rlseq[512];
-    snprintf(rlseq, sizeof rlseq,
-             "%ssequence_batching { max_sequence_idle_microseconds: 60000000 }\n", rl_group);
-    testing_model("rlseq", 0, rlseq);
     write_model("ens", "name: \"ens\"\nplatform: \"ensemble\"\nmax_batch_size: 0\n" IO
                        "ensemble_scheduling { step [\n"
                        "  { model_name: \"step1\" input_map { key: \"INPUT0\" value: \"INPUT0\" }\n"
@@ -340,7 +310,6 @@ int main(void)
         test_policy_keeps_triton_rule(s);
         test_ensemble(s);
         test_sequence(s);
-        test_rate_limited_sequence(s);
         test_time_left(s);
         nereid_server_free(s);
     }
