@@ -465,11 +465,12 @@ static nereid_error_t *seq_enqueue(scheduler_t *base, nereid_request_t *req)
     s->last_arrival_ns = util_now_ns();
     /* deadlines only grow: wake the reaper only if it sleeps for good */
     if (q->reaper_wake_ns == UINT64_MAX) pthread_cond_signal(&q->reaper_cond);
-    if (req->deadline_ns) {
-        /* Backlogged: Triton's backlog timeout; with a position: Nereid's
-         * (expire_queued). */
+    if (s->inst < 0 && req->deadline_ns) {
+        /* Triton's rule: a request's timeout applies while its sequence
+         * waits in the backlog; a sequence with a position never loses a
+         * step to a timeout (L0_sequence_batcher test_request_timeout). */
         uint64_t exp = req->deadline_ns;
-        if (s->inst < 0 && (!s->expire_ns || exp < s->expire_ns)) s->expire_ns = exp;
+        if (!s->expire_ns || exp < s->expire_ns) s->expire_ns = exp;
         if (exp < q->reaper_wake_ns) pthread_cond_signal(&q->reaper_cond);
     }
     queue_push(q, s, req);
@@ -1023,7 +1024,6 @@ static void requeue(seq_sched_t *q, seq_t *s, nereid_request_t *req)
 {
     req->reschedule = false;
     req->seq_start = req->seq_end = false;
-    req->deadline_ns = 0; /* it has started: its timeout was for the queue */
     nereid_response_free(req->response);
     req->response = request_new_response(req);
     s->last_arrival_ns = util_now_ns();
@@ -1107,45 +1107,6 @@ static uint64_t expire_backlog(seq_sched_t *q, uint64_t now, nereid_request_t **
     return next;
 }
 
-/* Beyond Triton, whose sequences with a position ignore request timeouts:
- * a sequence with a position whose queued request's deadline passed ends
- * as a backlogged one does (its queued requests fail with the backlog's
- * text; a later request for its id needs START), like a cancelled one: a
- * sequence missing a step must not run on. A request already executing
- * completes. Returns the next deadline among the queued requests that
- * stay. Lock held; the failed requests are appended to *failed_tail. */
-static uint64_t expire_queued(seq_sched_t *q, uint64_t now, nereid_request_t ***failed_tail)
-{
-    uint64_t next = UINT64_MAX;
-    for (size_t i = 0; i < q->n_insts; i++) {
-        seq_inst_t *si = q->insts[i];
-        for (size_t k = 0; k < si->n_slots; k++) {
-            seq_t *s = si->slots[k];
-            bool expired = false;
-            for (const nereid_request_t *r = s ? s->qhead : NULL; r; r = r->next) {
-                if (request_expired(r, now))
-                    expired = true;
-                else if (r->deadline_ns && r->deadline_ns < next)
-                    next = r->deadline_ns;
-            }
-            if (!expired) continue;
-            for (nereid_request_t *r = s->qhead; r; r = r->next) {
-                r->sched_data = NULL;
-                atomic_fetch_sub(&q->base.model->stats.pending, 1);
-            }
-            **failed_tail = s->qhead;
-            *failed_tail = &s->qtail->next;
-            s->qhead = s->qtail = NULL;
-            seq_unhash(q, s);
-            if (s->in_flight)
-                s->force_end = true; /* released when its request completes */
-            else
-                seq_release(q, s); /* may give the position to a backlogged one */
-        }
-    }
-    return next;
-}
-
 static void finish_all(nereid_request_t *list, nereid_error_code_t code, const char *msg,
                        failure_reason_t reason)
 {
@@ -1165,8 +1126,6 @@ static void *reaper_main(void *arg)
         uint64_t now = util_now_ns();
         nereid_request_t *failed = NULL, **tail = &failed;
         uint64_t next = expire_backlog(q, now, &tail);
-        uint64_t next_queued = expire_queued(q, now, &tail);
-        if (next_queued < next) next = next_queued;
         if (failed) {
             pthread_mutex_unlock(&q->lock);
             finish_all(failed, NEREID_ERROR_UNAVAILABLE,

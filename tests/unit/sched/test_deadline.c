@@ -1,9 +1,11 @@
 /*
- * Request deadlines (the client's timeout) in every queue: a request whose
- * timeout passes while it is queued behind an execution that does not end
- * fails with Triton's timed-out error (UNAVAILABLE "Request timeout
- * expired"; the sequence batcher's own text) and counts as a REJECTED
- * failure, without executing; requests without a timeout are untouched.
+ * Request deadlines (the client's timeout) in every queue (default
+ * scheduler, dynamic batcher, rate limiter, ensemble steps; the sequence
+ * batcher's backlog, as Triton): a request whose timeout passes while it is
+ * queued behind an execution that does not end fails with Triton's
+ * timed-out error (UNAVAILABLE "Request timeout expired"; the sequence
+ * batcher's own text) and counts as a REJECTED failure, without executing;
+ * requests without a timeout are untouched.
  * The blocking execution ends only when the test creates a file, and only
  * after the timed-out request has answered: the answer cannot come from an
  * instance looking at its queue. Sleeps only make sure a deadline passed
@@ -217,10 +219,11 @@ static void seq_request(nereid_server_t *s, uint64_t id, bool start, bool end, u
     submit(s, req, w);
 }
 
-/* Sequence batcher: a sequence with a position whose queued request times
- * out ends (its queued requests fail, its id needs START again); the
- * executing request completes. A backlogged sequence (no free position)
- * times out as in Triton. */
+/* Sequence batcher, Triton's rule: a request's timeout applies while its
+ * sequence waits in the backlog for a position (the whole backlogged
+ * sequence then fails, with the backlog's text); the requests of a
+ * sequence that holds a position never time out, so a sequence never
+ * loses a step (Triton's L0_sequence_batcher test_request_timeout). */
 static void test_sequence(nereid_server_t *s)
 {
     long long execs = executions(s, "seq");
@@ -229,23 +232,23 @@ static void test_sequence(nereid_server_t *s)
     seq_request(s, 7, true, false, 0, "release-seq", "started-seq", &a);
     wait_file("started-seq");
     seq_request(s, 7, false, false, 200000, NULL, NULL, &b);
-    seq_request(s, 7, false, true, 0, NULL, NULL, &c);
     /* Backlogged: the model's one slot is sequence 7's. */
-    seq_request(s, 9, true, true, 200000, NULL, NULL, &d);
-    check_expired(&b, SEQ_EXPIRED_TEXT, "sequence, queued");
-    check_expired(&c, SEQ_EXPIRED_TEXT, "sequence, queued behind");
-    check_expired(&d, SEQ_EXPIRED_TEXT, "sequence, backlogged");
+    seq_request(s, 9, true, false, 200000, NULL, NULL, &c);
+    seq_request(s, 9, false, true, 0, NULL, NULL, &d);
+    check_expired(&c, SEQ_EXPIRED_TEXT, "sequence, backlogged");
+    check_expired(&d, SEQ_EXPIRED_TEXT, "sequence, backlogged behind");
     CHECK(pending(&a));
+    usleep(50000); /* past B's timeout too */
+    seq_request(s, 7, false, true, 0, NULL, NULL, &e);
     write_file("release-seq", "");
     CHECK(outcome_code(&a, NULL, 0) == -1);
-    CHECK(executions(s, "seq") == execs + 1);
-    CHECK(failures(s, "seq", "REJECTED") == rejected + 3);
-    /* The slot is free again: a new sequence runs. */
-    seq_request(s, 8, true, true, 0, NULL, NULL, &e);
+    CHECK(outcome_code(&b, NULL, 0) == -1);
     CHECK(outcome_code(&e, NULL, 0) == -1);
-    /* Sequence 7 has ended: a request without START is refused. */
+    CHECK(executions(s, "seq") == execs + 3);
+    CHECK(failures(s, "seq", "REJECTED") == rejected + 2);
+    /* Sequence 9 has ended: a request without START is refused. */
     nereid_request_t *req = request(s, "seq", false, 0, NULL, NULL);
-    nereid_request_set_correlation_id(req, 7);
+    nereid_request_set_correlation_id(req, 9);
     nereid_request_set_sequence_flags(req, false, true);
     waiter_t f;
     waiter_init(&f);
