@@ -262,6 +262,31 @@ static void test_sequence(nereid_server_t *s)
     waiter_destroy(&f);
 }
 
+/* A request cancelled while it waits for a rate-limited instance's turn is
+ * completed as CANCELLED without executing and counts with reason
+ * CANCELED. */
+static void test_rate_limited_cancel(nereid_server_t *s)
+{
+    long long execs = executions(s, "rl");
+    long long canceled = failures(s, "rl", "CANCELED");
+    waiter_t a, b, c;
+    submit(s, request(s, "rl_holder", false, 0, "release-rlc", "started-rlc"), &a);
+    wait_file("started-rlc");
+    nereid_cancel_token_t *t = nereid_cancel_token_new();
+    nereid_request_t *req = request(s, "rl", false, 0, NULL, NULL);
+    nereid_request_set_cancel_token(req, t);
+    submit(s, req, &b);
+    nereid_request_cancel(t);
+    nereid_cancel_token_free(t);
+    write_file("release-rlc", "");
+    CHECK(outcome_code(&a, NULL, 0) == -1);
+    CHECK(outcome_code(&b, NULL, 0) == NEREID_ERROR_CANCELLED);
+    submit(s, request(s, "rl", false, 0, NULL, NULL), &c);
+    CHECK(outcome_code(&c, NULL, 0) == -1);
+    CHECK(executions(s, "rl") == execs + 1);
+    CHECK(failures(s, "rl", "CANCELED") == canceled + 1);
+}
+
 /* A request with time left is never touched: it waits as long as it must. */
 static void test_time_left(nereid_server_t *s)
 {
@@ -313,6 +338,7 @@ int main(void)
         test_policy_keeps_triton_rule(s);
         test_ensemble(s);
         test_sequence(s);
+        test_rate_limited_cancel(s);
         test_time_left(s);
         nereid_server_free(s);
     }
