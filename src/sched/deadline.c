@@ -79,6 +79,9 @@ static void *timer_main(void *arg)
 void sched_timer_arm(sched_timer_t *t, uint64_t due_ns)
 {
     if (!due_ns) return;
+    /* Deadlines within one tick share one call (a fire scans its queue). */
+    if (due_ns <= UINT64_MAX - SCHED_TIMER_TICK_NS)
+        due_ns = (due_ns + SCHED_TIMER_TICK_NS - 1) / SCHED_TIMER_TICK_NS * SCHED_TIMER_TICK_NS;
     pthread_once(&timer_once, timer_init);
     pthread_mutex_lock(&timer_lock);
     if (!started && !start_failed) {

@@ -14,6 +14,11 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+/* A timer fires at most this late: deadlines within one tick share a call,
+ * so a queue of requests with distinct deadlines is not scanned once per
+ * request. */
+#define SCHED_TIMER_TICK_NS 1000000u
+
 typedef struct sched_timer sched_timer_t;
 
 struct sched_timer {
