@@ -353,14 +353,14 @@ static nereid_error_t *submit(model_t *m, nereid_request_t *req,
     req->done_fn = done_fn;
     req->done_userp = done_userp;
     request_prepare_response(req);
-    if (cache_lookup(req)) { /* a hit: the response is filled */
-        request_finish(req, NULL, FAILURE_OTHER);
-        return NULL;
-    }
     if (request_expired(req, now)) {
         /* An ensemble step whose request's deadline passed before it
          * reached this step: it would only queue to expire. */
         request_finish_expired(req, NULL);
+        return NULL;
+    }
+    if (cache_lookup(req)) { /* a hit: the response is filled */
+        request_finish(req, NULL, FAILURE_OTHER);
         return NULL;
     }
     err = model_start_instances(m);
