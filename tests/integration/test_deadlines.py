@@ -20,6 +20,7 @@ import pytest
 import requests
 
 from grpc_util import infer_request, stubs
+from http_helpers import pending_requests
 from test_python_backend import write
 
 pb, pbg, _, _ = stubs()
@@ -181,16 +182,24 @@ def test_grpc_timeout_in_default_queue(server, tmp_path):
 
 def test_grpc_deadline_cancels_queued_unary_call(server, tmp_path):
     """Triton #7532: a sync client that gave up leaves its request queued.
-    Here the call's deadline cancels it: it never executes."""
+    Here the call's deadline cancels it: it never executes. The server
+    hears of the passed deadline a moment after the client does (gRPC's
+    cancellation, on its own thread), and a cancelled request leaves the
+    queue when the instance looks at it: A is not released but ends at the
+    testing backend's 10 s bound, which leaves the cancellation seconds to
+    arrive instead of the moment between the client's error and a release."""
     s = server
     with grpc.insecure_channel(s.grpc_addr) as ch:
         stub = pbg.GRPCInferenceServiceStub(ch)
-        fut = stub.ModelInfer.future(slow_request(1, blocking_params(tmp_path)), timeout=60)
+        a_params = {"wait_for_file": str(tmp_path / "never"), "started_file": str(tmp_path / "started")}
+        fut = stub.ModelInfer.future(slow_request(1, a_params), timeout=60)
         wait_for(lambda: os.path.exists(tmp_path / "started"), "A did not start")
+        call = stub.ModelInfer.future(slow_request(2), timeout=2)
+        # Queued (the pending gauge stays 1 until the instance looks).
+        wait_for(lambda: pending_requests(s, "slow") == 1, "B was not queued")
         with pytest.raises(grpc.RpcError) as e:
-            stub.ModelInfer(slow_request(2), timeout=0.3)
+            call.result()
         assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-        (tmp_path / "release").write_text("")
         assert fut.result().id == "r1"
         wait_for(lambda: failures(s, "slow", "CANCELED") == 1, "the queued call was not cancelled")
         assert executions(s, "slow") == 1
