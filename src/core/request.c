@@ -155,6 +155,27 @@ void request_finish_cancelled(nereid_request_t *req)
     request_finish(req, nereid_error_new(NEREID_ERROR_CANCELLED, "%s", ""), FAILURE_CANCELED);
 }
 
+/* Microseconds to nanoseconds, capped (~146 years) so that sums with
+ * monotonic timestamps cannot overflow. */
+static uint64_t us_to_ns(uint64_t us)
+{
+    const uint64_t cap_ns = UINT64_MAX / 4;
+    return us > cap_ns / 1000 ? cap_ns : us * 1000;
+}
+
+void request_start_deadline(nereid_request_t *req, uint64_t now)
+{
+    if (!req->deadline_ns && req->timeout_us) req->deadline_ns = now + us_to_ns(req->timeout_us);
+}
+
+void request_finish_expired(nereid_request_t *req, const char *text)
+{
+    request_finish(
+        req,
+        nereid_error_new(NEREID_ERROR_UNAVAILABLE, "%s", text ? text : "Request timeout expired"),
+        FAILURE_REJECTED);
+}
+
 nereid_error_t *nereid_request_set_id(nereid_request_t *req, const char *id)
 {
     if (req->id) request_strfree(req, req->id);

@@ -81,7 +81,7 @@ typedef struct resp_output {
  * serves (request.c asserts it). */
 #define REQ_INLINE_INPUTS 3
 #define REQ_INLINE_OUTPUTS 4
-#define REQ_ARENA_BYTES 168
+#define REQ_ARENA_BYTES 160
 #define RESP_INLINE_OUTPUTS 3
 #define RESP_ARENA_BYTES 320
 
@@ -114,6 +114,10 @@ struct nereid_request {
     size_t n_params;
     uint64_t priority;
     uint64_t timeout_us;
+    /* The client's timeout as a monotonic time (0: none): set once, when
+     * the request is first submitted (request_start_deadline); an ensemble
+     * step inherits its ensemble request's. */
+    uint64_t deadline_ns;
     uint64_t corr_id;
     char *corr_id_str; /* string correlation id, or NULL */
     bool seq_start, seq_end;
@@ -271,6 +275,25 @@ static inline bool request_cancelled(const nereid_request_t *req)
 /* Completes a cancelled request without running it: Triton's CANCELLED
  * status (empty message), failure reason CANCELED. */
 void request_finish_cancelled(nereid_request_t *req);
+/* ---- Deadlines: one rule for every queue (docs/requests.md, Timeouts) ----
+ * A request whose client gave a timeout (timeout_us) must leave any queue
+ * by its deadline: the client's timeout measured from its first submission.
+ * Every scheduler removes a queued request whose deadline passed and
+ * finishes it with request_finish_expired. */
+
+/* Sets req->deadline_ns from its timeout at now, unless it has one
+ * already (an ensemble step's, inherited). */
+void request_start_deadline(nereid_request_t *req, uint64_t now);
+/* Whether req's deadline has passed at now. */
+static inline bool request_expired(const nereid_request_t *req, uint64_t now)
+{
+    return req->deadline_ns && now >= req->deadline_ns;
+}
+/* Finishes a request whose deadline passed in a queue: Triton's timed-out
+ * request, UNAVAILABLE with text (NULL: "Request timeout expired", the
+ * dynamic batcher's), failure reason REJECTED. */
+void request_finish_expired(nereid_request_t *req, const char *text);
+
 /* Gives dst the cancel token of src (an ensemble step: its request's). */
 void request_share_cancel(nereid_request_t *dst, const nereid_request_t *src);
 /* Streamed requests (nereid_server_infer_stream; decoupled.c) for a

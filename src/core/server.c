@@ -395,6 +395,7 @@ static nereid_error_t *submit(model_t *m, nereid_request_t *req,
     req->t_request_ns = now;
     req->t_queue_start_ns = now;
     req->t_compute_start_ns = 0;
+    request_start_deadline(req, now);
     if (req->trace) trace_request_start(req);
     /* Triton's dynamic-batch and ensemble schedulers trace the inputs they
      * take (its sequence batcher does not). */
@@ -408,6 +409,12 @@ static nereid_error_t *submit(model_t *m, nereid_request_t *req,
     req->done_fn = done_fn;
     req->done_userp = done_userp;
     request_prepare_response(req);
+    if (request_expired(req, now)) {
+        /* An ensemble step whose request's deadline passed before it
+         * reached this step: it would only queue to expire. */
+        request_finish_expired(req, NULL);
+        return NULL;
+    }
     if (cache_lookup(req)) { /* a hit: the response is filled */
         request_finish(req, NULL, FAILURE_OTHER);
         return NULL;

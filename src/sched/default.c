@@ -30,9 +30,11 @@
  * the work comes to them on the caller's thread.
  */
 #include <pthread.h>
+#include <stddef.h>
 #include <stdlib.h>
 
 #include "core/util.h"
+#include "sched/deadline.h"
 #include "sched/scheduler.h"
 
 #define SPIN_DEFAULT_NS 20000u   /* longest idle spin after a batch */
@@ -64,6 +66,7 @@ typedef struct default_scheduler {
     _Atomic uint32_t spin_backoff; /* spin_skip after the next timed-out spin */
     uint64_t spin_ns;              /* spin bound; 0: never spin */
     uint64_t inline_ns;            /* inline runs for executions this short; 0: never */
+    sched_timer_t timer;           /* armed for the earliest queued deadline */
 } default_scheduler_t;
 
 /* Whether the model's executions are short enough to run on the caller. */
@@ -143,6 +146,7 @@ static nereid_error_t *default_enqueue(scheduler_t *s, nereid_request_t *req)
     else
         d->head = req;
     d->tail = req;
+    if (req->deadline_ns) sched_timer_arm(&d->timer, req->deadline_ns);
     atomic_fetch_add(&s->model->stats.pending, 1);
     size_t queued = atomic_fetch_add(&d->n_queued, 1) + 1;
     /* Each seeking instance takes a request without a wake-up: it checks
@@ -162,6 +166,42 @@ static nereid_request_t *pop_locked(default_scheduler_t *d)
     atomic_fetch_sub(&d->n_queued, 1);
     atomic_fetch_sub(&d->base.model->stats.pending, 1);
     return req;
+}
+
+/* The deadline timer: fails the queued requests whose deadline passed,
+ * even while every instance is busy, and arms the timer for the next. */
+static void default_fire(sched_timer_t *t)
+{
+    default_scheduler_t *d =
+        (default_scheduler_t *)((char *)t - offsetof(default_scheduler_t, timer));
+    nereid_request_t *expired = NULL, **tail = &expired;
+    uint64_t now = util_now_ns(), next = 0;
+    pthread_mutex_lock(&d->lock);
+    nereid_request_t **link = &d->head, *prev = NULL;
+    while (*link) {
+        nereid_request_t *r = *link;
+        if (!request_expired(r, now)) {
+            if (r->deadline_ns && (!next || r->deadline_ns < next)) next = r->deadline_ns;
+            prev = r;
+            link = &r->next;
+            continue;
+        }
+        *link = r->next;
+        if (d->tail == r) d->tail = prev;
+        r->next = NULL;
+        *tail = r;
+        tail = &r->next;
+        atomic_fetch_sub(&d->n_queued, 1);
+        atomic_fetch_sub(&d->base.model->stats.pending, 1);
+    }
+    if (next && !d->stopped) sched_timer_arm(&d->timer, next);
+    pthread_mutex_unlock(&d->lock);
+    while (expired) {
+        nereid_request_t *r = expired;
+        expired = r->next;
+        r->next = NULL;
+        request_finish_expired(r, NULL);
+    }
 }
 
 /* Claims a blocked, unclaimed instance (lock held). */
@@ -311,6 +351,14 @@ again:
     pthread_mutex_lock(&d->lock);
     default_inst_t *di = inst->sched_state;
     if (!di) inst->sched_state = di = xcalloc(1, sizeof *di);
+    if (!can_take(d, inst, di) && inst->turn_held) {
+        /* The requests it took the turn for left the queue (expired,
+         * taken by another instance): give the turn back before waiting. */
+        atomic_fetch_sub(&d->n_seeking, 1);
+        pthread_mutex_unlock(&d->lock);
+        s->core->release_turn(inst);
+        goto again;
+    }
     if (!can_take(d, inst, di)) {
         atomic_fetch_sub(&d->n_seeking, 1);
         while (!can_take(d, inst, di)) {
@@ -327,7 +375,16 @@ again:
         /* Removed by an instance update: leave; another takes the queue. */
         if (d->head) wake_locked(d);
         pthread_mutex_unlock(&d->lock);
+        if (inst->turn_held) s->core->release_turn(inst);
         return false;
+    }
+    if (d->head && inst->rate_limit && !inst->turn_held) {
+        /* Rate limited: the request waits for the instance's turn in this
+         * queue, where its deadline still applies (Triton's rate limiter
+         * hands a scheduler an instance first, as in dynamic.c). */
+        pthread_mutex_unlock(&d->lock);
+        s->core->acquire_turn(inst);
+        goto again;
     }
     nereid_request_t *req = d->head ? pop_locked(d) : NULL;
     if (req) {
@@ -335,10 +392,18 @@ again:
         if (d->head) wake_locked(d);
     }
     pthread_mutex_unlock(&d->lock);
-    if (!req) return false;
+    if (!req) {
+        if (inst->turn_held) s->core->release_turn(inst);
+        return false;
+    }
     if (request_cancelled(req)) {
         /* Removed from the queue without running (Triton's CANCELLED). */
         request_finish_cancelled(req);
+        goto again;
+    }
+    if (request_expired(req, util_now_ns())) {
+        /* Its deadline passed before the timer took it out. */
+        request_finish_expired(req, NULL);
         goto again;
     }
     batch_add(batch, req);
@@ -353,6 +418,9 @@ static void default_stop(scheduler_t *s)
     atomic_store(&d->stop_flag, true);
     pthread_cond_broadcast(&d->cond);
     pthread_mutex_unlock(&d->lock);
+    /* Queued requests still drain; their deadlines apply as they are
+     * taken. */
+    sched_timer_disarm(&d->timer);
 }
 
 static void default_wake(scheduler_t *s)
@@ -366,6 +434,7 @@ static void default_wake(scheduler_t *s)
 static void default_destroy(scheduler_t *s)
 {
     default_scheduler_t *d = (default_scheduler_t *)s;
+    sched_timer_disarm(&d->timer);
     /* Instances drained the queue before exiting; anything left failed. */
     while (d->head) {
         nereid_request_t *r = d->head;
@@ -400,6 +469,7 @@ nereid_error_t *default_scheduler_create(model_t *m, const sched_core_t *core, s
     d->base.core = core;
     pthread_mutex_init(&d->lock, NULL);
     pthread_cond_init(&d->cond, NULL);
+    d->timer.fire = default_fire;
     /* NEREID_SPIN_US: the idle spin's upper bound in µs (0 disables). */
     const char *env = getenv("NEREID_SPIN_US");
     d->spin_ns = env && *env ? (uint64_t)strtoull(env, NULL, 10) * 1000u : SPIN_DEFAULT_NS;

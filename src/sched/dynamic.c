@@ -11,18 +11,23 @@
  * when the delay is 0). Requests never split; requests only batch with
  * requests whose non-batch input shapes agree (ragged inputs exempt). Queue
  * policies reject at enqueue when a level is full, and reject or delay
- * requests whose time in the queue passes their timeout. With
+ * requests whose time in the queue passes their timeout, by Triton's rules;
+ * a level without a queue policy (plain `dynamic_batching { }`) fails a
+ * request once the client's timeout passes, as every queue does
+ * (request_expired; Triton ignores it there). With
  * preserve_ordering, responses are delivered in dispatch order whatever the
  * order the instances finish in. NEREID_DELAY_SCHEDULER=N (test hook; Triton's
  * name TRITONSERVER_DELAY_SCHEDULER is read too) holds the first batch until
  * N requests are queued or the scheduler stops.
  */
 #include <pthread.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "core/util.h"
+#include "sched/deadline.h"
 #include "sched/scheduler.h"
 
 /* A queued request; after dispatch with preserve_ordering, its slot in the
@@ -31,6 +36,7 @@ typedef struct dyn_node {
     nereid_request_t *req;
     struct dyn_node *next;
     uint64_t deadline_ns; /* queue timeout (monotonic), 0 = none */
+    bool client_deadline; /* deadline_ns is the client's (rejected, never delayed) */
     int64_t batch_size;   /* elements of the batch dimension, >= 1 */
     bool done;            /* preserve_ordering: executed, response ready */
 } dyn_node_t;
@@ -49,6 +55,7 @@ typedef struct dyn_level {
     uint64_t timeout_us;     /* default_timeout_microseconds, 0 = none */
     bool delay_on_timeout;   /* timeout_action DELAY (else REJECT) */
     bool allow_override;     /* a request timeout may shorten timeout_us */
+    bool has_policy;         /* the config gives it a queue policy: Triton's rules alone */
 } dyn_level_t;
 
 typedef struct dynamic_batcher {
@@ -71,13 +78,9 @@ typedef struct dynamic_batcher {
     size_t n_ragged;
     size_t hold; /* NEREID_DELAY_SCHEDULER: queued requests awaited before the first batch */
     bool forming, stopped;
-    /* Levels with a timeout: a thread fails REJECT requests on time even
-     * while every instance is busy. */
-    pthread_t reaper;
-    bool has_reaper;
-    bool reaper_joined; /* by the thread that stops the batcher */
-    pthread_cond_t reaper_cond;
-    uint64_t reaper_wake_ns; /* when the reaper wakes next, 0 = not waiting on a deadline */
+    /* Armed for the earliest deadline queued: fails REJECT requests on
+     * time even while every instance is busy (deadline.h). */
+    sched_timer_t timer;
     /* preserve_ordering: dispatched requests in dispatch order. */
     pthread_mutex_t order_lock;
     dyn_node_t *order_head, *order_tail;
@@ -197,9 +200,12 @@ static nereid_error_t *dynamic_enqueue(scheduler_t *s, nereid_request_t *req)
     uint64_t timeout_us = timeout_us_for(lv, req);
     if (timeout_us) {
         n->deadline_ns = req->t_queue_start_ns + us_to_ns(timeout_us);
-        if (d->has_reaper && (!d->reaper_wake_ns || n->deadline_ns < d->reaper_wake_ns))
-            pthread_cond_signal(&d->reaper_cond);
+    } else if (!lv->has_policy && req->deadline_ns) {
+        /* No queue policy: the client's timeout applies, as in every queue. */
+        n->deadline_ns = req->deadline_ns;
+        n->client_deadline = true;
     }
+    sched_timer_arm(&d->timer, n->deadline_ns);
     queue_push(&lv->queue, n);
     lv->n_queued++;
     d->n_queued++;
@@ -217,7 +223,6 @@ static uint64_t expire_timeouts(dynamic_batcher_t *d, uint64_t now, dyn_queue_t 
     uint64_t next = 0;
     for (size_t l = 0; l < d->n_levels; l++) {
         dyn_level_t *lv = &d->levels[l];
-        if (!lv->timeout_us) continue; /* no request of this level has a deadline */
         dyn_node_t **link = &lv->queue.head, *prev = NULL;
         while (*link) {
             dyn_node_t *n = *link;
@@ -230,7 +235,7 @@ static uint64_t expire_timeouts(dynamic_batcher_t *d, uint64_t now, dyn_queue_t 
             *link = n->next;
             if (lv->queue.tail == n) lv->queue.tail = prev;
             n->deadline_ns = 0;
-            if (lv->delay_on_timeout) {
+            if (lv->delay_on_timeout && !n->client_deadline) {
                 queue_push(&lv->delayed, n);
             } else {
                 lv->n_queued--;
@@ -420,9 +425,7 @@ static void fail_rejected(dyn_queue_t *rejected)
 {
     dyn_node_t *n;
     while ((n = queue_pop(rejected))) {
-        request_finish(n->req,
-                       nereid_error_new(NEREID_ERROR_UNAVAILABLE, "Request timeout expired"),
-                       FAILURE_REJECTED);
+        request_finish_expired(n->req, NULL);
         free(n);
     }
 }
@@ -447,26 +450,15 @@ static bool warmup_queued(const dynamic_batcher_t *d)
     return false;
 }
 
-/* The reaper thread: applies queue timeouts as they fall due. */
-static void *reaper_main(void *arg)
+/* The deadline timer: applies queue timeouts as they fall due. */
+static void dynamic_fire(sched_timer_t *t)
 {
-    dynamic_batcher_t *d = arg;
+    dynamic_batcher_t *d = (dynamic_batcher_t *)((char *)t - offsetof(dynamic_batcher_t, timer));
+    dyn_queue_t rejected = {0};
     pthread_mutex_lock(&d->lock);
-    while (!d->stopped) {
-        dyn_queue_t rejected = {0};
-        uint64_t next = expire_timeouts(d, util_now_ns(), &rejected);
-        if (rejected.head) {
-            pthread_mutex_unlock(&d->lock);
-            fail_rejected(&rejected);
-            pthread_mutex_lock(&d->lock);
-            continue;
-        }
-        d->reaper_wake_ns = next;
-        wait_until_ns(d, &d->reaper_cond, next);
-        d->reaper_wake_ns = 0;
-    }
+    if (!d->stopped) sched_timer_arm(&d->timer, expire_timeouts(d, util_now_ns(), &rejected));
     pthread_mutex_unlock(&d->lock);
-    return NULL;
+    fail_rejected(&rejected);
 }
 
 static bool dynamic_next_batch(scheduler_t *s, model_instance_t *inst, batch_t *batch)
@@ -567,21 +559,18 @@ static void dynamic_batch_done(scheduler_t *s, model_instance_t *inst, batch_t *
     pthread_mutex_unlock(&d->order_lock);
 }
 
-/* Also joins the reaper: its completions may drop request references, so
- * it must be gone before the loader's reference is (model.c, Ownership). */
+/* Also disarms the timer and waits for its fire: its completions may drop
+ * request references, so it must be done before the loader's reference is
+ * (model.c, Ownership). */
 static void dynamic_stop(scheduler_t *s)
 {
     dynamic_batcher_t *d = (dynamic_batcher_t *)s;
     pthread_mutex_lock(&d->lock);
     d->stopped = true;
-    pthread_cond_broadcast(&d->reaper_cond);
     pthread_cond_broadcast(&d->work_cond);
     pthread_cond_broadcast(&d->slot_cond);
     pthread_mutex_unlock(&d->lock);
-    if (d->has_reaper && !d->reaper_joined) {
-        pthread_join(d->reaper, NULL);
-        d->reaper_joined = true;
-    }
+    sched_timer_disarm(&d->timer);
 }
 
 static void dynamic_wake(scheduler_t *s)
@@ -622,7 +611,6 @@ static void dynamic_destroy(scheduler_t *s)
     pthread_mutex_destroy(&d->order_lock);
     pthread_cond_destroy(&d->work_cond);
     pthread_cond_destroy(&d->slot_cond);
-    pthread_cond_destroy(&d->reaper_cond);
     free(d);
 }
 
@@ -639,6 +627,7 @@ static const scheduler_ops_t dynamic_ops = {
 static void set_policy(dyn_level_t *lv, const Inference__ModelQueuePolicy *p)
 {
     if (!p) return;
+    lv->has_policy = true;
     lv->max_queue_size = p->max_queue_size;
     lv->timeout_us = p->default_timeout_microseconds;
     lv->delay_on_timeout =
@@ -669,7 +658,6 @@ nereid_error_t *dynamic_batcher_create(model_t *m, const sched_core_t *core, sch
             ? db->default_priority_level
             : db->priority_levels;
     set_policy(&d->default_policy, db->default_queue_policy);
-    bool timeouts = d->default_policy.timeout_us != 0;
     if (d->priority_levels == 0) level_get(d, 0)->permanent = true;
     for (size_t i = 0; d->priority_levels && i < db->n_priority_queue_policy; i++) {
         uint64_t key = db->priority_queue_policy[i]->key;
@@ -677,7 +665,6 @@ nereid_error_t *dynamic_batcher_create(model_t *m, const sched_core_t *core, sch
         dyn_level_t *lv = level_get(d, key);
         set_policy(lv, db->priority_queue_policy[i]->value);
         lv->permanent = true;
-        timeouts |= lv->timeout_us != 0;
     }
     for (size_t i = 0; i < m->config->n_input; i++) {
         if (!m->config->input[i]->allow_ragged_batch) continue;
@@ -695,16 +682,8 @@ nereid_error_t *dynamic_batcher_create(model_t *m, const sched_core_t *core, sch
     pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
     pthread_cond_init(&d->work_cond, &attr);
     pthread_cond_init(&d->slot_cond, &attr);
-    pthread_cond_init(&d->reaper_cond, &attr);
     pthread_condattr_destroy(&attr);
-    if (timeouts) {
-        if (pthread_create(&d->reaper, NULL, reaper_main, d) != 0) {
-            dynamic_destroy(&d->base);
-            return nereid_error_new(NEREID_ERROR_INTERNAL,
-                                    "unable to start the dynamic batcher's timeout thread");
-        }
-        d->has_reaper = true;
-    }
+    d->timer.fire = dynamic_fire;
     *out = &d->base;
     return NULL;
 }

@@ -760,6 +760,7 @@ static void submit_step(ens_ctx_t *c, ens_lane_t *lane, size_t step)
     if (!err) {
         nereid_request_set_priority(r, src->priority);
         nereid_request_set_timeout_us(r, src->timeout_us);
+        r->deadline_ns = src->deadline_ns; /* measured from the ensemble request's arrival */
         if (src->corr_id_str)
             err = nereid_request_set_correlation_id_string(r, src->corr_id_str);
         else if (src->corr_id)

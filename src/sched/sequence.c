@@ -465,8 +465,11 @@ static nereid_error_t *seq_enqueue(scheduler_t *base, nereid_request_t *req)
     s->last_arrival_ns = util_now_ns();
     /* deadlines only grow: wake the reaper only if it sleeps for good */
     if (q->reaper_wake_ns == UINT64_MAX) pthread_cond_signal(&q->reaper_cond);
-    if (s->inst < 0 && req->timeout_us) {
-        uint64_t exp = util_now_ns() + req->timeout_us * 1000u;
+    if (s->inst < 0 && req->deadline_ns) {
+        /* Triton's rule: a request's timeout applies while its sequence
+         * waits in the backlog; a sequence with a position never loses a
+         * step to a timeout (L0_sequence_batcher test_request_timeout). */
+        uint64_t exp = req->deadline_ns;
         if (!s->expire_ns || exp < s->expire_ns) s->expire_ns = exp;
         if (exp < q->reaper_wake_ns) pthread_cond_signal(&q->reaper_cond);
     }

@@ -195,6 +195,7 @@ static void test_ensemble(nereid_server_t *s)
     CHECK_MSG(code == NEREID_ERROR_CANCELLED, "%d %s", code, msg);
     CHECK(stat_value(s, "step2", 1, "execution_count", NULL) == second);
     CHECK(stat_value(s, "step1", 1, "execution_count", NULL) >= 1);
+    CHECK_MSG(cancel_failures(s, "ens") >= 1, "ens: %lld", cancel_failures(s, "ens"));
     nereid_cancel_token_free(t);
 
     /* Not cancelled: both steps run. */
@@ -245,6 +246,7 @@ static void test_sequence(nereid_server_t *s)
     CHECK(outcome_code(&b, NULL, 0) == NEREID_ERROR_CANCELLED);
     CHECK(outcome_code(&c, NULL, 0) == NEREID_ERROR_CANCELLED);
     CHECK(stat_value(s, "seq", 1, "execution_count", NULL) == execs + 1);
+    CHECK_MSG(cancel_failures(s, "seq") == 2, "seq: %lld", cancel_failures(s, "seq"));
     /* The slot is free: a new sequence runs. */
     seq_request(s, 8, true, true, NULL, NULL, NULL, &d);
     CHECK(outcome_code(&d, NULL, 0) == -1);
