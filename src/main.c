@@ -37,7 +37,7 @@ typedef struct cli {
     const char *http_address, *grpc_address, *metrics_address;
     const char *http_header_forward_pattern, *grpc_header_forward_pattern;
     int http_port, grpc_port, metrics_port, metrics_interval_ms;
-    int http_thread_count, grpc_infer_thread_count;
+    int http_thread_count, grpc_infer_thread_count, grpc_max_response_pool_size;
     long long http_max_input_size;
     int http_max_connections, http_idle_timeout_secs;
     int exit_timeout_secs;
@@ -188,6 +188,9 @@ static const flag_t flags[] = {
     F("grpc-address", FLAG_STR, grpc_address, "gRPC address (0.0.0.0)."),
     F("grpc-infer-thread-count", FLAG_INT, grpc_infer_thread_count,
       "gRPC completion-queue threads (2)."),
+    F("grpc-max-response-pool-size", FLAG_INT, grpc_max_response_pool_size,
+      "Decoupled responses a gRPC stream holds queued for writing; the model waits beyond it "
+      "(2147483647)."),
     F("grpc-restricted-protocol", FLAG_RESTRICTED, grpc_restricted,
       "<protocol>[,<protocol>...]:<key>=<value>: these RPC groups need metadata "
       "triton-grpc-protocol-<key> with <value> (groups as --http-restricted-api)."),
@@ -252,7 +255,6 @@ static const flag_t flags[] = {
     IGNORED("buffer-manager-thread-count"),
     IGNORED("allow-gpu-metrics"),
     IGNORED("grpc-infer-allocation-pool-size"),
-    IGNORED("grpc-max-response-pool-size"),
 #undef IGNORED
 #define UNSUPPORTED(name) F(name, FLAG_UNSUPPORTED, repos, "Not supported by Nereid (refused).")
     UNSUPPORTED("host-policy"),
@@ -876,6 +878,7 @@ int main(int argc, char **argv)
     cli.metrics_interval_ms = 2000;
     cli.http_thread_count = 8;
     cli.grpc_infer_thread_count = 2;
+    cli.grpc_max_response_pool_size = INT_MAX;
     cli.http_max_input_size = 67108864;
     cli.http_max_connections = 4096;
     cli.http_idle_timeout_secs = 60;
@@ -916,6 +919,11 @@ int main(int argc, char **argv)
         /* Triton's command_line_parser.cc check and text */
         fprintf(stderr, "invalid argument for --grpc_infer_thread_count. Must be in the range 2 "
                         "to 128.\n");
+        return 2;
+    }
+    if (cli.grpc_max_response_pool_size <= 0) {
+        /* Triton's command_line_parser.cc check and text */
+        fprintf(stderr, "Error: --grpc-max-response-pool-size must be greater than 0.\n");
         return 2;
     }
     char *cache_json;
@@ -986,6 +994,7 @@ int main(int argc, char **argv)
         gopts.address = cli.grpc_address;
         gopts.port = cli.grpc_port;
         gopts.infer_thread_count = cli.grpc_infer_thread_count;
+        gopts.max_response_pool_size = cli.grpc_max_response_pool_size;
         gopts.restricted = &cli.grpc_restricted;
         gopts.tls = cli.grpc_tls;
         gopts.header_forward_pattern = cli.grpc_header_forward_pattern;

@@ -183,6 +183,8 @@ typedef struct gfe_stream {
     bool writing;     /* a SEND_MESSAGE is outstanding */
     grpc_byte_buffer *in_write;
     stream_write_t *head, *tail;
+    size_t n_writes;                        /* replies queued or being written */
+    pthread_cond_t room;                    /* n_writes went down, or nothing more is sent */
     stream_slot_t *order_head, *order_tail; /* non-decoupled replies, in request order */
     bool md_sent;                           /* initial metadata went with an earlier batch */
     bool status_started;                    /* the final status is on its way */
@@ -253,6 +255,7 @@ static void stream_destroy(gfe_stream_t *s)
     free(s->open_seqs);
     grpc_call_unref(s->call);
     pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->room);
     free(s);
     gfe_live_release(fe);
 }
@@ -272,6 +275,21 @@ static void stream_drop_queue_locked(gfe_stream_t *s)
         free(w);
     }
     s->head = s->tail = NULL;
+    s->n_writes = s->in_write != NULL;
+    pthread_cond_broadcast(&s->room);
+}
+
+/* Triton's --grpc-max-response-pool-size: a decoupled response waits while
+ * the stream already has that many replies queued or being written (the
+ * model is held back, as Triton's response queue holds back its callback),
+ * until a write completes or nothing more can be sent. A completion-queue
+ * thread never waits: it is the one that completes writes. Called with
+ * s->mu held. */
+static void stream_wait_room_locked(gfe_stream_t *s)
+{
+    if (gfe_on_queue_thread) return;
+    while (s->n_writes >= s->fe->max_response_pool && !s->status_started && !s->dead)
+        pthread_cond_wait(&s->room, &s->mu);
 }
 
 static void stream_start_read_locked(gfe_stream_t *s)
@@ -342,6 +360,7 @@ static void stream_maybe_finish_locked(gfe_stream_t *s)
     ops[n].data.send_status_from_server.status_details = s->failing ? &s->status_details : NULL;
     n++;
     s->status_started = true;
+    pthread_cond_broadcast(&s->room);
     s->refs++;
     if (gfe_start_batch(s->call, ops, n, &s->status_tag) != GRPC_CALL_OK) s->refs--;
 }
@@ -361,6 +380,7 @@ static void stream_enqueue_locked(gfe_stream_t *s, grpc_byte_buffer *bb)
     else
         s->head = w;
     s->tail = w;
+    s->n_writes++;
     stream_pump_writes_locked(s);
 }
 
@@ -442,6 +462,7 @@ static void stream_infer_response(nereid_response_t *resp, uint32_t flags, void 
     bool final = (flags & NEREID_RESPONSE_FINAL) != 0;
     if (final) mem_trim_note(s->fe->mem_trim);
     pthread_mutex_lock(&s->mu);
+    if (slot == NULL && resp != NULL) stream_wait_room_locked(s);
     bool drop = s->status_started || s->dead;
     pthread_mutex_unlock(&s->mu);
 
@@ -692,6 +713,8 @@ static void stream_write_done(gfe_tag_t *tag, bool ok)
     s->writing = false;
     grpc_byte_buffer_destroy(s->in_write);
     s->in_write = NULL;
+    s->n_writes--;
+    pthread_cond_broadcast(&s->room);
     if (!ok) {
         s->dead = true;
         stream_drop_queue_locked(s);
@@ -752,6 +775,7 @@ void gfe_stream_start(grpc_frontend_t *fe, grpc_call *call, grpc_metadata_array 
     s->fe = fe;
     s->call = call;
     pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->room, NULL);
     s->read_tag.fn = stream_read_done;
     s->write_tag.fn = stream_write_done;
     s->close_tag.fn = stream_close_done;

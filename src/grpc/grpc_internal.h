@@ -89,6 +89,7 @@ struct grpc_frontend {
     header_forward_t *header_forward;    /* --grpc-header-forward-pattern; NULL = off */
     int infer_compression_level;         /* a grpc_compression_level for inference replies */
     mem_trim_t *mem_trim;                /* the shared trimmer (http/mem_trim.h); may be NULL */
+    size_t max_response_pool;            /* --grpc-max-response-pool-size */
 
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -160,6 +161,10 @@ void gfe_health_check(gfe_unary_call_t *c, const uint8_t *data, size_t len);
 /* Finishing a unary call; any thread, exactly once per call. */
 /* OK with reply (takes ownership; NULL = empty message). */
 void gfe_unary_finish(gfe_unary_call_t *c, grpc_byte_buffer *reply);
+
+/* True on the frontend's completion-queue threads: they must never wait for
+ * a write to complete (they are the ones that complete it). */
+extern _Thread_local bool gfe_on_queue_thread;
 /* OK with msg packed. */
 void gfe_unary_finish_msg(gfe_unary_call_t *c, const ProtobufCMessage *msg);
 /* A status; reply (may be NULL) is sent before it. */

@@ -4,6 +4,7 @@
  * every registered method, the generic call that answers unknown methods
  * UNIMPLEMENTED, and the plumbing that finishes a unary call from any thread.
  */
+#include <limits.h>
 #include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -424,9 +425,12 @@ static void post_generic(grpc_frontend_t *fe, int queue)
 
 /* ---- Lifecycle ---------------------------------------------------------- */
 
+_Thread_local bool gfe_on_queue_thread;
+
 static void *queue_thread(void *arg)
 {
     grpc_completion_queue *cq = arg;
+    gfe_on_queue_thread = true;
     for (;;) {
         grpc_event ev = grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
         if (ev.type == GRPC_QUEUE_SHUTDOWN) break;
@@ -452,6 +456,7 @@ void grpc_options_init(grpc_options_t *opts)
     opts->address = "0.0.0.0";
     opts->port = 8001;
     opts->infer_thread_count = 2;
+    opts->max_response_pool_size = INT_MAX;
     opts->restricted = NULL;
     opts->tls = (tls_options_t){0};
     opts->header_forward_pattern = NULL;
@@ -551,6 +556,8 @@ nereid_error_t *grpc_frontend_start(nereid_server_t *server, const grpc_options_
     fe->server = server;
     fe->shm = opts->shm;
     fe->restricted = opts->restricted;
+    fe->max_response_pool =
+        opts->max_response_pool_size > 0 ? (size_t)opts->max_response_pool_size : (size_t)INT_MAX;
     if (opts->header_forward_pattern) {
         char *why = NULL;
         fe->header_forward = header_forward_new(opts->header_forward_pattern, &why);

@@ -33,6 +33,9 @@ typedef struct grpc_options {
     /* --grpc-infer-response-compression-level: a grpc_compression_level
      * (0 none .. 3 high) for ModelInfer and ModelStreamInfer responses */
     int infer_compression_level;
+    /* --grpc-max-response-pool-size: a stream's decoupled responses queued
+     * for writing at once; a producer beyond it waits (INT_MAX) */
+    int max_response_pool_size;
 } grpc_options_t;
 
 typedef struct grpc_frontend grpc_frontend_t;

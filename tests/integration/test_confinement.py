@@ -105,6 +105,12 @@ def test_label_file_escapes_refused(nereid_server, tmp_path):
     # the same through a file: override (a temporary model directory)
     refused(s, labelled(UP + secret.lstrip("/")), "is outside model directory",
             **{"1/x": b""})
+    # Triton's rule (core #465) is about where the path ends: a '..' that
+    # stays inside the model directory is fine.
+    with open(os.path.join(repo, "m", "labels.txt"), "w") as f:
+        f.write("a\nb\nc\nd\n")
+    r = load(s, labelled("1/../labels.txt"))
+    assert r.status_code == 200, r.text
 
 
 def test_label_file_non_regular_large_or_nul_refused(nereid_server, tmp_path):

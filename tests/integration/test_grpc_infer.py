@@ -198,6 +198,21 @@ def test_requested_outputs_and_classification(stub):
     assert e.code() == grpc.StatusCode.INVALID_ARGUMENT and "NOPE" in e.details()
 
 
+def test_classification_output_size_guard(stub):
+    """Triton's TopkClassifications guard (server #8603): more than
+    1,000,000 elements is INVALID_ARG, the limit itself is ranked."""
+    for n, ok in ((1_000_001, False), (1_000_000, True)):
+        req = infer_request(pb, "id_fp32", [("INPUT0", "FP32", [n], np.ones(n, np.float32))],
+                            outputs=["OUTPUT0"])
+        req.outputs[0].parameters["classification"].int64_param = 3
+        if ok:
+            assert list(stub.ModelInfer(req, timeout=30).outputs[0].shape) == [3]
+        else:
+            e = rpc_error(stub.ModelInfer, req, timeout=30)
+            assert e.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert e.details() == "classification output tensor too large"
+
+
 def malformed_bodies():
     good = infer_request(pb, "id_fp32", [("INPUT0", "FP32", [2], np.ones(2, np.float32))])
     wire = good.SerializeToString()

@@ -152,7 +152,7 @@ def test_repository_explicit_load_unload(nereid_server, tmp_path):
 
 
 def test_shared_memory_rpcs_with_client_shm_off(stub):
-    # Triton's default since 26.04: status answers (empty), changes are refused
+    # Triton's default since 26.05: status answers (empty), changes are refused
     disabled = ("Client shared memory is disabled. Start the server with "
                 "'--allow-client-shm=true' to enable.")
     assert len(stub.SystemSharedMemoryStatus(pb.SystemSharedMemoryStatusRequest()).regions) == 0

@@ -142,3 +142,28 @@ def test_bad_pattern(proto):
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 1
     assert f"invalid --{proto}-header-forward-pattern 'x-(fwd': missing )" in p.stderr
+
+
+# Triton's kReservedParameterKeys (server #8763): never forwarded, the
+# request fails, whatever the pattern.
+RESERVED = ("sequence_id", "sequence_start", "sequence_end", "priority", "timeout", "headers",
+            "binary_data_output")
+
+
+def test_every_reserved_name_is_refused(nereid_server, tmp_path):
+    repo = str(tmp_path / "models")
+    write_model(repo, "echo", ECHO)
+    pattern = "^(" + "|".join(RESERVED) + "|x-ok)$"
+    s = nereid_server(repo, f"--http-header-forward-pattern={pattern}",
+                      f"--grpc-header-forward-pattern={pattern}")
+    assert http_params(s, headers={"x-ok": "1"}).status_code == 200
+    req = infer_request(pb, "echo", [("INPUT0", "FP32", [2], np.ones(2, np.float32))])
+    with grpc.insecure_channel(s.grpc_addr) as ch:
+        stub = pbg.GRPCInferenceServiceStub(ch)
+        for key in RESERVED:
+            text = f"Header '{key}' is reserved for Triton usage and cannot be forwarded."
+            r = http_params(s, headers={key: "1"})
+            assert (r.status_code, r.json()) == (400, {"error": text}), key
+            with pytest.raises(grpc.RpcError) as e:
+                stub.ModelInfer(req, metadata=[(key, "1")], timeout=30)
+            assert (e.value.code(), e.value.details()) == (grpc.StatusCode.INVALID_ARGUMENT, text)

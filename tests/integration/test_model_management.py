@@ -144,6 +144,42 @@ def test_path_traversal_rejected(nereid_server, tmp_path):
     assert "invalid file path" in r.json()["error"]
 
 
+def test_model_name_rules_of_triton(nereid_server, tmp_path):
+    """Triton's ValidateModelName (core #481) on explicit loads, its texts
+    over HTTP and gRPC: the name trimmed of whitespace must not be empty,
+    '..' or hold a '/'; '...' and 'model..' are ordinary (missing) names."""
+    import grpc
+    from grpc_util import stubs
+    pb, pbg, _, _ = stubs()
+    s = nereid_server(make_repo(tmp_path), "--model-control-mode=explicit")
+    empty = "Model name cannot be empty. Please enter a valid name to deploy."
+    cases = [("", empty), (" \t ", empty), ("..", None), (" .. ", None), ("a/b", None),
+             ("...", "failed to poll"), ("plain..", "failed to poll")]
+    with grpc.insecure_channel(s.grpc_addr) as ch:
+        stub = pbg.GRPCInferenceServiceStub(ch)
+        for name, text in cases:
+            if text is None:
+                text = (f"invalid model name '{name}', model name must not contain path "
+                        "traversal characters")
+            r = post(s, "/v2/repository/models/"
+                     + requests.utils.quote(name, safe="").replace(".", "%2E") + "/load")
+            with_grpc = None
+            try:
+                stub.RepositoryModelLoad(pb.RepositoryModelLoadRequest(model_name=name),
+                                         timeout=30)
+            except grpc.RpcError as e:
+                with_grpc = e
+            if text == "failed to poll":
+                assert r.status_code == 500 and "failed to poll" in r.json()["error"], name
+                assert with_grpc is not None and "failed to poll" in with_grpc.details()
+                continue
+            assert with_grpc.code() == grpc.StatusCode.INVALID_ARGUMENT, name
+            assert with_grpc.details() == text, name
+            if name == "" or "/" in name:
+                continue  # no such HTTP route: an empty segment, a '/' in the path
+            assert (r.status_code, r.json()) == (400, {"error": text}), name
+
+
 def test_reload_with_config_override(nereid_server, tmp_path):
     repo = make_repo(tmp_path)
     s = nereid_server(repo, "--model-control-mode=explicit", "--load-model=plain")

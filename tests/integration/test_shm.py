@@ -3,7 +3,7 @@ unregister and status over HTTP and gRPC, inputs read from and outputs
 written into POSIX shared memory regions (Python's multiprocessing
 shared_memory, the same objects tritonclient.utils.shared_memory makes), the
 bounds checks and texts of Triton's shared_memory_manager.cc, the
---allow-client-shm switch (off by default since Triton 26.04), and a region
+--allow-client-shm switch (off by default since Triton 26.05), and a region
 unregistered while a request that uses it waits in the queue.
 """
 import os
