@@ -16,6 +16,11 @@
  * straight into them, other outputs are allocated by ONNX Runtime and copied.
  * Should a model's declared output shape prove wrong, that run fails and the
  * instance stops binding outputs.
+ *
+ * Here: loading the runtime, the backend, model and instance entry points.
+ * Session options and shared sessions are ort_session.c, the config against
+ * the session (autofill, validation, binding) ort_config.c, execute
+ * ort_execute.c; onnxruntime.h holds what they share.
  */
 #include <dirent.h>
 #include <errno.h>

@@ -1,7 +1,10 @@
 /*
- * This file contains inference requests and responses: building a request
- * through server.h, validating it against the model config with Triton's
- * error texts, and finishing it (statistics, response delivery, cleanup).
+ * This file contains inference requests and responses: the arena inside
+ * them, building a request through server.h (inputs, outputs, parameters,
+ * sequence headers), cancel tokens, the response's outputs and their
+ * allocation, and finishing a request (statistics, response delivery,
+ * cleanup). Validation against the model config is request_validate.c;
+ * what a frontend reads from a response is response_read.c.
  */
 #include <errno.h>
 #include <inttypes.h>

@@ -1,10 +1,12 @@
 /*
  * This file contains request tracing as Triton does it (server/src/tracer.cc
- * and the core's trace activities): the --trace-config flags, trace
- * settings (global and per model, with Triton's fallback and clearing
- * rules), sampling by rate and count, and the two outputs: the JSON trace
- * file of triton mode (written per setting, optionally every log_frequency
- * traces to <file>.<n>) and OpenTelemetry spans (otlp.c exports them).
+ * and the core's trace activities): trace settings and trace files,
+ * sampling by rate and count, activities and tensors, and the two outputs:
+ * the JSON trace file of triton mode (written per setting, optionally every
+ * log_frequency traces to <file>.<n>) and OpenTelemetry spans (otlp.c
+ * exports them). The tracer is built from the --trace-config flags in
+ * trace_flags.c; the settings API (global and per model, with Triton's
+ * fallback and clearing rules) is trace_settings.c.
  *
  * A trace is a root (one per sampled request, holding the setting it was
  * sampled by) with one handle per traced request: the request itself and,

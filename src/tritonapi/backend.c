@@ -5,6 +5,12 @@
  * Nereid entry points below call Triton's TRITONBACKEND_* entry points with
  * Triton's order and threads, and the TRITONBACKEND_* functions a backend
  * calls are answered from Nereid's batch, model and instance.
+ *
+ * Here: loading the library, Triton's lifecycle (backend, model and
+ * instance init/fini, execute) and TRITONBACKEND_Backend, _Model and
+ * _ModelInstance. Requests and inputs are backend_request.c, responses
+ * backend_response.c, implicit state backend_state.c; backend_objects.h
+ * holds the objects they share.
  */
 #include <dlfcn.h>
 #include <stdio.h>
