@@ -306,6 +306,11 @@ void nereid_server_set_tracer(nereid_server_t *server, nereid_tracer_t *tracer)
     server->tracer = tracer;
 }
 
+nereid_tracer_t *trace_server_tracer(nereid_server_t *server)
+{
+    return server->tracer;
+}
+
 bool nereid_server_tracing(nereid_server_t *server)
 {
     nereid_tracer_t *t = server->tracer;

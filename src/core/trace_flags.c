@@ -19,7 +19,6 @@
 
 #include "core/core.h"
 #include "core/otlp.h"
-#include "core/repository.h"
 #include "core/util.h"
 #include "core/trace_internal.h"
 

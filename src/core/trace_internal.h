@@ -126,4 +126,8 @@ void setting_unref(trace_setting_t *s);
 void update_active(nereid_tracer_t *t);
 trace_setting_t *setting_for(nereid_tracer_t *t, const char *model);
 
+/* The server's tracer, or NULL (trace.c: the one place that reaches the
+ * server's state). */
+nereid_tracer_t *trace_server_tracer(nereid_server_t *server);
+
 #endif

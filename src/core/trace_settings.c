@@ -20,7 +20,6 @@
 
 #include "core/core.h"
 #include "core/otlp.h"
-#include "core/repository.h"
 #include "core/util.h"
 #include "core/trace_internal.h"
 
@@ -45,7 +44,7 @@ nereid_error_t *nereid_server_trace_settings(nereid_server_t *server, const char
                                              char **json_out)
 {
     *json_out = NULL;
-    nereid_tracer_t *t = server->tracer;
+    nereid_tracer_t *t = trace_server_tracer(server);
     if (!t)
         return nereid_error_new(NEREID_ERROR_UNAVAILABLE, "the server does not support tracing");
     nereid_error_t *err = check_model(server, model);
@@ -251,7 +250,7 @@ nereid_error_t *nereid_server_update_trace_settings(nereid_server_t *server, con
                                                     size_t n, bool grpc, char **json_out)
 {
     *json_out = NULL;
-    nereid_tracer_t *t = server->tracer;
+    nereid_tracer_t *t = trace_server_tracer(server);
     if (!t)
         return nereid_error_new(NEREID_ERROR_UNAVAILABLE, "the server does not support tracing");
     nereid_error_t *err = check_model(server, model);
