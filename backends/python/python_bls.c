@@ -545,6 +545,108 @@ static bool bls_inputs(nereid_request_t *req, const bls_req_t *q, msg_t *m, cons
     return true;
 }
 
+/* The BLS call's request: model and version, id, correlation id, sequence
+ * flags, timeout and parameters. *req is set even on error (free it). */
+static nereid_error_t *bls_request_new(instance_t *in, const char *model, const bls_req_t *q,
+                                       nereid_request_t **req)
+{
+    *req = NULL;
+    nereid_error_t *err = nereid_request_new(in->server, model, q->version, req);
+    if (!err && q->id_len) {
+        char *rid = bls_str(q->rid, q->id_len);
+        err = nereid_request_set_id(*req, rid);
+        free(rid);
+    }
+    if (!err && q->corr_len >= 0) {
+        char *cs = bls_str(q->corr_s, (size_t)q->corr_len);
+        err = nereid_request_set_correlation_id_string(*req, cs);
+        free(cs);
+    } else if (!err && q->corr) {
+        nereid_request_set_correlation_id(*req, q->corr);
+    }
+    if (!err) {
+        if (q->flags) nereid_request_set_sequence_flags(*req, q->flags & 1, q->flags & 2);
+        if (q->timeout) nereid_request_set_timeout_us(*req, q->timeout);
+        err = bls_parameters(*req, q);
+    }
+    return err;
+}
+
+/* Holds the regions the call's inputs by reference read: the execute in
+ * flight's (*ex) and its request bodies'. False when a body region the
+ * call names is not held by the execute in flight. */
+static bool bls_hold_regions(instance_t *in, const bls_req_t *q, region_t **ex,
+                             region_t *body[BODY_SLOTS])
+{
+    bool body_ok = true;
+    if (q->by_ref || q->body_mask) {
+        pthread_mutex_lock(&in->mu);
+        if (q->by_ref) {
+            *ex = in->exec_rx;
+            if (*ex) atomic_fetch_add(&(*ex)->refs, 1);
+        }
+        for (int s = 0; s < BODY_SLOTS; s++) {
+            if (!(q->body_mask >> s & 1)) continue;
+            body[s] = in->body.exec[s];
+            if (body[s])
+                atomic_fetch_add(&body[s]->refs, 1);
+            else
+                body_ok = false;
+        }
+        pthread_mutex_unlock(&in->mu);
+    }
+    return body_ok;
+}
+
+/* Submits the call: its state (bls_call_t, which takes m, bytes, ex and
+ * the body regions, zeroed here) and the request, streamed; a single
+ * response of a model that is not decoupled may be written in place into
+ * the reply region. On error the caller keeps m, bytes, ex and req. */
+static nereid_error_t *bls_submit(instance_t *in, chan_t *c, msg_t *m, const bls_req_t *q,
+                                  nereid_request_t *req, bool target_decoupled, uint8_t *bytes,
+                                  region_t *ex, region_t *body[BODY_SLOTS])
+{
+    bls_call_t *call = calloc(1, sizeof *call);
+    if (!call) abort();
+    *call = (bls_call_t){.in = in,
+                         .chan = c,
+                         .msg = m,
+                         .id = q->id,
+                         .cancel = nereid_cancel_token_new(),
+                         .bytes = bytes,
+                         .ex = ex,
+                         .reply_slot = q->reply_slot};
+    memcpy(call->body, body, sizeof call->body);
+    memset(body, 0, sizeof call->body);
+    nereid_request_set_cancel_token(req, call->cancel);
+    atomic_fetch_add(&c->refs, 1);
+    pthread_mutex_lock(&in->mu);
+    in->bls_inflight++;
+    call->next = in->bls_calls;
+    in->bls_calls = call;
+    pthread_mutex_unlock(&in->mu);
+    /* One response into a reply region: the called model writes large
+     * outputs there itself ("BLS results in place"). */
+    nereid_response_allocator_t place = {
+        .alloc_fn = bls_alloc, .release_fn = bls_release, .userp = call};
+    call->in_place = q->reply_slot >= 0 && !target_decoupled && BLS_IN_PLACE;
+    /* The worker can write its messages' memfds and regions and the
+     * EXECUTE region inputs by reference read (ex); not the request
+     * bodies' (sealed) nor a datagram's (ours): what is computed from
+     * those inputs is not cached. */
+    unsigned foreign = m->map || m->region || ex ? NEREID_FOREIGN_INPUTS : 0;
+    if (call->in_place) foreign |= NEREID_FOREIGN_OUTPUTS; /* our reply region */
+    if (foreign) nereid_request_set_foreign_memory(req, foreign);
+    nereid_error_t *err = nereid_server_infer_stream(
+        in->server, req, call->in_place ? &place : NULL, bls_on_response, call);
+    if (!err) return NULL;
+    call->msg = NULL;
+    call->bytes = NULL;
+    call->ex = NULL;
+    bls_done(call);
+    return err;
+}
+
 bool bls_start(instance_t *in, msg_t *m, char *why, size_t why_cap)
 {
     bls_req_t q;
@@ -579,24 +681,7 @@ bool bls_start(instance_t *in, msg_t *m, char *why, size_t why_cap)
         return true;
     }
     nereid_request_t *req = NULL;
-    err = nereid_request_new(in->server, model, q.version, &req);
-    if (!err && q.id_len) {
-        char *rid = bls_str(q.rid, q.id_len);
-        err = nereid_request_set_id(req, rid);
-        free(rid);
-    }
-    if (!err && q.corr_len >= 0) {
-        char *cs = bls_str(q.corr_s, (size_t)q.corr_len);
-        err = nereid_request_set_correlation_id_string(req, cs);
-        free(cs);
-    } else if (!err && q.corr) {
-        nereid_request_set_correlation_id(req, q.corr);
-    }
-    if (!err) {
-        if (q.flags) nereid_request_set_sequence_flags(req, q.flags & 1, q.flags & 2);
-        if (q.timeout) nereid_request_set_timeout_us(req, q.timeout);
-        err = bls_parameters(req, &q);
-    }
+    err = bls_request_new(in, model, &q, &req);
     size_t nbytes = bls_bytes_total(&q, m);
     uint8_t *bytes = nbytes ? malloc(nbytes) : NULL;
     if (nbytes && !bytes) abort();
@@ -604,23 +689,7 @@ bool bls_start(instance_t *in, msg_t *m, char *why, size_t why_cap)
      * and its request body regions (held until the call's final response,
      * so they are not reused). */
     region_t *ex = NULL, *body[BODY_SLOTS] = {0};
-    bool body_ok = true;
-    if (q.by_ref || q.body_mask) {
-        pthread_mutex_lock(&in->mu);
-        if (q.by_ref) {
-            ex = in->exec_rx;
-            if (ex) atomic_fetch_add(&ex->refs, 1);
-        }
-        for (int s = 0; s < BODY_SLOTS; s++) {
-            if (!(q.body_mask >> s & 1)) continue;
-            body[s] = in->body.exec[s];
-            if (body[s])
-                atomic_fetch_add(&body[s]->refs, 1);
-            else
-                body_ok = false;
-        }
-        pthread_mutex_unlock(&in->mu);
-    }
+    bool body_ok = bls_hold_regions(in, &q, &ex, body);
     bool bad = !body_ok || (q.by_ref && !ex);
     if (bad)
         snprintf(why, why_cap, "%s",
@@ -646,47 +715,11 @@ bool bls_start(instance_t *in, msg_t *m, char *why, size_t why_cap)
         free(name);
     }
     if (!err) {
-        bls_call_t *call = calloc(1, sizeof *call);
-        if (!call) abort();
-        *call = (bls_call_t){.in = in,
-                             .chan = c,
-                             .msg = m,
-                             .id = q.id,
-                             .cancel = nereid_cancel_token_new(),
-                             .bytes = bytes,
-                             .ex = ex,
-                             .reply_slot = q.reply_slot};
-        memcpy(call->body, body, sizeof body);
-        memset(body, 0, sizeof body);
-        nereid_request_set_cancel_token(req, call->cancel);
-        atomic_fetch_add(&c->refs, 1);
-        pthread_mutex_lock(&in->mu);
-        in->bls_inflight++;
-        call->next = in->bls_calls;
-        in->bls_calls = call;
-        pthread_mutex_unlock(&in->mu);
-        /* One response into a reply region: the called model writes large
-         * outputs there itself ("BLS results in place"). */
-        nereid_response_allocator_t place = {
-            .alloc_fn = bls_alloc, .release_fn = bls_release, .userp = call};
-        call->in_place = q.reply_slot >= 0 && !target_decoupled && BLS_IN_PLACE;
-        /* The worker can write its messages' memfds and regions and the
-         * EXECUTE region inputs by reference read (ex); not the request
-         * bodies' (sealed) nor a datagram's (ours): what is computed from
-         * those inputs is not cached. */
-        unsigned foreign = m->map || m->region || ex ? NEREID_FOREIGN_INPUTS : 0;
-        if (call->in_place) foreign |= NEREID_FOREIGN_OUTPUTS; /* our reply region */
-        if (foreign) nereid_request_set_foreign_memory(req, foreign);
-        err = nereid_server_infer_stream(in->server, req, call->in_place ? &place : NULL,
-                                         bls_on_response, call);
+        err = bls_submit(in, c, m, &q, req, target_decoupled, bytes, ex, body);
         if (!err) {
             free(model);
             return true;
         }
-        call->msg = NULL;
-        call->bytes = NULL;
-        call->ex = NULL;
-        bls_done(call);
     }
     region_unref(ex);
     for (int s = 0; s < BODY_SLOTS; s++)

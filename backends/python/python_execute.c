@@ -370,6 +370,94 @@ static bool apply_done(instance_t *in, nereid_batch_t *batch, msg_t *m, uint32_t
     return true;
 }
 
+/* The id of request r's response sender in the worker (a slot per sender),
+ * -1 when it has none (the request fails with the reason). */
+static int64_t request_sender_id(instance_t *in, nereid_batch_t *batch, size_t r)
+{
+    nereid_response_sender_t *s;
+    nereid_error_t *e = nereid_batch_request_sender(batch, r, &s);
+    if (e) {
+        nereid_batch_set_request_error(batch, r, e);
+        return -1;
+    }
+    /* A rescheduled request comes back with the sender it had:
+     * it keeps its slot (one slot per sender). */
+    pthread_mutex_lock(&in->mu);
+    sender_slot_t *slot = in->senders;
+    while (slot && slot->sender != s)
+        slot = slot->next;
+    if (!slot) {
+        slot = calloc(1, sizeof *slot);
+        if (!slot) abort();
+        slot->id = ++in->next_sender;
+        slot->sender = s;
+        slot->next = in->senders;
+        in->senders = slot;
+    }
+    int64_t id = (int64_t)slot->id;
+    pthread_mutex_unlock(&in->mu);
+    return id;
+}
+
+/* Writes request r of the batch into the EXECUTE message: its header (id,
+ * correlation, flags, parameters, sender), requested outputs and input
+ * tensors (by reference into a request body region, else as views). ins
+ * has room for the batch's n_in inputs. */
+static void encode_request(instance_t *in, model_state_t *ms, nereid_batch_t *batch, size_t r,
+                           tview_t *ins, size_t n_in, bwr_t *w, outmsg_t *om)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < n_in; i++) {
+        tview_t *v = &ins[k];
+        v->name = nereid_batch_input_name(batch, i);
+        nereid_error_t *e = nereid_batch_request_input(batch, r, v->name, &v->datatype, &v->shape,
+                                                       &v->rank, &v->data, &v->size);
+        if (e) {
+            nereid_error_free(e);
+            continue;
+        }
+        k++;
+    }
+    uint32_t n_out = 0;
+    for (size_t o = 0; o < nereid_model_output_count(in->model); o++)
+        n_out += nereid_batch_request_output_requested(batch, r, model_output_name(in, o));
+    const char *id = nereid_batch_request_id(batch, r);
+    uint64_t corr, timeout_us;
+    const char *corr_str;
+    uint32_t flags;
+    nereid_batch_request_sequence(batch, r, &corr, &corr_str, &flags, &timeout_us);
+    char *params = NULL;
+    if (nereid_batch_request_parameter_count(batch, r)) {
+        json_t *jp = request_parameters(batch, r);
+        params = json_dumps(jp, JSON_COMPACT);
+        json_decref(jp);
+    }
+    int64_t sender_id = in->decoupled ? request_sender_id(in, batch, r) : -1;
+    size_t id_len = id ? strlen(id) : 0, corr_len = corr_str ? strlen(corr_str) : 0;
+    size_t params_len = params ? strlen(params) : 0;
+    bw_exec_request(w, (uint32_t)k, n_out, flags, (uint32_t)id_len,
+                    corr_str ? (uint32_t)corr_len : UINT32_MAX, (uint32_t)params_len, corr,
+                    timeout_us, sender_id);
+    bw_put(w, id, id_len);
+    bw_put(w, corr_str, corr_len);
+    bw_put(w, params, params_len);
+    free(params);
+    for (size_t o = 0; o < nereid_model_output_count(in->model); o++) {
+        const char *name = model_output_name(in, o);
+        if (!nereid_batch_request_output_requested(batch, r, name)) continue;
+        bw_u32(w, (uint32_t)strlen(name));
+        bw_put(w, name, strlen(name));
+    }
+    for (size_t i = 0; i < k; i++) {
+        region_t *br = body_ref(in, ms, &ins[i]);
+        if (br)
+            bw_tensor_where(w, &ins[i], BODY_WHERE + br->slot,
+                            (uint64_t)((const uint8_t *)ins[i].data - br->map));
+        else
+            bw_tensor(w, &ins[i], outmsg_add_view(om, &ins[i]));
+    }
+}
+
 NEREID_EXPORT nereid_error_t *nereid_backend_execute(nereid_instance_t *instance,
                                                      nereid_batch_t *batch)
 {
@@ -394,82 +482,8 @@ NEREID_EXPORT nereid_error_t *nereid_backend_execute(nereid_instance_t *instance
     size_t n_in = nereid_batch_input_count(batch);
     tview_t *ins = calloc(n_in ? n_in : 1, sizeof *ins);
     if (!ins) abort();
-    for (size_t r = 0; r < n; r++) {
-        size_t k = 0;
-        for (size_t i = 0; i < n_in; i++) {
-            tview_t *v = &ins[k];
-            v->name = nereid_batch_input_name(batch, i);
-            nereid_error_t *e = nereid_batch_request_input(batch, r, v->name, &v->datatype,
-                                                           &v->shape, &v->rank, &v->data, &v->size);
-            if (e) {
-                nereid_error_free(e);
-                continue;
-            }
-            k++;
-        }
-        uint32_t n_out = 0;
-        for (size_t o = 0; o < nereid_model_output_count(in->model); o++)
-            n_out += nereid_batch_request_output_requested(batch, r, model_output_name(in, o));
-        const char *id = nereid_batch_request_id(batch, r);
-        uint64_t corr, timeout_us;
-        const char *corr_str;
-        uint32_t flags;
-        nereid_batch_request_sequence(batch, r, &corr, &corr_str, &flags, &timeout_us);
-        char *params = NULL;
-        if (nereid_batch_request_parameter_count(batch, r)) {
-            json_t *jp = request_parameters(batch, r);
-            params = json_dumps(jp, JSON_COMPACT);
-            json_decref(jp);
-        }
-        int64_t sender_id = -1;
-        if (in->decoupled) {
-            nereid_response_sender_t *s;
-            nereid_error_t *e = nereid_batch_request_sender(batch, r, &s);
-            if (e) {
-                nereid_batch_set_request_error(batch, r, e);
-            } else {
-                /* A rescheduled request comes back with the sender it had:
-                 * it keeps its slot (one slot per sender). */
-                pthread_mutex_lock(&in->mu);
-                sender_slot_t *slot = in->senders;
-                while (slot && slot->sender != s)
-                    slot = slot->next;
-                if (!slot) {
-                    slot = calloc(1, sizeof *slot);
-                    if (!slot) abort();
-                    slot->id = ++in->next_sender;
-                    slot->sender = s;
-                    slot->next = in->senders;
-                    in->senders = slot;
-                }
-                sender_id = (int64_t)slot->id;
-                pthread_mutex_unlock(&in->mu);
-            }
-        }
-        size_t id_len = id ? strlen(id) : 0, corr_len = corr_str ? strlen(corr_str) : 0;
-        size_t params_len = params ? strlen(params) : 0;
-        bw_exec_request(&w, (uint32_t)k, n_out, flags, (uint32_t)id_len,
-                        corr_str ? (uint32_t)corr_len : UINT32_MAX, (uint32_t)params_len, corr,
-                        timeout_us, sender_id);
-        bw_put(&w, id, id_len);
-        bw_put(&w, corr_str, corr_len);
-        bw_put(&w, params, params_len);
-        free(params);
-        for (size_t o = 0; o < nereid_model_output_count(in->model); o++) {
-            const char *name = model_output_name(in, o);
-            if (!nereid_batch_request_output_requested(batch, r, name)) continue;
-            bw_u32(&w, (uint32_t)strlen(name));
-            bw_put(&w, name, strlen(name));
-        }
-        for (size_t i = 0; i < k; i++) {
-            region_t *br = body_ref(in, ms, &ins[i]);
-            if (br)
-                bw_tensor_where(&w, &ins[i], BODY_WHERE + br->slot,
-                                (uint64_t)((const uint8_t *)ins[i].data - br->map));
-            else
-                bw_tensor(&w, &ins[i], outmsg_add_view(&om, &ins[i]));
-        }
-    }
+    for (size_t r = 0; r < n; r++)
+        encode_request(in, ms, batch, r, ins, n_in, &w, &om);
     free(ins);
     om.raw = w.p;
     om.raw_len = w.n;

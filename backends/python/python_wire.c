@@ -280,6 +280,105 @@ int msg_recv_flags(int fd, rx_regions_t *rx, msg_t **out, char *why, size_t why_
     return msg_recv_into(fd, rx, out, why, why_cap, flags, NULL);
 }
 
+/* Where a message's payload is: the region it names (a region message
+ * without a descriptor), the memfd it carries (mapped; a region message's
+ * memfd becomes the worker's new region), or the datagram after the
+ * header. NULL (why set) when the message does not fit its header. */
+static const uint8_t *msg_payload(msg_t *m, rx_regions_t *rx, const uint8_t *buf, ssize_t n,
+                                  const int *fds, int n_fds, uint32_t jlen, uint64_t blen,
+                                  char *why, size_t why_cap)
+{
+    bool in_region = m->type & M_REGION;
+    region_t **slot = NULL; /* the region the message names */
+    if (in_region) {
+        uint32_t k = (m->type & M_SLOT_MASK) >> M_SLOT_SHIFT;
+        m->type &= ~(M_REGION | M_SLOT_MASK);
+        if (rx && n == HDR_BYTES && m->type == M_DONE && k == 0)
+            slot = &rx->done;
+        else if (rx && n == HDR_BYTES && m->type == M_BLS_CALL && k < BLS_SLOTS)
+            slot = &rx->bls[k];
+        if (!slot) {
+            snprintf(why, why_cap, "unexpected region message");
+            return NULL;
+        }
+    }
+    if (in_region && n_fds == 0) {
+        if (!*slot || (*slot)->size < (uint64_t)jlen + blen) {
+            snprintf(why, why_cap, "message outside the shared-memory region");
+            return NULL;
+        }
+        m->region = *slot;
+        atomic_fetch_add(&m->region->refs, 1);
+        return m->region->map;
+    } else if (n_fds == 1) {
+        struct stat st;
+        int seals = fcntl(fds[0], F_GET_SEALS);
+        if (n != HDR_BYTES || fstat(fds[0], &st) != 0 || seals < 0 || !(seals & F_SEAL_SHRINK) ||
+            (uint64_t)st.st_size < jlen + blen || st.st_size == 0 ||
+            (slot && slot != &rx->done && (uint64_t)st.st_size > BLS_REGION_MAX)) {
+            snprintf(why, why_cap,
+                     "bad shared-memory region (it must be a memfd sealed "
+                     "against shrinking, holding the message)");
+            return NULL;
+        }
+        m->map_len = (size_t)st.st_size;
+        void *map = mmap(NULL, m->map_len, PROT_READ, MAP_SHARED, fds[0], 0);
+        if (map == MAP_FAILED) {
+            snprintf(why, why_cap, "cannot map the message region: %s", strerror(errno));
+            return NULL;
+        }
+        m->map = map;
+        populate(map, jlen + blen, MADV_POPULATE_READ);
+        if (in_region) { /* the worker's new region: kept for later messages */
+            region_t *r = calloc(1, sizeof *r);
+            if (!r) abort();
+            r->map = map;
+            r->size = m->map_len;
+            r->fd = -1;
+            atomic_init(&r->refs, 2);
+            m->map = NULL;
+            m->region = r;
+            region_unref(*slot);
+            *slot = r;
+        }
+        return map;
+    } else {
+        if ((uint64_t)n != HDR_BYTES + (uint64_t)jlen + blen) {
+            snprintf(why, why_cap, "message length does not match its header");
+            return NULL;
+        }
+        return buf + HDR_BYTES;
+    }
+}
+
+/* The message's metadata and blob: binary metadata (DONE, BLS_CALL) copied,
+ * any other parsed as a JSON object. False (why set) when it is not one. */
+static bool msg_decode(msg_t *m, const uint8_t *payload, uint32_t jlen, uint64_t blen, char *why,
+                       size_t why_cap)
+{
+    if (m->type == M_DONE || m->type == M_BLS_CALL) {
+        /* Binary (apply_done, bls_start): copied, so that the worker cannot
+         * change it while it is checked and used. */
+        m->meta = malloc(jlen ? jlen : 1);
+        if (!m->meta) abort();
+        memcpy(m->meta, payload, jlen);
+        m->meta_len = jlen;
+        m->blob = payload + jlen;
+        m->blob_len = (size_t)blen;
+        return true;
+    }
+    json_error_t jerr;
+    m->json = json_loadb((const char *)payload, jlen, JSON_REJECT_DUPLICATES, &jerr);
+    if (!m->json || !json_is_object(m->json)) {
+        snprintf(why, why_cap, "invalid JSON in message: %s",
+                 m->json ? "not an object" : jerr.text);
+        return false;
+    }
+    m->blob = payload + jlen;
+    m->blob_len = (size_t)blen;
+    return true;
+}
+
 int msg_recv_into(int fd, rx_regions_t *rx, msg_t **out, char *why, size_t why_cap, int flags,
                   uint8_t *scratch)
 {
@@ -347,91 +446,8 @@ int msg_recv_into(int fd, rx_regions_t *rx, msg_t **out, char *why, size_t why_c
         snprintf(why, why_cap, "message too large");
         goto fail;
     }
-    const uint8_t *payload;
-    bool in_region = m->type & M_REGION;
-    region_t **slot = NULL; /* the region the message names */
-    if (in_region) {
-        uint32_t k = (m->type & M_SLOT_MASK) >> M_SLOT_SHIFT;
-        m->type &= ~(M_REGION | M_SLOT_MASK);
-        if (rx && n == HDR_BYTES && m->type == M_DONE && k == 0)
-            slot = &rx->done;
-        else if (rx && n == HDR_BYTES && m->type == M_BLS_CALL && k < BLS_SLOTS)
-            slot = &rx->bls[k];
-        if (!slot) {
-            snprintf(why, why_cap, "unexpected region message");
-            goto fail;
-        }
-    }
-    if (in_region && n_fds == 0) {
-        if (!*slot || (*slot)->size < (uint64_t)jlen + blen) {
-            snprintf(why, why_cap, "message outside the shared-memory region");
-            goto fail;
-        }
-        m->region = *slot;
-        atomic_fetch_add(&m->region->refs, 1);
-        payload = m->region->map;
-    } else if (n_fds == 1) {
-        struct stat st;
-        int seals = fcntl(fds[0], F_GET_SEALS);
-        if (n != HDR_BYTES || fstat(fds[0], &st) != 0 || seals < 0 || !(seals & F_SEAL_SHRINK) ||
-            (uint64_t)st.st_size < jlen + blen || st.st_size == 0 ||
-            (slot && slot != &rx->done && (uint64_t)st.st_size > BLS_REGION_MAX)) {
-            snprintf(why, why_cap,
-                     "bad shared-memory region (it must be a memfd sealed "
-                     "against shrinking, holding the message)");
-            goto fail;
-        }
-        m->map_len = (size_t)st.st_size;
-        void *map = mmap(NULL, m->map_len, PROT_READ, MAP_SHARED, fds[0], 0);
-        if (map == MAP_FAILED) {
-            snprintf(why, why_cap, "cannot map the message region: %s", strerror(errno));
-            goto fail;
-        }
-        m->map = map;
-        payload = map;
-        populate(map, jlen + blen, MADV_POPULATE_READ);
-        if (in_region) { /* the worker's new region: kept for later messages */
-            region_t *r = calloc(1, sizeof *r);
-            if (!r) abort();
-            r->map = map;
-            r->size = m->map_len;
-            r->fd = -1;
-            atomic_init(&r->refs, 2);
-            m->map = NULL;
-            m->region = r;
-            region_unref(*slot);
-            *slot = r;
-        }
-    } else {
-        if ((uint64_t)n != HDR_BYTES + (uint64_t)jlen + blen) {
-            snprintf(why, why_cap, "message length does not match its header");
-            goto fail;
-        }
-        payload = buf + HDR_BYTES;
-    }
-    if (m->type == M_DONE || m->type == M_BLS_CALL) {
-        /* Binary (apply_done, bls_start): copied, so that the worker cannot
-         * change it while it is checked and used. */
-        m->meta = malloc(jlen ? jlen : 1);
-        if (!m->meta) abort();
-        memcpy(m->meta, payload, jlen);
-        m->meta_len = jlen;
-        m->blob = payload + jlen;
-        m->blob_len = (size_t)blen;
-        *out = m;
-        rc = 1;
-        m = NULL;
-        goto fail;
-    }
-    json_error_t jerr;
-    m->json = json_loadb((const char *)payload, jlen, JSON_REJECT_DUPLICATES, &jerr);
-    if (!m->json || !json_is_object(m->json)) {
-        snprintf(why, why_cap, "invalid JSON in message: %s",
-                 m->json ? "not an object" : jerr.text);
-        goto fail;
-    }
-    m->blob = payload + jlen;
-    m->blob_len = (size_t)blen;
+    const uint8_t *payload = msg_payload(m, rx, buf, n, fds, n_fds, jlen, blen, why, why_cap);
+    if (!payload || !msg_decode(m, payload, jlen, blen, why, why_cap)) goto fail;
     *out = m;
     rc = 1;
     m = NULL;

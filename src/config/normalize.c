@@ -759,6 +759,157 @@ static void validate_sequence_tensor_names(nctx_t *c, const Inference__ModelSequ
     }
 }
 
+/* The oldest and direct strategies' settings; false (error recorded) when
+ * one is not valid. */
+static bool validate_sequence_strategy(nctx_t *c, Inference__ModelSequenceBatching *sb)
+{
+    model_config_t *cfg = c->cfg;
+    if (sb->strategy_choice_case == INFERENCE__MODEL_SEQUENCE_BATCHING__STRATEGY_CHOICE_OLDEST &&
+        sb->oldest) {
+        for (size_t i = 0; i < sb->oldest->n_preferred_batch_size; i++) {
+            int32_t size = sb->oldest->preferred_batch_size[i];
+            if (size <= 0) {
+                nerr(c, sb->oldest, "preferred_batch_size", (int)i,
+                     "sequence batching preferred batch size must be positive for %s", c->name);
+                return false;
+            }
+            if (size > cfg->max_batch_size) {
+                nerr(c, sb->oldest, "preferred_batch_size", (int)i,
+                     "sequence batching preferred batch size must be <= max batch size for %s",
+                     c->name);
+                return false;
+            }
+        }
+    }
+    if (sb->strategy_choice_case == INFERENCE__MODEL_SEQUENCE_BATCHING__STRATEGY_CHOICE_DIRECT &&
+        sb->direct) {
+        float u = sb->direct->minimum_slot_utilization;
+        if (!(u >= 0.0f && u <= 1.0f)) {
+            nerr(c, sb->direct, "minimum_slot_utilization", -1,
+                 "sequence batching minimum slot utilization must be in range (0.0, 1.0] for %s",
+                 c->name);
+            return false;
+        }
+    }
+    return true;
+}
+
+/* Initial state `is` of state st; false (error recorded) when it is not
+ * valid. */
+static bool validate_initial_state(nctx_t *c, const Inference__ModelSequenceBatching__State *st,
+                                   const Inference__ModelSequenceBatching__InitialState *is)
+{
+    if (empty(is->name)) {
+        nerr(c, is, "name", -1,
+             "initial state of sequence batching state '%s' must specify 'name' for %s",
+             st->input_name, c->name);
+        return false;
+    }
+    if (is->state_data_case ==
+        INFERENCE__MODEL_SEQUENCE_BATCHING__INITIAL_STATE__STATE_DATA__NOT_SET) {
+        nerr(c, is, NULL, -1,
+             "initial state '%s' must specify either 'zero_data' or 'data_file' for %s", is->name,
+             c->name);
+        return false;
+    }
+    if (is->state_data_case ==
+            INFERENCE__MODEL_SEQUENCE_BATCHING__INITIAL_STATE__STATE_DATA_DATA_FILE &&
+        empty(is->data_file)) {
+        nerr(c, is, "data_file", -1, "initial state '%s' has an empty 'data_file' for %s", is->name,
+             c->name);
+        return false;
+    }
+    if (is->data_type != st->data_type) {
+        nerr(c, is, "data_type", -1,
+             "initial state '%s' data type %s does not match the state data type %s for "
+             "%s",
+             is->name, enum_name(&inference__data_type__descriptor, is->data_type),
+             enum_name(&inference__data_type__descriptor, st->data_type), c->name);
+        return false;
+    }
+    bool dims_ok = is->n_dims == st->n_dims;
+    for (size_t d = 0; d < is->n_dims && dims_ok; d++) {
+        if (is->dims[d] < 1)
+            dims_ok = false;
+        else if (st->dims[d] != WILDCARD_DIM && st->dims[d] != is->dims[d])
+            dims_ok = false;
+    }
+    if (!dims_ok) {
+        nerr(c, is, "dims", -1,
+             "initial state '%s' dims must be fixed (>= 1) and match the dims of state "
+             "'%s' for %s",
+             is->name, st->input_name, c->name);
+        return false;
+    }
+    char what[512];
+    snprintf(what, sizeof what, "initial state '%s'", is->name);
+    return tensor_within_limit(c, is, "dims", is->data_type, 1, is->dims, is->n_dims, what);
+}
+
+/* Implicit state i of the sequence batcher (Triton's state rules). */
+static void validate_sequence_state(nctx_t *c, Inference__ModelSequenceBatching *sb, size_t i)
+{
+    const Inference__ModelSequenceBatching__State *st = sb->state[i];
+    if (empty(st->input_name)) {
+        nerr(c, st, "input_name", -1, "sequence batching state must specify 'input_name' for %s",
+             c->name);
+        return;
+    }
+    if (empty(st->output_name)) {
+        nerr(c, st, "output_name", -1,
+             "sequence batching state '%s' must specify 'output_name' for %s", st->input_name,
+             c->name);
+        return;
+    }
+    if (st->data_type == INFERENCE__DATA_TYPE__TYPE_INVALID || !valid_datatype(st->data_type)) {
+        nerr(c, st, "data_type", -1,
+             "sequence batching state '%s' must specify a valid 'data_type' for %s", st->input_name,
+             c->name);
+        return;
+    }
+    if (st->n_dims == 0) {
+        nerr(c, st, "dims", -1, "sequence batching state '%s' must specify 'dims' for %s",
+             st->input_name, c->name);
+        return;
+    }
+    bool bad = false;
+    for (size_t d = 0; d < st->n_dims && !bad; d++) {
+        if (st->dims[d] < 1 && st->dims[d] != WILDCARD_DIM) {
+            nerr(c, st, "dims", (int)d,
+                 "sequence batching state '%s' dimension must be integer >= 1, or -1 to "
+                 "indicate a variable-size dimension for %s",
+                 st->input_name, c->name);
+            bad = true;
+        }
+    }
+    for (size_t j = 0; j < i && !bad; j++) {
+        if (streq(sb->state[j]->input_name, st->input_name)) {
+            nerr(c, st, "input_name", -1,
+                 "sequence batching state input name '%s' is specified more than once for %s",
+                 st->input_name, c->name);
+            bad = true;
+        } else if (streq(sb->state[j]->output_name, st->output_name)) {
+            nerr(c, st, "output_name", -1,
+                 "sequence batching state output name '%s' is specified more than once for %s",
+                 st->output_name, c->name);
+            bad = true;
+        }
+    }
+    if (bad) return;
+    char what[512];
+    snprintf(what, sizeof what, "sequence batching state '%s'", st->input_name);
+    if (!tensor_within_limit(c, st, "dims", st->data_type, 1, st->dims, st->n_dims, what)) return;
+    if (st->use_growable_memory && !st->use_same_buffer_for_input_output) {
+        nerr(c, st, "use_growable_memory", -1,
+             "sequence batching state '%s' can only use growable memory together with "
+             "'use_same_buffer_for_input_output' for %s",
+             st->input_name, c->name);
+        return;
+    }
+    for (size_t k = 0; k < st->n_initial_state; k++)
+        if (!validate_initial_state(c, st, st->initial_state[k])) break;
+}
+
 static void validate_sequence_batching(nctx_t *c)
 {
     model_config_t *cfg = c->cfg;
@@ -810,142 +961,9 @@ static void validate_sequence_batching(nctx_t *c)
             }
         }
     }
-    if (sb->strategy_choice_case == INFERENCE__MODEL_SEQUENCE_BATCHING__STRATEGY_CHOICE_OLDEST &&
-        sb->oldest) {
-        for (size_t i = 0; i < sb->oldest->n_preferred_batch_size; i++) {
-            int32_t size = sb->oldest->preferred_batch_size[i];
-            if (size <= 0) {
-                nerr(c, sb->oldest, "preferred_batch_size", (int)i,
-                     "sequence batching preferred batch size must be positive for %s", c->name);
-                return;
-            }
-            if (size > cfg->max_batch_size) {
-                nerr(c, sb->oldest, "preferred_batch_size", (int)i,
-                     "sequence batching preferred batch size must be <= max batch size for %s",
-                     c->name);
-                return;
-            }
-        }
-    }
-    if (sb->strategy_choice_case == INFERENCE__MODEL_SEQUENCE_BATCHING__STRATEGY_CHOICE_DIRECT &&
-        sb->direct) {
-        float u = sb->direct->minimum_slot_utilization;
-        if (!(u >= 0.0f && u <= 1.0f)) {
-            nerr(c, sb->direct, "minimum_slot_utilization", -1,
-                 "sequence batching minimum slot utilization must be in range (0.0, 1.0] for %s",
-                 c->name);
-            return;
-        }
-    }
-    /* implicit state */
-    for (size_t i = 0; i < sb->n_state; i++) {
-        const Inference__ModelSequenceBatching__State *st = sb->state[i];
-        if (empty(st->input_name)) {
-            nerr(c, st, "input_name", -1,
-                 "sequence batching state must specify 'input_name' for %s", c->name);
-            continue;
-        }
-        if (empty(st->output_name)) {
-            nerr(c, st, "output_name", -1,
-                 "sequence batching state '%s' must specify 'output_name' for %s", st->input_name,
-                 c->name);
-            continue;
-        }
-        if (st->data_type == INFERENCE__DATA_TYPE__TYPE_INVALID || !valid_datatype(st->data_type)) {
-            nerr(c, st, "data_type", -1,
-                 "sequence batching state '%s' must specify a valid 'data_type' for %s",
-                 st->input_name, c->name);
-            continue;
-        }
-        if (st->n_dims == 0) {
-            nerr(c, st, "dims", -1, "sequence batching state '%s' must specify 'dims' for %s",
-                 st->input_name, c->name);
-            continue;
-        }
-        bool bad = false;
-        for (size_t d = 0; d < st->n_dims && !bad; d++) {
-            if (st->dims[d] < 1 && st->dims[d] != WILDCARD_DIM) {
-                nerr(c, st, "dims", (int)d,
-                     "sequence batching state '%s' dimension must be integer >= 1, or -1 to "
-                     "indicate a variable-size dimension for %s",
-                     st->input_name, c->name);
-                bad = true;
-            }
-        }
-        for (size_t j = 0; j < i && !bad; j++) {
-            if (streq(sb->state[j]->input_name, st->input_name)) {
-                nerr(c, st, "input_name", -1,
-                     "sequence batching state input name '%s' is specified more than once for %s",
-                     st->input_name, c->name);
-                bad = true;
-            } else if (streq(sb->state[j]->output_name, st->output_name)) {
-                nerr(c, st, "output_name", -1,
-                     "sequence batching state output name '%s' is specified more than once for %s",
-                     st->output_name, c->name);
-                bad = true;
-            }
-        }
-        if (bad) continue;
-        char what[512];
-        snprintf(what, sizeof what, "sequence batching state '%s'", st->input_name);
-        if (!tensor_within_limit(c, st, "dims", st->data_type, 1, st->dims, st->n_dims, what))
-            continue;
-        if (st->use_growable_memory && !st->use_same_buffer_for_input_output) {
-            nerr(c, st, "use_growable_memory", -1,
-                 "sequence batching state '%s' can only use growable memory together with "
-                 "'use_same_buffer_for_input_output' for %s",
-                 st->input_name, c->name);
-            continue;
-        }
-        for (size_t k = 0; k < st->n_initial_state; k++) {
-            const Inference__ModelSequenceBatching__InitialState *is = st->initial_state[k];
-            if (empty(is->name)) {
-                nerr(c, is, "name", -1,
-                     "initial state of sequence batching state '%s' must specify 'name' for %s",
-                     st->input_name, c->name);
-                break;
-            }
-            if (is->state_data_case ==
-                INFERENCE__MODEL_SEQUENCE_BATCHING__INITIAL_STATE__STATE_DATA__NOT_SET) {
-                nerr(c, is, NULL, -1,
-                     "initial state '%s' must specify either 'zero_data' or 'data_file' for %s",
-                     is->name, c->name);
-                break;
-            }
-            if (is->state_data_case ==
-                    INFERENCE__MODEL_SEQUENCE_BATCHING__INITIAL_STATE__STATE_DATA_DATA_FILE &&
-                empty(is->data_file)) {
-                nerr(c, is, "data_file", -1, "initial state '%s' has an empty 'data_file' for %s",
-                     is->name, c->name);
-                break;
-            }
-            if (is->data_type != st->data_type) {
-                nerr(c, is, "data_type", -1,
-                     "initial state '%s' data type %s does not match the state data type %s for "
-                     "%s",
-                     is->name, enum_name(&inference__data_type__descriptor, is->data_type),
-                     enum_name(&inference__data_type__descriptor, st->data_type), c->name);
-                break;
-            }
-            bool dims_ok = is->n_dims == st->n_dims;
-            for (size_t d = 0; d < is->n_dims && dims_ok; d++) {
-                if (is->dims[d] < 1)
-                    dims_ok = false;
-                else if (st->dims[d] != WILDCARD_DIM && st->dims[d] != is->dims[d])
-                    dims_ok = false;
-            }
-            if (!dims_ok) {
-                nerr(c, is, "dims", -1,
-                     "initial state '%s' dims must be fixed (>= 1) and match the dims of state "
-                     "'%s' for %s",
-                     is->name, st->input_name, c->name);
-                break;
-            }
-            snprintf(what, sizeof what, "initial state '%s'", is->name);
-            if (!tensor_within_limit(c, is, "dims", is->data_type, 1, is->dims, is->n_dims, what))
-                break;
-        }
-    }
+    if (!validate_sequence_strategy(c, sb)) return;
+    for (size_t i = 0; i < sb->n_state; i++) /* implicit state */
+        validate_sequence_state(c, sb, i);
 }
 
 static void validate_dynamic_batching(nctx_t *c)
@@ -1096,6 +1114,177 @@ static void map_keep_last(ProtobufCMessage **entries, size_t *n)
     *n = w;
 }
 
+/* The ensemble's tensor graph from its steps (each step's outputs depend
+ * on its inputs); false (error recorded) when a step is not valid. */
+static bool ens_graph_build(nctx_t *c, const Inference__ModelEnsembling *es, ens_graph_t *g)
+{
+    bool ok = true;
+    for (size_t s = 0; s < es->n_step && ok; s++) {
+        const Inference__ModelEnsembling__Step *st = es->step[s];
+        if (empty(st->model_name)) {
+            nerr(c, st, NULL, -1, "must specify 'model_name' in step %zu of ensemble '%s'", s,
+                 c->name);
+            ok = false;
+            break;
+        }
+        if (st->n_input_map == 0) {
+            nerr(c, st, NULL, -1, "must specify 'input_map' in step %zu of ensemble '%s'", s,
+                 c->name);
+            ok = false;
+            break;
+        }
+        if (st->n_output_map == 0) {
+            nerr(c, st, NULL, -1, "must specify 'output_map' in step %zu of ensemble '%s'", s,
+                 c->name);
+            ok = false;
+            break;
+        }
+        size_t outs[256];
+        size_t n_outs = 0;
+        for (size_t k = 0; k < st->n_output_map && ok; k++) {
+            const char *tn = st->output_map[k]->value;
+            size_t idx = ens_find(g, tn);
+            if (idx != (size_t)-1) {
+                if (g->t[idx].is_output) {
+                    nerr(c, st, "output_map", (int)k,
+                         "ensemble tensor '%s' can appear in an output map only once for "
+                         "ensemble '%s' step %zu",
+                         tn, c->name, s);
+                    ok = false;
+                    break;
+                }
+                g->t[idx].is_output = true;
+            } else {
+                idx = ens_add(g, tn, true);
+                if (idx == (size_t)-1) ok = false;
+            }
+            if (ok && n_outs < 256) outs[n_outs++] = idx;
+        }
+        for (size_t k = 0; k < st->n_input_map && ok; k++) {
+            for (size_t j = 0; j < k; j++) {
+                if (streq(st->input_map[j]->key, st->input_map[k]->key)) {
+                    nerr(c, st, "input_map", (int)k,
+                         "input '%s' in model '%s' is mapped to multiple ensemble tensors for "
+                         "ensemble '%s' step %zu",
+                         st->input_map[k]->key, st->model_name, c->name, s);
+                    ok = false;
+                    break;
+                }
+            }
+            if (!ok) break;
+            const char *tn = st->input_map[k]->value;
+            size_t idx = ens_find(g, tn);
+            if (idx == (size_t)-1) idx = ens_add(g, tn, false);
+            if (idx == (size_t)-1) {
+                ok = false;
+                break;
+            }
+            for (size_t o = 0; o < n_outs && ok; o++) {
+                ok = push_idx(&g->t[outs[o]].prev, &g->t[outs[o]].n_prev, idx) &&
+                     push_idx(&g->t[idx].next, &g->t[idx].n_next, outs[o]);
+            }
+        }
+    }
+    return ok;
+}
+
+/* Marks the tensors the ensemble's inputs make ready (a tensor is ready
+ * when all it depends on is); false (error recorded) when an input is not
+ * used. */
+static bool ens_propagate_ready(nctx_t *c, const model_config_t *cfg, ens_graph_t *g)
+{
+    size_t *queue = malloc((g->n + 1) * sizeof *queue);
+    if (!queue) return false;
+    size_t qh = 0, qt = 0;
+    for (size_t i = 0; i < cfg->n_input; i++) {
+        size_t idx = ens_find(g, cfg->input[i]->name);
+        if (idx == (size_t)-1) {
+            nerr(c, cfg->input[i], "name", -1, "ensemble input '%s' for ensemble %s' is not used",
+                 cfg->input[i]->name, c->name);
+            free(queue);
+            return false;
+        }
+        if (!g->t[idx].ready) {
+            g->t[idx].ready = true;
+            queue[qt++] = idx;
+        }
+    }
+    while (qh < qt) {
+        ens_tensor_t *r = &g->t[queue[qh++]];
+        for (size_t k = 0; k < r->n_next; k++) {
+            ens_tensor_t *nx = &g->t[r->next[k]];
+            if (nx->ready) continue;
+            bool all = true;
+            for (size_t j = 0; j < nx->n_prev && all; j++)
+                all = g->t[nx->prev[j]].ready;
+            if (all) {
+                nx->ready = true;
+                queue[qt++] = r->next[k];
+            }
+        }
+    }
+    free(queue);
+    return true;
+}
+
+/* Each ensemble output must be written; false (error recorded) when one is
+ * not, naming a tensor nothing produces when there is one. */
+static bool ens_check_outputs(nctx_t *c, const model_config_t *cfg, const ens_graph_t *g)
+{
+    for (size_t i = 0; i < cfg->n_output; i++) {
+        size_t idx = ens_find(g, cfg->output[i]->name);
+        if (idx == (size_t)-1) {
+            nerr(c, cfg->output[i], "name", -1, "ensemble output '%s' for ensemble %s' is not used",
+                 cfg->output[i]->name, c->name);
+            return false;
+        }
+        if (!g->t[idx].ready) {
+            /* walk back to a tensor nothing produces, for a helpful message */
+            size_t last = idx, cur = idx;
+            size_t guard = 0;
+            for (;;) {
+                size_t found = (size_t)-1;
+                for (size_t j = 0; j < g->t[cur].n_prev; j++) {
+                    size_t pv = g->t[cur].prev[j];
+                    if (!g->t[pv].ready && pv != idx && pv != last) {
+                        found = pv;
+                        break;
+                    }
+                }
+                if (found == (size_t)-1 || ++guard > g->n) break;
+                last = cur = found;
+            }
+            if (last != idx)
+                nerr(c, cfg->output[i], "name", -1,
+                     "output '%s' for ensemble '%s' is not written: at least one of its "
+                     "depending tensors, '%s', is not connected",
+                     cfg->output[i]->name, c->name, g->t[last].name);
+            else
+                nerr(c, cfg->output[i], "name", -1, "output '%s' for ensemble '%s' is not written",
+                     cfg->output[i]->name, c->name);
+            return false;
+        }
+    }
+    return true;
+}
+
+/* Every tensor but the ensemble's outputs must be ready and used. */
+static void ens_check_unused(nctx_t *c, const model_config_t *cfg,
+                             const Inference__ModelEnsembling *es, const ens_graph_t *g)
+{
+    for (size_t i = 0; i < g->n; i++) {
+        bool is_ens_output = false;
+        for (size_t k = 0; k < cfg->n_output && !is_ens_output; k++)
+            is_ens_output = streq(cfg->output[k]->name, g->t[i].name);
+        if (is_ens_output) continue;
+        if (!g->t[i].ready || g->t[i].n_next == 0) {
+            nerr(c, es, NULL, -1, "ensemble tensor '%s' is unused in ensemble '%s'", g->t[i].name,
+                 c->name);
+            return;
+        }
+    }
+}
+
 static void validate_ensemble(nctx_t *c)
 {
     model_config_t *cfg = c->cfg;
@@ -1130,152 +1319,9 @@ static void validate_ensemble(nctx_t *c)
         map_keep_last((ProtobufCMessage **)es->step[s]->output_map, &es->step[s]->n_output_map);
     }
     ens_graph_t g = {0};
-    bool ok = true;
-    for (size_t s = 0; s < es->n_step && ok; s++) {
-        const Inference__ModelEnsembling__Step *st = es->step[s];
-        if (empty(st->model_name)) {
-            nerr(c, st, NULL, -1, "must specify 'model_name' in step %zu of ensemble '%s'", s,
-                 c->name);
-            ok = false;
-            break;
-        }
-        if (st->n_input_map == 0) {
-            nerr(c, st, NULL, -1, "must specify 'input_map' in step %zu of ensemble '%s'", s,
-                 c->name);
-            ok = false;
-            break;
-        }
-        if (st->n_output_map == 0) {
-            nerr(c, st, NULL, -1, "must specify 'output_map' in step %zu of ensemble '%s'", s,
-                 c->name);
-            ok = false;
-            break;
-        }
-        size_t outs[256];
-        size_t n_outs = 0;
-        for (size_t k = 0; k < st->n_output_map && ok; k++) {
-            const char *tn = st->output_map[k]->value;
-            size_t idx = ens_find(&g, tn);
-            if (idx != (size_t)-1) {
-                if (g.t[idx].is_output) {
-                    nerr(c, st, "output_map", (int)k,
-                         "ensemble tensor '%s' can appear in an output map only once for "
-                         "ensemble '%s' step %zu",
-                         tn, c->name, s);
-                    ok = false;
-                    break;
-                }
-                g.t[idx].is_output = true;
-            } else {
-                idx = ens_add(&g, tn, true);
-                if (idx == (size_t)-1) ok = false;
-            }
-            if (ok && n_outs < 256) outs[n_outs++] = idx;
-        }
-        for (size_t k = 0; k < st->n_input_map && ok; k++) {
-            for (size_t j = 0; j < k; j++) {
-                if (streq(st->input_map[j]->key, st->input_map[k]->key)) {
-                    nerr(c, st, "input_map", (int)k,
-                         "input '%s' in model '%s' is mapped to multiple ensemble tensors for "
-                         "ensemble '%s' step %zu",
-                         st->input_map[k]->key, st->model_name, c->name, s);
-                    ok = false;
-                    break;
-                }
-            }
-            if (!ok) break;
-            const char *tn = st->input_map[k]->value;
-            size_t idx = ens_find(&g, tn);
-            if (idx == (size_t)-1) idx = ens_add(&g, tn, false);
-            if (idx == (size_t)-1) {
-                ok = false;
-                break;
-            }
-            for (size_t o = 0; o < n_outs && ok; o++) {
-                ok = push_idx(&g.t[outs[o]].prev, &g.t[outs[o]].n_prev, idx) &&
-                     push_idx(&g.t[idx].next, &g.t[idx].n_next, outs[o]);
-            }
-        }
-    }
-    if (!ok) goto done;
-    /* propagate readiness from the ensemble inputs */
-    size_t *queue = malloc((g.n + 1) * sizeof *queue);
-    if (!queue) goto done;
-    size_t qh = 0, qt = 0;
-    for (size_t i = 0; i < cfg->n_input; i++) {
-        size_t idx = ens_find(&g, cfg->input[i]->name);
-        if (idx == (size_t)-1) {
-            nerr(c, cfg->input[i], "name", -1, "ensemble input '%s' for ensemble %s' is not used",
-                 cfg->input[i]->name, c->name);
-            free(queue);
-            goto done;
-        }
-        if (!g.t[idx].ready) {
-            g.t[idx].ready = true;
-            queue[qt++] = idx;
-        }
-    }
-    while (qh < qt) {
-        ens_tensor_t *r = &g.t[queue[qh++]];
-        for (size_t k = 0; k < r->n_next; k++) {
-            ens_tensor_t *nx = &g.t[r->next[k]];
-            if (nx->ready) continue;
-            bool all = true;
-            for (size_t j = 0; j < nx->n_prev && all; j++)
-                all = g.t[nx->prev[j]].ready;
-            if (all) {
-                nx->ready = true;
-                queue[qt++] = r->next[k];
-            }
-        }
-    }
-    free(queue);
-    for (size_t i = 0; i < cfg->n_output; i++) {
-        size_t idx = ens_find(&g, cfg->output[i]->name);
-        if (idx == (size_t)-1) {
-            nerr(c, cfg->output[i], "name", -1, "ensemble output '%s' for ensemble %s' is not used",
-                 cfg->output[i]->name, c->name);
-            goto done;
-        }
-        if (!g.t[idx].ready) {
-            /* walk back to a tensor nothing produces, for a helpful message */
-            size_t last = idx, cur = idx;
-            size_t guard = 0;
-            for (;;) {
-                size_t found = (size_t)-1;
-                for (size_t j = 0; j < g.t[cur].n_prev; j++) {
-                    size_t pv = g.t[cur].prev[j];
-                    if (!g.t[pv].ready && pv != idx && pv != last) {
-                        found = pv;
-                        break;
-                    }
-                }
-                if (found == (size_t)-1 || ++guard > g.n) break;
-                last = cur = found;
-            }
-            if (last != idx)
-                nerr(c, cfg->output[i], "name", -1,
-                     "output '%s' for ensemble '%s' is not written: at least one of its "
-                     "depending tensors, '%s', is not connected",
-                     cfg->output[i]->name, c->name, g.t[last].name);
-            else
-                nerr(c, cfg->output[i], "name", -1, "output '%s' for ensemble '%s' is not written",
-                     cfg->output[i]->name, c->name);
-            goto done;
-        }
-    }
-    for (size_t i = 0; i < g.n; i++) {
-        bool is_ens_output = false;
-        for (size_t k = 0; k < cfg->n_output && !is_ens_output; k++)
-            is_ens_output = streq(cfg->output[k]->name, g.t[i].name);
-        if (is_ens_output) continue;
-        if (!g.t[i].ready || g.t[i].n_next == 0) {
-            nerr(c, es, NULL, -1, "ensemble tensor '%s' is unused in ensemble '%s'", g.t[i].name,
-                 c->name);
-            goto done;
-        }
-    }
-done:
+    if (ens_graph_build(c, es, &g) && ens_propagate_ready(c, cfg, &g) &&
+        ens_check_outputs(c, cfg, &g))
+        ens_check_unused(c, cfg, es, &g);
     ens_free(&g);
 }
 

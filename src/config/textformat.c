@@ -515,10 +515,180 @@ static bool valid_utf8(const unsigned char *s, size_t n)
     return true;
 }
 
+/* An integer field of any width and signedness, range-checked. */
+static bool parse_integer_field(parser_t *p, const ProtobufCFieldDescriptor *f, void *dst)
+{
+    token_t *t = &p->tok;
+    bool neg;
+    uint64_t mag = 0;
+    if (t->kind != TOK_NUMBER) {
+        expected(p, "integer");
+        return false;
+    }
+    if (!parse_integer_text(t->text, t->len, &neg, &mag)) {
+        if (mag == UINT64_MAX) {
+            fail_at(p, t->line, t->col, "Integer out of range (%.*s) for %s field \"%s\"",
+                    (int)t->len, t->text, type_name(f->type), f->name);
+        } else {
+            expected(p, "integer");
+        }
+        return false;
+    }
+    bool is64 = cfg_scalar_size(f->type) == 8;
+    bool is_unsigned = f->type == PROTOBUF_C_TYPE_UINT32 || f->type == PROTOBUF_C_TYPE_FIXED32 ||
+                       f->type == PROTOBUF_C_TYPE_UINT64 || f->type == PROTOBUF_C_TYPE_FIXED64;
+    uint64_t max_pos = is_unsigned ? (is64 ? UINT64_MAX : UINT32_MAX)
+                                   : (is64 ? (uint64_t)INT64_MAX : (uint64_t)INT32_MAX);
+    uint64_t max_neg = is_unsigned ? 0 : (is64 ? (uint64_t)INT64_MAX + 1 : (uint64_t)INT32_MAX + 1);
+    if ((neg && mag > max_neg) || (!neg && mag > max_pos)) {
+        fail_at(p, t->line, t->col, "Integer out of range (%.*s) for %s field \"%s\"", (int)t->len,
+                t->text, type_name(f->type), f->name);
+        return false;
+    }
+    if (neg && mag == 0) neg = false;
+    if (is64) {
+        uint64_t v = neg ? (uint64_t)0 - mag : mag;
+        memcpy(dst, &v, 8);
+    } else {
+        uint32_t v = neg ? (uint32_t)0 - (uint32_t)mag : (uint32_t)mag;
+        memcpy(dst, &v, 4);
+    }
+    return true;
+}
+
+/* A float or double field (inf, nan and their spellings included). */
+static bool parse_float_field(parser_t *p, const ProtobufCFieldDescriptor *f, void *dst)
+{
+    token_t *t = &p->tok;
+    double d;
+    if ((t->kind != TOK_NUMBER && t->kind != TOK_IDENT) || !parse_float_text(t->text, t->len, &d)) {
+        expected(p, "double");
+        return false;
+    }
+    if (f->type == PROTOBUF_C_TYPE_FLOAT) {
+        float v = (float)d;
+        memcpy(dst, &v, 4);
+    } else {
+        memcpy(dst, &d, 8);
+    }
+    return true;
+}
+
+/* A bool field: true/True/t/1 or false/False/f/0. */
+static bool parse_bool_field(parser_t *p, const ProtobufCFieldDescriptor *f, void *dst)
+{
+    token_t *t = &p->tok;
+    protobuf_c_boolean v;
+    if (t->kind == TOK_IDENT &&
+        ((t->len == 4 && memcmp(t->text, "true", 4) == 0) ||
+         (t->len == 4 && memcmp(t->text, "True", 4) == 0) || (t->len == 1 && t->text[0] == 't'))) {
+        v = 1;
+    } else if (t->kind == TOK_IDENT && ((t->len == 5 && memcmp(t->text, "false", 5) == 0) ||
+                                        (t->len == 5 && memcmp(t->text, "False", 5) == 0) ||
+                                        (t->len == 1 && t->text[0] == 'f'))) {
+        v = 0;
+    } else if (t->kind == TOK_NUMBER && t->len == 1 && (t->text[0] == '0' || t->text[0] == '1')) {
+        v = t->text[0] == '1';
+    } else {
+        char got[64];
+        describe_token(p, got, sizeof got);
+        fail_at(p, t->line, t->col, "Invalid value for boolean field \"%s\". Value: \"%s\".",
+                f->name, got);
+        return false;
+    }
+    memcpy(dst, &v, sizeof v);
+    return true;
+}
+
+/* An enum field by value name or number. */
+static bool parse_enum_field(parser_t *p, const ProtobufCFieldDescriptor *f, void *dst)
+{
+    token_t *t = &p->tok;
+    const ProtobufCEnumDescriptor *ed = f->descriptor;
+    int32_t v;
+    if (t->kind == TOK_IDENT) {
+        const ProtobufCEnumValue *ev = NULL;
+        for (unsigned i = 0; i < ed->n_values; i++) {
+            if (strlen(ed->values[i].name) == t->len &&
+                memcmp(ed->values[i].name, t->text, t->len) == 0) {
+                ev = &ed->values[i];
+                break;
+            }
+        }
+        if (!ev) {
+            fail_at(p, t->line, t->col, "Unknown enumeration value of \"%.*s\" for field \"%s\".",
+                    (int)t->len, t->text, f->name);
+            return false;
+        }
+        v = ev->value;
+    } else if (t->kind == TOK_NUMBER) {
+        bool neg;
+        uint64_t mag;
+        if (!parse_integer_text(t->text, t->len, &neg, &mag) ||
+            mag > (neg ? (uint64_t)INT32_MAX + 1 : (uint64_t)INT32_MAX)) {
+            expected(p, "integer");
+            return false;
+        }
+        v = neg ? (int32_t)(0 - (int64_t)mag) : (int32_t)mag;
+    } else {
+        expected(p, "identifier");
+        return false;
+    }
+    memcpy(dst, &v, 4);
+    return true;
+}
+
+/* A string field: UTF-8 without NUL; replaces the old value. */
+static bool parse_string_field(parser_t *p, const ProtobufCFieldDescriptor *f, void *dst)
+{
+    token_t *t = &p->tok;
+    if (t->kind != TOK_STRING) {
+        expected(p, "string");
+        return false;
+    }
+    if (p->strval.len && memchr(p->strval.data, '\0', p->strval.len)) {
+        fail_at(p, t->line, t->col, "String field \"%s\" contains a NUL character", f->name);
+        return false;
+    }
+    if (!valid_utf8((const unsigned char *)p->strval.data, p->strval.len)) {
+        fail_at(p, t->line, t->col, "String field \"%s\" contains invalid UTF-8 data", f->name);
+        return false;
+    }
+    char *s = malloc(p->strval.len + 1);
+    if (!s) {
+        fail_at(p, t->line, t->col, "out of memory");
+        return false;
+    }
+    if (p->strval.len) memcpy(s, p->strval.data, p->strval.len);
+    s[p->strval.len] = '\0';
+    char **slot = dst;
+    if (*slot && *slot != (const char *)f->default_value && *slot != protobuf_c_empty_string)
+        free(*slot);
+    *slot = s;
+    return true;
+}
+
+/* A bytes field; replaces the old value. */
+static bool parse_bytes_field(parser_t *p, void *dst)
+{
+    token_t *t = &p->tok;
+    if (t->kind != TOK_STRING) {
+        expected(p, "string");
+        return false;
+    }
+    ProtobufCBinaryData *bd = dst;
+    uint8_t *d = malloc(p->strval.len + 1);
+    if (!d) return false;
+    if (p->strval.len) memcpy(d, p->strval.data, p->strval.len);
+    free(bd->data);
+    bd->data = d;
+    bd->len = p->strval.len;
+    return true;
+}
+
 /* Parses the current token as a scalar of field f and stores it at dst. */
 static bool parse_scalar(parser_t *p, const ProtobufCFieldDescriptor *f, void *dst)
 {
-    token_t *t = &p->tok;
     switch (f->type) {
     case PROTOBUF_C_TYPE_INT32:
     case PROTOBUF_C_TYPE_SINT32:
@@ -529,159 +699,19 @@ static bool parse_scalar(parser_t *p, const ProtobufCFieldDescriptor *f, void *d
     case PROTOBUF_C_TYPE_UINT32:
     case PROTOBUF_C_TYPE_FIXED32:
     case PROTOBUF_C_TYPE_UINT64:
-    case PROTOBUF_C_TYPE_FIXED64: {
-        bool neg;
-        uint64_t mag = 0;
-        if (t->kind != TOK_NUMBER) {
-            expected(p, "integer");
-            return false;
-        }
-        if (!parse_integer_text(t->text, t->len, &neg, &mag)) {
-            if (mag == UINT64_MAX) {
-                fail_at(p, t->line, t->col, "Integer out of range (%.*s) for %s field \"%s\"",
-                        (int)t->len, t->text, type_name(f->type), f->name);
-            } else {
-                expected(p, "integer");
-            }
-            return false;
-        }
-        bool is64 = cfg_scalar_size(f->type) == 8;
-        bool is_unsigned = f->type == PROTOBUF_C_TYPE_UINT32 ||
-                           f->type == PROTOBUF_C_TYPE_FIXED32 ||
-                           f->type == PROTOBUF_C_TYPE_UINT64 || f->type == PROTOBUF_C_TYPE_FIXED64;
-        uint64_t max_pos = is_unsigned ? (is64 ? UINT64_MAX : UINT32_MAX)
-                                       : (is64 ? (uint64_t)INT64_MAX : (uint64_t)INT32_MAX);
-        uint64_t max_neg =
-            is_unsigned ? 0 : (is64 ? (uint64_t)INT64_MAX + 1 : (uint64_t)INT32_MAX + 1);
-        if ((neg && mag > max_neg) || (!neg && mag > max_pos)) {
-            fail_at(p, t->line, t->col, "Integer out of range (%.*s) for %s field \"%s\"",
-                    (int)t->len, t->text, type_name(f->type), f->name);
-            return false;
-        }
-        if (neg && mag == 0) neg = false;
-        if (is64) {
-            uint64_t v = neg ? (uint64_t)0 - mag : mag;
-            memcpy(dst, &v, 8);
-        } else {
-            uint32_t v = neg ? (uint32_t)0 - (uint32_t)mag : (uint32_t)mag;
-            memcpy(dst, &v, 4);
-        }
-        return true;
-    }
+    case PROTOBUF_C_TYPE_FIXED64:
+        return parse_integer_field(p, f, dst);
     case PROTOBUF_C_TYPE_FLOAT:
-    case PROTOBUF_C_TYPE_DOUBLE: {
-        double d;
-        if ((t->kind != TOK_NUMBER && t->kind != TOK_IDENT) ||
-            !parse_float_text(t->text, t->len, &d)) {
-            expected(p, "double");
-            return false;
-        }
-        if (f->type == PROTOBUF_C_TYPE_FLOAT) {
-            float v = (float)d;
-            memcpy(dst, &v, 4);
-        } else {
-            memcpy(dst, &d, 8);
-        }
-        return true;
-    }
-    case PROTOBUF_C_TYPE_BOOL: {
-        protobuf_c_boolean v;
-        if (t->kind == TOK_IDENT && ((t->len == 4 && memcmp(t->text, "true", 4) == 0) ||
-                                     (t->len == 4 && memcmp(t->text, "True", 4) == 0) ||
-                                     (t->len == 1 && t->text[0] == 't'))) {
-            v = 1;
-        } else if (t->kind == TOK_IDENT && ((t->len == 5 && memcmp(t->text, "false", 5) == 0) ||
-                                            (t->len == 5 && memcmp(t->text, "False", 5) == 0) ||
-                                            (t->len == 1 && t->text[0] == 'f'))) {
-            v = 0;
-        } else if (t->kind == TOK_NUMBER && t->len == 1 &&
-                   (t->text[0] == '0' || t->text[0] == '1')) {
-            v = t->text[0] == '1';
-        } else {
-            char got[64];
-            describe_token(p, got, sizeof got);
-            fail_at(p, t->line, t->col, "Invalid value for boolean field \"%s\". Value: \"%s\".",
-                    f->name, got);
-            return false;
-        }
-        memcpy(dst, &v, sizeof v);
-        return true;
-    }
-    case PROTOBUF_C_TYPE_ENUM: {
-        const ProtobufCEnumDescriptor *ed = f->descriptor;
-        int32_t v;
-        if (t->kind == TOK_IDENT) {
-            const ProtobufCEnumValue *ev = NULL;
-            for (unsigned i = 0; i < ed->n_values; i++) {
-                if (strlen(ed->values[i].name) == t->len &&
-                    memcmp(ed->values[i].name, t->text, t->len) == 0) {
-                    ev = &ed->values[i];
-                    break;
-                }
-            }
-            if (!ev) {
-                fail_at(p, t->line, t->col,
-                        "Unknown enumeration value of \"%.*s\" for field \"%s\".", (int)t->len,
-                        t->text, f->name);
-                return false;
-            }
-            v = ev->value;
-        } else if (t->kind == TOK_NUMBER) {
-            bool neg;
-            uint64_t mag;
-            if (!parse_integer_text(t->text, t->len, &neg, &mag) ||
-                mag > (neg ? (uint64_t)INT32_MAX + 1 : (uint64_t)INT32_MAX)) {
-                expected(p, "integer");
-                return false;
-            }
-            v = neg ? (int32_t)(0 - (int64_t)mag) : (int32_t)mag;
-        } else {
-            expected(p, "identifier");
-            return false;
-        }
-        memcpy(dst, &v, 4);
-        return true;
-    }
-    case PROTOBUF_C_TYPE_STRING: {
-        if (t->kind != TOK_STRING) {
-            expected(p, "string");
-            return false;
-        }
-        if (p->strval.len && memchr(p->strval.data, '\0', p->strval.len)) {
-            fail_at(p, t->line, t->col, "String field \"%s\" contains a NUL character", f->name);
-            return false;
-        }
-        if (!valid_utf8((const unsigned char *)p->strval.data, p->strval.len)) {
-            fail_at(p, t->line, t->col, "String field \"%s\" contains invalid UTF-8 data", f->name);
-            return false;
-        }
-        char *s = malloc(p->strval.len + 1);
-        if (!s) {
-            fail_at(p, t->line, t->col, "out of memory");
-            return false;
-        }
-        if (p->strval.len) memcpy(s, p->strval.data, p->strval.len);
-        s[p->strval.len] = '\0';
-        char **slot = dst;
-        if (*slot && *slot != (const char *)f->default_value && *slot != protobuf_c_empty_string)
-            free(*slot);
-        *slot = s;
-        return true;
-    }
-    case PROTOBUF_C_TYPE_BYTES: {
-        if (t->kind != TOK_STRING) {
-            expected(p, "string");
-            return false;
-        }
-        ProtobufCBinaryData *bd = dst;
-        uint8_t *d = malloc(p->strval.len + 1);
-        if (!d) return false;
-        if (p->strval.len) memcpy(d, p->strval.data, p->strval.len);
-        free(bd->data);
-        bd->data = d;
-        bd->len = p->strval.len;
-        return true;
-    }
+    case PROTOBUF_C_TYPE_DOUBLE:
+        return parse_float_field(p, f, dst);
+    case PROTOBUF_C_TYPE_BOOL:
+        return parse_bool_field(p, f, dst);
+    case PROTOBUF_C_TYPE_ENUM:
+        return parse_enum_field(p, f, dst);
+    case PROTOBUF_C_TYPE_STRING:
+        return parse_string_field(p, f, dst);
+    case PROTOBUF_C_TYPE_BYTES:
+        return parse_bytes_field(p, dst);
     case PROTOBUF_C_TYPE_MESSAGE:
         break;
     }

@@ -1,10 +1,12 @@
 /*
  * This file contains request tracing as Triton does it (server/src/tracer.cc
- * and the core's trace activities): the --trace-config flags, trace
- * settings (global and per model, with Triton's fallback and clearing
- * rules), sampling by rate and count, and the two outputs: the JSON trace
- * file of triton mode (written per setting, optionally every log_frequency
- * traces to <file>.<n>) and OpenTelemetry spans (otlp.c exports them).
+ * and the core's trace activities): trace settings and trace files,
+ * sampling by rate and count, activities and tensors, and the two outputs:
+ * the JSON trace file of triton mode (written per setting, optionally every
+ * log_frequency traces to <file>.<n>) and OpenTelemetry spans (otlp.c
+ * exports them). The tracer is built from the --trace-config flags in
+ * trace_flags.c; the settings API (global and per model, with Triton's
+ * fallback and clearing rules) is trace_settings.c.
  *
  * A trace is a root (one per sampled request, holding the setting it was
  * sampled by) with one handle per traced request: the request itself and,
@@ -30,18 +32,7 @@
 #include "core/otlp.h"
 #include "core/server_internal.h"
 #include "core/util.h"
-
-#define TRACE_LEVEL_TIMESTAMPS 0x4u /* Triton's TRITONSERVER_TRACE_LEVEL_* bits */
-#define TRACE_LEVEL_TENSORS 0x8u
-
-typedef enum trace_mode { MODE_TRITON = 0, MODE_OPENTELEMETRY = 1 } trace_mode_t;
-
-/* ---- Growing strings ---- */
-
-typedef struct sbuf {
-    char *p;
-    size_t len, cap;
-} sbuf_t;
+#include "core/trace_internal.h"
 
 static void sb_add(sbuf_t *b, const char *s, size_t n)
 {
@@ -100,98 +91,11 @@ static void sb_json_str(sbuf_t *b, const char *s)
     sb_add(b, "\"", 1);
 }
 
-/* ---- Trace files ---- */
-
-typedef struct trace_file {
-    char *name;
-    int refs; /* under the tracer's files_lock */
-    pthread_mutex_t lock;
-    FILE *f;
-    bool first_write;
-    _Atomic uint32_t index; /* next <name>.<index> */
-    struct trace_file *next;
-} trace_file_t;
-
-/* ---- Settings ---- */
-
-typedef struct trace_setting {
-    _Atomic int refs;
-    struct nereid_tracer *tracer;
-    uint32_t level, rate;
-    int32_t count; /* remaining traces (-1 = unlimited); under lock */
-    uint32_t log_frequency;
-    trace_file_t *file;
-    trace_mode_t mode;
-    bool level_set, rate_set, count_set, log_frequency_set, file_set;
-    const char *invalid; /* why no trace is sampled, or NULL */
-    pthread_mutex_t lock;
-    uint64_t sample, created, collected, sample_in_stream;
-    sbuf_t stream; /* traces not yet written */
-} trace_setting_t;
-
-typedef struct model_setting {
-    char *model;
-    trace_setting_t *setting;
-    struct model_setting *next;
-} model_setting_t;
-
-typedef struct name_node {
-    char *name;
-    struct name_node *next;
-} name_node_t;
-
-struct nereid_tracer {
-    _Atomic int active;         /* settings with a level other than OFF */
-    pthread_mutex_t write_lock; /* serializes updates */
-    pthread_mutex_t read_lock;  /* guards global and models (the pointers) */
-    trace_setting_t *global_default, *global;
-    model_setting_t *models;
-    name_node_t *fallback_models; /* models whose settings copy some global values */
-    pthread_mutex_t files_lock;
-    trace_file_t *files;
-    /* The mode's --trace-config settings shown by the settings API. */
-    char **config_keys, **config_values;
-    size_t n_config;
-    otel_exporter_t *exporter;
-};
-
-/* ---- Traces ---- */
-
-#define SPAN_STACK 4
-
-struct nereid_trace {
-    struct trace_root *root;
-    uint64_t id, parent_id;
-    char *model_name;
-    int64_t model_version;
-    char *request_id;               /* set with REQUEST_START ("" when none) */
-    bool started;                   /* REQUEST_START reported */
-    sbuf_t stream;                  /* this id's JSON entries (triton mode) */
-    otel_span_t *stack[SPAN_STACK]; /* open spans, innermost last */
-    int depth;
-    struct nereid_trace *next;
-};
-
-typedef struct trace_root {
-    _Atomic int refs;
-    pthread_mutex_t lock;
-    trace_setting_t *setting;
-    nereid_trace_t *handles, *last; /* creation order; the first is the root request's */
-    /* opentelemetry */
-    int64_t unix_offset_ns; /* realtime - monotonic at the start */
-    uint8_t trace_id[16];
-    char *trace_state;
-    otel_span_t *root_span;
-    otel_span_t *ended; /* spans to export */
-} trace_root_t;
-
 static _Atomic uint64_t next_trace_id = 1;
 
 /* ---- C++ std::stoi / std::stoul, as Triton parses numbers ---- */
 
-typedef enum { NUM_OK, NUM_INVALID, NUM_RANGE } num_rc_t;
-
-static num_rc_t cxx_stoi(const char *s, int *out)
+num_rc_t cxx_stoi(const char *s, int *out)
 {
     char *end;
     errno = 0;
@@ -202,7 +106,7 @@ static num_rc_t cxx_stoi(const char *s, int *out)
     return NUM_OK;
 }
 
-static num_rc_t cxx_stoul(const char *s, unsigned long *out)
+num_rc_t cxx_stoul(const char *s, unsigned long *out)
 {
     char *end;
     errno = 0;
@@ -213,7 +117,7 @@ static num_rc_t cxx_stoul(const char *s, unsigned long *out)
     return NUM_OK;
 }
 
-static char *dupn(const char *s, size_t n)
+char *dupn(const char *s, size_t n)
 {
     char *r = xmalloc(n + 1);
     memcpy(r, s, n);
@@ -303,9 +207,8 @@ static void file_save(trace_file_t *f, const sbuf_t *traces, bool to_index_file)
 
 /* ---- Settings ---- */
 
-static trace_setting_t *setting_new(nereid_tracer_t *t, uint32_t level, uint32_t rate,
-                                    int32_t count, uint32_t log_frequency, const char *file,
-                                    trace_mode_t mode)
+trace_setting_t *setting_new(nereid_tracer_t *t, uint32_t level, uint32_t rate, int32_t count,
+                             uint32_t log_frequency, const char *file, trace_mode_t mode)
 {
     trace_setting_t *s = xcalloc(1, sizeof *s);
     atomic_init(&s->refs, 1);
@@ -331,7 +234,7 @@ static void setting_ref(trace_setting_t *s)
     atomic_fetch_add(&s->refs, 1);
 }
 
-static void setting_unref(trace_setting_t *s)
+void setting_unref(trace_setting_t *s)
 {
     if (!s || atomic_fetch_sub(&s->refs, 1) != 1) return;
     if (s->mode == MODE_TRITON && s->stream.len > 0)
@@ -343,7 +246,7 @@ static void setting_unref(trace_setting_t *s)
 }
 
 /* Recomputes the tracer's active flag; caller holds write_lock. */
-static void update_active(nereid_tracer_t *t)
+void update_active(nereid_tracer_t *t)
 {
     int active = t->global->level != 0;
     for (model_setting_t *m = t->models; m; m = m->next)
@@ -352,7 +255,7 @@ static void update_active(nereid_tracer_t *t)
 }
 
 /* The setting a request to model samples by, with a reference. */
-static trace_setting_t *setting_for(nereid_tracer_t *t, const char *model)
+trace_setting_t *setting_for(nereid_tracer_t *t, const char *model)
 {
     pthread_mutex_lock(&t->read_lock);
     trace_setting_t *s = t->global;
@@ -365,357 +268,6 @@ static trace_setting_t *setting_for(nereid_tracer_t *t, const char *model)
     setting_ref(s);
     pthread_mutex_unlock(&t->read_lock);
     return s;
-}
-
-/* ---- The tracer ---- */
-
-static char *lower(const char *s)
-{
-    char *r = xstrdup(s);
-    for (char *p = r; *p; p++)
-        if (*p >= 'A' && *p <= 'Z') *p = (char)(*p - 'A' + 'a');
-    return r;
-}
-
-/* Triton's ParseTraceLevelOption: 0 = OFF. */
-static nereid_error_t *parse_level(const char *arg, uint32_t *out)
-{
-    char *l = lower(arg);
-    nereid_error_t *err = NULL;
-    if (!strcmp(l, "false") || !strcmp(l, "off"))
-        *out = 0;
-    else if (!strcmp(l, "true") || !strcmp(l, "on") || !strcmp(l, "min") || !strcmp(l, "max") ||
-             !strcmp(l, "timestamps"))
-        *out = TRACE_LEVEL_TIMESTAMPS;
-    else if (!strcmp(l, "tensors"))
-        *out = TRACE_LEVEL_TENSORS;
-    else
-        err = nereid_error_new(NEREID_ERROR_INVALID_ARG, "invalid value for trace level option: %s",
-                               l);
-    free(l);
-    return err;
-}
-
-static nereid_error_t *parse_mode(const char *arg, trace_mode_t *out)
-{
-    char *l = lower(arg);
-    nereid_error_t *err = NULL;
-    if (!strcmp(l, "triton"))
-        *out = MODE_TRITON;
-    else if (!strcmp(l, "opentelemetry"))
-        *out = MODE_OPENTELEMETRY;
-    else
-        err = nereid_error_new(NEREID_ERROR_INVALID_ARG,
-                               "invalid value for trace mode option: %s. Available options are "
-                               "\"triton\" and \"opentelemetry\"",
-                               l);
-    free(l);
-    return err;
-}
-
-/* ParseOption<int> / ParseOption<uint32_t>. */
-static nereid_error_t *parse_int(const char *arg, int *out)
-{
-    num_rc_t rc = cxx_stoi(arg, out);
-    if (rc == NUM_INVALID)
-        return nereid_error_new(NEREID_ERROR_INVALID_ARG, "Invalid option value. Got %s", arg);
-    if (rc == NUM_RANGE)
-        return nereid_error_new(NEREID_ERROR_INVALID_ARG,
-                                "Provided option value is out of bound. Got %s", arg);
-    return NULL;
-}
-
-static nereid_error_t *parse_u32(const char *arg, uint32_t *out)
-{
-    unsigned long v;
-    num_rc_t rc = cxx_stoul(arg, &v);
-    if (rc == NUM_INVALID)
-        return nereid_error_new(NEREID_ERROR_INVALID_ARG, "Invalid option value. Got %s", arg);
-    if (rc == NUM_RANGE)
-        return nereid_error_new(NEREID_ERROR_INVALID_ARG,
-                                "Provided option value is out of bound. Got %s", arg);
-    *out = (uint32_t)v;
-    return NULL;
-}
-
-/* Prefixes err with Triton's "Bad option: "<what>"." line. */
-static nereid_error_t *bad_option(nereid_error_t *err, const char *what)
-{
-    nereid_error_t *e = nereid_error_new(NEREID_ERROR_INVALID_ARG, "Bad option: \"%s\".\n%s", what,
-                                         nereid_error_message(err));
-    nereid_error_free(err);
-    return e;
-}
-
-typedef struct config_entry {
-    int mode; /* -1 = global */
-    const char *setting, *value;
-} config_entry_t;
-
-static void config_add(nereid_tracer_t *t, const char *key, const char *value)
-{
-    t->config_keys = xrealloc(t->config_keys, (t->n_config + 1) * sizeof *t->config_keys);
-    t->config_values = xrealloc(t->config_values, (t->n_config + 1) * sizeof *t->config_values);
-    t->config_keys[t->n_config] = xstrdup(key);
-    t->config_values[t->n_config++] = xstrdup(value);
-}
-
-nereid_error_t *nereid_tracer_new(const char *const *names, const char *const *values, size_t n,
-                                  nereid_tracer_t **out)
-{
-    *out = NULL;
-    uint32_t level = 0, lv;
-    int rate = 1000, count = -1, log_frequency = 0;
-    const char *file = "";
-    trace_mode_t mode = MODE_TRITON;
-    bool explicit_off = false, level_flag = false, rate_flag = false, count_flag = false,
-         file_flag = false, logf_flag = false;
-    config_entry_t *entries = xcalloc(n ? n : 1, sizeof *entries);
-    char **owned = xcalloc(n ? 2 * n : 1, sizeof *owned);
-    size_t n_entries = 0, n_owned = 0;
-    nereid_error_t *err = NULL;
-    for (size_t i = 0; !err && i < n; i++) {
-        const char *name = names[i], *v = values[i];
-        char what[64];
-        snprintf(what, sizeof what, "--%s", name);
-        if (!strcmp(name, "trace-file")) {
-            fprintf(stderr, "Warning: '--trace-file' has been deprecated and will be removed in "
-                            "future releases. Please use '--trace-config triton,file=<filepath> "
-                            "instead.\n");
-            file_flag = true;
-            file = v;
-        } else if (!strcmp(name, "trace-level")) {
-            fprintf(stderr, "Warning: '--trace-level' has been deprecated and will be removed in "
-                            "future releases. Please use '--trace-config "
-                            "level=<OFF|TIMESTAMPS|TENSORS> instead.\n");
-            level_flag = true;
-            if (!(err = parse_level(v, &lv))) {
-                explicit_off |= lv == 0;
-                level |= lv;
-            }
-        } else if (!strcmp(name, "trace-rate")) {
-            fprintf(stderr, "Warning: '--trace-rate' has been deprecated and will be removed in "
-                            "future releases. Please use '--trace-config rate=<rate value> "
-                            "instead.\n");
-            rate_flag = true;
-            err = parse_int(v, &rate);
-        } else if (!strcmp(name, "trace-count")) {
-            fprintf(stderr, "Warning: '--trace-count' has been deprecated and will be removed in "
-                            "future releases. Please use '--trace-config count=<count value> "
-                            "instead.\n");
-            count_flag = true;
-            err = parse_int(v, &count);
-        } else if (!strcmp(name, "trace-log-frequency")) {
-            fprintf(stderr, "Warning: '--trace-log-frequency' has been deprecated and will be "
-                            "removed in future releases. Please use '--trace-config "
-                            "triton,log-frequency=<log frequency value> instead.\n");
-            logf_flag = true;
-            err = parse_int(v, &log_frequency);
-        } else {
-            /* --trace-config [<mode>,]<setting>=<value> */
-            const char *comma = strchr(v, ',');
-            const char *eq = strchr(comma ? comma + 1 : v, '=');
-            int m = -1;
-            if (comma == v) {
-                err = nereid_error_new(NEREID_ERROR_INVALID_ARG,
-                                       "No trace mode specified. --trace-config option format is "
-                                       "<trace mode>,<setting>=<value> or <setting>=<value>. Got "
-                                       "%s",
-                                       v);
-            } else if (comma) {
-                char *ms = dupn(v, (size_t)(comma - v));
-                trace_mode_t pm;
-                err = parse_mode(ms, &pm);
-                free(ms);
-                m = (int)pm;
-            }
-            const char *setting_start = comma ? comma + 1 : v;
-            if (!err && (!eq || eq == setting_start || !eq[1]))
-                err = nereid_error_new(NEREID_ERROR_INVALID_ARG,
-                                       "--trace-config option format is '<trace "
-                                       "mode>,<setting>=<value>'. Got %s",
-                                       v);
-            if (!err) {
-                char *setting = dupn(setting_start, (size_t)(eq - setting_start));
-                owned[n_owned++] = setting;
-                entries[n_entries++] = (config_entry_t){m, setting, eq + 1};
-            }
-        }
-        if (err) err = bad_option(err, what);
-    }
-    /* Global settings (SetGlobalTraceArgs). */
-    for (size_t i = 0; !err && i < n_entries; i++) {
-        config_entry_t *e = &entries[i];
-        if (e->mode != -1) continue;
-        if (!strcmp(e->setting, "rate")) {
-            if (rate_flag)
-                fprintf(stderr, "Warning: Overriding deprecated '--trace-rate' in favor of "
-                                "provided rate value in --trace-config!\n");
-            err = parse_int(e->value, &rate);
-        } else if (!strcmp(e->setting, "level")) {
-            if (level_flag)
-                fprintf(stderr, "Warning: Overriding deprecated '--trace-level' in favor of "
-                                "provided level in --trace-config!\n");
-            if (!(err = parse_level(e->value, &lv))) {
-                explicit_off |= lv == 0;
-                level |= lv;
-            }
-        } else if (!strcmp(e->setting, "mode")) {
-            err = parse_mode(e->value, &mode);
-        } else if (!strcmp(e->setting, "count")) {
-            if (count_flag)
-                fprintf(stderr, "Warning: Overriding deprecated '--trace-count' in favor of "
-                                "provided count in --trace-config!\n");
-            err = parse_int(e->value, &count);
-        }
-        if (err) {
-            char what[128];
-            snprintf(what, sizeof what, "--trace-config %s", e->setting);
-            err = bad_option(err, what);
-        }
-    }
-    nereid_tracer_t *t = xcalloc(1, sizeof *t);
-    pthread_mutex_init(&t->write_lock, NULL);
-    pthread_mutex_init(&t->read_lock, NULL);
-    pthread_mutex_init(&t->files_lock, NULL);
-    /* Mode settings (SetTritonTraceArgs / SetOpenTelemetryTraceArgs). */
-    const char *url = "http://localhost:4318/v1/traces";
-    uint32_t bsp[3];
-    bool bsp_set[3] = {false, false, false};
-    static const char *const bsp_keys[3] = {"bsp_max_queue_size", "bsp_schedule_delay",
-                                            "bsp_max_export_batch_size"};
-    static const char *const bsp_env[3] = {"OTEL_BSP_MAX_QUEUE_SIZE", "OTEL_BSP_SCHEDULE_DELAY",
-                                           "OTEL_BSP_MAX_EXPORT_BATCH_SIZE"};
-    static const char *const bsp_default[3] = {"2048", "5000", "512"};
-    const char **res_keys = xcalloc(n_entries + 64, sizeof *res_keys);
-    const char **res_values = xcalloc(n_entries + 64, sizeof *res_values);
-    size_t n_res = 0;
-    if (!err && mode == MODE_OPENTELEMETRY) {
-        if (file_flag)
-            fprintf(stderr, "Warning: '--trace-file' is deprecated and will be ignored with "
-                            "opentelemetry tracing mode. \n");
-        if (logf_flag)
-            fprintf(stderr, "Warning: '--trace-log-frequency' is deprecated and will be ignored "
-                            "with opentelemetry tracing mode.\n");
-    }
-    for (size_t i = 0; !err && i < n_entries; i++) {
-        config_entry_t *e = &entries[i];
-        if (e->mode != (int)mode) continue;
-        if (mode == MODE_TRITON) {
-            if (!strcmp(e->setting, "file")) {
-                if (file_flag)
-                    fprintf(stderr, "Warning: Overriding deprecated '--trace-file' in favor of "
-                                    "provided file in --trace-config!\n");
-                file = e->value;
-            } else if (!strcmp(e->setting, "log-frequency")) {
-                if (logf_flag)
-                    fprintf(stderr, "Warning: Overriding deprecated '--trace-log-frequency' in "
-                                    "favor of provided log-frequency in --trace-config!\n");
-                err = parse_int(e->value, &log_frequency);
-                if (err) {
-                    char what[128];
-                    snprintf(what, sizeof what, "--trace-config triton,%s", e->setting);
-                    err = bad_option(err, what);
-                }
-            } else {
-                config_add(t, e->setting, e->value);
-            }
-            continue;
-        }
-        int b = -1;
-        for (int k = 0; k < 3; k++)
-            if (!strcmp(e->setting, bsp_keys[k])) b = k;
-        if (b >= 0) {
-            err = parse_u32(e->value, &bsp[b]);
-            if (err) {
-                char what[128];
-                snprintf(what, sizeof what, "--trace-config opentelemetry,%s", e->setting);
-                err = bad_option(err, what);
-                break;
-            }
-            bsp_set[b] = true;
-            char num[16];
-            snprintf(num, sizeof num, "%u", bsp[b]);
-            config_add(t, e->setting, num);
-            continue;
-        }
-        config_add(t, e->setting, e->value);
-    }
-    if (!err && mode == MODE_OPENTELEMETRY) {
-        for (int k = 0; !err && k < 3; k++) {
-            if (bsp_set[k]) continue;
-            const char *env = getenv(bsp_env[k]);
-            const char *v = env ? env : bsp_default[k];
-            err = parse_u32(v, &bsp[k]);
-            if (err) {
-                char what[64];
-                snprintf(what, sizeof what, "%s", bsp_env[k]);
-                err = bad_option(err, what);
-                break;
-            }
-            char num[16];
-            snprintf(num, sizeof num, "%u", bsp[k]);
-            config_add(t, bsp_keys[k], num);
-        }
-        /* Resource: OTEL_RESOURCE_ATTRIBUTES, then Triton's service.name,
-         * then each resource=<key>=<value> (a later key replaces). */
-        const char *env = getenv("OTEL_RESOURCE_ATTRIBUTES");
-        char *env_copy = env ? xstrdup(env) : NULL;
-        if (env_copy) owned[n_owned++] = env_copy;
-        for (char *save = NULL, *kv = env_copy ? strtok_r(env_copy, ",", &save) : NULL;
-             kv && n_res < 60; kv = strtok_r(NULL, ",", &save)) {
-            char *eq = strchr(kv, '=');
-            if (!eq) continue;
-            *eq = '\0';
-            res_keys[n_res] = kv;
-            res_values[n_res++] = eq + 1;
-        }
-        res_keys[n_res] = "service.name";
-        res_values[n_res++] = "triton-inference-server";
-        for (size_t i = 0; i < n_entries; i++) {
-            config_entry_t *e = &entries[i];
-            if (e->mode != MODE_OPENTELEMETRY) continue;
-            if (!strcmp(e->setting, "url")) url = e->value;
-            if (!strcmp(e->setting, "resource")) {
-                const char *eq = strchr(e->value, '=');
-                /* Triton: substr(0, npos) and substr(npos + 1): no '=' gives
-                 * the whole text as key and value. */
-                char *key = eq ? dupn(e->value, (size_t)(eq - e->value)) : xstrdup(e->value);
-                owned[n_owned++] = key;
-                res_keys[n_res] = key;
-                res_values[n_res++] = eq ? eq + 1 : e->value;
-            }
-        }
-    }
-    if (!err && explicit_off) level = 0;
-    if (!err) {
-        if ((level & TRACE_LEVEL_TENSORS) && mode == MODE_OPENTELEMETRY)
-            LOG_WARN("Tensor level tracing is not supported by the mode: opentelemetry");
-        t->global_default =
-            setting_new(t, level, (uint32_t)rate, count, (uint32_t)log_frequency, file, mode);
-        t->global =
-            setting_new(t, level, (uint32_t)rate, count, (uint32_t)log_frequency, file, mode);
-        atomic_store(&t->active, level != 0);
-        if (mode == MODE_OPENTELEMETRY) {
-            otel_exporter_options_t eo = {url, res_keys, res_values, n_res, bsp[0], bsp[1], bsp[2]};
-            t->exporter = otel_exporter_new(&eo);
-            if (!t->exporter)
-                err = nereid_error_new(NEREID_ERROR_INTERNAL,
-                                       "failed to start the OpenTelemetry exporter thread");
-        }
-    }
-    free(res_keys);
-    free(res_values);
-    for (size_t i = 0; i < n_owned; i++)
-        free(owned[i]);
-    free(owned);
-    free(entries);
-    if (err) {
-        nereid_tracer_free(t);
-        return err;
-    }
-    *out = t;
-    return NULL;
 }
 
 void nereid_tracer_free(nereid_tracer_t *t)
@@ -752,6 +304,11 @@ void nereid_tracer_free(nereid_tracer_t *t)
 void nereid_server_set_tracer(nereid_server_t *server, nereid_tracer_t *tracer)
 {
     server->tracer = tracer;
+}
+
+nereid_tracer_t *trace_server_tracer(nereid_server_t *server)
+{
+    return server->tracer;
 }
 
 bool nereid_server_tracing(nereid_server_t *server)
@@ -1247,297 +804,4 @@ static nereid_trace_t *trace_spawn_child(nereid_trace_t *parent)
 void request_inherit_trace(nereid_request_t *step, const nereid_request_t *parent)
 {
     step->trace = trace_spawn_child(parent->trace);
-}
-
-/* ---- Settings API ---- */
-
-static nereid_error_t *check_model(nereid_server_t *s, const char *model)
-{
-    if (!model || !model[0]) return NULL;
-    bool ready = false;
-    nereid_error_t *err = nereid_server_model_is_ready(s, model, -1, &ready);
-    nereid_error_free(err);
-    if (ready) return NULL;
-    return nereid_error_new(NEREID_ERROR_INVALID_ARG, "Request for unknown model : %s", model);
-}
-
-static const char *mode_name(trace_mode_t m)
-{
-    return m == MODE_OPENTELEMETRY ? "opentelemetry" : "triton";
-}
-
-nereid_error_t *nereid_server_trace_settings(nereid_server_t *server, const char *model,
-                                             char **json_out)
-{
-    *json_out = NULL;
-    nereid_tracer_t *t = server->tracer;
-    if (!t)
-        return nereid_error_new(NEREID_ERROR_UNAVAILABLE, "the server does not support tracing");
-    nereid_error_t *err = check_model(server, model);
-    if (err) return err;
-    trace_setting_t *s = setting_for(t, model && model[0] ? model : NULL);
-    pthread_mutex_lock(&s->lock);
-    int32_t count = s->count;
-    pthread_mutex_unlock(&s->lock);
-    json_t *doc = json_object();
-    json_t *levels = json_array();
-    if (s->level == 0) json_array_append_new(levels, json_string("OFF"));
-    if (s->level & TRACE_LEVEL_TIMESTAMPS) json_array_append_new(levels, json_string("TIMESTAMPS"));
-    if (s->level & TRACE_LEVEL_TENSORS) json_array_append_new(levels, json_string("TENSORS"));
-    json_object_set_new(doc, "trace_level", levels);
-    char num[32];
-    snprintf(num, sizeof num, "%u", s->rate);
-    json_object_set_new(doc, "trace_rate", json_string(num));
-    snprintf(num, sizeof num, "%d", count);
-    json_object_set_new(doc, "trace_count", json_string(num));
-    if (s->mode == MODE_TRITON) {
-        snprintf(num, sizeof num, "%u", s->log_frequency);
-        json_object_set_new(doc, "log_frequency", json_string(num));
-        json_object_set_new(doc, "trace_file", json_string(s->file->name));
-    }
-    json_object_set_new(doc, "trace_mode", json_string(mode_name(s->mode)));
-    for (size_t i = 0; i < t->n_config; i++)
-        json_object_set_new(doc, t->config_keys[i], json_string(t->config_values[i]));
-    setting_unref(s);
-    *json_out = json_dumps(doc, JSON_COMPACT | JSON_PRESERVE_ORDER);
-    json_decref(doc);
-    if (!*json_out) return nereid_error_new(NEREID_ERROR_INTERNAL, "unable to serialize JSON");
-    return NULL;
-}
-
-/* Triton's TraceManager::NewSetting. */
-typedef struct new_setting {
-    bool clear_level, clear_rate, clear_count, clear_log_frequency;
-    const uint32_t *level, *rate, *log_frequency;
-    const int32_t *count;
-} new_setting_t;
-
-static bool fallback_has(nereid_tracer_t *t, const char *model, bool remove)
-{
-    for (name_node_t **p = &t->fallback_models; *p; p = &(*p)->next)
-        if (!strcmp((*p)->name, model)) {
-            if (remove) {
-                name_node_t *n = *p;
-                *p = n->next;
-                free(n->name);
-                free(n);
-            }
-            return true;
-        }
-    return false;
-}
-
-/* UpdateTraceSettingInternal; caller holds write_lock. */
-static nereid_error_t *update_internal(nereid_tracer_t *t, const char *model,
-                                       const new_setting_t *ns)
-{
-    const trace_setting_t *cur = NULL, *fb;
-    model_setting_t *ms = NULL;
-    if (model) {
-        for (ms = t->models; ms && strcmp(ms->model, model); ms = ms->next)
-            ;
-        if (ms) cur = ms->setting;
-        fb = t->global;
-    } else {
-        cur = t->global;
-        fb = t->global_default;
-    }
-    uint32_t level = fb->level, rate = fb->rate, log_frequency = fb->log_frequency;
-    int32_t count = fb->count;
-    const char *file = fb->file->name;
-    bool level_set = !ns->clear_level && ((cur && cur->level_set) || ns->level);
-    bool rate_set = !ns->clear_rate && ((cur && cur->rate_set) || ns->rate);
-    bool count_set = !ns->clear_count && ((cur && cur->count_set) || ns->count);
-    bool logf_set =
-        !ns->clear_log_frequency && ((cur && cur->log_frequency_set) || ns->log_frequency);
-    bool file_set = cur && cur->file_set;
-    if (level_set) level = ns->level ? *ns->level : cur->level;
-    if (rate_set) rate = ns->rate ? *ns->rate : cur->rate;
-    if (count_set) count = ns->count ? *ns->count : cur->count;
-    if (logf_set) log_frequency = ns->log_frequency ? *ns->log_frequency : cur->log_frequency;
-    if (file_set) file = cur->file->name;
-    if (model) {
-        bool all = level_set && rate_set && count_set && logf_set && file_set;
-        bool none = !(level_set || rate_set || count_set || logf_set || file_set);
-        if (all) {
-            fallback_has(t, model, true);
-        } else if (none) {
-            if (ms) {
-                pthread_mutex_lock(&t->read_lock);
-                for (model_setting_t **p = &t->models; *p; p = &(*p)->next)
-                    if (*p == ms) {
-                        *p = ms->next;
-                        break;
-                    }
-                pthread_mutex_unlock(&t->read_lock);
-                setting_unref(ms->setting);
-                free(ms->model);
-                free(ms);
-            }
-            return NULL;
-        } else if (!fallback_has(t, model, false)) {
-            name_node_t *n = xcalloc(1, sizeof *n);
-            n->name = xstrdup(model);
-            n->next = t->fallback_models;
-            t->fallback_models = n;
-        }
-    }
-    trace_setting_t *s = setting_new(t, level, rate, count, log_frequency, file, fb->mode);
-    s->level_set = level_set;
-    s->rate_set = rate_set;
-    s->count_set = count_set;
-    s->log_frequency_set = logf_set;
-    s->file_set = file_set;
-    if (s->invalid && level != 0) {
-        nereid_error_t *err = nereid_error_new(
-            NEREID_ERROR_INVALID_ARG, "Attempting to set invalid trace setting :%s", s->invalid);
-        setting_unref(s);
-        return err;
-    }
-    trace_setting_t *old;
-    pthread_mutex_lock(&t->read_lock);
-    if (!model) {
-        old = t->global;
-        t->global = s;
-    } else if (ms) {
-        old = ms->setting;
-        ms->setting = s;
-    } else {
-        old = NULL;
-        ms = xcalloc(1, sizeof *ms);
-        ms->model = xstrdup(model);
-        ms->setting = s;
-        ms->next = t->models;
-        t->models = ms;
-    }
-    pthread_mutex_unlock(&t->read_lock);
-    setting_unref(old);
-    return NULL;
-}
-
-static nereid_error_t *update(nereid_tracer_t *t, const char *model, const new_setting_t *ns)
-{
-    pthread_mutex_lock(&t->write_lock);
-    nereid_error_t *err = update_internal(t, model, ns);
-    if (!err && !model) {
-        /* Models that copy global values take the new ones. */
-        new_setting_t none = {0};
-        size_t n = 0;
-        for (name_node_t *f = t->fallback_models; f; f = f->next)
-            n++;
-        char **names = xcalloc(n ? n : 1, sizeof *names);
-        n = 0;
-        for (name_node_t *f = t->fallback_models; f; f = f->next)
-            names[n++] = xstrdup(f->name);
-        for (size_t i = 0; i < n; i++) {
-            if (!err) err = update_internal(t, names[i], &none);
-            free(names[i]);
-        }
-        free(names);
-    }
-    update_active(t);
-    pthread_mutex_unlock(&t->write_lock);
-    return err;
-}
-
-static const nereid_trace_setting_t *find_key(const nereid_trace_setting_t *settings, size_t n,
-                                              const char *key)
-{
-    for (size_t i = 0; i < n; i++)
-        if (settings[i].key && !strcmp(settings[i].key, key)) return &settings[i];
-    return NULL;
-}
-
-/* One number setting: stoi, Triton's texts. */
-static nereid_error_t *number_setting(const nereid_trace_setting_t *v, bool grpc, bool is_count,
-                                      int *out)
-{
-    if (grpc && v->n_values > 1)
-        return nereid_error_new(NEREID_ERROR_INVALID_ARG, "expect only 1 value for '%s'", v->key);
-    const char *text = v->values[0] ? v->values[0] : "";
-    num_rc_t rc = cxx_stoi(text, out);
-    if (rc == NUM_INVALID)
-        return nereid_error_new(NEREID_ERROR_INVALID_ARG, "Unable to parse '%s', got: %s", v->key,
-                                text);
-    if (rc == NUM_RANGE)
-        return nereid_error_new(NEREID_ERROR_INVALID_ARG,
-                                "Unable to parse '%s', value is out of range [ %s, %s ], got: %s",
-                                v->key, is_count ? "-1" : "0",
-                                is_count ? "2147483647" : "4294967295", text);
-    if (is_count && *out < -1)
-        return nereid_error_new(NEREID_ERROR_INVALID_ARG,
-                                "Unable to parse 'trace_count'. Expecting value >= -1, got:%s%s",
-                                grpc ? " " : "", text);
-    return NULL;
-}
-
-nereid_error_t *nereid_server_update_trace_settings(nereid_server_t *server, const char *model,
-                                                    const nereid_trace_setting_t *settings,
-                                                    size_t n, bool grpc, char **json_out)
-{
-    *json_out = NULL;
-    nereid_tracer_t *t = server->tracer;
-    if (!t)
-        return nereid_error_new(NEREID_ERROR_UNAVAILABLE, "the server does not support tracing");
-    nereid_error_t *err = check_model(server, model);
-    if (err) return err;
-    if (grpc && n == 0) return nereid_server_trace_settings(server, model, json_out);
-    if (find_key(settings, n, "trace_file"))
-        return nereid_error_new(NEREID_ERROR_UNSUPPORTED,
-                                "trace file location can not be updated through network protocol");
-    new_setting_t ns = {0};
-    uint32_t level = 0, rate, log_frequency;
-    int32_t count;
-    const nereid_trace_setting_t *v = find_key(settings, n, "trace_level");
-    if (v) {
-        if (v->type_error) return nereid_error_new(NEREID_ERROR_INTERNAL, "%s", v->type_error);
-        if (!v->values) {
-            ns.clear_level = true;
-        } else {
-            for (size_t i = 0; i < v->n_values; i++) {
-                const char *l = v->values[i] ? v->values[i] : "";
-                if (!strcmp(l, "OFF")) {
-                    if (v->n_values != 1)
-                        return nereid_error_new(NEREID_ERROR_INVALID_ARG,
-                                                "Expect only one trace level 'OFF' is specified");
-                    level = 0;
-                    ns.level = &level;
-                } else if (!strcmp(l, "TIMESTAMPS")) {
-                    level |= TRACE_LEVEL_TIMESTAMPS;
-                    ns.level = &level;
-                } else if (!strcmp(l, "TENSORS")) {
-                    level |= TRACE_LEVEL_TENSORS;
-                    ns.level = &level;
-                }
-            }
-        }
-    }
-    static const char *const num_keys[3] = {"trace_rate", "trace_count", "log_frequency"};
-    for (int k = 0; k < 3; k++) {
-        v = find_key(settings, n, num_keys[k]);
-        if (!v) continue;
-        if (v->type_error) return nereid_error_new(NEREID_ERROR_INTERNAL, "%s", v->type_error);
-        if (!v->values || (grpc && v->n_values == 0)) {
-            if (k == 0) ns.clear_rate = true;
-            if (k == 1) ns.clear_count = true;
-            if (k == 2) ns.clear_log_frequency = true;
-            continue;
-        }
-        int value = 0;
-        if (v->n_values == 0) continue;
-        if ((err = number_setting(v, grpc, k == 1, &value))) return err;
-        if (k == 0) {
-            rate = (uint32_t)value;
-            ns.rate = &rate;
-        } else if (k == 1) {
-            count = value;
-            ns.count = &count;
-        } else {
-            log_frequency = (uint32_t)value;
-            ns.log_frequency = &log_frequency;
-        }
-    }
-    err = update(t, model && model[0] ? model : NULL, &ns);
-    if (err) return err;
-    return nereid_server_trace_settings(server, model, json_out);
 }
