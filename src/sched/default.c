@@ -240,7 +240,7 @@ static void run_inline(scheduler_t *s, model_instance_t *inst, nereid_request_t 
      * thread is none of the model's own (model.c, Ownership): the release
      * below still needs the scheduler, so the run holds a reference of its
      * own and drops it last. */
-    model_ref(m);
+    s->core->ref_model(m);
     inline_depth++;
     nereid_request_t *slot[1];
     batch_t batch = {.reqs = slot, .cap_reqs = 1};
@@ -258,7 +258,7 @@ static void run_inline(scheduler_t *s, model_instance_t *inst, nereid_request_t 
         req = release(s, inst, taken < INLINE_TAKE_MAX);
     }
     inline_depth--;
-    model_unref(m);
+    s->core->unref_model(m);
 }
 
 /* Spins while the queue is empty, up to the bound, unless backing off. */
