@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 
 #include "config/config_internal.h"
+#include "nereid/common.h"
 #include "nereid/server.h"
 
 #define WILDCARD_DIM (-1)
@@ -83,11 +84,6 @@ typedef struct model_dir {
     char version_path[4096];
 } model_dir_t;
 
-static int cmp_str(const void *a, const void *b)
-{
-    return strcmp(*(char *const *)a, *(char *const *)b);
-}
-
 /* Finds the model directory's first subdirectory (sorted by name), the one
  * Triton inspects to guess the backend. */
 static void inspect_model_dir(const char *filename, model_dir_t *md)
@@ -114,7 +110,7 @@ static void inspect_model_dir(const char *filename, model_dir_t *md)
     }
     closedir(dp);
     if (n) {
-        qsort(names, n, sizeof names[0], cmp_str);
+        qsort(names, n, sizeof names[0], nereid_cmp_str);
         md->has_version = true;
         snprintf(md->version_path, sizeof md->version_path, "%s/%s", dir, names[0]);
     }

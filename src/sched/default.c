@@ -33,6 +33,7 @@
 #include <stdlib.h>
 
 #include "core/util.h"
+#include "nereid/common.h"
 #include "sched/scheduler.h"
 
 #define SPIN_DEFAULT_NS 20000u   /* longest idle spin after a batch */
@@ -86,15 +87,6 @@ static void wake_locked(default_scheduler_t *d)
         pthread_cond_broadcast(&d->cond);
     else
         pthread_cond_signal(&d->cond);
-}
-
-static inline void cpu_relax(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    __asm__ __volatile__("yield");
-#endif
 }
 
 /* Inline runs this thread is inside (run_inline), and the model whose
@@ -202,7 +194,7 @@ static model_instance_t *claim(scheduler_t *s)
                         !atomic_load_explicit(&d->n_queued, memory_order_relaxed);
              i++) {
             if (i % SPIN_CHECK == 0 && util_now_ns() - start >= d->spin_ns) return NULL;
-            cpu_relax();
+            nereid_cpu_relax();
         }
     }
 }
@@ -280,7 +272,7 @@ static void spin_for_work(default_scheduler_t *d)
                 found = true;
                 break;
             }
-            cpu_relax();
+            nereid_cpu_relax();
         }
         if (!found && util_now_ns() - start >= d->spin_ns) break;
     }
