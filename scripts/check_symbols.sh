@@ -88,3 +88,16 @@ awk -v objs="$n" '
         if (!bad) printf "symbols: ok (%d objects, %d layers)\n", objs, n_layers
         exit bad
     }' "$map" "$tmp/allowed" "$tmp/syms"
+status=$?
+
+# What is built outside the server's layers sees only public headers:
+# src/tritonapi/ (libtritonserver.so; src/ is on its include path) includes
+# of the project only nereid/, triton/ and its own tritonapi/ headers.
+# (backends/ have only include/ on their include path.)
+for f in "$root"/src/tritonapi/*.c "$root"/src/tritonapi/*.h; do
+    [ -e "$f" ] || continue
+    grep -n '#include "' "$f" | grep -v -e '#include "nereid/' -e '#include "triton/' \
+        -e '#include "tritonapi/' | sed "s|^|$f: src/tritonapi includes only public headers: |" |
+        grep . && status=1
+done
+exit $status
