@@ -228,11 +228,12 @@ static nereid_request_t *release(scheduler_t *s, model_instance_t *inst, bool ta
 static void run_inline(scheduler_t *s, model_instance_t *inst, nereid_request_t *req)
 {
     model_t *m = s->model;
+    const sched_core_t *core = s->core; /* the core's, outlives s */
     /* The request's model reference ends with its completion, and this
      * thread is none of the model's own (model.c, Ownership): the release
      * below still needs the scheduler, so the run holds a reference of its
      * own and drops it last. */
-    s->core->ref_model(m);
+    core->ref_model(m);
     inline_depth++;
     nereid_request_t *slot[1];
     batch_t batch = {.reqs = slot, .cap_reqs = 1};
@@ -250,7 +251,7 @@ static void run_inline(scheduler_t *s, model_instance_t *inst, nereid_request_t 
         req = release(s, inst, taken < INLINE_TAKE_MAX);
     }
     inline_depth--;
-    s->core->unref_model(m);
+    core->unref_model(m);
 }
 
 /* Spins while the queue is empty, up to the bound, unless backing off. */
