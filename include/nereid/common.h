@@ -43,20 +43,25 @@ static inline int nereid_cmp_str(const void *a, const void *b)
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
+/* Starts fn(arg) on a new detached thread; false when no thread could be
+ * started (fn did not run: the caller runs its fallback). */
+static inline bool nereid_start_detached(void *(*fn)(void *), void *arg)
+{
+    pthread_attr_t attr;
+    pthread_t t;
+    if (pthread_attr_init(&attr) != 0) return false;
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    int rc = pthread_create(&t, &attr, fn, arg);
+    pthread_attr_destroy(&attr);
+    return rc == 0;
+}
+
 /* Runs fn(arg) on a new detached thread; when no thread can be started,
  * runs it on the calling thread before returning (so fn always runs once).
  * Returns true when fn went to a thread of its own. */
 static inline bool nereid_run_detached(void *(*fn)(void *), void *arg)
 {
-    pthread_attr_t attr;
-    pthread_t t;
-    int rc = pthread_attr_init(&attr);
-    if (rc == 0) {
-        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-        rc = pthread_create(&t, &attr, fn, arg);
-        pthread_attr_destroy(&attr);
-    }
-    if (rc == 0) return true;
+    if (nereid_start_detached(fn, arg)) return true;
     fn(arg);
     return false;
 }

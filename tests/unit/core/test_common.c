@@ -1,8 +1,8 @@
 /*
  * This file contains unit tests of the header-only helpers the server and
  * the backends share (include/nereid/common.h): directory and file tests,
- * the string comparator, and running a function on a detached thread (it
- * runs exactly once, on another thread).
+ * the string comparator, and starting / running a function on a detached
+ * thread (it runs exactly once, on another thread).
  */
 #include <pthread.h>
 #include <stdlib.h>
@@ -63,6 +63,15 @@ int main(void)
     CHECK(detached);
     CHECK(!pthread_equal(j.ran_on, pthread_self()));
     pthread_mutex_unlock(&j.lock);
+
+    job_t k = {.lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
+    CHECK(nereid_start_detached(job_main, &k));
+    pthread_mutex_lock(&k.lock);
+    while (k.runs == 0)
+        pthread_cond_wait(&k.cond, &k.lock);
+    CHECK(k.runs == 1);
+    CHECK(!pthread_equal(k.ran_on, pthread_self()));
+    pthread_mutex_unlock(&k.lock);
 
     for (int i = 0; i < 1000; i++)
         nereid_cpu_relax();
