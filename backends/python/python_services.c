@@ -16,6 +16,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "nereid/common.h"
 #include "python_internal.h"
 
 void on_log(instance_t *in, msg_t *m)
@@ -140,12 +141,7 @@ void api_call(instance_t *in, msg_t **m)
     pthread_mutex_lock(&in->mu);
     in->bls_inflight++;
     pthread_mutex_unlock(&in->mu);
-    pthread_t t;
-    pthread_attr_t attr;
-    pthread_attr_init(&attr);
-    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    if (pthread_create(&t, &attr, api_job_main, job) != 0) api_job_main(job);
-    pthread_attr_destroy(&attr);
+    nereid_run_detached(api_job_main, job);
 }
 
 /* ---- The model's is_ready() (Triton's user-defined model readiness) ---- */

@@ -15,6 +15,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "nereid/common.h"
 #include "python_internal.h"
 
 /* ---- spin-wait: waiting for the worker's answer without sleeping ----
@@ -60,15 +61,6 @@
 #define SPIN_CONTENDED_MAX 2 /* interrupted spins in a row that stop spinning */
 
 atomic_int g_executing; /* python executes in flight in the process */
-
-static inline void cpu_relax(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    __asm__ __volatile__("yield");
-#endif
-}
 
 static int cmp_u64(const void *a, const void *b)
 {
@@ -145,7 +137,7 @@ int spin_wait(const instance_t *in, uint64_t until_ns)
     uint64_t last = nereid_now_ns();
     for (unsigned i = 1;; i++) {
         if (atomic_load_explicit(w, memory_order_acquire) > in->msgs_in) return 1;
-        cpu_relax();
+        nereid_cpu_relax();
         if (i % 32 == 0) {
             uint64_t now = nereid_now_ns();
             bool away = now - last > SPIN_CONTENDED_NS; /* this thread was preempted */

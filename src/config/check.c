@@ -13,18 +13,7 @@
 #include <sys/stat.h>
 
 #include "config/config_internal.h"
-
-static bool is_dir(const char *p)
-{
-    struct stat st;
-    return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
-}
-
-static bool is_file(const char *p)
-{
-    struct stat st;
-    return stat(p, &st) == 0 && S_ISREG(st.st_mode);
-}
+#include "nereid/common.h"
 
 /* Checks one model directory. Returns 0 when valid. */
 static int check_model_dir(const char *dir)
@@ -40,7 +29,7 @@ static int check_model_dir(const char *dir)
 
     char *errors = NULL;
     model_config_t *cfg;
-    if (is_file(path)) {
+    if (nereid_is_file(path)) {
         cfg = config_parse_file(path, &errors);
     } else {
         /* Triton can auto-complete a model without config.pbtxt. */
@@ -84,15 +73,10 @@ static bool has_version_dir(const char *dir)
         if (*s) continue;
         char p[4096];
         snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-        found = is_dir(p);
+        found = nereid_is_dir(p);
     }
     closedir(dp);
     return found;
-}
-
-static int cmp_str(const void *a, const void *b)
-{
-    return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
 /* Checks every model of a repository directory. */
@@ -110,7 +94,7 @@ static int check_repository(const char *repo)
         if (e->d_name[0] == '.') continue;
         char p[4096];
         snprintf(p, sizeof p, "%s/%s", repo, e->d_name);
-        if (!is_dir(p)) continue;
+        if (!nereid_is_dir(p)) continue;
         char **nn = realloc(names, (n + 1) * sizeof *nn);
         if (!nn) break;
         names = nn;
@@ -118,7 +102,7 @@ static int check_repository(const char *repo)
         if (names[n]) n++;
     }
     closedir(dp);
-    qsort(names, n, sizeof *names, cmp_str);
+    qsort(names, n, sizeof *names, nereid_cmp_str);
     int rc = 0;
     if (n == 0) {
         fprintf(stderr, "%s: no model directories found\n", repo);
@@ -146,14 +130,14 @@ int config_check_main(int argc, char **argv)
         const char *arg = argv[i];
         char path[4096];
         snprintf(path, sizeof path, "%s/config.pbtxt", arg);
-        if (is_file(arg)) {
+        if (nereid_is_file(arg)) {
             char tmp[4096];
             snprintf(tmp, sizeof tmp, "%s", arg);
             rc |= check_model_dir(dirname(tmp));
-        } else if (!is_dir(arg)) {
+        } else if (!nereid_is_dir(arg)) {
             fprintf(stderr, "%s: no such model directory or repository\n", arg);
             rc = 1;
-        } else if (is_file(path) || has_version_dir(arg)) {
+        } else if (nereid_is_file(path) || has_version_dir(arg)) {
             rc |= check_model_dir(arg);
         } else {
             rc |= check_repository(arg);

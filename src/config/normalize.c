@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 
 #include "config/config_internal.h"
+#include "nereid/common.h"
 #include "nereid/server.h"
 
 #define WILDCARD_DIM (-1)

@@ -16,16 +16,6 @@
 #include "core/watchdog.h"
 #include "sched/scheduler.h"
 
-void batch_add(batch_t *batch, nereid_request_t *req)
-{
-    if (batch->n_reqs == batch->cap_reqs) {
-        batch->cap_reqs = batch->cap_reqs ? 2 * batch->cap_reqs : 8;
-        batch->reqs = xrealloc(batch->reqs, batch->cap_reqs * sizeof *batch->reqs);
-    }
-    batch->reqs[batch->n_reqs++] = req;
-    batch->total_batch += req->batch_size;
-}
-
 static void free_tensors(batch_tensor_t **t, size_t n)
 {
     for (size_t i = 0; i < n; i++) {

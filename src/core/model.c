@@ -119,6 +119,9 @@ static const sched_core_t sched_core = {
     .execute = batch_execute,
     .complete = batch_complete,
     .hold_model = server_hold_model,
+    .release_model = model_release,
+    .ref_model = model_ref,
+    .unref_model = model_unref,
     .submit = server_infer_held,
     .submit_stream = server_infer_held_stream,
     .acquire_turn = batch_acquire_turn,
@@ -660,6 +663,7 @@ nereid_error_t *model_load(nereid_server_t *server, const model_load_args_t *arg
     server_enable_latency_metrics(m);
     err = scheduler_create(m, &sched_core, &m->sched);
     if (err) goto fail;
+    if (m->sched->decoupled) model_set_decoupled(m);
     if (m->backend) {
         err = create_instances(m);
         if (!err) err = model_warmup(m);

@@ -10,6 +10,7 @@
 #include <stdatomic.h>
 
 #include "core/model.h"
+#include "core/util.h"
 
 /* ---- Requests and responses ---- */
 
@@ -325,7 +326,17 @@ void request_record_stats(nereid_request_t *req, const model_stats_t *parts);
 
 /* ---- Batches (batch.c): the container schedulers fill ---- */
 
-void batch_add(batch_t *batch, nereid_request_t *req);
+/* Inline: a scheduler fills a batch without calling into batch.c (the
+ * core's batch execution, which calls the scheduler back). */
+static inline void batch_add(batch_t *batch, nereid_request_t *req)
+{
+    if (batch->n_reqs == batch->cap_reqs) {
+        batch->cap_reqs = batch->cap_reqs ? 2 * batch->cap_reqs : 8;
+        batch->reqs = xrealloc(batch->reqs, batch->cap_reqs * sizeof *batch->reqs);
+    }
+    batch->reqs[batch->n_reqs++] = req;
+    batch->total_batch += req->batch_size;
+}
 /* Resets a batch for reuse (frees gathered buffers; keeps the reqs array). */
 void batch_reset(batch_t *batch);
 void batch_destroy(batch_t *batch);

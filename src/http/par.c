@@ -9,6 +9,7 @@
  * its own range of the tensor.
  */
 #include "http/par.h"
+#include "nereid/common.h"
 
 #include <pthread.h>
 #include <sched.h>
@@ -43,13 +44,6 @@ static slot_t g_slots[PAR_MAX_HELPERS];
 static atomic_int g_live;     /* slots callers may claim: [0, g_live) */
 static atomic_ulong g_helped; /* parts helpers ran */
 
-static inline void cpu_relax(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#endif
-}
-
 static int64_t now_us(void)
 {
     struct timespec ts;
@@ -64,7 +58,7 @@ static void spin_until(atomic_int *state, int want, int us)
     for (;;) {
         for (int i = 0; i < 32; i++) {
             if (atomic_load_explicit(state, memory_order_relaxed) == want) return;
-            cpu_relax();
+            nereid_cpu_relax();
         }
         if (now_us() >= stop) return;
     }

@@ -34,6 +34,7 @@
 #include <stdlib.h>
 
 #include "core/util.h"
+#include "nereid/common.h"
 #include "sched/deadline.h"
 #include "sched/scheduler.h"
 
@@ -89,15 +90,6 @@ static void wake_locked(default_scheduler_t *d)
         pthread_cond_broadcast(&d->cond);
     else
         pthread_cond_signal(&d->cond);
-}
-
-static inline void cpu_relax(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    __asm__ __volatile__("yield");
-#endif
 }
 
 /* Inline runs this thread is inside (run_inline), and the model whose
@@ -242,7 +234,7 @@ static model_instance_t *claim(scheduler_t *s)
                         !atomic_load_explicit(&d->n_queued, memory_order_relaxed);
              i++) {
             if (i % SPIN_CHECK == 0 && util_now_ns() - start >= d->spin_ns) return NULL;
-            cpu_relax();
+            nereid_cpu_relax();
         }
     }
 }
@@ -276,11 +268,12 @@ static nereid_request_t *release(scheduler_t *s, model_instance_t *inst, bool ta
 static void run_inline(scheduler_t *s, model_instance_t *inst, nereid_request_t *req)
 {
     model_t *m = s->model;
+    const sched_core_t *core = s->core; /* the core's, outlives s */
     /* The request's model reference ends with its completion, and this
      * thread is none of the model's own (model.c, Ownership): the release
      * below still needs the scheduler, so the run holds a reference of its
      * own and drops it last. */
-    model_ref(m);
+    core->ref_model(m);
     inline_depth++;
     nereid_request_t *slot[1];
     batch_t batch = {.reqs = slot, .cap_reqs = 1};
@@ -298,7 +291,7 @@ static void run_inline(scheduler_t *s, model_instance_t *inst, nereid_request_t 
         req = release(s, inst, taken < INLINE_TAKE_MAX);
     }
     inline_depth--;
-    model_unref(m);
+    core->unref_model(m);
 }
 
 /* Spins while the queue is empty, up to the bound, unless backing off. */
@@ -320,7 +313,7 @@ static void spin_for_work(default_scheduler_t *d)
                 found = true;
                 break;
             }
-            cpu_relax();
+            nereid_cpu_relax();
         }
         if (!found && util_now_ns() - start >= d->spin_ns) break;
     }

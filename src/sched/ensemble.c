@@ -133,6 +133,7 @@ typedef struct ens_call {
 
 struct ens_ctx {
     ensemble_t *e;
+    const sched_core_t *core; /* e's: ctx_free uses it after e may be gone */
     nereid_request_t *req;
     pthread_mutex_t lock;
     pthread_mutex_t send_lock; /* decoupled: one response delivered at a time */
@@ -254,7 +255,7 @@ static void ctx_free(ens_ctx_t *c)
         nereid_response_free(c->responses[i]);
     free(c->responses);
     for (size_t i = 0; i < c->n_held; i++)
-        if (c->held[i]) model_release(c->held[i]);
+        if (c->held[i]) c->core->release_model(c->held[i]);
     free(c->held);
     for (ens_lane_t *l = c->root, *next; l; l = next) {
         next = l->next;
@@ -828,6 +829,7 @@ static nereid_error_t *ensemble_enqueue(scheduler_t *s, nereid_request_t *req)
         return nereid_error_new(NEREID_ERROR_UNAVAILABLE, "Server not ready");
     ens_ctx_t *c = xcalloc(1, sizeof *c);
     c->e = e;
+    c->core = s->core;
     c->req = req;
     pthread_mutex_init(&c->lock, NULL);
     pthread_mutex_init(&c->send_lock, NULL);
@@ -1255,7 +1257,7 @@ static nereid_error_t *validate(ensemble_t *e, model_t *ens)
                     out = &ens->outputs[k];
             if (out) take_labels(out, find_io(sm->outputs, sm->n_outputs, st->out[i].model_name));
         }
-        model_release(sm);
+        e->base.core->release_model(sm);
     }
     bool decoupled = false;
     if (!err) err = check_decoupled_flow(e, ens, &decoupled);
@@ -1266,10 +1268,9 @@ static nereid_error_t *validate(ensemble_t *e, model_t *ens)
                                "'decoupled' transaction policy. Please disable the response cache.",
                                ens->name);
     if (!err) err = check_flow(e, ens);
-    if (!err && decoupled) {
-        e->decoupled = true;
-        model_set_decoupled(ens);
-    }
+    /* Returned to the core (scheduler_t.decoupled), which marks the
+     * ensemble's config decoupled. */
+    if (!err && decoupled) e->decoupled = e->base.decoupled = true;
     return err;
 }
 

@@ -8,8 +8,10 @@
  *
  * The core's side is injected, as Triton hands its schedulers an OnSchedule
  * function: sched_core_t runs a batch on an instance and completes its
- * requests, and lets an ensemble hold and submit to its composing models.
- * Schedulers include only the core's request and model headers.
+ * requests, references models, and lets an ensemble hold and submit to its
+ * composing models. Schedulers include only the core's request and model
+ * headers, and call by name only the core-object API of core/request.h
+ * (requests, responses, batches; scripts/layers.txt, CTest check_symbols).
  */
 #ifndef NEREID_SCHEDULER_H
 #define NEREID_SCHEDULER_H
@@ -31,6 +33,13 @@ typedef struct sched_core {
      * (model_release ends the hold): an ensemble's composing models. */
     nereid_error_t *(*hold_model)(nereid_server_t *s, const char *ns, const char *name,
                                   int64_t version, model_t **out);
+    /* Ends a hold_model hold (model_release). */
+    void (*release_model)(model_t *m);
+    /* Takes / drops a reference on m (model_ref / model_unref; model.c,
+     * Ownership): a thread that is none of the model's own and goes on
+     * using it after a completion it ran (an inline run). */
+    void (*ref_model)(model_t *m);
+    void (*unref_model)(model_t *m);
     /* Submits req to m, which the caller holds: an ensemble's step. Same
      * contract as nereid_server_infer_async. */
     nereid_error_t *(*submit)(model_t *m, nereid_request_t *req,
@@ -98,6 +107,11 @@ struct scheduler {
     const scheduler_ops_t *ops;
     const sched_core_t *core;
     model_t *model;
+    /* Set by a scheduler's create, read by the core once it returns: the
+     * model answers 0..N times per request (an ensemble with a decoupled
+     * step), so the core marks the model's config decoupled. Schedulers
+     * never edit the config themselves. */
+    bool decoupled;
 };
 
 /* Creates the scheduler the model's config asks for; core stays valid for
