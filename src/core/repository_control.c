@@ -14,6 +14,7 @@
 #include "core/core.h"
 #include "core/repository.h"
 #include "core/repository_internal.h"
+#include "nereid/common.h"
 #include "core/util.h"
 
 /* Triton's ValidateModelName for explicit loads: the name, trimmed of
@@ -364,12 +365,8 @@ static nereid_error_t *unload_request(nereid_server_t *s, const char *model, boo
         unload_detach(s, keys[i], &a->u);
         repo_claim_transfer(s, keys[i], true);
         s->n_async_unloads++;
-        pthread_attr_t attr;
-        pthread_t t;
-        pthread_attr_init(&attr);
-        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-        if (pthread_create(&t, &attr, async_unload_main, a) != 0) async_unload_run(a);
-        pthread_attr_destroy(&attr);
+        /* not nereid_run_detached: the fallback runs under control, held here */
+        if (!nereid_start_detached(async_unload_main, a)) async_unload_run(a);
     }
     repo_free_names(keys, n);
     pthread_mutex_unlock(&s->control);

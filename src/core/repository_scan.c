@@ -21,19 +21,13 @@
 #include "core/repository.h"
 #include "core/repository_internal.h"
 #include "core/util.h"
+#include "nereid/common.h"
 
 /* ---- Files ---- */
 
 bool repo_is_dir(const char *path)
 {
-    struct stat st;
-    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
-}
-
-static bool is_file(const char *path)
-{
-    struct stat st;
-    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+    return nereid_is_dir(path);
 }
 
 int repo_cmp_i64(const void *a, const void *b)
@@ -290,7 +284,7 @@ static char *config_path(const nereid_server_t *s, const char *dir)
 {
     if (s->model_config_name) {
         char *custom = xasprintf("%s/configs/%s.pbtxt", dir, s->model_config_name);
-        if (is_file(custom)) return custom;
+        if (nereid_is_file(custom)) return custom;
         free(custom);
     }
     return xasprintf("%s/config.pbtxt", dir);
@@ -317,7 +311,7 @@ nereid_error_t *repo_read_config(nereid_server_t *s, const char *name, const cha
             free(path);
             return err;
         }
-    } else if (is_file(path)) {
+    } else if (nereid_is_file(path)) {
         cfg = config_parse_file(path, &errors);
     } else if (s->opts.strict_model_config) {
         errors = xasprintf("%s: config.pbtxt not found and --strict-model-config is true", path);

@@ -12,6 +12,7 @@
 
 #include "grpc/grpc_internal.h"
 #include "grpc/infer_codec.h"
+#include "nereid/common.h"
 #include "grpc_service.pb-c.h"
 #include "health.pb-c.h"
 
@@ -470,17 +471,11 @@ static void *offload_main(void *arg)
 static void offload(gfe_unary_call_t *c, void *req, void (*fn)(gfe_unary_call_t *, void *))
 {
     offload_t *o = malloc(sizeof(*o));
-    pthread_attr_t attr;
-    pthread_t thread;
     if (o != NULL) {
         o->call = c;
         o->req = req;
         o->fn = fn;
-        pthread_attr_init(&attr);
-        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-        int rc = pthread_create(&thread, &attr, offload_main, o);
-        pthread_attr_destroy(&attr);
-        if (rc == 0) return;
+        if (nereid_start_detached(offload_main, o)) return;
         free(o);
     }
     fn(c, req);

@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "core/util.h"
+#include "nereid/common.h"
 
 static pthread_mutex_t timer_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_once_t timer_once = PTHREAD_ONCE_INIT;
@@ -85,11 +86,7 @@ void sched_timer_arm(sched_timer_t *t, uint64_t due_ns)
     pthread_once(&timer_once, timer_init);
     pthread_mutex_lock(&timer_lock);
     if (!started && !start_failed) {
-        pthread_t th;
-        pthread_attr_t attr;
-        pthread_attr_init(&attr);
-        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-        if (pthread_create(&th, &attr, timer_main, NULL) == 0) {
+        if (nereid_start_detached(timer_main, NULL)) {
             started = true;
         } else {
             /* Deadlines are then applied only when an instance looks at
@@ -97,7 +94,6 @@ void sched_timer_arm(sched_timer_t *t, uint64_t due_ns)
             start_failed = true;
             LOG_ERROR("unable to start the scheduler deadline thread");
         }
-        pthread_attr_destroy(&attr);
     }
     if (!t->due_ns) {
         t->next = armed;

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "core/util.h"
+#include "nereid/common.h"
 #include "storage/storage_internal.h"
 
 /* Parallel downloads per sync. */
@@ -454,11 +455,6 @@ static int cmp_object(const void *a, const void *b)
     return strcmp(((const storage_object_t *)a)->key, ((const storage_object_t *)b)->key);
 }
 
-static int cmp_str(const void *a, const void *b)
-{
-    return strcmp(*(char *const *)a, *(char *const *)b);
-}
-
 static uint64_t fnv(uint64_t h, const void *p, size_t n)
 {
     const unsigned char *b = p;
@@ -470,8 +466,9 @@ static uint64_t fnv(uint64_t h, const void *p, size_t n)
 /* Index of model name in r's table, or -1. */
 static long find_model(const storage_remote_t *r, const char *name)
 {
-    char **hit =
-        r->n_models ? bsearch(&name, r->models, r->n_models, sizeof *r->models, cmp_str) : NULL;
+    char **hit = r->n_models
+                     ? bsearch(&name, r->models, r->n_models, sizeof *r->models, nereid_cmp_str)
+                     : NULL;
     return hit ? (long)(hit - r->models) : -1;
 }
 
@@ -541,6 +538,7 @@ static bool note_failure(storage_remote_t *r, const char *name, uint64_t sig, bo
     return true;
 }
 
+/* Not nereid_is_dir: a symbolic link in the copy is never followed. */
 static bool is_dir(const char *path)
 {
     struct stat st;
