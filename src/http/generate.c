@@ -2,7 +2,7 @@
  * This file contains the JSON mapping of Triton's generate extension
  * (Triton's HTTPAPIServer::GenerateRequestClass, same texts): the request
  * body to an inference request, a response to its JSON object. The HTTP
- * exchange (one reply or server-sent events) is in http_server.c.
+ * exchange (one reply or server-sent events) is in http_infer.c.
  */
 #include "http/generate.h"
 

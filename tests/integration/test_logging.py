@@ -85,7 +85,7 @@ def test_http_errors_change_nothing(server, body, status, text):
 
 def test_http_bad_json_and_method(server):
     r = requests.post(server.http_url + "/v2/logging", data=b"{nope", timeout=10)
-    # Same as the other JSON bodies (parse_body_json in http_server.c).
+    # Same as the other JSON bodies (parse_body_json in http_handlers.c).
     assert r.status_code in (400, 500) and "failed to parse" in r.json()["error"]
     r = requests.post(server.http_url + "/v2/logging", data=b"", timeout=10)
     assert r.status_code == 400 and "JSON object" in r.json()["error"]
