@@ -16,6 +16,7 @@
 #include "http/http_internal.h"
 #include "http/json_reader.h"
 #include "http/load_request.h"
+#include "nereid/common.h"
 
 /* ---- Small handlers ------------------------------------------------------- */
 
@@ -215,12 +216,7 @@ static enum MHD_Result control_start(http_conn_t *c, control_job_t *j)
     pthread_mutex_lock(&c->srv->lock);
     c->srv->n_inflight++;
     pthread_mutex_unlock(&c->srv->lock);
-    pthread_attr_t attr;
-    pthread_t t;
-    pthread_attr_init(&attr);
-    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    if (pthread_create(&t, &attr, control_job_main, j) != 0) control_job_main(j);
-    pthread_attr_destroy(&attr);
+    nereid_run_detached(control_job_main, j);
     if (infer_wait(c)) return control_reply(c);
     return MHD_YES;
 }
