@@ -109,6 +109,12 @@ struct http_server {
     size_t n_suspended; /* connections suspended whose handler has not run again */
     bool stopping;
     atomic_bool draining; /* http_server_drain: listener closed, replies close */
+    /* The listening socket MHD_quiesce_daemon handed back, shut down (new
+     * connections refused) but closed only after MHD_stop_daemon: MHD's
+     * pool threads take it out of their epoll sets after quiesce returns,
+     * and a closed fd there is MHD's fatal "Failed to remove listen FD".
+     * -1 until drained. */
+    int quiesced_fd;
     pthread_mutex_t conns_lock;
     conn_slot_t idle_conns;     /* sentinel of the idle list, longest idle first */
     conn_slot_t all_conns;      /* sentinel of the list of every slot */

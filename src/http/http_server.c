@@ -698,6 +698,7 @@ nereid_error_t *http_server_start(nereid_server_t *core, const http_options_t *o
                                 opts->address);
     http_server_t *srv = calloc(1, sizeof *srv);
     if (!srv) return nereid_error_new(NEREID_ERROR_INTERNAL, "out of memory");
+    srv->quiesced_fd = -1;
     if (opts->tls.use_ssl) {
         nereid_error_t *err = tls_pem_read(&opts->tls, "--http", &srv->pem);
         if (err) {
@@ -799,7 +800,9 @@ void http_server_drain(http_server_t *srv)
 {
     if (!srv || atomic_exchange(&srv->draining, true)) return;
     MHD_socket fd = MHD_quiesce_daemon(srv->daemon);
-    if (fd != MHD_INVALID_SOCKET) close(fd);
+    if (fd == MHD_INVALID_SOCKET) return;
+    shutdown(fd, SHUT_RDWR); /* a listening socket stops listening: connects are refused */
+    srv->quiesced_fd = fd;
 }
 
 size_t http_server_close_idle(http_server_t *srv)
@@ -844,6 +847,7 @@ void http_server_stop(http_server_t *srv)
         pthread_cond_wait(&srv->idle, &srv->lock);
     pthread_mutex_unlock(&srv->lock);
     MHD_stop_daemon(srv->daemon);
+    if (srv->quiesced_fd >= 0) close(srv->quiesced_fd);
     par_stop();
     close_watch_stop(srv->close_watch);
     mem_trim_release(srv->mem_trim);
