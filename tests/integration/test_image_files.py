@@ -244,6 +244,11 @@ def test_linked_libraries_come_from_the_runtime_list(tmp_path):
     dest = tmp_path / "opt"
     if not os.path.exists(os.path.join(BUILD, "nereid")):
         pytest.skip("not built")
+    if any(re.match(r"lib[almt]san\.", lib) for lib in elf_needed(os.path.join(BUILD, "nereid"))):
+        # A sanitizer build links every library pkg-config names (no
+        # --as-needed: libcares, libssl, abseil...); the image is built in
+        # release mode, which make test checks here.
+        pytest.skip("a sanitizer build: the image is never one")
     subprocess.run(["bash", os.path.join(ROOT, "deploy", "stage.sh"), BUILD, str(dest)], check=True,
                    env=dict(os.environ, STRIP="true"))
     ldconfig = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, check=True).stdout
@@ -254,8 +259,6 @@ def test_linked_libraries_come_from_the_runtime_list(tmp_path):
     needs = {}
     for elf in [dest / "bin" / "nereid"] + sorted(dest.rglob("*.so*")):
         for lib in elf_needed(str(elf)):
-            if re.match(r"lib[almt]san\.|libubsan\.", lib):
-                continue  # a sanitizer build (make test-asan); the image is never one
             if lib not in shipped:
                 assert lib in where, f"{elf.name} needs {lib}, which is not installed here"
                 needs.setdefault(where[lib], set()).add(elf.name)
