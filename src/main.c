@@ -855,6 +855,158 @@ static void log_started(const char *service, const char *address, int port)
     nereid_log_message(NEREID_LOG_INFO, __FILE__, __LINE__, msg);
 }
 
+/* Triton's defaults for the flags that have one other than zero. */
+static void cli_defaults(cli_t *cli)
+{
+    nereid_server_options_init(&cli->server);
+    cli->allow_http = cli->allow_grpc = cli->allow_metrics = cli->allow_cpu_metrics = true;
+    cli->http_address = cli->grpc_address = "0.0.0.0";
+    cli->http_port = 8000;
+    cli->grpc_port = 8001;
+    cli->metrics_port = 8002;
+    cli->metrics_interval_ms = 2000;
+    cli->http_thread_count = 8;
+    cli->grpc_infer_thread_count = 2;
+    cli->grpc_max_response_pool_size = INT_MAX;
+    cli->http_max_input_size = 67108864;
+    cli->http_max_connections = 4096;
+    cli->http_idle_timeout_secs = 60;
+    cli->exit_timeout_secs = 30;
+    cli->pinned_memory_pool_byte_size = 268435456;
+    grpc_options_init(&cli->grpc);
+}
+
+/* Checks the flags that depend on each other or have ranges; returns 0, or
+ * the exit status after printing the reason. */
+static int check_cli(cli_t *cli)
+{
+    if (cli->n_repos == 0) {
+        fprintf(stderr, "nereid: --model-repository must be specified\n");
+        return 2;
+    }
+    if (cli->http_max_connections < 1 || cli->http_idle_timeout_secs < 0) {
+        fprintf(stderr, "nereid: --http-max-connections must be >= 1 and "
+                        "--http-idle-timeout-secs >= 0\n");
+        return 2;
+    }
+    if (cli->grpc_compression) {
+        static const char *const levels[] = {"none", "low", "medium", "high"};
+        int level = -1;
+        for (int i = 0; i < 4; i++)
+            if (!strcasecmp(cli->grpc_compression, levels[i])) level = i;
+        if (level < 0) {
+            fprintf(stderr, "invalid argument for --grpc_infer_response_compression_level\n");
+            return 2;
+        }
+        cli->grpc.infer_compression_level = level; /* grpc_compression_level's order */
+    }
+    if (cli->metrics_interval_ms < 0) {
+        fprintf(stderr, "nereid: --metrics-interval-ms must be >= 0\n");
+        return 2;
+    }
+    if (cli->grpc_infer_thread_count < 2 || cli->grpc_infer_thread_count > 128) {
+        /* Triton's command_line_parser.cc check and text */
+        fprintf(stderr, "invalid argument for --grpc_infer_thread_count. Must be in the range 2 "
+                        "to 128.\n");
+        return 2;
+    }
+    if (cli->grpc_max_response_pool_size <= 0) {
+        /* Triton's command_line_parser.cc check and text */
+        fprintf(stderr, "Error: --grpc-max-response-pool-size must be greater than 0.\n");
+        return 2;
+    }
+    return 0;
+}
+
+/* The server options the lists and tables of the flags fill. */
+static void cli_to_server_options(cli_t *cli)
+{
+    if (!cli->metrics_address) cli->metrics_address = cli->http_address;
+    cli->server.model_repositories = cli->repos;
+    cli->server.n_model_repositories = cli->n_repos;
+    cli->server.load_models = cli->load_models;
+    cli->server.n_load_models = cli->n_load_models;
+    cli->server.rate_limit_resources = cli->rate_limit_resources;
+    cli->server.backend_settings = cli->backend_settings;
+    cli->server.pinned_memory_pool_byte_size = (uint64_t)cli->pinned_memory_pool_byte_size;
+}
+
+static nereid_error_t *start_grpc(cli_t *cli, nereid_server_t *server, nereid_shm_registry_t *shm,
+                                  frontends_t *fe)
+{
+    grpc_options_t gopts = cli->grpc; /* defaults and the socket flags */
+    gopts.address = cli->grpc_address;
+    gopts.port = cli->grpc_port;
+    gopts.infer_thread_count = cli->grpc_infer_thread_count;
+    gopts.max_response_pool_size = cli->grpc_max_response_pool_size;
+    gopts.restricted = &cli->grpc_restricted;
+    gopts.tls = cli->grpc_tls;
+    gopts.header_forward_pattern = cli->grpc_header_forward_pattern;
+    gopts.shm = shm;
+    nereid_error_t *err = grpc_frontend_start(server, &gopts, &fe->grpc);
+    grpc_frontend_prestart_end();
+    if (err) {
+        log_start_failure("GRPC", cli->grpc_address, cli->grpc_port, err);
+        return err;
+    }
+    log_started("GRPCInferenceService", cli->grpc_address, grpc_frontend_port(fe->grpc));
+    return NULL;
+}
+
+static nereid_error_t *start_metrics(cli_t *cli, nereid_server_t *server, frontends_t *fe)
+{
+    metrics_options_t mo;
+    metrics_options_init(&mo);
+    mo.address = cli->metrics_address;
+    mo.port = cli->metrics_port;
+    mo.cpu_metrics = cli->allow_cpu_metrics;
+    mo.interval_ms = cli->metrics_interval_ms;
+    nereid_error_t *err = metrics_server_start(server, &mo, &fe->metrics);
+    if (err) {
+        log_start_failure("Metrics", mo.address, mo.port, err);
+        return err;
+    }
+    log_started("Metrics Service", mo.address, metrics_server_port(fe->metrics));
+    return NULL;
+}
+
+static nereid_error_t *start_http(cli_t *cli, nereid_server_t *server, nereid_shm_registry_t *shm,
+                                  frontends_t *fe)
+{
+    http_options_t ho;
+    http_options_init(&ho);
+    ho.address = cli->http_address;
+    ho.port = cli->http_port;
+    ho.thread_count = cli->http_thread_count;
+    ho.max_input_size = (size_t)cli->http_max_input_size;
+    ho.max_connections = cli->http_max_connections;
+    ho.idle_timeout_secs = cli->http_idle_timeout_secs;
+    ho.restricted = &cli->http_restricted;
+    ho.tls = cli->http_tls;
+    ho.header_forward_pattern = cli->http_header_forward_pattern;
+    ho.shm = shm;
+    ho.reuse_port = cli->http_reuse_port;
+    nereid_error_t *err = http_server_start(server, &ho, &fe->http);
+    if (err) {
+        log_start_failure("HTTP", ho.address, ho.port, err);
+        return err;
+    }
+    log_started("HTTPService", ho.address, http_server_port(fe->http));
+    return NULL;
+}
+
+/* Starts the enabled frontends; HTTP last: once its port answers, every
+ * frontend is up. */
+static nereid_error_t *start_frontends(cli_t *cli, nereid_server_t *server,
+                                       nereid_shm_registry_t *shm, frontends_t *fe)
+{
+    nereid_error_t *err = NULL;
+    if (cli->allow_grpc && (err = start_grpc(cli, server, shm, fe))) return err;
+    if (cli->allow_metrics && (err = start_metrics(cli, server, fe))) return err;
+    if (cli->allow_http && (err = start_http(cli, server, shm, fe))) return err;
+    return NULL;
+}
+
 int main(int argc, char **argv)
 {
     /* The ONNX Runtime library Nereid ships (the onnxruntime-node build)
@@ -869,74 +1021,18 @@ int main(int argc, char **argv)
     if (argc > 1 && strcmp(argv[1], "check-config") == 0)
         return config_check_main(argc - 1, argv + 1);
     static cli_t cli; /* static: what the flags allocate stays reachable on early exits */
-    nereid_server_options_init(&cli.server);
-    cli.allow_http = cli.allow_grpc = cli.allow_metrics = cli.allow_cpu_metrics = true;
-    cli.http_address = cli.grpc_address = "0.0.0.0";
-    cli.http_port = 8000;
-    cli.grpc_port = 8001;
-    cli.metrics_port = 8002;
-    cli.metrics_interval_ms = 2000;
-    cli.http_thread_count = 8;
-    cli.grpc_infer_thread_count = 2;
-    cli.grpc_max_response_pool_size = INT_MAX;
-    cli.http_max_input_size = 67108864;
-    cli.http_max_connections = 4096;
-    cli.http_idle_timeout_secs = 60;
-    cli.exit_timeout_secs = 30;
-    cli.pinned_memory_pool_byte_size = 268435456;
-    grpc_options_init(&cli.grpc);
+    cli_defaults(&cli);
     int rc = parse_args(&cli, argc, argv);
     if (rc == 1) {
         usage(stdout);
         return 0;
     }
     if (rc < 0) return 2;
-    if (cli.n_repos == 0) {
-        fprintf(stderr, "nereid: --model-repository must be specified\n");
-        return 2;
-    }
-    if (cli.http_max_connections < 1 || cli.http_idle_timeout_secs < 0) {
-        fprintf(stderr, "nereid: --http-max-connections must be >= 1 and "
-                        "--http-idle-timeout-secs >= 0\n");
-        return 2;
-    }
-    if (cli.grpc_compression) {
-        static const char *const levels[] = {"none", "low", "medium", "high"};
-        int level = -1;
-        for (int i = 0; i < 4; i++)
-            if (!strcasecmp(cli.grpc_compression, levels[i])) level = i;
-        if (level < 0) {
-            fprintf(stderr, "invalid argument for --grpc_infer_response_compression_level\n");
-            return 2;
-        }
-        cli.grpc.infer_compression_level = level; /* grpc_compression_level's order */
-    }
-    if (cli.metrics_interval_ms < 0) {
-        fprintf(stderr, "nereid: --metrics-interval-ms must be >= 0\n");
-        return 2;
-    }
-    if (cli.grpc_infer_thread_count < 2 || cli.grpc_infer_thread_count > 128) {
-        /* Triton's command_line_parser.cc check and text */
-        fprintf(stderr, "invalid argument for --grpc_infer_thread_count. Must be in the range 2 "
-                        "to 128.\n");
-        return 2;
-    }
-    if (cli.grpc_max_response_pool_size <= 0) {
-        /* Triton's command_line_parser.cc check and text */
-        fprintf(stderr, "Error: --grpc-max-response-pool-size must be greater than 0.\n");
-        return 2;
-    }
+    if ((rc = check_cli(&cli))) return rc;
     char *cache_json;
     rc = cache_options(&cli, &cache_json);
     if (rc) return rc < 0 ? 2 : 1;
-    if (!cli.metrics_address) cli.metrics_address = cli.http_address;
-    cli.server.model_repositories = cli.repos;
-    cli.server.n_model_repositories = cli.n_repos;
-    cli.server.load_models = cli.load_models;
-    cli.server.n_load_models = cli.n_load_models;
-    cli.server.rate_limit_resources = cli.rate_limit_resources;
-    cli.server.backend_settings = cli.backend_settings;
-    cli.server.pinned_memory_pool_byte_size = (uint64_t)cli.pinned_memory_pool_byte_size;
+    cli_to_server_options(&cli);
 
     if (cli.log_file && *cli.log_file) {
         nereid_error_t *lerr = nereid_log_set_file(cli.log_file);
@@ -984,84 +1080,27 @@ int main(int argc, char **argv)
         return 1;
     }
     nereid_server_set_tracer(server, tracer);
-    int exit_code = 0;
-    http_server_t *http = NULL;
-    metrics_server_t *metrics = NULL;
-    grpc_frontend_t *grpc_fe = NULL;
-    /* HTTP starts last: once its port answers, every frontend is up. */
-    if (cli.allow_grpc) {
-        grpc_options_t gopts = cli.grpc; /* defaults and the socket flags */
-        gopts.address = cli.grpc_address;
-        gopts.port = cli.grpc_port;
-        gopts.infer_thread_count = cli.grpc_infer_thread_count;
-        gopts.max_response_pool_size = cli.grpc_max_response_pool_size;
-        gopts.restricted = &cli.grpc_restricted;
-        gopts.tls = cli.grpc_tls;
-        gopts.header_forward_pattern = cli.grpc_header_forward_pattern;
-        gopts.shm = shm;
-        err = grpc_frontend_start(server, &gopts, &grpc_fe);
-        grpc_frontend_prestart_end();
-        if (err) {
-            log_start_failure("GRPC", cli.grpc_address, cli.grpc_port, err);
-            goto frontend_failed;
-        }
-        log_started("GRPCInferenceService", cli.grpc_address, grpc_frontend_port(grpc_fe));
-    }
-    if (cli.allow_metrics) {
-        metrics_options_t mo;
-        metrics_options_init(&mo);
-        mo.address = cli.metrics_address;
-        mo.port = cli.metrics_port;
-        mo.cpu_metrics = cli.allow_cpu_metrics;
-        mo.interval_ms = cli.metrics_interval_ms;
-        if ((err = metrics_server_start(server, &mo, &metrics))) {
-            log_start_failure("Metrics", mo.address, mo.port, err);
-            goto frontend_failed;
-        }
-        log_started("Metrics Service", mo.address, metrics_server_port(metrics));
-    }
-
-    if (cli.allow_http) {
-        http_options_t ho;
-        http_options_init(&ho);
-        ho.address = cli.http_address;
-        ho.port = cli.http_port;
-        ho.thread_count = cli.http_thread_count;
-        ho.max_input_size = (size_t)cli.http_max_input_size;
-        ho.max_connections = cli.http_max_connections;
-        ho.idle_timeout_secs = cli.http_idle_timeout_secs;
-        ho.restricted = &cli.http_restricted;
-        ho.tls = cli.http_tls;
-        ho.header_forward_pattern = cli.http_header_forward_pattern;
-        ho.shm = shm;
-        ho.reuse_port = cli.http_reuse_port;
-        if ((err = http_server_start(server, &ho, &http))) {
-            log_start_failure("HTTP", ho.address, ho.port, err);
-            goto frontend_failed;
-        }
-        log_started("HTTPService", ho.address, http_server_port(http));
+    frontends_t fe = {0};
+    if ((err = start_frontends(&cli, server, shm, &fe))) {
+        fprintf(stderr, "error: %s\n", nereid_error_message(err));
+        nereid_error_free(err);
+        http_server_stop(fe.http);
+        metrics_server_stop(fe.metrics);
+        grpc_frontend_stop(fe.grpc);
+        nereid_server_free(server);
+        nereid_tracer_free(tracer);
+        nereid_shm_registry_free(shm);
+        return 1;
     }
     fprintf(stderr, "nereid ready\n");
     int sig;
     sigwait(&sigs, &sig);
     fprintf(stderr, "Signal (%d) received.\n", sig);
-    frontends_t fe = {.http = http, .metrics = metrics, .grpc = grpc_fe};
     drain_and_stop(&fe, server, cli.exit_timeout_secs);
     nereid_server_free(server);
     nereid_tracer_free(tracer);
     restricted_free(&cli.http_restricted);
     restricted_free(&cli.grpc_restricted);
     nereid_shm_registry_free(shm);
-    return exit_code;
-
-frontend_failed:
-    fprintf(stderr, "error: %s\n", nereid_error_message(err));
-    nereid_error_free(err);
-    http_server_stop(http);
-    metrics_server_stop(metrics);
-    grpc_frontend_stop(grpc_fe);
-    nereid_server_free(server);
-    nereid_tracer_free(tracer);
-    nereid_shm_registry_free(shm);
-    return 1;
+    return 0;
 }
