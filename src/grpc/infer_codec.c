@@ -517,60 +517,54 @@ typedef struct out_view {
     size_t size;
 } out_view_t;
 
-static grpc_byte_buffer *codec_response(nereid_response_t *resp, bool stream, bool final,
-                                        nereid_error_t **err)
+/* What the message points into while it is packed. */
+typedef struct codec_scratch {
+    Inference__ModelInferResponse__InferOutputTensor *outs, **out_ptrs;
+    out_view_t *views;
+    int64_t *class_shapes; /* 2 per output: a classification's shape */
+    Inference__InferParameter *param_values;
+    Inference__ModelInferResponse__ParametersEntry *param_entries, **param_ptrs;
+} codec_scratch_t;
+
+static void scratch_free(codec_scratch_t *s)
 {
-    *err = NULL;
-    size_t n_out = nereid_response_output_count(resp);
-    response_hold_t *hold = calloc(1, sizeof(*hold));
-    if (hold == NULL) {
-        nereid_response_free(resp);
-        *err = OOM();
-        return NULL;
-    }
-    atomic_init(&hold->refs, 1);
-    hold->resp = resp;
-    hold->extra = calloc(n_out + 1, sizeof(char *));
-    Inference__ModelInferResponse msg = INFERENCE__MODEL_INFER_RESPONSE__INIT;
-    Inference__ModelInferResponse__InferOutputTensor *outs = calloc(n_out + 1, sizeof(*outs));
-    Inference__ModelInferResponse__InferOutputTensor **out_ptrs =
-        calloc(n_out + 1, sizeof(*out_ptrs));
-    out_view_t *views = calloc(n_out + 1, sizeof(*views));
-    int64_t *class_shapes = calloc(2 * (n_out + 1), sizeof(*class_shapes));
-    grpc_byte_buffer *bb = NULL;
-    Inference__InferParameter *param_values = NULL;
-    Inference__ModelInferResponse__ParametersEntry *param_entries = NULL;
-    Inference__ModelInferResponse__ParametersEntry **param_ptrs = NULL;
-    if (hold->extra == NULL || outs == NULL || out_ptrs == NULL || views == NULL ||
-        class_shapes == NULL) {
-        *err = OOM();
-        goto done;
-    }
+    free(s->param_values);
+    free(s->param_entries);
+    free(s->param_ptrs);
+    free(s->outs);
+    free(s->out_ptrs);
+    free(s->views);
+    free(s->class_shapes);
+}
 
-    char version[32];
-    snprintf(version, sizeof(version), "%" PRId64, nereid_response_model_version(hold->resp));
-    const char *name = nereid_response_model_name(hold->resp);
-    const char *id = nereid_response_id(hold->resp);
-    msg.model_name = (char *)(name != NULL ? name : "");
-    msg.model_version = version;
-    msg.id = (char *)(id != NULL ? id : "");
-
-    Inference__InferParameter final_value = INFERENCE__INFER_PARAMETER__INIT;
-    final_value.parameter_choice_case = INFERENCE__INFER_PARAMETER__PARAMETER_CHOICE_BOOL_PARAM;
-    final_value.bool_param = final;
-    Inference__ModelInferResponse__ParametersEntry final_entry =
-        INFERENCE__MODEL_INFER_RESPONSE__PARAMETERS_ENTRY__INIT;
-    final_entry.key = "triton_final_response";
-    final_entry.value = &final_value;
-    /* The backend's response parameters, then the stream's final flag. */
-    size_t n_params = nereid_response_parameter_count(hold->resp);
-    param_values = calloc(n_params + 1, sizeof(*param_values));
-    param_entries = calloc(n_params + 1, sizeof(*param_entries));
-    param_ptrs = calloc(n_params + 1, sizeof(*param_ptrs));
-    if (param_values == NULL || param_entries == NULL || param_ptrs == NULL) {
-        *err = OOM();
-        goto done;
+static void fill_parameter(Inference__InferParameter *pv, int ptype, const void *value)
+{
+    if (ptype == 0) {
+        pv->parameter_choice_case = INFERENCE__INFER_PARAMETER__PARAMETER_CHOICE_STRING_PARAM;
+        pv->string_param = (char *)value;
+    } else if (ptype == 1) {
+        pv->parameter_choice_case = INFERENCE__INFER_PARAMETER__PARAMETER_CHOICE_INT64_PARAM;
+        memcpy(&pv->int64_param, value, sizeof(pv->int64_param));
+    } else if (ptype == 2) {
+        pv->parameter_choice_case = INFERENCE__INFER_PARAMETER__PARAMETER_CHOICE_BOOL_PARAM;
+        pv->bool_param = *(const bool *)value;
+    } else {
+        pv->parameter_choice_case = INFERENCE__INFER_PARAMETER__PARAMETER_CHOICE_DOUBLE_PARAM;
+        memcpy(&pv->double_param, value, sizeof(pv->double_param));
     }
+}
+
+/* The backend's response parameters, then the stream's final flag
+ * (final_entry, NULL outside a stream). */
+static nereid_error_t *fill_parameters(Inference__ModelInferResponse *msg, nereid_response_t *resp,
+                                       Inference__ModelInferResponse__ParametersEntry *final_entry,
+                                       codec_scratch_t *s)
+{
+    size_t n_params = nereid_response_parameter_count(resp);
+    s->param_values = calloc(n_params + 1, sizeof(*s->param_values));
+    s->param_entries = calloc(n_params + 1, sizeof(*s->param_entries));
+    s->param_ptrs = calloc(n_params + 1, sizeof(*s->param_ptrs));
+    if (s->param_values == NULL || s->param_entries == NULL || s->param_ptrs == NULL) return OOM();
     for (size_t i = 0; i < n_params; i++) {
         Inference__InferParameter pv = INFERENCE__INFER_PARAMETER__INIT;
         Inference__ModelInferResponse__ParametersEntry pe =
@@ -578,30 +572,25 @@ static grpc_byte_buffer *codec_response(nereid_response_t *resp, bool stream, bo
         const char *pname;
         int ptype;
         const void *value;
-        nereid_response_parameter(hold->resp, i, &pname, &ptype, &value);
-        if (ptype == 0) {
-            pv.parameter_choice_case = INFERENCE__INFER_PARAMETER__PARAMETER_CHOICE_STRING_PARAM;
-            pv.string_param = (char *)value;
-        } else if (ptype == 1) {
-            pv.parameter_choice_case = INFERENCE__INFER_PARAMETER__PARAMETER_CHOICE_INT64_PARAM;
-            memcpy(&pv.int64_param, value, sizeof(pv.int64_param));
-        } else if (ptype == 2) {
-            pv.parameter_choice_case = INFERENCE__INFER_PARAMETER__PARAMETER_CHOICE_BOOL_PARAM;
-            pv.bool_param = *(const bool *)value;
-        } else {
-            pv.parameter_choice_case = INFERENCE__INFER_PARAMETER__PARAMETER_CHOICE_DOUBLE_PARAM;
-            memcpy(&pv.double_param, value, sizeof(pv.double_param));
-        }
-        param_values[i] = pv;
+        nereid_response_parameter(resp, i, &pname, &ptype, &value);
+        fill_parameter(&pv, ptype, value);
+        s->param_values[i] = pv;
         pe.key = (char *)pname;
-        pe.value = &param_values[i];
-        param_entries[i] = pe;
-        param_ptrs[i] = &param_entries[i];
+        pe.value = &s->param_values[i];
+        s->param_entries[i] = pe;
+        s->param_ptrs[i] = &s->param_entries[i];
     }
-    if (stream) param_ptrs[n_params++] = &final_entry;
-    msg.n_parameters = n_params;
-    msg.parameters = n_params ? param_ptrs : NULL;
+    if (final_entry != NULL) s->param_ptrs[n_params++] = final_entry;
+    msg->n_parameters = n_params;
+    msg->parameters = n_params ? s->param_ptrs : NULL;
+    return NULL;
+}
 
+/* The outputs' metadata into the message and their bytes into s->views;
+ * a classification's strings are kept alive by the hold. */
+static nereid_error_t *fill_outputs(Inference__ModelInferResponse *msg, response_hold_t *hold,
+                                    size_t n_out, codec_scratch_t *s)
+{
     for (size_t i = 0; i < n_out; i++) {
         Inference__ModelInferResponse__InferOutputTensor init =
             INFERENCE__MODEL_INFER_RESPONSE__INFER_OUTPUT_TENSOR__INIT;
@@ -614,34 +603,43 @@ static grpc_byte_buffer *codec_response(nereid_response_t *resp, bool stream, bo
         void *buffer_userp;
         nereid_response_output(hold->resp, i, &oname, &dt, &shape, &rank, &data, &size,
                                &buffer_userp);
-        outs[i] = init;
-        outs[i].name = (char *)oname;
-        outs[i].datatype = (char *)nereid_datatype_name(dt);
-        outs[i].shape = (int64_t *)shape;
-        outs[i].n_shape = rank;
+        Inference__ModelInferResponse__InferOutputTensor *out = &s->outs[i];
+        *out = init;
+        out->name = (char *)oname;
+        out->datatype = (char *)nereid_datatype_name(dt);
+        out->shape = (int64_t *)shape;
+        out->n_shape = rank;
         uint32_t k = nereid_response_output_class_count(hold->resp, i);
         if (k > 0) {
             char *bytes;
             size_t n_bytes, class_rank;
-            *err = nereid_response_classify(hold->resp, i, k, &bytes, &n_bytes,
-                                            &class_shapes[2 * i], &class_rank);
-            if (*err != NULL) goto done;
+            nereid_error_t *err = nereid_response_classify(hold->resp, i, k, &bytes, &n_bytes,
+                                                           &s->class_shapes[2 * i], &class_rank);
+            if (err != NULL) return err;
             hold->extra[hold->n_extra++] = bytes;
-            outs[i].datatype = (char *)nereid_datatype_name(NEREID_TYPE_BYTES);
-            outs[i].shape = &class_shapes[2 * i];
-            outs[i].n_shape = class_rank;
+            out->datatype = (char *)nereid_datatype_name(NEREID_TYPE_BYTES);
+            out->shape = &s->class_shapes[2 * i];
+            out->n_shape = class_rank;
             data = bytes;
             size = n_bytes;
         }
-        views[i].data = data;
-        views[i].size = buffer_userp == &shm_output_marker ? 0 : size; /* in shared memory */
-        out_ptrs[i] = &outs[i];
+        s->views[i].data = data;
+        s->views[i].size = buffer_userp == &shm_output_marker ? 0 : size; /* in shared memory */
+        s->out_ptrs[i] = out;
     }
-    msg.n_outputs = n_out;
-    msg.outputs = out_ptrs;
+    msg->n_outputs = n_out;
+    msg->outputs = s->out_ptrs;
+    return NULL;
+}
 
-    /* Layout: [stream prefix][header][tag len data]...; large data by reference. */
-    size_t head_len = inference__model_infer_response__get_packed_size(&msg);
+/* Layout: [stream prefix][header][tag len data]...; small outputs are
+ * copied into one block, large ones sent by reference (the hold keeps the
+ * response alive until gRPC lets go of their slices). */
+static grpc_byte_buffer *pack_response(const Inference__ModelInferResponse *msg,
+                                       const out_view_t *views, size_t n_out, response_hold_t *hold,
+                                       bool stream, nereid_error_t **err)
+{
+    size_t head_len = inference__model_infer_response__get_packed_size(msg);
     size_t inner_len = head_len, max_inline = head_len + 11;
     for (size_t i = 0; i < n_out; i++) {
         size_t entry = 1 + varint_len(views[i].size);
@@ -651,7 +649,7 @@ static grpc_byte_buffer *codec_response(nereid_response_t *resp, bool stream, bo
     grpc_slice *slices = calloc(2 * n_out + 1, sizeof(*slices));
     if (slices == NULL) {
         *err = OOM();
-        goto done;
+        return NULL;
     }
     size_t n_slices = 0;
     grpc_slice block = grpc_slice_malloc(max_inline);
@@ -661,7 +659,7 @@ static grpc_byte_buffer *codec_response(nereid_response_t *resp, bool stream, bo
         base[pos++] = 0x12; /* ModelStreamInferResponse.infer_response */
         pos += put_varint(base + pos, inner_len);
     }
-    pos += inference__model_infer_response__pack(&msg, base + pos);
+    pos += inference__model_infer_response__pack(msg, base + pos);
     for (size_t i = 0; i < n_out; i++) {
         base[pos++] = 0x32; /* ModelInferResponse.raw_output_contents */
         pos += put_varint(base + pos, views[i].size);
@@ -678,20 +676,64 @@ static grpc_byte_buffer *codec_response(nereid_response_t *resp, bool stream, bo
     }
     if (pos > seg || n_slices == 0) slices[n_slices++] = grpc_slice_sub(block, seg, pos);
     grpc_slice_unref(block);
-    bb = grpc_raw_byte_buffer_create(slices, n_slices);
+    grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(slices, n_slices);
     for (size_t i = 0; i < n_slices; i++)
         grpc_slice_unref(slices[i]);
     free(slices);
+    return bb;
+}
+
+static grpc_byte_buffer *codec_response(nereid_response_t *resp, bool stream, bool final,
+                                        nereid_error_t **err)
+{
+    *err = NULL;
+    size_t n_out = nereid_response_output_count(resp);
+    response_hold_t *hold = calloc(1, sizeof(*hold));
+    if (hold == NULL) {
+        nereid_response_free(resp);
+        *err = OOM();
+        return NULL;
+    }
+    atomic_init(&hold->refs, 1);
+    hold->resp = resp;
+    hold->extra = calloc(n_out + 1, sizeof(char *));
+    codec_scratch_t s = {
+        .outs = calloc(n_out + 1, sizeof(*s.outs)),
+        .out_ptrs = calloc(n_out + 1, sizeof(*s.out_ptrs)),
+        .views = calloc(n_out + 1, sizeof(*s.views)),
+        .class_shapes = calloc(2 * (n_out + 1), sizeof(*s.class_shapes)),
+    };
+    grpc_byte_buffer *bb = NULL;
+    if (hold->extra == NULL || s.outs == NULL || s.out_ptrs == NULL || s.views == NULL ||
+        s.class_shapes == NULL) {
+        *err = OOM();
+        goto done;
+    }
+
+    Inference__ModelInferResponse msg = INFERENCE__MODEL_INFER_RESPONSE__INIT;
+    char version[32];
+    snprintf(version, sizeof(version), "%" PRId64, nereid_response_model_version(hold->resp));
+    const char *name = nereid_response_model_name(hold->resp);
+    const char *id = nereid_response_id(hold->resp);
+    msg.model_name = (char *)(name != NULL ? name : "");
+    msg.model_version = version;
+    msg.id = (char *)(id != NULL ? id : "");
+
+    Inference__InferParameter final_value = INFERENCE__INFER_PARAMETER__INIT;
+    final_value.parameter_choice_case = INFERENCE__INFER_PARAMETER__PARAMETER_CHOICE_BOOL_PARAM;
+    final_value.bool_param = final;
+    Inference__ModelInferResponse__ParametersEntry final_entry =
+        INFERENCE__MODEL_INFER_RESPONSE__PARAMETERS_ENTRY__INIT;
+    final_entry.key = "triton_final_response";
+    final_entry.value = &final_value;
+    if ((*err = fill_parameters(&msg, hold->resp, stream ? &final_entry : NULL, &s)) != NULL ||
+        (*err = fill_outputs(&msg, hold, n_out, &s)) != NULL)
+        goto done;
+    bb = pack_response(&msg, s.views, n_out, hold, stream, err);
 
 done:
     hold_release(hold);
-    free(param_values);
-    free(param_entries);
-    free(param_ptrs);
-    free(outs);
-    free(out_ptrs);
-    free(views);
-    free(class_shapes);
+    scratch_free(&s);
     return bb;
 }
 
