@@ -1,6 +1,8 @@
 #!/bin/sh
 # Checks that no source file under src/ or backends/ grows past what one
-# reader can hold (issue 38): 1,500 lines, 1,000 under backends/python/.
+# reader can hold (issue 38): 1,500 lines, 1,000 under backends/python/;
+# and that no C/C++ function is over 150 lines (a body is what lies between
+# a '{' and a '}' in column 0: clang-format puts a function's braces there).
 # A file allowed over the limit goes in `allowed` (one path a line), with
 # the reason beside it; none is today.
 # Usage: scripts/check_sizes.sh [source-dir]; exits 1 on a violation.
@@ -23,5 +25,16 @@ while read -r f lines limit; do
 done <<END
 $over
 END
+long=$(find src backends -type f \( -name '*.c' -o -name '*.cc' -o -name '*.cpp' \) \
+    -exec awk 'FNR == 1 { start = 0 }
+    /^\{/ { start = FNR; sig = prev }
+    /^\}/ { if (start && FNR - start - 1 > 150)
+               print FILENAME ":" start ": " FNR - start - 1 " lines: " sig
+           start = 0 }
+    { prev = $0 }' {} +)
+if [ -n "$long" ]; then
+    printf '%s\n' "$long" | sed 's/$/ (over 150 lines: split it by job)/'
+    status=1
+fi
 [ $status -eq 0 ] && echo "sizes: ok"
 exit $status
