@@ -95,6 +95,7 @@ typedef struct ort_model {
     size_t next_slot;      /* the shared slot the next instance takes (under lock) */
     char options_key[256]; /* the session options as text (the sharing key's second half) */
     bool unshared;         /* options that rule sharing out (own thread pools) */
+    bool own_pools;        /* its sessions start thread pools of their own */
     char **seq_names;      /* owned names of sequence control/state tensors */
     size_t n_seq_names;
     json_t *config;    /* during model init: the config's JSON, parsed once per text */
@@ -142,6 +143,7 @@ void *grow(void *p, size_t *cap, size_t need, size_t elem_size);
 nereid_error_t *parse_int(const char *value, int *out);
 nereid_error_t *parse_bool(const char *value, bool *out);
 nereid_error_t *make_session_options(ort_model_t *m, nereid_model_t *model);
+nereid_error_t *ort_build_session(ort_model_t *m, const void *data, size_t len, OrtSession **out);
 void shared_release(ort_backend_t *b, ort_shared_t *e);
 nereid_error_t *shared_open(ort_model_t *m, OrtSession **session);
 nereid_error_t *shared_instance_session(ort_model_t *m, OrtSession **session);

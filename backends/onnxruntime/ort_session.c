@@ -12,6 +12,7 @@
 
 #include <gnutls/crypto.h>
 
+#include "nereid/common.h"
 #include "onnxruntime.h"
 
 /* ---- model: session options from the config ----------------------------- */
@@ -103,6 +104,7 @@ nereid_error_t *make_session_options(ort_model_t *m, nereid_model_t *model)
         ORT_TRY(api, api->SetInterOpNumThreads(m->options, n));
         own_pools = true;
     }
+    m->own_pools = own_pools;
     if (own_pools) {
         m->unshared = true; /* pools of its own are what the user asked for */
         ORT_TRY(api,
@@ -201,7 +203,6 @@ static bool read_model_file(const char *path, uint8_t **data, size_t *len,
 static nereid_error_t *shared_fill_slot(ort_model_t *m, ort_shared_t *e, size_t slot,
                                         const uint8_t *data, size_t len)
 {
-    const ort_api_t *api = &m->backend->api;
     if (slot >= e->n_sessions) {
         OrtSession **grown = realloc(e->sessions, (slot + 1) * sizeof(*grown));
         if (!grown) return nereid_error_new(NEREID_ERROR_INTERNAL, "out of memory");
@@ -222,11 +223,38 @@ static nereid_error_t *shared_fill_slot(ort_model_t *m, ort_shared_t *e, size_t 
         }
         data = own;
     }
-    nereid_error_t *err =
-        ort_error(api, api->CreateSessionFromArray(m->backend->env, data, len, m->options,
-                                                   &e->sessions[slot]));
+    nereid_error_t *err = ort_build_session(m, data, len, &e->sessions[slot]);
     free(own);
     return err;
+}
+
+typedef struct session_call {
+    ort_model_t *m;
+    const void *data; /* the model file's bytes, or NULL: read m->path */
+    size_t len;
+    OrtSession **out;
+} session_call_t;
+
+static void *session_call_main(void *p)
+{
+    session_call_t *c = p;
+    const ort_api_t *api = &c->m->backend->api;
+    OrtEnv *env = c->m->backend->env;
+    if (c->data) return api->CreateSessionFromArray(env, c->data, c->len, c->m->options, c->out);
+    return api->CreateSession(env, c->m->path, c->m->options, c->out);
+}
+
+/* Builds a session from the model file's bytes (data, len) or, data NULL,
+ * from m->path. Building one (parsing, graph optimization, weight copies)
+ * takes a core for a while; it runs nicer than the threads that serve
+ * requests (nereid_run_niced), so a model loading beside traffic takes the
+ * CPU that inference leaves. Not for a model with thread pools of its own:
+ * ONNX Runtime starts them here, and they would keep the priority. */
+nereid_error_t *ort_build_session(ort_model_t *m, const void *data, size_t len, OrtSession **out)
+{
+    session_call_t c = {m, data, len, out};
+    if (m->own_pools) return ort_error(&m->backend->api, session_call_main(&c));
+    return ort_error(&m->backend->api, nereid_run_niced(10, session_call_main, &c));
 }
 
 /* Finds or adds the entry for (digest, m->options_key) and takes a
