@@ -655,10 +655,19 @@ static bool model_instances_ready(model_t *m)
     return ready;
 }
 
+nereid_error_t *server_exit_refusal(nereid_server_t *s)
+{
+    if (atomic_load(&s->stopping) || atomic_load(&s->exiting))
+        return nereid_error_new(NEREID_ERROR_UNAVAILABLE, "Server not ready");
+    return NULL;
+}
+
 nereid_error_t *nereid_server_model_is_ready(nereid_server_t *s, const char *model, int64_t version,
                                              bool *ready_out)
 {
     *ready_out = false;
+    nereid_error_t *refused = server_exit_refusal(s);
+    if (refused) return refused;
     model_t *m;
     nereid_error_t *err = server_lookup_model(s, model, version, &m);
     if (err) {
@@ -732,6 +741,9 @@ static int cmp_ns_entry(const void *a, const void *b)
 
 nereid_error_t *nereid_server_repository_index(nereid_server_t *s, bool ready_only, char **json_out)
 {
+    *json_out = NULL;
+    nereid_error_t *refused = server_exit_refusal(s);
+    if (refused) return refused;
     json_t *arr = json_array();
     pthread_rwlock_rdlock(&s->lock);
     model_entry_t **order = s->models;
