@@ -277,11 +277,15 @@ bool nereid_server_is_live(nereid_server_t *s)
     return s && !s->init_failed && !atomic_load(&s->stopping);
 }
 
+static bool model_instances_ready(model_t *m);
+
 bool nereid_server_is_ready(nereid_server_t *s)
 {
     if (!s || s->init_failed || atomic_load(&s->stopping) || atomic_load(&s->exiting)) return false;
     if (!s->opts.strict_readiness) return true;
     bool ready = true;
+    model_t **serving = NULL; /* the READY versions (a reference each) */
+    size_t n_serving = 0;
     pthread_rwlock_rdlock(&s->lock);
     for (size_t i = 0; i < s->n_models && ready; i++) {
         const model_entry_t *e = s->models[i];
@@ -290,14 +294,26 @@ bool nereid_server_is_ready(nereid_server_t *s)
             continue;
         /* Triton: a version that is not ready because it was unloaded is fine */
         for (size_t v = 0; v < e->n_versions; v++) {
-            ready &= e->versions[v].state == MODEL_READY ||
-                     (e->versions[v].reason && strcmp(e->versions[v].reason, "unloaded") == 0);
-            /* --model-progress-timeout-secs: a wedged model cannot serve */
-            ready &= !(e->versions[v].model && atomic_load(&e->versions[v].model->wedged));
+            const version_entry_t *ve = &e->versions[v];
+            ready &=
+                ve->state == MODEL_READY || (ve->reason && strcmp(ve->reason, "unloaded") == 0);
+            if (ready && ve->state == MODEL_READY && ve->model) {
+                serving = xrealloc(serving, (n_serving + 1) * sizeof *serving);
+                model_ref(ve->model);
+                serving[n_serving++] = ve->model;
+            }
         }
         ready &= e->state == MODEL_READY;
     }
     pthread_rwlock_unlock(&s->lock);
+    /* Triton (core #473): a READY version must also pass the model's
+     * readiness check (model_instances_ready: not wedged, every instance
+     * ready, e.g. its Python worker alive), asked outside the lock. */
+    for (size_t i = 0; i < n_serving; i++) {
+        ready = ready && model_instances_ready(serving[i]);
+        model_unref(serving[i]);
+    }
+    free(serving);
     return ready;
 }
 
