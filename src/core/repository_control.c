@@ -449,11 +449,13 @@ static bool steps_moved(nereid_server_t *s, const model_entry_t *e)
 void repository_poll(nereid_server_t *s)
 {
     pthread_mutex_lock(&s->control);
-    if (atomic_load(&s->stopping)) {
+    nereid_error_t *err = server_exit_refusal(s); /* Triton polls only while ready */
+    if (err) {
+        nereid_error_free(err);
         pthread_mutex_unlock(&s->control);
         return;
     }
-    nereid_error_t *err = remote_repo_sync(s, NULL); /* object storage */
+    err = remote_repo_sync(s, NULL); /* object storage */
     if (err) {
         LOG_ERROR("%s", nereid_error_message(err));
         nereid_error_free(err);

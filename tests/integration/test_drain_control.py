@@ -11,6 +11,7 @@ depends on timing."""
 import http.client
 import json
 import os
+import shutil
 import signal
 import threading
 import time
@@ -116,6 +117,50 @@ def test_model_control_refused_while_draining(tmp_path):
         log = s.output()
         assert "successfully loaded 'id_fp32'" not in log
         assert "successfully unloaded 'id_batch'" not in log.split("Waiting for in-flight")[0]
+    finally:
+        if s.proc.poll() is None:
+            s.proc.kill()
+            s.proc.wait()
+        s.log.close()
+
+
+def test_no_poll_while_draining(tmp_path):
+    """Triton's PollModelRepository does nothing unless the server is ready:
+    in poll mode, a model added and one removed during the drain are left
+    as they are (here for three countdown seconds, three poll periods)."""
+    repo = identity_repo(str(tmp_path / "models"))
+    s = Server(repo, ["--exit-timeout-secs=30", "--model-control-mode=poll",
+                      "--repository-poll-secs=1"])
+    release = tmp_path / "release"
+    started = tmp_path / "started"
+    try:
+        busy = connect(s)
+        result = {}
+
+        def hold():
+            result["reply"] = call(busy, "POST", "/v2/models/slow/infer", infer_body(
+                1.0, {"wait_for_file": str(release), "started_file": str(started)}))
+
+        t = threading.Thread(target=hold)
+        t.start()
+        wait_for(lambda: os.path.exists(started), "the long request to start")
+        s.proc.send_signal(signal.SIGTERM)
+        wait_for(lambda: "Timeout 30: " in s.output(), "the drain to begin")
+        cfg = open(os.path.join(repo, "id_fp32", "config.pbtxt")).read()
+        os.makedirs(os.path.join(repo, "id_new", "1"))
+        with open(os.path.join(repo, "id_new", "config.pbtxt"), "w") as f:
+            f.write(cfg.replace('name: "id_fp32"', 'name: "id_new"'))
+        shutil.rmtree(os.path.join(repo, "id_batch"))
+        wait_for(lambda: "Timeout 27: " in s.output(), "three seconds of countdown")
+        release.write_text("")
+        t.join(30)
+        assert result["reply"][0] == 200
+        busy.close()
+        assert s.proc.wait(timeout=30) == 0
+        log = s.output()
+        assert "loading: id_new" not in log
+        draining = log.split("Timeout 30: ")[1].split("Waiting for in-flight")[0]
+        assert "unloaded 'id_batch'" not in draining
     finally:
         if s.proc.poll() is None:
             s.proc.kill()
