@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from http_helpers import infer, make_repo  # noqa: F401
+from test_tls import certs  # noqa: F401 (fixture)
 
 LIMIT = 4096
 BIG = 32 << 20  # far beyond the socket buffers: a reset would break the upload
@@ -197,3 +198,35 @@ def test_at_limit_still_served(server):
     assert len(doc) == LIMIT
     r = infer(server, "id_fp32", doc)
     assert r.status_code == 200 and r.json()["outputs"][0]["data"] == x.tolist()
+
+
+def test_over_limit_over_tls(tmp_path, certs):  # noqa: F811
+    """Over TLS: a declared body over the limit is refused at once and the
+    rest discarded (lingering close under the TLS close); a chunked one is
+    read to its end (dropped) and then refused (no byte can bypass MHD's
+    TLS session)."""
+    import ssl
+
+    from conftest import Server
+    from test_tls import tls_flags
+    s = Server(make_repo(tmp_path), [f"--http-max-input-size={LIMIT}"] + tls_flags("http", certs))
+    try:
+        ctx = ssl.create_default_context(cafile=certs("ca.crt"))
+
+        def post_tls(body):
+            conn = http.client.HTTPSConnection("127.0.0.1", s.http_port, timeout=60, context=ctx)
+            try:
+                conn.request("POST", URL, body=body)
+                r = conn.getresponse()
+                return r.status, json.loads(r.read())
+            finally:
+                conn.close()
+
+        status, body = post_tls(b" " * BIG)
+        assert status == 400 and body["error"] == JSON_TEXT.format(n=BIG)
+        status, body = post_tls(b" " * 65536 for _ in range(BIG // 65536))
+        assert status == 400 and body["error"] == CHUNKED_TEXT
+        status, body = post_tls(SMALL)
+        assert status == 200
+    finally:
+        assert s.stop() == 0, s.output()
