@@ -127,14 +127,20 @@ def test_too_many_chunks_answered_before_body_ends(tmp_path):
 
 
 def closed_by_server(sock, deadline_s=60):
-    """Sends a byte now and then until the server's close shows (a reset)."""
+    """Sends a byte after longer and longer pauses (each byte would restart
+    an idle timer) until the server's close shows: a byte sent to a closed
+    socket is answered with a reset, and the next send fails."""
     end = time.time() + deadline_s
+    pause = 0.25
     while time.time() < end:
         try:
             sock.send(b" ")
+            time.sleep(0.1)
+            sock.send(b" ")
         except OSError:
             return True
-        time.sleep(0.2)
+        time.sleep(pause)
+        pause *= 2
     return False
 
 
@@ -230,3 +236,37 @@ def test_over_limit_over_tls(tmp_path, certs):  # noqa: F811
         assert status == 200
     finally:
         assert s.stop() == 0, s.output()
+
+
+def binary_header(n_values):
+    return json.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32",
+                                   "shape": [1, n_values],
+                                   "parameters": {"binary_data_size": 4 * n_values}}]}).encode()
+
+
+def test_binary_data_over_limit_served(server):
+    """As in Triton, the limit bounds the JSON header, not the binary tensor
+    data after it (L0_large_payload's 1.9 GB tensor with the default 64 MiB
+    limit): 1 MiB of data through a 4 KiB limit."""
+    header, raw = binary_header(1 << 18), np.arange(1 << 18, dtype=np.float32).tobytes()
+    status, body = post(server, header + raw,
+                        {"Inference-Header-Content-Length": str(len(header))})
+    assert status == 200, body
+    assert body["outputs"][0]["shape"] == [1, 1 << 18]
+
+
+def test_binary_body_over_cap_refused_at_once(server):
+    """Binary bodies are bounded by the larger of the limit and INT32_MAX
+    (Triton's largest gRPC message): a declared 3 GiB body (L0_large_payload's
+    3 GB case) is refused from its headers, and the client reads why."""
+    header = binary_header(3 << 28)
+    total = len(header) + (3 << 30)
+    with socket.create_connection(("127.0.0.1", server.http_port), timeout=30) as sock:
+        sock.sendall(head(server, b"Inference-Header-Content-Length: %d\r\n" % len(header),
+                          total) + header + b"\0" * 100000)
+        status, body = read_reply(sock)
+    assert status == 400
+    assert body["error"] == (f"request size of {total} bytes exceeds the maximum allowed size "
+                             "of 2147483647 bytes for a request with binary data. Use "
+                             "--http-max-input-size to increase the limit.")
+    assert served(server)
