@@ -340,7 +340,10 @@ static void on_connection(void *cls, struct MHD_Connection *mc, void **socket_co
         MHD_get_connection_info(mc, MHD_CONNECTION_INFO_CONNECTION_FD);
     int fd = ci ? ci->connect_fd : -1;
     s = calloc(1, sizeof *s);
-    if (s) s->ctx.draining = &srv->draining;
+    if (s) {
+        s->ctx.draining = &srv->draining;
+        s->fd = fd; /* even when shut below: refuse_mid_body writes to it */
+    }
     *socket_context = s;
     pthread_mutex_lock(&srv->conns_lock);
     if (s) {
@@ -362,7 +365,6 @@ static void on_connection(void *cls, struct MHD_Connection *mc, void **socket_co
         if (s) s->shut = true;
         if (fd >= 0) shutdown(fd, SHUT_RDWR);
     } else {
-        s->fd = fd;
         srv->n_open++;
         idle_append(srv, s);
     }
@@ -573,7 +575,7 @@ static enum MHD_Result refuse_mid_body(http_conn_t *c, nereid_error_t *err)
     body_drop(c);
     c->body_pad = 0;
     conn_slot_t *s = conn_slot(c->mhd);
-    if (c->srv->tls || !s || s->shut) {
+    if (c->srv->tls || !s || s->fd < 0) {
         c->error = err;
         c->close = true;
         return MHD_YES;
@@ -596,7 +598,9 @@ static enum MHD_Result refuse_mid_body(http_conn_t *c, nereid_error_t *err)
     free(json.data);
     free(reply.data);
     nereid_error_free(err);
-    s->linger = ok; /* a reply cut short cannot be taken back: closed at once */
+    /* A reply cut short (or a socket we shut meanwhile, where the send
+     * fails) cannot be taken back: closed at once. */
+    s->linger = ok;
     quiet_abort = true;
     return MHD_NO;
 }
