@@ -7,13 +7,15 @@ nereid binary given, each N and each round it starts the binary on the
 repository (all models loaded at start-up) and measures the time from exec
 to /v2/health/ready answering 200 (polled every 2 ms), the server's CPU
 time until then, its RSS and thread count at ready, and that one request to
-the last model answers. The binaries take turns within a round (the order
-alternates between rounds) so both sides see the same machine load; medians
-over rounds are printed at the end.
+the last model answers; with --serve-all also the RSS after one request to
+every model (what the models' first runs add). With --no-config the models
+have no config.pbtxt: the server autocompletes them (two instances each,
+dynamic batching). The binaries take turns within a round (the order
+alternates between rounds) so both sides see the same machine load;
+medians over rounds are printed at the end.
 
     bench/bench_scale_distinct.py [-n 100 1000] [-r 5] [--hidden 64] [--no-config]
-                                  [--keep DIR]
-                                  [BINARY ...] [-- nereid flags]
+                                  [--serve-all] [--keep DIR] [BINARY ...] [-- nereid flags]
 
 BINARY defaults to this tree's build/nereid; each binary runs with the
 backends directory next to it (<build>/backends). Run with Debian's
@@ -121,7 +123,7 @@ REQUEST = ('{"inputs":[{"name":"INPUT0","datatype":"FP32","shape":[1,16],'
            '"data":[0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15]}]}')
 
 
-def one_run(binary, repo, n, extra):
+def one_run(binary, repo, n, extra, serve_all=False):
     port = free_port()
     build = os.path.dirname(os.path.abspath(binary))
     argv = [binary, f"--model-repository={repo}", f"--backend-directory={build}/backends",
@@ -138,6 +140,17 @@ def one_run(binary, repo, n, extra):
         cpu = cpu_seconds(proc.pid)
         rss, threads = proc_status(proc.pid)
         ok = get(port, f"/v2/models/mlp_{n - 1:04d}/infer", REQUEST) == 200
+        served = None
+        if serve_all:  # one request to every model, on one connection
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+            for i in range(n):
+                c.request("POST", f"/v2/models/mlp_{i:04d}/infer", body=REQUEST,
+                          headers={"Content-Type": "application/json"})
+                r = c.getresponse()
+                r.read()
+                ok = ok and r.status == 200
+            c.close()
+            served = proc_status(proc.pid)[0]
     finally:
         proc.send_signal(signal.SIGINT)
         try:
@@ -145,7 +158,7 @@ def one_run(binary, repo, n, extra):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-    return ready, cpu, rss, threads, ok
+    return ready, cpu, rss, threads, served, ok
 
 
 def main():
@@ -161,6 +174,8 @@ def main():
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--no-config", action="store_true",
                     help="no config.pbtxt: the server autocompletes each model's config")
+    ap.add_argument("--serve-all", action="store_true",
+                    help="after ready, one request to every model, then the RSS again")
     ap.add_argument("--keep", help="write the repositories under this directory and keep them")
     args = ap.parse_args(argv)
     base = args.keep or tempfile.mkdtemp(prefix="nereid-bench-distinct-")
@@ -174,25 +189,29 @@ def main():
                 print(f"# {n} models, {size / n / 1024:.1f} KiB each, in {repos[n]}", flush=True)
         print(f"# load average before: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f}")
         print(f"{'binary':40} {'N':>5} {'round':>5} {'ready s':>8} {'cpu s':>7} "
-              f"{'RSS MiB':>8} {'threads':>7}", flush=True)
+              f"{'RSS MiB':>8} {'threads':>7}{' served MiB' if args.serve_all else ''}",
+              flush=True)
         for r in range(args.rounds):
             order = args.binaries if r % 2 == 0 else args.binaries[::-1]
             for n in args.n:
                 for b in order:
-                    ready, cpu, rss, threads, ok = one_run(b, repos[n], n, extra)
-                    results.setdefault((b, n), []).append((ready, cpu, rss, threads))
+                    ready, cpu, rss, threads, served, ok = one_run(b, repos[n], n, extra,
+                                                                   args.serve_all)
+                    results.setdefault((b, n), []).append((ready, cpu, rss, threads, served or 0))
                     print(f"{b:40} {n:5} {r:5} {ready:8.3f} {cpu:7.2f} {rss:8.1f} {threads:7}"
-                          f"{'' if ok else '  (request to the last model failed)'}", flush=True)
+                          f"{f' {served:8.1f}' if served else ''}"
+                          f"{'' if ok else '  (a request failed)'}", flush=True)
         print(f"# load average after: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f}")
         print(f"\nmedians over {args.rounds} rounds:")
         print(f"{'binary':40} {'N':>5} {'ready s':>8} {'cpu s':>7} {'RSS MiB':>8} {'threads':>7} "
-              f"{'ms/model':>9} {'KiB/model':>9}")
+              f"{'ms/model':>9} {'KiB/model':>9}{' served MiB' if args.serve_all else ''}")
         for n in args.n:
             for b in args.binaries:
                 rows = results[(b, n)]
                 med = [statistics.median(col) for col in zip(*rows)]
                 print(f"{b:40} {n:5} {med[0]:8.3f} {med[1]:7.2f} {med[2]:8.1f} {med[3]:7.0f} "
-                      f"{med[0] * 1e3 / n:9.2f} {med[2] * 1024 / n:9.1f}")
+                      f"{med[0] * 1e3 / n:9.2f} {med[2] * 1024 / n:9.1f}"
+                      f"{f' {med[4]:10.1f}' if args.serve_all else ''}")
     finally:
         if not args.keep:
             shutil.rmtree(base, ignore_errors=True)

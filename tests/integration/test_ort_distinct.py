@@ -12,8 +12,6 @@ import os
 import numpy as np
 import requests
 
-from conftest import ROOT  # noqa: F401  (the fixtures' module)
-
 KIB = 1 << 10
 
 
