@@ -13,10 +13,17 @@
  * The models are bench/bench_scale_distinct.py's (MLPs 16->64->4):
  *   bench/bench_scale_distinct.py -n 1000 -r 1 --keep /tmp/distinct
  *   build/bench/bench_ort_session /tmp/distinct/n1000 [N [rounds]]   (default 1000, 3)
+ *
+ * With --concurrent it runs a model file ([8,16] FP32 in, [8,4] out, as
+ * those MLPs) from two threads, on two sessions and on one, in turns over
+ * rounds, and prints the wall time per run: what instances that share a
+ * session (the backend's default) pay against sessions of their own.
+ *   build/bench/bench_ort_session --concurrent model.onnx [runs per thread]
  * The runtime is build/backends/libonnxruntime.so.1 (run from the repository
  * root), or NEREID_ORT_LIBRARY.
  */
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -167,13 +174,86 @@ static void measure(const variant_t *v, const char *dir, int n, double *out)
     out[4] = run_us;
 }
 
+static double wall_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+typedef struct {
+    OrtSession *session;
+    const OrtMemoryInfo *info;
+    int runs;
+} runner_t;
+
+static void *run_batches(void *arg)
+{
+    runner_t *r = arg;
+    float in[8 * 16] = {0}, out[8 * 4];
+    const int64_t in_shape[2] = {8, 16}, out_shape[2] = {8, 4};
+    const char *in_name = "INPUT0", *out_name = "OUTPUT0";
+    for (int k = 0; k < r->runs; k++) {
+        OrtValue *vi, *vo;
+        check(api.CreateTensorWithDataAsOrtValue(r->info, in, sizeof in, in_shape, 2,
+                                                 ORT_ELEM_FLOAT, &vi));
+        check(api.CreateTensorWithDataAsOrtValue(r->info, out, sizeof out, out_shape, 2,
+                                                 ORT_ELEM_FLOAT, &vo));
+        check(api.Run(r->session, NULL, &in_name, (const OrtValue *const *)&vi, 1, &out_name, 1,
+                      &vo));
+        api.ReleaseValue(vi);
+        api.ReleaseValue(vo);
+    }
+    return NULL;
+}
+
+/* Two threads on two sessions, then on one, in turns; medians over rounds. */
+static int concurrent(const char *model, int runs)
+{
+    OrtThreadingOptions *tp;
+    OrtEnv *env;
+    check(api.CreateThreadingOptions(&tp));
+    check(api.SetGlobalSpinControl(tp, 0));
+    check(api.CreateEnvWithGlobalThreadPools(ORT_LOG_WARNING, "bench", tp, &env));
+    api.ReleaseThreadingOptions(tp);
+    OrtMemoryInfo *info;
+    check(api.CreateCpuMemoryInfo(ORT_ARENA_ALLOCATOR, ORT_MEM_TYPE_DEFAULT, &info));
+    OrtSessionOptions *o;
+    check(api.CreateSessionOptions(&o));
+    check(api.DisablePerSessionThreads(o));
+    OrtSession *s[2];
+    check(api.CreateSession(env, model, o, &s[0]));
+    check(api.CreateSession(env, model, o, &s[1]));
+    enum { ROUNDS = 7 };
+    double us[2][ROUNDS];
+    for (int r = 0; r < ROUNDS; r++)
+        for (int one = 0; one < 2; one++) {
+            runner_t w[2] = {{s[0], info, runs}, {s[one ? 0 : 1], info, runs}};
+            pthread_t t[2];
+            double t0 = wall_s();
+            for (int i = 0; i < 2; i++)
+                if (pthread_create(&t[i], NULL, run_batches, &w[i]) != 0) return 1;
+            for (int i = 0; i < 2; i++)
+                pthread_join(t[i], NULL);
+            us[one][r] = (wall_s() - t0) / (2.0 * runs) * 1e6;
+        }
+    for (int one = 0; one < 2; one++) {
+        qsort(us[one], ROUNDS, sizeof(double), cmp_double);
+        printf("two threads, %s: %.2f us a run (median of %d rounds of %d runs a thread)\n",
+               one ? "one session " : "two sessions", us[one][ROUNDS / 2], ROUNDS, runs);
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
-        fprintf(stderr, "usage: %s MODELS_DIR [N]\n", argv[0]);
+        fprintf(stderr, "usage: %s MODELS_DIR [N [rounds]] | --concurrent MODEL [runs]\n", argv[0]);
         return 2;
     }
+    bool conc = argc > 2 && !strcmp(argv[1], "--concurrent");
     int n = argc > 2 ? atoi(argv[2]) : 1000, rounds = argc > 3 ? atoi(argv[3]) : 3;
+    if (conc) n = rounds = 1;
     if (n < 1 || rounds < 1) return 2;
     const char *lib = getenv("NEREID_ORT_LIBRARY");
     char err[512];
@@ -182,6 +262,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_ort_session: %s\n", err);
         return 1;
     }
+    if (conc) return concurrent(argv[2], argc > 3 && atoi(argv[3]) > 0 ? atoi(argv[3]) : 20000);
     enum { N_VARIANTS = sizeof variants / sizeof variants[0] };
     size_t size = (size_t)rounds * N_VARIANTS * COLUMNS * sizeof(double);
     double *results = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
