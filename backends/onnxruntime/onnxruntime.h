@@ -29,13 +29,15 @@
 #define ORT_SHARE_MAX_BYTES ((size_t)1 << 31) /* protobuf's limit: larger files are not shared */
 #define ORT_DIGEST_BYTES 32                   /* SHA-256 */
 #define ORT_SHARED_BUCKETS 1024               /* the shared sessions' hash table */
-/* A model file up to this size runs without a memory arena of its own
+/* A model file up to this size, alone in its directory (no external data
+ * beside it), runs without a memory arena of its own
  * (unless its config sets enable_mem_arena): ONNX Runtime's arena touches
  * ~35 KiB per session at its first run and keeps it, which a thousand small
  * models pay a thousand times for allocations malloc serves as fast. */
 #define ORT_SMALL_MODEL_BYTES ((off_t)1 << 20)
-/* A model file up to this size whose config sets no optimization.graph
- * gets ONNX Runtime's basic graph optimizations instead of all of them
+/* A model file up to this size, alone in its directory, whose config sets
+ * no optimization.graph gets ONNX Runtime's basic graph optimizations
+ * instead of all of them
  * (Triton's default): see make_session_options. */
 #define ORT_TINY_MODEL_BYTES ((off_t)64 << 10)
 
@@ -105,6 +107,7 @@ typedef struct ort_model {
     char options_key[256]; /* the session options as text (the sharing key's second half) */
     bool unshared;         /* options that rule sharing out (own thread pools) */
     bool own_pools;        /* the model sets thread counts: sessions per instance */
+    bool alone;            /* the model file is alone in its directory (no external data) */
     char **seq_names;      /* owned names of sequence control/state tensors */
     size_t n_seq_names;
     json_t *config;    /* during model init: the config's JSON, parsed once per text */

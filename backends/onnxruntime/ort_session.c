@@ -16,6 +16,8 @@
 
 /* ---- model: session options from the config ----------------------------- */
 
+static bool alone_in_dir(const char *path);
+
 /* Triton's ParseIntValue. */
 nereid_error_t *parse_int(const char *value, int *out)
 {
@@ -76,9 +78,12 @@ nereid_error_t *make_session_options(ort_model_t *m, nereid_model_t *model)
 
     /* A tiny model whose config leaves the level to the backend gets the
      * basic optimizations: the extended and layout ones cost it ~20 % more
-     * session time and ~30 KiB more per session, for ~0.3 us a run. */
+     * session time and ~30 KiB more per session, for ~0.3 us a run. Only a
+     * file alone in its directory counts as small: beside other files it
+     * may keep its weights outside (ONNX external data). */
     struct stat st;
-    off_t size = stat(m->path, &st) == 0 ? st.st_size : ORT_SMALL_MODEL_BYTES + 1;
+    m->alone = alone_in_dir(m->path);
+    off_t size = m->alone && stat(m->path, &st) == 0 ? st.st_size : ORT_SMALL_MODEL_BYTES + 1;
     bool level_set;
     int level = graph_level(m, model, &level_set);
     if (!level_set && size <= ORT_TINY_MODEL_BYTES) level = -1;
@@ -272,14 +277,15 @@ void shared_release(ort_backend_t *b, ort_shared_t *e)
 }
 
 /* Shares the entry for the model's bytes and options when the model can
- * be shared (its file alone in its directory, no thread pools of its own);
+ * be shared (its file alone in its directory, m->alone, no thread pools of
+ * its own);
  * *session is then borrowed from the entry. Otherwise leaves m->shared NULL
  * and *session NULL: the model makes its session itself. */
 nereid_error_t *shared_open(ort_model_t *m, OrtSession **session)
 {
     ort_backend_t *b = m->backend;
     *session = NULL;
-    if (!b->share_sessions || m->unshared || !alone_in_dir(m->path)) return NULL;
+    if (!b->share_sessions || m->unshared || !m->alone) return NULL;
     uint8_t *data, digest[ORT_DIGEST_BYTES];
     size_t len;
     if (!read_model_file(m->path, &data, &len, digest)) return NULL;

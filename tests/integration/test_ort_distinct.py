@@ -41,7 +41,9 @@ def expected(inits, x):
     return np.maximum(x @ w1 + b1, 0) @ w2 + b2
 
 
-def make_repo(root, n, instances=1, extra=""):
+def make_repo(root, n, instances=1, extra="", sibling=False):
+    """n MLPs under root; with sibling, a file beside each model file (where
+    ONNX external data could be)."""
     weights = {}
     for i in range(n):
         name = f"mlp_{i:04d}"
@@ -49,6 +51,9 @@ def make_repo(root, n, instances=1, extra=""):
         data, weights[name] = mlp_bytes(i)
         with open(os.path.join(root, name, "1", "model.onnx"), "wb") as f:
             f.write(data)
+        if sibling:
+            with open(os.path.join(root, name, "1", "notes.txt"), "w") as f:
+                f.write("not the model's weights, but the server cannot know\n")
         with open(os.path.join(root, name, "config.pbtxt"), "w") as f:
             f.write(f'name: "{name}"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
                     'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 16 ] } ]\n'
@@ -108,17 +113,21 @@ def test_a_models_instances_share_its_session(nereid_server, tmp_path):
 def test_tiny_models_defaults_and_what_a_config_asks(nereid_server, tmp_path):
     """200 tiny models with default configs against the same models whose
     configs ask for all graph optimizations (optimization.graph.level 0,
-    Triton's default) or for ONNX Runtime's memory arena: each request
-    costs the memory it costs in ONNX Runtime (the extended optimizations
-    ~30 KiB a session, the arena ~35 KiB once it ran), so the default,
-    lighter, settings are not applied over the config's."""
+    Triton's default) or for ONNX Runtime's memory arena, and against the
+    same models with a file beside each model file (it might hold external
+    weights: the file's size then says nothing): each costs the memory it
+    costs in ONNX Runtime (the extended optimizations ~30 KiB a session,
+    the arena ~35 KiB once it ran), so the default, lighter, settings are
+    not applied over the config's, nor to a model that may be large."""
     n = 200
-    default, level, arena = (str(tmp_path / d) for d in ("default", "level", "arena"))
+    default, level, arena, beside = (str(tmp_path / d)
+                                     for d in ("default", "level", "arena", "beside"))
     weights = make_repo(default, n)
     make_repo(level, n, extra="optimization { graph { level: 0 } }\n")
     make_repo(arena, n, extra='parameters { key: "enable_mem_arena" '
                               'value: { string_value: "true" } }\n')
+    make_repo(beside, n, sibling=True)
     light = serve_all(nereid_server, default, weights)
-    for repo in (level, arena):
+    for repo in (level, arena, beside):
         heavy = serve_all(nereid_server, repo, weights)
         assert heavy - light >= n * 12 * KIB, (repo, light / KIB, heavy / KIB)
