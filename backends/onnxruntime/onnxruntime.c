@@ -9,13 +9,15 @@
  *
  * One OrtEnv per backend, with the intra-op and inter-op thread pools that
  * all sessions share unless their model sets its own thread counts; one
- * OrtSession per instance (the session made at model init to read the
- * model's inputs and outputs is handed to the first instance). Inputs are wrapped around the core's
- * buffers without a copy; outputs whose shape is known before the run (static dims plus the batch
- * dimension) are bound to the core's output buffers so ONNX Runtime writes
- * straight into them, other outputs are allocated by ONNX Runtime and copied.
- * Should a model's declared output shape prove wrong, that run fails and the
- * instance stops binding outputs.
+ * OrtSession per model, made at model init, that its instances run on
+ * (ONNX Runtime's Run is thread-safe) and that models with identical bytes
+ * share; a model with thread pools of its own, or every model with
+ * share-sessions=0, gets one session per instance as in Triton (the one
+ * from model init goes to the first instance). Inputs are wrapped around
+ * the core's buffers without a copy; outputs whose shape is known before the run (static dims plus
+ * the batch dimension) are bound to the core's output buffers so ONNX Runtime writes straight into
+ * them, other outputs are allocated by ONNX Runtime and copied. Should a model's declared output
+ * shape prove wrong, that run fails and the instance stops binding outputs.
  *
  * Here: loading the runtime, the backend, model and instance entry points.
  * Session options and shared sessions are ort_session.c, the config against
@@ -420,12 +422,10 @@ NEREID_EXPORT nereid_error_t *nereid_backend_instance_init(nereid_instance_t *in
         instance_free(s);
         return nereid_error_new(NEREID_ERROR_INTERNAL, "out of memory");
     }
-    if (m->shared) {
-        nereid_error_t *err = shared_instance_session(m, &s->session);
-        if (err) {
-            instance_free(s);
-            return err;
-        }
+    if (m->shared || (!m->own_pools && m->backend->share_sessions)) {
+        /* One session for all the model's instances (ONNX Runtime's Run is
+         * thread-safe; they share the environment's pools either way). */
+        s->session = m->shared ? m->shared->session : m->spare;
         s->borrowed = true;
         nereid_instance_set_state(instance, s);
         return NULL;

@@ -28,21 +28,30 @@
 #define ORT_DEFAULT_MAX_BATCH_SIZE 4          /* Triton's default-max-batch-size */
 #define ORT_SHARE_MAX_BYTES ((size_t)1 << 31) /* protobuf's limit: larger files are not shared */
 #define ORT_DIGEST_BYTES 32                   /* SHA-256 */
+#define ORT_SHARED_BUCKETS 1024               /* the shared sessions' hash table */
+/* A model file up to this size, alone in its directory (no external data
+ * beside it), runs without a memory arena of its own
+ * (unless its config sets enable_mem_arena): ONNX Runtime's arena touches
+ * ~35 KiB per session at its first run and keeps it, which a thousand small
+ * models pay a thousand times for allocations malloc serves as fast. */
+#define ORT_SMALL_MODEL_BYTES ((off_t)1 << 20)
+/* A model file up to this size, alone in its directory, whose config sets
+ * no optimization.graph gets ONNX Runtime's basic graph optimizations
+ * instead of all of them
+ * (Triton's default): see make_session_options. */
+#define ORT_TINY_MODEL_BYTES ((off_t)64 << 10)
 
-/* Sessions shared by models whose model file bytes and session options are
- * identical (the same model copied into many tenants' directories): slot i
- * serves instance i of each such model, so a model's instances still run on
- * sessions of their own, and a thousand copies of one model cost one
- * session per instance slot. ONNX Runtime's Run is thread-safe, so
- * instances of different models may run one session at once. */
+/* A session shared by models whose model file bytes and session options
+ * are identical (the same model copied into many tenants' directories):
+ * the instances of each such model run on it (ONNX Runtime's Run is
+ * thread-safe), so a thousand copies of one model cost one session. */
 typedef struct ort_shared {
-    struct ort_shared *next;
+    struct ort_shared *next;          /* in its bucket of the backend's table */
     uint8_t digest[ORT_DIGEST_BYTES]; /* SHA-256 of the model file */
     char *options_key;                /* the session options, as text */
     int refs;                         /* models using it; under the backend's shared_lock */
-    pthread_mutex_t lock;             /* guards sessions and their creation */
-    OrtSession **sessions;            /* slot i: NULL until an instance i needs it */
-    size_t n_sessions;
+    pthread_mutex_t lock;             /* guards session's creation */
+    OrtSession *session;              /* NULL until the first model has made it */
 } ort_shared_t;
 
 typedef struct ort_backend {
@@ -53,8 +62,8 @@ typedef struct ort_backend {
     bool global_pools;       /* sessions share the env's pools (enable-global-threadpool) */
     bool share_sessions;     /* identical models share sessions (share-sessions) */
     pthread_mutex_t shared_lock;
-    ort_shared_t *shared;  /* list, under shared_lock */
-    char load_error[1024]; /* non-empty when the runtime is unavailable */
+    ort_shared_t *shared[ORT_SHARED_BUCKETS]; /* by digest, under shared_lock */
+    char load_error[1024];                    /* non-empty when the runtime is unavailable */
 } ort_backend_t;
 
 /* One model input or output as the session declares it. */
@@ -90,12 +99,15 @@ typedef struct ort_model {
     int *input_elem_types;
     ort_output_t *outputs;
     pthread_mutex_t lock;
-    OrtSession *spare;     /* session from model init, taken by the first instance */
-    ort_shared_t *shared;  /* non-NULL: instances borrow this entry's sessions */
-    size_t next_slot;      /* the shared slot the next instance takes (under lock) */
+    /* The session made at model init, unless shared: the model's instances
+     * borrow it, or with pools of their own (own_pools) or share-sessions=0
+     * the first instance takes it and each other instance makes its own. */
+    OrtSession *spare;
+    ort_shared_t *shared;  /* non-NULL: instances borrow this entry's session */
     char options_key[256]; /* the session options as text (the sharing key's second half) */
     bool unshared;         /* options that rule sharing out (own thread pools) */
-    bool own_pools;        /* its sessions start thread pools of their own */
+    bool own_pools;        /* the model sets thread counts: sessions per instance */
+    bool alone;            /* the model file is alone in its directory (no external data) */
     char **seq_names;      /* owned names of sequence control/state tensors */
     size_t n_seq_names;
     json_t *config;    /* during model init: the config's JSON, parsed once per text */
@@ -105,7 +117,7 @@ typedef struct ort_model {
 typedef struct ort_instance {
     ort_model_t *model;
     OrtSession *session;
-    bool borrowed;   /* session belongs to the model's shared entry */
+    bool borrowed;   /* session belongs to the model or its shared entry */
     bool no_prebind; /* a bound output's shape once disagreed: let ORT allocate */
     /* Per-execute scratch, grown as needed and reused. */
     OrtValue **in_values;
@@ -146,7 +158,6 @@ nereid_error_t *make_session_options(ort_model_t *m, nereid_model_t *model);
 nereid_error_t *ort_build_session(ort_model_t *m, const void *data, size_t len, OrtSession **out);
 void shared_release(ort_backend_t *b, ort_shared_t *e);
 nereid_error_t *shared_open(ort_model_t *m, OrtSession **session);
-nereid_error_t *shared_instance_session(ort_model_t *m, OrtSession **session);
 
 /* ---- ort_config.c ---- */
 

@@ -17,6 +17,8 @@
 
 /* ---- model: session options from the config ----------------------------- */
 
+static bool alone_in_dir(const char *path);
+
 /* Triton's ParseIntValue. */
 nereid_error_t *parse_int(const char *value, int *out)
 {
@@ -45,12 +47,14 @@ nereid_error_t *parse_bool(const char *value, bool *out)
                             value);
 }
 
-/* config.optimization.graph.level, 0 when absent. */
-static int graph_level(ort_model_t *m, const nereid_model_t *model)
+/* config.optimization.graph.level, 0 when absent; *set: whether the config
+ * has optimization.graph at all. */
+static int graph_level(ort_model_t *m, const nereid_model_t *model, bool *set)
 {
     json_t *root = config_of(m, model);
-    json_t *level =
-        json_object_get(json_object_get(json_object_get(root, "optimization"), "graph"), "level");
+    json_t *graph = json_object_get(json_object_get(root, "optimization"), "graph");
+    json_t *level = json_object_get(graph, "level");
+    *set = json_is_object(graph);
     int v = 0;
     if (json_is_integer(level))
         v = (int)json_integer_value(level);
@@ -73,7 +77,17 @@ nereid_error_t *make_session_options(ort_model_t *m, nereid_model_t *model)
     const ort_api_t *api = &m->backend->api;
     ORT_TRY(api, api->CreateSessionOptions(&m->options));
 
-    int level = graph_level(m, model);
+    /* A tiny model whose config leaves the level to the backend gets the
+     * basic optimizations: the extended and layout ones cost it ~20 % more
+     * session time and ~30 KiB more per session, for ~0.3 us a run. Only a
+     * file alone in its directory counts as small: beside other files it
+     * may keep its weights outside (ONNX external data). */
+    struct stat st;
+    m->alone = alone_in_dir(m->path);
+    off_t size = m->alone && stat(m->path, &st) == 0 ? st.st_size : ORT_SMALL_MODEL_BYTES + 1;
+    bool level_set;
+    int level = graph_level(m, model, &level_set);
+    if (!level_set && size <= ORT_TINY_MODEL_BYTES) level = -1;
     char level_text[16];
     snprintf(level_text, sizeof(level_text), "%d", level);
     key_add(m, "level", level_text);
@@ -127,6 +141,9 @@ nereid_error_t *make_session_options(ort_model_t *m, nereid_model_t *model)
     if ((v = nereid_model_parameter(model, "enable_mem_arena"))) {
         if ((err = parse_bool(v, &on))) return err;
         ORT_TRY(api, on ? api->EnableCpuMemArena(m->options) : api->DisableCpuMemArena(m->options));
+    } else if (size <= ORT_SMALL_MODEL_BYTES) {
+        key_add(m, "small", "1");
+        ORT_TRY(api, api->DisableCpuMemArena(m->options));
     }
     if ((v = nereid_model_parameter(model, "enable_mem_pattern"))) {
         if ((err = parse_bool(v, &on))) return err;
@@ -196,36 +213,19 @@ static bool read_model_file(const char *path, uint8_t **data, size_t *len,
     return true;
 }
 
-/* Creates slot's session from the bytes the entry's digest was taken of
- * (data, or the file read again and checked against the digest), so what a
- * model gets is what its bytes say, even if the file changes meanwhile. With
- * entry->lock held. */
-static nereid_error_t *shared_fill_slot(ort_model_t *m, ort_shared_t *e, size_t slot,
-                                        const uint8_t *data, size_t len)
+/* Creates the entry's session from the bytes the entry's digest was taken
+ * of, so what a model gets is what its bytes say, even if the file changes
+ * meanwhile. With entry->lock held. */
+static nereid_error_t *shared_fill(ort_model_t *m, ort_shared_t *e, const uint8_t *data, size_t len)
 {
-    if (slot >= e->n_sessions) {
-        OrtSession **grown = realloc(e->sessions, (slot + 1) * sizeof(*grown));
-        if (!grown) return nereid_error_new(NEREID_ERROR_INTERNAL, "out of memory");
-        for (size_t i = e->n_sessions; i <= slot; i++)
-            grown[i] = NULL;
-        e->sessions = grown;
-        e->n_sessions = slot + 1;
-    }
-    if (e->sessions[slot]) return NULL;
-    uint8_t *own = NULL;
-    if (!data) {
-        uint8_t digest[ORT_DIGEST_BYTES];
-        if (!read_model_file(m->path, &own, &len, digest) ||
-            memcmp(digest, e->digest, sizeof(digest)) != 0) {
-            free(own);
-            return nereid_error_new(NEREID_ERROR_UNAVAILABLE,
-                                    "model file '%s' changed while its model was loading", m->path);
-        }
-        data = own;
-    }
-    nereid_error_t *err = ort_build_session(m, data, len, &e->sessions[slot]);
-    free(own);
-    return err;
+    if (e->session) return NULL;
+    return ort_build_session(m, data, len, &e->session);
+}
+
+/* The bucket of a digest (SHA-256: its first bytes are as good as any). */
+static size_t shared_bucket(const uint8_t digest[ORT_DIGEST_BYTES])
+{
+    return ((size_t)digest[0] | (size_t)digest[1] << 8) % ORT_SHARED_BUCKETS;
 }
 
 typedef struct session_call {
@@ -262,8 +262,9 @@ nereid_error_t *ort_build_session(ort_model_t *m, const void *data, size_t len, 
 static ort_shared_t *shared_acquire(ort_backend_t *b, const uint8_t digest[ORT_DIGEST_BYTES],
                                     const char *options_key)
 {
+    ort_shared_t **bucket = &b->shared[shared_bucket(digest)];
     pthread_mutex_lock(&b->shared_lock);
-    ort_shared_t *e = b->shared;
+    ort_shared_t *e = *bucket;
     while (e &&
            (memcmp(e->digest, digest, ORT_DIGEST_BYTES) || strcmp(e->options_key, options_key)))
         e = e->next;
@@ -275,8 +276,8 @@ static ort_shared_t *shared_acquire(ort_backend_t *b, const uint8_t digest[ORT_D
             e = NULL;
         } else {
             pthread_mutex_init(&e->lock, NULL);
-            e->next = b->shared;
-            b->shared = e;
+            e->next = *bucket;
+            *bucket = e;
         }
     }
     if (e) e->refs++;
@@ -290,30 +291,29 @@ void shared_release(ort_backend_t *b, ort_shared_t *e)
     pthread_mutex_lock(&b->shared_lock);
     bool last = --e->refs == 0;
     if (last)
-        for (ort_shared_t **p = &b->shared; *p; p = &(*p)->next)
+        for (ort_shared_t **p = &b->shared[shared_bucket(e->digest)]; *p; p = &(*p)->next)
             if (*p == e) {
                 *p = e->next;
                 break;
             }
     pthread_mutex_unlock(&b->shared_lock);
     if (!last) return;
-    for (size_t i = 0; i < e->n_sessions; i++)
-        if (e->sessions[i]) b->api.ReleaseSession(e->sessions[i]);
-    free(e->sessions);
+    if (e->session) b->api.ReleaseSession(e->session);
     free(e->options_key);
     pthread_mutex_destroy(&e->lock);
     free(e);
 }
 
-/* Shares slot 0 of the entry for the model's bytes and options when the
- * model can be shared (its file alone in its directory, no thread pools of
- * its own); *session is then borrowed from the entry. Otherwise leaves
- * m->shared NULL and *session NULL: the model makes sessions of its own. */
+/* Shares the entry for the model's bytes and options when the model can
+ * be shared (its file alone in its directory, m->alone, no thread pools of
+ * its own);
+ * *session is then borrowed from the entry. Otherwise leaves m->shared NULL
+ * and *session NULL: the model makes its session itself. */
 nereid_error_t *shared_open(ort_model_t *m, OrtSession **session)
 {
     ort_backend_t *b = m->backend;
     *session = NULL;
-    if (!b->share_sessions || m->unshared || !alone_in_dir(m->path)) return NULL;
+    if (!b->share_sessions || m->unshared || !m->alone) return NULL;
     uint8_t *data, digest[ORT_DIGEST_BYTES];
     size_t len;
     if (!read_model_file(m->path, &data, &len, digest)) return NULL;
@@ -323,8 +323,8 @@ nereid_error_t *shared_open(ort_model_t *m, OrtSession **session)
         return nereid_error_new(NEREID_ERROR_INTERNAL, "out of memory");
     }
     pthread_mutex_lock(&e->lock);
-    nereid_error_t *err = shared_fill_slot(m, e, 0, data, len);
-    if (!err) *session = e->sessions[0];
+    nereid_error_t *err = shared_fill(m, e, data, len);
+    if (!err) *session = e->session;
     pthread_mutex_unlock(&e->lock);
     free(data);
     if (err) {
@@ -332,20 +332,5 @@ nereid_error_t *shared_open(ort_model_t *m, OrtSession **session)
         return err;
     }
     m->shared = e;
-    m->next_slot = 0;
     return NULL;
-}
-
-/* The session of the model's next instance slot, borrowed from its entry. */
-nereid_error_t *shared_instance_session(ort_model_t *m, OrtSession **session)
-{
-    pthread_mutex_lock(&m->lock);
-    size_t slot = m->next_slot++;
-    pthread_mutex_unlock(&m->lock);
-    ort_shared_t *e = m->shared;
-    pthread_mutex_lock(&e->lock);
-    nereid_error_t *err = shared_fill_slot(m, e, slot, NULL, 0);
-    *session = err ? NULL : e->sessions[slot];
-    pthread_mutex_unlock(&e->lock);
-    return err;
 }

@@ -211,6 +211,7 @@ static void instance_free(instance_t *in)
     free(in->death);
     free(in->rq_error);
     python_api_free(in->api);
+    pthread_mutex_destroy(&in->life_mu);
     pthread_mutex_destroy(&in->mu);
     pthread_cond_destroy(&in->cv);
     free(in);
@@ -229,6 +230,7 @@ static instance_t *instance_new(const char *name, nereid_model_t *model)
     in->kickfd = -1;
     in->rbuf = malloc(RECV_MAX);
     if (!in->rbuf) abort();
+    pthread_mutex_init(&in->life_mu, NULL);
     pthread_mutex_init(&in->mu, NULL);
     pthread_cond_init(&in->cv, NULL);
     in->api = python_api_new();
@@ -470,6 +472,9 @@ NEREID_EXPORT nereid_error_t *nereid_backend_instance_init(nereid_instance_t *in
         return e;
     }
     msg_free(ready);
+    pthread_mutex_lock(&in->mu);
+    in->restartable = true; /* from now on a dead worker is restarted at once */
+    pthread_mutex_unlock(&in->mu);
     in->model_instances = &ms->instances;
     atomic_fetch_add(&ms->instances, 1);
     nereid_instance_set_state(instance, in);
@@ -481,6 +486,7 @@ NEREID_EXPORT nereid_error_t *nereid_backend_instance_fini(nereid_instance_t *in
     instance_t *in = nereid_instance_state(instance);
     if (!in) return NULL;
     atomic_fetch_sub(in->model_instances, 1);
+    worker_closing(in); /* a restart under way ends first */
     if (in->reader_running) {
         /* finalize() runs in the worker; a worker that does not answer in
          * time is killed. */

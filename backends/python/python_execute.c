@@ -458,22 +458,17 @@ static void encode_request(instance_t *in, model_state_t *ms, nereid_batch_t *ba
     }
 }
 
-NEREID_EXPORT nereid_error_t *nereid_backend_execute(nereid_instance_t *instance,
-                                                     nereid_batch_t *batch)
+static nereid_error_t *execute_locked(instance_t *in, nereid_batch_t *batch)
 {
-    instance_t *in = nereid_instance_state(instance);
     size_t n = nereid_batch_request_count(batch);
     pthread_mutex_lock(&in->mu);
     bool dead = in->dead;
     pthread_mutex_unlock(&in->mu);
     if (dead || !in->reader_running) {
-        /* The worker died since the last call: start a new one. */
-        worker_stop(in);
-        msg_t *ready;
-        nereid_error_t *e = worker_start(in, in->init_json, &ready);
+        /* The worker died and its restart (python_worker.c, "Restarts")
+         * failed or has not run yet: start a new one now. */
+        nereid_error_t *e = worker_restart(in);
         if (e) return e;
-        msg_free(ready);
-        plog('I', "python backend: restarted the worker of '%s'", in->name);
     }
     outmsg_t om = {0};
     bwr_t w = {0};
@@ -542,4 +537,15 @@ NEREID_EXPORT nereid_error_t *nereid_backend_execute(nereid_instance_t *instance
     msg_free(m);
     nereid_batch_report_compute(batch, input_end, infer_end);
     return NULL;
+}
+
+/* One execute at a time with a restart of the worker (life_mu). */
+NEREID_EXPORT nereid_error_t *nereid_backend_execute(nereid_instance_t *instance,
+                                                     nereid_batch_t *batch)
+{
+    instance_t *in = nereid_instance_state(instance);
+    pthread_mutex_lock(&in->life_mu);
+    nereid_error_t *e = execute_locked(in, batch);
+    pthread_mutex_unlock(&in->life_mu);
+    return e;
 }

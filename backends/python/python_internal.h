@@ -123,7 +123,9 @@ typedef struct instance {
 
     spin_state_t spin; /* spin-wait (python_spin.c; execute's thread only) */
 
-    pthread_mutex_t mu; /* guards what follows */
+    pthread_mutex_t life_mu; /* an execute, a restart or fini at a time: the worker is
+                                replaced under it (python_worker.c, "Restarts") */
+    pthread_mutex_t mu;      /* guards what follows */
     pthread_cond_t cv;
     /* The worker's state and the socket's reading (python_worker.c,
      * python_reader.c) */
@@ -141,6 +143,13 @@ typedef struct instance {
     bool bg_in_recv;      /* the reader thread is receiving */
     bool reaped;          /* the worker was killed and waited for */
     bool aborted; /* ended by the core's progress watchdog (nereid_backend_instance_abort) */
+    /* Restarts (python_worker.c, "Restarts"): a worker that dies is replaced
+     * at once, on a thread of its own, under life_mu */
+    bool restartable;    /* the instance is initialized: a death is restarted */
+    bool restart_queued; /* a restart thread exists (fini waits for it) */
+    bool restarting;     /* a restart runs: not ready */
+    bool restart_failed; /* the last restart failed: not ready until one succeeds */
+    bool closing;        /* fini began: no restart */
     /* The execute in flight and decoupled senders (python_execute.c) */
     sender_slot_t *senders;
     uint64_t next_sender;
@@ -203,6 +212,8 @@ void worker_stop(instance_t *in);
 void zygote_end(backend_state_t *st);
 nereid_error_t *worker_start(instance_t *in, const char *init_json, msg_t **ready);
 nereid_error_t *worker_init(instance_t *in, const char *init_json, msg_t **ready);
+nereid_error_t *worker_restart(instance_t *in);
+void worker_closing(instance_t *in);
 
 /* Reading the worker's socket: the reader thread, execute's own reading, readiness checks that read
  * (python_reader.c). */

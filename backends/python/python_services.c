@@ -190,7 +190,7 @@ NEREID_EXPORT nereid_error_t *nereid_backend_instance_ready(nereid_instance_t *i
     instance_t *in = nereid_instance_state(instance);
     if (!in) return NULL;
     pthread_mutex_lock(&in->mu);
-    if (in->dead) {
+    if (in->dead || in->restarting || in->restart_failed) { /* until a restart succeeded */
         pthread_mutex_unlock(&in->mu);
         return nereid_error_new(NEREID_ERROR_INTERNAL, "Stub process '%s' is not healthy.",
                                 in->name);

@@ -8,8 +8,7 @@
  * thread waits on for a reply (expect_reply, wait_reply), and the worker's
  * end: worker_died when it died or misbehaved (its requests and decoupled
  * senders fail: "Stub process ... is not healthy"), worker_stop when the
- * server ends it. A worker that died is started again by the next execute
- * (python_execute.c).
+ * server ends it, and its restart (worker_restart, "Restarts" below).
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -55,6 +54,95 @@ nereid_error_t *unhealthy(instance_t *in)
     return e;
 }
 
+/* ---- Restarts ----
+ *
+ * A worker that dies (killed, crashed, ended by the progress watchdog, or
+ * ended for a protocol error) is replaced as soon as its death is seen, by
+ * the reader thread's hang-up or by execute, not on the next request: a
+ * thread of its own takes life_mu (so it waits for an execute in flight to
+ * return) and starts a new worker with the instance's INIT. Until that
+ * succeeded the instance answers not ready (nereid_backend_instance_ready:
+ * dead, restarting or restart_failed), and with it the model and, under
+ * --strict-readiness, the server. A failed restart is logged and keeps
+ * the instance not ready; the next execute tries again. A worker ended on
+ * purpose — at fini (closing), or a restart's own failed start
+ * (restarting) — or one that never served (restartable false) is not
+ * restarted. */
+
+static void *restart_main(void *arg)
+{
+    instance_t *in = arg;
+    pthread_mutex_lock(&in->life_mu);
+    pthread_mutex_lock(&in->mu);
+    bool go = !in->closing && (in->dead || !in->reader_running); /* execute did not already */
+    pthread_mutex_unlock(&in->mu);
+    if (go) nereid_error_free(worker_restart(in));
+    pthread_mutex_unlock(&in->life_mu);
+    pthread_mutex_lock(&in->mu);
+    in->restart_queued = false;
+    pthread_cond_broadcast(&in->cv);
+    pthread_mutex_unlock(&in->mu);
+    return NULL;
+}
+
+/* Queues a restart of in's dead worker unless one is queued or runs, or
+ * the worker's end was meant. */
+static void restart_soon(instance_t *in)
+{
+    pthread_mutex_lock(&in->mu);
+    bool go = in->restartable && !in->closing && !in->restarting && !in->restart_queued;
+    if (go) in->restart_queued = true;
+    pthread_mutex_unlock(&in->mu);
+    if (!go) return;
+    plog('E', "python backend: the worker of '%s' ended; restarting it (not ready until then)",
+         in->name);
+    pthread_t t;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    int rc = pthread_create(&t, &attr, restart_main, in);
+    pthread_attr_destroy(&attr);
+    if (rc != 0) { /* the next execute restarts it */
+        pthread_mutex_lock(&in->mu);
+        in->restart_queued = false;
+        pthread_cond_broadcast(&in->cv);
+        pthread_mutex_unlock(&in->mu);
+    }
+}
+
+/* Replaces the dead worker (the caller holds life_mu: the restart thread
+ * or execute). NULL when the new worker is ready. */
+nereid_error_t *worker_restart(instance_t *in)
+{
+    pthread_mutex_lock(&in->mu);
+    in->restarting = true;
+    pthread_mutex_unlock(&in->mu);
+    worker_stop(in);
+    msg_t *ready = NULL;
+    nereid_error_t *e = worker_start(in, in->init_json, &ready);
+    msg_free(ready);
+    pthread_mutex_lock(&in->mu);
+    in->restarting = false;
+    in->restart_failed = e != NULL;
+    pthread_mutex_unlock(&in->mu);
+    if (e)
+        plog('E', "python backend: restarting the worker of '%s' failed: %s", in->name,
+             nereid_error_message(e));
+    else
+        plog('I', "python backend: restarted the worker of '%s'", in->name);
+    return e;
+}
+
+/* fini: no restart from now on; waits for a restart thread to end. */
+void worker_closing(instance_t *in)
+{
+    pthread_mutex_lock(&in->mu);
+    in->closing = true;
+    while (in->restart_queued)
+        pthread_cond_wait(&in->cv, &in->mu);
+    pthread_mutex_unlock(&in->mu);
+}
+
 /* The worker is gone or misbehaved: end it (once) and everything it held. */
 void worker_died(instance_t *in, const char *why)
 {
@@ -84,6 +172,7 @@ void worker_died(instance_t *in, const char *why)
     in->senders = NULL;
     pthread_cond_broadcast(&in->cv);
     pthread_mutex_unlock(&in->mu);
+    if (first) restart_soon(in);
     while (senders) {
         sender_slot_t *next = senders->next;
         nereid_error_free(

@@ -223,14 +223,17 @@ static void unload_deps(nereid_server_t *s, const char *key, char **deps, size_t
 
 /* ---- Public control API ---- */
 
+/* Triton's LoadModel/UnloadModel: refused with "Server not ready" once the
+ * server is not ready (a graceful exit began: SIGTERM during
+ * --exit-timeout-secs, or it stops), before the control mode is looked at. */
 static nereid_error_t *check_explicit(nereid_server_t *s)
 {
+    nereid_error_t *refused = server_exit_refusal(s);
+    if (refused) return refused;
     if (s->opts.model_control_mode != NEREID_MODEL_CONTROL_EXPLICIT)
         return nereid_error_new(NEREID_ERROR_UNAVAILABLE,
                                 "explicit model load / unload is not allowed if polling is "
                                 "enabled");
-    if (atomic_load(&s->stopping))
-        return nereid_error_new(NEREID_ERROR_UNAVAILABLE, "Server not ready");
     return NULL;
 }
 
@@ -446,11 +449,13 @@ static bool steps_moved(nereid_server_t *s, const model_entry_t *e)
 void repository_poll(nereid_server_t *s)
 {
     pthread_mutex_lock(&s->control);
-    if (atomic_load(&s->stopping)) {
+    nereid_error_t *err = server_exit_refusal(s); /* Triton polls only while ready */
+    if (err) {
+        nereid_error_free(err);
         pthread_mutex_unlock(&s->control);
         return;
     }
-    nereid_error_t *err = remote_repo_sync(s, NULL); /* object storage */
+    err = remote_repo_sync(s, NULL); /* object storage */
     if (err) {
         LOG_ERROR("%s", nereid_error_message(err));
         nereid_error_free(err);

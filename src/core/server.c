@@ -277,11 +277,15 @@ bool nereid_server_is_live(nereid_server_t *s)
     return s && !s->init_failed && !atomic_load(&s->stopping);
 }
 
+static bool model_instances_ready(model_t *m);
+
 bool nereid_server_is_ready(nereid_server_t *s)
 {
     if (!s || s->init_failed || atomic_load(&s->stopping) || atomic_load(&s->exiting)) return false;
     if (!s->opts.strict_readiness) return true;
     bool ready = true;
+    model_t **serving = NULL; /* the READY versions (a reference each) */
+    size_t n_serving = 0;
     pthread_rwlock_rdlock(&s->lock);
     for (size_t i = 0; i < s->n_models && ready; i++) {
         const model_entry_t *e = s->models[i];
@@ -290,14 +294,26 @@ bool nereid_server_is_ready(nereid_server_t *s)
             continue;
         /* Triton: a version that is not ready because it was unloaded is fine */
         for (size_t v = 0; v < e->n_versions; v++) {
-            ready &= e->versions[v].state == MODEL_READY ||
-                     (e->versions[v].reason && strcmp(e->versions[v].reason, "unloaded") == 0);
-            /* --model-progress-timeout-secs: a wedged model cannot serve */
-            ready &= !(e->versions[v].model && atomic_load(&e->versions[v].model->wedged));
+            const version_entry_t *ve = &e->versions[v];
+            ready &=
+                ve->state == MODEL_READY || (ve->reason && strcmp(ve->reason, "unloaded") == 0);
+            if (ready && ve->state == MODEL_READY && ve->model) {
+                serving = xrealloc(serving, (n_serving + 1) * sizeof *serving);
+                model_ref(ve->model);
+                serving[n_serving++] = ve->model;
+            }
         }
         ready &= e->state == MODEL_READY;
     }
     pthread_rwlock_unlock(&s->lock);
+    /* Triton (core #473): a READY version must also pass the model's
+     * readiness check (model_instances_ready: not wedged, every instance
+     * ready, e.g. its Python worker alive), asked outside the lock. */
+    for (size_t i = 0; i < n_serving; i++) {
+        ready = ready && model_instances_ready(serving[i]);
+        model_unref(serving[i]);
+    }
+    free(serving);
     return ready;
 }
 
@@ -655,10 +671,19 @@ static bool model_instances_ready(model_t *m)
     return ready;
 }
 
+nereid_error_t *server_exit_refusal(nereid_server_t *s)
+{
+    if (atomic_load(&s->stopping) || atomic_load(&s->exiting))
+        return nereid_error_new(NEREID_ERROR_UNAVAILABLE, "Server not ready");
+    return NULL;
+}
+
 nereid_error_t *nereid_server_model_is_ready(nereid_server_t *s, const char *model, int64_t version,
                                              bool *ready_out)
 {
     *ready_out = false;
+    nereid_error_t *refused = server_exit_refusal(s);
+    if (refused) return refused;
     model_t *m;
     nereid_error_t *err = server_lookup_model(s, model, version, &m);
     if (err) {
@@ -732,6 +757,9 @@ static int cmp_ns_entry(const void *a, const void *b)
 
 nereid_error_t *nereid_server_repository_index(nereid_server_t *s, bool ready_only, char **json_out)
 {
+    *json_out = NULL;
+    nereid_error_t *refused = server_exit_refusal(s);
+    if (refused) return refused;
     json_t *arr = json_array();
     pthread_rwlock_rdlock(&s->lock);
     model_entry_t **order = s->models;

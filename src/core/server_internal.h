@@ -64,4 +64,10 @@ struct nereid_server {
     struct watchdog *watchdog;         /* --model-progress-timeout-secs, or NULL */
 };
 
+/* Triton's ModelIsReady, RepositoryIndex, LoadModel and UnloadModel:
+ * UNAVAILABLE "Server not ready" once the server is not ready because it
+ * exits (a graceful exit began: nereid_server_begin_exit, or it stops);
+ * NULL otherwise. */
+nereid_error_t *server_exit_refusal(nereid_server_t *s);
+
 #endif

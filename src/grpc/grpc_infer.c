@@ -14,6 +14,7 @@
 
 #include <grpc/slice.h>
 #include <grpc/support/alloc.h>
+#include <grpc/support/time.h>
 
 #include "grpc/grpc_internal.h"
 #include "grpc/infer_codec.h"
@@ -95,6 +96,31 @@ static void start_trace(gfe_unary_call_t *c, const char *model, nereid_request_t
     if (c->trace) nereid_request_set_trace(req, c->trace);
 }
 
+/* The call's deadline (the client's grpc-timeout) becomes the request's
+ * timeout, as the "timeout" parameter does (the earlier of the two wins):
+ * the request leaves any queue by it and fails with the timed-out error,
+ * counted with reason REJECTED, even while every instance is busy. A
+ * deadline already past leaves 1 µs. Nereid extension: Triton leaves such a
+ * request queued (#7532). */
+static void apply_deadline(const gfe_unary_call_t *c, const Inference__ModelInferRequest *msg,
+                           nereid_request_t *req)
+{
+    gpr_timespec dl = gpr_convert_clock_type(c->deadline, GPR_CLOCK_MONOTONIC);
+    if (gpr_time_cmp(dl, gpr_inf_future(GPR_CLOCK_MONOTONIC)) >= 0) return; /* none */
+    gpr_timespec left = gpr_time_sub(dl, gpr_now(GPR_CLOCK_MONOTONIC));
+    if (left.tv_sec > 100LL * 365 * 86400) return; /* as good as none */
+    int64_t us = left.tv_sec < 0 ? 0 : (int64_t)left.tv_sec * 1000000 + left.tv_nsec / 1000;
+    if (us < 1) us = 1;
+    for (size_t i = 0; i < msg->n_parameters; i++) {
+        const Inference__InferParameter *p = msg->parameters[i]->value;
+        if (strcmp(msg->parameters[i]->key, "timeout") == 0 && p != NULL &&
+            p->parameter_choice_case == INFERENCE__INFER_PARAMETER__PARAMETER_CHOICE_INT64_PARAM &&
+            p->int64_param > 0 && p->int64_param <= us)
+            return; /* the parameter's is earlier */
+    }
+    nereid_request_set_timeout_us(req, (uint64_t)us);
+}
+
 /* Triton checks the model's transaction policy first (after the version):
  * unary ModelInfer cannot carry a decoupled model's responses. */
 static nereid_error_t *refuse_decoupled(nereid_server_t *server,
@@ -138,6 +164,7 @@ void gfe_model_infer(gfe_unary_call_t *c, const uint8_t *data, size_t len)
         start_trace(c, u->msg->model_name, req);
     }
     if (err == NULL) {
+        apply_deadline(c, u->msg, req);
         /* Triton cancels the inference when the client cancels the call. */
         nereid_cancel_token_t *token = nereid_cancel_token_new();
         nereid_request_set_cancel_token(req, token);

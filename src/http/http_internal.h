@@ -21,6 +21,7 @@
 #include "http/http_common.h"
 #include "http/http_server.h"
 #include "http/infer_parse.h"
+#include "http/linger.h"
 #include "http/mem_trim.h"
 
 #define HEADER_IHCL "Inference-Header-Content-Length"
@@ -92,7 +93,8 @@ typedef struct conn_slot {
     struct conn_slot *all_prev, *all_next; /* http_server.all_conns links */
     atomic_bool receiving;                 /* a request started and its body is not all there yet */
     int fd;
-    bool shut; /* shut down by us (evicted or refused); MHD closes it */
+    bool shut;   /* shut down by us (evicted or refused); MHD closes it */
+    bool linger; /* refused mid-upload: lingering close (linger.h) when MHD closes it */
 } conn_slot_t;
 
 struct http_server {
@@ -100,6 +102,7 @@ struct http_server {
     struct MHD_Daemon *daemon;
     const restricted_apis_t *restricted; /* --http-restricted-api; NULL = none */
     tls_pem_t pem;                       /* HTTPS key material, kept while the daemon runs */
+    bool tls;                            /* HTTPS */
     bool tls_mutual;                     /* require and verify a client certificate */
     header_forward_t *header_forward;    /* --http-header-forward-pattern; NULL = off */
     size_t max_input_size;
@@ -123,6 +126,7 @@ struct http_server {
     nereid_shm_registry_t *shm; /* borrowed; NULL = client shared memory off */
     close_watch_t *close_watch; /* cancels inferences whose client closed; may be NULL */
     mem_trim_t *mem_trim;       /* returns freed heap pages when idle; may be NULL */
+    lingerer_t *linger;         /* lingering close of refused uploads; may be NULL */
 };
 
 /* One output buffer from the response allocator; data follows the header. */
@@ -154,6 +158,7 @@ typedef struct http_conn {
     size_t header_len;     /* Inference-Header-Content-Length or NONE */
     size_t content_length; /* declared body size (0 if none), to size the body once */
     size_t n_pieces;       /* small body pieces MHD handed us (see MAX_CHUNKS) */
+    uint64_t dropped;      /* body bytes read and discarded (a refused body) */
     bool chunked;          /* Transfer-Encoding: chunked */
     bool close;            /* reply to error with Connection: close */
     /* inference */

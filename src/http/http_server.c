@@ -6,15 +6,20 @@
  *
  * MHD rules kept here: no response is queued on the first handler call
  * except the early body-size refusal (which should close the connection);
- * suspended connections are all resumed before MHD_stop_daemon.
+ * suspended connections are all resumed before MHD_stop_daemon. A request
+ * refused while its body may still be coming ends in a lingering close
+ * (linger.h), not a reset.
  */
 #include "http/http_server.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <gnutls/gnutls.h>
 #include <malloc.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -182,6 +187,15 @@ static enum MHD_Result reply_forbidden(http_conn_t *c)
     return http_queue_error(c->mhd, 403, msg);
 }
 
+/* The largest body of binary tensor data after a JSON header (when over
+ * --http-max-input-size): Triton bounds only the JSON header by the flag
+ * (EVBufferToJson) and reads binary data whatever its size, so a 1.9 GB
+ * tensor reaches the model with the default flag (L0_large_payload, and
+ * L0_backend_python's 1 GiB test_growth_error); Nereid bounds the whole body by the size of
+ * Triton's largest gRPC message (INT32_MAX, common.h), which its
+ * L0_large_payload's 3 GB HTTP request fails to fit too. */
+#define HTTP_BINARY_BODY_MAX ((size_t)INT32_MAX)
+
 /* Reads the framing headers of an infer request and checks the declared
  * sizes before any body byte is read. */
 static void infer_headers(http_conn_t *c)
@@ -219,6 +233,9 @@ static void infer_headers(http_conn_t *c)
             return;
         }
     }
+    bool binary = c->header_len != INFER_HEADER_LENGTH_NONE && c->header_len > 0 &&
+                  c->encoding == HTTP_ENCODING_IDENTITY;
+    if (binary && max < HTTP_BINARY_BODY_MAX) c->limit = max = HTTP_BINARY_BODY_MAX;
     /* With Transfer-Encoding: chunked the Content-Length means nothing. */
     const char *cl = c->chunked ? NULL
                                 : MHD_lookup_connection_value(c->mhd, MHD_HEADER_KIND,
@@ -236,12 +253,15 @@ static void infer_headers(http_conn_t *c)
     if (cl && declared > max)
         c->error = nereid_error_new(
             NEREID_ERROR_INVALID_ARG,
-            c->header_len == 0 ? "Raw input has a byte_size (%llu bytes) that exceeds the maximum "
-                                 "allowed value of %zu bytes. Use --http-max-input-size to "
-                                 "increase the limit."
-                               : "request JSON size of %llu bytes exceeds the maximum allowed "
-                                 "input size of %zu bytes. Use --http-max-input-size to "
-                                 "increase the limit.",
+            binary ? "request size of %llu bytes exceeds the maximum allowed size of %zu bytes "
+                     "for a request with binary data. Use --http-max-input-size to increase "
+                     "the limit."
+            : c->header_len == 0 ? "Raw input has a byte_size (%llu bytes) that exceeds the "
+                                   "maximum allowed value of %zu bytes. Use "
+                                   "--http-max-input-size to increase the limit."
+                                 : "request JSON size of %llu bytes exceeds the maximum allowed "
+                                   "input size of %zu bytes. Use --http-max-input-size to "
+                                   "increase the limit.",
             declared, max);
 }
 
@@ -296,7 +316,12 @@ static void on_connection(void *cls, struct MHD_Connection *mc, void **socket_co
         s->all_prev->all_next = s->all_next;
         s->all_next->all_prev = s->all_prev;
         if (!s->shut) srv->n_open--;
+        bool linger = s->linger && !s->shut;
         pthread_mutex_unlock(&srv->conns_lock);
+        /* MHD has written the reply and shut the write side, and closes
+         * its fd after this call: a copy keeps the socket open while the
+         * client's remaining bytes are discarded. */
+        if (linger) linger_add(srv->linger, fcntl(s->fd, F_DUPFD_CLOEXEC, 0));
         free(s);
         return;
     }
@@ -315,7 +340,10 @@ static void on_connection(void *cls, struct MHD_Connection *mc, void **socket_co
         MHD_get_connection_info(mc, MHD_CONNECTION_INFO_CONNECTION_FD);
     int fd = ci ? ci->connect_fd : -1;
     s = calloc(1, sizeof *s);
-    if (s) s->ctx.draining = &srv->draining;
+    if (s) {
+        s->ctx.draining = &srv->draining;
+        s->fd = fd; /* even when shut below: refuse_mid_body writes to it */
+    }
     *socket_context = s;
     pthread_mutex_lock(&srv->conns_lock);
     if (s) {
@@ -337,7 +365,6 @@ static void on_connection(void *cls, struct MHD_Connection *mc, void **socket_co
         if (s) s->shut = true;
         if (fd >= 0) shutdown(fd, SHUT_RDWR);
     } else {
-        s->fd = fd;
         srv->n_open++;
         idle_append(srv, s);
     }
@@ -496,6 +523,88 @@ static int body_reserve(http_conn_t *c, size_t want)
     return sbuf_reserve(&c->body, want);
 }
 
+/* A reply queued before the body is read: MHD closes the connection after
+ * it, and the client, maybe still sending, gets a lingering close. */
+static void refuse_early(http_conn_t *c)
+{
+    c->refused = true;
+    conn_slot_t *s = conn_slot(c->mhd);
+    if (s) s->linger = true;
+}
+
+/* Set just before on_request returns MHD_NO on purpose (refuse_mid_body):
+ * MHD then logs "Application reported internal error" on this thread, which
+ * mhd_log leaves out. */
+static _Thread_local bool quiet_abort;
+
+static void mhd_log(void *cls, const char *fmt, va_list ap)
+{
+    (void)cls;
+    char line[512];
+    va_list copy;
+    va_copy(copy, ap);
+    vsnprintf(line, sizeof line, fmt, copy);
+    va_end(copy);
+    bool expected = quiet_abort && strstr(line, "Application reported internal error");
+    quiet_abort = false;
+    if (!expected) vfprintf(stderr, fmt, ap);
+}
+
+static bool send_all(int fd, const char *p, size_t n)
+{
+    while (n) {
+        ssize_t w = send(fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return false;
+        p += w, n -= (size_t)w;
+    }
+    return true;
+}
+
+/* Refuses a body in its middle (a chunked body over the limit, or with too
+ * many chunks), as Triton does: the reply now, then the connection closes.
+ * MHD 0.9.75 queues no reply once a body has started (only in the headers
+ * or whole-request states), so the reply is written to the socket here (MHD
+ * has nothing of its own to send while it reads a body, and a reply this
+ * small fits the empty send buffer) and MHD_NO has MHD close the
+ * connection: a lingering close. Over TLS no byte can bypass MHD: the rest
+ * of the body is read and dropped (up to LINGER_MAX_BYTES) and the reply
+ * comes after it, with Connection: close. Takes err. */
+static enum MHD_Result refuse_mid_body(http_conn_t *c, nereid_error_t *err)
+{
+    body_drop(c);
+    c->body_pad = 0;
+    conn_slot_t *s = conn_slot(c->mhd);
+    if (c->srv->tls || !s || s->fd < 0) {
+        c->error = err;
+        c->close = true;
+        return MHD_YES;
+    }
+    unsigned status = http_status_from_code(nereid_error_code(err));
+    const char *msg = nereid_error_message(err);
+    sbuf_t json = {0}, reply = {0};
+    char head[200];
+    bool ok = !sbuf_append_str(&json, "{\"error\":") &&
+              !sbuf_append_json_string(&json, msg, strlen(msg)) && !sbuf_append_str(&json, "}");
+    if (ok) {
+        const char *reason = MHD_get_reason_phrase_for(status);
+        snprintf(head, sizeof head,
+                 "HTTP/1.1 %u %s\r\nContent-Type: application/json\r\nConnection: close\r\n"
+                 "Content-Length: %zu\r\n\r\n",
+                 status, reason ? reason : "", json.len);
+        ok = !sbuf_append_str(&reply, head) && !sbuf_append(&reply, json.data, json.len) &&
+             send_all(s->fd, reply.data, reply.len);
+    }
+    free(json.data);
+    free(reply.data);
+    nereid_error_free(err);
+    /* A reply cut short (or a socket we shut meanwhile, where the send
+     * fails) cannot be taken back: closed at once. */
+    s->linger = ok;
+    quiet_abort = true;
+    return MHD_NO;
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const char *url,
                                   const char *method, const char *version, const char *upload_data,
                                   size_t *upload_data_size, void **con_cls)
@@ -517,7 +626,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
         const char *bad = framing_error(mc, &status, buf, sizeof buf);
         if (!bad && nul_url) status = 400, bad = "invalid URL: it contains a NUL byte (%00)";
         if (bad) {
-            c->refused = true;
+            refuse_early(c);
             return http_queue_error_close(mc, status, bad);
         }
         c->chunked = MHD_lookup_connection_value(mc, MHD_HEADER_KIND,
@@ -533,7 +642,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
             if (c->error && !c->unsupported_encoding) {
                 nereid_error_t *err = c->error;
                 c->error = NULL;
-                c->refused = true;
+                refuse_early(c);
                 return http_queue_nereid_error(mc, err);
             }
         } else if (c->route >= 0) {
@@ -546,7 +655,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
             if (declared > srv->max_input_size) {
                 char msg[200];
                 json_size_text(msg, sizeof msg, declared, srv->max_input_size);
-                c->refused = true;
+                refuse_early(c);
                 return http_queue_error_close(mc, 400, msg);
             }
         }
@@ -555,32 +664,32 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
     if (*upload_data_size) {
         size_t n = *upload_data_size;
         *upload_data_size = 0;
-        if (c->route < 0 || c->error || c->refused || c->forbidden) return MHD_YES; /* discard */
-        if (c->chunked && n < CHUNK_PIECE_SMALL && ++c->n_pieces > MAX_CHUNKS) {
-            /* Read (and drop) the rest: MHD 0.9.75 cannot reply mid-body. */
-            body_drop(c);
-            c->close = true;
-            c->error = nereid_error_new(NEREID_ERROR_INVALID_ARG,
-                                        "Chunked request body exceeds maximum of %d non-empty "
-                                        "chunks. Send fewer or larger HTTP chunks.",
-                                        MAX_CHUNKS);
-            return MHD_YES;
+        if (c->route < 0 || c->error || c->refused || c->forbidden) {
+            /* discarded, up to a bound */
+            c->dropped += n;
+            if (c->dropped <= LINGER_MAX_BYTES) return MHD_YES;
+            quiet_abort = true;
+            return MHD_NO;
         }
+        if (c->chunked && n < CHUNK_PIECE_SMALL && ++c->n_pieces > MAX_CHUNKS)
+            return refuse_mid_body(c, nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                                       "Chunked request body exceeds maximum of "
+                                                       "%d non-empty chunks. Send fewer or larger "
+                                                       "HTTP chunks.",
+                                                       MAX_CHUNKS));
         size_t used = c->body.data ? c->body.len - c->body_pad : 0;
         if (used + n > c->limit) {
-            size_t max = srv->max_input_size;
+            size_t max = c->limit;
             char msg[200];
             json_size_text(msg, sizeof msg, used + n, max);
-            c->error = c->route == ROUTE_MODEL_INFER || c->route == ROUTE_MODEL_INFER_V
-                           ? nereid_error_new(NEREID_ERROR_INVALID_ARG,
-                                              "request size exceeds the maximum allowed input "
-                                              "size of %zu bytes. Use --http-max-input-size to "
-                                              "increase the limit.",
-                                              max)
-                           : nereid_error_new(NEREID_ERROR_INVALID_ARG, "%s", msg);
-            body_drop(c);
-            c->body_pad = 0;
-            return MHD_YES;
+            return refuse_mid_body(
+                c, c->route == ROUTE_MODEL_INFER || c->route == ROUTE_MODEL_INFER_V
+                       ? nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                          "request size exceeds the maximum allowed input "
+                                          "size of %zu bytes. Use --http-max-input-size to "
+                                          "increase the limit.",
+                                          max)
+                       : nereid_error_new(NEREID_ERROR_INVALID_ARG, "%s", msg));
         }
         if (!c->body.data &&
             (body_reserve(c, c->body_pad + (c->content_length > n ? c->content_length : n)) ||
@@ -706,6 +815,7 @@ nereid_error_t *http_server_start(nereid_server_t *core, const http_options_t *o
             return err;
         }
         srv->tls_mutual = opts->tls.mutual;
+        srv->tls = true;
     }
     if (opts->header_forward_pattern) {
         char *why = NULL;
@@ -752,6 +862,7 @@ nereid_error_t *http_server_start(nereid_server_t *core, const http_options_t *o
         MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG | MHD_USE_ITC;
     if (ipv6) flags |= MHD_USE_IPv6;
     srv->close_watch = close_watch_start();
+    srv->linger = linger_start();
     if (opts->tls.use_ssl) flags |= MHD_USE_TLS;
     /* The TLS options come first; MHD_OPTION_END right after them when off. */
     struct MHD_OptionItem tls_opts[] = {
@@ -765,15 +876,17 @@ nereid_error_t *http_server_start(nereid_server_t *core, const http_options_t *o
         {MHD_OPTION_END, 0, NULL},
     };
     srv->daemon = MHD_start_daemon(
-        flags, (uint16_t)opts->port, NULL, NULL, on_request, srv, MHD_OPTION_ARRAY,
-        opts->tls.use_ssl ? tls_opts : tls_opts + 3, MHD_OPTION_ARRAY, reuse_opts,
-        MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss, MHD_OPTION_NOTIFY_COMPLETED, on_completed,
-        srv, MHD_OPTION_NOTIFY_CONNECTION, on_connection, srv, MHD_OPTION_URI_LOG_CALLBACK, on_uri,
-        srv, MHD_OPTION_CONNECTION_LIMIT, mhd_limit, MHD_OPTION_CONNECTION_TIMEOUT,
+        flags, (uint16_t)opts->port, NULL, NULL, on_request, srv, MHD_OPTION_EXTERNAL_LOGGER,
+        mhd_log, NULL, MHD_OPTION_ARRAY, opts->tls.use_ssl ? tls_opts : tls_opts + 3,
+        MHD_OPTION_ARRAY, reuse_opts, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
+        MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv, MHD_OPTION_NOTIFY_CONNECTION, on_connection,
+        srv, MHD_OPTION_URI_LOG_CALLBACK, on_uri, srv, MHD_OPTION_CONNECTION_LIMIT, mhd_limit,
+        MHD_OPTION_CONNECTION_TIMEOUT,
         (unsigned)(opts->idle_timeout_secs > 0 ? opts->idle_timeout_secs : 0),
         MHD_OPTION_THREAD_POOL_SIZE, threads, MHD_OPTION_END);
     if (!srv->daemon) {
         close_watch_stop(srv->close_watch);
+        linger_stop(srv->linger);
         mem_trim_release(srv->mem_trim);
         pthread_mutex_destroy(&srv->conns_lock);
         pthread_mutex_destroy(&srv->lock);
@@ -850,6 +963,7 @@ void http_server_stop(http_server_t *srv)
     if (srv->quiesced_fd >= 0) close(srv->quiesced_fd);
     par_stop();
     close_watch_stop(srv->close_watch);
+    linger_stop(srv->linger);
     mem_trim_release(srv->mem_trim);
     pthread_mutex_destroy(&srv->conns_lock);
     pthread_mutex_destroy(&srv->lock);

@@ -5,8 +5,10 @@ an execution that does not end fails with Triton's timed-out error (HTTP
 still runs, never executes, and counts in
 nv_inference_request_failure{reason="REJECTED"}; on the default scheduler
 and on a Python model. A gRPC unary call whose client deadline passes
-while its request is queued (Triton #7532) has the request cancelled:
-it never executes and counts with reason CANCELED.
+while its request is queued (Triton #7532): the deadline is the request's
+timeout, so the request fails at it (reason REJECTED); a call the client
+cancels has its request cancelled: it never executes and counts with
+reason CANCELED.
 
 The blocking execution ends when the test creates a file; outcomes are
 asserted, never durations (a deadline only guards against hangs)."""
@@ -180,28 +182,67 @@ def test_grpc_timeout_in_default_queue(server, tmp_path):
         assert executions(s, "slow") == 1
 
 
-def test_grpc_deadline_cancels_queued_unary_call(server, tmp_path):
+def test_grpc_deadline_is_the_request_timeout(server, tmp_path):
     """Triton #7532: a sync client that gave up leaves its request queued.
-    Here the call's deadline cancels it: it never executes. The server
-    hears of the passed deadline a moment after the client does (gRPC's
-    cancellation, on its own thread), and a cancelled request leaves the
+    Here the call's deadline is the request's timeout, as the "timeout"
+    parameter: the queued request fails at the deadline while A still
+    executes (A is released only after that), never executes, and counts
+    with reason REJECTED, not CANCELED."""
+    s = server
+    with grpc.insecure_channel(s.grpc_addr) as ch:
+        stub = pbg.GRPCInferenceServiceStub(ch)
+        fut = stub.ModelInfer.future(slow_request(1, blocking_params(tmp_path)), timeout=60)
+        wait_for(lambda: os.path.exists(tmp_path / "started"), "A did not start")
+        call = stub.ModelInfer.future(slow_request(2), timeout=1)
+        with pytest.raises(grpc.RpcError) as e:
+            call.result()
+        assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        # The server's timer takes it out of the queue, A still running.
+        wait_for(lambda: failures(s, "slow", "REJECTED") == 1, "the queued call did not time out")
+        assert pending_requests(s, "slow") == 0
+        assert not fut.done()
+        (tmp_path / "release").write_text("")
+        assert fut.result().id == "r1"
+        assert failures(s, "slow", "CANCELED") == 0
+        assert executions(s, "slow") == 1
+        # A deadline with time left changes nothing; nor does a later one
+        # with an earlier timeout parameter (that one wins).
+        assert stub.ModelInfer(slow_request(3), timeout=30).id == "r3"
+
+
+def test_grpc_deadline_with_earlier_timeout_parameter(server, tmp_path):
+    s = server
+    with grpc.insecure_channel(s.grpc_addr) as ch:
+        stub = pbg.GRPCInferenceServiceStub(ch)
+        fut = stub.ModelInfer.future(slow_request(1, blocking_params(tmp_path)), timeout=60)
+        wait_for(lambda: os.path.exists(tmp_path / "started"), "A did not start")
+        with pytest.raises(grpc.RpcError) as e:
+            stub.ModelInfer(slow_request(2, timeout_us=200000), timeout=60)
+        assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert e.value.details() == "Request timeout expired"
+        assert not fut.done()
+        (tmp_path / "release").write_text("")
+        assert fut.result().id == "r1"
+
+
+def test_grpc_cancel_removes_queued_unary_call(server, tmp_path):
+    """A unary call the client cancels while its request is queued: the
+    request never executes and counts with reason CANCELED. It leaves the
     queue when the instance looks at it: A is not released but ends at the
-    testing backend's 10 s bound, which leaves the cancellation seconds to
-    arrive instead of the moment between the client's error and a release."""
+    testing backend's 10 s bound, which leaves the cancellation (heard by
+    the server a moment after the client cancels) seconds to arrive."""
     s = server
     with grpc.insecure_channel(s.grpc_addr) as ch:
         stub = pbg.GRPCInferenceServiceStub(ch)
         a_params = {"wait_for_file": str(tmp_path / "never"), "started_file": str(tmp_path / "started")}
         fut = stub.ModelInfer.future(slow_request(1, a_params), timeout=60)
         wait_for(lambda: os.path.exists(tmp_path / "started"), "A did not start")
-        call = stub.ModelInfer.future(slow_request(2), timeout=2)
-        # Queued (the pending gauge stays 1 until the instance looks).
+        call = stub.ModelInfer.future(slow_request(2), timeout=60)
         wait_for(lambda: pending_requests(s, "slow") == 1, "B was not queued")
-        with pytest.raises(grpc.RpcError) as e:
-            call.result()
-        assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        call.cancel()
         assert fut.result().id == "r1"
         wait_for(lambda: failures(s, "slow", "CANCELED") == 1, "the queued call was not cancelled")
+        assert failures(s, "slow", "REJECTED") == 0
         assert executions(s, "slow") == 1
         assert stub.ModelInfer(slow_request(3), timeout=30).id == "r3"
 

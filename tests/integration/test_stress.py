@@ -915,9 +915,11 @@ def test_bodies_near_and_over_max_input_size(nereid_server, tmp_path):
                 fails.add(("at limit wrong output", i, j))
 
     def over_limit(i):
+        # the limit bounds the JSON header (binary data after it is not
+        # bounded by it, as in Triton): a header over it is refused
         sess = requests.Session()
         for j in range(3):
-            body, headers = exact_size_body(n, MAX + 1 + i * 1000)
+            body, headers = exact_size_body(16, MAX + 1 + i * 1000 + 64)
             r = sess.post(url, data=body, headers=headers, timeout=60)
             if r.status_code != 400 or "--http-max-input-size" not in r.json()["error"]:
                 fails.add(("over limit", r.status_code, r.text[:200]))
@@ -930,6 +932,14 @@ def test_bodies_near_and_over_max_input_size(nereid_server, tmp_path):
         t.join(timeout=60)
         assert not t.is_alive()
     assert fails.items == [], fails.items[:3]
+
+    # binary data over the limit after a small JSON header is served (Triton)
+    body, headers = exact_size_body(MAX // 2, MAX * 2 + 512)  # 2 MiB of data
+    r = requests.post(url, data=body, headers=headers, timeout=60)
+    assert r.status_code == 200, r.text[:200]
+    ihcl = int(r.headers["Inference-Header-Content-Length"])
+    assert np.array_equal(np.frombuffer(r.content[ihcl:], dtype=np.float32),
+                          np.arange(MAX // 2, dtype=np.float32))
 
     # a JSON (non-binary) body just under the limit is parsed and answered exactly
     vals = list(range(MAX // 9))
