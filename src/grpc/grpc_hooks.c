@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -31,7 +32,8 @@ static const struct {
                                       "Delaying InferResponseComplete by"},
 };
 
-static int hook_ms[GFE_HOOK_COUNT]; /* written once before the queue threads start */
+static int hook_ms[GFE_HOOK_COUNT]; /* written once, before any queue thread reads it */
+static pthread_once_t hooks_once = PTHREAD_ONCE_INIT;
 static _Atomic uint64_t next_id;
 
 static void log_error(const char *fmt, const char *env, const char *value)
@@ -64,10 +66,15 @@ static int parse_ms(const char *env)
     return (int)v;
 }
 
-void gfe_hooks_init(void)
+static void hooks_read(void)
 {
     for (int h = 0; h < GFE_HOOK_COUNT; h++)
         hook_ms[h] = parse_ms(hook_info[h].env);
+}
+
+void gfe_hooks_init(void)
+{
+    pthread_once(&hooks_once, hooks_read);
 }
 
 void gfe_hook_delay(gfe_hook_t hook)

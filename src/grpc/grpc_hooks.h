@@ -27,8 +27,8 @@ typedef enum gfe_hook {
     GFE_HOOK_COUNT
 } gfe_hook_t;
 
-/* Reads the environment (Triton's std::stoi parse: an unparsable value is
- * logged as an error and counts as 0). */
+/* Reads the environment, once per process (Triton's std::stoi parse: an
+ * unparsable value is logged as an error and counts as 0). */
 void gfe_hooks_init(void);
 
 /* Sleeps the hook's delay, after Triton's INFO line; no-op when unset. */
