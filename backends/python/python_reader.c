@@ -8,8 +8,9 @@
  * mailbox (deliver_reply), everything else — log lines, decoupled
  * responses, BLS calls, pb_utils calls, cancellation checks, readiness
  * answers — to its handler (dispatch). A socket error or a malformed
- * message ends the worker (worker_died). "Arming the reader" below says
- * how the socket passes between the reader thread and execute.
+ * message ends the worker (worker_died) before the thread that found it
+ * gives the socket up ("Ending the worker" below). "Arming the reader"
+ * says how the socket passes between the reader thread and execute.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -90,6 +91,16 @@ bool ready_pump(instance_t *in, uint64_t seen, const struct timespec *dl)
 }
 
 /* ---- The reader thread ---- */
+
+/* Ending the worker. The thread that finds the worker broken or misbehaving
+ * ends it (worker_died, which records the reason) while it still holds the
+ * socket, and a thread that takes the socket after that reads nothing more
+ * from it (in->reaped). Otherwise what the worker sent after the fault
+ * could be read by the other thread first and blamed instead: garbage sent
+ * by is_ready() while a check reads (ready_pump) fails the model's
+ * is_model_ready() call, its execute returns, and the reader thread, given
+ * the socket back, would read that DONE — expected by nobody — and end the
+ * worker for "an unexpected reply" before execute ends it for the garbage. */
 
 /* Handles a message that is not a reply (log, decoupled response,
  * cancellation check, BLS call), on whichever thread reads the socket.
@@ -232,6 +243,11 @@ void *reader_main(void *arg)
         in->armed = false; /* it fired */
         while (in->exec_reading)
             pthread_cond_wait(&in->cv, &in->mu);
+        if (in->reaped) { /* execute ended the worker: nothing more is read */
+            pthread_mutex_unlock(&in->mu);
+            why[0] = '\0';
+            break;
+        }
         in->bg_in_recv = true;
         pthread_mutex_unlock(&in->mu);
         msg_t *m;
@@ -246,16 +262,18 @@ void *reader_main(void *arg)
         tls_reading = NULL;
         msg_free(m);
         ok = ok && !pump_failed(in, why, sizeof why);
+        bool ended = rc != 2 && !ok;
+        if (ended) worker_died(in, why); /* before execute may read ("Ending the worker") */
         /* Only now may execute read: a decoupled sender's responses are sent
          * in order and never from two threads at once. */
         pthread_mutex_lock(&in->mu);
         in->bg_in_recv = false;
         if (rc == 1) in->eager_arm = true;
-        if (!in->exec_reading && (rc == 1 || rc == 2)) reader_arm_locked(in); /* the next one */
+        if (!in->exec_reading && !ended && (rc == 1 || rc == 2))
+            reader_arm_locked(in); /* the next one */
         pthread_cond_broadcast(&in->cv);
         pthread_mutex_unlock(&in->mu);
-        if (rc == 2) continue;
-        if (!ok) break;
+        if (ended) return NULL;
         why[0] = '\0';
     }
     worker_died(in, why);
@@ -344,7 +362,12 @@ msg_t *execute_read_done(instance_t *in, uint64_t spin_until_ns, bool *spun, boo
     }
     tls_reading = NULL;
     tls_exec_reading = false;
+    if (!done) { /* ended before the reader thread may read ("Ending the worker") */
+        pthread_mutex_lock(&in->mu);
+        if (in->reaped) why[0] = '\0'; /* the reader ended it: this read what was left */
+        pthread_mutex_unlock(&in->mu);
+        worker_died(in, why);
+    }
     exec_reading_end(in);
-    if (!done) worker_died(in, why);
     return done;
 }

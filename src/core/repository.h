@@ -42,6 +42,10 @@ typedef struct model_entry {
     int64_t override_ns; /* wall-clock ns of its last load with a config override (and no
                           * files), 0 if none: Triton's ModelTimestamp then counts the
                           * config as modified "now" */
+    bool poll_failed;    /* its last load failed reading or validating its config and it
+                          * serves nothing: Triton's poll leaves such a model out of its
+                          * model table (unknown to requests, not counted by strict
+                          * readiness) */
     bool removed;        /* poll: its directory left the repository; kept, unloaded, as
                           * Triton's lifecycle keeps it (requests: "has no available
                           * versions"), but no longer in the repository index */

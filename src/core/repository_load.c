@@ -184,7 +184,7 @@ static nereid_error_t *load_dependencies(nereid_server_t *s, const char *key, co
 }
 
 static void set_entry_failure(nereid_server_t *s, model_entry_t *e, const nereid_error_t *err,
-                              uint64_t sig)
+                              uint64_t sig, bool poll_failed)
 {
     pthread_rwlock_wrlock(&s->lock);
     e->tree_sig = sig;
@@ -203,6 +203,7 @@ static void set_entry_failure(nereid_server_t *s, model_entry_t *e, const nereid
         e->versions = NULL;
         e->n_versions = 0;
         e->state = MODEL_UNAVAILABLE;
+        e->poll_failed = poll_failed;
     }
     pthread_rwlock_unlock(&s->lock);
 }
@@ -285,6 +286,7 @@ typedef struct load_plan {
     /* plan_read */
     const char *load_dir; /* tmp, or dir */
     model_config_t *cfg;  /* NULL once the entry took it */
+    bool config_failed;   /* the config could not be read or validated (Triton: poll failed) */
     int64_t *chosen;      /* [k] versions the policy chooses */
     size_t k;
     /* plan_prepare */
@@ -365,6 +367,7 @@ static nereid_error_t *plan_resolve(load_plan_t *p, bool *unchanged)
         return NULL;
     }
     if (!repo_entry_has_ready(e)) e->state = MODEL_LOADING;
+    e->poll_failed = false;
     pthread_rwlock_unlock(&s->lock);
     if (p->count > 1) {
         nereid_error_t *err =
@@ -388,7 +391,7 @@ static nereid_error_t *plan_fail(load_plan_t *p, nereid_error_t *err)
     model_entry_t *e = p->e;
     LOG_ERROR("failed to load '%s': %s", p->name, nereid_error_message(err));
     if (p->k != 0 || !p->cfg || nereid_error_code(err) != NEREID_ERROR_INTERNAL) {
-        set_entry_failure(s, e, err, p->sig);
+        set_entry_failure(s, e, err, p->sig, p->config_failed);
         return err;
     }
     pthread_rwlock_wrlock(&s->lock);
@@ -419,7 +422,7 @@ static nereid_error_t *plan_read(load_plan_t *p)
     if (p->n_files && !p->tmp) {
         err = repo_make_override_dir(p->name, p->paths, p->contents, p->sizes, p->n_files, &p->tmp);
         if (err) {
-            if (!repo_entry_has_ready(p->e)) set_entry_failure(s, p->e, err, p->sig);
+            if (!repo_entry_has_ready(p->e)) set_entry_failure(s, p->e, err, p->sig, false);
             return err;
         }
     }
@@ -429,6 +432,7 @@ static nereid_error_t *plan_read(load_plan_t *p)
         p->ctx->config = NULL;
     } else {
         err = repo_read_config(s, p->name, p->load_dir, p->override_json, &p->cfg);
+        p->config_failed = err != NULL;
     }
     if (!err && repo_is_ensemble(p->cfg))
         err = load_dependencies(s, p->key, p->name, p->cfg, p->ctx);

@@ -314,7 +314,9 @@ nereid_error_t *repo_read_config(nereid_server_t *s, const char *name, const cha
     } else if (nereid_is_file(path)) {
         cfg = config_parse_file(path, &errors);
     } else if (s->opts.strict_model_config) {
-        errors = xasprintf("%s: config.pbtxt not found and --strict-model-config is true", path);
+        /* Triton reads the file it was not allowed to guess (ReadTextProto):
+         * L0_lifecycle greps this text. */
+        errors = xasprintf("failed to open text file for read %s: No such file or directory", path);
     } else {
         cfg = config_from_json("{}", 2, &errors);
     }

@@ -290,6 +290,8 @@ bool nereid_server_is_ready(nereid_server_t *s)
     for (size_t i = 0; i < s->n_models && ready; i++) {
         const model_entry_t *e = s->models[i];
         if (e->state == MODEL_UNKNOWN_STATE) continue;
+        /* Triton's poll never added a model whose config it could not read */
+        if (e->poll_failed && e->n_versions == 0) continue;
         if (e->state == MODEL_UNAVAILABLE && e->reason && strcmp(e->reason, "unloaded") == 0)
             continue;
         /* Triton: a version that is not ready because it was unloaded is fine */
@@ -330,7 +332,9 @@ static nereid_error_t *lookup_locked(nereid_server_t *s, const char *ns, const c
     model_entry_t *e = repository_resolve(s, ns, name, &ambiguous);
     if (entry_out) *entry_out = e;
     if (ambiguous) return ambiguous;
-    if (!e || e->state == MODEL_UNKNOWN_STATE) /* Triton's FindModelIdentifier: INVALID_ARG */
+    /* Triton's FindModelIdentifier: INVALID_ARG; a model whose config its
+     * poll could not read is not in its table either */
+    if (!e || e->state == MODEL_UNKNOWN_STATE || (e->poll_failed && e->n_versions == 0))
         return nereid_error_new(s->opts.model_namespacing && !s->opts.model_load_on_demand
                                     ? NEREID_ERROR_INVALID_ARG
                                     : NEREID_ERROR_NOT_FOUND,

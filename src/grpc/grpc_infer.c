@@ -16,6 +16,7 @@
 #include <grpc/support/alloc.h>
 #include <grpc/support/time.h>
 
+#include "grpc/grpc_hooks.h"
 #include "grpc/grpc_internal.h"
 #include "grpc/infer_codec.h"
 
@@ -38,6 +39,7 @@ static void unary_infer_done(nereid_response_t *resp, void *userp)
 {
     unary_infer_t *u = userp;
     gfe_unary_call_t *c = u->call;
+    gfe_hooks_infer_complete(c);
     unary_infer_free(u); /* input memory is no longer used */
     mem_trim_note(c->fe->mem_trim);
     const nereid_error_t *rerr = nereid_response_error(resp);
@@ -230,6 +232,7 @@ typedef struct gfe_stream {
     bool draining;                  /* the server exits: end once nothing is open */
     uint64_t *open_seqs;            /* sequences started here and not ended (seq_key) */
     size_t n_open_seqs;
+    uint64_t log_id; /* Triton's state id in the handler log lines (grpc_hooks.h) */
 } gfe_stream_t;
 
 /* Open sequences a stream remembers at most (more are not kept open by a
@@ -715,7 +718,13 @@ static void stream_read_done(gfe_tag_t *tag, bool ok)
     pthread_mutex_lock(&s->mu);
     grpc_byte_buffer *bb = s->recv;
     s->recv = NULL;
-    if (!ok || bb == NULL) s->read_closed = true; /* NULL message: the client half-closed */
+    if (!ok || bb == NULL) { /* NULL message: the client half-closed */
+        /* Triton releases the state that waited for the next request */
+        if (!s->read_closed)
+            gfe_hooks_log(s->fe->server, 2, "StateRelease, %" PRIu64 " Step %s", s->log_id,
+                          ok ? "FINISH" : "CANCELLED");
+        s->read_closed = true;
+    }
     bool skip = s->status_started || s->dead;
     pthread_mutex_unlock(&s->mu);
 
@@ -755,8 +764,13 @@ static void stream_write_done(gfe_tag_t *tag, bool ok)
 
 static void stream_close_done(gfe_tag_t *tag, bool ok)
 {
-    (void)ok;
     gfe_stream_t *s = GFE_CONTAINER_OF(tag, gfe_stream_t, close_tag);
+    gfe_hook_delay(GFE_HOOK_NOTIFICATION);
+    if (s->cancelled)
+        gfe_hooks_log(s->fe->server, 1,
+                      "Cancellation notification received for ModelStreamInferHandler, "
+                      "rpc_ok=%d, context %" PRIu64 " step ISSUED, state %" PRIu64 " step ISSUED",
+                      ok ? 1 : 0, s->log_id, s->log_id);
     pthread_mutex_lock(&s->mu);
     if (s->cancelled || !s->status_started) {
         s->dead = true;
@@ -810,6 +824,7 @@ void gfe_stream_start(grpc_frontend_t *fe, grpc_call *call, grpc_metadata_array 
     s->status_details = grpc_empty_slice();
     s->error_closes = metadata_true(request_md, "triton_grpc_error");
     s->cancel = nereid_cancel_token_new();
+    s->log_id = gfe_hooks_next_id();
     for (size_t i = 0; i < request_md->count; i++) {
         const grpc_metadata *md = &request_md->metadata[i];
         if (s->traceparent == NULL && grpc_slice_str_cmp(md->key, "traceparent") == 0)

@@ -127,6 +127,11 @@ typedef struct gfe_unary_call {
     bool close_started;
     _Atomic int close_refs;
     nereid_cancel_token_t *cancel;
+    /* ModelInfer: Triton's state id in the handler log lines, and the
+     * client's cancellation as seen before the notification is handled
+     * (grpc_hooks.h) */
+    uint64_t log_id;
+    atomic_bool client_cancelled;
     /* tracing (only while some trace setting is on): Triton's GRPC_*
      * timestamps, recorded into the trace when the call is freed */
     uint64_t waitread_start_ns, waitread_end_ns, response_ns, send_start_ns;

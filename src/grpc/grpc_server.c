@@ -4,6 +4,7 @@
  * every registered method, the generic call that answers unknown methods
  * UNIMPLEMENTED, and the plumbing that finishes a unary call from any thread.
  */
+#include <inttypes.h>
 #include <limits.h>
 #include <malloc.h>
 #include <stdio.h>
@@ -16,6 +17,7 @@
 #include <grpc/grpc_security.h>
 #include <grpc/support/time.h>
 
+#include "grpc/grpc_hooks.h"
 #include "grpc/grpc_internal.h"
 
 static const struct {
@@ -44,7 +46,7 @@ typedef struct gfe_generic_call {
 
 #define GFE_TRIM_QUIET_NS 1000000000ull /* the HTTP frontend's quiet period */
 
-static void post_unary(grpc_frontend_t *fe, int queue, gfe_method_t method);
+static void post_unary(grpc_frontend_t *fe, int queue, gfe_method_t method, bool announce);
 static void post_generic(grpc_frontend_t *fe, int queue);
 
 /* ---- Helpers ------------------------------------------------------------ */
@@ -156,6 +158,9 @@ nereid_error_t *gfe_forward_headers(const grpc_frontend_t *fe, const grpc_metada
 static void unary_free(gfe_unary_call_t *c)
 {
     grpc_frontend_t *fe = c->fe;
+    if (c->arrived && c->method == GFE_M_MODEL_INFER)
+        gfe_hooks_log(fe->server, 2, "StateRelease, %" PRIu64 " Step %s", c->log_id,
+                      atomic_load(&c->client_cancelled) ? "CANCELLED" : "FINISH");
     if (c->trace) {
         nereid_trace_timestamp(c->trace, "GRPC_WAITREAD_START", c->waitread_start_ns);
         nereid_trace_timestamp(c->trace, "GRPC_WAITREAD_END", c->waitread_end_ns);
@@ -184,14 +189,28 @@ static void unary_done(gfe_tag_t *tag, bool ok)
 {
     (void)ok;
     gfe_unary_call_t *c = GFE_CONTAINER_OF(tag, gfe_unary_call_t, done_tag);
+    if (c->method == GFE_M_MODEL_INFER) { /* Triton's step COMPLETE */
+        gfe_hook_delay(GFE_HOOK_PROCESS_ENTRY);
+        gfe_hook_delay(GFE_HOOK_PROCESS);
+    }
     if (!c->close_started || atomic_fetch_sub(&c->close_refs, 1) == 1) unary_free(c);
 }
 
 static void unary_close_done(gfe_tag_t *tag, bool ok)
 {
-    (void)ok;
     gfe_unary_call_t *c = GFE_CONTAINER_OF(tag, gfe_unary_call_t, close_tag);
-    if (c->cancelled) nereid_request_cancel(c->cancel);
+    /* Triton's AsyncNotifyWhenDone: the context reads as cancelled at once,
+     * the notification is handled after its test delays. */
+    if (c->cancelled) atomic_store(&c->client_cancelled, true);
+    gfe_hook_delay(GFE_HOOK_NOTIFICATION);
+    gfe_hook_delay(GFE_HOOK_PROCESS);
+    if (c->cancelled) {
+        gfe_hooks_log(c->fe->server, 1,
+                      "Cancellation notification received for ModelInferHandler, rpc_ok=%d, "
+                      "context %" PRIu64 " step ISSUED, state %" PRIu64 " step ISSUED",
+                      ok ? 1 : 0, c->log_id, c->log_id);
+        nereid_request_cancel(c->cancel);
+    }
     if (atomic_fetch_sub(&c->close_refs, 1) == 1) unary_free(c);
 }
 
@@ -329,7 +348,11 @@ static void unary_arrived(gfe_tag_t *tag, bool ok)
     if (c->waitread_start_ns) c->waitread_end_ns = nereid_trace_now_ns();
     c->arrived = true;
     gfe_calls_add(fe, 1);
-    if (!atomic_load(&fe->stopping)) post_unary(fe, c->queue, c->method);
+    if (c->method == GFE_M_MODEL_INFER) { /* Triton's step START */
+        gfe_hook_delay(GFE_HOOK_PROCESS_ENTRY);
+        gfe_hook_delay(GFE_HOOK_PROCESS);
+    }
+    if (!atomic_load(&fe->stopping)) post_unary(fe, c->queue, c->method, true);
     if (fe->restricted && refuse_restricted(c)) return;
     if (gfe_methods[c->method].kind == GFE_STREAM) {
         grpc_call *call = c->call;
@@ -343,7 +366,9 @@ static void unary_arrived(gfe_tag_t *tag, bool ok)
     grpc_slice_unref(body);
 }
 
-static void post_unary(grpc_frontend_t *fe, int queue, gfe_method_t method)
+/* announce: Triton's "New request handler" record for a ModelInfer call
+ * posted (one per queue at start, then one per arrival). */
+static void post_unary(grpc_frontend_t *fe, int queue, gfe_method_t method, bool announce)
 {
     gfe_unary_call_t *c = calloc(1, sizeof(*c));
     if (c == NULL) return;
@@ -355,6 +380,12 @@ static void post_unary(grpc_frontend_t *fe, int queue, gfe_method_t method)
     if (method == GFE_M_MODEL_INFER && nereid_server_tracing(fe->server))
         c->waitread_start_ns = nereid_trace_now_ns();
     grpc_metadata_array_init(&c->request_md);
+    if (method == GFE_M_MODEL_INFER) {
+        c->log_id = gfe_hooks_next_id();
+        if (announce)
+            gfe_hooks_log(fe->server, 1, "New request handler for ModelInferHandler, %" PRIu64,
+                          c->log_id);
+    }
     gfe_live_add(fe);
     grpc_completion_queue *cq = fe->queues[queue];
     TSAN_RELEASE(&c->arrive_tag);
@@ -614,6 +645,7 @@ nereid_error_t *grpc_frontend_start(nereid_server_t *server, const grpc_options_
     }
     fe->infer_compression_level = opts->infer_compression_level;
     grpc_channel_args channel_args = {n_args, args};
+    gfe_hooks_init();
     fe->grpc = grpc_server_create(&channel_args, NULL);
     for (int i = 0; i < n_queues; i++) {
         fe->queues[i] = grpc_completion_queue_create_for_next(NULL);
@@ -666,7 +698,7 @@ nereid_error_t *grpc_frontend_start(nereid_server_t *server, const grpc_options_
     for (int i = 0; i < n_queues; i++) {
         for (int m = 0; m < GFE_N_METHODS; m++)
             for (int k = 0; k < gfe_methods[m].n_posted; k++)
-                post_unary(fe, i, (gfe_method_t)m);
+                post_unary(fe, i, (gfe_method_t)m, k == 0);
         post_generic(fe, i);
         post_generic(fe, i);
     }

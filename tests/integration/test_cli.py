@@ -151,7 +151,9 @@ def test_strict_model_config_deprecation_warnings(tmp_path):
     assert r.returncode == 1
     assert ("Warning: Overriding deprecated '--strict-model-config' from False to True in favor "
             "of '--disable-auto-complete-config'!") in r.stderr
-    assert "config.pbtxt not found" in r.stderr
+    # Triton's ReadTextProto text (L0_lifecycle greps it)
+    assert (f"failed to open text file for read {tmp_path}/m/config.pbtxt: No such file or "
+            "directory") in r.stderr
 
 
 def test_port_collision_texts(nereid_server, tmp_path):

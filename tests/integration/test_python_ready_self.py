@@ -118,9 +118,14 @@ def test_is_model_ready_about_itself_while_execute_returns(server):
 
 
 def test_garbage_while_the_check_reads_ends_the_worker(server):
+    # The garbage fails the model's is_model_ready() call, so its execute
+    # returns and sends DONE: the worker is ended for the garbage before the
+    # reader thread gets the socket back, which must not read that DONE and
+    # blame the worker for "an unexpected reply" instead.
     r = post(server, "self_ready", [{"name": "MODE", "datatype": "BYTES", "data": ["hostile"]}])
     assert r.status_code == 500
     assert r.json()["error"].startswith("Stub process 'self_ready_0_0' is not healthy: it sent an invalid message: "
                                        "malformed message header")
     assert "malformed message header" in server.output()
+    assert "an unexpected reply" not in server.output()
     assert run(server, "self_ready", "loop")["thread"] == [True]  # restarted
