@@ -8,7 +8,12 @@
  * versus binary for a 65,536-element tensor (FP32 short decimals (i % 1024)
  * / 8; random FP32 as 17-digit doubles, random FP64, random INT32; the JSON
  * rows print req/s at 1 connection), and the server's CPU time per request of
- * the 65,536-element rows. It prints ratios to the floor. BENCH_SECONDS sets the duration
+ * the 65,536-element rows. It prints ratios to the floor. A second floor is
+ * an echo of the identity request's own body: a libmicrohttpd daemon in this
+ * process with the HTTP frontend's flags and thread count that reads the
+ * POST body and sends it back (what any server on this library pays for the
+ * same bytes in and out). For the small rows it also prints the server's
+ * CPU time per request at 32 connections. BENCH_SECONDS sets the duration
  * of each run (default 3).
  *
  * Usage: build/bench/bench_http   (needs wrk on PATH)
@@ -20,6 +25,8 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include <microhttpd.h>
 
 #include "http/http_server.h"
 #include "../tests/unit/test_util.h"
@@ -175,6 +182,64 @@ static result_t run_wrk(const char *path, const char *script, int connections)
     return r;
 }
 
+/* The echo floor: collects the body of a POST (MHD hands it over in
+ * pieces) and answers it back, with the Content-Type Nereid uses. */
+typedef struct echo_conn {
+    size_t len;
+    char body[4096];
+} echo_conn_t;
+
+static enum MHD_Result echo_request(void *cls, struct MHD_Connection *c, const char *url,
+                                    const char *method, const char *version,
+                                    const char *upload_data, size_t *upload_data_size,
+                                    void **con_cls)
+{
+    (void)cls, (void)url, (void)method, (void)version;
+    echo_conn_t *e = *con_cls;
+    if (e == NULL) {
+        *con_cls = e = calloc(1, sizeof(*e));
+        return e ? MHD_YES : MHD_NO;
+    }
+    if (*upload_data_size > 0) {
+        size_t n = *upload_data_size;
+        if (n > sizeof(e->body) - e->len) return MHD_NO;
+        memcpy(e->body + e->len, upload_data, n);
+        e->len += n;
+        *upload_data_size = 0;
+        return MHD_YES;
+    }
+    struct MHD_Response *r =
+        MHD_create_response_from_buffer(e->len, e->body, MHD_RESPMEM_MUST_COPY);
+    MHD_add_response_header(r, "Content-Type", "application/octet-stream");
+    enum MHD_Result ret = MHD_queue_response(c, MHD_HTTP_OK, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
+static void echo_completed(void *cls, struct MHD_Connection *c, void **con_cls,
+                           enum MHD_RequestTerminationCode toe)
+{
+    (void)cls, (void)c, (void)toe;
+    free(*con_cls);
+    *con_cls = NULL;
+}
+
+/* The echo daemon, flags and thread count as the HTTP frontend's; returns
+ * its port. */
+static struct MHD_Daemon *echo_start(int *echo_port)
+{
+    struct MHD_Daemon *d = MHD_start_daemon(
+        MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG | MHD_USE_ITC,
+        0, NULL, NULL, echo_request, NULL, MHD_OPTION_NOTIFY_COMPLETED, echo_completed, NULL,
+        MHD_OPTION_THREAD_POOL_SIZE, 2u, MHD_OPTION_END);
+    if (d == NULL) {
+        fprintf(stderr, "bench: cannot start the echo daemon\n");
+        exit(1);
+    }
+    *echo_port = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT)->port;
+    return d;
+}
+
 int main(void)
 {
     const char *env = getenv("BENCH_SECONDS");
@@ -268,6 +333,13 @@ int main(void)
            sysconf(_SC_NPROCESSORS_ONLN));
     result_t floor1 = run_wrk("/v2/health/live", NULL, 1);
     result_t floor32 = run_wrk("/v2/health/live", NULL, 32);
+    int nereid_port = port, echo_port;
+    struct MHD_Daemon *echo = echo_start(&echo_port);
+    port = echo_port;
+    result_t echo1 = run_wrk("/v2/models/bench_identity/infer", s_identity, 1);
+    result_t echo32 = run_wrk("/v2/models/bench_identity/infer", s_identity, 32);
+    port = nereid_port;
+    MHD_stop_daemon(echo);
     result_t id1 = run_wrk("/v2/models/bench_identity/infer", s_identity, 1);
     result_t id32 = run_wrk("/v2/models/bench_identity/infer", s_identity, 32);
     result_t as1 = {0}, as32 = {0};
@@ -290,8 +362,16 @@ int main(void)
            "vs floor");
     printf("%-34s %12.1f %12s %14.0f %11.0f%%\n", "floor GET /v2/health/live", floor1.median_us,
            "-", floor32.rps, 100.0);
+    printf("%-34s %12.1f %12.1f %14.0f %11.0f%%\n", "floor echo of identity's body",
+           echo1.median_us, echo1.median_us - floor1.median_us, echo32.rps,
+           100.0 * echo32.rps / floor32.rps);
     printf("%-34s %12.1f %12.1f %14.0f %11.0f%%\n", "identity FP32[1] binary", id1.median_us,
            id1.median_us - floor1.median_us, id32.rps, 100.0 * id32.rps / floor32.rps);
+    printf("identity vs the echo floor: p50 c=1 %+.1f us, req/s c=32 %.2f of the echo's\n",
+           id1.median_us - echo1.median_us, id32.rps / echo32.rps);
+    printf("server CPU per request at c=32 (us): GET floor %.1f, echo floor %.1f, "
+           "identity %.1f\n",
+           floor32.cpu_us, echo32.cpu_us, id32.cpu_us);
     if (have_add_sub)
         printf("%-34s %12.1f %12.1f %14.0f %11.0f%%\n",
                strcat(strcpy(label, add_sub), " FP32[16] binary"), as1.median_us,

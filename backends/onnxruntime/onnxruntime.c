@@ -309,8 +309,7 @@ static void model_free(ort_model_t *m)
 
 static nereid_error_t *create_session(ort_model_t *m, OrtSession **out)
 {
-    const ort_api_t *api = &m->backend->api;
-    return ort_error(api, api->CreateSession(m->backend->env, m->path, m->options, out));
+    return ort_build_session(m, NULL, 0, out);
 }
 
 NEREID_EXPORT nereid_error_t *nereid_backend_model_init(nereid_model_t *model)

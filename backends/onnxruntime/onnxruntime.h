@@ -155,6 +155,7 @@ void *grow(void *p, size_t *cap, size_t need, size_t elem_size);
 nereid_error_t *parse_int(const char *value, int *out);
 nereid_error_t *parse_bool(const char *value, bool *out);
 nereid_error_t *make_session_options(ort_model_t *m, nereid_model_t *model);
+nereid_error_t *ort_build_session(ort_model_t *m, const void *data, size_t len, OrtSession **out);
 void shared_release(ort_backend_t *b, ort_shared_t *e);
 nereid_error_t *shared_open(ort_model_t *m, OrtSession **session);
 

@@ -12,6 +12,7 @@
 
 #include <gnutls/crypto.h>
 
+#include "nereid/common.h"
 #include "onnxruntime.h"
 
 /* ---- model: session options from the config ----------------------------- */
@@ -217,16 +218,43 @@ static bool read_model_file(const char *path, uint8_t **data, size_t *len,
  * meanwhile. With entry->lock held. */
 static nereid_error_t *shared_fill(ort_model_t *m, ort_shared_t *e, const uint8_t *data, size_t len)
 {
-    const ort_api_t *api = &m->backend->api;
     if (e->session) return NULL;
-    return ort_error(
-        api, api->CreateSessionFromArray(m->backend->env, data, len, m->options, &e->session));
+    return ort_build_session(m, data, len, &e->session);
 }
 
 /* The bucket of a digest (SHA-256: its first bytes are as good as any). */
 static size_t shared_bucket(const uint8_t digest[ORT_DIGEST_BYTES])
 {
     return ((size_t)digest[0] | (size_t)digest[1] << 8) % ORT_SHARED_BUCKETS;
+}
+
+typedef struct session_call {
+    ort_model_t *m;
+    const void *data; /* the model file's bytes, or NULL: read m->path */
+    size_t len;
+    OrtSession **out;
+} session_call_t;
+
+static void *session_call_main(void *p)
+{
+    session_call_t *c = p;
+    const ort_api_t *api = &c->m->backend->api;
+    OrtEnv *env = c->m->backend->env;
+    if (c->data) return api->CreateSessionFromArray(env, c->data, c->len, c->m->options, c->out);
+    return api->CreateSession(env, c->m->path, c->m->options, c->out);
+}
+
+/* Builds a session from the model file's bytes (data, len) or, data NULL,
+ * from m->path. Building one (parsing, graph optimization, weight copies)
+ * takes a core for a while; it runs nicer than the threads that serve
+ * requests (nereid_run_niced), so a model loading beside traffic takes the
+ * CPU that inference leaves. Not for a model with thread pools of its own:
+ * ONNX Runtime starts them here, and they would keep the priority. */
+nereid_error_t *ort_build_session(ort_model_t *m, const void *data, size_t len, OrtSession **out)
+{
+    session_call_t c = {m, data, len, out};
+    if (m->own_pools) return ort_error(&m->backend->api, session_call_main(&c));
+    return ort_error(&m->backend->api, nereid_run_niced(10, session_call_main, &c));
 }
 
 /* Finds or adds the entry for (digest, m->options_key) and takes a

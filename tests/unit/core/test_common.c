@@ -2,10 +2,12 @@
  * This file contains unit tests of the header-only helpers the server and
  * the backends share (include/nereid/common.h): directory and file tests,
  * the string comparator, and starting / running a function on a detached
- * thread (it runs exactly once, on another thread).
+ * thread (it runs exactly once, on another thread), and running one on a
+ * nicer thread (its nice value, the caller's left as it was).
  */
 #include <pthread.h>
 #include <stdlib.h>
+#include <sys/resource.h>
 
 #include "check.h"
 #include "nereid/common.h"
@@ -27,6 +29,12 @@ static void *job_main(void *arg)
     pthread_cond_signal(&j->cond);
     pthread_mutex_unlock(&j->lock);
     return NULL;
+}
+
+static void *nice_probe(void *arg)
+{
+    *(int *)arg = getpriority(PRIO_PROCESS, 0);
+    return arg;
 }
 
 int main(void)
@@ -75,6 +83,14 @@ int main(void)
 
     for (int i = 0; i < 1000; i++)
         nereid_cpu_relax();
+
+    int base = getpriority(PRIO_PROCESS, 0), seen = -100;
+    CHECK(nereid_run_niced(5, nice_probe, &seen) == &seen);
+    CHECK(seen == (base + 5 > 19 ? 19 : base + 5));
+    CHECK(getpriority(PRIO_PROCESS, 0) == base);
+    CHECK(nereid_run_niced(40, nice_probe, &seen) == &seen);
+    CHECK(seen == 19);
+    CHECK(getpriority(PRIO_PROCESS, 0) == base);
 
     CHECK(remove_repo());
     return check_summary();
