@@ -388,6 +388,8 @@ static int parse_metrics_config(cli_t *cli, const char *value)
         cli->server.metrics_histogram_latencies = strcmp(eq + 1, "true") == 0;
     else if (n == strlen("summary_latencies") && !strncmp(value, "summary_latencies", n))
         cli->server.metrics_summary_latencies = strcmp(eq + 1, "true") == 0;
+    else if (n == strlen("model_memory") && !strncmp(value, "model_memory", n))
+        cli->server.metrics_model_memory = strcmp(eq + 1, "true") == 0;
     else if (n == strlen("summary_quantiles") && !strncmp(value, "summary_quantiles", n))
         parse_summary_quantiles(cli, eq + 1);
     return 0;

@@ -143,6 +143,9 @@ typedef struct nereid_server_options {
      * false), as Triton's counter_latencies / histogram_latencies. */
     bool metrics_counter_latencies;
     bool metrics_histogram_latencies;
+    /* --metrics-config model_memory=true (Nereid's; on with load on demand):
+     * nereid_model_memory_bytes, each loaded model's measured memory. */
+    bool metrics_model_memory;
     /* summary_latencies=true (default false): Triton's per-model latency
      * summaries, with summary_quantiles (Triton's default 0.5, 0.9, 0.95,
      * 0.99, 0.999 when n_metrics_summary_quantiles is 0). */

@@ -814,6 +814,20 @@ static nereid_error_t *load_model_as(nereid_server_t *s, const char *key, const 
     return err;
 }
 
+/* The per-model memory gauge (nereid_model_memory_bytes) for a load that
+ * ran alone: the RSS it added (at least 1 byte). RSS is the process's, so a
+ * load that another load overlapped (parallel start-up loads, an ensemble's
+ * steps, a model loading models from its init) cannot be told apart and
+ * keeps what it had. Under --model-memory-budget the on-demand and pinned
+ * loaders, which load one at a time, charge their own. */
+static void note_load_memory(nereid_server_t *s, const char *key, long long grown)
+{
+    pthread_rwlock_wrlock(&s->lock);
+    model_entry_t *e = repository_find(s, key);
+    if (e && repo_entry_has_ready(e)) e->memory_bytes = grown < 1 ? 1 : grown;
+    pthread_rwlock_unlock(&s->lock);
+}
+
 /* Loads or reloads model key, claimed meanwhile. */
 nereid_error_t *repo_load_model(nereid_server_t *s, const char *key, const char *override_json,
                                 const char *const *paths, const void *const *contents,
@@ -824,7 +838,14 @@ nereid_error_t *repo_load_model(nereid_server_t *s, const char *key, const char 
     if (err) return err;
     const char *ns;
     char *name = repo_key_split(key, &ns);
+    uint64_t start = atomic_fetch_add(&s->load_starts, 1) + 1;
+    bool alone = atomic_fetch_add(&s->loads_running, 1) == 0;
+    long long rss0 = repo_rss_bytes();
     err = load_model_as(s, key, name, ns, override_json, paths, contents, sizes, n_files, ctx);
+    alone = alone && atomic_load(&s->load_starts) == start;
+    atomic_fetch_sub(&s->loads_running, 1);
+    if (!err && alone && s->opts.model_memory_budget_bytes <= 0)
+        note_load_memory(s, key, repo_rss_bytes() - rss0);
     free(name);
     repo_unclaim(s, key, ctx->held);
     return err;

@@ -805,8 +805,21 @@ nereid_error_t *nereid_server_repository_index(nereid_server_t *s, bool ready_on
 
 /* ---- Metrics ---- */
 
-/* Load on demand's counters and each loaded model's measured bytes (an
- * extension: nereid_ names). Caller holds s->lock. */
+/* Each loaded model's measured bytes (an extension: a nereid_ name).
+ * Caller holds s->lock. */
+static void model_memory_text(FILE *out, nereid_server_t *s)
+{
+    fprintf(out, "# HELP nereid_model_memory_bytes Resident memory the model's last load added "
+                 "to the process (a load no other load overlapped)\n# TYPE "
+                 "nereid_model_memory_bytes gauge\n");
+    for (size_t i = 0; i < s->n_models; i++)
+        if (s->models[i]->memory_bytes > 0 && s->models[i]->state == MODEL_READY)
+            fprintf(out, "nereid_model_memory_bytes{model=\"%s\"} %lld\n", s->models[i]->name,
+                    s->models[i]->memory_bytes);
+}
+
+/* Load on demand's counters (an extension: nereid_ names). Caller holds
+ * s->lock. */
 static void on_demand_metrics_text(FILE *out, nereid_server_t *s)
 {
     const struct {
@@ -826,13 +839,6 @@ static void on_demand_metrics_text(FILE *out, nereid_server_t *s)
     for (size_t i = 0; i < sizeof counters / sizeof counters[0]; i++)
         fprintf(out, "# HELP %s %s\n# TYPE %s counter\n%s %" PRIu64 "\n", counters[i].name,
                 counters[i].help, counters[i].name, counters[i].name, counters[i].value);
-    fprintf(out, "# HELP nereid_model_memory_bytes Resident memory the model's load (on demand, "
-                 "or pinned under a memory budget) added to the process\n# TYPE "
-                 "nereid_model_memory_bytes gauge\n");
-    for (size_t i = 0; i < s->n_models; i++)
-        if (s->models[i]->memory_bytes > 0 && s->models[i]->state == MODEL_READY)
-            fprintf(out, "nereid_model_memory_bytes{model=\"%s\"} %lld\n", s->models[i]->name,
-                    s->models[i]->memory_bytes);
 }
 
 nereid_error_t *nereid_server_metrics(nereid_server_t *s, char **text_out)
@@ -865,6 +871,7 @@ nereid_error_t *nereid_server_metrics(nereid_server_t *s, char **text_out)
             (unsigned long long)s->opts.pinned_memory_pool_byte_size);
     cache_metrics_text(out, s->cache);
     if (s->opts.model_load_on_demand) on_demand_metrics_text(out, s);
+    if (s->opts.model_load_on_demand || s->opts.metrics_model_memory) model_memory_text(out, s);
     custom_metrics_text(out);
     pthread_rwlock_unlock(&s->lock);
     free(models);

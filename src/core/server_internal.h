@@ -60,6 +60,10 @@ struct nereid_server {
     /* Load on demand: totals for the metrics. */
     _Atomic uint64_t on_demand_loads, on_demand_load_failures, on_demand_evictions;
     _Atomic uint64_t on_demand_load_ns;
+    /* Loads running and started (repo_load_model): a load measures its
+     * model's memory only when no other load overlapped it. */
+    _Atomic int loads_running;
+    _Atomic uint64_t load_starts;
     struct on_demand_queue *on_demand; /* on_demand.c; NULL until first used */
     struct watchdog *watchdog;         /* --model-progress-timeout-secs, or NULL */
 };

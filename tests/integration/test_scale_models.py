@@ -639,3 +639,32 @@ def test_budget_follows_memory_that_shared_sessions_keep(nereid_server, tmp_path
         check_add_sub(s, name)
     st = states(s)
     assert all(st[k] == "READY" for k in names), st
+
+
+def test_memory_gauge_without_a_budget(nereid_server, tmp_path):
+    """Without --model-memory-budget, with --metrics-config=model_memory=true,
+    a load that no other load overlapped sets its model's
+    nereid_model_memory_bytes to the RSS it added; an unloaded model has
+    none. Without the setting (Triton's output) the family is not there."""
+    repo = str(tmp_path / "models")
+    write_testing_model(repo, "big", model_init_resident_bytes=str(24 * MIB))
+    write_testing_model(repo, "small")
+    s = nereid_server(repo, "--model-control-mode=explicit", "--load-model=small")
+    assert "nereid_model_memory_bytes" not in requests.get(f"{s.metrics_url}/metrics",
+                                                           timeout=10).text
+    s.stop()
+    s = nereid_server(repo, "--model-control-mode=explicit", "--metrics-config=model_memory=true")
+    for name in ("big", "small"):
+        r = requests.post(f"{s.http_url}/v2/repository/models/{name}/load", json={}, timeout=60)
+        assert r.status_code == 200, r.text
+    big = metric(s, 'nereid_model_memory_bytes{model="big"}')
+    small = metric(s, 'nereid_model_memory_bytes{model="small"}')
+    assert big is not None and big >= 24 * MIB, big
+    assert small is not None and 1 <= small < 24 * MIB, small
+    r = requests.post(f"{s.http_url}/v2/repository/models/big/unload", json={}, timeout=60)
+    assert r.status_code == 200, r.text
+    deadline = time.time() + 30
+    while metric(s, 'nereid_model_memory_bytes{model="big"}') is not None:
+        assert time.time() < deadline, "big's gauge stayed after its unload"
+        time.sleep(0.05)
+    s.stop()
