@@ -49,6 +49,11 @@ enum MHD_Result handle_health(http_conn_t *c)
 {
     bool ok = c->route == ROUTE_HEALTH_LIVE ? nereid_server_is_live(c->srv->core)
                                             : nereid_server_is_ready(c->srv->core);
+    /* A drain starts after the server stopped being ready (begin_exit,
+     * then http_server_drain), and a reply on a draining server is the
+     * connection's last (Connection: close): such a reply says not ready,
+     * even when the readiness was computed just before the signal. */
+    if (c->route != ROUTE_HEALTH_LIVE && atomic_load(&c->srv->draining)) ok = false;
     return http_queue_text(c->mhd, ok ? 200 : 400, NULL, NULL, 0);
 }
 
