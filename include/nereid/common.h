@@ -21,41 +21,6 @@ static inline void nereid_cpu_relax(void)
     __builtin_ia32_pause();
 #elif defined(__aarch64__)
     __asm__ __volatile__("yield");
-    /* nereid_run_niced's call: what runs, and how much nicer. */
-    typedef struct nereid_niced_call {
-        void *(*fn)(void *);
-        void *arg;
-        int nice;
-        void *result;
-    } nereid_niced_call_t;
-
-    static inline void *nereid_niced_main(void *p)
-    {
-        nereid_niced_call_t *c = (nereid_niced_call_t *)p;
-        /* Linux keeps a nice value per thread: PRIO_PROCESS 0 is this thread. */
-        int base = getpriority(PRIO_PROCESS, 0);
-        int target = base + c->nice > 19 ? 19 : base + c->nice;
-        if (target > base) (void)setpriority(PRIO_PROCESS, 0, target);
-        c->result = c->fn(c->arg);
-        return NULL;
-    }
-
-    /* Runs fn(arg) on a new thread made nicer by `nice` (at most 19) and waits
-     * for it; returns fn's result. When no thread can be started, fn runs on
-     * the calling thread at its own priority. For CPU-heavy preparation (a
-     * runtime building a model's session while requests are served) that should
-     * take only the CPU inference leaves. fn must not start threads or
-     * processes that outlive it: they would inherit the priority, which an
-     * unprivileged process cannot raise back. */
-    static inline void *nereid_run_niced(int nice, void *(*fn)(void *), void *arg)
-    {
-        nereid_niced_call_t c = {fn, arg, nice, NULL};
-        pthread_t t;
-        if (pthread_create(&t, NULL, nereid_niced_main, &c) != 0) return fn(arg);
-        pthread_join(t, NULL);
-        return c.result;
-    }
-
 #endif
 }
 
