@@ -79,6 +79,10 @@ void batch_complete(batch_t *batch, bool finish);
 /* Runs the config's ModelWarmup samples through the model (before it is
  * served); an error fails the load. */
 nereid_error_t *model_warmup(model_t *m);
+/* Runs the samples on inst alone, directly on the calling thread (an
+ * instance an in-place update adds, before the scheduler knows it, as
+ * Triton warms up each instance it creates); an error fails the update. */
+nereid_error_t *model_warmup_instance(model_t *m, model_instance_t *inst);
 
 /* Statistics hooks. */
 /* cfg's model_metrics may set the first-response histogram's buckets. */
