@@ -37,10 +37,11 @@ void model_unload(model_t *m);
 bool model_can_update_instances(const model_t *m);
 /* Gives m the instance groups of cfg: an instance whose group matches one
  * of cfg's (every field but name and count, and the device) keeps serving,
- * the ones cfg adds are initialized, the others retired once their current
- * batch is done (finalized before this returns). On error m is unchanged;
- * UNAVAILABLE when the scheduler cannot let an instance go now (a live
- * sequence on it): the caller reloads instead.
+ * the ones cfg adds are initialized and warmed up (model_warmup_instance),
+ * the others retired once their current batch is done (finalized before
+ * this returns), except one still serving live sequences (lingering: its
+ * thread finalizes it when they end). On error (an added instance's init
+ * or warm-up failed) m is unchanged.
  * Thread: the loading one (the repository serializes loads). */
 nereid_error_t *model_update_instances(model_t *m, const model_config_t *cfg);
 /* The backend library name a config selects, or NULL (ensemble/unknown). */
@@ -79,6 +80,10 @@ void batch_complete(batch_t *batch, bool finish);
 /* Runs the config's ModelWarmup samples through the model (before it is
  * served); an error fails the load. */
 nereid_error_t *model_warmup(model_t *m);
+/* Runs the samples on inst alone, directly on the calling thread (an
+ * instance an in-place update adds, before the scheduler knows it, as
+ * Triton warms up each instance it creates); an error fails the update. */
+nereid_error_t *model_warmup_instance(model_t *m, model_instance_t *inst);
 
 /* Statistics hooks. */
 /* cfg's model_metrics may set the first-response histogram's buckets. */

@@ -156,6 +156,12 @@ static void *instance_main(void *arg)
     if (m->backend->instance_fini)
         nereid_error_free(m->backend->instance_fini((nereid_instance_t *)inst));
     inst->fini_done = true;
+    if (atomic_load(&inst->lingering)) { /* removed by an update, its sequences ended */
+        rate_limiter_unregister(inst->rate_limit);
+        inst->rate_limit = NULL;
+        LOG_VERBOSE("Removed model instance named '%s'", inst->name);
+        atomic_store(&inst->lingering, false); /* last: the next update joins it */
+    }
     return NULL;
 }
 
@@ -409,6 +415,19 @@ static void drop_new_instances(model_t *m, model_instance_t **v, size_t n)
     free(v);
 }
 
+/* Joins the threads of instances that lingered after an earlier update
+ * and have since exited (their sequences ended). */
+static void join_gone(model_t *m)
+{
+    for (size_t i = 0; i < m->n_instances; i++) {
+        model_instance_t *inst = m->instances[i];
+        if (!atomic_load(&inst->retired) || !inst->thread_started || atomic_load(&inst->lingering))
+            continue;
+        pthread_join(inst->thread, NULL);
+        inst->thread_started = false;
+    }
+}
+
 nereid_error_t *model_update_instances(model_t *m, const model_config_t *cfg)
 {
     if (!model_can_update_instances(m))
@@ -418,6 +437,7 @@ nereid_error_t *model_update_instances(model_t *m, const model_config_t *cfg)
         nereid_error_t *err = check_group_kind(m, cfg->instance_group[g]);
         if (err) return err;
     }
+    join_gone(m);
     model_config_t *nc = config_with_groups(m, cfg);
     size_t n_old = m->n_instances;
     model_instance_t **old = m->instances;
@@ -456,6 +476,9 @@ nereid_error_t *model_update_instances(model_t *m, const model_config_t *cfg)
                 err = m->backend->instance_init((nereid_instance_t *)inst);
             inst->init_ok = !err;
             inst->init_done = true;
+            /* Triton warms up each instance it creates before the
+             * scheduler gets it; a failure fails the update. */
+            if (!err && !(grp && grp->passive)) err = model_warmup_instance(m, inst);
             if (!err) LOG_VERBOSE("Created model instance named '%s'", inst->name);
         }
     }
@@ -465,22 +488,13 @@ nereid_error_t *model_update_instances(model_t *m, const model_config_t *cfg)
         config_free(nc);
         return err;
     }
-    /* The scheduler may refuse to let an instance go (a live sequence on
-     * it): nothing changes, the caller reloads instead. */
+    /* The scheduler stops giving the leaving ones work; one that still
+     * serves live sequences lingers until they end (not waited for). */
     model_instance_t **leaving = xcalloc(n_old ? n_old : 1, sizeof *leaving);
     size_t n_leaving = 0;
     for (size_t j = 0; j < n_old; j++)
         if (!kept[j] && !atomic_load(&old[j]->retired)) leaving[n_leaving++] = old[j];
-    bool may_leave =
-        !n_leaving || !m->sched->ops->retire || m->sched->ops->retire(m->sched, leaving, n_leaving);
-    free(leaving);
-    if (!may_leave) {
-        drop_new_instances(m, added, n_added);
-        free(kept);
-        config_free(nc);
-        return nereid_error_new(NEREID_ERROR_UNAVAILABLE,
-                                "an instance of '%s' to remove still serves a sequence", m->name);
-    }
+    if (n_leaving && m->sched->ops->retire) m->sched->ops->retire(m->sched, leaving, n_leaving);
     /* Commit: publish the longer array before its count, retire what is
      * not kept, start the new threads if the model's are running. */
     model_instance_t **v = xcalloc(n_old + n_added ? n_old + n_added : 1, sizeof *v);
@@ -510,9 +524,10 @@ nereid_error_t *model_update_instances(model_t *m, const model_config_t *cfg)
     pthread_mutex_unlock(&m->lock);
     if (n_retired) m->sched->ops->wake(m->sched);
     /* The retired ones finish their batch and are finalized now. */
-    for (size_t j = 0; j < n_old; j++) {
-        model_instance_t *inst = old[j];
-        if (kept[j] || inst->fini_done) continue;
+    for (size_t j = 0; j < n_leaving; j++) {
+        model_instance_t *inst = leaving[j];
+        /* lingering first: once its thread cleared it, fini_done is seen */
+        if (atomic_load(&inst->lingering) || inst->fini_done) continue;
         if (inst->thread_started) {
             pthread_join(inst->thread, NULL);
             inst->thread_started = false;
@@ -524,6 +539,7 @@ nereid_error_t *model_update_instances(model_t *m, const model_config_t *cfg)
         inst->rate_limit = NULL;
         LOG_VERBOSE("Removed model instance named '%s'", inst->name);
     }
+    free(leaving);
     free(kept);
     LOG_INFO("updated instances of '%s' version %" PRId64 ": %zu added, %zu removed, %zu serving",
              m->name, m->version, n_added, n_retired, model_active_instances(m));

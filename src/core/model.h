@@ -123,6 +123,10 @@ typedef struct model_instance {
      * under the model's lock, read by schedulers under theirs. */
     _Atomic bool retired;
     bool fini_done; /* its backend instance_fini ran */
+    /* Retired while it still served live sequences (scheduler retire): its
+     * thread finishes them, finalizes the instance and clears this as it
+     * exits; the thread is joined by the next update or the unload. */
+    _Atomic bool lingering;
     /* When its current execution started (monotonic ns), 0 while idle: the
      * progress watchdog's view (watchdog.c). */
     _Atomic uint64_t exec_start_ns;

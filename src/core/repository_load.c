@@ -295,6 +295,7 @@ typedef struct load_plan {
     bool may_update;     /* only instance groups / version policy changed */
     version_entry_t *nv; /* [k] the entry's new versions (k grows in finalize, commit) */
     model_t **fresh;     /* [k] per version: loaded by this load, or NULL */
+    bool *update_failed; /* [k] per version: its in-place update failed, it serves as before */
     bool any_new, any_updated, any_failed;
     /* plan_finalize */
     char *err_text;    /* the failed versions' reasons, or NULL */
@@ -314,6 +315,7 @@ static void plan_free(load_plan_t *p)
     free(p->chosen);
     free(p->cfg_key);
     free(p->fresh);
+    free(p->update_failed);
     free(p->err_text);
     free(p->discard);
     free(p->discard_v);
@@ -450,32 +452,27 @@ static nereid_error_t *plan_read(load_plan_t *p)
 }
 
 /* Updates served version i's instances in place (Triton does when only its
- * instance groups or version policy changed and its files did not). False:
- * an instance cannot leave in place, the version is loaded again. */
-static bool update_version(load_plan_t *p, size_t i, model_t *old, uint64_t old_sig)
+ * instance groups or version policy changed and its files did not). An
+ * update that fails leaves the version serving as before (Triton's
+ * UpdateModelConfig: the load fails, "version N is at READY state"). */
+static void update_version(load_plan_t *p, size_t i, model_t *old, uint64_t old_sig)
 {
     version_entry_t *v = &p->nv[i];
     repo_control_lend(p->s, p->ctx->held);
     nereid_error_t *uerr = model_update_instances(old, p->cfg);
     repo_control_take_back(p->s, p->ctx->held);
-    if (uerr && nereid_error_code(uerr) == NEREID_ERROR_UNAVAILABLE) {
-        LOG_VERBOSE("'%s' version %" PRId64 " reloads: %s", p->name, v->version,
-                    nereid_error_message(uerr));
-        nereid_error_free(uerr);
-        return false;
-    }
     v->model = old; /* the same model serves, with the new instances */
     v->state = MODEL_READY;
     v->files_sig = old_sig;
     if (uerr) {
         p->any_failed = true;
+        p->update_failed[i] = true;
         v->reason = error_reason(uerr);
         LOG_ERROR("failed to update '%s' version %" PRId64 ": %s", p->name, v->version, v->reason);
         nereid_error_free(uerr);
     } else {
         p->any_updated = true;
     }
-    return true;
 }
 
 /* Loads version i (retried --model-load-retry-count times); on failure the
@@ -555,10 +552,10 @@ static void prepare_version(load_plan_t *p, size_t i)
         v->files_sig = old_sig;
         return;
     }
-    if (same_files && p->may_update && model_can_update_instances(old) &&
-        update_version(p, i, old, old_sig))
-        return;
-    load_version(p, i, old);
+    if (same_files && p->may_update && model_can_update_instances(old))
+        update_version(p, i, old, old_sig);
+    else
+        load_version(p, i, old);
 }
 
 /* Prepares every chosen version (reusing unchanged ones) without locks. */
@@ -583,6 +580,7 @@ static void plan_prepare(load_plan_t *p)
     free(new_rkey);
     p->nv = xcalloc(p->k, sizeof *p->nv);
     p->fresh = xcalloc(p->k, sizeof *p->fresh);
+    p->update_failed = xcalloc(p->k, sizeof *p->update_failed);
     for (size_t i = 0; i < p->k; i++)
         prepare_version(p, i);
 }
@@ -682,8 +680,9 @@ static void plan_finalize(load_plan_t *p)
     for (size_t i = 0; i < p->k; i++) {
         if (!p->nv[i].reason) continue;
         char *prev = p->err_text;
-        p->err_text = xasprintf("%sversion %" PRId64 " is at UNAVAILABLE state: %s;\n",
-                                prev ? prev : "", p->nv[i].version, p->nv[i].reason);
+        bool ready = p->update_failed && p->update_failed[i];
+        p->err_text = xasprintf("%sversion %" PRId64 " is at %s state: %s;\n", prev ? prev : "",
+                                p->nv[i].version, ready ? "READY" : "UNAVAILABLE", p->nv[i].reason);
         free(prev);
     }
     if (p->any_failed) keep_served_on_failure(p);

@@ -179,59 +179,104 @@ static nereid_error_t *build_request(model_t *m, const Inference__ModelWarmup *w
     return NULL;
 }
 
-nereid_error_t *model_warmup(model_t *m)
+/* Waits until the warmup request's last response (or its failure). */
+static nereid_error_t *wait_done(warmup_wait_t *wait)
+{
+    pthread_mutex_lock(&wait->lock);
+    while (!wait->done)
+        pthread_cond_wait(&wait->cond, &wait->lock);
+    pthread_mutex_unlock(&wait->lock);
+    return wait->err;
+}
+
+/* Runs req on inst directly, on the calling thread, as Triton's
+ * TritonModelInstance::WarmUp does: an instance an in-place update adds is
+ * warmed up before the scheduler knows it. */
+static void run_on_instance(model_t *m, model_instance_t *inst, nereid_request_t *req)
+{
+    if (m->sched->ops->prepare_direct) m->sched->ops->prepare_direct(m->sched, req);
+    batch_t batch = {0};
+    batch_add(&batch, req);
+    batch_execute(inst, &batch);
+    batch_complete(&batch, true);
+    batch_destroy(&batch);
+}
+
+/* Iteration c of sample w: through the scheduler, or on inst when given. */
+static nereid_error_t *run_sample(model_t *m, model_instance_t *inst,
+                                  const Inference__ModelWarmup *w, uint32_t c)
+{
+    nereid_request_t *req;
+    nereid_error_t *err = build_request(m, w, &req);
+    if (err) return err;
+    if (m->sched->ops->prepare_warmup) m->sched->ops->prepare_warmup(m->sched, req);
+    model_ref(m); /* the request's, dropped when its response is freed */
+    req->model = m;
+    err = request_validate(req, m);
+    if (!err) err = add_inputs(m, w, req, false);
+    warmup_wait_t wait = {.done = false, .err = NULL};
+    pthread_mutex_init(&wait.lock, NULL);
+    pthread_cond_init(&wait.cond, NULL);
+    if (!err) {
+        uint64_t now = util_now_ns();
+        req->t_request_ns = req->t_queue_start_ns = now;
+        if (model_is_decoupled(m)) {
+            request_set_streamed(req, on_warmup_response, &wait);
+        } else {
+            req->done_fn = on_warmup_done;
+            req->done_userp = &wait;
+        }
+        req->warmup = true;
+        const char *iname = inst ? inst->name : m->n_instances ? m->instances[0]->name : "";
+        LOG_VERBOSE("model '%s' instance %s is running warmup sample '%s' for iteration %u",
+                    m->name, iname, w->name, c + 1);
+        request_prepare_response(req);
+        if (inst) {
+            run_on_instance(m, inst, req);
+        } else {
+            err = model_start_instances(m);
+            if (!err) err = m->sched->ops->enqueue(m->sched, req);
+        }
+    }
+    if (err)
+        request_free(req);
+    else
+        err = wait_done(&wait);
+    pthread_mutex_destroy(&wait.lock);
+    pthread_cond_destroy(&wait.cond);
+    if (err) { /* Triton's text (TritonModelInstance::WarmUp) and code */
+        if (inst)
+            LOG_VERBOSE("model '%s' instance %s failed to run warmup sample '%s'", m->name,
+                        inst->name, w->name);
+        nereid_error_t *wrapped =
+            nereid_error_new(NEREID_ERROR_INVALID_ARG, "failed to run warmup sample '%s': %s; ",
+                             w->name, nereid_error_message(err));
+        nereid_error_free(err);
+        return wrapped;
+    }
+    return NULL;
+}
+
+static nereid_error_t *run_samples(model_t *m, model_instance_t *inst)
 {
     for (size_t i = 0; i < m->config->n_model_warmup; i++) {
         const Inference__ModelWarmup *w = m->config->model_warmup[i];
         uint32_t count = w->count ? w->count : 1;
         if (is_sequence(m) && m->max_batch_size > 0 && w->batch_size > 1) count *= w->batch_size;
         for (uint32_t c = 0; c < count; c++) {
-            nereid_request_t *req;
-            nereid_error_t *err = build_request(m, w, &req);
+            nereid_error_t *err = run_sample(m, inst, w, c);
             if (err) return err;
-            if (m->sched->ops->prepare_warmup) m->sched->ops->prepare_warmup(m->sched, req);
-            model_ref(m); /* the request's, dropped when its response is freed */
-            req->model = m;
-            err = request_validate(req, m);
-            if (!err) err = add_inputs(m, w, req, false);
-            warmup_wait_t wait = {.done = false, .err = NULL};
-            pthread_mutex_init(&wait.lock, NULL);
-            pthread_cond_init(&wait.cond, NULL);
-            if (!err) {
-                uint64_t now = util_now_ns();
-                req->t_request_ns = req->t_queue_start_ns = now;
-                if (model_is_decoupled(m)) {
-                    request_set_streamed(req, on_warmup_response, &wait);
-                } else {
-                    req->done_fn = on_warmup_done;
-                    req->done_userp = &wait;
-                }
-                req->warmup = true;
-                LOG_VERBOSE("model '%s' instance %s is running warmup sample '%s' for iteration %u",
-                            m->name, m->n_instances ? m->instances[0]->name : "", w->name, c + 1);
-                request_prepare_response(req);
-                err = model_start_instances(m);
-                if (!err) err = m->sched->ops->enqueue(m->sched, req);
-            }
-            if (err) {
-                request_free(req);
-            } else {
-                pthread_mutex_lock(&wait.lock);
-                while (!wait.done)
-                    pthread_cond_wait(&wait.cond, &wait.lock);
-                pthread_mutex_unlock(&wait.lock);
-                err = wait.err;
-            }
-            pthread_mutex_destroy(&wait.lock);
-            pthread_cond_destroy(&wait.cond);
-            if (err) { /* Triton's text (TritonModelInstance::WarmUp) and code */
-                nereid_error_t *wrapped = nereid_error_new(NEREID_ERROR_INVALID_ARG,
-                                                           "failed to run warmup sample '%s': %s; ",
-                                                           w->name, nereid_error_message(err));
-                nereid_error_free(err);
-                return wrapped;
-            }
         }
     }
     return NULL;
+}
+
+nereid_error_t *model_warmup(model_t *m)
+{
+    return run_samples(m, NULL);
+}
+
+nereid_error_t *model_warmup_instance(model_t *m, model_instance_t *inst)
+{
+    return run_samples(m, inst);
 }

@@ -85,6 +85,11 @@ typedef struct scheduler_ops {
     /* Optional: makes a model warmup sample acceptable to this scheduler
      * (e.g. a one-request sequence), before it is validated and enqueued. */
     void (*prepare_warmup)(scheduler_t *s, nereid_request_t *req);
+    /* Optional: adds to a warmup request (after prepare_warmup) what the
+     * scheduler adds when it hands a request out (sequence controls and
+     * start states), for a request that runs on one instance directly,
+     * outside the scheduler (model_warmup_instance). */
+    void (*prepare_direct)(scheduler_t *s, nereid_request_t *req);
     /* Stops taking requests; queued requests are still handed out by
      * next_batch (drain) or failed. Wakes every waiter and joins the
      * scheduler's own threads (reapers), if any. */
@@ -95,10 +100,11 @@ typedef struct scheduler_ops {
      * instances cannot change in place (model_update_instances). */
     void (*wake)(scheduler_t *s);
     /* Optional: before the core retires instances v[0..n) (an in-place
-     * update), marks them so that they get no new work; false, marking
-     * nothing, when one cannot leave now (a live sequence holds a position
-     * on it: the update then becomes a full reload). */
-    bool (*retire)(scheduler_t *s, model_instance_t *const *v, size_t n);
+     * update), marks them so that they get no new work. One that still
+     * serves live sequences (Triton's pending removal) keeps serving them:
+     * the scheduler sets its lingering flag, and its next_batch returns
+     * false once they have ended; the core does not wait for it. */
+    void (*retire)(scheduler_t *s, model_instance_t *const *v, size_t n);
     /* Frees the scheduler after every instance thread has exited. */
     void (*destroy)(scheduler_t *s);
 } scheduler_ops_t;

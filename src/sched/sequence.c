@@ -276,7 +276,9 @@ static bool batchable(const seq_sched_t *q, const seq_t *sa, const nereid_reques
 static void give_position(seq_sched_t *q, int inst, int slot)
 {
     seq_t *b = q->backlog_head;
-    if (!b) return;
+    seq_inst_t *si = q->insts[inst];
+    if (si->retired) pthread_cond_broadcast(&si->cond); /* not given: it may leave (seq_retire) */
+    if (!b || si->retired) return;
     q->backlog_head = b->bnext;
     if (!q->backlog_head) q->backlog_tail = NULL;
     b->bnext = NULL;
@@ -347,6 +349,14 @@ static seq_inst_t *seq_inst_new(const seq_sched_t *q)
     si->ready = xcalloc(q->per_inst ? q->per_inst : 1, sizeof *si->ready);
     cond_init_monotonic(&si->cond);
     return si;
+}
+
+/* A retired instance leaves once none of its positions holds a sequence. */
+static bool inst_gone(const seq_inst_t *si)
+{
+    for (size_t k = 0; si->retired && k < si->n_slots; k++)
+        if (si->slots[k]) return false;
+    return si->retired;
 }
 
 /* Finds a free position, spreading sequences over instances first. */
@@ -782,7 +792,7 @@ static bool direct_next_batch(seq_sched_t *q, seq_inst_t *si, batch_t *batch)
     pthread_mutex_lock(&q->lock);
     size_t n_ready;
     for (;;) {
-        if (si->retired) { /* seq_retire: it holds no sequence */
+        if (inst_gone(si)) { /* seq_retire: its last sequence ended */
             pthread_mutex_unlock(&q->lock);
             return false;
         }
@@ -889,7 +899,7 @@ static bool oldest_next_batch(seq_sched_t *q, seq_inst_t *si, batch_t *batch)
     pthread_mutex_lock(&q->lock);
     size_t n, take;
     for (;;) {
-        if (si->retired) { /* seq_retire: it holds no sequence */
+        if (inst_gone(si)) { /* seq_retire: its last sequence ended */
             pthread_mutex_unlock(&q->lock);
             return false;
         }
@@ -940,24 +950,32 @@ static bool oldest_next_batch(seq_sched_t *q, seq_inst_t *si, batch_t *batch)
     return true;
 }
 
+/* Adds the positions of the next instance index, which backlogged sequences
+ * take unless it is retired (by the core, or in v[0..n)). Lock held. */
+static void add_inst(seq_sched_t *q, model_instance_t *const *v, size_t n)
+{
+    size_t j = q->n_insts;
+    const model_t *m = q->base.model;
+    seq_inst_t *si = seq_inst_new(q);
+    si->retired = j < m->n_instances && atomic_load(&m->instances[j]->retired);
+    for (size_t o = 0; o < n; o++)
+        si->retired |= v[o]->index == j;
+    q->insts = xrealloc(q->insts, (j + 1) * sizeof *q->insts);
+    q->insts[q->n_insts++] = si;
+    for (size_t k = 0; k < si->n_slots; k++)
+        give_position(q, (int)j, (int)k);
+}
+
 static bool seq_next_batch(scheduler_t *base, model_instance_t *inst, batch_t *batch)
 {
     seq_sched_t *q = (seq_sched_t *)base;
     pthread_mutex_lock(&q->lock);
     /* Instances an in-place update added get their positions with their
-     * thread's first look (and backlogged sequences take them). */
-    while (q->n_insts <= inst->index && !q->stopped) {
-        const model_t *m = base->model;
-        size_t j = q->n_insts;
-        seq_inst_t *si = seq_inst_new(q);
-        si->retired = j < m->n_instances && atomic_load(&m->instances[j]->retired);
-        q->insts = xrealloc(q->insts, (j + 1) * sizeof *q->insts);
-        q->insts[q->n_insts++] = si;
-        for (size_t k = 0; k < si->n_slots && !si->retired; k++)
-            if (!si->slots[k]) give_position(q, (int)j, (int)k);
-    }
+     * thread's first look (or an update's retire, whichever comes first). */
+    while (q->n_insts <= inst->index && !q->stopped)
+        add_inst(q, NULL, 0);
     seq_inst_t *si = inst->index < q->n_insts ? q->insts[inst->index] : NULL;
-    bool leave = !si || si->retired;
+    bool leave = !si || inst_gone(si);
     pthread_mutex_unlock(&q->lock);
     if (leave) return false;
     return q->oldest ? oldest_next_batch(q, si, batch) : direct_next_batch(q, si, batch);
@@ -965,21 +983,32 @@ static bool seq_next_batch(scheduler_t *base, model_instance_t *inst, batch_t *b
 
 /* ---- In-place instance updates ---- */
 
-static bool seq_retire(scheduler_t *base, model_instance_t *const *v, size_t n)
+/* Triton's SequenceBatchScheduler::Update: a removed instance gets no new
+ * sequence; one with live sequences serves them (lingering) and leaves
+ * when the last ends, its positions not given to the backlog. */
+static void seq_retire(scheduler_t *base, model_instance_t *const *v, size_t n)
 {
     seq_sched_t *q = (seq_sched_t *)base;
     pthread_mutex_lock(&q->lock);
-    bool free_all = true;
-    for (size_t i = 0; i < n && free_all; i++) {
-        if (v[i]->index >= q->n_insts) continue;
-        const seq_inst_t *si = q->insts[v[i]->index];
-        for (size_t k = 0; k < si->n_slots; k++)
-            free_all &= si->slots[k] == NULL;
+    for (size_t i = 0; i < n; i++) {
+        while (q->n_insts <= v[i]->index) /* its thread has not looked yet */
+            add_inst(q, v, n);
+        seq_inst_t *si = q->insts[v[i]->index];
+        si->retired = true;
+        if (!inst_gone(si)) atomic_store(&v[i]->lingering, true);
     }
-    for (size_t i = 0; i < n && free_all; i++)
-        if (v[i]->index < q->n_insts) q->insts[v[i]->index]->retired = true;
     pthread_mutex_unlock(&q->lock);
-    return free_all;
+}
+
+/* A warmup run on one instance directly: prepare_request's controls, states. */
+static void seq_prepare_direct(scheduler_t *base, nereid_request_t *req)
+{
+    seq_sched_t *q = (seq_sched_t *)base;
+    seq_t s = {.id = req->corr_id, .sid = req->corr_id_str};
+    add_controls(q, req, &s, false);
+    for (size_t i = 0; i < q->n_states; i++)
+        add_state_input(q, req, i, q->states[i].init_data, q->states[i].init_bytes,
+                        q->states[i].init_shape, q->states[i].init_rank);
 }
 
 static void seq_wake(scheduler_t *base)
@@ -1245,7 +1274,24 @@ static void seq_destroy(scheduler_t *base)
     free(q);
 }
 
-static void seq_prepare_warmup(scheduler_t *base, nereid_request_t *req);
+/* A warmup sample becomes a one-request sequence (START and END) with a
+ * correlation id of the model's CORRID type. */
+static void seq_prepare_warmup(scheduler_t *base, nereid_request_t *req)
+{
+    const model_config_t *c = base->model->config;
+    const Inference__ModelSequenceBatching *sb = c->sequence_batching;
+    bool string_id = false;
+    for (size_t i = 0; i < sb->n_control_input; i++)
+        for (size_t k = 0; k < sb->control_input[i]->n_control; k++) {
+            const Inference__ModelSequenceBatching__Control *ctl = sb->control_input[i]->control[k];
+            if ((int)ctl->kind == CTL_CORRID && ctl->data_type == INFERENCE__DATA_TYPE__TYPE_STRING)
+                string_id = true;
+        }
+    free(req->corr_id_str);
+    req->corr_id_str = string_id ? xstrdup("<warmup>") : NULL;
+    req->corr_id = string_id ? 0 : UINT64_MAX;
+    req->seq_start = req->seq_end = true;
+}
 
 static const scheduler_ops_t sequence_ops = {
     .name = "sequence",
@@ -1254,6 +1300,7 @@ static const scheduler_ops_t sequence_ops = {
     .batch_done = seq_batch_done,
     .reschedule = seq_reschedule,
     .prepare_warmup = seq_prepare_warmup,
+    .prepare_direct = seq_prepare_direct,
     .stop = seq_stop,
     .retire = seq_retire,
     .wake = seq_wake,
@@ -1450,23 +1497,4 @@ nereid_error_t *sequence_batcher_create(model_t *m, const sched_core_t *core, sc
     if (pthread_create(&q->reaper, NULL, reaper_main, q) == 0) q->reaper_started = true;
     *out = &q->base;
     return NULL;
-}
-
-/* A warmup sample becomes a one-request sequence (START and END) with a
- * correlation id of the model's CORRID type. */
-static void seq_prepare_warmup(scheduler_t *base, nereid_request_t *req)
-{
-    const model_config_t *c = base->model->config;
-    const Inference__ModelSequenceBatching *sb = c->sequence_batching;
-    bool string_id = false;
-    for (size_t i = 0; i < sb->n_control_input; i++)
-        for (size_t k = 0; k < sb->control_input[i]->n_control; k++) {
-            const Inference__ModelSequenceBatching__Control *ctl = sb->control_input[i]->control[k];
-            if ((int)ctl->kind == CTL_CORRID && ctl->data_type == INFERENCE__DATA_TYPE__TYPE_STRING)
-                string_id = true;
-        }
-    free(req->corr_id_str);
-    req->corr_id_str = string_id ? xstrdup("<warmup>") : NULL;
-    req->corr_id = string_id ? 0 : UINT64_MAX;
-    req->seq_start = req->seq_end = true;
 }

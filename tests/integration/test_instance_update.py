@@ -18,7 +18,8 @@ from conftest import Server
 
 MODEL = "init_del"
 
-MODEL_PY = """
+# The model's head: imports and bump(kind), a call count kept in a file.
+MODEL_HEAD = """
 import os
 import time
 import fcntl
@@ -37,7 +38,9 @@ def bump(kind):
         f.seek(0)
         f.truncate()
         f.write(str(n))
+"""
 
+MODEL_PY = MODEL_HEAD + """
 
 class TritonPythonModel:
     def initialize(self, args):
@@ -76,18 +79,20 @@ def cpu(count, name=None, extra=""):
 
 
 class Model:
-    def __init__(self, root):
+    def __init__(self, root, name=MODEL, source=MODEL_PY):
         self.logs = os.path.join(root, "logs")
         self.repo = os.path.join(root, "models")
         os.makedirs(self.logs)
-        os.makedirs(os.path.join(self.repo, MODEL, "1"))
-        with open(os.path.join(self.repo, MODEL, "1", "model.py"), "w") as f:
-            f.write(MODEL_PY.format(log_dir=self.logs))
+        os.makedirs(os.path.join(self.repo, name, "1"))
+        with open(os.path.join(self.repo, name, "1", "model.py"), "w") as f:
+            f.write(source.format(log_dir=self.logs))
 
     def config(self, groups, mbs=0, batching=""):
-        path = os.path.join(self.repo, MODEL, "config.pbtxt")
-        text = textwrap.dedent(CONFIG.format(mbs=mbs, batching=batching,
-                                             groups=",\n".join(groups)))
+        self.write_config(textwrap.dedent(CONFIG.format(mbs=mbs, batching=batching,
+                                                        groups=",\n".join(groups))))
+
+    def write_config(self, text, model=MODEL):
+        path = os.path.join(self.repo, model, "config.pbtxt")
         # a new mtime even within one clock tick: poll mode compares them
         st = os.stat(path) if os.path.exists(path) else None
         with open(path, "w") as f:
@@ -318,7 +323,7 @@ def seq(server, sid, start=False, end=False):
 
 
 @pytest.mark.parametrize("strategy", ["direct { }", "oldest { max_candidate_sequences: 4 }"])
-def test_sequence_models_update_in_place_without_live_sequences(model, start, strategy):
+def test_sequence_models_update_in_place(model, start, strategy):
     batching = f"sequence_batching {{ {strategy} max_sequence_idle_microseconds: 8000000 }}"
     model.config([cpu(2)], batching=batching)
     s = start(model)
@@ -340,11 +345,51 @@ def test_sequence_models_update_in_place_without_live_sequences(model, start, st
     assert model.counts() == (4, 1)
     seq(s, 7, start=True)
     seq(s, 7, end=True)
-    # a live sequence on every instance: they cannot leave, a full reload
+    # a live sequence on every instance: as in Triton the removed ones
+    # serve theirs until they end, then go (no reload); see
+    # test_instance_update_live.py
     for sid in (11, 12, 13):
         seq(s, sid, start=True)
     model.config([cpu(1)], batching=batching)
     assert load(s).status_code == 200
-    assert model.counts() == (5, 4)
+    assert model.counts() == (4, 1)
+    for sid in (11, 12, 13):
+        seq(s, sid)
+    for sid in (11, 12, 13):
+        seq(s, sid, end=True)
+    deadline = time.time() + 30
+    while model.counts() != (4, 3) and time.time() < deadline:
+        time.sleep(0.05)
+    assert model.counts() == (4, 3)
     seq(s, 21, start=True)
     seq(s, 21, end=True)
+
+
+@pytest.mark.parametrize("strategy", ["direct { }", "oldest { max_candidate_sequences: 4 }"])
+def test_sequence_update_with_ongoing_sequences(model, start, strategy):
+    """Triton's L0_model_update _test_scheduler_update_with_ongoing_sequences,
+    with a KIND_CPU group of another signature where Triton's has KIND_GPU:
+    the removed instances serving a sequence live until it ends."""
+    batching = f"sequence_batching {{ {strategy} max_sequence_idle_microseconds: 8000000 }}"
+    model.config([cpu(3)], batching=batching)
+    s = start(model)
+    assert load(s).status_code == 200
+    seq(s, 1, start=True)
+    seq(s, 2, start=True)
+    model.config([cpu(1, extra="rate_limiter { priority: 2 }")], batching=batching)
+    assert load(s).status_code == 200
+    assert model.counts() == (4, 1)  # the idle one goes at once
+    seq(s, 1)
+    seq(s, 2)
+    seq(s, 3, start=True)  # on the new instance
+    assert model.counts() == (4, 1)
+    seq(s, 1, end=True)
+    seq(s, 2, end=True)
+    deadline = time.time() + 30
+    while model.counts() != (4, 3) and time.time() < deadline:
+        time.sleep(0.05)
+    assert model.counts() == (4, 3)
+    seq(s, 3, end=True)
+    r = requests.post(f"{s.http_url}/v2/repository/models/{MODEL}/unload", timeout=60)
+    assert r.status_code == 200
+    assert model.counts() == (4, 4)
