@@ -181,7 +181,12 @@ def test_added_instances_are_warmed_up_before_they_serve(model, start):
         futures = [pool.submit(client) for _ in range(3)]
         time.sleep(0.3)
         assert load(s, config).status_code == 200
-        time.sleep(1.0)
+        # until each new instance has served a client (bounded: a loaded
+        # machine may take a while to spread three clients over three)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not all(
+                2.0 in first_runs(model.log()).get(inst(i), []) for i in (1, 2)):
+            time.sleep(0.1)
         stop.set()
         for f in futures:
             f.result()
