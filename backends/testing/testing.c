@@ -26,6 +26,7 @@
  *   fail (string "true") this request fails, the rest of the batch succeeds
  *   wait_for_file (string) execute waits until this path exists (10 s at
  *                          most), so a test decides when the batch ends
+ *   wait_for_file_ms (int) that most, in ms, instead of 10 s
  *   started_file (string) execute creates this file when it starts
  *   stop_on_cancel (string "true") the wait above also ends when the request
  *                          is cancelled, which then fails with CANCELLED
@@ -371,7 +372,9 @@ static nereid_error_t *execute(nereid_instance_t *instance, nereid_batch_t *batc
         const char *path = nereid_batch_request_parameter_string(batch, r, "wait_for_file");
         const char *stop = nereid_batch_request_parameter_string(batch, r, "stop_on_cancel");
         bool may_stop = stop && strcmp(stop, "true") == 0;
-        for (int i = 0; path && access(path, F_OK) != 0 && i < 10000; i++) {
+        int64_t cap;
+        if (!nereid_batch_request_parameter_int(batch, r, "wait_for_file_ms", &cap)) cap = 10000;
+        for (int64_t i = 0; path && access(path, F_OK) != 0 && i < cap; i++) {
             if (may_stop && nereid_batch_request_is_cancelled(batch, r)) break;
             sleep_ms(1);
         }

@@ -680,7 +680,8 @@ void batch_execute(model_instance_t *inst, batch_t *batch)
     batch->t_end_ns = util_now_ns();
     if (inst->rate_limit)
         rate_limiter_release(inst->rate_limit,
-                             atomic_load_explicit(&m->stats.pending, memory_order_relaxed) > 0);
+                             atomic_load_explicit(&m->stats.pending, memory_order_relaxed) > 0,
+                             batch->n_reqs && batch->reqs[0]->warmup);
     if (!batch->timing_reported) {
         batch->t_input_end_ns = batch->t_start_ns;
         batch->t_infer_end_ns = exec_end;
@@ -698,7 +699,7 @@ void batch_release_turn(model_instance_t *inst)
 {
     if (!inst->turn_held) return;
     inst->turn_held = false;
-    rate_limiter_release(inst->rate_limit, false);
+    rate_limiter_release(inst->rate_limit, false, false);
 }
 
 static void batch_record(batch_t *batch)

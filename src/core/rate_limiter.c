@@ -43,12 +43,12 @@ struct rate_limiter_instance {
     rate_limiter_t *rl;
     const void *owner;   /* the model: its instances share deferrals */
     uint64_t priority;   /* >= 1 */
-    uint64_t exec_count; /* executions finished */
+    uint64_t exec_count; /* executions finished, from RATE_LIMITER_STARTUP_TURNS */
     need_t *needs;
     size_t n_needs;
     inst_state_t state;
-    uint64_t staged_seq; /* order of staging, for ties */
-    bool deferred;       /* released with more work; the choice waits for it */
+    uint64_t staged_seq; /* order of staging (deferred: of release), for ties */
+    bool deferred;       /* released with more work, not asked again yet */
 };
 
 typedef struct explicit_count {
@@ -227,6 +227,7 @@ nereid_error_t *rate_limiter_register(rate_limiter_t *rl, const void *owner, int
     inst->rl = rl;
     inst->owner = owner;
     inst->priority = priority ? priority : 1;
+    inst->exec_count = RATE_LIMITER_STARTUP_TURNS;
     inst->needs = xcalloc(n_needs ? n_needs : 1, sizeof *inst->needs);
     pthread_mutex_lock(&rl->lock);
     for (size_t i = 0; i < n_needs; i++) {
@@ -282,13 +283,22 @@ static bool fits(const rate_limiter_t *rl, const rate_limiter_instance_t *inst)
     return true;
 }
 
-/* Starts staged instances in order while the first fits; nothing while a
- * choice is deferred. Called with the lock held. */
+/* Whether a deferred instance (staged, for Triton, when it was released
+ * with more work) comes before inst: the choice waits for it. */
+static bool deferred_before(const rate_limiter_t *rl, const rate_limiter_instance_t *inst)
+{
+    for (size_t i = 0; i < rl->n_insts && rl->n_deferred; i++)
+        if (rl->insts[i]->deferred && before(rl->insts[i], inst)) return true;
+    return false;
+}
+
+/* Starts staged instances in order while the first fits and no deferred
+ * instance comes before it. Called with the lock held. */
 static void start_staged(rate_limiter_t *rl)
 {
     bool started = false;
     rate_limiter_instance_t *inst;
-    while (rl->n_deferred == 0 && (inst = first_staged(rl)) && fits(rl, inst)) {
+    while ((inst = first_staged(rl)) && !deferred_before(rl, inst) && fits(rl, inst)) {
         for (size_t k = 0; k < inst->n_needs; k++)
             rl->pools[inst->needs[k].pool].in_use += inst->needs[k].count;
         inst->state = INST_RUNNING;
@@ -304,10 +314,12 @@ static void clear_deferral(rate_limiter_t *rl, rate_limiter_instance_t *inst)
 }
 
 /* Stages inst: it (or, when it has none, a sibling of the same model) ends
- * its model's deferral. Called with the lock held. */
+ * its model's deferral; its own keeps its place (staged_seq of its
+ * release). Called with the lock held. */
 static void stage(rate_limiter_t *rl, rate_limiter_instance_t *inst)
 {
     assert(inst->state == INST_IDLE);
+    inst->state = INST_STAGED;
     if (inst->deferred) {
         clear_deferral(rl, inst);
     } else {
@@ -316,9 +328,8 @@ static void stage(rate_limiter_t *rl, rate_limiter_instance_t *inst)
                 clear_deferral(rl, rl->insts[i]);
                 break;
             }
+        inst->staged_seq = rl->next_seq++;
     }
-    inst->state = INST_STAGED;
-    inst->staged_seq = rl->next_seq++;
     start_staged(rl);
 }
 
@@ -388,7 +399,7 @@ void rate_limiter_acquire(rate_limiter_instance_t *inst)
     pthread_mutex_unlock(&rl->lock);
 }
 
-void rate_limiter_release(rate_limiter_instance_t *inst, bool more_work)
+void rate_limiter_release(rate_limiter_instance_t *inst, bool more_work, bool warmup)
 {
     rate_limiter_t *rl = inst->rl;
     pthread_mutex_lock(&rl->lock);
@@ -396,13 +407,13 @@ void rate_limiter_release(rate_limiter_instance_t *inst, bool more_work)
     for (size_t k = 0; k < inst->n_needs; k++)
         rl->pools[inst->needs[k].pool].in_use -= inst->needs[k].count;
     inst->state = INST_IDLE;
-    inst->exec_count++;
-    /* Triton stages the instance again before choosing when its model has
-     * work; defer the choice only when that would change it. */
-    rate_limiter_instance_t *first = first_staged(rl);
-    if (more_work && first &&
-        inst->exec_count * inst->priority < first->exec_count * first->priority) {
+    if (!warmup) inst->exec_count++;
+    /* Triton stages the instance again, now, when its model has work: it
+     * takes its place in the order at once (start_staged waits for it when
+     * it comes first), though its thread asks a moment later. */
+    if (more_work) {
         inst->deferred = true;
+        inst->staged_seq = rl->next_seq++;
         rl->n_deferred++;
         pthread_cond_broadcast(&rl->cond); /* waiters now time the deferral */
     }

@@ -17,12 +17,22 @@
  * contention. Only the first in that order may start: when its resources
  * are busy, the others wait too (no overtaking), as in Triton.
  *
- * An instance that finishes while its model still has queued requests would,
- * in Triton, be staged again before the next turn is chosen. Here it takes
- * its next batch itself a moment later, so when it would win against every
- * waiting instance the choice is deferred until it (or another instance of
- * its model) asks again; a deferral that nobody claims lapses after
- * RATE_LIMITER_DEFER_NS, so a cancelled request never stalls the others.
+ * exec_count starts at RATE_LIMITER_STARTUP_TURNS, not 0: Triton passes
+ * each instance's INIT and WARM_UP payloads through the limiter before it
+ * serves, and each counts as an execution (ModelInstanceContext::Release),
+ * so an instance of priority 2 starts 2 behind one of priority 1 rather
+ * than level with it (L0_rate_limiter's cross-model ratio depends on it).
+ * Warmup samples, which Triton runs inside its one WARM_UP payload, are
+ * therefore not counted here.
+ *
+ * An instance that finishes while its model still has queued requests is,
+ * in Triton, staged again before the next turn is chosen. Here its thread
+ * asks a moment later, so it is deferred: it takes its place in the order
+ * at release (its staged_seq then), and no staged instance after it starts
+ * until it (or another instance of its model) asks again, even when another
+ * instance's thread is back first; a deferral that nobody claims lapses
+ * after RATE_LIMITER_DEFER_NS, so a cancelled request never stalls the
+ * others.
  *
  * Workload assumed: tens of instances, a handful of resources each; every
  * operation scans them under one mutex. Instances without rate_limiter
@@ -40,6 +50,9 @@
 
 /* The device of global resources (rate_limiter_capacity). */
 #define RATE_LIMITER_GLOBAL_DEVICE (-2)
+/* Executions every instance has had when it starts serving (Triton's INIT
+ * and WARM_UP payloads). */
+#define RATE_LIMITER_STARTUP_TURNS 2
 /* How long a deferred choice waits for its instance to come back. */
 #define RATE_LIMITER_DEFER_NS (20 * 1000 * 1000)
 
@@ -80,10 +93,12 @@ void rate_limiter_unregister(rate_limiter_instance_t *inst);
 /* Blocks until inst may execute, holding its resources from then on.
  * Thread: the one executing inst's batch; takes only the limiter's lock. */
 void rate_limiter_acquire(rate_limiter_instance_t *inst);
-/* Ends inst's execution: frees its resources, counts the execution and
- * starts whichever staged instances may now run. more_work: inst's model
- * has queued requests (it will most likely ask again at once). */
-void rate_limiter_release(rate_limiter_instance_t *inst, bool more_work);
+/* Ends inst's execution: frees its resources, counts the execution (unless
+ * warmup: a model warmup batch, already counted in
+ * RATE_LIMITER_STARTUP_TURNS) and starts whichever staged instances may now
+ * run. more_work: inst's model has queued requests (it will most likely ask
+ * again at once). */
+void rate_limiter_release(rate_limiter_instance_t *inst, bool more_work, bool warmup);
 
 /* ---- Models (model.c) ---- */
 

@@ -9,6 +9,7 @@ import subprocess
 import threading
 import time
 
+import pytest
 import requests
 
 from conftest import NEREID
@@ -35,10 +36,12 @@ parameters {{ key: "execute_delay_ms" value {{ string_value: "{delay_ms}" }} }}
 
 
 def infer(s, name, gate=None):
+    """One request to `name`; with `gate`, it executes until the file exists
+    (at most 300 s, far beyond any wait in these tests)."""
     body = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 2], "data": [1, 2]}]}
     if gate:
-        body["parameters"] = {"wait_for_file": gate}
-    r = requests.post(f"{s.http_url}/v2/models/{name}/infer", json=body, timeout=60)
+        body["parameters"] = {"wait_for_file": gate, "wait_for_file_ms": 300000}
+    r = requests.post(f"{s.http_url}/v2/models/{name}/infer", json=body, timeout=600)
     assert r.status_code == 200, r.text
     return r
 
@@ -60,8 +63,8 @@ def starts(log):
     return [(e[1], int(e[2])) for e in read_log(log) if e[0] == "start"]
 
 
-def wait_for(cond, what):
-    deadline = time.time() + 30
+def wait_for(cond, what, timeout=120):
+    deadline = time.time() + timeout
     while not cond():
         assert time.time() < deadline, what
         time.sleep(0.01)
@@ -145,11 +148,13 @@ def test_resource_of_two_runs_two(nereid_server, tmp_path):
 def test_priority_gives_half_the_turns(nereid_server, tmp_path):
     """'p1' (priority 1) and 'p2' (priority 2) share R; both have 16
     requests queued when R frees: p2 gets one turn for each two of p1's
-    (Triton: turns by execution count times priority)."""
+    (Triton: turns by execution count times priority). Whether both
+    instances are already waiting for R when it frees does not matter: an
+    instance that comes late still gets the turns its count gives it."""
     repo, log, gate = str(tmp_path / "m"), str(tmp_path / "log"), str(tmp_path / "gate")
     model(repo, "gate", log, [("R", 1, False)])
-    # Executions long enough (10 ms) that the other instance is back in the
-    # limiter when one ends, even on a busy machine.
+    # Executions long enough (10 ms) that an instance's thread is back in
+    # the limiter well before its deferral lapses, even on a busy machine.
     model(repo, "p1", log, [("R", 1, False)], priority=1, delay_ms=10)
     model(repo, "p2", log, [("R", 1, False)], priority=2, delay_ms=10)
     s = nereid_server(repo, "--rate-limit=execution_count")
@@ -157,9 +162,10 @@ def test_priority_gives_half_the_turns(nereid_server, tmp_path):
     wait_for(lambda: ("gate", 1) in starts(log), "gate did not start")
     n = 16
     clients = [in_background(infer, s, name) for name in ["p1", "p2"] * n]
-    wait_for(lambda: pending_requests(s, "p1") == n - 1 and pending_requests(s, "p2") == n - 1,
-             "not every request was accepted")
-    time.sleep(0.2)  # lets both instances reach the limiter
+    # Every request queued while the gate holds R (it holds it until
+    # opened, so the wait can be long on a loaded machine).
+    wait_for(lambda: (pending_requests(s, "p1"), pending_requests(s, "p2")) == (n, n),
+             "not every request was queued", timeout=300)
     open_gate(gate)
     held.join()
     for t in clients:
@@ -168,6 +174,42 @@ def test_priority_gives_half_the_turns(nereid_server, tmp_path):
     assert len(order) == 2 * n
     p2_turns = order[:[i for i, m in enumerate(order) if m == "p1"][n - 1]].count("p2")
     assert n // 2 - 2 <= p2_turns <= n // 2 + 2, " ".join(order)
+
+
+@pytest.mark.parametrize("counts", [["--rate-limit-resource=R:4", "--rate-limit-resource=G:2"], []],
+                         ids=["explicit", "implicit"])
+def test_cross_model_prioritization_limited_resource(nereid_server, tmp_path, counts):
+    """L0_rate_limiter's test_cross_model_prioritization_limited_resource in
+    turns. 'a' is custom_zero_1_float32 (R 4, priority 0 = 1), 'b' its _v2
+    (R 2 and global G 2, priority 2): they never run together, and both
+    always have work. The QA client keeps 8 requests of each in flight and
+    stops once 'a' has sent 80 (when a's 72nd ends); 'b' has then sent its
+    finished turns + 8 and sends one more, so the QA ratio is
+    80 / (b's turns before a's 72nd + 9), and Triton passes it (> 1.8):
+    each instance starts with 2 executions (Triton's INIT and WARM_UP
+    payloads), so b gets 35 of those turns, not 36 (80/45 = 1.78).
+    Here every request is queued while a's first (gated) holds R, so the
+    order of turns is the limiter's alone."""
+    repo, log, gate = str(tmp_path / "m"), str(tmp_path / "log"), str(tmp_path / "gate")
+    model(repo, "a", log, [("R", 4, False)])
+    model(repo, "b", log, [("R", 2, False), ("G", 2, True)], priority=2)
+    s = nereid_server(repo, "--rate-limit=execution_count", *counts)
+    held = in_background(infer, s, "a", gate)
+    wait_for(lambda: ("a", 1) in starts(log), "a did not start")
+    n_a, n_b = 80, 45
+    clients = [in_background(infer, s, name) for name in ["a"] * (n_a - 1) + ["b"] * n_b]
+    wait_for(lambda: (pending_requests(s, "a"), pending_requests(s, "b")) == (n_a - 1, n_b),
+             "not every request was queued", timeout=300)
+    open_gate(gate)
+    held.join()
+    for t in clients:
+        t.join()
+    order = [m for m, _ in starts(log)]
+    assert len(order) == n_a + n_b and max(n for _, n in starts(log)) == 1
+    a72 = [i for i, m in enumerate(order) if m == "a"][71]
+    b_turns = order[:a72].count("b")
+    ratio = n_a / (b_turns + 8 + 1)
+    assert b_turns == 35 and ratio > 1.8, (ratio, "".join(order))
 
 
 def index_reason(s, name):

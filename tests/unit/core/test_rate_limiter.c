@@ -28,6 +28,14 @@ static rate_limiter_instance_t *reg(rate_limiter_t *rl, const void *owner, int d
     return inst;
 }
 
+/* Unregisters insts (none staged or running) and frees rl. */
+static void teardown(rate_limiter_t *rl, rate_limiter_instance_t *const *insts, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        rate_limiter_unregister(insts[i]);
+    rate_limiter_free(rl);
+}
+
 /* rate_limiter.md: instances A, B, C on one device; each pool gets the
  * largest count any instance needs, and shrinks when it goes. */
 static void test_default_counts(void)
@@ -120,21 +128,21 @@ static void test_exclusion(void)
     CHECK(rate_limiter_try_acquire(b1));
     CHECK(rate_limiter_try_acquire(a0));
     CHECK(!rate_limiter_try_acquire(b0));
-    rate_limiter_release(a0, false);
+    rate_limiter_release(a0, false, false);
     CHECK(rate_limiter_running(b0));
     CHECK(!rate_limiter_try_acquire(c1));
-    rate_limiter_release(b1, false);
+    rate_limiter_release(b1, false, false);
     CHECK(rate_limiter_running(c1));
-    rate_limiter_release(b0, false);
-    rate_limiter_release(a1, false);
-    rate_limiter_release(c1, false);
+    rate_limiter_release(b0, false, false);
+    rate_limiter_release(a1, false, false);
+    rate_limiter_release(c1, false, false);
 
     rate_limiter_instance_t *g0 = reg(rl, model_g, 0, g, 1, 1), *g1 = reg(rl, model_g, 1, g, 1, 1);
     CHECK(rate_limiter_try_acquire(g0));
     CHECK(!rate_limiter_try_acquire(g1)); /* one global copy across devices */
-    rate_limiter_release(g0, false);
+    rate_limiter_release(g0, false, false);
     CHECK(rate_limiter_running(g1));
-    rate_limiter_release(g1, false);
+    rate_limiter_release(g1, false, false);
     rate_limiter_instance_t *all[] = {a0, b0, a1, b1, c1, g0, g1};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         rate_limiter_unregister(all[i]);
@@ -169,7 +177,7 @@ static void test_priority_ratio(uint32_t prio_a, uint32_t prio_b, int want_a, in
         int who = running_one(insts, 2);
         CHECK_MSG(who >= 0, "turn %d: %d", t, who);
         if (who < 0) break;
-        rate_limiter_release(insts[who], true);
+        rate_limiter_release(insts[who], true, false);
         rate_limiter_try_acquire(insts[who]);
         int next = running_one(insts, 2);
         CHECK_MSG(next >= 0, "turn %d: %d", t, next);
@@ -179,9 +187,9 @@ static void test_priority_ratio(uint32_t prio_a, uint32_t prio_b, int want_a, in
     CHECK_MSG(turns[0] == want_a && turns[1] == want_b, "priorities %u/%u: %d/%d turns", prio_a,
               prio_b, turns[0], turns[1]);
     int who = running_one(insts, 2);
-    if (who >= 0) rate_limiter_release(insts[who], false);
+    if (who >= 0) rate_limiter_release(insts[who], false, false);
     who = running_one(insts, 2);
-    if (who >= 0) rate_limiter_release(insts[who], false);
+    if (who >= 0) rate_limiter_release(insts[who], false, false);
     rate_limiter_unregister(insts[0]);
     rate_limiter_unregister(insts[1]);
     rate_limiter_free(rl);
@@ -189,13 +197,15 @@ static void test_priority_ratio(uint32_t prio_a, uint32_t prio_b, int want_a, in
 
 /* L0_rate_limiter's cross-model case, turn by turn: A (priority 1) starts
  * alone, B (priority 2) asks during A's first turn, both always have work.
- * Triton stages the finishing instance again (OnRelease) before it chooses,
- * and its staged priority queue keeps the earlier-staged instance on top on
- * a tie, so B runs after A's turns 1, 2, 4, 6, ...: exactly 2:1 from the
- * start, with the waiting instance winning each tie. */
+ * Triton counts each instance's INIT and WARM_UP payloads as executions
+ * (A starts at 2, B at 2 * 2), stages the finishing instance again
+ * (OnRelease) before it chooses, and its staged priority queue keeps the
+ * earlier-staged instance on top on a tie: B runs after A's turns 2, 4,
+ * 6, ... (from 0 counts it would run after A's turns 1, 2, 4, ..., one turn
+ * more: L0_rate_limiter's 80/45 = 1.78 instead of 80/44 = 1.82). */
 static void test_triton_turn_sequence(void)
 {
-    static const char want[] = "ABABAABAABAABAAB";
+    static const char want[] = "AABAABAABAABAABA";
     rate_limiter_t *rl = rate_limiter_new(NULL, 0);
     rate_limiter_need_t r[] = {{"R", false, 1}};
     rate_limiter_instance_t *insts[] = {reg(rl, model_a, 0, r, 1, 1), reg(rl, model_b, 0, r, 1, 2)};
@@ -206,7 +216,7 @@ static void test_triton_turn_sequence(void)
         int who = running_one(insts, 2);
         CHECK_MSG(who >= 0, "turn %zu: %d", t, who);
         if (who < 0) break;
-        rate_limiter_release(insts[who], true);
+        rate_limiter_release(insts[who], true, false);
         rate_limiter_try_acquire(insts[who]);
         int next = running_one(insts, 2);
         CHECK_MSG(next >= 0, "turn %zu: %d", t, next);
@@ -216,11 +226,62 @@ static void test_triton_turn_sequence(void)
     CHECK_MSG(!strcmp(got, want), "turns %s, want %s", got, want);
     for (int i = 0; i < 2; i++) {
         int who = running_one(insts, 2);
-        if (who >= 0) rate_limiter_release(insts[who], false);
+        if (who >= 0) rate_limiter_release(insts[who], false, false);
     }
     rate_limiter_unregister(insts[0]);
     rate_limiter_unregister(insts[1]);
     rate_limiter_free(rl);
+}
+
+/* An instance released with more work takes its place in the order then
+ * (Triton stages it in OnRelease), not when its thread asks: B, whose
+ * thread is back first, still waits for A, which comes before it. */
+static void test_released_keeps_its_place(void)
+{
+    rate_limiter_t *rl = rate_limiter_new(NULL, 0);
+    rate_limiter_need_t r[] = {{"R", false, 1}};
+    rate_limiter_instance_t *a = reg(rl, model_a, 0, r, 1, 1), *b = reg(rl, model_b, 0, r, 1, 2);
+    CHECK(rate_limiter_try_acquire(a));
+    CHECK(!rate_limiter_try_acquire(b));  /* b: 2 * 2 */
+    rate_limiter_release(a, true, false); /* a: 3 < 4 */
+    CHECK(!rate_limiter_running(b));
+    CHECK(rate_limiter_try_acquire(a));
+    rate_limiter_release(a, true, false); /* a: 4, b staged first: b */
+    CHECK(rate_limiter_running(b));
+    rate_limiter_release(b, true, false); /* b: 3 * 2; a (4) not back yet */
+    CHECK(!rate_limiter_try_acquire(b));
+    CHECK(rate_limiter_try_acquire(a));
+    CHECK(rate_limiter_staged(b));
+    rate_limiter_release(a, false, false);
+    CHECK(rate_limiter_running(b));
+    rate_limiter_release(b, false, false);
+    teardown(rl, (rate_limiter_instance_t *[]){a, b}, 2);
+}
+
+/* Warmup executions are not counted (Triton runs every warmup sample in one
+ * WARM_UP payload, counted in RATE_LIMITER_STARTUP_TURNS): after three
+ * warmup runs A (2) still comes before B (3). */
+static void test_warmup_not_counted(void)
+{
+    rate_limiter_t *rl = rate_limiter_new(NULL, 0);
+    rate_limiter_need_t r[] = {{"R", false, 1}};
+    rate_limiter_instance_t *holder = reg(rl, model_g, 0, r, 1, 1);
+    rate_limiter_instance_t *a = reg(rl, model_a, 0, r, 1, 1), *b = reg(rl, model_b, 0, r, 1, 1);
+    for (int i = 0; i < 3; i++) {
+        CHECK(rate_limiter_try_acquire(a));
+        rate_limiter_release(a, false, true);
+    }
+    CHECK(rate_limiter_try_acquire(b));
+    rate_limiter_release(b, false, false);
+    CHECK(rate_limiter_try_acquire(holder));
+    CHECK(!rate_limiter_try_acquire(b));
+    CHECK(!rate_limiter_try_acquire(a));
+    rate_limiter_release(holder, false, false);
+    CHECK(rate_limiter_running(a) && !rate_limiter_running(b));
+    rate_limiter_release(a, false, false);
+    CHECK(rate_limiter_running(b));
+    rate_limiter_release(b, false, false);
+    teardown(rl, (rate_limiter_instance_t *[]){holder, a, b}, 3);
 }
 
 /* The first in turn order waits for its resource; a later one that would
@@ -234,17 +295,14 @@ static void test_no_overtaking(void)
     CHECK(rate_limiter_try_acquire(holder));
     CHECK(!rate_limiter_try_acquire(a));
     CHECK(!rate_limiter_try_acquire(b)); /* S is free, but a comes first */
-    rate_limiter_release(holder, false);
+    rate_limiter_release(holder, false, false);
     CHECK(rate_limiter_running(a) && rate_limiter_running(b));
-    rate_limiter_release(a, false);
-    rate_limiter_release(b, false);
-    rate_limiter_unregister(holder);
-    rate_limiter_unregister(a);
-    rate_limiter_unregister(b);
-    rate_limiter_free(rl);
+    rate_limiter_release(a, false, false);
+    rate_limiter_release(b, false, false);
+    teardown(rl, (rate_limiter_instance_t *[]){holder, a, b}, 3);
 }
 
-/* A finishing instance with more work that would win defers the choice;
+/* A finishing instance with more work defers the choice while it comes first;
  * its own return, a sibling's, or the expiry ends the deferral. */
 static void test_deferral(void)
 {
@@ -254,23 +312,23 @@ static void test_deferral(void)
     rate_limiter_instance_t *b = reg(rl, model_b, 0, r, 1, 4);
     CHECK(rate_limiter_try_acquire(b));
     CHECK(!rate_limiter_try_acquire(a1));
-    rate_limiter_release(b, false);
+    rate_limiter_release(b, false, false);
     CHECK(rate_limiter_running(a1));
-    CHECK(!rate_limiter_try_acquire(b)); /* b: 1 * 4, a1 after one turn: 1 */
-    rate_limiter_release(a1, true);      /* a1 would win: deferred */
+    CHECK(!rate_limiter_try_acquire(b));   /* b: 3 * 4, a1: 2 */
+    rate_limiter_release(a1, true, false); /* a1 would win: deferred */
     CHECK(!rate_limiter_running(b));
-    CHECK(rate_limiter_try_acquire(a1)); /* back at once, and first */
-    rate_limiter_release(a1, true);      /* 2 < 4: deferred again */
+    CHECK(rate_limiter_try_acquire(a1));   /* back at once, and first */
+    rate_limiter_release(a1, true, false); /* 4 < 12: deferred again */
     CHECK(!rate_limiter_running(b));
     CHECK(rate_limiter_try_acquire(a2)); /* its sibling took the work */
-    rate_limiter_release(a2, true);
+    rate_limiter_release(a2, true, false);
     rate_limiter_expire_deferrals(rl); /* nobody came back */
     CHECK(rate_limiter_running(b));
-    rate_limiter_release(b, true); /* nobody staged: no deferral */
+    rate_limiter_release(b, true, false); /* deferred, but a1 (4) comes before b (16) */
     CHECK(rate_limiter_try_acquire(a1));
-    rate_limiter_release(a1, false); /* no more work: no deferral either */
+    rate_limiter_release(a1, false, false); /* no more work: no deferral */
     CHECK(rate_limiter_try_acquire(b));
-    rate_limiter_release(b, false);
+    rate_limiter_release(b, false, false);
     rate_limiter_unregister(a1);
     rate_limiter_unregister(a2);
     rate_limiter_unregister(b);
@@ -293,20 +351,20 @@ static void test_blocking(void)
     rate_limiter_acquire(a);
     pthread_t t;
     CHECK(pthread_create(&t, NULL, acquire_main, b) == 0);
-    rate_limiter_release(a, false);
+    rate_limiter_release(a, false, false);
     pthread_join(t, NULL);
     CHECK(rate_limiter_running(b));
-    rate_limiter_release(b, false); /* b: 1 turn * 5 */
-    rate_limiter_acquire(a);        /* a: 1 turn * 1 */
+    rate_limiter_release(b, false, false); /* b: 3 turns * 5 */
+    rate_limiter_acquire(a);               /* a: 3 turns * 1 */
     CHECK(pthread_create(&t, NULL, acquire_main, b) == 0);
     /* Once b waits, a finishes with work and would win: deferred, but a
      * never asks again. */
     while (!rate_limiter_staged(b))
         sched_yield();
-    rate_limiter_release(a, true);
+    rate_limiter_release(a, true, false);
     pthread_join(t, NULL);
     CHECK(rate_limiter_running(b));
-    rate_limiter_release(b, false);
+    rate_limiter_release(b, false, false);
     rate_limiter_unregister(a);
     rate_limiter_unregister(b);
     rate_limiter_free(rl);
@@ -320,8 +378,10 @@ int main(void)
     test_exclusion();
     test_priority_ratio(1, 2, 20, 10);
     test_priority_ratio(1, 1, 15, 15);
-    test_priority_ratio(0, 3, 22, 8); /* priority 0 counts as 1 */
+    test_priority_ratio(0, 3, 23, 7); /* priority 0 counts as 1; B starts 2 * 3 */
     test_triton_turn_sequence();
+    test_warmup_not_counted();
+    test_released_keeps_its_place();
     test_no_overtaking();
     test_deferral();
     test_blocking();
