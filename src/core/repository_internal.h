@@ -79,6 +79,12 @@ char *repo_resolve_step(nereid_server_t *s, const char *ens_ns, const char *step
 /* Claims model key for the calling operation, waiting while another one has
  * it; held: the caller holds s->control. */
 nereid_error_t *repo_claim(nereid_server_t *s, const char *key, bool held);
+/* An ensemble load holds its composing models' keys (sorted, unique) until
+ * repo_unreserve: taken all at once, waiting while another operation or
+ * another thread's ensemble load has any; the calling thread's own
+ * operations on them go on. held: as for repo_claim. */
+nereid_error_t *repo_reserve(nereid_server_t *s, char *const *keys, size_t n, bool held);
+void repo_unreserve(nereid_server_t *s, char *const *keys, size_t n, bool held);
 void repo_unclaim(nereid_server_t *s, const char *key, bool held);
 /* Whether an operation works on model key. Caller holds s->control. */
 bool repo_claimed(const nereid_server_t *s, const char *key);
