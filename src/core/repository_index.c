@@ -280,6 +280,16 @@ static void claim_release(nereid_server_t *s, struct repository_claim *c)
     pthread_cond_broadcast(&s->claim_ended);
 }
 
+/* Waits until a claim ends; "Server not ready" once the server stops.
+ * Caller holds s->control. */
+static nereid_error_t *claim_wait(nereid_server_t *s)
+{
+    pthread_cond_wait(&s->claim_ended, &s->control);
+    return atomic_load(&s->stopping)
+               ? nereid_error_new(NEREID_ERROR_UNAVAILABLE, "Server not ready")
+               : NULL;
+}
+
 /* Claims model key for the calling operation, waiting while another one has
  * it. held: the caller holds s->control (else, at start-up, it is taken
  * here). A claim the calling thread already has is refused: a model's own
@@ -291,11 +301,7 @@ nereid_error_t *repo_claim(nereid_server_t *s, const char *key, bool held)
 {
     if (!held) pthread_mutex_lock(&s->control);
     nereid_error_t *err = NULL;
-    for (bool waited = false;; waited = true) {
-        if (waited && atomic_load(&s->stopping)) {
-            err = nereid_error_new(NEREID_ERROR_UNAVAILABLE, "Server not ready");
-            break;
-        }
+    while (!err) {
         struct repository_claim *c = claim_find(s, key);
         if (!c) c = claim_add(s, key);
         bool mine = c->busy ? !c->handed_off && pthread_equal(c->owner, pthread_self())
@@ -316,7 +322,7 @@ nereid_error_t *repo_claim(nereid_server_t *s, const char *key, bool held)
             free(name);
             break;
         }
-        pthread_cond_wait(&s->claim_ended, &s->control);
+        err = claim_wait(s);
     }
     if (!held) pthread_mutex_unlock(&s->control);
     return err;
@@ -356,16 +362,11 @@ nereid_error_t *repo_reserve(nereid_server_t *s, char *const *keys, size_t n, bo
 {
     if (!held) pthread_mutex_lock(&s->control);
     nereid_error_t *err = NULL;
-    for (bool waited = false;; waited = true) {
-        if (waited && atomic_load(&s->stopping)) {
-            err = nereid_error_new(NEREID_ERROR_UNAVAILABLE, "Server not ready");
-            break;
-        }
-        bool all = true;
+    for (bool all = false; !all && !err;) {
+        all = true;
         for (size_t i = 0; i < n && all; i++)
             all = reservable(s, keys[i]);
-        if (all) break;
-        pthread_cond_wait(&s->claim_ended, &s->control);
+        if (!all) err = claim_wait(s);
     }
     for (size_t i = 0; i < n && !err; i++) {
         struct repository_claim *c = claim_find(s, keys[i]);
