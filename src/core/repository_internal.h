@@ -141,6 +141,22 @@ void *repo_poll_main(void *arg);
 
 /* ---- Load on demand (repository_on_demand.c) ---- */
 
+/* Under --model-memory-budget, what an explicit load of a model starts
+ * from (repo_budget_mark, before) and its charge (after). */
+typedef struct budget_mark {
+    bool was_ready;
+    long long bytes; /* its charge when it was ready */
+    uint64_t served; /* which models it served */
+    long long rss0;  /* the process's RSS */
+} budget_mark_t;
+void repo_budget_mark(nereid_server_t *s, const char *key, budget_mark_t *m);
+/* Pins key, charges it what its load added, evicts on-demand models to fit
+ * the budget and warns when the pinned ones alone exceed it. Caller holds
+ * s->control. */
+void repo_budget_charge_pinned(nereid_server_t *s, const char *key, const budget_mark_t *m);
+/* The warning when the pinned models alone exceed the budget. */
+void repo_warn_pinned_over_budget(nereid_server_t *s);
+
 /* The process's resident bytes (/proc/self/statm), 0 when unknown. */
 long long repo_rss_bytes(void);
 
