@@ -150,8 +150,9 @@ static const flag_t flags[] = {
     F("model-load-on-demand", FLAG_BOOL, server.model_load_on_demand,
       "Explicit or poll mode: load a model on its first request (false)."),
     F("model-memory-budget", FLAG_LLONG, server.model_memory_budget_bytes,
-      "With --model-load-on-demand: while loaded models (--load-model ones included) use more "
-      "than these bytes, unload the least recently used."),
+      "With --model-load-on-demand: while loaded models (those loaded by --load-model or the "
+      "load API included, never unloaded) use more than these bytes, unload the least "
+      "recently used."),
     F("backend-directory", FLAG_STR, server.backend_directory,
       "Where libnereid_<name>.so backends live."),
     F("log-verbose", FLAG_INT, server.log_verbose, "Verbose logging level (0)."),

@@ -52,7 +52,7 @@ typedef struct model_entry {
     char **tmp_dirs;     /* override copies made for this model, removed with it */
     size_t n_tmp_dirs;
     /* Load on demand (nereid_server_options_t.model_load_on_demand): */
-    bool pinned;                   /* named by --load-model: never evicted */
+    bool pinned;                   /* loaded explicitly (--load-model, load API): never evicted */
     long long memory_bytes;        /* RSS growth across its last load, >= 1 when loaded */
     _Atomic uint64_t last_used_ns; /* last lookup (util_now_ns) */
 } model_entry_t;
@@ -94,6 +94,9 @@ bool repository_decoupled_on_disk(nereid_server_t *s, const char *name);
 /* Whether this thread is running an on-demand load (a request the load
  * makes, from a backend's model init, must not wait for it). */
 bool repository_loading_on_demand(void);
+/* Under --model-memory-budget: the bytes the pinned (explicitly loaded)
+ * models are charged, which the budget cannot evict. Caller holds s->lock. */
+long long repository_pinned_bytes(const nereid_server_t *s);
 
 /* Object storage (remote_repo.c): opens every s3:// / as:// repository,
  * puts its local mirror in s->repos and reads it (an error that stops the

@@ -125,6 +125,7 @@ static void unload_finish(nereid_server_t *s, unloading_t *u)
             e->versions[v].reason = xstrdup("unloaded");
         }
         e->state = MODEL_UNAVAILABLE;
+        e->pinned = false; /* loaded again on demand, it may be evicted */
         free(e->reason);
         e->reason = xstrdup("unloaded");
         if (e->config) config_free(e->config);
@@ -258,6 +259,8 @@ nereid_error_t *nereid_server_load_model(nereid_server_t *s, const char *model,
         return nereid_error_new(NEREID_ERROR_INTERNAL,
                                 "failed to load '%s', failed to poll from model repository", model);
     }
+    /* under a budget: measured, pinned and counted */
+    bool measured = s->opts.model_memory_budget_bytes > 0;
     pthread_mutex_lock(&s->control);
     err = n_files ? NULL : remote_repo_sync_for_load(s, model); /* object storage */
     if (err) {
@@ -273,8 +276,11 @@ nereid_error_t *nereid_server_load_model(nereid_server_t *s, const char *model,
         load_ctx_t ctx = {
             .depth = 0, .load_deps = true, .force = config_json || n_files, .held = true};
         ctx.chain[0] = key;
+        budget_mark_t mark;
+        if (measured) repo_budget_mark(s, key, &mark);
         nereid_error_t *lerr = repo_load_model(s, key, config_json, file_paths, file_contents,
                                                file_sizes, n_files, &ctx);
+        if (measured) repo_budget_charge_pinned(s, key, &mark);
         if (err)
             nereid_error_free(lerr);
         else

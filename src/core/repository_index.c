@@ -243,34 +243,76 @@ char *repo_resolve_step(nereid_server_t *s, const char *ens_ns, const char *step
 
 struct repository_claim {
     char *key;
-    pthread_t owner;
-    bool handed_off; /* to a thread that has not taken it over yet: no owner */
+    bool busy;         /* an operation is changing the model (owner's) */
+    pthread_t owner;   /* busy: the operation's thread */
+    bool handed_off;   /* busy, handed to a thread that has not taken it over yet: no owner */
+    unsigned reserves; /* ensemble loads on reserver's thread that hold it as a composing model */
+    pthread_t reserver;
 };
+
+static struct repository_claim *claim_find(nereid_server_t *s, const char *key)
+{
+    for (size_t i = 0; i < s->n_claims; i++)
+        if (strcmp(s->claims[i].key, key) == 0) return &s->claims[i];
+    return NULL;
+}
+
+static struct repository_claim *claim_add(nereid_server_t *s, const char *key)
+{
+    s->claims = xrealloc(s->claims, (s->n_claims + 1) * sizeof *s->claims);
+    struct repository_claim *c = &s->claims[s->n_claims++];
+    *c = (struct repository_claim){.key = xstrdup(key)};
+    return c;
+}
+
+/* Drops c once neither an operation nor an ensemble load holds it, and
+ * wakes the operations waiting for a claim. */
+static void claim_release(nereid_server_t *s, struct repository_claim *c)
+{
+    if (!c->busy && !c->reserves) {
+        free(c->key);
+        *c = s->claims[--s->n_claims];
+        if (!s->n_claims) {
+            free(s->claims);
+            s->claims = NULL;
+        }
+    }
+    pthread_cond_broadcast(&s->claim_ended);
+}
+
+/* Waits until a claim ends; "Server not ready" once the server stops.
+ * Caller holds s->control. */
+static nereid_error_t *claim_wait(nereid_server_t *s)
+{
+    pthread_cond_wait(&s->claim_ended, &s->control);
+    return atomic_load(&s->stopping)
+               ? nereid_error_new(NEREID_ERROR_UNAVAILABLE, "Server not ready")
+               : NULL;
+}
 
 /* Claims model key for the calling operation, waiting while another one has
  * it. held: the caller holds s->control (else, at start-up, it is taken
  * here). A claim the calling thread already has is refused: a model's own
  * init (on the thread loading it) cannot load or unload that model, and
- * waiting would never end. */
+ * waiting would never end. A composing model that an ensemble load on the
+ * calling thread holds (repo_reserve) is claimed at once: that load loads
+ * its steps. */
 nereid_error_t *repo_claim(nereid_server_t *s, const char *key, bool held)
 {
     if (!held) pthread_mutex_lock(&s->control);
     nereid_error_t *err = NULL;
-    for (bool waited = false;; waited = true) {
-        if (waited && atomic_load(&s->stopping)) {
-            err = nereid_error_new(NEREID_ERROR_UNAVAILABLE, "Server not ready");
+    while (!err) {
+        struct repository_claim *c = claim_find(s, key);
+        if (!c) c = claim_add(s, key);
+        bool mine = c->busy ? !c->handed_off && pthread_equal(c->owner, pthread_self())
+                            : !c->reserves || pthread_equal(c->reserver, pthread_self());
+        if (mine && !c->busy) {
+            c->busy = true;
+            c->owner = pthread_self();
+            c->handed_off = false;
             break;
         }
-        size_t i = 0;
-        while (i < s->n_claims && strcmp(s->claims[i].key, key) != 0)
-            i++;
-        if (i == s->n_claims) {
-            s->claims = xrealloc(s->claims, (s->n_claims + 1) * sizeof *s->claims);
-            s->claims[s->n_claims++] =
-                (struct repository_claim){xstrdup(key), pthread_self(), false};
-            break;
-        }
-        if (!s->claims[i].handed_off && pthread_equal(s->claims[i].owner, pthread_self())) {
+        if (mine) {
             const char *ns;
             char *name = repo_key_split(key, &ns);
             err = nereid_error_new(NEREID_ERROR_UNAVAILABLE,
@@ -280,7 +322,7 @@ nereid_error_t *repo_claim(nereid_server_t *s, const char *key, bool held)
             free(name);
             break;
         }
-        pthread_cond_wait(&s->claim_ended, &s->control);
+        err = claim_wait(s);
     }
     if (!held) pthread_mutex_unlock(&s->control);
     return err;
@@ -289,21 +331,68 @@ nereid_error_t *repo_claim(nereid_server_t *s, const char *key, bool held)
 void repo_unclaim(nereid_server_t *s, const char *key, bool held)
 {
     if (!held) pthread_mutex_lock(&s->control);
-    for (size_t i = 0; i < s->n_claims; i++) {
-        if (strcmp(s->claims[i].key, key) != 0) continue;
-        free(s->claims[i].key);
-        s->claims[i] = s->claims[--s->n_claims];
-        break;
+    struct repository_claim *c = claim_find(s, key);
+    if (c) {
+        c->busy = false;
+        c->handed_off = false;
+        claim_release(s, c);
+    } else {
+        pthread_cond_broadcast(&s->claim_ended);
     }
-    if (!s->n_claims) {
-        free(s->claims);
-        s->claims = NULL;
-    }
-    pthread_cond_broadcast(&s->claim_ended);
     if (!held) pthread_mutex_unlock(&s->control);
 }
 
-/* Whether an operation works on model key. Caller holds s->control. */
+/* Whether the calling thread may reserve key: no other operation works on
+ * it and no ensemble load on another thread holds it. */
+static bool reservable(nereid_server_t *s, const char *key)
+{
+    struct repository_claim *c = claim_find(s, key);
+    if (!c) return true;
+    if (c->busy && (c->handed_off || !pthread_equal(c->owner, pthread_self()))) return false;
+    return !c->reserves || pthread_equal(c->reserver, pthread_self());
+}
+
+/* An ensemble load holds its composing models' keys (sorted, unique) until it
+ * ends, so no other operation unloads or reloads one meanwhile (Triton
+ * locks the load's whole dependency set). All are taken at once, once none
+ * is held elsewhere: two ensemble loads that share steps never hold part
+ * each, whatever their steps' order. The calling thread's own operations on
+ * them go on (repo_claim). held: as for repo_claim. */
+nereid_error_t *repo_reserve(nereid_server_t *s, char *const *keys, size_t n, bool held)
+{
+    if (!held) pthread_mutex_lock(&s->control);
+    nereid_error_t *err = NULL;
+    for (bool all = false; !all && !err;) {
+        all = true;
+        for (size_t i = 0; i < n && all; i++)
+            all = reservable(s, keys[i]);
+        if (!all) err = claim_wait(s);
+    }
+    for (size_t i = 0; i < n && !err; i++) {
+        struct repository_claim *c = claim_find(s, keys[i]);
+        if (!c) c = claim_add(s, keys[i]);
+        c->reserves++;
+        c->reserver = pthread_self();
+    }
+    if (!held) pthread_mutex_unlock(&s->control);
+    return err;
+}
+
+/* Ends repo_reserve of keys. */
+void repo_unreserve(nereid_server_t *s, char *const *keys, size_t n, bool held)
+{
+    if (!held) pthread_mutex_lock(&s->control);
+    for (size_t i = 0; i < n; i++) {
+        struct repository_claim *c = claim_find(s, keys[i]);
+        if (!c || !c->reserves) continue;
+        c->reserves--;
+        claim_release(s, c);
+    }
+    if (!held) pthread_mutex_unlock(&s->control);
+}
+
+/* Whether an operation works on model key, or an ensemble load holds it.
+ * Caller holds s->control. */
 bool repo_claimed(const nereid_server_t *s, const char *key)
 {
     for (size_t i = 0; i < s->n_claims; i++)
@@ -444,7 +533,7 @@ char **repo_name_keys(nereid_server_t *s, const char *name, size_t *n)
 void repo_claim_transfer(nereid_server_t *s, const char *key, bool handing_off)
 {
     for (size_t i = 0; i < s->n_claims; i++)
-        if (strcmp(s->claims[i].key, key) == 0) {
+        if (strcmp(s->claims[i].key, key) == 0 && s->claims[i].busy) {
             s->claims[i].owner = pthread_self();
             s->claims[i].handed_off = handing_off;
         }

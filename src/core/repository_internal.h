@@ -79,6 +79,12 @@ char *repo_resolve_step(nereid_server_t *s, const char *ens_ns, const char *step
 /* Claims model key for the calling operation, waiting while another one has
  * it; held: the caller holds s->control. */
 nereid_error_t *repo_claim(nereid_server_t *s, const char *key, bool held);
+/* An ensemble load holds its composing models' keys (sorted, unique) until
+ * repo_unreserve: taken all at once, waiting while another operation or
+ * another thread's ensemble load has any; the calling thread's own
+ * operations on them go on. held: as for repo_claim. */
+nereid_error_t *repo_reserve(nereid_server_t *s, char *const *keys, size_t n, bool held);
+void repo_unreserve(nereid_server_t *s, char *const *keys, size_t n, bool held);
 void repo_unclaim(nereid_server_t *s, const char *key, bool held);
 /* Whether an operation works on model key. Caller holds s->control. */
 bool repo_claimed(const nereid_server_t *s, const char *key);
@@ -134,6 +140,22 @@ void repo_unload_model(nereid_server_t *s, const char *key, bool dependents, int
 void *repo_poll_main(void *arg);
 
 /* ---- Load on demand (repository_on_demand.c) ---- */
+
+/* Under --model-memory-budget, what an explicit load of a model starts
+ * from (repo_budget_mark, before) and its charge (after). */
+typedef struct budget_mark {
+    bool was_ready;
+    long long bytes; /* its charge when it was ready */
+    uint64_t served; /* which models it served */
+    long long rss0;  /* the process's RSS */
+} budget_mark_t;
+void repo_budget_mark(nereid_server_t *s, const char *key, budget_mark_t *m);
+/* Pins key, charges it what its load added, evicts on-demand models to fit
+ * the budget and warns when the pinned ones alone exceed it. Caller holds
+ * s->control. */
+void repo_budget_charge_pinned(nereid_server_t *s, const char *key, const budget_mark_t *m);
+/* The warning when the pinned models alone exceed the budget. */
+void repo_warn_pinned_over_budget(nereid_server_t *s);
 
 /* The process's resident bytes (/proc/self/statm), 0 when unknown. */
 long long repo_rss_bytes(void);

@@ -71,6 +71,54 @@ static nereid_error_t *find_cycle(nereid_server_t *s, const char *start, const c
     return err;
 }
 
+/* Adds key to the sorted set keys[*n] unless it is there; whether added. */
+static bool key_set_add(char ***keys, size_t *n, const char *key)
+{
+    size_t at = 0;
+    while (at < *n && strcmp((*keys)[at], key) < 0)
+        at++;
+    if (at < *n && strcmp((*keys)[at], key) == 0) return false;
+    *keys = xrealloc(*keys, (*n + 1) * sizeof **keys);
+    memmove(&(*keys)[at + 1], &(*keys)[at], (*n - at) * sizeof **keys);
+    (*keys)[at] = xstrdup(key);
+    (*n)++;
+    return true;
+}
+
+/* The composing models of ensemble key (config cfg) and, through nested
+ * ensembles, theirs (as their configs on disk say): sorted, unique, without
+ * key; NULL when none. Triton's load locks this dependency set. */
+static char **composing_models(nereid_server_t *s, const char *key, const model_config_t *cfg,
+                               size_t *n)
+{
+    const char *ns;
+    free(repo_key_split(key, &ns));
+    char **keys = NULL, **todo = NULL;
+    size_t n_todo = 0;
+    *n = 0;
+    const Inference__ModelEnsembling *es = cfg->ensemble_scheduling;
+    size_t n_top = es ? es->n_step : 0;
+    char **top = xcalloc(n_top ? n_top : 1, sizeof *top);
+    for (size_t i = 0; i < n_top; i++)
+        top[i] = repo_resolve_step(s, ns, es->step[i]->model_name);
+    for (char **sub = top, **next = NULL; sub; sub = next, next = NULL) {
+        for (size_t i = 0; i < n_top; i++) {
+            if (!sub[i] || strcmp(sub[i], key) == 0 || !key_set_add(&keys, n, sub[i])) continue;
+            todo = xrealloc(todo, (n_todo + 1) * sizeof *todo);
+            todo[n_todo++] = xstrdup(sub[i]);
+        }
+        repo_free_names(sub, n_top);
+        n_top = 0;
+        while (n_todo && !next) { /* a nested ensemble's steps come next */
+            char *k = todo[--n_todo];
+            next = repo_ensemble_steps(s, k, &n_top);
+            free(k);
+        }
+    }
+    free(todo);
+    return keys;
+}
+
 /* Makes every composing model of an ensemble ready (loading it when
  * ctx->load_deps, or when it is an ensemble not tried yet). Triton's checks
  * and texts, in its order: composing models that do not exist, circular
@@ -303,6 +351,8 @@ typedef struct load_plan {
     int64_t *discard_v;
     size_t n_discard;
     bool step_gone; /* an ensemble whose step was unloaded meanwhile */
+    char **steps;   /* an ensemble's composing models, held until the load ends */
+    size_t n_steps;
     /* plan_commit */
     model_t **drain; /* the served models the swap replaced */
     int64_t *drain_v;
@@ -435,6 +485,17 @@ static nereid_error_t *plan_read(load_plan_t *p)
     } else {
         err = repo_read_config(s, p->name, p->load_dir, p->override_json, &p->cfg);
         p->config_failed = err != NULL;
+    }
+    if (!err && repo_is_ensemble(p->cfg)) {
+        /* held until the whole load ends (load_model_as), so no step is
+         * unloaded or reloaded by another operation meanwhile */
+        p->steps = composing_models(s, p->key, p->cfg, &p->n_steps);
+        err = repo_reserve(s, p->steps, p->n_steps, p->ctx->held);
+        if (err) {
+            repo_free_names(p->steps, p->n_steps);
+            p->steps = NULL;
+            p->n_steps = 0;
+        }
     }
     if (!err && repo_is_ensemble(p->cfg))
         err = load_dependencies(s, p->key, p->name, p->cfg, p->ctx);
@@ -809,6 +870,8 @@ static nereid_error_t *load_model_as(nereid_server_t *s, const char *key, const 
         plan_commit(&p);
         err = plan_drain(&p);
     }
+    if (p.n_steps) repo_unreserve(s, p.steps, p.n_steps, ctx->held);
+    repo_free_names(p.steps, p.n_steps);
     plan_free(&p);
     return err;
 }

@@ -201,6 +201,87 @@ static const char *on_demand_key(nereid_server_t *s, const char *name, nereid_er
     return key;
 }
 
+/* ---- Explicit loads under the budget ---- */
+
+/* Which models e serves (their addresses): a load that kept them all
+ * loaded nothing. Caller holds s->lock. */
+static uint64_t served_models(const model_entry_t *e)
+{
+    uint64_t sig = 1469598103934665603ULL;
+    for (size_t v = 0; v < e->n_versions; v++)
+        if (e->versions[v].model && e->versions[v].state == MODEL_READY)
+            sig = (sig ^ (uint64_t)(uintptr_t)e->versions[v].model) * 1099511628211ULL;
+    return sig;
+}
+
+void repo_budget_mark(nereid_server_t *s, const char *key, budget_mark_t *m)
+{
+    memset(m, 0, sizeof *m);
+    malloc_trim(0);
+    pthread_rwlock_rdlock(&s->lock);
+    model_entry_t *e = repository_find(s, key);
+    m->was_ready = e && repo_entry_has_ready(e);
+    if (m->was_ready) {
+        m->bytes = e->memory_bytes;
+        m->served = served_models(e);
+    }
+    pthread_rwlock_unlock(&s->lock);
+    m->rss0 = repo_rss_bytes();
+}
+
+/* The bytes the pinned (explicitly loaded) models are charged. Caller
+ * holds s->lock. */
+long long repository_pinned_bytes(const nereid_server_t *s)
+{
+    long long total = 0;
+    for (size_t i = 0; i < s->n_models; i++)
+        if (s->models[i]->pinned && repo_entry_has_ready(s->models[i]))
+            total += s->models[i]->memory_bytes;
+    return total;
+}
+
+void repo_warn_pinned_over_budget(nereid_server_t *s)
+{
+    pthread_rwlock_rdlock(&s->lock);
+    long long total = repository_pinned_bytes(s), budget = s->opts.model_memory_budget_bytes;
+    pthread_rwlock_unlock(&s->lock);
+    if (budget > 0 && total > budget)
+        LOG_WARN("pinned models (--load-model, load API) use %lld bytes, over the memory budget "
+                 "of %lld bytes: only the model loaded last on demand stays beside them",
+                 total, budget);
+}
+
+/* After the explicit load of key that repo_budget_mark began: the model is
+ * pinned (never evicted) and charged what the RSS grew across its load (a
+ * reload: its old charge plus the change; a load that changed nothing keeps
+ * the charge and evicts nothing), on-demand models are unloaded to fit
+ * beside it, and a warning says when the pinned models alone exceed the
+ * budget. The load is not serialized with others (it may not wait for an
+ * on-demand load: a Python model's initialize loads models, and makes
+ * requests, from threads of its own): what overlapping loads add is
+ * counted in each, so the budget errs towards unloading more. Caller holds
+ * s->control. */
+void repo_budget_charge_pinned(nereid_server_t *s, const char *key, const budget_mark_t *m)
+{
+    long long grown = repo_rss_bytes() - m->rss0;
+    pthread_rwlock_wrlock(&s->lock);
+    model_entry_t *e = repository_find(s, key);
+    bool ready = e && repo_entry_has_ready(e);
+    bool same = ready && m->was_ready && served_models(e) == m->served && m->bytes > 0;
+    long long bytes = same ? m->bytes : (m->was_ready ? m->bytes : 0) + grown;
+    if (bytes < 1) bytes = 1;
+    if (ready) {
+        e->pinned = true;
+        e->memory_bytes = bytes;
+        atomic_store(&e->last_used_ns, util_now_ns());
+    }
+    pthread_rwlock_unlock(&s->lock);
+    if (!ready || same) return;
+    LOG_INFO("loaded pinned '%s' (%lld bytes)", key, bytes);
+    evict_over_budget(s, key);
+    repo_warn_pinned_over_budget(s);
+}
+
 nereid_error_t *repository_load_on_demand(nereid_server_t *s, const char *name)
 {
     const char *plain = name;

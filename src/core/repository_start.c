@@ -107,22 +107,6 @@ static void charge_pinned_load(nereid_server_t *s, const char *key, long long gr
     LOG_INFO("loaded pinned '%s' (%lld bytes)", key, grown);
 }
 
-/* After the pinned models' start-up loads: whether they alone exceed the
- * budget (then every on-demand load unloads the previous on-demand model). */
-static void warn_pinned_over_budget(nereid_server_t *s)
-{
-    long long total = 0, budget = s->opts.model_memory_budget_bytes;
-    pthread_rwlock_rdlock(&s->lock);
-    for (size_t i = 0; i < s->n_models; i++)
-        if (s->models[i]->pinned && repo_entry_has_ready(s->models[i]))
-            total += s->models[i]->memory_bytes;
-    pthread_rwlock_unlock(&s->lock);
-    if (total > budget)
-        LOG_WARN("pinned models (--load-model) use %lld bytes, over the memory budget of %lld "
-                 "bytes: only the model loaded last on demand stays beside them",
-                 total, budget);
-}
-
 /* Loads the plain models among p->names; an ensemble (it needs its steps)
  * is only marked in p->is_ensemble for the caller. Each config is read once,
  * in a first pass, and handed to load_model in the second. The first pass
@@ -286,7 +270,7 @@ nereid_error_t *repository_start(nereid_server_t *s)
         nereid_error_free(repo_load_model(s, wanted[i], NULL, NULL, NULL, NULL, 0, &ctx));
         if (measure) charge_pinned_load(s, wanted[i], repo_rss_bytes() - rss0);
     }
-    if (measure) warn_pinned_over_budget(s);
+    if (measure) repo_warn_pinned_over_budget(s);
     free(wanted);
     free(ens);
     /* Triton (PollModels): a --load-model name no repository has is logged,

@@ -839,6 +839,14 @@ static void on_demand_metrics_text(FILE *out, nereid_server_t *s)
     for (size_t i = 0; i < sizeof counters / sizeof counters[0]; i++)
         fprintf(out, "# HELP %s %s\n# TYPE %s counter\n%s %" PRIu64 "\n", counters[i].name,
                 counters[i].help, counters[i].name, counters[i].name, counters[i].value);
+    if (s->opts.model_memory_budget_bytes <= 0) return;
+    fprintf(out,
+            "# HELP nereid_model_memory_budget_bytes --model-memory-budget\n# TYPE "
+            "nereid_model_memory_budget_bytes gauge\nnereid_model_memory_budget_bytes %lld\n"
+            "# HELP nereid_model_memory_pinned_bytes Measured memory of the models loaded "
+            "explicitly (--load-model, load API), which are never evicted\n# TYPE "
+            "nereid_model_memory_pinned_bytes gauge\nnereid_model_memory_pinned_bytes %lld\n",
+            s->opts.model_memory_budget_bytes, repository_pinned_bytes(s));
 }
 
 nereid_error_t *nereid_server_metrics(nereid_server_t *s, char **text_out)

@@ -284,16 +284,10 @@ def test_load_without_config_keeps_the_override_until_files_change(tmp_path, ner
 
 def test_step_unloaded_while_its_ensemble_loads(tmp_path, nereid_server):
     # L0_lifecycle test_concurrent_model_load_unload: the ensemble is being
-    # loaded (its step loads slowly) when its step is unloaded; the unload
-    # waits for the step's load, and the ensemble ends unloaded too, as
-    # Triton's dependency graph leaves it. Known difference: Triton's unload
-    # waits for the whole ensemble load (the step is in the load's dependency
-    # set); Nereid's waits for the step's own load only, so when the unload
-    # runs between the step's load and the ensemble's own, the ensemble load
-    # fails with "depends on 'slowstep' which has no loaded version" (seen
-    # under ASan, about one run in three) and strict readiness then reports
-    # the server not ready, where Triton's test expects ready. Both models
-    # end unloaded either way; the server is ready when the load succeeded.
+    # loaded (its step loads slowly) when its step is unloaded; as Triton's
+    # (the step is in the load's dependency set), the unload waits for the
+    # whole ensemble load, which succeeds, and then the step and the
+    # ensemble end unloaded, as Triton's dependency graph leaves them.
     import threading
     repo = str(tmp_path / "models")
     write_model(repo, "slowstep", IDENTITY_SLOW)
@@ -313,14 +307,10 @@ ensemble_scheduling { step [ { model_name: "slowstep" input_map { key: "INPUT0" 
     r = requests.post(f"{url}/slowstep/unload", timeout=60)
     t.join()
     assert r.status_code == 200, r.text
-    assert res["load"].status_code == 200 or (
-        res["load"].status_code == 400
-        and "depends on 'slowstep' which has no loaded version" in res["load"].text), \
-        res["load"].text
+    assert res["load"].status_code == 200, res["load"].text
     assert ready(s, "slowstep") != 200
     assert ready(s, "ens") != 200
-    if res["load"].status_code == 200:
-        assert requests.get(s.http_url + "/v2/health/ready", timeout=30).status_code == 200
+    assert requests.get(s.http_url + "/v2/health/ready", timeout=30).status_code == 200
 
 
 def test_verbose_2_load_and_unload_trace_lines(tmp_path, nereid_server):
