@@ -45,9 +45,10 @@ class TritonPythonModel:
             except pb_utils.TritonModelException as e:
                 seen.append([op, name, str(e)])
         path = os.path.join(args["model_repository"], "..", "..", "seen_NAME.json")
-        with open(path + ".tmp", "w") as f:
+        tmp = f"{path}.{os.getpid()}"  # each instance (a process) its own
+        with open(tmp, "w") as f:
             json.dump(seen, f)
-        os.replace(path + ".tmp", path)
+        os.replace(tmp, path)
 
     def execute(self, requests):
         return [pb_utils.InferenceResponse([pb_utils.Tensor(
