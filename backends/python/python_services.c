@@ -82,13 +82,20 @@ static void api_answer(chan_t *c, json_t *call, json_t *answer)
 }
 
 /* Model control may wait for loads and unloads: it runs on a thread of its
- * own, counted with the BLS calls so the instance outlives it. */
+ * own, counted with the BLS calls so the instance outlives it. While the
+ * model is being loaded (a call from its initialize) the thread acts for
+ * that load (ABI 1.12): the load waits for initialize, which waits for
+ * this call, so the call takes the models that load holds as its own (an
+ * ensemble's steps) and is refused at once the model the load is loading,
+ * instead of waiting for the load. */
 static void *api_job_main(void *arg)
 {
     api_job_t *job = arg;
+    nereid_model_act_for_load(job->in->model);
     api_answer(job->chan, job->msg->json,
                python_api_model_control(job->in->server, job->msg->json, job->msg->blob,
                                         job->msg->blob_len));
+    nereid_model_act_end();
     instance_t *in = job->in;
     msg_free(job->msg);
     chan_unref(job->chan);

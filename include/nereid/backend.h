@@ -88,6 +88,8 @@
  *        nereid_backend_model_body_release; optional entry points)
  *   1.11 nereid_backend_instance_abort (optional entry point: the progress
  *        watchdog ends a stuck execution)
+ *   1.12 nereid_model_act_for_load / nereid_model_act_end (model control from
+ *        a model's init on a thread of the backend)
  */
 #ifndef NEREID_BACKEND_H
 #define NEREID_BACKEND_H
@@ -105,8 +107,9 @@ extern "C" {
  * 7: nereid_model_set_inline_max_us, custom metrics,
  * nereid_batch_request_output_requested, nereid_batch_request_reschedule,
  * nereid_batch_request_trace; 8: nereid_model_report_response;
- * 9: nereid_batch_request_output_view; 10: nereid_backend_model_body_alloc */
-#define NEREID_BACKEND_ABI_MINOR 11u
+ * 9: nereid_batch_request_output_view; 10: nereid_backend_model_body_alloc;
+ * 11: nereid_backend_instance_abort; 12: nereid_model_act_for_load */
+#define NEREID_BACKEND_ABI_MINOR 12u
 #define NEREID_BACKEND_ABI_VERSION ((NEREID_BACKEND_ABI_MAJOR << 16) | NEREID_BACKEND_ABI_MINOR)
 
 typedef struct nereid_backend nereid_backend_t;   /* one per loaded library */
@@ -386,6 +389,22 @@ NEREID_EXPORT bool nereid_sender_is_cancelled(const nereid_response_sender_t *se
  * Valid while the model is loaded. A backend must not wait inside execute
  * for a request to a model whose instances are all busy waiting on it. */
 NEREID_EXPORT nereid_server_t *nereid_model_server(const nereid_model_t *model);
+
+/* ABI 1.12: model control from a model's init on another thread. A model's
+ * init (model and instance init, warm-up) may load and unload models
+ * through server.h; a backend that makes those calls on a thread of its
+ * own (the Python backend's pb_utils.load_model in initialize) calls
+ * nereid_model_act_for_load(model) on that thread first: until
+ * nereid_model_act_end() the thread acts for the load that is initializing
+ * model. Its loads and unloads then take the composing models an ensemble
+ * load holds when that load is the one loading model (steps of the same
+ * ensemble), and a load or unload of a model that load is still working on
+ * (model itself) fails at once ("model '<m>' is being loaded or unloaded
+ * by the call that made this one") instead of waiting for a load that
+ * waits for it. Returns false, and the thread acts for itself, once
+ * model's load is over (or when it is not being loaded). */
+NEREID_EXPORT bool nereid_model_act_for_load(const nereid_model_t *model);
+NEREID_EXPORT void nereid_model_act_end(void);
 
 /* ABI 1.6: what request r carries besides tensors and parameters (Triton's
  * TRITONBACKEND_RequestCorrelationId/-String, RequestFlags, timeout):

@@ -44,6 +44,18 @@ bool model_can_update_instances(const model_t *m);
  * or warm-up failed) m is unchanged.
  * Thread: the loading one (the repository serializes loads). */
 nereid_error_t *model_update_instances(model_t *m, const model_config_t *cfg);
+/* Who a repository operation is (load_ops.c), for the claims: the calling
+ * thread's own operation, and whether it works for operation op (its own,
+ * or one it acts for: the load initializing a model whose control calls it
+ * runs). model_load and model_update_instances mark m with the calling
+ * thread's operations while they initialize it (load_op_mark_loading);
+ * load_op_act_for(m) has the calling thread act for them until
+ * load_op_act_end (false: m's load is over, it acts for itself). */
+uint64_t load_op_self(void);
+bool load_op_acts_for(uint64_t op);
+void load_op_mark_loading(model_t *m, bool loading);
+bool load_op_act_for(model_t *m);
+void load_op_act_end(void);
 /* The backend library name a config selects, or NULL (ensemble/unknown). */
 const char *model_backend_for(const model_config_t *cfg);
 /* model_hold turns a reference the caller owns (from a lookup) into a hold

@@ -171,7 +171,9 @@ static void *instance_init_main(void *arg)
     model_instance_t *inst = arg;
     model_t *m = inst->model;
     nereid_error_t *err = NULL;
+    load_op_act_for(m); /* the init's own model control is the load's */
     if (m->backend->instance_init) err = m->backend->instance_init((nereid_instance_t *)inst);
+    load_op_act_end();
     inst->init_error = err;
     inst->init_ok = !err;
     inst->init_done = true;
@@ -428,7 +430,17 @@ static void join_gone(model_t *m)
     }
 }
 
+static nereid_error_t *update_instances(model_t *m, const model_config_t *cfg);
+
 nereid_error_t *model_update_instances(model_t *m, const model_config_t *cfg)
+{
+    load_op_mark_loading(m, true);
+    nereid_error_t *err = update_instances(m, cfg);
+    load_op_mark_loading(m, false);
+    return err;
+}
+
+static nereid_error_t *update_instances(model_t *m, const model_config_t *cfg)
 {
     if (!model_can_update_instances(m))
         return nereid_error_new(NEREID_ERROR_INTERNAL, "model '%s' cannot update its instances",
@@ -640,6 +652,7 @@ nereid_error_t *model_load(nereid_server_t *server, const model_load_args_t *arg
     atomic_store(&m->exec_avg_ns, UINT64_MAX);
     pthread_mutex_init(&m->lock, NULL);
     pthread_cond_init(&m->cond, NULL);
+    load_op_mark_loading(m, true); /* until its init is done */
     nereid_error_t *err = NULL;
     const char *bname = model_backend_for(m->config);
     if (!bname && strcmp(m->config->platform, "ensemble") != 0) {
@@ -686,9 +699,11 @@ nereid_error_t *model_load(nereid_server_t *server, const model_load_args_t *arg
         if (err) goto fail;
         m->stats.load_ns = util_now_ns() - load_start_ns;
     }
+    load_op_mark_loading(m, false);
     *out = m;
     return NULL;
 fail:
+    load_op_mark_loading(m, false);
     /* Not model_unref alone: instance threads (which may have run warmup
      * completions) must be joined before the loader's reference goes. */
     model_unload(m);

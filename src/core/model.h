@@ -133,6 +133,14 @@ typedef struct model_instance {
 } model_instance_t;
 
 /* A loaded model version. nereid_model_t (backend.h) is this struct. */
+/* The operations a thread works for (load_ops.c): its own first, then the
+ * ones it acts for. */
+#define LOAD_OP_CHAIN_MAX 16
+typedef struct load_op_chain {
+    uint64_t ids[LOAD_OP_CHAIN_MAX];
+    size_t n;
+} load_op_chain_t;
+
 typedef struct model {
     nereid_server_t *server;
     char *name;
@@ -186,6 +194,7 @@ typedef struct model {
     bool model_initialized; /* backend model_init succeeded: model_fini owed */
     bool rate_limited;      /* an instance has rate_limit: never run on a caller's thread */
     pthread_mutex_t lock;   /* guards instance init handshake */
+    load_op_chain_t loader; /* while a load initializes it (n > 0): its operations; under lock */
     pthread_cond_t cond;
     /* A model's execution threads start with its first request
      * (model_start_instances), not at load: a thousand loaded, idle models

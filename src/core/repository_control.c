@@ -361,11 +361,13 @@ static nereid_error_t *unload_request(nereid_server_t *s, const char *model, boo
             repo_unload_model(s, keys[i], dependents, 0);
             continue;
         }
-        err = repo_claim(s, keys[i], true);
-        if (err) {
-            LOG_ERROR("failed to unload '%s': %s", keys[i], nereid_error_message(err));
-            nereid_error_free(err);
-            err = NULL;
+        nereid_error_t *cerr = repo_claim(s, keys[i], true);
+        if (cerr) { /* the caller is told (the first one) */
+            LOG_ERROR("failed to unload '%s': %s", keys[i], nereid_error_message(cerr));
+            if (err)
+                nereid_error_free(cerr);
+            else
+                err = cerr;
             continue;
         }
         async_unload_t *a = xcalloc(1, sizeof *a);
@@ -379,7 +381,7 @@ static nereid_error_t *unload_request(nereid_server_t *s, const char *model, boo
     }
     repo_free_names(keys, n);
     pthread_mutex_unlock(&s->control);
-    return NULL;
+    return err;
 }
 
 nereid_error_t *nereid_server_unload_model(nereid_server_t *s, const char *model,

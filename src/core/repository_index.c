@@ -244,10 +244,10 @@ char *repo_resolve_step(nereid_server_t *s, const char *ens_ns, const char *step
 struct repository_claim {
     char *key;
     bool busy;         /* an operation is changing the model (owner's) */
-    pthread_t owner;   /* busy: the operation's thread */
+    uint64_t owner;    /* busy: the operation (load_op_self) */
     bool handed_off;   /* busy, handed to a thread that has not taken it over yet: no owner */
-    unsigned reserves; /* ensemble loads on reserver's thread that hold it as a composing model */
-    pthread_t reserver;
+    unsigned reserves; /* ensemble loads that hold it as a composing model: reserver's, */
+    uint64_t reserver; /* ... and those of the operations acting for it */
 };
 
 static struct repository_claim *claim_find(nereid_server_t *s, const char *key)
@@ -292,11 +292,12 @@ static nereid_error_t *claim_wait(nereid_server_t *s)
 
 /* Claims model key for the calling operation, waiting while another one has
  * it. held: the caller holds s->control (else, at start-up, it is taken
- * here). A claim the calling thread already has is refused: a model's own
- * init (on the thread loading it) cannot load or unload that model, and
- * waiting would never end. A composing model that an ensemble load on the
- * calling thread holds (repo_reserve) is claimed at once: that load loads
- * its steps. */
+ * here). A claim that the calling operation, or one it acts for
+ * (load_ops.c), already has is refused: a model's own init (on the thread
+ * loading it, or the backend's thread running its control calls) cannot
+ * load or unload that model, and waiting would never end. A composing
+ * model that such an operation's ensemble load holds (repo_reserve) is
+ * claimed at once: that load loads its steps. */
 nereid_error_t *repo_claim(nereid_server_t *s, const char *key, bool held)
 {
     if (!held) pthread_mutex_lock(&s->control);
@@ -304,11 +305,11 @@ nereid_error_t *repo_claim(nereid_server_t *s, const char *key, bool held)
     while (!err) {
         struct repository_claim *c = claim_find(s, key);
         if (!c) c = claim_add(s, key);
-        bool mine = c->busy ? !c->handed_off && pthread_equal(c->owner, pthread_self())
-                            : !c->reserves || pthread_equal(c->reserver, pthread_self());
+        bool mine = c->busy ? !c->handed_off && load_op_acts_for(c->owner)
+                            : !c->reserves || load_op_acts_for(c->reserver);
         if (mine && !c->busy) {
             c->busy = true;
-            c->owner = pthread_self();
+            c->owner = load_op_self();
             c->handed_off = false;
             break;
         }
@@ -342,22 +343,24 @@ void repo_unclaim(nereid_server_t *s, const char *key, bool held)
     if (!held) pthread_mutex_unlock(&s->control);
 }
 
-/* Whether the calling thread may reserve key: no other operation works on
- * it and no ensemble load on another thread holds it. */
+/* Whether the calling operation may reserve key: no other operation works
+ * on it and no other operation's ensemble load holds it (the operations it
+ * acts for are its own). */
 static bool reservable(nereid_server_t *s, const char *key)
 {
     struct repository_claim *c = claim_find(s, key);
     if (!c) return true;
-    if (c->busy && (c->handed_off || !pthread_equal(c->owner, pthread_self()))) return false;
-    return !c->reserves || pthread_equal(c->reserver, pthread_self());
+    if (c->busy && (c->handed_off || !load_op_acts_for(c->owner))) return false;
+    return !c->reserves || load_op_acts_for(c->reserver);
 }
 
 /* An ensemble load holds its composing models' keys (sorted, unique) until it
  * ends, so no other operation unloads or reloads one meanwhile (Triton
  * locks the load's whole dependency set). All are taken at once, once none
  * is held elsewhere: two ensemble loads that share steps never hold part
- * each, whatever their steps' order. The calling thread's own operations on
- * them go on (repo_claim). held: as for repo_claim. */
+ * each, whatever their steps' order. The calling operation's own loads and
+ * unloads of them go on, and those of operations acting for it (repo_claim).
+ * held: as for repo_claim. */
 nereid_error_t *repo_reserve(nereid_server_t *s, char *const *keys, size_t n, bool held)
 {
     if (!held) pthread_mutex_lock(&s->control);
@@ -371,8 +374,9 @@ nereid_error_t *repo_reserve(nereid_server_t *s, char *const *keys, size_t n, bo
     for (size_t i = 0; i < n && !err; i++) {
         struct repository_claim *c = claim_find(s, keys[i]);
         if (!c) c = claim_add(s, keys[i]);
-        c->reserves++;
-        c->reserver = pthread_self();
+        /* an operation acting for the reserver adds to its hold: the
+         * reserver stays the outer one, which the inner one acts for */
+        if (!c->reserves++) c->reserver = load_op_self();
     }
     if (!held) pthread_mutex_unlock(&s->control);
     return err;
@@ -534,7 +538,7 @@ void repo_claim_transfer(nereid_server_t *s, const char *key, bool handing_off)
 {
     for (size_t i = 0; i < s->n_claims; i++)
         if (strcmp(s->claims[i].key, key) == 0 && s->claims[i].busy) {
-            s->claims[i].owner = pthread_self();
+            s->claims[i].owner = load_op_self();
             s->claims[i].handed_off = handing_off;
         }
 }

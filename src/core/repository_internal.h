@@ -81,8 +81,9 @@ char *repo_resolve_step(nereid_server_t *s, const char *ens_ns, const char *step
 nereid_error_t *repo_claim(nereid_server_t *s, const char *key, bool held);
 /* An ensemble load holds its composing models' keys (sorted, unique) until
  * repo_unreserve: taken all at once, waiting while another operation or
- * another thread's ensemble load has any; the calling thread's own
- * operations on them go on. held: as for repo_claim. */
+ * another operation's ensemble load has any; the calling operation's own
+ * loads and unloads of them go on, and those of operations acting for it
+ * (load_ops.c). held: as for repo_claim. */
 nereid_error_t *repo_reserve(nereid_server_t *s, char *const *keys, size_t n, bool held);
 void repo_unreserve(nereid_server_t *s, char *const *keys, size_t n, bool held);
 void repo_unclaim(nereid_server_t *s, const char *key, bool held);
