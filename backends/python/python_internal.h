@@ -20,12 +20,12 @@
 #include "python_wire.h"
 
 #define FINALIZE_WAIT_S 30
-#define INLINE_MAX_US 1000       /* longest average execute run on the caller's thread */
-#define VIEW_MIN (32 * 1024)     /* smallest output handed to the response as a region view */
-#define BLS_BUDGET (64u << 20)   /* the server's BLS_RESULT regions of one worker, at most */
-#define BLS_IN_PLACE 1           /* called models write large BLS outputs into the reply region */
-#define SPIN_WAIT_US_DEFAULT 200 /* with 2 CPUs or more, else 0: docs/python_backend.md */
-#define SPIN_RECENT 8            /* the spin budget follows the median of this many executes */
+#define INLINE_MAX_US 1000     /* longest average execute run on the caller's thread */
+#define VIEW_MIN (32 * 1024)   /* smallest output handed to the response as a region view */
+#define BLS_BUDGET (64u << 20) /* the server's BLS_RESULT regions of one worker, at most */
+#define BLS_IN_PLACE 1         /* called models write large BLS outputs into the reply region */
+#define SPIN_WAIT_US_DEFAULT 0 /* opt-in: docs/python_backend.md */
+#define SPIN_RECENT 8          /* the spin budget follows the median of this many executes */
 #define SPIN_WAIT_US_MAX 10000
 #define BODY_MIN (16 * 1024) /* a smaller body stays in the frontend's memory */
 #define BODY_REGION_MIN (64 * 1024)
