@@ -36,6 +36,8 @@ SPIN_BUSY_CHECKS = 2  # checks in a row that saw threads waiting for a CPU: stop
 SPIN_BACKOFF = 32  # requests that do not spin after threads were seen waiting for a CPU
 N_CPUS = os.cpu_count() or 1  # what /proc/loadavg's runnable threads compete for
 SEND_JOIN_MAX = 4096  # inline messages up to this size are joined, then sent (send_parts)
+HDR_SIZE, HDR_UNPACK = HDR.size, HDR.unpack_from  # recv's per-message look-ups, made once
+NOT_SLOT, EXECUTE_IN_REGION = ~M_SLOT_MASK, M_EXECUTE | M_REGION
 
 
 class Channel:
@@ -149,9 +151,13 @@ class Channel:
         n = len(data)
         if n == 0:
             return None
-        if not anc and n >= HDR.size:  # the common case: a whole message inline
-            mtype, jlen, blen = HDR.unpack_from(data, 0)
-            if mtype & ~M_SLOT_MASK == M_EXECUTE | M_REGION:
+        if not anc and n >= HDR_SIZE:  # the common case: a whole message inline
+            mtype, jlen, blen = HDR_UNPACK(data, 0)
+            if mtype == M_EXECUTE:  # small: inline, parsed by build_requests
+                self.rx_used = None
+                end = HDR_SIZE + jlen
+                return mtype, data[HDR_SIZE:end], memoryview(data)[end:end + blen]
+            if mtype & NOT_SLOT == EXECUTE_IN_REGION:
                 # the common large one: in a region we have mapped
                 slot = self.rx_slots.get(mtype >> M_SLOT_SHIFT & 0xF)
                 if slot is not None:
@@ -162,12 +168,10 @@ class Channel:
                     self.rx_base = jlen
                     return M_EXECUTE, bytes(mv[:jlen]), mv[jlen:jlen + blen]
             if not mtype & M_REGION:
-                end = HDR.size + jlen
-                if mtype == M_EXECUTE or mtype == M_BLS_RESULT:  # binary
-                    if mtype == M_EXECUTE:  # parsed by build_requests
-                        self.rx_used = None
-                    return mtype, data[HDR.size:end], memoryview(data)[end:end + blen]
-                return (mtype, json.loads(str(data[HDR.size:end], "utf-8")),
+                end = HDR_SIZE + jlen
+                if mtype == M_BLS_RESULT:  # binary
+                    return mtype, data[HDR_SIZE:end], memoryview(data)[end:end + blen]
+                return (mtype, json.loads(str(data[HDR_SIZE:end], "utf-8")),
                         memoryview(data)[end:end + blen])
         fds = []
         for level, kind, cdata in anc:
