@@ -39,7 +39,6 @@
 #include <jansson.h>
 #include <limits.h>
 #include <pthread.h>
-#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -92,10 +91,8 @@ NEREID_EXPORT nereid_error_t *nereid_backend_init(nereid_backend_t *backend)
     if (!py) py = getenv("NEREID_PYTHON");
     st->python = strdup(py && *py ? py : "/usr/bin/python3");
     st->finalize_wait_s = FINALIZE_WAIT_S;
-    /* A spin needs a CPU besides the one it waits for: none on one CPU. */
-    cpu_set_t cpus;
-    int n_cpus = sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
-    st->spin_max_ns = n_cpus >= 2 ? SPIN_WAIT_US_DEFAULT * 1000ull : 0;
+    /* Off unless asked for: a spin costs CPU per request (docs/python_backend.md). */
+    st->spin_max_ns = SPIN_WAIT_US_DEFAULT * 1000ull;
     const char *sw = backend_config(backend, "spin-wait-us");
     if (sw) {
         char *end;

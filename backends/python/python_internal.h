@@ -20,12 +20,12 @@
 #include "python_wire.h"
 
 #define FINALIZE_WAIT_S 30
-#define INLINE_MAX_US 1000       /* longest average execute run on the caller's thread */
-#define VIEW_MIN (32 * 1024)     /* smallest output handed to the response as a region view */
-#define BLS_BUDGET (64u << 20)   /* the server's BLS_RESULT regions of one worker, at most */
-#define BLS_IN_PLACE 1           /* called models write large BLS outputs into the reply region */
-#define SPIN_WAIT_US_DEFAULT 200 /* with 2 CPUs or more, else 0: docs/python_backend.md */
-#define SPIN_RECENT 8            /* the spin budget follows the median of this many executes */
+#define INLINE_MAX_US 1000     /* longest average execute run on the caller's thread */
+#define VIEW_MIN (32 * 1024)   /* smallest output handed to the response as a region view */
+#define BLS_BUDGET (64u << 20) /* the server's BLS_RESULT regions of one worker, at most */
+#define BLS_IN_PLACE 1         /* called models write large BLS outputs into the reply region */
+#define SPIN_WAIT_US_DEFAULT 0 /* opt-in: docs/python_backend.md */
+#define SPIN_RECENT 8          /* the spin budget follows the median of this many executes */
 #define SPIN_WAIT_US_MAX 10000
 #define BODY_MIN (16 * 1024) /* a smaller body stays in the frontend's memory */
 #define BODY_REGION_MIN (64 * 1024)
@@ -140,6 +140,7 @@ typedef struct instance {
     bool eager_arm;       /* the reader read a message since the last execute: re-arm at
                              the end of the next one */
     uint64_t exec_end_ns; /* when the last execute gave the socket back */
+    unsigned lazy_checks; /* the reader's looks since it last armed (lazy_arm_wait_ms) */
     bool bg_in_recv;      /* the reader thread is receiving */
     bool reaped;          /* the worker was killed and waited for */
     bool aborted; /* ended by the core's progress watchdog (nereid_backend_instance_abort) */
@@ -225,6 +226,33 @@ void exec_reading_begin(instance_t *in);
 void exec_reading_end(instance_t *in);
 msg_t *execute_read_done(instance_t *in, uint64_t spin_until_ns, bool *spun, bool *hit,
                          bool *contended);
+
+/* The reader thread arms the socket's registration once no execute has run
+ * for LAZY_ARM_NS (python_reader.c, "Arming the reader"). */
+#define LAZY_ARM_NS (2 * 1000 * 1000)
+
+/* While executes keep coming, the reader's look at the registration finds
+ * the last one under LAZY_ARM_NS ago and sleeps again: at ~10k requests/s
+ * every few dozen requests cost a thread wake-up (~10-17 µs of CPU on a
+ * virtual machine). Each look that does not arm doubles the wait before the
+ * next, up to LAZY_ARM_NS << LAZY_ARM_SHIFT_MAX (16 ms); arming starts
+ * again from LAZY_ARM_NS. What a message sent between executes waits for
+ * is unchanged while they keep coming (the next execute reads it) and at
+ * most that longest wait after they stop. */
+#define LAZY_ARM_SHIFT_MAX 3
+
+/* How long (ms, ≥ 1) the reader sleeps before its next look, LAZY_ARM_NS
+ * doubled per look since it last armed (*checks, counted here), less the
+ * time since the last execute ended (idle_ns; 0 while one reads). */
+static inline int lazy_arm_wait_ms(uint64_t idle_ns, unsigned *checks)
+{
+    unsigned shift = *checks < LAZY_ARM_SHIFT_MAX ? *checks : LAZY_ARM_SHIFT_MAX;
+    uint64_t period = (uint64_t)LAZY_ARM_NS << shift;
+    if (*checks < LAZY_ARM_SHIFT_MAX) (*checks)++;
+    uint64_t left = period > idle_ns ? period - idle_ns : 0;
+    int ms = (int)((left + 999999) / 1000000);
+    return ms < 1 ? 1 : ms;
+}
 
 /* spin-wait: waiting for the worker's answer without sleeping (python_spin.c). */
 uint64_t spin_budget_ns(instance_t *in, uint64_t now_ns, bool alone);

@@ -177,17 +177,20 @@ static bool pump_failed(instance_t *in, char *why, size_t why_cap)
  * and the reader arms it once no execute has run for LAZY_ARM_NS: while
  * requests keep coming, no epoll_ctl at all. The price is that a message
  * the worker sends between executes (a thread's log line, a decoupled
- * response, a BLS call) waits up to LAZY_ARM_NS to be read; so an execute
+ * response, a BLS call) waits up to LAZY_ARM_NS to be read (up to 16 ms
+ * after a long run of executes: the reader's looks back off,
+ * lazy_arm_wait_ms); so an execute
  * re-arms at once when it ends for decoupled models, when the reader has
  * read such a message since the last execute (the model sends between
  * executes), and while the server waits for an answer outside execute
  * (is_ready(), BLS and model control calls in flight). Every change of
- * `armed` is made under in->mu, and only while no execute reads. */
-#define LAZY_ARM_NS (2 * 1000 * 1000)
+ * `armed` is made under in->mu, and only while no execute reads.
+ * LAZY_ARM_NS and the back-off of the reader's looks: python_internal.h. */
 
 /* Arms the registration (in->mu held; no execute reads). */
 void reader_arm_locked(instance_t *in)
 {
+    in->lazy_checks = 0;
     if (in->armed) return;
     struct epoll_event ev = {.events = EPOLLIN | EPOLLONESHOT, .data.fd = in->chan->fd};
     if (epoll_ctl(in->epfd, EPOLL_CTL_MOD, in->chan->fd, &ev) != 0)
@@ -220,7 +223,7 @@ void *reader_main(void *arg)
             if (!in->exec_reading && idle_ns >= LAZY_ARM_NS)
                 reader_arm_locked(in);
             else
-                timeout_ms = (int)((LAZY_ARM_NS - idle_ns + 999999) / 1000000);
+                timeout_ms = lazy_arm_wait_ms(idle_ns, &in->lazy_checks);
         }
         pthread_mutex_unlock(&in->mu);
         struct epoll_event evs[2];

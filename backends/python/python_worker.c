@@ -467,6 +467,7 @@ nereid_error_t *worker_start(instance_t *in, const char *init_json, msg_t **read
     pthread_mutex_lock(&in->mu);
     in->armed = true;
     in->eager_arm = false;
+    in->lazy_checks = 0;
     in->dead = false;
     in->reaped = false;
     in->aborted = false;

@@ -35,6 +35,9 @@ SPIN_PREEMPTED_S = 50e-6  # a gap between two polls this long: the spin lost its
 SPIN_BUSY_CHECKS = 2  # checks in a row that saw threads waiting for a CPU: stop
 SPIN_BACKOFF = 32  # requests that do not spin after threads were seen waiting for a CPU
 N_CPUS = os.cpu_count() or 1  # what /proc/loadavg's runnable threads compete for
+SEND_JOIN_MAX = 4096  # inline messages up to this size are joined, then sent (send_parts)
+HDR_SIZE, HDR_UNPACK = HDR.size, HDR.unpack_from  # recv's per-message look-ups, made once
+NOT_SLOT, EXECUTE_IN_REGION = ~M_SLOT_MASK, M_EXECUTE | M_REGION
 
 
 class Channel:
@@ -68,14 +71,24 @@ class Channel:
             for off, data in views:
                 if off > pos:
                     parts.append(ZEROS[:off - pos])
-                parts.append(data)  # a C-contiguous array: sendmsg reads its buffer
+                parts.append(data)  # a C-contiguous array: join or sendmsg reads its buffer
                 pos = off + data.nbytes
             if blob_len > pos:
                 parts.append(ZEROS[:blob_len - pos])
+            # A small datagram joined and sent with send(): 0.3-0.4 µs less per
+            # message than sendmsg() of the pieces (best of 100 interleaved
+            # blocks on a socket pair); a large one is not copied here.
+            data = b"".join(parts) if total <= SEND_JOIN_MAX else None
             lock = self.send_lock  # not `with`: a fifth of a microsecond less
             lock.acquire()
             try:
-                self.sendmsg(parts)
+                if data is not None:
+                    self.sock.send(data)
+                    self.sent += 1
+                    if self.spin is not None:
+                        U64.pack_into(self.spin, 0, self.sent)
+                else:
+                    self.sendmsg(parts)
             finally:
                 lock.release()
             return
@@ -138,9 +151,13 @@ class Channel:
         n = len(data)
         if n == 0:
             return None
-        if not anc and n >= HDR.size:  # the common case: a whole message inline
-            mtype, jlen, blen = HDR.unpack_from(data, 0)
-            if mtype & ~M_SLOT_MASK == M_EXECUTE | M_REGION:
+        if not anc and n >= HDR_SIZE:  # the common case: a whole message inline
+            mtype, jlen, blen = HDR_UNPACK(data, 0)
+            if mtype == M_EXECUTE:  # small: inline, parsed by build_requests
+                self.rx_used = None
+                end = HDR_SIZE + jlen
+                return mtype, data[HDR_SIZE:end], memoryview(data)[end:end + blen]
+            if mtype & NOT_SLOT == EXECUTE_IN_REGION:
                 # the common large one: in a region we have mapped
                 slot = self.rx_slots.get(mtype >> M_SLOT_SHIFT & 0xF)
                 if slot is not None:
@@ -151,12 +168,10 @@ class Channel:
                     self.rx_base = jlen
                     return M_EXECUTE, bytes(mv[:jlen]), mv[jlen:jlen + blen]
             if not mtype & M_REGION:
-                end = HDR.size + jlen
-                if mtype == M_EXECUTE or mtype == M_BLS_RESULT:  # binary
-                    if mtype == M_EXECUTE:  # parsed by build_requests
-                        self.rx_used = None
-                    return mtype, data[HDR.size:end], memoryview(data)[end:end + blen]
-                return (mtype, json.loads(str(data[HDR.size:end], "utf-8")),
+                end = HDR_SIZE + jlen
+                if mtype == M_BLS_RESULT:  # binary
+                    return mtype, data[HDR_SIZE:end], memoryview(data)[end:end + blen]
+                return (mtype, json.loads(str(data[HDR_SIZE:end], "utf-8")),
                         memoryview(data)[end:end + blen])
         fds = []
         for level, kind, cdata in anc:

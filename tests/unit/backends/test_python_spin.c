@@ -1,7 +1,8 @@
 /*
  * This file contains unit tests of the python backend's spin-wait
  * (backends/python/python_spin.c, included here with the wire file it
- * uses): the spin budget and its back-off.
+ * uses): the spin budget and its back-off; the reader thread's looks at
+ * its registration between executes and their back-off.
  */
 #include "../../../backends/python/python_spin.c"
 #include "../../../backends/python/python_wire.c"
@@ -53,8 +54,25 @@ static void test_spin_back_off(void)
     g_backend = saved;
 }
 
+/* The reader's looks while executes keep coming: 2, 4, 8, then 16 ms
+ * apart, less the time since the last execute ended; at least 1 ms; arming
+ * (reader_arm_locked zeroes the count) starts again from 2 ms. */
+static void test_lazy_arm_back_off(void)
+{
+    unsigned checks = 0;
+    CHECK(lazy_arm_wait_ms(0, &checks) == 2 && checks == 1);
+    CHECK(lazy_arm_wait_ms(0, &checks) == 4 && checks == 2);
+    CHECK(lazy_arm_wait_ms(500 * 1000, &checks) == 8); /* 7.5 ms, rounded up */
+    CHECK(lazy_arm_wait_ms(0, &checks) == 16 && checks == LAZY_ARM_SHIFT_MAX);
+    CHECK(lazy_arm_wait_ms(0, &checks) == 16 && checks == LAZY_ARM_SHIFT_MAX);
+    CHECK(lazy_arm_wait_ms(20ull * 1000 * 1000, &checks) == 1); /* overdue: soon */
+    checks = 0;
+    CHECK(lazy_arm_wait_ms(1500 * 1000, &checks) == 1);
+}
+
 int main(void)
 {
     test_spin_back_off();
+    test_lazy_arm_back_off();
     return check_summary();
 }
