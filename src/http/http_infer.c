@@ -346,7 +346,7 @@ static enum MHD_Result infer_reply(http_conn_t *c)
         nereid_response_free(resp);
         return ret;
     }
-    reply_hold_t *h = calloc(1, sizeof *h);
+    reply_hold_t *h = malloc(sizeof *h); /* glibc's calloc skips the per-thread cache */
     if (!h) {
         nereid_response_free(resp);
         return http_queue_error(c->mhd, 500, "out of memory");
