@@ -17,8 +17,11 @@
  * of each run (default 3).
  *
  * Usage: build/bench/bench_http   (needs wrk on PATH)
+ *        build/bench/bench_http --echo PORT   (the echo floor alone, until SIGTERM)
  */
 #include <errno.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -224,14 +227,14 @@ static void echo_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     *con_cls = NULL;
 }
 
-/* The echo daemon, flags and thread count as the HTTP frontend's; returns
- * its port. */
+/* The echo daemon, flags and thread count as the HTTP frontend's, on
+ * *echo_port (0: any); sets *echo_port to its port. */
 static struct MHD_Daemon *echo_start(int *echo_port)
 {
     struct MHD_Daemon *d = MHD_start_daemon(
         MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG | MHD_USE_ITC,
-        0, NULL, NULL, echo_request, NULL, MHD_OPTION_NOTIFY_COMPLETED, echo_completed, NULL,
-        MHD_OPTION_THREAD_POOL_SIZE, 2u, MHD_OPTION_END);
+        (uint16_t)*echo_port, NULL, NULL, echo_request, NULL, MHD_OPTION_NOTIFY_COMPLETED,
+        echo_completed, NULL, MHD_OPTION_THREAD_POOL_SIZE, 2u, MHD_OPTION_END);
     if (d == NULL) {
         fprintf(stderr, "bench: cannot start the echo daemon\n");
         exit(1);
@@ -240,8 +243,25 @@ static struct MHD_Daemon *echo_start(int *echo_port)
     return d;
 }
 
-int main(void)
+/* bench_http --echo PORT: only the echo floor, until SIGTERM or SIGINT
+ * (bench/bench_http_ab.py measures it against Nereid binaries). */
+static int echo_only(const char *port_text)
 {
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &set, NULL); /* MHD's threads inherit the mask */
+    int echo_port = atoi(port_text), sig;
+    struct MHD_Daemon *echo = echo_start(&echo_port);
+    sigwait(&set, &sig);
+    MHD_stop_daemon(echo);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc == 3 && !strcmp(argv[1], "--echo")) return echo_only(argv[2]);
     const char *env = getenv("BENCH_SECONDS");
     if (env && atoi(env) > 0) seconds = atoi(env);
     if (system("wrk --version >/dev/null 2>&1") == -1) {
@@ -333,7 +353,7 @@ int main(void)
            sysconf(_SC_NPROCESSORS_ONLN));
     result_t floor1 = run_wrk("/v2/health/live", NULL, 1);
     result_t floor32 = run_wrk("/v2/health/live", NULL, 32);
-    int nereid_port = port, echo_port;
+    int nereid_port = port, echo_port = 0;
     struct MHD_Daemon *echo = echo_start(&echo_port);
     port = echo_port;
     result_t echo1 = run_wrk("/v2/models/bench_identity/infer", s_identity, 1);

@@ -56,6 +56,21 @@ void request_strfree(nereid_request_t *req, char *str)
     if (!in_arena(req->arena, sizeof req->arena, str)) free(str);
 }
 
+/* The same for a response's arena. */
+static char *resp_strdup(nereid_response_t *resp, const char *str)
+{
+    size_t n = strlen(str) + 1;
+    char *p = arena_take(resp->arena, sizeof resp->arena, &resp->arena_used, n, 1);
+    if (!p) return xstrdup(str);
+    memcpy(p, str, n);
+    return p;
+}
+
+static void resp_strfree(nereid_response_t *resp, char *str)
+{
+    if (!in_arena(resp->arena, sizeof resp->arena, str)) free(str);
+}
+
 nereid_error_t *nereid_request_new(nereid_server_t *server, const char *model, int64_t version,
                                    nereid_request_t **out)
 {
@@ -122,7 +137,9 @@ void nereid_request_free(nereid_request_t *req)
 
 nereid_cancel_token_t *nereid_cancel_token_new(void)
 {
-    nereid_cancel_token_t *t = xcalloc(1, sizeof *t);
+    /* malloc, not calloc: glibc's calloc skips the per-thread cache. */
+    nereid_cancel_token_t *t = xmalloc(sizeof *t);
+    atomic_init(&t->cancelled, false);
     atomic_store(&t->refs, 1);
     return t;
 }
@@ -747,8 +764,8 @@ void nereid_response_free(nereid_response_t *resp)
     if (!in_arena(resp->arena, sizeof resp->arena, resp->id)) free(resp->id);
     nereid_error_free(resp->error);
     for (size_t i = 0; resp->params && i < resp->params->n; i++) {
-        free(resp->params->p[i].key);
-        free(resp->params->p[i].s);
+        resp_strfree(resp, resp->params->p[i].key);
+        resp_strfree(resp, resp->params->p[i].s);
     }
     free(resp->params);
     if (resp->model) model_unref(resp->model);
@@ -762,18 +779,22 @@ void response_set_parameter(nereid_response_t *resp, const char *key, int type, 
     for (size_t i = 0; i < n && !p; i++)
         if (strcmp(resp->params->p[i].key, key) == 0) p = &resp->params->p[i];
     if (!p) {
-        resp->params = xrealloc(resp->params, sizeof *resp->params + (n + 1) * sizeof(req_param_t));
+        if (n == (resp->params ? resp->params->cap : 0)) {
+            size_t cap = n ? 2 * n : 4;
+            resp->params = xrealloc(resp->params, sizeof *resp->params + cap * sizeof(req_param_t));
+            resp->params->cap = cap;
+        }
         resp->params->n = n + 1;
         p = &resp->params->p[n];
         memset(p, 0, sizeof *p);
-        p->key = xstrdup(key);
+        p->key = resp_strdup(resp, key);
     }
-    free(p->s);
+    resp_strfree(resp, p->s);
     p->s = NULL;
     p->type = (param_type_t)type;
     switch (type) {
     case NEREID_PARAMETER_STRING:
-        p->s = xstrdup(value);
+        p->s = resp_strdup(resp, value);
         break;
     case NEREID_PARAMETER_INT:
         memcpy(&p->i, value, sizeof p->i);

@@ -41,9 +41,10 @@ typedef struct req_param {
     double d;
 } req_param_t;
 
-/* Response parameters (one allocation, grown as set). */
+/* Response parameters (one allocation, grown by doubling); keys and
+ * strings in the response's arena while it has room. */
 typedef struct resp_params {
-    size_t n;
+    size_t n, cap;
     req_param_t p[];
 } resp_params_t;
 

@@ -196,9 +196,7 @@ static void *control_job_main(void *arg)
         atomic_store(&c->phase, PHASE_DONE);
         MHD_resume_connection(c->mhd);
     }
-    pthread_mutex_lock(&srv->lock);
-    if (--srv->n_inflight == 0) pthread_cond_broadcast(&srv->idle);
-    pthread_mutex_unlock(&srv->lock);
+    inflight_end(srv);
     return NULL;
 }
 
@@ -218,9 +216,7 @@ static enum MHD_Result control_start(http_conn_t *c, control_job_t *j)
 {
     j->c = c;
     c->job = j;
-    pthread_mutex_lock(&c->srv->lock);
-    c->srv->n_inflight++;
-    pthread_mutex_unlock(&c->srv->lock);
+    atomic_fetch_add(&c->srv->n_inflight, 1); /* counted even when stopping */
     nereid_run_detached(control_job_main, j);
     if (infer_wait(c)) return control_reply(c);
     return MHD_YES;

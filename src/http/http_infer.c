@@ -6,11 +6,13 @@
  * Inference: the body is accumulated in our own buffer (capped by
  * --http-max-input-size, checked first from the headers), parsed into a
  * nereid_request_t that borrows it, and submitted with
- * nereid_server_infer_async while the connection is suspended. The response
- * allocator gives every output its own malloc'ed buffer; the completion
- * callback only stores the response and resumes the connection, and the MHD
- * thread then replies with an iovec response (JSON header + output buffers,
- * no copy of tensor data) whose free callback releases everything.
+ * nereid_server_infer_async while the connection is suspended. Outputs are
+ * the core's memory (small ones in the response itself) or a backend's
+ * views, except those the request sends to shared memory (the only use of
+ * a response allocator here); the completion callback only stores the
+ * response and resumes the connection, and the MHD thread then replies
+ * with an iovec response (JSON header + output buffers, no copy of tensor
+ * data) that holds the response until sent.
  */
 #include <jansson.h>
 #include <pthread.h>
@@ -23,25 +25,19 @@
 #include "http/compress.h"
 #include "http/http_internal.h"
 #include "http/infer_reply.h"
+#include "http/numfmt.h"
 
-/* Everything an infer reply keeps alive until MHD has sent it. */
+/* Everything an infer reply keeps alive until MHD has sent it: the
+ * response holds the outputs (the core's memory, or a backend's views). */
 typedef struct reply_hold {
     nereid_response_t *response;
     infer_reply_t reply;
-    out_buf_t *outs;
 } reply_hold_t;
 
 /* ---- Inference ------------------------------------------------------------ */
 
-void out_bufs_free(out_buf_t *b)
-{
-    while (b) {
-        out_buf_t *next = b->next;
-        free(b);
-        b = next;
-    }
-}
-
+/* Used only when the request names shared memory: outputs with a region go
+ * there, the others take the core's own memory. */
 static nereid_error_t *alloc_output(void *userp, const char *name, nereid_datatype_t dt,
                                     const int64_t *shape, size_t rank, size_t byte_size,
                                     void **buffer, void **buffer_userp)
@@ -49,29 +45,41 @@ static nereid_error_t *alloc_output(void *userp, const char *name, nereid_dataty
     (void)shape, (void)rank;
     http_conn_t *c = userp;
     nereid_error_t *err;
-    if (c->shm && nereid_shm_use_alloc(c->shm, name, dt, byte_size, buffer, &err)) {
+    if (nereid_shm_use_alloc(c->shm, name, dt, byte_size, buffer, &err)) {
         *buffer_userp = NULL;
         return err;
     }
-    out_buf_t *b = malloc(sizeof *b + (byte_size ? byte_size : 1));
-    if (!b) {
-        *buffer = NULL;
-        return nereid_error_new(NEREID_ERROR_INTERNAL, "out of memory for output '%s'", name);
-    }
-    b->byte_size = byte_size;
-    b->next = atomic_load(&c->outs);
-    while (!atomic_compare_exchange_weak(&c->outs, &b->next, b))
-        ;
-    *buffer = b + 1;
-    *buffer_userp = b;
+    *buffer = NULL;
+    *buffer_userp = NEREID_ALLOC_DECLINED;
     return NULL;
 }
 
-/* Buffers are released with the reply (or the connection), not here: the
- * reply outlives the nereid_response. */
+/* Shared memory is the client's: nothing to release. */
 static void release_output(void *userp, void *buffer, void *buffer_userp, size_t byte_size)
 {
     (void)userp, (void)buffer, (void)buffer_userp, (void)byte_size;
+}
+
+/* An inference starts: counted for http_server_stop, or refused (false)
+ * once the server stops. No lock: the count and the flag are atomics, each
+ * side writes its own before it reads the other's, so a stop sees the
+ * count or the inference sees the flag. */
+bool inflight_begin(http_server_t *srv)
+{
+    atomic_fetch_add(&srv->n_inflight, 1);
+    if (!atomic_load(&srv->stopping)) return true;
+    inflight_end(srv);
+    return false;
+}
+
+/* An inference's completion has run: the last one wakes a stop. */
+void inflight_end(http_server_t *srv)
+{
+    if (atomic_fetch_sub(&srv->n_inflight, 1) == 1 && atomic_load(&srv->stopping)) {
+        pthread_mutex_lock(&srv->lock);
+        pthread_cond_broadcast(&srv->idle);
+        pthread_mutex_unlock(&srv->lock);
+    }
 }
 
 /* Suspends c from its handler, counted for http_server_stop. */
@@ -118,9 +126,7 @@ static void infer_done(nereid_response_t *response, void *userp)
         atomic_store(&c->phase, PHASE_DONE);
         MHD_resume_connection(mc);
     }
-    pthread_mutex_lock(&srv->lock);
-    if (--srv->n_inflight == 0) pthread_cond_broadcast(&srv->idle);
-    pthread_mutex_unlock(&srv->lock);
+    inflight_end(srv);
 }
 
 static void reply_hold_free(void *cls)
@@ -128,7 +134,6 @@ static void reply_hold_free(void *cls)
     reply_hold_t *h = cls;
     infer_reply_free(&h->reply);
     if (h->response) nereid_response_free(h->response);
-    out_bufs_free(h->outs);
     free(h);
 }
 
@@ -186,14 +191,11 @@ bool infer_wait(http_conn_t *c)
 
 /* Nereid extension: the sequence id and flags from the request headers
  * (docs/deploy.md); the id is echoed in the reply. */
-static const char *const seq_header_names[3] = {"Nereid-Sequence-Id", "Nereid-Sequence-Start",
-                                                "Nereid-Sequence-End"};
+static const char *const seq_header_names[3] = {HEADER_SEQ_ID, HEADER_SEQ_START, HEADER_SEQ_END};
 
 static nereid_error_t *seq_headers(http_conn_t *c, nereid_request_t *req)
 {
-    const char *v[3];
-    for (int i = 0; i < 3; i++)
-        v[i] = MHD_lookup_connection_value(c->mhd, MHD_HEADER_KIND, seq_header_names[i]);
+    const char *const *v = c->hdr.seq;
     return nereid_request_sequence_headers(req, seq_header_names, v[0], v[1], v[2], c->seq_echo,
                                            sizeof c->seq_echo);
 }
@@ -211,8 +213,7 @@ conn_slot_t *conn_slot(struct MHD_Connection *mc)
 static bool continues_sequence(http_conn_t *c)
 {
     const infer_parsed_t *p = &c->parsed;
-    const char *id = MHD_lookup_connection_value(c->mhd, MHD_HEADER_KIND, seq_header_names[0]);
-    const char *end = MHD_lookup_connection_value(c->mhd, MHD_HEADER_KIND, seq_header_names[2]);
+    const char *id = c->hdr.seq[0], *end = c->hdr.seq[2];
     bool has_id = (p->has_sequence_id && (p->sequence_id != 0 || p->sequence_id_string)) ||
                   (id && *id && strcmp(id, "0") != 0);
     bool ends = p->sequence_end || (end && (!strcasecmp(end, "true") || !strcmp(end, "1")));
@@ -281,7 +282,7 @@ static nereid_error_t *infer_submit(http_conn_t *c, bool *done)
         return err;
     /* Should a drain begin, the reply closes its connection unless the
      * client may still need it for the rest of a sequence. */
-    conn_slot_t *slot = conn_slot(c->mhd);
+    conn_slot_t *slot = c->slot;
     if (slot) atomic_store(&slot->ctx.keep_open, continues_sequence(c));
     if ((err = seq_headers(c, req)) || (srv->header_forward && (err = forward_headers(c, req)))) {
         nereid_request_free(req);
@@ -299,14 +300,10 @@ static nereid_error_t *infer_submit(http_conn_t *c, bool *done)
         }
     }
 
-    pthread_mutex_lock(&srv->lock);
-    if (srv->stopping) {
-        pthread_mutex_unlock(&srv->lock);
+    if (!inflight_begin(srv)) {
         nereid_request_free(req);
         return nereid_error_new(NEREID_ERROR_UNAVAILABLE, "Server not ready");
     }
-    srv->n_inflight++;
-    pthread_mutex_unlock(&srv->lock);
 
     atomic_store(&c->phase, PHASE_RUNNING);
     if (!c->cancel) c->cancel = nereid_cancel_token_new();
@@ -316,12 +313,10 @@ static nereid_error_t *infer_submit(http_conn_t *c, bool *done)
     /* The reply holds the response until sent (reply_hold_t): outputs may be
      * views of a backend's memory, unless they go to shared memory. */
     nereid_request_set_output_views(req, c->shm == NULL);
-    err = nereid_server_infer_async(srv->core, req, &alloc, infer_done, c);
+    err = nereid_server_infer_async(srv->core, req, c->shm ? &alloc : NULL, infer_done, c);
     if (err) {
         nereid_request_free(req);
-        pthread_mutex_lock(&srv->lock);
-        if (--srv->n_inflight == 0) pthread_cond_broadcast(&srv->idle);
-        pthread_mutex_unlock(&srv->lock);
+        inflight_end(srv);
         return err;
     }
     *done = infer_wait(c);
@@ -351,13 +346,12 @@ static enum MHD_Result infer_reply(http_conn_t *c)
         nereid_response_free(resp);
         return ret;
     }
-    reply_hold_t *h = calloc(1, sizeof *h);
+    reply_hold_t *h = malloc(sizeof *h); /* glibc's calloc skips the per-thread cache */
     if (!h) {
         nereid_response_free(resp);
         return http_queue_error(c->mhd, 500, "out of memory");
     }
     h->response = resp;
-    h->outs = atomic_exchange(&c->outs, NULL);
     nereid_error_t *err = infer_reply_build(resp, &c->parsed, &h->reply);
     if (err) {
         reply_hold_free(h);
@@ -366,8 +360,7 @@ static enum MHD_Result infer_reply(http_conn_t *c)
 
     struct MHD_Response *r = NULL;
     const char *ce = NULL;
-    http_encoding_t accept = http_accept_encoding(
-        MHD_lookup_connection_value(c->mhd, MHD_HEADER_KIND, MHD_HTTP_HEADER_ACCEPT_ENCODING));
+    http_encoding_t accept = http_accept_encoding(c->hdr.accept_encoding);
     if (accept != HTTP_ENCODING_IDENTITY) {
         char *z;
         size_t zlen;
@@ -378,7 +371,7 @@ static enum MHD_Result infer_reply(http_conn_t *c)
         }
     }
     char ihcl[24];
-    snprintf(ihcl, sizeof ihcl, "%zu", h->reply.json_len);
+    *numfmt_u64(ihcl, h->reply.json_len) = '\0';
     bool binary = h->reply.binary;
     if (r) {
         reply_hold_free(h);
@@ -519,9 +512,7 @@ static void gen_response(nereid_response_t *resp, uint32_t flags, void *userp)
     }
     pthread_mutex_unlock(&g->mu);
     if (!final) return;
-    pthread_mutex_lock(&g->srv->lock);
-    if (--g->srv->n_inflight == 0) pthread_cond_broadcast(&g->srv->idle);
-    pthread_mutex_unlock(&g->srv->lock);
+    inflight_end(g->srv);
     gen_unref(g);
 }
 
@@ -614,8 +605,7 @@ enum MHD_Result handle_generate(http_conn_t *c)
         return gen_reply(c);
     }
     if (c->version < -1) return version_error(c);
-    const char *ce =
-        MHD_lookup_connection_value(c->mhd, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_ENCODING);
+    const char *ce = c->hdr.content_encoding;
     if (ce && (!strcasecmp(ce, "gzip") || !strcasecmp(ce, "deflate")))
         return http_queue_error(c->mhd, 400,
                                 "Unsupported content-encoding, only 'identity' is supported.");
@@ -635,14 +625,10 @@ enum MHD_Result handle_generate(http_conn_t *c)
                                                  srv->max_input_size, &req, &g->bufs);
     if (!err && srv->header_forward && (err = forward_headers(c, req))) nereid_request_free(req);
     if (!err) {
-        pthread_mutex_lock(&srv->lock);
-        if (srv->stopping) {
+        if (!inflight_begin(srv)) {
             err = nereid_error_new(NEREID_ERROR_UNAVAILABLE, "Server not ready");
             nereid_request_free(req);
-        } else {
-            srv->n_inflight++;
         }
-        pthread_mutex_unlock(&srv->lock);
     }
     if (!err) {
         if (!c->cancel) c->cancel = nereid_cancel_token_new();
@@ -652,9 +638,7 @@ enum MHD_Result handle_generate(http_conn_t *c)
         if (err) {
             nereid_request_free(req);
             c->gen = NULL;
-            pthread_mutex_lock(&srv->lock);
-            if (--srv->n_inflight == 0) pthread_cond_broadcast(&srv->idle);
-            pthread_mutex_unlock(&srv->lock);
+            inflight_end(srv);
         }
     }
     if (err) {

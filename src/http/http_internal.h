@@ -12,6 +12,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "frontend/header_forward.h"
@@ -25,6 +26,10 @@
 #include "http/mem_trim.h"
 
 #define HEADER_IHCL "Inference-Header-Content-Length"
+/* Nereid's sequence headers (docs/deploy.md) */
+#define HEADER_SEQ_ID "Nereid-Sequence-Id"
+#define HEADER_SEQ_START "Nereid-Sequence-Start"
+#define HEADER_SEQ_END "Nereid-Sequence-End"
 
 /* X(id, method, path pattern, handler). Patterns match whole paths segment by
  * segment; {m} is a non-empty segment (model), {v} digits (version), {r} a
@@ -93,8 +98,9 @@ typedef struct conn_slot {
     struct conn_slot *all_prev, *all_next; /* http_server.all_conns links */
     atomic_bool receiving;                 /* a request started and its body is not all there yet */
     int fd;
-    bool shut;   /* shut down by us (evicted or refused); MHD closes it */
-    bool linger; /* refused mid-upload: lingering close (linger.h) when MHD closes it */
+    bool shut;               /* shut down by us (evicted or refused); MHD closes it */
+    bool linger;             /* refused mid-upload: lingering close (linger.h) when MHD closes it */
+    struct http_conn *spare; /* the last request's state, reused by the next (MHD thread) */
 } conn_slot_t;
 
 struct http_server {
@@ -108,10 +114,10 @@ struct http_server {
     size_t max_input_size;
     pthread_mutex_t lock;
     pthread_cond_t idle;
-    size_t n_inflight;  /* submitted inferences whose completion has not run */
-    size_t n_suspended; /* connections suspended whose handler has not run again */
-    bool stopping;
-    atomic_bool draining; /* http_server_drain: listener closed, replies close */
+    atomic_size_t n_inflight; /* submitted inferences whose completion has not run */
+    size_t n_suspended;       /* connections suspended whose handler has not run again (lock) */
+    atomic_bool stopping;     /* written under lock */
+    atomic_bool draining;     /* http_server_drain: listener closed, replies close */
     /* The listening socket MHD_quiesce_daemon handed back, shut down (new
      * connections refused) but closed only after MHD_stop_daemon: MHD's
      * pool threads take it out of their epoll sets after quiesce returns,
@@ -129,20 +135,27 @@ struct http_server {
     lingerer_t *linger;         /* lingering close of refused uploads; may be NULL */
 };
 
-/* One output buffer from the response allocator; data follows the header. */
-typedef struct out_buf {
-    struct out_buf *next;
-    size_t byte_size;
-} out_buf_t;
+/* The request headers the frontend reads, each the first of its name (as
+ * MHD_lookup_connection_value finds it), or NULL: collected in the one pass
+ * over the headers that checks the framing (http_server.c). */
+typedef struct req_headers {
+    const char *content_length, *transfer_encoding, *content_encoding, *accept_encoding;
+    const char *ihcl;   /* Inference-Header-Content-Length */
+    const char *seq[3]; /* Nereid-Sequence-Id, -Start, -End */
+} req_headers_t;
 
+/* One request's state. A connection keeps it for its next request
+ * (conn_slot_t.spare): everything before path_buf is zeroed then, the rest
+ * is left as the last request's cleanup left it (on_completed). */
 typedef struct http_conn {
     http_server_t *srv;
     struct MHD_Connection *mhd;
+    conn_slot_t *slot; /* the connection's (on_connection), or NULL */
     http_route_t route;
     http_route_t path_route; /* first route whose path matches, whatever the method */
     bool forbidden;          /* its API group is restricted and the header is wrong */
-    char *path;              /* copy of the URL (path_buf or malloc'ed); captures point into it */
-    char path_buf[160];
+    req_headers_t hdr;
+    char *path; /* copy of the URL (path_buf or malloc'ed); captures point into it */
     const char *model, *version_str, *name;
     int64_t version;
     sbuf_t body;             /* body bytes start at body.data + body_pad */
@@ -166,13 +179,10 @@ typedef struct http_conn {
     nereid_error_t *submit_error; /* infer_async refused after the suspend */
     char *inflated;
     size_t inflated_len;
-    infer_parsed_t parsed;
     char *raw_input_name;
-    _Atomic(out_buf_t *) outs;
     _Atomic(nereid_response_t *) response; /* set by the completion */
     _Atomic int phase;                     /* infer_phase_t */
     bool suspended;                        /* we suspended it; MHD thread only */
-    char seq_echo[132];                    /* sequence id for the reply header, or "" */
     /* tracing (only while some trace setting is on) */
     uint64_t recv_start_ns, recv_end_ns;
     nereid_trace_t *trace;
@@ -181,7 +191,13 @@ typedef struct http_conn {
     uint64_t watch_id;             /* close watch while suspended, or 0 */
     struct gen_call *gen;          /* a generate request, once submitted */
     struct control_job *job;       /* a load or unload, once started */
+    /* Not zeroed for a reused state (see above). */
+    char path_buf[160];
+    char seq_echo[132];    /* sequence id for the reply header, or "" (set per request) */
+    infer_parsed_t parsed; /* zeroed head and an empty arena between requests */
 } http_conn_t;
+
+#define HTTP_CONN_RESET_BYTES offsetof(http_conn_t, path_buf)
 
 /* An inference and its connection: the completion resumes the connection
  * only if the handler suspended it, and exactly once, so no resume ever
@@ -228,8 +244,9 @@ HTTP_ROUTE_MAP(X)
 enum MHD_Result version_error(http_conn_t *c);
 void control_job_free(struct control_job *j);
 
-/* http_infer.c: suspending a connection, and an inference's buffers */
-void out_bufs_free(out_buf_t *b);
+/* http_infer.c: suspending a connection */
+bool inflight_begin(http_server_t *srv);
+void inflight_end(http_server_t *srv);
 void conn_suspend(http_conn_t *c);
 void conn_resumed(http_conn_t *c);
 bool infer_wait(http_conn_t *c);

@@ -201,16 +201,14 @@ static enum MHD_Result reply_forbidden(http_conn_t *c)
 static void infer_headers(http_conn_t *c)
 {
     size_t max = c->srv->max_input_size;
-    const char *ce =
-        MHD_lookup_connection_value(c->mhd, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_ENCODING);
-    c->encoding = http_encoding_parse(ce);
+    c->encoding = http_encoding_parse(c->hdr.content_encoding);
     if (c->encoding == HTTP_ENCODING_UNSUPPORTED) {
         c->unsupported_encoding = true;
         c->error = nereid_error_new(NEREID_ERROR_UNSUPPORTED, "Unsupported compression type");
         return;
     }
     c->header_len = INFER_HEADER_LENGTH_NONE;
-    const char *ih = MHD_lookup_connection_value(c->mhd, MHD_HEADER_KIND, HEADER_IHCL);
+    const char *ih = c->hdr.ihcl;
     if (ih) {
         char *end;
         errno = 0;
@@ -237,9 +235,7 @@ static void infer_headers(http_conn_t *c)
                   c->encoding == HTTP_ENCODING_IDENTITY;
     if (binary && max < HTTP_BINARY_BODY_MAX) c->limit = max = HTTP_BINARY_BODY_MAX;
     /* With Transfer-Encoding: chunked the Content-Length means nothing. */
-    const char *cl = c->chunked ? NULL
-                                : MHD_lookup_connection_value(c->mhd, MHD_HEADER_KIND,
-                                                              MHD_HTTP_HEADER_CONTENT_LENGTH);
+    const char *cl = c->chunked ? NULL : c->hdr.content_length;
     unsigned long long declared = cl ? strtoull(cl, NULL, 10) : 0;
     c->content_length = declared <= max ? (size_t)declared : 0;
     if (cl && c->header_len != INFER_HEADER_LENGTH_NONE && c->header_len > declared &&
@@ -283,10 +279,10 @@ static void idle_append(http_server_t *srv, conn_slot_t *s)
     srv->idle_conns.prev = s;
 }
 
-/* A request starts on the connection (busy) or has ended (idle again). */
-static void conn_set_idle(http_server_t *srv, struct MHD_Connection *mc, bool idle)
+/* A request starts on the connection of slot s (busy) or has ended (idle
+ * again). */
+static void conn_set_idle(http_server_t *srv, conn_slot_t *s, bool idle)
 {
-    conn_slot_t *s = conn_slot(mc);
     if (!s) return;
     pthread_mutex_lock(&srv->conns_lock);
     if (!idle) atomic_store(&s->ctx.keep_open, false); /* a new request: decided by its kind */
@@ -322,6 +318,7 @@ static void on_connection(void *cls, struct MHD_Connection *mc, void **socket_co
          * its fd after this call: a copy keeps the socket open while the
          * client's remaining bytes are discarded. */
         if (linger) linger_add(srv->linger, fcntl(s->fd, F_DUPFD_CLOEXEC, 0));
+        free(s->spare);
         free(s);
         return;
     }
@@ -405,37 +402,69 @@ static unsigned fd_budget(size_t *max)
 /* ---- Framing checks (RFC 9112) --------------------------------------------- */
 
 typedef struct framing {
-    const char *content_length; /* the first Content-Length value */
-    bool lengths_differ;
+    req_headers_t *hdr;
+    bool lengths_differ; /* Content-Length headers with different values */
     int n_te;
     const char *te; /* the last Transfer-Encoding value */
 } framing_t;
+
+/* Keeps the first value of a header of interest. */
+static void keep_first(const char **slot, const char *value)
+{
+    if (!*slot) *slot = value;
+}
 
 static enum MHD_Result framing_header(void *cls, enum MHD_ValueKind kind, const char *key,
                                       const char *value)
 {
     (void)kind;
     framing_t *f = cls;
-    if (!strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH)) {
-        if (!f->content_length)
-            f->content_length = value;
-        else if (strcmp(f->content_length, value))
-            f->lengths_differ = true;
-    } else if (!strcasecmp(key, MHD_HTTP_HEADER_TRANSFER_ENCODING)) {
+    req_headers_t *h = f->hdr;
+    /* By length first: most headers are none of these. */
+    switch (strlen(key)) {
+    case sizeof MHD_HTTP_HEADER_CONTENT_LENGTH - 1:
+        if (strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH)) break;
+        if (h->content_length && strcmp(h->content_length, value)) f->lengths_differ = true;
+        keep_first(&h->content_length, value);
+        break;
+    case sizeof MHD_HTTP_HEADER_TRANSFER_ENCODING - 1:
+        if (strcasecmp(key, MHD_HTTP_HEADER_TRANSFER_ENCODING)) break;
+        keep_first(&h->transfer_encoding, value);
         f->n_te++;
         f->te = value;
+        break;
+    case sizeof MHD_HTTP_HEADER_CONTENT_ENCODING - 1:
+        if (!strcasecmp(key, MHD_HTTP_HEADER_CONTENT_ENCODING))
+            keep_first(&h->content_encoding, value);
+        break;
+    case sizeof MHD_HTTP_HEADER_ACCEPT_ENCODING - 1:
+        if (!strcasecmp(key, MHD_HTTP_HEADER_ACCEPT_ENCODING))
+            keep_first(&h->accept_encoding, value);
+        break;
+    case sizeof HEADER_IHCL - 1:
+        if (!strcasecmp(key, HEADER_IHCL)) keep_first(&h->ihcl, value);
+        break;
+    case sizeof HEADER_SEQ_ID - 1:
+        if (!strcasecmp(key, HEADER_SEQ_ID)) keep_first(&h->seq[0], value);
+        break;
+    case sizeof HEADER_SEQ_START - 1:
+        if (!strcasecmp(key, HEADER_SEQ_START)) keep_first(&h->seq[1], value);
+        break;
+    case sizeof HEADER_SEQ_END - 1:
+        if (!strcasecmp(key, HEADER_SEQ_END)) keep_first(&h->seq[2], value);
+        break;
     }
     return MHD_YES;
 }
 
-/* What MHD lets through but RFC 9112 forbids or we cannot read: returns the
- * refusal text and *status, or NULL. MHD would take the first of two
- * Content-Lengths, and read a body of unknown encoding until the peer
- * closes. */
-static const char *framing_error(struct MHD_Connection *mc, unsigned *status, char *buf,
-                                 size_t size)
+/* Collects the headers of interest into *hdr and checks what MHD lets
+ * through but RFC 9112 forbids or we cannot read: returns the refusal text
+ * and *status, or NULL. MHD would take the first of two Content-Lengths,
+ * and read a body of unknown encoding until the peer closes. */
+static const char *framing_error(struct MHD_Connection *mc, req_headers_t *hdr, unsigned *status,
+                                 char *buf, size_t size)
 {
-    framing_t f = {0};
+    framing_t f = {.hdr = hdr};
     MHD_get_connection_values(mc, MHD_HEADER_KIND, framing_header, &f);
     *status = 400;
     if (f.lengths_differ) return "request has Content-Length headers with different values";
@@ -449,6 +478,22 @@ static const char *framing_error(struct MHD_Connection *mc, unsigned *status, ch
     /* Both headers: chunked wins (RFC 9112 6.3), as in Triton, whose own QA
      * sends such requests (L0_http test_content_encoding_chunked_manually). */
     return NULL;
+}
+
+/* The state of a request starting on the connection of slot (may be
+ * NULL): the connection's spare, zeroed up to path_buf, or a new one. */
+static http_conn_t *conn_state_take(conn_slot_t *slot)
+{
+    http_conn_t *c = slot ? slot->spare : NULL;
+    if (c) {
+        slot->spare = NULL;
+        memset(c, 0, HTTP_CONN_RESET_BYTES);
+    } else if (!(c = calloc(1, sizeof *c))) {
+        return NULL;
+    }
+    c->slot = slot;
+    c->seq_echo[0] = '\0';
+    return c;
 }
 
 /* The con_cls on_uri gives a request whose URL decodes to a NUL byte (MHD
@@ -528,7 +573,7 @@ static int body_reserve(http_conn_t *c, size_t want)
 static void refuse_early(http_conn_t *c)
 {
     c->refused = true;
-    conn_slot_t *s = conn_slot(c->mhd);
+    conn_slot_t *s = c->slot;
     if (s) s->linger = true;
 }
 
@@ -574,7 +619,7 @@ static enum MHD_Result refuse_mid_body(http_conn_t *c, nereid_error_t *err)
 {
     body_drop(c);
     c->body_pad = 0;
-    conn_slot_t *s = conn_slot(c->mhd);
+    conn_slot_t *s = c->slot;
     if (c->srv->tls || !s || s->fd < 0) {
         c->error = err;
         c->close = true;
@@ -614,8 +659,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
     http_conn_t *c = *con_cls;
     bool nul_url = c == (void *)&nul_in_url;
     if (!c || nul_url) {
-        conn_set_idle(srv, mc, false);
-        *con_cls = c = calloc(1, sizeof *c);
+        conn_slot_t *slot = conn_slot(mc);
+        conn_set_idle(srv, slot, false);
+        *con_cls = c = conn_state_take(slot);
         if (!c) return MHD_NO;
         c->srv = srv;
         c->mhd = mc;
@@ -623,14 +669,13 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
         /* Refused before the body: the connection closes after the reply. */
         char buf[300];
         unsigned status;
-        const char *bad = framing_error(mc, &status, buf, sizeof buf);
+        const char *bad = framing_error(mc, &c->hdr, &status, buf, sizeof buf);
         if (!bad && nul_url) status = 400, bad = "invalid URL: it contains a NUL byte (%00)";
         if (bad) {
             refuse_early(c);
             return http_queue_error_close(mc, status, bad);
         }
-        c->chunked = MHD_lookup_connection_value(mc, MHD_HEADER_KIND,
-                                                 MHD_HTTP_HEADER_TRANSFER_ENCODING) != NULL;
+        c->chunked = c->hdr.transfer_encoding != NULL;
         route_resolve(c, url, method);
         if (srv->restricted && route_forbidden(c)) {
             c->forbidden = true; /* the body is read and dropped; 403 at the end */
@@ -648,9 +693,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
         } else if (c->route >= 0) {
             /* Other bodies are JSON documents: Triton's EVBufferToJson check,
              * made on the declared size before reading. */
-            const char *cl = c->chunked ? NULL
-                                        : MHD_lookup_connection_value(
-                                              mc, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+            const char *cl = c->chunked ? NULL : c->hdr.content_length;
             unsigned long long declared = cl ? strtoull(cl, NULL, 10) : 0;
             if (declared > srv->max_input_size) {
                 char msg[200];
@@ -713,8 +756,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
     }
     if (!c->received) { /* the whole request is there */
         c->received = true;
-        conn_slot_t *slot = conn_slot(mc);
-        if (slot) atomic_store(&slot->receiving, false);
+        if (c->slot) atomic_store(&c->slot->receiving, false);
     }
     if (c->refused) return MHD_YES;
     if (c->forbidden) return reply_forbidden(c);
@@ -748,7 +790,8 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
                          enum MHD_RequestTerminationCode toe)
 {
     (void)toe;
-    conn_set_idle(cls, mc, true);
+    conn_slot_t *slot = conn_slot(mc);
+    conn_set_idle(cls, slot, true);
     http_conn_t *c = *con_cls;
     if (!c || c == (void *)&nul_in_url) return;
     *con_cls = NULL;
@@ -769,7 +812,6 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
     }
     nereid_response_t *resp = atomic_load(&c->response);
     if (resp) nereid_response_free(resp);
-    out_bufs_free(atomic_load(&c->outs));
     if (c->error) nereid_error_free(c->error);
     if (c->submit_error) nereid_error_free(c->submit_error);
     infer_parsed_free(&c->parsed);
@@ -778,7 +820,12 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
     free(c->raw_input_name);
     body_drop(c);
     if (c->path != c->path_buf) free(c->path);
-    free(c);
+    /* Kept for the connection's next request (MHD calls this before it
+     * reports the connection closed, which frees the spare). */
+    if (slot && !slot->spare)
+        slot->spare = c;
+    else
+        free(c);
     mem_trim_note(((http_server_t *)cls)->mem_trim);
 }
 
@@ -945,7 +992,8 @@ size_t http_server_open_connections(http_server_t *srv, size_t *n_inflight)
     pthread_mutex_unlock(&srv->conns_lock);
     if (n_inflight) {
         pthread_mutex_lock(&srv->lock);
-        *n_inflight = srv->n_inflight > srv->n_suspended ? srv->n_inflight : srv->n_suspended;
+        size_t n_running = atomic_load(&srv->n_inflight);
+        *n_inflight = n_running > srv->n_suspended ? n_running : srv->n_suspended;
         pthread_mutex_unlock(&srv->lock);
     }
     return n;
@@ -955,8 +1003,8 @@ void http_server_stop(http_server_t *srv)
 {
     if (!srv) return;
     pthread_mutex_lock(&srv->lock);
-    srv->stopping = true;
-    while (srv->n_inflight || srv->n_suspended)
+    atomic_store(&srv->stopping, true);
+    while (atomic_load(&srv->n_inflight) || srv->n_suspended)
         pthread_cond_wait(&srv->idle, &srv->lock);
     pthread_mutex_unlock(&srv->lock);
     MHD_stop_daemon(srv->daemon);

@@ -45,6 +45,18 @@ int sbuf_append_str(sbuf_t *b, const char *s)
     return sbuf_append(b, s, strlen(s));
 }
 
+/* Appends a string literal (its length known at compile time). */
+#define SBUF_LIT(b, lit) sbuf_append((b), (lit), sizeof(lit) - 1)
+
+/* Appends v in decimal. */
+static int sbuf_append_u64(sbuf_t *b, uint64_t v)
+{
+    if (sbuf_reserve(b, 20)) return -1;
+    b->len = (size_t)(numfmt_u64(b->data + b->len, v) - b->data);
+    b->data[b->len] = '\0';
+    return 0;
+}
+
 int sbuf_append_json_string(sbuf_t *b, const char *s, size_t n)
 {
     static const char hex[] = "0123456789abcdef";
@@ -213,14 +225,14 @@ static int write_parameters(sbuf_t *b, const nereid_response_t *resp)
 {
     size_t n = nereid_response_parameter_count(resp);
     if (n == 0) return 0;
-    if (sbuf_append_str(b, ",\"parameters\":{")) return -1;
+    if (SBUF_LIT(b, ",\"parameters\":{")) return -1;
     for (size_t i = 0; i < n; i++) {
         const char *name;
         int type;
         const void *value;
         nereid_response_parameter(resp, i, &name, &type, &value);
-        if ((i && sbuf_append_str(b, ",")) || sbuf_append_json_string(b, name, strlen(name)) ||
-            sbuf_append_str(b, ":"))
+        if ((i && SBUF_LIT(b, ",")) || sbuf_append_json_string(b, name, strlen(name)) ||
+            SBUF_LIT(b, ":"))
             return -1;
         char num[NUMFMT_DOUBLE_ROOM + 8];
         char *end = num;
@@ -240,7 +252,7 @@ static int write_parameters(sbuf_t *b, const nereid_response_t *resp)
         }
         if (sbuf_append(b, num, (size_t)(end - num))) return -1;
     }
-    return sbuf_append_str(b, "}");
+    return SBUF_LIT(b, "}");
 }
 
 static int write_shape(sbuf_t *b, const int64_t *shape, size_t rank)
@@ -265,6 +277,8 @@ nereid_error_t *infer_reply_build(const nereid_response_t *resp, const infer_par
     size_t n_outputs = nereid_response_output_count(resp);
     sbuf_t b = {0};
     nereid_error_t *err = NULL;
+    /* Room for a small reply's header in one allocation. */
+    if (sbuf_reserve(&b, 448 + 96 * n_outputs)) goto oom;
     if (n_outputs + 1 <= INFER_REPLY_INLINE_OUTPUTS) {
         out->chunks = out->inline_chunks;
         out->owned = out->inline_owned;
@@ -277,18 +291,17 @@ nereid_error_t *infer_reply_build(const nereid_response_t *resp, const infer_par
 
     char num[32];
     const char *id = nereid_response_id(resp);
-    if (sbuf_append_str(&b, "{")) goto oom;
+    if (SBUF_LIT(&b, "{")) goto oom;
     if (id && id[0] &&
-        (sbuf_append_str(&b, "\"id\":") || sbuf_append_json_string(&b, id, strlen(id)) ||
-         sbuf_append_str(&b, ",")))
+        (SBUF_LIT(&b, "\"id\":") || sbuf_append_json_string(&b, id, strlen(id)) ||
+         SBUF_LIT(&b, ",")))
         goto oom;
     const char *model = nereid_response_model_name(resp);
-    snprintf(num, sizeof num, "%" PRId64, nereid_response_model_version(resp));
-    if (sbuf_append_str(&b, "\"model_name\":") ||
+    size_t num_len = (size_t)(numfmt_i64(num, nereid_response_model_version(resp)) - num);
+    if (SBUF_LIT(&b, "\"model_name\":") ||
         sbuf_append_json_string(&b, model ? model : "", model ? strlen(model) : 0) ||
-        sbuf_append_str(&b, ",\"model_version\":\"") || sbuf_append_str(&b, num) ||
-        sbuf_append_str(&b, "\"") || write_parameters(&b, resp) ||
-        sbuf_append_str(&b, ",\"outputs\":["))
+        SBUF_LIT(&b, ",\"model_version\":\"") || sbuf_append(&b, num, num_len) ||
+        SBUF_LIT(&b, "\"") || write_parameters(&b, resp) || SBUF_LIT(&b, ",\"outputs\":["))
         goto oom;
 
     for (size_t i = 0; i < n_outputs; i++) {
@@ -315,28 +328,26 @@ nereid_error_t *infer_reply_build(const nereid_response_t *resp, const infer_par
             data = bytes;
             byte_size = cls_size;
         }
-        if ((i && sbuf_append_str(&b, ",")) || sbuf_append_str(&b, "{\"name\":") ||
-            sbuf_append_json_string(&b, name, strlen(name)) ||
-            sbuf_append_str(&b, ",\"datatype\":\"") ||
-            sbuf_append_str(&b, nereid_datatype_name(dt)) || sbuf_append_str(&b, "\",\"shape\":") ||
+        if ((i && SBUF_LIT(&b, ",")) || SBUF_LIT(&b, "{\"name\":") ||
+            sbuf_append_json_string(&b, name, strlen(name)) || SBUF_LIT(&b, ",\"datatype\":\"") ||
+            sbuf_append_str(&b, nereid_datatype_name(dt)) || SBUF_LIT(&b, "\",\"shape\":") ||
             write_shape(&b, shape, rank))
             goto oom;
         /* In shared memory: Triton sends neither data nor parameters. */
         if (req && req->shm_region) {
-            if (sbuf_append_str(&b, "}")) goto oom;
+            if (SBUF_LIT(&b, "}")) goto oom;
             continue;
         }
         /* An empty output goes as "data":[] even when binary was asked for
          * (what Triton's clients read back with the output's datatype;
          * L0_backend_identity's [1,0] tensors). */
         if (byte_size == 0) {
-            if (sbuf_append_str(&b, ",\"data\":[]}")) goto oom;
+            if (SBUF_LIT(&b, ",\"data\":[]}")) goto oom;
             continue;
         }
         if (binary) {
-            snprintf(num, sizeof num, "%zu", byte_size);
-            if (sbuf_append_str(&b, ",\"parameters\":{\"binary_data_size\":") ||
-                sbuf_append_str(&b, num) || sbuf_append_str(&b, "}}"))
+            if (SBUF_LIT(&b, ",\"parameters\":{\"binary_data_size\":") ||
+                sbuf_append_u64(&b, byte_size) || SBUF_LIT(&b, "}}"))
                 goto oom;
             out->chunks[out->n_chunks++] = (reply_chunk_t){data, byte_size};
             out->binary = true;
@@ -349,16 +360,16 @@ nereid_error_t *infer_reply_build(const nereid_response_t *resp, const infer_par
                                    nereid_datatype_name(dt));
             goto fail;
         }
-        if (sbuf_append_str(&b, ",\"data\":")) goto oom;
+        if (SBUF_LIT(&b, ",\"data\":")) goto oom;
         if (dt == NEREID_TYPE_BYTES) {
             if ((err = write_bytes_array(&b, data, byte_size, name))) goto fail;
         } else {
             size_t es = nereid_datatype_byte_size(dt);
             if (es == 0 || write_numeric_array(&b, dt, data, byte_size / es)) goto oom;
         }
-        if (sbuf_append_str(&b, "}")) goto oom;
+        if (SBUF_LIT(&b, "}")) goto oom;
     }
-    if (sbuf_append_str(&b, "]}")) goto oom;
+    if (SBUF_LIT(&b, "]}")) goto oom;
     out->json_len = b.len;
     /* Small binary outputs are copied behind the JSON: one buffer goes out
      * with the headers in one send, where an iovec reply costs a second. */

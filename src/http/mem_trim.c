@@ -25,7 +25,7 @@ struct mem_trim {
     pthread_cond_t cond; /* CLOCK_MONOTONIC */
     bool stop;           /* under lock */
     uint64_t quiet_ns;
-    _Atomic uint64_t n_events;  /* requests ended */
+    _Atomic bool active;        /* a request ended since the trimmer last looked */
     _Atomic bool parked;        /* the trimmer waits for an event, untimed */
     _Atomic uint64_t n_trimmed; /* trims done */
 };
@@ -42,14 +42,17 @@ static void *trim_main(void *arg)
 {
     mem_trim_t *t = arg;
     pthread_mutex_lock(&t->lock);
-    uint64_t seen = 0, trimmed = 0; /* a note before this thread ran counts too */
+    bool pending = false; /* requests ended since the last trim */
     while (!t->stop) {
-        if (seen == trimmed) {
+        if (!pending) {
+            /* A note sets the flag before it reads parked, and this thread
+             * sets parked before it takes the flag: one of the two sees the
+             * other (a note before this thread ran counts too). */
             atomic_store(&t->parked, true);
-            while (!t->stop && atomic_load(&t->n_events) == seen)
+            while (!t->stop && !atomic_exchange(&t->active, false))
                 pthread_cond_wait(&t->cond, &t->lock);
             atomic_store(&t->parked, false);
-            seen = atomic_load(&t->n_events);
+            pending = !t->stop;
             continue;
         }
         struct timespec until;
@@ -58,16 +61,12 @@ static void *trim_main(void *arg)
         while (!t->stop && rc != ETIMEDOUT)
             rc = pthread_cond_timedwait(&t->cond, &t->lock, &until);
         if (t->stop) break;
-        uint64_t now = atomic_load(&t->n_events);
-        if (now != seen) { /* still busy: wait another period */
-            seen = now;
-            continue;
-        }
+        if (atomic_exchange(&t->active, false)) continue; /* still busy: another period */
         pthread_mutex_unlock(&t->lock);
         malloc_trim(0);
         atomic_fetch_add(&t->n_trimmed, 1);
         pthread_mutex_lock(&t->lock);
-        trimmed = seen;
+        pending = false;
     }
     pthread_mutex_unlock(&t->lock);
     return NULL;
@@ -95,8 +94,10 @@ mem_trim_t *mem_trim_start(uint64_t quiet_ns)
 
 void mem_trim_note(mem_trim_t *t)
 {
-    if (!t) return;
-    atomic_fetch_add(&t->n_events, 1);
+    /* A plain load while the flag is set (the steady state under load): no
+     * write to the shared line, which the trimmer clears once a period. */
+    if (!t || atomic_load_explicit(&t->active, memory_order_relaxed)) return;
+    atomic_store(&t->active, true);
     if (atomic_load(&t->parked)) {
         pthread_mutex_lock(&t->lock);
         pthread_cond_signal(&t->cond);

@@ -19,8 +19,8 @@ typedef struct mem_trim mem_trim_t;
  * after which it trims. NULL when the thread cannot start (the functions
  * below accept NULL). */
 mem_trim_t *mem_trim_start(uint64_t quiet_ns);
-/* Records that a request ended (any thread; one atomic add and load while
- * the trimmer is awake, a signal when it sleeps). */
+/* Records that a request ended (any thread; a load of a flag the trimmer
+ * clears once a quiet period, a store and a signal when it sleeps). */
 void mem_trim_note(mem_trim_t *t);
 /* How many times the trimmer has trimmed (tests and logs). */
 uint64_t mem_trim_count(mem_trim_t *t);

@@ -3,6 +3,9 @@ docs/deploy.md): HTTP Nereid-Sequence-Id/-Start/-End and gRPC metadata
 nereid-sequence-id/-start/-end drive the sequence batcher like the body
 parameters do, must agree with the body when both are given (400 /
 INVALID_ARGUMENT otherwise), and the id is echoed in the reply."""
+import http.client
+import json
+
 import grpc
 import numpy as np
 import pytest
@@ -181,3 +184,24 @@ def test_grpc_metadata_and_body_disagree(stub):
         grpc_step(stub, 1, params={"sequence_id": 151, "sequence_end": True},
                   md=[("nereid-sequence-end", "false")])
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_http_kept_connection_starts_each_request_clean(server):
+    # A connection's next request starts from a clean state: the sequence
+    # id echoed for one request is not sent again with the next one.
+    conn = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=30)
+    body = {"inputs": [{"name": "INPUT", "datatype": "INT32", "shape": [1, 1], "data": [5]}]}
+    conn.request("POST", f"/v2/models/{MODEL}/infer", json.dumps(body),
+                 seq_headers(95, start=True, end=True))
+    r = conn.getresponse()
+    r.read()
+    assert r.status == 200 and r.getheader("Nereid-Sequence-Id") == "95"
+    sock = conn.sock
+    ident = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 1], "data": [1.5]}]}
+    conn.request("POST", "/v2/models/identity_fp32/infer", json.dumps(ident))
+    r = conn.getresponse()
+    doc = json.loads(r.read())
+    assert conn.sock is sock  # the same connection
+    assert r.status == 200 and doc["outputs"][0]["data"] == [1.5]
+    assert r.getheader("Nereid-Sequence-Id") is None
+    conn.close()
