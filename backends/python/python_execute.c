@@ -462,11 +462,13 @@ static nereid_error_t *execute_locked(instance_t *in, nereid_batch_t *batch)
 {
     size_t n = nereid_batch_request_count(batch);
     pthread_mutex_lock(&in->mu);
-    bool dead = in->dead;
+    bool dead = in->dead, aborted = in->aborted;
     pthread_mutex_unlock(&in->mu);
+    if ((dead || !in->reader_running) && g_backend->restart == RESTART_NEVER && !aborted)
+        return unhealthy(in); /* Triton: until the model is loaded again */
     if (dead || !in->reader_running) {
         /* The worker died and its restart (python_worker.c, "Restarts")
-         * failed or has not run yet: start a new one now. */
+         * is due, failed or has not run yet: start a new one now. */
         nereid_error_t *e = worker_restart(in);
         if (e) return e;
     }

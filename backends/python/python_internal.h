@@ -33,11 +33,18 @@
 
 /* ---- Backend settings (python.c) ---- */
 
+/* restart-worker: when a dead worker is replaced. Triton 25.x+ never
+ * replaces one (the model stays not ready until it is loaded again);
+ * Nereid by default does when a request comes, and at once when asked. A
+ * worker the progress watchdog ended is always replaced at once. */
+enum { RESTART_ON_REQUEST, RESTART_NEVER, RESTART_EAGER };
+
 typedef struct backend_state {
     char *python; /* interpreter */
     char *stub;   /* nereid_python_stub.py */
     long finalize_wait_s;
     uint64_t spin_max_ns; /* spin-wait-us: longest spin for a worker's answer; 0: never */
+    int restart;          /* restart-worker: RESTART_* (python_worker.c, "Restarts") */
 
     /* The zygote: a pre-started python3 (numpy and pb_utils imported) that
      * forks the workers of models using the backend's interpreter. */

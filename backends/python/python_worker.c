@@ -57,14 +57,20 @@ nereid_error_t *unhealthy(instance_t *in)
 /* ---- Restarts ----
  *
  * A worker that dies (killed, crashed, ended by the progress watchdog, or
- * ended for a protocol error) is replaced as soon as its death is seen, by
- * the reader thread's hang-up or by execute, not on the next request: a
- * thread of its own takes life_mu (so it waits for an execute in flight to
- * return) and starts a new worker with the instance's INIT. Until that
- * succeeded the instance answers not ready (nereid_backend_instance_ready:
- * dead, restarting or restart_failed), and with it the model and, under
- * --strict-readiness, the server. A failed restart is logged and keeps
- * the instance not ready; the next execute tries again. A worker ended on
+ * ended for a protocol error) leaves the instance not ready
+ * (nereid_backend_instance_ready: dead, restarting or restart_failed), and
+ * with it the model and, under --strict-readiness, the server, as Triton's
+ * TRITONBACKEND_ModelInstanceReady ("Stub process '<instance>' is not
+ * healthy."). When it is replaced is --backend-config=python,
+ * restart-worker: on-request (the default) by the next execute; never
+ * (Triton 25.x+: requests fail until the model is loaded again); eager,
+ * as soon as its death is seen (the reader thread's hang-up or execute).
+ * A worker the progress watchdog ended (aborted) is replaced at once
+ * whatever the setting. An eager restart runs on a thread of its own that
+ * takes life_mu (so it waits for an execute in flight to return) and
+ * starts a new worker with the instance's INIT. A failed restart is logged
+ * and keeps the instance not ready; the next execute tries again (unless
+ * never). A worker ended on
  * purpose — at fini (closing), or a restart's own failed start
  * (restarting) — or one that never served (restartable false) is not
  * restarted. */
@@ -90,7 +96,8 @@ static void *restart_main(void *arg)
 static void restart_soon(instance_t *in)
 {
     pthread_mutex_lock(&in->mu);
-    bool go = in->restartable && !in->closing && !in->restarting && !in->restart_queued;
+    bool go = in->restartable && !in->closing && !in->restarting && !in->restart_queued &&
+              (g_backend->restart == RESTART_EAGER || in->aborted);
     if (go) in->restart_queued = true;
     pthread_mutex_unlock(&in->mu);
     if (!go) return;

@@ -540,7 +540,8 @@ def ready_server(tmp_path_factory):
     for what in ("true", "false", "exception", "non_bool", "coroutine"):
         write(repo, f"ready_{what}", READY_CONFIG.format(name=f"ready_{what}", what=what), READY)
     write(repo, "ident", IDENT_CONFIG, IDENT)
-    s = Server(repo, ["--log-verbose=1", "--strict-readiness=false"], wait_port="grpc")
+    s = Server(repo, ["--log-verbose=1", "--strict-readiness=false",
+                      "--backend-config=python,restart-worker=eager"], wait_port="grpc")
     yield s
     assert s.stop() == 0, s.output()
 
@@ -580,8 +581,8 @@ def test_user_defined_is_ready(ready_server, what, ready, reason):
 
 
 def test_killed_worker_is_restarted_and_ready_again(ready_server):
-    """A killed worker is restarted as soon as its death is seen, with no
-    request; the model is not ready until then (that window is held open and
+    """With restart-worker=eager, a killed worker is restarted as soon as its
+    death is seen, with no request; the model is not ready until then (that window is held open and
     checked in test_python_worker_restart.py), then ready and serving."""
     import os
     import signal
