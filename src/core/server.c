@@ -228,11 +228,15 @@ void nereid_server_begin_exit(nereid_server_t *s)
     atomic_store(&s->exiting, true);
 }
 
-/* Requests waiting in the scheduler of a loaded version (Triton's
- * in-flight inferences); 0 when it is not loaded. */
+/* Triton's in-flight inferences of a loaded version: the requests waiting
+ * in its scheduler, or what the scheduler counts itself (a sequence
+ * batcher: its live sequences); 0 when it is not loaded. */
 static int64_t version_pending(const version_entry_t *ve)
 {
-    return ve->state == MODEL_READY && ve->model ? atomic_load(&ve->model->stats.pending) : 0;
+    if (ve->state != MODEL_READY || !ve->model) return 0;
+    const model_t *m = ve->model;
+    if (m->sched && m->sched->ops->inflight) return (int64_t)m->sched->ops->inflight(m->sched);
+    return atomic_load(&m->stats.pending);
 }
 
 size_t nereid_server_log_inflight(nereid_server_t *s, int secs_left)

@@ -24,7 +24,8 @@
  * waiting, the submitting thread claims that instance and runs the request
  * itself (run_inline, from enqueue), completion included; a request that finds
  * no idle instance queues as usual, and the inline caller takes up to a few
- * queued requests before it releases the instance. A claimed instance's
+ * queued requests before it releases the instance (never for a decoupled
+ * model: see default_scheduler_create). A claimed instance's
  * thread stays blocked until the release, so one instance still runs one
  * batch at a time, in FIFO order. Instances of such a model do not spin:
  * the work comes to them on the caller's thread.
@@ -470,6 +471,12 @@ nereid_error_t *default_scheduler_create(model_t *m, const sched_core_t *core, s
      * thread, in µs (0 disables inline runs). */
     env = getenv("NEREID_INLINE_US");
     d->inline_ns = env && *env ? (uint64_t)strtoull(env, NULL, 10) * 1000u : INLINE_DEFAULT_NS;
+    /* Never for a decoupled model: its execute may send responses for a
+     * long time before it returns (a Python model sending one token a
+     * second), and run on a frontend's thread it would hold that thread,
+     * and with it the very stream its responses go out on, until then. */
+    if (m->config->model_transaction_policy && m->config->model_transaction_policy->decoupled)
+        d->inline_ns = 0;
     *out = &d->base;
     return NULL;
 }

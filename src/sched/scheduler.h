@@ -105,6 +105,11 @@ typedef struct scheduler_ops {
      * the scheduler sets its lingering flag, and its next_batch returns
      * false once they have ended; the core does not wait for it. */
     void (*retire)(scheduler_t *s, model_instance_t *const *v, size_t n);
+    /* Optional: Triton's in-flight inference count for this scheduler, used
+     * in place of the model's queued requests while the server drains at
+     * exit (a sequence batcher: the live sequences that hold a position,
+     * Triton's SequenceBatchScheduler::InflightInferenceCount). Thread: any. */
+    size_t (*inflight)(scheduler_t *s);
     /* Frees the scheduler after every instance thread has exited. */
     void (*destroy)(scheduler_t *s);
 } scheduler_ops_t;

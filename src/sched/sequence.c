@@ -1231,6 +1231,20 @@ static void seq_stop(scheduler_t *base)
     }
 }
 
+/* Live sequences holding a position (Triton counts its sequence-to-slot
+ * map): the server's exit waits for them to end or go idle. */
+static size_t seq_inflight(scheduler_t *base)
+{
+    seq_sched_t *q = (seq_sched_t *)base;
+    size_t n = 0;
+    pthread_mutex_lock(&q->lock);
+    for (size_t i = 0; i < q->n_insts; i++)
+        for (size_t k = 0; k < q->insts[i]->n_slots; k++)
+            n += q->insts[i]->slots[k] != NULL;
+    pthread_mutex_unlock(&q->lock);
+    return n;
+}
+
 static void free_config(seq_sched_t *q)
 {
     for (size_t i = 0; i < q->n_states; i++)
@@ -1304,6 +1318,7 @@ static const scheduler_ops_t sequence_ops = {
     .stop = seq_stop,
     .retire = seq_retire,
     .wake = seq_wake,
+    .inflight = seq_inflight,
     .destroy = seq_destroy,
 };
 

@@ -403,3 +403,29 @@ def test_decoupled_stream_drains(tmp_path):
         assert "Exit timeout" not in s.output()
     finally:
         stop(s)
+
+
+def test_live_sequences_are_in_flight_at_exit(tmp_path):
+    """Triton counts a sequence batcher's live sequences (those holding a
+    slot) as its in-flight inferences: the exit logs them and waits until
+    they end or their idle timeout releases them (L0_lifecycle
+    test_shutdown_sequence greps "Model 'custom_sequence_int32' (version 1)
+    has 2 in-flight inferences")."""
+    s = start(tmp_path, "--exit-timeout-secs=30")
+    try:
+        c = connect(s)
+        for seq_id in (1, 2):  # started, never ended
+            st, _, raw = post(c, "/v2/models/accumulator_direct/infer",
+                              seq_body(seq_id, seq_id, start=True))
+            assert st == 200 and output(raw, "OUTPUT") == [seq_id]
+        c.close()
+        s.proc.send_signal(signal.SIGINT)
+        rc = s.proc.wait(timeout=20)  # the 1 s default idle timeout ends them
+        assert rc == 0
+        log = s.output()
+        assert "Model 'accumulator_direct' (version 1) has 2 in-flight inferences" in log
+        assert "Found 1 model versions that have in-flight inferences" in log
+        assert "Found 0 model versions that have in-flight inferences" in log
+        assert "Exit timeout" not in log
+    finally:
+        stop(s)
