@@ -75,6 +75,22 @@ uint64_t util_now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+void util_cond_init_monotonic(pthread_cond_t *c)
+{
+    pthread_condattr_t a;
+    pthread_condattr_init(&a);
+    pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+    pthread_cond_init(c, &a);
+    pthread_condattr_destroy(&a);
+}
+
+void util_cond_wait_until(pthread_cond_t *c, pthread_mutex_t *m, uint64_t deadline_ns)
+{
+    struct timespec ts = {.tv_sec = (time_t)(deadline_ns / 1000000000u),
+                          .tv_nsec = (long)(deadline_ns % 1000000000u)};
+    pthread_cond_timedwait(c, m, &ts);
+}
+
 uint64_t nereid_now_ns(void)
 {
     return util_now_ns();

@@ -10,6 +10,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <pthread.h>
 #include <stdint.h>
 
 #include "nereid/server.h"
@@ -30,7 +31,11 @@ char *xasprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
  * call, a visible cost when thousands of model directories are listed).
  * Returns -1 when dir cannot be opened, else 0. Any thread. */
 int util_dir_each(const char *dir, bool (*fn)(const char *name, bool is_dir, void *arg), void *arg);
-uint64_t util_now_ns(void);  /* CLOCK_MONOTONIC */
+uint64_t util_now_ns(void); /* CLOCK_MONOTONIC */
+/* A condition variable timed on CLOCK_MONOTONIC, and a wait on it until
+ * deadline_ns (util_now_ns's clock). */
+void util_cond_init_monotonic(pthread_cond_t *c);
+void util_cond_wait_until(pthread_cond_t *c, pthread_mutex_t *m, uint64_t deadline_ns);
 uint64_t util_wall_ms(void); /* ms since the epoch */
 
 /* ---- Files a model configuration names ----

@@ -25,11 +25,7 @@ static bool started, start_failed;     /* lock */
 
 static void timer_init(void)
 {
-    pthread_condattr_t a;
-    pthread_condattr_init(&a);
-    pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
-    pthread_cond_init(&timer_cond, &a);
-    pthread_condattr_destroy(&a);
+    util_cond_init_monotonic(&timer_cond);
     pthread_cond_init(&timer_done_cond, NULL);
 }
 
@@ -70,8 +66,7 @@ static void *timer_main(void *arg)
             continue;
         }
         wake_ns = first->due_ns;
-        struct timespec ts = {(time_t)(wake_ns / 1000000000u), (long)(wake_ns % 1000000000u)};
-        pthread_cond_timedwait(&timer_cond, &timer_lock, &ts);
+        util_cond_wait_until(&timer_cond, &timer_lock, wake_ns);
         wake_ns = 0;
     }
     return NULL;

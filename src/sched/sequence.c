@@ -149,22 +149,6 @@ typedef struct seq_sched {
 
 /* ---- Helpers ---- */
 
-static void cond_init_monotonic(pthread_cond_t *c)
-{
-    pthread_condattr_t a;
-    pthread_condattr_init(&a);
-    pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
-    pthread_cond_init(c, &a);
-    pthread_condattr_destroy(&a);
-}
-
-static void cond_wait_until(pthread_cond_t *c, pthread_mutex_t *m, uint64_t deadline_ns)
-{
-    struct timespec ts = {.tv_sec = (time_t)(deadline_ns / 1000000000u),
-                          .tv_nsec = (long)(deadline_ns % 1000000000u)};
-    pthread_cond_timedwait(c, m, &ts);
-}
-
 static int64_t elem_count(const int64_t *shape, size_t rank)
 {
     int64_t n = 1;
@@ -347,7 +331,7 @@ static seq_inst_t *seq_inst_new(const seq_sched_t *q)
     si->slots = xcalloc(q->per_inst ? q->per_inst : 1, sizeof *si->slots);
     si->rows = xcalloc(q->per_inst ? q->per_inst : 1, sizeof *si->rows);
     si->ready = xcalloc(q->per_inst ? q->per_inst : 1, sizeof *si->ready);
-    cond_init_monotonic(&si->cond);
+    util_cond_init_monotonic(&si->cond);
     return si;
 }
 
@@ -802,7 +786,7 @@ static bool direct_next_batch(seq_sched_t *q, seq_inst_t *si, batch_t *batch)
             continue;
         }
         if (direct_held(q, si)) {
-            cond_wait_until(&si->cond, &q->lock, util_now_ns() + HOLD_POLL_NS);
+            util_cond_wait_until(&si->cond, &q->lock, util_now_ns() + HOLD_POLL_NS);
             continue;
         }
         n_ready = 0;
@@ -820,7 +804,7 @@ static bool direct_next_batch(seq_sched_t *q, seq_inst_t *si, batch_t *batch)
                 break;
             uint64_t deadline = oldest + q->delay_ns;
             if (util_now_ns() >= deadline) break;
-            cond_wait_until(&si->cond, &q->lock, deadline);
+            util_cond_wait_until(&si->cond, &q->lock, deadline);
             continue;
         }
         if (q->stopped) {
@@ -931,7 +915,7 @@ static bool oldest_next_batch(seq_sched_t *q, seq_inst_t *si, batch_t *batch)
             uint64_t deadline;
             take = oldest_plan(q, si, n, util_now_ns(), &deadline);
             if (take) break;
-            cond_wait_until(&si->cond, &q->lock, deadline);
+            util_cond_wait_until(&si->cond, &q->lock, deadline);
             continue;
         }
         if (q->stopped) {
@@ -1190,7 +1174,7 @@ static void *reaper_main(void *arg)
         if (next == UINT64_MAX)
             pthread_cond_wait(&q->reaper_cond, &q->lock);
         else
-            cond_wait_until(&q->reaper_cond, &q->lock, next);
+            util_cond_wait_until(&q->reaper_cond, &q->lock, next);
     }
     pthread_mutex_unlock(&q->lock);
     return NULL;
@@ -1411,7 +1395,7 @@ nereid_error_t *sequence_batcher_create(model_t *m, const sched_core_t *core, sc
     q->base.model = m;
     q->base.core = core;
     pthread_mutex_init(&q->lock, NULL);
-    cond_init_monotonic(&q->reaper_cond);
+    util_cond_init_monotonic(&q->reaper_cond);
     q->reaper_wake_ns = UINT64_MAX;
     q->batching = c->max_batch_size > 0;
     q->max_rows = q->batching ? c->max_batch_size : 1;
