@@ -414,7 +414,10 @@ int msg_recv_into(int fd, rx_regions_t *rx, msg_t **out, char *why, size_t why_c
         buf = m->buf;
     }
     int fds[4], n_fds = 0;
-    for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm)) {
+    /* A failed recvmsg leaves the control buffer as it was (stack bytes,
+     * possibly an earlier message's SCM_RIGHTS): no fd is read from it,
+     * or fail would close a number another part of the server now owns. */
+    for (struct cmsghdr *cm = n < 0 ? NULL : CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm)) {
         if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS) continue;
         size_t k = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
         for (size_t i = 0; i < k && n_fds < 4; i++)
