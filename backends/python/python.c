@@ -110,10 +110,10 @@ NEREID_EXPORT nereid_error_t *nereid_backend_init(nereid_backend_t *backend)
         st->spin_max_ns = (uint64_t)v * 1000;
     }
     const char *rw = backend_config(backend, "restart-worker");
-    st->restart = !rw || strcmp(rw, "on-request") == 0 ? RESTART_ON_REQUEST
-                  : strcmp(rw, "never") == 0           ? RESTART_NEVER
-                  : strcmp(rw, "eager") == 0           ? RESTART_EAGER
-                                                       : -1;
+    st->restart = !rw || strcmp(rw, "eager") == 0 ? RESTART_EAGER
+                  : strcmp(rw, "on-request") == 0 ? RESTART_ON_REQUEST
+                  : strcmp(rw, "never") == 0      ? RESTART_NEVER
+                                                  : -1;
     if (st->restart < 0) {
         free(st->python);
         free(st->stub);

@@ -35,7 +35,7 @@
 
 /* restart-worker: when a dead worker is replaced. Triton 25.x+ never
  * replaces one (the model stays not ready until it is loaded again);
- * Nereid by default does when a request comes, and at once when asked. A
+ * Nereid by default does at once (eager), or when a request comes. A
  * worker the progress watchdog ended is always replaced at once. */
 enum { RESTART_ON_REQUEST, RESTART_NEVER, RESTART_EAGER };
 

@@ -62,9 +62,9 @@ nereid_error_t *unhealthy(instance_t *in)
  * with it the model and, under --strict-readiness, the server, as Triton's
  * TRITONBACKEND_ModelInstanceReady ("Stub process '<instance>' is not
  * healthy."). When it is replaced is --backend-config=python,
- * restart-worker: on-request (the default) by the next execute; never
- * (Triton 25.x+: requests fail until the model is loaded again); eager,
- * as soon as its death is seen (the reader thread's hang-up or execute).
+ * restart-worker: eager (the default), as soon as its death is seen (the
+ * reader thread's hang-up or execute); on-request, by the next execute;
+ * never (Triton 25.x+: requests fail until the model is loaded again).
  * A worker the progress watchdog ended (aborted) is replaced at once
  * whatever the setting. An eager restart runs on a thread of its own that
  * takes life_mu (so it waits for an execute in flight to return) and

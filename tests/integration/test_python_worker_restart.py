@@ -1,11 +1,11 @@
 """A Python model whose worker dies is not ready until its worker is
 restarted (issue 39, health that tells the truth; Triton core #473 for the
 server under --strict-readiness). When it is restarted is
---backend-config=python,restart-worker: on-request (the default: Triton's
-QA model_readiness kills the stub and expects the model not ready a
-second later, with Triton's log line), never (Triton 25.x+: requests fail
-until the model is loaded again), or eager (as soon as the death is seen,
-with no request needed). The model's initialize()
+--backend-config=python,restart-worker: eager (the default: as soon as the
+death is seen, with no request needed), on-request (Triton's QA
+model_readiness kills the stub and expects the model not ready a second
+later, with Triton's log line), or never (Triton 25.x+: requests fail
+until the model is loaded again). The model's initialize()
 waits for a file the test creates ("gate") when "hold" exists, and raises
 when "fail" exists, so the window in which the restart runs, and a failed
 restart, are held open by the test, not by timing."""
@@ -133,15 +133,16 @@ def kill_and_wait(s, pid):
     wait_for(lambda: not model_ready(s), "the model stayed ready after its worker was killed")
 
 
-def test_default_restarts_on_the_next_request_only(nereid_server, tmp_path):
+def test_on_request_restarts_on_the_next_request_only(nereid_server, tmp_path):
     """Triton's qa/L0_backend_python/model_readiness: kill the stub, wait a
     second, the model is not ready over HTTP and gRPC with Triton's log
-    line; Nereid then restarts the worker for the next request."""
+    line; restart-worker=on-request then restarts the worker for the next
+    request."""
     d = tmp_path / "ctl"
     d.mkdir()
     repo = str(tmp_path / "models")
     write(repo, "py", CONFIG % d, MODEL)
-    s = nereid_server(repo, "--log-verbose=1")
+    s = nereid_server(repo, "--log-verbose=1", "--backend-config=python,restart-worker=on-request")
     pid = worker_pid(s)
     kill_and_wait(s, pid)
     time.sleep(1.0)
