@@ -93,20 +93,17 @@ NEREID_EXPORT nereid_error_t *nereid_backend_init(nereid_backend_t *backend)
     st->finalize_wait_s = FINALIZE_WAIT_S;
     /* Off unless asked for: a spin costs CPU per request (docs/python_backend.md). */
     st->spin_max_ns = SPIN_WAIT_US_DEFAULT * 1000ull;
+    nereid_error_t *err = NULL;
     const char *sw = backend_config(backend, "spin-wait-us");
     if (sw) {
         char *end;
         errno = 0;
         long v = strtol(sw, &end, 10);
-        if (!*sw || *end || errno || v < 0 || v > SPIN_WAIT_US_MAX) {
-            free(st->python);
-            free(st->stub);
-            free(st);
-            return nereid_error_new(NEREID_ERROR_INVALID_ARG,
-                                    "python backend: spin-wait-us must be an integer from 0 to "
-                                    "%d, got '%s'",
-                                    SPIN_WAIT_US_MAX, sw);
-        }
+        if (!*sw || *end || errno || v < 0 || v > SPIN_WAIT_US_MAX)
+            err = nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                   "python backend: spin-wait-us must be an integer from 0 to "
+                                   "%d, got '%s'",
+                                   SPIN_WAIT_US_MAX, sw);
         st->spin_max_ns = (uint64_t)v * 1000;
     }
     const char *rw = backend_config(backend, "restart-worker");
@@ -114,40 +111,33 @@ NEREID_EXPORT nereid_error_t *nereid_backend_init(nereid_backend_t *backend)
                   : strcmp(rw, "on-request") == 0 ? RESTART_ON_REQUEST
                   : strcmp(rw, "never") == 0      ? RESTART_NEVER
                                                   : -1;
-    if (st->restart < 0) {
+    if (!err && st->restart < 0)
+        err = nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                               "python backend: restart-worker must be 'on-request', 'never' "
+                               "or 'eager', got '%s'",
+                               rw);
+    const char *zy = backend_config(backend, "zygote");
+    if (!err && zy && strcmp(zy, "true") != 0 && strcmp(zy, "false") != 0)
+        err = nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                               "python backend: zygote must be 'true' or 'false', got '%s'", zy);
+    st->zy_off = zy && strcmp(zy, "false") == 0;
+    const char *t = backend_config(backend, "stub-timeout-seconds");
+    if (!err && t) {
+        char *end;
+        long v = strtol(t, &end, 10);
+        if (*end || v <= 0)
+            err = nereid_error_new(NEREID_ERROR_INVALID_ARG,
+                                   "stub-timeout-seconds must be a positive integer, got '%s'", t);
+        st->finalize_wait_s = v;
+    }
+    if (err) {
         free(st->python);
         free(st->stub);
         free(st);
-        return nereid_error_new(NEREID_ERROR_INVALID_ARG,
-                                "python backend: restart-worker must be 'on-request', 'never' "
-                                "or 'eager', got '%s'",
-                                rw);
+        return err;
     }
     pthread_mutex_init(&st->zy_mu, NULL);
     st->zy_fd = -1;
-    const char *zy = backend_config(backend, "zygote");
-    if (zy && strcmp(zy, "true") != 0 && strcmp(zy, "false") != 0) {
-        pthread_mutex_destroy(&st->zy_mu);
-        free(st->python);
-        free(st->stub);
-        free(st);
-        return nereid_error_new(NEREID_ERROR_INVALID_ARG,
-                                "python backend: zygote must be 'true' or 'false', got '%s'", zy);
-    }
-    st->zy_off = zy && strcmp(zy, "false") == 0;
-    const char *t = backend_config(backend, "stub-timeout-seconds");
-    if (t) {
-        char *end;
-        long v = strtol(t, &end, 10);
-        if (*end || v <= 0) {
-            free(st->python);
-            free(st->stub);
-            free(st);
-            return nereid_error_new(NEREID_ERROR_INVALID_ARG,
-                                    "stub-timeout-seconds must be a positive integer, got '%s'", t);
-        }
-        st->finalize_wait_s = v;
-    }
     static const char *const ignored[] = {"shm-default-byte-size",  "shm-growth-byte-size",
                                           "shm_message_queue_size", "shm-message-queue-size",
                                           "thread-pool-size",       "shm-region-prefix-name"};
