@@ -427,7 +427,10 @@ class Worker(Channel, BlsClient):
         record (send_responses made it the first time); after an EXECUTE in
         the server's region, each output must be one of the input arrays
         themselves (of ALIAS_MIN bytes or more), answered with a where=1
-        record of its place there. None otherwise, and the general path
+        record of its place there. An output that is a BLS result (a view of
+        the server's BLS_RESULT region in slot k, ALIAS_MIN bytes or more,
+        C-contiguous) is answered with a where 2 + k record, as
+        tensor_records would. None otherwise, and the general path
         answers."""
         inputs = self.rx_views
         self.rx_views = None  # the arrays are not kept past this answer
@@ -439,6 +442,7 @@ class Worker(Channel, BlsClient):
             views, off = [], 0
             records = self.records
             view_records = self.view_records
+            lent = None  # BLS result slots the DONE references (None: none so far)
             for q, r in zip(reqs, res):
                 if (type(r) is not pb_utils.InferenceResponse or r._error is not None or
                         r._parameters != "{}" or q._release_flags != RELEASE_ALL):
@@ -450,8 +454,17 @@ class Worker(Channel, BlsClient):
                            DONE_RESP.pack(RESP_OUTPUTS, k, 0, 0, 0))
                 for t in outs:
                     a = t._array
+                    v = inputs.get(id(a)) if inputs is not None else None
+                    if v is None and a.nbytes >= ALIAS_MIN:
+                        rec = self.result_record(t, a, requested)
+                        if rec is None:
+                            return None
+                        out.append(rec[0])
+                        if lent is None:
+                            lent = set()
+                        lent.add(rec[1])
+                        continue
                     if inputs is not None:
-                        v = inputs.get(id(a))
                         if v is None or v[0] is not a or t._name not in requested:
                             return None
                         key = (t._name, t._dtype, a.shape, v[1], v[3])
@@ -473,7 +486,33 @@ class Worker(Channel, BlsClient):
                     off = (off + a.nbytes + ALIGN - 1) // ALIGN * ALIGN
         except Exception:  # whatever is odd about it, send_responses says
             return None
+        if lent is not None or self.bls_lent:  # as send_responses
+            with self.cv:
+                self.bls_lent = tuple(lent) if lent is not None else ()
         return b"".join(out), views, off
+
+    def result_record(self, t, a, requested):
+        """simple_done's record of an output that is a BLS result: (where
+        2 + k record, k) when a (requested, numeric, C-contiguous) lies in
+        the server's BLS_RESULT region that slot k maps now, else None."""
+        if (not nereid_stub.BLS_BY_REF or t._dtype == "BYTES" or a.dtype == np.object_ or
+                not a.flags.c_contiguous or t._name not in requested):
+            return None
+        n = a.nbytes
+        addr = a.__array_interface__["data"][0]
+        k = 0
+        for sp in self.bls_out_span:
+            if sp is not None and sp[0] <= addr and addr + n <= sp[0] + sp[1]:
+                key = (t._name, t._dtype, a.shape, addr - sp[0], 2 + k)
+                rec = self.view_records.get(key)
+                if rec is None:
+                    rec = tensor_record(t._name, t._dtype, a.shape, 2 + k, addr - sp[0], n)
+                    if len(self.view_records) >= RECORDS_MAX:
+                        self.view_records.clear()
+                    self.view_records[key] = rec
+                return rec, k
+            k += 1
+        return None
 
     def send_responses(self, reqs, res):
         """DONE with one response per request (binary records, outputs in
