@@ -4,6 +4,7 @@ more builds side by side (A/B interleaved in one run).
 
     bench/bench_python_cpu.py [BUILD_DIR]... [--rounds N] [--window-ms MS]
                               [--sizes 1,65536] [--server-arg FLAG]... [--floor] [--default]
+                              [--bls]
 
 Starts one BUILD_DIR/nereid (default build) per build dir, each serving the
 C identity backend and a Python identity (model.py), with
@@ -20,6 +21,12 @@ total. CPU per request is steadier than latency on a shared machine.
 --floor adds a server of the first build whose Python model runs on
 bench/python_floor_worker.c (no Python at all: bench_python_floor.py), the
 process boundary's own cost.
+--bls compares, instead, a model.py that calls an ONNX identity by BLS
+(bench_python.py's bls_py) with the ensemble of a Python identity step and
+the same ONNX identity (ens_py_onnx), in place of the C and Python
+identities; each line then also gives the median over the rounds of the
+per-round p50 difference BLS - ensemble (issue 42's goal: <= +20 us).
+Every line gives the median of the per-round p50 ratios second / first.
 """
 import os
 import shutil
@@ -102,6 +109,7 @@ def window(server, model, n, window_ms):
 
 def main(argv):
     builds, rounds, window_ms, sizes, extra, floor, default = [], 5, 1000, (1,), [], False, False
+    bls = False
     args = list(argv)
     while args:
         a = args.pop(0)
@@ -117,11 +125,14 @@ def main(argv):
             floor = True
         elif a == "--default":
             default = True
+        elif a == "--bls":
+            bls = True
         else:
             builds.append(a)
     builds = builds or ["build"]
     if not default and not any("spin-wait-us" in x for x in extra):
         extra.append("--backend-config=python,spin-wait-us=0")
+    first, second = ("ens_py_onnx", "bls_py") if bls else ("identity_c", "identity_py")
     tmp = tempfile.mkdtemp(prefix="nereid-bench-cpu-")
     servers = []
     try:
@@ -129,10 +140,17 @@ def main(argv):
             repo = os.path.join(tmp, f"b{i}", "models")
             bp.write_model(repo, "identity_py", bp.config("identity_py", "python"), bp.IDENTITY_PY)
             bp.write_model(repo, "identity_c", bp.config("identity_c", "identity"))
+            if bls:
+                sys.path.insert(0, os.path.join(bp.ROOT, "scripts"))
+                import make_models
+                bp.write_model(repo, "ident_onnx", bp.config("ident_onnx", "onnxruntime_onnx"),
+                               onnx=make_models.identity("FP32", (-1,)).SerializeToString())
+                bp.write_model(repo, "bls_py", bp.config("bls_py", "python"), bp.BLS_PY)
+                bp.write_model(repo, "ens_py_onnx", bp.ENSEMBLE)
             d = os.path.join(bp.ROOT, b)  # its own backends (and their worker scripts)
             servers.append((b, bp.Server(d, repo, extra + [
                 f"--backend-directory={os.path.join(d, 'backends')}"])))
-        if floor:
+        if floor and not bls:
             import bench_python_floor
             repo = os.path.join(tmp, "floor", "models")
             bp.write_model(repo, "identity_py", bp.config("identity_py", "python"), bp.IDENTITY_PY)
@@ -145,32 +163,38 @@ def main(argv):
                 del os.environ["NEREID_PYTHON"]
         for _, s in servers:  # first requests: worker start, allocations
             for n in sizes:
-                s.perf("identity_py", n, 1, 300)
-                s.perf("identity_c", n, 1, 300)
+                s.perf(second, n, 1, 300)
+                s.perf(first, n, 1, 300)
         with open("/proc/loadavg") as f:
             print(f"load average {f.read().split()[0]}, {rounds} rounds of {window_ms} ms, "
                   f"server flags {extra}", flush=True)
-        res = {(b, m, n): [] for b, _ in servers for m in ("identity_c", "identity_py")
-               for n in sizes}
+        res = {(b, m, n): [] for b, _ in servers for m in (first, second) for n in sizes}
         for _ in range(rounds):
             for n in sizes:
-                for m in ("identity_c", "identity_py"):
+                for m in (first, second):
                     for b, s in servers:
                         res[(b, m, n)].append(window(s, m, n, window_ms))
         with open("/proc/loadavg") as f:
             print(f"load average after {f.read().split()[0]}")
         for n in sizes:
             for b, _ in servers:
-                c, p = res[(b, "identity_c", n)], res[(b, "identity_py", n)]
+                c, p = res[(b, first, n)], res[(b, second, n)]
+                ratio = bp.med(y[0] / x[0] for x, y in zip(c, p))
+                diff = bp.med(y[0] - x[0] for x, y in zip(c, p))
+                what = (f"BLS - ensemble p50 {diff:+.0f} us (median of rounds), x{ratio:.2f}"
+                        if bls else f"p50 Python / C x{ratio:.2f}, {diff:+.0f} us (medians of rounds)")
+                print(f"{b} FP32[{n}]: {what}; p50 rounds {first} {[x[0] for x in c]}, "
+                      f"{second} {[x[0] for x in p]}", flush=True)
                 ct = bp.med(x[1] + x[2] for x in c)
                 pt = bp.med(x[1] + x[2] for x in p)
-                print(f"{b} FP32[{n}]: CPU/request C {ct:.1f} us (server "
-                      f"{bp.med(x[1] for x in c):.1f}), Python {pt:.1f} us (server "
+                la, lb = ("ensemble", "BLS") if bls else ("C", "Python")
+                print(f"{b} FP32[{n}]: CPU/request {la} {ct:.1f} us (server "
+                      f"{bp.med(x[1] for x in c):.1f}), {lb} {pt:.1f} us (server "
                       f"{bp.med(x[1] for x in p):.1f}, worker {bp.med(x[2] for x in p):.1f}): "
-                      f"x{pt / ct:.2f} | switches/request C {bp.med(x[3] for x in c):.2f}, "
-                      f"Python {bp.med(x[3] for x in p):.2f} | p50 C {bp.med(x[0] for x in c):.0f}"
-                      f", Python {bp.med(x[0] for x in p):.0f} us | rounds C "
-                      f"{[round(x[1] + x[2], 1) for x in c]}, Python "
+                      f"x{pt / ct:.2f} | switches/request {la} {bp.med(x[3] for x in c):.2f}, "
+                      f"{lb} {bp.med(x[3] for x in p):.2f} | p50 {la} {bp.med(x[0] for x in c):.0f}"
+                      f", {lb} {bp.med(x[0] for x in p):.0f} us | rounds {la} "
+                      f"{[round(x[1] + x[2], 1) for x in c]}, {lb} "
                       f"{[round(x[1] + x[2], 1) for x in p]}", flush=True)
     finally:
         for _, s in servers:

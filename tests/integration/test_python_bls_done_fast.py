@@ -155,5 +155,12 @@ def test_results_the_fast_path_cannot_name_go_the_general_way(tmp_path):
         after = general_count(s)
         np.testing.assert_array_equal(relay(s, "result:ident_onnx", x)["OUT"], x)
         assert general_count(s) == after
+        # a new 8 KiB array after a small (inline) EXECUTE, with result
+        # regions mapped: the general path, as before (only records of
+        # outputs under ALIAS_MIN are remembered)
+        mid = np.arange(2048, dtype=np.float32)
+        for _ in range(3):
+            np.testing.assert_array_equal(relay(s, "copy:ident_c", mid)["OUT"], mid + 1)
+        assert general_count(s) == after + 3
     finally:
         s.stop()

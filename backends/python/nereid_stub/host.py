@@ -457,13 +457,12 @@ class Worker(Channel, BlsClient):
                     v = inputs.get(id(a)) if inputs is not None else None
                     if v is None and a.nbytes >= ALIAS_MIN:
                         rec = self.result_record(t, a, requested)
-                        if rec is None:
-                            return None
-                        out.append(rec[0])
-                        if lent is None:
-                            lent = set()
-                        lent.add(rec[1])
-                        continue
+                        if rec is not None:
+                            out.append(rec[0])
+                            if lent is None:
+                                lent = set()
+                            lent.add(rec[1])
+                            continue
                     if inputs is not None:
                         if v is None or v[0] is not a or t._name not in requested:
                             return None
@@ -495,13 +494,15 @@ class Worker(Channel, BlsClient):
         """simple_done's record of an output that is a BLS result: (where
         2 + k record, k) when a (requested, numeric, C-contiguous) lies in
         the server's BLS_RESULT region that slot k maps now, else None."""
-        if (not nereid_stub.BLS_BY_REF or t._dtype == "BYTES" or a.dtype == np.object_ or
-                not a.flags.c_contiguous or t._name not in requested):
+        spans = self.bls_out_span
+        if (not nereid_stub.BLS_BY_REF or spans.count(None) == BLS_SLOTS or
+                t._dtype == "BYTES" or a.dtype == np.object_ or not a.flags.c_contiguous or
+                t._name not in requested):
             return None
         n = a.nbytes
         addr = a.__array_interface__["data"][0]
         k = 0
-        for sp in self.bls_out_span:
+        for sp in spans:
             if sp is not None and sp[0] <= addr and addr + n <= sp[0] + sp[1]:
                 key = (t._name, t._dtype, a.shape, addr - sp[0], 2 + k)
                 rec = self.view_records.get(key)
