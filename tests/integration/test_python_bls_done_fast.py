@@ -7,6 +7,9 @@ request. Values stay right across many calls (each result dropped after its
 reply, so the server's result regions are reused: at most two made), mixed
 with the request's own input returned beside it, and a result the fast path
 cannot name (a strided view, a copy) still goes the general way, right.
+The request's own input given on to the call as it is, is named where the
+worker knows it lies, without looking up the regions' addresses (a slice
+of it still looks them up); both travel by reference.
 A forged record past a result region is test_python_bls_regions.py's
 test_a_forged_reference_past_a_result_region_fails_the_request: the server
 checks every record the same whichever path wrote it.
@@ -35,7 +38,7 @@ input [ { name: "MODE" data_type: TYPE_STRING dims: [ 1 ] },
         { name: "X" data_type: TYPE_FP32 dims: [ -1 ] } ]
 output [ { name: "OUT" data_type: TYPE_FP32 dims: [ -1 ] },
          { name: "SAME" data_type: TYPE_FP32 dims: [ -1 ] },
-         { name: "GENERAL" data_type: TYPE_INT64 dims: [ 1 ] } ]
+         { name: "GENERAL" data_type: TYPE_INT64 dims: [ 2 ] } ]
 """
 
 RELAY = """
@@ -52,6 +55,13 @@ class TritonPythonModel:
             self.general += 1
             return send_responses(reqs, res)
         w.send_responses = counted
+        self.spans = 0
+        exec_bodies = w.exec_bodies
+
+        def spans():
+            self.spans += 1
+            return exec_bodies()
+        w.exec_bodies = spans
 
     def execute(self, requests):
         out = []
@@ -60,16 +70,17 @@ class TritonPythonModel:
             x = pb_utils.get_input_tensor_by_name(r, "X")
             if mode == "count":
                 out.append(pb_utils.InferenceResponse(
-                    [pb_utils.Tensor("GENERAL", np.array([self.general], np.int64))]))
+                    [pb_utils.Tensor("GENERAL", np.array([self.general, self.spans], np.int64))]))
                 continue
+            kind = mode.split(":")[0]
+            given = x.as_numpy()[:len(x.as_numpy()) // 2] if kind == "half" else x.as_numpy()
             res = pb_utils.InferenceRequest(
-                model_name=mode.split(":")[1], inputs=[pb_utils.Tensor("INPUT0", x.as_numpy())],
+                model_name=mode.split(":")[1], inputs=[pb_utils.Tensor("INPUT0", given)],
                 requested_output_names=["OUTPUT0"]).exec()
             if res.has_error():
                 raise pb_utils.TritonModelException(res.error().message())
             a = res.output_tensors()[0].as_numpy()
-            kind = mode.split(":")[0]
-            if kind == "result":  # the result itself: the fast path names it
+            if kind in ("result", "half"):  # the result itself: the fast path names it
                 ts = [pb_utils.Tensor("OUT", a)]
             elif kind == "mixed":  # the result and the request's own input
                 ts = [pb_utils.Tensor("OUT", a), pb_utils.Tensor("SAME", x.as_numpy())]
@@ -101,10 +112,11 @@ def relay(s, mode, x, outputs=("OUT",)):
     return {o: output_array(doc, raw, o) for o in outputs}
 
 
-def general_count(s):
+def general_count(s, what=0):
     """DONEs the general path built so far (the first "count" answer itself
-    takes it once: its record is remembered from then on)."""
-    return int(relay(s, "count", np.zeros(4, np.float32), ("GENERAL",))["GENERAL"][0])
+    takes it once: its record is remembered from then on); what=1: the
+    times a BLS call looked up the request body regions' addresses."""
+    return int(relay(s, "count", np.zeros(4, np.float32), ("GENERAL",))["GENERAL"][what])
 
 
 def regions_made(s):
@@ -164,3 +176,29 @@ def test_results_the_fast_path_cannot_name_go_the_general_way(tmp_path):
         assert general_count(s) == after + 3
     finally:
         s.stop()
+
+
+def test_own_inputs_given_on_are_referenced_without_looking_up_addresses(tmp_path):
+    # The request's own input given on as it is (the same array) is named
+    # where the worker knows it lies (nereid_stub/bls.py bls_now, "known");
+    # a slice of it still needs the regions' addresses (exec_bodies). Both
+    # travel by reference: the server counts inputs it read in a body region.
+    s = Server(make_repo(tmp_path), ["--log-verbose=1"], "http")
+    try:
+        general_count(s)  # the general path, which looks them up, once
+        looked = general_count(s, 1)
+        for i in range(10):
+            x = np.arange(N, dtype=np.float32) + np.float32(i)
+            np.testing.assert_array_equal(relay(s, "result:ident_onnx", x)["OUT"], x)
+        assert general_count(s, 1) == looked
+        for i in range(3):
+            x = np.arange(N, dtype=np.float32) - np.float32(i)
+            np.testing.assert_array_equal(relay(s, "half:ident_c", x)["OUT"], x[:N // 2])
+        assert general_count(s, 1) == looked + 3
+    finally:
+        rc = s.stop()
+        with open(s.log_path) as f:
+            log = f.read()
+    assert rc == 0, log[-3000:]
+    refs = re.findall(r"'relay_0' request body regions: (\d+) inputs referenced", log)
+    assert refs == ["13"], log[-3000:]

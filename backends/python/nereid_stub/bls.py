@@ -17,14 +17,19 @@ from nereid_stub.wire import (BLS_BUDGET, BLS_CALL, BLS_EMPTY, BLS_ERROR, BLS_OF
                               M_REGION, M_SLOT_SHIFT, U32, U64_MASK, decode_inputs, input_plan,
                               new_region, populate, read_records, tensor_records)
 
-def bls_call_parts(request, decoupled, region=None, bodies=None):
+_NOT_KNOWN = (None,)  # bls_now: an input that is none of the execute's own
+
+
+def bls_call_parts(request, decoupled, region=None, bodies=None, known=None):
     """A BLS request's binary description (python_wire.h, "BLS_CALL and BLS_RESULT
     request"), without its call id: (fixed fields, the rest), and the views
     and length of its blob. region: (base address, length) of the server's
     EXECUTE region while that execute is in flight, or None: a large numeric
     input lying in it (the model's own input) is referenced there (where 1)
     instead of copied. bodies: the same for the request body regions of
-    that execute (tensor_records), where BODY_WHERE + slot."""
+    that execute (tensor_records), where BODY_WHERE + slot. known: that
+    execute's own numeric inputs by id (Worker.rx_views), or None: an input
+    that is one of those arrays is referenced where it is known to lie."""
     model = request._model_name.encode()
     rid = request._request_id.encode()
     corr = request._correlation_id
@@ -42,13 +47,21 @@ def bls_call_parts(request, decoupled, region=None, bodies=None):
         parts.append(b)
     views = []
     ins = request._inputs
-    if (region is not None or bodies) and any(t._dtype == "BYTES" for t in ins):
-        region = bodies = None  # the server copies BYTES and takes them from the blob only
-    blob_len = tensor_records(ins, region, 0, parts, views, bodies=bodies)
+    if (region is not None or bodies or known) and any(t._dtype == "BYTES" for t in ins):
+        region = bodies = known = None  # the server copies BYTES and takes them from the blob only
+    blob_len = tensor_records(ins, region, 0, parts, views, bodies=bodies, known=known)
     head = (request._model_version, corr & U64_MASK, request._timeout & U64_MASK,
             request._flags & 0xFFFFFFFF, 1 if decoupled else 0, corr_len, len(model), len(rid),
             len(params), len(request._requested), len(request._inputs))
     return head, b"".join(parts), views, blob_len
+
+
+# BLS_RESULT descriptions seen before, but for their call id (the first
+# field): (parameters, input_plan's plan, its end). Calls that repeat (the
+# same model, outputs, shapes and places in the region) are not parsed again.
+_RES_PLANS = {}
+RES_PLANS_MAX = 256  # all forgotten when full
+BLS_CID_BYTES = 8
 
 
 def bls_response(meta, blob, decoupled):
@@ -62,10 +75,17 @@ def bls_response(meta, blob, decoupled):
     if status == BLS_ERROR:
         text = meta[pos:pos + elen].decode("utf-8", errors="replace")
         return pb_utils.InferenceResponse(error=pb_utils.TritonError(text, code))
-    pos += elen
-    params = meta[pos:pos + plen].decode("utf-8", errors="replace") if plen else "{}"
-    outs, _ = read_records(meta, pos + plen, n)
-    plan, end = input_plan(outs)
+    key = meta[BLS_CID_BYTES:]  # what the plan depends on: all but the call id
+    got = _RES_PLANS.get(key)
+    if got is None:
+        pos += elen
+        params = meta[pos:pos + plen].decode("utf-8", errors="replace") if plen else "{}"
+        outs, _ = read_records(meta, pos + plen, n)
+        got = (params,) + input_plan(outs)
+        if len(_RES_PLANS) >= RES_PLANS_MAX:
+            _RES_PLANS.clear()
+        _RES_PLANS[key] = got
+    params, plan, end = got
     if end > len(blob):
         raise pb_utils.TritonModelException("tensor outside its message")
     r = object.__new__(pb_utils.InferenceResponse)  # checked by the server
@@ -254,12 +274,18 @@ class BlsClient:
         # Inputs by reference only from the thread running execute, before
         # its DONE: the server holds the region for the call, and refuses a
         # reference after DONE (a thread may outlive execute: it copies).
-        region = bodies = None
+        region = bodies = known = None
         if threading.get_ident() == self.exec_ident:
             # the EXECUTE region only when this execute came in it
             region = self.rx_region if self.rx_used is not None else None
-            bodies = self.exec_bodies()
-        head, rest, views, blob_len = bls_call_parts(request, decoupled, region, bodies)
+            # the execute's own inputs given on as they are (the common
+            # case: inputs=request.inputs()) are referenced where they are
+            # known to lie; the regions' spans only for any other input
+            known = self.rx_views
+            if not known or any(known.get(id(t._array), _NOT_KNOWN)[0] is not t._array
+                                for t in request._inputs):
+                bodies = self.exec_bodies()
+        head, rest, views, blob_len = bls_call_parts(request, decoupled, region, bodies, known)
         if decoupled:
             # Responses reach the iterator as they arrive; the call returns
             # once the first came, as Triton's: async_exec() then waits in

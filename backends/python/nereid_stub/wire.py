@@ -270,7 +270,7 @@ def decode_inputs(plan, blob, bodies=None, body_view=None):
 
 
 def tensor_records(tensors, region, off, recs, views, tail=None, cache=None, results=None,
-                   bodies=None):
+                   bodies=None, known=None):
     """Appends to recs the binary records of tensors for a DONE, and to
     views their blob views from offset off; returns the blob's new end.
     region: (base address, length) of the server's EXECUTE region, or None:
@@ -287,7 +287,11 @@ def tensor_records(tensors, region, off, recs, views, tail=None, cache=None, res
     appended to the list lent. bodies: (slot, base address, length) of the
     request body regions the execute's inputs lie in, or None: a large
     output lying in one (a view of an input) is referenced there (where
-    BODY_WHERE + slot)."""
+    BODY_WHERE + slot). known: id(array) -> (array, offset, bytes, where) of
+    the execute in flight's own numeric inputs (Worker.rx_views), or None:
+    a large tensor that is one of those very arrays is referenced at its
+    known place (where 1 or BODY_WHERE + slot) without its address being
+    looked up."""
     for t in tensors:
         arr = t._array
         if cache is not None and t._dtype != "BYTES":
@@ -309,6 +313,11 @@ def tensor_records(tensors, region, off, recs, views, tail=None, cache=None, res
             data = tensor_bytes(t)
             n = data.nbytes
         shape = arr.shape
+        if known is not None and n >= ALIAS_MIN:
+            v = known.get(id(data))
+            if v is not None and v[0] is data:
+                recs.append(tensor_record(t._name, t._dtype, shape, v[3], v[1], n))
+                continue
         if region is not None and n >= ALIAS_MIN and data.dtype != np.object_:
             addr = data.__array_interface__["data"][0]
             if region[0] <= addr and addr + n <= region[0] + region[1]:
