@@ -14,7 +14,6 @@ A forged record past a result region is test_python_bls_regions.py's
 test_a_forged_reference_past_a_result_region_fails_the_request: the server
 checks every record the same whichever path wrote it.
 """
-import json
 import os
 import re
 import sys
